@@ -1,0 +1,125 @@
+"""nvcc inside Bazel 4.2.3 without a CUDA toolchain: one genrule per .cu file, then a cc rule.
+
+Each .cu is compiled by a genrule that calls /usr/local/cuda/bin/nvcc by its absolute path (an nvcc
+reached through an external-repository symlink cannot find its own headers in the sandbox). The
+resulting .o goes into the srcs of a cc_test / cc_binary whose deps bring cudart and NCCL.
+
+The genrule sees only the files it lists, so `hdrs` must name every header (filegroups) the .cu
+includes from this workspace. Headers under the workspace's include/ are found with
+`#include <fsdp/...>` (-Iinclude); the CUDA toolkit's own headers (cuda_runtime, CCCL, NCCL) come
+from nvcc; system headers such as <doctest/doctest.h> and <mpi.h> come from /usr/include through the
+host compiler (add "-I/usr/lib/x86_64-linux-gnu/openmpi/include" and "-DOMPI_SKIP_MPICXX" to copts
+when a .cu includes <mpi.h>).
+
+Every generated target is tagged "cuda", so `--config=asan` / `--config=tsan` (which filter out
+that tag) never build them.
+
+Usage:
+    load("//bazel:cuda.bzl", "cuda_binary", "cuda_test")
+
+    cuda_test(
+        name = "gpu_test",
+        srcs = ["gpu_test.cu"],
+        hdrs = ["//:fsdp_headers"],
+    )
+"""
+
+NVCC = "/usr/local/cuda/bin/nvcc"
+
+# H100 / H200: SASS for sm_90 plus compute_90 PTX for forward compatibility.
+CUDA_GENCODE = [
+    "-gencode=arch=compute_90,code=sm_90",
+    "-gencode=arch=compute_90,code=compute_90",
+]
+
+NVCC_COPTS = [
+    "-std=c++20",
+    "-O2",
+    "--expt-relaxed-constexpr",
+    "--extended-lambda",
+    "-Xcompiler=-fPIC,-pthread",
+    "-Iinclude",
+]
+
+def _stem(src):
+    base = src.split(":")[-1].split("/")[-1]
+    if base.endswith(".cu"):
+        base = base[:-len(".cu")]
+    return base
+
+def _nvcc_objects(name, srcs, hdrs, copts, tags, visibility = None):
+    """Declares one nvcc genrule per .cu in srcs; returns the labels of the .o files."""
+    objs = []
+    for src in srcs:
+        out = "%s_%s.o" % (name, _stem(src))
+        native.genrule(
+            name = "%s_%s_nvcc" % (name, _stem(src)),
+            srcs = [src] + hdrs,
+            outs = [out],
+            cmd = " ".join(
+                [NVCC] + NVCC_COPTS + CUDA_GENCODE + copts +
+                ["-x", "cu", "-c", "$(location %s)" % src, "-o", "$@"],
+            ),
+            message = "nvcc %s" % src,
+            tags = tags,
+            visibility = visibility,
+        )
+        objs.append(":" + out)
+    return objs
+
+def cuda_test(name, srcs, hdrs = [], deps = [], size = "small", tags = [], copts = [], **kwargs):
+    """A cc_test built from .cu files with nvcc, linked with cudart, NCCL and doctest.
+
+    Args:
+      name: test name.
+      srcs: .cu files (one nvcc genrule each; outputs <name>_<stem>.o).
+      hdrs: labels (filegroups) of every workspace header the .cu files include.
+      deps: extra cc deps for the link (for example @mpi//:mpi).
+      size: test size.
+      tags: extra tags; "cuda" is always added.
+      copts: extra nvcc flags (for example "-DFOO=1").
+      **kwargs: passed to cc_test (args, data, env, timeout, shard_count, visibility, ...).
+    """
+    all_tags = tags + ([] if "cuda" in tags else ["cuda"])
+    objs = _nvcc_objects(name, srcs, hdrs, copts, all_tags)
+    native.cc_test(
+        name = name,
+        srcs = objs,
+        deps = deps + [
+            "@cuda//:cudart",
+            "@cuda//:nccl",
+            "@doctest//:doctest",
+        ],
+        linkopts = ["-pthread"],
+        size = size,
+        tags = all_tags,
+        **kwargs
+    )
+
+def cuda_binary(name, srcs, hdrs = [], deps = [], static_cudart = False, copts = [], tags = [], nccl = True, **kwargs):
+    """A cc_binary built from .cu files with nvcc.
+
+    Args:
+      name: binary name.
+      srcs: .cu files (one nvcc genrule each; outputs <name>_<stem>.o).
+      hdrs: labels (filegroups) of every workspace header the .cu files include.
+      deps: extra cc deps for the link.
+      static_cudart: link libcudart_static.a (for binaries carried to another machine).
+      copts: extra nvcc flags.
+      tags: extra tags; "cuda" is always added.
+      nccl: link libnccl.so (set False for binaries that must not need libnccl.so.2 at run time).
+      **kwargs: passed to cc_binary (data, visibility, ...).
+    """
+    all_tags = tags + ([] if "cuda" in tags else ["cuda"])
+    objs = _nvcc_objects(name, srcs, hdrs, copts, all_tags)
+    cuda_deps = ["@cuda//:cudart_static" if static_cudart else "@cuda//:cudart"]
+    if nccl:
+        cuda_deps.append("@cuda//:nccl")
+    native.cc_binary(
+        name = name,
+        srcs = objs,
+        deps = deps + cuda_deps,
+        linkopts = ["-pthread"],
+        tags = all_tags,
+        **kwargs
+    )

@@ -1,0 +1,182 @@
+#pragma once
+// A small MLP trainer written the way a user of the library writes one: the layer kernels and the training loop
+// are the user's; the library gathers each layer's parameters just in time, reduces its gradients into shards
+// and steps the optimizer on the local shards. Shared by main.cc and the parity tests.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fsdp/fsdp.hpp>
+
+namespace mlp {
+
+struct config {
+  std::vector<int> dims{16, 64, 64, 64, 8};  ///< input, hidden..., output: one FSDP unit per layer
+  int global_batch = 48;
+  int steps = 20;
+  std::uint64_t seed = 1;
+  std::string optimizer = "adamw";  ///< "adamw" or "sgd"
+  float lr = 3e-3f;
+  float momentum = 0.9f;        ///< sgd only
+  float weight_decay = 0.01f;
+  bool verbose = false;          ///< rank 0 prints a line per step
+};
+
+struct result {
+  std::vector<float> losses;                          ///< global mean loss per step
+  std::map<std::string, std::vector<float>> params;  ///< final full parameters
+  fsdp::memory_stats memory;                         ///< this rank's accounting after training
+  fsdp::memory_figures planned;                      ///< the planner's peaks for this rank
+  double seconds = 0;
+};
+
+inline std::string wname(std::size_t l) { return "layers." + std::to_string(l) + ".w"; }
+inline std::string bname(std::size_t l) { return "layers." + std::to_string(l) + ".b"; }
+
+/// layers.L.w [out, in] (normal 1/sqrt(in)), layers.L.b [out] (zeros, no weight decay).
+inline fsdp::ModelSpec make_spec(const config& c) {
+  fsdp::ModelSpec spec;
+  for (std::size_t l = 0; l + 1 < c.dims.size(); ++l) {
+    const float std = 1.0f / std::sqrt(static_cast<float>(c.dims[l]));
+    spec.add(wname(l), {c.dims[l + 1], c.dims[l]}, {.init = fsdp::init::normal{std, c.seed}});
+    spec.add(bname(l), {c.dims[l + 1]}, {.flags = {.no_decay = true}, .init = fsdp::init::zeros});
+  }
+  return spec;
+}
+
+// ---- synthetic data: every sample is a pure function of (seed, step, global sample index) -------------------
+inline float hash_uniform(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  using fsdp::init::detail::mix;
+  return static_cast<float>(2.0 * fsdp::init::detail::unit(mix(mix(mix(a) ^ b) ^ c)) - 1.0);
+}
+/// Inputs x[n, in] and targets t[n, out] for global samples [first, first + n) of `step`.
+inline void make_batch(const config& c, int step, int first, int n, std::vector<float>& x, std::vector<float>& t) {
+  const int in = c.dims.front(), out = c.dims.back();
+  x.assign(static_cast<std::size_t>(n) * in, 0.0f);
+  t.assign(static_cast<std::size_t>(n) * out, 0.0f);
+  for (int s = 0; s < n; ++s) {
+    const auto g = static_cast<std::uint64_t>(first + s);
+    for (int f = 0; f < in; ++f) x[s * in + f] = hash_uniform(c.seed + 1000 + step, g, f);
+    for (int j = 0; j < out; ++j) {  // teacher: t_j = sin(sum_f x_f * a_jf)
+      float z = 0;
+      for (int f = 0; f < in; ++f) z += x[s * in + f] * hash_uniform(c.seed + 7, j, f);
+      t[s * out + j] = std::sin(z);
+    }
+  }
+}
+
+// ---- the user's layer kernels (host loops standing in for their CUDA kernels) --------------------------------
+/// y[n, out] = x[n, in] W^T + b, then ReLU unless `last`.
+inline void linear_forward(const float* x, const float* w, const float* b, float* y, int n, int in, int out, bool relu) {
+  for (int s = 0; s < n; ++s)
+    for (int o = 0; o < out; ++o) {
+      float acc = b[o];
+      for (int i = 0; i < in; ++i) acc += x[s * in + i] * w[o * in + i];
+      y[s * out + o] = relu && acc < 0.0f ? 0.0f : acc;
+    }
+}
+/// Given dy (already masked by the ReLU): dW += dy^T x, db += sum dy, dx = dy W.
+inline void linear_backward(const float* x, const float* w, const float* dy, float* dw, float* db, float* dx, int n,
+                            int in, int out) {
+  for (int s = 0; s < n; ++s)
+    for (int o = 0; o < out; ++o) {
+      const float d = dy[s * out + o];
+      db[o] += d;
+      for (int i = 0; i < in; ++i) dw[o * in + i] += d * x[s * in + i];
+    }
+  if (dx)
+    for (int s = 0; s < n; ++s)
+      for (int i = 0; i < in; ++i) {
+        float acc = 0;
+        for (int o = 0; o < out; ++o) acc += dy[s * out + o] * w[o * in + i];
+        dx[s * in + i] = acc;
+      }
+}
+/// Mean squared error over n samples; writes dL/dy.
+inline float mse(const float* y, const float* t, float* dy, int n, int out) {
+  float loss = 0;
+  const float scale = 1.0f / static_cast<float>(n * out);
+  for (int k = 0; k < n * out; ++k) {
+    const float d = y[k] - t[k];
+    loss += d * d;
+    dy[k] = 2.0f * d * scale;
+  }
+  return loss * scale;
+}
+
+/// Trains on this rank's slice of every global batch; all ranks call it together.
+template <class Policy>
+result train(typename Policy::communicator& comm, const config& c) {
+  const int world = comm.size(), rank = comm.rank();
+  if (c.global_batch % world != 0)
+    throw fsdp::usage_error("global batch " + std::to_string(c.global_batch) + " does not split over " +
+                            std::to_string(world) + " ranks");
+  const int n = c.global_batch / world;
+  const std::size_t layers = c.dims.size() - 1;
+
+  fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."});
+  auto run = [&](auto& opt) {
+    result r;
+    r.planned = model.planned_memory(opt.states_per_element());
+    std::vector<float> x, t;
+    std::vector<std::vector<float>> act(layers + 1), dact(layers + 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int step = 0; step < c.steps; ++step) {
+      const auto ts = std::chrono::steady_clock::now();
+      make_batch(c, step, rank * n, n, x, t);
+      act[0] = x;
+      std::size_t l = 0;
+      for (auto& unit : model.forward()) {
+        const int in = c.dims[l], out = c.dims[l + 1];
+        act[l + 1].assign(static_cast<std::size_t>(n) * out, 0.0f);
+        linear_forward(act[l].data(), unit.param(wname(l)).data(), unit.param(bname(l)).data(), act[l + 1].data(),
+                       n, in, out, l + 1 < layers);
+        ++l;
+      }
+      dact[layers].assign(act[layers].size(), 0.0f);
+      float loss = mse(act[layers].data(), t.data(), dact[layers].data(), n, c.dims.back());
+      for (auto& unit : model.backward()) {
+        --l;
+        const int in = c.dims[l], out = c.dims[l + 1];
+        if (l + 1 < layers)  // through the ReLU of this layer's output
+          for (std::size_t k = 0; k < act[l + 1].size(); ++k)
+            if (act[l + 1][k] <= 0.0f) dact[l + 1][k] = 0.0f;
+        dact[l].assign(static_cast<std::size_t>(n) * in, 0.0f);
+        linear_backward(act[l].data(), unit.param(wname(l)).data(), dact[l + 1].data(), unit.grad(wname(l)).data(),
+                        unit.grad(bname(l)).data(), l > 0 ? dact[l].data() : nullptr, n, in, out);
+      }
+      opt.step();
+      opt.zero_grad();
+      // The printed loss is the global mean: the average of the ranks' local means.
+      auto& cs = model.backend().compute_stream();
+      model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
+      r.losses.push_back(loss);
+      if (c.verbose && rank == 0) {
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
+        std::printf("step %3d  loss %.6f  time %.2f ms\n", step, loss, ms);
+        std::fflush(stdout);
+      }
+    }
+    model.synchronize();
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.memory = model.memory();
+    r.params = model.gather_full_params();
+    return r;
+  };
+  if (c.optimizer == "adamw") {
+    fsdp::optim::adamw opt(model, {.lr = c.lr, .weight_decay = c.weight_decay});
+    return run(opt);
+  }
+  if (c.optimizer == "sgd") {
+    fsdp::optim::sgd opt(model, {.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
+    return run(opt);
+  }
+  throw fsdp::usage_error("unknown optimizer '" + c.optimizer + "' (adamw or sgd)");
+}
+
+}  // namespace mlp

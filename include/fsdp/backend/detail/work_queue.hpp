@@ -1,0 +1,160 @@
+#pragma once
+// The host backend's stream: an in-order queue of tasks. A worker stream runs them on its own thread; the
+// inline stream (the caller's compute stream) runs them at once on the calling thread. A task that throws puts
+// the stream in an error state (like a sticky CUDA error): later tasks are skipped, except those marked
+// `always` (event completions and deferred frees), which still run so that nothing waits forever and no
+// memory leaks; waiting on an event recorded after the failure rethrows the error.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::backend::host_detail {
+
+class work_queue {
+ public:
+  struct task {
+    std::function<void()> fn;
+    bool always = false;  ///< runs even after an earlier task failed
+  };
+
+  /// `threaded == false` makes an inline queue: submit runs the task on the caller's thread.
+  explicit work_queue(std::string name, bool threaded) : name_(std::move(name)), threaded_(threaded) {
+    if (threaded_) worker_ = std::thread([this] { loop(); });
+  }
+  work_queue(const work_queue&) = delete;
+  work_queue& operator=(const work_queue&) = delete;
+
+  ~work_queue() {
+    if (!threaded_) return;
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();  // drains the queue first: deferred frees still run
+  }
+
+  const std::string& name() const noexcept { return name_; }
+  bool threaded() const noexcept { return threaded_; }
+
+  void submit(std::function<void()> fn, bool always = false) {
+    if (!threaded_) {
+      run_one(task{std::move(fn), always});
+      return;
+    }
+    {
+      std::lock_guard lk(mu_);
+      q_.push_back(task{std::move(fn), always});
+    }
+    cv_.notify_all();
+  }
+
+  /// The first error a task of this queue threw, or null.
+  std::exception_ptr error() const {
+    std::lock_guard lk(mu_);
+    return error_;
+  }
+  /// Puts the queue in the error state (used when a waited-on event carries another stream's error).
+  void set_error(std::exception_ptr e) {
+    std::lock_guard lk(mu_);
+    if (!error_) error_ = std::move(e);
+  }
+
+  /// Blocks until every task submitted so far has run; rethrows the queue's error.
+  void drain(std::chrono::milliseconds timeout) {
+    if (threaded_) {
+      std::unique_lock lk(mu_);
+      const std::uint64_t target = submitted_locked();
+      if (!cv_.wait_for(lk, timeout, [&] { return done_ >= target; }))
+        throw comm_error(detail::cat("stream '", name_, "' did not drain within ", timeout.count(), " ms"));
+    }
+    if (auto e = error()) std::rethrow_exception(e);
+  }
+
+ private:
+  std::uint64_t submitted_locked() const { return done_ + q_.size() + (busy_ ? 1 : 0); }
+
+  void run_one(task t) {
+    if (!t.always && error()) return;
+    try {
+      t.fn();
+    } catch (...) {
+      set_error(std::current_exception());
+    }
+  }
+
+  void loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+      if (q_.empty()) return;  // stop_ and drained
+      task t = std::move(q_.front());
+      q_.pop_front();
+      busy_ = true;
+      lk.unlock();
+      run_one(std::move(t));
+      lk.lock();
+      busy_ = false;
+      ++done_;
+      cv_.notify_all();
+    }
+  }
+
+  std::string name_;
+  bool threaded_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<task> q_;
+  std::uint64_t done_ = 0;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread worker_;
+};
+
+/// Completion marker shared by an event's handles: `recorded` counts record calls, `completed` the markers
+/// that have been reached. A wait snapshots `recorded` when it is issued, as cudaStreamWaitEvent does.
+struct event_state {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;
+  std::uint64_t completed = 0;
+  std::exception_ptr error;
+
+  std::uint64_t next_target() {
+    std::lock_guard lk(mu);
+    return ++recorded;
+  }
+  std::uint64_t snapshot() {
+    std::lock_guard lk(mu);
+    return recorded;
+  }
+  void complete(std::uint64_t target, std::exception_ptr e) {
+    {
+      std::lock_guard lk(mu);
+      if (target > completed) completed = target;
+      if (e && !error) error = std::move(e);
+    }
+    cv.notify_all();
+  }
+  /// Blocks until marker `target` is reached; returns the error carried by the event, if any.
+  std::exception_ptr wait(std::uint64_t target, std::chrono::milliseconds timeout, const std::string& what) {
+    std::unique_lock lk(mu);
+    if (!cv.wait_for(lk, timeout, [&] { return completed >= target; }))
+      throw comm_error(detail::cat(what, ": event not reached within ", timeout.count(),
+                                   " ms (a collective or stream upstream of it is stuck)"));
+    return error;
+  }
+};
+
+}  // namespace fsdp::backend::host_detail

@@ -1,0 +1,191 @@
+#pragma once
+// The host backend: host memory, streams as in-order work queues on worker threads, events as completion
+// markers. It lets the shared scheduler's ordering be exercised (and broken, and caught) on machines without a
+// GPU, ThreadSanitizer included. The compute stream is inline: work submitted to it runs on the calling thread,
+// so the user's layer code runs where the training loop runs, exactly like kernels launched on a CUDA stream.
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "fsdp/backend/detail/work_queue.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/memory/memory.hpp"
+#include "fsdp/optim/detail/update.hpp"
+
+namespace fsdp::backend {
+
+struct host_options {
+  /// Longest any wait on an event may block before it is reported as a hang.
+  std::chrono::milliseconds wait_timeout{300000};
+};
+
+class host {
+ public:
+  using stream = host_detail::work_queue;
+  static constexpr std::string_view name = "host";
+
+  /// An owning allocation, accounted to one memory category from allocation to release.
+  class buffer {
+   public:
+    buffer() = default;
+    buffer(buffer&& o) noexcept { *this = std::move(o); }
+    buffer& operator=(buffer&& o) noexcept {
+      if (this != &o) {
+        reset();
+        ptr_ = std::exchange(o.ptr_, nullptr);
+        bytes_ = std::exchange(o.bytes_, 0);
+        cat_ = o.cat_;
+        tracker_ = std::exchange(o.tracker_, nullptr);
+      }
+      return *this;
+    }
+    buffer(const buffer&) = delete;
+    buffer& operator=(const buffer&) = delete;
+    ~buffer() { reset(); }
+
+    void* data() const noexcept { return ptr_; }
+    template <class T>
+    T* as() const noexcept {
+      return static_cast<T*>(ptr_);
+    }
+    std::int64_t bytes() const noexcept { return bytes_; }
+    mem category() const noexcept { return cat_; }
+    explicit operator bool() const noexcept { return ptr_ != nullptr || bytes_ != 0 || tracker_ != nullptr; }
+
+    void reset() noexcept {
+      if (tracker_) tracker_->released(cat_, bytes_);
+      if (ptr_) ::operator delete(ptr_, std::align_val_t{alignment});
+      ptr_ = nullptr;
+      bytes_ = 0;
+      tracker_ = nullptr;
+    }
+
+   private:
+    friend class host;
+    static constexpr std::size_t alignment = 256;
+    buffer(std::int64_t bytes, mem c, MemoryTracker* t) : bytes_(bytes), cat_(c), tracker_(t) {
+      if (bytes > 0) ptr_ = ::operator new(static_cast<std::size_t>(bytes), std::align_val_t{alignment});
+      if (tracker_) tracker_->allocated(cat_, bytes_);
+    }
+    /// Ends the accounting now; the memory itself goes when the buffer is destroyed.
+    void stop_accounting() noexcept {
+      if (tracker_) tracker_->released(cat_, bytes_);
+      tracker_ = nullptr;
+    }
+
+    void* ptr_ = nullptr;
+    std::int64_t bytes_ = 0;
+    mem cat_ = mem::comm_buffers;
+    MemoryTracker* tracker_ = nullptr;
+  };
+
+  /// A completion marker recorded on a stream.
+  class event {
+   public:
+    event() : s_(std::make_shared<host_detail::event_state>()) {}
+
+   private:
+    friend class host;
+    std::shared_ptr<host_detail::event_state> s_;
+  };
+
+  explicit host(int rank = 0, host_options opt = {})
+      : opt_(opt),
+        compute_("rank" + std::to_string(rank) + ".compute", false),
+        gather_("rank" + std::to_string(rank) + ".all_gather", true),
+        reduce_("rank" + std::to_string(rank) + ".reduce", true) {}
+  host(const host&) = delete;
+  host& operator=(const host&) = delete;
+
+  // ---- streams and events -------------------------------------------------------------------------------------
+  stream& compute_stream() noexcept { return compute_; }
+  stream& gather_stream() noexcept { return gather_; }
+  stream& reduce_stream() noexcept { return reduce_; }
+
+  void record(event& e, stream& s) {
+    auto st = e.s_;
+    const std::uint64_t target = st->next_target();
+    s.submit([st, target, &s] { st->complete(target, s.error()); }, /*always=*/true);
+  }
+  /// Later work on `s` waits for the last record of `e` made before this call.
+  void wait(stream& s, const event& e) {
+    auto st = e.s_;
+    const std::uint64_t target = st->snapshot();
+    if (target == 0) return;
+    const auto timeout = opt_.wait_timeout;
+    std::string what = "stream '" + s.name() + "' waiting on an event";
+    if (!s.threaded()) {
+      if (auto err = st->wait(target, timeout, what)) std::rethrow_exception(err);
+      return;
+    }
+    s.submit(
+        [st, target, timeout, what, &s] {
+          if (auto err = st->wait(target, timeout, what)) s.set_error(err);
+        },
+        /*always=*/true);
+  }
+  /// Blocks the calling thread until all work submitted to `s` has run; rethrows its error.
+  void synchronize(stream& s) { s.drain(opt_.wait_timeout); }
+
+  // ---- memory -------------------------------------------------------------------------------------------------
+  buffer allocate(std::int64_t bytes, mem category) { return buffer(bytes, category, &memory_); }
+  /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.
+  void release_after(buffer&& b, stream& s) {
+    if (!b) return;
+    b.stop_accounting();
+    auto holder = std::make_shared<buffer>(std::move(b));
+    s.submit([holder]() mutable { holder->reset(); }, /*always=*/true);
+  }
+  MemoryTracker& memory() noexcept { return memory_; }
+  const MemoryTracker& memory() const noexcept { return memory_; }
+
+  // ---- copies -------------------------------------------------------------------------------------------------
+  void fill_zero(void* dst, std::int64_t bytes, stream& s) {
+    if (bytes > 0) s.submit([=] { std::memset(dst, 0, static_cast<std::size_t>(bytes)); });
+  }
+  void copy(void* dst, const void* src, std::int64_t bytes, stream& s) {
+    if (bytes > 0 && dst != src) s.submit([=] { std::memcpy(dst, src, static_cast<std::size_t>(bytes)); });
+  }
+  /// Host memory in, backend memory out (the same thing here; a transfer on the CUDA backend).
+  void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) { copy(dst, host_src, bytes, s); }
+  void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) { copy(host_dst, src, bytes, s); }
+
+  // ---- kernels ------------------------------------------------------------------------------------------------
+  /// dst[i] += src[i]
+  void accumulate(float* dst, const float* src, std::int64_t n, stream& s) {
+    if (n > 0)
+      s.submit([=] {
+        for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+      });
+  }
+  /// One SGD-momentum step over n elements of a shard.
+  void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const optim::detail::sgd_coeffs& c,
+                stream& s) {
+    if (n > 0)
+      s.submit([=] {
+        for (std::int64_t i = 0; i < n; ++i) optim::detail::sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c);
+      });
+  }
+  /// One AdamW step over n elements of a shard.
+  void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, const optim::detail::adamw_coeffs& c,
+                  stream& s) {
+    if (n > 0)
+      s.submit([=] {
+        for (std::int64_t i = 0; i < n; ++i) optim::detail::adamw_update(p[i], g[i], m[i], v[i], c);
+      });
+  }
+
+ private:
+  host_options opt_;
+  MemoryTracker memory_;
+  // Streams last: they are destroyed first, so deferred frees still find the tracker alive.
+  stream compute_;
+  stream gather_;
+  stream reduce_;
+};
+
+}  // namespace fsdp::backend

@@ -1,0 +1,53 @@
+#pragma once
+// The CollectivePolicy concept: what the scheduler needs from a communicator. Implementations: comm::local
+// (ranks as threads in one process, host backend). Buffers are the backend's memory; every collective is
+// issued on a stream of the backend and runs in that stream's order.
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+
+#include "fsdp/core/dtype.hpp"
+
+namespace fsdp {
+
+enum class reduce_op : std::uint8_t { sum, avg };
+
+constexpr std::string_view name_of(reduce_op op) noexcept { return op == reduce_op::sum ? "sum" : "avg"; }
+
+enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast };
+inline constexpr std::size_t collective_kinds = 4;
+
+constexpr std::string_view name_of(collective c) noexcept {
+  switch (c) {
+    case collective::all_gather: return "all_gather";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::all_reduce: return "all_reduce";
+    case collective::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+/// Collectives issued by one rank, by kind, and the bytes each moved (the unsharded size, as nccl-tests count).
+struct collective_stats {
+  std::uint64_t count[collective_kinds] = {};
+  std::uint64_t bytes[collective_kinds] = {};
+  std::uint64_t operator[](collective c) const noexcept { return count[static_cast<std::size_t>(c)]; }
+};
+
+/// Requirements on a communicator. `count` is in elements: per rank for all_gather (send count) and
+/// reduce_scatter (receive count), whole buffer for all_reduce and broadcast.
+template <class C>
+concept CollectivePolicy = requires(C& c, const C& cc, const void* send, void* recv, std::int64_t count, dtype t,
+                                    reduce_op op, int root, typename C::backend_type::stream& s) {
+  typename C::backend_type;
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.all_gather(send, recv, count, t, s);
+  c.reduce_scatter(send, recv, count, t, op, s);
+  c.all_reduce(send, recv, count, t, op, s);
+  c.broadcast(send, recv, count, t, root, s);
+  c.barrier();
+  { cc.stats() } -> std::same_as<collective_stats>;
+};
+
+}  // namespace fsdp

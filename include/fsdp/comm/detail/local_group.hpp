@@ -1,0 +1,204 @@
+#pragma once
+// Rendezvous shared by the ranks of one in-process group. Collectives are matched by the sequence number each
+// rank assigns when it issues them (program order, identical on every rank), not by arrival order, so the
+// all-gather and reduce streams of a rank can be inside different collectives at the same time, as with NCCL.
+// Every wait has a deadline: a rank that never arrives, or arrives with a different collective, makes every
+// rank fail with an error that names the collective, its sequence number and the ranks at fault.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::comm::detail {
+
+/// What a rank asked for; every rank of a round must ask for the same.
+struct op_desc {
+  int kind = 0;  ///< a `collective`, or -1 for a barrier
+  std::int64_t count = 0;
+  dtype type = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  int root = 0;
+  friend bool operator==(const op_desc&, const op_desc&) = default;
+
+  std::string str() const {
+    if (kind < 0) return "barrier";
+    std::string s = std::string(name_of(static_cast<collective>(kind))) + "(count=" + std::to_string(count) +
+                    ", " + std::string(name_of(type));
+    if (kind == int(collective::reduce_scatter) || kind == int(collective::all_reduce))
+      s += ", " + std::string(name_of(op));
+    if (kind == int(collective::broadcast)) s += ", root=" + std::to_string(root);
+    return s + ")";
+  }
+};
+
+class local_group {
+ public:
+  local_group(int world, std::chrono::milliseconds timeout) : world_(world), timeout_(timeout) {
+    if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
+  }
+
+  int size() const noexcept { return world_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+  /// Makes every current and future wait of the group fail with `reason` (first reason wins).
+  void abort(const std::string& reason) noexcept {
+    {
+      std::lock_guard lk(mu_);
+      if (!aborted_) {
+        aborted_ = true;
+        reason_ = reason;
+      }
+    }
+    cv_.notify_all();
+  }
+  bool aborted() const {
+    std::lock_guard lk(mu_);
+    return aborted_;
+  }
+
+  /// Runs rank `rank`'s part of collective number `seq`.
+  void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
+    const std::string what = "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+    round& r = arrive(seq, rank, d, send, recv, what);
+    if (d.kind < 0) {
+      depart(seq, r, what);
+      return;
+    }
+    const auto kind = static_cast<collective>(d.kind);
+    const std::size_t esize = size_of(d.type);
+    const std::size_t bytes = static_cast<std::size_t>(d.count) * esize;
+    std::vector<float> tmp;
+    switch (kind) {
+      case collective::all_gather:
+        for (int q = 0; q < world_; ++q) {
+          char* dst = static_cast<char*>(recv) + bytes * static_cast<std::size_t>(q);
+          if (dst != r.send[q] && bytes) std::memcpy(dst, r.send[q], bytes);
+        }
+        break;
+      case collective::broadcast:
+        if (rank != d.root && bytes && recv != r.send[d.root]) std::memcpy(recv, r.send[d.root], bytes);
+        break;
+      case collective::reduce_scatter:
+        tmp = reduce(r, d, static_cast<std::size_t>(rank) * static_cast<std::size_t>(d.count), what);
+        break;
+      case collective::all_reduce:
+        tmp = reduce(r, d, 0, what);
+        break;
+    }
+    // Send buffers may alias receive buffers (in-place collectives): write results only once every rank has
+    // finished reading the inputs.
+    depart(seq, r, what);
+    if (!tmp.empty()) std::memcpy(recv, tmp.data(), tmp.size() * sizeof(float));
+  }
+
+ private:
+  struct round {
+    op_desc desc;
+    int first_rank = -1;
+    std::vector<const void*> send;
+    std::vector<bool> present;
+    int arrived = 0;
+    int done = 0;
+    int left = 0;
+  };
+
+  std::vector<float> reduce(const round& r, const op_desc& d, std::size_t offset, const std::string& what) const {
+    if (d.type != dtype::f32)
+      throw comm_error(what + ": the host local communicator reduces f32 only, got " + std::string(name_of(d.type)));
+    std::vector<float> acc(static_cast<std::size_t>(d.count), 0.0f);
+    for (int q = 0; q < world_; ++q) {  // rank order: every rank gets the same bits
+      const float* src = static_cast<const float*>(r.send[q]) + offset;
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += src[i];
+    }
+    if (d.op == reduce_op::avg)
+      for (auto& x : acc) x /= static_cast<float>(world_);
+    return acc;
+  }
+
+  [[noreturn]] void fail(std::unique_lock<std::mutex>& lk, const std::string& msg) {
+    if (!aborted_) {
+      aborted_ = true;
+      reason_ = msg;
+    }
+    lk.unlock();
+    cv_.notify_all();
+    throw comm_error(msg);
+  }
+
+  std::string missing(const round& r) const {
+    std::string s;
+    for (int q = 0; q < world_; ++q)
+      if (!r.present[q]) s += (s.empty() ? "" : ", ") + std::to_string(q);
+    return s;
+  }
+
+  template <class Pred>
+  void wait(std::unique_lock<std::mutex>& lk, Pred done, const std::string& what, const char* phase,
+            const round& r) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (!done()) {
+      if (aborted_) {
+        const std::string why = reason_;
+        lk.unlock();
+        throw comm_error(what + " aborted: " + why);
+      }
+      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !done() && !aborted_) {
+        std::string msg = what + " timed out after " + std::to_string(timeout_.count()) + " ms " + phase;
+        if (r.arrived < world_) msg += ": rank(s) " + missing(r) + " never issued it";
+        fail(lk, msg);
+      }
+    }
+  }
+
+  round& arrive(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* /*recv*/,
+                const std::string& what) {
+    std::unique_lock lk(mu_);
+    if (aborted_) {
+      const std::string why = reason_;
+      lk.unlock();
+      throw comm_error(what + " aborted: " + why);
+    }
+    round& r = rounds_[seq];
+    if (r.first_rank < 0) {
+      r.desc = d;
+      r.first_rank = rank;
+      r.send.assign(world_, nullptr);
+      r.present.assign(world_, false);
+    } else if (!(r.desc == d)) {
+      fail(lk, "collective mismatch at #" + std::to_string(seq) + ": rank " + std::to_string(r.first_rank) +
+                   " issued " + r.desc.str() + " but rank " + std::to_string(rank) + " issued " + d.str());
+    }
+    r.send[rank] = send;
+    r.present[rank] = true;
+    ++r.arrived;
+    cv_.notify_all();
+    wait(lk, [&] { return r.arrived == world_; }, what, "waiting for the other ranks", r);
+    return r;  // std::map nodes are stable; the round lives until every rank has left it
+  }
+
+  void depart(std::uint64_t seq, round& r, const std::string& what) {
+    std::unique_lock lk(mu_);
+    ++r.done;
+    cv_.notify_all();
+    wait(lk, [&] { return r.done == world_; }, what, "waiting for the other ranks to finish", r);
+    if (++r.left == world_) rounds_.erase(seq);
+  }
+
+  const int world_;
+  const std::chrono::milliseconds timeout_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, round> rounds_;
+  bool aborted_ = false;
+  std::string reason_;
+};
+
+}  // namespace fsdp::comm::detail

@@ -1,0 +1,141 @@
+#pragma once
+// comm::local: ranks as threads of one process, over host memory (the host backend). Every collective is
+// issued on a stream and runs in that stream's order on its worker; see detail/local_group.hpp for matching
+// and timeouts. `comm::run_local(world, fn)` starts one thread per rank and joins them.
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "fsdp/backend/host.hpp"
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/local_group.hpp"
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::comm {
+
+struct local_options {
+  /// Longest a rank waits for the others inside one collective before the whole group fails.
+  std::chrono::milliseconds timeout{60000};
+};
+
+/// One rank's handle on an in-process group of thread ranks.
+class local_communicator {
+ public:
+  using backend_type = backend::host;
+  using stream = backend_type::stream;
+
+  local_communicator(std::shared_ptr<detail::local_group> g, int rank) : g_(std::move(g)), rank_(rank) {
+    if (rank < 0 || rank >= g_->size())
+      fsdp::detail::fail_usage("rank ", rank, " is outside the local group of size ", g_->size());
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return g_->size(); }
+  std::chrono::milliseconds timeout() const noexcept { return g_->timeout(); }
+
+  /// recv[q * count ...] = send of rank q; `count` elements per rank. `send` may be recv's own slice.
+  void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
+    issue({int(collective::all_gather), count, t, reduce_op::sum, 0}, send, recv, s, count * size());
+  }
+  /// recv (count elements) = reduction over ranks of send[rank * count ...].
+  void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
+    issue({int(collective::reduce_scatter), count, t, op, 0}, send, recv, s, count * size());
+  }
+  /// recv = reduction over ranks of send (count elements); in place when send == recv.
+  void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
+    issue({int(collective::all_reduce), count, t, op, 0}, send, recv, s, count);
+  }
+  /// recv = send of `root`.
+  void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
+    if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
+    issue({int(collective::broadcast), count, t, reduce_op::sum, root}, send, recv, s, count);
+  }
+  /// Blocks the calling thread until every rank has reached its matching barrier.
+  void barrier() { g_->run(seq_++, rank_, detail::op_desc{-1, 0, dtype::f32, reduce_op::sum, 0}, nullptr, nullptr); }
+
+  collective_stats stats() const {
+    std::lock_guard lk(mu_);
+    return stats_;
+  }
+  void reset_stats() {
+    std::lock_guard lk(mu_);
+    stats_ = {};
+  }
+  /// Makes every rank's pending and future collectives fail (used when a rank dies).
+  void abort(const std::string& reason) noexcept { g_->abort(reason); }
+
+ private:
+  void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
+    if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
+    const std::uint64_t seq = seq_++;
+    {
+      std::lock_guard lk(mu_);
+      stats_.count[d.kind] += 1;
+      stats_.bytes[d.kind] += static_cast<std::uint64_t>(total_elems) * size_of(d.type);
+    }
+    auto g = g_;
+    const int rank = rank_;
+    s.submit([g, seq, rank, d, send, recv] { g->run(seq, rank, d, send, recv); });
+  }
+
+  std::shared_ptr<detail::local_group> g_;
+  int rank_;
+  std::uint64_t seq_ = 0;
+  mutable std::mutex mu_;
+  collective_stats stats_;
+};
+
+static_assert(CollectivePolicy<local_communicator>);
+
+/// Policy tag: ranks as threads in one process. The nested `communicator` is the per-rank handle.
+template <class Backend = backend::host>
+struct local {
+  static_assert(std::is_same_v<Backend, backend::host>,
+                "fsdp::comm::local: no in-process communicator for this backend yet (the host backend has one)");
+  using backend_type = Backend;
+  using communicator = local_communicator;
+};
+
+/// Runs fn(local_communicator&) on `world` threads, one per rank, and joins them. When a rank throws, the group
+/// is aborted so the other ranks fail fast instead of waiting, and the first rank's error is rethrown here.
+template <class F>
+void run_local(int world, F&& fn, local_options opt = {}) {
+  if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
+  auto group = std::make_shared<detail::local_group>(world, opt.timeout);
+  std::mutex mu;
+  std::exception_ptr first;
+  bool first_is_abort = true;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        local_communicator c(group, r);
+        fn(c);
+      } catch (const std::exception& e) {
+        const bool aborted_before = group->aborted();
+        group->abort("rank " + std::to_string(r) + " failed: " + e.what());
+        std::lock_guard lk(mu);
+        // Prefer the root cause over errors of ranks that only saw the abort.
+        if (!first || (first_is_abort && !aborted_before)) {
+          first = std::current_exception();
+          first_is_abort = aborted_before;
+        }
+      } catch (...) {
+        group->abort("rank " + std::to_string(r) + " failed with a non-standard exception");
+        std::lock_guard lk(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,38 @@
+#pragma once
+// Error types thrown at the host API. Every message says what happened, where (unit, parameter, rank,
+// collective) and, where it helps, what to do about it.
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace fsdp {
+
+/// Misuse of the API or bad input: wrong shapes, duplicate names, a unit used in the wrong state.
+class usage_error : public std::runtime_error {
+ public:
+  explicit usage_error(const std::string& what) : std::runtime_error("fsdp: " + what) {}
+};
+
+/// A collective failed, timed out, or ranks disagreed about which collective comes next.
+class comm_error : public std::runtime_error {
+ public:
+  explicit comm_error(const std::string& what) : std::runtime_error("fsdp: " + what) {}
+};
+
+namespace detail {
+/// Builds a message from streamable parts: detail::cat("unit '", name, "' has ", n, " params").
+template <class... Parts>
+std::string cat(Parts&&... parts) {
+  std::ostringstream os;
+  (os << ... << std::forward<Parts>(parts));
+  return os.str();
+}
+
+template <class... Parts>
+[[noreturn]] void fail_usage(Parts&&... parts) {
+  throw usage_error(cat(std::forward<Parts>(parts)...));
+}
+}  // namespace detail
+
+}  // namespace fsdp

@@ -1,0 +1,94 @@
+#pragma once
+// Memory accounting by category. Every buffer the library allocates names its category; the tracker keeps the
+// current and peak bytes of each category and of their sum. Accounting follows the host-side program order of
+// allocate/release calls (the semantics of a stream-ordered allocator such as cudaMallocAsync/cudaFreeAsync), so
+// the figures are deterministic and the planner can predict them exactly.
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+namespace fsdp {
+
+enum class mem : std::uint8_t {
+  sharded_params,   ///< fp32 master shards (the full replica under no_shard)
+  gathered_params,  ///< unsharded parameters of gathered units, in the compute dtype
+  grads,            ///< fp32 gradient shards
+  optimizer_state,  ///< momentum / Adam moments
+  comm_buffers,     ///< unsharded gradients being reduced, reduce-scatter outputs, staging
+};
+inline constexpr std::size_t mem_categories = 5;
+
+constexpr std::string_view name_of(mem c) noexcept {
+  switch (c) {
+    case mem::sharded_params: return "sharded params";
+    case mem::gathered_params: return "gathered params";
+    case mem::grads: return "grads";
+    case mem::optimizer_state: return "optimizer state";
+    case mem::comm_buffers: return "comm buffers";
+  }
+  return "?";
+}
+
+/// Bytes per category (plus the total, which is not the sum of the per-category peaks).
+struct memory_figures {
+  std::array<std::int64_t, mem_categories> bytes{};
+  std::int64_t total = 0;
+  std::int64_t operator[](mem c) const noexcept { return bytes[static_cast<std::size_t>(c)]; }
+  std::int64_t& operator[](mem c) noexcept { return bytes[static_cast<std::size_t>(c)]; }
+  friend bool operator==(const memory_figures&, const memory_figures&) = default;
+};
+
+struct memory_stats {
+  memory_figures current;
+  memory_figures peak;
+};
+
+class MemoryTracker {
+ public:
+  void allocated(mem c, std::int64_t bytes) {
+    std::lock_guard lk(mu_);
+    s_.current[c] += bytes;
+    s_.current.total += bytes;
+    if (s_.current[c] > s_.peak[c]) s_.peak[c] = s_.current[c];
+    if (s_.current.total > s_.peak.total) s_.peak.total = s_.current.total;
+  }
+  void released(mem c, std::int64_t bytes) {
+    std::lock_guard lk(mu_);
+    s_.current[c] -= bytes;
+    s_.current.total -= bytes;
+  }
+  memory_stats stats() const {
+    std::lock_guard lk(mu_);
+    return s_;
+  }
+  /// Starts a new peak window from the current figures.
+  void reset_peak() {
+    std::lock_guard lk(mu_);
+    s_.peak = s_.current;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  memory_stats s_;
+};
+
+/// A fixed-width table of figures in MiB, one row per category then the total.
+inline std::string format_memory(const memory_figures& f, std::string_view title = "memory") {
+  std::string out;
+  char line[128];
+  std::snprintf(line, sizeof line, "%-18s %14s\n", std::string(title).c_str(), "MiB");
+  out += line;
+  for (std::size_t i = 0; i < mem_categories; ++i) {
+    const auto c = static_cast<mem>(i);
+    std::snprintf(line, sizeof line, "  %-16s %14.4f\n", std::string(name_of(c)).c_str(), f[c] / 1048576.0);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %14.4f\n", "total", f.total / 1048576.0);
+  out += line;
+  return out;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,63 @@
+#pragma once
+// SGD with momentum over the local shards: each rank updates only the parameter elements it owns.
+#include <cmath>
+#include <vector>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/memory/memory.hpp"
+#include "fsdp/optim/detail/update.hpp"
+
+namespace fsdp::optim {
+
+struct sgd_options {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;  ///< L2, added to the gradient (torch.optim.SGD); 0 for no_decay parameters
+};
+
+template <class ModelT>
+class sgd {
+ public:
+  using backend_type = typename ModelT::backend_type;
+
+  sgd(ModelT& model, sgd_options opt) : model_(model), opt_(opt) {
+    if (!(opt.lr >= 0.0f) || !std::isfinite(opt.lr)) fsdp::detail::fail_usage("sgd: lr must be finite and >= 0, got ", opt.lr);
+    if (!(opt.momentum >= 0.0f && opt.momentum < 1.0f))
+      fsdp::detail::fail_usage("sgd: momentum must be in [0, 1), got ", opt.momentum);
+    if (opt.momentum != 0.0f)
+      for (std::size_t i = 0; i < model.size(); ++i) {
+        const auto n = model.unit(i).layout().shard_numel();
+        momentum_.push_back(model.backend().allocate(n * 4, mem::optimizer_state));
+        model.backend().fill_zero(momentum_.back().data(), n * 4, model.backend().compute_stream());
+      }
+  }
+
+  /// fp32 values of state per parameter element (for the memory planner).
+  int states_per_element() const noexcept { return opt_.momentum != 0.0f ? 1 : 0; }
+  const sgd_options& options() const noexcept { return opt_; }
+  void set_lr(float lr) noexcept { opt_.lr = lr; }
+
+  void step() {
+    auto& be = model_.backend();
+    model_.step([&](auto& unit, const auto& views) {
+      float* buf = momentum_.empty() ? nullptr : momentum_[unit.index()].template as<float>();
+      for (const auto& v : views) {
+        if (v.empty()) continue;
+        const detail::sgd_coeffs c{opt_.lr, opt_.momentum, v.flags.no_decay ? 0.0f : opt_.weight_decay};
+        be.sgd_step(unit.master_shard() + v.shard_offset, unit.grad_shard() + v.shard_offset,
+                    buf ? buf + v.shard_offset : nullptr, v.local_numel(), c, be.compute_stream());
+      }
+    });
+  }
+  void zero_grad() { model_.zero_grad(); }
+
+ private:
+  ModelT& model_;
+  sgd_options opt_;
+  std::vector<typename backend_type::buffer> momentum_;
+};
+
+template <class ModelT>
+sgd(ModelT&, sgd_options) -> sgd<ModelT>;
+
+}  // namespace fsdp::optim

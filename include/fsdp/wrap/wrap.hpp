@@ -1,0 +1,125 @@
+#pragma once
+// Wrapping policies turn a ModelSpec into FSDP units: groups of parameters that are sharded, gathered and
+// reduced together. A policy only names the unit of each parameter (`assign`); `make_units` is shared and
+// orders the units, keeps tied parameters together and reports a tie split across units.
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/spec/model_spec.hpp"
+
+namespace fsdp {
+
+/// One FSDP unit as planned by the wrapping step: its name and its parameters (indices into the spec).
+struct unit_plan {
+  std::string name;
+  std::vector<std::size_t> params;
+};
+
+/// A wrapping policy names the unit of every parameter of a spec, in spec order.
+template <class W>
+concept WrappingPolicy = requires(const W& w, const ModelSpec& spec) {
+  { w.assign(spec) } -> std::same_as<std::vector<std::string>>;
+};
+
+namespace wrap {
+
+/// One unit per block: a parameter whose name starts with `prefix` goes to the unit named by the prefix and
+/// the next name component ("h." + "3" for "h.3.attn.w"); every other parameter goes to the unit `rest`.
+struct by_prefix {
+  std::string prefix;
+  std::string rest = "root";
+
+  std::vector<std::string> assign(const ModelSpec& spec) const {
+    if (prefix.empty()) detail::fail_usage("wrap::by_prefix needs a non-empty prefix");
+    std::vector<std::string> out;
+    out.reserve(spec.size());
+    for (const auto& p : spec.params()) {
+      if (p.name.size() > prefix.size() && p.name.compare(0, prefix.size(), prefix) == 0) {
+        const auto dot = p.name.find('.', prefix.size());
+        out.push_back(p.name.substr(0, dot));
+      } else {
+        out.push_back(rest);
+      }
+    }
+    return out;
+  }
+};
+
+/// Consecutive parameters (spec order) are packed into one unit until it holds at least `min_numel`
+/// elements. A tied alias joins the unit of the parameter it is tied to.
+struct by_size {
+  std::int64_t min_numel = 1 << 20;
+
+  std::vector<std::string> assign(const ModelSpec& spec) const {
+    if (min_numel <= 0) detail::fail_usage("wrap::by_size needs min_numel > 0, got ", min_numel);
+    std::vector<std::string> out(spec.size());
+    std::int64_t filled = 0;
+    int unit = 0;
+    for (std::size_t i = 0; i < spec.size(); ++i) {
+      const auto& p = spec.params()[i];
+      if (p.is_tied()) {
+        out[i] = out[spec.index_of(p.tied_to)];
+        continue;
+      }
+      if (filled >= min_numel) {
+        ++unit;
+        filled = 0;
+      }
+      out[i] = "unit" + std::to_string(unit);
+      filled += p.numel();
+    }
+    return out;
+  }
+};
+
+/// The user names the unit of each parameter.
+struct by_function {
+  std::function<std::string(const ParamSpec&)> fn;
+
+  std::vector<std::string> assign(const ModelSpec& spec) const {
+    if (!fn) detail::fail_usage("wrap::by_function has no function");
+    std::vector<std::string> out;
+    out.reserve(spec.size());
+    for (const auto& p : spec.params()) {
+      out.push_back(fn(p));
+      if (out.back().empty()) detail::fail_usage("wrap::by_function gave parameter '", p.name, "' an empty unit name");
+    }
+    return out;
+  }
+};
+
+}  // namespace wrap
+
+/// Groups the spec into units with `policy`. Units come in the order of their first parameter in the spec
+/// (that is the default execution order). Throws usage_error for an empty spec or a tie split across units.
+template <WrappingPolicy W>
+std::vector<unit_plan> make_units(const ModelSpec& spec, const W& policy) {
+  spec.validate();
+  const std::vector<std::string> names = policy.assign(spec);
+  if (names.size() != spec.size())
+    detail::fail_usage("the wrapping policy named ", names.size(), " units for ", spec.size(), " parameters");
+  std::vector<unit_plan> units;
+  std::unordered_map<std::string, std::size_t> by_name;
+  for (std::size_t i = 0; i < spec.size(); ++i) {
+    auto [it, fresh] = by_name.emplace(names[i], units.size());
+    if (fresh) units.push_back(unit_plan{names[i], {}});
+    units[it->second].params.push_back(i);
+  }
+  for (std::size_t i = 0; i < spec.size(); ++i) {
+    const auto& p = spec.params()[i];
+    if (!p.is_tied()) continue;
+    const auto& target_unit = names[spec.index_of(p.tied_to)];
+    if (names[i] != target_unit)
+      detail::fail_usage("tied parameters '", p.name, "' and '", p.tied_to, "' landed in different units ('",
+                         names[i], "' and '", target_unit,
+                         "'): tied parameters share storage and must be in one unit; change the wrapping policy");
+  }
+  return units;
+}
+
+}  // namespace fsdp
