@@ -1,0 +1,120 @@
+// Host backend: streams run in order, events order streams, errors propagate instead of hanging, memory is
+// accounted by category in program order.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "tests/support/support.hpp"
+
+using fsdp::mem;
+using fsdp_test::error_of;
+
+TEST_CASE("a worker stream runs its tasks in order, off the calling thread") {
+  fsdp::backend::host be;
+  std::vector<int> seen;
+  std::thread::id worker;
+  for (int i = 0; i < 100; ++i)
+    be.gather_stream().submit([&, i] {
+      seen.push_back(i);
+      worker = std::this_thread::get_id();
+    });
+  be.synchronize(be.gather_stream());
+  REQUIRE(seen.size() == 100);
+  for (int i = 0; i < 100; ++i) CHECK(seen[i] == i);
+  CHECK(worker != std::this_thread::get_id());
+  // the compute stream is the calling thread
+  std::thread::id inline_id;
+  be.compute_stream().submit([&] { inline_id = std::this_thread::get_id(); });
+  CHECK(inline_id == std::this_thread::get_id());
+}
+
+TEST_CASE("an event orders one stream after another") {
+  fsdp::backend::host be;
+  std::atomic<int> value{0};
+  int observed = -1;
+  fsdp::backend::host::event ev;
+  be.gather_stream().submit([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    value = 42;
+  });
+  be.record(ev, be.gather_stream());
+  be.wait(be.reduce_stream(), ev);
+  be.reduce_stream().submit([&] { observed = value.load(); });
+  be.synchronize(be.reduce_stream());
+  CHECK(observed == 42);
+  // the inline compute stream blocks the caller on wait
+  be.gather_stream().submit([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    value = 7;
+  });
+  be.record(ev, be.gather_stream());
+  be.wait(be.compute_stream(), ev);
+  CHECK(value.load() == 7);
+  // waiting on an event never recorded is a no-op, as in CUDA
+  fsdp::backend::host::event never;
+  be.wait(be.compute_stream(), never);
+}
+
+TEST_CASE("a failed task poisons its stream and reaches whoever waits on it") {
+  fsdp::backend::host be;
+  bool ran_after = false;
+  be.gather_stream().submit([] { throw std::runtime_error("kernel failed"); });
+  be.gather_stream().submit([&] { ran_after = true; });
+  fsdp::backend::host::event ev;
+  be.record(ev, be.gather_stream());
+  // the reduce stream inherits the error through the event
+  be.wait(be.reduce_stream(), ev);
+  bool reduce_ran = false;
+  be.reduce_stream().submit([&] { reduce_ran = true; });
+  CHECK(error_of<std::runtime_error>([&] { be.synchronize(be.reduce_stream()); }) == "kernel failed");
+  CHECK_FALSE(reduce_ran);
+  CHECK(error_of<std::runtime_error>([&] { be.wait(be.compute_stream(), ev); }) == "kernel failed");
+  CHECK(error_of<std::runtime_error>([&] { be.synchronize(be.gather_stream()); }) == "kernel failed");
+  CHECK_FALSE(ran_after);
+}
+
+TEST_CASE("memory is accounted by category; stream-ordered release drops the count at the call") {
+  fsdp::backend::host be;
+  auto a = be.allocate(1000, mem::grads);
+  auto b = be.allocate(500, mem::grads);
+  auto c = be.allocate(300, mem::comm_buffers);
+  CHECK(be.memory().stats().current[mem::grads] == 1500);
+  b.reset();
+  CHECK(be.memory().stats().current[mem::grads] == 1000);
+  CHECK(be.memory().stats().peak[mem::grads] == 1500);
+  // a release behind slow work: the accounting drops now, the memory goes when the stream gets there
+  std::atomic<bool> freed_late{false};
+  be.reduce_stream().submit([&] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); });
+  float* p = c.as<float>();
+  be.reduce_stream().submit([p] { p[0] = 1.0f; });  // still valid: released after this task
+  be.release_after(std::move(c), be.reduce_stream());
+  be.reduce_stream().submit([&] { freed_late = true; });
+  CHECK(be.memory().stats().current[mem::comm_buffers] == 0);
+  CHECK(be.memory().stats().peak[mem::comm_buffers] == 300);
+  be.synchronize(be.reduce_stream());
+  CHECK(freed_late.load());
+  const auto st = be.memory().stats();
+  CHECK(st.peak.total == 1800);
+  CHECK(st.current.total == 1000);
+  be.memory().reset_peak();
+  CHECK(be.memory().stats().peak.total == 1000);
+  CHECK(be.allocate(0, mem::grads).data() == nullptr);
+}
+
+TEST_CASE("kernels: accumulate and optimizer updates follow their formulas") {
+  fsdp::backend::host be;
+  auto& s = be.compute_stream();
+  std::vector<float> d{1, 2, 3}, src{0.5f, 0.25f, -1};
+  be.accumulate(d.data(), src.data(), 3, s);
+  CHECK(d == std::vector<float>{1.5f, 2.25f, 2});
+  // SGD with momentum 0.5, lr 0.1, wd 0.1: g' = g + wd*p; buf = 0.5*buf + g'; p -= lr*buf
+  float p = 1.0f, g = 0.5f, buf = 0.2f;
+  be.sgd_step(&p, &g, &buf, 1, {0.1f, 0.5f, 0.1f}, s);
+  CHECK(buf == doctest::Approx(0.5f * 0.2f + 0.5f + 0.1f).epsilon(1e-7));
+  CHECK(p == doctest::Approx(1.0f - 0.1f * buf).epsilon(1e-7));
+  // AdamW step 1 from zero moments: p = p*(1-lr*wd) - lr * g/(|g|+eps)
+  float q = 2.0f, gg = -0.3f, m = 0, v = 0;
+  be.adamw_step(&q, &gg, &m, &v, 1, {0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1 - 0.9f, 1 - 0.999f}, s);
+  CHECK(q == doctest::Approx(2.0f * (1 - 0.001f) + 0.01f).epsilon(1e-6));
+}

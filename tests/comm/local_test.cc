@@ -1,0 +1,169 @@
+// comm::local: collectives are exact, honour stream order, match by issue order, and fail (never hang) when
+// ranks disagree or one is missing.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "tests/support/support.hpp"
+
+using fsdp::dtype;
+using fsdp::reduce_op;
+using fsdp::comm::local_communicator;
+using fsdp_test::error_of;
+using fsdp_test::run_ranks;
+
+TEST_CASE("collectives give exact results at every world size") {
+  for (int world = 1; world <= 5; ++world) {
+    CAPTURE(world);
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::backend::host be(c.rank());
+      auto& s = be.reduce_stream();
+      const int r = c.rank();
+      const int n = 6;
+      // all_gather
+      std::vector<float> mine(n), all(n * world, -1.0f);
+      for (int i = 0; i < n; ++i) mine[i] = float(100 * r + i);
+      c.all_gather(mine.data(), all.data(), n, dtype::f32, s);
+      // reduce_scatter: element i of rank q's input is q + i; rank r's output j is sum_q (q + r*n + j)
+      std::vector<float> in(n * world), out(n, -1.0f), out_avg(n, -1.0f);
+      for (int i = 0; i < n * world; ++i) in[i] = float(r + i);
+      c.reduce_scatter(in.data(), out.data(), n, dtype::f32, reduce_op::sum, s);
+      c.reduce_scatter(in.data(), out_avg.data(), n, dtype::f32, reduce_op::avg, s);
+      // all_reduce in place and out of place
+      std::vector<float> ar(n), ar_out(n, -1.0f);
+      for (int i = 0; i < n; ++i) ar[i] = float(r * i);
+      c.all_reduce(ar.data(), ar_out.data(), n, dtype::f32, reduce_op::sum, s);
+      c.all_reduce(ar.data(), ar.data(), n, dtype::f32, reduce_op::sum, s);
+      // broadcast from the last rank
+      std::vector<float> b(n, float(r));
+      c.broadcast(b.data(), b.data(), n, dtype::f32, world - 1, s);
+      be.synchronize(s);
+
+      const float ranksum = float(world * (world - 1) / 2);
+      for (int q = 0; q < world; ++q)
+        for (int i = 0; i < n; ++i) CHECK(all[q * n + i] == float(100 * q + i));
+      for (int j = 0; j < n; ++j) {
+        const float expect = ranksum + float(world * (r * n + j));
+        CHECK(out[j] == expect);
+        CHECK(out_avg[j] == expect / float(world));
+        CHECK(ar_out[j] == ranksum * float(j));
+        CHECK(ar[j] == ranksum * float(j));
+        CHECK(b[j] == float(world - 1));
+      }
+      const auto st = c.stats();
+      CHECK(st[fsdp::collective::all_gather] == 1);
+      CHECK(st[fsdp::collective::reduce_scatter] == 2);
+      CHECK(st[fsdp::collective::all_reduce] == 2);
+      CHECK(st[fsdp::collective::broadcast] == 1);
+      CHECK(st.bytes[0] == std::uint64_t(n * world * 4));
+    });
+  }
+}
+
+TEST_CASE("collectives on two streams are matched by issue order, not by arrival") {
+  run_ranks(3, [](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    // Rank-dependent delays on the gather stream make the reduce stream reach its collective first on some ranks.
+    be.gather_stream().submit([r = c.rank()] { std::this_thread::sleep_for(std::chrono::milliseconds(20 * r)); });
+    std::vector<float> g(3), gall(9), x(9, 1.0f), y(3);
+    for (auto& v : g) v = float(c.rank());
+    c.all_gather(g.data(), gall.data(), 3, dtype::f32, be.gather_stream());
+    c.reduce_scatter(x.data(), y.data(), 3, dtype::f32, reduce_op::sum, be.reduce_stream());
+    be.synchronize(be.gather_stream());
+    be.synchronize(be.reduce_stream());
+    for (int i = 0; i < 9; ++i) CHECK(gall[i] == float(i / 3));
+    for (float v : y) CHECK(v == 3.0f);
+  });
+}
+
+TEST_CASE("a collective waits for earlier work on its stream") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    auto& s = be.gather_stream();
+    std::vector<float> x(4, 0.0f), all(8);
+    s.submit([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      for (auto& v : x) v = 5.0f;
+    });
+    c.all_gather(x.data(), all.data(), 4, dtype::f32, s);
+    be.synchronize(s);
+    for (float v : all) CHECK(v == 5.0f);
+  });
+}
+
+TEST_CASE("world size 0 is rejected") {
+  CHECK(error_of<fsdp::usage_error>([] { fsdp::comm::run_local(0, [](local_communicator&) {}); }) ==
+        "fsdp: world size must be positive, got 0");
+  CHECK(error_of<fsdp::usage_error>([] { fsdp::comm::run_local(-2, [](local_communicator&) {}); }) ==
+        "fsdp: world size must be positive, got -2");
+}
+
+TEST_CASE("ranks that disagree on the collective fail with both named") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of<fsdp::comm_error>([] {
+    run_ranks(2, [](local_communicator& c) {
+      fsdp::backend::host be(c.rank());
+      std::vector<float> x(8), y(16);
+      if (c.rank() == 0) c.all_gather(x.data(), y.data(), 8, dtype::f32, be.gather_stream());
+      else c.reduce_scatter(y.data(), x.data(), 8, dtype::f32, reduce_op::sum, be.gather_stream());
+      be.synchronize(be.gather_stream());
+    });
+  });
+  CHECK(msg.find("collective mismatch at #0") != std::string::npos);
+  CHECK(msg.find("all_gather(count=8, f32)") != std::string::npos);
+  CHECK(msg.find("reduce_scatter(count=8, f32, sum)") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // failed fast, did not wait out a timeout
+}
+
+TEST_CASE("a rank that never issues a collective makes the others fail within the timeout") {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    fsdp::comm::run_local(
+        3,
+        [](local_communicator& c) {
+          fsdp::backend::host be(c.rank());
+          std::vector<float> x(2), y(6);
+          if (c.rank() != 1) c.all_gather(x.data(), y.data(), 2, dtype::f32, be.gather_stream());
+          be.synchronize(be.gather_stream());
+        },
+        {.timeout = std::chrono::milliseconds(200)});
+  } catch (const fsdp::comm_error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("all_gather(count=2, f32) #0") != std::string::npos);
+  CHECK(msg.find("timed out after 200 ms") != std::string::npos);
+  CHECK(msg.find("rank(s) 1 never issued it") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+}
+
+TEST_CASE("a rank that throws aborts the group; its own error is reported") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of<std::runtime_error>([] {
+    run_ranks(4, [](local_communicator& c) {
+      if (c.rank() == 2) throw std::runtime_error("rank two broke");
+      fsdp::backend::host be(c.rank());
+      std::vector<float> x(1), y(4);
+      c.all_gather(x.data(), y.data(), 1, dtype::f32, be.gather_stream());
+      be.synchronize(be.gather_stream());
+    });
+  });
+  CHECK(msg == "rank two broke");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // not the 10 s collective timeout
+}
+
+TEST_CASE("barrier and bad arguments") {
+  std::atomic<int> before{0};
+  run_ranks(4, [&](local_communicator& c) {
+    before.fetch_add(1);
+    c.barrier();
+    CHECK(before.load() == 4);
+    fsdp::backend::host be(c.rank());
+    std::vector<float> x(1);
+    CHECK(error_of<fsdp::usage_error>([&] { c.broadcast(x.data(), x.data(), 1, dtype::f32, 4, be.gather_stream()); }) ==
+          "fsdp: broadcast root 4 is outside the group of 4");
+  });
+  auto g = std::make_shared<fsdp::comm::detail::local_group>(2, std::chrono::milliseconds(100));
+  CHECK(error_of<fsdp::usage_error>([&] { local_communicator(g, 2); }) == "fsdp: rank 2 is outside the local group of size 2");
+}

@@ -1,0 +1,178 @@
+// Smoke test of the CUDA entry point <fsdp/fsdp.cuh>: the host library compiles under nvcc, the error
+// wrappers throw / log what they should, and (with a GPU) a kernel's output comes back bit for bit.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fsdp/fsdp.cuh>
+
+#include <bit>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Pattern generated on both sides: element i of a buffer seeded with `seed`. Exact in float (|value| < 2^24).
+template <class T>
+__host__ __device__ constexpr T pattern(std::uint32_t i, std::uint32_t seed) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(static_cast<std::int32_t>((i * 37u + seed) % 4096u) - 2048) * T(0.25);
+  } else {
+    return static_cast<T>(i * 2654435761u ^ seed);
+  }
+}
+
+template <class T>
+struct fill_params {
+  T* out;
+  std::uint32_t n;
+  std::uint32_t seed;
+};
+static_assert(std::is_trivially_copyable_v<fill_params<float>>, "kernel parameters must be trivially copyable");
+static_assert(std::is_trivially_copyable_v<fill_params<std::uint32_t>>,
+              "kernel parameters must be trivially copyable");
+
+}  // namespace
+
+// A template and static: no "multiple definition" when several .cu files include a header defining it.
+template <class T>
+__global__ static void fill_pattern_kernel(fill_params<T> p) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x)
+    p.out[i] = pattern<T>(i, p.seed);
+}
+
+TEST_CASE("error wrappers report the code and the failed expression (host only)") {
+  SUBCASE("FSDP_CUDA_CHECK throws cuda_error") {
+    auto failing = [] { return cudaErrorInvalidValue; };
+    try {
+      FSDP_CUDA_CHECK(failing());
+      FAIL("FSDP_CUDA_CHECK did not throw");
+    } catch (const fsdp::cuda_error& e) {
+      const std::string what = e.what();
+      CHECK(e.code() == cudaErrorInvalidValue);
+      CHECK(std::string(e.expression()) == "failing()");
+      CHECK(e.line() > 0);
+      CHECK(contains(e.file(), "cuda_smoke_test.cu"));
+      CHECK(what.rfind("fsdp: ", 0) == 0);
+      CHECK(contains(what, "failing()"));
+      CHECK(contains(what, "cudaErrorInvalidValue"));
+      CHECK(contains(what, "cuda_smoke_test.cu:"));
+    }
+    // A cuda_error is a std::runtime_error.
+    CHECK_THROWS_AS(FSDP_CUDA_CHECK(cudaErrorMemoryAllocation), std::runtime_error);
+    CHECK_NOTHROW(FSDP_CUDA_CHECK(cudaSuccess));
+  }
+
+  SUBCASE("FSDP_NCCL_CHECK throws nccl_error") {
+    auto failing = [] { return ncclInvalidArgument; };
+    try {
+      FSDP_NCCL_CHECK(failing());
+      FAIL("FSDP_NCCL_CHECK did not throw");
+    } catch (const fsdp::nccl_error& e) {
+      const std::string what = e.what();
+      CHECK(e.code() == ncclInvalidArgument);
+      CHECK(std::string(e.expression()) == "failing()");
+      CHECK(what.rfind("fsdp: ", 0) == 0);
+      CHECK(contains(what, "failing()"));
+      CHECK(contains(what, "ncclInvalidArgument"));
+    }
+    CHECK_THROWS_AS(FSDP_NCCL_CHECK(ncclSystemError), std::runtime_error);
+    CHECK_NOTHROW(FSDP_NCCL_CHECK(ncclSuccess));
+  }
+
+  SUBCASE("the argument is evaluated exactly once") {
+    int calls = 0;
+    auto counted = [&] { ++calls; return cudaErrorInvalidValue; };
+    CHECK_THROWS_AS(FSDP_CUDA_CHECK(counted()), fsdp::cuda_error);
+    CHECK(calls == 1);
+    FSDP_CUDA_LOG(counted());  // prints one line to stderr and goes on
+    CHECK(calls == 2);
+  }
+
+  SUBCASE("the macros are single statements: an else binds to the right if") {
+    bool took_else = false;
+    if (false)
+      FSDP_CUDA_LOG(cudaErrorInvalidValue);
+    else
+      took_else = true;
+    CHECK(took_else);
+    took_else = false;
+    if (false)
+      FSDP_NCCL_CHECK(ncclInvalidArgument);
+    else
+      took_else = true;
+    CHECK(took_else);
+  }
+}
+
+TEST_CASE("the host library compiles and runs under nvcc") {
+  CHECK(fsdp::layout::shard_numel(257, 4, 16) == 80);
+  CHECK(fsdp::layout::shard_numel(256, 4) == 64);
+  CHECK_THROWS_AS(fsdp::layout::shard_numel(10, 0), fsdp::usage_error);
+
+  fsdp::ModelSpec spec;
+  spec.add("wte.w", {64, 16}).add("ln.b", {16}, {.flags = {.no_decay = true}}).tie("lm_head.w", "wte.w");
+  CHECK(spec.size() == 3);
+  CHECK(spec.numel() == 64 * 16 + 16);
+  CHECK(spec.at("lm_head.w").is_tied());
+  CHECK_THROWS_AS(spec.add("ln.b", {4}), fsdp::usage_error);
+}
+
+TEST_CASE("a kernel fills a device buffer, checked bit for bit (needs a GPU)") {
+  const fsdp::cuda::device_probe devices = fsdp::cuda::device_status();
+  if (devices.count == 0) {
+    const std::string line = "skipped: no CUDA device (" + devices.reason + ")";
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    MESSAGE(line);
+    CHECK_THROWS_AS(fsdp::cuda::require_device(), fsdp::cuda_error);
+    return;
+  }
+  CHECK(fsdp::cuda::require_device() == devices.count);
+  FSDP_CUDA_CHECK(cudaSetDevice(0));
+
+  constexpr std::uint32_t n = 10'007;  // not a multiple of the block size: exercises the tail
+  constexpr std::uint32_t seed = 0x5eedu;
+
+  auto run = [&]<class T>(T) {
+    T* d = nullptr;
+    FSDP_CUDA_CHECK(cudaMalloc(&d, sizeof(T) * n));
+    std::vector<T> got(n);
+    try {
+      fill_pattern_kernel<T><<<13, 256>>>(fill_params<T>{d, n, seed});
+      FSDP_CUDA_CHECK(cudaGetLastError());
+      FSDP_CUDA_CHECK(cudaMemcpy(got.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost));
+
+      // An invalid copy (null destination, nonzero size) is reported as a cuda_error and then cleared.
+      try {
+        FSDP_CUDA_CHECK(cudaMemcpy(nullptr, d, sizeof(T) * n, cudaMemcpyDeviceToHost));
+        FAIL("cudaMemcpy to nullptr did not fail");
+      } catch (const fsdp::cuda_error& e) {
+        CHECK(e.code() != cudaSuccess);
+        CHECK(contains(e.what(), "cudaMemcpy(nullptr"));
+      }
+      CHECK(cudaGetLastError() == cudaSuccess);
+    } catch (...) {
+      FSDP_CUDA_LOG(cudaFree(d));
+      throw;
+    }
+    FSDP_CUDA_CHECK(cudaFree(d));
+
+    std::uint32_t mismatches = 0;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      using bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+      if (std::bit_cast<bits>(got[i]) != std::bit_cast<bits>(pattern<T>(i, seed))) {
+        if (mismatches++ < 5) FAIL_CHECK("element ", i, " is ", got[i], ", expected ", pattern<T>(i, seed));
+      }
+    }
+    CHECK(mismatches == 0);
+  };
+  run(float{});
+  run(std::uint32_t{});
+}

@@ -1,0 +1,188 @@
+// Model: initialisation independent of world size, exact gradient reduction, collective counts per strategy.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "tests/support/support.hpp"
+
+using fsdp::collective;
+using fsdp::comm::local_communicator;
+using fsdp_test::run_ranks;
+
+namespace {
+/// Five units of uneven sizes (one unit smaller than the world at 7 ranks), a tie and a no-decay flag.
+fsdp::ModelSpec five_units() {
+  fsdp::ModelSpec s;
+  s.add("emb", {37, 5}).add("h.0.w", {9, 9}).add("h.0.b", {9}, {.flags = {.no_decay = true}, .init = fsdp::init::ones});
+  s.add("h.1.w", {3}).add("h.2.w", {16, 17}).add("h.3.w", {2, 2}).tie("head", "emb");
+  return s;
+}
+using Full = fsdp::policy<fsdp::sharding::full_shard>;
+using Grad = fsdp::policy<fsdp::sharding::shard_grad_op>;
+using None = fsdp::policy<fsdp::sharding::no_shard>;
+
+template <class Policy>
+std::map<std::string, std::vector<float>> materialise(int world) {
+  std::map<std::string, std::vector<float>> out;
+  std::mutex mu;
+  run_ranks(world, [&](local_communicator& c) {
+    fsdp::Model<Policy> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 99});
+    auto full = m.gather_full_params();
+    if (c.rank() == 0) {
+      std::lock_guard lk(mu);
+      out = std::move(full);
+    }
+  });
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+}  // namespace
+
+TEST_CASE("initialisation does not depend on world size") {
+  const auto ref = materialise<Full>(1);
+  REQUIRE(ref.size() == 7);
+  // the values are the rule's, element by element
+  for (const auto& [name, v] : ref) {
+    const auto& p = five_units().at(name);
+    const std::string stored = p.is_tied() ? p.tied_to : name;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const float expect = stored == "h.0.b" ? 1.0f : fsdp::init::value(fsdp::init::normal{0.5f, 99}, stored, i);
+      REQUIRE(v[i] == expect);
+    }
+  }
+  CHECK(same_bits(ref.at("head"), ref.at("emb")));
+  for (int world : {2, 4, 7}) {
+    CAPTURE(world);
+    const auto got = materialise<Full>(world);
+    REQUIRE(got.size() == ref.size());
+    for (const auto& [name, v] : ref) CHECK(same_bits(got.at(name), v));
+  }
+  for (const auto& [name, v] : materialise<None>(4)) CHECK(same_bits(ref.at(name), v));
+}
+
+namespace {
+struct counts {
+  std::uint64_t fwd_ag = 0, bwd_ag = 0, rs = 0, ar = 0, fwd_other = 0;
+};
+
+/// One training step where every rank writes gradient (rank + 1) * (element index + 1); returns the collectives
+/// issued by the forward and backward loops and checks the reduced gradient shards exactly.
+template <class Policy>
+counts one_step(local_communicator& c) {
+  fsdp::Model<Policy> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
+  counts k;
+  c.reset_stats();
+  for (auto& u : m.forward()) (void)u.param(u.layout().entries()[0].name);
+  auto s = c.stats();
+  k.fwd_ag = s[collective::all_gather];
+  k.fwd_other = s[collective::reduce_scatter] + s[collective::all_reduce];
+  c.reset_stats();
+  for (auto& u : m.backward())
+    for (const auto& e : u.layout().entries()) {
+      auto g = u.grad(e.name);
+      for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = float((c.rank() + 1) * (i + 1));
+    }
+  m.synchronize();
+  s = c.stats();
+  k.bwd_ag = s[collective::all_gather];
+  k.rs = s[collective::reduce_scatter];
+  k.ar = s[collective::all_reduce];
+  // The reduced gradient is the average over ranks: (W + 1) / 2 * (i + 1), exact in fp32 for these sizes.
+  const float mean_rank = float(c.size() + 1) / 2.0f;
+  for (std::size_t ui = 0; ui < m.size(); ++ui) {
+    auto& u = m.unit(ui);
+    for (const auto& v : u.shard_views())
+      for (std::int64_t i = v.begin; i < v.end; ++i)
+        REQUIRE(u.grad_shard()[v.shard_offset + (i - v.begin)] == mean_rank * float(i + 1));
+  }
+  return k;
+}
+}  // namespace
+
+TEST_CASE("collective counts per step are what each strategy implies") {
+  const std::uint64_t n = 5;  // units: root (emb, head), h.0, h.1, h.2, h.3
+  for (int world : {1, 3, 4}) {
+    CAPTURE(world);
+    run_ranks(world, [&](local_communicator& c) {
+      const counts f = one_step<Full>(c);  // gather for forward, gather again for backward, reduce-scatter
+      CHECK(f.fwd_ag == n);
+      CHECK(f.fwd_other == 0);
+      CHECK(f.bwd_ag == n);
+      CHECK(f.rs == n);
+      CHECK(f.ar == 0);
+      const counts g = one_step<Grad>(c);  // kept gathered from forward to backward
+      CHECK(g.fwd_ag == n);
+      CHECK(g.bwd_ag == 0);
+      CHECK(g.rs == n);
+      CHECK(g.ar == 0);
+      const counts d = one_step<None>(c);  // replicated: no gathers, gradients all-reduced
+      CHECK(d.fwd_ag == 0);
+      CHECK(d.bwd_ag == 0);
+      CHECK(d.rs == 0);
+      CHECK(d.ar == n);
+    });
+  }
+}
+
+TEST_CASE("gradients of several backward passes accumulate until zero_grad") {
+  run_ranks(3, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
+    for (int pass = 0; pass < 2; ++pass) {
+      for (auto& u : m.forward()) (void)u;
+      for (auto& u : m.backward())
+        for (const auto& e : u.layout().entries()) {
+          auto g = u.grad(e.name);
+          for (auto& x : g) x = 0.25f * float(c.rank() + 1);
+        }
+    }
+    m.synchronize();
+    for (std::size_t ui = 0; ui < m.size(); ++ui)
+      for (const auto& v : m.unit(ui).shard_views())
+        for (std::int64_t i = 0; i < v.local_numel(); ++i) REQUIRE(m.unit(ui).grad_shard()[v.shard_offset + i] == 1.0f);
+    m.zero_grad();
+    m.synchronize();
+    for (std::size_t ui = 0; ui < m.size(); ++ui)
+      for (std::int64_t i = 0; i < m.unit(ui).layout().shard_numel(); ++i) REQUIRE(m.unit(ui).grad_shard()[i] == 0.0f);
+  });
+}
+
+TEST_CASE("a tied alias is the same storage as its target") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
+    for (auto& u : m.forward())
+      if (u.name() == "root") CHECK(u.param("head").data() == u.param("emb").data());
+    for (auto& u : m.backward())
+      if (u.name() == "root") CHECK(u.grad("head").data() == u.grad("emb").data());
+  });
+}
+
+TEST_CASE("optimizers update only their shard, honour no_decay, and agree across world sizes") {
+  // Every rank writes the same gradient 0.5 everywhere; after one AdamW step each element moved by the same
+  // rule, so the gathered result equals the world-1 result bit for bit.
+  auto run = [](int world) {
+    std::map<std::string, std::vector<float>> out;
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::Model<Full> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 3});
+      fsdp::optim::adamw opt(m, {.lr = 0.1f, .weight_decay = 0.5f});
+      for (auto& u : m.forward()) (void)u;
+      for (auto& u : m.backward())
+        for (const auto& e : u.layout().entries())
+          for (auto& x : u.grad(e.name)) x = 0.5f;
+      opt.step();
+      auto full = m.gather_full_params();
+      if (c.rank() == 0) out = std::move(full);
+    });
+    return out;
+  };
+  const auto one = run(1);
+  const auto init_w = fsdp::init::value(fsdp::init::normal{0.5f, 3}, "h.1.w", 1);  // decayed: p(1 - lr wd) - lr
+  CHECK(one.at("h.1.w")[1] == doctest::Approx(init_w * (1 - 0.05f) - 0.1f).epsilon(1e-6));
+  for (int world : {2, 5})
+    for (const auto& [name, v] : run(world)) CHECK(same_bits(v, one.at(name)));
+  // h.0.b starts at 1 and has no decay: 1 - lr * m_hat / (sqrt(v_hat) + eps) = 1 - 0.1 * 0.5 / (0.5 + 1e-8)
+  for (float x : one.at("h.0.b")) CHECK(x == doctest::Approx(0.9f).epsilon(1e-6));
+}

@@ -1,0 +1,141 @@
+// Every wrong transition of a unit or a pass is a clear error that names the unit, never undefined behaviour.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "tests/support/support.hpp"
+
+using fsdp::comm::local_communicator;
+using fsdp_test::error_of;
+using fsdp_test::run_ranks;
+
+namespace {
+fsdp::ModelSpec three_layers() {
+  fsdp::ModelSpec s;
+  for (int l = 0; l < 3; ++l) s.add("layers." + std::to_string(l) + ".w", {4, 4});
+  return s;
+}
+using Full = fsdp::policy<fsdp::sharding::full_shard>;
+using Grad = fsdp::policy<fsdp::sharding::shard_grad_op>;
+using None = fsdp::policy<fsdp::sharding::no_shard>;
+using fsdp::wrap::by_prefix;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("a unit used before it is gathered") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    auto& u = m.unit("layers.1");
+    CHECK(u.state() == fsdp::unit_state::sharded);
+    CHECK(error_of<fsdp::usage_error>([&] { u.param("layers.1.w"); }) ==
+          "fsdp: unit 'layers.1' (index 1) is not gathered (state: sharded): param('layers.1.w') needs its parameters "
+          "gathered; use it inside model.forward() or model.backward()");
+    // after a full_shard forward it is released again
+    for (auto& x : m.forward()) (void)x;
+    CHECK(u.state() == fsdp::unit_state::sharded);
+    CHECK(contains(error_of<fsdp::usage_error>([&] { u.param("layers.1.w"); }), "(state: sharded)"));
+    CHECK(contains(error_of<fsdp::usage_error>([&] { u.param("layers.0.w"); }),
+                   "no parameter named 'layers.0.w' in unit 'layers.1'"));
+    CHECK(contains(error_of<fsdp::usage_error>([&] { m.unit("layers.9"); }), "no unit named 'layers.9'"));
+    CHECK(contains(error_of<fsdp::usage_error>([&] { m.unit(3); }), "unit index 3 is out of range: the model has 3 units"));
+  });
+}
+
+TEST_CASE("gradients are only reachable inside backward") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    for (auto& u : m.forward())
+      CHECK(error_of<fsdp::usage_error>([&] { u.grad(u.name() + ".w"); }) ==
+            "fsdp: unit '" + u.name() + "' (index " + std::to_string(u.index()) + "): grad('" + u.name() +
+                ".w') is only available while the unit is current in model.backward() (now: current in forward)");
+    for (auto& u : m.backward()) (void)u.grad(u.name() + ".w");
+  });
+}
+
+TEST_CASE("backward before forward") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    CHECK(error_of<fsdp::usage_error>([&] {
+            for (auto& u : m.backward()) (void)u;
+          }) == "fsdp: backward before forward: unit 'layers.0' (index 0) has not run forward since its last backward");
+    // a second backward after one forward is the same mistake
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    CHECK(contains(error_of<fsdp::usage_error>([&] {
+                     for (auto& u : m.backward()) (void)u;
+                   }),
+                   "backward before forward"));
+  });
+}
+
+TEST_CASE("optimizer step before gradients are reduced") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    fsdp::optim::sgd opt(m, {.lr = 0.1f});
+    CHECK(error_of<fsdp::usage_error>([&] { opt.step(); }) ==
+          "fsdp: optimizer step before gradients are reduced: unit 'layers.0' (index 0) has no gradient reduced since "
+          "the last step; run model.backward() to the end first");
+    for (auto& u : m.forward()) (void)u;
+    CHECK(contains(error_of<fsdp::usage_error>([&] { opt.step(); }), "optimizer step before gradients are reduced"));
+    // a step in the middle of backward names where the pass is
+    {
+      auto range = m.backward();
+      auto it = range.begin();
+      CHECK(error_of<fsdp::usage_error>([&] { opt.step(); }) ==
+            "fsdp: an optimizer step while model.backward() is at unit 'layers.2'; finish the loop first");
+      for (; it != range.end(); ++it) (void)*it;
+    }
+    opt.step();  // now legal
+    CHECK(contains(error_of<fsdp::usage_error>([&] { opt.step(); }), "unit 'layers.0' (index 0) has no gradient"));
+  });
+}
+
+TEST_CASE("passes cannot nest, and a loop left early is reported") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    CHECK(error_of<fsdp::usage_error>([&] {
+            for (auto& u : m.forward()) {
+              (void)u;
+              for (auto& v : m.forward()) (void)v;
+            }
+          }) == "fsdp: model.forward() while model.forward() is at unit 'layers.0'; finish the loop first");
+    // the outer loop above exited through the exception: the model says so from now on
+    CHECK(error_of<fsdp::usage_error>([&] {
+            for (auto& u : m.forward()) (void)u;
+          }) == "fsdp: model.forward() after an abandoned pass: model.forward() was left at unit 'layers.0' (the loop "
+                "exited early); every pass must visit all units");
+  });
+}
+
+TEST_CASE("the same checks hold for shard_grad_op and no_shard") {
+  run_ranks(3, [](local_communicator& c) {
+    fsdp::Model<Grad> g(c, three_layers(), by_prefix{"layers."});
+    CHECK(contains(error_of<fsdp::usage_error>([&] { g.unit(0).param("layers.0.w"); }), "is not gathered"));
+    for (auto& u : g.forward()) (void)u;
+    CHECK(g.unit(0).state() == fsdp::unit_state::gathered);  // kept until its backward
+    (void)g.unit(0).param("layers.0.w");
+    for (auto& u : g.backward()) (void)u;
+    CHECK(g.unit(0).state() == fsdp::unit_state::sharded);
+
+    fsdp::Model<None> n(c, three_layers(), by_prefix{"layers."});
+    CHECK(n.unit(0).state() == fsdp::unit_state::gathered);  // replicated: always materialised
+    CHECK(contains(error_of<fsdp::usage_error>([&] {
+                     for (auto& u : n.backward()) (void)u;
+                   }),
+                   "backward before forward"));
+  });
+}
+
+TEST_CASE("a parameter whose compute dtype differs from the policy's is named") {
+  fsdp::ModelSpec s;
+  s.add("w", {4}).add("norm", {4}, {.compute_dtype = fsdp::dtype::bf16});
+  run_ranks(1, [&](local_communicator& c) {
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::Model<Full>(c, s, fsdp::wrap::by_size{100}); }) ==
+          "fsdp: parameter 'norm' asks for compute dtype bf16 but the precision policy computes in f32");
+  });
+}
+
+TEST_CASE("an empty spec cannot make a model") {
+  run_ranks(1, [](local_communicator& c) {
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::Model<Full>(c, fsdp::ModelSpec{}, by_prefix{"h."}); }) ==
+          "fsdp: the model spec is empty: add at least one parameter");
+  });
+}
