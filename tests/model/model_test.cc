@@ -46,8 +46,9 @@ TEST_CASE("initialisation does not depend on world size") {
   const auto ref = materialise<Full>(1);
   REQUIRE(ref.size() == 7);
   // the values are the rule's, element by element
+  const fsdp::ModelSpec spec = five_units();
   for (const auto& [name, v] : ref) {
-    const auto& p = five_units().at(name);
+    const auto& p = spec.at(name);
     const std::string stored = p.is_tied() ? p.tied_to : name;
     for (std::size_t i = 0; i < v.size(); ++i) {
       const float expect = stored == "h.0.b" ? 1.0f : fsdp::init::value(fsdp::init::normal{0.5f, 99}, stored, i);

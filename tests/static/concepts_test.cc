@@ -1,0 +1,115 @@
+// Static checks of the concepts and of policy composition. Archetypes (minimal types that model a concept and
+// nothing more) show each concept is neither wider nor narrower than intended.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <cstdint>
+
+#include "tests/support/support.hpp"
+
+namespace archetype {
+
+/// The least a communicator must offer.
+struct communicator {
+  using backend_type = fsdp::backend::host;
+  using stream = backend_type::stream;
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void all_gather(const void*, void*, std::int64_t, fsdp::dtype, stream&) {}
+  void reduce_scatter(const void*, void*, std::int64_t, fsdp::dtype, fsdp::reduce_op, stream&) {}
+  void all_reduce(const void*, void*, std::int64_t, fsdp::dtype, fsdp::reduce_op, stream&) {}
+  void broadcast(const void*, void*, std::int64_t, fsdp::dtype, int, stream&) {}
+  void barrier() {}
+  fsdp::collective_stats stats() const { return {}; }
+};
+/// The same without broadcast: not a communicator.
+struct no_broadcast {
+  using backend_type = fsdp::backend::host;
+  using stream = backend_type::stream;
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void all_gather(const void*, void*, std::int64_t, fsdp::dtype, stream&) {}
+  void reduce_scatter(const void*, void*, std::int64_t, fsdp::dtype, fsdp::reduce_op, stream&) {}
+  void all_reduce(const void*, void*, std::int64_t, fsdp::dtype, fsdp::reduce_op, stream&) {}
+  void barrier() {}
+  fsdp::collective_stats stats() const { return {}; }
+};
+
+struct strategy {
+  using sharding_concept = fsdp::sharding_tag;
+  static constexpr std::string_view name = "archetype";
+  static constexpr bool shards_params = true;
+  static constexpr bool reshard_after_forward = true;
+  static constexpr int shard_group_size(int w) { return w; }
+  static constexpr int replicate_group_size(int) { return 1; }
+};
+/// All the facts but no opt-in tag: a strategy must say it is one.
+struct untagged_strategy {
+  static constexpr std::string_view name = "untagged";
+  static constexpr bool shards_params = true;
+  static constexpr bool reshard_after_forward = true;
+  static constexpr int shard_group_size(int w) { return w; }
+  static constexpr int replicate_group_size(int) { return 1; }
+};
+
+struct wrapping {
+  std::vector<std::string> assign(const fsdp::ModelSpec&) const { return {}; }
+};
+struct wrong_wrapping {
+  std::vector<int> assign(const fsdp::ModelSpec&) const { return {}; }
+};
+
+}  // namespace archetype
+
+static_assert(fsdp::CollectivePolicy<archetype::communicator>);
+static_assert(!fsdp::CollectivePolicy<archetype::no_broadcast>);
+static_assert(fsdp::CollectivePolicy<fsdp::comm::local_communicator>);
+
+static_assert(fsdp::ShardingStrategy<archetype::strategy>);
+static_assert(!fsdp::ShardingStrategy<archetype::untagged_strategy>);
+static_assert(fsdp::ShardingStrategy<fsdp::sharding::full_shard>);
+static_assert(fsdp::ShardingStrategy<fsdp::sharding::shard_grad_op>);
+static_assert(fsdp::ShardingStrategy<fsdp::sharding::no_shard>);
+static_assert(!fsdp::ShardingStrategy<int>);
+
+static_assert(fsdp::WrappingPolicy<archetype::wrapping>);
+static_assert(!fsdp::WrappingPolicy<archetype::wrong_wrapping>);
+static_assert(fsdp::WrappingPolicy<fsdp::wrap::by_prefix> && fsdp::WrappingPolicy<fsdp::wrap::by_size> &&
+              fsdp::WrappingPolicy<fsdp::wrap::by_function>);
+
+static_assert(fsdp::PrefetchPolicy<fsdp::prefetch::none> && fsdp::PrefetchPolicy<fsdp::prefetch::next>);
+static_assert(fsdp::prefetch::backward_pre<2>::backward_depth == 2 && fsdp::prefetch::backward_pre<2>::forward_depth == 0);
+static_assert(fsdp::prefetch::forward<3>::forward_depth == 3 && fsdp::prefetch::forward<3>::backward_depth == 0);
+static_assert(!fsdp::PrefetchPolicy<fsdp::sharding::full_shard>);
+static_assert(fsdp::PrecisionPolicy<fsdp::precision::full> && !fsdp::PrecisionPolicy<float>);
+
+// The strategies' facts, as the scheduler reads them.
+static_assert(fsdp::facts_of<fsdp::sharding::full_shard>(8).shard_group == 8);
+static_assert(fsdp::facts_of<fsdp::sharding::no_shard>(8).shard_group == 1);
+static_assert(fsdp::facts_of<fsdp::sharding::no_shard>(8).replicate_group == 8);
+static_assert(!fsdp::sharding::shard_grad_op::reshard_after_forward && fsdp::sharding::full_shard::reshard_after_forward);
+
+// Policy composition and defaults.
+using P = fsdp::policy<fsdp::sharding::full_shard>;
+static_assert(std::is_same_v<P::prefetch, fsdp::prefetch::next>);
+static_assert(std::is_same_v<P::communicator, fsdp::comm::local_communicator>);
+static_assert(std::is_same_v<P::backend_type, fsdp::backend::host>);
+static_assert(std::is_same_v<fsdp::Model<P>::unit_type, fsdp::FsdpUnit<fsdp::backend::host>>);
+
+// Host buffers and events are move-only / shared handles as the scheduler expects.
+static_assert(std::is_nothrow_move_constructible_v<fsdp::backend::host::buffer>);
+static_assert(!std::is_copy_constructible_v<fsdp::backend::host::buffer>);
+static_assert(!std::is_copy_constructible_v<fsdp::Model<P>>);
+
+TEST_CASE("a user-defined strategy plugs into the scheduler through its facts alone") {
+  fsdp::ModelSpec spec;
+  spec.add("a.w", {5, 3}).add("b.w", {7});
+  fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& c) {
+    fsdp::Model<fsdp::policy<archetype::strategy>> m(c, spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) {
+                                                       return p.name.substr(0, 1);
+                                                     }});
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    m.synchronize();
+    CHECK(c.stats()[fsdp::collective::all_gather] == 4);  // resharded after forward: gathered twice
+    CHECK(c.stats()[fsdp::collective::reduce_scatter] == 2);
+  });
+}
