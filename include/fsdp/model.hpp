@@ -224,6 +224,7 @@ class Model {
       if (started_) detail::fail_usage("a model.", name_of(kind_), "() range can be iterated once");
       started_ = true;
       m_->begin_pass(kind_);
+      owns_pass_ = true;  // only a range whose pass began may abandon it
       return iterator(m_, 0);
     }
     sentinel end() const noexcept { return {}; }
@@ -231,7 +232,7 @@ class Model {
     pass_range(const pass_range&) = delete;
     pass_range& operator=(const pass_range&) = delete;
     ~pass_range() {
-      if (started_ && m_->pass_ == kind_) m_->abandon_pass();
+      if (owns_pass_ && m_->pass_ == kind_) m_->abandon_pass();
     }
 
    private:
@@ -240,6 +241,7 @@ class Model {
     Model* m_;
     pass_kind kind_;
     bool started_ = false;
+    bool owns_pass_ = false;
   };
 
  private:
@@ -293,6 +295,8 @@ class Model {
   }
 
   void advance() {
+    if (pass_ == pass_kind::none)
+      detail::fail_usage("a model pass iterator was advanced after its pass ended or was abandoned: ", broken_);
     leave(order_at(pos_));
     ++pos_;
     if (pos_ < units_.size())

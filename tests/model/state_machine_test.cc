@@ -98,6 +98,7 @@ TEST_CASE("passes cannot nest, and a loop left early is reported") {
             }
           }) == "fsdp: model.forward() while model.forward() is at unit 'layers.0'; finish the loop first");
     // the outer loop above exited through the exception: the model says so from now on
+    // (the inner range, whose pass never began, did not abandon the outer one: the message names the outer)
     CHECK(error_of<fsdp::usage_error>([&] {
             for (auto& u : m.forward()) (void)u;
           }) == "fsdp: model.forward() after an abandoned pass: model.forward() was left at unit 'layers.0' (the loop "
@@ -137,5 +138,18 @@ TEST_CASE("an empty spec cannot make a model") {
   run_ranks(1, [](local_communicator& c) {
     CHECK(error_of<fsdp::usage_error>([&] { fsdp::Model<Full>(c, fsdp::ModelSpec{}, by_prefix{"h."}); }) ==
           "fsdp: the model spec is empty: add at least one parameter");
+  });
+}
+
+TEST_CASE("an error caught inside a pass leaves that pass intact") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    for (auto& u : m.forward())
+      CHECK(error_of<fsdp::usage_error>([&] {
+              for (auto& v : m.backward()) (void)v;
+            }) == "fsdp: model.backward() while model.forward() is at unit '" + u.name() + "'; finish the loop first");
+    for (auto& u : m.backward()) (void)u.grad(u.name() + ".w");  // the forward completed normally
+    fsdp::optim::sgd opt(m, {.lr = 0.1f});
+    opt.step();
   });
 }
