@@ -316,9 +316,7 @@ class Model {
 
   void enter(std::size_t i) {
     unit_type& u = *units_[i];
-    const bool fwd = pass_ == pass_kind::forward;
-    if (!fwd && !u.forward_done_)
-      detail::fail_usage("unit '", u.name(), "' (index ", i, "): backward before forward: run model.forward() over it first");
+    const bool fwd = pass_ == pass_kind::forward;  // backward's precondition was checked for every unit in begin_pass
     if constexpr (strategy::shards_params) {
       if (u.state_ == unit_state::sharded) issue_gather(u);
       const int depth = fwd ? prefetch::forward_depth : prefetch::backward_depth;

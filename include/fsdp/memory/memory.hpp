@@ -5,9 +5,7 @@
 // the figures are deterministic and the planner can predict them exactly.
 #include <array>
 #include <cstdint>
-#include <cstdio>
 #include <mutex>
-#include <string>
 #include <string_view>
 
 namespace fsdp {
@@ -74,21 +72,5 @@ class MemoryTracker {
   mutable std::mutex mu_;
   memory_stats s_;
 };
-
-/// A fixed-width table of figures in MiB, one row per category then the total.
-inline std::string format_memory(const memory_figures& f, std::string_view title = "memory") {
-  std::string out;
-  char line[128];
-  std::snprintf(line, sizeof line, "%-18s %14s\n", std::string(title).c_str(), "MiB");
-  out += line;
-  for (std::size_t i = 0; i < mem_categories; ++i) {
-    const auto c = static_cast<mem>(i);
-    std::snprintf(line, sizeof line, "  %-16s %14.4f\n", std::string(name_of(c)).c_str(), f[c] / 1048576.0);
-    out += line;
-  }
-  std::snprintf(line, sizeof line, "  %-16s %14.4f\n", "total", f.total / 1048576.0);
-  out += line;
-  return out;
-}
 
 }  // namespace fsdp
