@@ -18,7 +18,7 @@ struct policy {
                 "(fsdp::sharding::full_shard, shard_grad_op or no_shard)");
   static_assert(PrefetchPolicy<Prefetch>,
                 "fsdp::policy: the second argument must be a prefetch policy "
-                "(fsdp::prefetch::none, forward<N>, backward_pre<N>, depth<F, B> or next)");
+                "(fsdp::prefetch::none, forward<N>, backward_pre<N>, backward_post, depth<F, B>, next or explicit_schedule)");
   static_assert(PrecisionPolicy<Precision>,
                 "fsdp::policy: the third argument must be a precision policy (fsdp::precision::full)");
   static_assert(std::is_same_v<typename Precision::master_type, float>,

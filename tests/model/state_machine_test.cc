@@ -80,7 +80,7 @@ TEST_CASE("optimizer step before gradients are reduced") {
       auto range = m.backward();
       auto it = range.begin();
       CHECK(error_of<fsdp::usage_error>([&] { opt.step(); }) ==
-            "fsdp: an optimizer step while model.backward() is at unit 'layers.2'; finish the loop first");
+            "fsdp: an optimizer step while model.backward() is at unit 'layers.2'; finish the pass first");
       for (; it != range.end(); ++it) (void)*it;
     }
     opt.step();  // now legal
@@ -96,7 +96,7 @@ TEST_CASE("passes cannot nest, and a loop left early is reported") {
               (void)u;
               for (auto& v : m.forward()) (void)v;
             }
-          }) == "fsdp: model.forward() while model.forward() is at unit 'layers.0'; finish the loop first");
+          }) == "fsdp: model.forward() while model.forward() is at unit 'layers.0'; finish the pass first");
     // the outer loop above exited through the exception: the model says so from now on
     // (the inner range, whose pass never began, did not abandon the outer one: the message names the outer)
     CHECK(error_of<fsdp::usage_error>([&] {
@@ -147,7 +147,7 @@ TEST_CASE("an error caught inside a pass leaves that pass intact") {
     for (auto& u : m.forward())
       CHECK(error_of<fsdp::usage_error>([&] {
               for (auto& v : m.backward()) (void)v;
-            }) == "fsdp: model.backward() while model.forward() is at unit '" + u.name() + "'; finish the loop first");
+            }) == "fsdp: model.backward() while model.forward() is at unit '" + u.name() + "'; finish the pass first");
     for (auto& u : m.backward()) (void)u.grad(u.name() + ".w");  // the forward completed normally
     fsdp::optim::sgd opt(m, {.lr = 0.1f});
     opt.step();

@@ -6,9 +6,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <utility>
 
 #include "fsdp/backend/detail/work_queue.hpp"
@@ -21,6 +24,12 @@ namespace fsdp::backend {
 struct host_options {
   /// Longest any wait on an event may block before it is reported as a hang.
   std::chrono::milliseconds wait_timeout{300000};
+  /// false: the all-gather and reduce streams run their work inline on the issuing thread too. Nothing then
+  /// overlaps, and every event happens in program order: a deterministic mode for tests of event order.
+  bool threaded_streams = true;
+  /// Delay injection: how long each library kernel ("accumulate", "sgd_step", "adamw_step") sleeps on its stream
+  /// before it runs. Results must not change: tests use it to prove that every wait is in place.
+  std::function<std::chrono::microseconds(std::string_view kernel)> kernel_delay;
 };
 
 class host {
@@ -96,8 +105,8 @@ class host {
   explicit host(int rank = 0, host_options opt = {})
       : opt_(opt),
         compute_("rank" + std::to_string(rank) + ".compute", false),
-        gather_("rank" + std::to_string(rank) + ".all_gather", true),
-        reduce_("rank" + std::to_string(rank) + ".reduce", true) {}
+        gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams),
+        reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams) {}
   host(const host&) = delete;
   host& operator=(const host&) = delete;
 
@@ -128,6 +137,9 @@ class host {
         },
         /*always=*/true);
   }
+  /// Runs `fn` on the host when `s` reaches this point (cudaLaunchHostFunc on the CUDA backend). Skipped when
+  /// the stream has failed.
+  void host_callback(stream& s, std::function<void()> fn) { s.submit(std::move(fn)); }
   /// Blocks the calling thread until all work submitted to `s` has run; rethrows its error.
   void synchronize(stream& s) { s.drain(opt_.wait_timeout); }
 
@@ -158,7 +170,8 @@ class host {
   /// dst[i] += src[i]
   void accumulate(float* dst, const float* src, std::int64_t n, stream& s) {
     if (n > 0)
-      s.submit([=] {
+      s.submit([=, d = delay("accumulate")] {
+        std::this_thread::sleep_for(d);
         for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
       });
   }
@@ -166,7 +179,8 @@ class host {
   void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const optim::detail::sgd_coeffs& c,
                 stream& s) {
     if (n > 0)
-      s.submit([=] {
+      s.submit([=, d = delay("sgd_step")] {
+        std::this_thread::sleep_for(d);
         for (std::int64_t i = 0; i < n; ++i) optim::detail::sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c);
       });
   }
@@ -174,12 +188,17 @@ class host {
   void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, const optim::detail::adamw_coeffs& c,
                   stream& s) {
     if (n > 0)
-      s.submit([=] {
+      s.submit([=, d = delay("adamw_step")] {
+        std::this_thread::sleep_for(d);
         for (std::int64_t i = 0; i < n; ++i) optim::detail::adamw_update(p[i], g[i], m[i], v[i], c);
       });
   }
 
  private:
+  std::chrono::microseconds delay(std::string_view kernel) const {
+    return opt_.kernel_delay ? opt_.kernel_delay(kernel) : std::chrono::microseconds{0};
+  }
+
   host_options opt_;
   MemoryTracker memory_;
   // Streams last: they are destroyed first, so deferred frees still find the tracker alive.

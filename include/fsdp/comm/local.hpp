@@ -19,9 +19,18 @@
 
 namespace fsdp::comm {
 
+using detail::collective_delay;
+using detail::link_model;
+
 struct local_options {
   /// Longest a rank waits for the others inside one collective before the whole group fails.
   std::chrono::milliseconds timeout{60000};
+  /// A modelled link bandwidth and latency (off by default): see detail/local_group.hpp.
+  link_model link{};
+  /// Delay injection before each rank's part of each collective (off when empty).
+  collective_delay delay{};
+  /// Options of each rank's host backend (a Model built on this communicator uses them).
+  backend::host_options backend{};
 };
 
 /// One rank's handle on an in-process group of thread ranks.
@@ -30,7 +39,8 @@ class local_communicator {
   using backend_type = backend::host;
   using stream = backend_type::stream;
 
-  local_communicator(std::shared_ptr<detail::local_group> g, int rank) : g_(std::move(g)), rank_(rank) {
+  local_communicator(std::shared_ptr<detail::local_group> g, int rank, backend::host_options backend = {})
+      : g_(std::move(g)), rank_(rank), backend_opt_(std::move(backend)) {
     if (rank < 0 || rank >= g_->size())
       fsdp::detail::fail_usage("rank ", rank, " is outside the local group of size ", g_->size());
   }
@@ -38,6 +48,8 @@ class local_communicator {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
   std::chrono::milliseconds timeout() const noexcept { return g_->timeout(); }
+  /// The options a backend made for this rank should use.
+  const backend::host_options& backend_options() const noexcept { return backend_opt_; }
 
   /// recv[q * count ...] = send of rank q; `count` elements per rank. `send` may be recv's own slice.
   void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
@@ -86,6 +98,7 @@ class local_communicator {
 
   std::shared_ptr<detail::local_group> g_;
   int rank_;
+  backend::host_options backend_opt_;
   std::uint64_t seq_ = 0;
   mutable std::mutex mu_;
   collective_stats stats_;
@@ -107,7 +120,7 @@ struct local {
 template <class F>
 void run_local(int world, F&& fn, local_options opt = {}) {
   if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
-  auto group = std::make_shared<detail::local_group>(world, opt.timeout);
+  auto group = std::make_shared<detail::local_group>(world, opt.timeout, opt.link, opt.delay);
   std::mutex mu;
   std::exception_ptr first;
   bool first_is_abort = true;
@@ -116,7 +129,7 @@ void run_local(int world, F&& fn, local_options opt = {}) {
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        local_communicator c(group, r);
+        local_communicator c(group, r, opt.backend);
         fn(c);
       } catch (const std::exception& e) {
         const bool aborted_before = group->aborted();

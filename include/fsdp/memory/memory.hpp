@@ -5,6 +5,7 @@
 // the figures are deterministic and the planner can predict them exactly.
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string_view>
 
@@ -52,15 +53,23 @@ class MemoryTracker {
     s_.current.total += bytes;
     if (s_.current[c] > s_.peak[c]) s_.peak[c] = s_.current[c];
     if (s_.current.total > s_.peak.total) s_.peak.total = s_.current.total;
+    if (listener_) listener_(s_.current);
   }
   void released(mem c, std::int64_t bytes) {
     std::lock_guard lk(mu_);
     s_.current[c] -= bytes;
     s_.current.total -= bytes;
+    if (listener_) listener_(s_.current);
   }
   memory_stats stats() const {
     std::lock_guard lk(mu_);
     return s_;
+  }
+  /// Called with the current figures after every change, in the order of the changes (under the tracker's
+  /// lock: it must not call back into the tracker). Used for the memory timeline.
+  void set_listener(std::function<void(const memory_figures&)> f) {
+    std::lock_guard lk(mu_);
+    listener_ = std::move(f);
   }
   /// Starts a new peak window from the current figures.
   void reset_peak() {
@@ -71,6 +80,7 @@ class MemoryTracker {
  private:
   mutable std::mutex mu_;
   memory_stats s_;
+  std::function<void(const memory_figures&)> listener_;
 };
 
 }  // namespace fsdp

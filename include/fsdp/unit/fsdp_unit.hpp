@@ -16,32 +16,13 @@
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/unit/state.hpp"
 #include "fsdp/unit/tensor_view.hpp"
 
 namespace fsdp {
 
 template <class Policy>
 class Model;
-
-enum class unit_state : std::uint8_t { sharded, gathering, gathered };
-enum class pass_kind : std::uint8_t { none, forward, backward };
-
-constexpr std::string_view name_of(unit_state s) noexcept {
-  switch (s) {
-    case unit_state::sharded: return "sharded";
-    case unit_state::gathering: return "gathering";
-    case unit_state::gathered: return "gathered";
-  }
-  return "?";
-}
-constexpr std::string_view name_of(pass_kind p) noexcept {
-  switch (p) {
-    case pass_kind::none: return "none";
-    case pass_kind::forward: return "forward";
-    case pass_kind::backward: return "backward";
-  }
-  return "?";
-}
 
 template <class Backend>
 class FsdpUnit {

@@ -8,9 +8,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
@@ -39,10 +41,34 @@ struct op_desc {
   }
 };
 
+/// A modelled link, so that overlap can be studied on a machine without a fast interconnect: once every rank
+/// has issued a collective, it takes latency + bytes * factor / bytes_per_second, where bytes is the unsharded
+/// size and factor is (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce (ring) and 1 for
+/// broadcast (n = group size; a group of one takes no time).
+struct link_model {
+  double bytes_per_second = 0;  ///< 0: no model; a collective takes as long as its copies
+  std::chrono::nanoseconds latency{0};
+  /// false: collectives only take their modelled time and leave every buffer untouched (for timing studies of
+  /// large models on small machines; training results are then meaningless).
+  bool move_data = true;
+
+  std::chrono::nanoseconds duration(collective c, std::int64_t unsharded_bytes, int world) const {
+    if (bytes_per_second <= 0 || world <= 1) return std::chrono::nanoseconds{0};
+    const double n = world;
+    const double factor = c == collective::broadcast ? 1.0 : c == collective::all_reduce ? 2.0 * (n - 1) / n : (n - 1) / n;
+    return latency + std::chrono::nanoseconds(static_cast<std::int64_t>(double(unsharded_bytes) * factor / bytes_per_second * 1e9));
+  }
+};
+
+/// Delay injection: how long rank `rank`'s part of collective number `seq` waits before it starts.
+using collective_delay = std::function<std::chrono::microseconds(collective, std::uint64_t seq, int rank)>;
+
 class local_group {
  public:
-  local_group(int world, std::chrono::milliseconds timeout) : world_(world), timeout_(timeout) {
+  local_group(int world, std::chrono::milliseconds timeout, link_model link = {}, collective_delay delay = {})
+      : world_(world), timeout_(timeout), link_(link), delay_(std::move(delay)) {
     if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
+    if (link_.bytes_per_second < 0) fsdp::detail::fail_usage("link bandwidth must be >= 0, got ", link_.bytes_per_second);
   }
 
   int size() const noexcept { return world_; }
@@ -67,6 +93,7 @@ class local_group {
   /// Runs rank `rank`'s part of collective number `seq`.
   void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
     const std::string what = "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+    if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     round& r = arrive(seq, rank, d, send, recv, what);
     if (d.kind < 0) {
       depart(seq, r, what);
@@ -75,7 +102,15 @@ class local_group {
     const auto kind = static_cast<collective>(d.kind);
     const std::size_t esize = size_of(d.type);
     const std::size_t bytes = static_cast<std::size_t>(d.count) * esize;
+    const std::int64_t unsharded = static_cast<std::int64_t>(bytes) *
+                                   (kind == collective::all_gather || kind == collective::reduce_scatter ? world_ : 1);
+    const auto modelled_end = r.start + link_.duration(kind, unsharded, world_);
     std::vector<float> tmp;
+    if (!link_.move_data) {
+      std::this_thread::sleep_until(modelled_end);
+      depart(seq, r, what);
+      return;
+    }
     switch (kind) {
       case collective::all_gather:
         for (int q = 0; q < world_; ++q) {
@@ -95,6 +130,7 @@ class local_group {
     }
     // Send buffers may alias receive buffers (in-place collectives): write results only once every rank has
     // finished reading the inputs.
+    std::this_thread::sleep_until(modelled_end);  // no-op without a link model
     depart(seq, r, what);
     if (!tmp.empty()) std::memcpy(recv, tmp.data(), tmp.size() * sizeof(float));
   }
@@ -106,6 +142,7 @@ class local_group {
     std::vector<const void*> send;
     std::vector<bool> present;
     int arrived = 0;
+    std::chrono::steady_clock::time_point start;  ///< when the last rank arrived
     int done = 0;
     int left = 0;
   };
@@ -178,7 +215,7 @@ class local_group {
     }
     r.send[rank] = send;
     r.present[rank] = true;
-    ++r.arrived;
+    if (++r.arrived == world_) r.start = std::chrono::steady_clock::now();
     cv_.notify_all();
     wait(lk, [&] { return r.arrived == world_; }, what, "waiting for the other ranks", r);
     return r;  // std::map nodes are stable; the round lives until every rank has left it
@@ -194,6 +231,8 @@ class local_group {
 
   const int world_;
   const std::chrono::milliseconds timeout_;
+  const link_model link_;
+  const collective_delay delay_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::uint64_t, round> rounds_;

@@ -1,0 +1,263 @@
+#pragma once
+// Observability: a recorder of what the scheduler did and when, per rank, and summaries computed from it.
+//
+// Host-side events (issue, release) are recorded when the scheduler makes them; stream-side events (a
+// collective beginning and ending, a unit's compute beginning and ending, the optimizer) are stamped when the
+// stream reaches them, through the backend's host callbacks. Every event gets a sequence number from one counter,
+// so the events of a rank are in the order they happened. The recorder also keeps the memory timeline by
+// category. One recorder may be shared by every rank of a process (thread ranks); it is thread-safe.
+//
+// Recording costs a lock and a clock read per event: leave model_options::recorder null when not observing.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/memory/memory.hpp"
+#include "fsdp/unit/state.hpp"
+
+namespace fsdp::trace {
+
+enum class kind : std::uint8_t {
+  gather_issued,    ///< host: the unit's all-gather was issued (`ahead`: as a prefetch)
+  gather_begin,     ///< all-gather stream: the collective starts
+  gather_end,       ///< all-gather stream: the collective is complete
+  compute_begin,    ///< compute stream: the unit becomes current (the user's work for it starts)
+  compute_end,      ///< compute stream: the user's work for the unit is done
+  release,          ///< host: the unit's gathered parameters are released
+  reduce_issued,    ///< host: the unit's gradient reduction was issued
+  reduce_begin,     ///< reduce stream: the collective starts
+  reduce_end,       ///< reduce stream: the reduced gradient is accumulated into the shard
+  optimizer_begin,  ///< compute stream: the optimizer step starts
+  optimizer_end,    ///< compute stream: the optimizer step is done
+};
+
+constexpr std::string_view name_of(kind k) noexcept {
+  switch (k) {
+    case kind::gather_issued: return "gather_issued";
+    case kind::gather_begin: return "gather_begin";
+    case kind::gather_end: return "gather_end";
+    case kind::compute_begin: return "compute_begin";
+    case kind::compute_end: return "compute_end";
+    case kind::release: return "release";
+    case kind::reduce_issued: return "reduce_issued";
+    case kind::reduce_begin: return "reduce_begin";
+    case kind::reduce_end: return "reduce_end";
+    case kind::optimizer_begin: return "optimizer_begin";
+    case kind::optimizer_end: return "optimizer_end";
+  }
+  return "?";
+}
+
+struct event {
+  std::uint64_t seq = 0;   ///< order of recording, across all ranks
+  std::int64_t t_ns = 0;   ///< steady-clock nanoseconds since the recorder was made
+  int rank = 0;
+  kind what = kind::compute_begin;
+  pass_kind pass = pass_kind::none;
+  int unit = -1;            ///< unit index, -1 for none (optimizer)
+  std::uint64_t step = 0;   ///< the model's step counter (1 = first step)
+  std::int64_t bytes = 0;   ///< collectives: unsharded bytes moved (as nccl-tests count)
+  bool ahead = false;       ///< gather_issued: a prefetch rather than a gather on demand
+  collective coll = collective::all_gather;  ///< reduce events: reduce_scatter or all_reduce
+};
+
+struct memory_sample {
+  std::int64_t t_ns = 0;
+  int rank = 0;
+  memory_figures current;  ///< every category (and the total) right after the change
+};
+
+class recorder {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  recorder() : t0_(clock::now()) {}
+  recorder(const recorder&) = delete;
+  recorder& operator=(const recorder&) = delete;
+
+  void record(event e) {
+    const auto t = clock::now();
+    std::lock_guard lk(mu_);
+    e.t_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t - t0_).count();
+    e.seq = next_seq_++;
+    events_.push_back(e);
+  }
+  void memory(int rank, const memory_figures& current) {
+    const auto t = clock::now();
+    std::lock_guard lk(mu_);
+    memory_.push_back({std::chrono::duration_cast<std::chrono::nanoseconds>(t - t0_).count(), rank, current});
+  }
+  /// Names of the units by index (the same on every rank); the Model sets them.
+  void set_unit_names(std::vector<std::string> names) {
+    std::lock_guard lk(mu_);
+    names_ = std::move(names);
+  }
+
+  std::vector<event> events() const {
+    std::lock_guard lk(mu_);
+    return events_;
+  }
+  /// One rank's events, in the order they happened.
+  std::vector<event> events(int rank) const {
+    std::lock_guard lk(mu_);
+    std::vector<event> out;
+    for (const auto& e : events_)
+      if (e.rank == rank) out.push_back(e);
+    return out;
+  }
+  std::vector<memory_sample> memory_timeline() const {
+    std::lock_guard lk(mu_);
+    return memory_;
+  }
+  std::vector<std::string> unit_names() const {
+    std::lock_guard lk(mu_);
+    return names_;
+  }
+  void clear() {
+    std::lock_guard lk(mu_);
+    events_.clear();
+    memory_.clear();
+  }
+
+ private:
+  clock::time_point t0_;
+  mutable std::mutex mu_;
+  std::uint64_t next_seq_ = 0;
+  std::vector<event> events_;
+  std::vector<memory_sample> memory_;
+  std::vector<std::string> names_;
+};
+
+/// One collective as it ran: issued on the host, begun and ended on its stream.
+struct collective_timing {
+  collective coll = collective::all_gather;
+  int unit = -1;
+  pass_kind pass = pass_kind::none;
+  std::int64_t bytes = 0;
+  bool ahead = false;
+  std::int64_t issued_ns = 0, begin_ns = 0, end_ns = 0;  ///< nanoseconds since the recorder was made
+  double seconds() const noexcept { return double(end_ns - begin_ns) * 1e-9; }
+};
+
+/// Where one rank's time went in one step.
+struct step_summary {
+  std::uint64_t step = 0;
+  int rank = 0;
+  double wall_s = 0;           ///< first to last event of the step
+  double compute_s = 0;        ///< union of compute intervals (units and optimizer)
+  double comm_s = 0;           ///< union of collective intervals
+  double exposed_comm_s = 0;   ///< collective time not covered by compute: what communication adds to the step
+  std::vector<collective_timing> collectives;
+  double exposed_fraction() const noexcept { return wall_s > 0 ? exposed_comm_s / wall_s : 0.0; }
+};
+
+namespace detail {
+using interval = std::pair<std::int64_t, std::int64_t>;
+inline std::vector<interval> merged(std::vector<interval> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<interval> out;
+  for (const auto& i : v) {
+    if (i.second <= i.first) continue;
+    if (!out.empty() && i.first <= out.back().second)
+      out.back().second = std::max(out.back().second, i.second);
+    else
+      out.push_back(i);
+  }
+  return out;
+}
+inline std::int64_t length(const std::vector<interval>& v) {
+  std::int64_t s = 0;
+  for (const auto& i : v) s += i.second - i.first;
+  return s;
+}
+/// Length of a minus b (both merged).
+inline std::int64_t uncovered(const std::vector<interval>& a, const std::vector<interval>& b) {
+  std::int64_t s = 0;
+  std::size_t j = 0;
+  for (const auto& i : a) {
+    std::int64_t cur = i.first;
+    while (j < b.size() && b[j].second <= cur) ++j;
+    for (std::size_t k = j; k < b.size() && b[k].first < i.second; ++k) {
+      if (b[k].first > cur) s += b[k].first - cur;
+      cur = std::max(cur, b[k].second);
+      if (cur >= i.second) break;
+    }
+    if (cur < i.second) s += i.second - cur;
+  }
+  return s;
+}
+}  // namespace detail
+
+/// Summarises `step` of `rank` from a recorder's events. Needs the step's stream work to have finished
+/// (model.synchronize()); a begin without its end is ignored.
+inline step_summary summarize(const std::vector<event>& events, int rank, std::uint64_t step) {
+  step_summary s;
+  s.step = step;
+  s.rank = rank;
+  std::vector<detail::interval> compute, comm;
+  std::int64_t lo = INT64_MAX, hi = INT64_MIN;
+  std::vector<std::int64_t> open_compute;  // the compute stream is in order: a begin pairs with the next end
+  // Collectives of one stream run in issue order: pair the n-th issue with the n-th begin and end.
+  std::vector<collective_timing> gathers, reduces;
+  std::size_t g_begin = 0, g_end = 0, r_begin = 0, r_end = 0;
+  auto sec = [](std::int64_t ns) { return double(ns) * 1e-9; };
+  for (const auto& e : events) {
+    if (e.rank != rank || e.step != step) continue;
+    lo = std::min(lo, e.t_ns);
+    hi = std::max(hi, e.t_ns);
+    switch (e.what) {
+      case kind::compute_begin:
+      case kind::optimizer_begin: open_compute.push_back(e.t_ns); break;
+      case kind::compute_end:
+      case kind::optimizer_end:
+        if (!open_compute.empty()) {
+          compute.emplace_back(open_compute.back(), e.t_ns);
+          open_compute.pop_back();
+        }
+        break;
+      case kind::gather_issued:
+        gathers.push_back({collective::all_gather, e.unit, e.pass, e.bytes, e.ahead, e.t_ns, 0, 0});
+        break;
+      case kind::reduce_issued:
+        reduces.push_back({e.coll, e.unit, e.pass, e.bytes, false, e.t_ns, 0, 0});
+        break;
+      case kind::gather_begin:
+        if (g_begin < gathers.size()) gathers[g_begin++].begin_ns = e.t_ns;
+        break;
+      case kind::gather_end:
+        if (g_end < gathers.size()) gathers[g_end++].end_ns = e.t_ns;
+        break;
+      case kind::reduce_begin:
+        if (r_begin < reduces.size()) reduces[r_begin++].begin_ns = e.t_ns;
+        break;
+      case kind::reduce_end:
+        if (r_end < reduces.size()) reduces[r_end++].end_ns = e.t_ns;
+        break;
+      case kind::release: break;
+    }
+  }
+  gathers.resize(std::min(g_end, g_begin));
+  reduces.resize(std::min(r_end, r_begin));
+  for (auto* v : {&gathers, &reduces})
+    for (const auto& c : *v) {
+      comm.emplace_back(c.begin_ns, c.end_ns);
+      s.collectives.push_back(c);
+    }
+  std::sort(s.collectives.begin(), s.collectives.end(),
+            [](const collective_timing& a, const collective_timing& b) { return a.issued_ns < b.issued_ns; });
+  const auto cm = detail::merged(std::move(compute));
+  const auto km = detail::merged(std::move(comm));
+  if (lo <= hi) s.wall_s = sec(hi - lo);
+  s.compute_s = sec(detail::length(cm));
+  s.comm_s = sec(detail::length(km));
+  s.exposed_comm_s = sec(detail::uncovered(km, cm));
+  return s;
+}
+
+}  // namespace fsdp::trace
