@@ -25,6 +25,7 @@ struct config {
   float momentum = 0.9f;        ///< sgd only
   float weight_decay = 0.01f;
   bool verbose = false;          ///< rank 0 prints a line per step
+  fsdp::model_options model{};   ///< scheduling options (order, slots, per-unit resharding, recorder, ...)
 };
 
 struct result {
@@ -119,7 +120,7 @@ result train(typename Policy::communicator& comm, const config& c) {
   const int n = c.global_batch / world;
   const std::size_t layers = c.dims.size() - 1;
 
-  fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."});
+  fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
   auto run = [&](auto& opt) {
     result r;
     r.planned = model.planned_memory(opt.states_per_element());

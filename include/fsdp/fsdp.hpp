@@ -13,6 +13,7 @@
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/optim/adamw.hpp"
 #include "fsdp/optim/sgd.hpp"
+#include "fsdp/plan/budget.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/policy.hpp"
 #include "fsdp/precision/precision.hpp"

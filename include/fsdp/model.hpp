@@ -268,8 +268,8 @@ class Model {
     /// Range iteration: the units in the pass order.
     iterator begin() {
       if (mode_ != mode::unused) detail::fail_usage("a model.", name_of(kind_), "() range can be iterated once");
-      mode_ = mode::iterated;
       m_->begin_pass(kind_, nullptr);
+      mode_ = mode::iterated;
       owns_pass_ = true;  // only a range whose pass began may abandon it
       return iterator(m_, 0);
     }
@@ -283,8 +283,8 @@ class Model {
       if (mode_ == mode::finished)
         detail::fail_usage("model.", name_of(kind_), "(): enter('", name, "') after finish()");
       if (mode_ == mode::unused) {
-        mode_ = mode::named;
         m_->begin_pass(kind_, &name);
+        mode_ = mode::named;
         owns_pass_ = true;
       } else {
         m_->advance(&name);
@@ -523,7 +523,9 @@ class Model {
       try {
         place(name);
       } catch (const std::exception& e) {  // the pass is half done: it cannot go on
-        broken_ = detail::cat("model.", name_of(pass_), "() stopped at position ", pos_, ": ", e.what());
+        std::string_view why = e.what();
+        if (why.starts_with("fsdp: ")) why.remove_prefix(6);
+        broken_ = detail::cat("model.", name_of(pass_), "() stopped at position ", pos_, ": ", why);
         pass_ = pass_kind::none;
         if (recording_) order_.clear();
         recording_ = false;

@@ -167,3 +167,46 @@ TEST_CASE("barrier and bad arguments") {
   auto g = std::make_shared<fsdp::comm::detail::local_group>(2, std::chrono::milliseconds(100));
   CHECK(error_of<fsdp::usage_error>([&] { local_communicator(g, 2); }) == "fsdp: rank 2 is outside the local group of size 2");
 }
+
+TEST_CASE("a modelled link: each collective takes at least latency + bytes x factor / bandwidth") {
+  using namespace std::chrono;
+  fsdp::comm::link_model link{.bytes_per_second = 1e6, .latency = microseconds(500)};
+  // the formula, for 4 ranks and 40 000 unsharded bytes
+  CHECK(link.duration(fsdp::collective::all_gather, 40000, 4) == microseconds(500) + microseconds(30000));
+  CHECK(link.duration(fsdp::collective::reduce_scatter, 40000, 4) == microseconds(30500));
+  CHECK(link.duration(fsdp::collective::all_reduce, 40000, 4) == microseconds(60500));
+  CHECK(link.duration(fsdp::collective::broadcast, 40000, 4) == microseconds(40500));
+  CHECK(link.duration(fsdp::collective::all_gather, 40000, 1) == nanoseconds(0));  // a group of one
+  CHECK(fsdp::comm::link_model{}.duration(fsdp::collective::all_gather, 40000, 4) == nanoseconds(0));
+
+  for (bool move : {true, false}) {
+    CAPTURE(move);
+    fsdp::comm::local_options lo;
+    lo.timeout = fsdp_test::timeout;
+    lo.link = link;
+    lo.link.move_data = move;
+    fsdp::comm::run_local(
+        2,
+        [&](local_communicator& c) {
+          fsdp::backend::host be(c.rank());
+          std::vector<float> mine(2500, float(c.rank() + 1)), all(5000, -1.0f);
+          const auto t0 = steady_clock::now();
+          c.all_gather(mine.data(), all.data(), 2500, dtype::f32, be.gather_stream());  // 20 000 B: 10.5 ms
+          be.synchronize(be.gather_stream());
+          CHECK(steady_clock::now() - t0 >= microseconds(10500));
+          if (move) {
+            CHECK(all[0] == 1.0f);
+            CHECK(all[4999] == 2.0f);
+          } else {
+            CHECK(all[0] == -1.0f);  // timing only: buffers untouched
+            CHECK(all[4999] == -1.0f);
+          }
+        },
+        lo);
+  }
+  CHECK(error_of<fsdp::usage_error>([] {
+          fsdp::comm::local_options lo;
+          lo.link.bytes_per_second = -1;
+          fsdp::comm::run_local(1, [](local_communicator&) {}, lo);
+        }) == "fsdp: link bandwidth must be >= 0, got -1");
+}

@@ -7,8 +7,9 @@ using fsdp::mem;
 using fsdp::comm::local_communicator;
 
 namespace {
-mlp::config cfg(const char* optimizer) {
+mlp::config cfg(const char* optimizer, fsdp::model_options mo = {}) {
   mlp::config c;
+  c.model = mo;
   c.dims = {16, 64, 32, 128, 8};  // uneven units: 1088, 2080, 4224, 1032 elements
   c.global_batch = 24;
   c.steps = 2;
@@ -17,14 +18,14 @@ mlp::config cfg(const char* optimizer) {
 }
 
 template <class Policy>
-std::vector<mlp::result> train(int world, const char* optimizer) {
+std::vector<mlp::result> train(int world, const char* optimizer, fsdp::model_options mo = {}) {
   std::vector<mlp::result> out(static_cast<std::size_t>(world));
-  fsdp_test::run_ranks(world, [&](local_communicator& c) { out[c.rank()] = mlp::train<Policy>(c, cfg(optimizer)); });
+  fsdp_test::run_ranks(world, [&](local_communicator& c) { out[c.rank()] = mlp::train<Policy>(c, cfg(optimizer, mo)); });
   return out;
 }
 
 template <class Strategy, class Prefetch>
-void check_plan_matches() {
+void check_plan_matches(fsdp::model_options mo = {}) {
   using Policy = fsdp::policy<Strategy, Prefetch>;
   for (int world : {1, 3, 4})
     for (const char* optimizer : {"adamw", "sgd"}) {
@@ -33,11 +34,12 @@ void check_plan_matches() {
       CAPTURE(Strategy::name);
       CAPTURE(Prefetch::forward_depth);
       CAPTURE(Prefetch::backward_depth);
-      for (const auto& r : train<Policy>(world, optimizer)) {
+      for (const auto& r : train<Policy>(world, optimizer, mo)) {
         for (std::size_t k = 0; k < fsdp::mem_categories; ++k) {
           CAPTURE(fsdp::name_of(static_cast<mem>(k)));
           CHECK(r.memory.peak.bytes[k] == r.planned.bytes[k]);
         }
+        CHECK(r.memory.peak.total == r.planned.total);  // all categories at once, too
         // after training only persistent state remains: shards, gradients, optimizer state
         CHECK(r.memory.current[mem::gathered_params] == 0);
         CHECK(r.memory.current[mem::comm_buffers] == 0);
@@ -55,6 +57,76 @@ TEST_CASE("planned peak equals measured peak, per category, for every strategy a
   check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::next>();
   check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::none>();
   check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next>();
+  check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::backward_post>();
+  check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::depth<3, 3>>();
+}
+
+TEST_CASE("planned equals measured under gather slots, per-unit resharding, explicit schedules and orders") {
+  fsdp::model_options slots;
+  slots.gather_slots = 2;
+  check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::depth<3, 3>>(slots);
+  fsdp::model_options root;
+  root.reshard_after_forward["layers.3"] = false;
+  check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next>(root);
+  fsdp::model_options sgo;
+  sgo.reshard_after_forward["layers.0"] = true;
+  sgo.gather_slots = 3;
+  check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::backward_pre<1>>(sgo);
+  fsdp::model_options ex;
+  ex.prefetch.forward["layers.0"] = {"layers.2", "layers.1"};
+  ex.prefetch.backward["layers.3"] = {"layers.1"};
+  ex.prefetch.backward["layers.0"] = {"layers.3"};  // stays gathered until the step releases it
+  check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::explicit_schedule>(ex);
+}
+
+TEST_CASE("planned equals measured for a declared order other than the wrapping order") {
+  fsdp::ModelSpec spec;
+  spec.add("u0.w", {40}).add("u1.w", {300}).add("u2.w", {24}).add("u3.w", {130});
+  fsdp::model_options mo;
+  mo.forward_order = {"u2", "u0", "u3", "u1"};
+  fsdp_test::run_ranks(3, [&](local_communicator& c) {
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> m(
+        c, spec, fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{}, mo);
+    fsdp::optim::adamw opt(m, {});
+    for (int step = 0; step < 2; ++step) {
+      for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
+      for (auto& u : m.backward()) u.grad(u.name() + ".w")[0] = 1.0f;
+      opt.step();
+    }
+    m.synchronize();
+    const auto measured = m.memory().peak;
+    const auto planned = m.plan_memory(opt.states_per_element()).peak;
+    CHECK(measured == planned);
+    // the order matters: padded sizes at 3 ranks are u0 48, u1 336, u2 48, u3 144; one unit ahead holds two
+    // neighbours at once, and u3, u1 (the two largest) are neighbours only in the declared order
+    CHECK(planned[mem::gathered_params] == (144 + 336) * 4);
+    fsdp::model_options wrapping_order;
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> w(
+        c, spec, fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{}, wrapping_order);
+    CHECK(w.plan_memory(2).peak[mem::gathered_params] == (336 + 48) * 4);
+  });
+}
+
+TEST_CASE("the plan as a table, and the prediction for a model that has not run") {
+  fsdp_test::run_ranks(4, [](local_communicator& c) {
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::none>> m(
+        c, mlp::make_spec(cfg("adamw")), fsdp::wrap::by_prefix{"layers."});
+    const fsdp::memory_plan p = m.plan_memory(2);
+    CHECK(p.max_units_gathered == 1);
+    // persistent (params, grads, two moments) + the largest unit's backward: its gathered parameters and its
+    // unsharded gradient (both released before its reduce-scatter output is allocated)
+    CHECK(p.peak.total == (2128 * 4) * 4 + (4224 + 4224) * 4);
+    if (c.rank() == 0) {
+      CHECK(p.table() ==
+            "planned peak memory per rank (4 units, at most 1 gathered at once)\n"
+            "  sharded params              8512 B       0.008 MiB\n"
+            "  gathered params            16896 B       0.016 MiB\n"
+            "  grads                       8512 B       0.008 MiB\n"
+            "  optimizer state            17024 B       0.016 MiB\n"
+            "  comm buffers               21120 B       0.020 MiB\n"
+            "  total (at once)            67840 B       0.065 MiB\n");
+    }
+  });
 }
 
 TEST_CASE("the figures themselves, worked out by hand for 4 ranks") {

@@ -79,6 +79,27 @@ static_assert(fsdp::PrefetchPolicy<fsdp::prefetch::none> && fsdp::PrefetchPolicy
 static_assert(fsdp::prefetch::backward_pre<2>::backward_depth == 2 && fsdp::prefetch::backward_pre<2>::forward_depth == 0);
 static_assert(fsdp::prefetch::forward<3>::forward_depth == 3 && fsdp::prefetch::forward<3>::backward_depth == 0);
 static_assert(!fsdp::PrefetchPolicy<fsdp::sharding::full_shard>);
+static_assert(fsdp::PrefetchPolicy<fsdp::prefetch::backward_post> && fsdp::prefetch::backward_post::post_backward &&
+              fsdp::prefetch::backward_post::backward_depth == 1 && fsdp::prefetch::backward_post::forward_depth == 0);
+static_assert(fsdp::PrefetchPolicy<fsdp::prefetch::explicit_schedule> && fsdp::prefetch::explicit_schedule::by_schedule);
+static_assert(!fsdp::prefetch::next::post_backward && !fsdp::prefetch::next::by_schedule);
+namespace archetype {
+struct prefetch_facts {  // the minimum a prefetch policy reports
+  using prefetch_concept = fsdp::prefetch_tag;
+  static constexpr int forward_depth = 2;
+  static constexpr int backward_depth = 0;
+  static constexpr bool post_backward = false;
+  static constexpr bool by_schedule = false;
+};
+struct prefetch_without_timing {  // says nothing about when the backward prefetch is issued
+  using prefetch_concept = fsdp::prefetch_tag;
+  static constexpr int forward_depth = 2;
+  static constexpr int backward_depth = 0;
+  static constexpr bool by_schedule = false;
+};
+}  // namespace archetype
+static_assert(fsdp::PrefetchPolicy<archetype::prefetch_facts>);
+static_assert(!fsdp::PrefetchPolicy<archetype::prefetch_without_timing>);
 static_assert(fsdp::PrecisionPolicy<fsdp::precision::full> && !fsdp::PrecisionPolicy<float>);
 
 // The strategies' facts, as the scheduler reads them.

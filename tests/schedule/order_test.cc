@@ -1,0 +1,236 @@
+// The exact order of scheduler events (gather issued / begun / complete, compute start / end, release,
+// reduction issued / begun / complete, optimizer) for every prefetch policy.
+//
+// With host_options::threaded_streams = false every stream runs inline, so each rank's events happen in program
+// order and the whole sequence is exact. With threaded streams and random delays on every collective, the events
+// the host makes (issues, compute, releases) keep the same exact order, and every stream-side event sits where
+// the waits put it: a unit's gather completes before its compute starts, its reduction starts after its
+// backward ends and completes before the optimizer step.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/support.hpp"
+
+using fsdp::comm::local_communicator;
+using fsdp::trace::kind;
+namespace prefetch = fsdp::prefetch;
+namespace sharding = fsdp::sharding;
+
+namespace {
+fsdp::ModelSpec three_units() {
+  fsdp::ModelSpec s;
+  s.add("l0.w", {8, 3}).add("l1.w", {5, 7}).add("l2.w", {16});
+  return s;
+}
+
+/// A compact token per event: ag1 (gather issued on demand), ag1^ (issued ahead), ag1{ ag1} (gather begins /
+/// completes on its stream), f1{ f1} and b1{ b1} (forward / backward compute of unit 1), rel1, rs1 / ar1
+/// (reduce-scatter / all-reduce issued), rs1{ rs1} (it begins / completes), opt{ opt}.
+std::string token(const fsdp::trace::event& e) {
+  const std::string u = std::to_string(e.unit);
+  const std::string red = e.coll == fsdp::collective::all_reduce ? "ar" : "rs";
+  const std::string pass = e.pass == fsdp::pass_kind::forward ? "f" : "b";
+  switch (e.what) {
+    case kind::gather_issued: return "ag" + u + (e.ahead ? "^" : "");
+    case kind::gather_begin: return "ag" + u + "{";
+    case kind::gather_end: return "ag" + u + "}";
+    case kind::compute_begin: return pass + u + "{";
+    case kind::compute_end: return pass + u + "}";
+    case kind::release: return "rel" + u;
+    case kind::reduce_issued: return red + u;
+    case kind::reduce_begin: return red + u + "{";
+    case kind::reduce_end: return red + u + "}";
+    case kind::optimizer_begin: return "opt{";
+    case kind::optimizer_end: return "opt}";
+  }
+  return "?";
+}
+
+bool host_side(kind k) {
+  return k != kind::gather_begin && k != kind::gather_end && k != kind::reduce_begin && k != kind::reduce_end;
+}
+
+std::string join(const std::vector<fsdp::trace::event>& ev, bool host_only) {
+  std::string s;
+  for (const auto& e : ev)
+    if (!host_only || host_side(e.what)) s += (s.empty() ? "" : " ") + token(e);
+  return s;
+}
+
+/// One training step (forward, backward, SGD step) per rank, recorded.
+template <class Policy>
+void run_step(fsdp::trace::recorder& rec, int world, fsdp::model_options opt, fsdp::comm::local_options lo) {
+  opt.recorder = &rec;
+  lo.timeout = fsdp_test::timeout;
+  fsdp::comm::run_local(
+      world,
+      [&](local_communicator& c) {
+        fsdp::Model<Policy> m(c, three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{}, opt);
+        fsdp::optim::sgd sgd(m, {.lr = 0.1f});
+        for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
+        for (auto& u : m.backward()) {
+          auto g = u.grad(u.name() + ".w");
+          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = 1.0f;
+        }
+        sgd.step();
+        m.synchronize();
+      },
+      lo);
+}
+
+/// Checks the exact sequence inline, then the host order and the causal placement with threaded, delayed streams.
+template <class Policy>
+void check(const std::string& expected, fsdp::model_options opt = {}) {
+  CAPTURE(expected);
+  {
+    fsdp::trace::recorder rec;
+    fsdp::comm::local_options lo;
+    lo.backend.threaded_streams = false;
+    run_step<Policy>(rec, 2, opt, lo);
+    for (int r = 0; r < 2; ++r) CHECK(join(rec.events(r), false) == expected);
+  }
+  std::string host_expected;
+  {
+    std::istringstream is(expected);
+    for (std::string t; is >> t;)
+      if (t.back() != '{' && t.back() != '}' ? true : t[0] == 'f' || t[0] == 'b' || t.rfind("opt", 0) == 0)
+        host_expected += (host_expected.empty() ? "" : " ") + t;
+  }
+  for (int trial = 0; trial < 3; ++trial) {
+    fsdp::trace::recorder rec;
+    fsdp::comm::local_options lo;
+    lo.delay = [trial](fsdp::collective, std::uint64_t seq, int rank) {
+      std::mt19937 g(static_cast<unsigned>(seq * 31 + rank * 7 + trial));
+      return std::chrono::microseconds(g() % 3000);
+    };
+    run_step<Policy>(rec, 3, opt, lo);
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      const auto ev = rec.events(r);
+      CHECK(join(ev, true) == host_expected);
+      // causal placement of the stream-side events
+      auto pos = [&](const std::string& t, std::size_t from = 0) {
+        for (std::size_t i = from; i < ev.size(); ++i)
+          if (token(ev[i]) == t) return i;
+        return ev.size();
+      };
+      for (std::size_t i = 0; i < ev.size(); ++i) {
+        const auto& e = ev[i];
+        const std::string u = std::to_string(e.unit);
+        if (e.what == kind::gather_issued) {
+          const std::size_t begin = pos("ag" + u + "{", i), end = pos("ag" + u + "}", i);
+          const std::string use = e.pass == fsdp::pass_kind::forward ? "f" : "b";
+          REQUIRE(begin < end);
+          CHECK(end < pos(use + u + "{", i));  // complete before the unit's compute starts
+        }
+        if (e.what == kind::reduce_issued) {
+          const std::string red = e.coll == fsdp::collective::all_reduce ? "ar" : "rs";
+          const std::size_t begin = pos(red + u + "{", i), end = pos(red + u + "}", i);
+          REQUIRE(begin < end);
+          CHECK(end < pos("opt{"));  // reduced before the optimizer step reads the shard
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("prefetch::none: every gather on demand, exposed") {
+  check<fsdp::policy<sharding::full_shard, prefetch::none>>(
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+}
+
+TEST_CASE("prefetch::forward<1>: the next unit's gather is issued before the current unit computes") {
+  check<fsdp::policy<sharding::full_shard, prefetch::forward<1>>>(
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+}
+
+TEST_CASE("prefetch::backward_pre<1>: the next backward unit is gathered when a unit's backward starts") {
+  check<fsdp::policy<sharding::full_shard, prefetch::backward_pre<1>>>(
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} ag1^ ag1{ ag1} b2{ b2} rel2 rs2 rs2{ rs2} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+}
+
+TEST_CASE("prefetch::backward_post: the next backward unit is gathered after the current one is released") {
+  check<fsdp::policy<sharding::full_shard, prefetch::backward_post>>(
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 ag1^ ag1{ ag1} rs2 rs2{ rs2} b1{ b1} rel1 ag0^ ag0{ ag0} rs1 rs1{ rs1} "
+      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+}
+
+TEST_CASE("prefetch::next: one unit ahead in both passes") {
+  check<fsdp::policy<sharding::full_shard, prefetch::next>>(
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
+      "ag2 ag2{ ag2} ag1^ ag1{ ag1} b2{ b2} rel2 rs2 rs2{ rs2} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+}
+
+TEST_CASE("prefetch::explicit_schedule: the units named for each unit, in the order listed") {
+  fsdp::model_options opt;
+  opt.prefetch.forward["l0"] = {"l2", "l1"};
+  opt.prefetch.backward["l1"] = {"l0"};
+  check<fsdp::policy<sharding::full_shard, prefetch::explicit_schedule>>(
+      "ag0 ag0{ ag0} ag2^ ag2{ ag2} ag1^ ag1{ ag1} f0{ f0} rel0 f1{ f1} rel1 f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      opt);
+}
+
+TEST_CASE("gather slots rate-limit prefetch: forward<2> with two slots") {
+  fsdp::model_options opt;
+  opt.gather_slots = 2;
+  // entering l0 takes a slot and prefetches l1 into the second; l2 waits until l0 is released
+  check<fsdp::policy<sharding::full_shard, prefetch::forward<2>>>(
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      opt);
+  // one slot: no prefetch at all
+  opt.gather_slots = 1;
+  check<fsdp::policy<sharding::full_shard, prefetch::next>>(
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      opt);
+}
+
+TEST_CASE("reshard_after_forward off for the root unit: it stays gathered into its backward") {
+  fsdp::model_options opt;
+  opt.reshard_after_forward["l2"] = false;
+  check<fsdp::policy<sharding::full_shard, prefetch::none>>(
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} "
+      "b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      opt);
+  // and the opposite override: shard_grad_op with one unit resharded after forward
+  fsdp::model_options sgo;
+  sgo.reshard_after_forward["l0"] = true;
+  check<fsdp::policy<sharding::shard_grad_op, prefetch::none>>(
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} ag2 ag2{ ag2} f2{ f2} "
+      "b2{ b2} rel2 rs2 rs2{ rs2} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      sgo);
+}
+
+TEST_CASE("no_shard: no gathers, all-reduces") {
+  check<fsdp::policy<sharding::no_shard, prefetch::next>>(
+      "f0{ f0} f1{ f1} f2{ f2} b2{ b2} ar2 ar2{ ar2} b1{ b1} ar1 ar1{ ar1} b0{ b0} ar0 ar0{ ar0} opt{ opt}");
+}
+
+TEST_CASE("a unit still gathered at the optimizer step is released first: its copy would be stale") {
+  fsdp::model_options opt;
+  opt.prefetch.backward["l0"] = {"l2"};  // gathers l2 again at the end of backward: useless, but legal
+  check<fsdp::policy<sharding::full_shard, prefetch::explicit_schedule>>(
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "ag0 ag0{ ag0} ag2^ ag2{ ag2} b0{ b0} rel0 rs0 rs0{ rs0} rel2 opt{ opt}",
+      opt);
+}
