@@ -1,12 +1,15 @@
 // Trains a 4-layer MLP with N thread ranks on the host backend and prints per-step progress and, at the end,
-// every rank's peak memory by category next to the planner's prediction.
+// every rank's peak memory by category next to the planner's prediction. With --trace FILE it also records the
+// run, writes a Chrome-trace timeline to FILE and prints where rank 0's last step spent its time.
 //   bazel run //examples/01_mlp_host -- --ranks 4 [--steps 50] [--strategy full_shard|shard_grad_op|no_shard]
-//                                        [--optimizer adamw|sgd] [--batch 48]
+//                                        [--optimizer adamw|sgd] [--batch 48] [--trace trace.json]
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include <fsdp/observe/chrome_trace.hpp>
 
 #include "examples/01_mlp_host/mlp.hpp"
 
@@ -15,7 +18,7 @@ namespace {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "error: %s\nusage: mlp_host [--ranks N] [--steps S] [--batch B] "
-               "[--strategy full_shard|shard_grad_op|no_shard] [--optimizer adamw|sgd] [--lr X]\n",
+               "[--strategy full_shard|shard_grad_op|no_shard] [--optimizer adamw|sgd] [--lr X] [--trace FILE]\n",
                why);
   std::exit(2);
 }
@@ -28,7 +31,9 @@ int to_int(const char* s, const char* flag) {
 }
 
 template <class Strategy>
-int run(int ranks, const mlp::config& cfg) {
+int run(int ranks, mlp::config cfg, const std::string& trace_path) {
+  fsdp::trace::recorder rec;
+  if (!trace_path.empty()) cfg.model.recorder = &rec;
   using Policy = fsdp::policy<Strategy, fsdp::prefetch::next>;
   std::vector<mlp::result> results(static_cast<std::size_t>(ranks));
   std::printf("MLP %d", cfg.dims[0]);
@@ -44,7 +49,7 @@ int run(int ranks, const mlp::config& cfg) {
   std::printf("\npeak memory per rank (KiB), measured / planned\n%-6s", "rank");
   for (std::size_t c = 0; c < fsdp::mem_categories; ++c)
     std::printf(" %24s", std::string(fsdp::name_of(static_cast<fsdp::mem>(c))).c_str());
-  std::printf(" %10s\n", "total");
+  std::printf(" %24s\n", "total (at once)");
   for (int r = 0; r < ranks; ++r) {
     const auto& res = results[static_cast<std::size_t>(r)];
     std::printf("%-6d", r);
@@ -53,7 +58,18 @@ int run(int ranks, const mlp::config& cfg) {
       std::snprintf(cell, sizeof cell, "%.2f / %.2f", res.memory.peak.bytes[c] / 1024.0, res.planned.bytes[c] / 1024.0);
       std::printf(" %24s", cell);
     }
-    std::printf(" %10.2f\n", res.memory.peak.total / 1024.0);
+    char cell[64];
+    std::snprintf(cell, sizeof cell, "%.2f / %.2f", res.memory.peak.total / 1024.0, res.planned.total / 1024.0);
+    std::printf(" %24s\n", cell);
+  }
+  if (!trace_path.empty()) {
+    const auto s = fsdp::trace::summarize(rec.events(0), 0, static_cast<std::uint64_t>(cfg.steps));
+    std::printf("\nrank 0, last step: %.3f ms, compute %.3f ms, communication %.3f ms, exposed %.3f ms (%.1f%%), "
+                "%zu collectives\n",
+                s.wall_s * 1e3, s.compute_s * 1e3, s.comm_s * 1e3, s.exposed_comm_s * 1e3,
+                100.0 * s.exposed_fraction(), s.collectives.size());
+    fsdp::trace::write_chrome_trace(rec, trace_path);
+    std::printf("trace written to %s (open it in https://ui.perfetto.dev)\n", trace_path.c_str());
   }
   return 0;
 }
@@ -63,6 +79,7 @@ int run(int ranks, const mlp::config& cfg) {
 int main(int argc, char** argv) {
   int ranks = 4;
   std::string strategy = "full_shard";
+  std::string trace_path;
   mlp::config cfg;
   cfg.steps = 50;
   cfg.verbose = true;
@@ -78,12 +95,18 @@ int main(int argc, char** argv) {
     else if (a == "--strategy") strategy = value();
     else if (a == "--optimizer") cfg.optimizer = value();
     else if (a == "--lr") cfg.lr = std::strtof(value(), nullptr);
+    else if (a == "--trace") {
+      trace_path = value();
+      // under `bazel run` the program runs in its runfiles: a relative path means the caller's directory
+      if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY"); wd && !trace_path.empty() && trace_path[0] != '/')
+        trace_path = std::string(wd) + "/" + trace_path;
+    }
     else usage(("unknown argument " + a).c_str());
   }
   try {
-    if (strategy == "full_shard") return run<fsdp::sharding::full_shard>(ranks, cfg);
-    if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op>(ranks, cfg);
-    if (strategy == "no_shard") return run<fsdp::sharding::no_shard>(ranks, cfg);
+    if (strategy == "full_shard") return run<fsdp::sharding::full_shard>(ranks, cfg, trace_path);
+    if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op>(ranks, cfg, trace_path);
+    if (strategy == "no_shard") return run<fsdp::sharding::no_shard>(ranks, cfg, trace_path);
     usage(("unknown strategy " + strategy).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -12,13 +12,9 @@ using fsdp_test::error_of;
 using fsdp_test::run_ranks;
 namespace prefetch = fsdp::prefetch;
 namespace sharding = fsdp::sharding;
+using fsdp_test::three_units;
 
 namespace {
-fsdp::ModelSpec three_units() {
-  fsdp::ModelSpec s;
-  s.add("l0.w", {8, 3}).add("l1.w", {5, 7}).add("l2.w", {16});
-  return s;
-}
 using Full = fsdp::policy<sharding::full_shard>;
 
 template <class Policy = Full>

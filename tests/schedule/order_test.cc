@@ -18,13 +18,9 @@ using fsdp::comm::local_communicator;
 using fsdp::trace::kind;
 namespace prefetch = fsdp::prefetch;
 namespace sharding = fsdp::sharding;
+using fsdp_test::three_units;
 
 namespace {
-fsdp::ModelSpec three_units() {
-  fsdp::ModelSpec s;
-  s.add("l0.w", {8, 3}).add("l1.w", {5, 7}).add("l2.w", {16});
-  return s;
-}
 
 /// A compact token per event: ag1 (gather issued on demand), ag1^ (issued ahead), ag1{ ag1} (gather begins /
 /// completes on its stream), f1{ f1} and b1{ b1} (forward / backward compute of unit 1), rel1, rs1 / ar1

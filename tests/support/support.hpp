@@ -16,6 +16,13 @@ void run_ranks(int world, F&& fn) {
   fsdp::comm::run_local(world, std::forward<F>(fn), {.timeout = timeout});
 }
 
+/// Three small units l0, l1, l2 (one parameter each, uneven sizes), wrapped with wrap::by_prefix{"l"}.
+inline fsdp::ModelSpec three_units() {
+  fsdp::ModelSpec s;
+  s.add("l0.w", {8, 3}).add("l1.w", {5, 7}).add("l2.w", {16});
+  return s;
+}
+
 /// Runs `fn`, expects it to throw E, and returns the message (so tests can check what it names).
 template <class E = std::exception, class F>
 std::string error_of(F&& fn) {

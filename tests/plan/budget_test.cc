@@ -1,0 +1,107 @@
+// The budget helpers: the largest prefetch depth, and the first preferred grouping, whose planned peak fits.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "tests/support/support.hpp"
+
+namespace {
+/// Eight equal blocks of 1024 elements (aligned, so at 4 ranks each shard is exactly 256 elements).
+fsdp::ModelSpec blocks() {
+  fsdp::ModelSpec s;
+  for (int b = 0; b < 8; ++b) s.add("h." + std::to_string(b) + ".w", {32, 32});
+  return s;
+}
+/// Groups of `k` consecutive blocks per unit.
+fsdp::wrap::by_function grouping(int k) {
+  return fsdp::wrap::by_function{[k](const fsdp::ParamSpec& p) {
+    const int b = std::stoi(p.name.substr(2, p.name.find('.', 2) - 2));
+    return "g" + std::to_string(b / k);
+  }};
+}
+fsdp::budget_query query() {
+  fsdp::budget_query q;
+  q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(4);
+  q.optimizer_states = 2;
+  q.max_depth = 4;
+  q.axis = fsdp::depth_axis::both;
+  return q;
+}
+}  // namespace
+
+TEST_CASE("the largest prefetch depth that fits, worked out by hand") {
+  const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
+  REQUIRE(units.names.size() == 8);
+  // persistent: 8 units x 256-element shards x 4 B x (params + grads + 2 moments) = 32 768 B
+  // transient at depth d: (d + 1) gathered units of 4096 B, plus in backward the unit's gradient of 4096 B
+  // (the backward window is the current unit, its d prefetched neighbours and the gradient buffer)
+  auto peak_at = [](int d) { return 32768 + (d + 1) * 4096 + 4096; };
+  for (int d = 0; d <= 4; ++d) {
+    auto q = query();
+    q.max_depth = d;
+    const auto c = fsdp::largest_prefetch_depth(units, q, peak_at(d));
+    REQUIRE(c);
+    CHECK(c->depth == d);
+    CHECK(c->plan.peak.total == peak_at(d));
+    // one byte less and the helper steps down a depth
+    const auto below = fsdp::largest_prefetch_depth(units, q, peak_at(d) - 1);
+    if (d == 0)
+      CHECK(!below);
+    else {
+      REQUIRE(below);
+      CHECK(below->depth == d - 1);
+    }
+  }
+  // a budget between depth 2 and depth 3
+  const auto mid = fsdp::largest_prefetch_depth(units, query(), peak_at(3) - 100);
+  REQUIRE(mid);
+  CHECK(mid->depth == 2);
+}
+
+TEST_CASE("gather slots cap the useful depth") {
+  const auto units = fsdp::plan_units("blocks", blocks(), grouping(1), 4);
+  auto q = query();
+  q.gather_slots = 2;  // deeper prefetch cannot hold more than two units: the peak stops growing at depth 1
+  const auto c = fsdp::largest_prefetch_depth(units, q, 1 << 30);
+  REQUIRE(c);
+  CHECK(c->depth == 4);
+  CHECK(c->plan.max_units_gathered == 2);
+  CHECK(c->plan.peak.total == 32768 + 2 * 4096 + 4096);
+}
+
+TEST_CASE("the first preferred grouping that fits, at its largest depth") {
+  const fsdp::ModelSpec spec = blocks();
+  const std::vector<fsdp::planned_units> candidates = {
+      fsdp::plan_units("4 blocks per unit", spec, grouping(4), 4),
+      fsdp::plan_units("2 blocks per unit", spec, grouping(2), 4),
+      fsdp::plan_units("1 block per unit", spec, grouping(1), 4),
+  };
+  auto q = query();
+  // 4 blocks per unit at depth 0: 16 384 B gathered + 16 384 B gradient; 2 per unit at depth 1: 2 x 8192 + 8192
+  const auto roomy = fsdp::fit_memory_budget(candidates, q, 32768 + 2 * 16384);
+  REQUIRE(roomy);
+  CHECK(roomy->candidate == 0);
+  CHECK(roomy->depth == 0);
+  const auto tighter = fsdp::fit_memory_budget(candidates, q, 32768 + 3 * 8192);
+  REQUIRE(tighter);
+  CHECK(tighter->candidate == 1);
+  CHECK(tighter->depth == 1);
+  CHECK(tighter->plan.peak.total == 32768 + 3 * 8192);
+  CHECK(!fsdp::fit_memory_budget(candidates, q, 32768 + 2 * 4096 - 1));  // below one block and its gradient
+  q.max_depth = -1;
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { fsdp::fit_memory_budget(candidates, q, 1); }) ==
+        "fsdp: budget: max_depth must be >= 0, got -1");
+}
+
+TEST_CASE("the helper's plan is what a model with that policy measures") {
+  const auto units = fsdp::plan_units("blocks", blocks(), grouping(2), 4);
+  const auto c = fsdp::largest_prefetch_depth(units, query(), 32768 + 3 * 8192);
+  REQUIRE(c);
+  REQUIRE(c->depth == 1);
+  fsdp_test::run_ranks(4, [&](fsdp::comm::local_communicator& comm) {
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::depth<1, 1>>> m(comm, blocks(), grouping(2));
+    fsdp::optim::adamw opt(m, {});
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    opt.step();
+    m.synchronize();
+    CHECK(m.memory().peak == c->plan.peak);
+  });
+}
