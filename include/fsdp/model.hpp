@@ -185,7 +185,6 @@ class Model {
       const FlatLayout& l = u.layout();
       std::vector<float> full(static_cast<std::size_t>(l.padded_numel()));
       auto tmp = backend_->allocate(l.padded_numel() * 4, mem::comm_buffers);
-      backend_->record(u.shard_ready_, backend_->compute_stream());
       backend_->wait(ag, u.shard_ready_);
       if (strategy::shards_params)
         comm_->all_gather(u.master_shard(), tmp.data(), l.shard_numel(), dtype::f32, ag);
@@ -231,6 +230,9 @@ class Model {
     for (auto& u : units_) {
       f(*u, u->shard_views());
       u->reduced_since_step_ = false;
+      // Gathers wait for this, not for everything on the compute stream: the host may run ahead of compute
+      // (a GPU, or a threaded compute stream) and issue the next gathers while earlier units still compute.
+      backend_->record(u->shard_ready_, cs);
     }
     stamp(cs, trace::kind::optimizer_end, pass_kind::none, -1);
     step_open_ = false;
@@ -436,6 +438,7 @@ class Model {
                  static_cast<std::size_t>(v.local_numel()), staging.data() + v.shard_offset);
     }
     backend_->upload(u.master_.data(), staging.data(), l.shard_numel() * 4, cs);
+    backend_->record(u.shard_ready_, cs);
     backend_->fill_zero(u.grad_shard(), l.shard_numel() * 4, cs);
     backend_->synchronize(cs);  // staging goes out of scope
     if (!strategy::shards_params) {  // the master is the full parameter: permanently gathered
@@ -622,8 +625,7 @@ class Model {
     u.full_params_ = u.gathered_.data();
     const std::int64_t bytes = l.padded_numel() * 4;
     note(trace::kind::gather_issued, pass_, int(u.index()), bytes, ahead);
-    backend_->record(u.shard_ready_, backend_->compute_stream());  // after the last optimizer step on the master
-    backend_->wait(ag, u.shard_ready_);
+    backend_->wait(ag, u.shard_ready_);  // the last write of the master shard (init or optimizer step)
     stamp(ag, trace::kind::gather_begin, pass_, int(u.index()), bytes);
     comm_->all_gather(u.master_shard(), u.gathered_.data(), l.shard_numel(), dtype::f32, ag);
     stamp(ag, trace::kind::gather_end, pass_, int(u.index()), bytes);

@@ -4,7 +4,11 @@
 // sanitizers). The same training with every stream inline (no overlap at all) is the reference.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "examples/01_mlp_host/mlp.hpp"
 #include "tests/support/support.hpp"
@@ -89,3 +93,70 @@ TEST_CASE("an explicit schedule") {
   check_unchanged<fsdp::policy<sharding::full_shard, prefetch::explicit_schedule>>("sgd", mo);
 }
 TEST_CASE("no_shard") { check_unchanged<fsdp::policy<sharding::no_shard>>("adamw"); }
+
+namespace {
+/// A trainer that submits all its work to the compute stream, as a CUDA trainer launches kernels: with a threaded
+/// compute stream the host runs ahead of it. Each unit's "kernel" reads the gathered parameters and writes a
+/// gradient that depends on them and on the running activation.
+std::map<std::string, std::vector<float>> train_async(bool threaded, bool delayed) {
+  std::map<std::string, std::vector<float>> out;
+  std::mutex mu;
+  fsdp::comm::local_options lo;
+  lo.timeout = fsdp_test::timeout;
+  lo.backend.threaded_compute = threaded;
+  if (delayed) {
+    lo.delay = [](fsdp::collective, std::uint64_t seq, int rank) {
+      return std::chrono::microseconds((seq * 7 + static_cast<std::uint64_t>(rank) * 3) % 5 * 400);
+    };
+    lo.backend.kernel_delay = [](std::string_view) { return std::chrono::microseconds(1500); };
+  }
+  fsdp::comm::run_local(
+      3,
+      [&](local_communicator& c) {
+        using Policy = fsdp::policy<sharding::full_shard, prefetch::next>;
+        fsdp::Model<Policy> m(c, fsdp_test::three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{0.5f, 3});
+        fsdp::optim::sgd opt(m, {.lr = 0.05f, .momentum = 0.9f});
+        auto& cs = m.backend().compute_stream();
+        auto act = std::make_shared<float>(0.0f);
+        for (int step = 0; step < 4; ++step) {
+          for (auto& u : m.forward()) {
+            auto w = u.param(u.name() + ".w");
+            cs.submit([w, act, delayed] {
+              if (delayed) std::this_thread::sleep_for(std::chrono::microseconds(800));
+              for (std::int64_t i = 0; i < w.numel(); ++i) *act = *act * 0.5f + w[i];
+            });
+          }
+          for (auto& u : m.backward()) {
+            auto w = u.param(u.name() + ".w");
+            auto g = u.grad(u.name() + ".w");
+            cs.submit([w, g, act] {
+              for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = w[i] * 0.25f + *act * 0.01f;
+            });
+          }
+          opt.step();
+          opt.zero_grad();
+        }
+        auto full = m.gather_full_params();
+        if (c.rank() == 0) {
+          std::lock_guard lk(mu);
+          out = std::move(full);
+        }
+      },
+      lo);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a threaded compute stream (the host runs ahead, as on a GPU): results unchanged under delays") {
+  const auto ref = train_async(false, false);
+  REQUIRE(ref.size() == 3);
+  for (bool delayed : {false, true}) {
+    CAPTURE(delayed);
+    const auto got = train_async(true, delayed);
+    REQUIRE(got.size() == ref.size());
+    for (const auto& [name, v] : ref) {
+      CAPTURE(name);
+      CHECK(same_bits(got.at(name), v));
+    }
+  }
+}

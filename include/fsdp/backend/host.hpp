@@ -27,6 +27,11 @@ struct host_options {
   /// false: the all-gather and reduce streams run their work inline on the issuing thread too. Nothing then
   /// overlaps, and every event happens in program order: a deterministic mode for tests of event order.
   bool threaded_streams = true;
+  /// true: the compute stream is a worker thread too, like a GPU's: work submitted to it runs asynchronously
+  /// and the host runs ahead. Only for trainers that submit all their work to compute_stream() (timing models
+  /// such as bench/overlap_bench.cc); code that reads param() or writes grad() directly on the host needs the
+  /// default inline compute stream.
+  bool threaded_compute = false;
   /// Delay injection: how long each library kernel ("accumulate", "sgd_step", "adamw_step") sleeps on its stream
   /// before it runs. Results must not change: tests use it to prove that every wait is in place.
   std::function<std::chrono::microseconds(std::string_view kernel)> kernel_delay;
@@ -104,7 +109,7 @@ class host {
 
   explicit host(int rank = 0, host_options opt = {})
       : opt_(opt),
-        compute_("rank" + std::to_string(rank) + ".compute", false),
+        compute_("rank" + std::to_string(rank) + ".compute", opt.threaded_compute),
         gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams),
         reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams) {}
   host(const host&) = delete;

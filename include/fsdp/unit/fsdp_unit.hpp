@@ -134,7 +134,7 @@ class FsdpUnit {
   buffer full_grad_;   // unsharded gradient during the unit's backward (comm buffers)
   void* full_params_ = nullptr;  // gathered_'s data, or the master itself when parameters are not sharded
 
-  event shard_ready_;  // compute stream reached the point after the last write to the master shard
+  event shard_ready_;  // the last write to the master shard (materialisation, optimizer step) is done
   event gathered_ev_;  // all-gather into gathered_ complete
   event grad_ready_;   // compute stream finished writing full_grad_
   event reduced_ev_;   // reduction accumulated into grad_shard_
