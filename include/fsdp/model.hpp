@@ -106,7 +106,12 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   ~Model() {
-    // Streams may still read or write unit buffers: let them finish before the buffers go. Never throws.
+    // Streams may still read or write unit buffers (the compute stream too, when it is asynchronous): let them
+    // finish before the buffers go. Never throws.
+    try {
+      backend_->synchronize(backend_->compute_stream());
+    } catch (...) {
+    }
     try {
       backend_->synchronize(backend_->gather_stream());
     } catch (...) {

@@ -37,6 +37,17 @@ class adamw {
     }
   }
 
+  /// Waits for the optimizer's kernels on the compute stream before its state buffers go (the compute stream
+  /// may be asynchronous). The model must outlive the optimizer. Never throws.
+  ~adamw() {
+    try {
+      model_.backend().synchronize(model_.backend().compute_stream());
+    } catch (...) {
+    }
+  }
+  adamw(const adamw&) = delete;
+  adamw& operator=(const adamw&) = delete;
+
   int states_per_element() const noexcept { return 2; }
   const adamw_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }

@@ -33,6 +33,17 @@ class sgd {
   }
 
   /// fp32 values of state per parameter element (for the memory planner).
+  /// Waits for the optimizer's kernels on the compute stream before its state buffers go (the compute stream
+  /// may be asynchronous). The model must outlive the optimizer. Never throws.
+  ~sgd() {
+    try {
+      model_.backend().synchronize(model_.backend().compute_stream());
+    } catch (...) {
+    }
+  }
+  sgd(const sgd&) = delete;
+  sgd& operator=(const sgd&) = delete;
+
   int states_per_element() const noexcept { return opt_.momentum != 0.0f ? 1 : 0; }
   const sgd_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
