@@ -424,7 +424,7 @@ class Model {
       (void)plan_memory(0);
     } catch (const usage_error& e) {
       detail::fail_usage("model_options::gather_slots = ", opt_.gather_slots, " is too few for this policy: ",
-                         std::string_view(e.what()).substr(6));  // without the repeated "fsdp: "
+                         detail::unprefixed(e));
     }
   }
 
@@ -531,9 +531,7 @@ class Model {
       try {
         place(name);
       } catch (const std::exception& e) {  // the pass is half done: it cannot go on
-        std::string_view why = e.what();
-        if (why.starts_with("fsdp: ")) why.remove_prefix(6);
-        broken_ = detail::cat("model.", name_of(pass_), "() stopped at position ", pos_, ": ", why);
+        broken_ = detail::cat("model.", name_of(pass_), "() stopped at position ", pos_, ": ", detail::unprefixed(e));
         pass_ = pass_kind::none;
         if (recording_) order_.clear();
         recording_ = false;

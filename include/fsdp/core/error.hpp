@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace fsdp {
@@ -27,6 +28,13 @@ std::string cat(Parts&&... parts) {
   std::ostringstream os;
   (os << ... << std::forward<Parts>(parts));
   return os.str();
+}
+
+/// A library error's message without its "fsdp: " prefix, for quoting it inside another message.
+inline std::string_view unprefixed(const std::exception& e) noexcept {
+  std::string_view m = e.what();
+  if (m.starts_with("fsdp: ")) m.remove_prefix(6);
+  return m;
 }
 
 template <class... Parts>
