@@ -59,9 +59,9 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
     for (const auto& e : events) {
       if (e.rank != r) continue;
       const double ts = us(e.t_ns);
-      auto complete = [&](const event& b, int tid, std::string name, const char* cat, json args) {
+      auto complete = [&](const event& b, int tid, std::string name, std::string cat, json args) {
         args["step"] = b.step;
-        out.push_back({{"ph", "X"}, {"name", std::move(name)}, {"cat", cat}, {"pid", r}, {"tid", tid},
+        out.push_back({{"ph", "X"}, {"name", std::move(name)}, {"cat", std::move(cat)}, {"pid", r}, {"tid", tid},
                        {"ts", us(b.t_ns)}, {"dur", us(e.t_ns - b.t_ns)}, {"args", std::move(args)}});
       };
       switch (e.what) {
@@ -108,7 +108,7 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
         case kind::reduce_end:
           if (ri < reduce_begins.size()) {
             const event b = reduce_begins[ri++];
-            complete(b, reduce, std::string(name_of(b.coll)) + " " + unit_name(b.unit), std::string(name_of(b.coll)).c_str(),
+            complete(b, reduce, std::string(name_of(b.coll)) + " " + unit_name(b.unit), std::string(name_of(b.coll)),
                      {{"unit", unit_name(b.unit)}, {"bytes", b.bytes}});
           }
           break;
