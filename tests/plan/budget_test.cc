@@ -88,6 +88,10 @@ TEST_CASE("the first preferred grouping that fits, at its largest depth") {
   q.max_depth = -1;
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { fsdp::fit_memory_budget(candidates, q, 1); }) ==
         "fsdp: budget: max_depth must be >= 0, got -1");
+  q.max_depth = 2;
+  q.gather_slots = -3;  // an error, not "nothing fits"
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { fsdp::fit_memory_budget(candidates, q, 1 << 30); }) ==
+        "fsdp: budget: gather_slots must be >= 0 (0 = no limit), got -3");
 }
 
 TEST_CASE("the helper's plan is what a model with that policy measures") {

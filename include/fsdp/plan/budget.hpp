@@ -74,6 +74,8 @@ inline memory_plan plan_at(const planned_units& u, const budget_query& q, int de
 inline std::optional<budget_choice> largest_prefetch_depth(const planned_units& units, const budget_query& q,
                                                            std::int64_t budget_bytes) {
   if (q.max_depth < 0) detail::fail_usage("budget: max_depth must be >= 0, got ", q.max_depth);
+  // checked here: below, a plan that fails for lack of gather slots only rules its depth out
+  if (q.gather_slots < 0) detail::fail_usage("budget: gather_slots must be >= 0 (0 = no limit), got ", q.gather_slots);
   for (int d = q.max_depth; d >= 0; --d) {
     memory_plan p;
     try {
