@@ -99,6 +99,7 @@ class Model {
       const int rank = comm.rank();
       backend_->memory().set_listener([rec, rank](const memory_figures& f) { rec->memory(rank, f); });
     }
+    reserve_memory(0);
     for (auto& u : units_) materialise(*u, default_init);
   }
 
@@ -178,6 +179,13 @@ class Model {
   }
   /// Peak bytes per category (and in total) this rank will reach: plan_memory(...).peak.
   memory_figures planned_memory(int optimizer_states) const { return plan_memory(optimizer_states).peak; }
+  /// Reserves the planned peak (plan_memory(optimizer_states, micro_batches).peak.total) in the backend's memory
+  /// pool, so that no step allocates from the device (CUDA backend); nothing to do on the host backend. The
+  /// constructor reserves for parameters, gradients and gathers; the optimizers call it with their state count.
+  void reserve_memory(int optimizer_states, int micro_batches = 1) {
+    if constexpr (requires(backend_type& b) { b.reserve(std::int64_t{}); })
+      backend_->reserve(plan_memory(optimizer_states, micro_batches).peak.total);
+  }
 
   // ---- whole-model operations --------------------------------------------------------------------------------
   /// Collective: every rank receives the full fp32 value of every parameter (aliases included), by name.
@@ -189,7 +197,7 @@ class Model {
       unit_type& u = *up;
       const FlatLayout& l = u.layout();
       std::vector<float> full(static_cast<std::size_t>(l.padded_numel()));
-      auto tmp = backend_->allocate(l.padded_numel() * 4, mem::comm_buffers);
+      auto tmp = backend_->allocate(l.padded_numel() * 4, mem::comm_buffers, ag);
       backend_->wait(ag, u.shard_ready_);
       if (strategy::shards_params)
         comm_->all_gather(u.master_shard(), tmp.data(), l.shard_numel(), dtype::f32, ag);
@@ -433,8 +441,8 @@ class Model {
   void materialise(unit_type& u, const init::rule& default_init) {
     const FlatLayout& l = u.layout();
     auto& cs = backend_->compute_stream();
-    u.master_ = backend_->allocate(l.shard_numel() * 4, mem::sharded_params);
-    u.grad_shard_ = backend_->allocate(l.shard_numel() * 4, mem::grads);
+    u.master_ = backend_->allocate(l.shard_numel() * 4, mem::sharded_params, cs);
+    u.grad_shard_ = backend_->allocate(l.shard_numel() * 4, mem::grads, cs);
     std::vector<float> staging(static_cast<std::size_t>(l.shard_numel()), 0.0f);
     for (const ShardedTensor& v : u.shard_views()) {
       if (v.empty()) continue;
@@ -612,7 +620,7 @@ class Model {
           break;
         case sched::op::release: release(u); break;
         case sched::op::alloc_grad:
-          u.full_grad_ = backend_->allocate(u.layout().padded_numel() * 4, mem::comm_buffers);
+          u.full_grad_ = backend_->allocate(u.layout().padded_numel() * 4, mem::comm_buffers, backend_->compute_stream());
           backend_->fill_zero(u.full_grad_.data(), u.full_grad_.bytes(), backend_->compute_stream());
           break;
         case sched::op::reduce: reduce(u); break;
@@ -624,12 +632,13 @@ class Model {
     u.to_gathering();
     const FlatLayout& l = u.layout();
     auto& ag = backend_->gather_stream();
-    u.gathered_ = backend_->allocate(l.padded_numel() * 4, mem::gathered_params);
+    u.gathered_ = backend_->allocate(l.padded_numel() * 4, mem::gathered_params, ag);
     u.full_params_ = u.gathered_.data();
     const std::int64_t bytes = l.padded_numel() * 4;
     note(trace::kind::gather_issued, pass_, int(u.index()), bytes, ahead);
     backend_->wait(ag, u.shard_ready_);  // the last write of the master shard (init or optimizer step)
     stamp(ag, trace::kind::gather_begin, pass_, int(u.index()), bytes);
+    label(u);
     comm_->all_gather(u.master_shard(), u.gathered_.data(), l.shard_numel(), dtype::f32, ag);
     stamp(ag, trace::kind::gather_end, pass_, int(u.index()), bytes);
     backend_->record(u.gathered_ev_, ag);
@@ -651,8 +660,9 @@ class Model {
     backend_->record(u.grad_ready_, backend_->compute_stream());
     backend_->wait(rs, u.grad_ready_);
     stamp(rs, trace::kind::reduce_begin, pass_, int(u.index()), bytes, kind);
+    label(u);
     if constexpr (strategy::shards_params) {
-      auto out = backend_->allocate(l.shard_numel() * 4, mem::comm_buffers);
+      auto out = backend_->allocate(l.shard_numel() * 4, mem::comm_buffers, rs);
       comm_->reduce_scatter(u.full_grad_.data(), out.data(), l.shard_numel(), dtype::f32, opt_.grad_reduce, rs);
       backend_->accumulate(u.grad_shard(), out.template as<float>(), l.shard_numel(), rs);
       backend_->release_after(std::move(out), rs);
@@ -663,6 +673,12 @@ class Model {
     stamp(rs, trace::kind::reduce_end, pass_, int(u.index()), bytes, kind);
     backend_->release_after(std::move(u.full_grad_), rs);
     backend_->record(u.reduced_ev_, rs);
+  }
+
+  /// Tells a communicator that keeps one (comm::nccl) which unit the next collective is for, so that a timeout
+  /// names it.
+  void label(const unit_type& u) {
+    if constexpr (requires(communicator& c) { c.label(std::string_view{}); }) comm_->label(u.name());
   }
 
   // ---- trace -------------------------------------------------------------------------------------------------

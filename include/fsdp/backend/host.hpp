@@ -16,6 +16,7 @@
 
 #include "fsdp/backend/detail/work_queue.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/kernels/elementwise.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/optim/detail/update.hpp"
 
@@ -150,6 +151,9 @@ class host {
 
   // ---- memory -------------------------------------------------------------------------------------------------
   buffer allocate(std::int64_t bytes, mem category) { return buffer(bytes, category, &memory_); }
+  /// As above; `first_use` is the stream that uses the buffer first (stream-ordered allocation on the CUDA
+  /// backend; host memory is ready at once).
+  buffer allocate(std::int64_t bytes, mem category, stream& /*first_use*/) { return allocate(bytes, category); }
   /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
@@ -172,30 +176,60 @@ class host {
   void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) { copy(host_dst, src, bytes, s); }
 
   // ---- kernels ------------------------------------------------------------------------------------------------
-  /// dst[i] += src[i]
-  void accumulate(float* dst, const float* src, std::int64_t n, stream& s) {
-    if (n > 0)
-      s.submit([=, d = delay("accumulate")] {
-        std::this_thread::sleep_for(d);
-        for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  // The per-element logic is fsdp/kernels/elementwise.hpp and fsdp/optim/detail/update.hpp, shared with the CUDA
+  // backend's kernels: both backends give the same bits.
+
+  /// dst[i] = dst_type(float(src[i]) * scale): copy-in with cast, reduce-scatter input preparation.
+  void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
+    if (n <= 0) return;
+    s.submit([=] {
+      kernels::dispatch(dst_type, [&](auto d) {
+        kernels::dispatch(src_type, [&](auto t) {
+          auto* out = static_cast<f16::storage_t<d()>*>(dst);
+          const auto* in = static_cast<const f16::storage_t<t()>*>(src);
+          for (std::int64_t i = 0; i < n; ++i) out[i] = kernels::convert_one<d(), t()>(in[i], scale);
+        });
       });
+    });
   }
-  /// One SGD-momentum step over n elements of a shard.
+  /// dst[i] += float(src[i]): a reduction's result accumulated into an fp32 gradient shard.
+  void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, stream& s) {
+    if (n <= 0) return;
+    s.submit([=, d = delay("accumulate")] {
+      std::this_thread::sleep_for(d);
+      kernels::dispatch(src_type, [&](auto t) {
+        const auto* in = static_cast<const f16::storage_t<t()>*>(src);
+        for (std::int64_t i = 0; i < n; ++i) kernels::accumulate_one<t()>(dst[i], in[i]);
+      });
+    });
+  }
+  void accumulate(float* dst, const float* src, std::int64_t n, stream& s) { accumulate(dst, src, dtype::f32, n, s); }
+  /// *out = sum of x[i]^2 (accumulated in double, rounded to float once).
+  void squared_norm(const float* x, std::int64_t n, float* out, stream& s) {
+    s.submit([=] {
+      double acc = 0;
+      for (std::int64_t i = 0; i < n; ++i) acc += double(x[i]) * double(x[i]);
+      *out = static_cast<float>(acc);
+    });
+  }
+  /// One SGD-momentum step over n elements of a shard; elements in `mask` get no weight decay.
   void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const optim::detail::sgd_coeffs& c,
-                stream& s) {
+                const optim::detail::decay_mask& mask, stream& s) {
     if (n > 0)
       s.submit([=, d = delay("sgd_step")] {
         std::this_thread::sleep_for(d);
-        for (std::int64_t i = 0; i < n; ++i) optim::detail::sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c);
+        for (std::int64_t i = 0; i < n; ++i)
+          optim::detail::sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c, mask.weight_decay(i, c.weight_decay));
       });
   }
-  /// One AdamW step over n elements of a shard.
+  /// One AdamW step over n elements of a shard; elements in `mask` get no weight decay.
   void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, const optim::detail::adamw_coeffs& c,
-                  stream& s) {
+                  const optim::detail::decay_mask& mask, stream& s) {
     if (n > 0)
       s.submit([=, d = delay("adamw_step")] {
         std::this_thread::sleep_for(d);
-        for (std::int64_t i = 0; i < n; ++i) optim::detail::adamw_update(p[i], g[i], m[i], v[i], c);
+        for (std::int64_t i = 0; i < n; ++i)
+          optim::detail::adamw_update(p[i], g[i], m[i], v[i], c, mask.weight_decay(i, c.weight_decay));
       });
   }
 

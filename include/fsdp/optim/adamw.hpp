@@ -5,6 +5,7 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/memory/memory.hpp"
+#include "fsdp/optim/detail/pieces.hpp"
 #include "fsdp/optim/detail/update.hpp"
 
 namespace fsdp::optim {
@@ -27,11 +28,13 @@ class adamw {
     if (!(opt.beta1 >= 0.0f && opt.beta1 < 1.0f)) fsdp::detail::fail_usage("adamw: beta1 must be in [0, 1), got ", opt.beta1);
     if (!(opt.beta2 >= 0.0f && opt.beta2 < 1.0f)) fsdp::detail::fail_usage("adamw: beta2 must be in [0, 1), got ", opt.beta2);
     if (!(opt.eps > 0.0f)) fsdp::detail::fail_usage("adamw: eps must be > 0, got ", opt.eps);
+    model.reserve_memory(states_per_element());
     auto& be = model.backend();
     for (std::size_t i = 0; i < model.size(); ++i) {
       const auto n = model.unit(i).layout().shard_numel();
-      m_.push_back(be.allocate(n * 4, mem::optimizer_state));
-      v_.push_back(be.allocate(n * 4, mem::optimizer_state));
+      pieces_.push_back(detail::masked_pieces(model.unit(i).shard_views(), n));
+      m_.push_back(be.allocate(n * 4, mem::optimizer_state, be.compute_stream()));
+      v_.push_back(be.allocate(n * 4, mem::optimizer_state, be.compute_stream()));
       be.fill_zero(m_.back().data(), n * 4, be.compute_stream());
       be.fill_zero(v_.back().data(), n * 4, be.compute_stream());
     }
@@ -56,21 +59,20 @@ class adamw {
   void step() {
     auto& be = model_.backend();
     const long t = t_ + 1;
-    model_.step([&](auto& unit, const auto& views) {
+    const detail::adamw_coeffs c{opt_.lr,
+                                 opt_.beta1,
+                                 opt_.beta2,
+                                 opt_.eps,
+                                 opt_.weight_decay,
+                                 1.0f - static_cast<float>(std::pow(double(opt_.beta1), double(t))),
+                                 1.0f - static_cast<float>(std::pow(double(opt_.beta2), double(t)))};
+    model_.step([&](auto& unit, const auto&) {
       float* m = m_[unit.index()].template as<float>();
       float* v = v_[unit.index()].template as<float>();
-      for (const auto& view : views) {
-        if (view.empty()) continue;
-        const detail::adamw_coeffs c{opt_.lr,
-                                     opt_.beta1,
-                                     opt_.beta2,
-                                     opt_.eps,
-                                     view.flags.no_decay ? 0.0f : opt_.weight_decay,
-                                     1.0f - static_cast<float>(std::pow(double(opt_.beta1), double(t))),
-                                     1.0f - static_cast<float>(std::pow(double(opt_.beta2), double(t)))};
-        const auto off = view.shard_offset;
-        be.adamw_step(unit.master_shard() + off, unit.grad_shard() + off, m + off, v + off, view.local_numel(), c,
-                      be.compute_stream());
+      for (const detail::shard_piece& piece : pieces_[unit.index()]) {
+        const auto off = piece.offset;
+        be.adamw_step(unit.master_shard() + off, unit.grad_shard() + off, m + off, v + off, piece.numel, c,
+                      piece.mask, be.compute_stream());
       }
     });
     t_ = t;
@@ -82,6 +84,7 @@ class adamw {
   adamw_options opt_;
   long t_ = 0;
   std::vector<typename backend_type::buffer> m_, v_;
+  std::vector<std::vector<detail::shard_piece>> pieces_;  // per unit: one fused launch each
 };
 
 template <class ModelT>

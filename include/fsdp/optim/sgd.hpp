@@ -5,6 +5,7 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/memory/memory.hpp"
+#include "fsdp/optim/detail/pieces.hpp"
 #include "fsdp/optim/detail/update.hpp"
 
 namespace fsdp::optim {
@@ -24,12 +25,15 @@ class sgd {
     if (!(opt.lr >= 0.0f) || !std::isfinite(opt.lr)) fsdp::detail::fail_usage("sgd: lr must be finite and >= 0, got ", opt.lr);
     if (!(opt.momentum >= 0.0f && opt.momentum < 1.0f))
       fsdp::detail::fail_usage("sgd: momentum must be in [0, 1), got ", opt.momentum);
-    if (opt.momentum != 0.0f)
-      for (std::size_t i = 0; i < model.size(); ++i) {
-        const auto n = model.unit(i).layout().shard_numel();
-        momentum_.push_back(model.backend().allocate(n * 4, mem::optimizer_state));
-        model.backend().fill_zero(momentum_.back().data(), n * 4, model.backend().compute_stream());
-      }
+    model.reserve_memory(states_per_element());
+    auto& be = model.backend();
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      const auto n = model.unit(i).layout().shard_numel();
+      pieces_.push_back(detail::masked_pieces(model.unit(i).shard_views(), n));
+      if (opt.momentum == 0.0f) continue;
+      momentum_.push_back(be.allocate(n * 4, mem::optimizer_state, be.compute_stream()));
+      be.fill_zero(momentum_.back().data(), n * 4, be.compute_stream());
+    }
   }
 
   /// fp32 values of state per parameter element (for the memory planner).
@@ -50,14 +54,12 @@ class sgd {
 
   void step() {
     auto& be = model_.backend();
-    model_.step([&](auto& unit, const auto& views) {
+    const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay};
+    model_.step([&](auto& unit, const auto&) {
       float* buf = momentum_.empty() ? nullptr : momentum_[unit.index()].template as<float>();
-      for (const auto& v : views) {
-        if (v.empty()) continue;
-        const detail::sgd_coeffs c{opt_.lr, opt_.momentum, v.flags.no_decay ? 0.0f : opt_.weight_decay};
-        be.sgd_step(unit.master_shard() + v.shard_offset, unit.grad_shard() + v.shard_offset,
-                    buf ? buf + v.shard_offset : nullptr, v.local_numel(), c, be.compute_stream());
-      }
+      for (const detail::shard_piece& piece : pieces_[unit.index()])
+        be.sgd_step(unit.master_shard() + piece.offset, unit.grad_shard() + piece.offset,
+                    buf ? buf + piece.offset : nullptr, piece.numel, c, piece.mask, be.compute_stream());
     });
   }
   void zero_grad() { model_.zero_grad(); }
@@ -66,6 +68,7 @@ class sgd {
   ModelT& model_;
   sgd_options opt_;
   std::vector<typename backend_type::buffer> momentum_;
+  std::vector<std::vector<detail::shard_piece>> pieces_;  // per unit: one fused launch each
 };
 
 template <class ModelT>

@@ -1,12 +1,10 @@
 #pragma once
 // Per-element optimizer updates, written once and used by every backend's kernels (host loops, CUDA kernels).
-#include <cmath>
+// Every operation rounds once (fsdp/core/rounding.hpp), so both backends give the same bits.
+#include <cstdint>
 
-#if defined(__CUDACC__)
-#define FSDP_HD __host__ __device__
-#else
-#define FSDP_HD
-#endif
+#include "fsdp/core/config.hpp"
+#include "fsdp/core/rounding.hpp"
 
 namespace fsdp::optim::detail {
 
@@ -14,16 +12,16 @@ namespace fsdp::optim::detail {
 struct sgd_coeffs {
   float lr;
   float momentum;
-  float weight_decay;  ///< already 0 for no-decay parameters
+  float weight_decay;  ///< for parameters not masked out (see decay_mask)
 };
 
-FSDP_HD inline void sgd_update(float& p, float g, float* buf, const sgd_coeffs& c) {
-  g += c.weight_decay * p;
+FSDP_HD inline void sgd_update(float& p, float g, float* buf, const sgd_coeffs& c, float weight_decay) {
+  g = rn::add(g, rn::mul(weight_decay, p));
   if (buf) {
-    *buf = c.momentum * *buf + g;
+    *buf = rn::add(rn::mul(c.momentum, *buf), g);
     g = *buf;
   }
-  p -= c.lr * g;
+  p = rn::sub(p, rn::mul(c.lr, g));
 }
 
 /// AdamW with decoupled weight decay, as torch.optim.AdamW.
@@ -32,18 +30,35 @@ struct adamw_coeffs {
   float beta1;
   float beta2;
   float eps;
-  float weight_decay;       ///< already 0 for no-decay parameters
+  float weight_decay;       ///< for parameters not masked out (see decay_mask)
   float bias_correction1;   ///< 1 - beta1^t
   float bias_correction2;   ///< 1 - beta2^t
 };
 
-FSDP_HD inline void adamw_update(float& p, float g, float& m, float& v, const adamw_coeffs& c) {
-  p *= 1.0f - c.lr * c.weight_decay;
-  m = c.beta1 * m + (1.0f - c.beta1) * g;
-  v = c.beta2 * v + (1.0f - c.beta2) * g * g;
-  const float mhat = m / c.bias_correction1;
-  const float vhat = v / c.bias_correction2;
-  p -= c.lr * mhat / (std::sqrt(vhat) + c.eps);
+FSDP_HD inline void adamw_update(float& p, float g, float& m, float& v, const adamw_coeffs& c, float weight_decay) {
+  p = rn::mul(p, rn::sub(1.0f, rn::mul(c.lr, weight_decay)));
+  m = rn::add(rn::mul(c.beta1, m), rn::mul(rn::sub(1.0f, c.beta1), g));
+  v = rn::add(rn::mul(c.beta2, v), rn::mul(rn::mul(rn::sub(1.0f, c.beta2), g), g));
+  const float mhat = rn::div(m, c.bias_correction1);
+  const float vhat = rn::div(v, c.bias_correction2);
+  p = rn::sub(p, rn::div(rn::mul(c.lr, mhat), rn::add(rn::sqrt(vhat), c.eps)));
 }
+
+/// The per-parameter weight-decay mask of one flat shard: element i gets no weight decay when it lies in one of
+/// the ranges [begin[k], end[k]) (shard-local offsets, sorted, disjoint). A fixed-size value, so it travels as a
+/// CUDA kernel parameter; a shard with more no-decay ranges is stepped in pieces (see optim::detail::masked_pieces).
+struct decay_mask {
+  static constexpr int capacity = 16;
+  int count = 0;
+  std::int64_t begin[capacity] = {};
+  std::int64_t end[capacity] = {};
+
+  FSDP_HD bool no_decay(std::int64_t i) const {
+    for (int k = 0; k < count; ++k)
+      if (i >= begin[k] && i < end[k]) return true;
+    return false;
+  }
+  FSDP_HD float weight_decay(std::int64_t i, float wd) const { return no_decay(i) ? 0.0f : wd; }
+};
 
 }  // namespace fsdp::optim::detail

@@ -1,0 +1,82 @@
+#pragma once
+// bf16 and fp16 as 16-bit storage, converted to and from fp32 by bit manipulation: round to nearest even,
+// subnormals kept, every NaN turned into the canonical quiet NaN 0x7fff. The same functions run on the host and
+// inside CUDA kernels (FSDP_HD), so a cast gives the same bits on both backends whatever the GPU's conversion
+// instructions do with NaN payloads.
+#include <bit>
+#include <cstdint>
+#include <type_traits>
+
+#include "fsdp/core/config.hpp"
+#include "fsdp/core/dtype.hpp"
+
+namespace fsdp::f16 {
+
+FSDP_HD constexpr std::uint32_t bits(float f) noexcept { return std::bit_cast<std::uint32_t>(f); }
+FSDP_HD constexpr float from_bits(std::uint32_t u) noexcept { return std::bit_cast<float>(u); }
+
+/// fp32 -> bf16, round to nearest even.
+FSDP_HD constexpr std::uint16_t bf16_from_float(float f) noexcept {
+  const std::uint32_t u = bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;  // NaN
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+FSDP_HD constexpr float bf16_to_float(std::uint16_t h) noexcept { return from_bits(std::uint32_t{h} << 16); }
+
+/// fp32 -> IEEE binary16, round to nearest even, with subnormals; overflow gives infinity.
+FSDP_HD constexpr std::uint16_t half_from_float(float f) noexcept {
+  const std::uint32_t u = bits(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7fffu;                              // NaN
+  if (a >= 0x47800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 2^16 (and inf): infinity
+  if (a >= 0x38800000u) {                                           // normal half: |f| >= 2^-14
+    const std::uint32_t mant = a & 0x7fffffu;
+    std::uint32_t h = ((((a >> 23) - 112u) << 10) | (mant >> 13));
+    const std::uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;         // a carry may reach infinity: correct
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  const std::uint32_t e = a >> 23;                                  // subnormal half, or zero
+  if (e < 102u) return static_cast<std::uint16_t>(sign);            // below 2^-25: rounds to zero
+  const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  const std::uint32_t shift = 126u - e;                             // 14 .. 24
+  std::uint32_t h = m >> shift;
+  const std::uint32_t rem = m & ((1u << shift) - 1u);
+  const std::uint32_t halfway = 1u << (shift - 1u);
+  if (rem > halfway || (rem == halfway && (h & 1u))) ++h;           // may carry into the smallest normal: correct
+  return static_cast<std::uint16_t>(sign | h);
+}
+FSDP_HD constexpr float half_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16;
+  const std::uint32_t e = (h >> 10) & 0x1fu;
+  std::uint32_t m = h & 0x3ffu;
+  if (e == 0x1fu) return from_bits(sign | 0x7f800000u | (m << 13));  // inf, NaN (payload kept)
+  if (e != 0u) return from_bits(sign | ((e + 112u) << 23) | (m << 13));
+  if (m == 0u) return from_bits(sign);
+  std::uint32_t exp = 113u;  // subnormal: normalise
+  while ((m & 0x400u) == 0u) {
+    m <<= 1;
+    --exp;
+  }
+  return from_bits(sign | (exp << 23) | ((m & 0x3ffu) << 13));
+}
+
+/// Storage type of a dtype's elements.
+template <dtype D>
+using storage_t = std::conditional_t<D == dtype::f32, float, std::uint16_t>;
+
+template <dtype D>
+FSDP_HD constexpr float to_float(storage_t<D> x) noexcept {
+  if constexpr (D == dtype::f32) return x;
+  else if constexpr (D == dtype::bf16) return bf16_to_float(x);
+  else return half_to_float(x);
+}
+template <dtype D>
+FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
+  if constexpr (D == dtype::f32) return x;
+  else if constexpr (D == dtype::bf16) return bf16_from_float(x);
+  else return half_from_float(x);
+}
+
+}  // namespace fsdp::f16

@@ -1,0 +1,49 @@
+#pragma once
+// fp32 arithmetic with one rounding per operation, on the host and in CUDA kernels alike. nvcc contracts
+// a * b + c into one fused multiply-add by default, and --use_fast_math replaces division and square root with
+// approximations; the __f*_rn intrinsics are never contracted or approximated. Code written with these helpers
+// therefore gives the same bits on both backends (host code compiled without FMA contraction: the default of
+// g++ and clang on x86-64 unless -mfma/-march=native with -ffp-contract=fast).
+#include <cmath>
+
+#include "fsdp/core/config.hpp"
+
+namespace fsdp::rn {
+
+FSDP_HD inline float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+FSDP_HD inline float add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+FSDP_HD inline float sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+FSDP_HD inline float div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+FSDP_HD inline float sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+}  // namespace fsdp::rn

@@ -1,0 +1,214 @@
+// The shared per-element logic (fsdp/core/float16.hpp, fsdp/kernels/elementwise.hpp, fsdp/optim/detail/*): the
+// CUDA kernels run exactly this code, so checking it here against independent references checks both backends'
+// arithmetic; tests/cuda/kernels_test.cu then checks that the GPU gives the same bits as the host backend.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fsdp/fsdp.hpp>
+#include <fsdp/kernels/elementwise.hpp>
+#include <fsdp/optim/detail/pieces.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using fsdp::f16::bf16_from_float;
+using fsdp::f16::bf16_to_float;
+using fsdp::f16::half_from_float;
+using fsdp::f16::half_to_float;
+
+// Reference: the value of a binary16 pattern computed with ldexp (independent of the bit manipulation).
+double half_value(std::uint16_t h) {
+  const int sign = (h & 0x8000) ? -1 : 1;
+  const int e = (h >> 10) & 0x1f;
+  const int m = h & 0x3ff;
+  if (e == 0) return sign * std::ldexp(m, -24);
+  if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : sign * std::numeric_limits<double>::infinity();
+  return sign * std::ldexp(1024 + m, e - 25);
+}
+
+// Reference rounding: the nearest of the finite candidates (ties to the even pattern), by exhaustive distance over
+// the two neighbours found by a search in double.
+std::uint16_t half_reference(float f) {
+  if (std::isnan(f)) return 0x7fff;
+  const double x = f;
+  const std::uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  const double a = std::fabs(x);
+  if (a >= 65520.0) return sign | 0x7c00;  // halfway between 65504 and 2^16 ties to even = infinity
+  std::uint16_t lo = 0;                    // largest pattern with value <= a
+  for (int step = 1 << 14; step > 0; step >>= 1)
+    if (lo + step <= 0x7bff && half_value(static_cast<std::uint16_t>(lo + step)) <= a) lo = static_cast<std::uint16_t>(lo + step);
+  if (half_value(lo) == a) return sign | lo;
+  const std::uint16_t hi = lo + 1;
+  const double dlo = a - half_value(lo), dhi = half_value(hi) - a;
+  const std::uint16_t pick = dlo < dhi ? lo : dhi < dlo ? hi : ((lo & 1) ? hi : lo);
+  return sign | pick;
+}
+
+std::uint16_t bf16_reference(float f) {
+  if (std::isnan(f)) return 0x7fff;
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+  const double dlo = std::fabs(double(f) - double(std::bit_cast<float>(lo)));
+  const double dhi = std::isinf(std::bit_cast<float>(hi)) ? std::fabs(double(f)) * 0 + 1e300  // see below
+                                                          : std::fabs(double(std::bit_cast<float>(hi)) - double(f));
+  // Overflow: above the largest finite bf16 the upper neighbour is infinity, reached by rounding iff the value
+  // is at least halfway to 2^128 (the next step): compare against the truncated part directly.
+  if ((lo & 0x7fffffffu) == 0x7f7f0000u && std::isinf(std::bit_cast<float>(hi))) {
+    const std::uint32_t rest = u & 0xffffu;
+    return static_cast<std::uint16_t>((rest > 0x8000u || (rest == 0x8000u && (lo >> 16) & 1u) ? hi : lo) >> 16);
+  }
+  const std::uint32_t pick = dlo < dhi ? lo : dhi < dlo ? hi : (((lo >> 16) & 1u) ? hi : lo);
+  return static_cast<std::uint16_t>(pick >> 16);
+}
+
+std::vector<float> special_floats() {
+  std::vector<float> v{0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, -70000.0f,
+                       std::ldexp(1.0f, -14), std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::ldexp(3.0f, -26),
+                       std::ldexp(1.0f, -26), std::ldexp(1023.0f, -24), std::ldexp(2047.0f, -25),
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
+                       std::numeric_limits<float>::min(), 1.00390625f, 1.01171875f, 3.3895314e38f};
+  for (std::uint32_t lowbits : {0x8000u, 0x7fffu, 0x8001u, 0x18000u})  // bf16 ties and near-ties
+    v.push_back(std::bit_cast<float>(0x3f800000u | lowbits));
+  for (std::uint32_t lowbits : {0x1000u, 0x0fffu, 0x1001u, 0x3000u})  // fp16 ties and near-ties
+    v.push_back(std::bit_cast<float>(0x3f800000u | lowbits));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 and fp16 from fp32: round to nearest even, subnormals, overflow and NaN") {
+  CHECK(bf16_from_float(1.0f) == 0x3f80);
+  CHECK(half_from_float(1.0f) == 0x3c00);
+  CHECK(half_from_float(65504.0f) == 0x7bff);
+  CHECK(half_from_float(65520.0f) == 0x7c00);
+  CHECK(half_from_float(std::ldexp(1.0f, -24)) == 0x0001);
+  CHECK(half_from_float(std::ldexp(1.0f, -25)) == 0x0000);   // tie to even: zero
+  CHECK(half_from_float(std::ldexp(3.0f, -26)) == 0x0001);   // 0.75 ulp rounds up
+  CHECK(half_from_float(std::ldexp(1.0f, -14)) == 0x0400);
+  CHECK(half_from_float(-0.0f) == 0x8000);
+  CHECK(bf16_from_float(std::numeric_limits<float>::quiet_NaN()) == 0x7fff);
+  CHECK(half_from_float(-std::numeric_limits<float>::quiet_NaN()) == 0x7fff);
+
+  for (float f : special_floats()) {
+    CAPTURE(f);
+    CHECK(half_from_float(f) == half_reference(f));
+    CHECK(bf16_from_float(f) == bf16_reference(f));
+  }
+  std::mt19937 gen(7);
+  for (int i = 0; i < 200000; ++i) {
+    const float f = std::bit_cast<float>(static_cast<std::uint32_t>(gen()));
+    if (std::isnan(f)) continue;
+    // Also draw from the fp16 range, where the rounding is interesting.
+    const float g = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen),
+                               std::uniform_int_distribution<int>(-26, 17)(gen));
+    for (float x : {f, g}) {
+      if (half_from_float(x) != half_reference(x) || bf16_from_float(x) != bf16_reference(x)) {
+        FAIL_CHECK("mismatch for ", x, " (bits ", std::bit_cast<std::uint32_t>(x), ")");
+        return;
+      }
+    }
+  }
+}
+
+TEST_CASE("bf16 and fp16 to fp32 are exact: every pattern round-trips") {
+  for (std::uint32_t h = 0; h <= 0xffff; ++h) {
+    const auto b = static_cast<std::uint16_t>(h);
+    const float fh = half_to_float(b), fb = bf16_to_float(b);
+    const bool nan_h = ((b >> 10) & 0x1f) == 0x1f && (b & 0x3ff);
+    const bool nan_b = ((b >> 7) & 0xff) == 0xff && (b & 0x7f);
+    if (nan_h) {
+      CHECK(std::isnan(fh));
+      CHECK(half_from_float(fh) == 0x7fff);
+    } else {
+      if (half_from_float(fh) != b || double(fh) != half_value(b)) FAIL_CHECK("fp16 pattern ", h);
+    }
+    if (nan_b) {
+      CHECK(std::isnan(fb));
+    } else if (bf16_from_float(fb) != b) {
+      FAIL_CHECK("bf16 pattern ", h);
+    }
+  }
+}
+
+TEST_CASE("host backend convert and accumulate: casts, scaling, sizes 0 and 1") {
+  fsdp::backend::host be;
+  auto& s = be.compute_stream();
+  const std::vector<float> src{1.0f, -2.5f, 65520.0f, std::ldexp(3.0f, -26), 1.00390625f};
+  std::vector<std::uint16_t> h(src.size()), b(src.size());
+  be.convert(h.data(), fsdp::dtype::f16, src.data(), fsdp::dtype::f32, std::int64_t(src.size()), 1.0f, s);
+  be.convert(b.data(), fsdp::dtype::bf16, src.data(), fsdp::dtype::f32, std::int64_t(src.size()), 1.0f, s);
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    CHECK(h[i] == half_from_float(src[i]));
+    CHECK(b[i] == bf16_from_float(src[i]));
+  }
+  // Reduce-scatter preparation: scaled by 1/4 before the cast.
+  std::vector<std::uint16_t> scaled(src.size());
+  be.convert(scaled.data(), fsdp::dtype::bf16, src.data(), fsdp::dtype::f32, std::int64_t(src.size()), 0.25f, s);
+  for (std::size_t i = 0; i < src.size(); ++i) CHECK(scaled[i] == bf16_from_float(src[i] * 0.25f));
+  // Accumulate from bf16 into fp32.
+  std::vector<float> acc{1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  be.accumulate(acc.data(), b.data(), fsdp::dtype::bf16, std::int64_t(b.size()), s);
+  for (std::size_t i = 0; i < acc.size(); ++i) CHECK(acc[i] == 1.0f + bf16_to_float(b[i]));
+  // f32 -> f32 with scale 1 is a bit copy, NaN payload included.
+  const float payload = std::bit_cast<float>(0x7fc01234u);
+  float out = 0;
+  be.convert(&out, fsdp::dtype::f32, &payload, fsdp::dtype::f32, 1, 1.0f, s);
+  CHECK(std::bit_cast<std::uint32_t>(out) == 0x7fc01234u);
+  // Empty: nothing is touched (null pointers are fine).
+  be.convert(nullptr, fsdp::dtype::f16, nullptr, fsdp::dtype::f32, 0, 1.0f, s);
+  be.accumulate(nullptr, nullptr, fsdp::dtype::f16, 0, s);
+  float norm = -1;
+  const std::vector<float> x{3.0f, 4.0f};
+  be.squared_norm(x.data(), 2, &norm, s);
+  CHECK(norm == 25.0f);
+  be.squared_norm(x.data(), 0, &norm, s);
+  CHECK(norm == 0.0f);
+}
+
+TEST_CASE("decay masks and shard pieces: no-decay ranges get no weight decay, pieces cover the shard") {
+  struct view {
+    std::int64_t shard_offset, n;
+    struct { bool no_decay; } flags;
+    bool empty() const { return n == 0; }
+    std::int64_t local_numel() const { return n; }
+  };
+  // 40 parameters of 3 elements, alternating decay / no decay, then padding to 130.
+  std::vector<view> views;
+  for (int k = 0; k < 40; ++k) views.push_back({3 * k, 3, {k % 2 == 1}});
+  views.push_back({120, 0, {true}});  // empty on this rank: ignored
+  const auto pieces = fsdp::optim::detail::masked_pieces(views, 130);
+  REQUIRE(pieces.size() == 2);  // 20 no-decay ranges: 16 in the first piece, 4 in the second
+  CHECK(pieces[0].offset == 0);
+  CHECK(pieces[0].mask.count == 16);
+  CHECK(pieces[1].offset == pieces[0].numel);
+  CHECK(pieces[1].mask.count == 4);
+  CHECK(pieces[0].numel + pieces[1].numel == 130);
+  for (std::int64_t i = 0; i < 130; ++i) {
+    const auto& p = i < pieces[1].offset ? pieces[0] : pieces[1];
+    const bool want = i < 120 && (i / 3) % 2 == 1;
+    CAPTURE(i);
+    CHECK(p.mask.no_decay(i - p.offset) == want);
+  }
+  CHECK(fsdp::optim::detail::masked_pieces(views, 0).empty());
+  const auto one = fsdp::optim::detail::masked_pieces(std::vector<view>{{0, 5, {false}}}, 5);
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].numel == 5);
+  CHECK(one[0].mask.count == 0);
+
+  // The host backend's fused step applies the mask per element.
+  fsdp::backend::host be;
+  std::vector<float> p{1, 1, 1, 1}, g{0, 0, 0, 0};
+  fsdp::optim::detail::decay_mask m;
+  m.count = 1;
+  m.begin[0] = 1;
+  m.end[0] = 3;
+  be.sgd_step(p.data(), g.data(), nullptr, 4, {0.5f, 0.0f, 0.1f}, m, be.compute_stream());
+  CHECK(p == std::vector<float>{0.95f, 1.0f, 1.0f, 0.95f});
+}
