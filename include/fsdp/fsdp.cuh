@@ -1,10 +1,12 @@
 #pragma once
-// The library's umbrella header for CUDA users (compile with nvcc). It is the host library (fsdp.hpp) plus the
-// CUDA pieces that exist so far: error types and call-checking macros, and device discovery.
-//
-// The CUDA backend proper (device memory pool, streams, kernels, NCCL communicator) lands later; this header is
-// where it will be included, so code written against <fsdp/fsdp.cuh> today keeps compiling.
+// The library's umbrella header for CUDA users (compile with nvcc): the host library (fsdp.hpp) plus the CUDA
+// backend, its kernels, comm::local on one GPU and comm::nccl. comm::nccl over MPI is <fsdp/comm/nccl_mpi.cuh>
+// (it needs <mpi.h>).
 #include "fsdp/fsdp.hpp"
 
+#include "fsdp/backend/cuda.cuh"
+#include "fsdp/comm/local_cuda.cuh"
+#include "fsdp/comm/nccl.cuh"
 #include "fsdp/cuda/device.cuh"
 #include "fsdp/cuda/error.cuh"
+#include "fsdp/cuda/kernels.cuh"

@@ -2,10 +2,13 @@
 // The library's umbrella header for the host path (any C++20 compiler, no CUDA toolkit needed).
 #include "fsdp/backend/host.hpp"
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/launch.hpp"
 #include "fsdp/comm/local.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/float16.hpp"
 #include "fsdp/init/init.hpp"
+#include "fsdp/kernels/elementwise.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
 #include "fsdp/memory/memory.hpp"

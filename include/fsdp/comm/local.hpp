@@ -110,17 +110,17 @@ static_assert(CollectivePolicy<local_communicator>);
 template <class Backend = backend::host>
 struct local {
   static_assert(std::is_same_v<Backend, backend::host>,
-                "fsdp::comm::local: no in-process communicator for this backend yet (the host backend has one)");
+                "fsdp::comm::local: no in-process communicator for this backend (the host backend's is here; "
+                "include <fsdp/fsdp.cuh> for comm::local<backend::cuda>)");
   using backend_type = Backend;
   using communicator = local_communicator;
 };
 
-/// Runs fn(local_communicator&) on `world` threads, one per rank, and joins them. When a rank throws, the group
-/// is aborted so the other ranks fail fast instead of waiting, and the first rank's error is rethrown here.
-template <class F>
-void run_local(int world, F&& fn, local_options opt = {}) {
-  if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
-  auto group = std::make_shared<detail::local_group>(world, opt.timeout, opt.link, opt.delay);
+namespace detail {
+/// Runs fn(make(r)) on `world` threads, one per rank, and joins them. When a rank throws, the group is aborted
+/// so the other ranks fail fast instead of waiting, and the root cause is rethrown here.
+template <class Make, class F>
+void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make, F&& fn) {
   std::mutex mu;
   std::exception_ptr first;
   bool first_is_abort = true;
@@ -129,7 +129,7 @@ void run_local(int world, F&& fn, local_options opt = {}) {
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        local_communicator c(group, r, opt.backend);
+        auto c = make(r);
         fn(c);
       } catch (const std::exception& e) {
         const bool aborted_before = group->aborted();
@@ -149,6 +149,17 @@ void run_local(int world, F&& fn, local_options opt = {}) {
   }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+}  // namespace detail
+
+/// Runs fn(local_communicator&) on `world` threads, one per rank, and joins them. When a rank throws, the group
+/// is aborted so the other ranks fail fast instead of waiting, and the first rank's error is rethrown here.
+template <class F>
+void run_local(int world, F&& fn, local_options opt = {}) {
+  if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
+  auto group = std::make_shared<detail::local_group>(world, opt.timeout, opt.link, opt.delay);
+  detail::run_ranks(world, group, [&](int r) { return local_communicator(group, r, opt.backend); },
+                    std::forward<F>(fn));
 }
 
 }  // namespace fsdp::comm

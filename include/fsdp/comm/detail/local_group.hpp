@@ -90,13 +90,31 @@ class local_group {
     return aborted_;
   }
 
+  /// Two-phase rendezvous for communicators that move the data themselves (comm::local on one GPU).
+  /// meet(): matches rank `rank`'s collective #seq with the other ranks' (a different description is a
+  /// comm_error naming both), publishes `token` and returns every rank's token once all have arrived.
+  /// part(): publishes a second token and returns every rank's once all have arrived; the round ends there.
+  /// Tokens stay readable until part() returns on every rank. Both wait at most the group's timeout.
+  std::vector<const void*> meet(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
+    const std::string what = "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+    if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
+    round& r = arrive(seq, rank, d, token, nullptr, what);
+    return r.send;  // complete: no rank writes it again in this round
+  }
+  std::vector<const void*> part(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
+    const std::string what = "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+    std::vector<const void*> out;
+    depart(seq, rank, token, what, &out);
+    return out;
+  }
+
   /// Runs rank `rank`'s part of collective number `seq`.
   void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
     const std::string what = "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     round& r = arrive(seq, rank, d, send, recv, what);
     if (d.kind < 0) {
-      depart(seq, r, what);
+      depart(seq, rank, nullptr, what);
       return;
     }
     const auto kind = static_cast<collective>(d.kind);
@@ -108,7 +126,7 @@ class local_group {
     std::vector<float> tmp;
     if (!link_.move_data) {
       std::this_thread::sleep_until(modelled_end);
-      depart(seq, r, what);
+      depart(seq, rank, nullptr, what);
       return;
     }
     switch (kind) {
@@ -131,7 +149,7 @@ class local_group {
     // Send buffers may alias receive buffers (in-place collectives): write results only once every rank has
     // finished reading the inputs.
     std::this_thread::sleep_until(modelled_end);  // no-op without a link model
-    depart(seq, r, what);
+    depart(seq, rank, nullptr, what);
     if (!tmp.empty()) std::memcpy(recv, tmp.data(), tmp.size() * sizeof(float));
   }
 
@@ -140,6 +158,7 @@ class local_group {
     op_desc desc;
     int first_rank = -1;
     std::vector<const void*> send;
+    std::vector<const void*> parting;  ///< second-phase tokens (part())
     std::vector<bool> present;
     int arrived = 0;
     std::chrono::steady_clock::time_point start;  ///< when the last rank arrived
@@ -208,6 +227,7 @@ class local_group {
       r.desc = d;
       r.first_rank = rank;
       r.send.assign(world_, nullptr);
+      r.parting.assign(world_, nullptr);
       r.present.assign(world_, false);
     } else if (!(r.desc == d)) {
       fail(lk, "collective mismatch at #" + std::to_string(seq) + ": rank " + std::to_string(r.first_rank) +
@@ -221,11 +241,15 @@ class local_group {
     return r;  // std::map nodes are stable; the round lives until every rank has left it
   }
 
-  void depart(std::uint64_t seq, round& r, const std::string& what) {
+  void depart(std::uint64_t seq, int rank, const void* token, const std::string& what,
+              std::vector<const void*>* tokens = nullptr) {
     std::unique_lock lk(mu_);
+    round& r = rounds_.at(seq);
+    r.parting[rank] = token;
     ++r.done;
     cv_.notify_all();
     wait(lk, [&] { return r.done == world_; }, what, "waiting for the other ranks to finish", r);
+    if (tokens) *tokens = r.parting;
     if (++r.left == world_) rounds_.erase(seq);
   }
 

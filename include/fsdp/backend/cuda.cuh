@@ -1,0 +1,346 @@
+#pragma once
+// The CUDA backend: device memory, streams and events, kernels. It offers the interface of backend::host
+// (buffers accounted by category, compute / all-gather / reduce streams, events, stream-ordered release, host
+// callbacks, copies and kernels), so Model and its scheduler run on it unchanged: no scheduling logic is written
+// twice. Kernels are fsdp/cuda/kernels.cuh; they apply the per-element code the host backend uses.
+//
+// Memory comes from a CUDA memory pool owned by the backend (cudaMemPoolCreate) whose release threshold is
+// "never": memory freed inside a step stays in the pool for the next step. Model::reserve_memory() grows the
+// pool to the planner's peak before the first step (the model reserves for parameters, gradients and gathers;
+// the optimizers for their state), so a step takes its buffers from memory the pool already holds.
+// Allocation and release are stream-ordered (cudaMallocFromPoolAsync / cudaFreeAsync) on the stream that first
+// uses a buffer and the stream that last uses it; the pool reuses a block across streams only after the event
+// dependencies the scheduler already creates (cudaMemPoolReuseFollowEventDependencies).
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/cuda/error.cuh"
+#include "fsdp/cuda/kernels.cuh"
+#include "fsdp/memory/memory.hpp"
+#include "fsdp/optim/detail/update.hpp"
+
+namespace fsdp::backend {
+
+namespace cuda_kernels = fsdp::cuda::kernels;
+
+struct cuda_options {
+  /// The device this rank uses; -1 keeps the calling thread's current device.
+  int device = -1;
+  /// Longest synchronize() may wait for a stream before it is reported as a hang.
+  std::chrono::milliseconds wait_timeout{300000};
+  /// How often synchronize() checks a stream (and calls `poll`).
+  std::chrono::microseconds poll_interval{50};
+  /// Called on every check while synchronize() waits; may throw (comm::nccl checks ncclCommGetAsyncError).
+  std::function<void()> poll;
+  /// Called when a wait times out, with what timed out, before comm_error is thrown; may throw an error of its
+  /// own that says more (comm::nccl aborts its communicator and names the pending collective).
+  std::function<void(const std::string& what)> on_timeout;
+};
+
+class cuda {
+ public:
+  static constexpr std::string_view name = "cuda";
+
+  /// An owning, non-blocking CUDA stream with a name for messages.
+  class stream {
+   public:
+    explicit stream(std::string name) : name_(std::move(name)) {
+      FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    }
+    stream(const stream&) = delete;
+    stream& operator=(const stream&) = delete;
+    ~stream() {
+      if (s_) FSDP_CUDA_LOG(cudaStreamDestroy(s_));
+    }
+    cudaStream_t get() const noexcept { return s_; }
+    const std::string& name() const noexcept { return name_; }
+
+   private:
+    cudaStream_t s_ = nullptr;
+    std::string name_;
+  };
+
+  /// An owning CUDA event (timing disabled), recorded on streams by record().
+  class event {
+   public:
+    event() { FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+    event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+    event& operator=(event&& o) noexcept {
+      if (this != &o) {
+        destroy();
+        e_ = std::exchange(o.e_, nullptr);
+      }
+      return *this;
+    }
+    event(const event&) = delete;
+    event& operator=(const event&) = delete;
+    ~event() { destroy(); }
+    cudaEvent_t get() const noexcept { return e_; }
+
+   private:
+    void destroy() noexcept {
+      if (e_) FSDP_CUDA_LOG(cudaEventDestroy(e_));
+      e_ = nullptr;
+    }
+    cudaEvent_t e_ = nullptr;
+  };
+
+  /// Device memory from the backend's pool, accounted to one category from allocation to release. Destroying it
+  /// frees it in the order of the stream it was allocated on: the owner makes sure other streams are done with it
+  /// (Model synchronizes its streams before its buffers go).
+  class buffer {
+   public:
+    buffer() = default;
+    buffer(buffer&& o) noexcept { *this = std::move(o); }
+    buffer& operator=(buffer&& o) noexcept {
+      if (this != &o) {
+        reset();
+        ptr_ = std::exchange(o.ptr_, nullptr);
+        bytes_ = std::exchange(o.bytes_, 0);
+        cat_ = o.cat_;
+        tracker_ = std::exchange(o.tracker_, nullptr);
+        home_ = std::exchange(o.home_, nullptr);
+      }
+      return *this;
+    }
+    buffer(const buffer&) = delete;
+    buffer& operator=(const buffer&) = delete;
+    ~buffer() { reset(); }
+
+    void* data() const noexcept { return ptr_; }
+    template <class T>
+    T* as() const noexcept {
+      return static_cast<T*>(ptr_);
+    }
+    std::int64_t bytes() const noexcept { return bytes_; }
+    mem category() const noexcept { return cat_; }
+    explicit operator bool() const noexcept { return ptr_ != nullptr || bytes_ != 0 || tracker_ != nullptr; }
+
+    void reset() noexcept {
+      if (tracker_) tracker_->released(cat_, bytes_);
+      if (ptr_) FSDP_CUDA_LOG(cudaFreeAsync(ptr_, home_));
+      ptr_ = nullptr;
+      bytes_ = 0;
+      tracker_ = nullptr;
+      home_ = nullptr;
+    }
+
+   private:
+    friend class cuda;
+    void* ptr_ = nullptr;
+    std::int64_t bytes_ = 0;
+    mem cat_ = mem::comm_buffers;
+    MemoryTracker* tracker_ = nullptr;
+    cudaStream_t home_ = nullptr;  // the stream it was allocated on
+  };
+
+  explicit cuda(int rank = 0, cuda_options opt = {})
+      : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(make_pool(device_)),
+        compute_("rank" + std::to_string(rank) + ".compute"),
+        gather_("rank" + std::to_string(rank) + ".all_gather"),
+        reduce_("rank" + std::to_string(rank) + ".reduce") {}
+  cuda(const cuda&) = delete;
+  cuda& operator=(const cuda&) = delete;
+  ~cuda() {
+    for (stream* s : {&compute_, &gather_, &reduce_}) FSDP_CUDA_LOG(cudaStreamSynchronize(s->get()));
+    if (scratch_) FSDP_CUDA_LOG(cudaFreeAsync(scratch_, compute_.get()));
+    FSDP_CUDA_LOG(cudaStreamSynchronize(compute_.get()));
+    if (pool_) FSDP_CUDA_LOG(cudaMemPoolDestroy(pool_));
+  }
+
+  int device() const noexcept { return device_; }
+
+  // ---- streams and events -------------------------------------------------------------------------------------
+  stream& compute_stream() noexcept { return compute_; }
+  stream& gather_stream() noexcept { return gather_; }
+  stream& reduce_stream() noexcept { return reduce_; }
+
+  void record(event& e, stream& s) { FSDP_CUDA_CHECK(cudaEventRecord(e.get(), s.get())); }
+  /// Later work on `s` waits for the last record of `e` made before this call (none: no wait).
+  void wait(stream& s, const event& e) { FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
+  /// Runs `fn` on a CUDA runtime thread when `s` reaches this point (cudaLaunchHostFunc); fn must not call CUDA.
+  void host_callback(stream& s, std::function<void()> fn) {
+    auto* f = new std::function<void()>(std::move(fn));
+    const cudaError_t rc = cudaLaunchHostFunc(s.get(), &run_callback, f);
+    if (rc != cudaSuccess) {
+      delete f;
+      detail::throw_cuda_error(rc, "cudaLaunchHostFunc(s, fn)", __FILE__, __LINE__);
+    }
+  }
+  /// Blocks until all work submitted to `s` has run, polling: a stream that does not finish within
+  /// cuda_options::wait_timeout is reported (comm_error, or the communicator's own error) instead of hanging.
+  void synchronize(stream& s) {
+    const auto deadline = std::chrono::steady_clock::now() + opt_.wait_timeout;
+    for (;;) {
+      const cudaError_t rc = cudaStreamQuery(s.get());
+      if (rc == cudaSuccess) return;
+      if (rc != cudaErrorNotReady)
+        detail::throw_cuda_error(rc, "cudaStreamQuery(s)", __FILE__, __LINE__);
+      if (opt_.poll) opt_.poll();
+      if (std::chrono::steady_clock::now() > deadline) {
+        const std::string what = detail::cat("stream '", s.name(), "' did not finish within ",
+                                             opt_.wait_timeout.count(), " ms");
+        if (opt_.on_timeout) opt_.on_timeout(what);
+        throw comm_error(what);
+      }
+      std::this_thread::sleep_for(opt_.poll_interval);
+    }
+  }
+
+  // ---- memory -------------------------------------------------------------------------------------------------
+  /// Stream-ordered allocation from the pool: the buffer is ready on `first_use` at once, on other streams after
+  /// they wait for an event recorded on `first_use` later.
+  buffer allocate(std::int64_t bytes, mem category, stream& first_use) {
+    if (bytes < 0) fsdp::detail::fail_usage("allocation of ", bytes, " bytes (", name_of(category), ")");
+    buffer b;
+    if (bytes > 0) {
+      const cudaError_t rc = cudaMallocFromPoolAsync(&b.ptr_, static_cast<std::size_t>(bytes), pool_, first_use.get());
+      if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw cuda_error(rc, "cudaMallocFromPoolAsync(&p, bytes, pool, stream)", __FILE__, __LINE__,
+                         detail::cat("allocating ", bytes, " bytes of ", name_of(category), " on device ", device_,
+                                     " (accounted now: ", memory_.stats().current.total, " bytes; pool reserved: ",
+                                     pool_reserved_bytes(), " bytes)"));
+      }
+    }
+    b.bytes_ = bytes;
+    b.cat_ = category;
+    b.tracker_ = &memory_;
+    b.home_ = first_use.get();
+    memory_.allocated(category, bytes);
+    return b;
+  }
+  /// Stream-ordered release: the accounting drops now, the memory returns to the pool once `s` reaches this point.
+  void release_after(buffer&& b, stream& s) {
+    if (!b) return;
+    if (b.tracker_) b.tracker_->released(b.cat_, b.bytes_);
+    b.tracker_ = nullptr;
+    if (b.ptr_) FSDP_CUDA_CHECK(cudaFreeAsync(b.ptr_, s.get()));
+    b.ptr_ = nullptr;
+    b.bytes_ = 0;
+  }
+  /// Grows the pool to hold at least `bytes` (blocks once, outside any step). Never shrinks it.
+  void reserve(std::int64_t bytes) {
+    if (bytes <= reserved_) return;
+    void* p = nullptr;
+    FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_, compute_.get()));
+    FSDP_CUDA_CHECK(cudaFreeAsync(p, compute_.get()));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    reserved_ = bytes;
+  }
+  /// Bytes of device memory the pool holds (cudaMemPoolAttrReservedMemCurrent) and hands out now.
+  std::int64_t pool_reserved_bytes() const { return pool_attr(cudaMemPoolAttrReservedMemCurrent); }
+  std::int64_t pool_used_bytes() const { return pool_attr(cudaMemPoolAttrUsedMemCurrent); }
+  MemoryTracker& memory() noexcept { return memory_; }
+  const MemoryTracker& memory() const noexcept { return memory_; }
+
+  // ---- copies -------------------------------------------------------------------------------------------------
+  void fill_zero(void* dst, std::int64_t bytes, stream& s) {
+    if (bytes > 0) FSDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(bytes), s.get()));
+  }
+  void copy(void* dst, const void* src, std::int64_t bytes, stream& s) {
+    if (bytes > 0 && dst != src)
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, s.get()));
+  }
+  /// Host memory in / out. Pageable host memory: the call returns once the source is consumed (upload) and the
+  /// destination is valid only after synchronize(s) (download).
+  void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) {
+    if (bytes > 0)
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice, s.get()));
+  }
+  void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) {
+    if (bytes > 0)
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToHost, s.get()));
+  }
+
+  // ---- kernels (fsdp/cuda/kernels.cuh) ------------------------------------------------------------------------
+  void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
+    cuda_kernels::convert(dst, dst_type, src, src_type, n, scale, s.get());
+  }
+  void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, stream& s) {
+    cuda_kernels::accumulate(dst, src, src_type, n, s.get());
+  }
+  void accumulate(float* dst, const float* src, std::int64_t n, stream& s) { accumulate(dst, src, dtype::f32, n, s); }
+  /// *out (device memory) = sum of x[i]^2, in fp32 with CUB.
+  void squared_norm(const float* x, std::int64_t n, float* out, stream& s) {
+    const std::size_t need = cuda_kernels::squared_norm_temp_bytes(n);
+    if (need > scratch_bytes_) {  // grows once to the largest shard, then reused
+      if (scratch_) FSDP_CUDA_CHECK(cudaFreeAsync(scratch_, s.get()));
+      scratch_ = nullptr;
+      FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&scratch_, need, pool_, s.get()));
+      scratch_bytes_ = need;
+      scratch_home_ = s.get();
+    } else if (scratch_home_ != s.get()) {
+      fsdp::detail::fail_usage("squared_norm: the CUDA backend's scratch space is used on stream '", s.name(),
+                               "' but was made for another stream; use one stream for norms");
+    }
+    cuda_kernels::squared_norm(x, n, out, scratch_, scratch_bytes_, s.get());
+  }
+  void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const optim::detail::sgd_coeffs& c,
+                const optim::detail::decay_mask& mask, stream& s) {
+    cuda_kernels::sgd_step({p, g, buf, n, c, mask}, s.get());
+  }
+  void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, const optim::detail::adamw_coeffs& c,
+                  const optim::detail::decay_mask& mask, stream& s) {
+    cuda_kernels::adamw_step({p, g, m, v, n, c, mask}, s.get());
+  }
+
+ private:
+  static void CUDART_CB run_callback(void* data) noexcept {
+    auto* f = static_cast<std::function<void()>*>(data);
+    try {
+      (*f)();
+    } catch (...) {  // nothing can be thrown into the CUDA runtime
+    }
+    delete f;
+  }
+
+  static int select_device(int device) {
+    if (device >= 0) FSDP_CUDA_CHECK(cudaSetDevice(device));
+    int current = 0;
+    FSDP_CUDA_CHECK(cudaGetDevice(&current));
+    return current;
+  }
+
+  static cudaMemPool_t make_pool(int device) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t pool = nullptr;
+    FSDP_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+    std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();  // never give memory back between steps
+    FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    return pool;
+  }
+
+  std::int64_t pool_attr(cudaMemPoolAttr a) const {
+    std::uint64_t v = 0;
+    FSDP_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, a, &v));
+    return static_cast<std::int64_t>(v);
+  }
+
+  cuda_options opt_;
+  int device_;
+  cudaMemPool_t pool_;
+  MemoryTracker memory_;
+  std::int64_t reserved_ = 0;
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  cudaStream_t scratch_home_ = nullptr;
+  stream compute_;
+  stream gather_;
+  stream reduce_;
+};
+
+}  // namespace fsdp::backend

@@ -1,0 +1,202 @@
+#pragma once
+// comm::local on the CUDA backend: several ranks as host threads of one process, each with its own backend
+// (streams, pool) on one GPU, so that multi-rank behaviour is testable on a single device (NCCL refuses two
+// ranks on one GPU). Matching, timeouts and aborts are the host local group's (detail/local_group.hpp); the data
+// moves on the issuing rank's stream:
+//   1. each rank records a "ready" event on its stream and meets the others on the host (same collective, or
+//      a comm_error naming both);
+//   2. each rank's stream waits for every rank's ready event, then gathers (cudaMemcpyAsync) or reduces (a kernel
+//      that sums the ranks' inputs in rank order, as the host communicator does) into its own output;
+//   3. each rank records a "done" event and meets the others again; its stream then waits for every rank's done
+//      event, so no rank overwrites an input another rank still reads.
+// The host thread blocks in step 1 and 3 until every rank has issued the collective (at most the group timeout),
+// never on the GPU.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/backend/cuda.cuh"
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/local_group.hpp"
+#include "fsdp/comm/local.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/cuda/error.cuh"
+#include "fsdp/cuda/kernels.cuh"
+
+namespace fsdp::comm {
+
+struct local_cuda_options {
+  /// Longest a rank waits for the others inside one collective before the whole group fails.
+  std::chrono::milliseconds timeout{60000};
+  /// Options of each rank's CUDA backend; device -1 means device 0 for every rank.
+  backend::cuda_options backend{};
+};
+
+/// One rank's handle on an in-process group of thread ranks sharing one GPU.
+class local_cuda_communicator {
+ public:
+  using backend_type = backend::cuda;
+  using stream = backend_type::stream;
+
+  local_cuda_communicator(std::shared_ptr<detail::local_group> g, int rank, backend::cuda_options backend = {})
+      : g_(checked(std::move(g), rank)), rank_(rank), backend_opt_(on_device(std::move(backend))) {}
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return g_->size(); }
+  const backend::cuda_options& backend_options() const noexcept { return backend_opt_; }
+
+  void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
+    issue({int(collective::all_gather), count, t, reduce_op::sum, 0}, send, recv, s, count * size());
+  }
+  void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
+    issue({int(collective::reduce_scatter), count, t, op, 0}, send, recv, s, count * size());
+  }
+  void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
+    issue({int(collective::all_reduce), count, t, op, 0}, send, recv, s, count);
+  }
+  void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
+    if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
+    issue({int(collective::broadcast), count, t, reduce_op::sum, root}, send, recv, s, count);
+  }
+  /// Blocks the calling thread until every rank has reached its matching barrier (host only).
+  void barrier() {
+    const detail::op_desc d{-1, 0, dtype::f32, reduce_op::sum, 0};
+    const std::uint64_t seq = seq_++;
+    (void)g_->meet(seq, rank_, d, nullptr);
+    (void)g_->part(seq, rank_, d, nullptr);
+  }
+  collective_stats stats() const {
+    std::lock_guard lk(mu_);
+    return stats_;
+  }
+  void abort(const std::string& reason) noexcept { g_->abort(reason); }
+
+ private:
+  struct token {
+    const void* send;
+    cudaEvent_t ready;
+  };
+
+  void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
+    if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
+    const auto kind = static_cast<collective>(d.kind);
+    if ((kind == collective::reduce_scatter || kind == collective::all_reduce) && d.type != dtype::f32)
+      throw comm_error(detail_what(d, 0) + ": the local communicator reduces f32 only, got " +
+                       std::string(name_of(d.type)));
+    const std::uint64_t seq = seq_++;
+    {
+      std::lock_guard lk(mu_);
+      stats_.count[d.kind] += 1;
+      stats_.bytes[d.kind] += static_cast<std::uint64_t>(total_elems) * size_of(d.type);
+    }
+    const int world = size();
+    const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
+    FSDP_CUDA_CHECK(cudaEventRecord(ready_.get(), s.get()));
+    const token mine{send, ready_.get()};
+    const std::vector<const void*> all = g_->meet(seq, rank_, d, &mine);
+    auto peer = [&](int q) { return static_cast<const token*>(all[static_cast<std::size_t>(q)]); };
+    float* tmp = nullptr;
+    try {
+      for (int q = 0; q < world; ++q)
+        if (q != rank_) FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), peer(q)->ready, 0));
+      switch (kind) {
+        case collective::all_gather:
+          for (int q = 0; q < world; ++q) {
+            char* dst = static_cast<char*>(recv) + bytes * static_cast<std::size_t>(q);
+            if (bytes && dst != peer(q)->send)
+              FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, peer(q)->send, bytes, cudaMemcpyDeviceToDevice, s.get()));
+          }
+          break;
+        case collective::broadcast:
+          if (bytes && recv != peer(d.root)->send)
+            FSDP_CUDA_CHECK(cudaMemcpyAsync(recv, peer(d.root)->send, bytes, cudaMemcpyDeviceToDevice, s.get()));
+          break;
+        case collective::reduce_scatter:
+        case collective::all_reduce: {
+          cuda::kernels::reduce_ranks_params p{};
+          const std::int64_t offset = kind == collective::reduce_scatter ? rank_ * d.count : 0;
+          for (int q = 0; q < world; ++q) p.src[q] = static_cast<const float*>(peer(q)->send) + offset;
+          p.n = d.count;
+          p.world = world;
+          p.average = d.op == reduce_op::avg;
+          // All-reduce outputs may alias every rank's input: reduce into a temporary, copy after step 3.
+          // A reduce-scatter output may alias only this rank's own slice, which no other rank reads.
+          if (kind == collective::all_reduce && bytes) {
+            FSDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&tmp), bytes, s.get()));
+            p.dst = tmp;
+          } else {
+            p.dst = static_cast<float*>(recv);
+          }
+          cuda::kernels::reduce_ranks(p, s.get());
+          break;
+        }
+      }
+      FSDP_CUDA_CHECK(cudaEventRecord(done_.get(), s.get()));
+    } catch (const std::exception& e) {
+      g_->abort(detail_what(d, seq) + " failed: " + e.what());
+      throw;
+    }
+    const std::vector<const void*> dones = g_->part(seq, rank_, d, done_.get());
+    for (int q = 0; q < world; ++q)
+      if (q != rank_)
+        FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), static_cast<cudaEvent_t>(const_cast<void*>(dones[q])), 0));
+    if (tmp) {
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(recv, tmp, bytes, cudaMemcpyDeviceToDevice, s.get()));
+      FSDP_CUDA_CHECK(cudaFreeAsync(tmp, s.get()));
+    }
+  }
+
+  static std::shared_ptr<detail::local_group> checked(std::shared_ptr<detail::local_group> g, int rank) {
+    if (rank < 0 || rank >= g->size())
+      fsdp::detail::fail_usage("rank ", rank, " is outside the local group of size ", g->size());
+    if (g->size() > cuda::kernels::reduce_ranks_params::max_ranks)
+      fsdp::detail::fail_usage("comm::local on one GPU supports at most ", cuda::kernels::reduce_ranks_params::max_ranks,
+                               " ranks, got ", g->size());
+    return g;
+  }
+  /// Makes the rank's device current before the events below are created on it.
+  static backend::cuda_options on_device(backend::cuda_options o) {
+    if (o.device < 0) o.device = 0;
+    FSDP_CUDA_CHECK(cudaSetDevice(o.device));
+    return o;
+  }
+
+  std::string detail_what(const detail::op_desc& d, std::uint64_t seq) const {
+    return "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank_);
+  }
+
+  std::shared_ptr<detail::local_group> g_;
+  int rank_;
+  backend::cuda_options backend_opt_;
+  std::uint64_t seq_ = 0;
+  backend::cuda::event ready_;  // re-recorded per collective: peers wait on it before this rank's next one
+  backend::cuda::event done_;
+  mutable std::mutex mu_;
+  collective_stats stats_;
+};
+
+static_assert(CollectivePolicy<local_cuda_communicator>);
+
+/// Policy tag: ranks as threads in one process, on one GPU.
+template <>
+struct local<backend::cuda> {
+  using backend_type = backend::cuda;
+  using communicator = local_cuda_communicator;
+};
+
+/// Runs fn(local_cuda_communicator&) on `world` threads sharing one GPU, and joins them (as run_local).
+template <class F>
+void run_local_cuda(int world, F&& fn, local_cuda_options opt = {}) {
+  if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
+  auto group = std::make_shared<detail::local_group>(world, opt.timeout);
+  detail::run_ranks(world, group, [&](int r) { return local_cuda_communicator(group, r, opt.backend); },
+                    std::forward<F>(fn));
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,248 @@
+#pragma once
+// The CUDA backend's kernels. Each applies the per-element logic shared with the host backend
+// (fsdp/kernels/elementwise.hpp, fsdp/optim/detail/update.hpp), so results equal the host backend's bit for bit.
+//
+// Header hygiene (STYLE.md): kernels are templates with hidden visibility, launched only from this header's
+// inline launchers, never explicitly instantiated; their parameters are trivially copyable structs.
+// Data-movement kernels use 16-byte (fp32) / 8-byte (16-bit) vector loads and stores when both pointers allow
+// it, and a scalar path otherwise: any alignment and size is correct, empty ranges launch nothing.
+#include <cuda_runtime_api.h>
+
+#include <cub/device/device_reduce.cuh>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/float16.hpp"
+#include "fsdp/cuda/error.cuh"
+#include "fsdp/kernels/elementwise.hpp"
+#include "fsdp/optim/detail/update.hpp"
+
+#define FSDP_KERNEL __global__ __attribute__((visibility("hidden")))
+
+namespace fsdp::cuda::kernels {
+
+/// Launch shape of the grid-stride kernels (tuning knobs, apart from the algorithms).
+struct launch_tuning {
+  static constexpr int threads = 256;
+  static constexpr std::int64_t max_blocks = 132 * 16;  ///< enough to fill an H100/H200 several times over
+  static constexpr int vector_width = 4;                ///< elements per vector access
+};
+
+inline int blocks_for(std::int64_t work) {
+  const std::int64_t b = (work + launch_tuning::threads - 1) / launch_tuning::threads;
+  return static_cast<int>(std::clamp<std::int64_t>(b, 1, launch_tuning::max_blocks));
+}
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) vec {
+  T v[N];
+};
+
+inline bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+// ---- convert: dst = D(float(src) * scale) ----------------------------------------------------------------------
+template <dtype D, dtype S>
+struct convert_params {
+  f16::storage_t<D>* dst;
+  const f16::storage_t<S>* src;
+  std::int64_t n;
+  float scale;
+  bool vectorised;
+};
+
+template <dtype D, dtype S>
+FSDP_KERNEL void convert_kernel(convert_params<D, S> p) {
+  constexpr int W = launch_tuning::vector_width;
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  const std::int64_t tid = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::int64_t done = 0;
+  if (p.vectorised) {
+    using vin = vec<f16::storage_t<S>, W>;
+    using vout = vec<f16::storage_t<D>, W>;
+    const std::int64_t nv = p.n / W;
+    const vin* in = reinterpret_cast<const vin*>(p.src);
+    vout* out = reinterpret_cast<vout*>(p.dst);
+    for (std::int64_t i = tid; i < nv; i += stride) {
+      const vin x = in[i];
+      vout y;
+#pragma unroll
+      for (int k = 0; k < W; ++k) y.v[k] = fsdp::kernels::convert_one<D, S>(x.v[k], p.scale);
+      out[i] = y;
+    }
+    done = nv * W;
+  }
+  for (std::int64_t i = done + tid; i < p.n; i += stride) p.dst[i] = fsdp::kernels::convert_one<D, S>(p.src[i], p.scale);
+}
+
+template <dtype D, dtype S>
+void convert(f16::storage_t<D>* dst, const f16::storage_t<S>* src, std::int64_t n, float scale, cudaStream_t s) {
+  if (n <= 0) return;
+  using P = convert_params<D, S>;
+  static_assert(std::is_trivially_copyable_v<P>, "kernel parameters must be trivially copyable");
+  constexpr int W = launch_tuning::vector_width;
+  const bool v = aligned(dst, sizeof(*dst) * W) && aligned(src, sizeof(*src) * W);
+  convert_kernel<D, S><<<blocks_for(v ? n / W + 1 : n), launch_tuning::threads, 0, s>>>(P{dst, src, n, scale, v});
+  FSDP_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Runtime-dtype form of convert (the backend's interface).
+inline void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale,
+                    cudaStream_t s) {
+  fsdp::kernels::dispatch(dst_type, [&](auto d) {
+    fsdp::kernels::dispatch(src_type, [&](auto t) {
+      convert<d(), t()>(static_cast<f16::storage_t<d()>*>(dst), static_cast<const f16::storage_t<t()>*>(src), n,
+                        scale, s);
+    });
+  });
+}
+
+// ---- accumulate: dst (fp32) += float(src) ----------------------------------------------------------------------
+template <dtype S>
+struct accumulate_params {
+  float* dst;
+  const f16::storage_t<S>* src;
+  std::int64_t n;
+  bool vectorised;
+};
+
+template <dtype S>
+FSDP_KERNEL void accumulate_kernel(accumulate_params<S> p) {
+  constexpr int W = launch_tuning::vector_width;
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  const std::int64_t tid = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::int64_t done = 0;
+  if (p.vectorised) {
+    using vin = vec<f16::storage_t<S>, W>;
+    using vacc = vec<float, W>;
+    const std::int64_t nv = p.n / W;
+    const vin* in = reinterpret_cast<const vin*>(p.src);
+    vacc* acc = reinterpret_cast<vacc*>(p.dst);
+    for (std::int64_t i = tid; i < nv; i += stride) {
+      const vin x = in[i];
+      vacc a = acc[i];
+#pragma unroll
+      for (int k = 0; k < W; ++k) fsdp::kernels::accumulate_one<S>(a.v[k], x.v[k]);
+      acc[i] = a;
+    }
+    done = nv * W;
+  }
+  for (std::int64_t i = done + tid; i < p.n; i += stride) fsdp::kernels::accumulate_one<S>(p.dst[i], p.src[i]);
+}
+
+inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  constexpr int W = launch_tuning::vector_width;
+  fsdp::kernels::dispatch(src_type, [&](auto t) {
+    using P = accumulate_params<t()>;
+    static_assert(std::is_trivially_copyable_v<P>, "kernel parameters must be trivially copyable");
+    const auto* in = static_cast<const f16::storage_t<t()>*>(src);
+    const bool v = aligned(dst, sizeof(float) * W) && aligned(in, sizeof(*in) * W);
+    accumulate_kernel<t()><<<blocks_for(v ? n / W + 1 : n), launch_tuning::threads, 0, s>>>(P{dst, in, n, v});
+  });
+  FSDP_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- fused optimizer steps over a flat shard piece, with its no-decay mask -------------------------------------
+struct sgd_params {
+  float* p;
+  const float* g;
+  float* buf;  ///< null without momentum
+  std::int64_t n;
+  optim::detail::sgd_coeffs c;
+  optim::detail::decay_mask mask;
+};
+static_assert(std::is_trivially_copyable_v<sgd_params>, "kernel parameters must be trivially copyable");
+
+template <int = 0>
+FSDP_KERNEL void sgd_kernel(sgd_params a) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += stride)
+    optim::detail::sgd_update(a.p[i], a.g[i], a.buf ? &a.buf[i] : nullptr, a.c, a.mask.weight_decay(i, a.c.weight_decay));
+}
+
+inline void sgd_step(const sgd_params& a, cudaStream_t s) {
+  if (a.n <= 0) return;
+  sgd_kernel<><<<blocks_for(a.n), launch_tuning::threads, 0, s>>>(a);
+  FSDP_CUDA_CHECK(cudaGetLastError());
+}
+
+struct adamw_params {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  std::int64_t n;
+  optim::detail::adamw_coeffs c;
+  optim::detail::decay_mask mask;
+};
+static_assert(std::is_trivially_copyable_v<adamw_params>, "kernel parameters must be trivially copyable");
+
+template <int = 0>
+FSDP_KERNEL void adamw_kernel(adamw_params a) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += stride)
+    optim::detail::adamw_update(a.p[i], a.g[i], a.m[i], a.v[i], a.c, a.mask.weight_decay(i, a.c.weight_decay));
+}
+
+inline void adamw_step(const adamw_params& a, cudaStream_t s) {
+  if (a.n <= 0) return;
+  adamw_kernel<><<<blocks_for(a.n), launch_tuning::threads, 0, s>>>(a);
+  FSDP_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- reduction over the ranks of an in-process group on one GPU (comm::local on the CUDA backend) ---------------
+struct reduce_ranks_params {
+  static constexpr int max_ranks = 64;
+  const float* src[max_ranks];
+  float* dst;
+  std::int64_t n;
+  int world;
+  bool average;
+};
+static_assert(std::is_trivially_copyable_v<reduce_ranks_params>, "kernel parameters must be trivially copyable");
+
+/// dst[i] = sum over ranks q (in rank order, from 0.0f) of src[q][i], then / world for an average: the same
+/// operations, in the same order, as the host local communicator.
+template <int = 0>
+FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params a) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += stride) {
+    float acc = 0.0f;
+    for (int q = 0; q < a.world; ++q) acc = rn::add(acc, a.src[q][i]);
+    if (a.average) acc = rn::div(acc, static_cast<float>(a.world));
+    a.dst[i] = acc;
+  }
+}
+
+inline void reduce_ranks(const reduce_ranks_params& a, cudaStream_t s) {
+  if (a.n <= 0) return;
+  reduce_ranks_kernel<><<<blocks_for(a.n), launch_tuning::threads, 0, s>>>(a);
+  FSDP_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- squared L2 norm with CUB ----------------------------------------------------------------------------------
+struct square {
+  __host__ __device__ float operator()(float x) const { return x * x; }
+};
+struct plus {
+  __host__ __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+/// Bytes of temporary storage squared_norm needs for n elements.
+inline std::size_t squared_norm_temp_bytes(std::int64_t n) {
+  std::size_t bytes = 0;
+  FSDP_CUDA_CHECK(cub::DeviceReduce::TransformReduce(nullptr, bytes, static_cast<const float*>(nullptr),
+                                                     static_cast<float*>(nullptr), n, plus{}, square{}, 0.0f));
+  return bytes;
+}
+/// *out = sum of x[i]^2, in fp32 (CUB's reduction order: not bit-equal to the host backend's double sum).
+inline void squared_norm(const float* x, std::int64_t n, float* out, void* temp, std::size_t temp_bytes,
+                         cudaStream_t s) {
+  FSDP_CUDA_CHECK(cub::DeviceReduce::TransformReduce(temp, temp_bytes, x, out, n, plus{}, square{}, 0.0f, s));
+}
+
+}  // namespace fsdp::cuda::kernels
