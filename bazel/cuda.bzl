@@ -67,7 +67,7 @@ def _nvcc_objects(name, srcs, hdrs, copts, tags, visibility = None):
         objs.append(":" + out)
     return objs
 
-def cuda_test(name, srcs, hdrs = [], deps = [], size = "small", tags = [], copts = [], **kwargs):
+def cuda_test(name, srcs, hdrs = [], deps = [], size = "small", tags = [], copts = [], cc_srcs = [], **kwargs):
     """A cc_test built from .cu files with nvcc, linked with cudart, NCCL and doctest.
 
     Args:
@@ -78,14 +78,15 @@ def cuda_test(name, srcs, hdrs = [], deps = [], size = "small", tags = [], copts
       size: test size.
       tags: extra tags; "cuda" is always added.
       copts: extra nvcc flags (for example "-DFOO=1").
+      cc_srcs: plain C++ sources compiled by the host compiler into the same binary (with //:fsdp).
       **kwargs: passed to cc_test (args, data, env, timeout, shard_count, visibility, ...).
     """
     all_tags = tags + ([] if "cuda" in tags else ["cuda"])
     objs = _nvcc_objects(name, srcs, hdrs, copts, all_tags)
     native.cc_test(
         name = name,
-        srcs = objs,
-        deps = deps + [
+        srcs = objs + cc_srcs,
+        deps = deps + ([] if not cc_srcs else ["//:fsdp"]) + [
             "@cuda//:cudart",
             "@cuda//:nccl",
             "@doctest//:doctest",

@@ -1,0 +1,24 @@
+// ODR check, second CUDA translation unit: the same instantiations as odr_a.cu, which must not collide
+// at link time.
+#include <fsdp/fsdp.cuh>
+
+#include "odr.hpp"
+
+std::string odr_b(float* out) {
+  const fsdp::cuda::device_probe p = fsdp::cuda::device_status();
+  if (p.count == 0) return "skipped: no CUDA device (" + p.reason + ")";
+  fsdp::backend::cuda be;
+  auto buf = be.allocate(8, fsdp::mem::comm_buffers, be.compute_stream());
+  const float x = 1.5f;
+  be.upload(buf.data(), &x, 4, be.compute_stream());
+  be.convert(buf.as<char>() + 4, fsdp::dtype::f32, buf.data(), fsdp::dtype::f32, 1, 4.0f, be.compute_stream());
+  be.download(out, buf.as<char>() + 4, 4, be.compute_stream());
+  be.synchronize(be.compute_stream());
+  return {};
+}
+
+// Instantiated in both CUDA translation units.
+static_assert(fsdp::CollectivePolicy<fsdp::comm::nccl_communicator>);
+static_assert(fsdp::CollectivePolicy<fsdp::comm::local_cuda_communicator>);
+using odr_model_b = fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::nccl>>;
+[[maybe_unused]] static auto* odr_ctor_b = &fsdp::comm::launch_env::read;
