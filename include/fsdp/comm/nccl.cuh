@@ -336,7 +336,7 @@ struct nccl {
       if (path.empty())
         fsdp::detail::fail_usage("comm::nccl::from_env: a world of ", env.world,
                                  " needs a rendezvous file on a path every rank sees: set FSDP_RENDEZVOUS_FILE or "
-                                 "nccl_options::rendezvous_file (or use nccl_mpi.cuh's from_mpi under mpirun)");
+                                 "nccl_options::rendezvous_file (or use comm::nccl_from_mpi (nccl_mpi.cuh) under mpirun)");
       rdv = std::make_unique<file_rendezvous>(path, env.world);
     }
     if (env.rank == 0) {
