@@ -66,7 +66,7 @@ double baseline_us_per_step() {
       for (int i = 0; i < numel; ++i) grad[u][i] += full[u][i];
     }
     for (int u = 0; u < units; ++u)
-      for (int i = 0; i < numel; ++i) fsdp::optim::detail::sgd_update(master[u][i], grad[u][i], &mom[u][i], co);
+      for (int i = 0; i < numel; ++i) fsdp::optim::detail::sgd_update(master[u][i], grad[u][i], &mom[u][i], co, co.weight_decay);
   };
   double best = 1e300;
   for (int rep = 0; rep < repeats; ++rep) {

@@ -228,13 +228,20 @@ class cuda {
     b.ptr_ = nullptr;
     b.bytes_ = 0;
   }
-  /// Grows the pool to hold at least `bytes` (blocks once, outside any step). Never shrinks it.
+  /// Makes the pool hold at least `bytes` in all (buffers in use included), so that later allocations up to that
+  /// total take no memory from the device. Blocks once, outside any step. Free memory is trimmed first and
+  /// replaced by one block, so successive reservations (model, then optimizer) do not add up.
   void reserve(std::int64_t bytes) {
     if (bytes <= reserved_) return;
-    void* p = nullptr;
-    FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_, compute_.get()));
-    FSDP_CUDA_CHECK(cudaFreeAsync(p, compute_.get()));
     FSDP_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    FSDP_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+    const std::int64_t extra = bytes - pool_used_bytes();
+    if (extra > 0) {
+      void* p = nullptr;
+      FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(extra), pool_, compute_.get()));
+      FSDP_CUDA_CHECK(cudaFreeAsync(p, compute_.get()));
+      FSDP_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    }
     reserved_ = bytes;
   }
   /// Bytes of device memory the pool holds (cudaMemPoolAttrReservedMemCurrent) and hands out now.
