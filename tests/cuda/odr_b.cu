@@ -1,6 +1,8 @@
 // ODR check, second CUDA translation unit: the same instantiations as odr_a.cu, which must not collide
 // at link time.
 #include <fsdp/fsdp.cuh>
+// Only here: comm::nccl over MPI, so that the MPI header compiles with the rest under nvcc.
+#include <fsdp/comm/nccl_mpi.cuh>
 
 #include "odr.hpp"
 
@@ -22,3 +24,4 @@ static_assert(fsdp::CollectivePolicy<fsdp::comm::nccl_communicator>);
 static_assert(fsdp::CollectivePolicy<fsdp::comm::local_cuda_communicator>);
 using odr_model_b = fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::nccl>>;
 [[maybe_unused]] static auto* odr_ctor_b = &fsdp::comm::launch_env::read;
+[[maybe_unused]] static auto* odr_mpi_b = &fsdp::comm::nccl_from_mpi;
