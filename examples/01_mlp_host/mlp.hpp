@@ -110,6 +110,21 @@ inline float mse(const float* y, const float* t, float* dy, int n, int out) {
   return loss * scale;
 }
 
+/// Builds the optimizer named by c.optimizer for `model` and returns run(optimizer). Shared by the host and CUDA
+/// examples.
+template <class ModelT, class Run>
+result with_optimizer(ModelT& model, const config& c, Run&& run) {
+  if (c.optimizer == "adamw") {
+    fsdp::optim::adamw opt(model, {.lr = c.lr, .weight_decay = c.weight_decay});
+    return run(opt);
+  }
+  if (c.optimizer == "sgd") {
+    fsdp::optim::sgd opt(model, {.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
+    return run(opt);
+  }
+  throw fsdp::usage_error("unknown optimizer '" + c.optimizer + "' (adamw or sgd)");
+}
+
 /// Trains on this rank's slice of every global batch; all ranks call it together.
 template <class Policy>
 result train(typename Policy::communicator& comm, const config& c) {
@@ -169,15 +184,7 @@ result train(typename Policy::communicator& comm, const config& c) {
     r.params = model.gather_full_params();
     return r;
   };
-  if (c.optimizer == "adamw") {
-    fsdp::optim::adamw opt(model, {.lr = c.lr, .weight_decay = c.weight_decay});
-    return run(opt);
-  }
-  if (c.optimizer == "sgd") {
-    fsdp::optim::sgd opt(model, {.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
-    return run(opt);
-  }
-  throw fsdp::usage_error("unknown optimizer '" + c.optimizer + "' (adamw or sgd)");
+  return with_optimizer(model, c, run);
 }
 
 }  // namespace mlp

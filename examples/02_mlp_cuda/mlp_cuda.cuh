@@ -169,15 +169,7 @@ mlp::result train(typename Policy::communicator& comm, const mlp::config& c) {
     r.params = model.gather_full_params();
     return r;
   };
-  if (c.optimizer == "adamw") {
-    fsdp::optim::adamw opt(model, {.lr = c.lr, .weight_decay = c.weight_decay});
-    return run(opt);
-  }
-  if (c.optimizer == "sgd") {
-    fsdp::optim::sgd opt(model, {.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
-    return run(opt);
-  }
-  throw fsdp::usage_error("unknown optimizer '" + c.optimizer + "' (adamw or sgd)");
+  return mlp::with_optimizer(model, c, run);
 }
 
 }  // namespace mlp_cuda
