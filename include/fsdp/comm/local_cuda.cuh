@@ -87,7 +87,7 @@ class local_cuda_communicator {
     if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
     const auto kind = static_cast<collective>(d.kind);
     if ((kind == collective::reduce_scatter || kind == collective::all_reduce) && d.type != dtype::f32)
-      throw comm_error(detail_what(d, 0) + ": the local communicator reduces f32 only, got " +
+      throw comm_error(detail::local_group::describe(d, seq_, rank_) + ": the local communicator reduces f32 only, got " +
                        std::string(name_of(d.type)));
     const std::uint64_t seq = seq_++;
     {
@@ -139,7 +139,7 @@ class local_cuda_communicator {
       }
       FSDP_CUDA_CHECK(cudaEventRecord(done_.get(), s.get()));
     } catch (const std::exception& e) {
-      g_->abort(detail_what(d, seq) + " failed: " + e.what());
+      g_->abort(detail::local_group::describe(d, seq, rank_) + " failed: " + e.what());
       throw;
     }
     const std::vector<const void*> dones = g_->part(seq, rank_, d, done_.get());
@@ -165,10 +165,6 @@ class local_cuda_communicator {
     if (o.device < 0) o.device = 0;
     FSDP_CUDA_CHECK(cudaSetDevice(o.device));
     return o;
-  }
-
-  std::string detail_what(const detail::op_desc& d, std::uint64_t seq) const {
-    return "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank_);
   }
 
   std::shared_ptr<detail::local_group> g_;

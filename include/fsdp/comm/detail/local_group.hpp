@@ -90,19 +90,24 @@ class local_group {
     return aborted_;
   }
 
+  /// How messages name rank `rank`'s collective #seq: "local all_gather(count=8, f32) #3 on rank 1".
+  static std::string describe(const op_desc& d, std::uint64_t seq, int rank) {
+    return "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+  }
+
   /// Two-phase rendezvous for communicators that move the data themselves (comm::local on one GPU).
   /// meet(): matches rank `rank`'s collective #seq with the other ranks' (a different description is a
   /// comm_error naming both), publishes `token` and returns every rank's token once all have arrived.
   /// part(): publishes a second token and returns every rank's once all have arrived; the round ends there.
   /// Tokens stay readable until part() returns on every rank. Both wait at most the group's timeout.
   std::vector<const void*> meet(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
-    const std::string what = "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+    const std::string what = describe(d, seq, rank);
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     round& r = arrive(seq, rank, d, token, nullptr, what);
     return r.send;  // complete: no rank writes it again in this round
   }
   std::vector<const void*> part(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
-    const std::string what = "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+    const std::string what = describe(d, seq, rank);
     std::vector<const void*> out;
     depart(seq, rank, token, what, &out);
     return out;
@@ -110,7 +115,7 @@ class local_group {
 
   /// Runs rank `rank`'s part of collective number `seq`.
   void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
-    const std::string what = "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+    const std::string what = describe(d, seq, rank);
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     round& r = arrive(seq, rank, d, send, recv, what);
     if (d.kind < 0) {
