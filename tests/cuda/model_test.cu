@@ -162,6 +162,21 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   CHECK(st[fsdp::collective::all_gather] == 4 * (3 + 3) + 3);  // forward + backward per step, then gather_full_params
   CHECK(st[fsdp::collective::reduce_scatter] == 4 * 3);
   comm.barrier();
+  // Grouped calls: one NCCL launch for both; at world 1 an all-reduce and a broadcast leave the value as it is.
+  fsdp::backend::cuda be(0, comm.backend_options());
+  auto buf = be.allocate(8, fsdp::mem::comm_buffers, be.reduce_stream());
+  const float two[2] = {2.5f, -1.0f};
+  be.upload(buf.data(), two, 8, be.reduce_stream());
+  comm.grouped([&] {
+    comm.all_reduce(buf.data(), buf.data(), 1, fsdp::dtype::f32, fsdp::reduce_op::sum, be.reduce_stream());
+    comm.broadcast(buf.as<float>() + 1, buf.as<float>() + 1, 1, fsdp::dtype::f32, 0, be.reduce_stream());
+  });
+  float back[2] = {0, 0};
+  be.download(back, buf.data(), 8, be.reduce_stream());
+  be.synchronize(be.reduce_stream());
+  CHECK(back[0] == 2.5f);
+  CHECK(back[1] == -1.0f);
+  CHECK(comm.stats()[fsdp::collective::broadcast] == 1);
 }
 
 TEST_CASE("comm::local on one GPU: a rank that never issues a collective fails the others, named") {

@@ -179,20 +179,33 @@ class cuda {
   /// Blocks until all work submitted to `s` has run, polling: a stream that does not finish within
   /// cuda_options::wait_timeout is reported (comm_error, or the communicator's own error) instead of hanging.
   void synchronize(stream& s) {
-    const auto deadline = std::chrono::steady_clock::now() + opt_.wait_timeout;
+    wait_for(s.get(), detail::cat("stream '", s.name(), "'"), opt_.wait_timeout, opt_.poll_interval,
+             [&] {
+               if (opt_.poll) opt_.poll();
+             },
+             [&](const std::string& what) {
+               if (opt_.on_timeout) opt_.on_timeout(what);
+             });
+  }
+
+  /// The polling wait behind synchronize(), for other owners of streams (comm::nccl's barrier): until `s` has
+  /// finished, calls poll() between checks; past `timeout`, calls on_timeout(what) and throws comm_error(what),
+  /// where what = "<subject> did not finish within N ms". A failed stream throws cuda_error.
+  template <class Poll, class OnTimeout>
+  static void wait_for(cudaStream_t s, const std::string& subject, std::chrono::milliseconds timeout,
+                       std::chrono::microseconds interval, Poll&& poll, OnTimeout&& on_timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-      const cudaError_t rc = cudaStreamQuery(s.get());
+      const cudaError_t rc = cudaStreamQuery(s);
       if (rc == cudaSuccess) return;
-      if (rc != cudaErrorNotReady)
-        detail::throw_cuda_error(rc, "cudaStreamQuery(s)", __FILE__, __LINE__);
-      if (opt_.poll) opt_.poll();
+      if (rc != cudaErrorNotReady) detail::throw_cuda_error(rc, "cudaStreamQuery(s)", __FILE__, __LINE__);
+      poll();
       if (std::chrono::steady_clock::now() > deadline) {
-        const std::string what = detail::cat("stream '", s.name(), "' did not finish within ",
-                                             opt_.wait_timeout.count(), " ms");
-        if (opt_.on_timeout) opt_.on_timeout(what);
+        const std::string what = detail::cat(subject, " did not finish within ", timeout.count(), " ms");
+        on_timeout(what);
         throw comm_error(what);
       }
-      std::this_thread::sleep_for(opt_.poll_interval);
+      std::this_thread::sleep_for(interval);
     }
   }
 
@@ -200,7 +213,7 @@ class cuda {
   /// Stream-ordered allocation from the pool: the buffer is ready on `first_use` at once, on other streams after
   /// they wait for an event recorded on `first_use` later.
   buffer allocate(std::int64_t bytes, mem category, stream& first_use) {
-    if (bytes < 0) fsdp::detail::fail_usage("allocation of ", bytes, " bytes (", name_of(category), ")");
+    if (bytes < 0) fsdp::detail::fail_usage("backend::cuda::allocate: negative size ", bytes, " bytes for ", name_of(category));
     buffer b;
     if (bytes > 0) {
       const cudaError_t rc = cudaMallocFromPoolAsync(&b.ptr_, static_cast<std::size_t>(bytes), pool_, first_use.get());

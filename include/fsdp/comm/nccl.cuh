@@ -146,34 +146,26 @@ class nccl_communicator {
     wait(*barrier_stream_, "barrier");
   }
 
-  /// Groups the collectives issued while the guard lives into one NCCL launch (ncclGroupStart / ncclGroupEnd).
-  class group_guard {
-   public:
-    explicit group_guard(nccl_communicator& c) : c_(&c) { FSDP_NCCL_CHECK(ncclGroupStart()); }
-    group_guard(const group_guard&) = delete;
-    group_guard& operator=(const group_guard&) = delete;
-    ~group_guard() noexcept(false) {
-      const ncclResult_t rc = ncclGroupEnd();
-      if (std::uncaught_exceptions() == 0) c_->settle(rc, "ncclGroupEnd", "grouped collectives");
+  /// Runs fn() with its collectives grouped into one NCCL launch (ncclGroupStart / ncclGroupEnd):
+  ///   comm.grouped([&] { comm.all_gather(...); comm.reduce_scatter(...); });
+  /// A function (not a guard object) so that a failing ncclGroupEnd can throw without throwing from a destructor.
+  template <class F>
+  void grouped(F&& fn) {
+    FSDP_NCCL_CHECK(ncclGroupStart());
+    try {
+      std::forward<F>(fn)();
+    } catch (...) {
+      FSDP_NCCL_LOG(ncclGroupEnd());
+      throw;
     }
-
-   private:
-    nccl_communicator* c_;
-  };
-  group_guard group() { return group_guard(*this); }
+    settle(ncclGroupEnd(), "ncclGroupEnd", fsdp::detail::cat("grouped collectives up to #", seq_ == 0 ? 0 : seq_ - 1));
+  }
 
   /// Blocks until `s` has finished, watching NCCL (errors and the timeout abort the communicator).
   void wait(stream& s, std::string_view what) {
-    const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
-    for (;;) {
-      const cudaError_t rc = cudaStreamQuery(s.get());
-      if (rc == cudaSuccess) return;
-      if (rc != cudaErrorNotReady) fsdp::detail::throw_cuda_error(rc, "cudaStreamQuery(s)", __FILE__, __LINE__);
-      check();
-      if (std::chrono::steady_clock::now() > deadline)
-        fail_timeout(fsdp::detail::cat(what, " on stream '", s.name(), "' did not finish within ", opt_.timeout.count(), " ms"));
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    backend::cuda::wait_for(s.get(), fsdp::detail::cat(what, " on stream '", s.name(), "'"), opt_.timeout,
+                            std::chrono::microseconds(50), [&] { check(); },
+                            [&](const std::string& msg) { fail_timeout(msg); });
   }
 
   /// Throws (after aborting the communicator) if NCCL reports an asynchronous error.
