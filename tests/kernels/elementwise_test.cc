@@ -53,16 +53,13 @@ std::uint16_t half_reference(float f) {
 std::uint16_t bf16_reference(float f) {
   if (std::isnan(f)) return 0x7fff;
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  const std::uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
-  const double dlo = std::fabs(double(f) - double(std::bit_cast<float>(lo)));
-  const double dhi = std::isinf(std::bit_cast<float>(hi)) ? std::fabs(double(f)) * 0 + 1e300  // see below
-                                                          : std::fabs(double(std::bit_cast<float>(hi)) - double(f));
-  // Overflow: above the largest finite bf16 the upper neighbour is infinity, reached by rounding iff the value
-  // is at least halfway to 2^128 (the next step): compare against the truncated part directly.
-  if ((lo & 0x7fffffffu) == 0x7f7f0000u && std::isinf(std::bit_cast<float>(hi))) {
-    const std::uint32_t rest = u & 0xffffu;
-    return static_cast<std::uint16_t>((rest > 0x8000u || (rest == 0x8000u && (lo >> 16) & 1u) ? hi : lo) >> 16);
-  }
+  const std::uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;  // the neighbours (hi may be infinity)
+  if (std::isinf(f) || u == lo) return static_cast<std::uint16_t>(u >> 16);
+  // Distances in double are exact here; past the largest finite bf16 the upper neighbour is infinity, which
+  // round-to-nearest reaches from halfway to 2^128 (the next power of two the format would hold).
+  const double x = std::fabs(double(f)), below = std::fabs(double(std::bit_cast<float>(lo)));
+  const double above = std::isinf(std::bit_cast<float>(hi)) ? std::ldexp(1.0, 128) : std::fabs(double(std::bit_cast<float>(hi)));
+  const double dlo = x - below, dhi = above - x;
   const std::uint32_t pick = dlo < dhi ? lo : dhi < dlo ? hi : (((lo >> 16) & 1u) ? hi : lo);
   return static_cast<std::uint16_t>(pick >> 16);
 }
