@@ -63,7 +63,7 @@ int main() {
     const double t_copy = best_ms([&] { be.copy(f32b.data(), f32a.data(), n * 4, s); }, s.get(), iters);
     const double t_in = best_ms([&] { be.convert(h16.data(), fsdp::dtype::bf16, f32a.data(), fsdp::dtype::f32, n, 1.0f, s); }, s.get(), iters);
     const double t_rs = best_ms([&] { be.convert(h16.data(), fsdp::dtype::bf16, f32a.data(), fsdp::dtype::f32, n, 0.125f, s); }, s.get(), iters);
-    const double t_out = best_ms([&] { be.accumulate(f32b.as<float>(), h16.data(), fsdp::dtype::bf16, n, s); }, s.get(), iters);
+    const double t_out = best_ms([&] { be.accumulate(f32b.as<float>(), h16.data(), fsdp::dtype::bf16, n, 1.0f, s); }, s.get(), iters);
     auto gbs = [](double bytes, double ms) { return bytes / (ms * 1e6); };
     const double copy = gbs(8.0 * n, t_copy), in = gbs(6.0 * n, t_in), rs = gbs(6.0 * n, t_rs), out = gbs(10.0 * n, t_out);
     std::printf("%10lld %12.1f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f\n", static_cast<long long>(mib), copy, in,

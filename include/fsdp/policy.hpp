@@ -20,12 +20,9 @@ struct policy {
                 "fsdp::policy: the second argument must be a prefetch policy "
                 "(fsdp::prefetch::none, forward<N>, backward_pre<N>, backward_post, depth<F, B>, next or explicit_schedule)");
   static_assert(PrecisionPolicy<Precision>,
-                "fsdp::policy: the third argument must be a precision policy (fsdp::precision::full)");
-  static_assert(std::is_same_v<typename Precision::master_type, float>,
-                "fsdp::policy: master shards are fp32: the precision policy's master_type must be float");
-  static_assert(std::is_same_v<typename Precision::compute_type, float>,
-                "fsdp::policy: Model gathers and computes in fp32 on every backend for now: use "
-                "fsdp::precision::full (the bf16/fp16 cast kernels exist, the Model does not use them yet)");
+                "fsdp::policy: the third argument must be a precision policy (fsdp::precision::full or "
+                "fsdp::precision::mixed<Compute, float, Reduce>, with float, fsdp::bfloat16 or fsdp::float16; "
+                "master shards are always float)");
 
   using sharding = Sharding;
   using prefetch = Prefetch;

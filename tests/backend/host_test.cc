@@ -106,7 +106,7 @@ TEST_CASE("kernels: accumulate and optimizer updates follow their formulas") {
   fsdp::backend::host be;
   auto& s = be.compute_stream();
   std::vector<float> d{1, 2, 3}, src{0.5f, 0.25f, -1};
-  be.accumulate(d.data(), src.data(), 3, s);
+  be.accumulate(d.data(), src.data(), fsdp::dtype::f32, 3, 1.0f, s);
   CHECK(d == std::vector<float>{1.5f, 2.25f, 2});
   // SGD with momentum 0.5, lr 0.1, wd 0.1: g' = g + wd*p; buf = 0.5*buf + g'; p -= lr*buf
   float p = 1.0f, g = 0.5f, buf = 0.2f;

@@ -88,14 +88,16 @@ TEST_CASE("convert: every dtype pair, scales 1 and 1/4, any size and alignment, 
           }
 }
 
-TEST_CASE("accumulate into fp32 from every dtype: bit-exact with the host") {
+TEST_CASE("accumulate into fp32 from every dtype, scales 1 and 3/8: bit-exact with the host") {
   FSDP_REQUIRE_GPU();
   fsdp::backend::cuda gpu;
   fsdp::backend::host cpu;
   for (dtype src_t : {dtype::f32, dtype::bf16, dtype::f16})
+    for (float scale : {1.0f, 0.375f})
     for (std::int64_t n : sizes)
       for (std::size_t shift : {0u, 2u}) {
         CAPTURE(fsdp::name_of(src_t));
+        CAPTURE(scale);
         CAPTURE(n);
         CAPTURE(shift);
         const std::vector<float> f = inputs(std::size_t(n), 11);
@@ -104,8 +106,8 @@ TEST_CASE("accumulate into fp32 from every dtype: bit-exact with the host") {
         std::vector<float> acc = inputs(std::size_t(n), 12);
         device_bytes d_acc(gpu, acc.data(), acc.size() * 4, shift * 4);
         device_bytes d_src(gpu, src.data(), src.size(), 0);
-        cpu.accumulate(acc.data(), src.data(), src_t, n, cpu.compute_stream());
-        gpu.accumulate(reinterpret_cast<float*>(d_acc.ptr()), d_src.ptr(), src_t, n, gpu.compute_stream());
+        cpu.accumulate(acc.data(), src.data(), src_t, n, scale, cpu.compute_stream());
+        gpu.accumulate(reinterpret_cast<float*>(d_acc.ptr()), d_src.ptr(), src_t, n, scale, gpu.compute_stream());
         std::vector<char> want(acc.size() * 4);
         std::memcpy(want.data(), acc.data(), want.size());
         const std::vector<char> got = d_acc.read(want.size());
@@ -121,7 +123,7 @@ TEST_CASE("accumulate into fp32 from every dtype: bit-exact with the host") {
       }
 }
 
-TEST_CASE("fused SGD and AdamW with decay masks: 0 ULP from the host over 5 steps") {
+TEST_CASE("fused SGD and AdamW with decay masks and gradient scales: 0 ULP from the host over 5 steps") {
   FSDP_REQUIRE_GPU();
   fsdp::backend::cuda gpu;
   fsdp::backend::host cpu;
@@ -132,9 +134,11 @@ TEST_CASE("fused SGD and AdamW with decay masks: 0 ULP from the host over 5 step
   mask.begin[1] = 100;
   mask.end[1] = 101;
   for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{999}, std::int64_t{1 << 18}})
-    for (bool adam : {false, true}) {
+    for (bool adam : {false, true})
+    for (float grad_scale : {1.0f, 0.3f}) {
       CAPTURE(n);
       CAPTURE(adam);
+      CAPTURE(grad_scale);
       std::vector<float> p(static_cast<std::size_t>(n)), g, m(static_cast<std::size_t>(n), 0.0f), v(static_cast<std::size_t>(n), 0.0f);
       std::mt19937 gen(5);
       for (auto& x : p) x = std::uniform_real_distribution<float>(-2, 2)(gen);
@@ -146,13 +150,19 @@ TEST_CASE("fused SGD and AdamW with decay masks: 0 ULP from the host over 5 step
         auto* P = reinterpret_cast<float*>(dp.ptr());
         auto* G = reinterpret_cast<float*>(dg.ptr());
         if (adam) {
-          const fsdp::optim::detail::adamw_coeffs c{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f,
-                                                    1.0f - float(std::pow(0.9, t)), 1.0f - float(std::pow(0.999, t))};
+          const fsdp::optim::detail::adamw_coeffs c{1e-2f,
+                                                    0.9f,
+                                                    0.999f,
+                                                    1e-8f,
+                                                    0.1f,
+                                                    fsdp::optim::detail::adamw_bias_correction(0.9f, t),
+                                                    fsdp::optim::detail::adamw_bias_correction(0.999f, t),
+                                                    grad_scale};
           cpu.adamw_step(p.data(), g.data(), m.data(), v.data(), n, c, mask, cpu.compute_stream());
           gpu.adamw_step(P, G, reinterpret_cast<float*>(dm.ptr()), reinterpret_cast<float*>(dv.ptr()), n, c, mask,
                          gpu.compute_stream());
         } else {
-          const fsdp::optim::detail::sgd_coeffs c{0.05f, 0.9f, 0.01f};
+          const fsdp::optim::detail::sgd_coeffs c{0.05f, 0.9f, 0.01f, grad_scale};
           cpu.sgd_step(p.data(), g.data(), m.data(), n, c, mask, cpu.compute_stream());
           gpu.sgd_step(P, G, reinterpret_cast<float*>(dm.ptr()), n, c, mask, gpu.compute_stream());
         }

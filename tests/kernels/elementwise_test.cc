@@ -151,7 +151,7 @@ TEST_CASE("host backend convert and accumulate: casts, scaling, sizes 0 and 1") 
   for (std::size_t i = 0; i < src.size(); ++i) CHECK(scaled[i] == bf16_from_float(src[i] * 0.25f));
   // Accumulate from bf16 into fp32.
   std::vector<float> acc{1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
-  be.accumulate(acc.data(), b.data(), fsdp::dtype::bf16, std::int64_t(b.size()), s);
+  be.accumulate(acc.data(), b.data(), fsdp::dtype::bf16, std::int64_t(b.size()), 1.0f, s);
   for (std::size_t i = 0; i < acc.size(); ++i) CHECK(acc[i] == 1.0f + bf16_to_float(b[i]));
   // f32 -> f32 with scale 1 is a bit copy, NaN payload included.
   const float payload = std::bit_cast<float>(0x7fc01234u);
@@ -160,7 +160,7 @@ TEST_CASE("host backend convert and accumulate: casts, scaling, sizes 0 and 1") 
   CHECK(std::bit_cast<std::uint32_t>(out) == 0x7fc01234u);
   // Empty: nothing is touched (null pointers are fine).
   be.convert(nullptr, fsdp::dtype::f16, nullptr, fsdp::dtype::f32, 0, 1.0f, s);
-  be.accumulate(nullptr, nullptr, fsdp::dtype::f16, 0, s);
+  be.accumulate(nullptr, nullptr, fsdp::dtype::f16, 0, 1.0f, s);
   float norm = -1;
   const std::vector<float> x{3.0f, 4.0f};
   be.squared_norm(x.data(), 2, &norm, s);

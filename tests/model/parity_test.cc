@@ -68,9 +68,9 @@ reference_result reference(const mlp::config& c) {
       mlp::linear_backward(act[l].data(), w[l].data(), dact[l + 1].data(), gw[l].data(), gb[l].data(),
                            l > 0 ? dact[l].data() : nullptr, n, c.dims[l], c.dims[l + 1]);
     }
-    // bias corrections in double from the fp32 betas, as the options hold them
-    const float t1 = 1.0f - static_cast<float>(std::pow(double(0.9f), step + 1));
-    const float t2 = 1.0f - static_cast<float>(std::pow(double(0.999f), step + 1));
+    // bias corrections 1 - beta^t in double from the fp32 betas, as the options hold them, rounded once
+    const float t1 = static_cast<float>(1.0 - std::pow(double(0.9f), step + 1));
+    const float t2 = static_cast<float>(1.0 - std::pow(double(0.999f), step + 1));
     auto update = [&](std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v,
                       bool decay) {
       for (std::size_t i = 0; i < p.size(); ++i) {

@@ -286,10 +286,9 @@ class cuda {
   void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
     cuda_kernels::convert(dst, dst_type, src, src_type, n, scale, s.get());
   }
-  void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, stream& s) {
-    cuda_kernels::accumulate(dst, src, src_type, n, s.get());
+  void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
+    cuda_kernels::accumulate(dst, src, src_type, n, scale, s.get());
   }
-  void accumulate(float* dst, const float* src, std::int64_t n, stream& s) { accumulate(dst, src, dtype::f32, n, s); }
   /// *out (device memory) = sum of x[i]^2, in fp32 with CUB.
   void squared_norm(const float* x, std::int64_t n, float* out, stream& s) {
     const std::size_t need = cuda_kernels::squared_norm_temp_bytes(n);

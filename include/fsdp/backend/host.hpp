@@ -192,18 +192,18 @@ class host {
       });
     });
   }
-  /// dst[i] += float(src[i]): a reduction's result accumulated into an fp32 gradient shard.
-  void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, stream& s) {
+  /// dst[i] += float(src[i]) * scale: a reduction's result accumulated into an fp32 gradient shard (scale 1: a
+  /// plain sum; else the post-division of grad_division::pre_post).
+  void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
     if (n <= 0) return;
     s.submit([=, d = delay("accumulate")] {
       std::this_thread::sleep_for(d);
       kernels::dispatch(src_type, [&](auto t) {
         const auto* in = static_cast<const f16::storage_t<t()>*>(src);
-        for (std::int64_t i = 0; i < n; ++i) kernels::accumulate_one<t()>(dst[i], in[i]);
+        for (std::int64_t i = 0; i < n; ++i) kernels::accumulate_one<t()>(dst[i], in[i], scale);
       });
     });
   }
-  void accumulate(float* dst, const float* src, std::int64_t n, stream& s) { accumulate(dst, src, dtype::f32, n, s); }
   /// *out = sum of x[i]^2 (accumulated in double, rounded to float once).
   void squared_norm(const float* x, std::int64_t n, float* out, stream& s) {
     s.submit([=] {

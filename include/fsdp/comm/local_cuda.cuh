@@ -6,7 +6,8 @@
 //   1. each rank records a "ready" event on its stream and meets the others on the host (same collective, or
 //      a comm_error naming both);
 //   2. each rank's stream waits for every rank's ready event, then gathers (cudaMemcpyAsync) or reduces (a kernel
-//      that sums the ranks' inputs in rank order, as the host communicator does) into its own output;
+//      that reduces the ranks' inputs in rank order with kernels::reduce_add, as the host communicator does, in
+//      f32, bf16 or f16) into its own output;
 //   3. each rank records a "done" event and meets the others again; its stream then waits for every rank's done
 //      event, so no rank overwrites an input another rank still reads.
 // The host thread blocks in step 1 and 3 until every rank has issued the collective (at most the group timeout),
@@ -86,9 +87,6 @@ class local_cuda_communicator {
   void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
     if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
     const auto kind = static_cast<collective>(d.kind);
-    if ((kind == collective::reduce_scatter || kind == collective::all_reduce) && d.type != dtype::f32)
-      throw comm_error(detail::local_group::describe(d, seq_, rank_) + ": the local communicator reduces f32 only, got " +
-                       std::string(name_of(d.type)));
     const std::uint64_t seq = seq_++;
     {
       std::lock_guard lk(mu_);
@@ -101,7 +99,7 @@ class local_cuda_communicator {
     const token mine{send, ready_.get()};
     const std::vector<const void*> all = g_->meet(seq, rank_, d, &mine);
     auto peer = [&](int q) { return static_cast<const token*>(all[static_cast<std::size_t>(q)]); };
-    float* tmp = nullptr;
+    void* tmp = nullptr;
     try {
       for (int q = 0; q < world; ++q)
         if (q != rank_) FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), peer(q)->ready, 0));
@@ -118,24 +116,26 @@ class local_cuda_communicator {
             FSDP_CUDA_CHECK(cudaMemcpyAsync(recv, peer(d.root)->send, bytes, cudaMemcpyDeviceToDevice, s.get()));
           break;
         case collective::reduce_scatter:
-        case collective::all_reduce: {
-          cuda::kernels::reduce_ranks_params p{};
-          const std::int64_t offset = kind == collective::reduce_scatter ? rank_ * d.count : 0;
-          for (int q = 0; q < world; ++q) p.src[q] = static_cast<const float*>(peer(q)->send) + offset;
-          p.n = d.count;
-          p.world = world;
-          p.average = d.op == reduce_op::avg;
-          // All-reduce outputs may alias every rank's input: reduce into a temporary, copy after step 3.
-          // A reduce-scatter output may alias only this rank's own slice, which no other rank reads.
-          if (kind == collective::all_reduce && bytes) {
-            FSDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&tmp), bytes, s.get()));
-            p.dst = tmp;
-          } else {
-            p.dst = static_cast<float*>(recv);
-          }
-          cuda::kernels::reduce_ranks(p, s.get());
+        case collective::all_reduce:
+          fsdp::kernels::dispatch(d.type, [&](auto t) {
+            using elem = f16::storage_t<t()>;
+            cuda::kernels::reduce_ranks_params<t()> p{};
+            const std::int64_t offset = kind == collective::reduce_scatter ? rank_ * d.count : 0;
+            for (int q = 0; q < world; ++q) p.src[q] = static_cast<const elem*>(peer(q)->send) + offset;
+            p.n = d.count;
+            p.world = world;
+            p.average = d.op == reduce_op::avg;
+            // All-reduce outputs may alias every rank's input: reduce into a temporary, copy after step 3.
+            // A reduce-scatter output may alias only this rank's own slice, which no other rank reads.
+            if (kind == collective::all_reduce && bytes) {
+              FSDP_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, s.get()));
+              p.dst = static_cast<elem*>(tmp);
+            } else {
+              p.dst = static_cast<elem*>(recv);
+            }
+            cuda::kernels::reduce_ranks(p, s.get());
+          });
           break;
-        }
       }
       FSDP_CUDA_CHECK(cudaEventRecord(done_.get(), s.get()));
     } catch (const std::exception& e) {
@@ -155,8 +155,8 @@ class local_cuda_communicator {
   static std::shared_ptr<detail::local_group> checked(std::shared_ptr<detail::local_group> g, int rank) {
     if (rank < 0 || rank >= g->size())
       fsdp::detail::fail_usage("rank ", rank, " is outside the local group of size ", g->size());
-    if (g->size() > cuda::kernels::reduce_ranks_params::max_ranks)
-      fsdp::detail::fail_usage("comm::local on one GPU supports at most ", cuda::kernels::reduce_ranks_params::max_ranks,
+    if (g->size() > cuda::kernels::max_local_ranks)
+      fsdp::detail::fail_usage("comm::local on one GPU supports at most ", cuda::kernels::max_local_ranks,
                                " ranks, got ", g->size());
     return g;
   }

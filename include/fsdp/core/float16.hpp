@@ -2,7 +2,7 @@
 // bf16 and fp16 as 16-bit storage, converted to and from fp32 by bit manipulation: round to nearest even,
 // subnormals kept, every NaN turned into the canonical quiet NaN 0x7fff. The same functions run on the host and
 // inside CUDA kernels (FSDP_HD), so a cast gives the same bits on both backends whatever the GPU's conversion
-// instructions do with NaN payloads.
+// instructions do with NaN payloads. fsdp::bfloat16 and fsdp::float16 are the element types a trainer names.
 #include <bit>
 #include <cstdint>
 #include <type_traits>
@@ -80,3 +80,49 @@ FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
 }
 
 }  // namespace fsdp::f16
+
+namespace fsdp {
+
+/// A bf16 value as a trainer's own code sees it (unit.param<fsdp::bfloat16>(...), a precision policy's compute
+/// type): 16 bits of storage, converted with the functions above. `float(x)` widens exactly; `bfloat16(f)` rounds
+/// to nearest even. Layout-compatible with CUDA's __nv_bfloat16 (2 bytes, same bits).
+struct bfloat16 {
+  std::uint16_t bits = 0;
+  bfloat16() = default;
+  FSDP_HD constexpr explicit bfloat16(float f) noexcept : bits(f16::bf16_from_float(f)) {}
+  FSDP_HD constexpr explicit operator float() const noexcept { return f16::bf16_to_float(bits); }
+  FSDP_HD static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
+    bfloat16 x;
+    x.bits = b;
+    return x;
+  }
+  friend constexpr bool operator==(bfloat16, bfloat16) = default;  ///< bit equality
+};
+
+/// An IEEE binary16 value, as bfloat16 above. Layout-compatible with CUDA's __half.
+struct float16 {
+  std::uint16_t bits = 0;
+  float16() = default;
+  FSDP_HD constexpr explicit float16(float f) noexcept : bits(f16::half_from_float(f)) {}
+  FSDP_HD constexpr explicit operator float() const noexcept { return f16::half_to_float(bits); }
+  FSDP_HD static constexpr float16 from_bits(std::uint16_t b) noexcept {
+    float16 x;
+    x.bits = b;
+    return x;
+  }
+  friend constexpr bool operator==(float16, float16) = default;  ///< bit equality
+};
+
+static_assert(sizeof(bfloat16) == 2 && sizeof(float16) == 2 && std::is_trivially_copyable_v<bfloat16> &&
+              std::is_trivially_copyable_v<float16>);
+
+template <>
+struct dtype_of<bfloat16> {
+  static constexpr dtype value = dtype::bf16;
+};
+template <>
+struct dtype_of<float16> {
+  static constexpr dtype value = dtype::f16;
+};
+
+}  // namespace fsdp

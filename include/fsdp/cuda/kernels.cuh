@@ -100,12 +100,13 @@ inline void convert(void* dst, dtype dst_type, const void* src, dtype src_type, 
   });
 }
 
-// ---- accumulate: dst (fp32) += float(src) ----------------------------------------------------------------------
+// ---- accumulate: dst (fp32) += float(src) * scale --------------------------------------------------------------
 template <dtype S>
 struct accumulate_params {
   float* dst;
   const f16::storage_t<S>* src;
   std::int64_t n;
+  float scale;
   bool vectorised;
 };
 
@@ -125,15 +126,15 @@ FSDP_KERNEL void accumulate_kernel(accumulate_params<S> p) {
       const vin x = in[i];
       vacc a = acc[i];
 #pragma unroll
-      for (int k = 0; k < W; ++k) fsdp::kernels::accumulate_one<S>(a.v[k], x.v[k]);
+      for (int k = 0; k < W; ++k) fsdp::kernels::accumulate_one<S>(a.v[k], x.v[k], p.scale);
       acc[i] = a;
     }
     done = nv * W;
   }
-  for (std::int64_t i = done + tid; i < p.n; i += stride) fsdp::kernels::accumulate_one<S>(p.dst[i], p.src[i]);
+  for (std::int64_t i = done + tid; i < p.n; i += stride) fsdp::kernels::accumulate_one<S>(p.dst[i], p.src[i], p.scale);
 }
 
-inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, cudaStream_t s) {
+inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale, cudaStream_t s) {
   if (n <= 0) return;
   constexpr int W = launch_tuning::vector_width;
   fsdp::kernels::dispatch(src_type, [&](auto t) {
@@ -141,7 +142,7 @@ inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t
     static_assert(std::is_trivially_copyable_v<P>, "kernel parameters must be trivially copyable");
     const auto* in = static_cast<const f16::storage_t<t()>*>(src);
     const bool v = aligned(dst, sizeof(float) * W) && aligned(in, sizeof(*in) * W);
-    accumulate_kernel<t()><<<blocks_for(v ? n / W + 1 : n), launch_tuning::threads, 0, s>>>(P{dst, in, n, v});
+    accumulate_kernel<t()><<<blocks_for(v ? n / W + 1 : n), launch_tuning::threads, 0, s>>>(P{dst, in, n, scale, v});
   });
   FSDP_CUDA_CHECK(cudaGetLastError());
 }
@@ -195,32 +196,34 @@ inline void adamw_step(const adamw_params& a, cudaStream_t s) {
 }
 
 // ---- reduction over the ranks of an in-process group on one GPU (comm::local on the CUDA backend) ---------------
+template <dtype D>
 struct reduce_ranks_params {
   static constexpr int max_ranks = 64;
-  const float* src[max_ranks];
-  float* dst;
+  const f16::storage_t<D>* src[max_ranks];
+  f16::storage_t<D>* dst;
   std::int64_t n;
   int world;
   bool average;
 };
-static_assert(std::is_trivially_copyable_v<reduce_ranks_params>, "kernel parameters must be trivially copyable");
+inline constexpr int max_local_ranks = reduce_ranks_params<dtype::f32>::max_ranks;
 
-/// dst[i] = sum over ranks q (in rank order, from 0.0f) of src[q][i], then / world for an average: the same
-/// operations, in the same order, as the host local communicator.
-template <int = 0>
-FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params a) {
+/// dst[i] = the reduction of src[q][i] over ranks q by kernels::reduce_add / reduce_finish: the same operations,
+/// in the same order, as the host local communicator.
+template <dtype D>
+FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params<D> a) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += stride) {
     float acc = 0.0f;
-    for (int q = 0; q < a.world; ++q) acc = rn::add(acc, a.src[q][i]);
-    if (a.average) acc = rn::div(acc, static_cast<float>(a.world));
-    a.dst[i] = acc;
+    for (int q = 0; q < a.world; ++q) acc = fsdp::kernels::reduce_add<D>(acc, a.src[q][i]);
+    a.dst[i] = fsdp::kernels::reduce_finish<D>(acc, a.world, a.average);
   }
 }
 
-inline void reduce_ranks(const reduce_ranks_params& a, cudaStream_t s) {
+template <dtype D>
+void reduce_ranks(const reduce_ranks_params<D>& a, cudaStream_t s) {
+  static_assert(std::is_trivially_copyable_v<reduce_ranks_params<D>>, "kernel parameters must be trivially copyable");
   if (a.n <= 0) return;
-  reduce_ranks_kernel<><<<blocks_for(a.n), launch_tuning::threads, 0, s>>>(a);
+  reduce_ranks_kernel<D><<<blocks_for(a.n), launch_tuning::threads, 0, s>>>(a);
   FSDP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -3,8 +3,11 @@
 // backend calls it from loops, the CUDA backend from vectorised kernels (fsdp/cuda/kernels.cuh).
 //   convert:    dst = D(float(src) * scale)   copy-in (fp32 master -> compute dtype, scale 1) and reduce-scatter
 //                                             input preparation (compute -> reduce dtype, scale 1 or 1/world)
-//   accumulate: dst += float(src)             copy-out of a reduction into an fp32 gradient shard
-//   reduce_ranks: dst = sum over ranks, in rank order (then / world for avg)
+//   accumulate: dst += float(src) * scale     copy-out of a reduction into an fp32 gradient shard (scale: the
+//                                             post-division of grad_division::pre_post, else 1)
+//   reduce:     acc = D(acc + float(x_q))     the in-process communicators' reduction: over ranks q in rank order
+//               out = D(acc / world)          from 0, rounded to the wire dtype D after every addition (as a
+//                                             ring's hops do), divided once for an average
 #include <cstdint>
 #include <utility>
 
@@ -27,8 +30,22 @@ FSDP_HD inline f16::storage_t<D> convert_one(f16::storage_t<S> x, float scale) {
 }
 
 template <dtype S>
-FSDP_HD inline void accumulate_one(float& dst, f16::storage_t<S> x) {
-  dst = rn::add(dst, f16::to_float<S>(x));
+FSDP_HD inline void accumulate_one(float& dst, f16::storage_t<S> x, float scale = 1.0f) {
+  const float f = f16::to_float<S>(x);
+  dst = rn::add(dst, scale == 1.0f ? f : rn::mul(f, scale));
+}
+
+/// One rank's contribution to an in-process reduction: the running value (fp32, always representable in D) plus
+/// rank q's element, rounded to D. Start from 0.0f and add ranks 0, 1, ... in order; for f32 this is the plain
+/// fp32 sum in rank order.
+template <dtype D>
+FSDP_HD inline float reduce_add(float acc, f16::storage_t<D> x) {
+  return f16::to_float<D>(f16::from_float<D>(rn::add(acc, f16::to_float<D>(x))));
+}
+/// The reduction's result: the sum, divided by `world` once for an average.
+template <dtype D>
+FSDP_HD inline f16::storage_t<D> reduce_finish(float acc, int world, bool average) {
+  return f16::from_float<D>(average ? rn::div(acc, static_cast<float>(world)) : acc);
 }
 
 /// Calls fn(std::integral_constant<dtype, t>{}) for the runtime dtype t.

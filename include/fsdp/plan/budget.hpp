@@ -8,9 +8,14 @@
 #include <vector>
 
 #include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/precision/precision.hpp"
+#include "fsdp/prefetch/prefetch.hpp"
+#include "fsdp/schedule/config.hpp"
 #include "fsdp/sharding/sharding.hpp"
 #include "fsdp/spec/model_spec.hpp"
+#include "fsdp/unit/unit_index.hpp"
 #include "fsdp/wrap/wrap.hpp"
 
 namespace fsdp {
@@ -37,15 +42,16 @@ planned_units plan_units(std::string label, const ModelSpec& spec, const W& wrap
 /// Which prefetch depth the budget helpers vary.
 enum class depth_axis : std::uint8_t { forward, backward, both };
 
-/// Everything but the units and the depth: the strategy, the optimizer, dtypes and slots.
+/// Everything but the units and the depth: the strategy, precision, optimizer, slots and accumulation.
 struct budget_query {
   strategy_facts strategy{};
+  precision_facts precision{};
   int optimizer_states = 0;
-  std::int64_t compute_bytes = 4;
-  std::int64_t reduce_bytes = 4;
   int gather_slots = 0;
   int max_depth = 4;
   depth_axis axis = depth_axis::both;
+  accumulation_options accumulation{};
+  int norm_rows = 0;  ///< the optimizer's gradient inspection rows (0: none)
 };
 
 struct budget_choice {
@@ -55,35 +61,32 @@ struct budget_choice {
 };
 
 namespace plan_detail {
+/// The plan of `units` at prefetch depth `depth` on the query's axis, with the schedule built by the same
+/// function a Model uses (sched::build_config).
 inline memory_plan plan_at(const planned_units& u, const budget_query& q, int depth) {
+  const prefetch_facts pf{q.axis == depth_axis::backward ? 0 : depth, q.axis == depth_axis::forward ? 0 : depth, false,
+                          false};
+  model_options opt;
+  opt.gather_slots = q.gather_slots;
+  opt.accumulation = q.accumulation;
   memory_plan_inputs in;
-  in.schedule.shards_params = q.strategy.shards_params;
-  in.schedule.reshard_after_forward.assign(u.layouts.size(), q.strategy.reshard_after_forward);
-  in.schedule.forward_depth = q.axis == depth_axis::backward ? 0 : depth;
-  in.schedule.backward_depth = q.axis == depth_axis::forward ? 0 : depth;
-  in.schedule.gather_slots = q.gather_slots;
+  in.schedule = sched::build_config(unit_index(u.names), q.strategy, pf, q.precision, opt);
+  in.costs = plan::make_cost_facts(q.precision, q.strategy.shards_params, q.accumulation);
   in.optimizer_states = q.optimizer_states;
-  in.compute_bytes = q.compute_bytes;
-  in.reduce_bytes = q.reduce_bytes;
+  in.norm_rows = q.norm_rows;
   return plan_memory(u.names, u.layouts, in);
 }
 }  // namespace plan_detail
 
-/// The largest depth in [0, q.max_depth] whose planned peak total is at most `budget_bytes`, with its plan;
-/// nullopt when even depth 0 does not fit. Depths that the gather slots cannot serve are skipped.
+/// The largest depth in [0, q.max_depth] whose plan is feasible and whose peak total is at most `budget_bytes`,
+/// with its plan; nullopt when even depth 0 does not fit. Depths the gather slots cannot serve are skipped.
 inline std::optional<budget_choice> largest_prefetch_depth(const planned_units& units, const budget_query& q,
                                                            std::int64_t budget_bytes) {
   if (q.max_depth < 0) detail::fail_usage("budget: max_depth must be >= 0, got ", q.max_depth);
-  // checked here: below, a plan that fails for lack of gather slots only rules its depth out
   if (q.gather_slots < 0) detail::fail_usage("budget: gather_slots must be >= 0 (0 = no limit), got ", q.gather_slots);
   for (int d = q.max_depth; d >= 0; --d) {
-    memory_plan p;
-    try {
-      p = plan_detail::plan_at(units, q, d);
-    } catch (const usage_error&) {
-      continue;  // too few gather slots for this policy
-    }
-    if (p.peak.total <= budget_bytes) return budget_choice{0, d, std::move(p)};
+    memory_plan p = plan_detail::plan_at(units, q, d);
+    if (p.feasible() && p.peak.total <= budget_bytes) return budget_choice{0, d, std::move(p)};
   }
   return std::nullopt;
 }

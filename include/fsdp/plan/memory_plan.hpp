@@ -1,14 +1,13 @@
 #pragma once
 // Memory planner: the per-rank peak of every memory category, and of their sum, known before the first step.
-// It runs the scheduler's own decisions (fsdp/schedule/scheduler.hpp) through a training step on byte counters,
-// in the order the model allocates and releases, so every policy (prefetch depth or schedule, gather slots,
-// per-unit resharding, recorded order) is planned by the code that schedules it.
+// It runs the scheduler's own decisions (fsdp/schedule/scheduler.hpp) through two training steps of every
+// micro-batch on byte counters, with each buffer's cost from fsdp/plan/cost.hpp, in the order the unit executor
+// allocates and releases. So every policy the scheduler knows (prefetch depth or schedule, gather slots,
+// per-unit resharding, recorded order, precision, gradient accumulation) is planned by the code that schedules it.
 //
-// What the model allocates, per unit u with padded size P_u and shard size S_u elements:
-//   at construction   sharded params S_u * 4 and grads S_u * 4; the optimizer adds states * S_u * 4
-//   gather / release  gathered params P_u * compute_bytes
-//   backward          comm buffers P_u * reduce_bytes (unsharded gradient) and, while it is reduce-scattered,
-//                     S_u * reduce_bytes (its output), both freed when the reduction is issued
+// A schedule that cannot run (a unit needed for compute while every gather slot is held) is a plan that is not
+// feasible: memory_plan::infeasible says why. Inputs that are wrong in themselves (a negative count) are
+// usage_errors.
 #include <algorithm>
 #include <cstdint>
 #include <iomanip>
@@ -19,7 +18,9 @@
 
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
+#include "fsdp/plan/cost.hpp"
 #include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/unit/unit_index.hpp"
 
 namespace fsdp {
 
@@ -27,10 +28,9 @@ struct memory_plan_inputs {
   sched::config schedule;
   /// Forward order of the units (indices); empty = index order.
   std::vector<std::size_t> order;
-  int optimizer_states = 0;        ///< fp32 values of optimizer state per parameter element (AdamW 2)
-  std::int64_t compute_bytes = 4;  ///< bytes per element of gathered parameters
-  std::int64_t reduce_bytes = 4;   ///< bytes per element of unsharded gradients
-  int micro_batches = 1;           ///< forward + backward passes per optimizer step
+  plan::cost_facts costs{};
+  int optimizer_states = 0;  ///< fp32 values of optimizer state per parameter element (AdamW 2)
+  int norm_rows = 0;         ///< rows of the step's gradient inspection buffer (0: the step does not inspect)
 };
 
 /// The planner's answer: peak bytes per category and of their sum at any one moment (figures.total).
@@ -39,6 +39,11 @@ struct memory_plan {
   std::vector<std::string> units;
   /// Gathered units held at once at the peak of gathered params.
   int max_units_gathered = 0;
+  /// Empty when the schedule runs; otherwise why it cannot (the unit and the units holding every gather slot),
+  /// and `peak` covers only what ran before that point.
+  std::string infeasible;
+
+  bool feasible() const noexcept { return infeasible.empty(); }
 
   /// A printable table: one row per category and one for the total at the peak moment.
   std::string table() const {
@@ -49,6 +54,7 @@ struct memory_plan {
     };
     os << "planned peak memory per rank (" << units.size() << " units, at most " << max_units_gathered
        << " gathered at once)\n";
+    if (!feasible()) os << "  not feasible: " << infeasible << "\n";
     for (std::size_t k = 0; k < mem_categories; ++k) row(name_of(static_cast<mem>(k)), peak.bytes[k]);
     row("total (at once)", peak.total);
     return os.str();
@@ -59,23 +65,27 @@ namespace plan_detail {
 /// A MemoryTracker without locks or listeners, for simulation.
 struct counter {
   memory_figures cur, peak;
-  void add(mem c, std::int64_t b) {
-    cur[c] += b;
-    cur.total += b;
-    peak[c] = std::max(peak[c], cur[c]);
+  void add(const plan::buffer_cost& b, int sign = 1) {
+    const std::int64_t bytes = sign * b.bytes();
+    cur[b.category] += bytes;
+    cur.total += bytes;
+    peak[b.category] = std::max(peak[b.category], cur[b.category]);
     peak.total = std::max(peak.total, cur.total);
   }
+  void sub(const plan::buffer_cost& b) { add(b, -1); }
 };
 }  // namespace plan_detail
 
 /// Plans one rank's memory for units with these names and layouts (in unit-index order).
-inline memory_plan plan_memory(const std::vector<std::string>& names, const std::vector<FlatLayout>& units,
+inline memory_plan plan_memory(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
                                const memory_plan_inputs& in) {
-  const std::size_t n = units.size();
+  const std::size_t n = layouts.size();
   if (names.size() != n) detail::fail_usage("memory plan: ", names.size(), " unit names for ", n, " layouts");
+  if (in.optimizer_states < 0) detail::fail_usage("memory plan: optimizer_states must be >= 0, got ", in.optimizer_states);
+  if (in.norm_rows < 0) detail::fail_usage("memory plan: norm_rows must be >= 0, got ", in.norm_rows);
+  const unit_index units(names);
   memory_plan out;
   out.units = names;
-  if (in.micro_batches < 1) detail::fail_usage("memory plan: micro_batches must be >= 1, got ", in.micro_batches);
   std::vector<std::size_t> order = in.order;
   if (order.empty()) {
     order.resize(n);
@@ -83,51 +93,72 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
   }
   if (order.size() != n) detail::fail_usage("memory plan: the order names ", order.size(), " units of ", n);
 
-  plan_detail::counter m;
-  for (const auto& u : units) {
-    m.add(mem::sharded_params, u.shard_numel() * 4);
-    m.add(mem::grads, u.shard_numel() * 4);
-  }
-  for (const auto& u : units) m.add(mem::optimizer_state, u.shard_numel() * 4 * in.optimizer_states);
+  std::vector<plan::unit_costs> cost;
+  cost.reserve(n);
+  for (const auto& l : layouts) cost.push_back(plan::costs_of(l, in.costs));
 
-  sched::scheduler s(out.units, in.schedule);
-  const bool sharded = in.schedule.shards_params;
+  plan_detail::counter m;
+  for (const auto& c : cost) {
+    m.add(c.master);
+    m.add(c.grad_shard);
+  }
+  for (const auto& l : layouts) m.add(plan::optimizer_state_cost(l, in.optimizer_states));
+
+  sched::scheduler s(units, in.schedule);
+  std::vector<bool> accumulating(n, false);  // the unit's no-sync accumulator is allocated
   int gathered = 0;
   auto exec = [&](sched::op o, std::size_t i, bool) {
-    const FlatLayout& l = units[i];
+    const plan::unit_costs& c = cost[i];
     switch (o) {
       case sched::op::gather:
-        m.add(mem::gathered_params, l.padded_numel() * in.compute_bytes);
+        m.add(c.gathered);
         out.max_units_gathered = std::max(out.max_units_gathered, ++gathered);
         break;
       case sched::op::release:
-        m.add(mem::gathered_params, -l.padded_numel() * in.compute_bytes);
+        m.sub(c.gathered);
         --gathered;
         break;
-      case sched::op::alloc_grad: m.add(mem::comm_buffers, l.padded_numel() * in.reduce_bytes); break;
-      case sched::op::reduce:
-        if (sharded) {
-          m.add(mem::comm_buffers, l.shard_numel() * in.reduce_bytes);
-          m.add(mem::comm_buffers, -l.shard_numel() * in.reduce_bytes);
-        }
-        m.add(mem::comm_buffers, -l.padded_numel() * in.reduce_bytes);
+      case sched::op::alloc_grad: m.add(c.grad); break;
+      case sched::op::accumulate:  // the executor's accumulate(): the accumulator, then the gradient freed
+        if (!accumulating[i]) m.add(c.accumulator);
+        accumulating[i] = true;
+        m.sub(c.grad);
+        break;
+      case sched::op::reduce:  // the executor's reduce(): see plan/cost.hpp for the order
+        if (accumulating[i]) m.sub(c.grad);  // added into the accumulator and freed first
+        m.add(c.reduce_input);
+        m.add(c.reduce_output);
+        m.sub(c.reduce_output);
+        m.sub(c.reduce_input);
+        if (accumulating[i]) m.sub(c.accumulator);
+        else m.sub(c.grad);
+        accumulating[i] = false;
         break;
       case sched::op::wait: break;
     }
   };
+  const sched::config& cfg = in.schedule;
   // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
   for (int step = 0; step < 2; ++step) {
-    for (int mb = 0; mb < in.micro_batches; ++mb) {
-      for (std::size_t p = 0; p < n; ++p) {
-        s.enter(pass_kind::forward, order, p, exec);
-        s.leave(pass_kind::forward, order, p, exec);
-      }
-      for (std::size_t p = 0; p < n; ++p) {
-        s.enter(pass_kind::backward, order, p, exec);
-        s.leave(pass_kind::backward, order, p, exec);
+    for (int mb = 0; mb < cfg.micro_batches; ++mb) {
+      for (pass_kind k : {pass_kind::forward, pass_kind::backward}) {
+        s.begin_pass(k);
+        for (std::size_t p = 0; p < n; ++p) {
+          if (auto short_of = s.enter(k, order, p, exec)) {
+            out.infeasible = short_of->message(units);
+            out.peak = m.peak;
+            return out;
+          }
+          s.leave(k, order, p, exec);
+        }
+        s.end_pass(k);
       }
     }
     s.before_step(exec);
+    const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
+    m.add(norms);
+    m.sub(norms);
+    s.after_step();
   }
   out.peak = m.peak;
   return out;

@@ -27,6 +27,19 @@ concept PrefetchPolicy = requires {
   requires P::forward_depth >= 0 && P::backward_depth >= 0;
 };
 
+/// A prefetch policy's facts as values, for code that is not a template (the schedule builder, the budget helpers).
+struct prefetch_facts {
+  int forward_depth = 0;
+  int backward_depth = 0;
+  bool post_backward = false;
+  bool by_schedule = false;
+};
+
+template <PrefetchPolicy P>
+constexpr prefetch_facts facts_of_prefetch() noexcept {
+  return {P::forward_depth, P::backward_depth, P::post_backward, P::by_schedule};
+}
+
 /// The units to prefetch, by name, for prefetch::explicit_schedule: `forward[K]` are gathered when unit K's
 /// forward starts, `backward[K]` when unit K's backward starts (after K's own gather, in the order listed).
 struct prefetch_schedule {

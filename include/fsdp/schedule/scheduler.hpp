@@ -1,40 +1,51 @@
 #pragma once
-// The scheduler's decisions, apart from their execution. Given a unit's place in a pass, it says which units to
-// gather (on demand or ahead, per the prefetch facts and the gather-slot limit), when the compute stream must
-// wait, which units to release, and when a unit's gradient buffer is allocated and reduced. It keeps the
-// parameter state of every unit and touches no memory, stream or communicator.
+// The scheduler's decisions, apart from their execution, and the one owner of every unit's state. Given a unit's
+// place in a pass, it says which units to gather (on demand or ahead, per the prefetch facts and the gather-slot
+// limit), when the compute stream must wait, which units to release, when a unit's gradient buffer is allocated,
+// kept for a later micro-batch or reduced. It touches no memory, stream or communicator.
 //
-// Two executors run the same decisions: Model (fsdp/model.hpp) runs them on a backend and a communicator; the
-// memory planner (fsdp/plan/memory_plan.hpp) runs them on byte counters. So the planner predicts exactly what
-// the model allocates, for every policy, without a second copy of the scheduling rules.
+// Two executors run the same decisions: the unit executor (fsdp/exec/unit_executor.hpp) on a backend and a
+// communicator, for Model; the memory planner (fsdp/plan/memory_plan.hpp) on byte counters. So the planner
+// predicts exactly what the model allocates, for every policy, without a second copy of the scheduling rules.
 //
-//   forward, entering unit u:   gather u if sharded; prefetch the forward window; wait for u's gather
-//   forward, leaving u:         release u if it reshards after forward
-//   backward, entering u:       gather u if sharded; prefetch the backward window (unless post_backward);
+//   forward, entering unit u:   gather u if it is not gathered; prefetch the forward window; wait for u's gather
+//   forward, leaving u:         release u if it reshards after forward (and units are not kept gathered)
+//   backward, entering u:       gather u if needed; prefetch the backward window (unless post_backward);
 //                               wait for u's gather; allocate u's zeroed unsharded gradient
-//   backward, leaving u:        release u; prefetch the backward window (post_backward only); reduce u's gradient
+//   backward, leaving u:        release u (in the last micro-batch only, when units are kept gathered);
+//                               prefetch the backward window (post_backward only); then reduce u's gradient,
+//                               or, under no-sync before the last micro-batch, accumulate it locally
 //   before an optimizer step:   release every unit still gathered (its copy would be stale after the step)
 //
 // A window lists candidate units in order: the next `depth` units of the pass order, or the units named for u in
 // an explicit schedule. A candidate already gathered (or gathering) is skipped; the window stops at the first
 // candidate that finds every gather slot taken. A unit that must be gathered for use when every slot is taken is
-// a usage_error (too few slots for the units the policy keeps gathered).
+// a shortage: enter() returns it (and decides nothing), and the caller says what to do about it.
+//
+// Unit state kept here: parameters (sharded / gathering / gathered), the pass a unit is current in, whether its
+// forward ran since its last backward, whether its gradient was reduced since the last step; and per model, the
+// micro-batches done since the last step and the step counter. Protocol mistakes (backward before forward, a step
+// before the gradients are reduced, a micro-batch too many under no-sync) are usage_errors naming the unit.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/schedule/config.hpp"
 #include "fsdp/unit/state.hpp"
+#include "fsdp/unit/unit_index.hpp"
 
 namespace fsdp::sched {
 
 enum class op : std::uint8_t {
-  gather,      ///< issue the unit's all-gather (`ahead` tells a prefetch from a demand gather)
-  wait,        ///< the compute stream waits for the unit's all-gather
+  gather,      ///< issue the unit's all-gather (or cast copy) (`ahead` tells a prefetch from a demand gather)
+  wait,        ///< the compute stream waits for the unit's gather
   release,     ///< the unit's gathered parameters are freed
   alloc_grad,  ///< the unit's zeroed unsharded gradient buffer is allocated
-  reduce,      ///< the unit's gradient is reduced into its shard and the buffer freed
+  accumulate,  ///< no-sync: the unit's gradient is added to its local accumulator and the buffer freed
+  reduce,      ///< the unit's gradient (plus its accumulator) is reduced into its shard and the buffers freed
 };
 
 constexpr const char* name_of(op o) noexcept {
@@ -43,110 +54,183 @@ constexpr const char* name_of(op o) noexcept {
     case op::wait: return "wait";
     case op::release: return "release";
     case op::alloc_grad: return "alloc_grad";
+    case op::accumulate: return "accumulate";
     case op::reduce: return "reduce";
   }
   return "?";
 }
 
-/// The runtime facts the scheduler decides from (built from the policy and model_options by the Model).
-struct config {
-  bool shards_params = true;
-  /// Per unit index: released when its forward ends (else kept gathered until its backward ends).
-  std::vector<bool> reshard_after_forward;
-  int forward_depth = 0;
-  int backward_depth = 0;
-  bool post_backward = false;
-  bool by_schedule = false;
-  /// Per unit index, for by_schedule: the units to prefetch when that unit's forward / backward starts.
-  std::vector<std::vector<std::size_t>> forward_schedule;
-  std::vector<std::vector<std::size_t>> backward_schedule;
-  /// Units held gathered (or gathering) at once; 0 = no limit.
-  int gather_slots = 0;
+/// A unit that had to be gathered for use while every gather slot was held.
+struct shortage {
+  std::size_t unit = 0;
+  pass_kind pass = pass_kind::forward;
+  int slots = 0;
+  std::string holders;  ///< the units holding the slots: "'l0', 'l1'"
+
+  std::string message(const unit_index& units) const {
+    return detail::cat("gather slots exhausted: unit '", units.name(unit), "' (index ", unit, ") must be gathered for its ",
+                       name_of(pass), " but all ", slots, " slots are held by ", holders,
+                       "; raise model_options::gather_slots or let those units reshard after forward");
+  }
 };
 
 class scheduler {
  public:
-  scheduler(std::vector<std::string> names, config c)
-      : names_(std::move(names)), c_(std::move(c)), state_(names_.size(), unit_state::sharded) {
-    const std::size_t n = names_.size();
+  /// `units` must outlive the scheduler.
+  scheduler(const unit_index& units, config c) : units_(&units), c_(std::move(c)), u_(units.size()) {
+    const std::size_t n = units.size();
     if (c_.reshard_after_forward.size() != n)
-      detail::fail_usage("scheduler: reshard_after_forward has ", c_.reshard_after_forward.size(),
-                         " entries for ", n, " units");
+      detail::fail_usage("scheduler: reshard_after_forward has ", c_.reshard_after_forward.size(), " entries for ", n,
+                         " units");
     if (c_.by_schedule && (c_.forward_schedule.size() != n || c_.backward_schedule.size() != n))
       detail::fail_usage("scheduler: an explicit prefetch schedule needs one list per unit");
     if (c_.gather_slots < 0) detail::fail_usage("gather_slots must be >= 0 (0 = no limit), got ", c_.gather_slots);
-    if (!c_.shards_params) state_.assign(n, unit_state::gathered);  // the master is the full parameter
+    if (c_.micro_batches < 1) detail::fail_usage("micro_batches must be >= 1, got ", c_.micro_batches);
+    if (!c_.gathers)
+      for (auto& s : u_) s.params = unit_state::gathered;  // the master is the full parameter
   }
 
-  std::size_t size() const noexcept { return names_.size(); }
+  std::size_t size() const noexcept { return u_.size(); }
   const config& facts() const noexcept { return c_; }
-  unit_state state(std::size_t u) const { return state_.at(u); }
-  /// Units currently gathering or gathered (under a sharding strategy).
+  const unit_index& units() const noexcept { return *units_; }
+
+  // ---- state -----------------------------------------------------------------------------------------------
+  unit_state params(std::size_t u) const { return u_.at(u).params; }
+  /// The pass unit `u` is current in (none between uses).
+  pass_kind active(std::size_t u) const { return u_.at(u).active; }
+  bool forward_done(std::size_t u) const { return u_.at(u).forward_done; }
+  /// The unit's gradient was reduced into its shard since the last optimizer step.
+  bool reduced(std::size_t u) const { return u_.at(u).reduced; }
+  /// Units currently gathering or gathered (when units are gathered at all).
   int held() const noexcept { return held_; }
+  /// Backward passes completed since the last optimizer step.
+  int micro_batches_done() const noexcept { return micro_batches_done_; }
+  /// Steps begun so far: a forward pass after an optimizer step (or the first one) begins the next.
+  std::uint64_t step() const noexcept { return step_; }
 
   /// The unit at position `pos` of a pass. `order` is the forward order known so far (all units in backward).
   static std::size_t unit_at(pass_kind k, const std::vector<std::size_t>& order, std::size_t pos) {
     return k == pass_kind::backward ? order[order.size() - 1 - pos] : order[pos];
   }
 
-  /// emit(op, unit, ahead) for every step of entering position `pos` of pass `k`.
+  // ---- passes ----------------------------------------------------------------------------------------------
+  /// Checks that a pass of kind `k` may begin (usage_error otherwise; nothing changes then).
+  void check_begin(pass_kind k) const {
+    if (k != pass_kind::backward) return;
+    for (std::size_t u = 0; u < u_.size(); ++u)
+      if (!u_[u].forward_done)
+        detail::fail_usage("backward before forward: unit '", units_->name(u), "' (index ", u,
+                           ") has not run forward since its last backward");
+    if (!c_.sync_each_micro_batch && micro_batches_done_ == c_.micro_batches)
+      detail::fail_usage("model.backward() would begin micro-batch ", micro_batches_done_ + 1, " of ", c_.micro_batches,
+                         " (model_options::accumulation: gradients are reduced in the last micro-batch); run the "
+                         "optimizer step first");
+  }
+  /// A pass of kind `k` begins (after check_begin).
+  void begin_pass(pass_kind k) {
+    if (k == pass_kind::forward && !step_open_) {
+      ++step_;
+      step_open_ = true;
+    }
+  }
+  /// A pass of kind `k` ended with every unit visited.
+  void end_pass(pass_kind k) {
+    if (k == pass_kind::backward) ++micro_batches_done_;
+  }
+
+  /// emit(op, unit, ahead) for every step of entering position `pos` of pass `k`; or, when the unit must be
+  /// gathered and every slot is held, the shortage (and nothing emitted, nothing changed).
   template <class Emit>
-  void enter(pass_kind k, const std::vector<std::size_t>& order, std::size_t pos, Emit&& emit) {
+  [[nodiscard]] std::optional<shortage> enter(pass_kind k, const std::vector<std::size_t>& order, std::size_t pos,
+                                              Emit&& emit) {
     const std::size_t u = unit_at(k, order, pos);
-    if (c_.shards_params) {
-      if (state_[u] == unit_state::sharded) {
-        if (!slot_free())
-          detail::fail_usage("gather slots exhausted: unit '", names_[u], "' (index ", u, ") must be gathered for its ",
-                             name_of(k), " but all ", c_.gather_slots, " slots are held by ", held_list(),
-                             "; raise model_options::gather_slots or let those units reshard after forward");
-        gather(u, false, emit);
-      }
+    if (c_.gathers && u_[u].params == unit_state::sharded && !slot_free())
+      return shortage{u, k, c_.gather_slots, held_list()};
+    u_[u].active = k;
+    if (c_.gathers) {
+      if (u_[u].params == unit_state::sharded) gather(u, false, emit);
       if (k == pass_kind::forward || !c_.post_backward) prefetch(k, order, pos, u, emit);
-      if (state_[u] == unit_state::gathering) wait(u, emit);
+      if (u_[u].params == unit_state::gathering) wait(u, emit);
     }
     if (k == pass_kind::backward) emit(op::alloc_grad, u, false);
+    return std::nullopt;
   }
 
   /// emit(op, unit, ahead) for every step of leaving position `pos` of pass `k`.
   template <class Emit>
   void leave(pass_kind k, const std::vector<std::size_t>& order, std::size_t pos, Emit&& emit) {
     const std::size_t u = unit_at(k, order, pos);
+    u_[u].active = pass_kind::none;
     if (k == pass_kind::forward) {
-      if (c_.shards_params && c_.reshard_after_forward[u]) release(u, emit);
+      u_[u].forward_done = true;
+      if (c_.gathers && c_.reshard_after_forward[u] && !c_.keep_gathered) release(u, emit);
       return;
     }
-    if (c_.shards_params) {
-      release(u, emit);
+    u_[u].forward_done = false;
+    const bool last = micro_batches_done_ + 1 >= c_.micro_batches;
+    if (c_.gathers) {
+      if (!c_.keep_gathered || last) release(u, emit);
       if (c_.post_backward) prefetch(k, order, pos, u, emit);
     }
-    emit(op::reduce, u, false);
+    if (c_.sync_each_micro_batch || last) {
+      emit(op::reduce, u, false);
+      u_[u].reduced = true;
+    } else {
+      emit(op::accumulate, u, false);
+    }
   }
 
+  // ---- optimizer steps -------------------------------------------------------------------------------------
+  /// usage_error naming the first unit whose gradient was not reduced since the last step.
+  void check_step() const {
+    for (std::size_t u = 0; u < u_.size(); ++u) {
+      if (u_[u].reduced) continue;
+      std::string why;
+      if (!c_.sync_each_micro_batch && micro_batches_done_ > 0)
+        why = detail::cat(" (gradient accumulation: ", micro_batches_done_, " of ", c_.micro_batches,
+                          " micro-batches done; gradients are reduced in the last)");
+      detail::fail_usage("optimizer step before gradients are reduced: unit '", units_->name(u), "' (index ", u,
+                         ") has no gradient reduced since the last step", why, "; run model.backward() to the end first");
+    }
+  }
   /// Releases every unit still gathered (waiting first for gathers in flight): after an optimizer step their
   /// gathered copies would be stale.
   template <class Emit>
   void before_step(Emit&& emit) {
-    if (!c_.shards_params) return;
-    for (std::size_t u = 0; u < state_.size(); ++u) {
-      if (state_[u] == unit_state::gathering) wait(u, emit);
-      if (state_[u] == unit_state::gathered) release(u, emit);
+    if (!c_.gathers) return;
+    for (std::size_t u = 0; u < u_.size(); ++u) {
+      if (u_[u].params == unit_state::gathering) wait(u, emit);
+      if (u_[u].params == unit_state::gathered) release(u, emit);
     }
+  }
+  /// The step consumed the gradients: a new accumulation window begins.
+  void after_step() {
+    for (auto& s : u_) s.reduced = false;
+    micro_batches_done_ = 0;
+    step_open_ = false;
   }
 
  private:
+  struct unit_status {
+    unit_state params = unit_state::sharded;
+    pass_kind active = pass_kind::none;
+    bool forward_done = false;
+    bool reduced = false;
+  };
+
   bool slot_free() const noexcept { return c_.gather_slots == 0 || held_ < c_.gather_slots; }
 
   std::string held_list() const {
     std::string s;
-    for (std::size_t u = 0; u < state_.size(); ++u)
-      if (state_[u] != unit_state::sharded) s += (s.empty() ? "'" : ", '") + names_[u] + "'";
+    for (std::size_t u = 0; u < u_.size(); ++u)
+      if (u_[u].params != unit_state::sharded) s += (s.empty() ? "'" : ", '") + units_->name(u) + "'";
     return s;
   }
 
   template <class Emit>
   void prefetch(pass_kind k, const std::vector<std::size_t>& order, std::size_t pos, std::size_t u, Emit& emit) {
     auto try_one = [&](std::size_t c) {  // false: stop the window
-      if (state_[c] != unit_state::sharded) return true;
+      if (u_[c].params != unit_state::sharded) return true;
       if (!slot_free()) return false;
       gather(c, true, emit);
       return true;
@@ -158,7 +242,7 @@ class scheduler {
     }
     const int depth = k == pass_kind::forward ? c_.forward_depth : c_.backward_depth;
     // Positions known so far: in a forward whose order is being recorded, only those already entered.
-    const std::size_t known = k == pass_kind::forward ? order.size() : names_.size();
+    const std::size_t known = k == pass_kind::forward ? order.size() : u_.size();
     for (int d = 1; d <= depth; ++d) {
       const std::size_t p = pos + static_cast<std::size_t>(d);
       if (p >= known) return;
@@ -168,26 +252,29 @@ class scheduler {
 
   template <class Emit>
   void gather(std::size_t u, bool ahead, Emit& emit) {
-    state_[u] = unit_state::gathering;
+    u_[u].params = unit_state::gathering;
     ++held_;
     emit(op::gather, u, ahead);
   }
   template <class Emit>
   void wait(std::size_t u, Emit& emit) {
-    state_[u] = unit_state::gathered;
+    u_[u].params = unit_state::gathered;
     emit(op::wait, u, false);
   }
   template <class Emit>
   void release(std::size_t u, Emit& emit) {
-    state_[u] = unit_state::sharded;
+    u_[u].params = unit_state::sharded;
     --held_;
     emit(op::release, u, false);
   }
 
-  std::vector<std::string> names_;
+  const unit_index* units_;
   config c_;
-  std::vector<unit_state> state_;
+  std::vector<unit_status> u_;
   int held_ = 0;
+  int micro_batches_done_ = 0;
+  std::uint64_t step_ = 0;
+  bool step_open_ = false;
 };
 
 }  // namespace fsdp::sched

@@ -21,7 +21,9 @@ struct param_flags {
 struct ParamSpec {
   std::string name;
   std::vector<std::int64_t> shape;
-  dtype compute_dtype = dtype::f32;  ///< the dtype the unit presents this parameter in during compute
+  /// The dtype the parameter must be computed in; unset: whatever the model's precision policy computes in. A
+  /// parameter that asks for another dtype than the policy's is refused (one compute dtype per model).
+  std::optional<dtype> compute_dtype;
   param_flags flags{};
   std::optional<init::rule> init;  ///< overrides the model's default init rule
   std::string tied_to;             ///< non-empty: this name is an alias of that parameter's storage
@@ -36,7 +38,7 @@ struct ParamSpec {
 
 /// Options for ModelSpec::add.
 struct param_options {
-  dtype compute_dtype = dtype::f32;
+  std::optional<dtype> compute_dtype{};
   param_flags flags{};
   std::optional<init::rule> init{};
 };

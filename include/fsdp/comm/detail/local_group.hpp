@@ -18,6 +18,8 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/float16.hpp"
+#include "fsdp/kernels/elementwise.hpp"
 
 namespace fsdp::comm::detail {
 
@@ -101,13 +103,13 @@ class local_group {
   /// part(): publishes a second token and returns every rank's once all have arrived; the round ends there.
   /// Tokens stay readable until part() returns on every rank. Both wait at most the group's timeout.
   std::vector<const void*> meet(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
-    const std::string what = describe(d, seq, rank);
+    const who what{d, seq, rank};
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     round& r = arrive(seq, rank, d, token, nullptr, what);
     return r.send;  // complete: no rank writes it again in this round
   }
   std::vector<const void*> part(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
-    const std::string what = describe(d, seq, rank);
+    const who what{d, seq, rank};
     std::vector<const void*> out;
     depart(seq, rank, token, what, &out);
     return out;
@@ -115,7 +117,7 @@ class local_group {
 
   /// Runs rank `rank`'s part of collective number `seq`.
   void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
-    const std::string what = describe(d, seq, rank);
+    const who what{d, seq, rank};
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     round& r = arrive(seq, rank, d, send, recv, what);
     if (d.kind < 0) {
@@ -128,7 +130,7 @@ class local_group {
     const std::int64_t unsharded = static_cast<std::int64_t>(bytes) *
                                    (kind == collective::all_gather || kind == collective::reduce_scatter ? world_ : 1);
     const auto modelled_end = r.start + link_.duration(kind, unsharded, world_);
-    std::vector<float> tmp;
+    std::vector<unsigned char> tmp;
     if (!link_.move_data) {
       std::this_thread::sleep_until(modelled_end);
       depart(seq, rank, nullptr, what);
@@ -145,20 +147,28 @@ class local_group {
         if (rank != d.root && bytes && recv != r.send[d.root]) std::memcpy(recv, r.send[d.root], bytes);
         break;
       case collective::reduce_scatter:
-        tmp = reduce(r, d, static_cast<std::size_t>(rank) * static_cast<std::size_t>(d.count), what);
+        tmp = reduce(r, d, static_cast<std::size_t>(rank) * static_cast<std::size_t>(d.count));
         break;
       case collective::all_reduce:
-        tmp = reduce(r, d, 0, what);
+        tmp = reduce(r, d, 0);
         break;
     }
     // Send buffers may alias receive buffers (in-place collectives): write results only once every rank has
     // finished reading the inputs.
     std::this_thread::sleep_until(modelled_end);  // no-op without a link model
     depart(seq, rank, nullptr, what);
-    if (!tmp.empty()) std::memcpy(recv, tmp.data(), tmp.size() * sizeof(float));
+    if (!tmp.empty()) std::memcpy(recv, tmp.data(), tmp.size());
   }
 
  private:
+  /// Names rank `rank`'s collective #seq in a message; formatted only when a message is made.
+  struct who {
+    const op_desc& d;
+    std::uint64_t seq;
+    int rank;
+    std::string str() const { return describe(d, seq, rank); }
+  };
+
   struct round {
     op_desc desc;
     int first_rank = -1;
@@ -171,17 +181,23 @@ class local_group {
     int left = 0;
   };
 
-  std::vector<float> reduce(const round& r, const op_desc& d, std::size_t offset, const std::string& what) const {
-    if (d.type != dtype::f32)
-      throw comm_error(what + ": the host local communicator reduces f32 only, got " + std::string(name_of(d.type)));
-    std::vector<float> acc(static_cast<std::size_t>(d.count), 0.0f);
-    for (int q = 0; q < world_; ++q) {  // rank order: every rank gets the same bits
-      const float* src = static_cast<const float*>(r.send[q]) + offset;
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += src[i];
-    }
-    if (d.op == reduce_op::avg)
-      for (auto& x : acc) x /= static_cast<float>(world_);
-    return acc;
+  /// The reduction of every rank's input at element `offset` on, by kernels::reduce_add / reduce_finish (rank
+  /// order, rounded to the dtype after every addition): every rank gets the same bits, and the CUDA local
+  /// communicator's kernel does the same operations.
+  std::vector<unsigned char> reduce(const round& r, const op_desc& d, std::size_t offset) const {
+    const std::size_t n = static_cast<std::size_t>(d.count);
+    std::vector<unsigned char> out(n * size_of(d.type));
+    fsdp::kernels::dispatch(d.type, [&](auto t) {
+      using elem = f16::storage_t<t()>;
+      std::vector<float> acc(n, 0.0f);
+      for (int q = 0; q < world_; ++q) {
+        const elem* src = static_cast<const elem*>(r.send[q]) + offset;
+        for (std::size_t i = 0; i < n; ++i) acc[i] = fsdp::kernels::reduce_add<t()>(acc[i], src[i]);
+      }
+      elem* dst = reinterpret_cast<elem*>(out.data());
+      for (std::size_t i = 0; i < n; ++i) dst[i] = fsdp::kernels::reduce_finish<t()>(acc[i], world_, d.op == reduce_op::avg);
+    });
+    return out;
   }
 
   [[noreturn]] void fail(std::unique_lock<std::mutex>& lk, const std::string& msg) {
@@ -202,17 +218,17 @@ class local_group {
   }
 
   template <class Pred>
-  void wait(std::unique_lock<std::mutex>& lk, Pred done, const std::string& what, const char* phase,
+  void wait(std::unique_lock<std::mutex>& lk, Pred done, const who& what, const char* phase,
             const round& r) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (!done()) {
       if (aborted_) {
         const std::string why = reason_;
         lk.unlock();
-        throw comm_error(what + " aborted: " + why);
+        throw comm_error(what.str() + " aborted: " + why);
       }
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !done() && !aborted_) {
-        std::string msg = what + " timed out after " + std::to_string(timeout_.count()) + " ms " + phase;
+        std::string msg = what.str() + " timed out after " + std::to_string(timeout_.count()) + " ms " + phase;
         if (r.arrived < world_) msg += ": rank(s) " + missing(r) + " never issued it";
         fail(lk, msg);
       }
@@ -220,12 +236,12 @@ class local_group {
   }
 
   round& arrive(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* /*recv*/,
-                const std::string& what) {
+                const who& what) {
     std::unique_lock lk(mu_);
     if (aborted_) {
       const std::string why = reason_;
       lk.unlock();
-      throw comm_error(what + " aborted: " + why);
+      throw comm_error(what.str() + " aborted: " + why);
     }
     round& r = rounds_[seq];
     if (r.first_rank < 0) {
@@ -246,7 +262,7 @@ class local_group {
     return r;  // std::map nodes are stable; the round lives until every rank has left it
   }
 
-  void depart(std::uint64_t seq, int rank, const void* token, const std::string& what,
+  void depart(std::uint64_t seq, int rank, const void* token, const who& what,
               std::vector<const void*>* tokens = nullptr) {
     std::unique_lock lk(mu_);
     round& r = rounds_.at(seq);

@@ -1,6 +1,7 @@
 #pragma once
 // Per-element optimizer updates, written once and used by every backend's kernels (host loops, CUDA kernels).
 // Every operation rounds once (fsdp/core/rounding.hpp), so both backends give the same bits.
+#include <cmath>
 #include <cstdint>
 
 #include "fsdp/core/config.hpp"
@@ -12,10 +13,12 @@ namespace fsdp::optim::detail {
 struct sgd_coeffs {
   float lr;
   float momentum;
-  float weight_decay;  ///< for parameters not masked out (see decay_mask)
+  float weight_decay;       ///< for parameters not masked out (see decay_mask)
+  float grad_scale = 1.0f;  ///< the gradient is multiplied by this first (clipping, loss-scale removal)
 };
 
 FSDP_HD inline void sgd_update(float& p, float g, float* buf, const sgd_coeffs& c, float weight_decay) {
+  if (c.grad_scale != 1.0f) g = rn::mul(g, c.grad_scale);
   g = rn::add(g, rn::mul(weight_decay, p));
   if (buf) {
     *buf = rn::add(rn::mul(c.momentum, *buf), g);
@@ -31,11 +34,19 @@ struct adamw_coeffs {
   float beta2;
   float eps;
   float weight_decay;       ///< for parameters not masked out (see decay_mask)
-  float bias_correction1;   ///< 1 - beta1^t
-  float bias_correction2;   ///< 1 - beta2^t
+  float bias_correction1;   ///< 1 - beta1^t, computed in double and rounded once (adamw_bias_correction)
+  float bias_correction2;   ///< 1 - beta2^t, likewise
+  float grad_scale = 1.0f;  ///< the gradient is multiplied by this first (clipping, loss-scale removal)
 };
 
+/// 1 - beta^t for step t >= 1, evaluated in double and rounded to fp32 once. Rounding beta^t to fp32 first and
+/// subtracting in fp32 loses most digits when beta^t is close to 1 (beta2 = 0.9999 early in training).
+inline float adamw_bias_correction(float beta, long t) {
+  return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), static_cast<double>(t)));
+}
+
 FSDP_HD inline void adamw_update(float& p, float g, float& m, float& v, const adamw_coeffs& c, float weight_decay) {
+  if (c.grad_scale != 1.0f) g = rn::mul(g, c.grad_scale);
   p = rn::mul(p, rn::sub(1.0f, rn::mul(c.lr, weight_decay)));
   m = rn::add(rn::mul(c.beta1, m), rn::mul(rn::sub(1.0f, c.beta1), g));
   v = rn::add(rn::mul(c.beta2, v), rn::mul(rn::mul(rn::sub(1.0f, c.beta2), g), g));

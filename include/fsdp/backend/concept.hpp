@@ -1,0 +1,65 @@
+#pragma once
+// The Backend concept: what Model (its unit executor, the optimizers and the gradient inspection) needs of a
+// backend. backend::host (host memory, streams as work queues) and backend::cuda (device memory, CUDA streams)
+// model it; tests/static/concepts_test.cc holds an archetype that models it and nothing more.
+//
+//   memory      allocate(bytes, category, first-use stream) -> buffer (move-only, accounted to its category until
+//               released), release_after(buffer, stream) (stream-ordered), memory() (the tracker)
+//   streams     compute, all-gather and reduce streams; events recorded on and waited for by streams; host
+//               callbacks at a stream's point; synchronize (blocks the host until the stream drains)
+//   copies      fill_zero, copy, upload (host -> backend), download (backend -> host)
+//   kernels     convert (cast with scale), accumulate (into fp32 with scale), squared_norm, sgd_step, adamw_step:
+//               each applies the per-element code every backend shares (kernels/elementwise.hpp,
+//               optim/detail/update.hpp)
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <type_traits>
+#include <utility>
+
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/memory/memory.hpp"
+#include "fsdp/optim/detail/update.hpp"
+
+namespace fsdp {
+
+/// A buffer of a backend: owning, move-only, with its address, size and category.
+template <class B>
+concept BackendBuffer = std::is_nothrow_move_constructible_v<B> && std::is_nothrow_move_assignable_v<B> &&
+                        !std::is_copy_constructible_v<B> && std::default_initializable<B> &&
+                        requires(const B& b) {
+                          { b.data() } -> std::same_as<void*>;
+                          { b.template as<float>() } -> std::same_as<float*>;
+                          { b.bytes() } -> std::same_as<std::int64_t>;
+                          { b.category() } -> std::same_as<mem>;
+                        };
+
+template <class B>
+concept Backend =
+    std::constructible_from<B, int> && BackendBuffer<typename B::buffer> && std::default_initializable<typename B::event> &&
+    requires(B& b, typename B::stream& s, typename B::event& e, const typename B::event& ce, typename B::buffer&& buf,
+             void* p, const void* cp, float* f, const float* cf, std::int64_t n, float scale, dtype t, mem c,
+             const optim::detail::sgd_coeffs& sc, const optim::detail::adamw_coeffs& ac,
+             const optim::detail::decay_mask& mask, std::function<void()> fn) {
+      { b.compute_stream() } -> std::same_as<typename B::stream&>;
+      { b.gather_stream() } -> std::same_as<typename B::stream&>;
+      { b.reduce_stream() } -> std::same_as<typename B::stream&>;
+      b.record(e, s);
+      b.wait(s, ce);
+      b.host_callback(s, std::move(fn));
+      b.synchronize(s);
+      { b.allocate(n, c, s) } -> std::same_as<typename B::buffer>;
+      b.release_after(std::move(buf), s);
+      { b.memory() } -> std::same_as<MemoryTracker&>;
+      b.fill_zero(p, n, s);
+      b.copy(p, cp, n, s);
+      b.upload(p, cp, n, s);
+      b.download(p, cp, n, s);
+      b.convert(p, t, cp, t, n, scale, s);
+      b.accumulate(f, cp, t, n, scale, s);
+      b.squared_norm(cf, n, f, s);
+      b.sgd_step(f, cf, f, n, sc, mask, s);
+      b.adamw_step(f, cf, f, f, n, ac, mask, s);
+    };
+
+}  // namespace fsdp

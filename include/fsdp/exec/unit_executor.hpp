@@ -1,0 +1,314 @@
+#pragma once
+// The unit executor: carries out the scheduler's decisions (fsdp/schedule/scheduler.hpp) on the units' buffers,
+// with a backend and a communicator. It owns the backend and every unit's buffers and events; it decides nothing.
+// Every buffer it allocates has the category, dtype and size fsdp/plan/cost.hpp gives (the planner counts the
+// same), and every cast uses the per-element code both backends share.
+//
+//   gather(u)       gather stream: wait for u's "shard ready"; cast the fp32 master shard into this rank's slice
+//                   of the gather buffer (compute dtype) and all-gather in place; fp32 compute all-gathers from the
+//                   master directly; a shard group of one (no_shard) is the cast alone. Records "gathered".
+//   wait(u)         compute stream waits for "gathered"
+//   release(u)      the gather buffer is freed in the compute stream's order
+//   alloc_grad(u)   a zeroed unsharded gradient in the compute dtype, on the compute stream
+//   accumulate(u)   no-sync: the gradient is added into u's fp32 accumulator (made on the first micro-batch), freed
+//   reduce(u)       reduce stream, after compute's writes: the source (the gradient, or the accumulator plus the
+//                   last gradient) cast to the reduce dtype and pre-divided (or scaled in place), reduce-scattered
+//                   (all-reduced when replicated), added into the fp32 gradient shard with the post-division;
+//                   then every buffer is freed in the reduce stream's order. Records "reduced".
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/backend/concept.hpp"
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/init/init.hpp"
+#include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/model_options.hpp"
+#include "fsdp/observe/stamp.hpp"
+#include "fsdp/plan/cost.hpp"
+#include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/spec/model_spec.hpp"
+#include "fsdp/unit/unit_buffers.hpp"
+#include "fsdp/unit/unit_index.hpp"
+
+namespace fsdp::exec {
+
+/// How a reduction divides: the collective's op, the factor applied before it (in the cast of its input) and the
+/// factor applied after it (while adding into the fp32 gradient shard).
+struct reduce_facts {
+  reduce_op op = reduce_op::avg;
+  float prescale = 1.0f;
+  float postscale = 1.0f;
+};
+
+/// The reduce facts of a division over `ranks` ranks; usage_error for a pre-division factor that is not > 0.
+inline reduce_facts division_facts(const grad_division& d, int ranks) {
+  switch (d.how) {
+    case grad_division::mode::average: return {reduce_op::avg, 1.0f, 1.0f};
+    case grad_division::mode::sum: return {reduce_op::sum, 1.0f, 1.0f};
+    case grad_division::mode::pre_post: {
+      float f = d.pre_factor;
+      if (f == 0.0f) {
+        int k = 1;
+        while (ranks % k == 0 && ranks / k > k) k *= 2;
+        f = static_cast<float>(k);
+      }
+      if (!(f > 0.0f) || !std::isfinite(f))
+        detail::fail_usage("model_options::division.pre_factor must be > 0 (or 0 to pick it), got ", d.pre_factor);
+      return {reduce_op::sum, 1.0f / f, f / static_cast<float>(ranks)};
+    }
+  }
+  detail::fail_usage("model_options::division: unknown mode ", static_cast<int>(d.how));
+}
+
+template <Backend B, CollectivePolicy C>
+class unit_executor {
+ public:
+  using backend_type = B;
+  using stream = typename B::stream;
+
+  /// `units`, `comm` and `stamp` must outlive the executor. `layouts` in unit-index order; `shard_rank`: this
+  /// rank's place in the units' shard group.
+  unit_executor(const unit_index& units, C& comm, std::unique_ptr<B> backend, std::vector<FlatLayout> layouts,
+                int shard_rank, const plan::cost_facts& facts, const reduce_facts& reduce, const trace::stamper& stamp)
+      : units_(&units), comm_(&comm), be_(std::move(backend)), layouts_(std::move(layouts)), shard_rank_(shard_rank), facts_(facts),
+        reduce_(reduce), stamp_(&stamp), bufs_(layouts_.size()) {
+    cost_.reserve(layouts_.size());
+    for (const auto& l : layouts_) cost_.push_back(plan::costs_of(l, facts_));
+  }
+  unit_executor(const unit_executor&) = delete;
+  unit_executor& operator=(const unit_executor&) = delete;
+
+  /// Waits for every stream before the buffers go (the compute stream too, when it is asynchronous). Never throws.
+  ~unit_executor() { synchronize_quietly(); }
+
+  B& backend() noexcept { return *be_; }
+  const B& backend() const noexcept { return *be_; }
+  C& comm() noexcept { return *comm_; }
+  std::size_t size() const noexcept { return layouts_.size(); }
+  const std::vector<FlatLayout>& layouts() const noexcept { return layouts_; }
+  const FlatLayout& layout(std::size_t u) const { return layouts_.at(u); }
+  const plan::unit_costs& costs(std::size_t u) const { return cost_.at(u); }
+  const plan::cost_facts& facts() const noexcept { return facts_; }
+  const unit_buffers<B>& buffers(std::size_t u) const { return bufs_.at(u); }
+  int shard_rank() const noexcept { return shard_rank_; }
+
+  // ---- the scheduler's decisions -----------------------------------------------------------------------------
+  void operator()(sched::op o, std::size_t u, bool ahead, pass_kind pass) {
+    switch (o) {
+      case sched::op::gather: gather(u, ahead, pass); break;
+      case sched::op::wait: be_->wait(be_->compute_stream(), bufs_[u].gathered_ev); break;
+      case sched::op::release: release(u, pass); break;
+      case sched::op::alloc_grad: alloc_grad(u); break;
+      case sched::op::accumulate: accumulate(u); break;
+      case sched::op::reduce: reduce(u, pass); break;
+    }
+  }
+
+  // ---- outside the scheduler's decisions ---------------------------------------------------------------------
+  /// Allocates unit u's master and gradient shards, fills the master with this rank's elements of every
+  /// parameter (computed on the host from their global indices) and zeroes the gradient shard. `master_serves`:
+  /// the master is what compute reads (no gather ever happens).
+  void materialise(std::size_t u, const ModelSpec& spec, const init::rule& default_init, bool master_serves) {
+    const plan::unit_costs& c = cost_[u];
+    unit_buffers<B>& b = bufs_[u];
+    stream& cs = be_->compute_stream();
+    b.master = be_->allocate(c.master.bytes(), c.master.category, cs);
+    b.grad_shard = be_->allocate(c.grad_shard.bytes(), c.grad_shard.category, cs);
+    std::vector<float> staging(static_cast<std::size_t>(c.shard_numel), 0.0f);  // master dtype: f32
+    for (const ShardedTensor& v : layouts_[u].shard_views(shard_rank_)) {
+      if (v.empty()) continue;
+      const ParamSpec& p = spec.at(v.name);
+      init::fill(p.init ? *p.init : default_init, v.name, static_cast<std::uint64_t>(v.begin),
+                 static_cast<std::size_t>(v.local_numel()), staging.data() + v.shard_offset);
+    }
+    be_->upload(b.master.data(), staging.data(), c.master.bytes(), cs);
+    be_->record(b.shard_ready, cs);
+    be_->fill_zero(b.grad_shard.data(), c.grad_shard.bytes(), cs);
+    be_->synchronize(cs);  // staging goes out of scope
+    if (master_serves) b.params = b.master.data();
+  }
+
+  /// Compute waits for every unit's reduction.
+  void wait_reductions() {
+    for (auto& b : bufs_) be_->wait(be_->compute_stream(), b.reduced);
+  }
+  /// The optimizer wrote every master shard on the compute stream: later gathers wait for this point only.
+  void shards_written() {
+    for (auto& b : bufs_) be_->record(b.shard_ready, be_->compute_stream());
+  }
+  /// Every gradient shard set to zero once its pending reduction is done.
+  void zero_grads() {
+    stream& cs = be_->compute_stream();
+    for (std::size_t u = 0; u < bufs_.size(); ++u) {
+      be_->wait(cs, bufs_[u].reduced);
+      be_->fill_zero(bufs_[u].grad_shard.data(), cost_[u].grad_shard.bytes(), cs);
+    }
+  }
+  /// Collective: unit u's full fp32 master (padded flat buffer) on the host of every rank. Allocates one unsharded
+  /// fp32 comm buffer for the time of the call (not part of a step's plan).
+  std::vector<float> gather_full(std::size_t u) {
+    const plan::unit_costs& c = cost_[u];
+    const plan::buffer_cost full{mem::comm_buffers, c.master.type, c.padded_numel};
+    std::vector<float> out(static_cast<std::size_t>(c.padded_numel));
+    stream& ag = be_->gather_stream();
+    auto tmp = be_->allocate(full.bytes(), full.category, ag);
+    be_->wait(ag, bufs_[u].shard_ready);
+    label(u);
+    if (facts_.shards_params)
+      comm_->all_gather(bufs_[u].master.data(), tmp.data(), c.shard_numel, c.master.type, ag);
+    else
+      be_->copy(tmp.data(), bufs_[u].master.data(), full.bytes(), ag);
+    be_->synchronize(ag);  // the watched wait first: a copy to pageable memory cannot be interrupted
+    be_->download(out.data(), tmp.data(), full.bytes(), ag);
+    be_->synchronize(ag);
+    return out;
+  }
+
+  void synchronize() {
+    be_->synchronize(be_->gather_stream());
+    be_->synchronize(be_->reduce_stream());
+    be_->synchronize(be_->compute_stream());
+  }
+  /// synchronize() without throwing (destructors).
+  void synchronize_quietly() noexcept {
+    if (!be_) return;
+    for (stream* s : {&be_->compute_stream(), &be_->gather_stream(), &be_->reduce_stream()}) {
+      try {
+        be_->synchronize(*s);
+      } catch (...) {
+      }
+    }
+  }
+
+ private:
+  void gather(std::size_t u, bool ahead, pass_kind pass) {
+    const plan::unit_costs& c = cost_[u];
+    unit_buffers<B>& b = bufs_[u];
+    stream& ag = be_->gather_stream();
+    b.gathered = be_->allocate(c.gathered.bytes(), c.gathered.category, ag);
+    b.params = b.gathered.data();
+    const int unit = static_cast<int>(u);
+    stamp_->note(trace::kind::gather_issued, pass, unit, c.gather_bytes(), ahead);
+    be_->wait(ag, b.shard_ready);  // the last write of the master shard (initialisation or optimizer step)
+    stamp_->stamp(*be_, ag, trace::kind::gather_begin, pass, unit, c.gather_bytes());
+    label(u);
+    const dtype compute = c.gathered.type, master = c.master.type;
+    if (facts_.shards_params) {
+      if (compute == master) {
+        comm_->all_gather(b.master.data(), b.gathered.data(), c.shard_numel, compute, ag);
+      } else {  // cast into this rank's slice, then gather in place
+        void* slice = static_cast<char*>(b.gathered.data()) +
+                      static_cast<std::size_t>(shard_rank_) * static_cast<std::size_t>(c.shard_numel) * size_of(compute);
+        be_->convert(slice, compute, b.master.data(), master, c.shard_numel, 1.0f, ag);
+        comm_->all_gather(slice, b.gathered.data(), c.shard_numel, compute, ag);
+      }
+    } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
+      be_->convert(b.gathered.data(), compute, b.master.data(), master, c.shard_numel, 1.0f, ag);
+    }
+    stamp_->stamp(*be_, ag, trace::kind::gather_end, pass, unit, c.gather_bytes());
+    be_->record(b.gathered_ev, ag);
+  }
+
+  void release(std::size_t u, pass_kind pass) {
+    stamp_->note(trace::kind::release, pass, static_cast<int>(u));
+    be_->release_after(std::move(bufs_[u].gathered), be_->compute_stream());
+    bufs_[u].params = nullptr;
+  }
+
+  void alloc_grad(std::size_t u) {
+    const plan::buffer_cost& g = cost_[u].grad;
+    stream& cs = be_->compute_stream();
+    bufs_[u].grad = be_->allocate(g.bytes(), g.category, cs);
+    be_->fill_zero(bufs_[u].grad.data(), g.bytes(), cs);
+  }
+
+  void accumulate(std::size_t u) {
+    stream& cs = be_->compute_stream();
+    add_to_accumulator(u, cs);
+    be_->release_after(std::move(bufs_[u].grad), cs);
+  }
+
+  /// accumulator (f32) += grad (compute dtype) on `s`; the first add makes the accumulator (an exact copy).
+  void add_to_accumulator(std::size_t u, stream& s) {
+    const plan::unit_costs& c = cost_[u];
+    unit_buffers<B>& b = bufs_[u];
+    if (!b.accumulator) {
+      b.accumulator = be_->allocate(c.accumulator.bytes(), c.accumulator.category, s);
+      be_->convert(b.accumulator.data(), c.accumulator.type, b.grad.data(), c.grad.type, c.padded_numel, 1.0f, s);
+    } else {
+      be_->accumulate(b.accumulator.template as<float>(), b.grad.data(), c.grad.type, c.padded_numel, 1.0f, s);
+    }
+  }
+
+  void reduce(std::size_t u, pass_kind pass) {
+    const plan::unit_costs& c = cost_[u];
+    unit_buffers<B>& b = bufs_[u];
+    stream& rs = be_->reduce_stream();
+    const collective kind = facts_.shards_params ? collective::reduce_scatter : collective::all_reduce;
+    const int unit = static_cast<int>(u);
+    stamp_->note(trace::kind::reduce_issued, pass, unit, c.reduce_bytes(), false, kind);
+    be_->record(b.grad_ready, be_->compute_stream());
+    be_->wait(rs, b.grad_ready);
+    stamp_->stamp(*be_, rs, trace::kind::reduce_begin, pass, unit, c.reduce_bytes(), kind);
+    label(u);
+    // The source: the gradient, or (no-sync) the accumulator with the last gradient added and freed.
+    void* src = b.grad.data();
+    dtype src_type = c.grad.type;
+    if (b.accumulator) {
+      add_to_accumulator(u, rs);
+      be_->release_after(std::move(b.grad), rs);
+      src = b.accumulator.data();
+      src_type = c.accumulator.type;
+    }
+    const dtype reduce = c.reduce_output.type;
+    typename B::buffer in, out;
+    if (c.reduce_input) {  // another dtype: cast (and pre-divide) into the reduce input
+      in = be_->allocate(c.reduce_input.bytes(), c.reduce_input.category, rs);
+      be_->convert(in.data(), reduce, src, src_type, c.padded_numel, reduce_.prescale, rs);
+      src = in.data();
+    } else if (reduce_.prescale != 1.0f) {  // same dtype: pre-divide in place
+      be_->convert(src, src_type, src, src_type, c.padded_numel, reduce_.prescale, rs);
+    }
+    float* shard = b.grad_shard.template as<float>();
+    if (facts_.shards_params) {
+      out = be_->allocate(c.reduce_output.bytes(), c.reduce_output.category, rs);
+      comm_->reduce_scatter(src, out.data(), c.shard_numel, reduce, reduce_.op, rs);
+      be_->accumulate(shard, out.data(), reduce, c.shard_numel, reduce_.postscale, rs);
+    } else {
+      comm_->all_reduce(src, src, c.padded_numel, reduce, reduce_.op, rs);
+      be_->accumulate(shard, src, reduce, c.padded_numel, reduce_.postscale, rs);
+    }
+    stamp_->stamp(*be_, rs, trace::kind::reduce_end, pass, unit, c.reduce_bytes(), kind);
+    // freed in the order plan/cost.hpp gives: output, input, then the gradient or the accumulator
+    be_->release_after(std::move(out), rs);
+    be_->release_after(std::move(in), rs);
+    be_->release_after(std::move(b.grad), rs);
+    be_->release_after(std::move(b.accumulator), rs);
+    be_->record(b.reduced, rs);
+  }
+
+  /// Tells a communicator that keeps one (comm::nccl) which unit the next collective is for, so that a timeout
+  /// names it.
+  void label(std::size_t u) {
+    if constexpr (requires(C& c) { c.label(std::string_view{}); }) comm_->label(units_->name(u));
+  }
+
+  const unit_index* units_;
+  C* comm_;
+  std::unique_ptr<B> be_;  // before the buffers: destroyed after them
+  std::vector<FlatLayout> layouts_;
+  int shard_rank_;
+  plan::cost_facts facts_;
+  reduce_facts reduce_;
+  const trace::stamper* stamp_;
+  std::vector<plan::unit_costs> cost_;
+  std::vector<unit_buffers<B>> bufs_;
+};
+
+}  // namespace fsdp::exec

@@ -1,0 +1,73 @@
+#pragma once
+// model_options: the runtime choices of a Model beside its compile-time policy. The schedule configuration
+// (schedule/config.hpp) is built from them once; the budget helpers build theirs from the same fields.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/prefetch/prefetch.hpp"
+
+namespace fsdp {
+
+namespace trace {
+class recorder;
+}
+
+/// When gradients leave the rank during gradient accumulation.
+enum class grad_sync : std::uint8_t {
+  every_micro_batch,  ///< each unit's gradient is reduced into its shard at every backward (least memory)
+  last_micro_batch,   ///< no-sync: each rank keeps its unsharded fp32 gradients and reduces once, in the last
+                      ///< micro-batch's backward (fewer collectives, the unsharded gradients in memory)
+};
+
+/// Gradient accumulation: `micro_batches` forward and backward passes per optimizer step.
+struct accumulation_options {
+  /// Backward passes per optimizer step. With grad_sync::last_micro_batch the step requires exactly this many;
+  /// with every_micro_batch it is what the planner plans for (more passes only add to the gradient shards).
+  int micro_batches = 1;
+  grad_sync sync = grad_sync::every_micro_batch;
+  /// Each unit is gathered once per step and kept until the last micro-batch's backward ends (no release after
+  /// forward or after the other backward passes): fewer all-gathers, every unit's gathered parameters in memory.
+  bool keep_gathered = false;
+};
+
+/// How the reduced gradient is divided by the number of ranks it sums over.
+struct grad_division {
+  enum class mode : std::uint8_t {
+    average,   ///< the collective averages (each rank's loss is a mean over its own samples)
+    sum,       ///< no division (the loss is already scaled by the global batch)
+    pre_post,  ///< divide by `pre_factor` before the reduction and by ranks / pre_factor after: the sum stays
+               ///< small enough for fp16 (PyTorch FSDP's gradient pre- and post-division)
+  };
+  mode how = mode::average;
+  /// pre_post only: the pre-division factor, > 0; 0 picks it as PyTorch FSDP does: f = 1, doubled while
+  /// ranks % f == 0 and ranks / f > f (2 for 3 or 4 ranks, 4 for 8, 8 for 64).
+  float pre_factor = 0.0f;
+};
+
+struct model_options {
+  layout_options layout{};
+  /// How gradients are combined across ranks (average by default).
+  grad_division division{};
+  /// Gradient accumulation over micro-batches (one micro-batch, synchronised every time, by default).
+  accumulation_options accumulation{};
+  /// The forward order of the units, by name (backward runs it in reverse). Empty: the wrapping order.
+  std::vector<std::string> forward_order;
+  /// Record the forward order from the first forward pass (units entered by name with pass_range::enter) and
+  /// check every later pass against it. Not together with forward_order.
+  bool record_order = false;
+  /// Per unit name: override the strategy's reshard_after_forward (false keeps the unit gathered from its
+  /// forward to its backward; the root unit, last in forward and first in backward, usually should).
+  std::map<std::string, bool> reshard_after_forward;
+  /// Units gathered or gathering at once, on demand and by prefetch; 0 = no limit. A prefetch waits for a free
+  /// slot (it is issued at a later unit); a unit needed for compute with no slot free is a usage_error.
+  int gather_slots = 0;
+  /// The schedule of prefetch::explicit_schedule: which units to gather when a unit's forward/backward starts.
+  prefetch_schedule prefetch;
+  /// Where to record the trace and the memory timeline (null: nothing is recorded).
+  trace::recorder* recorder = nullptr;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,97 @@
+#pragma once
+// What each buffer of a unit costs: its memory category, dtype and element count, from the unit's layout and the
+// precision, sharding and accumulation facts. The one place these are computed: the unit executor allocates
+// exactly these buffers and the memory planner counts exactly these bytes, so they cannot disagree.
+//
+// Per unit with padded size P and shard size S elements (S = P when the shard group is one rank):
+//
+//   buffer          category          dtype     elements  lives
+//   master          sharded params    master    S         always (the fp32 master shard)
+//   grad shard      grads             f32       S         always (the fp32 gradient shard)
+//   gathered        gathered params   compute   P         from a gather to its release; none when the fp32 master
+//                                                         itself serves compute (no_shard in fp32)
+//   grad            comm buffers      compute   P         a backward: the unsharded gradient the trainer writes
+//   accumulator     comm buffers      f32       P         no-sync, from the first micro-batch's backward of the
+//                                                         unit to its reduction in the last
+//   reduce input    comm buffers      reduce    P         during a reduction, when the source (grad, or the
+//                                                         accumulator) has another dtype; else none (the source
+//                                                         is reduced, scaled in place if it must be)
+//   reduce output   comm buffers      reduce    S         during a reduce-scatter; none for an all-reduce (in place)
+//
+// A reduction allocates its input, then its output, and frees them in reverse order before it frees the grad and
+// the accumulator (fsdp/exec/unit_executor.hpp, reduce(); fsdp/plan/memory_plan.hpp counts the same sequence).
+#include <cstdint>
+#include <vector>
+
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/memory/memory.hpp"
+#include "fsdp/model_options.hpp"
+#include "fsdp/precision/precision.hpp"
+
+namespace fsdp::plan {
+
+/// One buffer's cost.
+struct buffer_cost {
+  mem category = mem::comm_buffers;
+  dtype type = dtype::f32;
+  std::int64_t numel = 0;  ///< 0: the buffer does not exist under these facts
+  std::int64_t bytes() const noexcept { return numel * static_cast<std::int64_t>(size_of(type)); }
+  explicit operator bool() const noexcept { return numel > 0; }
+};
+
+/// The facts a unit's costs depend on, beside its layout.
+struct cost_facts {
+  precision_facts precision{};
+  bool shards_params = true;        ///< reduce-scatter into shards (else all-reduce of replicas)
+  bool accumulates_locally = false; ///< no-sync over more than one micro-batch: gradients wait in an fp32 accumulator
+};
+
+/// The facts of a model with this precision, sharding and accumulation.
+inline cost_facts make_cost_facts(const precision_facts& precision, bool shards_params,
+                                  const accumulation_options& accumulation) {
+  return {precision, shards_params,
+          accumulation.sync == grad_sync::last_micro_batch && accumulation.micro_batches > 1};
+}
+
+/// The costs of one unit's buffers.
+struct unit_costs {
+  buffer_cost master, grad_shard, gathered, grad, accumulator, reduce_input, reduce_output;
+  dtype reduce_source = dtype::f32;  ///< the dtype reduced from when there is no reduce input (grad or accumulator)
+  std::int64_t shard_numel = 0;      ///< S: elements of the master and gradient shards
+  std::int64_t padded_numel = 0;     ///< P: elements of the unsharded flat buffer
+  /// Unsharded bytes an all-gather of the unit moves, and a reduction (as nccl-tests count, for traces).
+  std::int64_t gather_bytes() const noexcept { return padded_numel * static_cast<std::int64_t>(size_of(gathered.type)); }
+  std::int64_t reduce_bytes() const noexcept { return padded_numel * static_cast<std::int64_t>(size_of(reduce_output.type)); }
+};
+
+inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
+  const precision_facts& p = f.precision;
+  const std::int64_t S = l.shard_numel(), P = l.padded_numel();
+  const bool master_serves_compute = !f.shards_params && p.compute == p.master;
+  unit_costs c;
+  c.shard_numel = S;
+  c.padded_numel = P;
+  c.master = {mem::sharded_params, p.master, S};
+  c.grad_shard = {mem::grads, dtype::f32, S};
+  c.gathered = {mem::gathered_params, p.compute, master_serves_compute ? 0 : P};
+  c.grad = {mem::comm_buffers, p.compute, P};
+  c.accumulator = {mem::comm_buffers, dtype::f32, f.accumulates_locally ? P : 0};
+  c.reduce_source = f.accumulates_locally ? dtype::f32 : p.compute;
+  c.reduce_input = {mem::comm_buffers, p.reduce, c.reduce_source != p.reduce ? P : 0};
+  c.reduce_output = {mem::comm_buffers, p.reduce, f.shards_params ? S : 0};
+  return c;
+}
+
+/// An optimizer's state for one unit: `states` fp32 values per shard element.
+inline buffer_cost optimizer_state_cost(const FlatLayout& l, int states) {
+  return {mem::optimizer_state, dtype::f32, l.shard_numel() * states};
+}
+
+/// The per-step buffer of gradient inspection (clipping, non-finite checks): `rows` x `units` fp32 squared norms,
+/// all-reduced once (fsdp/grad/inspect.hpp).
+inline buffer_cost norm_buffer_cost(std::size_t units, int rows) {
+  return {mem::comm_buffers, dtype::f32, static_cast<std::int64_t>(units) * rows};
+}
+
+}  // namespace fsdp::plan

@@ -1,0 +1,103 @@
+#pragma once
+// The schedule configuration: the facts the scheduler decides from, built once from the policy's facts and the
+// model options. Model builds it at construction; the budget helpers build theirs with the same function for every
+// candidate they plan, so a plan and a model with the same inputs schedule alike.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/model_options.hpp"
+#include "fsdp/precision/precision.hpp"
+#include "fsdp/prefetch/prefetch.hpp"
+#include "fsdp/sharding/sharding.hpp"
+#include "fsdp/unit/unit_index.hpp"
+
+namespace fsdp::sched {
+
+struct config {
+  /// Units are gathered before use and released after: their parameters are sharded, or the compute dtype is
+  /// not the master's (a cast copy). false: the fp32 master is the full parameter (no_shard in fp32) and every
+  /// unit is always gathered.
+  bool gathers = true;
+  /// Per unit index: released when its forward ends (else kept gathered until its backward ends).
+  std::vector<bool> reshard_after_forward;
+  int forward_depth = 0;
+  int backward_depth = 0;
+  bool post_backward = false;
+  bool by_schedule = false;
+  /// Per unit index, for by_schedule: the units to prefetch when that unit's forward / backward starts.
+  std::vector<std::vector<std::size_t>> forward_schedule;
+  std::vector<std::vector<std::size_t>> backward_schedule;
+  /// Units held gathered (or gathering) at once; 0 = no limit.
+  int gather_slots = 0;
+  /// Backward passes per optimizer step (accumulation_options::micro_batches).
+  int micro_batches = 1;
+  /// Reduce every micro-batch (else: accumulate locally, reduce in the last one).
+  bool sync_each_micro_batch = true;
+  /// Keep every gathered unit until the last micro-batch's backward ends.
+  bool keep_gathered = false;
+};
+
+/// The schedule configuration of `units` under these facts and options. Every option that names a unit is
+/// checked here; a mistake is a usage_error that names it and lists the units.
+inline config build_config(const unit_index& units, const strategy_facts& strategy, const prefetch_facts& prefetch,
+                           const precision_facts& precision, const model_options& opt) {
+  const std::size_t n = units.size();
+  config c;
+  c.gathers = strategy.shards_params || precision.compute != precision.master;
+  c.reshard_after_forward.assign(n, strategy.reshard_after_forward);
+  for (const auto& [name, value] : opt.reshard_after_forward) {
+    const auto u = units.find(name);
+    if (!u)
+      detail::fail_usage("model_options::reshard_after_forward names '", name, "', which is not a unit (units: ",
+                         units.list(), ")");
+    if (!strategy.shards_params)
+      detail::fail_usage("model_options::reshard_after_forward is set for unit '", name, "', but ", strategy.name,
+                         " never gathers or reshards parameters");
+    c.reshard_after_forward[*u] = value;
+  }
+  c.forward_depth = prefetch.forward_depth;
+  c.backward_depth = prefetch.backward_depth;
+  c.post_backward = prefetch.post_backward;
+  c.by_schedule = prefetch.by_schedule;
+  if (prefetch.by_schedule) {
+    if (opt.prefetch.empty())
+      detail::fail_usage("prefetch::explicit_schedule needs model_options::prefetch to name the units to prefetch");
+    c.forward_schedule.resize(n);
+    c.backward_schedule.resize(n);
+    auto fill = [&](const std::map<std::string, std::vector<std::string>>& from,
+                    std::vector<std::vector<std::size_t>>& to, const char* which) {
+      for (const auto& [at, list] : from) {
+        const auto a = units.find(at);
+        if (!a)
+          detail::fail_usage("model_options::prefetch.", which, "['", at, "']: no unit named '", at, "' (units: ",
+                             units.list(), ")");
+        for (const auto& target : list) {
+          const auto t = units.find(target);
+          if (!t)
+            detail::fail_usage("model_options::prefetch.", which, "['", at, "'] names '", target,
+                               "', which is not a unit (units: ", units.list(), ")");
+          to[*a].push_back(*t);
+        }
+      }
+    };
+    fill(opt.prefetch.forward, c.forward_schedule, "forward");
+    fill(opt.prefetch.backward, c.backward_schedule, "backward");
+  } else if (!opt.prefetch.empty()) {
+    detail::fail_usage("model_options::prefetch names units to prefetch, but the policy's prefetch is not "
+                       "prefetch::explicit_schedule (it would be ignored)");
+  }
+  c.gather_slots = opt.gather_slots;
+  if (c.gather_slots < 0)
+    detail::fail_usage("model_options::gather_slots must be >= 0 (0 = no limit), got ", c.gather_slots);
+  const accumulation_options& a = opt.accumulation;
+  if (a.micro_batches < 1)
+    detail::fail_usage("model_options::accumulation.micro_batches must be >= 1, got ", a.micro_batches);
+  c.micro_batches = a.micro_batches;
+  c.sync_each_micro_batch = a.sync == grad_sync::every_micro_batch;
+  c.keep_gathered = a.keep_gathered;
+  return c;
+}
+
+}  // namespace fsdp::sched

@@ -1,0 +1,23 @@
+#pragma once
+// A unit's storage: its buffers and the events that order their use across streams. The unit executor
+// (fsdp/exec/unit_executor.hpp) owns and fills them; FsdpUnit reads them as a view. Each buffer's category, dtype
+// and size come from fsdp/plan/cost.hpp. The unit's state (gathered or not, current pass, ...) is not here: the
+// scheduler owns it.
+namespace fsdp {
+
+template <class Backend>
+struct unit_buffers {
+  typename Backend::buffer master;       ///< the fp32 master shard
+  typename Backend::buffer grad_shard;   ///< the fp32 gradient shard
+  typename Backend::buffer gathered;     ///< the unsharded parameters in the compute dtype, while gathered
+  typename Backend::buffer grad;         ///< the unsharded gradient in the compute dtype, during the unit's backward
+  typename Backend::buffer accumulator;  ///< no-sync: the fp32 sum of this rank's unsharded gradients so far
+  void* params = nullptr;                ///< what compute reads: gathered's data, or the master when it serves compute
+
+  typename Backend::event shard_ready;   ///< the last write of the master shard (initialisation, optimizer step)
+  typename Backend::event gathered_ev;   ///< the gather into `gathered` is complete
+  typename Backend::event grad_ready;    ///< compute finished writing `grad`
+  typename Backend::event reduced;       ///< the reduction is accumulated into the gradient shard
+};
+
+}  // namespace fsdp
