@@ -2,6 +2,10 @@
 // A small MLP trainer written the way a user of the library writes one: the layer kernels and the training loop
 // are the user's; the library gathers each layer's parameters just in time, reduces its gradients into shards
 // and steps the optimizer on the local shards. Shared by main.cc and the parity tests.
+//
+// The layer code is generic in the weight type W, the precision policy's compute type: weights are read as W and
+// widened to fp32, products accumulate in fp32, gradients are stored as W once per backward (as a bf16 GEMM with
+// fp32 accumulation does). Activations stay fp32. With W = float every operation is the plain fp32 loop.
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -25,11 +29,15 @@ struct config {
   float momentum = 0.9f;        ///< sgd only
   float weight_decay = 0.01f;
   bool verbose = false;          ///< rank 0 prints a line per step
-  fsdp::model_options model{};   ///< scheduling options (order, slots, per-unit resharding, recorder, ...)
+  /// Scheduling options (order, slots, per-unit resharding, recorder, ...). model.accumulation.micro_batches
+  /// splits each rank's batch into that many micro-batches per optimizer step.
+  fsdp::model_options model{};
+  fsdp::grad::options grad{};    ///< clipping, non-finite checks, loss scaling
 };
 
 struct result {
   std::vector<float> losses;                          ///< global mean loss per step
+  std::vector<fsdp::grad::report> reports;            ///< what each optimizer step did with the gradients
   std::map<std::string, std::vector<float>> params;  ///< final full parameters
   fsdp::memory_stats memory;                         ///< this rank's accounting after training
   fsdp::memory_figures planned;                      ///< the planner's peaks for this rank
@@ -73,35 +81,41 @@ inline void make_batch(const config& c, int step, int first, int n, std::vector<
 
 // ---- the user's layer kernels (host loops standing in for their CUDA kernels) --------------------------------
 /// y[n, out] = x[n, in] W^T + b, then ReLU unless `last`.
-inline void linear_forward(const float* x, const float* w, const float* b, float* y, int n, int in, int out, bool relu) {
+template <class W>
+void linear_forward(const float* x, const W* w, const W* b, float* y, int n, int in, int out, bool relu) {
   for (int s = 0; s < n; ++s)
     for (int o = 0; o < out; ++o) {
-      float acc = b[o];
-      for (int i = 0; i < in; ++i) acc += x[s * in + i] * w[o * in + i];
+      float acc = float(b[o]);
+      for (int i = 0; i < in; ++i) acc += x[s * in + i] * float(w[o * in + i]);
       y[s * out + o] = relu && acc < 0.0f ? 0.0f : acc;
     }
 }
-/// Given dy (already masked by the ReLU): dW += dy^T x, db += sum dy, dx = dy W.
-inline void linear_backward(const float* x, const float* w, const float* dy, float* dw, float* db, float* dx, int n,
-                            int in, int out) {
+/// Given dy (already masked by the ReLU): dW += dy^T x, db += sum dy, dx = dy W. The weight gradients accumulate
+/// in fp32 and are added into dw / db (W) once.
+template <class W>
+void linear_backward(const float* x, const W* w, const float* dy, W* dw, W* db, float* dx, int n, int in, int out) {
+  std::vector<float> gw(static_cast<std::size_t>(out) * in, 0.0f), gb(static_cast<std::size_t>(out), 0.0f);
   for (int s = 0; s < n; ++s)
     for (int o = 0; o < out; ++o) {
       const float d = dy[s * out + o];
-      db[o] += d;
-      for (int i = 0; i < in; ++i) dw[o * in + i] += d * x[s * in + i];
+      gb[o] += d;
+      for (int i = 0; i < in; ++i) gw[o * in + i] += d * x[s * in + i];
     }
+  for (std::size_t k = 0; k < gw.size(); ++k) dw[k] = W(float(dw[k]) + gw[k]);
+  for (std::size_t k = 0; k < gb.size(); ++k) db[k] = W(float(db[k]) + gb[k]);
   if (dx)
     for (int s = 0; s < n; ++s)
       for (int i = 0; i < in; ++i) {
         float acc = 0;
-        for (int o = 0; o < out; ++o) acc += dy[s * out + o] * w[o * in + i];
+        for (int o = 0; o < out; ++o) acc += dy[s * out + o] * float(w[o * in + i]);
         dx[s * in + i] = acc;
       }
 }
-/// Mean squared error over n samples; writes dL/dy.
-inline float mse(const float* y, const float* t, float* dy, int n, int out) {
+/// Squared error over n samples divided by `denominator` (n * out for a mean over these samples; the rank's
+/// whole batch for a micro-batch, so that micro-batch gradients add up to the batch's); writes dL/dy.
+inline float mse(const float* y, const float* t, float* dy, int n, int out, int denominator) {
   float loss = 0;
-  const float scale = 1.0f / static_cast<float>(n * out);
+  const float scale = 1.0f / static_cast<float>(denominator);
   for (int k = 0; k < n * out; ++k) {
     const float d = y[k] - t[k];
     loss += d * d;
@@ -109,64 +123,74 @@ inline float mse(const float* y, const float* t, float* dy, int n, int out) {
   }
   return loss * scale;
 }
+inline float mse(const float* y, const float* t, float* dy, int n, int out) { return mse(y, t, dy, n, out, n * out); }
 
 /// Builds the optimizer named by c.optimizer for `model` and returns run(optimizer). Shared by the host and CUDA
 /// examples.
 template <class ModelT, class Run>
 result with_optimizer(ModelT& model, const config& c, Run&& run) {
   if (c.optimizer == "adamw") {
-    fsdp::optim::adamw opt(model, {.lr = c.lr, .weight_decay = c.weight_decay});
+    fsdp::optim::adamw opt(model, {.lr = c.lr, .weight_decay = c.weight_decay, .grad = c.grad});
     return run(opt);
   }
   if (c.optimizer == "sgd") {
-    fsdp::optim::sgd opt(model, {.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
+    fsdp::optim::sgd opt(model, {.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay, .grad = c.grad});
     return run(opt);
   }
   throw fsdp::usage_error("unknown optimizer '" + c.optimizer + "' (adamw or sgd)");
 }
 
-/// Trains on this rank's slice of every global batch; all ranks call it together.
+/// Trains on this rank's slice of every global batch; all ranks call it together. Each step runs
+/// c.model.accumulation.micro_batches forward and backward passes over consecutive parts of the rank's slice.
 template <class Policy>
 result train(typename Policy::communicator& comm, const config& c) {
+  using W = typename Policy::precision::compute_type;
   const int world = comm.size(), rank = comm.rank();
   if (c.global_batch % world != 0)
     throw fsdp::usage_error("global batch " + std::to_string(c.global_batch) + " does not split over " +
                             std::to_string(world) + " ranks");
-  const int n = c.global_batch / world;
+  const int n = c.global_batch / world, k = c.model.accumulation.micro_batches;
+  if (k < 1 || n % k != 0)
+    throw fsdp::usage_error("a rank's batch of " + std::to_string(n) + " does not split into " + std::to_string(k) +
+                            " micro-batches");
+  const int m = n / k;
   const std::size_t layers = c.dims.size() - 1;
 
   fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
   auto run = [&](auto& opt) {
     result r;
-    r.planned = model.planned_memory(opt.states_per_element());
+    r.planned = model.plan_memory(opt).peak;
     std::vector<float> x, t;
     std::vector<std::vector<float>> act(layers + 1), dact(layers + 1);
     const auto t0 = std::chrono::steady_clock::now();
     for (int step = 0; step < c.steps; ++step) {
       const auto ts = std::chrono::steady_clock::now();
-      make_batch(c, step, rank * n, n, x, t);
-      act[0] = x;
-      std::size_t l = 0;
-      for (auto& unit : model.forward()) {
-        const int in = c.dims[l], out = c.dims[l + 1];
-        act[l + 1].assign(static_cast<std::size_t>(n) * out, 0.0f);
-        linear_forward(act[l].data(), unit.param(wname(l)).data(), unit.param(bname(l)).data(), act[l + 1].data(),
-                       n, in, out, l + 1 < layers);
-        ++l;
+      float loss = 0;
+      for (int mb = 0; mb < k; ++mb) {
+        make_batch(c, step, rank * n + mb * m, m, x, t);
+        act[0] = x;
+        std::size_t l = 0;
+        for (auto& unit : model.forward()) {
+          const int in = c.dims[l], out = c.dims[l + 1];
+          act[l + 1].assign(static_cast<std::size_t>(m) * out, 0.0f);
+          linear_forward<W>(act[l].data(), unit.param(wname(l)).data(), unit.param(bname(l)).data(), act[l + 1].data(),
+                            m, in, out, l + 1 < layers);
+          ++l;
+        }
+        dact[layers].assign(act[layers].size(), 0.0f);
+        loss += mse(act[layers].data(), t.data(), dact[layers].data(), m, c.dims.back(), n * c.dims.back());
+        for (auto& unit : model.backward()) {
+          --l;
+          const int in = c.dims[l], out = c.dims[l + 1];
+          if (l + 1 < layers)  // through the ReLU of this layer's output
+            for (std::size_t q = 0; q < act[l + 1].size(); ++q)
+              if (act[l + 1][q] <= 0.0f) dact[l + 1][q] = 0.0f;
+          dact[l].assign(static_cast<std::size_t>(m) * in, 0.0f);
+          linear_backward<W>(act[l].data(), unit.param(wname(l)).data(), dact[l + 1].data(), unit.grad(wname(l)).data(),
+                             unit.grad(bname(l)).data(), l > 0 ? dact[l].data() : nullptr, m, in, out);
+        }
       }
-      dact[layers].assign(act[layers].size(), 0.0f);
-      float loss = mse(act[layers].data(), t.data(), dact[layers].data(), n, c.dims.back());
-      for (auto& unit : model.backward()) {
-        --l;
-        const int in = c.dims[l], out = c.dims[l + 1];
-        if (l + 1 < layers)  // through the ReLU of this layer's output
-          for (std::size_t k = 0; k < act[l + 1].size(); ++k)
-            if (act[l + 1][k] <= 0.0f) dact[l + 1][k] = 0.0f;
-        dact[l].assign(static_cast<std::size_t>(n) * in, 0.0f);
-        linear_backward(act[l].data(), unit.param(wname(l)).data(), dact[l + 1].data(), unit.grad(wname(l)).data(),
-                        unit.grad(bname(l)).data(), l > 0 ? dact[l].data() : nullptr, n, in, out);
-      }
-      opt.step();
+      r.reports.push_back(opt.step());
       opt.zero_grad();
       // The printed loss is the global mean: the average of the ranks' local means.
       auto& cs = model.backend().compute_stream();

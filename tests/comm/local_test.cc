@@ -2,6 +2,7 @@
 // ranks disagree or one is missing.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <thread>
 
@@ -46,7 +47,10 @@ TEST_CASE("collectives give exact results at every world size") {
       for (int j = 0; j < n; ++j) {
         const float expect = ranksum + float(world * (r * n + j));
         CHECK(out[j] == expect);
-        CHECK(out_avg[j] == expect / float(world));
+        // an average is NCCL's: each rank's value times float(1 / world), summed in rank order
+        float avg = 0.0f;
+        for (int q = 0; q < world; ++q) avg += float(q + r * n + j) * static_cast<float>(1.0 / world);
+        CHECK(out_avg[j] == avg);
         CHECK(ar_out[j] == ranksum * float(j));
         CHECK(ar[j] == ranksum * float(j));
         CHECK(b[j] == float(world - 1));
@@ -59,6 +63,73 @@ TEST_CASE("collectives give exact results at every world size") {
       CHECK(st.bytes[0] == std::uint64_t(n * world * 4));
     });
   }
+}
+
+namespace {
+/// The rule, written independently of the library's code: rank-order sum from 0, rounded to T after every
+/// addition; an average multiplies each value by T(1 / world) first (NCCL's PreMulSum).
+template <class T>
+float reduced(const std::vector<float>& per_rank, bool average) {
+  const float premul = average ? float(T(static_cast<float>(1.0 / double(per_rank.size())))) : 1.0f;
+  float acc = 0.0f;
+  for (float x : per_rank) {
+    float v = float(T(x));
+    if (average && per_rank.size() > 1) v = float(T(v * premul));
+    acc = float(T(acc + v));
+  }
+  return acc;
+}
+
+template <class T>
+void check_16bit(int world) {
+  const dtype t = fsdp::dtype_of_v<T>;
+  run_ranks(world, [&](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    auto& s = be.reduce_stream();
+    const int n = 64;
+    auto value = [](int rank, int i) { return float(T(std::ldexp(1.0f + float((i * 37 + rank * 11) % 97) / 97.0f, i % 5 - 2))); };
+    std::vector<T> in(std::size_t(n) * world), rs(n), rs_avg(n), ar(std::size_t(n) * world);
+    for (int i = 0; i < n * world; ++i) in[i] = ar[i] = T(value(c.rank(), i));
+    c.reduce_scatter(in.data(), rs.data(), n, t, reduce_op::sum, s);
+    c.reduce_scatter(in.data(), rs_avg.data(), n, t, reduce_op::avg, s);
+    c.all_reduce(ar.data(), ar.data(), n * world, t, reduce_op::avg, s);
+    be.synchronize(s);
+    for (int j = 0; j < n; ++j) {
+      std::vector<float> per_rank;
+      for (int q = 0; q < world; ++q) per_rank.push_back(value(q, c.rank() * n + j));
+      CHECK(float(rs[j]) == reduced<T>(per_rank, false));
+      CHECK(float(rs_avg[j]) == reduced<T>(per_rank, true));
+      CHECK(float(ar[c.rank() * n + j]) == reduced<T>(per_rank, true));
+    }
+    CHECK(c.stats().bytes[std::size_t(fsdp::collective::reduce_scatter)] == std::uint64_t(2 * n * world * 2));
+  });
+}
+}  // namespace
+
+TEST_CASE("bf16 and fp16 reductions: rank order, rounded after every addition, averages pre-multiplied") {
+  for (int world = 1; world <= 5; ++world) {
+    CAPTURE(world);
+    check_16bit<fsdp::bfloat16>(world);
+    check_16bit<fsdp::float16>(world);
+  }
+  // rounding after every addition is not rounding once: 256 + 1 + 1 in bf16 (8 bits) is 256, not 258
+  run_ranks(3, [](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    fsdp::bfloat16 x(c.rank() == 0 ? 256.0f : 1.0f);
+    c.all_reduce(&x, &x, 1, dtype::bf16, reduce_op::sum, be.reduce_stream());
+    be.synchronize(be.reduce_stream());
+    CHECK(float(x) == 256.0f);
+  });
+  // an fp16 average stays in range where the sum would not: 60000 at 2 ranks averages to 60000, sums to inf
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    fsdp::float16 avg(60000.0f), sum(60000.0f);
+    c.all_reduce(&avg, &avg, 1, dtype::f16, reduce_op::avg, be.reduce_stream());
+    c.all_reduce(&sum, &sum, 1, dtype::f16, reduce_op::sum, be.reduce_stream());
+    be.synchronize(be.reduce_stream());
+    CHECK(float(avg) == 60000.0f);
+    CHECK(std::isinf(float(sum)));
+  });
 }
 
 TEST_CASE("collectives on two streams are matched by issue order, not by arrival") {

@@ -169,6 +169,42 @@ TEST_CASE("host backend convert and accumulate: casts, scaling, sizes 0 and 1") 
   CHECK(norm == 0.0f);
 }
 
+TEST_CASE("accumulate with a scale: dst + float(x) * scale, one rounding each; scale 1 adds x itself") {
+  using fsdp::kernels::accumulate_one;
+  float d = 1.0f;
+  accumulate_one<fsdp::dtype::f32>(d, 0.1f, 1.0f);
+  CHECK(d == 1.0f + 0.1f);
+  d = 1.0f;
+  accumulate_one<fsdp::dtype::bf16>(d, bf16_from_float(3.0f), 0.375f);
+  CHECK(d == 1.0f + 3.0f * 0.375f);
+  d = 0.5f;
+  accumulate_one<fsdp::dtype::f16>(d, half_from_float(-2.5f), 1.0f / 3.0f);
+  CHECK(d == 0.5f + (-2.5f * (1.0f / 3.0f)));
+  // the host backend's accumulate applies it to every element
+  fsdp::backend::host be;
+  std::vector<float> acc = {1, 2, 3};
+  const std::vector<float> x = {4, 8, 16};
+  be.accumulate(acc.data(), x.data(), fsdp::dtype::f32, 3, 0.25f, be.compute_stream());
+  CHECK(acc == std::vector<float>{2, 4, 7});
+}
+
+TEST_CASE("the reduction rule in fp32 is the plain rank-order sum; an average pre-multiplies by float(1/world)") {
+  using fsdp::kernels::reduce_add;
+  const float xs[] = {0.1f, 0.7f, -0.3f, 1e-3f, 5.0f};
+  float acc = 0.0f, plain = 0.0f, avg = 0.0f, plain_avg = 0.0f;
+  const float third = fsdp::kernels::average_factor<fsdp::dtype::f32>(5);
+  CHECK(third == static_cast<float>(1.0 / 5));
+  for (float x : xs) {
+    acc = reduce_add<fsdp::dtype::f32>(acc, x, 1.0f);
+    plain += x;
+    avg = reduce_add<fsdp::dtype::f32>(avg, x, third);
+    plain_avg += x * third;
+  }
+  CHECK(acc == plain);
+  CHECK(avg == plain_avg);
+  CHECK(fsdp::kernels::average_factor<fsdp::dtype::bf16>(3) == 0.333984375f);  // 1/3 in bf16: NCCL's scalar
+}
+
 TEST_CASE("decay masks and shard pieces: no-decay ranges get no weight decay, pieces cover the shard") {
   struct view {
     std::int64_t shard_offset, n;

@@ -7,9 +7,10 @@ using fsdp::mem;
 using fsdp::comm::local_communicator;
 
 namespace {
-mlp::config cfg(const char* optimizer, fsdp::model_options mo = {}) {
+mlp::config cfg(const char* optimizer, fsdp::model_options mo = {}, fsdp::grad::options g = {}) {
   mlp::config c;
   c.model = mo;
+  c.grad = g;
   c.dims = {16, 64, 32, 128, 8};  // uneven units: 1088, 2080, 4224, 1032 elements
   c.global_batch = 24;
   c.steps = 2;
@@ -18,15 +19,15 @@ mlp::config cfg(const char* optimizer, fsdp::model_options mo = {}) {
 }
 
 template <class Policy>
-std::vector<mlp::result> train(int world, const char* optimizer, fsdp::model_options mo = {}) {
+std::vector<mlp::result> train(int world, const char* optimizer, fsdp::model_options mo = {}, fsdp::grad::options g = {}) {
   std::vector<mlp::result> out(static_cast<std::size_t>(world));
-  fsdp_test::run_ranks(world, [&](local_communicator& c) { out[c.rank()] = mlp::train<Policy>(c, cfg(optimizer, mo)); });
+  fsdp_test::run_ranks(world, [&](local_communicator& c) { out[c.rank()] = mlp::train<Policy>(c, cfg(optimizer, mo, g)); });
   return out;
 }
 
-template <class Strategy, class Prefetch>
-void check_plan_matches(fsdp::model_options mo = {}) {
-  using Policy = fsdp::policy<Strategy, Prefetch>;
+template <class Strategy, class Prefetch, class Precision = fsdp::precision::full>
+void check_plan_matches(fsdp::model_options mo = {}, fsdp::grad::options g = {}) {
+  using Policy = fsdp::policy<Strategy, Prefetch, Precision>;
   for (int world : {1, 3, 4})
     for (const char* optimizer : {"adamw", "sgd"}) {
       CAPTURE(world);
@@ -34,7 +35,13 @@ void check_plan_matches(fsdp::model_options mo = {}) {
       CAPTURE(Strategy::name);
       CAPTURE(Prefetch::forward_depth);
       CAPTURE(Prefetch::backward_depth);
-      for (const auto& r : train<Policy>(world, optimizer, mo)) {
+      CAPTURE(fsdp::name_of(fsdp::dtype_of_v<typename Precision::compute_type>));
+      CAPTURE(fsdp::name_of(fsdp::dtype_of_v<typename Precision::reduce_type>));
+      CAPTURE(mo.accumulation.micro_batches);
+      CAPTURE(int(mo.accumulation.sync));
+      CAPTURE(mo.accumulation.keep_gathered);
+      CAPTURE(g.rows(world));
+      for (const auto& r : train<Policy>(world, optimizer, mo, g)) {
         for (std::size_t k = 0; k < fsdp::mem_categories; ++k) {
           CAPTURE(fsdp::name_of(static_cast<mem>(k)));
           CHECK(r.memory.peak.bytes[k] == r.planned.bytes[k]);
@@ -77,6 +84,62 @@ TEST_CASE("planned equals measured under gather slots, per-unit resharding, expl
   ex.prefetch.backward["layers.3"] = {"layers.1"};
   ex.prefetch.backward["layers.0"] = {"layers.3"};  // stays gathered until the step releases it
   check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::explicit_schedule>(ex);
+}
+
+TEST_CASE("planned equals measured for every precision and accumulation mode, with and without gradient inspection") {
+  using fsdp::bfloat16;
+  using fsdp::float16;
+  using fsdp::precision::mixed;
+  const fsdp::accumulation_options modes[] = {
+      {.micro_batches = 1},
+      {.micro_batches = 2},
+      {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch},
+      {.micro_batches = 2, .keep_gathered = true},
+      {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch, .keep_gathered = true},
+  };
+  for (const auto& a : modes) {
+    fsdp::model_options mo;
+    mo.accumulation = a;
+    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, mixed<bfloat16>>(mo);
+    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>(mo);
+    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::backward_post, mixed<float16, float, float16>>(mo);
+    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next>(mo);
+    check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, mixed<bfloat16>>(mo);
+    check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>(mo);
+    check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next>(mo);
+  }
+  // gradient inspection adds one rows x units buffer at the step: a row, or one per rank when locating
+  fsdp::model_options pre_post;
+  pre_post.division.how = fsdp::grad_division::mode::pre_post;
+  check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, mixed<bfloat16>>({}, {.max_norm = 1.0f});
+  check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, mixed<float16, float, float16>>(
+      pre_post, {.skip_nonfinite = true, .locate_nonfinite = true});
+  check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next>({}, {.locate_nonfinite = true});
+}
+
+TEST_CASE("bf16 figures worked out by hand for 4 ranks: half the gathered bytes, the casts' buffers in comm buffers") {
+  // The units of the test above at 4 ranks: padded 1088 | 2112 | 4224 | 1088, shards 272 | 528 | 1056 | 272.
+  using fsdp::bfloat16;
+  using fsdp::precision::mixed;
+  using F = fsdp::sharding::full_shard;
+  const auto f32 = train<fsdp::policy<F, fsdp::prefetch::none>>(4, "adamw")[0].memory.peak;
+  const auto mixed32 = train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16>>>(4, "adamw")[0].memory.peak;
+  const auto bf16 = train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>>(4, "adamw")[0].memory.peak;
+  CHECK(mixed32[mem::gathered_params] == 4224 * 2);
+  CHECK(2 * mixed32[mem::gathered_params] == f32[mem::gathered_params]);
+  CHECK(mixed32[mem::sharded_params] == f32[mem::sharded_params]);  // masters stay fp32
+  CHECK(mixed32[mem::grads] == 2128 * 4);                            // gradient shards too
+  // the largest unit's bf16 gradient, its fp32 cast for the fp32 reduce-scatter, and the fp32 output shard
+  CHECK(mixed32[mem::comm_buffers] == 4224 * 2 + 4224 * 4 + 1056 * 4);
+  // bf16 reduction: the gradient itself is reduced; the output shard is bf16
+  CHECK(bf16[mem::comm_buffers] == 4224 * 2 + 1056 * 2);
+  // no-sync over 2 micro-batches: every unit's fp32 accumulator (1088 + 2112 + 4224 + 1088 elements) lives until
+  // its reduction in the last backward. That backward reduces layers.3 first (its accumulator freed), then enters
+  // layers.2: the accumulators of layers 0..2 and layers.2's bf16 gradient are the peak
+  fsdp::model_options nosync;
+  nosync.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  const auto ns = train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16>>>(4, "adamw", nosync)[0].memory.peak;
+  CHECK(ns[mem::comm_buffers] == (1088 + 2112 + 4224) * 4 + 4224 * 2);
 }
 
 TEST_CASE("planned equals measured for a declared order other than the wrapping order") {

@@ -94,6 +94,37 @@ TEST_CASE("the first preferred grouping that fits, at its largest depth") {
         "fsdp: budget: gather_slots must be >= 0 (0 = no limit), got -3");
 }
 
+TEST_CASE("a schedule that cannot run is a plan that says why, and the helpers skip it without an exception") {
+  const auto units = fsdp::plan_units("blocks", blocks(), grouping(1), 4);
+  auto q = query();
+  q.strategy = fsdp::facts_of<fsdp::sharding::shard_grad_op>(4);  // every unit stays gathered to its backward
+  q.gather_slots = 3;
+  CHECK(!fsdp::largest_prefetch_depth(units, q, 1 << 30));
+  const fsdp::memory_plan p = fsdp::plan_detail::plan_at(units, q, 0);
+  CHECK(!p.feasible());
+  CHECK(p.infeasible == "gather slots exhausted: unit 'g3' (index 3) must be gathered for its forward but all 3 slots "
+                        "are held by 'g0', 'g1', 'g2'; raise model_options::gather_slots or let those units reshard "
+                        "after forward");
+  CHECK(p.table().find("  not feasible: gather slots exhausted") != std::string::npos);
+  q.gather_slots = 8;
+  CHECK(fsdp::plan_detail::plan_at(units, q, 0).feasible());
+}
+
+TEST_CASE("bf16 gathers and reductions: the same budget holds a deeper prefetch") {
+  const auto units = fsdp::plan_units("blocks", blocks(), grouping(1), 4);
+  auto q = query();
+  const std::int64_t budget = 32768 + 3 * 4096;  // fp32: depth 1 (two units gathered and a gradient)
+  const auto f32 = fsdp::largest_prefetch_depth(units, q, budget);
+  REQUIRE(f32);
+  CHECK(f32->depth == 1);
+  q.precision = {fsdp::dtype::bf16, fsdp::dtype::f32, fsdp::dtype::bf16};
+  const auto bf16 = fsdp::largest_prefetch_depth(units, q, budget);
+  REQUIRE(bf16);
+  // (d + 1) units of 2048 B gathered and a 2048 B bf16 gradient over the same persistent fp32 shards
+  CHECK(bf16->depth == 4);
+  CHECK(bf16->plan.peak.total == 32768 + 6 * 2048);
+}
+
 TEST_CASE("the helper's plan is what a model with that policy measures") {
   const auto units = fsdp::plan_units("blocks", blocks(), grouping(2), 4);
   const auto c = fsdp::largest_prefetch_depth(units, query(), 32768 + 3 * 8192);

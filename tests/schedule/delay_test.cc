@@ -21,7 +21,8 @@ namespace {
 enum class mode { inline_streams, threaded, delayed };
 
 template <class Policy>
-std::vector<mlp::result> train(mode md, const char* optimizer, fsdp::model_options mo = {}, unsigned seed = 0) {
+std::vector<mlp::result> train(mode md, const char* optimizer, fsdp::model_options mo = {}, unsigned seed = 0,
+                               fsdp::grad::options g = {}) {
   constexpr int world = 3;
   mlp::config c;
   c.dims = {12, 40, 24, 56, 6};
@@ -29,6 +30,7 @@ std::vector<mlp::result> train(mode md, const char* optimizer, fsdp::model_optio
   c.steps = 3;
   c.optimizer = optimizer;
   c.model = mo;
+  c.grad = g;
   fsdp::comm::local_options lo;
   lo.timeout = fsdp_test::timeout;
   lo.backend.threaded_streams = md != mode::inline_streams;
@@ -51,9 +53,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 template <class Policy>
-void check_unchanged(const char* optimizer, fsdp::model_options mo = {}) {
+void check_unchanged(const char* optimizer, fsdp::model_options mo = {}, fsdp::grad::options g = {}) {
   CAPTURE(optimizer);
-  const auto ref = train<Policy>(mode::inline_streams, optimizer, mo);
+  const auto ref = train<Policy>(mode::inline_streams, optimizer, mo, 0, g);
   REQUIRE(ref[0].losses.size() == 3);
   for (const auto& r : ref) REQUIRE(same_bits(r.losses, ref[0].losses));  // every rank agrees
   auto compare = [&](const std::vector<mlp::result>& got) {
@@ -66,10 +68,10 @@ void check_unchanged(const char* optimizer, fsdp::model_options mo = {}) {
       }
     }
   };
-  compare(train<Policy>(mode::threaded, optimizer, mo));
+  compare(train<Policy>(mode::threaded, optimizer, mo, 0, g));
   for (unsigned seed : {1u, 2u}) {
     CAPTURE(seed);
-    compare(train<Policy>(mode::delayed, optimizer, mo, seed));
+    compare(train<Policy>(mode::delayed, optimizer, mo, seed, g));
   }
 }
 }  // namespace
@@ -93,12 +95,33 @@ TEST_CASE("an explicit schedule") {
   check_unchanged<fsdp::policy<sharding::full_shard, prefetch::explicit_schedule>>("sgd", mo);
 }
 TEST_CASE("no_shard") { check_unchanged<fsdp::policy<sharding::no_shard>>("adamw"); }
+TEST_CASE("bf16 compute and reduction, no-sync over two micro-batches, clipped") {
+  fsdp::model_options mo;
+  mo.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  check_unchanged<fsdp::policy<sharding::full_shard, prefetch::next,
+                               fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>>("adamw", mo,
+                                                                                                {.max_norm = 0.05f});
+}
+TEST_CASE("fp16, units kept gathered over two micro-batches, divided before and after, non-finite checks") {
+  fsdp::model_options mo;
+  mo.accumulation = {.micro_batches = 2, .keep_gathered = true};
+  mo.division.how = fsdp::grad_division::mode::pre_post;
+  check_unchanged<fsdp::policy<sharding::full_shard, prefetch::backward_pre<2>,
+                               fsdp::precision::mixed<fsdp::float16, float, fsdp::float16>>>(
+      "sgd", mo, {.skip_nonfinite = true, .locate_nonfinite = true});
+}
+TEST_CASE("no_shard in bf16 (cast copies on the gather stream), no-sync") {
+  fsdp::model_options mo;
+  mo.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  check_unchanged<fsdp::policy<sharding::no_shard, prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>>("adamw", mo);
+}
 
 namespace {
 /// A trainer that submits all its work to the compute stream, as a CUDA trainer launches kernels: with a threaded
 /// compute stream the host runs ahead of it. Each unit's "kernel" reads the gathered parameters and writes a
 /// gradient that depends on them and on the running activation.
-std::map<std::string, std::vector<float>> train_async(bool threaded, bool delayed) {
+template <class Policy>
+std::map<std::string, std::vector<float>> train_async(bool threaded, bool delayed, fsdp::model_options mo = {}) {
   std::map<std::string, std::vector<float>> out;
   std::mutex mu;
   fsdp::comm::local_options lo;
@@ -113,25 +136,27 @@ std::map<std::string, std::vector<float>> train_async(bool threaded, bool delaye
   fsdp::comm::run_local(
       3,
       [&](local_communicator& c) {
-        using Policy = fsdp::policy<sharding::full_shard, prefetch::next>;
-        fsdp::Model<Policy> m(c, fsdp_test::three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{0.5f, 3});
+        using T = typename Policy::precision::compute_type;
+        fsdp::Model<Policy> m(c, fsdp_test::three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{0.5f, 3}, mo);
         fsdp::optim::sgd opt(m, {.lr = 0.05f, .momentum = 0.9f});
         auto& cs = m.backend().compute_stream();
         auto act = std::make_shared<float>(0.0f);
         for (int step = 0; step < 4; ++step) {
-          for (auto& u : m.forward()) {
-            auto w = u.param(u.name() + ".w");
-            cs.submit([w, act, delayed] {
-              if (delayed) std::this_thread::sleep_for(std::chrono::microseconds(800));
-              for (std::int64_t i = 0; i < w.numel(); ++i) *act = *act * 0.5f + w[i];
-            });
-          }
-          for (auto& u : m.backward()) {
-            auto w = u.param(u.name() + ".w");
-            auto g = u.grad(u.name() + ".w");
-            cs.submit([w, g, act] {
-              for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = w[i] * 0.25f + *act * 0.01f;
-            });
+          for (int mb = 0; mb < mo.accumulation.micro_batches; ++mb) {
+            for (auto& u : m.forward()) {
+              auto w = u.param(u.name() + ".w");
+              cs.submit([w, act, delayed] {
+                if (delayed) std::this_thread::sleep_for(std::chrono::microseconds(800));
+                for (std::int64_t i = 0; i < w.numel(); ++i) *act = *act * 0.5f + float(w[i]);
+              });
+            }
+            for (auto& u : m.backward()) {
+              auto w = u.param(u.name() + ".w");
+              auto g = u.grad(u.name() + ".w");
+              cs.submit([w, g, act] {
+                for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = T(float(w[i]) * 0.25f + *act * 0.01f);
+              });
+            }
           }
           opt.step();
           opt.zero_grad();
@@ -147,16 +172,29 @@ std::map<std::string, std::vector<float>> train_async(bool threaded, bool delaye
 }
 }  // namespace
 
-TEST_CASE("a threaded compute stream (the host runs ahead, as on a GPU): results unchanged under delays") {
-  const auto ref = train_async(false, false);
+namespace {
+template <class Policy>
+void check_async(fsdp::model_options mo = {}) {
+  const auto ref = train_async<Policy>(false, false, mo);
   REQUIRE(ref.size() == 3);
   for (bool delayed : {false, true}) {
     CAPTURE(delayed);
-    const auto got = train_async(true, delayed);
+    const auto got = train_async<Policy>(true, delayed, mo);
     REQUIRE(got.size() == ref.size());
     for (const auto& [name, v] : ref) {
       CAPTURE(name);
       CHECK(same_bits(got.at(name), v));
     }
   }
+}
+}  // namespace
+
+TEST_CASE("a threaded compute stream (the host runs ahead, as on a GPU): results unchanged under delays") {
+  check_async<fsdp::policy<sharding::full_shard, prefetch::next>>();
+}
+
+TEST_CASE("a threaded compute stream with bf16 compute and no-sync: the accumulator is ordered across streams") {
+  fsdp::model_options mo;
+  mo.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  check_async<fsdp::policy<sharding::full_shard, prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>>(mo);
 }

@@ -57,7 +57,7 @@ std::string join(const std::vector<fsdp::trace::event>& ev, bool host_only) {
   return s;
 }
 
-/// One training step (forward, backward, SGD step) per rank, recorded.
+/// One training step (forward and backward per micro-batch, SGD step) per rank, recorded.
 template <class Policy>
 void run_step(fsdp::trace::recorder& rec, int world, fsdp::model_options opt, fsdp::comm::local_options lo) {
   opt.recorder = &rec;
@@ -67,10 +67,13 @@ void run_step(fsdp::trace::recorder& rec, int world, fsdp::model_options opt, fs
       [&](local_communicator& c) {
         fsdp::Model<Policy> m(c, three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{}, opt);
         fsdp::optim::sgd sgd(m, {.lr = 0.1f});
-        for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
-        for (auto& u : m.backward()) {
-          auto g = u.grad(u.name() + ".w");
-          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = 1.0f;
+        using T = typename Policy::precision::compute_type;
+        for (int mb = 0; mb < opt.accumulation.micro_batches; ++mb) {
+          for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
+          for (auto& u : m.backward()) {
+            auto g = u.grad(u.name() + ".w");
+            for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = T(1.0f);
+          }
         }
         sgd.step();
         m.synchronize();
@@ -116,11 +119,24 @@ void check(const std::string& expected, fsdp::model_options opt = {}) {
           if (token(ev[i]) == t) return i;
         return ev.size();
       };
+      // the k-th occurrence of `t` (a stream runs its collectives in issue order: the k-th issue of a unit's
+      // gather or reduction is its k-th begin and end)
+      auto nth = [&](const std::string& t, std::size_t k) {
+        for (std::size_t i = 0; i < ev.size(); ++i)
+          if (token(ev[i]) == t && k-- == 0) return i;
+        return ev.size();
+      };
+      auto issues_before = [&](std::size_t i) {
+        std::size_t k = 0;
+        for (std::size_t j = 0; j < i; ++j) k += ev[j].what == ev[i].what && ev[j].unit == ev[i].unit;
+        return k;
+      };
       for (std::size_t i = 0; i < ev.size(); ++i) {
         const auto& e = ev[i];
         const std::string u = std::to_string(e.unit);
         if (e.what == kind::gather_issued) {
-          const std::size_t begin = pos("ag" + u + "{", i), end = pos("ag" + u + "}", i);
+          const std::size_t k = issues_before(i);
+          const std::size_t begin = nth("ag" + u + "{", k), end = nth("ag" + u + "}", k);
           const std::string use = e.pass == fsdp::pass_kind::forward ? "f" : "b";
           REQUIRE(begin < end);
           // complete before the unit's compute starts, or before it is released unused (at the optimizer step)
@@ -130,7 +146,8 @@ void check(const std::string& expected, fsdp::model_options opt = {}) {
         }
         if (e.what == kind::reduce_issued) {
           const std::string red = e.coll == fsdp::collective::all_reduce ? "ar" : "rs";
-          const std::size_t begin = pos(red + u + "{", i), end = pos(red + u + "}", i);
+          const std::size_t k = issues_before(i);
+          const std::size_t begin = nth(red + u + "{", k), end = nth(red + u + "}", k);
           REQUIRE(begin < end);
           CHECK(end < pos("opt{"));  // reduced before the optimizer step reads the shard
         }
@@ -235,4 +252,45 @@ TEST_CASE("a unit still gathered at the optimizer step is released first: its co
       "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
       "ag0 ag0{ ag0} ag2^ ag2{ ag2} b0{ b0} rel0 rs0 rs0{ rs0} rel2 opt{ opt}",
       opt);
+}
+
+TEST_CASE("no-sync over two micro-batches: the first keeps its gradients, the second reduces them") {
+  fsdp::model_options opt;
+  opt.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  check<fsdp::policy<sharding::full_shard, prefetch::none>>(
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 ag1 ag1{ ag1} b1{ b1} rel1 ag0 ag0{ ag0} b0{ b0} rel0 "
+      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      opt);
+}
+
+TEST_CASE("kept gathered over two micro-batches: one gather per unit and step, released in the last backward") {
+  fsdp::model_options opt;
+  opt.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch, .keep_gathered = true};
+  check<fsdp::policy<sharding::full_shard, prefetch::none>>(
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} ag2 ag2{ ag2} f2{ f2} b2{ b2} b1{ b1} b0{ b0} "
+      "f0{ f0} f1{ f1} f2{ f2} b2{ b2} rel2 rs2 rs2{ rs2} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} "
+      "opt{ opt}",
+      opt);
+  // reduced every micro-batch, kept gathered all the same
+  opt.accumulation.sync = fsdp::grad_sync::every_micro_batch;
+  check<fsdp::policy<sharding::full_shard, prefetch::next>>(
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} ag2^ ag2{ ag2} f1{ f1} f2{ f2} "
+      "b2{ b2} rs2 rs2{ rs2} b1{ b1} rs1 rs1{ rs1} b0{ b0} rs0 rs0{ rs0} "
+      "f0{ f0} f1{ f1} f2{ f2} b2{ b2} rel2 rs2 rs2{ rs2} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} "
+      "opt{ opt}",
+      opt);
+}
+
+TEST_CASE("bf16 compute and reduction: the same order of events as fp32 (the casts are inside the collectives' work)") {
+  check<fsdp::policy<sharding::full_shard, prefetch::next, fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>>(
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
+      "ag2 ag2{ ag2} ag1^ ag1{ ag1} b2{ b2} rel2 rs2 rs2{ rs2} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+  // no_shard in bf16: each unit's cast copy is made on the gather stream for forward and kept to its backward
+  check<fsdp::policy<sharding::no_shard, prefetch::none, fsdp::precision::mixed<fsdp::bfloat16>>>(
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} ag2 ag2{ ag2} f2{ f2} "
+      "b2{ b2} rel2 ar2 ar2{ ar2} b1{ b1} rel1 ar1 ar1{ ar1} b0{ b0} rel0 ar0 ar0{ ar0} opt{ opt}");
 }

@@ -2,6 +2,7 @@
 // nothing more) show each concept is neither wider nor narrower than intended.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <cstdint>
+#include <functional>
 
 #include "tests/support/support.hpp"
 
@@ -99,6 +100,77 @@ struct prefetch_without_timing {  // says nothing about when the backward prefet
 };
 }  // namespace archetype
 static_assert(fsdp::PrefetchPolicy<archetype::prefetch_facts>);
+namespace archetype {
+/// The least a backend must offer (backend/concept.hpp); `with_norm = false` leaves out squared_norm.
+template <bool with_norm>
+struct backend_t {
+  struct stream {};
+  struct event {};
+  class buffer {
+   public:
+    buffer() = default;
+    buffer(buffer&&) noexcept = default;
+    buffer& operator=(buffer&&) noexcept = default;
+    void* data() const { return nullptr; }
+    template <class T>
+    T* as() const {
+      return nullptr;
+    }
+    std::int64_t bytes() const { return 0; }
+    fsdp::mem category() const { return fsdp::mem::comm_buffers; }
+  };
+  explicit backend_t(int) {}
+  stream& compute_stream() { return s; }
+  stream& gather_stream() { return s; }
+  stream& reduce_stream() { return s; }
+  void record(event&, stream&) {}
+  void wait(stream&, const event&) {}
+  void host_callback(stream&, std::function<void()>) {}
+  void synchronize(stream&) {}
+  buffer allocate(std::int64_t, fsdp::mem, stream&) { return {}; }
+  void release_after(buffer&&, stream&) {}
+  fsdp::MemoryTracker& memory() { return tracker; }
+  void fill_zero(void*, std::int64_t, stream&) {}
+  void copy(void*, const void*, std::int64_t, stream&) {}
+  void upload(void*, const void*, std::int64_t, stream&) {}
+  void download(void*, const void*, std::int64_t, stream&) {}
+  void convert(void*, fsdp::dtype, const void*, fsdp::dtype, std::int64_t, float, stream&) {}
+  void accumulate(float*, const void*, fsdp::dtype, std::int64_t, float, stream&) {}
+  void squared_norm(const float*, std::int64_t, float*, stream&)
+    requires with_norm
+  {}
+  void sgd_step(float*, const float*, float*, std::int64_t, const fsdp::optim::detail::sgd_coeffs&,
+                const fsdp::optim::detail::decay_mask&, stream&) {}
+  void adamw_step(float*, const float*, float*, float*, std::int64_t, const fsdp::optim::detail::adamw_coeffs&,
+                  const fsdp::optim::detail::decay_mask&, stream&) {}
+  stream s;
+  fsdp::MemoryTracker tracker;
+};
+/// A precision policy whose master is not fp32, and one whose compute type has no dtype.
+struct double_master {
+  using precision_concept = fsdp::precision_tag;
+  using compute_type = fsdp::bfloat16;
+  using master_type = double;
+  using reduce_type = float;
+};
+struct double_compute {
+  using precision_concept = fsdp::precision_tag;
+  using compute_type = double;
+  using master_type = float;
+  using reduce_type = float;
+};
+}  // namespace archetype
+static_assert(fsdp::Backend<archetype::backend_t<true>>);
+static_assert(!fsdp::Backend<archetype::backend_t<false>>);
+static_assert(fsdp::Backend<fsdp::backend::host>);
+static_assert(fsdp::ElementType<float> && fsdp::ElementType<fsdp::bfloat16> && fsdp::ElementType<fsdp::float16>);
+static_assert(!fsdp::ElementType<double> && !fsdp::ElementType<std::uint16_t>);
+static_assert(fsdp::PrecisionPolicy<fsdp::precision::mixed<fsdp::bfloat16>>);
+static_assert(fsdp::PrecisionPolicy<fsdp::precision::mixed<fsdp::float16, float, fsdp::float16>>);
+static_assert(!fsdp::PrecisionPolicy<archetype::double_master> && !fsdp::PrecisionPolicy<archetype::double_compute>);
+static_assert(fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>() ==
+              fsdp::precision_facts{fsdp::dtype::bf16, fsdp::dtype::f32, fsdp::dtype::f32});
+static_assert(std::is_same_v<fsdp::precision::full, fsdp::precision::mixed<float>>);
 static_assert(!fsdp::PrefetchPolicy<archetype::prefetch_without_timing>);
 static_assert(fsdp::PrecisionPolicy<fsdp::precision::full> && !fsdp::PrecisionPolicy<float>);
 
@@ -114,6 +186,9 @@ static_assert(std::is_same_v<P::prefetch, fsdp::prefetch::next>);
 static_assert(std::is_same_v<P::communicator, fsdp::comm::local_communicator>);
 static_assert(std::is_same_v<P::backend_type, fsdp::backend::host>);
 static_assert(std::is_same_v<fsdp::Model<P>::unit_type, fsdp::FsdpUnit<fsdp::backend::host>>);
+using B = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
+static_assert(std::is_same_v<fsdp::Model<B>::unit_type, fsdp::FsdpUnit<fsdp::backend::host, fsdp::bfloat16>>);
+static_assert(fsdp::same_dtype<fsdp::bfloat16, B::precision::compute_type>() && !fsdp::same_dtype<float, fsdp::bfloat16>());
 
 // Host buffers and events are move-only / shared handles as the scheduler expects.
 static_assert(std::is_nothrow_move_constructible_v<fsdp::backend::host::buffer>);
@@ -132,5 +207,36 @@ TEST_CASE("a user-defined strategy plugs into the scheduler through its facts al
     m.synchronize();
     CHECK(c.stats()[fsdp::collective::all_gather] == 4);  // resharded after forward: gathered twice
     CHECK(c.stats()[fsdp::collective::reduce_scatter] == 2);
+  });
+}
+
+namespace archetype {
+/// Shards over half the world: a hybrid strategy, which the model refuses until it can run one.
+struct half_world {
+  using sharding_concept = fsdp::sharding_tag;
+  static constexpr std::string_view name = "half_world";
+  static constexpr bool shards_params = true;
+  static constexpr bool reshard_after_forward = true;
+  static constexpr int shard_group_size(int w) { return w > 1 ? w / 2 : 1; }
+  static constexpr int replicate_group_size(int w) { return w > 1 ? 2 : 1; }
+};
+}  // namespace archetype
+
+TEST_CASE("a strategy whose shard group is neither one rank nor the world is refused with a sentence") {
+  // Accepted by the concept (it cannot know the world size). Before this check, the first forward at 4 ranks
+  // all-gathered the whole world into a buffer laid out for 2 ranks: a heap-buffer-overflow (AddressSanitizer, in
+  // the local group's copy).
+  fsdp::ModelSpec spec;
+  spec.add("a.w", {5, 3}).add("b.w", {7});
+  fsdp_test::run_ranks(4, [&](fsdp::comm::local_communicator& c) {
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
+            fsdp::Model<fsdp::policy<archetype::half_world>>(c, spec, fsdp::wrap::by_size{8});
+          }) == "fsdp: sharding strategy half_world shards over 2 of 4 ranks: a shard group smaller than the world "
+                "(hybrid sharding) is not supported yet; shard over the whole world (shard_group_size(world) == world) "
+                "or replicate (shard_group_size(world) == 1)");
+  });
+  fsdp_test::run_ranks(1, [&](fsdp::comm::local_communicator& c) {  // at one rank it is full_shard
+    fsdp::Model<fsdp::policy<archetype::half_world>> m(c, spec, fsdp::wrap::by_size{8});
+    CHECK(m.shard_group_size() == 1);
   });
 }

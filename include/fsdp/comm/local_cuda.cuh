@@ -124,7 +124,7 @@ class local_cuda_communicator {
             for (int q = 0; q < world; ++q) p.src[q] = static_cast<const elem*>(peer(q)->send) + offset;
             p.n = d.count;
             p.world = world;
-            p.average = d.op == reduce_op::avg;
+            p.premul = d.op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(world) : 1.0f;
             // All-reduce outputs may alias every rank's input: reduce into a temporary, copy after step 3.
             // A reduce-scatter output may alias only this rank's own slice, which no other rank reads.
             if (kind == collective::all_reduce && bytes) {

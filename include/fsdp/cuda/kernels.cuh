@@ -203,19 +203,19 @@ struct reduce_ranks_params {
   f16::storage_t<D>* dst;
   std::int64_t n;
   int world;
-  bool average;
+  float premul;  ///< kernels::average_factor<D>(world) for an average, 1 for a sum
 };
 inline constexpr int max_local_ranks = reduce_ranks_params<dtype::f32>::max_ranks;
 
-/// dst[i] = the reduction of src[q][i] over ranks q by kernels::reduce_add / reduce_finish: the same operations,
-/// in the same order, as the host local communicator.
+/// dst[i] = the reduction of src[q][i] over ranks q by kernels::reduce_add: the same operations, in the same
+/// order, as the host local communicator.
 template <dtype D>
 FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params<D> a) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += stride) {
     float acc = 0.0f;
-    for (int q = 0; q < a.world; ++q) acc = fsdp::kernels::reduce_add<D>(acc, a.src[q][i]);
-    a.dst[i] = fsdp::kernels::reduce_finish<D>(acc, a.world, a.average);
+    for (int q = 0; q < a.world; ++q) acc = fsdp::kernels::reduce_add<D>(acc, a.src[q][i], a.premul);
+    a.dst[i] = f16::from_float<D>(acc);
   }
 }
 

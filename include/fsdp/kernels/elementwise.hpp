@@ -5,9 +5,10 @@
 //                                             input preparation (compute -> reduce dtype, scale 1 or 1/world)
 //   accumulate: dst += float(src) * scale     copy-out of a reduction into an fp32 gradient shard (scale: the
 //                                             post-division of grad_division::pre_post, else 1)
-//   reduce:     acc = D(acc + float(x_q))     the in-process communicators' reduction: over ranks q in rank order
-//               out = D(acc / world)          from 0, rounded to the wire dtype D after every addition (as a
-//                                             ring's hops do), divided once for an average
+//   reduce:     acc = D(acc + x_q')           the in-process communicators' reduction: over ranks q in rank order
+//                                             from 0, rounded to the wire dtype D after every addition (as a
+//                                             ring's hops do); x_q' = D(x_q * D(1/world)) for an average (NCCL's
+//                                             PreMulSum), x_q for a sum
 #include <cstdint>
 #include <utility>
 
@@ -35,17 +36,21 @@ FSDP_HD inline void accumulate_one(float& dst, f16::storage_t<S> x, float scale 
   dst = rn::add(dst, scale == 1.0f ? f : rn::mul(f, scale));
 }
 
-/// One rank's contribution to an in-process reduction: the running value (fp32, always representable in D) plus
-/// rank q's element, rounded to D. Start from 0.0f and add ranks 0, 1, ... in order; for f32 this is the plain
-/// fp32 sum in rank order.
+/// The in-process communicators' reduction of one element over the ranks, as NCCL reduces floating types: the
+/// ranks' values are added in rank order starting from 0, the running value rounded to D after every addition;
+/// an average pre-multiplies each value by 1/world rounded to D (NCCL's ncclAvg is its PreMulSum with that
+/// scalar), so a 16-bit sum stays as far from overflow as the average itself. `premul`: average_factor<D>(world)
+/// for an average, 1 for a sum.
 template <dtype D>
-FSDP_HD inline float reduce_add(float acc, f16::storage_t<D> x) {
-  return f16::to_float<D>(f16::from_float<D>(rn::add(acc, f16::to_float<D>(x))));
+FSDP_HD inline float reduce_add(float acc, f16::storage_t<D> x, float premul) {
+  float v = f16::to_float<D>(x);
+  if (premul != 1.0f) v = f16::to_float<D>(f16::from_float<D>(rn::mul(v, premul)));
+  return f16::to_float<D>(f16::from_float<D>(rn::add(acc, v)));
 }
-/// The reduction's result: the sum, divided by `world` once for an average.
+/// 1/world as an element of D, as a float (NCCL computes float(1.0 / nRanks) and converts it to D).
 template <dtype D>
-FSDP_HD inline f16::storage_t<D> reduce_finish(float acc, int world, bool average) {
-  return f16::from_float<D>(average ? rn::div(acc, static_cast<float>(world)) : acc);
+inline float average_factor(int world) {
+  return f16::to_float<D>(f16::from_float<D>(static_cast<float>(1.0 / world)));
 }
 
 /// Calls fn(std::integral_constant<dtype, t>{}) for the runtime dtype t.

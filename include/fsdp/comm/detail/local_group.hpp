@@ -181,21 +181,22 @@ class local_group {
     int left = 0;
   };
 
-  /// The reduction of every rank's input at element `offset` on, by kernels::reduce_add / reduce_finish (rank
-  /// order, rounded to the dtype after every addition): every rank gets the same bits, and the CUDA local
-  /// communicator's kernel does the same operations.
+  /// The reduction of every rank's input at element `offset` on, by kernels::reduce_add (rank order, rounded to
+  /// the dtype after every addition; an average pre-multiplied, as NCCL does): every rank gets the same bits, and
+  /// the CUDA local communicator's kernel does the same operations.
   std::vector<unsigned char> reduce(const round& r, const op_desc& d, std::size_t offset) const {
     const std::size_t n = static_cast<std::size_t>(d.count);
     std::vector<unsigned char> out(n * size_of(d.type));
     fsdp::kernels::dispatch(d.type, [&](auto t) {
       using elem = f16::storage_t<t()>;
+      const float premul = d.op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(world_) : 1.0f;
       std::vector<float> acc(n, 0.0f);
       for (int q = 0; q < world_; ++q) {
         const elem* src = static_cast<const elem*>(r.send[q]) + offset;
-        for (std::size_t i = 0; i < n; ++i) acc[i] = fsdp::kernels::reduce_add<t()>(acc[i], src[i]);
+        for (std::size_t i = 0; i < n; ++i) acc[i] = fsdp::kernels::reduce_add<t()>(acc[i], src[i], premul);
       }
       elem* dst = reinterpret_cast<elem*>(out.data());
-      for (std::size_t i = 0; i < n; ++i) dst[i] = fsdp::kernels::reduce_finish<t()>(acc[i], world_, d.op == reduce_op::avg);
+      for (std::size_t i = 0; i < n; ++i) dst[i] = f16::from_float<t()>(acc[i]);
     });
     return out;
   }

@@ -1,0 +1,334 @@
+// Mixed precision and gradient accumulation on the host backend:
+//   - the gathered parameters are the fp32 masters rounded to the compute dtype, bit for bit;
+//   - collective counts and bytes per step are exact for every precision, strategy and accumulation mode (a bf16
+//     gather moves half the bytes of an fp32 one; no-sync reduces once per step; kept units gather once);
+//   - the reduced gradient shards are exact for every precision and division mode (values chosen so that every
+//     cast and every sum is exact, so any lost, doubled or mis-scaled contribution shows);
+//   - the accumulation protocol: steps and backward passes outside the declared window are errors naming it.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/support/support.hpp"
+
+using fsdp::bfloat16;
+using fsdp::collective;
+using fsdp::float16;
+using fsdp::comm::local_communicator;
+using fsdp_test::error_of;
+using fsdp_test::run_ranks;
+
+namespace {
+/// Five units of uneven sizes (one smaller than the world at 7 ranks), a tie and a no-decay flag.
+fsdp::ModelSpec five_units() {
+  fsdp::ModelSpec s;
+  s.add("emb", {37, 5}).add("h.0.w", {9, 9}).add("h.0.b", {9}, {.flags = {.no_decay = true}, .init = fsdp::init::ones});
+  s.add("h.1.w", {3}).add("h.2.w", {16, 17}).add("h.3.w", {2, 2}).tie("head", "emb");
+  return s;
+}
+
+template <class Compute, class Reduce, class Strategy = fsdp::sharding::full_shard, class Prefetch = fsdp::prefetch::next>
+using policy = fsdp::policy<Strategy, Prefetch, fsdp::precision::mixed<Compute, float, Reduce>>;
+
+template <class T>
+std::uint16_t bits_of(T x) {
+  return x.bits;
+}
+}  // namespace
+
+TEST_CASE("gathered parameters are the fp32 masters rounded to the compute dtype, bit for bit") {
+  auto check = [](auto tag, int world, auto strategy) {
+    using T = decltype(tag);
+    using P = policy<T, float, decltype(strategy)>;
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 7});
+      static_assert(std::is_same_v<typename fsdp::Model<P>::unit_type, fsdp::FsdpUnit<fsdp::backend::host, T>>);
+      const auto full = m.gather_full_params();  // the fp32 masters
+      std::size_t checked = 0;
+      for (auto& u : m.forward())
+        for (const auto& e : u.layout().entries()) {
+          const auto v = u.param(e.name);  // T by default
+          const auto& master = full.at(e.name);
+          for (std::int64_t i = 0; i < v.numel(); ++i, ++checked) REQUIRE(bits_of(v[i]) == bits_of(T(master[i])));
+        }
+      CHECK(checked == 185 + 81 + 9 + 3 + 272 + 4);
+    });
+  };
+  for (int world : {1, 3, 4, 7}) {
+    CAPTURE(world);
+    check(bfloat16{}, world, fsdp::sharding::full_shard{});
+    check(float16{}, world, fsdp::sharding::full_shard{});
+    check(bfloat16{}, world, fsdp::sharding::no_shard{});  // a cast without a collective
+  }
+}
+
+namespace {
+/// The collectives of one optimizer step of `micro` micro-batches (no gradient inspection: the step itself issues
+/// none), every rank writing gradient 1 everywhere.
+template <class P>
+fsdp::collective_stats one_step(local_communicator& c, const fsdp::model_options& mo, std::vector<std::int64_t>& padded) {
+  fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
+  fsdp::optim::sgd opt(m, {.lr = 0.1f});
+  padded.clear();
+  for (const auto& l : m.layouts()) padded.push_back(l.padded_numel());
+  c.reset_stats();
+  for (int mb = 0; mb < mo.accumulation.micro_batches; ++mb) {
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward())
+      for (const auto& e : u.layout().entries())
+        for (auto& x : u.grad(e.name)) x = typename P::precision::compute_type(1.0f);
+  }
+  opt.step();
+  m.synchronize();
+  return c.stats();
+}
+
+struct mode {
+  const char* name;
+  fsdp::grad_sync sync;
+  bool keep;
+};
+const mode modes[] = {{"every micro-batch", fsdp::grad_sync::every_micro_batch, false},
+                      {"no-sync", fsdp::grad_sync::last_micro_batch, false},
+                      {"every micro-batch, kept gathered", fsdp::grad_sync::every_micro_batch, true},
+                      {"no-sync, kept gathered", fsdp::grad_sync::last_micro_batch, true}};
+
+/// Checks the counts and bytes of every mode against what the strategy implies, per unit of padded size P:
+/// a gather moves P compute elements, a reduction P reduce elements (the unsharded size, as nccl-tests count).
+template <class Compute, class Reduce, class Strategy>
+void check_counts(int world) {
+  using P = policy<Compute, Reduce, Strategy>;
+  constexpr std::uint64_t k = 3;  // micro-batches
+  const std::uint64_t cs = sizeof(Compute), rs = sizeof(Reduce);
+  for (const mode& md : modes) {
+    CAPTURE(md.name);
+    CAPTURE(Strategy::name);
+    CAPTURE(world);
+    fsdp::model_options mo;
+    mo.accumulation = {.micro_batches = int(k), .sync = md.sync, .keep_gathered = md.keep};
+    run_ranks(world, [&](local_communicator& c) {
+      std::vector<std::int64_t> padded;
+      const fsdp::collective_stats s = one_step<P>(c, mo, padded);
+      const std::uint64_t n = padded.size();
+      std::uint64_t sum_p = 0;
+      for (auto p : padded) sum_p += std::uint64_t(p);
+      // gathers per step: a sharded unit is gathered for each forward and (full_shard) each backward, once per step
+      // when kept gathered; a replicated unit is never all-gathered (its cast needs no collective)
+      std::uint64_t gathers = 0;
+      if (Strategy::shards_params) gathers = md.keep ? n : (Strategy::reshard_after_forward ? 2 : 1) * n * k;
+      // reductions: every micro-batch, or once per step under no-sync
+      const std::uint64_t reductions = md.sync == fsdp::grad_sync::every_micro_batch ? n * k : n;
+      const auto red = Strategy::shards_params ? collective::reduce_scatter : collective::all_reduce;
+      const auto other = Strategy::shards_params ? collective::all_reduce : collective::reduce_scatter;
+      CHECK(s.count[std::size_t(collective::all_gather)] == gathers);
+      CHECK(s.bytes[std::size_t(collective::all_gather)] == gathers / n * sum_p * cs);
+      CHECK(s.count[std::size_t(red)] == reductions);
+      CHECK(s.bytes[std::size_t(red)] == reductions / n * sum_p * rs);
+      CHECK(s.count[std::size_t(other)] == 0);
+      CHECK(s.count[std::size_t(collective::broadcast)] == 0);
+    });
+  }
+}
+}  // namespace
+
+TEST_CASE("collective counts and bytes per step are exact for every precision, strategy and accumulation mode") {
+  for (int world : {1, 4}) {
+    check_counts<float, float, fsdp::sharding::full_shard>(world);
+    check_counts<bfloat16, float, fsdp::sharding::full_shard>(world);
+    check_counts<bfloat16, bfloat16, fsdp::sharding::full_shard>(world);
+    check_counts<float16, float16, fsdp::sharding::full_shard>(world);
+    check_counts<bfloat16, bfloat16, fsdp::sharding::shard_grad_op>(world);
+    check_counts<float, float, fsdp::sharding::no_shard>(world);
+    check_counts<bfloat16, float, fsdp::sharding::no_shard>(world);
+  }
+}
+
+TEST_CASE("a bf16 gather moves half the bytes of an fp32 one, and a bf16 reduction half those of an fp32 one") {
+  run_ranks(4, [](local_communicator& c) {
+    std::vector<std::int64_t> padded;
+    const auto f32 = one_step<policy<float, float>>(c, {}, padded);
+    const auto bf16 = one_step<policy<bfloat16, bfloat16>>(c, {}, padded);
+    const auto mixed = one_step<policy<bfloat16, float>>(c, {}, padded);
+    const auto ag = std::size_t(collective::all_gather), rs = std::size_t(collective::reduce_scatter);
+    CHECK(bf16.count[ag] == f32.count[ag]);
+    CHECK(2 * bf16.bytes[ag] == f32.bytes[ag]);
+    CHECK(2 * bf16.bytes[rs] == f32.bytes[rs]);
+    CHECK(mixed.bytes[ag] == bf16.bytes[ag]);  // bf16 gathers, fp32 reduction
+    CHECK(mixed.bytes[rs] == f32.bytes[rs]);
+  });
+}
+
+namespace {
+/// The value every rank r writes at element i of a parameter in micro-batch mb: small integers, so that every
+/// cast (bf16, fp16) and every partial sum over 4 ranks and 2 micro-batches is exact.
+float written(std::int64_t i, int rank, int mb) { return float((i % 8 + 1) * (rank + 1) * (mb + 1)); }
+
+/// Trains one step of two micro-batches on 4 ranks and checks every element of every gradient shard against
+/// `expect(i)` (i: the element's index in its parameter) before the optimizer runs.
+template <class P>
+void check_reduced(const fsdp::model_options& mo, float (*expect)(std::int64_t)) {
+  using T = typename P::precision::compute_type;
+  run_ranks(4, [&](local_communicator& c) {
+    fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
+    for (int mb = 0; mb < 2; ++mb) {
+      for (auto& u : m.forward()) (void)u;
+      for (auto& u : m.backward())
+        for (const auto& e : u.layout().entries()) {
+          auto g = u.grad(e.name);
+          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = T(written(i, c.rank(), mb));
+        }
+    }
+    m.synchronize();
+    std::size_t checked = 0;
+    for (std::size_t ui = 0; ui < m.size(); ++ui) {
+      auto& u = m.unit(ui);
+      for (const auto& v : u.shard_views())
+        for (std::int64_t i = v.begin; i < v.end; ++i, ++checked)
+          REQUIRE(u.grad_shard()[v.shard_offset + (i - v.begin)] == expect(i));
+    }
+    // every element is checked on one rank of each replica: 554 per replica
+    auto& cs = m.backend().compute_stream();
+    float t = float(checked);
+    c.all_reduce(&t, &t, 1, fsdp::dtype::f32, fsdp::reduce_op::sum, cs);
+    CHECK(t == float((185 + 81 + 9 + 3 + 272 + 4) * m.replicate_group_size()));
+  });
+}
+
+// Sums over ranks 0..3 of (rank + 1) = 10 and over micro-batches 0..1 of (mb + 1) = 3.
+float average(std::int64_t i) { return float(i % 8 + 1) * 30.0f / 4.0f; }
+float total(std::int64_t i) { return float(i % 8 + 1) * 30.0f; }
+}  // namespace
+
+TEST_CASE("reduced gradients are exact for every precision, division and accumulation mode") {
+  auto each_mode = [](fsdp::model_options mo, auto&& fn) {
+    for (const mode& md : modes) {
+      CAPTURE(md.name);
+      mo.accumulation = {.micro_batches = 2, .sync = md.sync, .keep_gathered = md.keep};
+      fn(mo);
+    }
+  };
+  SUBCASE("average") {
+    each_mode({}, [](const fsdp::model_options& mo) {
+      check_reduced<policy<float, float>>(mo, average);
+      check_reduced<policy<bfloat16, float>>(mo, average);
+      check_reduced<policy<bfloat16, bfloat16>>(mo, average);
+      check_reduced<policy<float16, float16>>(mo, average);
+      check_reduced<policy<float16, float>>(mo, average);
+      check_reduced<policy<bfloat16, bfloat16, fsdp::sharding::no_shard>>(mo, average);
+    });
+  }
+  SUBCASE("sum") {
+    fsdp::model_options sum;
+    sum.division.how = fsdp::grad_division::mode::sum;
+    each_mode(sum, [](const fsdp::model_options& mo) {
+      check_reduced<policy<float, float>>(mo, total);
+      check_reduced<policy<bfloat16, bfloat16>>(mo, total);
+      check_reduced<policy<float16, float16, fsdp::sharding::no_shard>>(mo, total);
+    });
+  }
+  SUBCASE("divided before (by 2, picked) and after (by 4 / 2) the reduction; or by 4 and 1") {
+    fsdp::model_options pp;
+    pp.division.how = fsdp::grad_division::mode::pre_post;
+    each_mode(pp, [](const fsdp::model_options& mo) {
+      check_reduced<policy<float, float>>(mo, average);
+      check_reduced<policy<float16, float16>>(mo, average);
+      check_reduced<policy<bfloat16, float>>(mo, average);
+    });
+    pp.division.pre_factor = 4.0f;
+    each_mode(pp, [](const fsdp::model_options& mo) {
+      check_reduced<policy<float16, float16, fsdp::sharding::no_shard>>(mo, average);
+    });
+  }
+}
+
+TEST_CASE("the pre-division factor: picked as PyTorch FSDP picks it, or given; never <= 0") {
+  const fsdp::grad_division pp{fsdp::grad_division::mode::pre_post};
+  const std::pair<int, float> picked[] = {{1, 1.0f}, {2, 2.0f}, {3, 2.0f}, {4, 2.0f}, {6, 4.0f}, {8, 4.0f}, {64, 8.0f}};
+  for (auto [ranks, f] : picked) {
+    CAPTURE(ranks);
+    const auto r = fsdp::exec::division_facts(pp, ranks);
+    CHECK(r.op == fsdp::reduce_op::sum);
+    CHECK(r.prescale == 1.0f / f);
+    CHECK(r.postscale == f / float(ranks));
+  }
+  CHECK(fsdp::exec::division_facts({fsdp::grad_division::mode::average}, 8).op == fsdp::reduce_op::avg);
+  CHECK(error_of<fsdp::usage_error>([] {
+          fsdp::exec::division_facts({fsdp::grad_division::mode::pre_post, -1.0f}, 4);
+        }) == "fsdp: model_options::division.pre_factor must be > 0 (or 0 to pick it), got -1");
+}
+
+TEST_CASE("no-sync accumulation: the step needs every micro-batch, and a micro-batch too many is refused") {
+  fsdp::model_options mo;
+  mo.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::Model<policy<bfloat16, float>> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
+    fsdp::optim::adamw opt(m, {});
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    CHECK(m.unit(0).state() == fsdp::unit_state::sharded);
+    CHECK(error_of<fsdp::usage_error>([&] { opt.step(); }) ==
+          "fsdp: optimizer step before gradients are reduced: unit 'root' (index 0) has no gradient reduced since the "
+          "last step (gradient accumulation: 1 of 2 micro-batches done; gradients are reduced in the last); run "
+          "model.backward() to the end first");
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    for (auto& u : m.forward()) (void)u;  // a forward is harmless; the third backward is not
+    CHECK(error_of<fsdp::usage_error>([&] {
+            for (auto& u : m.backward()) (void)u;
+          }) == "fsdp: model.backward() would begin micro-batch 3 of 2 (model_options::accumulation: gradients are "
+                "reduced in the last micro-batch); run the optimizer step first");
+    CHECK(opt.step().skipped == false);  // the window is complete
+    CHECK(opt.steps() == 1);
+  });
+  mo.accumulation.micro_batches = 0;
+  run_ranks(1, [&](local_communicator& c) {
+    CHECK(error_of<fsdp::usage_error>([&] {
+            fsdp::Model<policy<float, float>>(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
+          }) == "fsdp: model_options::accumulation.micro_batches must be >= 1, got 0");
+  });
+}
+
+TEST_CASE("kept gathered: each unit is gathered once per step and released in the last micro-batch's backward") {
+  fsdp::model_options mo;
+  mo.accumulation = {.micro_batches = 2, .keep_gathered = true};
+  run_ranks(3, [&](local_communicator& c) {
+    fsdp::Model<policy<bfloat16, float>> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
+    fsdp::optim::sgd opt(m, {.lr = 0.1f});
+    for (int step = 0; step < 2; ++step) {
+      for (int mb = 0; mb < 2; ++mb) {
+        for (auto& u : m.forward()) (void)u;
+        for (std::size_t i = 0; i < m.size(); ++i) CHECK(m.unit(i).state() == fsdp::unit_state::gathered);
+        for (auto& u : m.backward()) (void)u;
+        for (std::size_t i = 0; i < m.size(); ++i)
+          CHECK(m.unit(i).state() == (mb == 0 ? fsdp::unit_state::gathered : fsdp::unit_state::sharded));
+      }
+      opt.step();
+    }
+    // too few gather slots to keep every unit is found at construction, by the planner
+    fsdp::model_options few = mo;
+    few.gather_slots = 3;
+    CHECK(error_of<fsdp::usage_error>([&] {
+            fsdp::Model<policy<bfloat16, float>>(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, few);
+          }) == "fsdp: model_options::gather_slots = 3 is too few for this policy: gather slots exhausted: unit 'h.2' "
+                "(index 3) must be gathered for its forward but all 3 slots are held by 'root', 'h.0', 'h.1'; raise "
+                "model_options::gather_slots or let those units reshard after forward");
+  });
+}
+
+TEST_CASE("no_shard in bf16: units are cast copies, gathered for use and released after backward") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<policy<bfloat16, float, fsdp::sharding::no_shard>> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
+    CHECK(m.unit(1).state() == fsdp::unit_state::sharded);  // not the fp32 master: a bf16 copy made on demand
+    CHECK(m.schedule_config().gathers);
+    for (auto& u : m.forward()) (void)u;
+    CHECK(m.unit(1).state() == fsdp::unit_state::gathered);  // no_shard keeps it to its backward
+    for (auto& u : m.backward()) (void)u;
+    CHECK(m.unit(1).state() == fsdp::unit_state::sharded);
+    CHECK(c.stats()[collective::all_gather] == 0);
+    fsdp::Model<policy<float, float, fsdp::sharding::no_shard>> f(c, five_units(), fsdp::wrap::by_prefix{"h."});
+    CHECK(f.unit(1).state() == fsdp::unit_state::gathered);  // fp32: the master itself
+    CHECK(!f.schedule_config().gathers);
+  });
+}
