@@ -1,22 +1,24 @@
-// Host overhead of the scheduler per unit per step, in microseconds.
+// Host overhead of the scheduler per unit per step, in microseconds, at 64, 512 and 4096 units.
 //
-// 64 tiny units (256 elements) at world size 1, no compute: a step (forward, backward, SGD step) is then nothing
-// but the library's own work. The baseline, measured in the same run, is the same step written by hand without
-// the library: zero a gradient buffer, accumulate it into the gradient shard and update the shard with the same
-// SGD kernel, unit by unit. Two host-backend settings: threaded streams (gathers and reductions handed to worker
-// threads, as a GPU backend hands them to streams) and inline streams (no hand-off: the scheduler's decisions
-// and bookkeeping alone).
+// Tiny units (256 elements) at world size 1, no compute: a step (forward, backward, SGD step) is then nothing
+// but the library's own work. The baseline, measured in the same run for the same number of units, is the same
+// step written by hand without the library: zero a gradient buffer, accumulate it into the gradient shard and
+// update the shard with the same SGD kernel, unit by unit. Two host-backend settings: threaded streams (gathers
+// and reductions handed to worker threads, as a GPU backend hands them to streams) and inline streams (no
+// hand-off: the scheduler's decisions and bookkeeping alone).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <algorithm>
 #include <vector>
 
 #include <fsdp/fsdp.hpp>
 
 namespace {
-constexpr int units = 64, numel = 256, warmup = 20, steps = 200, repeats = 5;
+constexpr int numel = 256, repeats = 5;
+int units = 64, steps = 200, warmup = 20;  // steps scale down as units grow: about 12800 unit-steps per repeat
 using clock_type = std::chrono::steady_clock;
 
 fsdp::ModelSpec spec() {
@@ -82,26 +84,31 @@ double baseline_us_per_step() {
 }  // namespace
 
 int main() {
-  const double base = baseline_us_per_step();
   struct row {
+    int units;
     const char* what;
-    double us;
+    double us, base;
   };
-  const row rows[] = {
-      {"prefetch::none, threaded streams", library_us_per_step<fsdp::prefetch::none>(true)},
-      {"prefetch::next, threaded streams", library_us_per_step<fsdp::prefetch::next>(true)},
-      {"prefetch::none, inline streams", library_us_per_step<fsdp::prefetch::none>(false)},
-      {"prefetch::next, inline streams", library_us_per_step<fsdp::prefetch::next>(false)},
-  };
-  std::printf("scheduler host overhead: %d units x %d elements, world 1, best of %d x %d steps\n\n", units, numel,
-              repeats, steps);
-  std::printf("%-36s %12s %12s %16s\n", "", "us/step", "baseline", "overhead us/unit");
+  std::vector<row> rows;
+  for (int n : {64, 512, 4096}) {
+    units = n;
+    steps = std::max(4, 12800 / n);
+    warmup = std::max(2, steps / 10);
+    const double base = baseline_us_per_step();
+    rows.push_back({n, "prefetch::none, threaded streams", library_us_per_step<fsdp::prefetch::none>(true), base});
+    rows.push_back({n, "prefetch::next, threaded streams", library_us_per_step<fsdp::prefetch::next>(true), base});
+    rows.push_back({n, "prefetch::none, inline streams", library_us_per_step<fsdp::prefetch::none>(false), base});
+    rows.push_back({n, "prefetch::next, inline streams", library_us_per_step<fsdp::prefetch::next>(false), base});
+  }
+  std::printf("scheduler host overhead: units of %d elements, world 1, best of %d repeats (12800 unit-steps each)\n\n",
+              numel, repeats);
+  std::printf("%6s  %-34s %12s %12s %16s\n", "units", "", "us/step", "baseline", "overhead us/unit");
   for (const auto& r : rows)
-    std::printf("%-36s %12.1f %12.1f %16.2f\n", r.what, r.us, base, (r.us - base) / units);
-  std::printf("\n{\"bench\":\"overhead\",\"units\":%d,\"numel\":%d,\"baseline_us_per_step\":%.2f,\"rows\":[", units,
-              numel, base);
-  for (std::size_t i = 0; i < std::size(rows); ++i)
-    std::printf("%s{\"config\":\"%s\",\"us_per_step\":%.2f,\"overhead_us_per_unit\":%.3f}", i ? "," : "",
-                rows[i].what, rows[i].us, (rows[i].us - base) / units);
+    std::printf("%6d  %-34s %12.1f %12.1f %16.2f\n", r.units, r.what, r.us, r.base, (r.us - r.base) / r.units);
+  std::printf("\n{\"bench\":\"overhead\",\"numel\":%d,\"rows\":[", numel);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    std::printf("%s{\"units\":%d,\"config\":\"%s\",\"us_per_step\":%.2f,\"baseline_us_per_step\":%.2f,"
+                "\"overhead_us_per_unit\":%.3f}",
+                i ? "," : "", rows[i].units, rows[i].what, rows[i].us, rows[i].base, (rows[i].us - rows[i].base) / rows[i].units);
   std::printf("]}\n");
 }

@@ -2,7 +2,8 @@
 // every rank's peak memory by category next to the planner's prediction. With --trace FILE it also records the
 // run, writes a Chrome-trace timeline to FILE and prints where rank 0's last step spent its time.
 //   bazel run //examples/01_mlp_host -- --ranks 4 [--steps 50] [--strategy full_shard|shard_grad_op|no_shard]
-//                                        [--optimizer adamw|sgd] [--batch 48] [--trace trace.json]
+//       [--optimizer adamw|sgd] [--batch 48] [--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K]
+//       [--no-sync] [--keep-gathered] [--clip MAX_NORM] [--trace trace.json]
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -18,7 +19,9 @@ namespace {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "error: %s\nusage: mlp_host [--ranks N] [--steps S] [--batch B] "
-               "[--strategy full_shard|shard_grad_op|no_shard] [--optimizer adamw|sgd] [--lr X] [--trace FILE]\n",
+               "[--strategy full_shard|shard_grad_op|no_shard] [--optimizer adamw|sgd] [--lr X] "
+               "[--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K] [--no-sync] [--keep-gathered] "
+               "[--clip MAX_NORM] [--trace FILE]\n",
                why);
   std::exit(2);
 }
@@ -30,22 +33,37 @@ int to_int(const char* s, const char* flag) {
   return static_cast<int>(v);
 }
 
-template <class Strategy>
+template <class Strategy, class Precision>
 int run(int ranks, mlp::config cfg, const std::string& trace_path) {
   fsdp::trace::recorder rec;
   if (!trace_path.empty()) cfg.model.recorder = &rec;
-  using Policy = fsdp::policy<Strategy, fsdp::prefetch::next>;
+  using Policy = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
   std::vector<mlp::result> results(static_cast<std::size_t>(ranks));
   std::printf("MLP %d", cfg.dims[0]);
   for (std::size_t i = 1; i < cfg.dims.size(); ++i) std::printf("-%d", cfg.dims[i]);
-  std::printf(", %s, %d thread ranks, global batch %d, %s\n", std::string(Strategy::name).c_str(), ranks,
-              cfg.global_batch, cfg.optimizer.c_str());
+  const auto pf = fsdp::facts_of_precision<Precision>();
+  const auto& acc = cfg.model.accumulation;
+  std::printf(", %s, %d thread ranks, global batch %d, %s, %s compute, %s reduction", std::string(Strategy::name).c_str(),
+              ranks, cfg.global_batch, cfg.optimizer.c_str(), std::string(fsdp::name_of(pf.compute)).c_str(),
+              std::string(fsdp::name_of(pf.reduce)).c_str());
+  if (acc.micro_batches > 1)
+    std::printf(", %d micro-batches (%s%s)", acc.micro_batches,
+                acc.sync == fsdp::grad_sync::last_micro_batch ? "no-sync" : "reduced each",
+                acc.keep_gathered ? ", kept gathered" : "");
+  if (cfg.grad.max_norm > 0) std::printf(", clipped at %g", cfg.grad.max_norm);
+  std::printf("\n");
   fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& comm) {
     results[static_cast<std::size_t>(comm.rank())] = mlp::train<Policy>(comm, cfg);
   });
   const auto& r0 = results[0];
   std::printf("trained %d steps in %.3f s: loss %.6f -> %.6f\n", cfg.steps, r0.seconds, r0.losses.front(),
               r0.losses.back());
+  if (!r0.reports.empty() && r0.reports.back().inspected) {
+    int skipped = 0;
+    for (const auto& r : r0.reports) skipped += r.skipped ? 1 : 0;
+    std::printf("last step: %s; %d of %d steps skipped\n", r0.reports.back().message().c_str(), skipped,
+                int(r0.reports.size()));
+  }
   std::printf("\npeak memory per rank (KiB), measured / planned\n%-6s", "rank");
   for (std::size_t c = 0; c < fsdp::mem_categories; ++c)
     std::printf(" %24s", std::string(fsdp::name_of(static_cast<fsdp::mem>(c))).c_str());
@@ -78,7 +96,7 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
 
 int main(int argc, char** argv) {
   int ranks = 4;
-  std::string strategy = "full_shard";
+  std::string strategy = "full_shard", precision = "fp32";
   std::string trace_path;
   mlp::config cfg;
   cfg.steps = 50;
@@ -95,6 +113,14 @@ int main(int argc, char** argv) {
     else if (a == "--strategy") strategy = value();
     else if (a == "--optimizer") cfg.optimizer = value();
     else if (a == "--lr") cfg.lr = std::strtof(value(), nullptr);
+    else if (a == "--precision") precision = value();
+    else if (a == "--micro-batches") cfg.model.accumulation.micro_batches = to_int(value(), "--micro-batches");
+    else if (a == "--no-sync") cfg.model.accumulation.sync = fsdp::grad_sync::last_micro_batch;
+    else if (a == "--keep-gathered") cfg.model.accumulation.keep_gathered = true;
+    else if (a == "--clip") {
+      cfg.grad.max_norm = std::strtof(value(), nullptr);
+      if (!(cfg.grad.max_norm > 0)) usage("--clip needs a positive number");
+    }
     else if (a == "--trace") {
       trace_path = value();
       // under `bazel run` the program runs in its runfiles: a relative path means the caller's directory
@@ -104,10 +130,26 @@ int main(int argc, char** argv) {
     else usage(("unknown argument " + a).c_str());
   }
   try {
-    if (strategy == "full_shard") return run<fsdp::sharding::full_shard>(ranks, cfg, trace_path);
-    if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op>(ranks, cfg, trace_path);
-    if (strategy == "no_shard") return run<fsdp::sharding::no_shard>(ranks, cfg, trace_path);
-    usage(("unknown strategy " + strategy).c_str());
+    auto with_strategy = [&](auto precision_tag) {
+      using P = decltype(precision_tag);
+      if (strategy == "full_shard") return run<fsdp::sharding::full_shard, P>(ranks, cfg, trace_path);
+      if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op, P>(ranks, cfg, trace_path);
+      if (strategy == "no_shard") return run<fsdp::sharding::no_shard, P>(ranks, cfg, trace_path);
+      usage(("unknown strategy " + strategy).c_str());
+    };
+    using fsdp::bfloat16;
+    using fsdp::float16;
+    using fsdp::precision::mixed;
+    if (precision == "fp32") return with_strategy(fsdp::precision::full{});
+    if (precision == "bf16") return with_strategy(mixed<bfloat16>{});
+    if (precision == "bf16-reduce") return with_strategy(mixed<bfloat16, float, bfloat16>{});
+    if (precision == "fp16") {  // fp16 needs loss scaling: the trainer scales its loss, the optimizer unscales
+      fsdp::grad::loss_scaler scaler;
+      cfg.grad.scaler = &scaler;
+      cfg.loss_scale = &scaler;
+      return with_strategy(mixed<float16, float, float16>{});
+    }
+    usage(("unknown precision " + precision + " (fp32, bf16, bf16-reduce or fp16)").c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -33,6 +33,8 @@ struct config {
   /// splits each rank's batch into that many micro-batches per optimizer step.
   fsdp::model_options model{};
   fsdp::grad::options grad{};    ///< clipping, non-finite checks, loss scaling
+  /// fp16: the loss (so every gradient) is multiplied by this scaler's scale; grad.scaler should be the same one.
+  const fsdp::grad::loss_scaler* loss_scale = nullptr;
 };
 
 struct result {
@@ -112,16 +114,17 @@ void linear_backward(const float* x, const W* w, const float* dy, W* dw, W* db, 
       }
 }
 /// Squared error over n samples divided by `denominator` (n * out for a mean over these samples; the rank's
-/// whole batch for a micro-batch, so that micro-batch gradients add up to the batch's); writes dL/dy.
-inline float mse(const float* y, const float* t, float* dy, int n, int out, int denominator) {
+/// whole batch for a micro-batch, so that micro-batch gradients add up to the batch's); writes dL/dy multiplied
+/// by `loss_scale` (fp16 loss scaling) and returns the unscaled loss.
+inline float mse(const float* y, const float* t, float* dy, int n, int out, int denominator, float loss_scale = 1.0f) {
   float loss = 0;
-  const float scale = 1.0f / static_cast<float>(denominator);
+  const float mean = 1.0f / static_cast<float>(denominator), scale = loss_scale / static_cast<float>(denominator);
   for (int k = 0; k < n * out; ++k) {
     const float d = y[k] - t[k];
     loss += d * d;
     dy[k] = 2.0f * d * scale;
   }
-  return loss * scale;
+  return loss * mean;
 }
 inline float mse(const float* y, const float* t, float* dy, int n, int out) { return mse(y, t, dy, n, out, n * out); }
 
@@ -178,7 +181,8 @@ result train(typename Policy::communicator& comm, const config& c) {
           ++l;
         }
         dact[layers].assign(act[layers].size(), 0.0f);
-        loss += mse(act[layers].data(), t.data(), dact[layers].data(), m, c.dims.back(), n * c.dims.back());
+        loss += mse(act[layers].data(), t.data(), dact[layers].data(), m, c.dims.back(), n * c.dims.back(),
+                    c.loss_scale ? c.loss_scale->scale() : 1.0f);
         for (auto& unit : model.backward()) {
           --l;
           const int in = c.dims[l], out = c.dims[l + 1];

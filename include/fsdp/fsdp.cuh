@@ -10,3 +10,4 @@
 #include "fsdp/cuda/device.cuh"
 #include "fsdp/cuda/error.cuh"
 #include "fsdp/cuda/kernels.cuh"
+#include "fsdp/cuda/types.cuh"

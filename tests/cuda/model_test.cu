@@ -1,8 +1,13 @@
 // Model on the CUDA backend: the same scheduler as on the host, so the same training run gives the same bits.
 // The "user compute" goes through the backend's own kernels (a gradient = parameter * a per-rank scale, via
-// convert), so host and GPU runs do identical arithmetic and the final parameters must match exactly:
+// convert, in the compute dtype), so host and GPU runs do identical arithmetic and the final parameters must
+// match exactly:
 //   - comm::local<backend::cuda> with 4 ranks on one GPU against comm::local<> (host) with 4 thread ranks,
-//     for full_shard (backward_pre<1>), shard_grad_op and no_shard, AdamW and SGD;
+//     for full_shard (backward_pre<1>), shard_grad_op and no_shard, AdamW and SGD; bf16 and fp16 compute with
+//     fp32, bf16 and fp16 reductions (the casts, the rank reductions and the accumulation are the shared
+//     per-element code); no-sync and kept-gathered accumulation; pre/post division;
+//   - gradient inspection on the GPU (CUB squared norms, one all-reduce): the same parameters, a norm within
+//     1e-5 of the host's (CUB sums in another order), and an inf uploaded into one rank's shard skipped by all;
 //   - comm::nccl at world size 1 (RANK/WORLD_SIZE/LOCAL_RANK set in-process) against the host at world 1;
 //   - the planner's peak equals the measured peak on the GPU, and the pool does not grow after the first step;
 //   - a rank that never issues a collective fails the others within the timeout, naming it.
@@ -12,6 +17,8 @@
 #include <fsdp/fsdp.cuh>
 
 #include <bit>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -43,32 +50,36 @@ struct run_result {
   fsdp::memory_stats memory;
   fsdp::memory_figures planned;
   std::int64_t pool_after_first = -1, pool_after_last = -1;
+  std::vector<fsdp::grad::report> reports;
 };
 
-/// Trains `steps` steps: the gradient of every parameter is param * 0.1 * (rank + 1), written with the backend's
-/// convert kernel on the compute stream.
+/// Trains `steps` steps of `opt.accumulation.micro_batches` micro-batches: the gradient of every parameter is
+/// param * 0.1 * (rank + 1), written in the compute dtype with the backend's convert kernel on the compute stream.
 template <class Policy>
-run_result train(typename Policy::communicator& comm, bool adam, int steps = 4) {
-  fsdp::Model<Policy> model(comm, spec(), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{0.5f, 3});
+run_result train(typename Policy::communicator& comm, bool adam, int steps = 4, fsdp::model_options mo = {},
+                 fsdp::grad::options g = {}) {
+  const fsdp::dtype t = fsdp::dtype_of_v<typename Policy::precision::compute_type>;
+  fsdp::Model<Policy> model(comm, spec(), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{0.5f, 3}, mo);
   auto body = [&](auto& opt) {
     run_result r;
-    r.planned = model.planned_memory(opt.states_per_element());
+    r.planned = model.plan_memory(opt).peak;
     auto& be = model.backend();
     const float scale = 0.1f * float(comm.rank() + 1);
     for (int step = 0; step < steps; ++step) {
       opt.zero_grad();
-      for (auto& u : model.forward()) (void)u;
-      std::size_t l = 3;
-      for (auto& u : model.backward()) {
-        --l;
-        for (const char* suffix : {".w", ".b"}) {
-          const std::string name = "layers." + std::to_string(l) + suffix;
-          auto p = u.param(name);
-          be.convert(u.grad(name).data(), fsdp::dtype::f32, p.data(), fsdp::dtype::f32, p.numel(), scale,
-                     be.compute_stream());
+      for (int mb = 0; mb < mo.accumulation.micro_batches; ++mb) {
+        for (auto& u : model.forward()) (void)u;
+        std::size_t l = 3;
+        for (auto& u : model.backward()) {
+          --l;
+          for (const char* suffix : {".w", ".b"}) {
+            const std::string name = "layers." + std::to_string(l) + suffix;
+            auto p = u.param(name);
+            be.convert(u.grad(name).data(), t, p.data(), t, p.numel(), scale, be.compute_stream());
+          }
         }
       }
-      opt.step();
+      r.reports.push_back(opt.step());
       model.synchronize();
       if (step == 0) r.pool_after_first = pool_bytes(be);
       r.pool_after_last = pool_bytes(be);
@@ -79,17 +90,17 @@ run_result train(typename Policy::communicator& comm, bool adam, int steps = 4) 
     return r;
   };
   if (adam) {
-    fsdp::optim::adamw opt(model, {.lr = 1e-2f, .weight_decay = 0.1f});
+    fsdp::optim::adamw opt(model, {.lr = 1e-2f, .weight_decay = 0.1f, .grad = g});
     return body(opt);
   }
-  fsdp::optim::sgd opt(model, {.lr = 5e-2f, .momentum = 0.9f, .weight_decay = 0.01f});
+  fsdp::optim::sgd opt(model, {.lr = 5e-2f, .momentum = 0.9f, .weight_decay = 0.01f, .grad = g});
   return body(opt);
 }
 
-template <class Sharding, class Prefetch>
-using host_policy = fsdp::policy<Sharding, Prefetch, fsdp::precision::full, fsdp::comm::local<>>;
-template <class Sharding, class Prefetch>
-using gpu_policy = fsdp::policy<Sharding, Prefetch, fsdp::precision::full, fsdp::comm::local<fsdp::backend::cuda>>;
+template <class Sharding, class Prefetch, class Precision = fsdp::precision::full>
+using host_policy = fsdp::policy<Sharding, Prefetch, Precision, fsdp::comm::local<>>;
+template <class Sharding, class Prefetch, class Precision = fsdp::precision::full>
+using gpu_policy = fsdp::policy<Sharding, Prefetch, Precision, fsdp::comm::local<fsdp::backend::cuda>>;
 
 void check_same(const params_t& a, const params_t& b) {
   REQUIRE(a.size() == b.size());
@@ -104,19 +115,19 @@ void check_same(const params_t& a, const params_t& b) {
   }
 }
 
-template <class Sharding, class Prefetch>
-void compare_local(int world, bool adam) {
+template <class Sharding, class Prefetch, class Precision = fsdp::precision::full>
+void compare_local(int world, bool adam, fsdp::model_options mo = {}, fsdp::grad::options g = {}) {
   std::mutex mu;
   std::vector<run_result> host(world), gpu(world);
   fsdp::comm::run_local(world, [&](fsdp::comm::local_communicator& c) {
-    auto r = train<host_policy<Sharding, Prefetch>>(c, adam);
+    auto r = train<host_policy<Sharding, Prefetch, Precision>>(c, adam, 4, mo, g);
     std::lock_guard lk(mu);
     host[c.rank()] = std::move(r);
   });
   fsdp::comm::local_cuda_options opt;
   opt.timeout = std::chrono::milliseconds(10000);
   fsdp::comm::run_local_cuda(world, [&](fsdp::comm::local_cuda_communicator& c) {
-    auto r = train<gpu_policy<Sharding, Prefetch>>(c, adam);
+    auto r = train<gpu_policy<Sharding, Prefetch, Precision>>(c, adam, 4, mo, g);
     std::lock_guard lk(mu);
     gpu[c.rank()] = std::move(r);
   }, opt);
@@ -126,6 +137,11 @@ void compare_local(int world, bool adam) {
     CHECK(gpu[r].memory.peak == gpu[r].planned);   // the planner is exact on the GPU too
     CHECK(gpu[r].memory.peak == host[r].memory.peak);
     CHECK(gpu[r].pool_after_last == gpu[r].pool_after_first);  // no step grows the pool
+    REQUIRE(gpu[r].reports.size() == host[r].reports.size());
+    for (std::size_t s = 0; s < host[r].reports.size(); ++s) {  // the norm: CUB's order against the host's double sum
+      CHECK(gpu[r].reports[s].skipped == host[r].reports[s].skipped);
+      CHECK(std::abs(gpu[r].reports[s].norm - host[r].reports[s].norm) <= 1e-5 * host[r].reports[s].norm);
+    }
   }
 }
 
@@ -138,6 +154,67 @@ TEST_CASE("comm::local on one GPU, 4 ranks: parameters equal the host run bit fo
   SUBCASE("shard_grad_op, next, AdamW") { compare_local<fsdp::sharding::shard_grad_op, fsdp::prefetch::next>(4, true); }
   SUBCASE("no_shard, forward<2>, AdamW") { compare_local<fsdp::sharding::no_shard, fsdp::prefetch::forward<2>>(4, true); }
   SUBCASE("full_shard, 3 ranks (uneven shards), AdamW") { compare_local<fsdp::sharding::full_shard, fsdp::prefetch::next>(3, true); }
+}
+
+TEST_CASE("comm::local on one GPU: mixed precision and accumulation equal the host run bit for bit") {
+  FSDP_REQUIRE_GPU();
+  using fsdp::bfloat16;
+  using fsdp::float16;
+  using fsdp::precision::mixed;
+  using fsdp::sharding::full_shard;
+  fsdp::model_options nosync;
+  nosync.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  fsdp::model_options kept;
+  kept.accumulation = {.micro_batches = 2, .keep_gathered = true};
+  kept.division.how = fsdp::grad_division::mode::pre_post;
+  SUBCASE("bf16 compute, fp32 reduction, AdamW, 4 ranks") { compare_local<full_shard, fsdp::prefetch::next, mixed<bfloat16>>(4, true); }
+  SUBCASE("bf16 compute and reduction, no-sync, SGD, 3 ranks") {
+    compare_local<full_shard, fsdp::prefetch::backward_pre<1>, mixed<bfloat16, float, bfloat16>>(3, false, nosync);
+  }
+  SUBCASE("fp16 compute and reduction, kept gathered, pre/post division, AdamW, 4 ranks") {
+    compare_local<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, mixed<float16, float, float16>>(4, true, kept);
+  }
+  SUBCASE("no_shard in bf16 (cast copies), AdamW, 2 ranks") { compare_local<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>(2, true); }
+  SUBCASE("CUDA's own types name the precision: __nv_bfloat16") {
+    compare_local<full_shard, fsdp::prefetch::next, mixed<__nv_bfloat16, float, __nv_bfloat16>>(2, false);
+  }
+  SUBCASE("gradient inspection (CUB norms, one all-reduce), located, 4 ranks") {
+    compare_local<full_shard, fsdp::prefetch::next, mixed<bfloat16>>(4, true, {}, {.skip_nonfinite = true, .locate_nonfinite = true});
+  }
+}
+
+TEST_CASE("comm::local on one GPU: an inf uploaded into one rank's gradient shard skips the step on every rank") {
+  FSDP_REQUIRE_GPU();
+  using P = gpu_policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
+  std::mutex mu;
+  std::vector<fsdp::grad::report> reports(3);
+  std::vector<bool> unchanged(3, false);
+  fsdp::comm::run_local_cuda(3, [&](fsdp::comm::local_cuda_communicator& c) {
+    fsdp::Model<P> m(c, spec(), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{0.5f, 3});
+    fsdp::optim::adamw opt(m, {.lr = 1e-2f, .grad = {.locate_nonfinite = true}});
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    m.synchronize();
+    auto& be = m.backend();
+    if (c.rank() == 1) {
+      const float inf = std::numeric_limits<float>::infinity();
+      be.upload(m.unit("layers.1").grad_shard() + 2, &inf, 4, be.compute_stream());
+    }
+    const auto before = m.gather_full_params();
+    const fsdp::grad::report r = opt.step();
+    const auto after = m.gather_full_params();
+    std::lock_guard lk(mu);
+    reports[c.rank()] = r;
+    unchanged[c.rank()] = before == after && opt.steps() == 0;
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(reports[r].skipped);
+    CHECK(unchanged[r]);
+    REQUIRE(reports[r].nonfinite);
+    CHECK(reports[r].nonfinite->rank == 1);
+    CHECK(reports[r].nonfinite->unit_name == "layers.1");
+  }
 }
 
 TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run bit for bit") {

@@ -22,6 +22,7 @@
 #include <thread>
 #include <utility>
 
+#include "fsdp/backend/concept.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/error.cuh"
 #include "fsdp/cuda/kernels.cuh"
@@ -152,8 +153,10 @@ class cuda {
   cuda& operator=(const cuda&) = delete;
   ~cuda() {
     for (stream* s : {&compute_, &gather_, &reduce_}) FSDP_CUDA_LOG(cudaStreamSynchronize(s->get()));
-    if (scratch_) FSDP_CUDA_LOG(cudaFreeAsync(scratch_, compute_.get()));
-    FSDP_CUDA_LOG(cudaStreamSynchronize(compute_.get()));
+    if (scratch_) {
+      FSDP_CUDA_LOG(cudaFreeAsync(scratch_, scratch_home_));
+      FSDP_CUDA_LOG(cudaStreamSynchronize(scratch_home_));
+    }
     if (pool_) FSDP_CUDA_LOG(cudaMemPoolDestroy(pool_));
   }
 
@@ -289,18 +292,20 @@ class cuda {
   void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
     cuda_kernels::accumulate(dst, src, src_type, n, scale, s.get());
   }
-  /// *out (device memory) = sum of x[i]^2, in fp32 with CUB.
+  /// *out (device memory) = sum of x[i]^2, in fp32 with CUB. CUB's temporary storage (a few KB at most: for the
+  /// largest n seen) is the backend's own: it comes from the device's default pool, not from the backend's pool,
+  /// so that pool holds exactly the planned peak; it lives on the one stream norms run on and is freed there.
   void squared_norm(const float* x, std::int64_t n, float* out, stream& s) {
-    const std::size_t need = cuda_kernels::squared_norm_temp_bytes(n);
-    if (need > scratch_bytes_) {  // grows once to the largest shard, then reused
-      if (scratch_) FSDP_CUDA_CHECK(cudaFreeAsync(scratch_, s.get()));
-      scratch_ = nullptr;
-      FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&scratch_, need, pool_, s.get()));
-      scratch_bytes_ = need;
-      scratch_home_ = s.get();
-    } else if (scratch_home_ != s.get()) {
+    if (scratch_ && scratch_home_ != s.get())
       fsdp::detail::fail_usage("squared_norm: the CUDA backend's scratch space is used on stream '", s.name(),
                                "' but was made for another stream; use one stream for norms");
+    const std::size_t need = cuda_kernels::squared_norm_temp_bytes(n);
+    if (need > scratch_bytes_) {  // grows to the largest n, then reused
+      if (scratch_) FSDP_CUDA_CHECK(cudaFreeAsync(scratch_, s.get()));
+      scratch_ = nullptr;
+      FSDP_CUDA_CHECK(cudaMallocAsync(&scratch_, need, s.get()));
+      scratch_bytes_ = need;
+      scratch_home_ = s.get();
     }
     cuda_kernels::squared_norm(x, n, out, scratch_, scratch_bytes_, s.get());
   }
@@ -361,5 +366,7 @@ class cuda {
   stream gather_;
   stream reduce_;
 };
+
+static_assert(Backend<cuda>, "backend::cuda must model fsdp::Backend (backend/concept.hpp)");
 
 }  // namespace fsdp::backend
