@@ -3,7 +3,7 @@
 // A transformer-shaped unit list (embedding, L blocks of 12 d^2 parameters, head) trains on 8 thread ranks.
 // Each unit's compute is modelled from its FLOPs (forward 2 P T, backward 4 P T, at throughput F; the embedding
 // lookup is free) and spent sleeping on the compute stream; each collective takes its modelled time on the link
-// (bytes x (n-1)/n / bandwidth, fp32 as the library gathers today) with no data moved. Time is dilated by a
+// (bytes x (n-1)/n / bandwidth, in the dtype the precision policy gathers or reduces in) with no data moved. Time is dilated by a
 // constant factor (F and the bandwidth both divided by it) so that every interval lasts milliseconds and the
 // host's own timing noise stays small; the ratio of communication to compute, which decides the exposed
 // fraction, is that of the undilated model.
@@ -14,9 +14,10 @@
 // launches kernels: the host runs ahead and issues the next unit's gather while the current one computes, as
 // it does on a GPU. Each step ends with model.synchronize() (a trainer reading its loss does the same).
 //
-// Per policy and link it prints the step time, the exposed communication (collective time not covered by
-// compute, from the trace) as a fraction of the step, and the step time of the same policy with communication
-// free (collectives take no time), measured in the same run: the baseline.
+// Per policy, precision and link it prints the step time, the exposed communication (collective time not covered
+// by compute, from the trace) as a fraction of the step, and the step time of the same policy with communication
+// free (collectives take no time), measured in the same run: the baseline. Precisions: fp32 everything; bf16
+// gathers with fp32 reduction; bf16 gathers and reduction (half the bytes on every collective).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -62,9 +63,9 @@ struct measured {
   double step_ms = 0, exposed_ms = 0, comm_ms = 0, compute_ms = 0;
 };
 
-template <class Prefetch>
+template <class Prefetch, class Precision>
 measured run(const setup& s, double link_bytes_per_s, bool async) {
-  using Policy = fsdp::policy<fsdp::sharding::full_shard, Prefetch>;
+  using Policy = fsdp::policy<fsdp::sharding::full_shard, Prefetch, Precision>;
   const fsdp::ModelSpec spec = transformer(s);
   fsdp::trace::recorder rec;
   fsdp::comm::local_options lo;
@@ -113,7 +114,7 @@ measured run(const setup& s, double link_bytes_per_s, bool async) {
 }
 
 struct row {
-  std::string policy, mode, link;
+  std::string policy, precision, mode, link;
   measured m, base;
 };
 }  // namespace
@@ -129,31 +130,41 @@ int main() {
     double bw;
   } links[] = {{"NVLink-class 360 GB/s", 360e9}, {"InfiniBand-class 48 GB/s", 48e9}};
   std::vector<row> rows;
-  auto bench = [&](const char* name, auto tag) {
-    using P = decltype(tag);
+  auto bench = [&](const char* name, auto prefetch_tag, auto precision_tag, const char* precision) {
+    using P = decltype(prefetch_tag);
+    using Q = decltype(precision_tag);
     for (bool async : {false, true}) {
-      const measured base = run<P>(s, 0, async);
-      for (const auto& l : links) rows.push_back({name, async ? "async" : "host", l.name, run<P>(s, l.bw, async), base});
+      const measured base = run<P, Q>(s, 0, async);
+      for (const auto& l : links)
+        rows.push_back({name, precision, async ? "async" : "host", l.name, run<P, Q>(s, l.bw, async), base});
     }
   };
-  bench("none", fsdp::prefetch::none{});
-  bench("forward<1>", fsdp::prefetch::forward<1>{});
-  bench("backward_pre<1>", fsdp::prefetch::backward_pre<1>{});
-  bench("backward_post", fsdp::prefetch::backward_post{});
-  bench("next = depth<1,1>", fsdp::prefetch::next{});
-  bench("depth<2,2>", fsdp::prefetch::depth<2, 2>{});
+  using fsdp::bfloat16;
+  using fsdp::precision::mixed;
+  const fsdp::precision::full f32;
+  bench("none", fsdp::prefetch::none{}, f32, "fp32");
+  bench("forward<1>", fsdp::prefetch::forward<1>{}, f32, "fp32");
+  bench("backward_pre<1>", fsdp::prefetch::backward_pre<1>{}, f32, "fp32");
+  bench("backward_pre<1>", fsdp::prefetch::backward_pre<1>{}, mixed<bfloat16>{}, "bf16/fp32");
+  bench("backward_pre<1>", fsdp::prefetch::backward_pre<1>{}, mixed<bfloat16, float, bfloat16>{}, "bf16/bf16");
+  bench("backward_post", fsdp::prefetch::backward_post{}, f32, "fp32");
+  bench("next = depth<1,1>", fsdp::prefetch::next{}, f32, "fp32");
+  bench("next = depth<1,1>", fsdp::prefetch::next{}, mixed<bfloat16>{}, "bf16/fp32");
+  bench("next = depth<1,1>", fsdp::prefetch::next{}, mixed<bfloat16, float, bfloat16>{}, "bf16/bf16");
+  bench("depth<2,2>", fsdp::prefetch::depth<2, 2>{}, f32, "fp32");
 
-  std::printf("%-18s %-6s %-26s %10s %10s %7s %10s %8s\n", "prefetch", "mode", "link", "step ms", "no-comm ms",
-              "ratio", "exposed ms", "exposed");
+  std::printf("%-18s %-10s %-6s %-26s %10s %10s %7s %10s %8s\n", "prefetch", "gather/red", "mode", "link", "step ms",
+              "no-comm ms", "ratio", "exposed ms", "exposed");
   for (const auto& r : rows)
-    std::printf("%-18s %-6s %-26s %10.2f %10.2f %7.3f %10.2f %7.1f%%\n", r.policy.c_str(), r.mode.c_str(),
-                r.link.c_str(), r.m.step_ms, r.base.step_ms, r.m.step_ms / r.base.step_ms, r.m.exposed_ms,
-                100.0 * r.m.exposed_ms / r.m.step_ms);
+    std::printf("%-18s %-10s %-6s %-26s %10.2f %10.2f %7.3f %10.2f %7.1f%%\n", r.policy.c_str(), r.precision.c_str(),
+                r.mode.c_str(), r.link.c_str(), r.m.step_ms, r.base.step_ms, r.m.step_ms / r.base.step_ms,
+                r.m.exposed_ms, 100.0 * r.m.exposed_ms / r.m.step_ms);
   std::printf("\n{\"bench\":\"overlap\",\"world\":%d,\"dilation\":%.0f,\"rows\":[", s.world, s.dilation);
   for (std::size_t i = 0; i < rows.size(); ++i)
-    std::printf("%s{\"prefetch\":\"%s\",\"mode\":\"%s\",\"link\":\"%s\",\"step_ms\":%.3f,\"baseline_step_ms\":%.3f,"
-                "\"exposed_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_fraction\":%.4f}",
-                i ? "," : "", rows[i].policy.c_str(), rows[i].mode.c_str(), rows[i].link.c_str(), rows[i].m.step_ms, rows[i].base.step_ms,
+    std::printf("%s{\"prefetch\":\"%s\",\"precision\":\"%s\",\"mode\":\"%s\",\"link\":\"%s\",\"step_ms\":%.3f,"
+                "\"baseline_step_ms\":%.3f,\"exposed_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_fraction\":%.4f}",
+                i ? "," : "", rows[i].policy.c_str(), rows[i].precision.c_str(), rows[i].mode.c_str(), rows[i].link.c_str(),
+                rows[i].m.step_ms, rows[i].base.step_ms,
                 rows[i].m.exposed_ms, rows[i].m.comm_ms, rows[i].m.exposed_ms / rows[i].m.step_ms);
   std::printf("]}\n");
 }

@@ -117,7 +117,7 @@ TEST_CASE("the global norm equals the exact norm within the stated bound, at 1, 
       CHECK(full.grad_scale == 1.0f);  // no clipping asked
       CHECK(std::abs(full.norm - exact) <= bound(world) * exact);
       CHECK(std::abs(repl.norm - exact) <= bound(world) * exact);  // replicas counted once
-      MESSAGE("world ", world, (locate ? " (a row per rank)" : ""), ": norm ", full.norm, ", exact ", exact,
+      MESSAGE("world ", world, std::string(locate ? " (a row per rank)" : ""), ": norm ", full.norm, ", exact ", exact,
               ", relative error ", std::abs(full.norm - exact) / exact, " (bound ", bound(world), ")");
     }
   }

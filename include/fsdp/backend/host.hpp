@@ -122,24 +122,25 @@ class host {
   stream& reduce_stream() noexcept { return reduce_; }
 
   void record(event& e, stream& s) {
-    auto st = e.s_;
-    const std::uint64_t target = st->next_target();
-    s.submit([st, target, &s] { st->complete(target, s.error()); }, /*always=*/true);
+    const std::uint64_t target = e.s_->next_target();
+    if (!s.threaded()) {  // an inline stream has reached this point already
+      e.s_->complete(target, s.error());
+      return;
+    }
+    s.submit([st = e.s_, target, &s] { st->complete(target, s.error()); }, /*always=*/true);
   }
   /// Later work on `s` waits for the last record of `e` made before this call.
   void wait(stream& s, const event& e) {
-    auto st = e.s_;
-    const std::uint64_t target = st->snapshot();
+    const std::uint64_t target = e.s_->snapshot();
     if (target == 0) return;
     const auto timeout = opt_.wait_timeout;
-    std::string what = "stream '" + s.name() + "' waiting on an event";
     if (!s.threaded()) {
-      if (auto err = st->wait(target, timeout, what)) std::rethrow_exception(err);
+      if (auto err = e.s_->wait(target, timeout, s.name())) std::rethrow_exception(err);
       return;
     }
     s.submit(
-        [st, target, timeout, what, &s] {
-          if (auto err = st->wait(target, timeout, what)) s.set_error(err);
+        [st = e.s_, target, timeout, &s] {
+          if (auto err = st->wait(target, timeout, s.name())) s.set_error(err);
         },
         /*always=*/true);
   }
@@ -158,6 +159,10 @@ class host {
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
     b.stop_accounting();
+    if (!s.threaded()) {  // an inline stream has reached this point already
+      b.reset();
+      return;
+    }
     auto holder = std::make_shared<buffer>(std::move(b));
     s.submit([holder]() mutable { holder->reset(); }, /*always=*/true);
   }

@@ -1,7 +1,9 @@
 #pragma once
-// The CollectivePolicy concept: what the scheduler needs from a communicator. Implementations: comm::local
-// (ranks as threads in one process, host backend). Buffers are the backend's memory; every collective is
-// issued on a stream of the backend and runs in that stream's order.
+// The CollectivePolicy concept: what the unit executor and the optimizers need from a communicator.
+// Implementations: comm::local (ranks as threads of one process, over host memory: comm/local.hpp, or one GPU:
+// comm/local_cuda.cuh) and comm::nccl (comm/nccl.cuh). Buffers are the backend's memory; every collective is
+// issued on a stream of the backend and runs in that stream's order. Reductions of f32, bf16 and f16 are
+// supported; an average is NCCL's (each value pre-multiplied by 1 / ranks in the element dtype, then summed).
 #include <concepts>
 #include <cstdint>
 #include <string_view>

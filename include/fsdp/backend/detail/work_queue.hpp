@@ -4,6 +4,7 @@
 // the stream in an error state (like a sticky CUDA error): later tasks are skipped, except those marked
 // `always` (event completions and deferred frees), which still run so that nothing waits forever and no
 // memory leaks; waiting on an event recorded after the failure rethrows the error.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -47,20 +48,31 @@ class work_queue {
   const std::string& name() const noexcept { return name_; }
   bool threaded() const noexcept { return threaded_; }
 
-  void submit(std::function<void()> fn, bool always = false) {
+  /// Runs `fn` in the queue's order: at once on the calling thread for an inline queue (nothing allocated), else
+  /// on the worker. A task that throws puts the queue in its error state; later tasks are skipped unless `always`.
+  template <class F>
+  void submit(F&& fn, bool always = false) {
     if (!threaded_) {
-      run_one(task{std::move(fn), always});
+      if (!always && failed()) return;
+      try {
+        std::forward<F>(fn)();
+      } catch (...) {
+        set_error(std::current_exception());
+      }
       return;
     }
     {
       std::lock_guard lk(mu_);
-      q_.push_back(task{std::move(fn), always});
+      q_.push_back(task{std::function<void()>(std::forward<F>(fn)), always});
     }
     cv_.notify_all();
   }
 
+  /// Whether a task of this queue threw (or a waited-on event carried an error): a lock-free check.
+  bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
   /// The first error a task of this queue threw, or null.
   std::exception_ptr error() const {
+    if (!failed()) return nullptr;
     std::lock_guard lk(mu_);
     return error_;
   }
@@ -68,6 +80,7 @@ class work_queue {
   void set_error(std::exception_ptr e) {
     std::lock_guard lk(mu_);
     if (!error_) error_ = std::move(e);
+    failed_.store(true, std::memory_order_release);
   }
 
   /// Blocks until every task submitted so far has run; rethrows the queue's error.
@@ -85,7 +98,7 @@ class work_queue {
   std::uint64_t submitted_locked() const { return done_ + q_.size() + (busy_ ? 1 : 0); }
 
   void run_one(task t) {
-    if (!t.always && error()) return;
+    if (!t.always && failed()) return;
     try {
       t.fn();
     } catch (...) {
@@ -119,6 +132,7 @@ class work_queue {
   bool busy_ = false;
   bool stop_ = false;
   std::exception_ptr error_;
+  std::atomic<bool> failed_{false};
   std::thread worker_;
 };
 
@@ -147,12 +161,13 @@ struct event_state {
     }
     cv.notify_all();
   }
-  /// Blocks until marker `target` is reached; returns the error carried by the event, if any.
-  std::exception_ptr wait(std::uint64_t target, std::chrono::milliseconds timeout, const std::string& what) {
+  /// Blocks until marker `target` is reached; returns the error carried by the event, if any. Past `timeout`,
+  /// a comm_error names the waiting stream.
+  std::exception_ptr wait(std::uint64_t target, std::chrono::milliseconds timeout, const std::string& stream_name) {
     std::unique_lock lk(mu);
-    if (!cv.wait_for(lk, timeout, [&] { return completed >= target; }))
-      throw comm_error(detail::cat(what, ": event not reached within ", timeout.count(),
-                                   " ms (a collective or stream upstream of it is stuck)"));
+    if (completed < target && !cv.wait_for(lk, timeout, [&] { return completed >= target; }))
+      throw comm_error(detail::cat("stream '", stream_name, "' waiting on an event: event not reached within ",
+                                   timeout.count(), " ms (a collective or stream upstream of it is stuck)"));
     return error;
   }
 };

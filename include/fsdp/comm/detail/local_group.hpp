@@ -119,6 +119,10 @@ class local_group {
   void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
     const who what{d, seq, rank};
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
+    if (world_ == 1) {  // nobody to meet: the same result, without the rendezvous
+      run_alone(d, send, recv, what);
+      return;
+    }
     round& r = arrive(seq, rank, d, send, recv, what);
     if (d.kind < 0) {
       depart(seq, rank, nullptr, what);
@@ -129,10 +133,11 @@ class local_group {
     const std::size_t bytes = static_cast<std::size_t>(d.count) * esize;
     const std::int64_t unsharded = static_cast<std::int64_t>(bytes) *
                                    (kind == collective::all_gather || kind == collective::reduce_scatter ? world_ : 1);
+    const bool modelled = link_.bytes_per_second > 0;  // else no clock is read
     const auto modelled_end = r.start + link_.duration(kind, unsharded, world_);
     std::vector<unsigned char> tmp;
     if (!link_.move_data) {
-      std::this_thread::sleep_until(modelled_end);
+      if (modelled) std::this_thread::sleep_until(modelled_end);
       depart(seq, rank, nullptr, what);
       return;
     }
@@ -155,7 +160,7 @@ class local_group {
     }
     // Send buffers may alias receive buffers (in-place collectives): write results only once every rank has
     // finished reading the inputs.
-    std::this_thread::sleep_until(modelled_end);  // no-op without a link model
+    if (modelled) std::this_thread::sleep_until(modelled_end);
     depart(seq, rank, nullptr, what);
     if (!tmp.empty()) std::memcpy(recv, tmp.data(), tmp.size());
   }
@@ -180,6 +185,33 @@ class local_group {
     int done = 0;
     int left = 0;
   };
+
+  /// A group of one: the collective's result from this rank's input alone (a reduction still applies the
+  /// reduction rule to it, element by element, in place when recv is send, as the general path would).
+  void run_alone(const op_desc& d, const void* send, void* recv, const who& what) {
+    {
+      std::unique_lock lk(mu_);
+      if (aborted_) {
+        const std::string why = reason_;
+        lk.unlock();
+        throw comm_error(what.str() + " aborted: " + why);
+      }
+    }
+    if (d.kind < 0 || !link_.move_data) return;  // a modelled link that moves no data leaves buffers alone
+    const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
+    const auto kind = static_cast<collective>(d.kind);
+    if (kind == collective::all_gather || kind == collective::broadcast) {
+      if (bytes && recv != send) std::memcpy(recv, send, bytes);
+      return;
+    }
+    fsdp::kernels::dispatch(d.type, [&](auto t) {
+      using elem = f16::storage_t<t()>;
+      const float premul = d.op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(1) : 1.0f;
+      const elem* src = static_cast<const elem*>(send);
+      elem* dst = static_cast<elem*>(recv);
+      for (std::int64_t i = 0; i < d.count; ++i) dst[i] = f16::from_float<t()>(fsdp::kernels::reduce_add<t()>(0.0f, src[i], premul));
+    });
+  }
 
   /// The reduction of every rank's input at element `offset` on, by kernels::reduce_add (rank order, rounded to
   /// the dtype after every addition; an average pre-multiplied, as NCCL does): every rank gets the same bits, and
@@ -221,6 +253,7 @@ class local_group {
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lk, Pred done, const who& what, const char* phase,
             const round& r) {
+    if (done()) return;  // no clock read when nothing has to wait
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (!done()) {
       if (aborted_) {
@@ -257,7 +290,7 @@ class local_group {
     }
     r.send[rank] = send;
     r.present[rank] = true;
-    if (++r.arrived == world_) r.start = std::chrono::steady_clock::now();
+    if (++r.arrived == world_ && link_.bytes_per_second > 0) r.start = std::chrono::steady_clock::now();
     cv_.notify_all();
     wait(lk, [&] { return r.arrived == world_; }, what, "waiting for the other ranks", r);
     return r;  // std::map nodes are stable; the round lives until every rank has left it
