@@ -15,16 +15,11 @@
 #include "tests/support/support.hpp"
 
 using fsdp::comm::local_communicator;
+using fsdp_test::five_units;
 using fsdp_test::run_ranks;
 
 namespace {
-/// Five units of uneven sizes: at 7 ranks, h.1 (3 elements) and h.3 (4) leave six ranks' shards empty.
-fsdp::ModelSpec five_units() {
-  fsdp::ModelSpec s;
-  s.add("emb", {37, 5}).add("h.0.w", {9, 9}).add("h.0.b", {9}, {.flags = {.no_decay = true}, .init = fsdp::init::ones});
-  s.add("h.1.w", {3}).add("h.2.w", {16, 17}).add("h.3.w", {2, 2}).tie("head", "emb");
-  return s;
-}
+// fsdp_test::five_units(): at 7 ranks, h.1 (3 elements) and h.3 (4) leave six ranks' shards empty (padding only).
 const char* const params[] = {"emb", "h.0.w", "h.0.b", "h.1.w", "h.2.w", "h.3.w"};
 
 /// Rank r's gradient of element i of parameter p: positive (no cancellation between ranks), of varied size.

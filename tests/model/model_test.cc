@@ -8,16 +8,10 @@
 
 using fsdp::collective;
 using fsdp::comm::local_communicator;
+using fsdp_test::five_units;
 using fsdp_test::run_ranks;
 
 namespace {
-/// Five units of uneven sizes (one unit smaller than the world at 7 ranks), a tie and a no-decay flag.
-fsdp::ModelSpec five_units() {
-  fsdp::ModelSpec s;
-  s.add("emb", {37, 5}).add("h.0.w", {9, 9}).add("h.0.b", {9}, {.flags = {.no_decay = true}, .init = fsdp::init::ones});
-  s.add("h.1.w", {3}).add("h.2.w", {16, 17}).add("h.3.w", {2, 2}).tie("head", "emb");
-  return s;
-}
 using Full = fsdp::policy<fsdp::sharding::full_shard>;
 using Grad = fsdp::policy<fsdp::sharding::shard_grad_op>;
 using None = fsdp::policy<fsdp::sharding::no_shard>;

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "examples/01_mlp_host/mlp.hpp"
+#include "tests/model/reference.hpp"
 #include "tests/support/support.hpp"
 
 using fsdp::comm::local_communicator;
@@ -32,18 +33,10 @@ struct reference_result {
 /// Plain single-process training on the whole global batch.
 reference_result reference(const mlp::config& c) {
   const std::size_t layers = c.dims.size() - 1;
-  std::vector<std::vector<float>> w(layers), b(layers), gw(layers), gb(layers), m1(2 * layers), m2(2 * layers);
-  for (std::size_t l = 0; l < layers; ++l) {
-    const int in = c.dims[l], out = c.dims[l + 1];
-    w[l].resize(static_cast<std::size_t>(in) * out);
-    const float std = 1.0f / std::sqrt(static_cast<float>(in));
-    for (std::size_t i = 0; i < w[l].size(); ++i) w[l][i] = fsdp::init::value(fsdp::init::normal{std, c.seed}, mlp::wname(l), i);
-    b[l].assign(static_cast<std::size_t>(out), 0.0f);
-    m1[2 * l].assign(w[l].size(), 0.0f);
-    m2[2 * l].assign(w[l].size(), 0.0f);
-    m1[2 * l + 1].assign(b[l].size(), 0.0f);
-    m2[2 * l + 1].assign(b[l].size(), 0.0f);
-  }
+  mlp_reference::state st(c);
+  auto& w = st.w;
+  auto& b = st.b;
+  std::vector<std::vector<float>> gw(layers), gb(layers);
   reference_result r;
   const int n = c.global_batch;
   std::vector<float> x, t;
@@ -68,33 +61,11 @@ reference_result reference(const mlp::config& c) {
       mlp::linear_backward(act[l].data(), w[l].data(), dact[l + 1].data(), gw[l].data(), gb[l].data(),
                            l > 0 ? dact[l].data() : nullptr, n, c.dims[l], c.dims[l + 1]);
     }
-    // bias corrections 1 - beta^t in double from the fp32 betas, as the options hold them, rounded once
-    const float t1 = static_cast<float>(1.0 - std::pow(double(0.9f), step + 1));
-    const float t2 = static_cast<float>(1.0 - std::pow(double(0.999f), step + 1));
-    auto update = [&](std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v,
-                      bool decay) {
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        if (c.optimizer == "adamw") {  // torch.optim.AdamW
-          if (decay) p[i] *= 1.0f - c.lr * c.weight_decay;
-          m[i] = 0.9f * m[i] + (1.0f - 0.9f) * g[i];
-          v[i] = 0.999f * v[i] + (1.0f - 0.999f) * g[i] * g[i];
-          p[i] -= c.lr * (m[i] / t1) / (std::sqrt(v[i] / t2) + 1e-8f);
-        } else {  // torch.optim.SGD, momentum, L2 weight decay
-          const float gi = g[i] + (decay ? c.weight_decay : 0.0f) * p[i];
-          m[i] = c.momentum * m[i] + gi;
-          p[i] -= c.lr * m[i];
-        }
-      }
-    };
-    for (std::size_t l = 0; l < layers; ++l) {
-      update(w[l], gw[l], m1[2 * l], m2[2 * l], true);
-      update(b[l], gb[l], m1[2 * l + 1], m2[2 * l + 1], false);  // biases are no_decay
-    }
+    mlp_reference::step(
+        c, step, st, [&](std::size_t l, std::size_t i) { return gw[l][i]; },
+        [&](std::size_t l, std::size_t i) { return gb[l][i]; });
   }
-  for (std::size_t l = 0; l < layers; ++l) {
-    r.params[mlp::wname(l)] = w[l];
-    r.params[mlp::bname(l)] = b[l];
-  }
+  r.params = st.params();
   return r;
 }
 

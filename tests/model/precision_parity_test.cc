@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "examples/01_mlp_host/mlp.hpp"
+#include "tests/model/reference.hpp"
 #include "tests/support/support.hpp"
 
 using fsdp::bfloat16;
@@ -41,18 +42,9 @@ float to_reduce(float x) {
 template <class W, class R>
 run reference(const mlp::config& c, int world) {
   const std::size_t layers = c.dims.size() - 1;
-  std::vector<std::vector<float>> w(layers), b(layers), m1(2 * layers), m2(2 * layers);
-  for (std::size_t l = 0; l < layers; ++l) {
-    const int in = c.dims[l], out = c.dims[l + 1];
-    w[l].resize(static_cast<std::size_t>(in) * out);
-    const float std = 1.0f / std::sqrt(static_cast<float>(in));
-    for (std::size_t i = 0; i < w[l].size(); ++i) w[l][i] = fsdp::init::value(fsdp::init::normal{std, c.seed}, mlp::wname(l), i);
-    b[l].assign(static_cast<std::size_t>(out), 0.0f);
-    m1[2 * l].assign(w[l].size(), 0.0f);
-    m2[2 * l].assign(w[l].size(), 0.0f);
-    m1[2 * l + 1].assign(b[l].size(), 0.0f);
-    m2[2 * l + 1].assign(b[l].size(), 0.0f);
-  }
+  mlp_reference::state st(c);
+  const auto& w = st.w;
+  const auto& b = st.b;
   run r;
   const int n = c.global_batch / world;
   std::vector<float> x, t;
@@ -99,33 +91,11 @@ run reference(const mlp::config& c, int world) {
         acc = to_reduce<R>(acc + to_reduce<R>(to_reduce<R>(float(per_rank[rank][l][i])) * premul));
       return 0.0f + acc;
     };
-    const float t1 = static_cast<float>(1.0 - std::pow(double(0.9f), step + 1));
-    const float t2 = static_cast<float>(1.0 - std::pow(double(0.999f), step + 1));
-    auto update = [&](std::vector<float>& p, const auto& per_rank, std::size_t l, std::vector<float>& m, std::vector<float>& v,
-                      bool decay) {
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        const float g = reduce(per_rank, l, i);
-        if (c.optimizer == "adamw") {  // torch.optim.AdamW
-          if (decay) p[i] *= 1.0f - c.lr * c.weight_decay;
-          m[i] = 0.9f * m[i] + (1.0f - 0.9f) * g;
-          v[i] = 0.999f * v[i] + (1.0f - 0.999f) * g * g;
-          p[i] -= c.lr * (m[i] / t1) / (std::sqrt(v[i] / t2) + 1e-8f);
-        } else {  // torch.optim.SGD, momentum, L2 weight decay
-          const float gi = g + (decay ? c.weight_decay : 0.0f) * p[i];
-          m[i] = c.momentum * m[i] + gi;
-          p[i] -= c.lr * m[i];
-        }
-      }
-    };
-    for (std::size_t l = 0; l < layers; ++l) {
-      update(w[l], gw, l, m1[2 * l], m2[2 * l], true);
-      update(b[l], gb, l, m1[2 * l + 1], m2[2 * l + 1], false);
-    }
+    mlp_reference::step(
+        c, step, st, [&](std::size_t l, std::size_t i) { return reduce(gw, l, i); },
+        [&](std::size_t l, std::size_t i) { return reduce(gb, l, i); });
   }
-  for (std::size_t l = 0; l < layers; ++l) {
-    r.params[mlp::wname(l)] = w[l];
-    r.params[mlp::bname(l)] = b[l];
-  }
+  r.params = st.params();
   return r;
 }
 

@@ -18,16 +18,10 @@ using fsdp::collective;
 using fsdp::float16;
 using fsdp::comm::local_communicator;
 using fsdp_test::error_of;
+using fsdp_test::five_units;
 using fsdp_test::run_ranks;
 
 namespace {
-/// Five units of uneven sizes (one smaller than the world at 7 ranks), a tie and a no-decay flag.
-fsdp::ModelSpec five_units() {
-  fsdp::ModelSpec s;
-  s.add("emb", {37, 5}).add("h.0.w", {9, 9}).add("h.0.b", {9}, {.flags = {.no_decay = true}, .init = fsdp::init::ones});
-  s.add("h.1.w", {3}).add("h.2.w", {16, 17}).add("h.3.w", {2, 2}).tie("head", "emb");
-  return s;
-}
 
 template <class Compute, class Reduce, class Strategy = fsdp::sharding::full_shard, class Prefetch = fsdp::prefetch::next>
 using policy = fsdp::policy<Strategy, Prefetch, fsdp::precision::mixed<Compute, float, Reduce>>;

@@ -23,6 +23,15 @@ inline fsdp::ModelSpec three_units() {
   return s;
 }
 
+/// Five units of uneven sizes (one smaller than the world at 7 ranks), a tie and a no-decay flag, wrapped with
+/// wrap::by_prefix{"h."}: root (emb, head), h.0 (w, b), h.1, h.2, h.3.
+inline fsdp::ModelSpec five_units() {
+  fsdp::ModelSpec s;
+  s.add("emb", {37, 5}).add("h.0.w", {9, 9}).add("h.0.b", {9}, {.flags = {.no_decay = true}, .init = fsdp::init::ones});
+  s.add("h.1.w", {3}).add("h.2.w", {16, 17}).add("h.3.w", {2, 2}).tie("head", "emb");
+  return s;
+}
+
 /// Runs `fn`, expects it to throw E, and returns the message (so tests can check what it names).
 template <class E = std::exception, class F>
 std::string error_of(F&& fn) {

@@ -83,46 +83,33 @@ FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
 
 namespace fsdp {
 
-/// A bf16 value as a trainer's own code sees it (unit.param<fsdp::bfloat16>(...), a precision policy's compute
-/// type): 16 bits of storage, converted with the functions above. `float(x)` widens exactly; `bfloat16(f)` rounds
-/// to nearest even. Layout-compatible with CUDA's __nv_bfloat16 (2 bytes, same bits).
-struct bfloat16 {
+/// A 16-bit floating-point value as a trainer's own code sees it (unit.param<fsdp::bfloat16>(...), a precision
+/// policy's compute type): 16 bits of storage, converted with the functions above. `float(x)` widens exactly;
+/// `T(f)` rounds to nearest even. Layout-compatible with CUDA's __nv_bfloat16 / __half (2 bytes, same bits).
+template <dtype D>
+struct basic_float16 {
+  static_assert(D == dtype::bf16 || D == dtype::f16, "fsdp::basic_float16: bf16 or f16 only");
   std::uint16_t bits = 0;
-  bfloat16() = default;
-  FSDP_HD constexpr explicit bfloat16(float f) noexcept : bits(f16::bf16_from_float(f)) {}
-  FSDP_HD constexpr explicit operator float() const noexcept { return f16::bf16_to_float(bits); }
-  FSDP_HD static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
-    bfloat16 x;
+  basic_float16() = default;
+  FSDP_HD constexpr explicit basic_float16(float f) noexcept : bits(f16::from_float<D>(f)) {}
+  FSDP_HD constexpr explicit operator float() const noexcept { return f16::to_float<D>(bits); }
+  FSDP_HD static constexpr basic_float16 from_bits(std::uint16_t b) noexcept {
+    basic_float16 x;
     x.bits = b;
     return x;
   }
-  friend constexpr bool operator==(bfloat16, bfloat16) = default;  ///< bit equality
+  friend constexpr bool operator==(basic_float16, basic_float16) = default;  ///< bit equality
 };
 
-/// An IEEE binary16 value, as bfloat16 above. Layout-compatible with CUDA's __half.
-struct float16 {
-  std::uint16_t bits = 0;
-  float16() = default;
-  FSDP_HD constexpr explicit float16(float f) noexcept : bits(f16::half_from_float(f)) {}
-  FSDP_HD constexpr explicit operator float() const noexcept { return f16::half_to_float(bits); }
-  FSDP_HD static constexpr float16 from_bits(std::uint16_t b) noexcept {
-    float16 x;
-    x.bits = b;
-    return x;
-  }
-  friend constexpr bool operator==(float16, float16) = default;  ///< bit equality
-};
+using bfloat16 = basic_float16<dtype::bf16>;  ///< bfloat16: 8 exponent bits, 7 mantissa bits
+using float16 = basic_float16<dtype::f16>;    ///< IEEE binary16: 5 exponent bits, 10 mantissa bits
 
 static_assert(sizeof(bfloat16) == 2 && sizeof(float16) == 2 && std::is_trivially_copyable_v<bfloat16> &&
               std::is_trivially_copyable_v<float16>);
 
-template <>
-struct dtype_of<bfloat16> {
-  static constexpr dtype value = dtype::bf16;
-};
-template <>
-struct dtype_of<float16> {
-  static constexpr dtype value = dtype::f16;
+template <dtype D>
+struct dtype_of<basic_float16<D>> {
+  static constexpr dtype value = D;
 };
 
 }  // namespace fsdp
