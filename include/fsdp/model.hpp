@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -189,10 +190,12 @@ class Model {
     return out;
   }
 
-  /// Sets every gradient shard to zero (after pending reductions finish).
+  /// Discards every gradient accumulated since the last step: the gradient shards are set to zero (after pending
+  /// reductions finish), no-sync accumulators are freed, and the count of micro-batches starts again.
   void zero_grad() {
     cursor_.require_idle("zero_grad()");
     exec_.zero_grads();
+    sched_.restart_window();
   }
 
   /// An optimizer step: once every unit's gradient is reduced, on the compute stream's order, runs `update()` (the
@@ -207,7 +210,12 @@ class Model {
     sched_.before_step(executor());
     auto& cs = backend().compute_stream();
     stamp_.stamp(backend(), cs, trace::kind::optimizer_begin, pass_kind::none, -1);
-    std::forward<F>(update)();
+    try {
+      std::forward<F>(update)();
+    } catch (const std::exception& e) {  // the update may be partly applied: a retry would apply it twice
+      cursor_.fail_step(std::string(detail::unprefixed(e)));
+      throw;
+    }
     // Gathers wait for this, not for everything on the compute stream: the host may run ahead of compute (a GPU,
     // or a threaded compute stream) and issue the next gathers while earlier units still compute.
     exec_.shards_written();
@@ -348,7 +356,7 @@ class Model {
     cursor_.begin(k, name);  // a wrong first unit throws here: nothing has happened, the model stays usable
     sched_.begin_pass(k);
     stamp_.set_step(sched_.step());
-    enter_current();
+    enter_current();  // on failure the pass is abandoned with the reason (no range owns it yet)
   }
 
   void advance(const std::string_view* name) {
@@ -369,12 +377,22 @@ class Model {
     sched_.end_pass(k);
   }
 
+  /// Enters the unit at the cursor. A shortage of gather slots, or a failure of the backend or communicator
+  /// (an allocation, an aborted collective), abandons the pass with the reason: what was scheduled before cannot be
+  /// undone, and every later use of the model says why.
   void enter_current() {
     const pass_kind k = cursor_.pass();
     const std::size_t u = cursor_.current();
-    if (auto s = sched_.enter(k, cursor_.order(), cursor_.pos(), executor())) {
-      const std::string why = s->message(units_.index);
-      cursor_.abandon_with(why);  // the units before this one were already scheduled: the pass cannot go on
+    std::optional<sched::shortage> short_of;
+    try {
+      short_of = sched_.enter(k, cursor_.order(), cursor_.pos(), executor());
+    } catch (const std::exception& e) {
+      cursor_.abandon_with(std::string(detail::unprefixed(e)));
+      throw;
+    }
+    if (short_of) {
+      const std::string why = short_of->message(units_.index);
+      cursor_.abandon_with(why);
       detail::fail_usage(why);
     }
     stamp_.stamp(backend(), backend().compute_stream(), trace::kind::compute_begin, k, static_cast<int>(u));
@@ -383,7 +401,12 @@ class Model {
   void leave_current() {
     const pass_kind k = cursor_.pass();
     stamp_.stamp(backend(), backend().compute_stream(), trace::kind::compute_end, k, static_cast<int>(cursor_.current()));
-    sched_.leave(k, cursor_.order(), cursor_.pos(), executor());
+    try {
+      sched_.leave(k, cursor_.order(), cursor_.pos(), executor());
+    } catch (const std::exception& e) {  // a release or reduction failed: the pass cannot go on
+      cursor_.abandon_with(std::string(detail::unprefixed(e)));
+      throw;
+    }
   }
 
   auto executor() {

@@ -140,6 +140,19 @@ TEST_CASE("bf16 figures worked out by hand for 4 ranks: half the gathered bytes,
   nosync.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
   const auto ns = train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16>>>(4, "adamw", nosync)[0].memory.peak;
   CHECK(ns[mem::comm_buffers] == (1088 + 2112 + 4224) * 4 + 4224 * 2);
+  // fp16 reduced in fp16 with pre/post division: the pre-division scales the gradient in place, no cast buffer
+  fsdp::model_options pp;
+  pp.division.how = fsdp::grad_division::mode::pre_post;
+  const auto f16 = train<fsdp::policy<F, fsdp::prefetch::none, mixed<fsdp::float16, float, fsdp::float16>>>(4, "adamw", pp)[1]
+                       .memory.peak;
+  CHECK(f16[mem::comm_buffers] == 4224 * 2 + 1056 * 2);
+  // no_shard in bf16: unsharded units (1088, 2080, 4224, 1040 at align 16) as bf16 cast copies, every one kept from
+  // its forward to its backward; the largest unit's bf16 gradient and its fp32 cast, all-reduced in place
+  const auto ddp = train<fsdp::policy<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>>(4, "adamw")[3]
+                       .memory.peak;
+  CHECK(ddp[mem::gathered_params] == (1088 + 2080 + 4224 + 1040) * 2);
+  CHECK(ddp[mem::comm_buffers] == 4224 * 2 + 4224 * 4);
+  CHECK(ddp[mem::sharded_params] == (1088 + 2080 + 4224 + 1040) * 4);
 }
 
 TEST_CASE("planned equals measured for a declared order other than the wrapping order") {

@@ -326,3 +326,29 @@ TEST_CASE("no_shard in bf16: units are cast copies, gathered for use and release
     CHECK(!f.schedule_config().gathers);
   });
 }
+
+TEST_CASE("zero_grad in the middle of a no-sync window discards the micro-batches so far and starts it again") {
+  fsdp::model_options mo;
+  mo.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  mo.division.how = fsdp::grad_division::mode::sum;
+  run_ranks(3, [&](local_communicator& c) {
+    fsdp::Model<policy<bfloat16, float>> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
+    auto micro_batch = [&](float value) {
+      for (auto& u : m.forward()) (void)u;
+      for (auto& u : m.backward())
+        for (const auto& e : u.layout().entries())
+          for (auto& x : u.grad(e.name)) x = bfloat16(value * float(c.rank() + 1));
+    };
+    micro_batch(100.0f);  // kept in the accumulators, then discarded
+    m.zero_grad();
+    m.synchronize();
+    CHECK(m.memory().current[fsdp::mem::comm_buffers] == 0);  // the accumulators are gone
+    micro_batch(1.0f);
+    micro_batch(2.0f);  // the last of the new window: reduced
+    m.synchronize();
+    for (std::size_t ui = 0; ui < m.size(); ++ui)
+      for (const auto& v : m.unit(ui).shard_views())
+        for (std::int64_t i = 0; i < v.local_numel(); ++i)
+          REQUIRE(m.unit(ui).grad_shard()[v.shard_offset + i] == 3.0f * (1 + 2 + 3));  // (1 + 2) summed over ranks
+  });
+}

@@ -153,3 +153,34 @@ TEST_CASE("an error caught inside a pass leaves that pass intact") {
     opt.step();
   });
 }
+
+TEST_CASE("a collective failing while a pass enters its first unit abandons the pass, with the reason") {
+  run_ranks(1, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    c.abort("the test aborted the group");
+    const std::string why = error_of<fsdp::comm_error>([&] {
+      for (auto& u : m.forward()) (void)u;
+    });
+    CHECK(why == "fsdp: local all_gather(count=16, f32) #0 on rank 0 aborted: the test aborted the group");
+    // no range owned the pass yet: the model says why, instead of waiting for a pass nobody can finish
+    CHECK(error_of<fsdp::usage_error>([&] {
+            for (auto& u : m.forward()) (void)u;
+          }) == "fsdp: model.forward() after an abandoned pass: model.forward() stopped at unit 'layers.0': local "
+                "all_gather(count=16, f32) #0 on rank 0 aborted: the test aborted the group");
+  });
+}
+
+TEST_CASE("an optimizer step that fails part way is not retried: the model says why") {
+  run_ranks(1, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    fsdp::optim::sgd opt(m, {.lr = 0.1f, .grad = {.skip_nonfinite = true}});  // the inspection all-reduces
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    m.synchronize();  // the reductions are done: the step fails inside its update (the inspection's all-reduce)
+    c.abort("the test aborted the group");
+    CHECK(contains(error_of<fsdp::comm_error>([&] { opt.step(); }), "aborted: the test aborted the group"));
+    CHECK(contains(error_of<fsdp::usage_error>([&] { opt.step(); }),
+                   "fsdp: an optimizer step after a failed optimizer step: local all_reduce"));
+    CHECK(contains(error_of<fsdp::usage_error>([&] { m.zero_grad(); }), "zero_grad() after a failed optimizer step"));
+  });
+}

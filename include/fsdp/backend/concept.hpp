@@ -4,7 +4,8 @@
 // model it; tests/static/concepts_test.cc holds an archetype that models it and nothing more.
 //
 //   memory      allocate(bytes, category, first-use stream) -> buffer (move-only, accounted to its category until
-//               released), release_after(buffer, stream) (stream-ordered), memory() (the tracker)
+//               released; `bool(b)` says whether it holds anything), release_after(buffer, stream) (stream-ordered;
+//               an empty or moved-from buffer is a no-op), memory() (the tracker)
 //   streams     compute, all-gather and reduce streams; events recorded on and waited for by streams; host
 //               callbacks at a stream's point; synchronize (blocks the host until the stream drains)
 //   copies      fill_zero, copy, upload (host -> backend), download (backend -> host)
@@ -28,6 +29,7 @@ template <class B>
 concept BackendBuffer = std::is_nothrow_move_constructible_v<B> && std::is_nothrow_move_assignable_v<B> &&
                         !std::is_copy_constructible_v<B> && std::default_initializable<B> &&
                         requires(const B& b) {
+                          static_cast<bool>(b);
                           { b.data() } -> std::same_as<void*>;
                           { b.template as<float>() } -> std::same_as<float*>;
                           { b.bytes() } -> std::same_as<std::int64_t>;

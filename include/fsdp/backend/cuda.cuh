@@ -7,10 +7,16 @@
 // Memory comes from a CUDA memory pool owned by the backend (cudaMemPoolCreate) whose release threshold is
 // "never": memory freed inside a step stays in the pool for the next step. Model::reserve_memory() grows the
 // pool to the planner's peak before the first step (the model reserves for parameters, gradients and gathers;
-// the optimizers for their state), so a step takes its buffers from memory the pool already holds.
-// Allocation and release are stream-ordered (cudaMallocFromPoolAsync / cudaFreeAsync) on the stream that first
-// uses a buffer and the stream that last uses it; the pool reuses a block across streams only after the event
-// dependencies the scheduler already creates (cudaMemPoolReuseFollowEventDependencies).
+// the optimizers for their state). Allocation and release are stream-ordered (cudaMallocFromPoolAsync /
+// cudaFreeAsync) on the stream that first uses a buffer and the stream that last uses it.
+//
+// Not bounded yet: the planner counts bytes in host program order, but the pool can hand a freed block to another
+// stream only once that stream has waited on an event recorded after the free (or the free has completed). A
+// gather buffer is freed on the compute stream and the next gather allocates on the gather stream; a gradient is
+// freed on the reduce stream and the next allocates on the compute stream; neither waits for the other in a step.
+// When the host runs ahead of the GPU, a step can therefore take memory beyond the reservation (or the driver may
+// add the dependencies itself, cudaMemPoolReuseAllowInternalDependencies, serialising streams). Bounding device
+// memory by the plan (buffers the library places in slots and reuses after an event) is still to be built.
 #include <cuda_runtime_api.h>
 
 #include <chrono>

@@ -3,7 +3,8 @@
 // Implementations: comm::local (ranks as threads of one process, over host memory: comm/local.hpp, or one GPU:
 // comm/local_cuda.cuh) and comm::nccl (comm/nccl.cuh). Buffers are the backend's memory; every collective is
 // issued on a stream of the backend and runs in that stream's order. Reductions of f32, bf16 and f16 are
-// supported; an average is NCCL's (each value pre-multiplied by 1 / ranks in the element dtype, then summed).
+// supported; an average is NCCL's (each value pre-multiplied by 1 / ranks rounded to the element dtype, then
+// summed).
 #include <concepts>
 #include <cstdint>
 #include <string_view>
@@ -37,7 +38,10 @@ struct collective_stats {
 };
 
 /// Requirements on a communicator. `count` is in elements: per rank for all_gather (send count) and
-/// reduce_scatter (receive count), whole buffer for all_reduce and broadcast.
+/// reduce_scatter (receive count), whole buffer for all_reduce and broadcast. Two aliasings must work, as they do
+/// in NCCL (MPI needs MPI_IN_PLACE for them): an in-place all_gather whose send buffer is this rank's slice of the
+/// receive buffer (send == recv + rank * count elements), and an in-place all_reduce (send == recv). The unit
+/// executor issues both.
 template <class C>
 concept CollectivePolicy = requires(C& c, const C& cc, const void* send, void* recv, std::int64_t count, dtype t,
                                     reduce_op op, int root, typename C::backend_type::stream& s) {

@@ -142,12 +142,14 @@ class unit_executor {
   void shards_written() {
     for (auto& b : bufs_) be_->record(b.shard_ready, be_->compute_stream());
   }
-  /// Every gradient shard set to zero once its pending reduction is done.
+  /// Every gradient shard set to zero once its pending reduction is done; no-sync accumulators (last written on
+  /// the compute stream) freed.
   void zero_grads() {
     stream& cs = be_->compute_stream();
     for (std::size_t u = 0; u < bufs_.size(); ++u) {
       be_->wait(cs, bufs_[u].reduced);
       be_->fill_zero(bufs_[u].grad_shard.data(), cost_[u].grad_shard.bytes(), cs);
+      be_->release_after(std::move(bufs_[u].accumulator), cs);
     }
   }
   /// Collective: unit u's full fp32 master (padded flat buffer) on the host of every rank. Allocates one unsharded

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
@@ -27,12 +28,15 @@
 
 namespace fsdp::grad {
 
-/// What an optimizer step checks and does with the gradients before its update.
+/// What an optimizer step checks and does with the gradients before its update. Any inspection (clipping, a loss
+/// scaler, skip_nonfinite, locate_nonfinite) skips a step whose gradients are not finite, on every rank: a
+/// non-finite norm would otherwise write NaN into every parameter. The squared norms are fp32: a finite gradient
+/// whose squared norm passes 3.4e38 counts as non-finite too.
 struct options {
   /// > 0: clip the global gradient norm to this (the gradients are multiplied by min(1, max_norm / (norm + 1e-6))
   /// inside the fused update).
   float max_norm = 0.0f;
-  /// Inspect the gradients: a non-finite value on any rank skips the step on every rank.
+  /// Inspect the gradients without clipping: a non-finite value on any rank skips the step on every rank.
   bool skip_nonfinite = false;
   /// Also name the first rank and unit holding a non-finite value (the all-reduce then carries one row per rank).
   bool locate_nonfinite = false;
@@ -98,6 +102,7 @@ report inspect(ModelT& model, const options& o, const std::vector<std::size_t>& 
   be.fill_zero(norms, cost.bytes(), cs);
   float* row = norms + (rows == 1 ? 0 : static_cast<std::size_t>(comm.rank()) * n);
   for (std::size_t u = 0; u < n; ++u) be.squared_norm(model.unit(u).grad_shard(), model.costs(u).shard_numel, row + u, cs);
+  if constexpr (requires { comm.label(std::string_view{}); }) comm.label("(gradient norms)");  // names it in errors
   comm.all_reduce(norms, norms, cost.numel, cost.type, reduce_op::sum, cs);
   std::vector<float> host(static_cast<std::size_t>(cost.numel));
   be.synchronize(cs);  // the watched wait first: a copy to pageable memory cannot be interrupted

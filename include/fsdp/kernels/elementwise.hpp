@@ -6,9 +6,10 @@
 //   accumulate: dst += float(src) * scale     copy-out of a reduction into an fp32 gradient shard (scale: the
 //                                             post-division of grad_division::pre_post, else 1)
 //   reduce:     acc = D(acc + x_q')           the in-process communicators' reduction: over ranks q in rank order
-//                                             from 0, rounded to the wire dtype D after every addition (as a
-//                                             ring's hops do); x_q' = D(x_q * D(1/world)) for an average (NCCL's
-//                                             PreMulSum), x_q for a sum
+//                                             from 0, rounded to the wire dtype D after every addition (NCCL rounds
+//                                             after every addition too, in its ring or tree order, not rank order);
+//                                             x_q' = D(x_q * D(1/world)) for an average (NCCL's PreMulSum scalar),
+//                                             x_q for a sum
 #include <cstdint>
 #include <utility>
 
@@ -36,11 +37,12 @@ FSDP_HD inline void accumulate_one(float& dst, f16::storage_t<S> x, float scale 
   dst = rn::add(dst, scale == 1.0f ? f : rn::mul(f, scale));
 }
 
-/// The in-process communicators' reduction of one element over the ranks, as NCCL reduces floating types: the
-/// ranks' values are added in rank order starting from 0, the running value rounded to D after every addition;
-/// an average pre-multiplies each value by 1/world rounded to D (NCCL's ncclAvg is its PreMulSum with that
-/// scalar), so a 16-bit sum stays as far from overflow as the average itself. `premul`: average_factor<D>(world)
-/// for an average, 1 for a sum.
+/// The in-process communicators' reduction of one element over the ranks, with NCCL's rounding rules for floating
+/// types in a fixed order: the ranks' values are added in rank order starting from 0, the running value rounded
+/// to D after every addition (NCCL also rounds after every addition, but in its ring or tree order: 16-bit results
+/// at 3 or more ranks may differ from NCCL's in the last bits); an average pre-multiplies each value by 1/world
+/// rounded to D (NCCL's ncclAvg is its PreMulSum with that scalar), so a 16-bit sum stays as far from overflow as
+/// the average itself. `premul`: average_factor<D>(world) for an average, 1 for a sum.
 template <dtype D>
 FSDP_HD inline float reduce_add(float acc, f16::storage_t<D> x, float premul) {
   float v = f16::to_float<D>(x);

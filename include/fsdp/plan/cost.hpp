@@ -47,6 +47,13 @@ struct cost_facts {
   bool accumulates_locally = false; ///< no-sync over more than one micro-batch: gradients wait in an fp32 accumulator
 };
 
+/// Units are gathered before use and released after when their parameters are sharded, or when compute reads a
+/// cast copy (a compute dtype other than the master's); otherwise the fp32 master itself serves compute (no_shard
+/// in fp32). The scheduler's configuration and the costs below both ask this.
+inline bool units_gather(bool shards_params, const precision_facts& p) noexcept {
+  return shards_params || p.compute != p.master;
+}
+
 /// The facts of a model with this precision, sharding and accumulation.
 inline cost_facts make_cost_facts(const precision_facts& precision, bool shards_params,
                                   const accumulation_options& accumulation) {
@@ -57,7 +64,6 @@ inline cost_facts make_cost_facts(const precision_facts& precision, bool shards_
 /// The costs of one unit's buffers.
 struct unit_costs {
   buffer_cost master, grad_shard, gathered, grad, accumulator, reduce_input, reduce_output;
-  dtype reduce_source = dtype::f32;  ///< the dtype reduced from when there is no reduce input (grad or accumulator)
   std::int64_t shard_numel = 0;      ///< S: elements of the master and gradient shards
   std::int64_t padded_numel = 0;     ///< P: elements of the unsharded flat buffer
   /// Unsharded bytes an all-gather of the unit moves, and a reduction (as nccl-tests count, for traces).
@@ -68,17 +74,16 @@ struct unit_costs {
 inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   const precision_facts& p = f.precision;
   const std::int64_t S = l.shard_numel(), P = l.padded_numel();
-  const bool master_serves_compute = !f.shards_params && p.compute == p.master;
   unit_costs c;
   c.shard_numel = S;
   c.padded_numel = P;
   c.master = {mem::sharded_params, p.master, S};
   c.grad_shard = {mem::grads, dtype::f32, S};
-  c.gathered = {mem::gathered_params, p.compute, master_serves_compute ? 0 : P};
+  c.gathered = {mem::gathered_params, p.compute, units_gather(f.shards_params, p) ? P : 0};
   c.grad = {mem::comm_buffers, p.compute, P};
   c.accumulator = {mem::comm_buffers, dtype::f32, f.accumulates_locally ? P : 0};
-  c.reduce_source = f.accumulates_locally ? dtype::f32 : p.compute;
-  c.reduce_input = {mem::comm_buffers, p.reduce, c.reduce_source != p.reduce ? P : 0};
+  const dtype reduce_source = f.accumulates_locally ? c.accumulator.type : c.grad.type;  // what is reduced from
+  c.reduce_input = {mem::comm_buffers, p.reduce, reduce_source != p.reduce ? P : 0};
   c.reduce_output = {mem::comm_buffers, p.reduce, f.shards_params ? S : 0};
   return c;
 }

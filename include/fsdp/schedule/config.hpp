@@ -8,6 +8,7 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/model_options.hpp"
+#include "fsdp/plan/cost.hpp"
 #include "fsdp/precision/precision.hpp"
 #include "fsdp/prefetch/prefetch.hpp"
 #include "fsdp/sharding/sharding.hpp"
@@ -45,7 +46,7 @@ inline config build_config(const unit_index& units, const strategy_facts& strate
                            const precision_facts& precision, const model_options& opt) {
   const std::size_t n = units.size();
   config c;
-  c.gathers = strategy.shards_params || precision.compute != precision.master;
+  c.gathers = plan::units_gather(strategy.shards_params, precision);
   c.reshard_after_forward.assign(n, strategy.reshard_after_forward);
   for (const auto& [name, value] : opt.reshard_after_forward) {
     const auto u = units.find(name);

@@ -68,8 +68,9 @@ class pass_cursor {
   std::size_t current() const { return scheduler::unit_at(pass_, order_, pos_); }
   bool at_last() const noexcept { return pos_ + 1 >= units_->size(); }
 
-  /// usage_error unless no pass is in progress and none was abandoned.
+  /// usage_error unless no pass is in progress and none was abandoned (nor an optimizer step failed).
   void require_idle(const char* what) const {
+    if (!failed_step_.empty()) detail::fail_usage(what, " after a failed optimizer step: ", failed_step_);
     if (!broken_.empty()) detail::fail_usage(what, " after an abandoned pass: ", broken_);
     if (pass_ != pass_kind::none)
       detail::fail_usage(what, " while model.", name_of(pass_), "() is at unit '", units_->name(current()),
@@ -144,6 +145,14 @@ class pass_cursor {
     pass_ = pass_kind::none;
   }
 
+  /// An optimizer step failed part way (its update may be partly applied): every later use reports `why`.
+  void fail_step(const std::string& why) noexcept {
+    try {
+      failed_step_ = why;
+    } catch (...) {
+    }
+  }
+
   /// The pass in progress cannot go on, for the reason `why`; every later use of the model reports it.
   void abandon_with(const std::string& why) {
     broken_ = detail::cat("model.", name_of(pass_), "() stopped at unit '", units_->name(current()), "': ", why);
@@ -215,6 +224,7 @@ class pass_cursor {
   pass_kind pass_ = pass_kind::none;
   std::size_t pos_ = 0;
   std::string broken_;
+  std::string failed_step_;
 };
 
 }  // namespace fsdp::sched

@@ -209,6 +209,8 @@ class scheduler {
     micro_batches_done_ = 0;
     step_open_ = false;
   }
+  /// The gradients were discarded (zero_grad): the accumulation window starts again.
+  void restart_window() noexcept { micro_batches_done_ = 0; }
 
  private:
   struct unit_status {

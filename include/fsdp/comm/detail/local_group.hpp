@@ -214,7 +214,7 @@ class local_group {
   }
 
   /// The reduction of every rank's input at element `offset` on, by kernels::reduce_add (rank order, rounded to
-  /// the dtype after every addition; an average pre-multiplied, as NCCL does): every rank gets the same bits, and
+  /// the dtype after every addition; an average pre-multiplied by NCCL's scalar): every rank gets the same bits, and
   /// the CUDA local communicator's kernel does the same operations.
   std::vector<unsigned char> reduce(const round& r, const op_desc& d, std::size_t offset) const {
     const std::size_t n = static_cast<std::size_t>(d.count);
