@@ -8,10 +8,11 @@
 
 namespace archetype {
 
-/// The least a communicator must offer.
-struct communicator {
-  using backend_type = fsdp::backend::host;
-  using stream = backend_type::stream;
+/// The least a communicator must offer, over backend B.
+template <class B>
+struct basic_communicator {
+  using backend_type = B;
+  using stream = typename backend_type::stream;
   int rank() const { return 0; }
   int size() const { return 1; }
   void all_gather(const void*, void*, std::int64_t, fsdp::dtype, stream&) {}
@@ -21,6 +22,7 @@ struct communicator {
   void barrier() {}
   fsdp::collective_stats stats() const { return {}; }
 };
+using communicator = basic_communicator<fsdp::backend::host>;
 /// The same without broadcast: not a communicator.
 struct no_broadcast {
   using backend_type = fsdp::backend::host;
@@ -163,24 +165,10 @@ struct double_compute {
 }  // namespace archetype
 static_assert(fsdp::Backend<archetype::backend_t<true>>);
 static_assert(!fsdp::Backend<archetype::backend_t<false>>);
-namespace archetype {
-/// The archetype communicator over the archetype backend: with them the unit executor compiles completely (every
-/// member instantiated below), so the concepts promise no less than the executor uses.
-struct communicator_on_backend {
-  using backend_type = backend_t<true>;
-  using stream = backend_type::stream;
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  void all_gather(const void*, void*, std::int64_t, fsdp::dtype, stream&) {}
-  void reduce_scatter(const void*, void*, std::int64_t, fsdp::dtype, fsdp::reduce_op, stream&) {}
-  void all_reduce(const void*, void*, std::int64_t, fsdp::dtype, fsdp::reduce_op, stream&) {}
-  void broadcast(const void*, void*, std::int64_t, fsdp::dtype, int, stream&) {}
-  void barrier() {}
-  fsdp::collective_stats stats() const { return {}; }
-};
-}  // namespace archetype
-static_assert(fsdp::CollectivePolicy<archetype::communicator_on_backend>);
-template class fsdp::exec::unit_executor<archetype::backend_t<true>, archetype::communicator_on_backend>;
+// The archetype communicator over the archetype backend: with them the unit executor compiles completely (every
+// member instantiated below), so the concepts promise no less than the executor uses.
+static_assert(fsdp::CollectivePolicy<archetype::basic_communicator<archetype::backend_t<true>>>);
+template class fsdp::exec::unit_executor<archetype::backend_t<true>, archetype::basic_communicator<archetype::backend_t<true>>>;
 static_assert(fsdp::Backend<fsdp::backend::host>);
 static_assert(fsdp::ElementType<float> && fsdp::ElementType<fsdp::bfloat16> && fsdp::ElementType<fsdp::float16>);
 static_assert(!fsdp::ElementType<double> && !fsdp::ElementType<std::uint16_t>);
