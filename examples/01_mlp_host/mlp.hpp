@@ -42,7 +42,9 @@ struct result {
   std::vector<fsdp::grad::report> reports;            ///< what each optimizer step did with the gradients
   std::map<std::string, std::vector<float>> params;  ///< final full parameters
   fsdp::memory_stats memory;                         ///< this rank's accounting after training
+  fsdp::memory_stats exported;                       ///< and after gather_full_params (its buffer comes and goes)
   fsdp::memory_figures planned;                      ///< the planner's peaks for this rank
+  fsdp::memory_figures planned_between;              ///< what the planner says stays between steps
   double seconds = 0;
 };
 
@@ -162,7 +164,9 @@ result train(typename Policy::communicator& comm, const config& c) {
   fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
   auto run = [&](auto& opt) {
     result r;
-    r.planned = model.plan_memory(opt).peak;
+    const fsdp::memory_plan plan = model.plan_memory(opt);
+    r.planned = plan.peak;
+    r.planned_between = plan.between_steps;
     std::vector<float> x, t;
     std::vector<std::vector<float>> act(layers + 1), dact(layers + 1);
     const auto t0 = std::chrono::steady_clock::now();
@@ -210,6 +214,7 @@ result train(typename Policy::communicator& comm, const config& c) {
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.memory = model.memory();
     r.params = model.gather_full_params();
+    r.exported = model.memory();
     return r;
   };
   return with_optimizer(model, c, run);

@@ -72,7 +72,7 @@ class Model {
                                                  facts_of_prefetch<prefetch>(), facts_of_precision<precision>(), opt_)),
         exec_(units_.index, comm, make_backend(comm), units_.layouts, comm.rank() % shard_world_,
               plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation),
-              exec::division_facts(opt_.division, comm.size()), stamp_) {
+              exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_) {
     if (opt_.gather_slots > 0)  // a slot count too small for the policy fails here, before any memory is touched
       if (const memory_plan p = plan_memory(0); !p.feasible())
         detail::fail_usage("model_options::gather_slots = ", opt_.gather_slots, " is too few for this policy: ",

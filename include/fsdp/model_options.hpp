@@ -64,6 +64,10 @@ struct model_options {
   /// Units gathered or gathering at once, on demand and by prefetch; 0 = no limit. A prefetch waits for a free
   /// slot (it is issued at a later unit); a unit needed for compute with no slot free is a usage_error.
   int gather_slots = 0;
+  /// Unsharded gradient buffers that exist at once (>= 1). The gradient of a unit's backward goes into a buffer
+  /// whose last reduction has finished; with 2 (the default) one unit's reduction overlaps the next unit's
+  /// backward; 1 saves a gradient buffer and serialises them.
+  int grad_slots = 2;
   /// The schedule of prefetch::explicit_schedule: which units to gather when a unit's forward/backward starts.
   prefetch_schedule prefetch;
   /// Where to record the trace and the memory timeline (null: nothing is recorded).

@@ -2,6 +2,7 @@
 // accounted by category in program order.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <atomic>
+#include <future>
 #include <chrono>
 #include <thread>
 
@@ -76,9 +77,10 @@ TEST_CASE("a failed task poisons its stream and reaches whoever waits on it") {
 
 TEST_CASE("memory is accounted by category; stream-ordered release drops the count at the call") {
   fsdp::backend::host be;
-  auto a = be.allocate(1000, mem::grads);
-  auto b = be.allocate(500, mem::grads);
-  auto c = be.allocate(300, mem::comm_buffers);
+  auto& cs = be.compute_stream();
+  auto a = be.allocate(1000, mem::grads, cs);
+  auto b = be.allocate(500, mem::grads, cs);
+  auto c = be.allocate(300, mem::comm_buffers, be.reduce_stream());
   CHECK(be.memory().stats().current[mem::grads] == 1500);
   b.reset();
   CHECK(be.memory().stats().current[mem::grads] == 1000);
@@ -99,7 +101,68 @@ TEST_CASE("memory is accounted by category; stream-ordered release drops the cou
   CHECK(st.current.total == 1000);
   be.memory().reset_peak();
   CHECK(be.memory().stats().peak.total == 1000);
-  CHECK(be.allocate(0, mem::grads).data() == nullptr);
+  CHECK(be.allocate(0, mem::grads, cs).data() == nullptr);
+}
+
+TEST_CASE("the pool model: memory freed on another stream is reused only after an event wait, or once freed") {
+  fsdp::backend::host be(0, {.threaded_compute = true});  // three worker streams, as on a GPU
+  auto& cs = be.compute_stream();
+  auto& ag = be.gather_stream();
+  auto& rs = be.reduce_stream();
+  std::promise<void> go;
+  std::shared_future<void> open = go.get_future().share();
+  rs.submit([open] { open.wait(); });  // the reduce stream is held: nothing submitted after this runs yet
+
+  auto a = be.allocate(1000, mem::comm_buffers, rs);
+  CHECK(be.pool().reserved == 1000);
+  be.release_after(std::move(a), rs);
+  SUBCASE("the same stream reuses at once, in its order") {
+    auto b = be.allocate(600, mem::comm_buffers, rs);
+    CHECK(be.pool().reserved == 1000);
+  }
+  SUBCASE("another stream cannot reuse a free its stream has not reached: fresh memory") {
+    auto b = be.allocate(600, mem::comm_buffers, ag);
+    CHECK(be.pool().reserved == 1600);
+    CHECK(be.pool().in_use == 600);
+  }
+  SUBCASE("another stream reuses it after waiting on an event recorded after the free") {
+    fsdp::backend::host::event freed;
+    be.record(freed, rs);
+    be.wait(ag, freed);
+    auto b = be.allocate(1000, mem::comm_buffers, ag);
+    CHECK(be.pool().reserved == 1000);
+  }
+  SUBCASE("the order passes through streams: compute waited on reduce, gather on compute") {
+    fsdp::backend::host::event e1, e2;
+    be.record(e1, rs);
+    be.wait(cs, e1);
+    be.record(e2, cs);
+    be.wait(ag, e2);
+    auto b = be.allocate(1000, mem::comm_buffers, ag);
+    CHECK(be.pool().reserved == 1000);
+  }
+  SUBCASE("an event recorded before the free orders nothing") {
+    go.set_value();
+    be.synchronize(rs);
+    // the free has happened by now: reused (opportunistically), whatever the events
+    auto b = be.allocate(1000, mem::comm_buffers, ag);
+    CHECK(be.pool().reserved == 1000);
+    fsdp::backend::host::event early;
+    be.record(early, rs);
+    std::promise<void> go2;
+    rs.submit([open2 = go2.get_future().share()] { open2.wait(); });
+    auto c = be.allocate(500, mem::comm_buffers, rs);
+    CHECK(be.pool().reserved == 1500);
+    be.release_after(std::move(c), rs);
+    be.wait(ag, early);
+    auto d = be.allocate(500, mem::comm_buffers, ag);
+    CHECK(be.pool().reserved == 2000);
+    go2.set_value();
+    be.synchronize(rs);
+    return;
+  }
+  go.set_value();
+  be.synchronize(rs);
 }
 
 TEST_CASE("kernels: accumulate and optimizer updates follow their formulas") {

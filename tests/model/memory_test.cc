@@ -47,9 +47,9 @@ void check_plan_matches(fsdp::model_options mo = {}, fsdp::grad::options g = {})
           CHECK(r.memory.peak.bytes[k] == r.planned.bytes[k]);
         }
         CHECK(r.memory.peak.total == r.planned.total);  // all categories at once, too
-        // after training only persistent state remains: shards, gradients, optimizer state
-        CHECK(r.memory.current[mem::gathered_params] == 0);
-        CHECK(r.memory.current[mem::comm_buffers] == 0);
+        // after training, what the planner says stays: shards, gradients, optimizer state and the slots
+        CHECK(r.memory.current == r.planned_between);
+        CHECK(r.memory.current[mem::gathered_params] == r.planned[mem::gathered_params]);  // slots only
         CHECK(r.memory.current[mem::sharded_params] == r.planned[mem::sharded_params]);
       }
     }
@@ -129,29 +129,31 @@ TEST_CASE("bf16 figures worked out by hand for 4 ranks: half the gathered bytes,
   CHECK(2 * mixed32[mem::gathered_params] == f32[mem::gathered_params]);
   CHECK(mixed32[mem::sharded_params] == f32[mem::sharded_params]);  // masters stay fp32
   CHECK(mixed32[mem::grads] == 2128 * 4);                            // gradient shards too
-  // the largest unit's bf16 gradient, its fp32 cast for the fp32 reduce-scatter, and the fp32 output shard
-  CHECK(mixed32[mem::comm_buffers] == 4224 * 2 + 4224 * 4 + 1056 * 4);
+  // slots of the largest unit's size: two bf16 gradients, the fp32 cast for the fp32 reduce-scatter, the fp32
+  // output shard
+  CHECK(mixed32[mem::comm_buffers] == 2 * 4224 * 2 + 4224 * 4 + 1056 * 4);
   // bf16 reduction: the gradient itself is reduced; the output shard is bf16
-  CHECK(bf16[mem::comm_buffers] == 4224 * 2 + 1056 * 2);
+  CHECK(bf16[mem::comm_buffers] == 2 * 4224 * 2 + 1056 * 2);
   // no-sync over 2 micro-batches: every unit's fp32 accumulator (1088 + 2112 + 4224 + 1088 elements) lives until
-  // its reduction in the last backward. That backward reduces layers.3 first (its accumulator freed), then enters
-  // layers.2: the accumulators of layers 0..2 and layers.2's bf16 gradient are the peak
+  // its reduction in the last backward. That backward reduces layers.3 first: its fp32 output slot is made while
+  // all four accumulators and both bf16 gradient slots exist, the peak
   fsdp::model_options nosync;
   nosync.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
   const auto ns = train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16>>>(4, "adamw", nosync)[0].memory.peak;
-  CHECK(ns[mem::comm_buffers] == (1088 + 2112 + 4224) * 4 + 4224 * 2);
+  CHECK(ns[mem::comm_buffers] == (1088 + 2112 + 4224 + 1088) * 4 + 2 * 4224 * 2 + 1056 * 4);
   // fp16 reduced in fp16 with pre/post division: the pre-division scales the gradient in place, no cast buffer
   fsdp::model_options pp;
   pp.division.how = fsdp::grad_division::mode::pre_post;
   const auto f16 = train<fsdp::policy<F, fsdp::prefetch::none, mixed<fsdp::float16, float, fsdp::float16>>>(4, "adamw", pp)[1]
                        .memory.peak;
-  CHECK(f16[mem::comm_buffers] == 4224 * 2 + 1056 * 2);
+  CHECK(f16[mem::comm_buffers] == 2 * 4224 * 2 + 1056 * 2);
   // no_shard in bf16: unsharded units (1088, 2080, 4224, 1040 at align 16) as bf16 cast copies, every one kept from
-  // its forward to its backward; the largest unit's bf16 gradient and its fp32 cast, all-reduced in place
+  // its forward to its backward: four gather slots of the largest; two bf16 gradient slots and the fp32 cast,
+  // all-reduced in place
   const auto ddp = train<fsdp::policy<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>>(4, "adamw")[3]
                        .memory.peak;
-  CHECK(ddp[mem::gathered_params] == (1088 + 2080 + 4224 + 1040) * 2);
-  CHECK(ddp[mem::comm_buffers] == 4224 * 2 + 4224 * 4);
+  CHECK(ddp[mem::gathered_params] == 4 * 4224 * 2);
+  CHECK(ddp[mem::comm_buffers] == 2 * 4224 * 2 + 4224 * 4);
   CHECK(ddp[mem::sharded_params] == (1088 + 2080 + 4224 + 1040) * 4);
 }
 
@@ -173,13 +175,14 @@ TEST_CASE("planned equals measured for a declared order other than the wrapping 
     const auto measured = m.memory().peak;
     const auto planned = m.plan_memory(opt.states_per_element()).peak;
     CHECK(measured == planned);
-    // the order matters: padded sizes at 3 ranks are u0 48, u1 336, u2 48, u3 144; one unit ahead holds two
-    // neighbours at once, and u3, u1 (the two largest) are neighbours only in the declared order
-    CHECK(planned[mem::gathered_params] == (144 + 336) * 4);
+    // padded sizes at 3 ranks are u0 48, u1 336, u2 48, u3 144; one unit ahead holds two neighbours at once: two
+    // gather slots of the largest unit's size, in either order
+    CHECK(planned[mem::gathered_params] == 2 * 336 * 4);
+    CHECK(m.plan_memory(opt).max_units_gathered == 2);
     fsdp::model_options wrapping_order;
     fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> w(
         c, spec, fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{}, wrapping_order);
-    CHECK(w.plan_memory(2).peak[mem::gathered_params] == (336 + 48) * 4);
+    CHECK(w.plan_memory(2).peak[mem::gathered_params] == 2 * 336 * 4);
   });
 }
 
@@ -189,9 +192,10 @@ TEST_CASE("the plan as a table, and the prediction for a model that has not run"
         c, mlp::make_spec(cfg("adamw")), fsdp::wrap::by_prefix{"layers."});
     const fsdp::memory_plan p = m.plan_memory(2);
     CHECK(p.max_units_gathered == 1);
-    // persistent (params, grads, two moments) + the largest unit's backward: its gathered parameters and its
-    // unsharded gradient (both released before its reduce-scatter output is allocated)
-    CHECK(p.peak.total == (2128 * 4) * 4 + (4224 + 4224) * 4);
+    // persistent (params, grads, two moments) + the slots, all made by the second unit of backward: one gathered
+    // unit and two unsharded gradients of the largest unit's size, and one reduce-scatter output shard
+    CHECK(p.peak.total == (2128 * 4) * 4 + (4224 + 2 * 4224 + 1056) * 4);
+    CHECK(p.between_steps == p.peak);  // the slots stay
     if (c.rank() == 0) {
       CHECK(p.table() ==
             "planned peak memory per rank (4 units, at most 1 gathered at once)\n"
@@ -199,28 +203,28 @@ TEST_CASE("the plan as a table, and the prediction for a model that has not run"
             "  gathered params            16896 B       0.016 MiB\n"
             "  grads                       8512 B       0.008 MiB\n"
             "  optimizer state            17024 B       0.016 MiB\n"
-            "  comm buffers               21120 B       0.020 MiB\n"
-            "  total (at once)            67840 B       0.065 MiB\n");
+            "  comm buffers               38016 B       0.036 MiB\n"
+            "  total (at once)            88960 B       0.085 MiB\n");
     }
   });
 }
 
 TEST_CASE("the figures themselves, worked out by hand for 4 ranks") {
   // Per unit (align 16): elements 1088 | 2080 | 4224 | 1032; shards 272 | 528 | 1056 | 272;
-  // padded 1088 | 2112 | 4224 | 1088. Bytes are 4 per element.
+  // padded 1088 | 2112 | 4224 | 1088. Bytes are 4 per element. Slots have the largest unit's size.
   const auto none = train<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::none>>(4, "adamw")[1].memory.peak;
   CHECK(none[mem::sharded_params] == 2128 * 4);
   CHECK(none[mem::grads] == 2128 * 4);
   CHECK(none[mem::optimizer_state] == 2 * 2128 * 4);
   CHECK(none[mem::gathered_params] == 4224 * 4);            // one unit at a time: the largest
-  CHECK(none[mem::comm_buffers] == (4224 + 1056) * 4);      // its unsharded gradient + reduce-scatter output
+  CHECK(none[mem::comm_buffers] == (2 * 4224 + 1056) * 4);  // two gradient slots + the reduce-scatter output
   const auto next = train<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>>(4, "sgd")[0].memory.peak;
-  CHECK(next[mem::gathered_params] == (2112 + 4224) * 4);  // a unit and its neighbour
+  CHECK(next[mem::gathered_params] == 2 * 4224 * 4);  // a unit and its neighbour: two slots
   CHECK(next[mem::optimizer_state] == 2128 * 4);           // one momentum buffer
   const auto sgo = train<fsdp::policy<fsdp::sharding::shard_grad_op>>(4, "adamw")[2].memory.peak;
-  CHECK(sgo[mem::gathered_params] == (1088 + 2112 + 4224 + 1088) * 4);  // everything, kept until backward
+  CHECK(sgo[mem::gathered_params] == 4 * 4224 * 4);  // everything, kept until backward: four slots
   const auto ddp = train<fsdp::policy<fsdp::sharding::no_shard>>(4, "adamw")[3].memory.peak;
   CHECK(ddp[mem::sharded_params] == (1088 + 2080 + 4224 + 1040) * 4);  // full replicas (padded to 16)
   CHECK(ddp[mem::gathered_params] == 0);
-  CHECK(ddp[mem::comm_buffers] == 4224 * 4);
+  CHECK(ddp[mem::comm_buffers] == 2 * 4224 * 4);  // two gradient slots, all-reduced in place
 }

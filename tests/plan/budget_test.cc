@@ -30,9 +30,10 @@ TEST_CASE("the largest prefetch depth that fits, worked out by hand") {
   const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
   REQUIRE(units.names.size() == 8);
   // persistent: 8 units x 256-element shards x 4 B x (params + grads + 2 moments) = 32 768 B
-  // transient at depth d: (d + 1) gathered units of 4096 B, plus in backward the unit's gradient of 4096 B
-  // (the backward window is the current unit, its d prefetched neighbours and the gradient buffer)
-  auto peak_at = [](int d) { return 32768 + (d + 1) * 4096 + 4096; };
+  // slots at depth d: (d + 1) gathered units of 4096 B; in backward two gradient slots of 4096 B (grad_slots = 2:
+  // one unit's reduction overlaps the next unit's backward) and the reduce-scatter output slot of 1024 B. All
+  // are held from the second unit of backward on: its window is itself and its d prefetched neighbours.
+  auto peak_at = [](int d) { return 32768 + (d + 1) * 4096 + 2 * 4096 + 1024; };
   for (int d = 0; d <= 4; ++d) {
     auto q = query();
     q.max_depth = d;
@@ -63,7 +64,7 @@ TEST_CASE("gather slots cap the useful depth") {
   REQUIRE(c);
   CHECK(c->depth == 4);
   CHECK(c->plan.max_units_gathered == 2);
-  CHECK(c->plan.peak.total == 32768 + 2 * 4096 + 4096);
+  CHECK(c->plan.peak.total == 32768 + 2 * 4096 + 2 * 4096 + 1024);
 }
 
 TEST_CASE("the first preferred grouping that fits, at its largest depth") {
@@ -74,17 +75,20 @@ TEST_CASE("the first preferred grouping that fits, at its largest depth") {
       fsdp::plan_units("1 block per unit", spec, grouping(1), 4),
   };
   auto q = query();
-  // 4 blocks per unit at depth 0: 16 384 B gathered + 16 384 B gradient; 2 per unit at depth 1: 2 x 8192 + 8192
-  const auto roomy = fsdp::fit_memory_budget(candidates, q, 32768 + 2 * 16384);
+  // 4 blocks per unit (two units) at depth 0: one gather slot of 16 384 B, two gradient slots of 16 384 B and a
+  // 4096 B reduce output (depth 1 would make a second gather slot).
+  // 2 blocks per unit at depth 1: 2 x 8192 gathered + 2 x 8192 gradient slots + 2048 output.
+  const auto roomy = fsdp::fit_memory_budget(candidates, q, 32768 + 3 * 16384 + 4096);
   REQUIRE(roomy);
   CHECK(roomy->candidate == 0);
   CHECK(roomy->depth == 0);
-  const auto tighter = fsdp::fit_memory_budget(candidates, q, 32768 + 3 * 8192);
+  const auto tighter = fsdp::fit_memory_budget(candidates, q, 32768 + 4 * 8192 + 2048);
   REQUIRE(tighter);
   CHECK(tighter->candidate == 1);
   CHECK(tighter->depth == 1);
-  CHECK(tighter->plan.peak.total == 32768 + 3 * 8192);
-  CHECK(!fsdp::fit_memory_budget(candidates, q, 32768 + 2 * 4096 - 1));  // below one block and its gradient
+  CHECK(tighter->plan.peak.total == 32768 + 4 * 8192 + 2048);
+  // below one block, two gradient slots and an output slot
+  CHECK(!fsdp::fit_memory_budget(candidates, q, 32768 + 3 * 4096 + 1024 - 1));
   q.max_depth = -1;
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { fsdp::fit_memory_budget(candidates, q, 1); }) ==
         "fsdp: budget: max_depth must be >= 0, got -1");
@@ -113,21 +117,23 @@ TEST_CASE("a schedule that cannot run is a plan that says why, and the helpers s
 TEST_CASE("bf16 gathers and reductions: the same budget holds a deeper prefetch") {
   const auto units = fsdp::plan_units("blocks", blocks(), grouping(1), 4);
   auto q = query();
-  const std::int64_t budget = 32768 + 3 * 4096;  // fp32: depth 1 (two units gathered and a gradient)
+  // fp32: depth 1 (two units gathered, two gradient slots, a 1024 B output slot)
+  const std::int64_t budget = 32768 + 4 * 4096 + 1024;
   const auto f32 = fsdp::largest_prefetch_depth(units, q, budget);
   REQUIRE(f32);
   CHECK(f32->depth == 1);
   q.precision = {fsdp::dtype::bf16, fsdp::dtype::f32, fsdp::dtype::bf16};
   const auto bf16 = fsdp::largest_prefetch_depth(units, q, budget);
   REQUIRE(bf16);
-  // (d + 1) units of 2048 B gathered and a 2048 B bf16 gradient over the same persistent fp32 shards
+  // (d + 1) units of 2048 B gathered, two 2048 B bf16 gradient slots and a 512 B bf16 output slot over the same
+  // persistent fp32 shards
   CHECK(bf16->depth == 4);
-  CHECK(bf16->plan.peak.total == 32768 + 6 * 2048);
+  CHECK(bf16->plan.peak.total == 32768 + 7 * 2048 + 512);
 }
 
 TEST_CASE("the helper's plan is what a model with that policy measures") {
   const auto units = fsdp::plan_units("blocks", blocks(), grouping(2), 4);
-  const auto c = fsdp::largest_prefetch_depth(units, query(), 32768 + 3 * 8192);
+  const auto c = fsdp::largest_prefetch_depth(units, query(), 32768 + 4 * 8192 + 2048);
   REQUIRE(c);
   REQUIRE(c->depth == 1);
   fsdp_test::run_ranks(4, [&](fsdp::comm::local_communicator& comm) {

@@ -10,13 +10,13 @@
 // the optimizers for their state). Allocation and release are stream-ordered (cudaMallocFromPoolAsync /
 // cudaFreeAsync) on the stream that first uses a buffer and the stream that last uses it.
 //
-// Not bounded yet: the planner counts bytes in host program order, but the pool can hand a freed block to another
-// stream only once that stream has waited on an event recorded after the free (or the free has completed). A
-// gather buffer is freed on the compute stream and the next gather allocates on the gather stream; a gradient is
-// freed on the reduce stream and the next allocates on the compute stream; neither waits for the other in a step.
-// When the host runs ahead of the GPU, a step can therefore take memory beyond the reservation (or the driver may
-// add the dependencies itself, cudaMemPoolReuseAllowInternalDependencies, serialising streams). Bounding device
-// memory by the plan (buffers the library places in slots and reuses after an event) is still to be built.
+// Bounded by the plan: within a step the unit executor asks this pool for nothing. Gathered parameters, unsharded
+// gradients and the reduce buffers live in slots the executor owns (fsdp/exec/slot_ring.hpp), made on first use
+// and reused only after the taking stream has waited for the event recorded where the slot was given back; the
+// pool serves the persistent buffers, the no-sync accumulators (freed and remade at the same sizes, every
+// allocation ordered after the frees by the step's event waits) and the optimizer's inspection buffer. The host
+// backend models this pool's reuse rules (backend/detail/pool_model.hpp) and tests/model/memory_bound_test.cc
+// checks there that a lagging compute stream takes no byte beyond the plan.
 #include <cuda_runtime_api.h>
 
 #include <chrono>

@@ -14,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "fsdp/backend/detail/pool_model.hpp"
 #include "fsdp/backend/detail/work_queue.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/kernels/elementwise.hpp"
@@ -55,6 +56,7 @@ class host {
         bytes_ = std::exchange(o.bytes_, 0);
         cat_ = o.cat_;
         tracker_ = std::exchange(o.tracker_, nullptr);
+        pool_ = std::exchange(o.pool_, nullptr);
       }
       return *this;
     }
@@ -73,29 +75,34 @@ class host {
 
     void reset() noexcept {
       if (tracker_) tracker_->released(cat_, bytes_);
+      if (pool_) (void)pool_->free(host_detail::pool_model::any, bytes_);  // destroyed outside stream order
       if (ptr_) ::operator delete(ptr_, std::align_val_t{alignment});
       ptr_ = nullptr;
       bytes_ = 0;
       tracker_ = nullptr;
+      pool_ = nullptr;
     }
 
    private:
     friend class host;
     static constexpr std::size_t alignment = 256;
-    buffer(std::int64_t bytes, mem c, MemoryTracker* t) : bytes_(bytes), cat_(c), tracker_(t) {
+    buffer(std::int64_t bytes, mem c, MemoryTracker* t, host_detail::pool_model* pool)
+        : bytes_(bytes), cat_(c), tracker_(t), pool_(pool) {
       if (bytes > 0) ptr_ = ::operator new(static_cast<std::size_t>(bytes), std::align_val_t{alignment});
       if (tracker_) tracker_->allocated(cat_, bytes_);
     }
-    /// Ends the accounting now; the memory itself goes when the buffer is destroyed.
+    /// Ends the accounting (and the pool model's) now; the memory itself goes when the buffer is destroyed.
     void stop_accounting() noexcept {
       if (tracker_) tracker_->released(cat_, bytes_);
       tracker_ = nullptr;
+      pool_ = nullptr;
     }
 
     void* ptr_ = nullptr;
     std::int64_t bytes_ = 0;
     mem cat_ = mem::comm_buffers;
     MemoryTracker* tracker_ = nullptr;
+    host_detail::pool_model* pool_ = nullptr;
   };
 
   /// A completion marker recorded on a stream.
@@ -106,6 +113,7 @@ class host {
    private:
     friend class host;
     std::shared_ptr<host_detail::event_state> s_;
+    host_detail::pool_model::clock frees_{};  // the pool model's frees ordered before the last record
   };
 
   explicit host(int rank = 0, host_options opt = {})
@@ -122,6 +130,7 @@ class host {
   stream& reduce_stream() noexcept { return reduce_; }
 
   void record(event& e, stream& s) {
+    e.frees_ = pool_.record(index_of(s));
     const std::uint64_t target = e.s_->next_target();
     if (!s.threaded()) {  // an inline stream has reached this point already
       e.s_->complete(target, s.error());
@@ -133,6 +142,7 @@ class host {
   void wait(stream& s, const event& e) {
     const std::uint64_t target = e.s_->snapshot();
     if (target == 0) return;
+    pool_.wait(index_of(s), e.frees_);
     const auto timeout = opt_.wait_timeout;
     if (!s.threaded()) {
       if (auto err = e.s_->wait(target, timeout, s.name())) std::rethrow_exception(err);
@@ -151,21 +161,35 @@ class host {
   void synchronize(stream& s) { s.drain(opt_.wait_timeout); }
 
   // ---- memory -------------------------------------------------------------------------------------------------
-  buffer allocate(std::int64_t bytes, mem category) { return buffer(bytes, category, &memory_); }
-  /// As above; `first_use` is the stream that uses the buffer first (stream-ordered allocation on the CUDA
-  /// backend; host memory is ready at once).
-  buffer allocate(std::int64_t bytes, mem category, stream& /*first_use*/) { return allocate(bytes, category); }
+  /// `first_use` is the stream that uses the buffer first: host memory is ready at once, but the pool model
+  /// (pool()) counts the allocation as a stream-ordered one on that stream, as the CUDA backend makes it.
+  buffer allocate(std::int64_t bytes, mem category, stream& first_use) {
+    if (bytes < 0) detail::fail_usage("backend::host::allocate: negative size ", bytes, " bytes for ", name_of(category));
+    pool_.allocate(index_of(first_use), bytes);
+    return buffer(bytes, category, &memory_, &pool_);
+  }
   /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
+    const bool modelled = b.pool_ != nullptr;
     b.stop_accounting();
+    auto reached = modelled ? pool_.free(index_of(s), b.bytes()) : nullptr;
     if (!s.threaded()) {  // an inline stream has reached this point already
+      if (reached) reached->store(true, std::memory_order_release);
       b.reset();
       return;
     }
     auto holder = std::make_shared<buffer>(std::move(b));
-    s.submit([holder]() mutable { holder->reset(); }, /*always=*/true);
+    s.submit(
+        [holder, reached]() mutable {
+          holder->reset();
+          if (reached) reached->store(true, std::memory_order_release);
+        },
+        /*always=*/true);
   }
+  /// What a stream-ordered pool (the CUDA backend's) would hold for the same allocations, frees and event waits:
+  /// `reserved` is the memory it would have taken from the device (see backend/detail/pool_model.hpp).
+  host_detail::pool_model::figures pool() const { return pool_.stats(); }
   MemoryTracker& memory() noexcept { return memory_; }
   const MemoryTracker& memory() const noexcept { return memory_; }
 
@@ -243,8 +267,16 @@ class host {
     return opt_.kernel_delay ? opt_.kernel_delay(kernel) : std::chrono::microseconds{0};
   }
 
+  int index_of(const stream& s) const {
+    if (&s == &compute_) return 0;
+    if (&s == &gather_) return 1;
+    if (&s == &reduce_) return 2;
+    detail::fail_usage("backend::host: stream '", s.name(), "' is not one of this backend's streams");
+  }
+
   host_options opt_;
   MemoryTracker memory_;
+  host_detail::pool_model pool_;
   // Streams last: they are destroyed first, so deferred frees still find the tracker alive.
   stream compute_;
   stream gather_;

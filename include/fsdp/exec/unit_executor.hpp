@@ -4,17 +4,24 @@
 // Every buffer it allocates has the category, dtype and size fsdp/plan/cost.hpp gives (the planner counts the
 // same), and every cast uses the per-element code both backends share.
 //
-//   gather(u)       gather stream: wait for u's "shard ready"; cast the fp32 master shard into this rank's slice
-//                   of the gather buffer (compute dtype) and all-gather in place; fp32 compute all-gathers from the
-//                   master directly; a shard group of one (no_shard) is the cast alone. Records "gathered".
+// What comes and goes within a step lives in slots it owns (fsdp/exec/slot_ring.hpp): a ring for gathered
+// parameters, one for unsharded gradients (model_options::grad_slots before reuse), one each for the reduce input
+// and output. A slot is reused only after the stream that takes it has waited for the event recorded where it was
+// given back, so device memory within a step is the rings' slots and nothing else, whatever the GPU's lag.
+//
+//   gather(u)       gather stream: wait for u's "shard ready"; take a gather slot; cast the fp32 master shard into
+//                   this rank's slice of it (compute dtype) and all-gather in place; fp32 compute all-gathers from
+//                   the master directly; a shard group of one (no_shard) is the cast alone. Records "gathered".
 //   wait(u)         compute stream waits for "gathered"
-//   release(u)      the gather buffer is freed in the compute stream's order
-//   alloc_grad(u)   a zeroed unsharded gradient in the compute dtype, on the compute stream
-//   accumulate(u)   no-sync: the gradient is added into u's fp32 accumulator (made on the first micro-batch), freed
+//   release(u)      the gather slot is given back on the compute stream
+//   alloc_grad(u)   a grad slot on the compute stream, zeroed: the unsharded gradient in the compute dtype
+//   accumulate(u)   no-sync: the gradient is added into u's fp32 accumulator (made on the first micro-batch); the
+//                   grad slot is given back on the compute stream
 //   reduce(u)       reduce stream, after compute's writes: the source (the gradient, or the accumulator plus the
 //                   last gradient) cast to the reduce dtype and pre-divided (or scaled in place), reduce-scattered
 //                   (all-reduced when replicated), added into the fp32 gradient shard with the post-division;
-//                   then every buffer is freed in the reduce stream's order. Records "reduced".
+//                   then every slot is given back (and the accumulator freed) on the reduce stream. Records
+//                   "reduced".
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -26,6 +33,7 @@
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/exec/slot_ring.hpp"
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/model_options.hpp"
@@ -73,13 +81,19 @@ class unit_executor {
   using stream = typename B::stream;
 
   /// `units`, `comm` and `stamp` must outlive the executor. `layouts` in unit-index order; `shard_rank`: this
-  /// rank's place in the units' shard group.
+  /// rank's place in the units' shard group; `grad_slots`: gradient slots made before one is reused.
   unit_executor(const unit_index& units, C& comm, std::unique_ptr<B> backend, std::vector<FlatLayout> layouts,
-                int shard_rank, const plan::cost_facts& facts, const reduce_facts& reduce, const trace::stamper& stamp)
+                int shard_rank, const plan::cost_facts& facts, const reduce_facts& reduce, int grad_slots,
+                const trace::stamper& stamp)
       : units_(&units), comm_(&comm), be_(std::move(backend)), layouts_(std::move(layouts)), shard_rank_(shard_rank), facts_(facts),
         reduce_(reduce), stamp_(&stamp), bufs_(layouts_.size()) {
     cost_.reserve(layouts_.size());
     for (const auto& l : layouts_) cost_.push_back(plan::costs_of(l, facts_));
+    const plan::slot_costs slots = plan::slot_costs_of(cost_);
+    gather_ring_ = slot_ring<B>(slots.gathered, 1);
+    grad_ring_ = slot_ring<B>(slots.grad, grad_slots);
+    in_ring_ = slot_ring<B>(slots.reduce_input, 1);
+    out_ring_ = slot_ring<B>(slots.reduce_output, 1);
   }
   unit_executor(const unit_executor&) = delete;
   unit_executor& operator=(const unit_executor&) = delete;
@@ -193,25 +207,25 @@ class unit_executor {
     const plan::unit_costs& c = cost_[u];
     unit_buffers<B>& b = bufs_[u];
     stream& ag = be_->gather_stream();
-    b.gathered = be_->allocate(c.gathered.bytes(), c.gathered.category, ag);
-    b.params = b.gathered.data();
     const int unit = static_cast<int>(u);
     stamp_->note(trace::kind::gather_issued, pass, unit, c.gather_bytes(), ahead);
     be_->wait(ag, b.shard_ready);  // the last write of the master shard (initialisation or optimizer step)
+    b.gather_slot = gather_ring_.take(*be_, ag);  // waits until the slot's last reader has released it
+    b.params = gather_ring_.data(b.gather_slot);
     stamp_->stamp(*be_, ag, trace::kind::gather_begin, pass, unit, c.gather_bytes());
     label(u);
     const dtype compute = c.gathered.type, master = c.master.type;
     if (facts_.shards_params) {
       if (compute == master) {
-        comm_->all_gather(b.master.data(), b.gathered.data(), c.shard_numel, compute, ag);
+        comm_->all_gather(b.master.data(), b.params, c.shard_numel, compute, ag);
       } else {  // cast into this rank's slice, then gather in place
-        void* slice = static_cast<char*>(b.gathered.data()) +
+        void* slice = static_cast<char*>(b.params) +
                       static_cast<std::size_t>(shard_rank_) * static_cast<std::size_t>(c.shard_numel) * size_of(compute);
         be_->convert(slice, compute, b.master.data(), master, c.shard_numel, 1.0f, ag);
-        comm_->all_gather(slice, b.gathered.data(), c.shard_numel, compute, ag);
+        comm_->all_gather(slice, b.params, c.shard_numel, compute, ag);
       }
     } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
-      be_->convert(b.gathered.data(), compute, b.master.data(), master, c.shard_numel, 1.0f, ag);
+      be_->convert(b.params, compute, b.master.data(), master, c.shard_numel, 1.0f, ag);
     }
     stamp_->stamp(*be_, ag, trace::kind::gather_end, pass, unit, c.gather_bytes());
     be_->record(b.gathered_ev, ag);
@@ -219,21 +233,30 @@ class unit_executor {
 
   void release(std::size_t u, pass_kind pass) {
     stamp_->note(trace::kind::release, pass, static_cast<int>(u));
-    be_->release_after(std::move(bufs_[u].gathered), be_->compute_stream());
+    gather_ring_.give(*be_, bufs_[u].gather_slot, be_->compute_stream());
+    bufs_[u].gather_slot = -1;
     bufs_[u].params = nullptr;
   }
 
   void alloc_grad(std::size_t u) {
-    const plan::buffer_cost& g = cost_[u].grad;
     stream& cs = be_->compute_stream();
-    bufs_[u].grad = be_->allocate(g.bytes(), g.category, cs);
-    be_->fill_zero(bufs_[u].grad.data(), g.bytes(), cs);
+    unit_buffers<B>& b = bufs_[u];
+    b.grad_slot = grad_ring_.take(*be_, cs);  // waits until the slot's last reduction has read it
+    b.grad = grad_ring_.data(b.grad_slot);
+    be_->fill_zero(b.grad, cost_[u].grad.bytes(), cs);
   }
 
   void accumulate(std::size_t u) {
     stream& cs = be_->compute_stream();
     add_to_accumulator(u, cs);
-    be_->release_after(std::move(bufs_[u].grad), cs);
+    give_grad(u, cs);
+  }
+
+  /// The unit's grad slot is free again once `s` reaches this point.
+  void give_grad(std::size_t u, stream& s) {
+    grad_ring_.give(*be_, bufs_[u].grad_slot, s);
+    bufs_[u].grad_slot = -1;
+    bufs_[u].grad = nullptr;
   }
 
   /// accumulator (f32) += grad (compute dtype) on `s`; the first add makes the accumulator (an exact copy).
@@ -242,9 +265,9 @@ class unit_executor {
     unit_buffers<B>& b = bufs_[u];
     if (!b.accumulator) {
       b.accumulator = be_->allocate(c.accumulator.bytes(), c.accumulator.category, s);
-      be_->convert(b.accumulator.data(), c.accumulator.type, b.grad.data(), c.grad.type, c.padded_numel, 1.0f, s);
+      be_->convert(b.accumulator.data(), c.accumulator.type, b.grad, c.grad.type, c.padded_numel, 1.0f, s);
     } else {
-      be_->accumulate(b.accumulator.template as<float>(), b.grad.data(), c.grad.type, c.padded_numel, 1.0f, s);
+      be_->accumulate(b.accumulator.template as<float>(), b.grad, c.grad.type, c.padded_numel, 1.0f, s);
     }
   }
 
@@ -259,39 +282,40 @@ class unit_executor {
     be_->wait(rs, b.grad_ready);
     stamp_->stamp(*be_, rs, trace::kind::reduce_begin, pass, unit, c.reduce_bytes(), kind);
     label(u);
-    // The source: the gradient, or (no-sync) the accumulator with the last gradient added and freed.
-    void* src = b.grad.data();
+    // The source: the gradient, or (no-sync) the accumulator with the last gradient added and its slot given back.
+    void* src = b.grad;
     dtype src_type = c.grad.type;
-    if (b.accumulator) {
+    const bool accumulated = static_cast<bool>(b.accumulator);
+    if (accumulated) {
       add_to_accumulator(u, rs);
-      be_->release_after(std::move(b.grad), rs);
+      give_grad(u, rs);
       src = b.accumulator.data();
       src_type = c.accumulator.type;
     }
     const dtype reduce = c.reduce_output.type;
-    typename B::buffer in, out;
+    int in = -1, out = -1;
     if (c.reduce_input) {  // another dtype: cast (and pre-divide) into the reduce input
-      in = be_->allocate(c.reduce_input.bytes(), c.reduce_input.category, rs);
-      be_->convert(in.data(), reduce, src, src_type, c.padded_numel, reduce_.prescale, rs);
-      src = in.data();
+      in = in_ring_.take(*be_, rs);
+      be_->convert(in_ring_.data(in), reduce, src, src_type, c.padded_numel, reduce_.prescale, rs);
+      src = in_ring_.data(in);
     } else if (reduce_.prescale != 1.0f) {  // same dtype: pre-divide in place
       be_->convert(src, src_type, src, src_type, c.padded_numel, reduce_.prescale, rs);
     }
     float* shard = b.grad_shard.template as<float>();
     if (facts_.shards_params) {
-      out = be_->allocate(c.reduce_output.bytes(), c.reduce_output.category, rs);
-      comm_->reduce_scatter(src, out.data(), c.shard_numel, reduce, reduce_.op, rs);
-      be_->accumulate(shard, out.data(), reduce, c.shard_numel, reduce_.postscale, rs);
+      out = out_ring_.take(*be_, rs);
+      comm_->reduce_scatter(src, out_ring_.data(out), c.shard_numel, reduce, reduce_.op, rs);
+      be_->accumulate(shard, out_ring_.data(out), reduce, c.shard_numel, reduce_.postscale, rs);
     } else {
       comm_->all_reduce(src, src, c.padded_numel, reduce, reduce_.op, rs);
       be_->accumulate(shard, src, reduce, c.padded_numel, reduce_.postscale, rs);
     }
     stamp_->stamp(*be_, rs, trace::kind::reduce_end, pass, unit, c.reduce_bytes(), kind);
-    // freed in the order plan/cost.hpp gives: output, input, then the gradient or the accumulator
-    be_->release_after(std::move(out), rs);
-    be_->release_after(std::move(in), rs);
-    be_->release_after(std::move(b.grad), rs);
-    be_->release_after(std::move(b.accumulator), rs);
+    // given back in the order fsdp/plan/memory_plan.hpp counts: output, input, then the gradient or the accumulator
+    if (out >= 0) out_ring_.give(*be_, out, rs);
+    if (in >= 0) in_ring_.give(*be_, in, rs);
+    if (accumulated) be_->release_after(std::move(b.accumulator), rs);
+    else give_grad(u, rs);
     be_->record(b.reduced, rs);
   }
 
@@ -311,6 +335,7 @@ class unit_executor {
   const trace::stamper* stamp_;
   std::vector<plan::unit_costs> cost_;
   std::vector<unit_buffers<B>> bufs_;
+  slot_ring<B> gather_ring_, grad_ring_, in_ring_, out_ring_;  // destroyed first: their memory goes before the backend
 };
 
 }  // namespace fsdp::exec

@@ -48,6 +48,7 @@ struct budget_query {
   precision_facts precision{};
   int optimizer_states = 0;
   int gather_slots = 0;
+  int grad_slots = 2;  ///< model_options::grad_slots
   int max_depth = 4;
   depth_axis axis = depth_axis::both;
   accumulation_options accumulation{};
@@ -68,6 +69,7 @@ inline memory_plan plan_at(const planned_units& u, const budget_query& q, int de
                           false};
   model_options opt;
   opt.gather_slots = q.gather_slots;
+  opt.grad_slots = q.grad_slots;
   opt.accumulation = q.accumulation;
   memory_plan_inputs in;
   in.schedule = sched::build_config(unit_index(u.names), q.strategy, pf, q.precision, opt);

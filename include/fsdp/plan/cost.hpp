@@ -20,6 +20,10 @@
 //
 // A reduction allocates its input, then its output, and frees them in reverse order before it frees the grad and
 // the accumulator (fsdp/exec/unit_executor.hpp, reduce(); fsdp/plan/memory_plan.hpp counts the same sequence).
+//
+// The buffers that come and go within a step (gathered, grad, reduce input and output) do not come from the
+// allocator one by one: they live in slots the library owns (fsdp/exec/slot_ring.hpp), one ring per purpose, each
+// slot as large as the largest unit's buffer (slot_costs_of). A slot, once made, stays until the model goes.
 #include <cstdint>
 #include <vector>
 
@@ -86,6 +90,25 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   c.reduce_input = {mem::comm_buffers, p.reduce, reduce_source != p.reduce ? P : 0};
   c.reduce_output = {mem::comm_buffers, p.reduce, f.shards_params ? S : 0};
   return c;
+}
+
+/// The size of one slot of each ring: the largest buffer of that purpose over the units (numel 0: no ring).
+struct slot_costs {
+  buffer_cost gathered, grad, reduce_input, reduce_output;
+};
+
+inline slot_costs slot_costs_of(const std::vector<unit_costs>& units) {
+  slot_costs s;
+  auto widen = [](buffer_cost& slot, const buffer_cost& b) {
+    if (b.numel > slot.numel) slot = b;
+  };
+  for (const unit_costs& c : units) {
+    widen(s.gathered, c.gathered);
+    widen(s.grad, c.grad);
+    widen(s.reduce_input, c.reduce_input);
+    widen(s.reduce_output, c.reduce_output);
+  }
+  return s;
 }
 
 /// An optimizer's state for one unit: `states` fp32 values per shard element.

@@ -2,8 +2,11 @@
 // Memory planner: the per-rank peak of every memory category, and of their sum, known before the first step.
 // It runs the scheduler's own decisions (fsdp/schedule/scheduler.hpp) through two training steps of every
 // micro-batch on byte counters, with each buffer's cost from fsdp/plan/cost.hpp, in the order the unit executor
-// allocates and releases. So every policy the scheduler knows (prefetch depth or schedule, gather slots,
-// per-unit resharding, recorded order, precision, gradient accumulation) is planned by the code that schedules it.
+// allocates and releases, and with the executor's slot ledgers (fsdp/schedule/slot_ledger.hpp) for what lives in
+// slots. So every policy the scheduler knows (prefetch depth or schedule, gather and grad slots, per-unit
+// resharding, recorded order, precision, gradient accumulation) is planned by the code that schedules it. The
+// figures hold on the device too: within a step the executor takes no memory but its slots, and reuses a slot
+// only after an event (tests/model/memory_bound_test.cc checks this against a model of a stream-ordered pool).
 //
 // A schedule that cannot run (a unit needed for compute while every gather slot is held) is a plan that is not
 // feasible: memory_plan::infeasible says why. Inputs that are wrong in themselves (a negative count) are
@@ -20,6 +23,7 @@
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/plan/cost.hpp"
 #include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/schedule/slot_ledger.hpp"
 #include "fsdp/unit/unit_index.hpp"
 
 namespace fsdp {
@@ -36,6 +40,8 @@ struct memory_plan_inputs {
 /// The planner's answer: peak bytes per category and of their sum at any one moment (figures.total).
 struct memory_plan {
   memory_figures peak;
+  /// What stays between steps: shards, gradient shards, optimizer state and the slots the steps made.
+  memory_figures between_steps;
   std::vector<std::string> units;
   /// Gathered units held at once at the peak of gathered params.
   int max_units_gathered = 0;
@@ -106,34 +112,45 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
 
   sched::scheduler s(units, in.schedule);
   std::vector<bool> accumulating(n, false);  // the unit's no-sync accumulator is allocated
+  // The executor's slot rings (exec/slot_ring.hpp): the same ledgers; a slot's memory counts from the take that
+  // makes it, for good.
+  const plan::slot_costs slots = plan::slot_costs_of(cost);
+  sched::slot_ledger gather_ring(1), grad_ring(in.schedule.grad_slots), in_ring(1), out_ring(1);
+  std::vector<int> gather_slot(n, -1), grad_slot(n, -1);
+  auto take = [&](sched::slot_ledger& ring, const plan::buffer_cost& each) {
+    const sched::slot_ledger::pick p = ring.take();
+    if (p.fresh) m.add(each);
+    return p.slot;
+  };
   int gathered = 0;
   auto exec = [&](sched::op o, std::size_t i, bool) {
     const plan::unit_costs& c = cost[i];
     switch (o) {
       case sched::op::gather:
-        m.add(c.gathered);
+        gather_slot[i] = take(gather_ring, slots.gathered);
         out.max_units_gathered = std::max(out.max_units_gathered, ++gathered);
         break;
       case sched::op::release:
-        m.sub(c.gathered);
+        gather_ring.give(gather_slot[i]);
         --gathered;
         break;
-      case sched::op::alloc_grad: m.add(c.grad); break;
-      case sched::op::accumulate:  // the executor's accumulate(): the accumulator, then the gradient freed
+      case sched::op::alloc_grad: grad_slot[i] = take(grad_ring, slots.grad); break;
+      case sched::op::accumulate:  // the executor's accumulate(): the accumulator, then the grad slot given back
         if (!accumulating[i]) m.add(c.accumulator);
         accumulating[i] = true;
-        m.sub(c.grad);
+        grad_ring.give(grad_slot[i]);
         break;
-      case sched::op::reduce:  // the executor's reduce(): see plan/cost.hpp for the order
-        if (accumulating[i]) m.sub(c.grad);  // added into the accumulator and freed first
-        m.add(c.reduce_input);
-        m.add(c.reduce_output);
-        m.sub(c.reduce_output);
-        m.sub(c.reduce_input);
+      case sched::op::reduce: {  // the executor's reduce(), in its order
+        if (accumulating[i]) grad_ring.give(grad_slot[i]);  // added into the accumulator first
+        const int a = c.reduce_input ? take(in_ring, slots.reduce_input) : -1;
+        const int b = c.reduce_output ? take(out_ring, slots.reduce_output) : -1;
+        if (b >= 0) out_ring.give(b);
+        if (a >= 0) in_ring.give(a);
         if (accumulating[i]) m.sub(c.accumulator);
-        else m.sub(c.grad);
+        else grad_ring.give(grad_slot[i]);
         accumulating[i] = false;
         break;
+      }
       case sched::op::wait: break;
     }
   };
@@ -161,6 +178,7 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
     s.after_step();
   }
   out.peak = m.peak;
+  out.between_steps = m.cur;
   return out;
 }
 

@@ -32,6 +32,8 @@ struct config {
   std::vector<std::vector<std::size_t>> backward_schedule;
   /// Units held gathered (or gathering) at once; 0 = no limit.
   int gather_slots = 0;
+  /// Unsharded gradient buffers made before one is reused (model_options::grad_slots).
+  int grad_slots = 2;
   /// Backward passes per optimizer step (accumulation_options::micro_batches).
   int micro_batches = 1;
   /// Reduce every micro-batch (else: accumulate locally, reduce in the last one).
@@ -92,6 +94,8 @@ inline config build_config(const unit_index& units, const strategy_facts& strate
   c.gather_slots = opt.gather_slots;
   if (c.gather_slots < 0)
     detail::fail_usage("model_options::gather_slots must be >= 0 (0 = no limit), got ", c.gather_slots);
+  c.grad_slots = opt.grad_slots;
+  if (c.grad_slots < 1) detail::fail_usage("model_options::grad_slots must be >= 1, got ", c.grad_slots);
   const accumulation_options& a = opt.accumulation;
   if (a.micro_batches < 1)
     detail::fail_usage("model_options::accumulation.micro_batches must be >= 1, got ", a.micro_batches);

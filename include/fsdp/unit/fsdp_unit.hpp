@@ -68,7 +68,7 @@ class FsdpUnit {
       detail::fail_usage("unit '", name(), "' (index ", index_, "): grad('", pname,
                          "') is only available while the unit is current in model.backward() (now: ",
                          active() == pass_kind::none ? "not current" : "current in forward", ")");
-    return tensor_view<T>(static_cast<T*>(bufs_->grad.data()) + e.offset, &e.shape, e.numel);
+    return tensor_view<T>(static_cast<T*>(bufs_->grad) + e.offset, &e.shape, e.numel);
   }
 
   /// This rank's fp32 master shard and gradient shard (shard_numel elements each).

@@ -1,5 +1,5 @@
 #pragma once
-// A unit's storage: its buffers and the events that order their use across streams. The unit executor
+// A unit's storage: its buffers, the slots it holds in the executor's rings (fsdp/exec/slot_ring.hpp), and the events that order their use across streams. The unit executor
 // (fsdp/exec/unit_executor.hpp) owns and fills them; FsdpUnit reads them as a view. Each buffer's category, dtype
 // and size come from fsdp/plan/cost.hpp. The unit's state (gathered or not, current pass, ...) is not here: the
 // scheduler owns it.
@@ -9,10 +9,11 @@ template <class Backend>
 struct unit_buffers {
   typename Backend::buffer master;       ///< the fp32 master shard
   typename Backend::buffer grad_shard;   ///< the fp32 gradient shard
-  typename Backend::buffer gathered;     ///< the unsharded parameters in the compute dtype, while gathered
-  typename Backend::buffer grad;         ///< the unsharded gradient in the compute dtype, during the unit's backward
   typename Backend::buffer accumulator;  ///< no-sync: the fp32 sum of this rank's unsharded gradients so far
-  void* params = nullptr;                ///< what compute reads: gathered's data, or the master when it serves compute
+  int gather_slot = -1;                  ///< the gather ring's slot holding the unsharded parameters, while gathered
+  int grad_slot = -1;                    ///< the grad ring's slot holding the unsharded gradient, during its backward
+  void* params = nullptr;                ///< what compute reads: the gather slot, or the master when it serves compute
+  void* grad = nullptr;                  ///< the unsharded gradient in the compute dtype (the grad slot's memory)
 
   typename Backend::event shard_ready;   ///< the last write of the master shard (initialisation, optimizer step)
   typename Backend::event gathered_ev;   ///< the gather into `gathered` is complete

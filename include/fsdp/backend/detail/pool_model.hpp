@@ -1,0 +1,108 @@
+#pragma once
+// A model of a stream-ordered memory pool (cudaMallocAsync / cudaFreeAsync with a release threshold of "never"),
+// for the host backend: how much memory such a pool would have to take from the device for the same sequence of
+// allocations, frees, event records and event waits. The host backend's own memory is ordinary heap memory; this
+// model only counts.
+//
+// The rules, as CUDA states them for a pool (cudaMemPoolReuseFollowEventDependencies and
+// cudaMemPoolReuseAllowOpportunistic, both on by default), decided when the allocation is issued:
+//   - memory freed on stream S can be reused at once by a later allocation on S (stream order);
+//   - memory freed on stream T can be reused by an allocation on S once S has been made to wait (cudaStreamWaitEvent,
+//     directly or through other streams) on an event recorded on T after the free;
+//   - otherwise only once the free has actually happened (T reached it) by the time the allocation is issued.
+// Anything else takes fresh memory, which the pool keeps. The model has no fragmentation: freed bytes that may be
+// reused are reused whatever their block sizes (a real pool can only do better for equal sizes).
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace fsdp::backend::host_detail {
+
+class pool_model {
+ public:
+  /// Streams are numbered 0..streams-1; `any` frees memory at once (a buffer destroyed outside stream order).
+  static constexpr int streams = 3;
+  static constexpr int any = -1;
+  /// Per stream: how many frees of each stream it is ordered after.
+  using clock = std::array<std::uint64_t, streams>;
+
+  struct figures {
+    std::int64_t in_use = 0;    ///< bytes allocated and not freed (in issue order)
+    std::int64_t reserved = 0;  ///< bytes the pool has taken from the device so far (never given back)
+  };
+
+  /// An allocation of `bytes` issued on stream `s`: reuses what the rules allow, takes fresh memory for the rest.
+  void allocate(int s, std::int64_t bytes) {
+    if (bytes <= 0) return;
+    std::lock_guard lk(mu_);
+    std::int64_t need = bytes;
+    for (auto it = free_.begin(); it != free_.end() && need > 0;) {
+      if (!reusable(*it, s)) {
+        ++it;
+        continue;
+      }
+      const std::int64_t take = std::min(need, it->bytes);
+      need -= take;
+      it->bytes -= take;
+      it = it->bytes == 0 ? free_.erase(it) : it + 1;
+    }
+    f_.reserved += need;
+    f_.in_use += bytes;
+  }
+  /// A free of `bytes` issued on stream `s` (or `any`: done now). Returns the flag the stream sets when it reaches
+  /// the free (null for `any`).
+  std::shared_ptr<std::atomic<bool>> free(int s, std::int64_t bytes) {
+    if (bytes <= 0) return nullptr;
+    std::lock_guard lk(mu_);
+    f_.in_use -= bytes;
+    chunk c{bytes, s, 0, nullptr};
+    if (s != any) {
+      c.seq = ++issued_[static_cast<std::size_t>(s)];
+      c.done = std::make_shared<std::atomic<bool>>(false);
+    }
+    free_.push_back(c);
+    return c.done;
+  }
+  /// What an event recorded now on stream `s` carries.
+  clock record(int s) const {
+    std::lock_guard lk(mu_);
+    clock c = seen_[static_cast<std::size_t>(s)];
+    c[static_cast<std::size_t>(s)] = issued_[static_cast<std::size_t>(s)];
+    return c;
+  }
+  /// Stream `s` waits for an event that carries `c`.
+  void wait(int s, const clock& c) {
+    std::lock_guard lk(mu_);
+    clock& mine = seen_[static_cast<std::size_t>(s)];
+    for (std::size_t t = 0; t < c.size(); ++t) mine[t] = std::max(mine[t], c[t]);
+  }
+  figures stats() const {
+    std::lock_guard lk(mu_);
+    return f_;
+  }
+
+ private:
+  struct chunk {
+    std::int64_t bytes;
+    int stream;
+    std::uint64_t seq;                        ///< the free's number among its stream's frees
+    std::shared_ptr<std::atomic<bool>> done;  ///< the stream reached the free
+  };
+  bool reusable(const chunk& c, int s) const {
+    if (c.stream == any || c.stream == s) return true;
+    if (seen_[static_cast<std::size_t>(s)][static_cast<std::size_t>(c.stream)] >= c.seq) return true;
+    return c.done->load(std::memory_order_acquire);
+  }
+
+  mutable std::mutex mu_;
+  figures f_;
+  std::vector<chunk> free_;
+  clock issued_{};
+  std::array<clock, streams> seen_{};
+};
+
+}  // namespace fsdp::backend::host_detail

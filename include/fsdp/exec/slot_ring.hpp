@@ -1,0 +1,50 @@
+#pragma once
+// One purpose's reusable buffers on a backend: the slots a sched::slot_ledger decides, each `each` bytes, made
+// on first use and kept until the ring goes; the event recorded where each was last given back. Taking a slot
+// that existed makes the taking stream wait for that event first (the rate limit of FSDP, with GPU events and
+// no host synchronisation), so no stream writes a slot another stream still reads, and no allocator is asked for
+// memory within a step.
+#include <cstdint>
+#include <vector>
+
+#include "fsdp/backend/concept.hpp"
+#include "fsdp/plan/cost.hpp"
+#include "fsdp/schedule/slot_ledger.hpp"
+
+namespace fsdp::exec {
+
+template <Backend B>
+class slot_ring {
+ public:
+  using stream = typename B::stream;
+
+  slot_ring() = default;
+  slot_ring(const plan::buffer_cost& each, int keep) : each_(each), ledger_(keep) {}
+
+  /// A slot for use on `s`, ready there: its index.
+  int take(B& be, stream& s) {
+    const sched::slot_ledger::pick p = ledger_.take();
+    if (p.fresh) {
+      bufs_.push_back(be.allocate(each_.bytes(), each_.category, s));
+      given_back_.emplace_back();
+    } else {
+      be.wait(s, given_back_[static_cast<std::size_t>(p.slot)]);
+    }
+    return p.slot;
+  }
+  /// Slot i is free again once `s` reaches this point.
+  void give(B& be, int i, stream& s) {
+    be.record(given_back_[static_cast<std::size_t>(i)], s);
+    ledger_.give(i);
+  }
+  void* data(int i) const { return bufs_[static_cast<std::size_t>(i)].data(); }
+  int count() const noexcept { return ledger_.count(); }
+
+ private:
+  plan::buffer_cost each_{};
+  sched::slot_ledger ledger_;
+  std::vector<typename B::buffer> bufs_;
+  std::vector<typename B::event> given_back_;
+};
+
+}  // namespace fsdp::exec
