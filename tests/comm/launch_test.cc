@@ -4,6 +4,7 @@
 
 #include <fsdp/comm/launch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +40,7 @@ TEST_CASE("launch environment: torchrun, mpirun, MPICH and srun conventions, fir
   CHECK(t.world == 8);
   CHECK(t.local_rank == 1);
   CHECK(t.source == "torchrun");
+  CHECK(t.local_rank_var == "LOCAL_RANK");
   auto m = read({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}});
   CHECK(m.source == "mpirun");
   CHECK(m.rank == 2);
@@ -46,6 +48,7 @@ TEST_CASE("launch environment: torchrun, mpirun, MPICH and srun conventions, fir
   CHECK(h.source == "mpich");
   auto s = read({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"}});
   CHECK(s.source == "srun");
+  CHECK(s.local_rank_var == "SLURM_LOCALID");
   CHECK(s.world == 16);
   // torchrun inside an srun allocation: torchrun's variables describe this process.
   auto both = read({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"SLURM_PROCID", "0"},
@@ -73,63 +76,188 @@ TEST_CASE("launch environment: bad values are errors that name the variable") {
         "program with torchrun, mpirun or srun, or set RANK, WORLD_SIZE and LOCAL_RANK");
 }
 
-TEST_CASE("file rendezvous: rank 0 publishes, others fetch; stale files of other jobs are not trusted") {
-  const auto dir = std::filesystem::path(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
-  const auto path = dir / "fsdp_rendezvous_test";
-  std::filesystem::remove(path);
-  const std::vector<char> id{'n', 'c', 'c', 'l', '\0', '\x7f', 'i', 'd'};
+TEST_CASE("device choice: one visible device is device 0, else the local rank; more local ranks than devices is an error") {
+  using fsdp::comm::choose_device;
+  auto error = [](auto&& fn) { return fsdp_test::error_of<fsdp::usage_error>(fn); };
+  // srun --gpus-per-task=1 / mpirun with a CUDA_VISIBLE_DEVICES per rank: every rank sees one device, numbered 0.
+  CHECK(choose_device(5, -1, 3, "SLURM_LOCALID, srun", 1, "3") == 0);
+  CHECK(choose_device(0, -1, 0, "SLURM_LOCALID, srun", 1, "0") == 0);
+  // torchrun on a node of 4 GPUs: LOCAL_RANK.
+  CHECK(choose_device(6, -1, 2, "LOCAL_RANK, torchrun", 4, nullptr) == 2);
+  CHECK(choose_device(7, -1, 3, "LOCAL_RANK, torchrun", 4, "0,1,2,3") == 3);
+  // An explicit device wins, and must be visible.
+  CHECK(choose_device(1, 1, 3, "LOCAL_RANK, torchrun", 4, nullptr) == 1);
+  CHECK(choose_device(1, 0, 3, "LOCAL_RANK, torchrun", 1, "5") == 0);
+  CHECK(error([] { (void)choose_device(1, 1, 0, "LOCAL_RANK, torchrun", 1, "5"); }) ==
+        "fsdp: comm::nccl on rank 1: nccl_options::backend.device is 1 but only 1 CUDA device is visible to this process "
+        "(CUDA_VISIBLE_DEVICES='5'); CUDA numbers the visible devices from 0");
+  CHECK(error([] { (void)choose_device(9, -1, 5, "LOCAL_RANK, torchrun", 4, nullptr); }) ==
+        "fsdp: comm::nccl on rank 9: local rank 5 (LOCAL_RANK, torchrun) but only 4 CUDA devices are visible to this "
+        "process (CUDA_VISIBLE_DEVICES is not set): more local ranks than visible devices; give each rank its own GPU "
+        "(srun --gpus-per-task=1, or one CUDA_VISIBLE_DEVICES per rank), start at most 4 ranks per node, or set "
+        "nccl_options::backend.device");
+  CHECK(error([] { (void)choose_device(2, -1, 2, "node-local rank from MPI_Comm_split_type", 2, "0,1"); }) ==
+        "fsdp: comm::nccl on rank 2: local rank 2 (node-local rank from MPI_Comm_split_type) but only 2 CUDA devices are "
+        "visible to this process (CUDA_VISIBLE_DEVICES='0,1'): more local ranks than visible devices; give each rank its "
+        "own GPU (srun --gpus-per-task=1, or one CUDA_VISIBLE_DEVICES per rank), start at most 2 ranks per node, or set "
+        "nccl_options::backend.device");
+  CHECK(error([] { (void)choose_device(0, -1, 0, "LOCAL_RANK, torchrun", 0, ""); }) ==
+        "fsdp: comm::nccl on rank 0: no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES=''); run it where a "
+        "GPU is, and check what the launcher puts in CUDA_VISIBLE_DEVICES");
+}
 
-  SUBCASE("a reader started before the writer waits for it") {
-    fsdp::comm::file_rendezvous writer(path, 4, "job-1"), reader(path, 4, "job-1");
-    std::thread late([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      writer.publish(id);
+namespace {
+
+std::filesystem::path rendezvous_path() {
+  const auto dir = std::filesystem::path(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
+  return dir / "fsdp_rendezvous_test";
+}
+void remove_files(const std::filesystem::path& path) {
+  for (const auto& e : std::filesystem::directory_iterator(path.parent_path()))
+    if (e.path().filename().string().starts_with(path.filename().string())) std::filesystem::remove(e.path());
+}
+std::string text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
+std::string first_line(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+std::string fetch_error(const std::filesystem::path& path, int world, int rank, const std::string& job, std::size_t size,
+                        std::chrono::milliseconds timeout) {
+  return fsdp_test::error_of<fsdp::comm_error>(
+      [&] { (void)fsdp::comm::file_rendezvous(path, world, rank, job).fetch(size, timeout); });
+}
+
+/// One launch of `world` ranks: rank 0 publishes `id` after `delay`, the others fetch; returns what each got.
+std::vector<std::string> launch(const std::filesystem::path& path, int world, const std::string& job,
+                                const std::vector<char>& id, std::chrono::milliseconds delay) {
+  std::vector<std::string> got(static_cast<std::size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int r = 1; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        got[r] = text(fsdp::comm::file_rendezvous(path, world, r, job).fetch(id.size(), std::chrono::milliseconds(5000)));
+      } catch (const std::exception& e) {
+        got[r] = e.what();
+      }
     });
-    CHECK(reader.fetch(id.size(), std::chrono::milliseconds(5000)) == id);
-    late.join();
-    writer.remove();
-    CHECK(!std::filesystem::exists(path));
+  std::this_thread::sleep_for(delay);
+  fsdp::comm::file_rendezvous(path, world, 0, job).publish(id, std::chrono::milliseconds(5000));
+  got[0] = text(id);
+  for (auto& t : ranks) t.join();
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("file rendezvous: rank 0 publishes, every other rank fetches the same id, the files are removed afterwards") {
+  const auto path = rendezvous_path();
+  remove_files(path);
+  const std::vector<char> id{'n', 'c', 'c', 'l', '\0', '\x7f', 'i', 'd'};
+  SUBCASE("ranks that start before rank 0 wait for it") {
+    const auto got = launch(path, 4, "job-1", id, std::chrono::milliseconds(50));
+    for (const std::string& g : got) CHECK(g == text(id));
   }
-  SUBCASE("a file of another job, or of another world size, is ignored until the timeout") {
-    fsdp::comm::file_rendezvous(path, 4, "job-0").publish(id);
-    std::string what;
-    try {
-      (void)fsdp::comm::file_rendezvous(path, 4, "job-1").fetch(id.size(), std::chrono::milliseconds(100));
-    } catch (const fsdp::comm_error& e) {
-      what = e.what();
-    }
-    CHECK(what == "fsdp: file rendezvous: '" + path.string() + "' had no id from rank 0 of this job after 100 ms "
-                  "(found a file with header 'fsdp-rendezvous v1 world=4 job=job-0' (expected 'fsdp-rendezvous v1 "
-                  "world=4 job=job-1')); is rank 0 running, and does every rank see the same path?");
-    CHECK_THROWS_AS((void)fsdp::comm::file_rendezvous(path, 2, "job-0").fetch(id.size(), std::chrono::milliseconds(20)),
+  SUBCASE("ranks that start after rank 0") {
+    std::vector<char> got;
+    std::thread zero([&] { fsdp::comm::file_rendezvous(path, 2, 0, "job-1").publish(id, std::chrono::milliseconds(5000)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    got = fsdp::comm::file_rendezvous(path, 2, 1, "job-1").fetch(id.size(), std::chrono::milliseconds(5000));
+    zero.join();
+    CHECK(text(got) == text(id));
+  }
+  fsdp::comm::file_rendezvous(path, 4, 0, "job-1").remove();
+  CHECK(!std::filesystem::exists(path));
+  CHECK(!std::filesystem::exists(path.string() + ".go"));
+  for (int q = 1; q < 4; ++q) CHECK(!std::filesystem::exists(path.string() + ".ack." + std::to_string(q)));
+}
+
+TEST_CASE("file rendezvous: files left by a crashed launch with the same job id are never used") {
+  const auto path = rendezvous_path();
+  remove_files(path);
+  const std::vector<char> old_id{'o', 'l', 'd', '-', 'n', 'c', 'c', 'l'};
+  const std::vector<char> new_id{'n', 'e', 'w', '-', 'n', 'c', 'c', 'l'};
+
+  SUBCASE("the earlier launch completed its rendezvous, then crashed before removing the files") {
+    for (const std::string& g : launch(path, 2, "", old_id, std::chrono::milliseconds(0))) REQUIRE(g == text(old_id));
+    REQUIRE(std::filesystem::exists(path));  // not removed: the launch crashed
+    // The next launch, same (empty) job id: rank 1 starts first and finds the old files.
+    std::atomic<bool> returned{false};
+    std::string got;
+    std::thread one([&] {
+      try {
+        got = text(fsdp::comm::file_rendezvous(path, 2, 1, "").fetch(new_id.size(), std::chrono::milliseconds(5000)));
+      } catch (const std::exception& e) {
+        got = e.what();
+      }
+      returned = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(!returned);  // still waiting for rank 0 of this launch
+    fsdp::comm::file_rendezvous(path, 2, 0, "").publish(new_id, std::chrono::milliseconds(5000));
+    one.join();
+    CHECK(got == text(new_id));
+  }
+  SUBCASE("rank 0 of the earlier launch crashed after publishing: its id is never confirmed") {
+    CHECK_THROWS_AS(fsdp::comm::file_rendezvous(path, 2, 0, "j").publish(old_id, std::chrono::milliseconds(10)),
                     fsdp::comm_error);
-    std::filesystem::remove(path);
+    const std::string head = first_line(path);
+    const std::string token = head.substr(head.find("token=") + 6);
+    CHECK(fetch_error(path, 2, 1, "j", old_id.size(), std::chrono::milliseconds(100)) ==
+          "fsdp: file rendezvous: '" + path.string() + "' had no id from rank 0 of this job after 100 ms (found an id "
+          "with token " + token + " that rank 0 of this launch has not confirmed (left by an earlier launch, or rank 0 "
+          "is not running)); is rank 0 running, and does every rank see the same path?");
+  }
+  remove_files(path);
+}
+
+TEST_CASE("file rendezvous: files of another job or world size, truncated files and missing ranks") {
+  const auto path = rendezvous_path();
+  remove_files(path);
+  const std::vector<char> id{'n', 'c', 'c', 'l', '\0', '\x7f', 'i', 'd'};
+  SUBCASE("a file of another job, or of another world size, is ignored until the timeout") {
+    {
+      std::ofstream out(path, std::ios::binary);
+      out << "fsdp-rendezvous v2 world=4 job=job-0 token=0123abcd\nncclid!!";
+    }
+    CHECK(fetch_error(path, 4, 1, "job-1", id.size(), std::chrono::milliseconds(100)) ==
+          "fsdp: file rendezvous: '" + path.string() + "' had no id from rank 0 of this job after 100 ms (found a file "
+          "with header 'fsdp-rendezvous v2 world=4 job=job-0 token=0123abcd' (expected 'fsdp-rendezvous v2 world=4 "
+          "job=job-1 token=<token>' and 8 bytes)); is rank 0 running, and does every rank see the same path?");
+    CHECK_THROWS_AS((void)fsdp::comm::file_rendezvous(path, 2, 1, "job-0").fetch(id.size(), std::chrono::milliseconds(20)),
+                    fsdp::comm_error);
   }
   SUBCASE("no file at all") {
-    std::string what;
-    try {
-      (void)fsdp::comm::file_rendezvous(path, 2, "j").fetch(id.size(), std::chrono::milliseconds(30));
-    } catch (const fsdp::comm_error& e) {
-      what = e.what();
-    }
-    CHECK(what == "fsdp: file rendezvous: '" + path.string() + "' had no id from rank 0 of this job after 30 ms "
-                  "(found no file); is rank 0 running, and does every rank see the same path?");
+    CHECK(fetch_error(path, 2, 1, "j", id.size(), std::chrono::milliseconds(30)) ==
+          "fsdp: file rendezvous: '" + path.string() + "' had no id from rank 0 of this job after 30 ms (found no "
+          "file); is rank 0 running, and does every rank see the same path?");
   }
   SUBCASE("a truncated file is not accepted") {
     {
       std::ofstream out(path, std::ios::binary);
-      out << "fsdp-rendezvous v1 world=2 job=j\nnc";
+      out << "fsdp-rendezvous v2 world=2 job=j token=00\nnc";
     }
-    CHECK_THROWS_AS((void)fsdp::comm::file_rendezvous(path, 2, "j").fetch(id.size(), std::chrono::milliseconds(20)),
+    CHECK_THROWS_AS((void)fsdp::comm::file_rendezvous(path, 2, 1, "j").fetch(id.size(), std::chrono::milliseconds(20)),
                     fsdp::comm_error);
-    std::filesystem::remove(path);
   }
-  CHECK(std::string([] {
-          try {
-            fsdp::comm::file_rendezvous("", 2, "j");
-          } catch (const fsdp::usage_error& e) {
-            return std::string(e.what());
-          }
-          return std::string("no error");
-        }()) == "fsdp: file rendezvous: empty path (set FSDP_RENDEZVOUS_FILE or nccl_options::rendezvous_file)");
+  SUBCASE("rank 0 waits for every rank's acknowledgement, at most its timeout") {
+    std::thread one([&] {
+      try {
+        (void)fsdp::comm::file_rendezvous(path, 3, 1, "j").fetch(id.size(), std::chrono::milliseconds(300));
+      } catch (const fsdp::comm_error&) {  // rank 0 gives up: rank 1 is never confirmed
+      }
+    });
+    CHECK(fsdp_test::error_of<fsdp::comm_error>([&] {
+            fsdp::comm::file_rendezvous(path, 3, 0, "j").publish(id, std::chrono::milliseconds(100));
+          }) == "fsdp: file rendezvous: rank 0 published its id on '" + path.string() + "' but rank(s) 2 of 3 did not "
+                "acknowledge it within 100 ms (job 'j'); are they running with the same job id, and does every rank "
+                "see the same path?");
+    one.join();
+  }
+  auto usage = [](auto&& fn) { return fsdp_test::error_of<fsdp::usage_error>(fn); };
+  CHECK(usage([] { fsdp::comm::file_rendezvous("", 2, 0, "j"); }) ==
+        "fsdp: file rendezvous: empty path (set FSDP_RENDEZVOUS_FILE or nccl_options::rendezvous_file)");
+  CHECK(usage([&] { fsdp::comm::file_rendezvous(path, 2, 2, "j"); }) == "fsdp: file rendezvous: rank 2 is outside a world of 2");
+  remove_files(path);
 }

@@ -7,7 +7,9 @@
 //   Open MPI's mpirun   OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
 //   MPICH / Hydra       PMI_RANK, PMI_SIZE, MPI_LOCALRANKID
 //   Slurm's srun        SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
-// file_rendezvous publishes rank 0's bytes (the NCCL unique id) through a file on a path every rank sees.
+// choose_device picks a rank's GPU from the local rank and the devices visible to it. file_rendezvous publishes
+// rank 0's bytes (the NCCL unique id) through files on a path every rank sees, never trusting a file left by an
+// earlier launch.
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -17,6 +19,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -33,6 +37,7 @@ struct launch_env {
   int world = 1;
   int local_rank = 0;
   std::string source;  ///< which convention gave the values ("torchrun", "mpirun", ...)
+  std::string local_rank_var;  ///< the variable the local rank came from ("LOCAL_RANK", ...)
 
   using lookup = std::function<const char*(const char*)>;
 
@@ -71,6 +76,7 @@ struct launch_env {
       e.world = parse(c.world, w);
       e.local_rank = parse(c.local, l);
       e.source = c.name;
+      e.local_rank_var = c.local;
       if (e.world <= 0) fsdp::detail::fail_usage("launch environment (", c.name, "): ", c.world, "=", w, " must be positive");
       if (e.rank < 0 || e.rank >= e.world)
         fsdp::detail::fail_usage("launch environment (", c.name, "): ", c.rank, "=", r, " is outside [0, ", c.world, "=",
@@ -94,15 +100,69 @@ struct launch_env {
   }
 };
 
-/// Rank 0 publishes a small blob through a file; the other ranks wait for it. The file holds a header (a magic
-/// word, the world size, a job id) so that a file left by another job is recognised rather than trusted.
+/// The CUDA device of a rank that was not given one explicitly, from what the launcher left it:
+///   - `explicit_device` >= 0 (nccl_options::backend.device): that device, which must be one of the `visible` ones;
+///   - one visible device: device 0, whatever the local rank. The launcher gave each rank its own GPU (srun
+///     --gpus-per-task=1 or --gpu-bind, mpirun with a per-rank CUDA_VISIBLE_DEVICES, a wrapper script), and CUDA
+///     numbers the visible devices from 0;
+///   - several visible devices: the local rank, as torchrun's documentation has workers do
+///     (torch.cuda.set_device(LOCAL_RANK)); a local rank beyond the visible devices is an error (more ranks on this
+///     node than devices they can see), never a silent wrap-around onto a GPU another rank already uses (NCCL
+///     refuses two ranks of a communicator on one GPU);
+///   - no visible device: an error.
+/// `local_rank_from` says where the local rank came from ("LOCAL_RANK (torchrun)"); `cuda_visible_devices` is the
+/// variable's value (nullptr: not set). Both only serve the messages.
+inline int choose_device(int rank, int explicit_device, int local_rank, std::string_view local_rank_from, int visible,
+                         const char* cuda_visible_devices) {
+  const std::string vis = cuda_visible_devices ? fsdp::detail::cat("CUDA_VISIBLE_DEVICES='", cuda_visible_devices, "'")
+                                               : std::string("CUDA_VISIBLE_DEVICES is not set");
+  const auto devices = [](int n) { return fsdp::detail::cat(n, n == 1 ? " CUDA device is" : " CUDA devices are"); };
+  if (visible <= 0)
+    fsdp::detail::fail_usage("comm::nccl on rank ", rank, ": no CUDA device is visible to this process (", vis,
+                             "); run it where a GPU is, and check what the launcher puts in CUDA_VISIBLE_DEVICES");
+  if (explicit_device >= 0) {
+    if (explicit_device >= visible)
+      fsdp::detail::fail_usage("comm::nccl on rank ", rank, ": nccl_options::backend.device is ", explicit_device,
+                               " but only ", devices(visible), " visible to this process (", vis,
+                               "); CUDA numbers the visible devices from 0");
+    return explicit_device;
+  }
+  if (visible == 1) return 0;
+  if (local_rank >= visible)
+    fsdp::detail::fail_usage("comm::nccl on rank ", rank, ": local rank ", local_rank, " (", local_rank_from,
+                             ") but only ", devices(visible), " visible to this process (", vis,
+                             "): more local ranks than visible devices; give each rank its own GPU (srun "
+                             "--gpus-per-task=1, or one CUDA_VISIBLE_DEVICES per rank), start at most ",
+                             visible, " ranks per node, or set nccl_options::backend.device");
+  return local_rank;
+}
+
+/// Rank 0 publishes a small blob (the NCCL unique id) through files on a path every rank sees; the others fetch it.
+///
+/// A file is trusted only once rank 0 of this launch has confirmed it to the reader, so that a file left by an
+/// earlier launch that crashed (same path, same or empty job id) is never used, whatever the launcher:
+///   1. rank 0 removes whatever an earlier launch left (PATH, PATH.go, PATH.ack.<rank>), then writes PATH atomically
+///      (a temporary file renamed over it): a header with the world size, the job id and a fresh random token, then
+///      the blob;
+///   2. every other rank reads PATH and answers with PATH.ack.<rank>: the token it read and a fresh random nonce of
+///      its own. A rank that started before rank 0 may read a stale PATH and acknowledge a stale token; when PATH
+///      changes, it acknowledges the new token;
+///   3. once every rank has acknowledged rank 0's token, rank 0 writes PATH.go: its token and every rank's nonce;
+///   4. a rank accepts the blob only when PATH.go carries the token it acknowledged and its own nonce. Its nonce is
+///      new in this launch, so no file of an earlier launch can carry it.
+/// No clock, process id or launcher variable is compared, so clock skew between nodes and job ids that repeat
+/// (torchrun's default run id, an unset FSDP_RUN_ID) do not matter. The job id still keeps apart two jobs that
+/// share a path one after the other; two launches that use one path at the same time are not supported.
+/// Rank 0 removes the files once every rank has joined (remove()); all waits are bounded by a timeout.
 class file_rendezvous {
  public:
-  /// `job` identifies this launch (FSDP_RUN_ID, SLURM_JOB_ID or TORCHELASTIC_RUN_ID by default): a file written
-  /// under another job id is ignored until rank 0 of this job replaces it.
-  file_rendezvous(std::filesystem::path path, int world, std::string job = default_job())
-      : path_(std::move(path)), world_(world), job_(std::move(job)) {
+  /// `rank` of `world` ranks; `job` identifies the job (FSDP_RUN_ID, SLURM_JOB_ID or TORCHELASTIC_RUN_ID by
+  /// default): files written under another job id are ignored.
+  file_rendezvous(std::filesystem::path path, int world, int rank, std::string job = default_job())
+      : path_(std::move(path)), world_(world), rank_(rank), job_(std::move(job)) {
     if (path_.empty()) fsdp::detail::fail_usage("file rendezvous: empty path (set FSDP_RENDEZVOUS_FILE or nccl_options::rendezvous_file)");
+    if (world_ <= 0 || rank_ < 0 || rank_ >= world_)
+      fsdp::detail::fail_usage("file rendezvous: rank ", rank_, " is outside a world of ", world_);
   }
 
   static std::string default_job() {
@@ -111,56 +171,152 @@ class file_rendezvous {
     return {};
   }
 
-  /// Rank 0: writes the blob atomically (a temporary file renamed over the path).
-  void publish(const std::vector<char>& blob) const {
-    const std::filesystem::path tmp = path_.string() + ".tmp." + std::to_string(::getpid());
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      if (!out) fsdp::detail::fail_usage("file rendezvous: cannot write '", tmp.string(), "': ", std::strerror(errno));
-      out << header() << '\n';
-      out.write(blob.data(), static_cast<std::streamsize>(blob.size()));
-      if (!out.flush()) fsdp::detail::fail_usage("file rendezvous: writing '", tmp.string(), "' failed");
+  /// Rank 0: replaces any earlier files, publishes `blob`, and returns once every other rank has acknowledged it
+  /// (at most `timeout`; then comm_error names the ranks that did not).
+  void publish(const std::vector<char>& blob, std::chrono::milliseconds timeout) const {
+    if (rank_ != 0) fsdp::detail::fail_usage("file rendezvous: publish() is for rank 0, not rank ", rank_);
+    remove();
+    const std::string token = random_hex();
+    std::string content = id_header(token) + '\n';
+    content.append(blob.data(), blob.size());
+    write_atomically(path_, content);
+    if (world_ == 1) return;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<std::string> nonce(static_cast<std::size_t>(world_));
+    int missing = world_ - 1;
+    for (;;) {
+      for (int q = 1; q < world_; ++q) {
+        auto& n = nonce[static_cast<std::size_t>(q)];
+        if (!n.empty()) continue;
+        const std::string ack = read_file(ack_path(q));
+        const std::string prefix = ack_prefix(q, token);
+        if (ack.starts_with(prefix) && ack.size() > prefix.size() && ack.back() == '\n') {
+          n = ack.substr(prefix.size(), ack.size() - prefix.size() - 1);
+          --missing;
+        }
+      }
+      if (missing == 0) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string who;
+        for (int q = 1; q < world_; ++q)
+          if (nonce[static_cast<std::size_t>(q)].empty()) who += (who.empty() ? "" : ", ") + std::to_string(q);
+        throw comm_error(fsdp::detail::cat("file rendezvous: rank 0 published its id on '", path_.string(), "' but rank(s) ",
+                                           who, " of ", world_, " did not acknowledge it within ", timeout.count(),
+                                           " ms (job '", job_, "'); are they running with the same job id, and does "
+                                           "every rank see the same path?"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path_, ec);
-    if (ec) fsdp::detail::fail_usage("file rendezvous: cannot rename '", tmp.string(), "' to '", path_.string(), "': ", ec.message());
+    std::string go = go_header(token) + '\n';
+    for (int q = 1; q < world_; ++q) go += fsdp::detail::cat(q, ' ', nonce[static_cast<std::size_t>(q)], '\n');
+    write_atomically(go_path(), go);
   }
 
-  /// Other ranks: waits up to `timeout` for a file of this job holding `size` bytes, and returns them.
+  /// Other ranks: waits up to `timeout` until rank 0 of this launch has confirmed a blob of `size` bytes to this
+  /// rank, and returns it.
   std::vector<char> fetch(std::size_t size, std::chrono::milliseconds timeout) const {
+    if (rank_ == 0) fsdp::detail::fail_usage("file rendezvous: fetch() is for the ranks other than 0");
     const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const std::string nonce = random_hex();
+    const std::string id_prefix = id_header("");
+    std::string acked;  // the token this rank acknowledged
+    std::vector<char> blob;
     std::string seen = "no file";
     for (;;) {
-      std::ifstream in(path_, std::ios::binary);
-      if (in) {
-        std::string head;
-        std::getline(in, head);
-        std::vector<char> blob(size);
-        in.read(blob.data(), static_cast<std::streamsize>(size));
-        if (head == header() && static_cast<std::size_t>(in.gcount()) == size) return blob;
-        seen = "a file with header '" + head + "' (expected '" + header() + "')";
+      const std::string content = read_file(path_);
+      if (!content.empty()) {
+        const std::size_t eol = content.find('\n');
+        const std::string head = content.substr(0, eol);
+        if (head.starts_with(id_prefix) && head.size() > id_prefix.size() && eol != std::string::npos &&
+            content.size() - eol - 1 == size) {
+          const std::string token = head.substr(id_prefix.size());
+          if (token != acked) {
+            write_atomically(ack_path(rank_), ack_prefix(rank_, token) + nonce + '\n');
+            acked = token;
+            blob.assign(content.begin() + static_cast<std::ptrdiff_t>(eol + 1), content.end());
+          }
+          seen = fsdp::detail::cat("an id with token ", token, " that rank 0 of this launch has not confirmed (left by an "
+                                   "earlier launch, or rank 0 is not running)");
+        } else {
+          seen = fsdp::detail::cat("a file with header '", head, "' (expected '", id_prefix, "<token>' and ", size,
+                                   " bytes)");
+        }
+      }
+      if (!acked.empty()) {
+        const std::string go = read_file(go_path());
+        const std::string mine = fsdp::detail::cat('\n', rank_, ' ', nonce, '\n');
+        if (go.starts_with(go_header(acked) + '\n') && go.find(mine) != std::string::npos) return blob;
       }
       if (std::chrono::steady_clock::now() > deadline)
         throw comm_error(fsdp::detail::cat("file rendezvous: '", path_.string(), "' had no id from rank 0 of this job after ",
-                                     timeout.count(), " ms (found ", seen,
-                                     "); is rank 0 running, and does every rank see the same path?"));
+                                           timeout.count(), " ms (found ", seen,
+                                           "); is rank 0 running, and does every rank see the same path?"));
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
 
-  /// Rank 0, once every rank has joined: the file is no longer needed.
+  /// Rank 0, once every rank has joined (or before publishing): removes the files of the rendezvous.
   void remove() const noexcept {
     std::error_code ec;
     std::filesystem::remove(path_, ec);
+    std::filesystem::remove(go_path(), ec);
+    for (int q = 1; q < world_; ++q) std::filesystem::remove(ack_path(q), ec);
   }
 
   const std::filesystem::path& path() const noexcept { return path_; }
 
  private:
-  std::string header() const { return fsdp::detail::cat("fsdp-rendezvous v1 world=", world_, " job=", job_); }
+  std::string id_header(std::string_view token) const {
+    return fsdp::detail::cat("fsdp-rendezvous v2 world=", world_, " job=", job_, " token=", token);
+  }
+  std::string ack_prefix(int rank, std::string_view token) const {
+    return fsdp::detail::cat("fsdp-rendezvous-ack v2 world=", world_, " job=", job_, " rank=", rank, " token=", token,
+                             " nonce=");
+  }
+  std::string go_header(std::string_view token) const {
+    return fsdp::detail::cat("fsdp-rendezvous-go v2 world=", world_, " job=", job_, " token=", token);
+  }
+  std::filesystem::path ack_path(int rank) const { return path_.string() + ".ack." + std::to_string(rank); }
+  std::filesystem::path go_path() const { return path_.string() + ".go"; }
+
+  /// 128 random bits in hex: a token (rank 0) or a nonce (other ranks), new in every launch.
+  static std::string random_hex() {
+    std::random_device rd;
+    std::seed_seq seq{rd(), rd(), rd(), rd(), static_cast<unsigned>(::getpid()),
+                      static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()),
+                      static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id()))};
+    std::mt19937_64 gen(seq);
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(gen()),
+                  static_cast<unsigned long long>(gen()));
+    return buf;
+  }
+
+  /// The whole file, or "" when it does not exist (yet).
+  static std::string read_file(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) return {};
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+  /// Writes a temporary file next to `p` and renames it over `p`, so that a reader sees all of it or nothing.
+  static void write_atomically(const std::filesystem::path& p, const std::string& content) {
+    const std::filesystem::path tmp = fsdp::detail::cat(p.string(), ".tmp.", ::getpid(), ".",
+                                                        std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out) fsdp::detail::fail_usage("file rendezvous: cannot write '", tmp.string(), "': ", std::strerror(errno));
+      out.write(content.data(), static_cast<std::streamsize>(content.size()));
+      if (!out.flush()) fsdp::detail::fail_usage("file rendezvous: writing '", tmp.string(), "' failed");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, p, ec);
+    if (ec) fsdp::detail::fail_usage("file rendezvous: cannot rename '", tmp.string(), "' to '", p.string(), "': ", ec.message());
+  }
 
   std::filesystem::path path_;
   int world_;
+  int rank_;
   std::string job_;
 };
 

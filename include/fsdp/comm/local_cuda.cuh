@@ -8,17 +8,26 @@
 //   2. each rank's stream waits for every rank's ready event, then gathers (cudaMemcpyAsync) or reduces (a kernel
 //      that reduces the ranks' inputs in rank order with kernels::reduce_add, as the host communicator does, in
 //      f32, bf16 or f16) into its own output;
-//   3. each rank records a "done" event and meets the others again; its stream then waits for every rank's done
-//      event, so no rank overwrites an input another rank still reads.
-// The host thread blocks in step 1 and 3 until every rank has issued the collective (at most the group timeout),
-// never on the GPU.
+//   3. each rank records a "done" event (the end of its reads of the others' inputs) and publishes it (part());
+//      once every rank has, each rank's stream waits for every rank's done event, so no rank overwrites an input
+//      another rank still reads;
+//   4. a rank leaves the collective only once every rank's stream has enqueued those waits: until then no rank
+//      re-records its events for the next collective, or destroys them with its communicator.
+// On a failure after step 1 (this rank's or another's: the group is aborted), a rank still records its done event
+// after whatever it enqueued, publishes it (abandon(), or part() on an abort), and waits on the host until the done
+// events of every rank that met have completed (bounded by the group timeout) before it throws: so its buffers are
+// not released (its backend destroyed) while copies already enqueued by other ranks still read them.
+// The host thread blocks in steps 1, 3 and 4 until every rank has got there (at most the group timeout), and on
+// the GPU only on the failure path.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -70,7 +79,7 @@ class local_cuda_communicator {
     const detail::op_desc d{-1, 0, dtype::f32, reduce_op::sum, 0};
     const std::uint64_t seq = seq_++;
     (void)g_->meet(seq, rank_, d, nullptr);
-    (void)g_->part(seq, rank_, d, nullptr);
+    g_->part(seq, rank_, d, nullptr);
   }
   collective_stats stats() const {
     std::lock_guard lk(mu_);
@@ -98,6 +107,8 @@ class local_cuda_communicator {
     FSDP_CUDA_CHECK(cudaEventRecord(ready_.get(), s.get()));
     const token mine{send, ready_.get()};
     const std::vector<const void*> all = g_->meet(seq, rank_, d, &mine);
+    // From here on the other ranks may read this rank's buffers, and this rank theirs: it leaves through part() or
+    // abandon(), never by simply throwing.
     auto peer = [&](int q) { return static_cast<const token*>(all[static_cast<std::size_t>(q)]); };
     void* tmp = nullptr;
     try {
@@ -125,7 +136,7 @@ class local_cuda_communicator {
             p.n = d.count;
             p.world = world;
             p.premul = d.op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(world) : 1.0f;
-            // All-reduce outputs may alias every rank's input: reduce into a temporary, copy after step 3.
+            // All-reduce outputs may alias every rank's input: reduce into a temporary, copy after step 4.
             // A reduce-scatter output may alias only this rank's own slice, which no other rank reads.
             if (kind == collective::all_reduce && bytes) {
               FSDP_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, s.get()));
@@ -139,16 +150,49 @@ class local_cuda_communicator {
       }
       FSDP_CUDA_CHECK(cudaEventRecord(done_.get(), s.get()));
     } catch (const std::exception& e) {
-      g_->abort(detail::local_group::describe(d, seq, rank_) + " failed: " + e.what());
+      // The end of whatever this rank enqueued (null if even that fails: the context is then broken anyway).
+      const bool marked = cudaEventRecord(done_.get(), s.get()) == cudaSuccess;
+      if (!marked) (void)cudaGetLastError();
+      if (tmp) FSDP_CUDA_LOG(cudaFreeAsync(tmp, s.get()));
+      const std::vector<const void*> dones =
+          g_->abandon(seq, rank_, marked ? done_.get() : nullptr, detail::local_group::describe(d, seq, rank_) + " failed: " + e.what());
+      wait_on_host(dones, seq);
       throw;
     }
-    const std::vector<const void*> dones = g_->part(seq, rank_, d, done_.get());
-    for (int q = 0; q < world; ++q)
-      if (q != rank_)
-        FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), static_cast<cudaEvent_t>(const_cast<void*>(dones[q])), 0));
+    g_->part(
+        seq, rank_, d, done_.get(),
+        [&](const std::vector<const void*>& dones) {
+          for (int q = 0; q < world; ++q)
+            if (q != rank_ && dones[q])
+              FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), static_cast<cudaEvent_t>(const_cast<void*>(dones[q])), 0));
+        },
+        [&](const std::vector<const void*>& dones) {
+          if (tmp) FSDP_CUDA_LOG(cudaFreeAsync(tmp, s.get()));
+          wait_on_host(dones, seq);
+        });
     if (tmp) {
       FSDP_CUDA_CHECK(cudaMemcpyAsync(recv, tmp, bytes, cudaMemcpyDeviceToDevice, s.get()));
       FSDP_CUDA_CHECK(cudaFreeAsync(tmp, s.get()));
+    }
+  }
+
+  /// After a failure: blocks until the other ranks' done events (the ends of their reads of this rank's buffers)
+  /// have completed, at most the group timeout. Never throws (the caller is about to throw the failure).
+  void wait_on_host(const std::vector<const void*>& dones, std::uint64_t seq) const noexcept {
+    const auto deadline = std::chrono::steady_clock::now() + g_->timeout();
+    for (int q = 0; q < static_cast<int>(dones.size()); ++q) {
+      if (q == rank_ || !dones[q]) continue;
+      auto e = static_cast<cudaEvent_t>(const_cast<void*>(dones[q]));
+      cudaError_t rc;
+      while ((rc = cudaEventQuery(e)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (rc == cudaErrorNotReady)
+        std::fprintf(stderr,
+                     "fsdp: comm::local on rank %d: rank %d's copies of collective #%llu did not finish within %lld ms "
+                     "after the abort; they may still read this rank's buffers\n",
+                     rank_, q, static_cast<unsigned long long>(seq), static_cast<long long>(g_->timeout().count()));
+      else if (rc != cudaSuccess)
+        (void)cudaGetLastError();
     }
   }
 
@@ -171,7 +215,9 @@ class local_cuda_communicator {
   int rank_;
   backend::cuda_options backend_opt_;
   std::uint64_t seq_ = 0;
-  backend::cuda::event ready_;  // re-recorded per collective: peers wait on it before this rank's next one
+  // Re-recorded per collective; the other ranks' streams wait on them (step 2 and 3) before this rank leaves the
+  // collective (step 4), so neither is re-recorded or destroyed before those waits are enqueued.
+  backend::cuda::event ready_;
   backend::cuda::event done_;
   mutable std::mutex mu_;
   collective_stats stats_;

@@ -1,7 +1,10 @@
 #pragma once
 // Rendezvous shared by the ranks of one in-process group. Collectives are matched by the sequence number each
 // rank assigns when it issues them (program order, identical on every rank), not by arrival order, so the
-// all-gather and reduce streams of a rank can be inside different collectives at the same time, as with NCCL.
+// all-gather and reduce streams of a rank can be inside different collectives at the same time. That is more
+// than NCCL allows: NCCL runs the collectives of one communicator one after the other, in the order they were
+// issued, whatever streams they were issued on (each launch waits for the communicator's previous one), so on NCCL
+// two streams' collectives overlap each other only on two communicators.
 // Every wait has a deadline: a rank that never arrives, or arrives with a different collective, makes every
 // rank fail with an error that names the collective, its sequence number and the ranks at fault.
 #include <chrono>
@@ -97,22 +100,86 @@ class local_group {
     return "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
   }
 
-  /// Two-phase rendezvous for communicators that move the data themselves (comm::local on one GPU).
-  /// meet(): matches rank `rank`'s collective #seq with the other ranks' (a different description is a
-  /// comm_error naming both), publishes `token` and returns every rank's token once all have arrived.
-  /// part(): publishes a second token and returns every rank's once all have arrived; the round ends there.
-  /// Tokens stay readable until part() returns on every rank. Both wait at most the group's timeout.
+  /// Rendezvous for communicators whose ranks read each other's memory asynchronously (comm::local on one GPU,
+  /// local_cuda.cuh), in three steps per round:
+  ///   meet():    matches rank `rank`'s collective #seq with the other ranks' (a different description is a
+  ///              comm_error naming both), publishes `token` and returns every rank's once all have arrived.
+  ///   part():    once this rank has enqueued its reads of the others' memory, publishes a second token (what marks
+  ///              the end of those reads), waits until every rank has, runs before_leaving(tokens) (this rank's
+  ///              stream waits for the others' marks), and returns only once every rank has run its before_leaving.
+  ///              So no rank reuses or destroys what its tokens point to while another rank may still use them.
+  ///   abandon(): instead of part(), for a rank that failed after meet(): aborts the group, publishes its token,
+  ///              and returns every token published by the ranks that met, once each of them has published (they
+  ///              all will: a failure makes them leave through part() or abandon()) or the timeout has passed.
+  ///              The caller waits for those marks before its memory can be released.
+  /// When the group is aborted while a rank is in part(), that rank likewise waits until every rank that met has
+  /// published, passes what was published to on_abort(tokens), and throws. Every wait is bounded by the timeout.
+  using token_fn = std::function<void(const std::vector<const void*>&)>;
+
   std::vector<const void*> meet(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
     const who what{d, seq, rank};
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     round& r = arrive(seq, rank, d, token, nullptr, what);
     return r.send;  // complete: no rank writes it again in this round
   }
-  std::vector<const void*> part(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
+
+  void part(std::uint64_t seq, int rank, const op_desc& d, const void* token, const token_fn& before_leaving = {},
+            const token_fn& on_abort = {}) {
     const who what{d, seq, rank};
-    std::vector<const void*> out;
-    depart(seq, rank, token, what, &out);
-    return out;
+    std::unique_lock lk(mu_);
+    round& r = rounds_.at(seq);
+    publish(r, rank, token);
+    // Step 1: every rank has enqueued its reads and published the mark of their end.
+    switch (wait_until(lk, [&] { return r.done == world_; }, std::chrono::steady_clock::now() + timeout_)) {
+      case outcome::done: break;
+      case outcome::aborted: leave_failed(lk, seq, r, on_abort, what.str() + " aborted: " + reason_, /*drain=*/true);
+      case outcome::timed_out: {
+        const std::string msg = what.str() + " timed out after " + std::to_string(timeout_.count()) +
+                                " ms waiting for the other ranks to finish: rank(s) " + unpublished(r) +
+                                " never finished it";
+        abort_locked(msg);
+        leave_failed(lk, seq, r, on_abort, msg, /*drain=*/false);  // the ranks that did not publish are stuck
+      }
+    }
+    // Step 2: this rank's stream waits for the others' marks.
+    if (before_leaving) {
+      const std::vector<const void*> tokens = r.parting;
+      lk.unlock();
+      try {
+        before_leaving(tokens);
+      } catch (const std::exception& e) {
+        lk.lock();
+        const std::string msg = what.str() + " failed: " + e.what();
+        abort_locked(msg);
+        leave_failed(lk, seq, r, on_abort, msg, /*drain=*/true, /*rethrow=*/true);
+      }
+      lk.lock();
+    }
+    ++r.ran;
+    cv_.notify_all();
+    // Step 3: every rank's stream waits for the others' marks; only now may anyone reuse or destroy its tokens.
+    switch (wait_until(lk, [&] { return r.ran == world_; }, std::chrono::steady_clock::now() + timeout_)) {
+      case outcome::done: break;
+      case outcome::aborted: leave_failed(lk, seq, r, on_abort, what.str() + " aborted: " + reason_, /*drain=*/true);
+      case outcome::timed_out: {
+        const std::string msg = what.str() + " timed out after " + std::to_string(timeout_.count()) +
+                                " ms waiting for the other ranks to leave it";
+        abort_locked(msg);
+        leave_failed(lk, seq, r, on_abort, msg, /*drain=*/true);
+      }
+    }
+    leave(seq, r);
+  }
+
+  std::vector<const void*> abandon(std::uint64_t seq, int rank, const void* token, const std::string& reason) {
+    std::unique_lock lk(mu_);
+    abort_locked(reason);
+    round& r = rounds_.at(seq);
+    publish(r, rank, token);
+    (void)wait_until(lk, [&] { return r.done == world_; }, std::chrono::steady_clock::now() + timeout_, false);
+    std::vector<const void*> tokens = r.parting;
+    leave(seq, r);
+    return tokens;
   }
 
   /// Runs rank `rank`'s part of collective number `seq`.
@@ -178,13 +245,72 @@ class local_group {
     op_desc desc;
     int first_rank = -1;
     std::vector<const void*> send;
-    std::vector<const void*> parting;  ///< second-phase tokens (part())
+    std::vector<const void*> parting;  ///< second-phase tokens (part(), abandon())
     std::vector<bool> present;
+    std::vector<bool> published;  ///< second-phase token given
     int arrived = 0;
     std::chrono::steady_clock::time_point start;  ///< when the last rank arrived
-    int done = 0;
+    int done = 0;  ///< ranks that published their second token (or finished their part, run())
+    int ran = 0;   ///< ranks that ran before_leaving (part())
     int left = 0;
   };
+
+  enum class outcome { done, aborted, timed_out };
+
+  /// Waits until pred() or the deadline; stops early on an abort unless `stop_on_abort` is false.
+  template <class Pred>
+  outcome wait_until(std::unique_lock<std::mutex>& lk, Pred pred, std::chrono::steady_clock::time_point deadline,
+                     bool stop_on_abort = true) {
+    while (!pred()) {
+      if (stop_on_abort && aborted_) return outcome::aborted;
+      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !pred())
+        return stop_on_abort && aborted_ ? outcome::aborted : outcome::timed_out;
+    }
+    return outcome::done;
+  }
+
+  void abort_locked(const std::string& reason) {
+    if (!aborted_) {
+      aborted_ = true;
+      reason_ = reason;
+    }
+    cv_.notify_all();
+  }
+
+  void publish(round& r, int rank, const void* token) {
+    r.parting[rank] = token;
+    r.published[rank] = true;
+    ++r.done;
+    cv_.notify_all();
+  }
+
+  std::string unpublished(const round& r) const {
+    std::string s;
+    for (int q = 0; q < world_; ++q)
+      if (!r.published[q]) s += (s.empty() ? "" : ", ") + std::to_string(q);
+    return s;
+  }
+
+  /// This rank's last touch of round #seq; the last rank to leave erases it.
+  void leave(std::uint64_t seq, round& r) {
+    if (++r.left == world_) rounds_.erase(seq);
+  }
+
+  /// part() failed: waits (when `drain`) until every rank that met has published, leaves the round, hands the
+  /// published tokens to on_abort and throws `failure` (or rethrows the exception being handled).
+  [[noreturn]] void leave_failed(std::unique_lock<std::mutex>& lk, std::uint64_t seq, round& r, const token_fn& on_abort,
+                    std::string failure, bool drain, bool rethrow = false) {
+    if (drain && wait_until(lk, [&] { return r.done == world_; }, std::chrono::steady_clock::now() + timeout_, false) ==
+                     outcome::timed_out)
+      failure += "; rank(s) " + unpublished(r) + " did not finish their part within " + std::to_string(timeout_.count()) +
+                 " ms after that, so their reads of this rank's memory may still be running";
+    const std::vector<const void*> tokens = r.parting;
+    leave(seq, r);
+    lk.unlock();
+    if (on_abort) on_abort(tokens);
+    if (rethrow) throw;
+    throw comm_error(failure);
+  }
 
   /// A group of one: the collective's result from this rank's input alone (a reduction still applies the
   /// reduction rule to it, element by element, in place when recv is send, as the general path would).
@@ -284,6 +410,7 @@ class local_group {
       r.send.assign(world_, nullptr);
       r.parting.assign(world_, nullptr);
       r.present.assign(world_, false);
+      r.published.assign(world_, false);
     } else if (!(r.desc == d)) {
       fail(lk, "collective mismatch at #" + std::to_string(seq) + ": rank " + std::to_string(r.first_rank) +
                    " issued " + r.desc.str() + " but rank " + std::to_string(rank) + " issued " + d.str());

@@ -1,0 +1,397 @@
+#pragma once
+// The decisions of comm::nccl (nccl.cuh) that need neither NCCL nor CUDA to be made: when a call has settled, what
+// an error says, in which order a group is launched and its completions recorded, how a group is abandoned, and how
+// the communicator is shut down. nccl_core<Api> makes them over an "API" object: nccl.cuh's nccl_api calls NCCL and
+// CUDA; the host tests (tests/comm/nccl_logic_test.cc) pass a fake that records the calls and scripts the answers.
+// Host-only: no CUDA or NCCL header is included here.
+//
+// What Api provides (nccl_api in nccl.cuh is the production one):
+//   using result = ...;  static constexpr result success, in_progress;      ncclResult_t, ncclSuccess, ncclInProgress
+//   using stream = ...;  using event = ...;                                  cudaStream_t, cudaEvent_t
+//   result get_async_error(result& state)       ncclCommGetAsyncError
+//   result comm_abort()                          ncclCommAbort (the communicator is gone afterwards)
+//   result finalize();  result destroy()         ncclCommFinalize, ncclCommDestroy
+//   result group_start();  result group_end()    ncclGroupStart, ncclGroupEnd
+//   result fail_group()                          a call NCCL rejects inside the open group (see grouped())
+//   std::string describe(result)                 "ncclRemoteError (remote process exited or ...)"
+//   event new_event();  void record(event, stream);  bool complete(event);  void destroy_event(event) noexcept
+//   std::chrono::steady_clock::time_point now();  void sleep(std::chrono::microseconds)
+//   void log(const std::string&) noexcept        one line on stderr (destructors only log)
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::comm::detail {
+
+/// One collective as messages name it.
+struct nccl_op {
+  std::uint64_t seq = 0;
+  collective kind = collective::all_gather;
+  std::int64_t count = 0;
+  dtype type = dtype::f32;
+  std::string unit;
+  std::chrono::steady_clock::time_point issued{};
+
+  /// "all_gather(count=8, f32) #3 for unit 'h.1'"
+  std::string str() const {
+    return fsdp::detail::cat(name_of(kind), "(count=", count, ", ", name_of(type), ") #", seq, " for unit '", unit, "'");
+  }
+};
+
+/// The NCCL function behind a collective, for messages.
+constexpr std::string_view nccl_function(collective c) noexcept {
+  switch (c) {
+    case collective::all_gather: return "ncclAllGather";
+    case collective::reduce_scatter: return "ncclReduceScatter";
+    case collective::all_reduce: return "ncclAllReduce";
+    case collective::broadcast: return "ncclBroadcast";
+  }
+  return "?";
+}
+
+template <class Api>
+class nccl_core {
+ public:
+  using result = typename Api::result;
+  using stream = typename Api::stream;
+  using event = typename Api::event;
+
+  /// At most this many pending collectives are named in a message; the rest are counted.
+  static constexpr std::size_t named_pending = 4;
+  /// How often a call that answered in_progress is polled (ncclCommGetAsyncError).
+  static constexpr std::chrono::microseconds poll_interval{20};
+  /// How often ncclCommFinalize is polled at shutdown.
+  static constexpr std::chrono::microseconds shutdown_poll_interval{1000};
+
+  nccl_core(Api api, int rank, int world, std::chrono::milliseconds timeout)
+      : api_(std::move(api)), rank_(rank), world_(world), timeout_(timeout) {}
+  nccl_core(const nccl_core&) = delete;
+  nccl_core& operator=(const nccl_core&) = delete;
+  ~nccl_core() { release_events(); }
+
+  Api& api() noexcept { return api_; }
+  const Api& api() const noexcept { return api_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return world_; }
+  bool aborted() const noexcept { return aborted_; }
+  const std::string& abort_reason() const noexcept { return reason_; }
+  /// Collectives issued so far (the sequence number of the next one).
+  std::uint64_t issued() const noexcept { return seq_; }
+
+  /// Names the unit the next collectives are for, so that an error can say so.
+  void label(std::string_view unit) { label_.assign(unit); }
+
+  collective_stats stats() const {
+    std::lock_guard lk(mu_);
+    return stats_;
+  }
+
+  /// Issues one collective: `call()` makes the NCCL call on stream `s` and returns its result. Once NCCL has
+  /// accepted it, an event recorded on `s` tracks its completion (inside grouped(): once the group is launched).
+  template <class Call>
+  void issue(collective kind, std::int64_t count, dtype t, std::int64_t total_elems, stream s, Call&& call) {
+    if (count < 0) fsdp::detail::fail_usage(name_of(kind), " on rank ", rank_, ": negative count ", count);
+    if (aborted_)
+      throw comm_error(fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after comm::nccl was aborted: ", reason_));
+    nccl_op op{seq_++, kind, count, t, label_, api_.now()};
+    const std::string where = op.str();
+    settle(call(), nccl_function(kind), where);
+    if (in_group_) {
+      group_.push_back({std::move(op), s, total_elems});
+      return;
+    }
+    record({std::move(op), s, total_elems});
+  }
+
+  /// Runs fn() with its collectives grouped into one NCCL launch. Completion events are recorded only once
+  /// ncclGroupEnd has launched the group. If fn throws, the group is abandoned: nothing of it is launched (a call
+  /// that NCCL rejects inside the group makes ncclGroupEnd discard the whole group) and the communicator is aborted,
+  /// because this rank's collective sequence no longer matches the other ranks'. ncclCommAbort is called only
+  /// once the group is closed: inside an open group NCCL would merely queue it until ncclGroupEnd, which would then
+  /// free the communicator before the queued collectives are prepared.
+  template <class F>
+  void grouped(F&& fn) {
+    if (aborted_) throw comm_error(fsdp::detail::cat("grouped() on rank ", rank_, " after comm::nccl was aborted: ", reason_));
+    if (in_group_) {  // nested: part of the enclosing group
+      std::forward<F>(fn)();
+      return;
+    }
+    const std::uint64_t first = seq_;
+    const result rc = api_.group_start();
+    if (rc != Api::success) fail_nccl(rc, "ncclGroupStart");
+    in_group_ = true;
+    group_.clear();
+    try {
+      std::forward<F>(fn)();
+    } catch (...) {
+      abandon_group(std::current_exception());
+    }
+    in_group_ = false;
+    std::vector<grouped_op> launched = std::move(group_);
+    group_.clear();
+    settle(api_.group_end(), "ncclGroupEnd",
+           first == seq_ ? std::string("an empty group")
+                         : fsdp::detail::cat("grouped collectives #", first, " to #", seq_ - 1));
+    for (grouped_op& g : launched) record(std::move(g));
+  }
+
+  /// A call's result: success, or in_progress (non-blocking communicator) until ncclCommGetAsyncError settles,
+  /// under the timeout. A failure aborts the communicator and throws comm_error naming the call, what it was for
+  /// and the collectives still pending.
+  void settle(result rc, std::string_view call, std::string_view what) {
+    if (rc == Api::in_progress) {
+      const auto deadline = api_.now() + timeout_;
+      while (rc == Api::in_progress) {
+        if (api_.now() > deadline)
+          fail_timeout(fsdp::detail::cat(call, " for ", what, " on rank ", rank_, " did not complete within ",
+                                         timeout_.count(), " ms"));
+        api_.sleep(poll_interval);
+        rc = async_state();
+      }
+    }
+    if (rc != Api::success) fail_nccl(rc, fsdp::detail::cat(call, " for ", what));
+  }
+
+  /// Throws (after aborting the communicator) if NCCL reports an asynchronous error; the backend's
+  /// synchronize() calls it while it waits.
+  void check() {
+    if (aborted_) throw comm_error(fsdp::detail::cat("comm::nccl on rank ", rank_, " was aborted: ", reason_));
+    const result st = async_state();
+    if (st != Api::success && st != Api::in_progress) fail_nccl(st, {});
+    retire_completed();
+  }
+
+  /// A wait that ran out of time: aborts and throws comm_error naming what timed out and what is pending.
+  [[noreturn]] void fail_timeout(const std::string& what) {
+    const std::string msg = fsdp::detail::cat(what, "; pending: ", pending_summary(), "; comm::nccl on rank ", rank_,
+                                              " of ", world_,
+                                              " aborted (a rank that died or issued a different collective "
+                                              "sequence leaves the others waiting)");
+    abort(msg);
+    throw comm_error(msg);
+  }
+
+  /// Aborts the communicator: every pending and later operation fails. Never throws. Inside grouped() the
+  /// ncclCommAbort itself waits until the group is closed.
+  void abort(const std::string& reason) noexcept {
+    if (!aborted_) {
+      aborted_ = true;
+      try {
+        reason_ = reason;
+      } catch (...) {
+      }
+    }
+    if (!in_group_) abort_now();
+  }
+
+  /// The end of a communicator that is not aborted: ncclCommFinalize, whose ncclInProgress is the normal answer
+  /// of a non-blocking communicator, polled (with a short sleep) until it settles or the timeout passes, then
+  /// ncclCommDestroy; an error or the timeout aborts it instead (ncclCommAbort). Only real failures are logged.
+  /// Never throws; called once, by the owner's destructor.
+  void shutdown() noexcept {
+    release_events();
+    if (!live_) return;
+    if (aborted_) {
+      abort_now();
+      return;
+    }
+    try {
+      result rc = api_.finalize();
+      if (rc == Api::in_progress) {
+        const auto deadline = api_.now() + timeout_;
+        while (rc == Api::in_progress && api_.now() <= deadline) {
+          api_.sleep(shutdown_poll_interval);
+          rc = async_state();
+        }
+      }
+      if (rc == Api::in_progress) {
+        api_.log(fsdp::detail::cat("fsdp: comm::nccl on rank ", rank_, " of ", world_, ": ncclCommFinalize did not complete within ",
+                                   timeout_.count(),
+                                   " ms at shutdown (a rank that exited without finalizing, or still has collectives "
+                                   "to run, keeps the others waiting); the communicator was aborted instead of destroyed"));
+        abort_now();
+        return;
+      }
+      if (rc != Api::success) {
+        api_.log(fsdp::detail::cat("fsdp: comm::nccl on rank ", rank_, " of ", world_, ": ncclCommFinalize reported ",
+                                   api_.describe(rc), " at shutdown; the communicator was aborted instead of destroyed"));
+        abort_now();
+        return;
+      }
+      live_ = false;
+      const result d = api_.destroy();
+      if (d != Api::success)
+        api_.log(fsdp::detail::cat("fsdp: comm::nccl on rank ", rank_, " of ", world_, ": ncclCommDestroy reported ",
+                                   api_.describe(d), " at shutdown"));
+    } catch (...) {  // a message could not be built: still end the communicator
+      abort_now();
+    }
+  }
+
+  /// The collectives issued and not yet complete, oldest first: "all_gather(count=8, f32) #3 for unit 'h.1', issued
+  /// 12 ms ago and not complete; ..." (at most named_pending, then "and N more"), or "no collective pending".
+  std::string pending_summary() {
+    std::lock_guard lk(mu_);
+    retire_completed_locked();
+    if (pending_.empty()) return "no collective pending";
+    const auto now = api_.now();
+    std::string s;
+    std::size_t n = 0;
+    for (const auto& p : pending_) {
+      if (n == named_pending) {
+        s += fsdp::detail::cat("; and ", pending_.size() - n, " more");
+        break;
+      }
+      const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.op.issued);
+      s += fsdp::detail::cat(n ? "; " : "", p.op.str(), ", issued ", age.count(), " ms ago and not complete");
+      ++n;
+    }
+    return s;
+  }
+
+ private:
+  struct grouped_op {
+    nccl_op op;
+    stream s;
+    std::int64_t total_elems;
+  };
+  struct pending_op {
+    nccl_op op;
+    event done;
+  };
+
+  result async_state() {
+    result st = Api::in_progress;
+    const result q = api_.get_async_error(st);
+    return q != Api::success ? q : st;
+  }
+
+  /// An NCCL failure (a call's result or an asynchronous error): aborts and throws comm_error naming the call (if
+  /// any) and every pending collective with its unit and sequence number.
+  [[noreturn]] void fail_nccl(result st, std::string_view during) {
+    const std::string msg = fsdp::detail::cat(
+        "NCCL reported ", api_.describe(st), " on rank ", rank_, " of ", world_,
+        during.empty() ? std::string() : fsdp::detail::cat(" during ", during), "; pending: ", pending_summary(),
+        "; comm::nccl on rank ", rank_, " of ", world_,
+        " aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+    abort(msg);
+    throw comm_error(msg);
+  }
+
+  /// fn threw inside grouped(): discard the group, abort, and say so.
+  [[noreturn]] void abandon_group(std::exception_ptr cause) {
+    std::string why = "a non-standard exception";
+    try {
+      std::rethrow_exception(cause);
+    } catch (const std::exception& e) {
+      why = fsdp::detail::unprefixed(e);
+    } catch (...) {
+    }
+    std::string queued;
+    for (const grouped_op& g : group_) queued += (queued.empty() ? "" : ", ") + g.op.str();
+    const std::size_t n = group_.size();
+    group_.clear();
+    // A call NCCL rejects marks the open group failed (ncclGroupEnd then launches none of it); a collective that
+    // already failed inside fn did the same. Closing the group with ncclGroupEnd is still needed: the group
+    // state is per thread and would capture every later NCCL call of this thread.
+    (void)api_.fail_group();
+    (void)api_.group_end();
+    in_group_ = false;
+    const std::string msg = fsdp::detail::cat(
+        "comm::nccl on rank ", rank_, " of ", world_, ": grouped() abandoned after ", n, " queued collective",
+        n == 1 ? "" : "s", n ? fsdp::detail::cat(" (", queued, ")") : std::string(), " because its function threw: ", why,
+        "; the group was not launched and the communicator was aborted (the other ranks fail at their timeout; "
+        "restart every rank)");
+    abort(msg);  // the first reason wins when a failing collective inside fn aborted already
+    throw comm_error(msg);
+  }
+
+  void abort_now() noexcept {
+    if (!live_) return;
+    live_ = false;
+    const result rc = api_.comm_abort();
+    if (rc != Api::success) {
+      try {
+        api_.log(fsdp::detail::cat("fsdp: comm::nccl on rank ", rank_, " of ", world_, ": ncclCommAbort reported ",
+                                   api_.describe(rc)));
+      } catch (...) {
+      }
+    }
+  }
+
+  void record(grouped_op g) {
+    event e = take_event();
+    try {
+      api_.record(e, g.s);
+    } catch (...) {
+      std::lock_guard lk(mu_);
+      spare_.push_back(e);
+      throw;
+    }
+    std::lock_guard lk(mu_);
+    const auto k = static_cast<std::size_t>(g.op.kind);
+    stats_.count[k] += 1;
+    stats_.bytes[k] += static_cast<std::uint64_t>(g.total_elems) * size_of(g.op.type);
+    pending_.push_back({std::move(g.op), e});
+    if (pending_.size() > 64) retire_completed_locked();
+  }
+
+  void retire_completed() {
+    std::lock_guard lk(mu_);
+    retire_completed_locked();
+  }
+  void retire_completed_locked() {
+    while (!pending_.empty() && api_.complete(pending_.front().done)) {
+      spare_.push_back(pending_.front().done);
+      pending_.pop_front();
+    }
+  }
+
+  event take_event() {
+    {
+      std::lock_guard lk(mu_);
+      if (!spare_.empty()) {
+        event e = spare_.back();
+        spare_.pop_back();
+        return e;
+      }
+    }
+    return api_.new_event();
+  }
+
+  void release_events() noexcept {
+    std::lock_guard lk(mu_);
+    for (auto& p : pending_) api_.destroy_event(p.done);
+    for (event e : spare_) api_.destroy_event(e);
+    pending_.clear();
+    spare_.clear();
+  }
+
+  Api api_;
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  bool live_ = true;  ///< the NCCL communicator exists (neither destroyed nor aborted)
+  bool aborted_ = false;
+  bool in_group_ = false;
+  std::string reason_;
+  std::string label_ = "(none)";
+  std::uint64_t seq_ = 0;
+  std::vector<grouped_op> group_;  ///< issued inside grouped(), recorded once the group is launched
+  mutable std::mutex mu_;
+  std::deque<pending_op> pending_;
+  std::vector<event> spare_;
+  collective_stats stats_;
+};
+
+}  // namespace fsdp::comm::detail
