@@ -2,6 +2,7 @@
 // GPU test cases call FSDP_REQUIRE_GPU() first: without a usable CUDA device they print one "skipped:" line
 // with the reason and return (never fail, never pass silently).
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include <fsdp/cuda/device.cuh>
@@ -17,3 +18,18 @@
       return;                                                                                 \
     }                                                                                         \
   } while (0)
+
+namespace fsdp_test {
+/// True on GPGPU-Sim (../shared/gpgpu-sim): it runs every instruction on the host, about 1.6 million
+/// thread-instructions a second, so GPU tests keep to thousands of elements there and take the large sizes only
+/// on a real device. Its device name starts with "GPGPU-Sim".
+inline bool simulated_gpu() {
+  cudaDeviceProp prop{};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return std::strncmp(prop.name, "GPGPU-Sim", 9) == 0;
+}
+}  // namespace fsdp_test

@@ -1,13 +1,16 @@
 // The CUDA backend's kernels against the host backend's: the same inputs through both backends' interfaces,
 // results compared bit for bit (convert, accumulate, SGD, AdamW: 0 ULP, since both run the same per-element
 // code with one rounding per operation) or within a stated bound (the CUB squared norm, whose summation order
-// differs: relative 1e-5 of the double-precision sum). Sizes 0, 1, odd and large; pointers offset by 0..3
-// elements so the vector paths and the scalar fallbacks both run.
+// differs: relative 1e-5 of the double-precision sum). Sizes 0, 1, odd and (on a real GPU) large; pointers offset
+// by 0..3 elements so the vector paths and the scalar fallbacks both run. Every device buffer is followed by guard
+// bytes that must come back untouched, and no read may go past a buffer: a kernel or a test that writes out of
+// bounds fails here, on a real GPU and on the simulated one alike (which checks no bounds itself).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <fsdp/fsdp.cuh>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -33,30 +36,58 @@ std::vector<float> inputs(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
-/// Device copy of host bytes, with `pad` bytes before it (for misalignment) inside one allocation.
+constexpr std::size_t guard_bytes = 256;
+constexpr char guard_value = 0x5a;
+
+/// Device copy of host bytes, with `pad` bytes before it (for misalignment) and guard bytes after it, inside one
+/// allocation.
 struct device_bytes {
   fsdp::backend::cuda& be;
   fsdp::backend::cuda::buffer buf;
-  std::size_t pad;
+  std::size_t pad, size;
   device_bytes(fsdp::backend::cuda& b, const void* src, std::size_t bytes, std::size_t pad_bytes)
-      : be(b), buf(b.allocate(std::int64_t(bytes + pad_bytes + 16), fsdp::mem::comm_buffers, b.compute_stream())),
-        pad(pad_bytes) {
+      : be(b), buf(b.allocate(std::int64_t(pad_bytes + bytes + guard_bytes), fsdp::mem::comm_buffers, b.compute_stream())),
+        pad(pad_bytes), size(bytes) {
     be.upload(ptr(), src, std::int64_t(bytes), be.compute_stream());
+    const std::vector<char> guard(guard_bytes, guard_value);
+    be.upload(ptr() + size, guard.data(), std::int64_t(guard_bytes), be.compute_stream());
+    be.synchronize(be.compute_stream());  // the guard's pageable source goes out of scope
+  }
+  ~device_bytes() {
+    try {
+      CHECK_MESSAGE(guard_intact(), "a kernel wrote past the end of a ", size, "-byte buffer");
+    } catch (...) {  // a failing device already failed the case
+    }
   }
   char* ptr() const { return buf.as<char>() + pad; }
   std::vector<char> read(std::size_t bytes) {
+    REQUIRE_MESSAGE(bytes <= size, "reading ", bytes, " bytes from a ", size, "-byte device buffer");
     std::vector<char> out(bytes);
+    be.synchronize(be.compute_stream());  // the watched wait first: a copy to pageable memory blocks until done
     be.download(out.data(), ptr(), std::int64_t(bytes), be.compute_stream());
     be.synchronize(be.compute_stream());
     return out;
   }
+  bool guard_intact() {
+    std::vector<char> g(guard_bytes);
+    be.synchronize(be.compute_stream());
+    be.download(g.data(), ptr() + size, std::int64_t(guard_bytes), be.compute_stream());
+    be.synchronize(be.compute_stream());
+    return std::all_of(g.begin(), g.end(), [](char c) { return c == guard_value; });
+  }
 };
+
+/// Sizes for the simulated GPU (seconds per case) and, on a real one, a large size too.
+std::vector<std::int64_t> sizes_for(std::int64_t large) {
+  std::vector<std::int64_t> s = {0, 1, 3, 4, 5, 1000, 4099};
+  if (!fsdp_test::simulated_gpu()) s.push_back(large);
+  return s;
+}
 
 bool same_bits(const std::vector<char>& a, const std::vector<char>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-const std::int64_t sizes[] = {0, 1, 3, 4, 5, 1000, 4099, 1 << 20};
 
 }  // namespace
 
@@ -64,11 +95,12 @@ TEST_CASE("convert: every dtype pair, scales 1 and 1/4, any size and alignment, 
   FSDP_REQUIRE_GPU();
   fsdp::backend::cuda gpu;
   fsdp::backend::host cpu;
+  const std::vector<std::int64_t> sizes = sizes_for(1 << 20);
   for (dtype src_t : {dtype::f32, dtype::bf16, dtype::f16})
     for (dtype dst_t : {dtype::f32, dtype::bf16, dtype::f16})
       for (float scale : {1.0f, 0.25f})
         for (std::int64_t n : sizes)
-          for (std::size_t shift : {0u, 1u, 3u}) {
+          for (std::size_t shift : {0u, 1u, 2u, 3u}) {
             CAPTURE(fsdp::name_of(src_t));
             CAPTURE(fsdp::name_of(dst_t));
             CAPTURE(scale);
@@ -82,7 +114,8 @@ TEST_CASE("convert: every dtype pair, scales 1 and 1/4, any size and alignment, 
             cpu.convert(want.data(), dst_t, src.data(), src_t, n, scale, cpu.compute_stream());
 
             device_bytes d_src(gpu, src.data(), src.size(), shift * fsdp::size_of(src_t));
-            device_bytes d_dst(gpu, want.data(), 0, (shift + 1) % 4 * fsdp::size_of(dst_t));
+            const std::vector<char> stale(want.size(), 0x33);  // overwritten entirely, or the check fails
+            device_bytes d_dst(gpu, stale.data(), stale.size(), (shift + 1) % 4 * fsdp::size_of(dst_t));
             gpu.convert(d_dst.ptr(), dst_t, d_src.ptr(), src_t, n, scale, gpu.compute_stream());
             CHECK(same_bits(d_dst.read(want.size()), want));
           }
@@ -92,10 +125,11 @@ TEST_CASE("accumulate into fp32 from every dtype, scales 1 and 3/8: bit-exact wi
   FSDP_REQUIRE_GPU();
   fsdp::backend::cuda gpu;
   fsdp::backend::host cpu;
+  const std::vector<std::int64_t> sizes = sizes_for(1 << 20);
   for (dtype src_t : {dtype::f32, dtype::bf16, dtype::f16})
     for (float scale : {1.0f, 0.375f})
     for (std::int64_t n : sizes)
-      for (std::size_t shift : {0u, 2u}) {
+      for (std::size_t shift : {0u, 1u, 2u, 3u}) {
         CAPTURE(fsdp::name_of(src_t));
         CAPTURE(scale);
         CAPTURE(n);
@@ -133,7 +167,7 @@ TEST_CASE("fused SGD and AdamW with decay masks and gradient scales: 0 ULP from 
   mask.end[0] = 7;
   mask.begin[1] = 100;
   mask.end[1] = 101;
-  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{999}, std::int64_t{1 << 18}})
+  for (std::int64_t n : sizes_for(1 << 18))
     for (bool adam : {false, true})
     for (float grad_scale : {1.0f, 0.3f}) {
       CAPTURE(n);
@@ -183,7 +217,9 @@ TEST_CASE("squared norm with CUB: within 1e-5 relative of the host's double sum;
   FSDP_REQUIRE_GPU();
   fsdp::backend::cuda gpu;
   fsdp::backend::host cpu;
-  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{12345}, std::int64_t{1 << 22}}) {
+  std::vector<std::int64_t> norm_sizes = {0, 1, 12345};
+  norm_sizes.push_back(fsdp_test::simulated_gpu() ? 1 << 16 : 1 << 22);
+  for (std::int64_t n : norm_sizes) {
     CAPTURE(n);
     std::vector<float> x(static_cast<std::size_t>(n));
     std::mt19937 gen(9);

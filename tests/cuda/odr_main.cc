@@ -24,3 +24,16 @@ TEST_CASE("two .cu files and one .cc file including the library link into one bi
   CHECK(a == 3.0f);
   CHECK(b == 6.0f);
 }
+
+TEST_CASE("the model instantiated in both CUDA translation units trains alike from either") {
+  float a = -1, b = -2;
+  const std::string sa = odr_model_a(&a), sb = odr_model_b(&b);
+  if (!sa.empty()) {
+    std::printf("%s\n", sa.c_str());
+    MESSAGE(sa);
+    CHECK(sb == sa);
+    return;
+  }
+  CHECK(a == b);  // the same templates, the same bits
+  CHECK(a != 0.0f);
+}

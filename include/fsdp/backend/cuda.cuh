@@ -154,7 +154,9 @@ class cuda {
       : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(make_pool(device_)),
         compute_("rank" + std::to_string(rank) + ".compute"),
         gather_("rank" + std::to_string(rank) + ".all_gather"),
-        reduce_("rank" + std::to_string(rank) + ".reduce") {}
+        reduce_("rank" + std::to_string(rank) + ".reduce") {
+    refuse_flushing_build();
+  }
   cuda(const cuda&) = delete;
   cuda& operator=(const cuda&) = delete;
   ~cuda() {
@@ -332,6 +334,27 @@ class cuda {
     } catch (...) {  // nothing can be thrown into the CUDA runtime
     }
     delete f;
+  }
+
+  /// The kernels must keep subnormals, as the host backend does: nvcc --use_fast_math (or -ftz=true) flushes them
+  /// in __fadd_rn and breaks bit equality with the host (and small gradients vanish). Such a build stops here.
+  void refuse_flushing_build() {
+    void* scratch = nullptr;
+    FSDP_CUDA_CHECK(cudaMalloc(&scratch, 2 * sizeof(float)));
+    bool keeps = false;
+    try {
+      keeps = cuda_kernels::kernels_keep_subnormals(static_cast<float*>(scratch), compute_.get());
+    } catch (...) {
+      FSDP_CUDA_LOG(cudaFree(scratch));
+      throw;
+    }
+    FSDP_CUDA_CHECK(cudaFree(scratch));
+    if (!keeps)
+      fsdp::detail::fail_usage(
+          "backend::cuda: this program's CUDA kernels flush subnormal floats to zero (built with nvcc "
+          "--use_fast_math or -ftz=true), so they would not match the host backend bit for bit and small gradients "
+          "would vanish; build the translation units that include fsdp without --use_fast_math (keep -ftz=false, "
+          "-prec-div=true and -prec-sqrt=true, nvcc's defaults)");
   }
 
   static int select_device(int device) {

@@ -4,6 +4,11 @@
 // approximations; the __f*_rn intrinsics are never contracted or approximated. Code written with these helpers
 // therefore gives the same bits on both backends (host code compiled without FMA contraction: the default of
 // g++ and clang on x86-64 unless -mfma/-march=native with -ffp-contract=fast).
+//
+// nvcc --use_fast_math (or -ftz=true) is another matter: nvcc 13 then emits add.rn.ftz.f32 for __fadd_rn, so
+// subnormals flush to zero and the bits differ from the host's. nvcc defines no macro for it, so backend::cuda
+// probes its own kernels when it starts and refuses such a build with a sentence (cuda/kernels.cuh,
+// subnormal_probe).
 #include <cmath>
 
 #include "fsdp/core/config.hpp"

@@ -227,6 +227,24 @@ void reduce_ranks(const reduce_ranks_params<D>& a, cudaStream_t s) {
   FSDP_CUDA_CHECK(cudaGetLastError());
 }
 
+// ---- the build's float mode -------------------------------------------------------------------------------------
+template <int = 0>
+FSDP_KERNEL void subnormal_probe_kernel(float* x) {
+  x[1] = rn::add(x[0], 0.0f);
+}
+/// Whether the kernels of this translation unit keep subnormals (they flush them to zero when built with nvcc
+/// --use_fast_math or -ftz=true). `scratch`: 2 floats of device memory. Blocks on `s`; for start-up only.
+inline bool kernels_keep_subnormals(float* scratch, cudaStream_t s) {
+  const float in[2] = {1.0e-40f, 1.0f};  // 1e-40 is subnormal in fp32
+  float out[2] = {0.0f, 0.0f};
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(scratch, in, sizeof in, cudaMemcpyHostToDevice, s));
+  subnormal_probe_kernel<<<1, 1, 0, s>>>(scratch);
+  FSDP_CUDA_CHECK(cudaGetLastError());
+  FSDP_CUDA_CHECK(cudaStreamSynchronize(s));
+  FSDP_CUDA_CHECK(cudaMemcpy(out, scratch, sizeof out, cudaMemcpyDeviceToHost));
+  return out[1] == in[0];
+}
+
 // ---- squared L2 norm with CUB ----------------------------------------------------------------------------------
 struct square {
   __host__ __device__ float operator()(float x) const { return x * x; }
