@@ -158,6 +158,7 @@ mlp::result train(typename Policy::communicator& comm, const mlp::config& c) {
       // The printed loss is the global mean: the average of the ranks' local means.
       model.comm().all_reduce(loss_d, loss_d, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
       float loss = 0;
+      be.synchronize(cs);  // the watched wait first: a copy into pageable memory blocks until the stream drains
       be.download(&loss, loss_d, 4, cs);
       be.synchronize(cs);
       r.losses.push_back(loss);

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -159,8 +160,19 @@ class cuda {
   }
   cuda(const cuda&) = delete;
   cuda& operator=(const cuda&) = delete;
+  /// Waits for the streams, each for at most cuda_options::wait_timeout (polling, so a communicator's poll can
+  /// see a dead peer). A stream that does not finish is logged and the backend's memory is left to the process:
+  /// freeing it under running work would be worse than the leak.
   ~cuda() {
-    for (stream* s : {&compute_, &gather_, &reduce_}) FSDP_CUDA_LOG(cudaStreamSynchronize(s->get()));
+    for (stream* s : {&compute_, &gather_, &reduce_}) {
+      try {
+        wait_for(s->get(), detail::cat("stream '", s->name(), "' at backend::cuda teardown"), opt_.wait_timeout,
+                 opt_.poll_interval, [&] { if (opt_.poll) opt_.poll(); }, [](const std::string&) {});
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "fsdp: %s; the backend's device memory is left to the process\n", e.what());
+        return;
+      }
+    }
     if (scratch_) {
       FSDP_CUDA_LOG(cudaFreeAsync(scratch_, scratch_home_));
       FSDP_CUDA_LOG(cudaStreamSynchronize(scratch_home_));
