@@ -18,7 +18,8 @@ namespace {
 int usage(const char* why) {
   std::fprintf(stderr,
                "error: %s\nusage: 02_mlp_cuda [--ranks N | --nccl] [--steps S] [--batch B] "
-               "[--strategy full_shard|shard_grad_op|no_shard] [--optimizer adamw|sgd] [--compare-host]\n",
+               "[--strategy full_shard|shard_grad_op|no_shard] [--optimizer adamw|sgd] [--gemm cublas|plain] "
+               "[--compare-host]\n",
                why);
   return 1;
 }
@@ -27,17 +28,17 @@ template <class Sharding, class Comm>
 using policy = fsdp::policy<Sharding, fsdp::prefetch::backward_pre<1>, fsdp::precision::full, Comm>;
 
 template <class Sharding>
-int run(int ranks, bool use_nccl, bool compare, const mlp::config& cfg) {
+int run(int ranks, bool use_nccl, bool compare, const mlp::config& cfg, mlp_cuda::gemm_kind kind) {
   mlp::result r0;
   std::mutex mu;
   if (use_nccl) {
     auto comm = fsdp::comm::nccl::from_env();
-    r0 = mlp_cuda::train<policy<Sharding, fsdp::comm::nccl>>(comm, cfg);
+    r0 = mlp_cuda::train<policy<Sharding, fsdp::comm::nccl>>(comm, cfg, kind);
     if (comm.rank() != 0) return 0;
     ranks = comm.size();
   } else {
     fsdp::comm::run_local_cuda(ranks, [&](fsdp::comm::local_cuda_communicator& c) {
-      auto r = mlp_cuda::train<policy<Sharding, fsdp::comm::local<fsdp::backend::cuda>>>(c, cfg);
+      auto r = mlp_cuda::train<policy<Sharding, fsdp::comm::local<fsdp::backend::cuda>>>(c, cfg, kind);
       std::lock_guard lk(mu);
       if (c.rank() == 0) r0 = std::move(r);
     });
@@ -69,6 +70,11 @@ int main(int argc, char** argv) {
   int ranks = 4;
   bool use_nccl = false, compare = false;
   std::string strategy = "full_shard";
+#ifdef MLP_NO_CUBLAS
+  mlp_cuda::gemm_kind kind = mlp_cuda::gemm_kind::plain;
+#else
+  mlp_cuda::gemm_kind kind = mlp_cuda::gemm_kind::cublas;
+#endif
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -80,6 +86,8 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && (v = value())) cfg.global_batch = std::atoi(v);
     else if (a == "--strategy" && (v = value())) strategy = v;
     else if (a == "--optimizer" && (v = value())) cfg.optimizer = v;
+    else if (a == "--gemm" && (v = value()) && (std::string(v) == "cublas" || std::string(v) == "plain"))
+      kind = std::string(v) == "plain" ? mlp_cuda::gemm_kind::plain : mlp_cuda::gemm_kind::cublas;
     else return usage(("unknown or incomplete argument '" + a + "'").c_str());
   }
   if (ranks <= 0 || cfg.steps <= 0) return usage("--ranks and --steps must be positive");
@@ -91,9 +99,9 @@ int main(int argc, char** argv) {
   }
   cfg.verbose = true;
   try {
-    if (strategy == "full_shard") return run<fsdp::sharding::full_shard>(ranks, use_nccl, compare, cfg);
-    if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op>(ranks, use_nccl, compare, cfg);
-    if (strategy == "no_shard") return run<fsdp::sharding::no_shard>(ranks, use_nccl, compare, cfg);
+    if (strategy == "full_shard") return run<fsdp::sharding::full_shard>(ranks, use_nccl, compare, cfg, kind);
+    if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op>(ranks, use_nccl, compare, cfg, kind);
+    if (strategy == "no_shard") return run<fsdp::sharding::no_shard>(ranks, use_nccl, compare, cfg, kind);
     return usage(("unknown strategy '" + strategy + "'").c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -1,9 +1,14 @@
 #pragma once
-// The MLP of examples/01_mlp_host, trained on GPUs: cuBLAS for the matrix products, the user's own small kernels
-// for bias, ReLU and the loss, the library for gathering, reducing and the optimizer. Same spec, same data, same
-// optimizer as the host example, so its losses can be compared with the host run's (to within the rounding of
-// cuBLAS's summation order).
+// The MLP of examples/01_mlp_host, trained on GPUs: cuBLAS (or, selected with gemm_kind::plain, a plain GEMM kernel
+// of the example's own) for the matrix products, the user's own small kernels for bias, ReLU and the loss, the
+// library for gathering, reducing and the optimizer. Same spec, same data, same optimizer as the host example, so
+// its losses can be compared with the host run's (to within the rounding of the summation order).
+//
+// The plain GEMM lets the whole step run where cuBLAS cannot: on the simulated GPU (tools/sim-check builds this
+// example with -DMLP_NO_CUBLAS, without cuBLAS at all).
+#ifndef MLP_NO_CUBLAS
 #include <cublas_v2.h>
+#endif
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -17,6 +22,10 @@
 
 namespace mlp_cuda {
 
+/// Which GEMM does the matrix products.
+enum class gemm_kind { cublas, plain };
+
+#ifndef MLP_NO_CUBLAS
 #define MLP_CUBLAS_CHECK(...)                                                                           \
   do {                                                                                                  \
     const cublasStatus_t mlp_st_ = (__VA_ARGS__);                                                       \
@@ -24,6 +33,7 @@ namespace mlp_cuda {
       throw std::runtime_error(std::string("cuBLAS call '" #__VA_ARGS__ "' failed with status ") +      \
                                std::to_string(int(mlp_st_)));                                           \
   } while (0)
+#endif
 
 // ---- the user's kernels -----------------------------------------------------------------------------------------
 template <int = 0>
@@ -70,9 +80,69 @@ __global__ void mse(const float* y, const float* t, float* dy, float* loss, int 
 
 inline int blocks(int work) { return (work + 255) / 256 < 1024 ? (work + 255) / 256 : 1024; }
 
+/// C = alpha op(A) op(B) + beta C, column-major with cuBLAS's arguments: one thread per element of C, the sum in
+/// index order, each operation rounded once (no fused multiply-add).
+template <int = 0>
+__global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                           const float* b, int ldb, float beta, float* c, int ldc) {
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < m * n; e += gridDim.x * blockDim.x) {
+    const int i = e % m, j = e / m;
+    float acc = 0.0f;
+    for (int p = 0; p < k; ++p) {
+      const float x = ta ? a[p + i * lda] : a[i + p * lda];
+      const float y = tb ? b[j + p * ldb] : b[p + j * ldb];
+      acc = __fadd_rn(acc, __fmul_rn(x, y));
+    }
+    const float r = __fmul_rn(alpha, acc);
+    c[i + j * ldc] = beta == 0.0f ? r : __fadd_rn(r, __fmul_rn(beta, c[i + j * ldc]));
+  }
+}
+
+/// The matrix products of the example: cuBLAS's cublasSgemm, or plain_gemm with the same meaning.
+class gemm {
+ public:
+  gemm(gemm_kind kind, cudaStream_t s) : kind_(kind), s_(s) {
+#ifndef MLP_NO_CUBLAS
+    if (kind_ == gemm_kind::cublas) {
+      MLP_CUBLAS_CHECK(cublasCreate(&h_));
+      MLP_CUBLAS_CHECK(cublasSetStream(h_, s_));
+    }
+#else
+    if (kind_ == gemm_kind::cublas) throw std::runtime_error("built without cuBLAS (MLP_NO_CUBLAS): use --gemm plain");
+#endif
+  }
+  gemm(const gemm&) = delete;
+  gemm& operator=(const gemm&) = delete;
+  ~gemm() {
+#ifndef MLP_NO_CUBLAS
+    if (h_) cublasDestroy(h_);
+#endif
+  }
+  /// cublasSgemm(h, ta ? T : N, tb ? T : N, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)
+  void operator()(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                  float beta, float* c, int ldc) {
+#ifndef MLP_NO_CUBLAS
+    if (kind_ == gemm_kind::cublas) {
+      MLP_CUBLAS_CHECK(cublasSgemm(h_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
+                                   a, lda, b, ldb, &beta, c, ldc));
+      return;
+    }
+#endif
+    plain_gemm<><<<blocks(m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    FSDP_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  gemm_kind kind_;
+  cudaStream_t s_;
+#ifndef MLP_NO_CUBLAS
+  cublasHandle_t h_ = nullptr;
+#endif
+};
+
 /// Trains on this rank's slice of every global batch; all ranks call it together. Policy's backend is CUDA.
 template <class Policy>
-mlp::result train(typename Policy::communicator& comm, const mlp::config& c) {
+mlp::result train(typename Policy::communicator& comm, const mlp::config& c, gemm_kind kind = gemm_kind::cublas) {
   const int world = comm.size(), rank = comm.rank();
   if (c.global_batch % world != 0)
     throw fsdp::usage_error("global batch " + std::to_string(c.global_batch) + " does not split over " +
@@ -83,13 +153,7 @@ mlp::result train(typename Policy::communicator& comm, const mlp::config& c) {
   auto& be = model.backend();
   auto& cs = be.compute_stream();
 
-  cublasHandle_t h = nullptr;
-  MLP_CUBLAS_CHECK(cublasCreate(&h));
-  struct handle_guard {
-    cublasHandle_t h;
-    ~handle_guard() { cublasDestroy(h); }
-  } guard{h};
-  MLP_CUBLAS_CHECK(cublasSetStream(h, cs.get()));
+  gemm mm(kind, cs.get());
 
   // Activations and their gradients (the user's buffers; the library's memory figures do not include them).
   auto device_floats = [&](std::size_t count) {
@@ -121,7 +185,6 @@ mlp::result train(typename Policy::communicator& comm, const mlp::config& c) {
     mlp::result r;
     r.planned = model.planned_memory(opt.states_per_element());
     std::vector<float> x, t;
-    const float one = 1.0f, zero = 0.0f;
     const auto t0 = std::chrono::steady_clock::now();
     for (int step = 0; step < c.steps; ++step) {
       mlp::make_batch(c, step, rank * n, n, x, t);
@@ -131,8 +194,7 @@ mlp::result train(typename Policy::communicator& comm, const mlp::config& c) {
       for (auto& unit : model.forward()) {
         const int in = c.dims[l], out = c.dims[l + 1];
         // y[n,out] = x[n,in] W^T (row-major), as column-major: Y(out x n) = W^T(col) ... see the README.
-        MLP_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, unit.param(mlp::wname(l)).data(),
-                                     in, act[l], in, &zero, act[l + 1], out));
+        mm(true, false, out, n, in, 1.0f, unit.param(mlp::wname(l)).data(), in, act[l], in, 0.0f, act[l + 1], out);
         bias_act<><<<blocks(n * out), 256, 0, cs.get()>>>(act[l + 1], unit.param(mlp::bname(l)).data(), n, out,
                                                           l + 1 < layers);
         FSDP_CUDA_CHECK(cudaGetLastError());
@@ -145,13 +207,11 @@ mlp::result train(typename Policy::communicator& comm, const mlp::config& c) {
         const int in = c.dims[l], out = c.dims[l + 1];
         if (l + 1 < layers) relu_mask<><<<blocks(n * out), 256, 0, cs.get()>>>(dact[l + 1], act[l + 1], n * out);
         // dW[out,in] += dy^T x ; db += sum dy ; dx[n,in] = dy W
-        MLP_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, act[l], in, dact[l + 1], out, &one,
-                                     unit.grad(mlp::wname(l)).data(), in));
+        mm(false, true, in, out, n, 1.0f, act[l], in, dact[l + 1], out, 1.0f, unit.grad(mlp::wname(l)).data(), in);
         bias_grad<><<<blocks(out), 256, 0, cs.get()>>>(unit.grad(mlp::bname(l)).data(), dact[l + 1], n, out);
         FSDP_CUDA_CHECK(cudaGetLastError());
         if (l > 0)
-          MLP_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one, unit.param(mlp::wname(l)).data(),
-                                       in, dact[l + 1], out, &zero, dact[l], in));
+          mm(false, false, in, n, out, 1.0f, unit.param(mlp::wname(l)).data(), in, dact[l + 1], out, 0.0f, dact[l], in);
       }
       opt.step();
       opt.zero_grad();

@@ -105,7 +105,9 @@ TEST_CASE("memory is accounted by category; stream-ordered release drops the cou
 }
 
 TEST_CASE("the pool model: memory freed on another stream is reused only after an event wait, or once freed") {
-  fsdp::backend::host be(0, {.threaded_compute = true});  // three worker streams, as on a GPU
+  fsdp::backend::host_options three_workers;  // three worker streams, as on a GPU
+  three_workers.threaded_compute = true;
+  fsdp::backend::host be(0, three_workers);
   auto& cs = be.compute_stream();
   auto& ag = be.gather_stream();
   auto& rs = be.reduce_stream();

@@ -5,10 +5,15 @@
 
 #include <fsdp/fsdp.cuh>
 
+#include "gpu.hpp"
+
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -175,4 +180,36 @@ TEST_CASE("a kernel fills a device buffer, checked bit for bit (needs a GPU)") {
   };
   run(float{});
   run(std::uint32_t{});
+}
+
+TEST_CASE("backend::cuda's teardown waits at most wait_timeout for a stream that never finishes (needs a GPU)") {
+  const fsdp::cuda::device_probe p = fsdp::cuda::device_status();
+  if (p.count == 0) {
+    std::printf("skipped: no CUDA device (%s)\n", p.reason.c_str());
+    MESSAGE("skipped: no CUDA device");
+    return;
+  }
+  if (fsdp_test::simulated_gpu()) {
+    // GPGPU-Sim returns from the teardown in 300 ms as it should (it logs "stream 'rank0.compute' at backend::cuda
+    // teardown did not finish within 300 ms"), but then never completes the destroyed stream's host function
+    MESSAGE("needs a real GPU: the simulator hangs on a stream destroyed with a host function running");
+    std::printf("needs a real GPU: teardown of a stream that never finishes\n");
+    return;
+  }
+  std::atomic<bool> release{false};
+  fsdp::backend::cuda_options opt;
+  opt.wait_timeout = std::chrono::milliseconds(300);
+  auto* be = new fsdp::backend::cuda(0, opt);
+  const auto t0 = std::chrono::steady_clock::now();
+  // the compute stream is held until `release`: a stuck kernel or a dead peer's collective, as far as teardown sees
+  be->host_callback(be->compute_stream(), [&release] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  const auto t1 = std::chrono::steady_clock::now();
+  delete be;  // before: cudaStreamSynchronize, which returns only when the stream is released (after this line)
+  const auto t2 = std::chrono::steady_clock::now();
+  release = true;
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(t1 - t0 < std::chrono::milliseconds(1000));  // the host function runs on the stream, not at the call
+  CHECK(t2 - t1 < std::chrono::milliseconds(3000));  // bounded: 300 ms per stream at most, and a log line
 }

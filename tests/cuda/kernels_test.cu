@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu.hpp"
@@ -234,4 +235,27 @@ TEST_CASE("squared norm with CUB: within 1e-5 relative of the host's double sum;
     std::memcpy(&got, dout.read(4).data(), 4);
     CHECK(std::fabs(double(got) - double(want)) <= 1e-5 * std::fabs(double(want)));
   }
+}
+
+TEST_CASE("squared norm's scratch lives on one stream: a second stream is refused, not raced") {
+  FSDP_REQUIRE_GPU();
+  fsdp::backend::cuda gpu;
+  const std::vector<float> x(300, 0.5f);
+  device_bytes dx(gpu, x.data(), x.size() * 4, 0);
+  float init = -1;
+  device_bytes dout(gpu, &init, 4, 0);
+  const auto* in = reinterpret_cast<const float*>(dx.ptr());
+  auto* out = reinterpret_cast<float*>(dout.ptr());
+  gpu.squared_norm(in, 300, out, gpu.compute_stream());
+  std::string what;
+  try {
+    gpu.squared_norm(in, 300, out, gpu.reduce_stream());
+  } catch (const fsdp::usage_error& e) {
+    what = e.what();
+  }
+  CHECK(what == "fsdp: squared_norm: the CUDA backend's scratch space is used on stream 'rank0.reduce' but was made "
+                "for another stream; use one stream for norms");
+  float got = 0;
+  std::memcpy(&got, dout.read(4).data(), 4);
+  CHECK(got == 75.0f);  // 300 x 0.25, exact in fp32
 }

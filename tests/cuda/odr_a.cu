@@ -4,6 +4,7 @@
 #include <fsdp/fsdp.cuh>
 
 #include "odr.hpp"
+#include "odr_model.cuh"
 
 std::string odr_a(float* out) {
   const fsdp::cuda::device_probe p = fsdp::cuda::device_status();
@@ -18,32 +19,6 @@ std::string odr_a(float* out) {
   return {};
 }
 
-// Instantiated in both CUDA translation units (called only with a GPU; compiled always): the model, its
-// executor, scheduler, optimizers and kernels on the CUDA backend with both communicators, so that every template
-// the library has is emitted twice and the link proves they merge.
-static_assert(fsdp::CollectivePolicy<fsdp::comm::nccl_communicator>);
-static_assert(fsdp::CollectivePolicy<fsdp::comm::local_cuda_communicator>);
-template <class CommTag>
-float odr_train_a(typename fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full,
-                                         CommTag>::communicator& comm) {
-  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>,
-                         CommTag>;
-  fsdp::ModelSpec spec;
-  spec.add("l0.w", {4, 3}).add("l1.w", {5});
-  fsdp::Model<P> m(comm, spec, fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{0.5f, 1});
-  fsdp::optim::adamw opt(m, {.lr = 0.1f, .grad = {.max_norm = 1.0f}});
-  for (auto& u : m.forward()) (void)u;
-  for (auto& u : m.backward()) (void)u;  // zero gradients: AdamW's decay alone moves the weights
-  opt.step();
-  return m.gather_full_params().at("l1.w")[0];
-}
-std::string odr_model_a(float* out) {
-  const fsdp::cuda::device_probe p = fsdp::cuda::device_status();
-  if (p.count == 0) return "skipped: no CUDA device (" + p.reason + ")";
-  fsdp::comm::run_local_cuda(1, [&](fsdp::comm::local_cuda_communicator& c) {
-    *out = odr_train_a<fsdp::comm::local<fsdp::backend::cuda>>(c);
-  });
-  return {};
-}
-// comm::nccl's instantiation, compiled (it needs a launcher to run)
-template float odr_train_a<fsdp::comm::nccl>(fsdp::comm::nccl_communicator&);
+std::string odr_model_a(float* out) { return odr_train_local(out); }
+// comm::nccl's instantiation, compiled in both units (it needs a launcher to run)
+[[maybe_unused]] static auto* odr_nccl_a = &odr_train<fsdp::comm::nccl>;

@@ -169,7 +169,7 @@ class cuda {
         wait_for(s->get(), detail::cat("stream '", s->name(), "' at backend::cuda teardown"), opt_.wait_timeout,
                  opt_.poll_interval, [&] { if (opt_.poll) opt_.poll(); }, [](const std::string&) {});
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "fsdp: %s; the backend's device memory is left to the process\n", e.what());
+        std::fprintf(stderr, "%s; the backend's device memory is left to the process\n", e.what());
         return;
       }
     }
