@@ -11,7 +11,13 @@
 //
 // Model wires them: a pass moves the cursor and hands each unit's entry and exit to the scheduler, whose
 // decisions the executor carries out; an optimizer step (Model::step) closes the accumulation window.
+//
+// Observability (fsdp/observe/): the trace stamper notes and stamps what happens when a recorder is given, and
+// flushes events timed with the backend's timing marks in synchronize(), before a pass once many are pending, and
+// in the destructor; a backend with profiler ranges (NVTX on backend::cuda) gets a range per unit per pass and one
+// per optimizer step, whatever the recorder.
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +34,7 @@
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/model_options.hpp"
+#include "fsdp/observe/ranges.hpp"
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/plan/cost.hpp"
@@ -95,6 +102,13 @@ class Model {
 
   ~Model() {
     exec_.synchronize_quietly();  // streams may still use unit buffers; errors were reported to whoever waited
+    end_unit_range();
+    // Timed stream events still pending are recorded now; marks of a stream that never finished cannot be.
+    if (const std::size_t dropped = stamp_.close(backend()))
+      std::fprintf(stderr,
+                   "fsdp: rank %d: %zu stream-side trace events were not recorded: their streams had not reached them "
+                   "when the model was destroyed\n",
+                   comm_->rank(), dropped);
     backend().memory().set_listener({});
   }
 
@@ -211,6 +225,7 @@ class Model {
     auto& cs = backend().compute_stream();
     stamp_.stamp(backend(), cs, trace::kind::optimizer_begin, pass_kind::none, -1);
     try {
+      const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
       std::forward<F>(update)();
     } catch (const std::exception& e) {  // the update may be partly applied: a retry would apply it twice
       cursor_.fail_step(std::string(detail::unprefixed(e)));
@@ -223,8 +238,12 @@ class Model {
     sched_.after_step();
   }
 
-  /// Blocks until all work issued by this rank has finished; rethrows stream errors.
-  void synchronize() { exec_.synchronize(); }
+  /// Blocks until all work issued by this rank has finished; rethrows stream errors. With a recorder, the
+  /// stream-side events timed with the backend's timing marks (backend::cuda) enter it here.
+  void synchronize() {
+    exec_.synchronize();
+    stamp_.flush(backend());
+  }
 
   // ---- the range returned by forward() / backward() ------------------------------------------------------------
   class pass_range {
@@ -284,7 +303,10 @@ class Model {
     pass_range(const pass_range&) = delete;
     pass_range& operator=(const pass_range&) = delete;
     ~pass_range() {
-      if (owns_pass_ && m_->cursor_.pass() == kind_) m_->cursor_.abandon(mode_ == mode::named);
+      if (owns_pass_ && m_->cursor_.pass() == kind_) {
+        m_->end_unit_range();
+        m_->cursor_.abandon(mode_ == mode::named);
+      }
     }
 
    private:
@@ -353,6 +375,7 @@ class Model {
   void begin_pass(pass_kind k, const std::string_view* name) {
     cursor_.require_idle(k == pass_kind::forward ? "model.forward()" : "model.backward()");
     sched_.check_begin(k);
+    if (stamp_.pending() >= trace::stamper<backend_type>::flush_above) stamp_.flush(backend());  // never waits
     cursor_.begin(k, name);  // a wrong first unit throws here: nothing has happened, the model stays usable
     sched_.begin_pass(k);
     stamp_.set_step(sched_.step());
@@ -396,10 +419,14 @@ class Model {
       detail::fail_usage(why);
     }
     stamp_.stamp(backend(), backend().compute_stream(), trace::kind::compute_begin, k, static_cast<int>(u));
+    unit_range_ = exec_.ranges().start(backend(), k == pass_kind::forward ? trace::range_kind::forward
+                                                                          : trace::range_kind::backward,
+                                       static_cast<int>(u));
   }
 
   void leave_current() {
     const pass_kind k = cursor_.pass();
+    end_unit_range();
     stamp_.stamp(backend(), backend().compute_stream(), trace::kind::compute_end, k, static_cast<int>(cursor_.current()));
     try {
       sched_.leave(k, cursor_.order(), cursor_.pos(), executor());
@@ -407,6 +434,12 @@ class Model {
       cursor_.abandon_with(std::string(detail::unprefixed(e)));
       throw;
     }
+  }
+
+  /// Closes the current unit's profiler range, if one is open.
+  void end_unit_range() noexcept {
+    exec_.ranges().end(backend(), unit_range_);
+    unit_range_.reset();
   }
 
   auto executor() {
@@ -417,12 +450,13 @@ class Model {
   ModelSpec spec_;
   model_options opt_;
   int shard_world_;
-  trace::stamper stamp_;
+  trace::stamper<backend_type> stamp_;
   built_units units_;
   sched::pass_cursor cursor_;
   sched::scheduler sched_;
   exec::unit_executor<backend_type, communicator> exec_;
   std::vector<unit_type> views_;
+  std::optional<std::uint64_t> unit_range_;  // the current unit's profiler range, while one is open
 };
 
 }  // namespace fsdp

@@ -12,6 +12,11 @@
 //   kernels     convert (cast with scale), accumulate (into fp32 with scale), squared_norm, sgd_step, adamw_step:
 //               each applies the per-element code every backend shares (kernels/elementwise.hpp,
 //               optim/detail/update.hpp)
+//
+// Optional hooks, detected where they are used and not required here: reserve(bytes) (Model::reserve_memory),
+// timing marks (trace::TimingMarks, fsdp/observe/stamp.hpp: the trace times stream events with them instead of
+// host callbacks) and profiler ranges (trace::ProfilerRanges, fsdp/observe/ranges.hpp). backend::cuda has all
+// three; backend::host none.
 #include <concepts>
 #include <cstdint>
 #include <functional>

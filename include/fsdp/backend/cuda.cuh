@@ -17,22 +17,32 @@
 // allocation ordered after the frees by the step's event waits) and the optimizer's inspection buffer. The host
 // backend models this pool's reuse rules (backend/detail/pool_model.hpp) and tests/model/memory_bound_test.cc
 // checks there that a lagging compute stream takes no byte beyond the plan.
+//
+// Two optional hooks beyond the Backend concept: timing marks (CUDA events with timing from a pool, and a
+// reference recorded on an idle stream of the backend's own at a known host time), with which the trace stamper
+// times stream-side events without a host function on the stream (fsdp/observe/stamp.hpp); and profiler ranges
+// (NVTX in the domain "fsdp", fsdp/cuda/nvtx.cuh) around each unit's passes, collectives and the optimizer step
+// (fsdp/observe/ranges.hpp).
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/error.cuh"
 #include "fsdp/cuda/kernels.cuh"
+#include "fsdp/cuda/nvtx.cuh"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/optim/detail/update.hpp"
 
@@ -155,7 +165,8 @@ class cuda {
       : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(make_pool(device_)),
         compute_("rank" + std::to_string(rank) + ".compute"),
         gather_("rank" + std::to_string(rank) + ".all_gather"),
-        reduce_("rank" + std::to_string(rank) + ".reduce") {
+        reduce_("rank" + std::to_string(rank) + ".reduce"),
+        timer_("rank" + std::to_string(rank) + ".timer") {
     refuse_flushing_build();
   }
   cuda(const cuda&) = delete;
@@ -177,6 +188,7 @@ class cuda {
       FSDP_CUDA_LOG(cudaFreeAsync(scratch_, scratch_home_));
       FSDP_CUDA_LOG(cudaStreamSynchronize(scratch_home_));
     }
+    for (cudaEvent_t e : marks_) FSDP_CUDA_LOG(cudaEventDestroy(e));
     if (pool_) FSDP_CUDA_LOG(cudaMemPoolDestroy(pool_));
   }
 
@@ -210,6 +222,83 @@ class cuda {
                if (opt_.on_timeout) opt_.on_timeout(what);
              });
   }
+
+  // ---- timing marks (optional hook trace::TimingMarks, fsdp/observe/stamp.hpp) ----------------------------------
+  /// A CUDA event with timing, from the backend's pool, recorded by record_mark() or record_reference(). A handle:
+  /// the backend owns the event (until the backend goes); release_mark() gives it back for reuse.
+  class timing_mark {
+   public:
+    timing_mark() = default;
+    cudaEvent_t get() const noexcept { return e_; }
+
+   private:
+    friend class cuda;
+    explicit timing_mark(cudaEvent_t e) noexcept : e_(e) {}
+    cudaEvent_t e_ = nullptr;
+  };
+  /// A mark known to have completed at host time `at` (steady clock).
+  struct timing_reference {
+    timing_mark mark;
+    std::chrono::steady_clock::time_point at;
+  };
+  /// Records a mark on the backend's own timing stream, which has no other work, and spins until it completes;
+  /// `at` is read once it has, so it is late by at most that round trip and never early. Past wait_timeout (a
+  /// device that processes nothing) a comm_error names the stream.
+  timing_reference record_reference() {
+    const timing_mark m = take_mark();
+    const cudaError_t rc = cudaEventRecord(m.get(), timer_.get());
+    if (rc != cudaSuccess) {
+      release_mark(m);
+      detail::throw_cuda_error(rc, "cudaEventRecord(reference, timer)", __FILE__, __LINE__);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + opt_.wait_timeout;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(m.get());
+      const auto now = std::chrono::steady_clock::now();
+      if (q == cudaSuccess) return {m, now};
+      if (q != cudaErrorNotReady) {
+        release_mark(m);
+        detail::throw_cuda_error(q, "cudaEventQuery(reference)", __FILE__, __LINE__);
+      }
+      if (now > deadline) {  // the event stays with the backend: the device may still record it
+        throw comm_error(detail::cat("stream '", timer_.name(), "': the trace's timing reference did not complete within ",
+                                     opt_.wait_timeout.count(), " ms"));
+      }
+    }
+  }
+  /// Records a mark on `s`: it completes when `s` reaches this point.
+  timing_mark record_mark(stream& s) {
+    const timing_mark m = take_mark();
+    const cudaError_t rc = cudaEventRecord(m.get(), s.get());
+    if (rc != cudaSuccess) {
+      release_mark(m);
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "cudaEventRecord(mark, s)", __FILE__, __LINE__,
+                       detail::cat("recording a trace mark on stream '", s.name(), "'"));
+    }
+    return m;
+  }
+  /// Time from the reference to `m` (cudaEventElapsedTime, rounded to ns), or nullopt while `m` has not completed
+  /// (cudaEventQuery); never waits. A failed stream throws cuda_error.
+  std::optional<std::chrono::nanoseconds> elapsed_since(const timing_reference& ref, const timing_mark& m) {
+    const cudaError_t q = cudaEventQuery(m.get());
+    if (q == cudaErrorNotReady) return std::nullopt;
+    if (q != cudaSuccess) detail::throw_cuda_error(q, "cudaEventQuery(mark)", __FILE__, __LINE__);
+    float ms = 0.0f;
+    FSDP_CUDA_CHECK(cudaEventElapsedTime(&ms, ref.mark.get(), m.get()));
+    return std::chrono::nanoseconds(std::llround(double(ms) * 1e6));
+  }
+  /// Gives a mark back to the pool; a mark of no event (default-made) is ignored.
+  void release_mark(const timing_mark& m) {
+    if (m.get()) free_marks_.push_back(m.get());
+  }
+  /// Events the timing pool has made (each lives until the backend goes).
+  std::size_t timing_marks_made() const noexcept { return marks_.size(); }
+
+  // ---- profiler ranges (optional hook trace::ProfilerRanges, fsdp/observe/ranges.hpp) ---------------------------
+  /// An NVTX start/end range in the domain "fsdp".
+  std::uint64_t range_start(const char* name, std::uint32_t argb) { return fsdp::cuda::nvtx::range_start(name, argb); }
+  void range_end(std::uint64_t id) { fsdp::cuda::nvtx::range_end(id); }
 
   /// The polling wait behind synchronize(), for other owners of streams (comm::nccl's barrier): until `s` has
   /// finished, calls poll() between checks; past `timeout`, calls on_timeout(what) and throws comm_error(what),
@@ -369,6 +458,23 @@ class cuda {
           "-prec-div=true and -prec-sqrt=true, nvcc's defaults)");
   }
 
+  timing_mark take_mark() {
+    if (!free_marks_.empty()) {
+      const cudaEvent_t e = free_marks_.back();
+      free_marks_.pop_back();
+      return timing_mark(e);
+    }
+    cudaEvent_t e = nullptr;
+    FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));  // timing enabled
+    try {
+      marks_.push_back(e);
+    } catch (...) {
+      FSDP_CUDA_LOG(cudaEventDestroy(e));
+      throw;
+    }
+    return timing_mark(e);
+  }
+
   static int select_device(int device) {
     if (device >= 0) FSDP_CUDA_CHECK(cudaSetDevice(device));
     int current = 0;
@@ -403,9 +509,12 @@ class cuda {
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   cudaStream_t scratch_home_ = nullptr;
+  std::vector<cudaEvent_t> marks_;       // every timing event made (destroyed with the backend)
+  std::vector<cudaEvent_t> free_marks_;  // those given back
   stream compute_;
   stream gather_;
   stream reduce_;
+  stream timer_;  // nothing but timing references: idle whenever one is recorded
 };
 
 static_assert(Backend<cuda>, "backend::cuda must model fsdp::Backend (backend/concept.hpp)");

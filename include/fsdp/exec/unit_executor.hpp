@@ -22,6 +22,9 @@
 //                   (all-reduced when replicated), added into the fp32 gradient shard with the post-division;
 //                   then every slot is given back (and the accumulator freed) on the reduce stream. Records
 //                   "reduced".
+//
+// The issue of each gather and reduction is a profiler range ("all_gather layers.3", "reduce_scatter layers.3"),
+// on a backend with the hook (fsdp/observe/ranges.hpp); the trace stamps go through the model's stamper.
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -37,6 +40,7 @@
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/model_options.hpp"
+#include "fsdp/observe/ranges.hpp"
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/plan/cost.hpp"
 #include "fsdp/schedule/scheduler.hpp"
@@ -84,9 +88,9 @@ class unit_executor {
   /// rank's place in the units' shard group; `grad_slots`: gradient slots made before one is reused.
   unit_executor(const unit_index& units, C& comm, std::unique_ptr<B> backend, std::vector<FlatLayout> layouts,
                 int shard_rank, const plan::cost_facts& facts, const reduce_facts& reduce, int grad_slots,
-                const trace::stamper& stamp)
+                trace::stamper<B>& stamp)
       : units_(&units), comm_(&comm), be_(std::move(backend)), layouts_(std::move(layouts)), shard_rank_(shard_rank), facts_(facts),
-        reduce_(reduce), stamp_(&stamp), bufs_(layouts_.size()) {
+        reduce_(reduce), stamp_(&stamp), ranges_(units.names()), bufs_(layouts_.size()) {
     cost_.reserve(layouts_.size());
     for (const auto& l : layouts_) cost_.push_back(plan::costs_of(l, facts_));
     const plan::slot_costs slots = plan::slot_costs_of(cost_);
@@ -111,6 +115,8 @@ class unit_executor {
   const plan::cost_facts& facts() const noexcept { return facts_; }
   const unit_buffers<B>& buffers(std::size_t u) const { return bufs_.at(u); }
   int shard_rank() const noexcept { return shard_rank_; }
+  /// The profiler ranges of this rank's units (no-ops on a backend without the hook).
+  const trace::ranges<B>& ranges() const noexcept { return ranges_; }
 
   // ---- the scheduler's decisions -----------------------------------------------------------------------------
   void operator()(sched::op o, std::size_t u, bool ahead, pass_kind pass) {
@@ -208,6 +214,7 @@ class unit_executor {
     unit_buffers<B>& b = bufs_[u];
     stream& ag = be_->gather_stream();
     const int unit = static_cast<int>(u);
+    const typename trace::ranges<B>::scope range(ranges_, *be_, trace::range_kind::all_gather, unit);
     stamp_->note(trace::kind::gather_issued, pass, unit, c.gather_bytes(), ahead);
     be_->wait(ag, b.shard_ready);  // the last write of the master shard (initialisation or optimizer step)
     b.gather_slot = gather_ring_.take(*be_, ag);  // waits until the slot's last reader has released it
@@ -277,6 +284,9 @@ class unit_executor {
     stream& rs = be_->reduce_stream();
     const collective kind = facts_.shards_params ? collective::reduce_scatter : collective::all_reduce;
     const int unit = static_cast<int>(u);
+    const typename trace::ranges<B>::scope range(
+        ranges_, *be_, kind == collective::reduce_scatter ? trace::range_kind::reduce_scatter : trace::range_kind::all_reduce,
+        unit);
     stamp_->note(trace::kind::reduce_issued, pass, unit, c.reduce_bytes(), false, kind);
     be_->record(b.grad_ready, be_->compute_stream());
     be_->wait(rs, b.grad_ready);
@@ -332,7 +342,8 @@ class unit_executor {
   int shard_rank_;
   plan::cost_facts facts_;
   reduce_facts reduce_;
-  const trace::stamper* stamp_;
+  trace::stamper<B>* stamp_;
+  trace::ranges<B> ranges_;
   std::vector<plan::unit_costs> cost_;
   std::vector<unit_buffers<B>> bufs_;
   slot_ring<B> gather_ring_, grad_ring_, in_ring_, out_ring_;  // destroyed first: their memory goes before the backend

@@ -56,6 +56,7 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
     // collective pairs with its n-th begin.
     std::vector<event> open_compute, gather_issues, reduce_issues, gather_begins, reduce_begins;
     std::size_t gi = 0, ri = 0;
+    std::vector<std::size_t> gather_slices;  // where the n-th gather's slice is in `out`
     for (const auto& e : events) {
       if (e.rank != r) continue;
       const double ts = us(e.t_ns);
@@ -97,11 +98,10 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
         case kind::reduce_begin: reduce_begins.push_back(e); break;
         case kind::gather_end:
           if (gi < gather_begins.size()) {
-            const event b = gather_begins[gi];
-            const bool ahead = gi < gather_issues.size() && gather_issues[gi].ahead;
-            ++gi;
+            const event b = gather_begins[gi++];
+            gather_slices.push_back(out.size());
             complete(b, all_gather, "all_gather " + unit_name(b.unit), "all_gather",
-                     {{"unit", unit_name(b.unit)}, {"bytes", b.bytes}, {"prefetch", ahead},
+                     {{"unit", unit_name(b.unit)}, {"bytes", b.bytes}, {"prefetch", false},
                       {"pass", std::string(name_of(b.pass))}});
           }
           break;
@@ -114,6 +114,10 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
           break;
       }
     }
+    // The n-th gather's issue says whether it was a prefetch (once every event is read: with CUDA-event times a
+    // stream event may be recorded before the host's issue of it)
+    for (std::size_t n = 0; n < gather_slices.size() && n < gather_issues.size(); ++n)
+      out[gather_slices[n]]["args"]["prefetch"] = gather_issues[n].ahead;
   }
   for (const auto& m : rec.memory_timeline()) {
     json args = json::object();

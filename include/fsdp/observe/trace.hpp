@@ -3,11 +3,14 @@
 //
 // Host-side events (issue, release) are recorded when the scheduler makes them; stream-side events (a
 // collective beginning and ending, a unit's compute beginning and ending, the optimizer) are stamped when the
-// stream reaches them, through the backend's host callbacks. Every event gets a sequence number from one counter,
-// so the events of a rank are in the order they happened. The recorder also keeps the memory timeline by
-// category. One recorder may be shared by every rank of a process (thread ranks); it is thread-safe.
+// stream reaches them: through the backend's host callbacks (backend::host), or timed with the backend's timing
+// marks and recorded when the model synchronizes (backend::cuda: CUDA events; see fsdp/observe/stamp.hpp). Every
+// event gets a sequence number from one counter, so the events of a rank are in the order they happened. The
+// recorder also keeps the memory timeline by category. One recorder may be shared by every rank of a process
+// (thread ranks); it is thread-safe.
 //
-// Recording costs a lock and a clock read per event: leave model_options::recorder null when not observing.
+// Recording costs a lock and a clock read per event (on the CUDA backend, an event record per stream-side event
+// and two queries when it is resolved): leave model_options::recorder null when not observing.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -56,7 +59,7 @@ constexpr std::string_view name_of(kind k) noexcept {
 
 struct event {
   std::uint64_t seq = 0;   ///< order of recording, across all ranks
-  std::int64_t t_ns = 0;   ///< steady-clock nanoseconds since the recorder was made
+  std::int64_t t_ns = 0;   ///< steady-clock nanoseconds since the recorder was made (its origin())
   int rank = 0;
   kind what = kind::compute_begin;
   pass_kind pass = pass_kind::none;
@@ -81,17 +84,33 @@ class recorder {
   recorder(const recorder&) = delete;
   recorder& operator=(const recorder&) = delete;
 
+  /// Records `e` as happening now.
   void record(event e) {
     const auto t = clock::now();
     std::lock_guard lk(mu_);
-    e.t_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t - t0_).count();
+    e.t_ns = since_origin(t);
     e.seq = next_seq_++;
     events_.push_back(e);
+  }
+  /// Records `e` as having happened `t_ns` nanoseconds after origin(), a time measured elsewhere (a CUDA event
+  /// the stamper resolved): only the sequence number is given here, so a caller that records late must record
+  /// in time order for `seq` to keep saying the order events happened.
+  void record_at(event e, std::int64_t t_ns) {
+    std::lock_guard lk(mu_);
+    e.t_ns = t_ns;
+    e.seq = next_seq_++;
+    events_.push_back(e);
+  }
+  /// The steady-clock time event times count from (t_ns = 0): when the recorder was made.
+  clock::time_point origin() const noexcept { return t0_; }
+  /// Nanoseconds from origin() to `t` (negative before it).
+  std::int64_t since_origin(clock::time_point t) const noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t - t0_).count();
   }
   void memory(int rank, const memory_figures& current) {
     const auto t = clock::now();
     std::lock_guard lk(mu_);
-    memory_.push_back({std::chrono::duration_cast<std::chrono::nanoseconds>(t - t0_).count(), rank, current});
+    memory_.push_back({since_origin(t), rank, current});
   }
   /// Names of the units by index (the same on every rank); the Model sets them.
   void set_unit_names(std::vector<std::string> names) {
@@ -194,8 +213,9 @@ inline std::int64_t uncovered(const std::vector<interval>& a, const std::vector<
 }
 }  // namespace detail
 
-/// Summarises `step` of `rank` from a recorder's events. Needs the step's stream work to have finished
-/// (model.synchronize()); a begin without its end is ignored.
+/// Summarises `step` of `rank` from a recorder's events. Needs the step's stream work to have finished and been
+/// recorded: call it after model.synchronize() (on a backend with timing marks, backend::cuda, stream-side events
+/// enter the recorder there); a begin without its end is ignored.
 inline step_summary summarize(const std::vector<event>& events, int rank, std::uint64_t step) {
   step_summary s;
   s.step = step;
@@ -203,9 +223,10 @@ inline step_summary summarize(const std::vector<event>& events, int rank, std::u
   std::vector<detail::interval> compute, comm;
   std::int64_t lo = INT64_MAX, hi = INT64_MIN;
   std::vector<std::int64_t> open_compute;  // the compute stream is in order: a begin pairs with the next end
-  // Collectives of one stream run in issue order: pair the n-th issue with the n-th begin and end.
+  // Collectives of one stream run in issue order: pair the n-th issue with the n-th begin and end (whatever the
+  // order they were recorded in: a stream time is only as close to the host's as its clock alignment).
   std::vector<collective_timing> gathers, reduces;
-  std::size_t g_begin = 0, g_end = 0, r_begin = 0, r_end = 0;
+  std::vector<std::int64_t> g_begin, g_end, r_begin, r_end;
   auto sec = [](std::int64_t ns) { return double(ns) * 1e-9; };
   for (const auto& e : events) {
     if (e.rank != rank || e.step != step) continue;
@@ -227,29 +248,29 @@ inline step_summary summarize(const std::vector<event>& events, int rank, std::u
       case kind::reduce_issued:
         reduces.push_back({e.coll, e.unit, e.pass, e.bytes, false, e.t_ns, 0, 0});
         break;
-      case kind::gather_begin:
-        if (g_begin < gathers.size()) gathers[g_begin++].begin_ns = e.t_ns;
-        break;
-      case kind::gather_end:
-        if (g_end < gathers.size()) gathers[g_end++].end_ns = e.t_ns;
-        break;
-      case kind::reduce_begin:
-        if (r_begin < reduces.size()) reduces[r_begin++].begin_ns = e.t_ns;
-        break;
-      case kind::reduce_end:
-        if (r_end < reduces.size()) reduces[r_end++].end_ns = e.t_ns;
-        break;
+      case kind::gather_begin: g_begin.push_back(e.t_ns); break;
+      case kind::gather_end: g_end.push_back(e.t_ns); break;
+      case kind::reduce_begin: r_begin.push_back(e.t_ns); break;
+      case kind::reduce_end: r_end.push_back(e.t_ns); break;
       case kind::release: break;
     }
   }
-  gathers.resize(std::min(g_end, g_begin));
-  reduces.resize(std::min(r_end, r_begin));
+  auto pair = [](std::vector<collective_timing>& v, const std::vector<std::int64_t>& begins,
+                 const std::vector<std::int64_t>& ends) {
+    v.resize(std::min({v.size(), begins.size(), ends.size()}));
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      v[i].begin_ns = begins[i];
+      v[i].end_ns = ends[i];
+    }
+  };
+  pair(gathers, g_begin, g_end);
+  pair(reduces, r_begin, r_end);
   for (auto* v : {&gathers, &reduces})
     for (const auto& c : *v) {
       comm.emplace_back(c.begin_ns, c.end_ns);
       s.collectives.push_back(c);
     }
-  std::sort(s.collectives.begin(), s.collectives.end(),
+  std::stable_sort(s.collectives.begin(), s.collectives.end(),
             [](const collective_timing& a, const collective_timing& b) { return a.issued_ns < b.issued_ns; });
   const auto cm = detail::merged(std::move(compute));
   const auto km = detail::merged(std::move(comm));
