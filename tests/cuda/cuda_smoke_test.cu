@@ -137,8 +137,10 @@ TEST_CASE("a kernel fills a device buffer, checked bit for bit (needs a GPU)") {
     std::fflush(stdout);
     MESSAGE(line);
     CHECK_THROWS_AS(fsdp::cuda::require_device(), fsdp::cuda_error);
+    fsdp_test::gpu_cases.skipped();
     return;
   }
+  fsdp_test::gpu_cases.ran();
   CHECK(fsdp::cuda::require_device() == devices.count);
   FSDP_CUDA_CHECK(cudaSetDevice(0));
 
@@ -183,12 +185,7 @@ TEST_CASE("a kernel fills a device buffer, checked bit for bit (needs a GPU)") {
 }
 
 TEST_CASE("backend::cuda's teardown waits at most wait_timeout for a stream that never finishes (needs a GPU)") {
-  const fsdp::cuda::device_probe p = fsdp::cuda::device_status();
-  if (p.count == 0) {
-    std::printf("skipped: no CUDA device (%s)\n", p.reason.c_str());
-    MESSAGE("skipped: no CUDA device");
-    return;
-  }
+  FSDP_REQUIRE_GPU();
   if (fsdp_test::simulated_gpu()) {
     // GPGPU-Sim returns from the teardown in 300 ms as it should (it logs "stream 'rank0.compute' at backend::cuda
     // teardown did not finish within 300 ms"), but then never completes the destroyed stream's host function

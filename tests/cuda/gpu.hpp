@@ -1,11 +1,13 @@
 #pragma once
 // GPU test cases call FSDP_REQUIRE_GPU() first: without a usable CUDA device they print one "skipped:" line
-// with the reason and return (never fail, never pass silently).
+// with the reason and return (never fail, never pass silently). Either way the case is counted (gpu_cases.hpp).
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include <fsdp/cuda/device.cuh>
+
+#include "gpu_cases.hpp"
 
 #define FSDP_REQUIRE_GPU()                                                                    \
   do {                                                                                        \
@@ -15,8 +17,10 @@
       std::printf("%s\n", fsdp_line_.c_str());                                               \
       std::fflush(stdout);                                                                    \
       MESSAGE(fsdp_line_);                                                                    \
+      ::fsdp_test::gpu_cases.skipped();                                                       \
       return;                                                                                 \
     }                                                                                         \
+    ::fsdp_test::gpu_cases.ran();                                                             \
   } while (0)
 
 namespace fsdp_test {

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 
+#include "tests/cuda/gpu_cases.hpp"
 #include "tests/cuda/odr.hpp"
 
 TEST_CASE("two .cu files and one .cc file including the library link into one binary") {
@@ -19,8 +20,10 @@ TEST_CASE("two .cu files and one .cc file including the library link into one bi
     MESSAGE(sa);
     CHECK(sa.rfind("skipped: no CUDA device", 0) == 0);
     CHECK(sb == sa);
+    fsdp_test::gpu_cases.skipped();
     return;
   }
+  fsdp_test::gpu_cases.ran();
   CHECK(a == 3.0f);
   CHECK(b == 6.0f);
 }
@@ -32,8 +35,10 @@ TEST_CASE("the model instantiated in both CUDA translation units trains alike fr
     std::printf("%s\n", sa.c_str());
     MESSAGE(sa);
     CHECK(sb == sa);
+    fsdp_test::gpu_cases.skipped();
     return;
   }
+  fsdp_test::gpu_cases.ran();
   CHECK(a == b);  // the same templates, the same bits
   CHECK(a != 0.0f);
 }
