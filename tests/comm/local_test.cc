@@ -1,9 +1,15 @@
 // comm::local: collectives are exact, honour stream order, match by issue order, and fail (never hang) when
 // ranks disagree or one is missing.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <chrono>
+#include <cstdio>
+#include <string>
 #include <thread>
 
 #include "tests/support/support.hpp"
@@ -222,6 +228,56 @@ TEST_CASE("a rank that throws aborts the group; its own error is reported") {
   });
   CHECK(msg == "rank two broke");
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // not the 10 s collective timeout
+}
+
+TEST_CASE("a rank whose thread cannot start: the started ranks are stopped and the error names the rank") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  MESSAGE("not run under a sanitizer: its shadow memory does not fit the address-space limit this case sets");
+#else
+  // A child process under a 1 GiB address-space limit asks for 1025 thread ranks, each waiting in a barrier for
+  // all the others: thread creation fails part way (each thread reserves its stack). Before, this was
+  // "terminate called without an active exception" (std::thread destroyed joinable), exit 134.
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    const rlimit lim{rlim_t(1) << 30, rlim_t(1) << 30};
+    std::string out;
+    if (setrlimit(RLIMIT_AS, &lim) != 0) {
+      out = "setrlimit failed";
+    } else {
+      try {
+        fsdp::comm::run_local(1025, [](local_communicator& c) { c.barrier(); });
+        out = "no error";
+      } catch (const fsdp::comm_error& e) {
+        out = e.what();
+      } catch (const std::exception& e) {
+        out = std::string("another error: ") + e.what();
+      }
+    }
+    (void)!write(fds[1], out.data(), out.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));  // not killed by abort()
+  CHECK(WEXITSTATUS(status) == 0);
+  const std::string head = "fsdp: could not start the thread of rank ";
+  REQUIRE(msg.rfind(head, 0) == 0);
+  const int r = std::stoi(msg.substr(head.size()));
+  CHECK(r > 0);
+  CHECK(r < 1025);
+  CHECK(msg == head + std::to_string(r) + " of 1025 (Resource temporarily unavailable); the " + std::to_string(r) +
+                   " rank(s) already started were stopped. Lower the world size or raise the process's thread or "
+                   "address-space limit (ulimit -u / -v)");
+#endif
 }
 
 TEST_CASE("barrier and bad arguments") {

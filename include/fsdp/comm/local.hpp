@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -118,7 +119,9 @@ struct local {
 
 namespace detail {
 /// Runs fn(make(r)) on `world` threads, one per rank, and joins them. When a rank throws, the group is aborted
-/// so the other ranks fail fast instead of waiting, and the root cause is rethrown here.
+/// so the other ranks fail fast instead of waiting, and the root cause is rethrown here. When a rank's thread
+/// cannot be started (a thread or address-space limit), the ranks already started are aborted and joined, and a
+/// comm_error says which rank and why.
 template <class Make, class F>
 void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make, F&& fn) {
   std::mutex mu;
@@ -127,25 +130,35 @@ void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto c = make(r);
-        fn(c);
-      } catch (const std::exception& e) {
-        const bool aborted_before = group->aborted();
-        group->abort("rank " + std::to_string(r) + " failed: " + e.what());
-        std::lock_guard lk(mu);
-        // Prefer the root cause over errors of ranks that only saw the abort.
-        if (!first || (first_is_abort && !aborted_before)) {
-          first = std::current_exception();
-          first_is_abort = aborted_before;
+    try {
+      threads.emplace_back([&, r] {
+        try {
+          auto c = make(r);
+          fn(c);
+        } catch (const std::exception& e) {
+          const bool aborted_before = group->aborted();
+          group->abort("rank " + std::to_string(r) + " failed: " + e.what());
+          std::lock_guard lk(mu);
+          // Prefer the root cause over errors of ranks that only saw the abort.
+          if (!first || (first_is_abort && !aborted_before)) {
+            first = std::current_exception();
+            first_is_abort = aborted_before;
+          }
+        } catch (...) {
+          group->abort("rank " + std::to_string(r) + " failed with a non-standard exception");
+          std::lock_guard lk(mu);
+          if (!first) first = std::current_exception();
         }
-      } catch (...) {
-        group->abort("rank " + std::to_string(r) + " failed with a non-standard exception");
-        std::lock_guard lk(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
+      });
+    } catch (const std::system_error& e) {  // no thread for rank r: stop the ranks started, then say why
+      const std::string why = fsdp::detail::cat(
+          "could not start the thread of rank ", r, " of ", world, " (", e.what(), "); the ", r,
+          " rank(s) already started were stopped. Lower the world size or raise the process's thread or address-space "
+          "limit (ulimit -u / -v)");
+      group->abort(why);
+      for (auto& t : threads) t.join();
+      throw comm_error(why);
+    }
   }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
