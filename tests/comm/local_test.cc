@@ -193,16 +193,42 @@ TEST_CASE("ranks that disagree on the collective fail with both named") {
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // failed fast, did not wait out a timeout
 }
 
-TEST_CASE("a rank that never issues a collective makes the others fail within the timeout") {
+TEST_CASE("a rank that returns without issuing a collective fails the others at once, named") {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    fsdp::comm::run_local(
+        2,
+        [](local_communicator& c) {
+          if (c.rank() == 1) return;  // done early: issues nothing more
+          fsdp::backend::host be(c.rank());
+          std::vector<float> x(2), y(4);
+          c.all_gather(x.data(), y.data(), 2, dtype::f32, be.gather_stream());
+          be.synchronize(be.gather_stream());
+        },
+        {.timeout = std::chrono::seconds(30)});
+  } catch (const fsdp::comm_error& e) {
+    msg = e.what();
+  }
+  CHECK(msg ==
+        "fsdp: local all_gather(count=2, f32) #0 on rank 0 cannot complete: rank(s) 1 returned without issuing it");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // not the 30 s timeout
+}
+
+TEST_CASE("a rank that stalls without issuing a collective makes the others fail within the timeout") {
   const auto t0 = std::chrono::steady_clock::now();
   std::string msg;
   try {
     fsdp::comm::run_local(
         3,
         [](local_communicator& c) {
+          if (c.rank() == 1) {  // still running, issuing nothing, past the others' timeout
+            std::this_thread::sleep_for(std::chrono::milliseconds(600));
+            return;
+          }
           fsdp::backend::host be(c.rank());
           std::vector<float> x(2), y(6);
-          if (c.rank() != 1) c.all_gather(x.data(), y.data(), 2, dtype::f32, be.gather_stream());
+          c.all_gather(x.data(), y.data(), 2, dtype::f32, be.gather_stream());
           be.synchronize(be.gather_stream());
         },
         {.timeout = std::chrono::milliseconds(200)});

@@ -119,7 +119,8 @@ struct local {
 
 namespace detail {
 /// Runs fn(make(r)) on `world` threads, one per rank, and joins them. When a rank throws, the group is aborted
-/// so the other ranks fail fast instead of waiting, and the root cause is rethrown here. When a rank's thread
+/// so the other ranks fail fast instead of waiting, and the root cause is rethrown here. A rank whose function
+/// returns is marked so: a collective still waiting for it fails at once, naming it. When a rank's thread
 /// cannot be started (a thread or address-space limit), the ranks already started are aborted and joined, and a
 /// comm_error says which rank and why.
 template <class Make, class F>
@@ -135,6 +136,7 @@ void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make
         try {
           auto c = make(r);
           fn(c);
+          group->rank_returned(r);  // anything still waiting for this rank fails now, naming it
         } catch (const std::exception& e) {
           const bool aborted_before = group->aborted();
           group->abort("rank " + std::to_string(r) + " failed: " + e.what());

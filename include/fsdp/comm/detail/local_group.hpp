@@ -74,6 +74,7 @@ class local_group {
       : world_(world), timeout_(timeout), link_(link), delay_(std::move(delay)) {
     if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
     if (link_.bytes_per_second < 0) fsdp::detail::fail_usage("link bandwidth must be >= 0, got ", link_.bytes_per_second);
+    returned_.assign(static_cast<std::size_t>(world), false);
   }
 
   int size() const noexcept { return world_; }
@@ -93,6 +94,17 @@ class local_group {
   bool aborted() const {
     std::lock_guard lk(mu_);
     return aborted_;
+  }
+
+  /// Rank `rank`'s function has returned (run_local): it will issue nothing more. A collective that still waits
+  /// for it fails at once, naming it, instead of waiting out the timeout.
+  void rank_returned(int rank) {
+    {
+      std::lock_guard lk(mu_);
+      if (!returned_.at(static_cast<std::size_t>(rank))) ++returned_count_;
+      returned_[static_cast<std::size_t>(rank)] = true;
+    }
+    cv_.notify_all();
   }
 
   /// How messages name rank `rank`'s collective #seq: "local all_gather(count=8, f32) #3 on rank 1".
@@ -387,6 +399,12 @@ class local_group {
         lk.unlock();
         throw comm_error(what.str() + " aborted: " + why);
       }
+      if (returned_count_ > 0 && r.arrived < world_) {
+        std::string gone;
+        for (int q = 0; q < world_; ++q)
+          if (!r.present[q] && returned_[static_cast<std::size_t>(q)]) gone += (gone.empty() ? "" : ", ") + std::to_string(q);
+        if (!gone.empty()) fail(lk, what.str() + " cannot complete: rank(s) " + gone + " returned without issuing it");
+      }
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !done() && !aborted_) {
         std::string msg = what.str() + " timed out after " + std::to_string(timeout_.count()) + " ms " + phase;
         if (r.arrived < world_) msg += ": rank(s) " + missing(r) + " never issued it";
@@ -444,6 +462,8 @@ class local_group {
   std::map<std::uint64_t, round> rounds_;
   bool aborted_ = false;
   std::string reason_;
+  std::vector<bool> returned_;  // by rank: its function has returned (rank_returned)
+  int returned_count_ = 0;
 };
 
 }  // namespace fsdp::comm::detail
