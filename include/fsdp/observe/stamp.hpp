@@ -14,16 +14,16 @@
 // A flush never waits. A mark not complete yet stays pending, and so does every event it may turn out to precede
 // (the marks after it on its stream; on other streams and among the notes, whatever is later than the last
 // completed mark of its stream): nothing pending is lost or given a time it did not have, and a later flush
-// records it. The Model
-// flushes in synchronize() (where every stream has finished: everything is recorded), before a pass once
-// flush_above events are pending (so a program that never synchronizes keeps a bounded number of marks), and in
-// its destructor (close(): what never completed, a stream that did not finish, is dropped and counted there).
+// records it. The Model flushes in synchronize() (where every stream has finished: everything is recorded), before
+// a pass once flush_above events are pending (so a program that never synchronizes keeps a bounded number of
+// marks), and in its destructor (close(): what never completed, a stream that did not finish, is dropped and
+// counted there).
 //
 // The reference: a mark the backend records on a stream of its own that has no other work and waits for; its host
 // time is read once the wait returns, so it is late by at most that round trip (microseconds on a GPU), and stream
-// times are never earlier than they happened (as far as the GPU's clock and the host's run at one rate). One reference serves until no mark is pending (after a flush that
-// recorded everything); the next stamp takes a new one, so elapsed times stay short (cudaEventElapsedTime is a
-// float of milliseconds: 1e-7 of the span). A new reference's time is never earlier than the last time recorded,
+// times are never earlier than they happened (as far as the GPU's clock and the host's run at one rate). One
+// reference serves until no mark is pending (after a flush that recorded everything); the next stamp takes a new
+// one, so elapsed times stay short (cudaEventElapsedTime is a float of milliseconds: 1e-7 of the span). A new reference's time is never earlier than the last time recorded,
 // so each stream's times never decrease. A note and a stream event closer in time than the reference's round trip
 // may be recorded in either order.
 //
