@@ -13,8 +13,7 @@
 TEST_CASE("a build with --use_fast_math: backend::cuda refuses to start, naming the flag") {
   FSDP_REQUIRE_GPU();
   if (fsdp_test::simulated_gpu()) {  // its PTX has add.rn.ftz.f32, but GPGPU-Sim does not flush: nothing to see
-    MESSAGE("needs a real GPU: the simulator ignores .ftz");
-    std::printf("needs a real GPU: the simulator ignores .ftz\n");
+    fsdp_test::needs_real_gpu("the simulator ignores .ftz");
     return;
   }
   std::string what;

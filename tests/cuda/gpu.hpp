@@ -24,6 +24,15 @@
   } while (0)
 
 namespace fsdp_test {
+/// Says, once in the doctest report and once on stdout (where tools/sim-check counts "needs a real GPU:" lines),
+/// that the current case cannot show its point on this device: the caller then returns. For the simulated GPU.
+inline void needs_real_gpu(const std::string& why) {
+  const std::string line = "needs a real GPU: " + why;
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  MESSAGE(line);
+}
+
 /// True on GPGPU-Sim (../shared/gpgpu-sim): it runs every instruction on the host, about 1.6 million
 /// thread-instructions a second, so GPU tests keep to thousands of elements there and take the large sizes only
 /// on a real device. Its device name starts with "GPGPU-Sim".

@@ -281,8 +281,8 @@ TEST_CASE("on a real GPU, the pool does not grow after the first step: units bey
   FSDP_REQUIRE_GPU();
   if (fsdp_test::simulated_gpu()) {
     // not a skip of the whole program: this one case needs a real device, and says so
-    MESSAGE("needs a real GPU: the simulator's pool figures are bookkeeping, and 4 MiB units are too slow there");
-    std::printf("needs a real GPU: pool growth after the first step\n");
+    fsdp_test::needs_real_gpu("pool growth after the first step (the simulator's pool figures are bookkeeping, and "
+                              "4 MiB units are too slow there)");
     return;
   }
   using P = gpu_policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
@@ -500,9 +500,8 @@ void say_events_untimed() {
   static bool said = false;
   if (said) return;
   said = true;
-  MESSAGE("needs a real GPU: positive compute and communication times (the simulator's event clock counts whole seconds)");
-  std::printf("needs a real GPU: trace times from CUDA events (GPGPU-Sim's cudaEventElapsedTime counts whole seconds)\n");
-  std::fflush(stdout);
+  fsdp_test::needs_real_gpu("positive compute and communication times from CUDA events (GPGPU-Sim's "
+                            "cudaEventElapsedTime counts whole seconds)");
 }
 
 /// The same training with a recorder on the host backend (host callbacks) and on the CUDA backend (CUDA events).
