@@ -8,6 +8,8 @@
 //   exec/unit_executor.hpp     carries the decisions out on the backend and the communicator; owns the buffers
 //   plan/cost.hpp              what every buffer costs, for the executor and the planner alike
 //   unit/fsdp_unit.hpp         the view a trainer gets of a unit: typed param() and grad()
+//   agree/agree.hpp            the ranks compare a fingerprint of spec, policy, options and layout at construction
+//                              (one 16-byte all_gather per rank), before anything is allocated
 //
 // Model wires them: a pass moves the cursor and hands each unit's entry and exit to the scheduler, whose
 // decisions the executor carries out; an optimizer step (Model::step) closes the accumulation window.
@@ -26,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/agree/agree.hpp"
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
@@ -79,7 +82,17 @@ class Model {
                                                  facts_of_prefetch<prefetch>(), facts_of_precision<precision>(), opt_)),
         exec_(units_.index, comm, make_backend(comm), units_.layouts, comm.rank() % shard_world_,
               plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation),
-              exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_) {
+              exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
+              opt_.check_collectives) {
+    // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
+    agree::require_agreement(comm, backend(),
+                             model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(),
+                                               facts_of<strategy>(comm.size()), facts_of_prefetch<prefetch>(),
+                                               facts_of_precision<precision>(), opt_),
+                             "the model",
+                             "Every rank must construct its Model from the same ModelSpec, wrapping policy, "
+                             "fsdp::policy, default init rule and model_options");
+    backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
     if (opt_.gather_slots > 0)  // a slot count too small for the policy fails here, before any memory is touched
       if (const memory_plan p = plan_memory(0); !p.feasible())
         detail::fail_usage("model_options::gather_slots = ", opt_.gather_slots, " is too few for this policy: ",

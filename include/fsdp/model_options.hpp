@@ -70,6 +70,12 @@ struct model_options {
   int grad_slots = 2;
   /// The schedule of prefetch::explicit_schedule: which units to gather when a unit's forward/backward starts.
   prefetch_schedule prefetch;
+  /// Debug mode: before each collective of a unit (every gather and reduction, and gather_full_params), the
+  /// ranks compare its sequence number, unit, operation, count and dtype (fsdp/agree/agree.hpp), and every rank
+  /// throws a usage_error naming the first difference and both ranks, instead of running mismatched collectives.
+  /// Costs a 16-byte all_gather per rank and a wait for the gather stream per collective; its scratch buffers
+  /// (mem::comm_buffers, 16 * (world + 1) bytes at a time) are not in the memory plan. Every rank must set it alike.
+  bool check_collectives = false;
   /// Where to record the trace and the memory timeline (null: nothing is recorded).
   trace::recorder* recorder = nullptr;
 };

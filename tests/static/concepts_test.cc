@@ -212,7 +212,9 @@ TEST_CASE("a user-defined strategy plugs into the scheduler through its facts al
     for (auto& u : m.forward()) (void)u;
     for (auto& u : m.backward()) (void)u;
     m.synchronize();
-    CHECK(c.stats()[fsdp::collective::all_gather] == 4);  // resharded after forward: gathered twice
+    // the ranks' agreement at construction (fsdp/agree/agree.hpp), then each unit gathered twice (resharded after
+    // forward)
+    CHECK(c.stats()[fsdp::collective::all_gather] == 1 + 4);
     CHECK(c.stats()[fsdp::collective::reduce_scatter] == 2);
   });
 }

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/agree/agree.hpp"
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
@@ -85,12 +86,13 @@ class unit_executor {
   using stream = typename B::stream;
 
   /// `units`, `comm` and `stamp` must outlive the executor. `layouts` in unit-index order; `shard_rank`: this
-  /// rank's place in the units' shard group; `grad_slots`: gradient slots made before one is reused.
+  /// rank's place in the units' shard group; `grad_slots`: gradient slots made before one is reused;
+  /// `check_collectives`: model_options::check_collectives.
   unit_executor(const unit_index& units, C& comm, std::unique_ptr<B> backend, std::vector<FlatLayout> layouts,
                 int shard_rank, const plan::cost_facts& facts, const reduce_facts& reduce, int grad_slots,
-                trace::stamper<B>& stamp)
+                trace::stamper<B>& stamp, bool check_collectives = false)
       : units_(&units), comm_(&comm), be_(std::move(backend)), layouts_(std::move(layouts)), shard_rank_(shard_rank), facts_(facts),
-        reduce_(reduce), stamp_(&stamp), ranges_(units.names()), bufs_(layouts_.size()) {
+        reduce_(reduce), stamp_(&stamp), ranges_(units.names()), bufs_(layouts_.size()), check_(check_collectives) {
     cost_.reserve(layouts_.size());
     for (const auto& l : layouts_) cost_.push_back(plan::costs_of(l, facts_));
     const plan::slot_costs slots = plan::slot_costs_of(cost_);
@@ -182,10 +184,12 @@ class unit_executor {
     auto tmp = be_->allocate(full.bytes(), full.category, ag);
     be_->wait(ag, bufs_[u].shard_ready);
     label(u);
-    if (facts_.shards_params)
+    if (facts_.shards_params) {
+      check_next(collective::all_gather, c.shard_numel, c.master.type, u);
       comm_->all_gather(bufs_[u].master.data(), tmp.data(), c.shard_numel, c.master.type, ag);
-    else
+    } else {
       be_->copy(tmp.data(), bufs_[u].master.data(), full.bytes(), ag);
+    }
     be_->synchronize(ag);  // the watched wait first: a copy to pageable memory cannot be interrupted
     be_->download(out.data(), tmp.data(), full.bytes(), ag);
     be_->synchronize(ag);
@@ -223,6 +227,7 @@ class unit_executor {
     label(u);
     const dtype compute = c.gathered.type, master = c.master.type;
     if (facts_.shards_params) {
+      check_next(collective::all_gather, c.shard_numel, compute, u);
       if (compute == master) {
         comm_->all_gather(b.master.data(), b.params, c.shard_numel, compute, ag);
       } else {  // cast into this rank's slice, then gather in place
@@ -312,6 +317,7 @@ class unit_executor {
       be_->convert(src, src_type, src, src_type, c.padded_numel, reduce_.prescale, rs);
     }
     float* shard = b.grad_shard.template as<float>();
+    check_next(kind, facts_.shards_params ? c.shard_numel : c.padded_numel, reduce, u);
     if (facts_.shards_params) {
       out = out_ring_.take(*be_, rs);
       comm_->reduce_scatter(src, out_ring_.data(out), c.shard_numel, reduce, reduce_.op, rs);
@@ -335,6 +341,20 @@ class unit_executor {
     if constexpr (requires(C& c) { c.label(std::string_view{}); }) comm_->label(units_->name(u));
   }
 
+  /// model_options::check_collectives: the ranks compare the collective about to be issued for unit u (on the
+  /// gather stream, which the host waits for) and every rank throws the same usage_error when they differ.
+  void check_next(collective kind, std::int64_t count, dtype t, std::size_t u) {
+    if (!check_) return;
+    fingerprint next;
+    next.add("", "the sequence number", std::to_string(checked_++));
+    next.add("", "the unit", agree::in_quotes(units_->name(u)));
+    next.add("", "the operation", std::string(name_of(kind)));
+    next.add("", "the count", std::to_string(count));
+    next.add("", "the dtype", std::string(name_of(t)));
+    agree::require_agreement(*comm_, *be_, next, "the next collective (model_options::check_collectives)",
+                             "Every rank must enter the same units in the same order");
+  }
+
   const unit_index* units_;
   C* comm_;
   std::unique_ptr<B> be_;  // before the buffers: destroyed after them
@@ -347,6 +367,8 @@ class unit_executor {
   std::vector<plan::unit_costs> cost_;
   std::vector<unit_buffers<B>> bufs_;
   slot_ring<B> gather_ring_, grad_ring_, in_ring_, out_ring_;  // destroyed first: their memory goes before the backend
+  bool check_ = false;
+  std::uint64_t checked_ = 0;  // collectives compared so far (check_collectives)
 };
 
 }  // namespace fsdp::exec

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <variant>
 
+#include "fsdp/core/hash.hpp"
+
 namespace fsdp::init {
 
 /// Normal(mean, std) per element.
@@ -32,14 +34,7 @@ using rule = std::variant<normal, uniform, constant>;
 
 namespace detail {
 /// FNV-1a over the parameter name: ties the stream of values to the name, not to a position in the spec.
-constexpr std::uint64_t name_hash(std::string_view s) noexcept {
-  std::uint64_t h = 1469598103934665603ull;
-  for (char c : s) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+constexpr std::uint64_t name_hash(std::string_view s) noexcept { return fnv1a64(s); }
 /// splitmix64 finaliser: a counter-based generator, so element i needs no state from element i-1.
 constexpr std::uint64_t mix(std::uint64_t x) noexcept {
   x += 0x9e3779b97f4a7c15ull;

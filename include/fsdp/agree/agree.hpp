@@ -1,0 +1,92 @@
+#pragma once
+// Ranks compare fingerprints (fsdp/agree/fingerprint.hpp) through any CollectivePolicy, on the backend's gather
+// stream, before anything else is allocated or initialised:
+//
+//   1. every rank all-gathers a 16-byte digest of its fingerprint (FNV-1a of the encoded facts, and their length):
+//      one all_gather of 4 f32 elements, the only collective when the ranks agree;
+//   2. when any digest differs, every rank all-gathers every rank's encoded facts (padded to the longest), finds the
+//      lowest rank whose digest differs from rank 0's and compares the two fact by fact.
+//
+// Every rank takes the same decision from the same gathered bytes, so every rank throws the same usage_error,
+// naming the first differing fact and both ranks. The scratch buffers (mem::comm_buffers) are released before the
+// function returns; a group of one compares nothing and issues nothing.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/agree/fingerprint.hpp"
+#include "fsdp/backend/concept.hpp"
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::agree {
+
+namespace wire {
+/// Every rank's `mine` (bytes, a multiple of 4) through one all_gather of f32 elements on `s`.
+template <Backend B, CollectivePolicy C>
+std::string all_gather_bytes(C& comm, B& be, const std::string& mine) {
+  auto& s = be.gather_stream();
+  const int world = comm.size();
+  const std::int64_t bytes = static_cast<std::int64_t>(mine.size());
+  auto send = be.allocate(bytes, mem::comm_buffers, s);
+  auto recv = be.allocate(bytes * world, mem::comm_buffers, s);
+  be.upload(send.data(), mine.data(), bytes, s);
+  comm.all_gather(send.data(), recv.data(), bytes / 4, dtype::f32, s);
+  std::string out(static_cast<std::size_t>(bytes * world), '\0');
+  be.synchronize(s);  // the collective's wait first (a copy to pageable memory cannot be interrupted)
+  be.download(out.data(), recv.data(), bytes * world, s);
+  be.release_after(std::move(send), s);
+  be.release_after(std::move(recv), s);
+  be.synchronize(s);
+  return out;
+}
+
+inline void put64(std::string& out, std::uint64_t v) {
+  for (int b = 0; b < 8; ++b) out.push_back(static_cast<char>((v >> (8 * b)) & 0xff));
+}
+inline std::uint64_t get64(std::string_view in, std::size_t at) {
+  std::uint64_t v = 0;
+  for (int b = 0; b < 8; ++b) v |= std::uint64_t(static_cast<unsigned char>(in[at + b])) << (8 * b);
+  return v;
+}
+}  // namespace wire
+
+/// Compares `mine` with every other rank's (collective: every rank of `comm` calls it). Throws usage_error
+/// "ranks disagree on <what>: <first difference>. <fix>" on every rank when they differ.
+template <Backend B, CollectivePolicy C>
+void require_agreement(C& comm, B& be, const fingerprint& mine, std::string_view what, std::string_view fix) {
+  const int world = comm.size();
+  if (world <= 1) return;
+  const std::string encoded = mine.encode();
+  std::string digest;
+  wire::put64(digest, fnv1a64(encoded));
+  wire::put64(digest, encoded.size());
+  const std::string digests = wire::all_gather_bytes(comm, be, digest);
+  int differs = -1;  // the lowest rank whose digest is not rank 0's
+  for (int q = 1; q < world && differs < 0; ++q)
+    if (digests.compare(static_cast<std::size_t>(q) * 16, 16, digests, 0, 16) != 0) differs = q;
+  if (differs < 0) return;
+
+  std::uint64_t longest = 0;
+  for (int q = 0; q < world; ++q) longest = std::max(longest, wire::get64(digests, static_cast<std::size_t>(q) * 16 + 8));
+  const std::size_t padded = static_cast<std::size_t>((longest + 3) / 4 * 4);
+  std::string mine_padded = encoded;
+  mine_padded.resize(std::max<std::size_t>(padded, 4), '\0');
+  const std::string all = wire::all_gather_bytes(comm, be, mine_padded);
+  auto facts_of = [&](int q) {
+    const std::size_t n = static_cast<std::size_t>(wire::get64(digests, static_cast<std::size_t>(q) * 16 + 8));
+    return fingerprint::decode(std::string_view(all).substr(static_cast<std::size_t>(q) * mine_padded.size(), n), q);
+  };
+  const fingerprint first = facts_of(0), other = facts_of(differs);
+  const std::optional<std::string> diff = first.first_difference(other, 0, differs);
+  fsdp::detail::fail_usage("ranks disagree on ", what, ": ",
+                           diff ? *diff
+                                : fsdp::detail::cat("rank 0 and rank ", differs,
+                                                    " sent different digests of equal facts (corrupted in transit?)"),
+                           ". ", fix);
+}
+
+}  // namespace fsdp::agree
