@@ -1,7 +1,8 @@
 // Trains a 4-layer MLP with N thread ranks on the host backend and prints per-step progress and, at the end,
 // every rank's peak memory by category next to the planner's prediction. With --trace FILE it also records the
 // run, writes a Chrome-trace timeline to FILE and prints where rank 0's last step spent its time.
-//   bazel run //examples/01_mlp_host -- --ranks 4 [--steps 50] [--strategy full_shard|shard_grad_op|no_shard]
+//   bazel run //examples/01_mlp_host -- --ranks 4 [--steps 50]
+//       [--strategy full_shard|shard_grad_op|no_shard|hybrid_shard|hybrid_shard_zero2 [--shard-group 2|4]]
 //       [--optimizer adamw|sgd] [--batch 48] [--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K]
 //       [--no-sync] [--keep-gathered] [--clip MAX_NORM] [--trace trace.json]
 #include <cstdio>
@@ -19,7 +20,8 @@ namespace {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "error: %s\nusage: mlp_host [--ranks N] [--steps S] [--batch B] "
-               "[--strategy full_shard|shard_grad_op|no_shard] [--optimizer adamw|sgd] [--lr X] "
+               "[--strategy full_shard|shard_grad_op|no_shard|hybrid_shard|hybrid_shard_zero2] [--shard-group 2|4] "
+               "[--optimizer adamw|sgd] [--lr X] "
                "[--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K] [--no-sync] [--keep-gathered] "
                "[--clip MAX_NORM] [--trace FILE]\n",
                why);
@@ -43,8 +45,10 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
   for (std::size_t i = 1; i < cfg.dims.size(); ++i) std::printf("-%d", cfg.dims[i]);
   const auto pf = fsdp::facts_of_precision<Precision>();
   const auto& acc = cfg.model.accumulation;
-  std::printf(", %s, %d thread ranks, global batch %d, %s, %s compute, %s reduction", std::string(Strategy::name).c_str(),
-              ranks, cfg.global_batch, cfg.optimizer.c_str(), std::string(fsdp::name_of(pf.compute)).c_str(),
+  const fsdp::device_mesh mesh = fsdp::mesh_of<Strategy>(ranks);
+  std::printf(", %s, %d thread ranks", std::string(Strategy::name).c_str(), ranks);
+  if (mesh.hybrid()) std::printf(" (%d replicas x %d shards)", mesh.replicas, mesh.shards);
+  std::printf(", global batch %d, %s, %s compute, %s reduction", cfg.global_batch, cfg.optimizer.c_str(), std::string(fsdp::name_of(pf.compute)).c_str(),
               std::string(fsdp::name_of(pf.reduce)).c_str());
   if (acc.micro_batches > 1)
     std::printf(", %d micro-batches (%s%s)", acc.micro_batches,
@@ -97,6 +101,7 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
 int main(int argc, char** argv) {
   int ranks = 4;
   std::string strategy = "full_shard", precision = "fp32";
+  int shard_group = 2;  // the hybrid strategies: ranks per shard group
   std::string trace_path;
   mlp::config cfg;
   cfg.steps = 50;
@@ -111,6 +116,7 @@ int main(int argc, char** argv) {
     else if (a == "--steps") cfg.steps = to_int(value(), "--steps");
     else if (a == "--batch") cfg.global_batch = to_int(value(), "--batch");
     else if (a == "--strategy") strategy = value();
+    else if (a == "--shard-group") shard_group = to_int(value(), "--shard-group");
     else if (a == "--optimizer") cfg.optimizer = value();
     else if (a == "--lr") cfg.lr = std::strtof(value(), nullptr);
     else if (a == "--precision") precision = value();
@@ -135,6 +141,16 @@ int main(int argc, char** argv) {
       if (strategy == "full_shard") return run<fsdp::sharding::full_shard, P>(ranks, cfg, trace_path);
       if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op, P>(ranks, cfg, trace_path);
       if (strategy == "no_shard") return run<fsdp::sharding::no_shard, P>(ranks, cfg, trace_path);
+      if (strategy == "hybrid_shard" || strategy == "hybrid_shard_zero2") {  // replicas x shard group
+        const bool zero2 = strategy == "hybrid_shard_zero2";
+        if (shard_group == 2)
+          return zero2 ? run<fsdp::sharding::hybrid_shard_zero2<2>, P>(ranks, cfg, trace_path)
+                       : run<fsdp::sharding::hybrid_shard<2>, P>(ranks, cfg, trace_path);
+        if (shard_group == 4)
+          return zero2 ? run<fsdp::sharding::hybrid_shard_zero2<4>, P>(ranks, cfg, trace_path)
+                       : run<fsdp::sharding::hybrid_shard<4>, P>(ranks, cfg, trace_path);
+        usage("--shard-group must be 2 or 4 for the hybrid strategies");
+      }
       usage(("unknown strategy " + strategy).c_str());
     };
     using fsdp::bfloat16;

@@ -74,13 +74,13 @@ class Model {
       : comm_(&comm),
         spec_(spec),
         opt_(std::move(opt)),
-        shard_world_(shard_group_of(comm.size())),
+        mesh_(mesh_for(comm)),
         stamp_(opt_.recorder, comm.rank()),
-        units_(build_units(spec_, wrap, shard_world_, opt_.layout)),
+        units_(build_units(spec_, wrap, mesh_.shards, opt_.layout)),
         cursor_(units_.index, opt_.forward_order, opt_.record_order),
         sched_(units_.index, sched::build_config(units_.index, facts_of<strategy>(comm.size()),
                                                  facts_of_prefetch<prefetch>(), facts_of_precision<precision>(), opt_)),
-        exec_(units_.index, comm, make_backend(comm), units_.layouts, comm.rank() % shard_world_,
+        exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
               plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation),
               exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
               opt_.check_collectives) {
@@ -93,6 +93,7 @@ class Model {
                              "Every rank must construct its Model from the same ModelSpec, wrapping policy, "
                              "fsdp::policy, default init rule and model_options");
     backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
+    if (mesh_.hybrid()) make_groups();
     if (opt_.gather_slots > 0)  // a slot count too small for the policy fails here, before any memory is touched
       if (const memory_plan p = plan_memory(0); !p.feasible())
         detail::fail_usage("model_options::gather_slots = ", opt_.gather_slots, " is too few for this policy: ",
@@ -146,8 +147,15 @@ class Model {
   backend_type& backend() noexcept { return exec_.backend(); }
   memory_stats memory() const { return exec_.backend().memory().stats(); }
   /// Ranks a unit is sharded over, and replicated over (their product is the world).
-  int shard_group_size() const noexcept { return shard_world_; }
-  int replicate_group_size() const noexcept { return comm_->size() / shard_world_; }
+  int shard_group_size() const noexcept { return mesh_.shards; }
+  int replicate_group_size() const noexcept { return mesh_.replicas; }
+  /// Where this rank's group sits: replicas x shards, this rank at (mesh().replica(rank), mesh().shard_rank(rank)).
+  const device_mesh& mesh() const noexcept { return mesh_; }
+  /// The communicator of this rank's shard group (all-gathers and reduce-scatters): comm() unless hybrid.
+  communicator& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : *comm_; }
+  /// The communicator of this rank's replicate group (the all-reduce of reduced shards under hybrid sharding);
+  /// null unless hybrid.
+  communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
   const model_options& options() const noexcept { return opt_; }
   static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
   /// Steps begun so far: a forward pass after an optimizer step (or the first one) begins the next.
@@ -339,23 +347,31 @@ class Model {
   };
 
   // ---- set-up ------------------------------------------------------------------------------------------------
-  /// The strategy's shard group in a world of `world` ranks: the whole world, or one rank. Anything else (hybrid
-  /// sharding) is refused with a sentence: its collectives would need sub-group communicators.
-  static int shard_group_of(int world) {
-    if (world <= 0) detail::fail_usage("world size must be positive, got ", world);
-    const int g = strategy::shard_group_size(world), r = strategy::replicate_group_size(world);
-    if (g <= 0 || world % g != 0)
-      detail::fail_usage("sharding strategy ", strategy::name, " gives a shard group of ", g,
-                         " ranks, which does not divide the world of ", world);
-    if (g != 1 && g != world)
-      detail::fail_usage("sharding strategy ", strategy::name, " shards over ", g, " of ", world,
-                         " ranks: a shard group smaller than the world (hybrid sharding) is not supported yet; "
-                         "shard over the whole world (shard_group_size(world) == world) or replicate "
-                         "(shard_group_size(world) == 1)");
-    if (g * r != world)
-      detail::fail_usage("sharding strategy ", strategy::name, " gives a shard group of ", g, " and a replicate group of ",
-                         r, " ranks, whose product is not the world of ", world);
-    return g;
+  /// The strategy's mesh over the communicator's world. A hybrid mesh (replicated shard groups) needs sub-group
+  /// communicators: a communicator without split(color, key) is refused here, before anything is issued.
+  static device_mesh mesh_for(const communicator& comm) {
+    const device_mesh m = mesh_of<strategy>(comm.size());
+    if constexpr (!splittable)
+      if (m.hybrid())
+        detail::fail_usage("sharding strategy ", strategy::name, " shards over ", m.shards, " of ", comm.size(),
+                           " ranks and replicates over ", m.replicas,
+                           " (hybrid sharding), which needs a communicator with split(color, key) to make the shard "
+                           "and replicate groups; this policy's communicator has none (comm::local and comm::mpi do)");
+    return m;
+  }
+  static constexpr bool splittable = requires(communicator& c) {
+    { c.split(0, 0) } -> std::same_as<communicator>;
+  };
+
+  /// Hybrid sharding: the shard group (ranks of this replica) and the replicate group (ranks at this shard
+  /// position), split from the world in that order on every rank; the executor issues on them from now on.
+  void make_groups() {
+    if constexpr (splittable) {
+      const int r = comm_->rank();
+      shard_comm_.reset(new communicator(comm_->split(mesh_.replica(r), r)));
+      replicate_comm_.reset(new communicator(comm_->split(mesh_.shard_rank(r), r)));
+      exec_.use_groups(*shard_comm_, replicate_comm_.get());
+    }
   }
 
   template <WrappingPolicy W>
@@ -460,9 +476,10 @@ class Model {
   }
 
   communicator* comm_;
+  std::unique_ptr<communicator> shard_comm_, replicate_comm_;  // hybrid sharding only; outlive the executor
   ModelSpec spec_;
   model_options opt_;
-  int shard_world_;
+  device_mesh mesh_;
   trace::stamper<backend_type> stamp_;
   built_units units_;
   sched::pass_cursor cursor_;

@@ -26,9 +26,10 @@ std::vector<mlp::result> train(int world, const char* optimizer, fsdp::model_opt
 }
 
 template <class Strategy, class Prefetch, class Precision = fsdp::precision::full>
-void check_plan_matches(fsdp::model_options mo = {}, fsdp::grad::options g = {}) {
+void check_plan_matches(fsdp::model_options mo = {}, fsdp::grad::options g = {},
+                        std::vector<int> worlds = {1, 3, 4}) {
   using Policy = fsdp::policy<Strategy, Prefetch, Precision>;
-  for (int world : {1, 3, 4})
+  for (int world : worlds)
     for (const char* optimizer : {"adamw", "sgd"}) {
       CAPTURE(world);
       CAPTURE(optimizer);
@@ -66,6 +67,18 @@ TEST_CASE("planned peak equals measured peak, per category, for every strategy a
   check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next>();
   check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::backward_post>();
   check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::depth<3, 3>>();
+}
+
+TEST_CASE("planned peak equals measured peak for hybrid sharding (2 x 2, 4 x 2, 2 x 4), every precision") {
+  using fsdp::bfloat16;
+  using fsdp::precision::mixed;
+  using fsdp::sharding::hybrid_shard;
+  using fsdp::sharding::hybrid_shard_zero2;
+  check_plan_matches<hybrid_shard<2>, fsdp::prefetch::next>({}, {}, {4, 8});
+  check_plan_matches<hybrid_shard<4>, fsdp::prefetch::backward_pre<2>, mixed<bfloat16>>({}, {}, {8});
+  check_plan_matches<hybrid_shard<2>, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>({}, {.max_norm = 1.0f}, {4});
+  check_plan_matches<hybrid_shard_zero2<2>, fsdp::prefetch::next, mixed<bfloat16>>({}, {}, {4});
+  check_plan_matches<hybrid_shard_zero2<4>, fsdp::prefetch::next>({}, {}, {8});
 }
 
 TEST_CASE("planned equals measured under gather slots, per-unit resharding, explicit schedules and orders") {

@@ -220,7 +220,7 @@ TEST_CASE("a user-defined strategy plugs into the scheduler through its facts al
 }
 
 namespace archetype {
-/// Shards over half the world: a hybrid strategy, which the model refuses until it can run one.
+/// Shards over half the world: a hybrid strategy (2 replicas of a shard group of world / 2).
 struct half_world {
   using sharding_concept = fsdp::sharding_tag;
   static constexpr std::string_view name = "half_world";
@@ -229,20 +229,55 @@ struct half_world {
   static constexpr int shard_group_size(int w) { return w > 1 ? w / 2 : 1; }
   static constexpr int replicate_group_size(int w) { return w > 1 ? 2 : 1; }
 };
+
+/// A user's communicator over comm::local that has every collective but no split(color, key).
+struct unsplittable {
+  using backend_type = fsdp::backend::host;
+  using stream = backend_type::stream;
+  fsdp::comm::local_communicator* c;
+  int rank() const { return c->rank(); }
+  int size() const { return c->size(); }
+  void all_gather(const void* s, void* r, std::int64_t n, fsdp::dtype t, stream& st) { c->all_gather(s, r, n, t, st); }
+  void reduce_scatter(const void* s, void* r, std::int64_t n, fsdp::dtype t, fsdp::reduce_op op, stream& st) {
+    c->reduce_scatter(s, r, n, t, op, st);
+  }
+  void all_reduce(const void* s, void* r, std::int64_t n, fsdp::dtype t, fsdp::reduce_op op, stream& st) {
+    c->all_reduce(s, r, n, t, op, st);
+  }
+  void broadcast(const void* s, void* r, std::int64_t n, fsdp::dtype t, int root, stream& st) {
+    c->broadcast(s, r, n, t, root, st);
+  }
+  void barrier() { c->barrier(); }
+  fsdp::collective_stats stats() const { return c->stats(); }
+};
+struct unsplittable_comm {
+  using backend_type = fsdp::backend::host;
+  using communicator = unsplittable;
+};
 }  // namespace archetype
 
-TEST_CASE("a strategy whose shard group is neither one rank nor the world is refused with a sentence") {
-  // Accepted by the concept (it cannot know the world size). Before this check, the first forward at 4 ranks
-  // all-gathered the whole world into a buffer laid out for 2 ranks: a heap-buffer-overflow (AddressSanitizer, in
-  // the local group's copy).
+TEST_CASE("a strategy whose shard group is neither one rank nor the world: hybrid on a communicator that splits") {
+  // Accepted by the concept (it cannot know the world size). Before hybrid sharding, the first forward at 4 ranks
+  // all-gathered the whole world into a buffer laid out for 2 ranks (a heap-buffer-overflow), then the model
+  // refused it; now comm::local splits into a 2 x 2 mesh, and a communicator without split is refused.
   fsdp::ModelSpec spec;
   spec.add("a.w", {5, 3}).add("b.w", {7});
   fsdp_test::run_ranks(4, [&](fsdp::comm::local_communicator& c) {
+    fsdp::Model<fsdp::policy<archetype::half_world>> m(c, spec, fsdp::wrap::by_size{8});
+    CHECK(m.mesh().replicas == 2);
+    CHECK(m.mesh().shards == 2);
+    CHECK(m.shard_comm().size() == 2);
+    CHECK(m.shard_comm().rank() == c.rank() % 2);
+    REQUIRE(m.replicate_comm() != nullptr);
+    CHECK(m.replicate_comm()->size() == 2);
+    CHECK(m.replicate_comm()->rank() == c.rank() / 2);
+    archetype::unsplittable u{&c};
     CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
-            fsdp::Model<fsdp::policy<archetype::half_world>>(c, spec, fsdp::wrap::by_size{8});
-          }) == "fsdp: sharding strategy half_world shards over 2 of 4 ranks: a shard group smaller than the world "
-                "(hybrid sharding) is not supported yet; shard over the whole world (shard_group_size(world) == world) "
-                "or replicate (shard_group_size(world) == 1)");
+            fsdp::Model<fsdp::policy<archetype::half_world, fsdp::prefetch::next, fsdp::precision::full,
+                                     archetype::unsplittable_comm>>(u, spec, fsdp::wrap::by_size{8});
+          }) == "fsdp: sharding strategy half_world shards over 2 of 4 ranks and replicates over 2 (hybrid sharding), "
+                "which needs a communicator with split(color, key) to make the shard and replicate groups; this "
+                "policy's communicator has none (comm::local and comm::mpi do)");
   });
   fsdp_test::run_ranks(1, [&](fsdp::comm::local_communicator& c) {  // at one rank it is full_shard
     fsdp::Model<fsdp::policy<archetype::half_world>> m(c, spec, fsdp::wrap::by_size{8});

@@ -69,6 +69,23 @@ class local_communicator {
     if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
     issue({int(collective::broadcast), count, t, reduce_op::sum, root}, send, recv, s, count);
   }
+  /// Collective (every rank of the group calls it, in the same order as its other collectives): the ranks that
+  /// pass the same `color` (>= 0) form a new group, ranked by (key, rank), as MPI_Comm_split does. Runs on the
+  /// calling thread and is not counted in stats(). The new group shares the timeout, link model and delay
+  /// injection (whose rank is then the rank in the new group); an abort of this group, or a rank of it returning,
+  /// reaches it.
+  local_communicator split(int color, int key) {
+    if (color < 0) fsdp::detail::fail_usage("split on rank ", rank_, ": color must be >= 0, got ", color);
+    const std::int32_t mine[2] = {color, key};
+    std::vector<std::int32_t> all(static_cast<std::size_t>(2 * size()));
+    // an all_gather of 2 x 4 bytes per rank, on this thread (the count is in f32 elements of the same size)
+    g_->run(seq_++, rank_, detail::op_desc{int(collective::all_gather), 2, dtype::f32, reduce_op::sum, 0}, mine, all.data());
+    std::vector<std::pair<int, int>> pairs;
+    for (int q = 0; q < size(); ++q) pairs.emplace_back(all[2 * q], all[2 * q + 1]);
+    auto [group, place] = g_->sub_group(splits_++, rank_, pairs);
+    return local_communicator(std::move(group), place, backend_opt_);
+  }
+
   /// Blocks the calling thread until every rank has reached its matching barrier.
   void barrier() { g_->run(seq_++, rank_, detail::op_desc{-1, 0, dtype::f32, reduce_op::sum, 0}, nullptr, nullptr); }
 
@@ -101,6 +118,7 @@ class local_communicator {
   int rank_;
   backend::host_options backend_opt_;
   std::uint64_t seq_ = 0;
+  std::uint64_t splits_ = 0;
   mutable std::mutex mu_;
   collective_stats stats_;
 };

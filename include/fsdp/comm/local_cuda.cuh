@@ -155,7 +155,7 @@ class local_cuda_communicator {
       if (!marked) (void)cudaGetLastError();
       if (tmp) FSDP_CUDA_LOG(cudaFreeAsync(tmp, s.get()));
       const std::vector<const void*> dones =
-          g_->abandon(seq, rank_, marked ? done_.get() : nullptr, detail::local_group::describe(d, seq, rank_) + " failed: " + e.what());
+          g_->abandon(seq, rank_, marked ? done_.get() : nullptr, g_->describe(d, seq, rank_) + " failed: " + e.what());
       wait_on_host(dones, seq);
       throw;
     }

@@ -19,7 +19,9 @@
 //                   grad slot is given back on the compute stream
 //   reduce(u)       reduce stream, after compute's writes: the source (the gradient, or the accumulator plus the
 //                   last gradient) cast to the reduce dtype and pre-divided (or scaled in place), reduce-scattered
-//                   (all-reduced when replicated), added into the fp32 gradient shard with the post-division;
+//                   (all-reduced when replicated; under hybrid sharding reduce-scattered in the shard group, then
+//                   the reduced shard all-reduced in place across the replicate group), added into the fp32
+//                   gradient shard with the post-division;
 //                   then every slot is given back (and the accumulator freed) on the reduce stream. Records
 //                   "reduced".
 //
@@ -91,7 +93,7 @@ class unit_executor {
   unit_executor(const unit_index& units, C& comm, std::unique_ptr<B> backend, std::vector<FlatLayout> layouts,
                 int shard_rank, const plan::cost_facts& facts, const reduce_facts& reduce, int grad_slots,
                 trace::stamper<B>& stamp, bool check_collectives = false)
-      : units_(&units), comm_(&comm), be_(std::move(backend)), layouts_(std::move(layouts)), shard_rank_(shard_rank), facts_(facts),
+      : units_(&units), world_(&comm), comm_(&comm), be_(std::move(backend)), layouts_(std::move(layouts)), shard_rank_(shard_rank), facts_(facts),
         reduce_(reduce), stamp_(&stamp), ranges_(units.names()), bufs_(layouts_.size()), check_(check_collectives) {
     cost_.reserve(layouts_.size());
     for (const auto& l : layouts_) cost_.push_back(plan::costs_of(l, facts_));
@@ -109,7 +111,14 @@ class unit_executor {
 
   B& backend() noexcept { return *be_; }
   const B& backend() const noexcept { return *be_; }
+  /// The communicator of the units' shard group (the world's unless use_groups() was called).
   C& comm() noexcept { return *comm_; }
+  /// Hybrid sharding: gathers and reduce-scatters on `shard` from now on, and each reduce-scattered shard is
+  /// all-reduced on `replicate` (null: no replicas). Both must outlive the executor.
+  void use_groups(C& shard, C* replicate) {
+    comm_ = &shard;
+    replicas_ = replicate;
+  }
   std::size_t size() const noexcept { return layouts_.size(); }
   const std::vector<FlatLayout>& layouts() const noexcept { return layouts_; }
   const FlatLayout& layout(std::size_t u) const { return layouts_.at(u); }
@@ -321,6 +330,10 @@ class unit_executor {
     if (facts_.shards_params) {
       out = out_ring_.take(*be_, rs);
       comm_->reduce_scatter(src, out_ring_.data(out), c.shard_numel, reduce, reduce_.op, rs);
+      if (replicas_) {  // hybrid: the shard group's reduced shard, reduced across the replicas in place
+        check_next(collective::all_reduce, c.shard_numel, reduce, u);
+        replicas_->all_reduce(out_ring_.data(out), out_ring_.data(out), c.shard_numel, reduce, reduce_.op, rs);
+      }
       be_->accumulate(shard, out_ring_.data(out), reduce, c.shard_numel, reduce_.postscale, rs);
     } else {
       comm_->all_reduce(src, src, c.padded_numel, reduce, reduce_.op, rs);
@@ -338,7 +351,10 @@ class unit_executor {
   /// Tells a communicator that keeps one (comm::nccl) which unit the next collective is for, so that a timeout
   /// names it.
   void label(std::size_t u) {
-    if constexpr (requires(C& c) { c.label(std::string_view{}); }) comm_->label(units_->name(u));
+    if constexpr (requires(C& c) { c.label(std::string_view{}); }) {
+      comm_->label(units_->name(u));
+      if (replicas_) replicas_->label(units_->name(u));
+    }
   }
 
   /// model_options::check_collectives: the ranks compare the collective about to be issued for unit u (on the
@@ -351,12 +367,14 @@ class unit_executor {
     next.add("", "the operation", std::string(name_of(kind)));
     next.add("", "the count", std::to_string(count));
     next.add("", "the dtype", std::string(name_of(t)));
-    agree::require_agreement(*comm_, *be_, next, "the next collective (model_options::check_collectives)",
+    agree::require_agreement(*world_, *be_, next, "the next collective (model_options::check_collectives)",
                              "Every rank must enter the same units in the same order");
   }
 
   const unit_index* units_;
-  C* comm_;
+  C* world_;                 // every rank: what check_next compares over
+  C* comm_;                  // the shard group: gathers and reduce-scatters (all-reduces under no_shard)
+  C* replicas_ = nullptr;    // the replicate group under hybrid sharding
   std::unique_ptr<B> be_;  // before the buffers: destroyed after them
   std::vector<FlatLayout> layouts_;
   int shard_rank_;

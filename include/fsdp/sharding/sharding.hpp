@@ -14,8 +14,9 @@ struct sharding_tag {};
 /// - `shards_params`: parameters live sharded between uses (gathered for compute, released after);
 /// - `reshard_after_forward`: a unit's gathered parameters are released when its forward ends (else they are
 ///   kept until its backward ends);
-/// - `shard_group_size(world)` / `replicate_group_size(world)`: ranks a unit is sharded over / replicated over.
-///   Gradients are reduce-scattered over the shard group and all-reduced over the replicate group.
+/// - `shard_group_size(world)` / `replicate_group_size(world)`: ranks a unit is sharded over / replicated over
+///   (their product is the world; device_mesh says which rank is where). Gradients are reduce-scattered over the
+///   shard group and all-reduced over the replicate group.
 template <class S>
 concept ShardingStrategy = requires(int world) {
   typename S::sharding_concept;
@@ -61,7 +62,47 @@ struct no_shard {
   static constexpr int replicate_group_size(int world) { return world; }
 };
 
+/// HSDP: full_shard inside groups of `ShardGroup` consecutive ranks (a node), replicated across the world /
+/// ShardGroup groups; gradients are reduce-scattered inside the shard group, then all-reduced across replicas.
+/// Needs a communicator with split(color, key) (comm::local, comm::mpi).
+template <int ShardGroup>
+struct hybrid_shard {
+  static_assert(ShardGroup >= 1, "fsdp::sharding::hybrid_shard: the shard group must have at least one rank");
+  using sharding_concept = sharding_tag;
+  static constexpr std::string_view name = "hybrid_shard";
+  static constexpr bool shards_params = true;
+  static constexpr bool reshard_after_forward = true;
+  static constexpr int shard_group_size(int) { return ShardGroup; }
+  static constexpr int replicate_group_size(int world) { return world / ShardGroup; }
+};
+
+/// hybrid_shard with shard_grad_op inside the shard group: parameters stay gathered from a unit's forward until
+/// its backward ends.
+template <int ShardGroup>
+struct hybrid_shard_zero2 {
+  static_assert(ShardGroup >= 1, "fsdp::sharding::hybrid_shard_zero2: the shard group must have at least one rank");
+  using sharding_concept = sharding_tag;
+  static constexpr std::string_view name = "hybrid_shard_zero2";
+  static constexpr bool shards_params = true;
+  static constexpr bool reshard_after_forward = false;
+  static constexpr int shard_group_size(int) { return ShardGroup; }
+  static constexpr int replicate_group_size(int world) { return world / ShardGroup; }
+};
+
 }  // namespace sharding
+
+/// Where a rank sits in a world of replicas x shards (row-major: the ranks of one shard group are consecutive,
+/// as the ranks of one node are under the usual launchers). The layout is built for `shards` ranks and the
+/// executor takes shard_rank() of it; the Model splits its communicator by replica() (the shard group) and by
+/// shard_rank() (the replicate group), so all of them read this one mapping.
+struct device_mesh {
+  int replicas = 1;
+  int shards = 1;
+  int world() const noexcept { return replicas * shards; }
+  int shard_rank(int rank) const noexcept { return rank % shards; }
+  int replica(int rank) const noexcept { return rank / shards; }
+  bool hybrid() const noexcept { return replicas > 1 && shards > 1; }
+};
 
 /// The strategy's facts as values, for code that is not a template (planner, reports).
 struct strategy_facts {
@@ -71,6 +112,20 @@ struct strategy_facts {
   int shard_group;
   int replicate_group;
 };
+
+/// The mesh of strategy S over `world` ranks; usage_error when its groups do not tile the world.
+template <ShardingStrategy S>
+device_mesh mesh_of(int world) {
+  if (world <= 0) detail::fail_usage("world size must be positive, got ", world);
+  const int g = S::shard_group_size(world), r = S::replicate_group_size(world);
+  if (g <= 0 || world % g != 0)
+    detail::fail_usage("sharding strategy ", S::name, " gives a shard group of ", g,
+                       " ranks, which does not divide the world of ", world);
+  if (g * r != world)
+    detail::fail_usage("sharding strategy ", S::name, " gives a shard group of ", g, " and a replicate group of ", r,
+                       " ranks, whose product is not the world of ", world);
+  return {r, g};
+}
 
 template <ShardingStrategy S>
 constexpr strategy_facts facts_of(int world) {

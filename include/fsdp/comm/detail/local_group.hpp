@@ -7,15 +7,18 @@
 // two streams' collectives overlap each other only on two communicators.
 // Every wait has a deadline: a rank that never arrives, or arrives with a different collective, makes every
 // rank fail with an error that names the collective, its sequence number and the ranks at fault.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
@@ -80,7 +83,8 @@ class local_group {
   int size() const noexcept { return world_; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
-  /// Makes every current and future wait of the group fail with `reason` (first reason wins).
+  /// Makes every current and future wait of the group, and of its sub-groups, fail with `reason` (first reason
+  /// wins).
   void abort(const std::string& reason) noexcept {
     {
       std::lock_guard lk(mu_);
@@ -90,6 +94,7 @@ class local_group {
       }
     }
     cv_.notify_all();
+    for (const auto& c : children()) c.group->abort(reason);
   }
   bool aborted() const {
     std::lock_guard lk(mu_);
@@ -105,11 +110,54 @@ class local_group {
       returned_[static_cast<std::size_t>(rank)] = true;
     }
     cv_.notify_all();
+    for (const auto& c : children())  // the sub-groups it belongs to learn it too
+      for (std::size_t i = 0; i < c.members.size(); ++i)
+        if (c.members[i] == rank) c.group->rank_returned(static_cast<int>(i));
+  }
+
+  /// Rank `rank`'s part of a split (comm::local_communicator::split): the ranks that pass the same `color` form a
+  /// sub-group, ordered by (key, rank); returns it and this rank's place in it. `all` holds every rank's
+  /// (color, key), in rank order, as the caller gathered them (the same on every rank); `split` numbers the split
+  /// (the caller's count of splits, the same on every rank). Aborts and returned ranks reach the sub-groups.
+  std::pair<std::shared_ptr<local_group>, int> sub_group(std::uint64_t split, int rank,
+                                                         const std::vector<std::pair<int, int>>& all) {
+    const int color = all.at(static_cast<std::size_t>(rank)).first;
+    std::vector<int> members;
+    for (int q = 0; q < world_; ++q)
+      if (all[static_cast<std::size_t>(q)].first == color) members.push_back(q);
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+      return all[static_cast<std::size_t>(a)].second < all[static_cast<std::size_t>(b)].second;
+    });
+    const int place = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    std::lock_guard lk(mu_);
+    pending_split& p = splits_[{split, color}];
+    if (!p.group) {
+      p.group = std::make_shared<local_group>(static_cast<int>(members.size()), timeout_, link_, delay_);
+      p.group->label_ = "[ranks ";
+      for (std::size_t i = 0; i < members.size(); ++i)
+        p.group->label_ += (i ? ", " : "") + std::to_string(members[i]);
+      p.group->label_ += "]";
+      children_.push_back({p.group, members});
+      for (std::size_t i = 0; i < members.size(); ++i)  // what happened before the split holds in it too
+        if (returned_[static_cast<std::size_t>(members[i])]) {
+          p.group->returned_[i] = true;
+          ++p.group->returned_count_;
+        }
+      if (aborted_) {
+        p.group->aborted_ = true;
+        p.group->reason_ = reason_;
+      }
+    }
+    std::shared_ptr<local_group> g = p.group;
+    if (++p.taken == static_cast<int>(members.size())) splits_.erase({split, color});
+    return {g, place};
   }
 
   /// How messages name rank `rank`'s collective #seq: "local all_gather(count=8, f32) #3 on rank 1".
-  static std::string describe(const op_desc& d, std::uint64_t seq, int rank) {
-    return "local " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+  /// A sub-group (split) says which ranks of the group it was split from it holds: "local[ranks 2, 3]
+  /// all_gather(count=8, f32) #0 on rank 1" is rank 3's.
+  std::string describe(const op_desc& d, std::uint64_t seq, int rank) const {
+    return "local" + label_ + " " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
   }
 
   /// Rendezvous for communicators whose ranks read each other's memory asynchronously (comm::local on one GPU,
@@ -129,7 +177,7 @@ class local_group {
   using token_fn = std::function<void(const std::vector<const void*>&)>;
 
   std::vector<const void*> meet(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
-    const who what{d, seq, rank};
+    const who what{*this, d, seq, rank};
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     round& r = arrive(seq, rank, d, token, nullptr, what);
     return r.send;  // complete: no rank writes it again in this round
@@ -137,7 +185,7 @@ class local_group {
 
   void part(std::uint64_t seq, int rank, const op_desc& d, const void* token, const token_fn& before_leaving = {},
             const token_fn& on_abort = {}) {
-    const who what{d, seq, rank};
+    const who what{*this, d, seq, rank};
     std::unique_lock lk(mu_);
     round& r = rounds_.at(seq);
     publish(r, rank, token);
@@ -196,7 +244,7 @@ class local_group {
 
   /// Runs rank `rank`'s part of collective number `seq`.
   void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
-    const who what{d, seq, rank};
+    const who what{*this, d, seq, rank};
     if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
     if (world_ == 1) {  // nobody to meet: the same result, without the rendezvous
       run_alone(d, send, recv, what);
@@ -245,12 +293,27 @@ class local_group {
   }
 
  private:
+  struct child {
+    std::shared_ptr<local_group> group;
+    std::vector<int> members;  ///< this group's rank of each of the sub-group's ranks
+  };
+  struct pending_split {
+    std::shared_ptr<local_group> group;
+    int taken = 0;
+  };
+  /// The sub-groups made so far (a copy: their calls must not run under this group's lock).
+  std::vector<child> children() const {
+    std::lock_guard lk(mu_);
+    return children_;
+  }
+
   /// Names rank `rank`'s collective #seq in a message; formatted only when a message is made.
   struct who {
+    const local_group& g;
     const op_desc& d;
     std::uint64_t seq;
     int rank;
-    std::string str() const { return describe(d, seq, rank); }
+    std::string str() const { return g.describe(d, seq, rank); }
   };
 
   struct round {
@@ -464,6 +527,9 @@ class local_group {
   std::string reason_;
   std::vector<bool> returned_;  // by rank: its function has returned (rank_returned)
   int returned_count_ = 0;
+  std::string label_;  // a sub-group's members in the group it was split from: "[ranks 2, 3]"
+  std::vector<child> children_;
+  std::map<std::pair<std::uint64_t, int>, pending_split> splits_;  // by (split, color), until every member took it
 };
 
 }  // namespace fsdp::comm::detail
