@@ -62,31 +62,31 @@ struct no_shard {
   static constexpr int replicate_group_size(int world) { return world; }
 };
 
-/// HSDP: full_shard inside groups of `ShardGroup` consecutive ranks (a node), replicated across the world /
-/// ShardGroup groups; gradients are reduce-scattered inside the shard group, then all-reduced across replicas.
-/// Needs a communicator with split(color, key) (comm::local, comm::mpi).
+/// The group facts both hybrid strategies share: sharded over `ShardGroup` consecutive ranks (a node), replicated
+/// across world / ShardGroup groups. Gradients are reduce-scattered inside the shard group, then all-reduced
+/// across the replicas. Needs a communicator with split(color, key) (comm::local).
 template <int ShardGroup>
-struct hybrid_shard {
-  static_assert(ShardGroup >= 1, "fsdp::sharding::hybrid_shard: the shard group must have at least one rank");
+struct hybrid_groups {
+  static_assert(ShardGroup >= 1, "fsdp::sharding: a hybrid strategy's shard group must have at least one rank");
   using sharding_concept = sharding_tag;
-  static constexpr std::string_view name = "hybrid_shard";
   static constexpr bool shards_params = true;
-  static constexpr bool reshard_after_forward = true;
   static constexpr int shard_group_size(int) { return ShardGroup; }
   static constexpr int replicate_group_size(int world) { return world / ShardGroup; }
+};
+
+/// HSDP: full_shard inside each shard group, gradients all-reduced across the replicas.
+template <int ShardGroup>
+struct hybrid_shard : hybrid_groups<ShardGroup> {
+  static constexpr std::string_view name = "hybrid_shard";
+  static constexpr bool reshard_after_forward = true;
 };
 
 /// hybrid_shard with shard_grad_op inside the shard group: parameters stay gathered from a unit's forward until
 /// its backward ends.
 template <int ShardGroup>
-struct hybrid_shard_zero2 {
-  static_assert(ShardGroup >= 1, "fsdp::sharding::hybrid_shard_zero2: the shard group must have at least one rank");
-  using sharding_concept = sharding_tag;
+struct hybrid_shard_zero2 : hybrid_groups<ShardGroup> {
   static constexpr std::string_view name = "hybrid_shard_zero2";
-  static constexpr bool shards_params = true;
   static constexpr bool reshard_after_forward = false;
-  static constexpr int shard_group_size(int) { return ShardGroup; }
-  static constexpr int replicate_group_size(int world) { return world / ShardGroup; }
 };
 
 }  // namespace sharding
