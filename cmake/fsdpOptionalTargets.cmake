@@ -9,9 +9,10 @@
 #                       link (CMAKE_CUDA_RUNTIME_LIBRARY), not from this target.
 #   fsdp::nccl          fsdp::cuda + NCCL (comm::nccl). NCCL is looked for beside the CUDA toolkit, under
 #                       FSDP_NCCL_ROOT / NCCL_ROOT (variable or environment), then on the system's paths.
-#   fsdp::mpi           fsdp::nccl + MPI's C library (comm::nccl over MPI, fsdp/comm/nccl_mpi.cuh), with
-#                       OMPI_SKIP_MPICXX / MPICH_SKIP_MPICXX. Only MPI's include directories and libraries are passed on, never its
-#                       compile options (-pthread and friends, which nvcc does not take).
+#   fsdp::mpi           fsdp::fsdp + MPI's C library, with OMPI_SKIP_MPICXX / MPICH_SKIP_MPICXX: comm::mpi
+#                       (fsdp/comm/mpi.hpp, host memory, no CUDA needed), and with fsdp::nccl, comm::nccl over MPI
+#                       (fsdp/comm/nccl_mpi.cuh). Only MPI's include directories and libraries are passed on, never
+#                       its compile options (-pthread and friends, which nvcc does not take).
 #
 # fsdp_optional_targets() sets, in the caller's scope, fsdp_<part>_FOUND for each part made (so that
 # find_package(fsdp CONFIG REQUIRED COMPONENTS cuda nccl) fails, naming the part, where one is missing) and
@@ -50,7 +51,7 @@ macro(fsdp_optional_targets)
     endif()
   elseif(NOT TARGET fsdp::cuda)
     list(APPEND fsdp_missing_parts
-         "fsdp::cuda, fsdp::nccl, fsdp::mpi: the CUDA language is not enabled (enable it before find_package(fsdp))")
+         "fsdp::cuda, fsdp::nccl: the CUDA language is not enabled (enable it before find_package(fsdp))")
   endif()
 
   if(TARGET fsdp::cuda AND NOT TARGET fsdp::nccl)
@@ -68,20 +69,20 @@ macro(fsdp_optional_targets)
       target_include_directories(fsdp::nccl SYSTEM INTERFACE "${FSDP_NCCL_INCLUDE_DIR}")
       target_link_libraries(fsdp::nccl INTERFACE fsdp::cuda "${FSDP_NCCL_LIBRARY}")
     else()
-      list(APPEND fsdp_missing_parts "fsdp::nccl, fsdp::mpi: NCCL not found (nccl.h: ${FSDP_NCCL_INCLUDE_DIR}; "
+      list(APPEND fsdp_missing_parts "fsdp::nccl: NCCL not found (nccl.h: ${FSDP_NCCL_INCLUDE_DIR}; "
                                      "libnccl: ${FSDP_NCCL_LIBRARY}); set FSDP_NCCL_ROOT to the directory that "
                                      "holds include/nccl.h and lib/libnccl.so")
     endif()
   endif()
 
-  if(TARGET fsdp::nccl AND NOT TARGET fsdp::mpi)
+  if(NOT TARGET fsdp::mpi)
     set(MPI_CXX_SKIP_MPICXX TRUE)  # the C API only (FindMPI searches for enabled languages: CXX here)
     find_package(MPI QUIET COMPONENTS CXX)
     if(MPI_CXX_FOUND)
       add_library(fsdp::mpi INTERFACE IMPORTED GLOBAL)
       target_include_directories(fsdp::mpi SYSTEM INTERFACE ${MPI_CXX_INCLUDE_DIRS})
       target_compile_definitions(fsdp::mpi INTERFACE OMPI_SKIP_MPICXX MPICH_SKIP_MPICXX)
-      target_link_libraries(fsdp::mpi INTERFACE fsdp::nccl ${MPI_CXX_LIBRARIES})
+      target_link_libraries(fsdp::mpi INTERFACE fsdp::fsdp ${MPI_CXX_LIBRARIES})
     else()
       list(APPEND fsdp_missing_parts "fsdp::mpi: MPI not found (Debian: libopenmpi-dev)")
     endif()

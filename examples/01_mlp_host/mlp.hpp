@@ -46,6 +46,8 @@ struct result {
   fsdp::memory_figures planned;                      ///< the planner's peaks for this rank
   fsdp::memory_figures planned_between;              ///< what the planner says stays between steps
   double seconds = 0;
+  /// Collectives of this rank's shard group and (hybrid sharding) replicate group, before gather_full_params.
+  fsdp::collective_stats shard_group, replicate_group;
 };
 
 inline std::string wname(std::size_t l) { return "layers." + std::to_string(l) + ".w"; }
@@ -213,6 +215,8 @@ result train(typename Policy::communicator& comm, const config& c) {
     model.synchronize();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.memory = model.memory();
+    r.shard_group = model.shard_comm().stats();
+    if (auto* rc = model.replicate_comm()) r.replicate_group = rc->stats();
     r.params = model.gather_full_params();
     r.exported = model.memory();
     return r;

@@ -42,9 +42,10 @@ TEST_CASE("collectives give exact results at every world size") {
       for (int i = 0; i < n; ++i) ar[i] = float(r * i);
       c.all_reduce(ar.data(), ar_out.data(), n, dtype::f32, reduce_op::sum, s);
       c.all_reduce(ar.data(), ar.data(), n, dtype::f32, reduce_op::sum, s);
-      // broadcast from the last rank
-      std::vector<float> b(n, float(r));
+      // broadcast from the last rank, in place and out of place (the root's recv is written too, as NCCL's)
+      std::vector<float> b(n, float(r)), b_out(n, -1.0f);
       c.broadcast(b.data(), b.data(), n, dtype::f32, world - 1, s);
+      c.broadcast(b.data(), b_out.data(), n, dtype::f32, world - 1, s);
       be.synchronize(s);
 
       const float ranksum = float(world * (world - 1) / 2);
@@ -60,12 +61,13 @@ TEST_CASE("collectives give exact results at every world size") {
         CHECK(ar_out[j] == ranksum * float(j));
         CHECK(ar[j] == ranksum * float(j));
         CHECK(b[j] == float(world - 1));
+        CHECK(b_out[j] == float(world - 1));
       }
       const auto st = c.stats();
       CHECK(st[fsdp::collective::all_gather] == 1);
       CHECK(st[fsdp::collective::reduce_scatter] == 2);
       CHECK(st[fsdp::collective::all_reduce] == 2);
-      CHECK(st[fsdp::collective::broadcast] == 1);
+      CHECK(st[fsdp::collective::broadcast] == 2);
       CHECK(st.bytes[0] == std::uint64_t(n * world * 4));
     });
   }

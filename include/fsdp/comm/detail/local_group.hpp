@@ -71,6 +71,31 @@ struct link_model {
 /// Delay injection: how long rank `rank`'s part of collective number `seq` waits before it starts.
 using collective_delay = std::function<std::chrono::microseconds(collective, std::uint64_t seq, int rank)>;
 
+/// The reduction rule of the host communicators (comm::local here, comm::mpi in comm/mpi.hpp), written once:
+/// dst[i] = the reduction of src(0)[i], ..., src(world - 1)[i] by kernels::reduce_add, in rank order from 0,
+/// rounded to the dtype after every addition, each value pre-multiplied by kernels::average_factor(world) for an
+/// average. `src(q)` gives rank q's `n` elements. Element i of every input is read before dst[i] is written, so dst
+/// may be one of the inputs. Works in blocks of elements (each element's result depends on its own inputs only).
+template <class Src>
+void reduce_in_rank_order(dtype type, reduce_op op, int world, std::size_t n, Src&& src, void* dst) {
+  fsdp::kernels::dispatch(type, [&](auto t) {
+    using elem = f16::storage_t<t()>;
+    const float premul = op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(world) : 1.0f;
+    constexpr std::size_t block = 2048;
+    float acc[block];
+    elem* out = static_cast<elem*>(dst);
+    for (std::size_t b = 0; b < n; b += block) {
+      const std::size_t m = n - b < block ? n - b : block;
+      for (std::size_t i = 0; i < m; ++i) acc[i] = 0.0f;
+      for (int q = 0; q < world; ++q) {
+        const elem* in = static_cast<const elem*>(static_cast<const void*>(src(q))) + b;
+        for (std::size_t i = 0; i < m; ++i) acc[i] = fsdp::kernels::reduce_add<t()>(acc[i], in[i], premul);
+      }
+      for (std::size_t i = 0; i < m; ++i) out[b + i] = f16::from_float<t()>(acc[i]);
+    }
+  });
+}
+
 class local_group {
  public:
   local_group(int world, std::chrono::milliseconds timeout, link_model link = {}, collective_delay delay = {})
@@ -275,8 +300,8 @@ class local_group {
           if (dst != r.send[q] && bytes) std::memcpy(dst, r.send[q], bytes);
         }
         break;
-      case collective::broadcast:
-        if (rank != d.root && bytes && recv != r.send[d.root]) std::memcpy(recv, r.send[d.root], bytes);
+      case collective::broadcast:  // the root's recv too, when it is not its send (as NCCL)
+        if (bytes && recv != r.send[d.root]) std::memcpy(recv, r.send[d.root], bytes);
         break;
       case collective::reduce_scatter:
         tmp = reduce(r, d, static_cast<std::size_t>(rank) * static_cast<std::size_t>(d.count));
@@ -405,13 +430,7 @@ class local_group {
       if (bytes && recv != send) std::memcpy(recv, send, bytes);
       return;
     }
-    fsdp::kernels::dispatch(d.type, [&](auto t) {
-      using elem = f16::storage_t<t()>;
-      const float premul = d.op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(1) : 1.0f;
-      const elem* src = static_cast<const elem*>(send);
-      elem* dst = static_cast<elem*>(recv);
-      for (std::int64_t i = 0; i < d.count; ++i) dst[i] = f16::from_float<t()>(fsdp::kernels::reduce_add<t()>(0.0f, src[i], premul));
-    });
+    reduce_in_rank_order(d.type, d.op, 1, static_cast<std::size_t>(d.count), [&](int) { return send; }, recv);
   }
 
   /// The reduction of every rank's input at element `offset` on, by kernels::reduce_add (rank order, rounded to
@@ -419,18 +438,10 @@ class local_group {
   /// the CUDA local communicator's kernel does the same operations.
   std::vector<unsigned char> reduce(const round& r, const op_desc& d, std::size_t offset) const {
     const std::size_t n = static_cast<std::size_t>(d.count);
+    const std::size_t skip = offset * size_of(d.type);
     std::vector<unsigned char> out(n * size_of(d.type));
-    fsdp::kernels::dispatch(d.type, [&](auto t) {
-      using elem = f16::storage_t<t()>;
-      const float premul = d.op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(world_) : 1.0f;
-      std::vector<float> acc(n, 0.0f);
-      for (int q = 0; q < world_; ++q) {
-        const elem* src = static_cast<const elem*>(r.send[q]) + offset;
-        for (std::size_t i = 0; i < n; ++i) acc[i] = fsdp::kernels::reduce_add<t()>(acc[i], src[i], premul);
-      }
-      elem* dst = reinterpret_cast<elem*>(out.data());
-      for (std::size_t i = 0; i < n; ++i) dst[i] = f16::from_float<t()>(acc[i]);
-    });
+    reduce_in_rank_order(d.type, d.op, world_, n,
+                         [&](int q) { return static_cast<const unsigned char*>(r.send[q]) + skip; }, out.data());
     return out;
   }
 

@@ -1,0 +1,519 @@
+// comm::mpi under mpirun (4 processes; tests/mpi/run_mpi_test.sh starts them): every collective gives comm::local's
+// bits, a Model trains exactly as on comm::local, and a peer that returns or dies makes the others fail in bounded
+// time with the collective named. Each process computes comm::local's answer itself: comm::run_local at world 4 over
+// every rank's inputs (they are a pure function of the rank), then compares its own MPI result with its rank's.
+//
+// Every process runs the same test cases in the same order (collectives must match). The "failure" suite is
+// skipped unless asked for by name (--test-case=... --no-skip): its cases make a process return early or kill
+// itself, so run_mpi_test.sh starts each of them in its own mpirun with --enable-recovery. The "launch" case runs
+// without mpirun.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fsdp/comm/mpi.hpp>
+#include <fsdp/fsdp.hpp>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "examples/01_mlp_host/mlp.hpp"
+#include "tests/support/support.hpp"
+
+namespace {
+
+using fsdp::collective;
+using fsdp::dtype;
+using fsdp::reduce_op;
+using fsdp::comm::local_communicator;
+using fsdp::comm::mpi_communicator;
+using clock_type = std::chrono::steady_clock;
+
+constexpr int kWorld = 4;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// ---- inputs: a pure function of (rank, salt, index), of mixed magnitudes so that the order of the additions shows
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+float value(int rank, int salt, std::size_t i) {
+  const std::uint64_t h = mix(mix(std::uint64_t(rank) * 1000003u + std::uint64_t(salt)) ^ i);
+  const float unit = float(h >> 40) / float(1u << 24) - 0.5f;  // [-0.5, 0.5)
+  const int exponent = int((h >> 8) % 17) - 8;                 // 2^-8 .. 2^8
+  return std::ldexp(unit, exponent);
+}
+/// n elements of dtype t for `rank`, as bytes.
+std::vector<unsigned char> input(dtype t, int rank, int salt, std::size_t n) {
+  std::vector<unsigned char> out(n * fsdp::size_of(t));
+  fsdp::kernels::dispatch(t, [&](auto d) {
+    auto* p = reinterpret_cast<fsdp::f16::storage_t<d()>*>(out.data());
+    for (std::size_t i = 0; i < n; ++i) p[i] = fsdp::f16::from_float<d()>(value(rank, salt, i));
+  });
+  return out;
+}
+
+/// One collective as the test issues it: kind, dtype, op, count (comm's meaning), root, in-place or not.
+struct op {
+  collective kind;
+  dtype type;
+  reduce_op rop = reduce_op::sum;
+  std::int64_t count = 0;
+  int root = 0;
+  bool in_place = false;
+  std::string str() const {
+    return std::string(fsdp::name_of(kind)) + "(" + std::string(fsdp::name_of(type)) + ", " +
+           std::string(fsdp::name_of(rop)) + ", count " + std::to_string(count) + ", root " + std::to_string(root) +
+           (in_place ? ", in place)" : ")");
+  }
+};
+
+/// Issues `o` on `comm` and stream `s` of `be` for this rank's inputs (salt `salt`), waits, returns recv's bytes.
+template <class Comm>
+std::vector<unsigned char> run_one(Comm& comm, fsdp::backend::host& be, fsdp::backend::host::stream& s, const op& o,
+                                   int salt) {
+  const int world = comm.size(), rank = comm.rank();
+  const std::size_t es = fsdp::size_of(o.type), n = static_cast<std::size_t>(o.count);
+  const std::size_t send_n = o.kind == collective::reduce_scatter ? n * world : n;
+  const std::size_t recv_n = o.kind == collective::all_gather ? n * world : n;
+  std::vector<unsigned char> send = input(o.type, rank, salt, send_n);
+  std::vector<unsigned char> recv(std::max(recv_n, send_n) * es, 0xAB);  // room for in-place reduce-scatter
+  const void* sp = send.data();
+  if (o.in_place) {  // the aliasings the concept requires (and NCCL's in-place reduce-scatter)
+    switch (o.kind) {
+      case collective::all_gather:
+        std::memcpy(recv.data() + rank * n * es, send.data(), n * es);
+        sp = recv.data() + rank * n * es;
+        break;
+      case collective::reduce_scatter:
+        std::memcpy(recv.data(), send.data(), send.size());
+        sp = recv.data();
+        break;
+      case collective::all_reduce:
+      case collective::broadcast:
+        std::memcpy(recv.data(), send.data(), send.size());
+        sp = recv.data();
+        break;
+    }
+  }
+  void* rp = o.in_place && o.kind == collective::reduce_scatter ? recv.data() + rank * n * es : recv.data();
+  switch (o.kind) {
+    case collective::all_gather:
+      comm.all_gather(sp, rp, o.count, o.type, s);
+      break;
+    case collective::reduce_scatter:
+      comm.reduce_scatter(sp, rp, o.count, o.type, o.rop, s);
+      break;
+    case collective::all_reduce:
+      comm.all_reduce(sp, rp, o.count, o.type, o.rop, s);
+      break;
+    case collective::broadcast:
+      comm.broadcast(sp, rp, o.count, o.type, o.root, s);
+      break;
+  }
+  be.synchronize(s);
+  const unsigned char* r = static_cast<const unsigned char*>(rp);
+  return std::vector<unsigned char>(r, r + recv_n * es);
+}
+
+std::vector<op> every_op() {
+  std::vector<op> ops;
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    // 0 and 1 element, uneven, and all_reduce on both sides of comm::mpi's 32 KiB switch (gather-all vs two-phase,
+    // with uneven chunks at 20001)
+    for (std::int64_t n : {0, 1, 3, 8, 1000, 20001}) {
+      for (bool in_place : {false, true}) {
+        ops.push_back({collective::all_gather, t, reduce_op::sum, n, 0, in_place});
+        for (reduce_op r : {reduce_op::sum, reduce_op::avg}) {
+          ops.push_back({collective::reduce_scatter, t, r, n, 0, in_place});
+          ops.push_back({collective::all_reduce, t, r, n, 0, in_place});
+        }
+        for (int root : {0, 3}) ops.push_back({collective::broadcast, t, reduce_op::sum, n, root, in_place});
+      }
+    }
+  }
+  return ops;
+}
+
+/// comm::local's results: per op, per rank.
+std::vector<std::vector<std::vector<unsigned char>>> local_results(const std::vector<op>& ops) {
+  std::vector<std::vector<std::vector<unsigned char>>> out(ops.size(), std::vector<std::vector<unsigned char>>(kWorld));
+  fsdp_test::run_ranks(kWorld, [&](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    for (std::size_t k = 0; k < ops.size(); ++k)
+      out[k][static_cast<std::size_t>(c.rank())] = run_one(c, be, be.gather_stream(), ops[k], int(k));
+  });
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("every collective, dtype and op gives comm::local's bits at world 4, in place or not") {
+  REQUIRE(world_rank() < kWorld);
+  mpi_communicator comm;
+  REQUIRE(comm.size() == kWorld);
+  REQUIRE(comm.rank() == world_rank());
+  const int rank = comm.rank();
+  const std::vector<op> ops = every_op();
+  const auto ref = local_results(ops);
+  fsdp::backend::host be(rank);
+  fsdp::backend::host::stream* streams[] = {&be.gather_stream(), &be.reduce_stream(), &be.compute_stream()};
+  int compared = 0;
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    const op& o = ops[k];
+    CAPTURE(o.str());
+    // each op on one of the three streams: worker threads and the inline compute stream
+    const auto got = run_one(comm, be, *streams[k % 3], o, int(k));
+    const auto& want = ref[k][static_cast<std::size_t>(rank)];
+    const bool out_of_place_root = o.kind == collective::broadcast && !o.in_place && rank == o.root;
+    if (out_of_place_root) {
+      // comm::local leaves the root's recv alone when it is not send; comm::mpi copies send there, as NCCL does
+      CHECK(got == input(o.type, rank, int(k), static_cast<std::size_t>(o.count)));
+    } else {
+      REQUIRE(got.size() == want.size());
+      CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
+    }
+    ++compared;
+  }
+  CHECK(compared == 3 * 6 * 2 * 7);
+
+  // Not vacuous: on these inputs the order of the additions changes the bits. Rank order reversed gives another
+  // f32 sum for some elements of the large all_reduce.
+  const std::size_t n = 20001;
+  std::vector<std::vector<unsigned char>> in;
+  for (int q = 0; q < kWorld; ++q) in.push_back(input(dtype::f32, q, 0, n));
+  std::vector<float> forward(n), reverse(n);
+  fsdp::comm::detail::reduce_in_rank_order(
+      dtype::f32, reduce_op::sum, kWorld, n, [&](int q) { return in[static_cast<std::size_t>(q)].data(); },
+      forward.data());
+  fsdp::comm::detail::reduce_in_rank_order(
+      dtype::f32, reduce_op::sum, kWorld, n, [&](int q) { return in[static_cast<std::size_t>(kWorld - 1 - q)].data(); },
+      reverse.data());
+  CHECK(!same_bits(forward, reverse));
+}
+
+TEST_CASE("the gather and reduce streams run collectives concurrently, each on its own communicator") {
+  // Each rank delays its two streams differently, so the streams reach MPI in a different order on every rank: one
+  // shared MPI communicator would pair one rank's all_gather with another's reduce_scatter.
+  mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(20000)});
+  const int rank = comm.rank();
+  std::vector<op> gathers, reductions;
+  for (int k = 0; k < 12; ++k) {
+    gathers.push_back({collective::all_gather, dtype::f32, reduce_op::sum, 64 + k, 0, false});
+    reductions.push_back({collective::reduce_scatter, dtype::bf16, reduce_op::avg, 96 + k, 0, false});
+  }
+  std::vector<op> all = gathers;
+  all.insert(all.end(), reductions.begin(), reductions.end());
+  const auto ref = local_results(all);
+
+  fsdp::backend::host be(rank);
+  auto& ag = be.gather_stream();
+  auto& rs = be.reduce_stream();
+  std::vector<std::vector<unsigned char>> got_g(gathers.size()), got_r(reductions.size());
+  std::vector<std::vector<unsigned char>> send_g, send_r;
+  for (std::size_t k = 0; k < gathers.size(); ++k) {
+    send_g.push_back(input(dtype::f32, rank, int(k), static_cast<std::size_t>(gathers[k].count)));
+    send_r.push_back(
+        input(dtype::bf16, rank, int(gathers.size() + k), static_cast<std::size_t>(reductions[k].count) * kWorld));
+    got_g[k].assign(send_g[k].size() * kWorld, 0);
+    got_r[k].assign(send_r[k].size() / kWorld, 0);
+  }
+  for (std::size_t k = 0; k < gathers.size(); ++k) {
+    const auto delay = std::chrono::milliseconds(((rank + int(k)) % kWorld) * 3);
+    ag.submit([delay] { std::this_thread::sleep_for(delay); });
+    rs.submit([delay] { std::this_thread::sleep_for(std::chrono::milliseconds(9) - delay); });
+    comm.all_gather(send_g[k].data(), got_g[k].data(), gathers[k].count, dtype::f32, ag);
+    comm.reduce_scatter(send_r[k].data(), got_r[k].data(), reductions[k].count, dtype::bf16, reduce_op::avg, rs);
+  }
+  be.synchronize(ag);
+  be.synchronize(rs);
+  for (std::size_t k = 0; k < gathers.size(); ++k) {
+    CAPTURE(k);
+    CHECK(got_g[k] == ref[k][static_cast<std::size_t>(rank)]);
+    CHECK(got_r[k] == ref[gathers.size() + k][static_cast<std::size_t>(rank)]);
+  }
+}
+
+TEST_CASE("stats count what was issued, as comm::local's do; barrier waits for every rank") {
+  mpi_communicator comm;
+  const int rank = comm.rank();
+  const std::vector<op> ops = {{collective::all_gather, dtype::f32, reduce_op::sum, 10},
+                               {collective::all_gather, dtype::bf16, reduce_op::sum, 7},
+                               {collective::reduce_scatter, dtype::f32, reduce_op::avg, 5},
+                               {collective::all_reduce, dtype::f16, reduce_op::sum, 9},
+                               {collective::broadcast, dtype::f32, reduce_op::sum, 3, 2}};
+  fsdp::collective_stats want;
+  fsdp_test::run_ranks(kWorld, [&](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    for (std::size_t k = 0; k < ops.size(); ++k) (void)run_one(c, be, be.gather_stream(), ops[k], int(k));
+    if (c.rank() == 0) want = c.stats();
+  });
+  fsdp::backend::host be(rank);
+  for (std::size_t k = 0; k < ops.size(); ++k) (void)run_one(comm, be, be.gather_stream(), ops[k], int(k));
+  const fsdp::collective_stats got = comm.stats();
+  for (std::size_t c = 0; c < fsdp::collective_kinds; ++c) {
+    CHECK(got.count[c] == want.count[c]);
+    CHECK(got.bytes[c] == want.bytes[c]);
+  }
+  CHECK(got[collective::all_gather] == 2);
+  CHECK(got.bytes[std::size_t(collective::all_gather)] == (10 * 4 + 7 * 2) * kWorld);
+  comm.reset_stats();
+  CHECK(comm.stats()[collective::all_gather] == 0);
+
+  // rank r arrives r * 100 ms late: nobody leaves the barrier before the last rank (300 ms) has arrived
+  comm.barrier();  // everyone starts together
+  const auto start = clock_type::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100 * rank));
+  comm.barrier();
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
+  CHECK(waited.count() >= 100 * (kWorld - 1) - 100);  // less the skew of the first barrier's release, on a busy machine
+}
+
+TEST_CASE("argument errors are usage errors that say what to do") {
+  mpi_communicator comm;
+  fsdp::backend::host be(comm.rank());
+  float x = 0;
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { comm.broadcast(&x, &x, 1, dtype::f32, 4, be.gather_stream()); }) ==
+        "fsdp: broadcast root 4 is outside the group of 4");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { comm.all_gather(&x, &x, -1, dtype::f32, be.gather_stream()); }) ==
+        "fsdp: mpi all_gather(count=-1, f32) #0 on rank " + std::to_string(comm.rank()) + " of 4: negative count");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
+          mpi_communicator bad(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(0)});
+        }) == "fsdp: comm::mpi: mpi_options::timeout must be positive, got 0 ms");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { comm.split(-1, 0); }) ==
+        "fsdp: split on rank " + std::to_string(comm.rank()) + ": color must be >= 0, got -1");
+}
+
+namespace {
+template <class Sharding, class Precision>
+void check_mlp_parity() {
+  mlp::config cfg;
+  cfg.steps = 4;
+  cfg.optimizer = "adamw";
+  using Local = fsdp::policy<Sharding, fsdp::prefetch::next, Precision>;
+  using Mpi = fsdp::policy<Sharding, fsdp::prefetch::next, Precision, fsdp::comm::mpi<>>;
+  std::vector<mlp::result> want(kWorld);
+  fsdp_test::run_ranks(
+      kWorld, [&](local_communicator& c) { want[static_cast<std::size_t>(c.rank())] = mlp::train<Local>(c, cfg); });
+  mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(30000)});
+  const mlp::result got = mlp::train<Mpi>(comm, cfg);
+  const mlp::result& ref = want[static_cast<std::size_t>(comm.rank())];
+  REQUIRE(got.losses.size() == std::size_t(cfg.steps));
+  CHECK(same_bits(got.losses, ref.losses));
+  REQUIRE(got.params.size() == ref.params.size());
+  for (const auto& [name, v] : ref.params) {
+    CAPTURE(name);
+    CHECK(same_bits(got.params.at(name), v));
+  }
+  // Not vacuous: it trained (the loss moved) and the parameters left their initial values.
+  CHECK(got.losses.back() < got.losses.front());
+  mlp::config untrained = cfg;
+  untrained.steps = 0;
+  std::vector<mlp::result> init(kWorld);
+  fsdp_test::run_ranks(kWorld, [&](local_communicator& c) {
+    init[static_cast<std::size_t>(c.rank())] = mlp::train<Local>(c, untrained);
+  });
+  CHECK(!same_bits(got.params.at(mlp::wname(0)), init[0].params.at(mlp::wname(0))));
+}
+}  // namespace
+
+TEST_CASE("a Model on comm::mpi trains the MLP exactly as on comm::run_local at world 4 (AdamW, 4 steps)") {
+  using fsdp::bfloat16;
+  using fsdp::precision::mixed;
+  SUBCASE("full_shard, fp32") { check_mlp_parity<fsdp::sharding::full_shard, fsdp::precision::full>(); }
+  SUBCASE("full_shard, bf16 compute, fp32 reduction") {
+    check_mlp_parity<fsdp::sharding::full_shard, mixed<bfloat16>>();
+  }
+  SUBCASE("full_shard, bf16 compute and reduction") {
+    check_mlp_parity<fsdp::sharding::full_shard, mixed<bfloat16, float, bfloat16>>();
+  }
+  SUBCASE("no_shard (all_reduce), fp32") { check_mlp_parity<fsdp::sharding::no_shard, fsdp::precision::full>(); }
+  SUBCASE("hybrid_shard<2> (split into 2 x 2), bf16") {
+    check_mlp_parity<fsdp::sharding::hybrid_shard<2>, mixed<bfloat16, float, bfloat16>>();
+  }
+}
+
+TEST_CASE("split groups ranks by color, ordered by key, as MPI_Comm_split does") {
+  mpi_communicator comm;
+  const int rank = comm.rank();
+  mpi_communicator sub = comm.split(rank % 2, -rank);  // {0, 2} and {1, 3}, each in reverse rank order
+  CHECK(sub.size() == 2);
+  CHECK(sub.rank() == (rank < 2 ? 1 : 0));
+  fsdp::backend::host be(rank);
+  const float mine = float(rank + 1);
+  float got[2] = {0, 0};
+  sub.all_gather(&mine, got, 1, dtype::f32, be.gather_stream());
+  be.synchronize(be.gather_stream());
+  const float expect[2] = {float((rank % 2) + 2 + 1), float((rank % 2) + 1)};  // ranks 2, 0 or 3, 1
+  CHECK(got[0] == expect[0]);
+  CHECK(got[1] == expect[1]);
+}
+
+// ---- failure: run one at a time, by name, under mpirun --enable-recovery (run_mpi_test.sh) ---------------------
+namespace {
+const std::string kWhy =
+    ": the other ranks did not complete it (a peer process died, or does not issue the same collectives in the same "
+    "order; raise mpi_options::timeout if a peer is only slow)";
+
+/// Prints what this rank caught, one line, for run_mpi_test.sh to compare.
+void report(const std::string& what, double seconds) {
+  std::printf("rank %d caught after %.1f s: %s\n", world_rank(), seconds, what.c_str());
+  std::fflush(stdout);
+}
+}  // namespace
+
+TEST_CASE("failure: a rank that returns without issuing a collective makes the others fail within the timeout" *
+          doctest::test_suite("failure") * doctest::skip()) {
+  const auto timeout = std::chrono::milliseconds(2000);
+  mpi_communicator a(MPI_COMM_WORLD, {.timeout = timeout});
+  mpi_communicator b(MPI_COMM_WORLD, {.timeout = timeout});
+  const int rank = a.rank();
+  fsdp::backend::host be(rank);
+  std::vector<float> send(8, float(rank)), recv(32);
+  a.label("probe");
+  a.all_gather(send.data(), recv.data(), 8, dtype::f32, be.gather_stream());  // #0: every rank
+  be.synchronize(be.gather_stream());
+  CHECK(recv[31] == 3.0f);
+  if (rank == 3) return;  // rank 3 leaves: it issues neither a's #1 nor anything on b
+
+  a.all_gather(send.data(), recv.data(), 8, dtype::f32, be.gather_stream());  // #1: rank 3 never issues it
+  auto t0 = clock_type::now();
+  const std::string first = fsdp_test::error_of<fsdp::comm_error>([&] { be.synchronize(be.gather_stream()); });
+  double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  report(first, s);
+  CHECK(first == "fsdp: mpi all_gather(count=8, f32) #1 for unit 'probe' on rank " + std::to_string(rank) +
+                     " of 4 timed out after 2000 ms" + kWhy);
+  CHECK(s >= 1.9);
+  CHECK(s < 4.0);
+
+  // The communicator is aborted: its next collective fails at once, quoting the first failure.
+  fsdp::backend::host be2(rank);
+  a.reduce_scatter(send.data(), recv.data(), 2, dtype::f32, reduce_op::sum, be2.reduce_stream());
+  t0 = clock_type::now();
+  const std::string after = fsdp_test::error_of<fsdp::comm_error>([&] { be2.synchronize(be2.reduce_stream()); });
+  CHECK(after == "fsdp: mpi reduce_scatter(count=2, f32, sum) #2 for unit 'probe' on rank " + std::to_string(rank) +
+                     " of 4 aborted: " + first.substr(std::string("fsdp: ").size()));
+  CHECK(std::chrono::duration<double>(clock_type::now() - t0).count() < 0.5);
+
+  // A stream first used after rank 3 left: its communicator cannot even be set up.
+  b.all_reduce(send.data(), send.data(), 8, dtype::f32, reduce_op::avg, be.reduce_stream());
+  t0 = clock_type::now();
+  const std::string setup = fsdp_test::error_of<fsdp::comm_error>([&] { be.synchronize(be.reduce_stream()); });
+  s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  report(setup, s);
+  CHECK(setup == "fsdp: mpi all_reduce(count=8, f32, avg) #0 on rank " + std::to_string(rank) +
+                     " of 4 timed out after 2000 ms while setting up this stream's communicator (MPI_Comm_idup)" +
+                     kWhy);
+  CHECK(s >= 1.9);
+  CHECK(s < 4.0);
+}
+
+TEST_CASE("failure: a rank killed in the middle of training makes the others fail within the timeout" *
+          doctest::test_suite("failure") * doctest::skip()) {
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::mpi<>>;
+  mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(2000)});
+  const int rank = comm.rank();
+  fsdp::Model<P> m(comm, fsdp_test::five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 3});
+  fsdp::optim::adamw opt(m, {.lr = 0.01f});
+  auto step = [&] {
+    for (auto& u : m.forward()) (void)u.param(u.layout().entries()[0].name);
+    for (auto& u : m.backward())
+      for (const auto& e : u.layout().entries()) {
+        auto g = u.grad(e.name);
+        for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = 0.01f * float((rank + 1) * (i % 7 + 1));
+      }
+    opt.step();
+    opt.zero_grad();
+  };
+  step();
+  step();
+  m.synchronize();
+  if (rank == 3) std::raise(SIGKILL);  // between steps 2 and 3: rank 3 never issues step 3's collectives
+  const auto t0 = clock_type::now();
+  const std::string what = fsdp_test::error_of<fsdp::comm_error>([&] {
+    step();
+    m.synchronize();
+  });
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  report(what, s);
+  // Step 3's first collective: the forward all-gather of the first unit (root: emb, 185 elements, with head tied to
+  // it; the layout pads the flat buffer to 192, 48 per rank). Steps 1 and 2 issued 5 forward gathers, 5 backward
+  // gathers and 5 reduce-scatters each, after the Model's one agreement all-gather at construction: #31.
+  CHECK(what == "fsdp: mpi all_gather(count=48, f32) #31 for unit 'root' on rank " + std::to_string(rank) +
+                    " of 4 timed out after 2000 ms" + kWhy);
+  CHECK(s >= 1.9);
+  CHECK(s < 4.0);
+}
+
+// ---- launch: run_mpi_test.sh starts the program once without mpirun, with torchrun's variables -----------------
+TEST_CASE("a process started by torchrun instead of mpirun is refused, naming the launcher to use" *
+          doctest::test_suite("launch") * doctest::skip()) {
+  REQUIRE(std::getenv("WORLD_SIZE") != nullptr);
+  REQUIRE(std::string(std::getenv("WORLD_SIZE")) == "2");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([] { mpi_communicator comm; }) ==
+        "fsdp: comm::mpi: WORLD_SIZE=2 says this process is one of several (torchrun, or another launcher that sets "
+        "RANK and WORLD_SIZE), but MPI sees a world of 1: without mpirun every process initialises MPI alone. Start "
+        "the program with mpirun -np 2 (comm::mpi needs MPI's own launcher), or use comm::nccl with torchrun");
+}
+
+namespace {
+/// One line per process at the end of the run, for run_mpi_test.sh to count: "rank 0 of 4: 5 test cases, 0 failed,
+/// 123 assertions, 0 failed".
+struct summary : doctest::IReporter {
+  explicit summary(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats& s) override {
+    int rank = 0, world = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    std::printf("rank %d of %d: %u test cases, %u failed, %d assertions, %d failed\n", rank, world,
+                s.numTestCasesPassingFilters, s.numTestCasesFailed, s.numAsserts, s.numAssertsFailed);
+    std::fflush(stdout);
+  }
+  void test_case_start(const doctest::TestCaseData&) override {}
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+REGISTER_LISTENER("mpi_summary", 1, summary);
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool scenario = false;  // a failure case, run by name with --no-skip (run_mpi_test.sh)
+  for (int i = 1; i < argc; ++i) scenario = scenario || std::string(argv[i]).rfind("--no-skip", 0) == 0;
+  fsdp::comm::mpi_session mpi(argc, argv);
+  doctest::Context ctx(argc, argv);
+  const int rc = ctx.run();
+  if (scenario) {
+    // End without MPI_Finalize on every rank, the healthy one too: under mpirun --enable-recovery, Open MPI 4.1.4's
+    // MPI_Finalize sometimes waits forever (a PMIx fence) for processes that ended without finalising (the
+    // survivors, see mpi_session) or died.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(rc);
+  }
+  return rc;
+}

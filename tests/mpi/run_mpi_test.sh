@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs tests/mpi/mpi_test.cc's program under mpirun at 4 processes, three times:
+#   1. every test case outside the "failure" suite; mpirun's exit status must be 0 and every rank must report its
+#      test cases, none failed;
+#   2. "a rank that returns without issuing a collective": ranks 0-2 must print the timeout of all_gather #1 and of
+#      the set-up of a stream's communicator, and every rank (3 too) must report its test case passed;
+#   3. "a rank killed in the middle of training": rank 3 raises SIGKILL; ranks 0-2 must print the timeout of step 3's
+#      first all-gather and report their test case passed; rank 3 reports nothing;
+#   4. once without mpirun, with torchrun's RANK / WORLD_SIZE: comm::mpi must refuse, naming mpirun.
+# mpirun kills the whole job when a process dies or exits non-zero, before the others have said anything; with
+# --enable-recovery it lets them run on (and then always exits 0, so runs 2 and 3 are judged by the printed lines
+# alone). Every launch runs under mpirun --timeout and an outer `timeout -k`, so nothing can hang.
+# (Run 1's test cases run at 4 processes; CHECKs inside the failure cases compare the whole messages too.)
+# Usage: run_mpi_test.sh PROGRAM  (CTest and the sh_test pass the built program; MPIRUN overrides `mpirun`)
+set -uo pipefail
+prog="$1"
+limit=150  # seconds for the first launch (about 5 s on 2 cores), then 60 s for each failure case (about 3 s)
+out="${TEST_UNDECLARED_OUTPUTS_DIR:-$(mktemp -d)}"
+failures=0
+
+# launch NAME [mpirun options] -- [program options]: output in $out/NAME.log, mpirun's status in $rc
+launch() {
+  local name="$1"
+  shift
+  local opts=()
+  while [[ "$1" != "--" ]]; do opts+=("$1"); shift; done
+  shift
+  local start=${SECONDS}
+  timeout -k 10 $((limit + 20)) "${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe --timeout "${limit}" -np 4 "${opts[@]}" \
+    "${prog}" --no-colors=true "$@" >"${out}/${name}.log" 2>&1
+  rc=$?
+  echo "${name}: mpirun exited ${rc} after $((SECONDS - start)) s"
+}
+
+# expect NAME LINE: LINE (exactly, after the elapsed time "after 2.0 s" is written "after T s") is in NAME's log
+expect() {
+  if sed -E 's/ caught after [0-9.]+ s: / caught after T s: /' "${out}/$1.log" | grep -Fxq -- "$2"; then
+    echo "  ok: $2"
+  else
+    echo "  MISSING: $2"
+    failures=$((failures + 1))
+  fi
+}
+# expect_count NAME REGEX N: N lines of NAME's log match REGEX
+expect_count() {
+  local n
+  n=$(grep -cE -- "$2" "${out}/$1.log")
+  if [[ "${n}" -eq "$3" ]]; then echo "  ok: $3 line(s) match '$2'"; else
+    echo "  WRONG: ${n} line(s) match '$2', expected $3"
+    failures=$((failures + 1))
+  fi
+}
+show_on_failure() {
+  if [[ ${failures} -ne $1 ]]; then echo "---- $2.log ----"; cat "${out}/$2.log"; echo "---- end of $2.log ----"; fi
+}
+
+why=": the other ranks did not complete it (a peer process died, or does not issue the same collectives in the same order; raise mpi_options::timeout if a peer is only slow)"
+
+# 1. collectives and Model parity
+before=${failures}
+launch collectives -- --test-suite-exclude=failure
+if [[ ${rc} -ne 0 ]]; then echo "  WRONG: mpirun exited ${rc}"; failures=$((failures + 1)); fi
+for r in 0 1 2 3; do expect_count collectives "^rank ${r} of 4: 6 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1; done
+show_on_failure "${before}" collectives
+
+# 2. a rank returns without issuing
+limit=60
+before=${failures}
+launch returns --enable-recovery -- "--test-case=*returns without issuing*" --no-skip=true
+for r in 0 1 2; do
+  expect returns "rank ${r} caught after T s: fsdp: mpi all_gather(count=8, f32) #1 for unit 'probe' on rank ${r} of 4 timed out after 2000 ms${why}"
+  expect returns "rank ${r} caught after T s: fsdp: mpi all_reduce(count=8, f32, avg) #0 on rank ${r} of 4 timed out after 2000 ms while setting up this stream's communicator (MPI_Comm_idup)${why}"
+done
+for r in 0 1 2 3; do expect_count returns "^rank ${r} of 4: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1; done
+expect_count returns "^rank 3 caught" 0
+show_on_failure "${before}" returns
+
+# 3. a rank killed in the middle of training
+before=${failures}
+launch killed --enable-recovery -- "--test-case=*killed in the middle of training*" --no-skip=true
+for r in 0 1 2; do
+  expect killed "rank ${r} caught after T s: fsdp: mpi all_gather(count=48, f32) #31 for unit 'root' on rank ${r} of 4 timed out after 2000 ms${why}"
+  expect_count killed "^rank ${r} of 4: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
+done
+expect_count killed "^rank 3 " 0
+show_on_failure "${before}" killed
+
+# 4. without mpirun, as torchrun would start it: refused (Open MPI initialises the process alone, as a world of 1)
+before=${failures}
+start=${SECONDS}
+env -u OMPI_COMM_WORLD_SIZE WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 timeout -k 10 60 "${prog}" --no-colors=true \
+  "--test-case=*started by torchrun*" --no-skip=true >"${out}/torchrun.log" 2>&1
+rc=$?
+echo "torchrun: exited ${rc} after $((SECONDS - start)) s"
+if [[ ${rc} -ne 0 ]]; then echo "  WRONG: exited ${rc}"; failures=$((failures + 1)); fi
+expect_count torchrun "^rank 0 of 1: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
+show_on_failure "${before}" torchrun
+
+if [[ ${failures} -ne 0 ]]; then
+  echo "run_mpi_test: ${failures} check(s) failed (logs in ${out})"
+  exit 1
+fi
+echo "run_mpi_test: all checks passed"
+if [[ -z "${TEST_UNDECLARED_OUTPUTS_DIR:-}" ]]; then rm -rf "${out}"; fi  # CTest: no logs left behind when all passed
