@@ -350,6 +350,40 @@ TEST_CASE("a Model on comm::mpi trains the MLP exactly as on comm::run_local at 
   }
 }
 
+TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on comm::run_local at world 8" *
+          doctest::test_suite("world8")) {
+  // Run by run_mpi_test.sh in an mpirun of 8 processes (--test-suite=world8; the 4-process run excludes it). comm::run_local at 8 is itself checked against the
+  // single-process reference in tests/model/precision_parity_test.cc.
+  using fsdp::bfloat16;
+  using fsdp::precision::mixed;
+  mlp::config cfg;
+  cfg.steps = 4;
+  cfg.optimizer = "adamw";
+  auto check = [&](auto sharding, auto precision) {
+    using P = fsdp::policy<decltype(sharding), fsdp::prefetch::next, decltype(precision)>;
+    using M = fsdp::policy<decltype(sharding), fsdp::prefetch::next, decltype(precision), fsdp::comm::mpi<>>;
+    std::vector<mlp::result> want(8);
+    fsdp_test::run_ranks(8, [&](local_communicator& c) { want[static_cast<std::size_t>(c.rank())] = mlp::train<P>(c, cfg); });
+    mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(30000)});
+    REQUIRE(comm.size() == 8);
+    const mlp::result got = mlp::train<M>(comm, cfg);
+    const mlp::result& ref = want[static_cast<std::size_t>(comm.rank())];
+    CHECK(same_bits(got.losses, ref.losses));
+    for (const auto& [name, v] : ref.params) {
+      CAPTURE(name);
+      CHECK(same_bits(got.params.at(name), v));
+    }
+    CHECK(got.replicate_group[collective::all_reduce] == ref.replicate_group[collective::all_reduce]);
+    CHECK(got.replicate_group[collective::all_reduce] > 0);
+  };
+  SUBCASE("hybrid_shard<4>, fp32") { check(fsdp::sharding::hybrid_shard<4>{}, fsdp::precision::full{}); }
+  SUBCASE("hybrid_shard<4>, bf16 compute, fp32 reduction") { check(fsdp::sharding::hybrid_shard<4>{}, mixed<bfloat16>{}); }
+  SUBCASE("hybrid_shard_zero2<4>, bf16 compute and reduction") {
+    check(fsdp::sharding::hybrid_shard_zero2<4>{}, mixed<bfloat16, float, bfloat16>{});
+  }
+  SUBCASE("hybrid_shard_zero2<2> (4 x 2), fp32") { check(fsdp::sharding::hybrid_shard_zero2<2>{}, fsdp::precision::full{}); }
+}
+
 TEST_CASE("split groups ranks by color, ordered by key, as MPI_Comm_split does") {
   mpi_communicator comm;
   const int rank = comm.rank();
@@ -460,6 +494,60 @@ TEST_CASE("failure: a rank killed in the middle of training makes the others fai
                     " of 4 timed out after 2000 ms" + kWhy);
   CHECK(s >= 1.9);
   CHECK(s < 4.0);
+}
+
+TEST_CASE("failure: a rank killed in the forward, the backward or before the step makes the others fail in bounds" *
+          doctest::test_suite("failure") * doctest::skip()) {
+  // FSDP_KILL_AT (run_mpi_test.sh passes it with mpirun -x): forward (after entering the second unit), backward
+  // (likewise) or step (right before the optimizer step, whose clipping all-reduce is then pending on the others).
+  const char* at_env = std::getenv("FSDP_KILL_AT");
+  REQUIRE(at_env != nullptr);
+  const std::string at = at_env;
+  REQUIRE((at == "forward" || at == "backward" || at == "step"));
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::mpi<>>;
+  mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(2000)});
+  const int rank = comm.rank();
+  fsdp::Model<P> m(comm, fsdp_test::five_units(), fsdp::wrap::by_prefix{"h."});
+  fsdp::optim::adamw opt(m, {.lr = 0.01f, .grad = {.max_norm = 1.0f}});
+  auto die_at = [&](const char* here) {
+    if (rank != 3 || at != here) return;
+    // before the step: once this rank's reductions are done, so the step's all-reduce is what the others miss
+    if (at == "step") m.synchronize();
+    std::raise(SIGKILL);
+  };
+  const auto t0 = clock_type::now();
+  std::string what;
+  try {
+    std::size_t entered = 0;
+    for (auto& u : m.forward()) {
+      (void)u;
+      if (++entered == 2) die_at("forward");
+    }
+    entered = 0;
+    for (auto& u : m.backward()) {
+      for (const auto& e : u.layout().entries()) {
+        auto g = u.grad(e.name);
+        for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = 0.01f;
+      }
+      if (++entered == 2) die_at("backward");
+    }
+    die_at("step");
+    opt.step();
+    m.synchronize();
+  } catch (const std::exception& e) {  // a comm_error, or the usage_error of a pass its failure abandoned
+    what = e.what();
+  }
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  report(what, s);
+  // The first pending collective of each kind the position leaves pending; a rank may also see it through the
+  // abort of another of its streams ("... aborted: mpi all_gather(...) ... timed out ...").
+  const std::string kind = at == "forward" ? "all_gather(" : at == "step" ? "all_reduce(" : "";
+  CHECK(what.find("fsdp: ") != std::string::npos);
+  CHECK(what.find("mpi ") != std::string::npos);
+  CHECK(what.find(" of 4 timed out after 2000 ms") != std::string::npos);
+  if (!kind.empty()) CHECK(what.find(kind) != std::string::npos);
+  else CHECK((what.find("reduce_scatter(") != std::string::npos || what.find("all_gather(") != std::string::npos));
+  CHECK(s < 5.0);  // the 2 s timeout, plus polling and a little start-up: never the default 60 s
 }
 
 // ---- launch: run_mpi_test.sh starts the program once without mpirun, with torchrun's variables -----------------

@@ -5,7 +5,9 @@
 #   2. "a rank that returns without issuing a collective": ranks 0-2 must print the timeout of all_gather #1 and of
 #      the set-up of a stream's communicator, and every rank (3 too) must report its test case passed;
 #   3. "a rank killed in the middle of training": rank 3 raises SIGKILL; ranks 0-2 must print the timeout of step 3's
-#      first all-gather and report their test case passed; rank 3 reports nothing;
+#      first all-gather and report their test case passed; rank 3 reports nothing; then the same with rank 3 killed
+#      after entering the forward's second unit, the backward's second unit, and right before the step;
+#      then hybrid sharding at 2 x 4 and 4 x 2 at 8 processes against comm::run_local;
 #   4. once without mpirun, with torchrun's RANK / WORLD_SIZE: comm::mpi must refuse, naming mpirun.
 # mpirun kills the whole job when a process dies or exits non-zero, before the others have said anything; with
 # --enable-recovery it lets them run on (and then always exits 0, so runs 2 and 3 are judged by the printed lines
@@ -26,7 +28,7 @@ launch() {
   while [[ "$1" != "--" ]]; do opts+=("$1"); shift; done
   shift
   local start=${SECONDS}
-  timeout -k 10 $((limit + 20)) "${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe --timeout "${limit}" -np 4 "${opts[@]}" \
+  timeout -k 10 $((limit + 20)) "${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe --timeout "${limit}" -np "${np:-4}" "${opts[@]}" \
     "${prog}" --no-colors=true "$@" >"${out}/${name}.log" 2>&1
   rc=$?
   echo "${name}: mpirun exited ${rc} after $((SECONDS - start)) s"
@@ -58,7 +60,7 @@ why=": the other ranks did not complete it (a peer process died, or does not iss
 
 # 1. collectives and Model parity
 before=${failures}
-launch collectives -- --test-suite-exclude=failure
+launch collectives -- --test-suite-exclude=failure,world8
 if [[ ${rc} -ne 0 ]]; then echo "  WRONG: mpirun exited ${rc}"; failures=$((failures + 1)); fi
 for r in 0 1 2 3; do expect_count collectives "^rank ${r} of 4: 6 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1; done
 show_on_failure "${before}" collectives
@@ -84,6 +86,28 @@ for r in 0 1 2; do
 done
 expect_count killed "^rank 3 " 0
 show_on_failure "${before}" killed
+
+# 3b. a rank killed in the forward, the backward or right before the step (FSDP_KILL_AT): the others time out
+# within the bound, each printing one error that names an mpi collective (the test case checks which kind)
+for at in forward backward step; do
+  before=${failures}
+  launch "killed_${at}" --enable-recovery -x "FSDP_KILL_AT=${at}" -- "--test-case=*killed in the forward*" \
+    --no-skip=true
+  for r in 0 1 2; do
+    expect_count "killed_${at}" "^rank ${r} caught after [0-9.]+ s: fsdp: .*mpi .* of 4 timed out after 2000 ms" 1
+    expect_count "killed_${at}" "^rank ${r} of 4: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
+  done
+  expect_count "killed_${at}" "^rank 3 " 0
+  show_on_failure "${before}" "killed_${at}"
+done
+
+# 3c. hybrid sharding at 2 x 4 (and 4 x 2) on 8 processes, bit for bit against comm::run_local at world 8
+limit=150
+before=${failures}
+np=8 launch world8 -- --test-suite=world8
+if [[ ${rc} -ne 0 ]]; then echo "  WRONG: mpirun exited ${rc}"; failures=$((failures + 1)); fi
+for r in 0 1 2 3 4 5 6 7; do expect_count world8 "^rank ${r} of 8: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1; done
+show_on_failure "${before}" world8
 
 # 4. without mpirun, as torchrun would start it: refused (Open MPI initialises the process alone, as a world of 1)
 before=${failures}
