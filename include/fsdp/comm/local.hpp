@@ -15,6 +15,7 @@
 
 #include "fsdp/backend/host.hpp"
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -35,7 +36,7 @@ struct local_options {
 };
 
 /// One rank's handle on an in-process group of thread ranks.
-class local_communicator {
+class local_communicator : public detail::collective_front<local_communicator, backend::host::stream> {
  public:
   using backend_type = backend::host;
   using stream = backend_type::stream;
@@ -52,23 +53,6 @@ class local_communicator {
   /// The options a backend made for this rank should use.
   const backend::host_options& backend_options() const noexcept { return backend_opt_; }
 
-  /// recv[q * count ...] = send of rank q; `count` elements per rank. `send` may be recv's own slice.
-  void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
-    issue({int(collective::all_gather), count, t, reduce_op::sum, 0}, send, recv, s, count * size());
-  }
-  /// recv (count elements) = reduction over ranks of send[rank * count ...].
-  void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    issue({int(collective::reduce_scatter), count, t, op, 0}, send, recv, s, count * size());
-  }
-  /// recv = reduction over ranks of send (count elements); in place when send == recv.
-  void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    issue({int(collective::all_reduce), count, t, op, 0}, send, recv, s, count);
-  }
-  /// recv = send of `root`.
-  void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
-    if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
-    issue({int(collective::broadcast), count, t, reduce_op::sum, root}, send, recv, s, count);
-  }
   /// Collective (every rank of the group calls it, in the same order as its other collectives): the ranks that
   /// pass the same `color` (>= 0) form a new group, ranked by (key, rank), as MPI_Comm_split does. Runs on the
   /// calling thread and is not counted in stats(). The new group shares the timeout, link model and delay
@@ -101,6 +85,7 @@ class local_communicator {
   void abort(const std::string& reason) noexcept { g_->abort(reason); }
 
  private:
+  friend class detail::collective_front<local_communicator, backend::host::stream>;
   void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
     if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
     const std::uint64_t seq = seq_++;

@@ -33,6 +33,7 @@
 
 #include "fsdp/backend/cuda.cuh"
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
 #include "fsdp/comm/local.hpp"
 #include "fsdp/core/error.hpp"
@@ -49,7 +50,7 @@ struct local_cuda_options {
 };
 
 /// One rank's handle on an in-process group of thread ranks sharing one GPU.
-class local_cuda_communicator {
+class local_cuda_communicator : public detail::collective_front<local_cuda_communicator, backend::cuda::stream> {
  public:
   using backend_type = backend::cuda;
   using stream = backend_type::stream;
@@ -61,19 +62,6 @@ class local_cuda_communicator {
   int size() const noexcept { return g_->size(); }
   const backend::cuda_options& backend_options() const noexcept { return backend_opt_; }
 
-  void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
-    issue({int(collective::all_gather), count, t, reduce_op::sum, 0}, send, recv, s, count * size());
-  }
-  void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    issue({int(collective::reduce_scatter), count, t, op, 0}, send, recv, s, count * size());
-  }
-  void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    issue({int(collective::all_reduce), count, t, op, 0}, send, recv, s, count);
-  }
-  void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
-    if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
-    issue({int(collective::broadcast), count, t, reduce_op::sum, root}, send, recv, s, count);
-  }
   /// Blocks the calling thread until every rank has reached its matching barrier (host only).
   void barrier() {
     const detail::op_desc d{-1, 0, dtype::f32, reduce_op::sum, 0};
@@ -88,6 +76,7 @@ class local_cuda_communicator {
   void abort(const std::string& reason) noexcept { g_->abort(reason); }
 
  private:
+  friend class detail::collective_front<local_cuda_communicator, backend::cuda::stream>;
   struct token {
     const void* send;
     cudaEvent_t ready;

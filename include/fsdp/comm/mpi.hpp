@@ -65,6 +65,7 @@
 
 #include "fsdp/backend/host.hpp"
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -459,7 +460,7 @@ class mpi_session {
 
 /// One process's handle on a group of MPI processes. Not copyable or movable: a Model keeps a reference to it.
 /// Collective to construct (every process of `comm` constructs one, in the same order as its other collectives).
-class mpi_communicator {
+class mpi_communicator : public detail::collective_front<mpi_communicator, backend::host::stream> {
  public:
   using backend_type = backend::host;
   using stream = backend_type::stream;
@@ -502,24 +503,6 @@ class mpi_communicator {
   /// Names the unit the next collectives are for (Model calls it), so that an error can say so.
   void label(std::string_view unit) { label_.assign(unit); }
 
-  /// recv[q * count ...] = send of rank q; `count` elements per rank. `send` may be recv's own slice.
-  void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
-    issue({int(collective::all_gather), count, t, reduce_op::sum, 0}, send, recv, s, count * size());
-  }
-  /// recv (count elements) = reduction over ranks of send[rank * count ...].
-  void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    issue({int(collective::reduce_scatter), count, t, op, 0}, send, recv, s, count * size());
-  }
-  /// recv = reduction over ranks of send (count elements); in place when send == recv.
-  void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    issue({int(collective::all_reduce), count, t, op, 0}, send, recv, s, count);
-  }
-  /// recv = send of `root` (on the root too, as NCCL does: a copy unless send == recv).
-  void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
-    if (root < 0 || root >= size())
-      fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
-    issue({int(collective::broadcast), count, t, reduce_op::sum, root}, send, recv, s, count);
-  }
   /// Blocks the calling thread until every rank has reached its matching barrier (under the timeout).
   void barrier() { g_->barrier(g_->base(), seq_++); }
 
@@ -571,6 +554,7 @@ class mpi_communicator {
   bool failed() const noexcept { return g_->failed(); }
 
  private:
+  friend class detail::collective_front<mpi_communicator, backend::host::stream>;
   struct adopt_tag {};
 
   /// A process started by torchrun (RANK, WORLD_SIZE) without mpirun initialises MPI alone, as a world of 1: the

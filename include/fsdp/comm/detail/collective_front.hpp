@@ -1,0 +1,40 @@
+#pragma once
+// The four collectives of the CollectivePolicy concept, written once for the communicators that turn each into an
+// op_desc request (comm::local, comm::local on one GPU, comm::mpi): Derived provides size() and
+// issue(desc, send, recv, stream, unsharded_elements), and befriends this class.
+#include <cstdint>
+
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/local_group.hpp"
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::comm::detail {
+
+template <class Derived, class Stream>
+class collective_front {
+ public:
+  /// recv[q * count ...] = send of rank q; `count` elements per rank. `send` may be recv's own slice.
+  void all_gather(const void* send, void* recv, std::int64_t count, dtype t, Stream& s) {
+    self().issue({int(collective::all_gather), count, t, reduce_op::sum, 0}, send, recv, s, count * self().size());
+  }
+  /// recv (count elements) = reduction over ranks of send[rank * count ...].
+  void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, Stream& s) {
+    self().issue({int(collective::reduce_scatter), count, t, op, 0}, send, recv, s, count * self().size());
+  }
+  /// recv = reduction over ranks of send (count elements); in place when send == recv.
+  void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, Stream& s) {
+    self().issue({int(collective::all_reduce), count, t, op, 0}, send, recv, s, count);
+  }
+  /// recv = send of `root`, on the root too (as NCCL: a copy unless send == recv).
+  void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, Stream& s) {
+    if (root < 0 || root >= self().size())
+      fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", self().size());
+    self().issue({int(collective::broadcast), count, t, reduce_op::sum, root}, send, recv, s, count);
+  }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+
+}  // namespace fsdp::comm::detail
