@@ -112,7 +112,7 @@ TEST_CASE("a shard group that does not divide the world is refused, naming both"
   });
 }
 
-TEST_CASE("a rank that returns in the middle of a hybrid step: its groups fail at once, naming the group's ranks") {
+TEST_CASE("a rank that returns before a hybrid forward: its shard group fails at once, naming its ranks") {
   std::mutex mu;
   std::vector<std::string> errors(4);
   const auto t0 = std::chrono::steady_clock::now();
