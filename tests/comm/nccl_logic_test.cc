@@ -1,5 +1,6 @@
 // comm::nccl's decisions (detail/nccl_logic.hpp, the code nccl.cuh runs) driven by a fake NCCL that records every
-// call and answers from a script, on a virtual clock: shutdown, asynchronous errors, grouped launches.
+// call and answers from a script, on a virtual clock: shutdown, asynchronous errors, grouped launches, a
+// communicator per stream, split groups and their family.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -7,6 +8,8 @@
 
 #include <chrono>
 #include <deque>
+#include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -22,12 +25,17 @@ using fsdp::dtype;
 using fsdp_test::error_of;
 
 /// What the fake answers, and what it saw.
+/// Communicators are numbers: 1 is the base one (its calls are recorded by name alone), those that ncclCommSplit
+/// makes are 2, 3, ... (recorded as "ncclCommGetAsyncError(c2)").
 struct script {
   std::vector<std::string> calls;
-  std::deque<int> async;  ///< successive states reported by ncclCommGetAsyncError; success once empty
-  int finalize = 1;       ///< in_progress: what a non-blocking communicator answers
+  std::deque<int> async;                   ///< successive states of communicator 1 (ncclCommGetAsyncError); success once empty
+  std::map<int, std::deque<int>> async_of;  ///< the same for the others
+  int finalize = 1;                        ///< in_progress: what a non-blocking communicator answers
   int group_end = 0;
-  int call = 0;  ///< what a collective call returns
+  int call = 0;   ///< what a collective call returns
+  int split = 1;  ///< what ncclCommSplit returns (in_progress: non-blocking)
+  int next_comm = 2;
   std::set<int> complete;
   int next_event = 1;
   std::chrono::steady_clock::time_point now{};
@@ -38,24 +46,32 @@ struct fake_api {
   enum result { success, in_progress, remote_error, invalid_argument };
   using stream = int;
   using event = int;
+  using comm = int;
   script* sc;
 
-  result get_async_error(result& state) {
-    sc->calls.push_back("ncclCommGetAsyncError");
+  result get_async_error(comm c, result& state) {
+    note("ncclCommGetAsyncError", c);
     state = success;
-    if (!sc->async.empty()) {
-      state = static_cast<result>(sc->async.front());
-      sc->async.pop_front();
+    std::deque<int>& q = c == 1 ? sc->async : sc->async_of[c];
+    if (!q.empty()) {
+      state = static_cast<result>(q.front());
+      q.pop_front();
     }
     return success;
   }
-  result comm_abort() { return note("ncclCommAbort", success); }
-  result finalize() { return note("ncclCommFinalize", static_cast<result>(sc->finalize)); }
-  result destroy() { return note("ncclCommDestroy", success); }
-  result group_start() { return note("ncclGroupStart", success); }
-  result group_end() { return note("ncclGroupEnd", static_cast<result>(sc->group_end)); }
-  result fail_group() { return note("ncclBroadcast(root=-1)", invalid_argument); }
-  std::string describe(result r) const {
+  result split(comm parent, int color, int key, comm& out) {
+    out = sc->next_comm++;
+    sc->calls.push_back("ncclCommSplit(c" + std::to_string(parent) + ", color=" + std::to_string(color) +
+                        ", key=" + std::to_string(key) + ") -> c" + std::to_string(out));
+    return static_cast<result>(sc->split);
+  }
+  result comm_abort(comm c) { return note("ncclCommAbort", c); }
+  result finalize(comm c) { return note("ncclCommFinalize", c, static_cast<result>(sc->finalize)); }
+  result destroy(comm c) { return note("ncclCommDestroy", c); }
+  result group_start() { return note("ncclGroupStart", 1); }
+  result group_end() { return note("ncclGroupEnd", 1, static_cast<result>(sc->group_end)); }
+  result fail_group(comm c) { return note("ncclBroadcast(root=-1)", c, invalid_argument); }
+  std::string describe(result r, comm) const {
     switch (r) {
       case success: return "ncclSuccess (no error)";
       case in_progress: return "ncclInProgress (NCCL operation in progress)";
@@ -77,24 +93,28 @@ struct fake_api {
   void log(const std::string& line) noexcept { sc->logs.push_back(line); }
 
  private:
-  result note(const char* name, result r) {
-    sc->calls.push_back(name);
+  result note(const std::string& name, comm c, result r = success) {
+    sc->calls.push_back(c == 1 ? name : name + "(c" + std::to_string(c) + ")");
     return r;
   }
 };
 
 using core = fsdp::comm::detail::nccl_core<fake_api>;
 
-/// A collective as nccl.cuh issues it, the NCCL call recorded under its name.
-void all_gather(core& c, script& sc, std::int64_t count, int stream) {
-  c.issue(collective::all_gather, count, dtype::f32, count * c.size(), stream, [&] {
-    sc.calls.push_back("ncclAllGather");
+/// A base communicator (c1) set up as nccl.cuh does (ncclCommInitRankConfig answered success).
+void init(core& c) { c.init(1, fake_api::success, "ncclCommInitRankConfig", "communicator set-up"); }
+
+/// A collective as nccl.cuh issues it, the NCCL call recorded under its name and communicator. `key` is the
+/// stream's name (empty: the base communicator, as barrier() issues).
+void all_gather(core& c, script& sc, std::int64_t count, int stream, std::string_view key = {}) {
+  c.issue(collective::all_gather, count, dtype::f32, count * c.size(), stream, key, [&](int comm) {
+    sc.calls.push_back(comm == 1 ? "ncclAllGather" : "ncclAllGather(c" + std::to_string(comm) + ")");
     return static_cast<fake_api::result>(sc.call);
   });
 }
-void reduce_scatter(core& c, script& sc, std::int64_t count, int stream) {
-  c.issue(collective::reduce_scatter, count, dtype::bf16, count * c.size(), stream, [&] {
-    sc.calls.push_back("ncclReduceScatter");
+void reduce_scatter(core& c, script& sc, std::int64_t count, int stream, std::string_view key = {}) {
+  c.issue(collective::reduce_scatter, count, dtype::bf16, count * c.size(), stream, key, [&](int comm) {
+    sc.calls.push_back(comm == 1 ? "ncclReduceScatter" : "ncclReduceScatter(c" + std::to_string(comm) + ")");
     return static_cast<fake_api::result>(sc.call);
   });
 }
@@ -113,6 +133,7 @@ std::string seq(const calls& c) {
 TEST_CASE("nccl shutdown: ncclCommFinalize's ncclInProgress is polled with a sleep, then destroyed, and nothing is logged") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
   sc.async = {fake_api::in_progress, fake_api::in_progress, fake_api::success};
   c.shutdown();
   CHECK(seq(sc.calls) == seq(calls{"ncclCommFinalize", "sleep", "ncclCommGetAsyncError", "sleep", "ncclCommGetAsyncError", "sleep",
@@ -125,6 +146,7 @@ TEST_CASE("nccl shutdown: ncclCommFinalize's ncclInProgress is polled with a sle
 TEST_CASE("nccl shutdown: failures are logged and end in ncclCommAbort") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 50ms);
+  init(c);
   SUBCASE("an error while finalizing") {
     sc.async = {fake_api::in_progress, fake_api::remote_error};
     c.shutdown();
@@ -166,6 +188,7 @@ TEST_CASE("nccl shutdown: failures are logged and end in ncclCommAbort") {
 TEST_CASE("nccl asynchronous errors name the pending collectives, their units and sequence numbers") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
   c.label("h.1");
   all_gather(c, sc, 8, 7);
   c.label("h.0");
@@ -225,6 +248,7 @@ TEST_CASE("nccl asynchronous errors name the pending collectives, their units an
 TEST_CASE("nccl grouped(): completion events are recorded only once ncclGroupEnd has launched the group") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
   sc.group_end = fake_api::in_progress;  // a non-blocking communicator launches the group in the background
   c.label("h.1");
   c.grouped([&] {
@@ -241,6 +265,7 @@ TEST_CASE("nccl grouped(): completion events are recorded only once ncclGroupEnd
 TEST_CASE("nccl grouped(): an exception inside the group abandons it: nothing is launched, the communicator is aborted") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
   c.label("h.1");
   SUBCASE("the function throws after queueing a collective") {
     const std::string msg = error_of<std::exception>([&] {
@@ -286,6 +311,7 @@ TEST_CASE("nccl grouped(): an exception inside the group abandons it: nothing is
 TEST_CASE("nccl timeouts name what timed out and the pending collectives") {
   script sc;
   core c(fake_api{&sc}, 0, 2, 5ms);
+  init(c);
   c.label("h.0");
   all_gather(c, sc, 8, 7);
   sc.call = fake_api::in_progress;
@@ -296,4 +322,134 @@ TEST_CASE("nccl timeouts name what timed out and the pending collectives") {
                "comm::nccl on rank 0 of 2 aborted (a rank that died or issued a different collective sequence leaves "
                "the others waiting)");
   CHECK(sc.calls.back() == "ncclCommAbort");
+}
+
+TEST_CASE("nccl streams: each stream name gets its own communicator, split from the base on its first collective") {
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
+  c.label("h.1");
+  sc.async_of[2] = {fake_api::in_progress};  // the first split settles at the second poll
+  all_gather(c, sc, 8, 7, "rank1.all_gather");
+  reduce_scatter(c, sc, 4, 8, "rank1.reduce");
+  all_gather(c, sc, 8, 7, "rank1.all_gather");  // the stream's communicator is reused
+  all_gather(c, sc, 1, 9);                      // no stream name (barrier()): the base communicator
+  CHECK(seq(sc.calls) ==
+        seq(calls{"ncclCommSplit(c1, color=0, key=1) -> c2", "sleep", "ncclCommGetAsyncError(c2)", "sleep",
+                  "ncclCommGetAsyncError(c2)", "ncclAllGather(c2)", "cudaEventRecord(e1, s7)",
+                  "ncclCommSplit(c1, color=0, key=1) -> c3", "sleep", "ncclCommGetAsyncError(c3)",
+                  "ncclReduceScatter(c3)", "cudaEventRecord(e2, s8)", "ncclAllGather(c2)", "cudaEventRecord(e3, s7)",
+                  "ncclAllGather", "cudaEventRecord(e4, s9)"}));
+  CHECK(c.live_communicators() == 3);
+  CHECK(c.issued() == 4);  // one numbering across the communicators
+  CHECK(c.stats()[collective::all_gather] == 3);
+  CHECK(c.stats()[collective::reduce_scatter] == 1);
+
+  // Shutdown finalizes them all (the streams' first, the base last), polls them all, then destroys them all.
+  sc.calls.clear();
+  c.shutdown();
+  CHECK(seq(sc.calls) == seq(calls{"ncclCommFinalize(c3)", "ncclCommFinalize(c2)", "ncclCommFinalize", "sleep",
+                                   "ncclCommGetAsyncError", "ncclCommGetAsyncError(c2)", "ncclCommGetAsyncError(c3)",
+                                   "ncclCommDestroy(c3)", "ncclCommDestroy(c2)", "ncclCommDestroy"}));
+  CHECK(c.live_communicators() == 0);
+  CHECK(seq(sc.logs) == "");
+}
+
+TEST_CASE("nccl streams: a stream's split that fails is named, and every communicator is aborted") {
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
+  c.label("h.1");
+  all_gather(c, sc, 8, 7, "rank1.all_gather");
+  sc.calls.clear();
+  sc.async_of[3] = {fake_api::remote_error};
+  const std::string msg = error_of<fsdp::comm_error>([&] { reduce_scatter(c, sc, 4, 8, "rank1.reduce"); });
+  CHECK(msg == "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 1 of "
+               "4 during ncclCommSplit for the communicator of stream 'rank1.reduce'; pending: all_gather(count=8, "
+               "f32) #0 for unit 'h.1', issued 0 ms ago and not complete; comm::nccl on rank 1 of 4 aborted (restart "
+               "every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+  // The communicators this core owns first (the stream's, then the base), then the one the split made.
+  CHECK(seq(sc.calls) == seq(calls{"ncclCommSplit(c1, color=0, key=1) -> c3", "sleep", "ncclCommGetAsyncError(c3)",
+                                   "ncclCommAbort(c2)", "ncclCommAbort", "ncclCommAbort(c3)"}));
+  CHECK(c.issued() == 1);  // the reduce-scatter was never issued
+  CHECK(c.live_communicators() == 0);
+}
+
+TEST_CASE("nccl streams: a stream's first collective cannot be grouped, and says so") {
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
+  c.label("h.1");
+  all_gather(c, sc, 8, 7, "g");
+  sc.calls.clear();
+  const std::string msg = error_of<fsdp::comm_error>([&] {
+    c.grouped([&] {
+      all_gather(c, sc, 8, 7, "g");
+      reduce_scatter(c, sc, 4, 8, "r");
+    });
+  });
+  CHECK(msg == "fsdp: comm::nccl on rank 1 of 4: grouped() abandoned after 1 queued collective (all_gather(count=8, "
+               "f32) #1 for unit 'h.1') because its function threw: comm::nccl on rank 1: the first collective on "
+               "stream 'r' is inside grouped(); a stream's communicator is split from the base one (ncclCommSplit) on "
+               "its first collective, which cannot run inside a group. Issue one collective on the stream before "
+               "grouping its collectives; the group was not launched and the communicator was aborted (the other "
+               "ranks fail at their timeout; restart every rank)");
+  CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclAllGather(c2)", "ncclBroadcast(root=-1)", "ncclGroupEnd",
+                                   "ncclCommAbort(c2)", "ncclCommAbort"}));
+}
+
+TEST_CASE("nccl split groups: a failure in either a world or its split group aborts both and names both's pending") {
+  script sc;
+  core world(fake_api{&sc}, 1, 4, 1000ms);
+  init(world);
+  sc.split = fake_api::success;
+  const int sub = world.split(1, 1);
+  CHECK(sub == 2);
+  std::optional<core> group;  // a Model's shard or replicate group, which ends before the world
+  group.emplace(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)");
+  group->init(sub, fake_api::success, "ncclCommSplit", "a split group");
+  group->join_family(world);
+  CHECK(world.issued() == 0);  // a split is not a collective of the count
+
+  world.label("h.1");
+  all_gather(world, sc, 8, 7, "rank1.all_gather");  // c3
+  group->label("h.0");
+  reduce_scatter(*group, sc, 4, 8, "rank1.reduce");  // c4, split from c2
+  CHECK(sc.calls[sc.calls.size() - 3] == "ncclCommSplit(c2, color=0, key=0) -> c4");
+  sc.now += 12ms;
+
+  SUBCASE("an asynchronous error in the split group, seen by the world's check() (the CUDA backend's poll)") {
+    sc.async_of[4] = {fake_api::remote_error};
+    sc.calls.clear();
+    const std::string msg = error_of<fsdp::comm_error>([&] { world.check(); });
+    CHECK(msg == "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 0 "
+                 "of 2; pending: comm::nccl: all_gather(count=8, f32) #0 for unit 'h.1', issued 12 ms ago and not "
+                 "complete; comm::nccl split(color=1, key=1): reduce_scatter(count=4, bf16) #0 for unit 'h.0', issued "
+                 "12 ms ago and not complete; comm::nccl split(color=1, key=1) on rank 0 of 2 aborted (restart every "
+                 "rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+    CHECK(seq(sc.calls) == seq(calls{"ncclCommGetAsyncError", "ncclCommGetAsyncError(c3)", "ncclCommGetAsyncError(c2)",
+                                     "ncclCommGetAsyncError(c4)", "ncclCommAbort(c3)", "ncclCommAbort",
+                                     "ncclCommAbort(c4)", "ncclCommAbort(c2)"}));
+    CHECK(error_of<fsdp::comm_error>([&] { world.check(); }) == "fsdp: comm::nccl on rank 1 was aborted: " + msg.substr(6));
+    CHECK(error_of<fsdp::comm_error>([&] { all_gather(*group, sc, 1, 7, "rank1.all_gather"); }) ==
+          "fsdp: all_gather on rank 0 after comm::nccl split(color=1, key=1) was aborted: " + msg.substr(6));
+  }
+  SUBCASE("a timeout of the world's wait names the split group's pending collectives too") {
+    sc.calls.clear();
+    const std::string msg = error_of<fsdp::comm_error>([&] { world.fail_timeout("step on stream 'rank1.compute'"); });
+    CHECK(msg == "fsdp: step on stream 'rank1.compute'; pending: comm::nccl: all_gather(count=8, f32) #0 for unit "
+                 "'h.1', issued 12 ms ago and not complete; comm::nccl split(color=1, key=1): reduce_scatter(count=4, "
+                 "bf16) #0 for unit 'h.0', issued 12 ms ago and not complete; comm::nccl on rank 1 of 4 aborted (a "
+                 "rank that died or issued a different collective sequence leaves the others waiting)");
+    CHECK(group->aborted());
+    CHECK(group->live_communicators() == 0);
+  }
+  SUBCASE("a split group that has ended leaves the family") {
+    sc.complete = {1, 2};
+    group->shutdown();
+    group.reset();
+    sc.async_of[4] = {fake_api::remote_error};  // the ended group's communicator is not polled any more
+    world.check();
+    CHECK_FALSE(world.aborted());
+  }
 }

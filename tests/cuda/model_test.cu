@@ -395,6 +395,16 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   CHECK(back[0] == 2.5f);
   CHECK(back[1] == -1.0f);
   CHECK(comm.stats()[fsdp::collective::broadcast] == 1);
+  // A split group (ncclCommSplit; hybrid sharding's shard and replicate groups) of the one rank: its own
+  // communicators, its own counts, a barrier on its base communicator.
+  fsdp::comm::nccl_communicator sub = comm.split(3, 0);
+  CHECK(sub.rank() == 0);
+  CHECK(sub.size() == 1);
+  CHECK(sub.native() != comm.native());
+  sub.all_reduce(buf.data(), buf.data(), 1, fsdp::dtype::f32, fsdp::reduce_op::sum, be.reduce_stream());
+  sub.barrier();
+  CHECK(sub.stats()[fsdp::collective::all_reduce] == 2);
+  CHECK(comm.stats()[fsdp::collective::all_reduce] == 2);  // the barrier and the grouped all-reduce above
 }
 
 TEST_CASE("comm::local on one GPU: a rank that returns without issuing a collective fails the others at once, named") {

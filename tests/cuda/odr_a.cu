@@ -22,3 +22,4 @@ std::string odr_a(float* out) {
 std::string odr_model_a(float* out) { return odr_train_local(out); }
 // comm::nccl's instantiation, compiled in both units (it needs a launcher to run)
 [[maybe_unused]] static auto* odr_nccl_a = &odr_train<fsdp::comm::nccl>;
+[[maybe_unused]] static auto* odr_nccl_hybrid_a = &odr_train_with<odr_hybrid_nccl_policy>;

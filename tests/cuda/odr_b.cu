@@ -23,4 +23,5 @@ std::string odr_b(float* out) {
 std::string odr_model_b(float* out) { return odr_train_local(out); }
 // comm::nccl's instantiation, compiled in both units (it needs a launcher to run)
 [[maybe_unused]] static auto* odr_nccl_b = &odr_train<fsdp::comm::nccl>;
+[[maybe_unused]] static auto* odr_nccl_hybrid_b = &odr_train_with<odr_hybrid_nccl_policy>;
 [[maybe_unused]] static auto* odr_mpi_b = &fsdp::comm::nccl_from_mpi;

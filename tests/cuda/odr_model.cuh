@@ -14,17 +14,25 @@ template <class CommTag>
 using odr_policy =
     fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>, CommTag>;
 
-/// One AdamW step of a two-unit model; returns one weight afterwards.
-template <class CommTag>
-float odr_train(typename odr_policy<CommTag>::communicator& comm) {
+/// Hybrid sharding over comm::nccl (its split groups, ncclCommSplit): compiled only.
+using odr_hybrid_nccl_policy = fsdp::policy<fsdp::sharding::hybrid_shard<2>, fsdp::prefetch::next,
+                                            fsdp::precision::mixed<fsdp::bfloat16>, fsdp::comm::nccl>;
+
+/// One AdamW step of a two-unit model under policy P; returns one weight afterwards.
+template <class P>
+float odr_train_with(typename P::communicator& comm) {
   fsdp::ModelSpec spec;
   spec.add("l0.w", {4, 3}).add("l1.w", {5});
-  fsdp::Model<odr_policy<CommTag>> m(comm, spec, fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{0.5f, 1});
+  fsdp::Model<P> m(comm, spec, fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{0.5f, 1});
   fsdp::optim::adamw opt(m, {.lr = 0.1f, .grad = {.max_norm = 1.0f}});
   for (auto& u : m.forward()) (void)u;
   for (auto& u : m.backward()) (void)u;  // zero gradients: AdamW's decay alone moves the weights
   opt.step();
   return m.gather_full_params().at("l1.w")[0];
+}
+template <class CommTag>
+float odr_train(typename odr_policy<CommTag>::communicator& comm) {
+  return odr_train_with<odr_policy<CommTag>>(comm);
 }
 
 /// odr_train on comm::local with one GPU rank, or the "skipped: ..." line without a GPU.

@@ -277,7 +277,7 @@ TEST_CASE("a strategy whose shard group is neither one rank nor the world: hybri
                                      archetype::unsplittable_comm>>(u, spec, fsdp::wrap::by_size{8});
           }) == "fsdp: sharding strategy half_world shards over 2 of 4 ranks and replicates over 2 (hybrid sharding), "
                 "which needs a communicator with split(color, key) to make the shard and replicate groups; this "
-                "policy's communicator has none (comm::local and comm::mpi do)");
+                "policy's communicator has none (comm::local on the host, comm::mpi and comm::nccl do)");
   });
   fsdp_test::run_ranks(1, [&](fsdp::comm::local_communicator& c) {  // at one rank it is full_shard
     fsdp::Model<fsdp::policy<archetype::half_world>> m(c, spec, fsdp::wrap::by_size{8});

@@ -65,21 +65,28 @@ struct nccl_api {
   static constexpr result in_progress = ncclInProgress;
   using stream = cudaStream_t;
   using event = cudaEvent_t;
+  using comm = ncclComm_t;
 
-  ncclComm_t comm = nullptr;
-
-  result get_async_error(result& state) { return ncclCommGetAsyncError(comm, &state); }
-  result comm_abort() { return ncclCommAbort(std::exchange(comm, nullptr)); }
-  result finalize() { return ncclCommFinalize(comm); }
-  result destroy() { return ncclCommDestroy(std::exchange(comm, nullptr)); }
+  result get_async_error(comm c, result& state) { return ncclCommGetAsyncError(c, &state); }
+  /// The new communicator is non-blocking like every communicator here, and shares no resources with its parent
+  /// (splitShare 0), so that collectives on the two run side by side.
+  result split(comm parent, int color, int key, comm& out) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.splitShare = 0;
+    return ncclCommSplit(parent, color, key, &out, &config);
+  }
+  result comm_abort(comm c) { return ncclCommAbort(c); }
+  result finalize(comm c) { return ncclCommFinalize(c); }
+  result destroy(comm c) { return ncclCommDestroy(c); }
   result group_start() { return ncclGroupStart(); }
   result group_end() { return ncclGroupEnd(); }
   /// A broadcast from root -1: NCCL rejects it (ncclInvalidArgument) before touching any buffer or stream, and a
   /// call rejected inside a group makes the group fail as a whole, so ncclGroupEnd launches none of it.
-  result fail_group() { return ncclBroadcast(nullptr, nullptr, 0, ncclFloat32, -1, comm, nullptr); }
-  std::string describe(result r) const {
+  result fail_group(comm c) { return ncclBroadcast(nullptr, nullptr, 0, ncclFloat32, -1, c, nullptr); }
+  std::string describe(result r, comm c) const {
     std::string s = fsdp::detail::cat(fsdp::detail::nccl_result_name(r), " (", ncclGetErrorString(r), ")");
-    if (const char* last = ncclGetLastError(comm); last && *last) s += fsdp::detail::cat(" [NCCL: ", last, "]");
+    if (const char* last = ncclGetLastError(c); last && *last) s += fsdp::detail::cat(" [NCCL: ", last, "]");
     return s;
   }
   event new_event() {
@@ -104,6 +111,17 @@ struct nccl_api {
 };
 
 /// One rank's NCCL communicator. Not copyable or movable: a Model keeps a reference to it.
+///
+/// Several NCCL communicators stand behind it (detail::nccl_core): the base one, made at construction, which
+/// barrier() and split() use, and one per stream name, split from the base (ncclCommSplit) on the first collective
+/// issued on a stream of that name, so that a prefetched all-gather on the gather stream never waits behind a
+/// reduce-scatter on the reduce stream inside NCCL. Every rank issues in program order, so the splits match. Two
+/// streams of one name share a communicator and must not have collectives in flight at once (the Model's streams
+/// are "rankN.all_gather", "rankN.reduce", "rankN.compute").
+///
+/// split(color, key) makes the communicator of a sub-group (hybrid sharding's shard and replicate groups). The
+/// sub-group belongs to this communicator's family: the CUDA backend's waits, which watch this communicator, see
+/// its errors too, and a failure of either aborts both.
 class nccl_communicator {
  public:
   using backend_type = backend::cuda;
@@ -120,8 +138,9 @@ class nccl_communicator {
     FSDP_CUDA_CHECK(cudaSetDevice(opt_.backend.device));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    const ncclResult_t rc = ncclCommInitRankConfig(&core_.api().comm, world, id, rank, &config);
-    core_.settle(rc, "ncclCommInitRankConfig", "communicator set-up");
+    ncclComm_t c = nullptr;
+    const ncclResult_t rc = ncclCommInitRankConfig(&c, world, id, rank, &config);
+    core_.init(c, rc, "ncclCommInitRankConfig", "communicator set-up");
     if (rendezvous && rank == 0) rendezvous->remove();  // every rank has joined: nobody reads the files any more
     barrier_stream_ = std::make_unique<stream>("rank" + std::to_string(rank) + ".nccl_barrier");
     FSDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
@@ -136,8 +155,16 @@ class nccl_communicator {
   int rank() const noexcept { return core_.rank(); }
   int size() const noexcept { return core_.size(); }
   int device() const noexcept { return opt_.backend.device; }
-  /// The NCCL communicator; null once aborted.
-  ncclComm_t native() const noexcept { return core_.api().comm; }
+  /// The base NCCL communicator (barrier() and split() use it; each stream has its own); null once aborted.
+  ncclComm_t native() const noexcept { return core_.base(); }
+
+  /// The communicator of the ranks that pass the same `color` (>= 0), ranked by (key, rank), as MPI_Comm_split
+  /// does: ncclCommSplit on the base communicator, a collective of every rank of this one, settled under the
+  /// timeout. The new communicator uses this one's device and options and belongs to its family (see above).
+  nccl_communicator split(int color, int key) {
+    if (color < 0) fsdp::detail::fail_usage("split on rank ", rank(), ": color must be >= 0, got ", color);
+    return nccl_communicator(*this, core_.split(color, key), color, key);
+  }
 
   /// The backend a Model builds on this communicator: this rank's device, and waits that watch NCCL.
   backend::cuda_options backend_options() {
@@ -152,32 +179,30 @@ class nccl_communicator {
   void label(std::string_view unit) { core_.label(unit); }
 
   void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
-    core_.issue(collective::all_gather, count, t, count * size(), s.get(), [&] {
-      return ncclAllGather(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), comm(), s.get());
+    core_.issue(collective::all_gather, count, t, count * size(), s.get(), s.name(), [&](ncclComm_t c) {
+      return ncclAllGather(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), c, s.get());
     });
   }
   void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    core_.issue(collective::reduce_scatter, count, t, count * size(), s.get(), [&] {
+    core_.issue(collective::reduce_scatter, count, t, count * size(), s.get(), s.name(), [&](ncclComm_t c) {
       return ncclReduceScatter(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t),
-                               nccl_detail::op_of(op), comm(), s.get());
+                               nccl_detail::op_of(op), c, s.get());
     });
   }
   void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    core_.issue(collective::all_reduce, count, t, count, s.get(), [&] {
-      return ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), nccl_detail::op_of(op),
-                           comm(), s.get());
-    });
+    all_reduce_on(send, recv, count, t, op, s, s.name());
   }
   void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
     if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
-    core_.issue(collective::broadcast, count, t, count, s.get(), [&] {
-      return ncclBroadcast(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), root, comm(), s.get());
+    core_.issue(collective::broadcast, count, t, count, s.get(), s.name(), [&](ncclComm_t c) {
+      return ncclBroadcast(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), root, c, s.get());
     });
   }
-  /// Blocks until every rank has reached its barrier (a one-element all-reduce), under the timeout.
+  /// Blocks until every rank has reached its barrier (a one-element all-reduce on the base communicator), under
+  /// the timeout.
   void barrier() {
     label("(barrier)");
-    all_reduce(barrier_buf_, barrier_buf_, 1, dtype::f32, reduce_op::sum, *barrier_stream_);
+    all_reduce_on(barrier_buf_, barrier_buf_, 1, dtype::f32, reduce_op::sum, *barrier_stream_, {});
     wait(*barrier_stream_, "barrier");
   }
 
@@ -202,7 +227,7 @@ class nccl_communicator {
   /// the pending collectives, their units and sequence numbers.
   void check() { core_.check(); }
 
-  /// Aborts the communicator: every pending and later operation fails. Never throws.
+  /// Aborts the communicator and its family: every pending and later operation fails. Never throws.
   void abort(const std::string& reason) noexcept { core_.abort(reason); }
 
   collective_stats stats() const { return core_.stats(); }
@@ -210,7 +235,39 @@ class nccl_communicator {
   std::uint64_t issued() const noexcept { return core_.issued(); }
 
  private:
-  ncclComm_t comm() const noexcept { return core_.api().comm; }
+  /// A group split from `parent`: `c` is the settled result of its ncclCommSplit.
+  nccl_communicator(nccl_communicator& parent, ncclComm_t c, int color, int key)
+      : nccl_communicator(parent, c, shape_of(c), color, key) {}
+  nccl_communicator(nccl_communicator& parent, ncclComm_t c, std::pair<int, int> shape, int color, int key)
+      : opt_(parent.opt_),
+        core_(nccl_api{}, shape.first, shape.second, opt_.timeout,
+              fsdp::detail::cat(parent.core_.name(), " split(color=", color, ", key=", key, ")")) {
+    core_.init(c, ncclSuccess, "ncclCommSplit", "a split group");
+    core_.join_family(parent.core_);
+    barrier_stream_ = std::make_unique<stream>(fsdp::detail::cat("rank", parent.rank(), ".nccl_barrier.split", color));
+    FSDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+  }
+
+  /// (rank, ranks) of a new communicator; aborts it when NCCL cannot say.
+  static std::pair<int, int> shape_of(ncclComm_t c) {
+    int r = 0, n = 0;
+    ncclResult_t rc = ncclCommUserRank(c, &r);
+    if (rc == ncclSuccess) rc = ncclCommCount(c, &n);
+    if (rc != ncclSuccess) {
+      (void)ncclCommAbort(c);
+      throw comm_error(fsdp::detail::cat("comm::nccl: ncclCommUserRank / ncclCommCount of a split group reported ",
+                                         fsdp::detail::nccl_result_name(rc), "; the group was aborted"));
+    }
+    return {r, n};
+  }
+
+  void all_reduce_on(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s,
+                     std::string_view key) {
+    core_.issue(collective::all_reduce, count, t, count, s.get(), key, [&](ncclComm_t c) {
+      return ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), nccl_detail::op_of(op),
+                           c, s.get());
+    });
+  }
 
   nccl_options opt_;
   detail::nccl_core<nccl_api> core_;

@@ -7,13 +7,14 @@
 //
 // What Api provides (nccl_api in nccl.cuh is the production one):
 //   using result = ...;  static constexpr result success, in_progress;      ncclResult_t, ncclSuccess, ncclInProgress
-//   using stream = ...;  using event = ...;                                  cudaStream_t, cudaEvent_t
-//   result get_async_error(result& state)       ncclCommGetAsyncError
-//   result comm_abort()                          ncclCommAbort (the communicator is gone afterwards)
-//   result finalize();  result destroy()         ncclCommFinalize, ncclCommDestroy
+//   using stream = ...;  using event = ...;  using comm = ...;              cudaStream_t, cudaEvent_t, ncclComm_t
+//   result get_async_error(comm, result& state)  ncclCommGetAsyncError
+//   result split(comm, int color, int key, comm& out)  ncclCommSplit, non-blocking like its parent
+//   result comm_abort(comm)                      ncclCommAbort (the communicator is gone afterwards)
+//   result finalize(comm);  result destroy(comm) ncclCommFinalize, ncclCommDestroy
 //   result group_start();  result group_end()    ncclGroupStart, ncclGroupEnd
-//   result fail_group()                          a call NCCL rejects inside the open group (see grouped())
-//   std::string describe(result)                 "ncclRemoteError (remote process exited or ...)"
+//   result fail_group(comm)                      a call NCCL rejects inside the open group (see grouped())
+//   std::string describe(result, comm)           "ncclRemoteError (remote process exited or ...)"; comm{} allowed
 //   event new_event();  void record(event, stream);  bool complete(event);  void destroy_event(event) noexcept
 //   std::chrono::steady_clock::time_point now();  void sleep(std::chrono::microseconds)
 //   void log(const std::string&) noexcept        one line on stderr (destructors only log)
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -59,12 +61,23 @@ constexpr std::string_view nccl_function(collective c) noexcept {
   return "?";
 }
 
+/// One rank's view of one NCCL group (the world, or a group split from it), made of several NCCL communicators:
+/// the base one (barrier(), split()) and one per stream name, split from the base on the stream's first
+/// collective, so that the gather stream's collectives never queue behind the reduce stream's (NCCL runs the
+/// collectives of one communicator in the order they were issued, whatever the stream). Every rank issues its
+/// collectives in program order, so the k-th new stream name on one rank is the k-th on every rank, and the
+/// ncclCommSplit calls on the base match. Collectives are numbered across all of them (#seq in messages).
+///
+/// A family is a world core and the cores split from it (Model's shard and replicate groups): check() looks at
+/// every member, and any failure aborts every member and names every member's pending collectives, because the
+/// CUDA backend's waits watch the world communicator only.
 template <class Api>
 class nccl_core {
  public:
   using result = typename Api::result;
   using stream = typename Api::stream;
   using event = typename Api::event;
+  using comm = typename Api::comm;
 
   /// At most this many pending collectives are named in a message; the rest are counted.
   static constexpr std::size_t named_pending = 4;
@@ -73,20 +86,59 @@ class nccl_core {
   /// How often ncclCommFinalize is polled at shutdown.
   static constexpr std::chrono::microseconds shutdown_poll_interval{1000};
 
-  nccl_core(Api api, int rank, int world, std::chrono::milliseconds timeout)
-      : api_(std::move(api)), rank_(rank), world_(world), timeout_(timeout) {}
+  /// `name` is how messages call the group: "comm::nccl" for the world, longer for a split group.
+  nccl_core(Api api, int rank, int world, std::chrono::milliseconds timeout, std::string name = "comm::nccl")
+      : api_(std::move(api)), rank_(rank), world_(world), timeout_(timeout), name_(std::move(name)),
+        family_(std::make_shared<family>()) {
+    family_->members.push_back(this);
+  }
   nccl_core(const nccl_core&) = delete;
   nccl_core& operator=(const nccl_core&) = delete;
-  ~nccl_core() { release_events(); }
+  ~nccl_core() {
+    leave_family();
+    release_events();
+  }
 
   Api& api() noexcept { return api_; }
   const Api& api() const noexcept { return api_; }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return world_; }
+  const std::string& name() const noexcept { return name_; }
   bool aborted() const noexcept { return aborted_; }
   const std::string& abort_reason() const noexcept { return reason_; }
   /// Collectives issued so far (the sequence number of the next one).
   std::uint64_t issued() const noexcept { return seq_; }
+  /// The base communicator; comm{} before init() and once it is destroyed or aborted.
+  comm base() const noexcept { return !channels_.empty() && channels_.front().live ? channels_.front().c : comm{}; }
+  /// Communicators this core owns and has not ended: the base and one per stream name used so far.
+  std::size_t live_communicators() const noexcept {
+    std::size_t n = 0;
+    for (const channel& ch : channels_) n += ch.live;
+    return n;
+  }
+
+  /// Takes `c` as the base communicator, whose creation call answered `rc` (ncclCommInitRankConfig, or a split
+  /// that has settled already), and settles it.
+  void init(comm c, result rc, std::string_view call, std::string_view what) {
+    if (!channels_.empty()) fsdp::detail::fail_usage(name_, " on rank ", rank_, ": init() called twice");
+    channels_.push_back({std::string(), c, true});
+    settle(rc, c, call, what);
+  }
+
+  /// Joins `parent`'s family: from now on a failure of either aborts both, and a check() of either looks at both.
+  void join_family(nccl_core& parent) {
+    leave_family();
+    family_ = parent.family_;
+    std::lock_guard lk(family_->mu);
+    family_->members.push_back(this);
+  }
+
+  /// A new communicator of the ranks that pass the same `color`, ranked by `key` (ncclCommSplit on the base, a
+  /// collective of the base's ranks), settled. The caller owns it (a nccl_core of its own, usually joined to this
+  /// one's family).
+  comm split(int color, int key) {
+    return split_base(color, key, fsdp::detail::cat("split(color=", color, ", key=", key, ")"));
+  }
 
   /// Names the unit the next collectives are for, so that an error can say so.
   void label(std::string_view unit) { label_.assign(unit); }
@@ -96,16 +148,20 @@ class nccl_core {
     return stats_;
   }
 
-  /// Issues one collective: `call()` makes the NCCL call on stream `s` and returns its result. Once NCCL has
-  /// accepted it, an event recorded on `s` tracks its completion (inside grouped(): once the group is launched).
+  /// Issues one collective: `call(c)` makes the NCCL call on communicator `c` and stream `s`, and returns its
+  /// result. `c` is the communicator of stream name `key` (split from the base on the name's first collective),
+  /// or the base when `key` is empty. Once NCCL has accepted the call, an event recorded on `s` tracks its
+  /// completion (inside grouped(): once the group is launched).
   template <class Call>
-  void issue(collective kind, std::int64_t count, dtype t, std::int64_t total_elems, stream s, Call&& call) {
+  void issue(collective kind, std::int64_t count, dtype t, std::int64_t total_elems, stream s, std::string_view key,
+             Call&& call) {
     if (count < 0) fsdp::detail::fail_usage(name_of(kind), " on rank ", rank_, ": negative count ", count);
     if (aborted_)
-      throw comm_error(fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after comm::nccl was aborted: ", reason_));
+      throw comm_error(fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after ", name_, " was aborted: ", reason_));
+    const comm c = channel_for(key);
     nccl_op op{seq_++, kind, count, t, label_, api_.now()};
     const std::string where = op.str();
-    settle(call(), nccl_function(kind), where);
+    settle(call(c), c, nccl_function(kind), where);
     if (in_group_) {
       group_.push_back({std::move(op), s, total_elems});
       return;
@@ -118,17 +174,19 @@ class nccl_core {
   /// that NCCL rejects inside the group makes ncclGroupEnd discard the whole group) and the communicator is aborted,
   /// because this rank's collective sequence no longer matches the other ranks'. ncclCommAbort is called only
   /// once the group is closed: inside an open group NCCL would merely queue it until ncclGroupEnd, which would then
-  /// free the communicator before the queued collectives are prepared.
+  /// free the communicator before the queued collectives are prepared. A stream's first collective cannot be
+  /// grouped (its communicator is split on that collective; see channel_for).
   template <class F>
   void grouped(F&& fn) {
-    if (aborted_) throw comm_error(fsdp::detail::cat("grouped() on rank ", rank_, " after comm::nccl was aborted: ", reason_));
+    if (aborted_)
+      throw comm_error(fsdp::detail::cat("grouped() on rank ", rank_, " after ", name_, " was aborted: ", reason_));
     if (in_group_) {  // nested: part of the enclosing group
       std::forward<F>(fn)();
       return;
     }
     const std::uint64_t first = seq_;
     const result rc = api_.group_start();
-    if (rc != Api::success) fail_nccl(rc, "ncclGroupStart");
+    if (rc != Api::success) fail_nccl(rc, base(), "ncclGroupStart");
     in_group_ = true;
     group_.clear();
     try {
@@ -139,41 +197,23 @@ class nccl_core {
     in_group_ = false;
     std::vector<grouped_op> launched = std::move(group_);
     group_.clear();
-    settle(api_.group_end(), "ncclGroupEnd",
-           first == seq_ ? std::string("an empty group")
-                         : fsdp::detail::cat("grouped collectives #", first, " to #", seq_ - 1));
+    settle_all(api_.group_end(), "ncclGroupEnd",
+               first == seq_ ? std::string("an empty group")
+                             : fsdp::detail::cat("grouped collectives #", first, " to #", seq_ - 1));
     for (grouped_op& g : launched) record(std::move(g));
   }
 
-  /// A call's result: success, or in_progress (non-blocking communicator) until ncclCommGetAsyncError settles,
-  /// under the timeout. A failure aborts the communicator and throws comm_error naming the call, what it was for
-  /// and the collectives still pending.
-  void settle(result rc, std::string_view call, std::string_view what) {
-    if (rc == Api::in_progress) {
-      const auto deadline = api_.now() + timeout_;
-      while (rc == Api::in_progress) {
-        if (api_.now() > deadline)
-          fail_timeout(fsdp::detail::cat(call, " for ", what, " on rank ", rank_, " did not complete within ",
-                                         timeout_.count(), " ms"));
-        api_.sleep(poll_interval);
-        rc = async_state();
-      }
-    }
-    if (rc != Api::success) fail_nccl(rc, fsdp::detail::cat(call, " for ", what));
-  }
-
-  /// Throws (after aborting the communicator) if NCCL reports an asynchronous error; the backend's
-  /// synchronize() calls it while it waits.
+  /// Throws (after aborting the family) if NCCL reports an asynchronous error on any communicator of the family;
+  /// the backend's synchronize() calls it while it waits.
   void check() {
-    if (aborted_) throw comm_error(fsdp::detail::cat("comm::nccl on rank ", rank_, " was aborted: ", reason_));
-    const result st = async_state();
-    if (st != Api::success && st != Api::in_progress) fail_nccl(st, {});
-    retire_completed();
+    std::lock_guard lk(family_->mu);
+    for (nccl_core* m : family_->members) m->check_own();
   }
 
-  /// A wait that ran out of time: aborts and throws comm_error naming what timed out and what is pending.
+  /// A wait that ran out of time: aborts the family and throws comm_error naming what timed out and what is
+  /// pending.
   [[noreturn]] void fail_timeout(const std::string& what) {
-    const std::string msg = fsdp::detail::cat(what, "; pending: ", pending_summary(), "; comm::nccl on rank ", rank_,
+    const std::string msg = fsdp::detail::cat(what, "; pending: ", family_pending(), "; ", name_, " on rank ", rank_,
                                               " of ", world_,
                                               " aborted (a rank that died or issued a different collective "
                                               "sequence leaves the others waiting)");
@@ -181,9 +221,202 @@ class nccl_core {
     throw comm_error(msg);
   }
 
-  /// Aborts the communicator: every pending and later operation fails. Never throws. Inside grouped() the
-  /// ncclCommAbort itself waits until the group is closed.
+  /// Aborts every communicator of the family: every pending and later operation fails. Never throws. Inside
+  /// grouped() the ncclCommAbort of that core waits until the group is closed.
   void abort(const std::string& reason) noexcept {
+    std::lock_guard lk(family_->mu);
+    for (nccl_core* m : family_->members) m->abort_own(reason);
+  }
+
+  /// The end of the communicators when they are not aborted: ncclCommFinalize on each (the streams' first, the
+  /// base last), whose ncclInProgress is the normal answer of a non-blocking communicator, polled (with a short
+  /// sleep) until all settle or the timeout passes, then ncclCommDestroy on each; an error or the timeout aborts
+  /// them instead (ncclCommAbort). Only real failures are logged. Never throws; called once, by the owner's
+  /// destructor.
+  void shutdown() noexcept {
+    release_events();
+    if (live_communicators() == 0) return;
+    if (aborted_) {
+      abort_now();
+      return;
+    }
+    try {
+      state st;
+      for (auto ch = channels_.rbegin(); ch != channels_.rend(); ++ch)
+        if (ch->live) st.add(api_.finalize(ch->c), ch->c);
+      if (st.rc == Api::in_progress) {
+        const auto deadline = api_.now() + timeout_;
+        while (st.rc == Api::in_progress && api_.now() <= deadline) {
+          api_.sleep(shutdown_poll_interval);
+          st = async_state_all();
+        }
+      }
+      if (st.rc == Api::in_progress) {
+        api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_,
+                                   ": ncclCommFinalize did not complete within ", timeout_.count(),
+                                   " ms at shutdown (a rank that exited without finalizing, or still has collectives "
+                                   "to run, keeps the others waiting); the communicator was aborted instead of destroyed"));
+        abort_now();
+        return;
+      }
+      if (st.rc != Api::success) {
+        api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_, ": ncclCommFinalize reported ",
+                                   api_.describe(st.rc, st.c),
+                                   " at shutdown; the communicator was aborted instead of destroyed"));
+        abort_now();
+        return;
+      }
+      for (auto ch = channels_.rbegin(); ch != channels_.rend(); ++ch) {
+        if (!ch->live) continue;
+        ch->live = false;
+        const result d = api_.destroy(ch->c);
+        if (d != Api::success)
+          api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_, ": ncclCommDestroy reported ",
+                                     api_.describe(d, comm{}), " at shutdown"));
+      }
+    } catch (...) {  // a message could not be built: still end the communicators
+      abort_now();
+    }
+  }
+
+  /// The collectives issued and not yet complete, oldest first: "all_gather(count=8, f32) #3 for unit 'h.1', issued
+  /// 12 ms ago and not complete; ..." (at most named_pending, then "and N more"), or "no collective pending".
+  std::string pending_summary() {
+    std::string s = pending_items();
+    return s.empty() ? std::string("no collective pending") : s;
+  }
+
+ private:
+  struct family {
+    std::recursive_mutex mu;  ///< a member's failure inside check() aborts the family from the same thread
+    std::vector<nccl_core*> members;
+  };
+  struct channel {
+    std::string key;  ///< the stream name; empty for the base
+    comm c;
+    bool live;  ///< neither destroyed nor aborted
+  };
+  struct grouped_op {
+    nccl_op op;
+    stream s;
+    std::int64_t total_elems;
+  };
+  struct pending_op {
+    nccl_op op;
+    event done;
+  };
+  /// The state of several communicators at once: an error wins over in_progress, which wins over success.
+  struct state {
+    result rc = Api::success;
+    comm c{};
+    void add(result r, comm from) {
+      if (r == Api::success || rc == r) return;
+      if (rc == Api::success || (rc == Api::in_progress && r != Api::in_progress)) {
+        rc = r;
+        c = from;
+      }
+    }
+  };
+
+  void leave_family() noexcept {
+    if (!family_) return;
+    std::lock_guard lk(family_->mu);
+    auto& m = family_->members;
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (*it == this) {
+        m.erase(it);
+        break;
+      }
+  }
+
+  /// The communicator of stream name `key`: the base for an empty key; split from the base on the name's first
+  /// collective.
+  comm channel_for(std::string_view key) {
+    if (channels_.empty())
+      fsdp::detail::fail_usage(name_, " on rank ", rank_, ": a collective was issued before the communicator was set up");
+    if (key.empty()) return channels_.front().c;
+    for (const channel& ch : channels_)
+      if (ch.key == key) return ch.c;
+    if (in_group_)
+      fsdp::detail::fail_usage(name_, " on rank ", rank_, ": the first collective on stream '", key,
+                               "' is inside grouped(); a stream's communicator is split from the base one "
+                               "(ncclCommSplit) on its first collective, which cannot run inside a group. Issue one "
+                               "collective on the stream before grouping its collectives");
+    const comm c = split_base(0, rank_, fsdp::detail::cat("the communicator of stream '", key, "'"));
+    channels_.push_back({std::string(key), c, true});
+    return c;
+  }
+
+  comm split_base(int color, int key, const std::string& what) {
+    if (aborted_)
+      throw comm_error(fsdp::detail::cat("ncclCommSplit for ", what, " on rank ", rank_, " after ", name_,
+                                         " was aborted: ", reason_));
+    const comm parent = base();
+    comm out{};
+    const result rc = api_.split(parent, color, key, out);
+    try {
+      // A non-blocking split answers in_progress; the new communicator's own state says when it has settled.
+      settle(rc, out != comm{} ? out : parent, "ncclCommSplit", what);
+    } catch (...) {
+      if (out != comm{}) (void)api_.comm_abort(out);
+      throw;
+    }
+    return out;
+  }
+
+  result async_state(comm c) {
+    result st = Api::in_progress;
+    const result q = api_.get_async_error(c, st);
+    return q != Api::success ? q : st;
+  }
+  state async_state_all() {
+    state st;
+    for (const channel& ch : channels_)
+      if (ch.live) st.add(async_state(ch.c), ch.c);
+    return st;
+  }
+
+  /// A call's result: success, or in_progress (non-blocking communicator) until ncclCommGetAsyncError on `c`
+  /// settles, under the timeout. A failure aborts the family and throws comm_error naming the call, what it was
+  /// for and the collectives still pending.
+  void settle(result rc, comm c, std::string_view call, std::string_view what) {
+    if (rc == Api::in_progress) {
+      const auto deadline = api_.now() + timeout_;
+      while (rc == Api::in_progress) {
+        if (api_.now() > deadline)
+          fail_timeout(fsdp::detail::cat(call, " for ", what, " on rank ", rank_, " did not complete within ",
+                                         timeout_.count(), " ms"));
+        api_.sleep(poll_interval);
+        rc = async_state(c);
+      }
+    }
+    if (rc != Api::success) fail_nccl(rc, c, fsdp::detail::cat(call, " for ", what));
+  }
+  /// settle() for a call that concerns every communicator of this core (ncclGroupEnd).
+  void settle_all(result rc, std::string_view call, std::string_view what) {
+    state st;
+    st.add(rc, base());
+    if (st.rc == Api::in_progress) {
+      const auto deadline = api_.now() + timeout_;
+      while (st.rc == Api::in_progress) {
+        if (api_.now() > deadline)
+          fail_timeout(fsdp::detail::cat(call, " for ", what, " on rank ", rank_, " did not complete within ",
+                                         timeout_.count(), " ms"));
+        api_.sleep(poll_interval);
+        st = async_state_all();
+      }
+    }
+    if (st.rc != Api::success) fail_nccl(st.rc, st.c, fsdp::detail::cat(call, " for ", what));
+  }
+
+  void check_own() {
+    if (aborted_) throw comm_error(fsdp::detail::cat(name_, " on rank ", rank_, " was aborted: ", reason_));
+    const state st = async_state_all();
+    if (st.rc != Api::success && st.rc != Api::in_progress) fail_nccl(st.rc, st.c, {});
+    retire_completed();
+  }
+
+  void abort_own(const std::string& reason) noexcept {
     if (!aborted_) {
       aborted_ = true;
       try {
@@ -194,56 +427,22 @@ class nccl_core {
     if (!in_group_) abort_now();
   }
 
-  /// The end of a communicator that is not aborted: ncclCommFinalize, whose ncclInProgress is the normal answer
-  /// of a non-blocking communicator, polled (with a short sleep) until it settles or the timeout passes, then
-  /// ncclCommDestroy; an error or the timeout aborts it instead (ncclCommAbort). Only real failures are logged.
-  /// Never throws; called once, by the owner's destructor.
-  void shutdown() noexcept {
-    release_events();
-    if (!live_) return;
-    if (aborted_) {
-      abort_now();
-      return;
+  /// The pending collectives of every member of the family; a member's are prefixed with its name when the
+  /// family has more than one.
+  std::string family_pending() {
+    std::lock_guard lk(family_->mu);
+    if (family_->members.size() == 1) return pending_summary();
+    std::string s;
+    for (nccl_core* m : family_->members) {
+      const std::string items = m->pending_items();
+      if (!items.empty()) s += fsdp::detail::cat(s.empty() ? "" : "; ", m->name_, ": ", items);
     }
-    try {
-      result rc = api_.finalize();
-      if (rc == Api::in_progress) {
-        const auto deadline = api_.now() + timeout_;
-        while (rc == Api::in_progress && api_.now() <= deadline) {
-          api_.sleep(shutdown_poll_interval);
-          rc = async_state();
-        }
-      }
-      if (rc == Api::in_progress) {
-        api_.log(fsdp::detail::cat("fsdp: comm::nccl on rank ", rank_, " of ", world_, ": ncclCommFinalize did not complete within ",
-                                   timeout_.count(),
-                                   " ms at shutdown (a rank that exited without finalizing, or still has collectives "
-                                   "to run, keeps the others waiting); the communicator was aborted instead of destroyed"));
-        abort_now();
-        return;
-      }
-      if (rc != Api::success) {
-        api_.log(fsdp::detail::cat("fsdp: comm::nccl on rank ", rank_, " of ", world_, ": ncclCommFinalize reported ",
-                                   api_.describe(rc), " at shutdown; the communicator was aborted instead of destroyed"));
-        abort_now();
-        return;
-      }
-      live_ = false;
-      const result d = api_.destroy();
-      if (d != Api::success)
-        api_.log(fsdp::detail::cat("fsdp: comm::nccl on rank ", rank_, " of ", world_, ": ncclCommDestroy reported ",
-                                   api_.describe(d), " at shutdown"));
-    } catch (...) {  // a message could not be built: still end the communicator
-      abort_now();
-    }
+    return s.empty() ? std::string("no collective pending") : s;
   }
 
-  /// The collectives issued and not yet complete, oldest first: "all_gather(count=8, f32) #3 for unit 'h.1', issued
-  /// 12 ms ago and not complete; ..." (at most named_pending, then "and N more"), or "no collective pending".
-  std::string pending_summary() {
+  std::string pending_items() {
     std::lock_guard lk(mu_);
     retire_completed_locked();
-    if (pending_.empty()) return "no collective pending";
     const auto now = api_.now();
     std::string s;
     std::size_t n = 0;
@@ -259,30 +458,13 @@ class nccl_core {
     return s;
   }
 
- private:
-  struct grouped_op {
-    nccl_op op;
-    stream s;
-    std::int64_t total_elems;
-  };
-  struct pending_op {
-    nccl_op op;
-    event done;
-  };
-
-  result async_state() {
-    result st = Api::in_progress;
-    const result q = api_.get_async_error(st);
-    return q != Api::success ? q : st;
-  }
-
-  /// An NCCL failure (a call's result or an asynchronous error): aborts and throws comm_error naming the call (if
-  /// any) and every pending collective with its unit and sequence number.
-  [[noreturn]] void fail_nccl(result st, std::string_view during) {
+  /// An NCCL failure (a call's result or an asynchronous error, seen on communicator `c`): aborts the family and
+  /// throws comm_error naming the call (if any) and every pending collective with its unit and sequence number.
+  [[noreturn]] void fail_nccl(result st, comm c, std::string_view during) {
     const std::string msg = fsdp::detail::cat(
-        "NCCL reported ", api_.describe(st), " on rank ", rank_, " of ", world_,
-        during.empty() ? std::string() : fsdp::detail::cat(" during ", during), "; pending: ", pending_summary(),
-        "; comm::nccl on rank ", rank_, " of ", world_,
+        "NCCL reported ", api_.describe(st, c), " on rank ", rank_, " of ", world_,
+        during.empty() ? std::string() : fsdp::detail::cat(" during ", during), "; pending: ", family_pending(), "; ",
+        name_, " on rank ", rank_, " of ", world_,
         " aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
     abort(msg);
     throw comm_error(msg);
@@ -304,11 +486,11 @@ class nccl_core {
     // A call NCCL rejects marks the open group failed (ncclGroupEnd then launches none of it); a collective that
     // already failed inside fn did the same. Closing the group with ncclGroupEnd is still needed: the group
     // state is per thread and would capture every later NCCL call of this thread.
-    (void)api_.fail_group();
+    (void)api_.fail_group(base());
     (void)api_.group_end();
     in_group_ = false;
     const std::string msg = fsdp::detail::cat(
-        "comm::nccl on rank ", rank_, " of ", world_, ": grouped() abandoned after ", n, " queued collective",
+        name_, " on rank ", rank_, " of ", world_, ": grouped() abandoned after ", n, " queued collective",
         n == 1 ? "" : "s", n ? fsdp::detail::cat(" (", queued, ")") : std::string(), " because its function threw: ", why,
         "; the group was not launched and the communicator was aborted (the other ranks fail at their timeout; "
         "restart every rank)");
@@ -316,15 +498,18 @@ class nccl_core {
     throw comm_error(msg);
   }
 
+  /// ncclCommAbort on every communicator still live (the streams' first, the base last).
   void abort_now() noexcept {
-    if (!live_) return;
-    live_ = false;
-    const result rc = api_.comm_abort();
-    if (rc != Api::success) {
-      try {
-        api_.log(fsdp::detail::cat("fsdp: comm::nccl on rank ", rank_, " of ", world_, ": ncclCommAbort reported ",
-                                   api_.describe(rc)));
-      } catch (...) {
+    for (auto ch = channels_.rbegin(); ch != channels_.rend(); ++ch) {
+      if (!ch->live) continue;
+      ch->live = false;
+      const result rc = api_.comm_abort(ch->c);
+      if (rc != Api::success) {
+        try {
+          api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_, ": ncclCommAbort reported ",
+                                     api_.describe(rc, comm{})));
+        } catch (...) {
+        }
       }
     }
   }
@@ -381,7 +566,9 @@ class nccl_core {
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
-  bool live_ = true;  ///< the NCCL communicator exists (neither destroyed nor aborted)
+  std::string name_;
+  std::shared_ptr<family> family_;
+  std::vector<channel> channels_;  ///< [0]: the base communicator; then one per stream name, in first-use order
   bool aborted_ = false;
   bool in_group_ = false;
   std::string reason_;
