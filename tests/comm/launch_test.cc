@@ -57,6 +57,37 @@ TEST_CASE("launch environment: torchrun, mpirun, MPICH and srun conventions, fir
   CHECK(both.rank == 1);
 }
 
+TEST_CASE("comm::mpi's launch check: a launcher that says several processes while MPI sees one is refused, naming what to use") {
+  const auto mismatch = [](int mpi_world, std::map<std::string, std::string> env) {
+    return fsdp::comm::mpi_launch_mismatch(mpi_world, [env](const char* k) -> const char* {
+      auto it = env.find(k);
+      return it == env.end() ? nullptr : it->second.c_str();
+    });
+  };
+  const std::map<std::string, std::string> torchrun{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}};
+  const std::map<std::string, std::string> srun{{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}};
+  CHECK(mismatch(1, torchrun) ==
+        "comm::mpi: WORLD_SIZE=2 (torchrun) says this process is one of several, but MPI sees a world of 1: without "
+        "MPI's launcher every process initialises MPI alone. Start the program with mpirun -np 2 (comm::mpi needs "
+        "MPI's own launcher), or use comm::nccl with torchrun");
+  CHECK(mismatch(1, srun) ==
+        "comm::mpi: SLURM_NTASKS=4 (srun) says this process is one of several, but MPI sees a world of 1: srun "
+        "started it without a process-management interface this MPI library can use, so every process initialised "
+        "MPI alone. Start it with srun --mpi=pmix (an MPI built with PMIx support; srun --mpi=list shows what Slurm "
+        "offers), or with mpirun -np 4");
+  // srun with PMIx: MPI sees the whole world; mpirun -np 1 (MPI's own launcher) is believed; no launcher at all,
+  // or a launcher of one process, is a world of one.
+  CHECK(mismatch(4, srun) == "");
+  auto mpirun_one = torchrun;
+  mpirun_one["OMPI_COMM_WORLD_SIZE"] = "1";
+  CHECK(mismatch(1, mpirun_one) == "");
+  CHECK(mismatch(1, {}) == "");
+  CHECK(mismatch(1, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}}) == "");
+  // A launcher's variables that are wrong are still named.
+  CHECK_THROWS_WITH_AS(mismatch(1, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "x"}, {"SLURM_LOCALID", "0"}}),
+                       "fsdp: launch environment: SLURM_NTASKS='x' is not an integer", fsdp::usage_error);
+}
+
 TEST_CASE("launch environment: bad values are errors that name the variable") {
   CHECK(read_error({{"RANK", "x1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}}) ==
         "fsdp: launch environment: RANK='x1' is not an integer");

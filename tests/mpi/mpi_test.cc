@@ -556,9 +556,21 @@ TEST_CASE("a process started by torchrun instead of mpirun is refused, naming th
   REQUIRE(std::getenv("WORLD_SIZE") != nullptr);
   REQUIRE(std::string(std::getenv("WORLD_SIZE")) == "2");
   CHECK(fsdp_test::error_of<fsdp::usage_error>([] { mpi_communicator comm; }) ==
-        "fsdp: comm::mpi: WORLD_SIZE=2 says this process is one of several (torchrun, or another launcher that sets "
-        "RANK and WORLD_SIZE), but MPI sees a world of 1: without mpirun every process initialises MPI alone. Start "
-        "the program with mpirun -np 2 (comm::mpi needs MPI's own launcher), or use comm::nccl with torchrun");
+        "fsdp: comm::mpi: WORLD_SIZE=2 (torchrun) says this process is one of several, but MPI sees a world of 1: "
+        "without MPI's launcher every process initialises MPI alone. Start the program with mpirun -np 2 (comm::mpi "
+        "needs MPI's own launcher), or use comm::nccl with torchrun");
+}
+
+// run_mpi_test.sh starts the program once more without mpirun, with the variables srun sets: Slurm's srun without a
+// process-management interface that Open MPI can use starts processes that each see a world of one.
+TEST_CASE("a process started by srun without PMI support is refused, naming srun --mpi=pmix" *
+          doctest::test_suite("launch") * doctest::skip()) {
+  REQUIRE(std::getenv("SLURM_NTASKS") != nullptr);
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([] { mpi_communicator comm; }) ==
+        "fsdp: comm::mpi: SLURM_NTASKS=2 (srun) says this process is one of several, but MPI sees a world of 1: srun "
+        "started it without a process-management interface this MPI library can use, so every process initialised "
+        "MPI alone. Start it with srun --mpi=pmix (an MPI built with PMIx support; srun --mpi=list shows what Slurm "
+        "offers), or with mpirun -np 2");
 }
 
 namespace {

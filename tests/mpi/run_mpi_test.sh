@@ -8,7 +8,8 @@
 #      first all-gather and report their test case passed; rank 3 reports nothing; then the same with rank 3 killed
 #      after entering the forward's second unit, the backward's second unit, and right before the step;
 #      then hybrid sharding at 2 x 4 and 4 x 2 at 8 processes against comm::run_local;
-#   4. once without mpirun, with torchrun's RANK / WORLD_SIZE: comm::mpi must refuse, naming mpirun.
+#   4. once without mpirun, with torchrun's RANK / WORLD_SIZE: comm::mpi must refuse, naming mpirun;
+#   5. once more with srun's SLURM_* variables (srun without PMI support): refused, naming srun --mpi=pmix.
 # mpirun kills the whole job when a process dies or exits non-zero, before the others have said anything; with
 # --enable-recovery it lets them run on (and then always exits 0, so runs 2 and 3 are judged by the printed lines
 # alone). Every launch runs under mpirun --timeout and an outer `timeout -k`, so nothing can hang.
@@ -119,6 +120,16 @@ echo "torchrun: exited ${rc} after $((SECONDS - start)) s"
 if [[ ${rc} -ne 0 ]]; then echo "  WRONG: exited ${rc}"; failures=$((failures + 1)); fi
 expect_count torchrun "^rank 0 of 1: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
 show_on_failure "${before}" torchrun
+
+# 5. without mpirun, as srun without a PMI that Open MPI can use would start it: refused the same way
+before=${failures}
+env -u OMPI_COMM_WORLD_SIZE SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 timeout -k 10 60 "${prog}" --no-colors=true \
+  "--test-case=*started by srun*" --no-skip=true >"${out}/srun.log" 2>&1
+rc=$?
+echo "srun: exited ${rc}"
+if [[ ${rc} -ne 0 ]]; then echo "  WRONG: exited ${rc}"; failures=$((failures + 1)); fi
+expect_count srun "^rank 0 of 1: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
+show_on_failure "${before}" srun
 
 if [[ ${failures} -ne 0 ]]; then
   echo "run_mpi_test: ${failures} check(s) failed (logs in ${out})"

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -41,30 +42,26 @@ struct launch_env {
 
   using lookup = std::function<const char*(const char*)>;
 
+  std::string world_var;        ///< the variable the world size came from ("WORLD_SIZE", ...)
+
   /// Reads the environment (or `get`, for tests). Throws usage_error naming the variable at fault: a value that
   /// is not an integer, a rank outside [0, world), a convention only partly set, or none set at all.
   static launch_env read(const lookup& get = [](const char* k) { return std::getenv(k); }) {
-    struct convention {
-      const char* name;
-      const char* rank;
-      const char* world;
-      const char* local;
-    };
-    static constexpr convention conventions[] = {
-        {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-        {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-        {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
-        {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
-    };
+    if (std::optional<launch_env> e = find(get)) return *std::move(e);
     std::string tried;
+    for (const convention& c : conventions)
+      tried += fsdp::detail::cat(tried.empty() ? "" : "; ", c.rank, "/", c.world, "/", c.local, " (", c.name, ")");
+    fsdp::detail::fail_usage("launch environment: no launcher variables found (tried ", tried,
+                       "); start the program with torchrun, mpirun or srun, or set RANK, WORLD_SIZE and LOCAL_RANK");
+  }
+
+  /// As read(), but no launcher variables at all is not an error: nullopt.
+  static std::optional<launch_env> find(const lookup& get = [](const char* k) { return std::getenv(k); }) {
     for (const convention& c : conventions) {
       const char* r = get(c.rank);
       const char* w = get(c.world);
       const char* l = get(c.local);
-      if (!r && !w && !l) {
-        tried += fsdp::detail::cat(tried.empty() ? "" : "; ", c.rank, "/", c.world, "/", c.local, " (", c.name, ")");
-        continue;
-      }
+      if (!r && !w && !l) continue;
       if (!r || !w || !l) {
         const char* missing = !r ? c.rank : !w ? c.world : c.local;
         fsdp::detail::fail_usage("launch environment (", c.name, "): ", missing, " is not set while ",
@@ -77,6 +74,7 @@ struct launch_env {
       e.local_rank = parse(c.local, l);
       e.source = c.name;
       e.local_rank_var = c.local;
+      e.world_var = c.world;
       if (e.world <= 0) fsdp::detail::fail_usage("launch environment (", c.name, "): ", c.world, "=", w, " must be positive");
       if (e.rank < 0 || e.rank >= e.world)
         fsdp::detail::fail_usage("launch environment (", c.name, "): ", c.rank, "=", r, " is outside [0, ", c.world, "=",
@@ -85,11 +83,23 @@ struct launch_env {
         fsdp::detail::fail_usage("launch environment (", c.name, "): ", c.local, "=", l, " must not be negative");
       return e;
     }
-    fsdp::detail::fail_usage("launch environment: no launcher variables found (tried ", tried,
-                       "); start the program with torchrun, mpirun or srun, or set RANK, WORLD_SIZE and LOCAL_RANK");
+    return std::nullopt;
   }
 
  private:
+  struct convention {
+    const char* name;
+    const char* rank;
+    const char* world;
+    const char* local;
+  };
+  static constexpr convention conventions[] = {
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
+      {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+      {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+      {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+  };
+
   static int parse(const char* var, const char* text) {
     int v = 0;
     const std::string_view s(text);
@@ -99,6 +109,28 @@ struct launch_env {
     return v;
   }
 };
+
+/// Why comm::mpi must not run in this process, or "" when it may. MPI sees a world of `mpi_world`; a launcher whose
+/// variables say this process is one of several while MPI sees a world of one started processes that each
+/// initialised MPI alone (torchrun; srun without a process-management interface this MPI library can use; a
+/// script), and each would train alone. MPI's own launchers (OMPI_COMM_WORLD_SIZE, PMI_SIZE set) are believed.
+inline std::string mpi_launch_mismatch(int mpi_world,
+                                       const launch_env::lookup& get = [](const char* k) { return std::getenv(k); }) {
+  if (mpi_world != 1 || get("OMPI_COMM_WORLD_SIZE") || get("PMI_SIZE")) return {};
+  const std::optional<launch_env> e = launch_env::find(get);
+  if (!e || e->world <= 1) return {};
+  const std::string head = fsdp::detail::cat("comm::mpi: ", e->world_var, "=", e->world, " (", e->source,
+                                             ") says this process is one of several, but MPI sees a world of 1: ");
+  if (e->source == "srun")
+    return head + fsdp::detail::cat(
+                      "srun started it without a process-management interface this MPI library can use, so every "
+                      "process initialised MPI alone. Start it with srun --mpi=pmix (an MPI built with PMIx support; "
+                      "srun --mpi=list shows what Slurm offers), or with mpirun -np ",
+                      e->world);
+  return head + fsdp::detail::cat("without MPI's launcher every process initialises MPI alone. Start the program with "
+                                  "mpirun -np ",
+                                  e->world, " (comm::mpi needs MPI's own launcher), or use comm::nccl with ", e->source);
+}
 
 /// The CUDA device of a rank that was not given one explicitly, from what the launcher left it:
 ///   - `explicit_device` >= 0 (nccl_options::backend.device): that device, which must be one of the `visible` ones;

@@ -67,6 +67,7 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
+#include "fsdp/comm/launch.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::comm {
@@ -557,16 +558,10 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
   friend class detail::collective_front<mpi_communicator, backend::host::stream>;
   struct adopt_tag {};
 
-  /// A process started by torchrun (RANK, WORLD_SIZE) without mpirun initialises MPI alone, as a world of 1: the
-  /// processes would each train alone. Refused, saying which launcher to use.
+  /// A process started by torchrun, or by srun without a PMI this MPI can use, initialises MPI alone, as a world
+  /// of 1: the processes would each train alone. Refused, saying which launcher to use (mpi_launch_mismatch).
   static void refuse_foreign_launcher() {
-    const char* w = std::getenv("WORLD_SIZE");
-    if (!w || std::atoi(w) <= 1 || std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) return;
-    fsdp::detail::fail_usage("comm::mpi: WORLD_SIZE=", w,
-                             " says this process is one of several (torchrun, or another launcher that sets RANK and "
-                             "WORLD_SIZE), but MPI sees a world of 1: without mpirun every process initialises MPI "
-                             "alone. Start the program with mpirun -np ",
-                             w, " (comm::mpi needs MPI's own launcher), or use comm::nccl with torchrun");
+    if (const std::string why = mpi_launch_mismatch(1); !why.empty()) fsdp::detail::fail_usage(why);
   }
   mpi_communicator(adopt_tag, MPI_Comm own, int rank, int world, const mpi_options& opt, std::string members)
       : opt_(opt) {
