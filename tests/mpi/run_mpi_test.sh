@@ -110,26 +110,23 @@ if [[ ${rc} -ne 0 ]]; then echo "  WRONG: mpirun exited ${rc}"; failures=$((fail
 for r in 0 1 2 3 4 5 6 7; do expect_count world8 "^rank ${r} of 8: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1; done
 show_on_failure "${before}" world8
 
-# 4. without mpirun, as torchrun would start it: refused (Open MPI initialises the process alone, as a world of 1)
-before=${failures}
-start=${SECONDS}
-env -u OMPI_COMM_WORLD_SIZE WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 timeout -k 10 60 "${prog}" --no-colors=true \
-  "--test-case=*started by torchrun*" --no-skip=true >"${out}/torchrun.log" 2>&1
-rc=$?
-echo "torchrun: exited ${rc} after $((SECONDS - start)) s"
-if [[ ${rc} -ne 0 ]]; then echo "  WRONG: exited ${rc}"; failures=$((failures + 1)); fi
-expect_count torchrun "^rank 0 of 1: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
-show_on_failure "${before}" torchrun
-
-# 5. without mpirun, as srun without a PMI that Open MPI can use would start it: refused the same way
-before=${failures}
-env -u OMPI_COMM_WORLD_SIZE SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 timeout -k 10 60 "${prog}" --no-colors=true \
-  "--test-case=*started by srun*" --no-skip=true >"${out}/srun.log" 2>&1
-rc=$?
-echo "srun: exited ${rc}"
-if [[ ${rc} -ne 0 ]]; then echo "  WRONG: exited ${rc}"; failures=$((failures + 1)); fi
-expect_count srun "^rank 0 of 1: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
-show_on_failure "${before}" srun
+# 4 and 5. without mpirun, as another launcher would start it: refused (Open MPI initialises the process alone, as
+# a world of 1). refused NAME CASE VAR=VALUE...: runs the test case CASE once, alone, with the launcher's variables.
+refused() {
+  local name=$1 case=$2
+  shift 2
+  before=${failures}
+  local start=${SECONDS}
+  env -u OMPI_COMM_WORLD_SIZE "$@" timeout -k 10 60 "${prog}" --no-colors=true "--test-case=${case}" --no-skip=true \
+    >"${out}/${name}.log" 2>&1
+  rc=$?
+  echo "${name}: exited ${rc} after $((SECONDS - start)) s"
+  if [[ ${rc} -ne 0 ]]; then echo "  WRONG: exited ${rc}"; failures=$((failures + 1)); fi
+  expect_count "${name}" "^rank 0 of 1: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
+  show_on_failure "${before}" "${name}"
+}
+refused torchrun "*started by torchrun*" WORLD_SIZE=2 RANK=0 LOCAL_RANK=0
+refused srun "*started by srun*" SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0  # srun without PMI support
 
 if [[ ${failures} -ne 0 ]]; then
   echo "run_mpi_test: ${failures} check(s) failed (logs in ${out})"
