@@ -183,3 +183,27 @@ TEST_CASE("optimizers update only their shard, honour no_decay, and agree across
   // h.0.b starts at 1 and has no decay: 1 - lr * m_hat / (sqrt(v_hat) + eps) = 1 - 0.1 * 0.5 / (0.5 + 1e-8)
   for (float x : one.at("h.0.b")) CHECK(x == doctest::Approx(0.9f).epsilon(1e-6));
 }
+
+TEST_CASE("a parameter too large for memory is a memory_error naming the unit, the parameter, the bytes and the rank") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  MESSAGE("not run under a sanitizer: its allocator reports a 256 TiB request itself instead of failing it");
+#else
+  fsdp::ModelSpec spec;
+  spec.add("small.w", {4}).add("big.w", {std::int64_t{1} << 16, std::int64_t{1} << 30}).add("big.b", {8});
+  run_ranks(1, [&](local_communicator& c) {
+    const std::string msg = fsdp_test::error_of<fsdp::memory_error>(
+        [&] { fsdp::Model<Full> m(c, spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) {
+                                                           return p.name.substr(0, p.name.find('.'));  // small, big
+                                                         }});
+        });
+    // 'big' holds 2^46 + 8 elements, padded to 2^46 + 16 (16-element alignment), 4 bytes each; 'small' holds its 4
+    // elements padded to 16 twice (master and gradient shards): 128 bytes.
+    CHECK(msg ==
+          "fsdp: could not allocate the master and gradient shards of unit 'big' on rank 0: backend::host on rank 0: "
+          "could not allocate 281474976710720 bytes of sharded params (std::bad_alloc: more than this process can "
+          "have; 128 bytes held now); the unit's largest parameter is 'big.w' of shape [65536, 1073741824] "
+          "(70368744177664 elements). Shard the model over more ranks, wrap it into smaller units, or make the "
+          "parameter smaller");
+  });
+#endif
+}

@@ -132,6 +132,20 @@ TEST_CASE("the Chrome trace is valid JSON with the events of every rank, stream 
         "fsdp: cannot open trace file '/nonexistent/dir/t.json' for writing");
 }
 
+TEST_CASE("the Chrome trace stays valid JSON when a recorder's unit names are not UTF-8 (written printably)") {
+  fsdp::trace::recorder rec;
+  rec.set_unit_names({"blk\xff", "ok"});  // a Model's names are checked at construction; a hand-fed recorder's are not
+  rec.record(ev(kind::gather_issued, 0, 0));
+  rec.record(ev(kind::gather_issued, 0, 1));
+  std::ostringstream os;
+  fsdp::trace::write_chrome_trace(rec, os);
+  const json doc = json::parse(os.str());
+  std::set<std::string> units;
+  for (const json& e : doc.at("traceEvents"))
+    if (e.contains("args") && e.at("args").contains("unit")) units.insert(e.at("args").at("unit").get<std::string>());
+  CHECK(units == std::set<std::string>{"blk\\xff", "ok"});
+}
+
 TEST_CASE("step summary on a known timeline: compute, communication and the part of it that is exposed") {
   using P = fsdp::pass_kind;
   // compute [0,10) and [20,30); gathers [5,15) and [25,40); a reduction [12,18); optimizer [40,45)

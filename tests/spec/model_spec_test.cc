@@ -40,6 +40,48 @@ TEST_CASE("bad specs are rejected with the parameter named") {
   CHECK(error_of<fsdp::usage_error>([&] { empty.validate(); }) == "fsdp: the model spec is empty: add at least one parameter");
 }
 
+TEST_CASE("element counts that overflow, or pass 2^48, are refused naming the parameter and its shape") {
+  fsdp::ModelSpec s;
+  s.add("small", {2, 3});
+  CHECK(error_of<fsdp::usage_error>([&] { s.add("huge", {std::int64_t{1} << 32, std::int64_t{1} << 32}); }) ==
+        "fsdp: parameter 'huge' has shape [4294967296, 4294967296], whose element count exceeds 2^48 = "
+        "281474976710656, the most one parameter may have (is a dimension wrong?)");
+  // The product overflows a signed 64-bit count (it used to fail later, naming no parameter).
+  CHECK(error_of<fsdp::usage_error>([&] { s.add("sq", {3037000500, 3037000500}); }) ==
+        "fsdp: parameter 'sq' has shape [3037000500, 3037000500], whose element count exceeds 2^48 = "
+        "281474976710656, the most one parameter may have (is a dimension wrong?)");
+  CHECK(error_of<fsdp::usage_error>([&] { s.add("wide", {2, std::int64_t{1} << 62, 4}); }).find("'wide' has shape [2, "
+                                                                                               "4611686018427387904, 4]") !=
+        std::string::npos);
+  CHECK(s.size() == 1);  // nothing was added by the failed calls
+  fsdp::ModelSpec big;
+  big.add("max", {std::int64_t{1} << 47, 2});  // exactly 2^48: allowed
+  CHECK(error_of<fsdp::usage_error>([&] { big.add("b", {1}); }) ==
+        "fsdp: parameter 'b' of shape [1] (1 elements) brings the model past 2^48 = 281474976710656 elements (it has "
+        "281474976710656 before it), the most one model may have");
+  CHECK(big.numel() == std::int64_t{1} << 48);
+}
+
+TEST_CASE("names must be UTF-8: the message shows the name printably and the first bad byte") {
+  fsdp::ModelSpec s;
+  s.add("wte.\u00e9", {2}).add("\u5c42.0.w", {2}).add("emoji.\U0001F600", {1});  // 2-, 3- and 4-byte sequences
+  CHECK(error_of<fsdp::usage_error>([&] { s.add("h.\xff.w", {2}); }) ==
+        "fsdp: parameter name 'h.\\xff.w' is not valid UTF-8 (byte 0xff at offset 2): names appear in messages, "
+        "traces and checkpoints; give the parameter a UTF-8 name");
+  const auto bad_at = [](std::string_view name) { return fsdp::detail::utf8_error(name); };
+  CHECK(bad_at("plain") == std::string_view::npos);
+  CHECK(bad_at("\xc3\xa9") == std::string_view::npos);          // é
+  CHECK(bad_at("ab\xc3") == 2);                                 // truncated at the end
+  CHECK(bad_at("\xc0\x80") == 0);                              // overlong NUL
+  CHECK(bad_at("x\xe0\x80\x80") == 1);                        // overlong 3-byte
+  CHECK(bad_at("\xed\xa0\x80") == 0);                         // a surrogate
+  CHECK(bad_at("\xf4\x90\x80\x80") == 0);                    // above U+10FFFF
+  CHECK(bad_at("\xe2\x82") == 0);                              // truncated 3-byte
+  CHECK(bad_at("\xe2\x28\xa1") == 0);                         // a bad continuation
+  CHECK(fsdp::detail::printable("a\tb\xff\xc3\xa9") == "a\\x09b\\xff\xc3\xa9");  // control and bad bytes escaped
+  CHECK(s.size() == 3);
+}
+
 TEST_CASE("init values are a pure function of seed, name and global index") {
   const fsdp::init::normal n{0.02f, 7};
   std::vector<float> whole(1000), part(300);

@@ -60,3 +60,21 @@ TEST_CASE("an empty spec cannot be wrapped") {
   CHECK(error_of<fsdp::usage_error>([] { fsdp::make_units(fsdp::ModelSpec{}, fsdp::wrap::by_prefix{"h."}); }) ==
         "fsdp: the model spec is empty: add at least one parameter");
 }
+
+TEST_CASE("unit names from a wrapping policy must be non-empty UTF-8, naming the parameter that got it") {
+  fsdp::ModelSpec spec;
+  spec.add("a.w", {2}).add("b.w", {2});
+  const auto wrap_as = [&](std::string bad) {
+    return fsdp_test::error_of<fsdp::usage_error>([&] {
+      (void)fsdp::make_units(spec, fsdp::wrap::by_function{[bad](const fsdp::ParamSpec& p) {
+                               return p.name == "b.w" ? bad : std::string("a");
+                             }});
+    });
+  };
+  CHECK(wrap_as("blk\xfe") ==
+        "fsdp: unit name 'blk\\xfe' is not valid UTF-8 (byte 0xfe at offset 3), given by the wrapping policy to "
+        "parameter 'b.w': names appear in messages, traces and checkpoints; name units in UTF-8");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
+          (void)fsdp::make_units(spec, fsdp::wrap::by_prefix{.prefix = "a.", .rest = ""});
+        }) == "fsdp: the wrapping policy gave parameter 'b.w' an empty unit name");
+}

@@ -122,11 +122,7 @@ inline std::string number(float v) {
   return std::string(buf, r.ptr);
 }
 
-inline std::string shape(const std::vector<std::int64_t>& dims) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
+inline std::string shape(const std::vector<std::int64_t>& dims) { return detail::shape_text(dims); }
 
 inline std::string list(const std::vector<std::string>& names) {
   std::string s = "[";

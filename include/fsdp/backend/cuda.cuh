@@ -331,10 +331,13 @@ class cuda {
       const cudaError_t rc = cudaMallocFromPoolAsync(&b.ptr_, static_cast<std::size_t>(bytes), pool_, first_use.get());
       if (rc != cudaSuccess) {
         (void)cudaGetLastError();
+        const std::string held = detail::cat(" (accounted now: ", memory_.stats().current.total,
+                                             " bytes; pool reserved: ", pool_reserved_bytes(), " bytes)");
+        if (rc == cudaErrorMemoryAllocation)  // out of memory: the error a Model adds the unit to
+          throw memory_error(detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
+                                         " bytes of ", name_of(category), ": cudaErrorMemoryAllocation", held));
         throw cuda_error(rc, "cudaMallocFromPoolAsync(&p, bytes, pool, stream)", __FILE__, __LINE__,
-                         detail::cat("allocating ", bytes, " bytes of ", name_of(category), " on device ", device_,
-                                     " (accounted now: ", memory_.stats().current.total, " bytes; pool reserved: ",
-                                     pool_reserved_bytes(), " bytes)"));
+                         detail::cat("allocating ", bytes, " bytes of ", name_of(category), " on device ", device_, held));
       }
     }
     b.bytes_ = bytes;

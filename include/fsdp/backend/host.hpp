@@ -118,6 +118,7 @@ class host {
 
   explicit host(int rank = 0, host_options opt = {})
       : opt_(opt),
+        rank_(rank),
         compute_("rank" + std::to_string(rank) + ".compute", opt.threaded_compute),
         gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams),
         reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams) {}
@@ -165,8 +166,9 @@ class host {
   /// (pool()) counts the allocation as a stream-ordered one on that stream, as the CUDA backend makes it.
   buffer allocate(std::int64_t bytes, mem category, stream& first_use) {
     if (bytes < 0) detail::fail_usage("backend::host::allocate: negative size ", bytes, " bytes for ", name_of(category));
+    buffer b = take(bytes, category);  // nothing is counted when it fails
     pool_.allocate(index_of(first_use), bytes);
-    return buffer(bytes, category, &memory_, &pool_);
+    return b;
   }
   /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.
   void release_after(buffer&& b, stream& s) {
@@ -194,6 +196,18 @@ class host {
   const MemoryTracker& memory() const noexcept { return memory_; }
 
   // ---- copies -------------------------------------------------------------------------------------------------
+ private:
+  buffer take(std::int64_t bytes, mem category) {
+    try {
+      return buffer(bytes, category, &memory_, &pool_);
+    } catch (const std::bad_alloc&) {
+      throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes, " bytes of ",
+                                     name_of(category), " (std::bad_alloc: more than this process can have; ",
+                                     memory_.stats().current.total, " bytes held now)"));
+    }
+  }
+
+ public:
   void fill_zero(void* dst, std::int64_t bytes, stream& s) {
     if (bytes > 0) s.submit([=] { std::memset(dst, 0, static_cast<std::size_t>(bytes)); });
   }
@@ -275,6 +289,7 @@ class host {
   }
 
   host_options opt_;
+  int rank_;
   MemoryTracker memory_;
   host_detail::pool_model pool_;
   // Streams last: they are destroyed first, so deferred frees still find the tracker alive.

@@ -21,6 +21,13 @@ class comm_error : public std::runtime_error {
   explicit comm_error(const std::string& what) : std::runtime_error("fsdp: " + what) {}
 };
 
+/// Memory could not be had: the message says how many bytes, for what, on which rank or device and, from a Model,
+/// for which unit and its largest parameter.
+class memory_error : public std::runtime_error {
+ public:
+  explicit memory_error(const std::string& what) : std::runtime_error("fsdp: " + what) {}
+};
+
 namespace detail {
 /// Builds a message from streamable parts: detail::cat("unit '", name, "' has ", n, " params").
 template <class... Parts>

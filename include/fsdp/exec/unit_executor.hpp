@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -39,6 +40,7 @@
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/text.hpp"
 #include "fsdp/exec/slot_ring.hpp"
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
@@ -149,9 +151,16 @@ class unit_executor {
     const plan::unit_costs& c = cost_[u];
     unit_buffers<B>& b = bufs_[u];
     stream& cs = be_->compute_stream();
-    b.master = be_->allocate(c.master.bytes(), c.master.category, cs);
-    b.grad_shard = be_->allocate(c.grad_shard.bytes(), c.grad_shard.category, cs);
-    std::vector<float> staging(static_cast<std::size_t>(c.shard_numel), 0.0f);  // master dtype: f32
+    std::vector<float> staging;  // master dtype: f32
+    allocating(u, "the master and gradient shards", [&] {
+      b.master = be_->allocate(c.master.bytes(), c.master.category, cs);
+      b.grad_shard = be_->allocate(c.grad_shard.bytes(), c.grad_shard.category, cs);
+      try {
+        staging.assign(static_cast<std::size_t>(c.shard_numel), 0.0f);
+      } catch (const std::bad_alloc&) {
+        throw memory_error(detail::cat("could not allocate ", c.shard_numel * 4, " bytes of host staging"));
+      }
+    });
     for (const ShardedTensor& v : layouts_[u].shard_views(shard_rank_)) {
       if (v.empty()) continue;
       const ParamSpec& p = spec.at(v.name);
@@ -230,7 +239,7 @@ class unit_executor {
     const typename trace::ranges<B>::scope range(ranges_, *be_, trace::range_kind::all_gather, unit);
     stamp_->note(trace::kind::gather_issued, pass, unit, c.gather_bytes(), ahead);
     be_->wait(ag, b.shard_ready);  // the last write of the master shard (initialisation or optimizer step)
-    b.gather_slot = gather_ring_.take(*be_, ag);  // waits until the slot's last reader has released it
+    b.gather_slot = take_slot(gather_ring_, u, "the gather slot", ag);  // waits until its last reader has released it
     b.params = gather_ring_.data(b.gather_slot);
     stamp_->stamp(*be_, ag, trace::kind::gather_begin, pass, unit, c.gather_bytes());
     label(u);
@@ -262,7 +271,7 @@ class unit_executor {
   void alloc_grad(std::size_t u) {
     stream& cs = be_->compute_stream();
     unit_buffers<B>& b = bufs_[u];
-    b.grad_slot = grad_ring_.take(*be_, cs);  // waits until the slot's last reduction has read it
+    b.grad_slot = take_slot(grad_ring_, u, "the gradient slot", cs);  // waits until its last reduction has read it
     b.grad = grad_ring_.data(b.grad_slot);
     be_->fill_zero(b.grad, cost_[u].grad.bytes(), cs);
   }
@@ -285,7 +294,8 @@ class unit_executor {
     const plan::unit_costs& c = cost_[u];
     unit_buffers<B>& b = bufs_[u];
     if (!b.accumulator) {
-      b.accumulator = be_->allocate(c.accumulator.bytes(), c.accumulator.category, s);
+      allocating(u, "the gradient accumulator",
+                 [&] { b.accumulator = be_->allocate(c.accumulator.bytes(), c.accumulator.category, s); });
       be_->convert(b.accumulator.data(), c.accumulator.type, b.grad, c.grad.type, c.padded_numel, 1.0f, s);
     } else {
       be_->accumulate(b.accumulator.template as<float>(), b.grad, c.grad.type, c.padded_numel, 1.0f, s);
@@ -319,7 +329,7 @@ class unit_executor {
     const dtype reduce = c.reduce_output.type;
     int in = -1, out = -1;
     if (c.reduce_input) {  // another dtype: cast (and pre-divide) into the reduce input
-      in = in_ring_.take(*be_, rs);
+      in = take_slot(in_ring_, u, "the reduce input slot", rs);
       be_->convert(in_ring_.data(in), reduce, src, src_type, c.padded_numel, reduce_.prescale, rs);
       src = in_ring_.data(in);
     } else if (reduce_.prescale != 1.0f) {  // same dtype: pre-divide in place
@@ -328,7 +338,7 @@ class unit_executor {
     float* shard = b.grad_shard.template as<float>();
     check_next(kind, facts_.shards_params ? c.shard_numel : c.padded_numel, reduce, u);
     if (facts_.shards_params) {
-      out = out_ring_.take(*be_, rs);
+      out = take_slot(out_ring_, u, "the reduce output slot", rs);
       comm_->reduce_scatter(src, out_ring_.data(out), c.shard_numel, reduce, reduce_.op, rs);
       if (replicas_) {  // hybrid: the shard group's reduced shard, reduced across the replicas in place
         check_next(collective::all_reduce, c.shard_numel, reduce, u);
@@ -350,6 +360,29 @@ class unit_executor {
 
   /// Tells a communicator that keeps one (comm::nccl) which unit the next collective is for, so that a timeout
   /// names it.
+  /// Runs fn(); memory that cannot be had inside it (a memory_error from the backend) is reported again naming
+  /// unit u, what was being made for it, this rank and the unit's largest parameter.
+  template <class F>
+  decltype(auto) allocating(std::size_t u, std::string_view what, F&& fn) {
+    try {
+      return std::forward<F>(fn)();
+    } catch (const memory_error& e) {
+      const flat_entry* largest = nullptr;
+      for (const flat_entry& p : layouts_[u].entries())
+        if (!largest || p.numel > largest->numel) largest = &p;
+      throw memory_error(detail::cat(
+          "could not allocate ", what, " of unit '", units_->name(u), "' on rank ", world_->rank(), ": ",
+          detail::unprefixed(e),
+          largest ? detail::cat("; the unit's largest parameter is '", largest->name, "' of shape ",
+                                detail::shape_text(largest->shape), " (", largest->numel, " elements)")
+                  : std::string(),
+          ". Shard the model over more ranks, wrap it into smaller units, or make the parameter smaller"));
+    }
+  }
+  int take_slot(slot_ring<B>& ring, std::size_t u, std::string_view what, stream& s) {
+    return allocating(u, what, [&] { return ring.take(*be_, s); });
+  }
+
   void label(std::size_t u) {
     if constexpr (requires(C& c) { c.label(std::string_view{}); }) {
       comm_->label(units_->name(u));

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/text.hpp"
 #include "fsdp/observe/trace.hpp"
 
 namespace fsdp::trace {
@@ -32,9 +33,11 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
   using nlohmann::json;
   using namespace chrome_detail;
   const std::vector<std::string> names = rec.unit_names();
+  // A Model's unit names are UTF-8 (make_units checks them); names set on a recorder by hand are written in
+  // printable form, so that the JSON is always valid.
   auto unit_name = [&](int u) -> std::string {
     if (u < 0) return "-";
-    return std::size_t(u) < names.size() ? names[std::size_t(u)] : "unit " + std::to_string(u);
+    return std::size_t(u) < names.size() ? fsdp::detail::printable(names[std::size_t(u)]) : "unit " + std::to_string(u);
   };
   const std::vector<event> events = rec.events();
   json out = json::array();

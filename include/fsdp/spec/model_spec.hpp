@@ -9,6 +9,7 @@
 
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/text.hpp"
 #include "fsdp/init/init.hpp"
 
 namespace fsdp {
@@ -45,14 +46,29 @@ struct param_options {
 
 class ModelSpec {
  public:
-  /// Declares a parameter. Names are unique; every dimension must be positive.
+  /// The most elements one parameter, and the whole model, may have: 2^48 (a petabyte of fp32). Every byte count
+  /// the library derives from element counts (several buffers of up to 8 bytes an element) then fits in 64 bits.
+  static constexpr std::int64_t max_numel = std::int64_t{1} << 48;
+
+  /// Declares a parameter. Names are unique UTF-8; every dimension must be positive, and the element count at most
+  /// max_numel (for the parameter and for the model).
   ModelSpec& add(std::string name, std::vector<std::int64_t> shape, param_options opt = {}) {
     check_new_name(name);
     if (shape.empty()) detail::fail_usage("parameter '", name, "' has no dimensions: give it a shape such as {n}");
-    for (std::size_t i = 0; i < shape.size(); ++i)
+    std::int64_t n = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
       if (shape[i] <= 0)
         detail::fail_usage("parameter '", name, "' has dimension ", i, " = ", shape[i],
                            ": every dimension must be positive");
+      if (__builtin_mul_overflow(n, shape[i], &n) || n > max_numel)
+        detail::fail_usage("parameter '", name, "' has shape ", detail::shape_text(shape),
+                           ", whose element count exceeds 2^48 = ", max_numel,
+                           ", the most one parameter may have (is a dimension wrong?)");
+    }
+    if (n > max_numel - numel())
+      detail::fail_usage("parameter '", name, "' of shape ", detail::shape_text(shape), " (", n,
+                         " elements) brings the model past 2^48 = ", max_numel, " elements (it has ", numel(),
+                         " before it), the most one model may have");
     index_.emplace(name, params_.size());
     params_.push_back(ParamSpec{std::move(name), std::move(shape), opt.compute_dtype, opt.flags, opt.init, {}});
     return *this;
@@ -105,6 +121,8 @@ class ModelSpec {
  private:
   void check_new_name(const std::string& name) const {
     if (name.empty()) detail::fail_usage("a parameter name is empty");
+    if (std::string why = detail::utf8_problem("parameter name", name); !why.empty())
+      detail::fail_usage(why, ": names appear in messages, traces and checkpoints; give the parameter a UTF-8 name");
     if (index_.count(name)) detail::fail_usage("duplicate parameter name '", name, "' in the model spec");
   }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/text.hpp"
 #include "fsdp/spec/model_spec.hpp"
 
 namespace fsdp {
@@ -107,7 +108,14 @@ std::vector<unit_plan> make_units(const ModelSpec& spec, const W& policy) {
   std::unordered_map<std::string, std::size_t> by_name;
   for (std::size_t i = 0; i < spec.size(); ++i) {
     auto [it, fresh] = by_name.emplace(names[i], units.size());
-    if (fresh) units.push_back(unit_plan{names[i], {}});
+    if (fresh) {
+      if (names[i].empty())
+        detail::fail_usage("the wrapping policy gave parameter '", spec.params()[i].name, "' an empty unit name");
+      if (std::string why = detail::utf8_problem("unit name", names[i]); !why.empty())
+        detail::fail_usage(why, ", given by the wrapping policy to parameter '", spec.params()[i].name,
+                           "': names appear in messages, traces and checkpoints; name units in UTF-8");
+      units.push_back(unit_plan{names[i], {}});
+    }
     units[it->second].params.push_back(i);
   }
   for (std::size_t i = 0; i < spec.size(); ++i) {
