@@ -65,11 +65,12 @@ class ModelSpec {
                            ", whose element count exceeds 2^48 = ", max_numel,
                            ", the most one parameter may have (is a dimension wrong?)");
     }
-    if (n > max_numel - numel())
+    if (n > max_numel - numel_)
       detail::fail_usage("parameter '", name, "' of shape ", detail::shape_text(shape), " (", n,
-                         " elements) brings the model past 2^48 = ", max_numel, " elements (it has ", numel(),
+                         " elements) brings the model past 2^48 = ", max_numel, " elements (it has ", numel_,
                          " before it), the most one model may have");
     index_.emplace(name, params_.size());
+    numel_ += n;
     params_.push_back(ParamSpec{std::move(name), std::move(shape), opt.compute_dtype, opt.flags, opt.init, {}});
     return *this;
   }
@@ -111,12 +112,7 @@ class ModelSpec {
   }
 
   /// Total elements of stored parameters (aliases not counted twice).
-  std::int64_t numel() const noexcept {
-    std::int64_t n = 0;
-    for (const auto& p : params_)
-      if (!p.is_tied()) n += p.numel();
-    return n;
-  }
+  std::int64_t numel() const noexcept { return numel_; }
 
  private:
   void check_new_name(const std::string& name) const {
@@ -128,6 +124,7 @@ class ModelSpec {
 
   std::vector<ParamSpec> params_;
   std::unordered_map<std::string, std::size_t> index_;
+  std::int64_t numel_ = 0;  ///< elements of stored parameters, at most max_numel
 };
 
 }  // namespace fsdp
