@@ -34,7 +34,8 @@ struct script {
   int finalize = 1;                        ///< in_progress: what a non-blocking communicator answers
   int group_end = 0;
   int call = 0;   ///< what a collective call returns
-  int split = 1;  ///< what ncclCommSplit returns (in_progress: non-blocking)
+  int split = 1;  ///< what ncclCommSplit returns (in_progress: non-blocking; the parent's state then settles it)
+  bool split_fills = true;  ///< whether the settled split gave a communicator
   int next_comm = 2;
   std::set<int> complete;
   int next_event = 1;
@@ -43,7 +44,7 @@ struct script {
 };
 
 struct fake_api {
-  enum result { success, in_progress, remote_error, invalid_argument };
+  enum result { success, in_progress, remote_error, invalid_argument, internal_error };
   using stream = int;
   using event = int;
   using comm = int;
@@ -60,9 +61,10 @@ struct fake_api {
     return success;
   }
   result split(comm parent, int color, int key, comm& out) {
-    out = sc->next_comm++;
+    const int made = sc->next_comm++;
+    if (sc->split_fills) out = made;  // real NCCL fills it in the background, once the parent's job has settled
     sc->calls.push_back("ncclCommSplit(c" + std::to_string(parent) + ", color=" + std::to_string(color) +
-                        ", key=" + std::to_string(key) + ") -> c" + std::to_string(out));
+                        ", key=" + std::to_string(key) + ") -> " + (sc->split_fills ? "c" + std::to_string(made) : "null"));
     return static_cast<result>(sc->split);
   }
   result comm_abort(comm c) { return note("ncclCommAbort", c); }
@@ -77,6 +79,7 @@ struct fake_api {
       case in_progress: return "ncclInProgress (NCCL operation in progress)";
       case remote_error: return "ncclRemoteError (remote process exited or there was a network error)";
       case invalid_argument: return "ncclInvalidArgument (invalid argument)";
+      case internal_error: return "ncclInternalError (internal error)";
     }
     return "?";
   }
@@ -329,17 +332,19 @@ TEST_CASE("nccl streams: each stream name gets its own communicator, split from 
   core c(fake_api{&sc}, 1, 4, 1000ms);
   init(c);
   c.label("h.1");
-  sc.async_of[2] = {fake_api::in_progress};  // the first split settles at the second poll
+  // A non-blocking split runs as a job of the parent: the parent's state settles it (here at the second poll),
+  // then the new communicator's own state is read once.
+  sc.async = {fake_api::in_progress};
   all_gather(c, sc, 8, 7, "rank1.all_gather");
   reduce_scatter(c, sc, 4, 8, "rank1.reduce");
   all_gather(c, sc, 8, 7, "rank1.all_gather");  // the stream's communicator is reused
   all_gather(c, sc, 1, 9);                      // no stream name (barrier()): the base communicator
   CHECK(seq(sc.calls) ==
-        seq(calls{"ncclCommSplit(c1, color=0, key=1) -> c2", "sleep", "ncclCommGetAsyncError(c2)", "sleep",
-                  "ncclCommGetAsyncError(c2)", "ncclAllGather(c2)", "cudaEventRecord(e1, s7)",
-                  "ncclCommSplit(c1, color=0, key=1) -> c3", "sleep", "ncclCommGetAsyncError(c3)",
-                  "ncclReduceScatter(c3)", "cudaEventRecord(e2, s8)", "ncclAllGather(c2)", "cudaEventRecord(e3, s7)",
-                  "ncclAllGather", "cudaEventRecord(e4, s9)"}));
+        seq(calls{"ncclCommSplit(c1, color=0, key=1) -> c2", "sleep", "ncclCommGetAsyncError", "sleep",
+                  "ncclCommGetAsyncError", "ncclCommGetAsyncError(c2)", "ncclAllGather(c2)", "cudaEventRecord(e1, s7)",
+                  "ncclCommSplit(c1, color=0, key=1) -> c3", "sleep", "ncclCommGetAsyncError",
+                  "ncclCommGetAsyncError(c3)", "ncclReduceScatter(c3)", "cudaEventRecord(e2, s8)", "ncclAllGather(c2)",
+                  "cudaEventRecord(e3, s7)", "ncclAllGather", "cudaEventRecord(e4, s9)"}));
   CHECK(c.live_communicators() == 3);
   CHECK(c.issued() == 4);  // one numbering across the communicators
   CHECK(c.stats()[collective::all_gather] == 3);
@@ -362,14 +367,14 @@ TEST_CASE("nccl streams: a stream's split that fails is named, and every communi
   c.label("h.1");
   all_gather(c, sc, 8, 7, "rank1.all_gather");
   sc.calls.clear();
-  sc.async_of[3] = {fake_api::remote_error};
+  sc.async = {fake_api::remote_error};  // the parent reports the split job's failure
   const std::string msg = error_of<fsdp::comm_error>([&] { reduce_scatter(c, sc, 4, 8, "rank1.reduce"); });
   CHECK(msg == "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 1 of "
                "4 during ncclCommSplit for the communicator of stream 'rank1.reduce'; pending: all_gather(count=8, "
                "f32) #0 for unit 'h.1', issued 0 ms ago and not complete; comm::nccl on rank 1 of 4 aborted (restart "
                "every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
   // The communicators this core owns first (the stream's, then the base), then the one the split made.
-  CHECK(seq(sc.calls) == seq(calls{"ncclCommSplit(c1, color=0, key=1) -> c3", "sleep", "ncclCommGetAsyncError(c3)",
+  CHECK(seq(sc.calls) == seq(calls{"ncclCommSplit(c1, color=0, key=1) -> c3", "sleep", "ncclCommGetAsyncError",
                                    "ncclCommAbort(c2)", "ncclCommAbort", "ncclCommAbort(c3)"}));
   CHECK(c.issued() == 1);  // the reduce-scatter was never issued
   CHECK(c.live_communicators() == 0);
@@ -415,7 +420,7 @@ TEST_CASE("nccl split groups: a failure in either a world or its split group abo
   all_gather(world, sc, 8, 7, "rank1.all_gather");  // c3
   group->label("h.0");
   reduce_scatter(*group, sc, 4, 8, "rank1.reduce");  // c4, split from c2
-  CHECK(sc.calls[sc.calls.size() - 3] == "ncclCommSplit(c2, color=0, key=0) -> c4");
+  CHECK(sc.calls[sc.calls.size() - 4] == "ncclCommSplit(c2, color=0, key=0) -> c4");
   sc.now += 12ms;
 
   SUBCASE("an asynchronous error in the split group, seen by the world's check() (the CUDA backend's poll)") {
@@ -452,4 +457,57 @@ TEST_CASE("nccl split groups: a failure in either a world or its split group abo
     world.check();
     CHECK_FALSE(world.aborted());
   }
+}
+
+TEST_CASE("nccl split: a split that settles without a communicator is an error, and a split cannot be grouped") {
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
+  SUBCASE("no communicator") {
+    sc.split = fake_api::success;
+    sc.split_fills = false;
+    CHECK(error_of<fsdp::comm_error>([&] { (void)c.split(1, 1); }) ==
+          "fsdp: NCCL reported ncclInternalError (internal error) on rank 1 of 4 during ncclCommSplit for split(color=1, "
+          "key=1) (it settled, but gave no communicator); pending: no collective pending; comm::nccl on rank 1 of 4 "
+          "aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+    CHECK(seq(sc.calls) == seq(calls{"ncclCommSplit(c1, color=1, key=1) -> null", "ncclCommAbort"}));
+  }
+  SUBCASE("inside grouped()") {
+    const std::string msg = error_of<fsdp::comm_error>([&] { c.grouped([&] { (void)c.split(1, 1); }); });
+    CHECK(msg.find("because its function threw: comm::nccl on rank 1: ncclCommSplit for split(color=1, key=1) inside "
+                   "grouped(): a split cannot be grouped with collectives; split before grouping;") != std::string::npos);
+    CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclBroadcast(root=-1)", "ncclGroupEnd", "ncclCommAbort"}));
+  }
+}
+
+TEST_CASE("nccl groups: a family member that fails inside a group is aborted with the rest once the group is closed") {
+  // NCCL's group state is per thread: an ncclCommAbort called while this thread has a group open would be queued
+  // in it, and the failing ncclGroupEnd would discard it. Every member's abort waits for the group to close.
+  script sc;
+  core world(fake_api{&sc}, 1, 4, 1000ms);
+  init(world);
+  sc.split = fake_api::success;
+  core group(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)");
+  group.init(world.split(1, 1), fake_api::success, "ncclCommSplit", "a split group");  // c2
+  group.join_family(world);
+  all_gather(world, sc, 8, 7, "g");    // c3
+  reduce_scatter(group, sc, 4, 8, "r");  // c4
+  sc.calls.clear();
+  world.label("h.1");
+  group.label("h.0");
+  const std::string msg = error_of<fsdp::comm_error>([&] {
+    world.grouped([&] {
+      all_gather(world, sc, 8, 7, "g");
+      sc.call = fake_api::invalid_argument;
+      reduce_scatter(group, sc, 4, 8, "r");
+    });
+  });
+  CHECK(msg.find("grouped() abandoned after 1 queued collective (all_gather(count=8, f32) #1 for unit 'h.1') because "
+                 "its function threw: NCCL reported ncclInvalidArgument (invalid argument) on rank 0 of 2 during "
+                 "ncclReduceScatter for reduce_scatter(count=4, bf16) #1 for unit 'h.0'") != std::string::npos);
+  CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclAllGather(c3)", "ncclReduceScatter(c4)",
+                                   "ncclBroadcast(root=-1)", "ncclGroupEnd", "ncclCommAbort(c3)", "ncclCommAbort",
+                                   "ncclCommAbort(c4)", "ncclCommAbort(c2)"}));
+  CHECK(world.live_communicators() == 0);
+  CHECK(group.live_communicators() == 0);
 }

@@ -63,6 +63,7 @@ struct nccl_api {
   using result = ncclResult_t;
   static constexpr result success = ncclSuccess;
   static constexpr result in_progress = ncclInProgress;
+  static constexpr result internal_error = ncclInternalError;
   using stream = cudaStream_t;
   using event = cudaEvent_t;
   using comm = ncclComm_t;
@@ -86,7 +87,9 @@ struct nccl_api {
   result fail_group(comm c) { return ncclBroadcast(nullptr, nullptr, 0, ncclFloat32, -1, c, nullptr); }
   std::string describe(result r, comm c) const {
     std::string s = fsdp::detail::cat(fsdp::detail::nccl_result_name(r), " (", ncclGetErrorString(r), ")");
-    if (const char* last = ncclGetLastError(c); last && *last) s += fsdp::detail::cat(" [NCCL: ", last, "]");
+    // NCCL keeps one last message per process, never cleared: it may be about an earlier call, so it is labelled.
+    if (const char* last = ncclGetLastError(c); last && *last)
+      s += fsdp::detail::cat(" [NCCL's last message, maybe from an earlier call: ", last, "]");
     return s;
   }
   event new_event() {

@@ -6,7 +6,8 @@
 // Host-only: no CUDA or NCCL header is included here.
 //
 // What Api provides (nccl_api in nccl.cuh is the production one):
-//   using result = ...;  static constexpr result success, in_progress;      ncclResult_t, ncclSuccess, ncclInProgress
+//   using result = ...;  static constexpr result success, in_progress, internal_error;
+//                                                     ncclResult_t: ncclSuccess, ncclInProgress, ncclInternalError
 //   using stream = ...;  using event = ...;  using comm = ...;              cudaStream_t, cudaEvent_t, ncclComm_t
 //   result get_async_error(comm, result& state)  ncclCommGetAsyncError
 //   result split(comm, int color, int key, comm& out)  ncclCommSplit, non-blocking like its parent
@@ -70,7 +71,8 @@ constexpr std::string_view nccl_function(collective c) noexcept {
 ///
 /// A family is a world core and the cores split from it (Model's shard and replicate groups): check() looks at
 /// every member, and any failure aborts every member and names every member's pending collectives, because the
-/// CUDA backend's waits watch the world communicator only.
+/// CUDA backend's waits watch the world communicator only. A family is used from one thread (the one that issues
+/// its collectives and waits on its streams): abort() from another thread is not safe.
 template <class Api>
 class nccl_core {
  public:
@@ -94,9 +96,11 @@ class nccl_core {
   }
   nccl_core(const nccl_core&) = delete;
   nccl_core& operator=(const nccl_core&) = delete;
+  /// A core whose owner never called shutdown() (a constructor that threw after init()) aborts what it still has.
   ~nccl_core() {
     leave_family();
     release_events();
+    abort_now();
   }
 
   Api& api() noexcept { return api_; }
@@ -188,6 +192,7 @@ class nccl_core {
     const result rc = api_.group_start();
     if (rc != Api::success) fail_nccl(rc, base(), "ncclGroupStart");
     in_group_ = true;
+    ++open_groups_;
     group_.clear();
     try {
       std::forward<F>(fn)();
@@ -197,7 +202,9 @@ class nccl_core {
     in_group_ = false;
     std::vector<grouped_op> launched = std::move(group_);
     group_.clear();
-    settle_all(api_.group_end(), "ncclGroupEnd",
+    const result end = api_.group_end();
+    --open_groups_;
+    settle_all(end, "ncclGroupEnd",
                first == seq_ ? std::string("an empty group")
                              : fsdp::detail::cat("grouped collectives #", first, " to #", seq_ - 1));
     for (grouped_op& g : launched) record(std::move(g));
@@ -221,8 +228,9 @@ class nccl_core {
     throw comm_error(msg);
   }
 
-  /// Aborts every communicator of the family: every pending and later operation fails. Never throws. Inside
-  /// grouped() the ncclCommAbort of that core waits until the group is closed.
+  /// Aborts every communicator of the family: every pending and later operation fails. Never throws. While this
+  /// thread has a group open (grouped()), the ncclCommAbort calls wait until it is closed: NCCL's group state is
+  /// per thread, and an abort queued in a group that ncclGroupEnd then discards would never run.
   void abort(const std::string& reason) noexcept {
     std::lock_guard lk(family_->mu);
     for (nccl_core* m : family_->members) m->abort_own(reason);
@@ -337,7 +345,7 @@ class nccl_core {
     if (key.empty()) return channels_.front().c;
     for (const channel& ch : channels_)
       if (ch.key == key) return ch.c;
-    if (in_group_)
+    if (open_groups_ != 0)
       fsdp::detail::fail_usage(name_, " on rank ", rank_, ": the first collective on stream '", key,
                                "' is inside grouped(); a stream's communicator is split from the base one "
                                "(ncclCommSplit) on its first collective, which cannot run inside a group. Issue one "
@@ -351,12 +359,19 @@ class nccl_core {
     if (aborted_)
       throw comm_error(fsdp::detail::cat("ncclCommSplit for ", what, " on rank ", rank_, " after ", name_,
                                          " was aborted: ", reason_));
+    if (open_groups_ != 0)
+      fsdp::detail::fail_usage(name_, " on rank ", rank_, ": ncclCommSplit for ", what,
+                               " inside grouped(): a split cannot be grouped with collectives; split before grouping");
     const comm parent = base();
     comm out{};
     const result rc = api_.split(parent, color, key, out);
     try {
-      // A non-blocking split answers in_progress; the new communicator's own state says when it has settled.
-      settle(rc, out != comm{} ? out : parent, "ncclCommSplit", what);
+      // A non-blocking split answers in_progress and runs as a job of the parent, whose state says when it has
+      // settled; NCCL fills `out` (it is null until then). The new communicator's own state is then settled too.
+      settle(rc, parent, "ncclCommSplit", what);
+      if (out == comm{})
+        fail_nccl(Api::internal_error, parent, fsdp::detail::cat("ncclCommSplit for ", what, " (it settled, but gave no communicator)"));
+      settle(async_state(out), out, "ncclCommSplit", what);
     } catch (...) {
       if (out != comm{}) (void)api_.comm_abort(out);
       throw;
@@ -424,7 +439,7 @@ class nccl_core {
       } catch (...) {
       }
     }
-    if (!in_group_) abort_now();
+    if (open_groups_ == 0) abort_now();
   }
 
   /// The pending collectives of every member of the family; a member's are prefixed with its name when the
@@ -489,6 +504,7 @@ class nccl_core {
     (void)api_.fail_group(base());
     (void)api_.group_end();
     in_group_ = false;
+    --open_groups_;
     const std::string msg = fsdp::detail::cat(
         name_, " on rank ", rank_, " of ", world_, ": grouped() abandoned after ", n, " queued collective",
         n == 1 ? "" : "s", n ? fsdp::detail::cat(" (", queued, ")") : std::string(), " because its function threw: ", why,
@@ -570,7 +586,9 @@ class nccl_core {
   std::shared_ptr<family> family_;
   std::vector<channel> channels_;  ///< [0]: the base communicator; then one per stream name, in first-use order
   bool aborted_ = false;
-  bool in_group_ = false;
+  bool in_group_ = false;  ///< this core's grouped() is running (its collectives are queued in group_)
+  /// Groups open on this thread, over every core: NCCL's group state (ncclGroupStart / ncclGroupEnd) is per thread.
+  static inline thread_local int open_groups_ = 0;
   std::string reason_;
   std::string label_ = "(none)";
   std::uint64_t seq_ = 0;
