@@ -345,8 +345,22 @@ TEST_CASE("a Model on comm::mpi trains the MLP exactly as on comm::run_local at 
     check_mlp_parity<fsdp::sharding::full_shard, mixed<bfloat16, float, bfloat16>>();
   }
   SUBCASE("no_shard (all_reduce), fp32") { check_mlp_parity<fsdp::sharding::no_shard, fsdp::precision::full>(); }
-  SUBCASE("hybrid_shard<2> (split into 2 x 2), bf16") {
+  // Hybrid sharding split into 2 x 2: both strategies in every precision mode.
+  SUBCASE("hybrid_shard<2>, fp32") { check_mlp_parity<fsdp::sharding::hybrid_shard<2>, fsdp::precision::full>(); }
+  SUBCASE("hybrid_shard<2>, bf16 compute, fp32 reduction") {
+    check_mlp_parity<fsdp::sharding::hybrid_shard<2>, mixed<bfloat16>>();
+  }
+  SUBCASE("hybrid_shard<2>, bf16 compute and reduction") {
     check_mlp_parity<fsdp::sharding::hybrid_shard<2>, mixed<bfloat16, float, bfloat16>>();
+  }
+  SUBCASE("hybrid_shard_zero2<2>, fp32") {
+    check_mlp_parity<fsdp::sharding::hybrid_shard_zero2<2>, fsdp::precision::full>();
+  }
+  SUBCASE("hybrid_shard_zero2<2>, bf16 compute, fp32 reduction") {
+    check_mlp_parity<fsdp::sharding::hybrid_shard_zero2<2>, mixed<bfloat16>>();
+  }
+  SUBCASE("hybrid_shard_zero2<2>, bf16 compute and reduction") {
+    check_mlp_parity<fsdp::sharding::hybrid_shard_zero2<2>, mixed<bfloat16, float, bfloat16>>();
   }
 }
 
@@ -376,8 +390,16 @@ TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on 
     CHECK(got.replicate_group[collective::all_reduce] == ref.replicate_group[collective::all_reduce]);
     CHECK(got.replicate_group[collective::all_reduce] > 0);
   };
+  // 2 x 4: both strategies in every precision mode.
   SUBCASE("hybrid_shard<4>, fp32") { check(fsdp::sharding::hybrid_shard<4>{}, fsdp::precision::full{}); }
   SUBCASE("hybrid_shard<4>, bf16 compute, fp32 reduction") { check(fsdp::sharding::hybrid_shard<4>{}, mixed<bfloat16>{}); }
+  SUBCASE("hybrid_shard<4>, bf16 compute and reduction") {
+    check(fsdp::sharding::hybrid_shard<4>{}, mixed<bfloat16, float, bfloat16>{});
+  }
+  SUBCASE("hybrid_shard_zero2<4>, fp32") { check(fsdp::sharding::hybrid_shard_zero2<4>{}, fsdp::precision::full{}); }
+  SUBCASE("hybrid_shard_zero2<4>, bf16 compute, fp32 reduction") {
+    check(fsdp::sharding::hybrid_shard_zero2<4>{}, mixed<bfloat16>{});
+  }
   SUBCASE("hybrid_shard_zero2<4>, bf16 compute and reduction") {
     check(fsdp::sharding::hybrid_shard_zero2<4>{}, mixed<bfloat16, float, bfloat16>{});
   }
