@@ -17,6 +17,7 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
+#include "fsdp/comm/detail/stats_tally.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::comm {
@@ -73,14 +74,8 @@ class local_communicator : public detail::collective_front<local_communicator, b
   /// Blocks the calling thread until every rank has reached its matching barrier.
   void barrier() { g_->run(seq_++, rank_, detail::op_desc{-1, 0, dtype::f32, reduce_op::sum, 0}, nullptr, nullptr); }
 
-  collective_stats stats() const {
-    std::lock_guard lk(mu_);
-    return stats_;
-  }
-  void reset_stats() {
-    std::lock_guard lk(mu_);
-    stats_ = {};
-  }
+  collective_stats stats() const { return stats_.get(); }
+  void reset_stats() { stats_.reset(); }
   /// Makes every rank's pending and future collectives fail (used when a rank dies).
   void abort(const std::string& reason) noexcept { g_->abort(reason); }
 
@@ -89,11 +84,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
   void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
     if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
     const std::uint64_t seq = seq_++;
-    {
-      std::lock_guard lk(mu_);
-      stats_.count[d.kind] += 1;
-      stats_.bytes[d.kind] += static_cast<std::uint64_t>(total_elems) * size_of(d.type);
-    }
+    stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
     auto g = g_;
     const int rank = rank_;
     s.submit([g, seq, rank, d, send, recv] { g->run(seq, rank, d, send, recv); });
@@ -104,8 +95,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
   backend::host_options backend_opt_;
   std::uint64_t seq_ = 0;
   std::uint64_t splits_ = 0;
-  mutable std::mutex mu_;
-  collective_stats stats_;
+  detail::stats_tally stats_;
 };
 
 static_assert(CollectivePolicy<local_communicator>);

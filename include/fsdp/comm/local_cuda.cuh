@@ -35,6 +35,7 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
+#include "fsdp/comm/detail/stats_tally.hpp"
 #include "fsdp/comm/local.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/error.cuh"
@@ -69,10 +70,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
     (void)g_->meet(seq, rank_, d, nullptr);
     g_->part(seq, rank_, d, nullptr);
   }
-  collective_stats stats() const {
-    std::lock_guard lk(mu_);
-    return stats_;
-  }
+  collective_stats stats() const { return stats_.get(); }
   void abort(const std::string& reason) noexcept { g_->abort(reason); }
 
  private:
@@ -86,11 +84,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
     if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
     const auto kind = static_cast<collective>(d.kind);
     const std::uint64_t seq = seq_++;
-    {
-      std::lock_guard lk(mu_);
-      stats_.count[d.kind] += 1;
-      stats_.bytes[d.kind] += static_cast<std::uint64_t>(total_elems) * size_of(d.type);
-    }
+    stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
     const int world = size();
     const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
     FSDP_CUDA_CHECK(cudaEventRecord(ready_.get(), s.get()));
@@ -208,8 +202,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   // collective (step 4), so neither is re-recorded or destroyed before those waits are enqueued.
   backend::cuda::event ready_;
   backend::cuda::event done_;
-  mutable std::mutex mu_;
-  collective_stats stats_;
+  detail::stats_tally stats_;
 };
 
 static_assert(CollectivePolicy<local_cuda_communicator>);

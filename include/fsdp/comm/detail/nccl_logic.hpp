@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/stats_tally.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -147,10 +148,7 @@ class nccl_core {
   /// Names the unit the next collectives are for, so that an error can say so.
   void label(std::string_view unit) { label_.assign(unit); }
 
-  collective_stats stats() const {
-    std::lock_guard lk(mu_);
-    return stats_;
-  }
+  collective_stats stats() const { return stats_.get(); }
 
   /// Issues one collective: `call(c)` makes the NCCL call on communicator `c` and stream `s`, and returns its
   /// result. `c` is the communicator of stream name `key` (split from the base on the name's first collective),
@@ -539,10 +537,8 @@ class nccl_core {
       spare_.push_back(e);
       throw;
     }
+    stats_.add(static_cast<std::size_t>(g.op.kind), g.op.type, g.total_elems);
     std::lock_guard lk(mu_);
-    const auto k = static_cast<std::size_t>(g.op.kind);
-    stats_.count[k] += 1;
-    stats_.bytes[k] += static_cast<std::uint64_t>(g.total_elems) * size_of(g.op.type);
     pending_.push_back({std::move(g.op), e});
     if (pending_.size() > 64) retire_completed_locked();
   }
@@ -596,7 +592,7 @@ class nccl_core {
   mutable std::mutex mu_;
   std::deque<pending_op> pending_;
   std::vector<event> spare_;
-  collective_stats stats_;
+  stats_tally stats_;
 };
 
 }  // namespace fsdp::comm::detail
