@@ -67,6 +67,7 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
+#include "fsdp/comm/detail/stats_tally.hpp"
 #include "fsdp/comm/launch.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -526,29 +527,17 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
     const int rc = MPI_Comm_split(g_->base(), color, key, &sub);
     if (rc != MPI_SUCCESS) throw comm_error(what() + ": MPI_Comm_split failed: " + mpi_detail::error_string(rc));
     // Which ranks of this group the new one holds, in its rank order, for its messages: "[ranks 2, 3]".
-    std::vector<int> members;
-    for (int q = 0; q < size(); ++q)
-      if (all[static_cast<std::size_t>(2 * q)] == color) members.push_back(q);
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return all[static_cast<std::size_t>(2 * a + 1)] < all[static_cast<std::size_t>(2 * b + 1)];
-    });
-    std::string names = "[ranks ";
-    for (std::size_t i = 0; i < members.size(); ++i) names += (i ? ", " : "") + std::to_string(members[i]);
-    names += "]";
+    std::vector<std::pair<int, int>> colors_keys;
+    for (std::size_t q = 0; q < all.size(); q += 2) colors_keys.emplace_back(all[q], all[q + 1]);
+    const std::string names = comm::detail::members_label(comm::detail::split_members(colors_keys, color));
     int sub_rank = 0, sub_world = 0;
     MPI_Comm_rank(sub, &sub_rank);
     MPI_Comm_size(sub, &sub_world);
     return mpi_communicator(adopt_tag{}, sub, sub_rank, sub_world, opt_, names);
   }
 
-  collective_stats stats() const {
-    std::lock_guard lk(mu_);
-    return stats_;
-  }
-  void reset_stats() {
-    std::lock_guard lk(mu_);
-    stats_ = {};
-  }
+  collective_stats stats() const { return stats_.get(); }
+  void reset_stats() { stats_.reset(); }
   /// Collectives issued so far (the sequence number of the next one), barriers and splits included.
   std::uint64_t issued() const noexcept { return seq_; }
   /// Whether a collective of this communicator has failed (every later one then fails at once).
@@ -579,11 +568,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
       fsdp::detail::fail_usage(g_->describe(d.str(), seq_, label_), ": ", d.count,
                                " elements exceed MPI's int counts (", INT_MAX, "); split the unit into smaller ones");
     const std::uint64_t seq = seq_++;
-    {
-      std::lock_guard lk(mu_);
-      stats_.count[d.kind] += 1;
-      stats_.bytes[d.kind] += static_cast<std::uint64_t>(total_elems) * size_of(d.type);
-    }
+    stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
     auto sc = g_->stream_for(s.name());  // the stream's communicator, started here when the stream is new
     s.submit([g = g_, sc, d, seq, unit = label_, send, recv] { g->run(*sc, d, seq, unit, send, recv); });
   }
@@ -592,8 +577,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
   std::shared_ptr<mpi_detail::group> g_;
   std::string label_;
   std::uint64_t seq_ = 0;
-  mutable std::mutex mu_;
-  collective_stats stats_;
+  comm::detail::stats_tally stats_;
 };
 
 static_assert(CollectivePolicy<mpi_communicator>);

@@ -96,6 +96,25 @@ void reduce_in_rank_order(dtype type, reduce_op op, int world, std::size_t n, Sr
   });
 }
 
+/// The sub-group a split makes for the ranks that pass `color`, as MPI_Comm_split forms it: every rank q whose
+/// (color, key) in `all` (in rank order) has that color, ordered by (key, q). Used by comm::local and comm::mpi.
+inline std::vector<int> split_members(const std::vector<std::pair<int, int>>& all, int color) {
+  std::vector<int> members;
+  for (std::size_t q = 0; q < all.size(); ++q)
+    if (all[q].first == color) members.push_back(static_cast<int>(q));
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[static_cast<std::size_t>(a)].second < all[static_cast<std::size_t>(b)].second;
+  });
+  return members;
+}
+
+/// How a sub-group's messages name its members in the group it was split from: "[ranks 2, 3]".
+inline std::string members_label(const std::vector<int>& members) {
+  std::string s = "[ranks ";
+  for (std::size_t i = 0; i < members.size(); ++i) s += (i ? ", " : "") + std::to_string(members[i]);
+  return s + "]";
+}
+
 class local_group {
  public:
   local_group(int world, std::chrono::milliseconds timeout, link_model link = {}, collective_delay delay = {})
@@ -147,21 +166,13 @@ class local_group {
   std::pair<std::shared_ptr<local_group>, int> sub_group(std::uint64_t split, int rank,
                                                          const std::vector<std::pair<int, int>>& all) {
     const int color = all.at(static_cast<std::size_t>(rank)).first;
-    std::vector<int> members;
-    for (int q = 0; q < world_; ++q)
-      if (all[static_cast<std::size_t>(q)].first == color) members.push_back(q);
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return all[static_cast<std::size_t>(a)].second < all[static_cast<std::size_t>(b)].second;
-    });
+    const std::vector<int> members = split_members(all, color);
     const int place = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
     std::lock_guard lk(mu_);
     pending_split& p = splits_[{split, color}];
     if (!p.group) {
       p.group = std::make_shared<local_group>(static_cast<int>(members.size()), timeout_, link_, delay_);
-      p.group->label_ = "[ranks ";
-      for (std::size_t i = 0; i < members.size(); ++i)
-        p.group->label_ += (i ? ", " : "") + std::to_string(members[i]);
-      p.group->label_ += "]";
+      p.group->label_ = members_label(members);
       children_.push_back({p.group, members});
       for (std::size_t i = 0; i < members.size(); ++i)  // what happened before the split holds in it too
         if (returned_[static_cast<std::size_t>(members[i])]) {
