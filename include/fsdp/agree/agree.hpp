@@ -20,6 +20,7 @@
 #include "fsdp/agree/fingerprint.hpp"
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/core/bytes.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::agree {
@@ -44,14 +45,6 @@ std::string all_gather_bytes(C& comm, B& be, const std::string& mine) {
   return out;
 }
 
-inline void put64(std::string& out, std::uint64_t v) {
-  for (int b = 0; b < 8; ++b) out.push_back(static_cast<char>((v >> (8 * b)) & 0xff));
-}
-inline std::uint64_t get64(std::string_view in, std::size_t at) {
-  std::uint64_t v = 0;
-  for (int b = 0; b < 8; ++b) v |= std::uint64_t(static_cast<unsigned char>(in[at + b])) << (8 * b);
-  return v;
-}
 }  // namespace wire
 
 /// Compares `mine` with every other rank's (collective: every rank of `comm` calls it). Throws usage_error
@@ -62,8 +55,8 @@ void require_agreement(C& comm, B& be, const fingerprint& mine, std::string_view
   if (world <= 1) return;
   const std::string encoded = mine.encode();
   std::string digest;
-  wire::put64(digest, fnv1a64(encoded));
-  wire::put64(digest, encoded.size());
+  fsdp::detail::put_u64le(digest, fnv1a64(encoded));
+  fsdp::detail::put_u64le(digest, encoded.size());
   const std::string digests = wire::all_gather_bytes(comm, be, digest);
   int differs = -1;  // the lowest rank whose digest is not rank 0's
   for (int q = 1; q < world && differs < 0; ++q)
@@ -71,13 +64,14 @@ void require_agreement(C& comm, B& be, const fingerprint& mine, std::string_view
   if (differs < 0) return;
 
   std::uint64_t longest = 0;
-  for (int q = 0; q < world; ++q) longest = std::max(longest, wire::get64(digests, static_cast<std::size_t>(q) * 16 + 8));
+  for (int q = 0; q < world; ++q)
+    longest = std::max(longest, fsdp::detail::get_u64le(digests, static_cast<std::size_t>(q) * 16 + 8));
   const std::size_t padded = static_cast<std::size_t>((longest + 3) / 4 * 4);
   std::string mine_padded = encoded;
   mine_padded.resize(std::max<std::size_t>(padded, 4), '\0');
   const std::string all = wire::all_gather_bytes(comm, be, mine_padded);
   auto facts_of = [&](int q) {
-    const std::size_t n = static_cast<std::size_t>(wire::get64(digests, static_cast<std::size_t>(q) * 16 + 8));
+    const std::size_t n = static_cast<std::size_t>(fsdp::detail::get_u64le(digests, static_cast<std::size_t>(q) * 16 + 8));
     return fingerprint::decode(std::string_view(all).substr(static_cast<std::size_t>(q) * mine_padded.size(), n), q);
   };
   const fingerprint first = facts_of(0), other = facts_of(differs);

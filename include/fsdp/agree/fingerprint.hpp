@@ -19,9 +19,11 @@
 #include <variant>
 #include <vector>
 
+#include "fsdp/core/bytes.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/hash.hpp"
+#include "fsdp/core/text.hpp"
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/model_options.hpp"
@@ -52,8 +54,7 @@ class fingerprint {
     std::string out;
     for (const auto& f : facts_)
       for (const std::string* s : {&f.subject, &f.attribute, &f.value}) {
-        std::uint64_t n = s->size();
-        for (int b = 0; b < 8; ++b) out.push_back(static_cast<char>((n >> (8 * b)) & 0xff));
+        detail::put_u64le(out, s->size());
         out += *s;
       }
     return out;
@@ -66,8 +67,7 @@ class fingerprint {
       if (bytes.size() - at < 8)
         throw comm_error(detail::cat("the fingerprint received from rank ", rank, " is cut short at byte ", at, " of ",
                                      bytes.size()));
-      std::uint64_t n = 0;
-      for (int b = 0; b < 8; ++b) n |= std::uint64_t(static_cast<unsigned char>(bytes[at + b])) << (8 * b);
+      const std::uint64_t n = detail::get_u64le(bytes, at);
       at += 8;
       if (n > bytes.size() - at)
         throw comm_error(detail::cat("the fingerprint received from rank ", rank, " names a string of ", n,
@@ -121,8 +121,6 @@ inline std::string number(float v) {
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
 }
-
-inline std::string shape(const std::vector<std::int64_t>& dims) { return detail::shape_text(dims); }
 
 inline std::string list(const std::vector<std::string>& names) {
   std::string s = "[";
@@ -184,7 +182,7 @@ inline fingerprint model_fingerprint(const ModelSpec& spec, const init::rule& de
       fp.add(who, "tied to", in_quotes(p.tied_to));
       continue;
     }
-    fp.add(who, "the shape", shape(p.shape));
+    fp.add(who, "the shape", detail::shape_text(p.shape));
     fp.add(who, "the compute dtype", p.compute_dtype ? std::string(name_of(*p.compute_dtype)) : "the policy's");
     fp.add(who, "no_decay", flag(p.flags.no_decay));
     fp.add(who, "the init rule", p.init ? describe(*p.init) : "the model's default");
