@@ -356,7 +356,8 @@ class Model {
         detail::fail_usage("sharding strategy ", strategy::name, " shards over ", m.shards, " of ", comm.size(),
                            " ranks and replicates over ", m.replicas,
                            " (hybrid sharding), which needs a communicator with split(color, key) to make the shard "
-                           "and replicate groups; this policy's communicator has none (comm::local on the host, comm::mpi and comm::nccl do)");
+                           "and replicate groups; this policy's communicator has none (comm::local on the host, "
+                           "comm::mpi and comm::nccl do)");
     return m;
   }
   static constexpr bool splittable = requires(communicator& c) {

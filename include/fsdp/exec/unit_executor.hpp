@@ -158,7 +158,8 @@ class unit_executor {
       try {
         staging.assign(static_cast<std::size_t>(c.shard_numel), 0.0f);
       } catch (const std::bad_alloc&) {
-        throw memory_error(detail::cat("could not allocate ", c.shard_numel * 4, " bytes of host staging"));
+        throw memory_error(detail::cat("could not allocate ", c.shard_numel * std::int64_t{sizeof(float)},
+                                       " bytes of host staging"));
       }
     });
     for (const ShardedTensor& v : layouts_[u].shard_views(shard_rank_)) {
@@ -358,8 +359,6 @@ class unit_executor {
     be_->record(b.reduced, rs);
   }
 
-  /// Tells a communicator that keeps one (comm::nccl) which unit the next collective is for, so that a timeout
-  /// names it.
   /// Runs fn(); memory that cannot be had inside it (a memory_error from the backend) is reported again naming
   /// unit u, what was being made for it, this rank and the unit's largest parameter.
   template <class F>
@@ -383,6 +382,8 @@ class unit_executor {
     return allocating(u, what, [&] { return ring.take(*be_, s); });
   }
 
+  /// Tells a communicator that keeps one (comm::nccl, comm::mpi) which unit the next collective is for, so that a
+  /// timeout names it.
   void label(std::size_t u) {
     if constexpr (requires(C& c) { c.label(std::string_view{}); }) {
       comm_->label(units_->name(u));
