@@ -147,12 +147,14 @@ result with_optimizer(ModelT& model, const config& c, Run&& run) {
   throw fsdp::usage_error("unknown optimizer '" + c.optimizer + "' (adamw or sgd)");
 }
 
-/// Trains on this rank's slice of every global batch; all ranks call it together. Each step runs
-/// c.model.accumulation.micro_batches forward and backward passes over consecutive parts of the rank's slice.
-template <class Policy>
-result train(typename Policy::communicator& comm, const config& c) {
-  using W = typename Policy::precision::compute_type;
-  const int world = comm.size(), rank = comm.rank();
+/// Runs steps [first, first + count) of the training schedule on `model` with `opt` (the data of step s is a pure
+/// function of (seed, s), so a run can stop after a checkpoint and go on from it), appending each step's loss and
+/// report to `r`. All ranks call it together. Each step runs c.model.accumulation.micro_batches forward and backward
+/// passes over consecutive parts of the rank's slice of the global batch.
+template <class ModelT, class Opt>
+void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, result& r) {
+  using W = typename ModelT::compute_type;
+  const int world = model.comm().size(), rank = model.comm().rank();
   if (c.global_batch % world != 0)
     throw fsdp::usage_error("global batch " + std::to_string(c.global_batch) + " does not split over " +
                             std::to_string(world) + " ranks");
@@ -162,56 +164,67 @@ result train(typename Policy::communicator& comm, const config& c) {
                             " micro-batches");
   const int m = n / k;
   const std::size_t layers = c.dims.size() - 1;
+  std::vector<float> x, t;
+  std::vector<std::vector<float>> act(layers + 1), dact(layers + 1);
+  for (int step = first; step < first + count; ++step) {
+    const auto ts = std::chrono::steady_clock::now();
+    float loss = 0;
+    for (int mb = 0; mb < k; ++mb) {
+      make_batch(c, step, rank * n + mb * m, m, x, t);
+      act[0] = x;
+      std::size_t l = 0;
+      for (auto& unit : model.forward()) {
+        const int in = c.dims[l], out = c.dims[l + 1];
+        act[l + 1].assign(static_cast<std::size_t>(m) * out, 0.0f);
+        linear_forward<W>(act[l].data(), unit.param(wname(l)).data(), unit.param(bname(l)).data(), act[l + 1].data(),
+                          m, in, out, l + 1 < layers);
+        ++l;
+      }
+      dact[layers].assign(act[layers].size(), 0.0f);
+      loss += mse(act[layers].data(), t.data(), dact[layers].data(), m, c.dims.back(), n * c.dims.back(),
+                  c.loss_scale ? c.loss_scale->scale() : 1.0f);
+      for (auto& unit : model.backward()) {
+        --l;
+        const int in = c.dims[l], out = c.dims[l + 1];
+        if (l + 1 < layers)  // through the ReLU of this layer's output
+          for (std::size_t q = 0; q < act[l + 1].size(); ++q)
+            if (act[l + 1][q] <= 0.0f) dact[l + 1][q] = 0.0f;
+        dact[l].assign(static_cast<std::size_t>(m) * in, 0.0f);
+        linear_backward<W>(act[l].data(), unit.param(wname(l)).data(), dact[l + 1].data(), unit.grad(wname(l)).data(),
+                           unit.grad(bname(l)).data(), l > 0 ? dact[l].data() : nullptr, m, in, out);
+      }
+    }
+    r.reports.push_back(opt.step());
+    opt.zero_grad();
+    // The printed loss is the global mean: the average of the ranks' local means.
+    auto& cs = model.backend().compute_stream();
+    model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
+    r.losses.push_back(loss);
+    if (c.verbose && rank == 0) {
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
+      std::printf("step %3d  loss %.6f  time %.2f ms\n", step, loss, ms);
+      std::fflush(stdout);
+    }
+  }
+}
 
+/// The model train() builds: one unit per layer (wrap::by_prefix{"layers."}).
+template <class Policy>
+fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config& c) {
+  return fsdp::Model<Policy>(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
+}
+
+/// Trains on this rank's slice of every global batch for c.steps steps; all ranks call it together.
+template <class Policy>
+result train(typename Policy::communicator& comm, const config& c) {
   fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
   auto run = [&](auto& opt) {
     result r;
     const fsdp::memory_plan plan = model.plan_memory(opt);
     r.planned = plan.peak;
     r.planned_between = plan.between_steps;
-    std::vector<float> x, t;
-    std::vector<std::vector<float>> act(layers + 1), dact(layers + 1);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int step = 0; step < c.steps; ++step) {
-      const auto ts = std::chrono::steady_clock::now();
-      float loss = 0;
-      for (int mb = 0; mb < k; ++mb) {
-        make_batch(c, step, rank * n + mb * m, m, x, t);
-        act[0] = x;
-        std::size_t l = 0;
-        for (auto& unit : model.forward()) {
-          const int in = c.dims[l], out = c.dims[l + 1];
-          act[l + 1].assign(static_cast<std::size_t>(m) * out, 0.0f);
-          linear_forward<W>(act[l].data(), unit.param(wname(l)).data(), unit.param(bname(l)).data(), act[l + 1].data(),
-                            m, in, out, l + 1 < layers);
-          ++l;
-        }
-        dact[layers].assign(act[layers].size(), 0.0f);
-        loss += mse(act[layers].data(), t.data(), dact[layers].data(), m, c.dims.back(), n * c.dims.back(),
-                    c.loss_scale ? c.loss_scale->scale() : 1.0f);
-        for (auto& unit : model.backward()) {
-          --l;
-          const int in = c.dims[l], out = c.dims[l + 1];
-          if (l + 1 < layers)  // through the ReLU of this layer's output
-            for (std::size_t q = 0; q < act[l + 1].size(); ++q)
-              if (act[l + 1][q] <= 0.0f) dact[l + 1][q] = 0.0f;
-          dact[l].assign(static_cast<std::size_t>(m) * in, 0.0f);
-          linear_backward<W>(act[l].data(), unit.param(wname(l)).data(), dact[l + 1].data(), unit.grad(wname(l)).data(),
-                             unit.grad(bname(l)).data(), l > 0 ? dact[l].data() : nullptr, m, in, out);
-        }
-      }
-      r.reports.push_back(opt.step());
-      opt.zero_grad();
-      // The printed loss is the global mean: the average of the ranks' local means.
-      auto& cs = model.backend().compute_stream();
-      model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
-      r.losses.push_back(loss);
-      if (c.verbose && rank == 0) {
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
-        std::printf("step %3d  loss %.6f  time %.2f ms\n", step, loss, ms);
-        std::fflush(stdout);
-      }
-    }
+    run_steps(model, opt, c, 0, c.steps, r);
     model.synchronize();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.memory = model.memory();

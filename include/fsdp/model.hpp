@@ -259,6 +259,32 @@ class Model {
     sched_.after_step();
   }
 
+  // ---- replacing the shards (checkpoint loads, weight imports) -------------------------------------------------
+  /// usage_error unless the model is between optimizer steps: no pass in progress and no gradient reduced (or
+  /// accumulated) since the last step. `what` names the operation in the message ("a checkpoint save").
+  void require_between_steps(const char* what) const {
+    cursor_.require_idle(what);
+    sched_.check_between_steps(what);
+  }
+  /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute
+  /// stream, after every pending reduction and with every unit released (gathered copies would be stale); later
+  /// gathers wait for it. Gradient shards are zeroed and no-sync accumulators freed, as by zero_grad().
+  template <class F>
+  void replace_shards(const char* what, F&& write) {
+    require_between_steps(what);
+    exec_.wait_reductions();
+    sched_.before_step(executor());
+    std::forward<F>(write)();
+    exec_.shards_written();
+    exec_.zero_grads();
+    sched_.restart_window();
+  }
+  /// A checkpoint's step count (step_count()) replaces this model's, between steps.
+  void restore_step_count(std::uint64_t step) {
+    require_between_steps("restore_step_count()");
+    sched_.restore_step(step);
+  }
+
   /// Blocks until all work issued by this rank has finished; rethrows stream errors. With a recorder, the
   /// stream-side events timed with the backend's timing marks (backend::cuda) enter it here.
   void synchronize() {

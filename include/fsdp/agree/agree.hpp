@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fsdp/agree/fingerprint.hpp"
@@ -46,6 +48,61 @@ std::string all_gather_bytes(C& comm, B& be, const std::string& mine) {
 }
 
 }  // namespace wire
+
+/// Every rank's string, by rank, on every rank (collective: every rank of `comm` calls it). One all_gather of 8
+/// bytes per rank (the lengths), and a second one with the strings unless every string is empty.
+template <Backend B, CollectivePolicy C>
+std::vector<std::string> all_gather_strings(C& comm, B& be, const std::string& mine) {
+  const int world = comm.size();
+  if (world <= 1) return {mine};
+  std::string len;
+  fsdp::detail::put_u64le(len, mine.size());
+  const std::string lens = wire::all_gather_bytes(comm, be, len);
+  std::uint64_t longest = 0;
+  for (int q = 0; q < world; ++q)
+    longest = std::max(longest, fsdp::detail::get_u64le(lens, static_cast<std::size_t>(q) * 8));
+  std::vector<std::string> out(static_cast<std::size_t>(world));
+  if (longest == 0) return out;
+  std::string padded = mine;
+  padded.resize(static_cast<std::size_t>((longest + 3) / 4 * 4), '\0');
+  const std::string all = wire::all_gather_bytes(comm, be, padded);
+  for (int q = 0; q < world; ++q)
+    out[static_cast<std::size_t>(q)] = all.substr(static_cast<std::size_t>(q) * padded.size(),
+                                                  static_cast<std::size_t>(fsdp::detail::get_u64le(lens, static_cast<std::size_t>(q) * 8)));
+  return out;
+}
+
+/// Every rank's outcome of a step that must fail on every rank together (collective): `mine` is this rank's
+/// failure, or nothing. Returns every failure by rank (empty when every rank succeeded), the same on every rank,
+/// so that every rank takes the same decision. One all_gather of 8 bytes per rank when every rank succeeded.
+template <Backend B, CollectivePolicy C>
+std::vector<std::pair<int, std::string>> failures(C& comm, B& be, const std::optional<std::string>& mine) {
+  // "!" + message marks a failure, so that a failure with an empty message is still one.
+  const std::vector<std::string> all = all_gather_strings(comm, be, mine ? "!" + *mine : std::string());
+  std::vector<std::pair<int, std::string>> out;
+  for (std::size_t q = 0; q < all.size(); ++q)
+    if (!all[q].empty()) out.emplace_back(all.size() == 1 ? comm.rank() : static_cast<int>(q), all[q].substr(1));
+  return out;
+}
+
+/// "rank 2: <message>" per failure, ranks with the same message listed together ("ranks 0, 1, 3: <message>"),
+/// in the order of the lowest rank of each message, joined by "; ".
+inline std::string failure_text(const std::vector<std::pair<int, std::string>>& failed) {
+  std::vector<std::pair<std::string, std::vector<int>>> by_message;
+  for (const auto& [rank, message] : failed) {
+    auto it = std::find_if(by_message.begin(), by_message.end(), [&](const auto& m) { return m.first == message; });
+    if (it == by_message.end()) by_message.push_back({message, {rank}});
+    else it->second.push_back(rank);
+  }
+  std::string out;
+  for (const auto& [message, ranks] : by_message) {
+    if (!out.empty()) out += "; ";
+    out += ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+    out += ": " + message;
+  }
+  return out;
+}
 
 /// Compares `mine` with every other rank's (collective: every rank of `comm` calls it). Throws usage_error
 /// "ranks disagree on <what>: <first difference>. <fix>" on every rank when they differ.

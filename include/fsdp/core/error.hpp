@@ -28,6 +28,14 @@ class memory_error : public std::runtime_error {
   explicit memory_error(const std::string& what) : std::runtime_error("fsdp: " + what) {}
 };
 
+/// A checkpoint or weights file could not be written or read: a failed write, a missing, truncated or corrupted
+/// file, a manifest or header that does not parse, a tensor missing, unexpected or of another shape. Thrown on
+/// every rank together, naming the file and the ranks; a load that throws has modified no parameter.
+class checkpoint_error : public std::runtime_error {
+ public:
+  explicit checkpoint_error(const std::string& what) : std::runtime_error("fsdp: " + what) {}
+};
+
 namespace detail {
 /// Builds a message from streamable parts: detail::cat("unit '", name, "' has ", n, " params").
 template <class... Parts>

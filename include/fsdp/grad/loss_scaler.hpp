@@ -34,6 +34,14 @@ class loss_scaler {
   int good_steps() const noexcept { return good_; }
   const loss_scaler_options& options() const noexcept { return o_; }
 
+  /// A checkpoint's state replaces this one: the scale and the good steps counted since it last changed.
+  void restore(float scale, int good_steps) {
+    if (!(scale > 0.0f) || !std::isfinite(scale)) detail::fail_usage("loss_scaler::restore: scale must be finite and > 0, got ", scale);
+    if (good_steps < 0) detail::fail_usage("loss_scaler::restore: good_steps must be >= 0, got ", good_steps);
+    scale_ = scale;
+    good_ = good_steps;
+  }
+
   /// After a step: `skipped` (non-finite gradients) backs the scale off; growth_interval good steps in a row grow it.
   void update(bool skipped) noexcept {
     if (skipped) {

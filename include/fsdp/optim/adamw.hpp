@@ -27,25 +27,21 @@ class adamw : public detail::shard_optimizer<ModelT> {
 
  public:
   /// State 0: the first moment (exp_avg), state 1: the second (exp_avg_sq).
-  adamw(ModelT& model, adamw_options opt) : base(model, (check(opt), 2), opt.grad), opt_(opt) {}
+  adamw(ModelT& model, adamw_options opt) : base(model, (check(opt), "adamw"), {"exp_avg", "exp_avg_sq"}, opt.grad), opt_(opt) {}
 
   const adamw_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
-  /// Steps taken (skipped steps not counted).
-  long steps() const noexcept { return t_; }
-
   /// One step over every local shard (see detail/shard_optimizer.hpp); returns what it did with the gradients.
   grad::report step() {
     auto& be = this->model_.backend();
-    const long t = t_ + 1;
+    const long t = this->steps() + 1;
     const float bc1 = detail::adamw_bias_correction(opt_.beta1, t), bc2 = detail::adamw_bias_correction(opt_.beta2, t);
     const grad::report r = this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale) {
       const detail::adamw_coeffs c{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, bc1, bc2, grad_scale};
       const auto off = piece.offset;
-      be.adamw_step(unit.master_shard() + off, unit.grad_shard() + off, this->state_of(unit.index(), 0) + off,
-                    this->state_of(unit.index(), 1) + off, piece.numel, c, piece.mask, be.compute_stream());
+      be.adamw_step(unit.master_shard() + off, unit.grad_shard() + off, this->state(unit.index(), 0) + off,
+                    this->state(unit.index(), 1) + off, piece.numel, c, piece.mask, be.compute_stream());
     });
-    if (!r.skipped) t_ = t;
     return r;
   }
 
@@ -58,7 +54,6 @@ class adamw : public detail::shard_optimizer<ModelT> {
   }
 
   adamw_options opt_;
-  long t_ = 0;
 };
 
 template <class ModelT>

@@ -22,7 +22,7 @@ class sgd : public detail::shard_optimizer<ModelT> {
   using base = detail::shard_optimizer<ModelT>;
 
  public:
-  sgd(ModelT& model, sgd_options opt) : base(model, checked(opt).momentum != 0.0f ? 1 : 0, opt.grad), opt_(opt) {}
+  sgd(ModelT& model, sgd_options opt) : base(model, "sgd", checked(opt).momentum != 0.0f ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{}, opt.grad), opt_(opt) {}
 
   const sgd_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
@@ -32,7 +32,7 @@ class sgd : public detail::shard_optimizer<ModelT> {
     auto& be = this->model_.backend();
     return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale) {
       const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay, grad_scale};
-      float* buf = this->states_per_element() ? this->state_of(unit.index(), 0) + piece.offset : nullptr;
+      float* buf = this->states_per_element() ? this->state(unit.index(), 0) + piece.offset : nullptr;
       be.sgd_step(unit.master_shard() + piece.offset, unit.grad_shard() + piece.offset, buf, piece.numel, c, piece.mask,
                   be.compute_stream());
     });

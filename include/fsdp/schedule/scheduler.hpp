@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fsdp/core/error.hpp"
@@ -207,6 +208,23 @@ class scheduler {
   void after_step() {
     for (auto& s : u_) s.reduced = false;
     micro_batches_done_ = 0;
+    step_open_ = false;
+  }
+  /// usage_error unless the model is between optimizer steps with no gradient waiting for one (no unit reduced
+  /// and no micro-batch done since the last step): `what` ("a checkpoint save") would lose those gradients.
+  void check_between_steps(std::string_view what) const {
+    const std::string fix = detail::cat(", which ", what, " does not keep; run the optimizer step (and zero_grad()) first");
+    for (std::size_t u = 0; u < u_.size(); ++u)
+      if (u_[u].reduced)
+        detail::fail_usage(what, " between a backward pass and its optimizer step: unit '", units_->name(u),
+                           "' (index ", u, ") has a gradient reduced since the last step", fix);
+    if (micro_batches_done_ > 0)
+      detail::fail_usage(what, " between a backward pass and its optimizer step: ", micro_batches_done_, " of ",
+                         c_.micro_batches, " micro-batches have accumulated gradients since the last step", fix);
+  }
+  /// A checkpoint's step count replaces this one (between steps).
+  void restore_step(std::uint64_t step) noexcept {
+    step_ = step;
     step_open_ = false;
   }
   /// The gradients were discarded (zero_grad): the accumulation window starts again.

@@ -9,12 +9,15 @@
 //   afterwards tell the loss scaler whether the step was skipped.
 #include <algorithm>
 #include <cstddef>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/grad/inspect.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
+#include "fsdp/layout/sharded_tensor.hpp"
 #include "fsdp/optim/detail/pieces.hpp"
 #include "fsdp/plan/cost.hpp"
 
@@ -31,18 +34,48 @@ class shard_optimizer {
   /// Rows of the gradient inspection buffer (for the memory planner; 0 without inspection).
   int norm_rows() const noexcept { return grad_.rows(model_.comm().size()); }
   const grad::options& grad_options() const noexcept { return grad_; }
-  /// State buffer k of unit u (backend memory: shard_numel fp32 values), for inspection and checkpoints.
-  const float* state(std::size_t u, int k) const {
-    if (u >= state_.size() || k < 0 || k >= states_)
-      fsdp::detail::fail_usage("optimizer state ", k, " of unit ", u, " does not exist (", state_.size(), " units, ",
-                               states_, " states per element)");
-    return state_[u][static_cast<std::size_t>(k)].template as<float>();
+
+  // ---- the optimizer's state, for checkpoints and tools ---------------------------------------------------------
+  /// "adamw", "sgd": what a checkpoint records and a load checks.
+  std::string_view name() const noexcept { return name_; }
+  /// The states' names, in state order ("exp_avg", "exp_avg_sq" for adamw; "momentum_buffer" for sgd with momentum).
+  const std::vector<std::string>& state_names() const noexcept { return names_; }
+  /// Updates applied so far (steps the gradient inspection skipped are not counted).
+  long steps() const noexcept { return steps_; }
+  /// State buffer k of unit u: backend memory of the unit's shard_numel fp32 values, laid out as the master shard
+  /// (model.unit(u).shard_views() says which elements of which parameter sit where; padding stays zero).
+  const float* state(std::size_t u, int k) const { return state_[checked(u, k)][static_cast<std::size_t>(k)].template as<float>(); }
+  float* state(std::size_t u, int k) { return state_[checked(u, k)][static_cast<std::size_t>(k)].template as<float>(); }
+  /// This rank's part of state `state_name` of parameter `param` (an alias resolves to its target): which global
+  /// elements ([view.begin, view.end), possibly none) and where they are (backend memory, view.local_numel() values).
+  struct state_part {
+    ShardedTensor view;
+    float* data = nullptr;
+  };
+  state_part state(std::string_view param, std::string_view state_name) {
+    const auto k = std::find(names_.begin(), names_.end(), state_name);
+    if (k == names_.end())
+      fsdp::detail::fail_usage(name_, " has no state named '", state_name, "' (", states_text(), ")");
+    for (std::size_t u = 0; u < model_.size(); ++u) {
+      const FlatLayout& l = model_.unit(u).layout();
+      if (!l.contains(std::string(param))) continue;
+      const std::string& stored = l.entry(std::string(param)).name;
+      for (const ShardedTensor& v : model_.unit(u).shard_views())
+        if (v.name == stored) return {v, state(u, static_cast<int>(k - names_.begin())) + v.shard_offset};
+    }
+    fsdp::detail::fail_usage("no parameter named '", param, "' in the model");
+  }
+  /// A checkpoint's update count replaces this optimizer's (the loader also writes the state buffers).
+  void restore_steps(long steps) {
+    if (steps < 0) fsdp::detail::fail_usage(name_, ": restore_steps(", steps, "): the count must be >= 0");
+    steps_ = steps;
   }
   void zero_grad() { model_.zero_grad(); }
 
  protected:
   /// Allocates and zeroes `states` fp32 buffers per unit, after reserving the model's planned peak with them.
-  shard_optimizer(ModelT& model, int states, const grad::options& g) : model_(model), states_(states), grad_(g) {
+  shard_optimizer(ModelT& model, std::string_view name, std::vector<std::string> state_names, const grad::options& g)
+      : model_(model), states_(static_cast<int>(state_names.size())), grad_(g), name_(name), names_(std::move(state_names)) {
     grad::check(g);
     model.reserve_memory(states_, norm_rows());
     auto& be = model.backend();
@@ -68,7 +101,6 @@ class shard_optimizer {
   shard_optimizer(const shard_optimizer&) = delete;
   shard_optimizer& operator=(const shard_optimizer&) = delete;
 
-  float* state_of(std::size_t u, int k) { return state_[u][static_cast<std::size_t>(k)].template as<float>(); }
 
   /// One step: update(unit, piece, grad_scale) for every piece of every unit, unless the inspection skips it.
   template <class Update>
@@ -84,6 +116,7 @@ class shard_optimizer {
       for (std::size_t u = 0; u < model_.size(); ++u)
         for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale);
     });
+    if (!r.skipped) ++steps_;
     if (grad_.scaler) grad_.scaler->update(r.skipped);
     return r;
   }
@@ -91,8 +124,24 @@ class shard_optimizer {
   ModelT& model_;
 
  private:
+  std::size_t checked(std::size_t u, int k) const {
+    if (u >= state_.size() || k < 0 || k >= states_)
+      fsdp::detail::fail_usage(name_, ": state ", k, " of unit ", u, " does not exist (", state_.size(), " units; ",
+                               states_text(), ")");
+    return u;
+  }
+  std::string states_text() const {
+    if (names_.empty()) return "it keeps no state";
+    std::string s = "its states: ";
+    for (std::size_t k = 0; k < names_.size(); ++k) s += (k ? ", " : "") + std::to_string(k) + " '" + names_[k] + "'";
+    return s;
+  }
+
   int states_;
   grad::options grad_;
+  std::string_view name_;
+  std::vector<std::string> names_;
+  long steps_ = 0;
   std::vector<std::vector<shard_piece>> pieces_;  // per unit: one fused launch each
   std::vector<std::vector<buffer>> state_;        // per unit: states_ buffers of shard_numel fp32 values
 };

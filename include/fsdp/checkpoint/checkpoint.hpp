@@ -1,0 +1,638 @@
+#pragma once
+// Sharded checkpoints: every rank writes its shards of the fp32 master parameters and of the optimizer's state in
+// parallel; a load, on any world size, mesh and sharding strategy, reads only the byte ranges its own shards need.
+//
+//   checkpoint::save(model, opt, "run/ckpt-000100", {.metadata = {...}, .loss_scaler = &scaler});
+//   checkpoint::load(model, opt, *checkpoint::latest("run"), {.loss_scaler = &scaler});
+//
+// A checkpoint is a directory: manifest.json (fsdp/checkpoint/manifest.hpp) and one file per rank of the first
+// replica, shard-00001-of-00004.bin, holding that rank's elements of every parameter and optimizer state as raw
+// fp32, piece by piece, in global element order (not the flat layout's: so any layout can read them).
+//
+// Save is atomic: the files are written into "<dir>.partial", flushed (fsync) and checksummed (XXH3 per file and
+// per 4 MiB block); rank 0 then writes the manifest and renames the directory to <dir>, the commit. A crash before
+// the rename leaves the previous checkpoints untouched and a "<dir>.partial" that latest() ignores and the next
+// save of <dir> replaces. A load verifies every block it reads. Every failure (a write, a missing, truncated or
+// corrupted file, a manifest that does not parse, a tensor missing, unexpected or of another shape, ranks that
+// disagree on the directory or step) is a checkpoint_error (usage_error for misuse) thrown on every rank
+// together; a load that throws has modified nothing.
+//
+// Saved: master parameters, optimizer state and update count, Model::step_count(), the loss scaler (when given),
+// the user's metadata strings. Not saved: gradients (save and load happen between steps; a load zeroes them), the
+// trainer's data position and RNG (keep them in the metadata), the optimizer's options (the trainer's code).
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/agree/agree.hpp"
+#include "fsdp/checkpoint/checksum.hpp"
+#include "fsdp/checkpoint/io.hpp"
+#include "fsdp/checkpoint/manifest.hpp"
+#include "fsdp/checkpoint/reads.hpp"
+#include "fsdp/core/bytes.hpp"
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/text.hpp"
+#include "fsdp/grad/loss_scaler.hpp"
+
+namespace fsdp::checkpoint {
+
+static_assert(std::endian::native == std::endian::little, "checkpoint files hold little-endian fp32 values");
+
+/// What checkpoint::save and load need of an optimizer (fsdp::optim::sgd and adamw have it).
+template <class O>
+concept StatefulOptimizer = requires(O& o, const O& co, std::size_t u, int k, long n) {
+  { co.name() } -> std::convertible_to<std::string_view>;
+  { co.state_names() } -> std::convertible_to<const std::vector<std::string>&>;
+  { co.steps() } -> std::convertible_to<long>;
+  { co.state(u, k) } -> std::same_as<const float*>;
+  { o.state(u, k) } -> std::same_as<float*>;
+  o.restore_steps(n);
+};
+
+struct save_options {
+  std::map<std::string, std::string> metadata{};    ///< the trainer's strings (UTF-8), kept in the manifest
+  const grad::loss_scaler* loss_scaler = nullptr;   ///< its scale and good-step count are kept
+  std::uint64_t block_bytes = default_block_bytes;  ///< checksummed block size: a power of two in [4 KiB, 1 GiB]
+  fault_hook fault{};                               ///< tests: called before each file-system change
+};
+
+struct load_options {
+  /// Restored from the checkpoint. A resume (a load with an optimizer) requires it exactly when the checkpoint
+  /// holds a scaler's state; a parameters-only load ignores the checkpoint's scaler unless one is given.
+  grad::loss_scaler* loss_scaler = nullptr;
+};
+
+/// A checkpoint directory found by scan().
+struct entry {
+  std::string path;
+  enum class status : std::uint8_t { complete, partial, unreadable } state = status::partial;
+  std::uint64_t step = 0;  ///< complete only
+  std::string problem;     ///< unreadable: why
+};
+
+/// Reads and checks `dir`/manifest.json (no rank-collective: any process may call it).
+inline manifest read_manifest(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  const io::file f = io::open_read(path);
+  const std::uint64_t n = f.size();
+  if (n > (std::uint64_t{1} << 30)) io::fail(detail::cat("'", path, "' has ", n, " bytes: too large to be a manifest"));
+  std::string text(static_cast<std::size_t>(n), '\0');
+  f.read_at(text.data(), n, 0);
+  return parse_manifest(text, detail::cat("the manifest '", path, "'"));
+}
+
+/// The checkpoint directories under `root`, by name: complete (a manifest that parses), partial (a save that did
+/// not commit: the name ends in ".partial") or unreadable (with the reason).
+inline std::vector<entry> scan(const std::string& root) {
+  std::vector<entry> out;
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator(root, ec)) {
+    if (!d.is_directory()) continue;
+    entry e;
+    e.path = d.path().string();
+    if (e.path.ends_with(".partial")) {
+      e.state = entry::status::partial;
+    } else if (!std::filesystem::exists(d.path() / "manifest.json")) {
+      continue;  // not a checkpoint
+    } else {
+      try {
+        e.step = read_manifest(e.path).step;
+        e.state = entry::status::complete;
+      } catch (const checkpoint_error& err) {
+        e.state = entry::status::unreadable;
+        e.problem = std::string(detail::unprefixed(err));
+      }
+    }
+    out.push_back(std::move(e));
+  }
+  if (ec) io::fail(detail::cat("could not list the checkpoints in '", root, "': ", ec.message()));
+  std::sort(out.begin(), out.end(), [](const entry& a, const entry& b) { return a.path < b.path; });
+  return out;
+}
+
+/// The complete checkpoint under `root` with the highest step (the last by name among equal steps), or nothing.
+/// Partial saves are ignored; so are unreadable ones (scan() lists them with the reason).
+inline std::optional<std::string> latest(const std::string& root) {
+  std::optional<entry> best;
+  for (entry& e : scan(root))
+    if (e.state == entry::status::complete && (!best || e.step >= best->step)) best = std::move(e);
+  if (!best) return std::nullopt;
+  return best->path;
+}
+
+/// The open checkpoint file `f` has the size its record says.
+inline void check_size(const io::file& f, const file_record& rec) {
+  if (const std::uint64_t n = f.size(); n != rec.bytes)
+    io::fail(detail::cat("'", f.path(), "' has ", n, " bytes; the manifest says ", rec.bytes, ": the file is ",
+                         n < rec.bytes ? "truncated" : "longer than written"));
+}
+
+/// Reads every file of the checkpoint `dir` whole and checks its size, whole-file and block checksums (a tool, for
+/// one process: a load checks only the blocks it reads). Returns the problems found, empty when there are none.
+inline std::vector<std::string> verify(const std::string& dir) {
+  std::vector<std::string> problems;
+  manifest m;
+  try {
+    m = read_manifest(dir);
+  } catch (const checkpoint_error& e) {
+    return {std::string(detail::unprefixed(e))};
+  }
+  for (const file_record& rec : m.files) {
+    const std::string path = dir + "/" + rec.name;
+    try {
+      const io::file f = io::open_read(path);
+      check_size(f, rec);
+      xxh3_stream whole;
+      std::vector<char> buf;
+      for (std::uint64_t at = 0, b = 0; at < rec.bytes; at += rec.block_bytes, ++b) {
+        const std::uint64_t len = std::min(rec.block_bytes, rec.bytes - at);
+        buf.resize(static_cast<std::size_t>(len));
+        f.read_at(buf.data(), len, at);
+        whole.add(buf.data(), len);
+        check_block(path, b, at, buf.data(), len, rec.blocks);
+      }
+      if (whole.value() != rec.xxh3)
+        io::fail(detail::cat("'", path, "' does not match its checksum in the manifest (xxh3 ", hex64(whole.value()),
+                             ", expected ", hex64(rec.xxh3), "): the file is corrupted"));
+    } catch (const checkpoint_error& e) {
+      problems.emplace_back(detail::unprefixed(e));
+    }
+  }
+  return problems;
+}
+
+namespace impl {
+
+inline std::string shard_file_name(int index, int count) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard-%05d-of-%05d.bin", index, count);
+  return buf;
+}
+
+/// "run/ckpt/" -> "run/ckpt": the directory as every message names it.
+inline std::string normalised(std::string dir) {
+  if (dir.empty()) detail::fail_usage("checkpoint directory: the path is empty");
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+/// Appends bytes to a new file through a buffer, checksumming every block and the whole file.
+class block_writer {
+ public:
+  block_writer(io::file f, std::uint64_t block_bytes, const fault_hook& fault, int rank)
+      : f_(std::move(f)), block_(block_bytes), flush_at_(std::max(block_bytes, std::uint64_t{16} << 20) / block_bytes * block_bytes),
+        fault_(fault), rank_(rank) {}
+
+  void append(const void* data, std::uint64_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const std::uint64_t take = std::min(n, flush_at_ - buf_.size());
+      buf_.insert(buf_.end(), p, p + take);
+      p += take;
+      n -= take;
+      if (buf_.size() == flush_at_) flush(false);
+    }
+  }
+  /// Writes what is left, flushes the file to storage and closes it; returns its size and checksums.
+  void finish(file_record& rec) {
+    flush(true);
+    if (fault_) fault_({rank_, "fsync", f_.path()});
+    f_.sync();
+    f_.close();
+    rec.bytes = written_;
+    rec.xxh3 = whole_.value();
+    rec.block_bytes = block_;
+    rec.blocks = std::move(blocks_);
+  }
+
+ private:
+  void flush(bool last) {
+    const std::uint64_t n = buf_.size();
+    for (std::uint64_t at = 0; at < n; at += block_) {
+      const std::uint64_t len = std::min(block_, n - at);
+      blocks_.push_back(xxh3(buf_.data() + at, len));
+    }
+    whole_.add(buf_.data(), n);
+    if (n > 0) {
+      if (fault_) fault_({rank_, "write", f_.path()});
+      f_.write_at(buf_.data(), n, written_);
+    }
+    written_ += n;
+    buf_.clear();
+    (void)last;
+  }
+
+  io::file f_;
+  std::uint64_t block_, flush_at_;
+  const fault_hook& fault_;
+  int rank_;
+  std::vector<char> buf_;
+  std::uint64_t written_ = 0;
+  xxh3_stream whole_;
+  std::vector<std::uint64_t> blocks_;
+};
+
+// A file record on the wire from a writing rank to rank 0 (little-endian integers, strings with their length).
+inline void put_str(std::string& out, std::string_view s) {
+  detail::put_u64le(out, s.size());
+  out += s;
+}
+inline std::string encode(const file_record& r) {
+  std::string out;
+  put_str(out, r.name);
+  for (std::uint64_t v : {static_cast<std::uint64_t>(r.rank), r.bytes, r.xxh3, r.block_bytes,
+                          static_cast<std::uint64_t>(r.blocks.size()), static_cast<std::uint64_t>(r.pieces.size())})
+    detail::put_u64le(out, v);
+  for (std::uint64_t b : r.blocks) detail::put_u64le(out, b);
+  for (const piece_record& p : r.pieces) {
+    put_str(out, p.tensor);
+    put_str(out, p.kind);
+    detail::put_u64le(out, static_cast<std::uint64_t>(p.begin));
+    detail::put_u64le(out, static_cast<std::uint64_t>(p.end));
+    detail::put_u64le(out, p.offset);
+  }
+  return out;
+}
+/// Reads what encode() wrote (on the same library: the ranks agreed on it at construction).
+inline file_record decode(std::string_view in) {
+  std::size_t at = 0;
+  auto u64 = [&] {
+    const std::uint64_t v = detail::get_u64le(in, at);
+    at += 8;
+    return v;
+  };
+  auto str = [&] {
+    const std::size_t n = static_cast<std::size_t>(u64());
+    std::string s(in.substr(at, n));
+    at += n;
+    return s;
+  };
+  file_record r;
+  r.name = str();
+  r.rank = static_cast<int>(u64());
+  r.bytes = u64();
+  r.xxh3 = u64();
+  r.block_bytes = u64();
+  const std::uint64_t blocks = u64(), pieces = u64();
+  for (std::uint64_t b = 0; b < blocks; ++b) r.blocks.push_back(u64());
+  for (std::uint64_t k = 0; k < pieces; ++k) {
+    piece_record p;
+    p.tensor = str();
+    p.kind = str();
+    p.begin = static_cast<std::int64_t>(u64());
+    p.end = static_cast<std::int64_t>(u64());
+    p.offset = u64();
+    r.pieces.push_back(std::move(p));
+  }
+  return r;
+}
+
+/// The kinds a model (and optimizer) holds per parameter: "param", then the optimizer's state names.
+template <class O>
+std::vector<std::string> kinds_of(const O* opt) {
+  std::vector<std::string> k{std::string(param_kind)};
+  if (opt) k.insert(k.end(), opt->state_names().begin(), opt->state_names().end());
+  return k;
+}
+
+/// Backend memory of kind k of unit u: the master shard, or optimizer state k - 1.
+template <class M, class O>
+float* buffer_of(M& m, O* opt, std::size_t u, std::size_t k) {
+  if (k == 0) return m.unit(u).master_shard();
+  return opt->state(u, static_cast<int>(k - 1));
+}
+
+/// Writes this rank's file: for each unit, each kind, each parameter piece this rank holds, its fp32 values.
+template <class M, class O>
+file_record write_shard_file(M& m, const O* opt, const std::string& partial, const std::string& name,
+                             const save_options& so) {
+  const int rank = m.comm().rank();
+  file_record rec;
+  rec.name = name;
+  rec.rank = rank;
+  const std::string path = partial + "/" + name;
+  if (so.fault) so.fault({rank, "create", path});
+  block_writer w(io::create(path), so.block_bytes, so.fault, rank);
+  const std::vector<std::string> kinds = kinds_of(opt);
+  auto& be = m.backend();
+  auto& cs = be.compute_stream();
+  std::vector<float> host;
+  std::uint64_t offset = 0;
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    const std::int64_t n = m.unit(u).layout().shard_numel();
+    const std::vector<ShardedTensor> views = m.unit(u).shard_views();
+    for (std::size_t k = 0; k < kinds.size(); ++k) {
+      host.assign(static_cast<std::size_t>(n), 0.0f);
+      be.download(host.data(), buffer_of(m, const_cast<O*>(opt), u, k), n * std::int64_t{sizeof(float)}, cs);
+      be.synchronize(cs);
+      for (const ShardedTensor& v : views) {
+        if (v.empty()) continue;
+        const std::uint64_t bytes = static_cast<std::uint64_t>(v.local_numel()) * sizeof(float);
+        w.append(host.data() + v.shard_offset, bytes);
+        rec.pieces.push_back({v.name, kinds[k], v.begin, v.end, offset});
+        offset += bytes;
+      }
+    }
+  }
+  w.finish(rec);
+  return rec;
+}
+
+template <class M>
+std::vector<tensor_record> tensors_of(const M& m, std::map<std::string, std::string>& ties) {
+  std::vector<tensor_record> out;
+  for (const ParamSpec& p : m.spec().params()) {
+    if (p.is_tied()) ties[p.name] = p.tied_to;
+    else out.push_back({p.name, p.shape});
+  }
+  return out;
+}
+
+template <class M>
+std::string strategy_name() {
+  return std::string(M::strategy::name);
+}
+
+/// Throws checkpoint_error on every rank when any rank failed (collective).
+template <class M>
+void require_success(M& m, const std::optional<std::string>& mine, std::string_view what) {
+  const auto failed = agree::failures(m.comm(), m.backend(), mine);
+  if (!failed.empty()) throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed)));
+}
+
+/// Runs `f` and returns the message of what it threw, if anything.
+template <class F>
+std::optional<std::string> outcome(F&& f) {
+  try {
+    std::forward<F>(f)();
+  } catch (const std::exception& e) {
+    return std::string(detail::unprefixed(e));
+  }
+  return std::nullopt;
+}
+
+template <class M, class O>
+void save(M& m, const O* opt, std::string dir, const save_options& so) {
+  m.require_between_steps("a checkpoint save");
+  dir = normalised(std::move(dir));
+  if (so.block_bytes < 4096 || so.block_bytes > (std::uint64_t{1} << 30) || !std::has_single_bit(so.block_bytes))
+    detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ", so.block_bytes);
+  for (const auto& [k, v] : so.metadata) {
+    if (detail::utf8_error(k) != std::string_view::npos) detail::fail_usage(detail::utf8_problem("checkpoint metadata key", k));
+    if (detail::utf8_error(v) != std::string_view::npos)
+      detail::fail_usage(detail::utf8_problem(detail::cat("checkpoint metadata value of '", k, "'"), v));
+  }
+  auto& comm = m.comm();
+  const int rank = comm.rank();
+  const std::uint64_t step = m.step_count();
+  fingerprint fp;
+  fp.add("checkpoint::save", "directory", dir).add("checkpoint::save", "step", std::to_string(step));
+  fp.add("checkpoint::save", "optimizer", opt ? std::string(opt->name()) : std::string("none"));
+  agree::require_agreement(comm, m.backend(), fp, "a checkpoint save",
+                           "Every rank must call checkpoint::save with the same directory, after the same step");
+  m.synchronize();
+  const std::string partial = dir + ".partial", what = detail::cat("checkpoint save to '", dir, "' failed");
+
+  // 1. Rank 0 makes the partial directory (replacing one a crashed save left); <dir> itself must not exist.
+  std::optional<std::string> mine;
+  if (rank == 0)
+    mine = outcome([&] {
+      if (io::exists(dir))
+        io::fail(detail::cat("'", dir, "' already exists; a checkpoint is never overwritten: save to a new directory "
+                             "or remove it first"));
+      if (io::exists(partial)) {
+        if (so.fault) so.fault({rank, "remove", partial});
+        std::string why;
+        if (!io::remove_all(partial, &why))
+          io::fail(detail::cat("could not remove '", partial, "' (left by an earlier save that did not finish): ", why));
+      }
+      if (so.fault) so.fault({rank, "create", partial});
+      io::make_dir(partial);
+    });
+  require_success(m, mine, what);
+
+  // 2. The first replica's ranks write their files in parallel; rank 0 receives every file's record.
+  const device_mesh mesh = m.mesh();
+  std::string sent;
+  if (mesh.replica(rank) == 0) {
+    const std::string name = shard_file_name(mesh.shard_rank(rank), mesh.shards);
+    mine = outcome([&] { sent = encode(write_shard_file(m, opt, partial, name, so)); });
+    if (mine) sent = "!" + *mine;
+  }
+  const std::vector<std::string> records = agree::all_gather_strings(comm, m.backend(), sent);
+  std::vector<std::pair<int, std::string>> failed;
+  for (std::size_t q = 0; q < records.size(); ++q)
+    if (records[q].starts_with("!")) failed.emplace_back(static_cast<int>(q), records[q].substr(1));
+  if (!failed.empty()) {
+    std::string cleanup;
+    if (rank == 0) {
+      std::string why;
+      cleanup = io::remove_all(partial, &why)
+                    ? detail::cat("; '", partial, "' was removed")
+                    : detail::cat("; '", partial, "' could not be removed (", why, ") and is ignored by latest()");
+    }
+    // every rank names the same cleanup outcome: rank 0's, told through one more exchange
+    const std::vector<std::string> told = agree::all_gather_strings(comm, m.backend(), rank == 0 ? cleanup : std::string());
+    throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed), told[0],
+                                       "; earlier checkpoints are untouched"));
+  }
+
+  // 3. Rank 0 writes the manifest and commits by renaming the directory.
+  mine.reset();
+  if (rank == 0)
+    mine = outcome([&] {
+      manifest man;
+      man.step = step;
+      if (opt) man.optimizer = optimizer_record{std::string(opt->name()), opt->steps(), opt->state_names()};
+      if (so.loss_scaler) man.loss_scaler = scaler_record{so.loss_scaler->scale(), so.loss_scaler->good_steps()};
+      man.metadata = so.metadata;
+      man.world = comm.size();
+      man.replicas = mesh.replicas;
+      man.shards = mesh.shards;
+      man.strategy = strategy_name<M>();
+      man.compute_dtype = std::string(name_of(M::precision_of().compute));
+      man.tensors = tensors_of(m, man.ties);
+      for (const std::string& r : records)
+        if (!r.empty()) man.files.push_back(decode(r));
+      const std::string text = to_json(man), path = partial + "/manifest.json";
+      if (so.fault) so.fault({rank, "create", path});
+      io::file f = io::create(path);
+      if (so.fault) so.fault({rank, "write", path});
+      f.write_at(text.data(), text.size(), 0);
+      if (so.fault) so.fault({rank, "fsync", path});
+      f.sync();
+      f.close();
+      io::sync_dir(partial);
+      if (so.fault) so.fault({rank, "rename", partial});
+      io::rename(partial, dir);
+      io::sync_dir(io::parent_of(dir));
+    });
+  require_success(m, mine, what);
+}
+
+/// Every rank's elements of every kind, read from the checkpoint into host staging (per unit, per kind: the
+/// shard's shard_numel values, padding zero).
+template <class M, class O>
+std::vector<std::vector<std::vector<float>>> read_shards(M& m, const O* opt, const std::string& dir, const manifest& man) {
+  const std::vector<std::string> kinds = kinds_of(opt);
+  // The checkpoint's pieces by (tensor, kind), sorted: where each element range lies.
+  std::map<std::pair<std::string, std::string>, std::vector<extent>, std::less<>> where;
+  for (std::size_t f = 0; f < man.files.size(); ++f)
+    for (const piece_record& p : man.files[f].pieces) where[{p.tensor, p.kind}].push_back({p.begin, p.end, f, p.offset});
+  for (auto& [key, ex] : where)
+    std::sort(ex.begin(), ex.end(), [](const extent& a, const extent& b) { return a.begin < b.begin; });
+
+  std::vector<std::vector<std::vector<float>>> staging(m.size());
+  std::vector<std::vector<read_op>> per_file(man.files.size());
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    const std::size_t n = static_cast<std::size_t>(m.unit(u).layout().shard_numel());
+    staging[u].resize(kinds.size());
+    for (std::size_t k = 0; k < kinds.size(); ++k) {
+      try {
+        staging[u][k].assign(n, 0.0f);
+      } catch (const std::bad_alloc&) {
+        throw memory_error(detail::cat("could not allocate ", n * sizeof(float), " bytes of host staging for unit '",
+                                       m.unit(u).name(), "' (", kinds[k], ")"));
+      }
+      for (const ShardedTensor& v : m.unit(u).shard_views()) {
+        if (v.empty()) continue;
+        plan_reads(where.at({v.name, kinds[k]}), v.begin, v.end, sizeof(float),
+                   reinterpret_cast<char*>(staging[u][k].data() + v.shard_offset), per_file);
+      }
+    }
+  }
+  for (std::size_t f = 0; f < man.files.size(); ++f) {
+    if (per_file[f].empty()) continue;
+    const file_record& rec = man.files[f];
+    const io::file file = io::open_read(dir + "/" + rec.name);
+    check_size(file, rec);
+    const block_sums sums{rec.block_bytes, &rec.blocks};
+    read_ranges(file, rec.bytes, std::move(per_file[f]), &sums);
+  }
+  return staging;
+}
+
+inline std::string names_text(const std::vector<std::string>& names) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s + "]";
+}
+
+/// The checkpoint fits the model (and optimizer): the same stored tensors with the same shapes, the same
+/// optimizer states, a loss scaler where one is expected. Throws checkpoint_error naming the first mismatch.
+template <class M, class O>
+void check_fits(const M& m, const O* opt, const manifest& man, const load_options& lo, const std::string& dir) {
+  const std::string at = detail::cat("checkpoint '", dir, "': ");
+  std::map<std::string, std::string> ties;
+  const std::vector<tensor_record> mine = tensors_of(m, ties);
+  for (const tensor_record& t : mine) {
+    const tensor_record* saved = man.tensor(t.name);
+    if (!saved) io::fail(detail::cat(at, "the model's parameter '", t.name, "' ", detail::shape_text(t.shape),
+                                     " is not in the checkpoint"));
+    if (saved->shape != t.shape)
+      io::fail(detail::cat(at, "parameter '", t.name, "' is ", detail::shape_text(saved->shape),
+                           " in the checkpoint but ", detail::shape_text(t.shape), " in the model"));
+  }
+  for (const tensor_record& t : man.tensors)
+    if (std::none_of(mine.begin(), mine.end(), [&](const tensor_record& x) { return x.name == t.name; }))
+      io::fail(detail::cat(at, "the checkpoint holds tensor '", t.name, "' ", detail::shape_text(t.shape), ", which ",
+                           ties.count(t.name) ? "the model ties to '" + ties[t.name] + "'" : std::string("the model does not have")));
+  if (opt) {
+    if (!man.optimizer)
+      io::fail(detail::cat(at, "it holds no optimizer state (saved without an optimizer); load the parameters alone "
+                               "with checkpoint::load(model, dir)"));
+    if (man.optimizer->name != opt->name() || man.optimizer->states != opt->state_names())
+      io::fail(detail::cat(at, "saved by ", man.optimizer->name, " with states ", names_text(man.optimizer->states),
+                           "; this optimizer is ", opt->name(), " with states ", names_text(opt->state_names())));
+    if (man.loss_scaler && !lo.loss_scaler)
+      io::fail(detail::cat(at, "it holds a loss scaler's state (scale ", man.loss_scaler->scale, ", ",
+                           man.loss_scaler->good_steps, " good steps); pass load_options::loss_scaler to resume with it"));
+  }
+  if (lo.loss_scaler && !man.loss_scaler)
+    io::fail(detail::cat(at, "load_options::loss_scaler is given but the checkpoint holds no loss scaler's state"));
+}
+
+template <class M, class O>
+manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
+  m.require_between_steps("a checkpoint load");
+  dir = normalised(std::move(dir));
+  fingerprint fp;
+  fp.add("checkpoint::load", "directory", dir);
+  fp.add("checkpoint::load", "optimizer", opt ? std::string(opt->name()) : std::string("none"));
+  agree::require_agreement(m.comm(), m.backend(), fp, "a checkpoint load",
+                           "Every rank must call checkpoint::load with the same directory");
+  m.synchronize();
+  manifest man;
+  std::vector<std::vector<std::vector<float>>> staging;
+  const std::optional<std::string> mine = outcome([&] {
+    man = read_manifest(dir);
+    check_fits(m, opt, man, lo, dir);
+    staging = read_shards(m, opt, dir, man);
+  });
+  require_success(m, mine, detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)"));
+
+  m.replace_shards("a checkpoint load", [&] {
+    auto& be = m.backend();
+    for (std::size_t u = 0; u < m.size(); ++u)
+      for (std::size_t k = 0; k < staging[u].size(); ++k)
+        be.upload(buffer_of(m, opt, u, k), staging[u][k].data(),
+                  static_cast<std::int64_t>(staging[u][k].size() * sizeof(float)), be.compute_stream());
+    be.synchronize(be.compute_stream());  // the staging goes when this function returns
+  });
+  if (opt) {
+    m.restore_step_count(man.step);
+    opt->restore_steps(static_cast<long>(man.optimizer->steps));
+  }
+  if (lo.loss_scaler && man.loss_scaler) lo.loss_scaler->restore(man.loss_scaler->scale, man.loss_scaler->good_steps);
+  return man;
+}
+
+/// Stands for "no optimizer" in the parameters-only overloads.
+struct no_optimizer {
+  std::string_view name() const noexcept { return "none"; }
+  const std::vector<std::string>& state_names() const noexcept {
+    static const std::vector<std::string> none;
+    return none;
+  }
+  long steps() const noexcept { return 0; }
+  const float* state(std::size_t, int) const noexcept { return nullptr; }
+  float* state(std::size_t, int) noexcept { return nullptr; }
+  void restore_steps(long) noexcept {}
+};
+
+}  // namespace impl
+
+/// Collective: saves the model's master parameters and `opt`'s state into the new directory `dir` (see above).
+template <class M, StatefulOptimizer O>
+void save(M& model, const O& opt, const std::string& dir, const save_options& options = {}) {
+  impl::save(model, &opt, dir, options);
+}
+/// Collective: saves the master parameters alone (no optimizer state: a load then resumes no optimizer).
+template <class M>
+void save(M& model, const std::string& dir, const save_options& options = {}) {
+  impl::save(model, static_cast<const impl::no_optimizer*>(nullptr), dir, options);
+}
+/// Collective: a resume. Replaces the master parameters, `opt`'s state and update count, the model's step count
+/// and (options.loss_scaler) the scaler with the checkpoint's, on any world size, mesh and strategy. Returns the
+/// manifest (its metadata, step, ...).
+template <class M, StatefulOptimizer O>
+manifest load(M& model, O& opt, const std::string& dir, const load_options& options = {}) {
+  return impl::load(model, &opt, dir, options);
+}
+/// Collective: replaces the master parameters alone (fine-tuning from a checkpoint); optimizer state, step counts
+/// and gradients stay as they are, except that gradients are zeroed.
+template <class M>
+manifest load(M& model, const std::string& dir, const load_options& options = {}) {
+  return impl::load(model, static_cast<impl::no_optimizer*>(nullptr), dir, options);
+}
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,583 @@
+// Sharded checkpoints on thread ranks: a resume equals a run that never stopped, bit for bit; a load on another
+// world size, mesh, strategy or wrapping gives every tensor back bit for bit; every failure is the same error on
+// every rank and leaves the previous checkpoint loadable and the model untouched.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include <fsdp/checkpoint/checkpoint.hpp>
+
+#include "examples/01_mlp_host/mlp.hpp"
+#include "tests/support/support.hpp"
+
+namespace ckpt = fsdp::checkpoint;
+using fsdp::comm::local_communicator;
+using fsdp_test::error_of;
+using fsdp_test::run_ranks;
+
+namespace {
+
+using full_shard = fsdp::policy<fsdp::sharding::full_shard>;
+using grad_op = fsdp::policy<fsdp::sharding::shard_grad_op>;
+using no_shard = fsdp::policy<fsdp::sharding::no_shard>;
+using hybrid2 = fsdp::policy<fsdp::sharding::hybrid_shard<2>>;
+
+/// A fresh directory for one test case, removed when it ends.
+struct scratch {
+  std::string root;
+  explicit scratch(const std::string& name) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    root = std::string(tmp ? tmp : "/tmp") + "/ckpt-" + name;
+    std::filesystem::remove_all(root);
+    std::filesystem::create_directories(root);
+  }
+  ~scratch() { std::filesystem::remove_all(root); }
+  std::string operator/(const std::string& name) const { return root + "/" + name; }
+};
+
+mlp::config small() {
+  mlp::config c;
+  c.dims = {12, 40, 24, 6};  // three units of uneven sizes; shards split parameters across ranks
+  c.global_batch = 24;
+  return c;
+}
+
+/// Every value one rank holds: its master shard and optimizer state buffers, per unit, as bytes.
+template <class M, class O>
+std::vector<std::vector<float>> local_state(M& m, const O& opt) {
+  std::vector<std::vector<float>> out;
+  auto& be = m.backend();
+  m.synchronize();
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    const std::int64_t n = m.unit(u).layout().shard_numel();
+    for (int k = -1; k < opt.states_per_element(); ++k) {
+      std::vector<float> v(static_cast<std::size_t>(n));
+      be.download(v.data(), k < 0 ? m.unit(u).master_shard() : opt.state(u, k), n * 4, be.compute_stream());
+      be.synchronize(be.compute_stream());
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  return true;
+}
+
+/// Every tensor of a model and optimizer by (name, kind), full: what the ranks hold, put together.
+using full_tensors = std::map<std::pair<std::string, std::string>, std::vector<float>>;
+
+template <class M, class O>
+void collect(M& m, O& opt, full_tensors& out, std::mutex& mu) {
+  auto& be = m.backend();
+  m.synchronize();
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    std::vector<float> master(static_cast<std::size_t>(m.unit(u).layout().shard_numel()));
+    be.download(master.data(), m.unit(u).master_shard(), static_cast<std::int64_t>(master.size() * 4), be.compute_stream());
+    be.synchronize(be.compute_stream());
+    for (const fsdp::ShardedTensor& v : m.unit(u).shard_views()) {
+      std::lock_guard lock(mu);
+      auto& p = out[{v.name, "param"}];
+      p.resize(static_cast<std::size_t>(v.numel), -1.0f);
+      std::copy(master.begin() + v.shard_offset, master.begin() + v.shard_offset + v.local_numel(), p.begin() + v.begin);
+    }
+    for (const std::string& s : opt.state_names())
+      for (const fsdp::ShardedTensor& v : m.unit(u).shard_views()) {
+        const auto part = opt.state(v.name, s);
+        std::vector<float> host(static_cast<std::size_t>(part.view.local_numel()));
+        be.download(host.data(), part.data, static_cast<std::int64_t>(host.size() * 4), be.compute_stream());
+        be.synchronize(be.compute_stream());
+        std::lock_guard lock(mu);
+        auto& t = out[{v.name, s}];
+        t.resize(static_cast<std::size_t>(v.numel), -1.0f);
+        std::copy(host.begin(), host.end(), t.begin() + part.view.begin);
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a resume equals training without a stop, bit for bit: parameters, optimizer state, step counts") {
+  scratch dir("resume");
+  const mlp::config c = small();
+  const int world = 4, first = 3, more = 2;
+  for (const std::string optimizer : {"adamw", "sgd"}) {
+    CAPTURE(optimizer);
+    mlp::config cfg = c;
+    cfg.optimizer = optimizer;
+    std::vector<std::vector<std::vector<float>>> straight(world), resumed(world);
+    std::vector<std::vector<float>> losses_straight(world), losses_resumed(world);
+    const std::string path = dir / ("ck-" + optimizer);
+    run_ranks(world, [&](local_communicator& comm) {
+      const int r = comm.rank();
+      {
+        auto m = mlp::make_model<full_shard>(comm, cfg);
+        mlp::with_optimizer(m, cfg, [&](auto& opt) {
+          mlp::result res;
+          mlp::run_steps(m, opt, cfg, 0, first + more, res);
+          straight[r] = local_state(m, opt);
+          losses_straight[r] = res.losses;
+          return res;
+        });
+      }
+      {
+        auto m = mlp::make_model<full_shard>(comm, cfg);
+        mlp::with_optimizer(m, cfg, [&](auto& opt) {
+          mlp::result res;
+          mlp::run_steps(m, opt, cfg, 0, first, res);
+          ckpt::save(m, opt, path, {.metadata = {{"data.next_step", std::to_string(first)}}});
+          return res;
+        });
+      }
+      auto m = mlp::make_model<full_shard>(comm, cfg);  // freshly initialised: everything comes from the checkpoint
+      mlp::with_optimizer(m, cfg, [&](auto& opt) {
+        const ckpt::manifest man = ckpt::load(m, opt, path);
+        CHECK(man.metadata.at("data.next_step") == "3");
+        CHECK(m.step_count() == std::uint64_t{first});
+        CHECK(opt.steps() == first);
+        mlp::result res = {};
+        res.losses.assign(first, 0.0f);
+        mlp::run_steps(m, opt, cfg, first, more, res);
+        CHECK(opt.steps() == first + more);
+        CHECK(m.step_count() == std::uint64_t{first + more});
+        resumed[r] = local_state(m, opt);
+        losses_resumed[r] = res.losses;
+        return res;
+      });
+    });
+    for (int r = 0; r < world; ++r) {
+      CAPTURE(r);
+      CHECK(same_bits(straight[r], resumed[r]));
+      for (int s = first; s < first + more; ++s) CHECK(losses_straight[r][s] == losses_resumed[r][s]);
+    }
+  }
+}
+
+TEST_CASE("a resume under fp16 with a loss scaler restores the scale and its good-step count") {
+  scratch dir("scaler");
+  using fp16 = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::float16>>;
+  const int world = 2;
+  std::vector<std::vector<std::vector<float>>> straight(world), resumed(world);
+  std::vector<float> scale_straight(world), scale_resumed(world);
+  run_ranks(world, [&](local_communicator& comm) {
+    const int r = comm.rank();
+    auto config = [](fsdp::grad::loss_scaler& s) {
+      mlp::config c = small();
+      c.grad.scaler = &s;
+      c.loss_scale = &s;
+      return c;
+    };
+    {
+      fsdp::grad::loss_scaler s({.init_scale = 1024.0f, .growth_interval = 2});
+      const mlp::config c = config(s);
+      auto m = mlp::make_model<fp16>(comm, c);
+      mlp::with_optimizer(m, c, [&](auto& opt) {
+        mlp::result res;
+        mlp::run_steps(m, opt, c, 0, 5, res);
+        straight[r] = local_state(m, opt);
+        return res;
+      });
+      scale_straight[r] = s.scale();
+    }
+    {
+      fsdp::grad::loss_scaler s({.init_scale = 1024.0f, .growth_interval = 2});
+      const mlp::config c = config(s);
+      auto m = mlp::make_model<fp16>(comm, c);
+      mlp::with_optimizer(m, c, [&](auto& opt) {
+        mlp::result res;
+        mlp::run_steps(m, opt, c, 0, 3, res);
+        CHECK(s.good_steps() == 1);  // 3 steps at interval 2: grown once, one good step since
+        ckpt::save(m, opt, dir / "ck", {.loss_scaler = &s});
+        return res;
+      });
+    }
+    fsdp::grad::loss_scaler s({.init_scale = 1.0f, .growth_interval = 2});
+    const mlp::config c = config(s);
+    auto m = mlp::make_model<fp16>(comm, c);
+    mlp::with_optimizer(m, c, [&](auto& opt) {
+      CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, dir / "ck"); }) ==
+            "fsdp: checkpoint load from '" + dir / "ck" + "' failed (no parameter was modified): ranks 0, 1: checkpoint '" +
+                dir / "ck" + "': it holds a loss scaler's state (scale 2048, 1 good steps); pass load_options::loss_scaler "
+                             "to resume with it");
+      ckpt::load(m, opt, dir / "ck", {.loss_scaler = &s});
+      CHECK(s.scale() == 2048.0f);
+      CHECK(s.good_steps() == 1);
+      mlp::result res;
+      mlp::run_steps(m, opt, c, 3, 2, res);
+      resumed[r] = local_state(m, opt);
+      return res;
+    });
+    scale_resumed[r] = s.scale();
+  });
+  for (int r = 0; r < world; ++r) {
+    CHECK(same_bits(straight[r], resumed[r]));
+    CHECK(scale_straight[r] == scale_resumed[r]);
+  }
+}
+
+namespace {
+/// Trains 3 steps at world 4 under Saved and saves; returns every tensor as the ranks held it.
+template <class Saved>
+full_tensors save_trained(const std::string& path, const mlp::config& c) {
+  full_tensors truth;
+  std::mutex mu;
+  run_ranks(4, [&](local_communicator& comm) {
+    auto m = mlp::make_model<Saved>(comm, c);
+    mlp::with_optimizer(m, c, [&](auto& opt) {
+      mlp::result res;
+      mlp::run_steps(m, opt, c, 0, 3, res);
+      collect(m, opt, truth, mu);
+      ckpt::save(m, opt, path);
+      return res;
+    });
+  });
+  return truth;
+}
+
+/// Loads `path` at `world` ranks under Loaded (wrapped by `wrap`) and compares every tensor with `truth`.
+template <class Loaded, class Wrap>
+void load_and_compare(const std::string& path, const mlp::config& c, int world, const Wrap& wrap,
+                      const full_tensors& truth) {
+  full_tensors got;
+  std::mutex mu;
+  run_ranks(world, [&](local_communicator& comm) {
+    fsdp::Model<Loaded> m(comm, mlp::make_spec(c), wrap, fsdp::init::normal{}, c.model);
+    fsdp::optim::adamw opt(m, {});
+    ckpt::load(m, opt, path);
+    CHECK(opt.steps() == 3);
+    CHECK(m.step_count() == 3);
+    collect(m, opt, got, mu);
+  });
+  REQUIRE(got.size() == truth.size());
+  for (const auto& [key, values] : truth) {
+    CAPTURE(key.first);
+    CAPTURE(key.second);
+    const std::vector<float>& g = got.at(key);
+    REQUIRE(g.size() == values.size());
+    CHECK(std::memcmp(g.data(), values.data(), values.size() * 4) == 0);
+  }
+}
+}  // namespace
+
+TEST_CASE("a checkpoint saved at world 4 loads at worlds 2, 3 and 1, across strategies and wrappings, bit for bit") {
+  scratch dir("reshard");
+  const mlp::config c = small();
+  const fsdp::wrap::by_prefix layers{"layers."};
+  const fsdp::wrap::by_function one_unit{[](const fsdp::ParamSpec&) { return std::string("all"); }};
+  SUBCASE("from full_shard") {
+    const full_tensors truth = save_trained<full_shard>(dir / "fs", c);
+    REQUIRE(truth.size() == 6 * 3);  // 6 parameters: param, exp_avg, exp_avg_sq
+    load_and_compare<full_shard>(dir / "fs", c, 2, layers, truth);
+    load_and_compare<grad_op>(dir / "fs", c, 3, layers, truth);
+    load_and_compare<full_shard>(dir / "fs", c, 1, layers, truth);
+    load_and_compare<hybrid2>(dir / "fs", c, 4, layers, truth);
+    load_and_compare<full_shard>(dir / "fs", c, 3, one_unit, truth);
+  }
+  SUBCASE("from hybrid_shard<2> (the first replica writes) and from no_shard (rank 0 writes)") {
+    const full_tensors hybrid = save_trained<hybrid2>(dir / "hy", c);
+    load_and_compare<full_shard>(dir / "hy", c, 3, layers, hybrid);
+    load_and_compare<no_shard>(dir / "hy", c, 2, layers, hybrid);
+    CHECK(ckpt::read_manifest(dir / "hy").files.size() == 2);
+    const full_tensors replicated = save_trained<no_shard>(dir / "ns", c);
+    load_and_compare<full_shard>(dir / "ns", c, 4, layers, replicated);
+    CHECK(ckpt::read_manifest(dir / "ns").files.size() == 1);
+  }
+}
+
+// ---- failures ------------------------------------------------------------------------------------------------
+namespace {
+/// Trains `steps` steps at `world` ranks (full_shard, adamw) and saves into `path` with `so`.
+void train_and_save(const std::string& path, int world, int steps, const ckpt::save_options& so = {}) {
+  const mlp::config c = small();
+  run_ranks(world, [&](local_communicator& comm) {
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    mlp::result res;
+    mlp::run_steps(m, opt, c, 0, steps, res);
+    ckpt::save(m, opt, path, so);
+  });
+}
+
+/// Loads `path` at 2 ranks into a model trained one step; returns each rank's error message and whether the
+/// rank's parameters and optimizer state stayed as they were.
+struct failed_load {
+  std::vector<std::string> messages;
+  bool untouched = true;
+};
+failed_load load_expecting_failure(const std::string& path) {
+  const mlp::config c = small();
+  failed_load out;
+  out.messages.resize(2);
+  std::mutex mu;
+  run_ranks(2, [&](local_communicator& comm) {
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    mlp::result res;
+    mlp::run_steps(m, opt, c, 0, 1, res);
+    const auto before = local_state(m, opt);
+    const std::string msg = error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, path); });
+    const bool same = same_bits(before, local_state(m, opt)) && opt.steps() == 1 && m.step_count() == 1;
+    std::lock_guard lock(mu);
+    out.messages[comm.rank()] = msg;
+    out.untouched = out.untouched && same;
+  });
+  return out;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+}  // namespace
+
+TEST_CASE("a flipped byte, a truncated or deleted file, a manifest that does not parse: the same error on every "
+          "rank, naming the file, and nothing modified") {
+  scratch dir("corrupt");
+  train_and_save(dir / "good", 2, 2);
+  const ckpt::manifest man = ckpt::read_manifest(dir / "good");
+  REQUIRE(man.files.size() == 2);
+  auto copy = [&](const std::string& name) {
+    std::filesystem::copy(dir / "good", dir / name, std::filesystem::copy_options::recursive);
+    return dir / name;
+  };
+  const std::string failed = "fsdp: checkpoint load from '";
+  SUBCASE("a flipped byte") {
+    const std::string ck = copy("flipped"), file = ck + "/shard-00001-of-00002.bin";
+    std::string bytes = read_bytes(file);
+    bytes[100] = static_cast<char>(bytes[100] ^ 0x10);
+    write_bytes(file, bytes);
+    const failed_load f = load_expecting_failure(ck);
+    const std::string expected =
+        failed + ck + "' failed (no parameter was modified): rank 1: '" + file + "': block 0 (bytes [0, " +
+        std::to_string(bytes.size()) + ")) does not match its checksum in the manifest (xxh3 " +
+        ckpt::hex64(ckpt::xxh3(bytes.data(), bytes.size())) + ", expected " + ckpt::hex64(man.files[1].blocks[0]) +
+        "): the file is corrupted";
+    CHECK(f.messages[0] == expected);
+    CHECK(f.messages[1] == expected);
+    CHECK(f.untouched);
+    CHECK(ckpt::verify(ck) == std::vector<std::string>{expected.substr(expected.find("'" + file))});
+  }
+  SUBCASE("a truncated file") {
+    const std::string ck = copy("truncated"), file = ck + "/shard-00000-of-00002.bin";
+    std::filesystem::resize_file(file, 1000);
+    const failed_load f = load_expecting_failure(ck);
+    const std::string expected = failed + ck + "' failed (no parameter was modified): rank 0: '" + file +
+                                 "' has 1000 bytes; the manifest says " + std::to_string(man.files[0].bytes) +
+                                 ": the file is truncated";
+    CHECK(f.messages == std::vector<std::string>{expected, expected});
+    CHECK(f.untouched);
+  }
+  SUBCASE("a deleted file") {
+    const std::string ck = copy("deleted"), file = ck + "/shard-00001-of-00002.bin";
+    std::filesystem::remove(file);
+    const failed_load f = load_expecting_failure(ck);
+    const std::string expected = failed + ck + "' failed (no parameter was modified): rank 1: could not open '" + file +
+                                 "': No such file or directory";
+    CHECK(f.messages == std::vector<std::string>{expected, expected});
+    CHECK(f.untouched);
+  }
+  SUBCASE("a manifest that does not parse, and a missing one") {
+    const std::string ck = copy("garbled");
+    std::string text = read_bytes(ck + "/manifest.json");
+    write_bytes(ck + "/manifest.json", text.substr(0, text.size() / 2));
+    failed_load f = load_expecting_failure(ck);
+    std::string expected = failed + ck + "' failed (no parameter was modified): ranks 0, 1: the manifest '" + ck +
+                           "/manifest.json': the document does not parse as JSON";
+    CHECK(f.messages == std::vector<std::string>{expected, expected});
+    CHECK(f.untouched);
+    f = load_expecting_failure(dir / "absent");
+    expected = failed + dir / "absent" + "' failed (no parameter was modified): ranks 0, 1: could not open '" +
+               dir / "absent" + "/manifest.json': No such file or directory";
+    CHECK(f.messages == std::vector<std::string>{expected, expected});
+  }
+}
+
+TEST_CASE("a checkpoint that does not fit the model: a missing, unexpected or reshaped tensor, another optimizer") {
+  scratch dir("mismatch");
+  train_and_save(dir / "ck", 2, 1);
+  const mlp::config c = small();
+  auto load_into = [&](const fsdp::ModelSpec& spec, auto make_opt) {
+    std::vector<std::string> out(2);
+    run_ranks(2, [&](local_communicator& comm) {
+      fsdp::Model<full_shard> m(comm, spec, fsdp::wrap::by_prefix{"layers."});
+      auto opt = make_opt(m);
+      out[comm.rank()] = error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, dir / "ck"); });
+    });
+    CHECK(out[0] == out[1]);
+    return out[0];
+  };
+  auto adamw = [](auto& m) { return fsdp::optim::adamw(m, {}); };
+  const std::string prefix = "fsdp: checkpoint load from '" + dir / "ck" + "' failed (no parameter was modified): "
+                             "ranks 0, 1: checkpoint '" + dir / "ck" + "': ";
+  fsdp::ModelSpec more = mlp::make_spec(c);
+  more.add("layers.3.w", {2, 6});
+  CHECK(load_into(more, adamw) == prefix + "the model's parameter 'layers.3.w' [2, 6] is not in the checkpoint");
+  const fsdp::ModelSpec spec = mlp::make_spec(c);
+  fsdp::ModelSpec fewer;
+  for (const auto& p : spec.params())
+    if (p.name != "layers.2.b") fewer.add(p.name, p.shape);
+  CHECK(load_into(fewer, adamw) == prefix + "the checkpoint holds tensor 'layers.2.b' [6], which the model does not have");
+  fsdp::ModelSpec reshaped;
+  for (const auto& p : spec.params()) reshaped.add(p.name, p.name == "layers.1.w" ? std::vector<std::int64_t>{40, 24} : p.shape);
+  CHECK(load_into(reshaped, adamw) == prefix + "parameter 'layers.1.w' is [24, 40] in the checkpoint but [40, 24] in the model");
+  CHECK(load_into(mlp::make_spec(c), [](auto& m) { return fsdp::optim::sgd(m, {.momentum = 0.9f}); }) ==
+        prefix + "saved by adamw with states [exp_avg, exp_avg_sq]; this optimizer is sgd with states [momentum_buffer]");
+}
+
+TEST_CASE("a write failing on one rank fails the save on every rank; the previous checkpoint still loads") {
+  scratch dir("write-fault");
+  train_and_save(dir / "step-1", 3, 1);
+  ckpt::save_options so;
+  so.fault = [](const ckpt::io_event& e) {
+    if (e.rank == 1 && e.op == "write") throw fsdp::checkpoint_error("injected: Input/output error");
+  };
+  std::vector<std::string> messages(3);
+  const mlp::config c = small();
+  run_ranks(3, [&](local_communicator& comm) {
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    mlp::result res;
+    mlp::run_steps(m, opt, c, 0, 2, res);
+    messages[comm.rank()] = error_of<fsdp::checkpoint_error>([&] { ckpt::save(m, opt, dir / "step-2", so); });
+  });
+  const std::string expected = "fsdp: checkpoint save to '" + dir / "step-2" + "' failed: rank 1: injected: "
+                               "Input/output error; '" + dir / "step-2.partial" + "' was removed; earlier checkpoints "
+                               "are untouched";
+  CHECK(messages == std::vector<std::string>{expected, expected, expected});
+  CHECK(!std::filesystem::exists(dir / "step-2"));
+  CHECK(!std::filesystem::exists(dir / "step-2.partial"));
+  CHECK(ckpt::latest(dir.root) == dir / "step-1");
+  CHECK(ckpt::verify(dir / "step-1").empty());
+}
+
+TEST_CASE("a full disk (a file size limit) fails the save on every rank with the system's reason") {
+  scratch dir("full-disk");
+  train_and_save(dir / "step-1", 2, 1);
+  std::vector<std::string> messages(2);
+  const mlp::config c = small();
+  run_ranks(2, [&](local_communicator& comm) {
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    mlp::result res;
+    mlp::run_steps(m, opt, c, 0, 2, res);
+    std::string msg;
+    {
+      // Both ranks' files need more than 4096 bytes: a write past the limit fails with EFBIG (SIGXFSZ ignored).
+      static std::mutex limit_mu;
+      static rlimit saved{};
+      static int inside = 0;
+      {
+        std::lock_guard lock(limit_mu);
+        if (inside++ == 0) {
+          std::signal(SIGXFSZ, SIG_IGN);
+          getrlimit(RLIMIT_FSIZE, &saved);
+          rlimit small_files = saved;
+          small_files.rlim_cur = 4096;
+          setrlimit(RLIMIT_FSIZE, &small_files);
+        }
+      }
+      comm.barrier();
+      msg = error_of<fsdp::checkpoint_error>([&] { ckpt::save(m, opt, dir / "step-2"); });
+      comm.barrier();
+      std::lock_guard lock(limit_mu);
+      if (--inside == 0) setrlimit(RLIMIT_FSIZE, &saved);
+    }
+    messages[comm.rank()] = msg;
+  });
+  // The same model at the same world: the files step-2 would have written are as large as step-1's.
+  const ckpt::manifest man = ckpt::read_manifest(dir / "step-1");
+  auto failure = [&](int r) {
+    return "rank " + std::to_string(r) + ": could not write " + std::to_string(man.files[r].bytes) + " bytes to '" +
+           dir / "step-2.partial/" + man.files[r].name + "' at byte 0: File too large";
+  };
+  const std::string expected = "fsdp: checkpoint save to '" + dir / "step-2" + "' failed: " + failure(0) + "; " +
+                               failure(1) + "; '" + dir / "step-2.partial" + "' was removed; earlier checkpoints are "
+                               "untouched";
+  CHECK(messages == std::vector<std::string>{expected, expected});
+  CHECK(ckpt::latest(dir.root) == dir / "step-1");
+}
+
+TEST_CASE("a process killed mid-save leaves the previous checkpoint loadable and a partial save that is ignored") {
+  scratch dir("killed");
+  train_and_save(dir / "step-1", 2, 1);
+  for (const std::string_view at : {"write", "rename"}) {
+    CAPTURE(at);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // the child saves step-2 and is killed before it commits
+      ckpt::save_options so;
+      so.fault = [at](const ckpt::io_event& e) {
+        if (e.op == at && (at == "rename" || e.rank == 1)) raise(SIGKILL);
+      };
+      train_and_save(dir / "step-2", 2, 2, so);
+      _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGKILL);
+    const std::vector<ckpt::entry> found = ckpt::scan(dir.root);
+    REQUIRE(found.size() == 2);
+    CHECK(found[0].path == dir / "step-1");
+    CHECK(found[0].state == ckpt::entry::status::complete);
+    CHECK(found[1].path == dir / "step-2.partial");
+    CHECK(found[1].state == ckpt::entry::status::partial);
+    CHECK(ckpt::latest(dir.root) == dir / "step-1");
+  }
+  // The previous checkpoint loads; a new save of step-2 replaces the partial one.
+  const mlp::config c = small();
+  run_ranks(2, [&](local_communicator& comm) {
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    ckpt::load(m, opt, *ckpt::latest(dir.root));
+    CHECK(opt.steps() == 1);
+    mlp::result res;
+    mlp::run_steps(m, opt, c, 1, 1, res);
+    ckpt::save(m, opt, dir / "step-2");
+  });
+  CHECK(ckpt::latest(dir.root) == dir / "step-2");
+  CHECK(!std::filesystem::exists(dir / "step-2.partial"));
+}
+
+TEST_CASE("misuse: an existing directory, ranks naming different directories, a save between backward and step") {
+  scratch dir("misuse");
+  train_and_save(dir / "ck", 2, 1);
+  const mlp::config c = small();
+  std::vector<std::string> exists(2), disagree(2), early(2);
+  run_ranks(2, [&](local_communicator& comm) {
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    exists[comm.rank()] = error_of<fsdp::checkpoint_error>([&] { ckpt::save(m, opt, dir / "ck"); });
+    disagree[comm.rank()] =
+        error_of<fsdp::usage_error>([&] { ckpt::save(m, opt, dir / ("ck-" + std::to_string(comm.rank()))); });
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    early[comm.rank()] = error_of<fsdp::usage_error>([&] { ckpt::save(m, opt, dir / "ck-early"); });
+  });
+  const std::string exists_msg = "fsdp: checkpoint save to '" + dir / "ck" + "' failed: rank 0: '" + dir / "ck" +
+                                 "' already exists; a checkpoint is never overwritten: save to a new directory or "
+                                 "remove it first";
+  CHECK(exists == std::vector<std::string>{exists_msg, exists_msg});
+  const std::string disagree_msg = "fsdp: ranks disagree on a checkpoint save: checkpoint::save: directory is " +
+                                   dir / "ck-0" + " on rank 0 but " + dir / "ck-1" + " on rank 1. Every rank must "
+                                   "call checkpoint::save with the same directory, after the same step";
+  CHECK(disagree == std::vector<std::string>{disagree_msg, disagree_msg});
+  const std::string early_msg = "fsdp: a checkpoint save between a backward pass and its optimizer step: unit "
+                                "'layers.0' (index 0) has a gradient reduced since the last step, which a checkpoint "
+                                "save does not keep; run the optimizer step (and zero_grad()) first";
+  CHECK(early == std::vector<std::string>{early_msg, early_msg});
+}
