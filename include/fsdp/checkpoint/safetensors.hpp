@@ -1,0 +1,303 @@
+#pragma once
+// Weights in and out in the safetensors format, without gathering the model on any rank:
+//
+//   fsdp::safetensors::save(model, "model.safetensors");                  // collective: every parameter, fp32
+//   fsdp::safetensors::load(model, "hf.safetensors", {.name_of = fn});     // collective: into the master shards
+//
+// save: every rank computes the same header; rank 0 creates "<file>.partial" with the header at its final size;
+// the ranks of the first replica write their elements of every parameter in place (pwrite), converted to the
+// chosen dtype (F32, BF16 or F16, rounded to nearest even); rank 0 renames the file into place once every rank has
+// flushed. Tied aliases are not written (the file holds each storage once, as the package's own writer does).
+//
+// load: every rank reads the header, maps each parameter's name to a tensor of the file (options.name_of, the
+// identity by default), checks that every parameter has its tensor with the same shape and a dtype it can hold
+// exactly (F32, BF16, F16) and that the file holds no other tensor (unless options.allow_unused), then reads only
+// the bytes of its own shards. Every failure is a checkpoint_error on every rank together, before any parameter
+// changes; optimizer state and step counts are left alone (a fine-tuning start), gradients are zeroed.
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/io.hpp"
+#include "fsdp/checkpoint/reads.hpp"
+#include "fsdp/checkpoint/safetensors_header.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/float16.hpp"
+#include "fsdp/core/text.hpp"
+
+namespace fsdp::safetensors {
+
+/// A parameter's name in the model -> its tensor's name in the file.
+using name_map = std::function<std::string(std::string_view)>;
+
+struct save_options {
+  dtype type = dtype::f32;                            ///< of every tensor in the file: f32, bf16 or f16
+  std::map<std::string, std::string> metadata{};      ///< the file's "__metadata__"
+  name_map name_of{};                                 ///< model name -> file name; the identity when empty
+  bool overwrite = false;                             ///< replace an existing file (otherwise an error)
+  checkpoint::fault_hook fault{};                     ///< tests: called before each file-system change
+};
+
+struct load_options {
+  name_map name_of{};        ///< model name -> file name; the identity when empty
+  bool allow_unused = false; ///< tensors of the file that no parameter maps to are ignored instead of refused
+};
+
+/// Reads and checks the header of a safetensors file (no rank-collective). `data_start` receives the byte where
+/// the data section begins.
+inline header read_header(const checkpoint::io::file& f, std::uint64_t* data_start = nullptr) {
+  const std::uint64_t size = f.size();
+  const std::string doc = detail::cat("the safetensors file '", f.path(), "'");
+  if (size < 8) checkpoint::io::fail(detail::cat(doc, " has ", size, " bytes: too short for a header"));
+  std::string len(8, '\0');
+  f.read_at(len.data(), 8, 0);
+  const std::uint64_t n = detail::get_u64le(len, 0);
+  if (n > max_header_bytes || n > size - 8)
+    checkpoint::io::fail(detail::cat(doc, ": its header length is ", n, " bytes, more than ",
+                                     n > max_header_bytes ? detail::cat("the limit of ", max_header_bytes)
+                                                          : detail::cat("the ", size - 8, " bytes after the length")));
+  std::string text(static_cast<std::size_t>(n), '\0');
+  f.read_at(text.data(), n, 8);
+  if (data_start) *data_start = 8 + n;
+  return parse_header(text, size - 8 - n, doc);
+}
+
+namespace impl {
+
+inline std::string mapped(const name_map& fn, const std::string& name) { return fn ? fn(name) : name; }
+
+inline std::string_view st_dtype(dtype t) {
+  switch (t) {
+    case dtype::f32: return "F32";
+    case dtype::bf16: return "BF16";
+    case dtype::f16: return "F16";
+  }
+  return "?";
+}
+
+/// The file's tensors, in spec order, with their offsets: every rank computes the same.
+template <class M>
+std::vector<tensor_info> layout_of(const M& m, const save_options& so) {
+  std::vector<tensor_info> out;
+  std::uint64_t at = 0;
+  const std::uint64_t esize = size_of(so.type);
+  std::map<std::string, std::string> taken;  // file name -> parameter
+  for (const ParamSpec& p : m.spec().params()) {
+    if (p.is_tied()) continue;
+    tensor_info t;
+    t.name = mapped(so.name_of, p.name);
+    if (t.name.empty() || detail::utf8_error(t.name) != std::string_view::npos || t.name == "__metadata__")
+      detail::fail_usage("safetensors::save: parameter '", p.name, "' maps to the name '", detail::printable(t.name),
+                         "', which a safetensors file cannot hold (empty, not UTF-8, or \"__metadata__\")");
+    if (const auto [it, fresh] = taken.emplace(t.name, p.name); !fresh)
+      detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '", t.name, "'");
+    t.dtype = std::string(st_dtype(so.type));
+    t.shape = p.shape;
+    t.begin = at;
+    at += static_cast<std::uint64_t>(p.numel()) * esize;
+    t.end = at;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+/// Converts `n` fp32 values into `type`'s bytes at `out`.
+inline void encode(const float* in, std::size_t n, dtype type, std::vector<char>& out) {
+  out.resize(n * size_of(type));
+  if (type == dtype::f32) {
+    std::memcpy(out.data(), in, n * 4);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t h = type == dtype::bf16 ? f16::bf16_from_float(in[i]) : f16::half_from_float(in[i]);
+    std::memcpy(out.data() + 2 * i, &h, 2);
+  }
+}
+
+/// fp32 values of `n` elements of safetensors dtype `d` (F32, BF16 or F16: exact).
+inline void decode(const char* in, std::size_t n, std::string_view d, float* out) {
+  if (d == "F32") {
+    std::memcpy(out, in, n * 4);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    out[i] = d == "BF16" ? f16::bf16_to_float(h) : f16::half_to_float(h);
+  }
+}
+
+}  // namespace impl
+
+/// Collective: writes every parameter's value (the fp32 masters, converted to options.type) into the safetensors
+/// file `path`, each rank writing its own elements.
+template <class M>
+void save(M& m, const std::string& path, const save_options& so = {}) {
+  namespace ci = checkpoint::impl;
+  namespace io = checkpoint::io;
+  m.require_between_steps("a safetensors save");
+  if (path.empty()) detail::fail_usage("safetensors::save: the path is empty");
+  for (const auto& [k, v] : so.metadata)
+    if (detail::utf8_error(k) != std::string_view::npos || detail::utf8_error(v) != std::string_view::npos)
+      detail::fail_usage("safetensors::save: metadata entry '", detail::printable(k), "' is not valid UTF-8");
+  const std::vector<tensor_info> tensors = impl::layout_of(m, so);
+  std::map<std::string, const tensor_info*, std::less<>> by_param;  // layout_of keeps the stored parameters' order
+  {
+    std::size_t i = 0;
+    for (const ParamSpec& p : m.spec().params())
+      if (!p.is_tied()) by_param[p.name] = &tensors[i++];
+  }
+  const std::string head = make_header(tensors, so.metadata);
+  auto& comm = m.comm();
+  const int rank = comm.rank();
+  fingerprint fp;
+  fp.add("safetensors::save", "path", path).add("safetensors::save", "dtype", std::string(name_of(so.type)));
+  agree::require_agreement(comm, m.backend(), fp, "a safetensors save",
+                           "Every rank must call safetensors::save with the same path and options");
+  m.synchronize();
+  const std::string partial = path + ".partial", what = detail::cat("safetensors save to '", path, "' failed");
+  const std::uint64_t total = head.size() + (tensors.empty() ? 0 : tensors.back().end);
+
+  std::optional<std::string> mine;
+  if (rank == 0)
+    mine = ci::outcome([&] {
+      if (!so.overwrite && io::exists(path))
+        io::fail(detail::cat("'", path, "' already exists; pass save_options::overwrite to replace it"));
+      if (so.fault) so.fault({rank, "create", partial});
+      io::file f = io::create(partial);
+      if (so.fault) so.fault({rank, "write", partial});
+      f.write_at(head.data(), head.size(), 0);
+      f.resize(total);
+      f.close();
+    });
+  ci::require_success(m, mine, what);
+
+  const device_mesh mesh = m.mesh();
+  mine.reset();
+  if (mesh.replica(rank) == 0)
+    mine = ci::outcome([&] {
+      io::file f = io::open_write(partial);
+      auto& be = m.backend();
+      auto& cs = be.compute_stream();
+      std::vector<float> host;
+      std::vector<char> bytes;
+      const std::uint64_t esize = size_of(so.type);
+      for (std::size_t u = 0; u < m.size(); ++u) {
+        host.assign(static_cast<std::size_t>(m.unit(u).layout().shard_numel()), 0.0f);
+        be.download(host.data(), m.unit(u).master_shard(), static_cast<std::int64_t>(host.size() * sizeof(float)), cs);
+        be.synchronize(cs);
+        for (const ShardedTensor& v : m.unit(u).shard_views()) {
+          if (v.empty()) continue;
+          const tensor_info& t = *by_param.at(v.name);
+          impl::encode(host.data() + v.shard_offset, static_cast<std::size_t>(v.local_numel()), so.type, bytes);
+          if (so.fault) so.fault({rank, "write", partial});
+          f.write_at(bytes.data(), bytes.size(), head.size() + t.begin + static_cast<std::uint64_t>(v.begin) * esize);
+        }
+      }
+      if (so.fault) so.fault({rank, "fsync", partial});
+      f.sync();
+      f.close();
+    });
+  {
+    const auto failed = agree::failures(comm, m.backend(), mine);
+    if (!failed.empty()) {
+      std::string cleanup;
+      if (rank == 0) cleanup = io::remove_all(partial) ? detail::cat("; '", partial, "' was removed") : std::string();
+      const std::vector<std::string> told = agree::all_gather_strings(comm, m.backend(), cleanup);
+      throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed), told[0]));
+    }
+  }
+  mine.reset();
+  if (rank == 0)
+    mine = ci::outcome([&] {
+      if (so.fault) so.fault({rank, "rename", partial});
+      io::rename(partial, path);
+      io::sync_dir(io::parent_of(path));
+    });
+  ci::require_success(m, mine, what);
+}
+
+/// Collective: sets every parameter's master shard from the safetensors file `path` (see above).
+template <class M>
+header load(M& m, const std::string& path, const load_options& lo = {}) {
+  namespace ci = checkpoint::impl;
+  namespace io = checkpoint::io;
+  m.require_between_steps("a safetensors load");
+  fingerprint fp;
+  fp.add("safetensors::load", "path", path);
+  agree::require_agreement(m.comm(), m.backend(), fp, "a safetensors load",
+                           "Every rank must call safetensors::load with the same path");
+  m.synchronize();
+  header h;
+  std::vector<std::vector<float>> staging(m.size());
+  const std::optional<std::string> mine = ci::outcome([&] {
+    const io::file f = io::open_read(path);
+    std::uint64_t data_start = 0;
+    h = read_header(f, &data_start);
+    const std::string doc = detail::cat("the safetensors file '", path, "'");
+    // Every stored parameter has its tensor, of its shape, in a dtype an fp32 master holds exactly.
+    std::map<std::string, const tensor_info*> of_param;
+    std::map<std::string, std::string> used;  // file name -> parameter
+    for (const ParamSpec& p : m.spec().params()) {
+      if (p.is_tied()) continue;
+      const std::string name = impl::mapped(lo.name_of, p.name);
+      const tensor_info* t = h.find(name);
+      const std::string which = name == p.name ? detail::cat("tensor '", name, "'")
+                                               : detail::cat("tensor '", name, "' (for parameter '", p.name, "')");
+      if (!t) io::fail(detail::cat(doc, " has no ", which, " ", detail::shape_text(p.shape)));
+      if (t->shape != p.shape)
+        io::fail(detail::cat(doc, ": ", which, " is ", detail::shape_text(t->shape), " in the file but ",
+                             detail::shape_text(p.shape), " in the model"));
+      if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16")
+        io::fail(detail::cat(doc, ": ", which, " is ", t->dtype,
+                             ", which an fp32 master parameter cannot hold exactly (F32, BF16 and F16 can)"));
+      if (const auto [it, fresh] = used.emplace(name, p.name); !fresh)
+        io::fail(detail::cat(doc, ": parameters '", it->second, "' and '", p.name, "' both map to tensor '", name, "'"));
+      of_param[p.name] = t;
+    }
+    if (!lo.allow_unused)
+      for (const tensor_info& t : h.tensors)
+        if (!used.count(t.name))
+          io::fail(detail::cat(doc, " holds tensor '", t.name, "' ", detail::shape_text(t.shape),
+                               ", which no parameter of the model maps to (load_options::allow_unused ignores it)"));
+    // This rank's elements only: one read per piece, then the conversion to fp32.
+    std::vector<std::vector<checkpoint::read_op>> ops(1);
+    std::vector<std::pair<std::vector<char>, std::pair<const tensor_info*, float*>>> raw;
+    std::size_t pieces = 0;
+    for (std::size_t u = 0; u < m.size(); ++u)
+      for (const ShardedTensor& v : m.unit(u).shard_views()) pieces += v.empty() ? 0 : 1;
+    raw.reserve(pieces);
+    for (std::size_t u = 0; u < m.size(); ++u) {
+      staging[u].assign(static_cast<std::size_t>(m.unit(u).layout().shard_numel()), 0.0f);
+      for (const ShardedTensor& v : m.unit(u).shard_views()) {
+        if (v.empty()) continue;
+        const tensor_info* t = of_param.at(v.name);
+        const std::uint64_t esize = dtype_bytes(t->dtype);
+        raw.emplace_back(std::vector<char>(static_cast<std::size_t>(v.local_numel()) * esize),
+                         std::make_pair(t, staging[u].data() + v.shard_offset));
+        const checkpoint::extent whole{0, t->numel(), 0, data_start + t->begin};
+        checkpoint::plan_reads({whole}, v.begin, v.end, esize, raw.back().first.data(), ops);
+      }
+    }
+    checkpoint::read_ranges(f, f.size(), std::move(ops[0]));
+    for (const auto& [bytes, dest] : raw)
+      impl::decode(bytes.data(), bytes.size() / dtype_bytes(dest.first->dtype), dest.first->dtype, dest.second);
+  });
+  ci::require_success(m, mine, detail::cat("safetensors load from '", path, "' failed (no parameter was modified)"));
+  m.replace_shards("a safetensors load", [&] {
+    auto& be = m.backend();
+    for (std::size_t u = 0; u < m.size(); ++u)
+      be.upload(m.unit(u).master_shard(), staging[u].data(), static_cast<std::int64_t>(staging[u].size() * sizeof(float)),
+                be.compute_stream());
+    be.synchronize(be.compute_stream());
+  });
+  return h;
+}
+
+}  // namespace fsdp::safetensors

@@ -1,0 +1,128 @@
+#pragma once
+// The safetensors format (as the `safetensors` package reads and writes it): an 8-byte little-endian header length
+// N, N bytes of UTF-8 JSON, then the data. The header maps each tensor's name to {"dtype", "shape",
+// "data_offsets": [begin, end]} (bytes of the data section); an optional "__metadata__" maps strings to strings.
+//
+// parse_header() checks everything a reader relies on (that every dtype is known, that the shape's element count
+// times the dtype's size is the byte count, that every tensor lies inside the data section and none overlap), so
+// that an import never trusts an unchecked number; make_header() writes one padded with spaces to a multiple of 8
+// bytes, as the package does, so that the data section stays aligned.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/checkpoint/json_fields.hpp"
+#include "fsdp/core/bytes.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/spec/model_spec.hpp"
+
+namespace fsdp::safetensors {
+
+/// The largest header this library reads (the safetensors package's own limit).
+inline constexpr std::uint64_t max_header_bytes = 100'000'000;
+
+struct tensor_info {
+  std::string name;
+  std::string dtype;  ///< "F32", "BF16", "F16", ... as the format names them
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;  ///< bytes of the data section
+  std::int64_t numel() const noexcept {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    return n;
+  }
+  friend bool operator==(const tensor_info&, const tensor_info&) = default;
+};
+
+struct header {
+  std::vector<tensor_info> tensors;  ///< by name
+  std::map<std::string, std::string> metadata;
+  const tensor_info* find(std::string_view name) const {
+    for (const auto& t : tensors)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+};
+
+/// Bytes per element of a safetensors dtype; 0 for a name the format does not have.
+inline std::uint64_t dtype_bytes(std::string_view d) noexcept {
+  static constexpr std::pair<std::string_view, std::uint64_t> known[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},  {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8},  {"U64", 8}};
+  for (const auto& [name, bytes] : known)
+    if (name == d) return bytes;
+  return 0;
+}
+
+/// Parses and checks a header's JSON text for a data section of `data_bytes` bytes; `doc` names the file in errors.
+inline header parse_header(std::string_view text, std::uint64_t data_bytes, const std::string& doc) {
+  namespace jf = checkpoint::json_fields;
+  const jf::reader r{doc};
+  const jf::json j = r.parse(text);
+  r.object(j, "");
+  header h;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& name = it.key();
+    const std::string at = detail::cat("tensor '", name, "'");
+    auto field = [&](std::string_view key) { return detail::cat(at, ": ", key); };
+    if (name == "__metadata__") {
+      const jf::json& meta = r.object(it.value(), "__metadata__");
+      for (auto m = meta.begin(); m != meta.end(); ++m) h.metadata[m.key()] = r.string(m.value(), jf::at("__metadata__", m.key()));
+      continue;
+    }
+    tensor_info t;
+    t.name = name;
+    t.dtype = r.string(r.member(it.value(), "dtype", at), field("dtype"));
+    const std::uint64_t esize = dtype_bytes(t.dtype);
+    if (esize == 0) r.fail(field("dtype"), detail::cat("is '", t.dtype, "', which is not a safetensors dtype"));
+    const jf::json& shape = r.array(r.member(it.value(), "shape", at), field("shape"));
+    std::int64_t numel = 1;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      const std::int64_t n = r.integer(shape[d], jf::at(field("shape"), d), 0, ModelSpec::max_numel);
+      if (n > 0 && numel > ModelSpec::max_numel / n)
+        r.fail(field("shape"), detail::cat("has more than ", ModelSpec::max_numel, " elements"));
+      numel *= n;
+      t.shape.push_back(n);
+    }
+    const jf::json& off = r.array(r.member(it.value(), "data_offsets", at), field("data_offsets"));
+    if (off.size() != 2) r.fail(field("data_offsets"), "must hold two numbers, [begin, end]");
+    t.begin = static_cast<std::uint64_t>(r.integer(off[0], field("data_offsets[0]")));
+    t.end = static_cast<std::uint64_t>(r.integer(off[1], field("data_offsets[1]")));
+    if (t.end < t.begin || t.end > data_bytes)
+      r.fail(field("data_offsets"), detail::cat("are [", t.begin, ", ", t.end, "], which is not a range of the ",
+                                                     data_bytes, " bytes of data"));
+    if (t.end - t.begin != static_cast<std::uint64_t>(numel) * esize)
+      r.fail(at, detail::cat("holds ", t.end - t.begin, " bytes, but ", numel, " elements of ", t.dtype, " take ",
+                             static_cast<std::uint64_t>(numel) * esize));
+    if (t.end > t.begin) spans.emplace_back(t.begin, t.end);
+    h.tensors.push_back(std::move(t));
+  }
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t k = 1; k < spans.size(); ++k)
+    if (spans[k].first < spans[k - 1].second)
+      r.fail("", detail::cat("has tensors that overlap in the data at byte ", spans[k].first));
+  return h;
+}
+
+/// The bytes that start a file: the length and the header JSON, padded with spaces to a multiple of 8.
+inline std::string make_header(const std::vector<tensor_info>& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    j["__metadata__"] = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) j["__metadata__"][k] = v;
+  }
+  for (const tensor_info& t : tensors)
+    j[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+  std::string text = j.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  std::string out;
+  detail::put_u64le(out, text.size());
+  return out + text;
+}
+
+}  // namespace fsdp::safetensors
