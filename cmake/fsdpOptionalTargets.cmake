@@ -3,6 +3,8 @@
 # fsdp::fsdp to exist.
 #
 #   fsdp::chrome_trace  fsdp::fsdp + nlohmann_json::nlohmann_json (fsdp/observe/chrome_trace.hpp)
+#   fsdp::checkpoint    fsdp::fsdp + nlohmann_json::nlohmann_json + xxHash's header (fsdp/checkpoint/: sharded
+#                       checkpoints and safetensors files; xxhash.h is used header-only, nothing is linked)
 #   fsdp::cuda          fsdp::fsdp + C++20 under nvcc, extended lambdas, relaxed constexpr: link it from targets
 #                       with .cu sources. Made only where the CUDA language is enabled (enable it before
 #                       find_package(fsdp): project(... LANGUAGES CXX CUDA)). The CUDA runtime comes with nvcc's
@@ -27,6 +29,18 @@ macro(fsdp_optional_targets)
       target_link_libraries(fsdp::chrome_trace INTERFACE fsdp::fsdp nlohmann_json::nlohmann_json)
     else()
       list(APPEND fsdp_missing_parts "fsdp::chrome_trace: nlohmann_json not found (Debian: nlohmann-json3-dev)")
+    endif()
+  endif()
+
+  if(NOT TARGET fsdp::checkpoint)
+    find_path(FSDP_XXHASH_INCLUDE_DIR xxhash.h)
+    if(TARGET nlohmann_json::nlohmann_json AND FSDP_XXHASH_INCLUDE_DIR)
+      add_library(fsdp::checkpoint INTERFACE IMPORTED GLOBAL)
+      target_link_libraries(fsdp::checkpoint INTERFACE fsdp::fsdp nlohmann_json::nlohmann_json)
+      target_include_directories(fsdp::checkpoint SYSTEM INTERFACE ${FSDP_XXHASH_INCLUDE_DIR})
+    else()
+      list(APPEND fsdp_missing_parts
+           "fsdp::checkpoint: needs nlohmann_json and xxhash.h (Debian: nlohmann-json3-dev, libxxhash-dev)")
     endif()
   endif()
 

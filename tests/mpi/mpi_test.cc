@@ -16,7 +16,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fsdp/comm/mpi.hpp>
+#if __has_include(<nlohmann/json.hpp>) && __has_include(<xxhash.h>)  // the GPU machine has no nlohmann-json
+#define FSDP_TEST_CHECKPOINTS 1
+#include <fsdp/checkpoint/checkpoint.hpp>
+#endif
 #include <fsdp/fsdp.hpp>
 #include <map>
 #include <string>
@@ -405,6 +410,80 @@ TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on 
   }
   SUBCASE("hybrid_shard_zero2<2> (4 x 2), fp32") { check(fsdp::sharding::hybrid_shard_zero2<2>{}, fsdp::precision::full{}); }
 }
+
+#if FSDP_TEST_CHECKPOINTS
+TEST_CASE("checkpoints on comm::mpi: a resume equals training without a stop; the files load on thread ranks at 2") {
+  using Mpi = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::mpi<>>;
+  mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(30000)});
+  fsdp::backend::host be(comm.rank());
+  // One scratch directory for every process: rank 0 makes it and tells the others.
+  std::string made;
+  if (comm.rank() == 0) {
+    std::string tmpl = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/mpi-ckpt-XXXXXX";
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    made = tmpl;
+  }
+  const std::string dir = fsdp::agree::all_gather_strings(comm, be, made)[0];
+  mlp::config cfg;
+  // Each process's master shard and AdamW state, after training.
+  auto state = [](auto& m, auto& opt) {
+    std::vector<float> out;
+    m.synchronize();
+    for (std::size_t u = 0; u < m.size(); ++u)
+      for (int k = -1; k < 2; ++k) {
+        std::vector<float> v(static_cast<std::size_t>(m.unit(u).layout().shard_numel()));
+        m.backend().download(v.data(), k < 0 ? m.unit(u).master_shard() : opt.state(u, k),
+                             static_cast<std::int64_t>(v.size() * 4), m.backend().compute_stream());
+        m.backend().synchronize(m.backend().compute_stream());
+        out.insert(out.end(), v.begin(), v.end());
+      }
+    return out;
+  };
+  std::vector<float> straight, resumed;
+  std::map<std::string, std::vector<float>> saved;
+  {
+    auto m = mlp::make_model<Mpi>(comm, cfg);
+    fsdp::optim::adamw opt(m, {});
+    mlp::result r;
+    mlp::run_steps(m, opt, cfg, 0, 5, r);
+    straight = state(m, opt);
+  }
+  {
+    auto m = mlp::make_model<Mpi>(comm, cfg);
+    fsdp::optim::adamw opt(m, {});
+    mlp::result r;
+    mlp::run_steps(m, opt, cfg, 0, 3, r);
+    fsdp::checkpoint::save(m, opt, dir + "/step-3");
+    saved = m.gather_full_params();
+  }
+  {
+    auto m = mlp::make_model<Mpi>(comm, cfg);
+    fsdp::optim::adamw opt(m, {});
+    fsdp::checkpoint::load(m, opt, dir + "/step-3");
+    CHECK(opt.steps() == 3);
+    mlp::result r;
+    mlp::run_steps(m, opt, cfg, 3, 2, r);
+    resumed = state(m, opt);
+  }
+  CHECK(same_bits(straight, resumed));
+  CHECK(fsdp::checkpoint::read_manifest(dir + "/step-3").files.size() == std::size_t(kWorld));
+  if (comm.rank() == 0) {
+    std::map<std::string, std::vector<float>> loaded;
+    fsdp_test::run_ranks(2, [&](local_communicator& c) {
+      auto m = mlp::make_model<fsdp::policy<fsdp::sharding::full_shard>>(c, cfg);
+      fsdp::checkpoint::load(m, dir + "/step-3");
+      const auto p = m.gather_full_params();
+      if (c.rank() == 0) loaded = p;
+    });
+    for (const auto& [name, v] : saved) {
+      CAPTURE(name);
+      CHECK(same_bits(loaded.at(name), v));
+    }
+  }
+  comm.barrier();
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+}
+#endif
 
 TEST_CASE("split groups ranks by color, ordered by key, as MPI_Comm_split does") {
   mpi_communicator comm;

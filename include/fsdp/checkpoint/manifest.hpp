@@ -109,7 +109,7 @@ struct manifest {
 };
 
 inline std::string to_json(const manifest& m) {
-  using json = nlohmann::json;
+  using json = nlohmann::ordered_json;  // the fields in the order above
   json j;
   j["format"] = "fsdp-checkpoint";
   j["version"] = manifest_version;

@@ -14,6 +14,7 @@
 // exactly (F32, BF16, F16) and that the file holds no other tensor (unless options.allow_unused), then reads only
 // the bytes of its own shards. Every failure is a checkpoint_error on every rank together, before any parameter
 // changes; optimizer state and step counts are left alone (a fine-tuning start), gradients are zeroed.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -54,14 +55,9 @@ struct load_options {
 inline header read_header(const checkpoint::io::file& f, std::uint64_t* data_start = nullptr) {
   const std::uint64_t size = f.size();
   const std::string doc = detail::cat("the safetensors file '", f.path(), "'");
-  if (size < 8) checkpoint::io::fail(detail::cat(doc, " has ", size, " bytes: too short for a header"));
-  std::string len(8, '\0');
-  f.read_at(len.data(), 8, 0);
-  const std::uint64_t n = detail::get_u64le(len, 0);
-  if (n > max_header_bytes || n > size - 8)
-    checkpoint::io::fail(detail::cat(doc, ": its header length is ", n, " bytes, more than ",
-                                     n > max_header_bytes ? detail::cat("the limit of ", max_header_bytes)
-                                                          : detail::cat("the ", size - 8, " bytes after the length")));
+  std::string len(static_cast<std::size_t>(std::min<std::uint64_t>(size, 8)), '\0');
+  f.read_at(len.data(), len.size(), 0);
+  const std::uint64_t n = header_length(len, size, doc);
   std::string text(static_cast<std::size_t>(n), '\0');
   f.read_at(text.data(), n, 8);
   if (data_start) *data_start = 8 + n;

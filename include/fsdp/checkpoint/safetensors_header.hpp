@@ -58,6 +58,19 @@ inline std::uint64_t dtype_bytes(std::string_view d) noexcept {
   return 0;
 }
 
+/// The header length a file of `file_size` bytes starts with (`first` holds its first min(8, file_size) bytes),
+/// checked against the file's size and max_header_bytes; `doc` names the file in errors.
+inline std::uint64_t header_length(std::string_view first, std::uint64_t file_size, const std::string& doc) {
+  if (file_size < 8 || first.size() < 8)
+    throw checkpoint_error(detail::cat(doc, " has ", file_size, " bytes: too short for a header"));
+  const std::uint64_t n = detail::get_u64le(first, 0);
+  if (n > max_header_bytes || n > file_size - 8)
+    throw checkpoint_error(detail::cat(doc, ": its header length is ", n, " bytes, more than ",
+                                       n > max_header_bytes ? detail::cat("the limit of ", max_header_bytes)
+                                                            : detail::cat("the ", file_size - 8, " bytes after the length")));
+  return n;
+}
+
 /// Parses and checks a header's JSON text for a data section of `data_bytes` bytes; `doc` names the file in errors.
 inline header parse_header(std::string_view text, std::uint64_t data_bytes, const std::string& doc) {
   namespace jf = checkpoint::json_fields;

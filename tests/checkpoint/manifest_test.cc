@@ -1,0 +1,143 @@
+// The manifest and safetensors-header parsers, field by field: what they accept round-trips exactly; every
+// malformed field is a checkpoint_error naming the document and the field. (tools/fuzz-check runs the same
+// parsers under libFuzzer.)
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fsdp/checkpoint/manifest.hpp>
+#include <fsdp/checkpoint/safetensors_header.hpp>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/support.hpp"
+
+namespace ckpt = fsdp::checkpoint;
+namespace st = fsdp::safetensors;
+using fsdp_test::error_of;
+using json = nlohmann::ordered_json;
+
+namespace {
+/// Two ranks' files of a model with 'emb' [3, 4] and 'b' [4], AdamW: rank 0 holds emb[0, 8), rank 1 emb[8, 12)
+/// and b.
+ckpt::manifest two_ranks() {
+  ckpt::manifest m;
+  m.step = 12;
+  m.optimizer = ckpt::optimizer_record{"adamw", 11, {"exp_avg", "exp_avg_sq"}};
+  m.loss_scaler = ckpt::scaler_record{32768.0f, 3};
+  m.metadata = {{"data.next_step", "12"}};
+  m.world = 2;
+  m.shards = 2;
+  m.strategy = "full_shard";
+  m.compute_dtype = "bf16";
+  m.tensors = {{"emb", {3, 4}}, {"b", {4}}};
+  m.ties = {{"head", "emb"}};
+  ckpt::file_record f0{"shard-00000-of-00002.bin", 0, 96, 0x1234, 4096, {0xabcdef0123456789ull}, {}};
+  ckpt::file_record f1{"shard-00001-of-00002.bin", 1, 96, 0x5678, 4096, {0x0123456789abcdefull}, {}};
+  std::uint64_t o0 = 0, o1 = 0;
+  for (const char* k : {"param", "exp_avg", "exp_avg_sq"}) {
+    f0.pieces.push_back({"emb", k, 0, 8, o0});
+    o0 += 32;
+    f1.pieces.push_back({"emb", k, 8, 12, o1});
+    o1 += 16;
+    f1.pieces.push_back({"b", k, 0, 4, o1});
+    o1 += 16;
+  }
+  m.files = {f0, f1};
+  return m;
+}
+
+const std::string doc = "the manifest 'ck/manifest.json'";
+
+/// The error of parsing two_ranks() after `edit` changed its JSON.
+template <class Edit>
+std::string error_after(Edit edit) {
+  json j = json::parse(ckpt::to_json(two_ranks()));
+  edit(j);
+  return error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(j.dump(), doc); });
+}
+}  // namespace
+
+TEST_CASE("a manifest written by to_json parses back to the same value, and names its fields in their order") {
+  const ckpt::manifest m = two_ranks();
+  const std::string text = ckpt::to_json(m);
+  CHECK(ckpt::parse_manifest(text, doc) == m);
+  CHECK(text.starts_with("{\n \"format\": \"fsdp-checkpoint\",\n \"version\": 1,\n \"step\": 12,"));
+  ckpt::manifest bare = m;  // saved without an optimizer or a scaler
+  bare.optimizer.reset();
+  bare.loss_scaler.reset();
+  for (auto& f : bare.files) std::erase_if(f.pieces, [](const ckpt::piece_record& p) { return p.kind != "param"; });
+  CHECK(ckpt::parse_manifest(ckpt::to_json(bare), doc) == bare);
+}
+
+TEST_CASE("every malformed field of a manifest is named") {
+  const std::string at = "fsdp: " + doc + ": ";
+  CHECK(error_of<fsdp::checkpoint_error>([] { ckpt::parse_manifest("{\"format\": ", doc); }) ==
+        at + "the document does not parse as JSON");
+  CHECK(error_of<fsdp::checkpoint_error>([] { ckpt::parse_manifest("{\"a\": \"\xff\"}", doc); }) ==
+        at + "the document is not valid UTF-8 (byte 7)");
+  CHECK(error_after([](json& j) { j["format"] = "other"; }) ==
+        at + "format must be \"fsdp-checkpoint\" (this is not a checkpoint manifest of this library)");
+  CHECK(error_after([](json& j) { j["version"] = 2; }) == at + "version is 2; this library reads version 1");
+  CHECK(error_after([](json& j) { j.erase("step"); }) == at + "the document has no member 'step'");
+  CHECK(error_after([](json& j) { j["step"] = -1; }) ==
+        at + "step must be in [0, 9223372036854775807], got -1");
+  CHECK(error_after([](json& j) { j["mesh"]["shards"] = 3; }) == at + "mesh is 1 x 3, which is not the world of 2");
+  CHECK(error_after([](json& j) { j["loss_scaler"]["scale"] = 0.1; }) ==
+        at + "loss_scaler.scale must be a finite fp32 value > 0, got 0.1");
+  CHECK(error_after([](json& j) { j["optimizer"]["states"][1] = "exp_avg"; }) ==
+        at + "optimizer.states[1] repeats a state name");
+  CHECK(error_after([](json& j) { j["tensors"][0]["shape"][1] = 0; }) ==
+        at + "tensors[0].shape[1] must be in [1, 281474976710656], got 0");
+  CHECK(error_after([](json& j) { j["tensors"][1]["dtype"] = "BF16"; }) ==
+        at + "tensors[1].dtype must be \"F32\" (checkpoints hold fp32 master values)");
+  CHECK(error_after([](json& j) { j["ties"]["head"] = "nothing"; }) == at + "ties.head names 'nothing', which is not a tensor");
+  CHECK(error_after([](json& j) { j["files"][1]["name"] = "../escape.bin"; }) ==
+        at + "files[1].name must be a plain file name in the checkpoint directory");
+  CHECK(error_after([](json& j) { j["files"][0]["xxh3"] = "12"; }) == at + "files[0].xxh3 must be 16 lowercase hexadecimal digits");
+  CHECK(error_after([](json& j) { j["files"][0]["blocks"].push_back("0000000000000000"); }) ==
+        at + "files[0].blocks has 2 checksums; a file of 96 bytes in blocks of 4096 has 1");
+  CHECK(error_after([](json& j) { j["files"][0]["pieces"][0]["end"] = 13; }) ==
+        at + "files[0].pieces[0].end must be in [1, 12], got 13");
+  CHECK(error_after([](json& j) { j["files"][0]["pieces"][2]["offset"] = 80; }) ==
+        at + "files[0].pieces[2] ends at byte 112, past the file's 96 bytes");
+  CHECK(error_after([](json& j) { j["files"][0]["pieces"][1]["offset"] = 16; }) ==
+        at + "files[0].pieces overlap in the file at byte 16");
+  CHECK(error_after([](json& j) { j["files"][0]["pieces"][1]["kind"] = "momentum"; }) ==
+        at + "files[0].pieces[1].kind is 'momentum', which is neither \"param\" nor a state of the optimizer");
+  CHECK(error_after([](json& j) { j["files"][1]["pieces"].erase(2); }) ==
+        at + "files leave out elements [8, 12) of tensor 'emb' (exp_avg)");
+  CHECK(error_after([](json& j) {  // emb [7, 11) instead of [8, 12): as long, one element twice
+          j["files"][1]["pieces"][0]["begin"] = 7;
+          j["files"][1]["pieces"][0]["end"] = 11;
+        }) ==
+        at + "files overlap on elements [7, 8) of tensor 'emb' (param)");
+}
+
+TEST_CASE("a safetensors header: what make_header writes parses back; every malformed entry is named") {
+  const std::vector<st::tensor_info> tensors = {{"emb", "F32", {3, 4}, 0, 48}, {"b", "BF16", {4}, 48, 56}, {"e", "F16", {0}, 56, 56}};
+  const std::string file = st::make_header(tensors, {{"format", "pt"}});
+  CHECK(file.size() % 8 == 0);
+  const std::uint64_t n = st::header_length(file.substr(0, 8), file.size() + 56, "f");
+  CHECK(n == file.size() - 8);
+  const st::header h = st::parse_header(file.substr(8), 56, "f");
+  CHECK(h.metadata == std::map<std::string, std::string>{{"format", "pt"}});
+  REQUIRE(h.tensors.size() == 3);
+  for (const auto& t : tensors) CHECK(*h.find(t.name) == t);
+
+  auto error = [](const std::string& text, std::uint64_t data = 56) {
+    return error_of<fsdp::checkpoint_error>([&] { st::parse_header(text, data, "the file 'f'"); });
+  };
+  const std::string at = "fsdp: the file 'f': ";
+  CHECK(error(R"({"a": {"dtype": "F33", "shape": [1], "data_offsets": [0, 4]}})") ==
+        at + "tensor 'a': dtype is 'F33', which is not a safetensors dtype");
+  CHECK(error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})") ==
+        at + "tensor 'a' holds 4 bytes, but 2 elements of F32 take 8");
+  CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})") ==
+        at + "the document has tensors that overlap in the data at byte 2");
+  CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4]}})") ==
+        at + "tensor 'a': data_offsets must hold two numbers, [begin, end]");
+  CHECK(error(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})") ==
+        at + "tensor 'a': shape[0] must be in [0, 281474976710656], got -1");
+  CHECK(error(R"({"__metadata__": {"k": 1}})") == at + "__metadata__.k must be a string");
+  CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 2) ==
+        at + "tensor 'a': data_offsets are [0, 4], which is not a range of the 2 bytes of data");
+}
