@@ -13,7 +13,9 @@
 //               each applies the per-element code every backend shares (kernels/elementwise.hpp,
 //               optim/detail/update.hpp)
 //
-// Optional hooks, detected where they are used and not required here: reserve(bytes) (Model::reserve_memory),
+// Optional hooks, detected where they are used and not required here: host_addressable (a static constexpr bool:
+// the buffers are host memory, which checkpoint saves write from without a staging copy), reserve(bytes)
+// (Model::reserve_memory),
 // timing marks (trace::TimingMarks, fsdp/observe/stamp.hpp: the trace times stream events with them instead of
 // host callbacks) and profiler ranges (trace::ProfilerRanges, fsdp/observe/ranges.hpp). backend::cuda has all
 // three; backend::host none.

@@ -43,6 +43,9 @@ class host {
  public:
   using stream = host_detail::work_queue;
   static constexpr std::string_view name = "host";
+  /// Its buffers are host memory: code that would stage a copy on the host (checkpoint saves) uses them directly,
+  /// once the streams that write them are synchronized.
+  static constexpr bool host_addressable = true;
 
   /// An owning allocation, accounted to one memory category from allocation to release.
   class buffer {

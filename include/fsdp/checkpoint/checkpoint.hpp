@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -151,18 +152,16 @@ inline std::vector<std::string> verify(const std::string& dir) {
     try {
       const io::file f = io::open_read(path);
       check_size(f, rec);
-      xxh3_stream whole;
       std::vector<char> buf;
       for (std::uint64_t at = 0, b = 0; at < rec.bytes; at += rec.block_bytes, ++b) {
         const std::uint64_t len = std::min(rec.block_bytes, rec.bytes - at);
         buf.resize(static_cast<std::size_t>(len));
         f.read_at(buf.data(), len, at);
-        whole.add(buf.data(), len);
         check_block(path, b, at, buf.data(), len, rec.blocks);
       }
-      if (whole.value() != rec.xxh3)
-        io::fail(detail::cat("'", path, "' does not match its checksum in the manifest (xxh3 ", hex64(whole.value()),
-                             ", expected ", hex64(rec.xxh3), "): the file is corrupted"));
+      if (const std::uint64_t whole = file_checksum(rec.blocks); whole != rec.xxh3)
+        io::fail(detail::cat("the manifest's checksum of '", path, "' (xxh3 ", hex64(rec.xxh3),
+                             ") is not that of its block checksums (", hex64(whole), "): the manifest is corrupted"));
     } catch (const checkpoint_error& e) {
       problems.emplace_back(detail::unprefixed(e));
     }
@@ -185,50 +184,58 @@ inline std::string normalised(std::string dir) {
   return dir;
 }
 
-/// Appends bytes to a new file through a buffer, checksumming every block and the whole file.
+/// Appends bytes to a new file, checksumming every block: small pieces gather in a buffer (written 16 MiB at a
+/// time), whole blocks of a large piece go to the file straight from the caller's memory.
 class block_writer {
  public:
   block_writer(io::file f, std::uint64_t block_bytes, const fault_hook& fault, int rank)
-      : f_(std::move(f)), block_(block_bytes), flush_at_(std::max(block_bytes, std::uint64_t{16} << 20) / block_bytes * block_bytes),
-        fault_(fault), rank_(rank) {}
+      : f_(std::move(f)), block_(block_bytes),
+        flush_at_(std::max(block_bytes, std::uint64_t{16} << 20) / block_bytes * block_bytes), fault_(fault), rank_(rank) {}
 
   void append(const void* data, std::uint64_t n) {
     const char* p = static_cast<const char*>(data);
     while (n > 0) {
-      const std::uint64_t take = std::min(n, flush_at_ - buf_.size());
+      if (buf_.empty() && n >= block_) {
+        const std::uint64_t whole = n / block_ * block_;
+        write_blocks(p, whole);
+        p += whole;
+        n -= whole;
+        continue;
+      }
+      // Fill the buffer; when a large piece follows, only up to the next block boundary, then write it.
+      const std::uint64_t cap = n >= block_ ? (buf_.size() / block_ + 1) * block_ : flush_at_;
+      const std::uint64_t take = std::min(n, cap - buf_.size());
       buf_.insert(buf_.end(), p, p + take);
       p += take;
       n -= take;
-      if (buf_.size() == flush_at_) flush(false);
+      if (buf_.size() == cap) {
+        write_blocks(buf_.data(), buf_.size());
+        buf_.clear();
+      }
     }
   }
-  /// Writes what is left, flushes the file to storage and closes it; returns its size and checksums.
+  /// Writes what is left, flushes the file to storage and closes it; fills in its size and checksums (the
+  /// whole file's: XXH3 of its blocks' checksums, 8 little-endian bytes each).
   void finish(file_record& rec) {
-    flush(true);
+    write_blocks(buf_.data(), buf_.size());
+    buf_.clear();
     if (fault_) fault_({rank_, "fsync", f_.path()});
     f_.sync();
     f_.close();
     rec.bytes = written_;
-    rec.xxh3 = whole_.value();
+    rec.xxh3 = file_checksum(blocks_);
     rec.block_bytes = block_;
     rec.blocks = std::move(blocks_);
   }
 
  private:
-  void flush(bool last) {
-    const std::uint64_t n = buf_.size();
-    for (std::uint64_t at = 0; at < n; at += block_) {
-      const std::uint64_t len = std::min(block_, n - at);
-      blocks_.push_back(xxh3(buf_.data() + at, len));
-    }
-    whole_.add(buf_.data(), n);
-    if (n > 0) {
-      if (fault_) fault_({rank_, "write", f_.path()});
-      f_.write_at(buf_.data(), n, written_);
-    }
+  /// `n` bytes at the file's end: whole blocks (the last block of the file may be shorter).
+  void write_blocks(const char* p, std::uint64_t n) {
+    if (n == 0) return;
+    for (std::uint64_t at = 0; at < n; at += block_) blocks_.push_back(xxh3(p + at, std::min(block_, n - at)));
+    if (fault_) fault_({rank_, "write", f_.path()});
+    f_.write_at(p, n, written_);
     written_ += n;
-    buf_.clear();
-    (void)last;
   }
 
   io::file f_;
@@ -237,7 +244,6 @@ class block_writer {
   int rank_;
   std::vector<char> buf_;
   std::uint64_t written_ = 0;
-  xxh3_stream whole_;
   std::vector<std::uint64_t> blocks_;
 };
 
@@ -304,6 +310,10 @@ std::vector<std::string> kinds_of(const O* opt) {
   return k;
 }
 
+/// Whether backend B's buffers are host memory (B::host_addressable, see fsdp/backend/concept.hpp).
+template <class B>
+inline constexpr bool host_addressable = requires { requires B::host_addressable; };
+
 /// Backend memory of kind k of unit u: the master shard, or optimizer state k - 1.
 template <class M, class O>
 float* buffer_of(M& m, O* opt, std::size_t u, std::size_t k) {
@@ -325,19 +335,31 @@ file_record write_shard_file(M& m, const O* opt, const std::string& partial, con
   const std::vector<std::string> kinds = kinds_of(opt);
   auto& be = m.backend();
   auto& cs = be.compute_stream();
-  std::vector<float> host;
+  // Backend memory the host can read is written from directly (the caller synchronized the model); otherwise each
+  // buffer is downloaded into host staging first (the download writes every element: no zeroing).
+  constexpr bool direct = host_addressable<typename M::backend_type>;
+  std::unique_ptr<float[]> host;
+  std::int64_t held = 0;
   std::uint64_t offset = 0;
   for (std::size_t u = 0; u < m.size(); ++u) {
     const std::int64_t n = m.unit(u).layout().shard_numel();
     const std::vector<ShardedTensor> views = m.unit(u).shard_views();
+    if (!direct && n > held) {
+      host.reset();
+      host.reset(new float[static_cast<std::size_t>(n)]);
+      held = n;
+    }
     for (std::size_t k = 0; k < kinds.size(); ++k) {
-      host.assign(static_cast<std::size_t>(n), 0.0f);
-      be.download(host.data(), buffer_of(m, const_cast<O*>(opt), u, k), n * std::int64_t{sizeof(float)}, cs);
-      be.synchronize(cs);
+      const float* src = buffer_of(m, const_cast<O*>(opt), u, k);
+      if constexpr (!direct) {
+        be.download(host.get(), src, n * std::int64_t{sizeof(float)}, cs);
+        be.synchronize(cs);
+        src = host.get();
+      }
       for (const ShardedTensor& v : views) {
         if (v.empty()) continue;
         const std::uint64_t bytes = static_cast<std::uint64_t>(v.local_numel()) * sizeof(float);
-        w.append(host.data() + v.shard_offset, bytes);
+        w.append(src + v.shard_offset, bytes);
         rec.pieces.push_back({v.name, kinds[k], v.begin, v.end, offset});
         offset += bytes;
       }
@@ -481,8 +503,11 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
 
 /// Every rank's elements of every kind, read from the checkpoint into host staging (per unit, per kind: the
 /// shard's shard_numel values, padding zero).
+/// Per unit, per kind: shard_numel fp32 values.
+using staging_shards = std::vector<std::vector<std::unique_ptr<float[]>>>;
+
 template <class M, class O>
-std::vector<std::vector<std::vector<float>>> read_shards(M& m, const O* opt, const std::string& dir, const manifest& man) {
+staging_shards read_shards(M& m, const O* opt, const std::string& dir, const manifest& man) {
   const std::vector<std::string> kinds = kinds_of(opt);
   // The checkpoint's pieces by (tensor, kind), sorted: where each element range lies.
   std::map<std::pair<std::string, std::string>, std::vector<extent>, std::less<>> where;
@@ -491,23 +516,29 @@ std::vector<std::vector<std::vector<float>>> read_shards(M& m, const O* opt, con
   for (auto& [key, ex] : where)
     std::sort(ex.begin(), ex.end(), [](const extent& a, const extent& b) { return a.begin < b.begin; });
 
-  std::vector<std::vector<std::vector<float>>> staging(m.size());
+  staging_shards staging(m.size());
   std::vector<std::vector<read_op>> per_file(man.files.size());
   for (std::size_t u = 0; u < m.size(); ++u) {
     const std::size_t n = static_cast<std::size_t>(m.unit(u).layout().shard_numel());
+    const std::vector<ShardedTensor> views = m.unit(u).shard_views();
     staging[u].resize(kinds.size());
     for (std::size_t k = 0; k < kinds.size(); ++k) {
       try {
-        staging[u][k].assign(n, 0.0f);
+        staging[u][k].reset(new float[n]);  // the reads fill the pieces; the rest is zeroed below
       } catch (const std::bad_alloc&) {
         throw memory_error(detail::cat("could not allocate ", n * sizeof(float), " bytes of host staging for unit '",
                                        m.unit(u).name(), "' (", kinds[k], ")"));
       }
-      for (const ShardedTensor& v : m.unit(u).shard_views()) {
+      float* shard = staging[u][k].get();
+      std::int64_t covered = 0;  // views are in layout order: zero the gaps between them and the tail
+      for (const ShardedTensor& v : views) {
         if (v.empty()) continue;
+        std::fill(shard + covered, shard + v.shard_offset, 0.0f);
+        covered = v.shard_offset + v.local_numel();
         plan_reads(where.at({v.name, kinds[k]}), v.begin, v.end, sizeof(float),
-                   reinterpret_cast<char*>(staging[u][k].data() + v.shard_offset), per_file);
+                   reinterpret_cast<char*>(shard + v.shard_offset), per_file);
       }
+      std::fill(shard + covered, shard + n, 0.0f);
     }
   }
   for (std::size_t f = 0; f < man.files.size(); ++f) {
@@ -572,7 +603,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
                            "Every rank must call checkpoint::load with the same directory");
   m.synchronize();
   manifest man;
-  std::vector<std::vector<std::vector<float>>> staging;
+  staging_shards staging;
   const std::optional<std::string> mine = outcome([&] {
     man = read_manifest(dir);
     check_fits(m, opt, man, lo, dir);
@@ -584,8 +615,8 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)
       for (std::size_t k = 0; k < staging[u].size(); ++k)
-        be.upload(buffer_of(m, opt, u, k), staging[u][k].data(),
-                  static_cast<std::int64_t>(staging[u][k].size() * sizeof(float)), be.compute_stream());
+        be.upload(buffer_of(m, opt, u, k), staging[u][k].get(),
+                  m.unit(u).layout().shard_numel() * std::int64_t{sizeof(float)}, be.compute_stream());
     be.synchronize(be.compute_stream());  // the staging goes when this function returns
   });
   if (opt) {

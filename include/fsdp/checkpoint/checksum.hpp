@@ -1,12 +1,14 @@
 #pragma once
 // Checksums of checkpoint files: XXH3 (64 bits) from the xxHash library (Debian's libxxhash-dev, used header-only
 // through XXH_INLINE_ALL, so nothing is linked and a user's own xxhash.h does not collide). A checkpoint file has
-// one checksum over the whole file and one per block of block_bytes, so that a rank reading a byte range verifies
-// the blocks it reads and never needs the whole file. Written as 16 lowercase hexadecimal digits.
+// one checksum per block of block_bytes, so that a rank reading a byte range verifies the blocks it reads and never
+// needs the whole file, and one for the whole file: XXH3 of the block checksums. Written as 16 lowercase
+// hexadecimal digits.
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #ifndef XXH_INLINE_ALL
 #define XXH_INLINE_ALL
@@ -32,6 +34,12 @@ class xxh3_stream {
  private:
   XXH3_state_t state_{};
 };
+
+/// A file's checksum: XXH3 of its blocks' checksums (8 bytes each, little-endian), so that writing and checking
+/// it costs no second pass over the data.
+inline std::uint64_t file_checksum(const std::vector<std::uint64_t>& blocks) noexcept {
+  return xxh3(blocks.data(), blocks.size() * sizeof(std::uint64_t));
+}
 
 inline std::string hex64(std::uint64_t v) {
   static constexpr char digits[] = "0123456789abcdef";

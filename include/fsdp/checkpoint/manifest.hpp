@@ -9,7 +9,7 @@
 //   metadata             the user's {"key": "value"} strings
 //   world, mesh, strategy, compute_dtype    how the saving run was laid out (informative: a load reshards)
 //   tensors              every stored parameter in spec order: {"name", "dtype": "F32", "shape"}; ties: {alias: target}
-//   files                one per writing rank: {"name", "rank", "bytes", "xxh3", "block_bytes", "blocks": [xxh3 of
+//   files                one per writing rank: {"name", "rank", "bytes", "xxh3" (of the block checksums), "block_bytes", "blocks": [xxh3 of
 //                        each block], "pieces": [{"tensor", "kind", "begin", "end", "offset"}]}: elements
 //                        [begin, end) of the tensor's `kind` ("param", or an optimizer state's name) as raw
 //                        little-endian fp32 at byte `offset` of the file

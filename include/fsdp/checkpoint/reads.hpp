@@ -72,17 +72,32 @@ inline void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector
   chunk_bytes = std::max(chunk_bytes / align * align, align);
   std::vector<char> buf;
   auto run = [&](std::uint64_t lo, std::uint64_t hi, std::size_t first, std::size_t last) {  // ops [first, last)
+    std::size_t from = first;  // ops ending before the chunk are done
     for (std::uint64_t at = lo; at < hi; at += chunk_bytes) {
       const std::uint64_t n = std::min(chunk_bytes, hi - at);
-      buf.resize(static_cast<std::size_t>(n));
-      f.read_at(buf.data(), n, at);
+      while (from < last && ops[from].offset + ops[from].bytes <= at) ++from;
+      // A chunk inside one op is read straight into its destination; otherwise through the buffer.
+      const char* data = nullptr;
+      std::size_t direct = last;
+      for (std::size_t i = from; i < last && ops[i].offset <= at; ++i)
+        if (ops[i].offset + ops[i].bytes >= at + n) direct = i;
+      if (direct < last) {
+        char* d = ops[direct].dest + (at - ops[direct].offset);
+        f.read_at(d, n, at);
+        data = d;
+      } else {
+        buf.resize(static_cast<std::size_t>(n));
+        f.read_at(buf.data(), n, at);
+        data = buf.data();
+      }
       if (check)
         for (std::uint64_t b = at; b < at + n; b += align)
-          check_block(f.path(), b / align, b, buf.data() + (b - at), std::min(align, at + n - b), *check->sums);
-      for (std::size_t i = first; i < last; ++i) {
+          check_block(f.path(), b / align, b, data + (b - at), std::min(align, at + n - b), *check->sums);
+      for (std::size_t i = from; i < last && ops[i].offset < at + n; ++i) {
+        if (i == direct) continue;
         const read_op& o = ops[i];
         const std::uint64_t s = std::max(o.offset, at), e = std::min(o.offset + o.bytes, at + n);
-        if (s < e) std::memcpy(o.dest + (s - o.offset), buf.data() + (s - at), static_cast<std::size_t>(e - s));
+        if (s < e) std::memcpy(o.dest + (s - o.offset), data + (s - at), static_cast<std::size_t>(e - s));
       }
     }
   };
