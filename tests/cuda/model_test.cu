@@ -9,6 +9,8 @@
 //   - gradient inspection on the GPU (CUB squared norms, one all-reduce): the same parameters, a norm within
 //     1e-5 of the host's (CUB sums in another order), and an inf uploaded into one rank's shard skipped by all;
 //   - comm::nccl at world size 1 (RANK/WORLD_SIZE/LOCAL_RANK set in-process) against the host at world 1;
+//   - checkpoints (where nlohmann-json and xxhash.h are found): a resume at 4 ranks on one GPU equals a run without
+//     a stop, and the files load on 2 host ranks, bit for bit;
 //   - comm::local at 1, 2, 3, 4 and 5 ranks (uneven shards), every sharding strategy and prefetch policy;
 //   - on a real GPU only: the pool does not grow after the first step, for units larger than its 2 MiB
 //     granularity (device memory bounded by the plan; the host's model of the pool, tests/model/
@@ -31,6 +33,10 @@ extern "C" int (*InitializeInjectionNvtx2_fnptr)(const void* (*get_export_table)
 #include <nvtx3/nvToolsExt.h>
 
 #include <fsdp/fsdp.cuh>
+#if __has_include(<nlohmann/json.hpp>) && __has_include(<xxhash.h>)  // the GPU machine has no nlohmann-json
+#define FSDP_TEST_CHECKPOINTS 1
+#include <fsdp/checkpoint/checkpoint.hpp>
+#endif
 
 #include <bit>
 #include <chrono>
@@ -38,6 +44,7 @@ extern "C" int (*InitializeInjectionNvtx2_fnptr)(const void* (*get_export_table)
 #include <limits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <cstdio>
 #include <mutex>
@@ -134,34 +141,43 @@ struct run_result {
   std::vector<fsdp::grad::report> reports;
 };
 
+/// One optimizer step of `micro_batches` micro-batches: the gradient of every parameter is param * 0.1 *
+/// (rank + 1), written in the compute dtype with the backend's convert kernel on the compute stream.
+template <class M, class O>
+fsdp::grad::report train_step(M& model, O& opt, int micro_batches) {
+  const fsdp::dtype t = fsdp::dtype_of_v<typename M::compute_type>;
+  auto& be = model.backend();
+  const float scale = 0.1f * float(model.comm().rank() + 1);
+  opt.zero_grad();
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    for (auto& u : model.forward()) (void)u;
+    std::size_t l = 3;
+    for (auto& u : model.backward()) {
+      --l;
+      for (const char* suffix : {".w", ".b"}) {
+        const std::string name = "layers." + std::to_string(l) + suffix;
+        auto p = u.param(name);
+        be.convert(u.grad(name).data(), t, p.data(), t, p.numel(), scale, be.compute_stream());
+      }
+    }
+  }
+  const fsdp::grad::report r = opt.step();
+  model.synchronize();
+  return r;
+}
+
 /// Trains `steps` steps of `opt.accumulation.micro_batches` micro-batches: the gradient of every parameter is
 /// param * 0.1 * (rank + 1), written in the compute dtype with the backend's convert kernel on the compute stream.
 template <class Policy>
 run_result train(typename Policy::communicator& comm, bool adam, int steps = 4, fsdp::model_options mo = {},
                  fsdp::grad::options g = {}) {
-  const fsdp::dtype t = fsdp::dtype_of_v<typename Policy::precision::compute_type>;
   fsdp::Model<Policy> model(comm, spec(), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{0.5f, 3}, mo);
   auto body = [&](auto& opt) {
     run_result r;
     r.planned = model.plan_memory(opt).peak;
     auto& be = model.backend();
-    const float scale = 0.1f * float(comm.rank() + 1);
     for (int step = 0; step < steps; ++step) {
-      opt.zero_grad();
-      for (int mb = 0; mb < mo.accumulation.micro_batches; ++mb) {
-        for (auto& u : model.forward()) (void)u;
-        std::size_t l = 3;
-        for (auto& u : model.backward()) {
-          --l;
-          for (const char* suffix : {".w", ".b"}) {
-            const std::string name = "layers." + std::to_string(l) + suffix;
-            auto p = u.param(name);
-            be.convert(u.grad(name).data(), t, p.data(), t, p.numel(), scale, be.compute_stream());
-          }
-        }
-      }
-      r.reports.push_back(opt.step());
-      model.synchronize();
+      r.reports.push_back(train_step(model, opt, mo.accumulation.micro_batches));
       if (step == 0) r.pool_after_first = pool_bytes(be);
       r.pool_after_last = pool_bytes(be);
     }
@@ -357,6 +373,62 @@ TEST_CASE("comm::local on one GPU: an inf uploaded into one rank's gradient shar
     CHECK(reports[r].nonfinite->unit_name == "layers.1");
   }
 }
+
+#if FSDP_TEST_CHECKPOINTS
+TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equals 4 steps without a stop; the "
+          "files load on 2 host ranks, bit for bit") {
+  FSDP_REQUIRE_GPU();
+  using gpu = gpu_policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
+  std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/cuda-ckpt-XXXXXX";
+  REQUIRE(mkdtemp(dir.data()) != nullptr);
+  const fsdp::wrap::by_prefix units{"layers."};
+  const fsdp::init::normal init{0.5f, 3};
+  fsdp::comm::local_cuda_options lo;
+  lo.timeout = std::chrono::milliseconds(10000);
+  std::mutex mu;
+  params_t straight, resumed, saved, on_host;
+  fsdp::comm::run_local_cuda(4, [&](fsdp::comm::local_cuda_communicator& c) {
+    params_t a, b, s;
+    {
+      fsdp::Model<gpu> m(c, spec(), units, init);
+      fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.1f});
+      for (int step = 0; step < 4; ++step) train_step(m, opt, 1);
+      a = m.gather_full_params();
+    }
+    {
+      fsdp::Model<gpu> m(c, spec(), units, init);
+      fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.1f});
+      for (int step = 0; step < 2; ++step) train_step(m, opt, 1);
+      fsdp::checkpoint::save(m, opt, dir + "/step-2");
+      s = m.gather_full_params();
+    }
+    {
+      fsdp::Model<gpu> m(c, spec(), units, fsdp::init::normal{0.5f, 99});
+      fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.1f});
+      fsdp::checkpoint::load(m, opt, dir + "/step-2");
+      CHECK(opt.steps() == 2);
+      for (int step = 0; step < 2; ++step) train_step(m, opt, 1);
+      b = m.gather_full_params();
+    }
+    std::lock_guard lk(mu);
+    if (c.rank() == 0) {
+      straight = std::move(a);
+      resumed = std::move(b);
+      saved = std::move(s);
+    }
+  }, lo);
+  check_same(resumed, straight);
+  fsdp::comm::run_local(2, [&](fsdp::comm::local_communicator& c) {
+    fsdp::Model<host_policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> m(c, spec(), units, init);
+    fsdp::checkpoint::load(m, dir + "/step-2");
+    const params_t p = m.gather_full_params();
+    std::lock_guard lk(mu);
+    if (c.rank() == 0) on_host = p;
+  });
+  check_same(on_host, saved);
+  std::filesystem::remove_all(dir);
+}
+#endif
 
 TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run bit for bit") {
   FSDP_REQUIRE_GPU();
