@@ -62,9 +62,11 @@ inline void check_block(const std::string& path, std::uint64_t index, std::uint6
 }
 
 /// Performs `ops` on the open file `f` of `file_bytes` bytes (its size was checked). Reads merge ranges less than
-/// `gap` bytes apart; with `check`, they grow to whole blocks, each verified against its checksum.
+/// `gap` bytes apart; with `check`, they grow to whole blocks, each verified against its checksum. A read is at most
+/// `chunk_bytes` (4 MiB: a chunk is checksummed while it is still in the CPU's cache, which made loads twice as
+/// fast as 64 MiB chunks on the development machine).
 inline void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector<read_op> ops,
-                        const block_sums* check = nullptr, std::uint64_t chunk_bytes = std::uint64_t{64} << 20,
+                        const block_sums* check = nullptr, std::uint64_t chunk_bytes = std::uint64_t{4} << 20,
                         std::uint64_t gap = std::uint64_t{1} << 20) {
   if (ops.empty()) return;
   std::sort(ops.begin(), ops.end(), [](const read_op& a, const read_op& b) { return a.offset < b.offset; });
