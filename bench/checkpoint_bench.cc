@@ -12,7 +12,8 @@
 //                file's size, as a loader whose bytes must all land in memory does (a first touch of every page).
 // save = checkpoint::save (download, checksums, write, fsync, manifest, rename); load = checkpoint::load at W
 // ranks (the same layout) and at W / 2 ranks (resharding), every block's checksum verified. Each figure is the
-// median of R repeats (default 5; the plain write and the save alternate which goes first). Goal: save and load at >= 0.8 of the plain figures. Closes with one JSON line.
+// median of R repeats (default 5; the plain write and the save alternate which goes first). Goal: save and load at >=
+// 0.8 of the plain figures. Closes with one JSON line.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -21,12 +22,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fsdp/checkpoint/checkpoint.hpp>
+#include <fsdp/fsdp.hpp>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <fsdp/checkpoint/checkpoint.hpp>
-#include <fsdp/fsdp.hpp>
 
 namespace {
 using clock_type = std::chrono::steady_clock;
@@ -72,28 +72,16 @@ double plain_write(const std::string& path, std::uint64_t bytes) {
   ::close(fd);
   return seconds_since(t);
 }
-double plain_read(const std::string& path, std::uint64_t bytes) {
+/// Reads the file back cold: into one reused 8 MiB buffer, or (`keep`) into one buffer of the file's size, as a
+/// loader whose bytes must all land in memory does (a first touch of every page).
+double plain_read(const std::string& path, std::uint64_t bytes, bool keep) {
   evict(path);
-  std::vector<char> buf(std::size_t{8} << 20);
+  constexpr std::uint64_t call = std::uint64_t{8} << 20;
   const auto t = clock_type::now();
+  std::unique_ptr<char[]> buf(new char[keep ? bytes : call]);
   const int fd = ::open(path.c_str(), O_RDONLY);
   for (std::uint64_t done = 0; done < bytes;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n <= 0) std::abort();
-    done += static_cast<std::uint64_t>(n);
-  }
-  ::close(fd);
-  return seconds_since(t);
-}
-
-/// A plain read that keeps every byte: into one buffer of the file's size (what any loader's memory must take).
-double plain_read_whole(const std::string& path, std::uint64_t bytes) {
-  evict(path);
-  const auto t = clock_type::now();
-  std::unique_ptr<char[]> buf(new char[bytes]);
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  for (std::uint64_t done = 0; done < bytes;) {
-    const ssize_t n = ::read(fd, buf.get() + done, static_cast<std::size_t>(std::min<std::uint64_t>(bytes - done, 8 << 20)));
+    const ssize_t n = ::read(fd, buf.get() + (keep ? done : 0), static_cast<std::size_t>(std::min(call, bytes - done)));
     if (n <= 0) std::abort();
     done += static_cast<std::uint64_t>(n);
   }
@@ -137,10 +125,14 @@ int main(int argc, char** argv) {
   std::string root = std::filesystem::temp_directory_path().string();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--mib") mib = std::atoll(argv[i + 1]);
-    else if (a == "--world") world = std::atoi(argv[i + 1]);
-    else if (a == "--dir") root = argv[i + 1];
-    else if (a == "--repeats") repeats = std::atoi(argv[i + 1]);
+    if (a == "--mib")
+      mib = std::atoll(argv[i + 1]);
+    else if (a == "--world")
+      world = std::atoi(argv[i + 1]);
+    else if (a == "--dir")
+      root = argv[i + 1];
+    else if (a == "--repeats")
+      repeats = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: %s [--mib N] [--world W] [--dir D] [--repeats R]\n", argv[0]);
       return 2;
@@ -151,9 +143,10 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   const std::uint64_t bytes = static_cast<std::uint64_t>(mib) * (1 << 20) * 3;  // params + exp_avg + exp_avg_sq
   const double gb = static_cast<double>(bytes) / 1e9;
-  std::printf("checkpoint_bench: %lld MiB of fp32 parameters in %d units, AdamW: %.3f GB per checkpoint; %d thread "
-              "ranks; %s; median of %d\n",
-              static_cast<long long>(mib), kUnits, gb, world, dir.c_str(), repeats);
+  std::printf(
+      "checkpoint_bench: %lld MiB of fp32 parameters in %d units, AdamW: %.3f GB per checkpoint; %d thread "
+      "ranks; %s; median of %d\n",
+      static_cast<long long>(mib), kUnits, gb, world, dir.c_str(), repeats);
 
   std::vector<double> pw, pr, pk, sv, ld, lr;
   for (int r = 0; r < repeats; ++r) {
@@ -161,8 +154,8 @@ int main(int argc, char** argv) {
     // The order alternates, so that neither side always meets the page cache the other left.
     if (r % 2 == 1) sv.push_back(save_once(world, mib, ck));
     pw.push_back(plain_write(plain, bytes));
-    pr.push_back(plain_read(plain, bytes));
-    pk.push_back(plain_read_whole(plain, bytes));
+    pr.push_back(plain_read(plain, bytes, false));
+    pk.push_back(plain_read(plain, bytes, true));
     std::filesystem::remove(plain);
     if (r % 2 == 0) sv.push_back(save_once(world, mib, ck));
     ld.push_back(load_once(world, mib, ck));
@@ -170,7 +163,8 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(ck);
   }
   const double kept = gb / median(pk);
-  const double w = gb / median(pw), rd = gb / median(pr), s = gb / median(sv), l = gb / median(ld), l2 = gb / median(lr);
+  const double w = gb / median(pw), rd = gb / median(pr), s = gb / median(sv), l = gb / median(ld),
+               l2 = gb / median(lr);
   // Each repeat's own ratios (the save and the plain write ran next to each other): their spread says how much the
   // file system's speed moved during the run.
   std::vector<double> rs, rl;
@@ -195,10 +189,11 @@ int main(int argc, char** argv) {
   std::printf("%-44s %9.3f %9.2f %9.2f\n",
               ("checkpoint::load at " + std::to_string(std::max(1, world / 2)) + " ranks (resharding)").c_str(), l2,
               l2 / rd, l2 / kept);
-  std::printf("{\"bench\":\"checkpoint\",\"bytes\":%llu,\"world\":%d,\"plain_write_gbps\":%.4f,\"save_gbps\":%.4f,"
-              "\"plain_read_gbps\":%.4f,\"plain_read_kept_gbps\":%.4f,\"load_gbps\":%.4f,\"load_reshard_gbps\":%.4f,\"save_ratio_median\":%.3f,"
-              "\"load_ratio_median\":%.3f}\n",
-              static_cast<unsigned long long>(bytes), world, w, s, rd, kept, l, l2, median(rs), median(rl));
+  std::printf(
+      "{\"bench\":\"checkpoint\",\"bytes\":%llu,\"world\":%d,\"plain_write_gbps\":%.4f,"
+      "\"save_gbps\":%.4f,\"plain_read_gbps\":%.4f,\"plain_read_kept_gbps\":%.4f,\"load_gbps\":%.4f,"
+      "\"load_reshard_gbps\":%.4f,\"save_ratio_median\":%.3f,\"load_ratio_median\":%.3f}\n",
+      static_cast<unsigned long long>(bytes), world, w, s, rd, kept, l, l2, median(rs), median(rl));
   std::filesystem::remove_all(dir);
   return 0;
 }

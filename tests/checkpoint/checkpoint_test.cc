@@ -9,10 +9,9 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fsdp/checkpoint/checkpoint.hpp>
 #include <fstream>
 #include <mutex>
-
-#include <fsdp/checkpoint/checkpoint.hpp>
 
 #include "examples/01_mlp_host/mlp.hpp"
 #include "tests/support/support.hpp"
@@ -28,19 +27,6 @@ using full_shard = fsdp::policy<fsdp::sharding::full_shard>;
 using grad_op = fsdp::policy<fsdp::sharding::shard_grad_op>;
 using no_shard = fsdp::policy<fsdp::sharding::no_shard>;
 using hybrid2 = fsdp::policy<fsdp::sharding::hybrid_shard<2>>;
-
-/// A fresh directory for one test case, removed when it ends.
-struct scratch {
-  std::string root;
-  explicit scratch(const std::string& name) {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    root = std::string(tmp ? tmp : "/tmp") + "/ckpt-" + name;
-    std::filesystem::remove_all(root);
-    std::filesystem::create_directories(root);
-  }
-  ~scratch() { std::filesystem::remove_all(root); }
-  std::string operator/(const std::string& name) const { return root + "/" + name; }
-};
 
 mlp::config small() {
   mlp::config c;
@@ -83,13 +69,15 @@ void collect(M& m, O& opt, full_tensors& out, std::mutex& mu) {
   m.synchronize();
   for (std::size_t u = 0; u < m.size(); ++u) {
     std::vector<float> master(static_cast<std::size_t>(m.unit(u).layout().shard_numel()));
-    be.download(master.data(), m.unit(u).master_shard(), static_cast<std::int64_t>(master.size() * 4), be.compute_stream());
+    be.download(master.data(), m.unit(u).master_shard(), static_cast<std::int64_t>(master.size() * 4),
+                be.compute_stream());
     be.synchronize(be.compute_stream());
     for (const fsdp::ShardedTensor& v : m.unit(u).shard_views()) {
       std::lock_guard lock(mu);
       auto& p = out[{v.name, "param"}];
       p.resize(static_cast<std::size_t>(v.numel), -1.0f);
-      std::copy(master.begin() + v.shard_offset, master.begin() + v.shard_offset + v.local_numel(), p.begin() + v.begin);
+      std::copy(master.begin() + v.shard_offset, master.begin() + v.shard_offset + v.local_numel(),
+                p.begin() + v.begin);
     }
     for (const std::string& s : opt.state_names())
       for (const fsdp::ShardedTensor& v : m.unit(u).shard_views()) {
@@ -108,7 +96,7 @@ void collect(M& m, O& opt, full_tensors& out, std::mutex& mu) {
 }  // namespace
 
 TEST_CASE("a resume equals training without a stop, bit for bit: parameters, optimizer state, step counts") {
-  scratch dir("resume");
+  fsdp_test::scratch_dir dir("ckpt-resume");
   const mlp::config c = small();
   const int world = 4, first = 3, more = 2;
   for (const std::string optimizer : {"adamw", "sgd"}) {
@@ -164,7 +152,7 @@ TEST_CASE("a resume equals training without a stop, bit for bit: parameters, opt
 }
 
 TEST_CASE("a resume under fp16 with a loss scaler restores the scale and its good-step count") {
-  scratch dir("scaler");
+  fsdp_test::scratch_dir dir("ckpt-scaler");
   using fp16 = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::float16>>;
   const int world = 2;
   std::vector<std::vector<std::vector<float>>> straight(world), resumed(world);
@@ -206,9 +194,10 @@ TEST_CASE("a resume under fp16 with a loss scaler restores the scale and its goo
     auto m = mlp::make_model<fp16>(comm, c);
     mlp::with_optimizer(m, c, [&](auto& opt) {
       CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, dir / "ck"); }) ==
-            "fsdp: checkpoint load from '" + dir / "ck" + "' failed (no parameter was modified): ranks 0, 1: checkpoint '" +
-                dir / "ck" + "': it holds a loss scaler's state (scale 2048, 1 good steps); pass load_options::loss_scaler "
-                             "to resume with it");
+            "fsdp: checkpoint load from '" + dir / "ck" +
+                "' failed (no parameter was modified): ranks 0, 1: checkpoint '" + dir / "ck" +
+                "': it holds a loss scaler's state (scale 2048, 1 good steps); pass load_options::loss_scaler "
+                "to resume with it");
       ckpt::load(m, opt, dir / "ck", {.loss_scaler = &s});
       CHECK(s.scale() == 2048.0f);
       CHECK(s.good_steps() == 1);
@@ -270,7 +259,7 @@ void load_and_compare(const std::string& path, const mlp::config& c, int world, 
 }  // namespace
 
 TEST_CASE("a checkpoint saved at world 4 loads at worlds 2, 3 and 1, across strategies and wrappings, bit for bit") {
-  scratch dir("reshard");
+  fsdp_test::scratch_dir dir("ckpt-reshard");
   const mlp::config c = small();
   const fsdp::wrap::by_prefix layers{"layers."};
   const fsdp::wrap::by_function one_unit{[](const fsdp::ParamSpec&) { return std::string("all"); }};
@@ -334,19 +323,12 @@ failed_load load_expecting_failure(const std::string& path) {
   return out;
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << bytes;
-}
 }  // namespace
 
-TEST_CASE("a flipped byte, a truncated or deleted file, a manifest that does not parse: the same error on every "
-          "rank, naming the file, and nothing modified") {
-  scratch dir("corrupt");
+TEST_CASE(
+    "a flipped byte, a truncated or deleted file, a manifest that does not parse: the same error on every "
+    "rank, naming the file, and nothing modified") {
+  fsdp_test::scratch_dir dir("ckpt-corrupt");
   train_and_save(dir / "good", 2, 2);
   const ckpt::manifest man = ckpt::read_manifest(dir / "good");
   REQUIRE(man.files.size() == 2);
@@ -357,15 +339,15 @@ TEST_CASE("a flipped byte, a truncated or deleted file, a manifest that does not
   const std::string failed = "fsdp: checkpoint load from '";
   SUBCASE("a flipped byte") {
     const std::string ck = copy("flipped"), file = ck + "/shard-00001-of-00002.bin";
-    std::string bytes = read_bytes(file);
+    std::string bytes = fsdp_test::read_file_bytes(file);
     bytes[100] = static_cast<char>(bytes[100] ^ 0x10);
-    write_bytes(file, bytes);
+    fsdp_test::write_file_bytes(file, bytes);
     const failed_load f = load_expecting_failure(ck);
-    const std::string expected =
-        failed + ck + "' failed (no parameter was modified): rank 1: '" + file + "': block 0 (bytes [0, " +
-        std::to_string(bytes.size()) + ")) does not match its checksum in the manifest (xxh3 " +
-        ckpt::hex64(ckpt::xxh3(bytes.data(), bytes.size())) + ", expected " + ckpt::hex64(man.files[1].blocks[0]) +
-        "): the file is corrupted";
+    const std::string expected = failed + ck + "' failed (no parameter was modified): rank 1: '" + file +
+                                 "': block 0 (bytes [0, " + std::to_string(bytes.size()) +
+                                 ")) does not match its checksum in the manifest (xxh3 " +
+                                 ckpt::hex64(ckpt::xxh3(bytes.data(), bytes.size())) + ", expected " +
+                                 ckpt::hex64(man.files[1].blocks[0]) + "): the file is corrupted";
     CHECK(f.messages[0] == expected);
     CHECK(f.messages[1] == expected);
     CHECK(f.untouched);
@@ -392,8 +374,8 @@ TEST_CASE("a flipped byte, a truncated or deleted file, a manifest that does not
   }
   SUBCASE("a manifest that does not parse, and a missing one") {
     const std::string ck = copy("garbled");
-    std::string text = read_bytes(ck + "/manifest.json");
-    write_bytes(ck + "/manifest.json", text.substr(0, text.size() / 2));
+    std::string text = fsdp_test::read_file_bytes(ck + "/manifest.json");
+    fsdp_test::write_file_bytes(ck + "/manifest.json", text.substr(0, text.size() / 2));
     failed_load f = load_expecting_failure(ck);
     std::string expected = failed + ck + "' failed (no parameter was modified): ranks 0, 1: the manifest '" + ck +
                            "/manifest.json': the document does not parse as JSON";
@@ -407,7 +389,7 @@ TEST_CASE("a flipped byte, a truncated or deleted file, a manifest that does not
 }
 
 TEST_CASE("a checkpoint that does not fit the model: a missing, unexpected or reshaped tensor, another optimizer") {
-  scratch dir("mismatch");
+  fsdp_test::scratch_dir dir("ckpt-mismatch");
   train_and_save(dir / "ck", 2, 1);
   const mlp::config c = small();
   auto load_into = [&](const fsdp::ModelSpec& spec, auto make_opt) {
@@ -421,8 +403,10 @@ TEST_CASE("a checkpoint that does not fit the model: a missing, unexpected or re
     return out[0];
   };
   auto adamw = [](auto& m) { return fsdp::optim::adamw(m, {}); };
-  const std::string prefix = "fsdp: checkpoint load from '" + dir / "ck" + "' failed (no parameter was modified): "
-                             "ranks 0, 1: checkpoint '" + dir / "ck" + "': ";
+  const std::string prefix = "fsdp: checkpoint load from '" + dir / "ck" +
+                             "' failed (no parameter was modified): "
+                             "ranks 0, 1: checkpoint '" +
+                             dir / "ck" + "': ";
   fsdp::ModelSpec more = mlp::make_spec(c);
   more.add("layers.3.w", {2, 6});
   CHECK(load_into(more, adamw) == prefix + "the model's parameter 'layers.3.w' [2, 6] is not in the checkpoint");
@@ -430,16 +414,20 @@ TEST_CASE("a checkpoint that does not fit the model: a missing, unexpected or re
   fsdp::ModelSpec fewer;
   for (const auto& p : spec.params())
     if (p.name != "layers.2.b") fewer.add(p.name, p.shape);
-  CHECK(load_into(fewer, adamw) == prefix + "the checkpoint holds tensor 'layers.2.b' [6], which the model does not have");
+  CHECK(load_into(fewer, adamw) ==
+        prefix + "the checkpoint holds tensor 'layers.2.b' [6], which the model does not have");
   fsdp::ModelSpec reshaped;
-  for (const auto& p : spec.params()) reshaped.add(p.name, p.name == "layers.1.w" ? std::vector<std::int64_t>{40, 24} : p.shape);
-  CHECK(load_into(reshaped, adamw) == prefix + "parameter 'layers.1.w' is [24, 40] in the checkpoint but [40, 24] in the model");
+  for (const auto& p : spec.params())
+    reshaped.add(p.name, p.name == "layers.1.w" ? std::vector<std::int64_t>{40, 24} : p.shape);
+  CHECK(load_into(reshaped, adamw) ==
+        prefix + "parameter 'layers.1.w' is [24, 40] in the checkpoint but [40, 24] in the model");
   CHECK(load_into(mlp::make_spec(c), [](auto& m) { return fsdp::optim::sgd(m, {.momentum = 0.9f}); }) ==
-        prefix + "saved by adamw with states [exp_avg, exp_avg_sq]; this optimizer is sgd with states [momentum_buffer]");
+        prefix +
+            "saved by adamw with states [exp_avg, exp_avg_sq]; this optimizer is sgd with states [momentum_buffer]");
 }
 
 TEST_CASE("a write failing on one rank fails the save on every rank; the previous checkpoint still loads") {
-  scratch dir("write-fault");
+  fsdp_test::scratch_dir dir("ckpt-write-fault");
   train_and_save(dir / "step-1", 3, 1);
   ckpt::save_options so;
   so.fault = [](const ckpt::io_event& e) {
@@ -454,8 +442,11 @@ TEST_CASE("a write failing on one rank fails the save on every rank; the previou
     mlp::run_steps(m, opt, c, 0, 2, res);
     messages[comm.rank()] = error_of<fsdp::checkpoint_error>([&] { ckpt::save(m, opt, dir / "step-2", so); });
   });
-  const std::string expected = "fsdp: checkpoint save to '" + dir / "step-2" + "' failed: rank 1: injected: "
-                               "Input/output error; '" + dir / "step-2.partial" + "' was removed; earlier checkpoints "
+  const std::string expected = "fsdp: checkpoint save to '" + dir / "step-2" +
+                               "' failed: rank 1: injected: "
+                               "Input/output error; '" +
+                               dir / "step-2.partial" +
+                               "' was removed; earlier checkpoints "
                                "are untouched";
   CHECK(messages == std::vector<std::string>{expected, expected, expected});
   CHECK(!std::filesystem::exists(dir / "step-2"));
@@ -465,7 +456,7 @@ TEST_CASE("a write failing on one rank fails the save on every rank; the previou
 }
 
 TEST_CASE("a full disk (a file size limit) fails the save on every rank with the system's reason") {
-  scratch dir("full-disk");
+  fsdp_test::scratch_dir dir("ckpt-full-disk");
   train_and_save(dir / "step-1", 2, 1);
   std::vector<std::string> messages(2);
   const mlp::config c = small();
@@ -505,14 +496,15 @@ TEST_CASE("a full disk (a file size limit) fails the save on every rank with the
            dir / "step-2.partial/" + man.files[r].name + "' at byte 0: File too large";
   };
   const std::string expected = "fsdp: checkpoint save to '" + dir / "step-2" + "' failed: " + failure(0) + "; " +
-                               failure(1) + "; '" + dir / "step-2.partial" + "' was removed; earlier checkpoints are "
+                               failure(1) + "; '" + dir / "step-2.partial" +
+                               "' was removed; earlier checkpoints are "
                                "untouched";
   CHECK(messages == std::vector<std::string>{expected, expected});
   CHECK(ckpt::latest(dir.root) == dir / "step-1");
 }
 
 TEST_CASE("a process killed mid-save leaves the previous checkpoint loadable and a partial save that is ignored") {
-  scratch dir("killed");
+  fsdp_test::scratch_dir dir("ckpt-killed");
   train_and_save(dir / "step-1", 2, 1);
   for (const std::string_view at : {"write", "rename"}) {
     CAPTURE(at);
@@ -554,7 +546,7 @@ TEST_CASE("a process killed mid-save leaves the previous checkpoint loadable and
 }
 
 TEST_CASE("misuse: an existing directory, ranks naming different directories, a save between backward and step") {
-  scratch dir("misuse");
+  fsdp_test::scratch_dir dir("ckpt-misuse");
   train_and_save(dir / "ck", 2, 1);
   const mlp::config c = small();
   std::vector<std::string> exists(2), disagree(2), early(2);
@@ -573,11 +565,13 @@ TEST_CASE("misuse: an existing directory, ranks naming different directories, a 
                                  "remove it first";
   CHECK(exists == std::vector<std::string>{exists_msg, exists_msg});
   const std::string disagree_msg = "fsdp: ranks disagree on a checkpoint save: checkpoint::save: directory is " +
-                                   dir / "ck-0" + " on rank 0 but " + dir / "ck-1" + " on rank 1. Every rank must "
+                                   dir / "ck-0" + " on rank 0 but " + dir / "ck-1" +
+                                   " on rank 1. Every rank must "
                                    "call checkpoint::save with the same directory, after the same step";
   CHECK(disagree == std::vector<std::string>{disagree_msg, disagree_msg});
-  const std::string early_msg = "fsdp: a checkpoint save between a backward pass and its optimizer step: unit "
-                                "'layers.0' (index 0) has a gradient reduced since the last step, which a checkpoint "
-                                "save does not keep; run the optimizer step (and zero_grad()) first";
+  const std::string early_msg =
+      "fsdp: a checkpoint save between a backward pass and its optimizer step: unit "
+      "'layers.0' (index 0) has a gradient reduced since the last step, which a checkpoint "
+      "save does not keep; run the optimizer step (and zero_grad()) first";
   CHECK(early == std::vector<std::string>{early_msg, early_msg});
 }

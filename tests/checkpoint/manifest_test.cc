@@ -78,8 +78,7 @@ TEST_CASE("every malformed field of a manifest is named") {
         at + "format must be \"fsdp-checkpoint\" (this is not a checkpoint manifest of this library)");
   CHECK(error_after([](json& j) { j["version"] = 2; }) == at + "version is 2; this library reads version 1");
   CHECK(error_after([](json& j) { j.erase("step"); }) == at + "the document has no member 'step'");
-  CHECK(error_after([](json& j) { j["step"] = -1; }) ==
-        at + "step must be in [0, 9223372036854775807], got -1");
+  CHECK(error_after([](json& j) { j["step"] = -1; }) == at + "step must be in [0, 9223372036854775807], got -1");
   CHECK(error_after([](json& j) { j["mesh"]["shards"] = 3; }) == at + "mesh is 1 x 3, which is not the world of 2");
   CHECK(error_after([](json& j) { j["loss_scaler"]["scale"] = 0.1; }) ==
         at + "loss_scaler.scale must be a finite fp32 value > 0, got 0.1");
@@ -89,10 +88,12 @@ TEST_CASE("every malformed field of a manifest is named") {
         at + "tensors[0].shape[1] must be in [1, 281474976710656], got 0");
   CHECK(error_after([](json& j) { j["tensors"][1]["dtype"] = "BF16"; }) ==
         at + "tensors[1].dtype must be \"F32\" (checkpoints hold fp32 master values)");
-  CHECK(error_after([](json& j) { j["ties"]["head"] = "nothing"; }) == at + "ties.head names 'nothing', which is not a tensor");
+  CHECK(error_after([](json& j) { j["ties"]["head"] = "nothing"; }) ==
+        at + "ties.head names 'nothing', which is not a tensor");
   CHECK(error_after([](json& j) { j["files"][1]["name"] = "../escape.bin"; }) ==
         at + "files[1].name must be a plain file name in the checkpoint directory");
-  CHECK(error_after([](json& j) { j["files"][0]["xxh3"] = "12"; }) == at + "files[0].xxh3 must be 16 lowercase hexadecimal digits");
+  CHECK(error_after([](json& j) { j["files"][0]["xxh3"] = "12"; }) ==
+        at + "files[0].xxh3 must be 16 lowercase hexadecimal digits");
   CHECK(error_after([](json& j) { j["files"][0]["blocks"].push_back("0000000000000000"); }) ==
         at + "files[0].blocks has 2 checksums; a file of 96 bytes in blocks of 4096 has 1");
   CHECK(error_after([](json& j) { j["files"][0]["pieces"][0]["end"] = 13; }) ==
@@ -108,12 +109,12 @@ TEST_CASE("every malformed field of a manifest is named") {
   CHECK(error_after([](json& j) {  // emb [7, 11) instead of [8, 12): as long, one element twice
           j["files"][1]["pieces"][0]["begin"] = 7;
           j["files"][1]["pieces"][0]["end"] = 11;
-        }) ==
-        at + "files overlap on elements [7, 8) of tensor 'emb' (param)");
+        }) == at + "files overlap on elements [7, 8) of tensor 'emb' (param)");
 }
 
 TEST_CASE("a safetensors header: what make_header writes parses back; every malformed entry is named") {
-  const std::vector<st::tensor_info> tensors = {{"emb", "F32", {3, 4}, 0, 48}, {"b", "BF16", {4}, 48, 56}, {"e", "F16", {0}, 56, 56}};
+  const std::vector<st::tensor_info> tensors = {
+      {"emb", "F32", {3, 4}, 0, 48}, {"b", "BF16", {4}, 48, 56}, {"e", "F16", {0}, 56, 56}};
   const std::string file = st::make_header(tensors, {{"format", "pt"}});
   CHECK(file.size() % 8 == 0);
   const std::uint64_t n = st::header_length(file.substr(0, 8), file.size() + 56, "f");
@@ -131,8 +132,10 @@ TEST_CASE("a safetensors header: what make_header writes parses back; every malf
         at + "tensor 'a': dtype is 'F33', which is not a safetensors dtype");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})") ==
         at + "tensor 'a' holds 4 bytes, but 2 elements of F32 take 8");
-  CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})") ==
-        at + "the document has tensors that overlap in the data at byte 2");
+  CHECK(
+      error(
+          R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})") ==
+      at + "the document has tensors that overlap in the data at byte 2");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4]}})") ==
         at + "tensor 'a': data_offsets must hold two numbers, [begin, end]");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})") ==

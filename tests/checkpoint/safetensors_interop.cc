@@ -7,10 +7,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fsdp/checkpoint/safetensors.hpp>
 #include <fstream>
 #include <string>
-
-#include <fsdp/checkpoint/safetensors.hpp>
 
 #include "tests/support/support.hpp"
 

@@ -4,10 +4,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <cstring>
 #include <filesystem>
+#include <fsdp/checkpoint/safetensors.hpp>
 #include <fstream>
 #include <mutex>
-
-#include <fsdp/checkpoint/safetensors.hpp>
 
 #include "tests/support/support.hpp"
 
@@ -21,18 +20,6 @@ namespace {
 
 using full_shard = fsdp::policy<fsdp::sharding::full_shard>;
 using params = std::map<std::string, std::vector<float>>;
-
-struct scratch {
-  std::string root;
-  explicit scratch(const std::string& name) {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    root = std::string(tmp ? tmp : "/tmp") + "/st-" + name;
-    std::filesystem::remove_all(root);
-    std::filesystem::create_directories(root);
-  }
-  ~scratch() { std::filesystem::remove_all(root); }
-  std::string operator/(const std::string& name) const { return root + "/" + name; }
-};
 
 const fsdp::wrap::by_prefix units{"h."};
 
@@ -64,15 +51,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << bytes;
-}
-
 /// A file with the given tensors, all F32 zeros: the header and the data.
 std::string file_with(const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& tensors,
                       const std::string& dtype = "F32") {
@@ -89,9 +67,9 @@ std::string file_with(const std::vector<std::pair<std::string, std::vector<std::
 }  // namespace
 
 TEST_CASE("an exported file holds every stored parameter, in the header the format defines, written by every rank") {
-  scratch dir("export");
+  fsdp_test::scratch_dir dir("st-export");
   const params full = save_model(dir / "m.safetensors", 3, 5, {.metadata = {{"step", "7"}}});
-  const std::string bytes = read_bytes(dir / "m.safetensors");
+  const std::string bytes = fsdp_test::read_file_bytes(dir / "m.safetensors");
   const fsdp::checkpoint::io::file f = fsdp::checkpoint::io::open_read(dir / "m.safetensors");
   std::uint64_t data = 0;
   const st::header h = st::read_header(f, &data);
@@ -113,12 +91,12 @@ TEST_CASE("an exported file holds every stored parameter, in the header the form
 }
 
 TEST_CASE("bf16 and f16 exports round each value once to nearest even") {
-  scratch dir("rounding");
+  fsdp_test::scratch_dir dir("st-rounding");
   for (const fsdp::dtype type : {fsdp::dtype::bf16, fsdp::dtype::f16}) {
     CAPTURE(fsdp::name_of(type));
     const std::string path = dir / (std::string(fsdp::name_of(type)) + ".safetensors");
     const params full = save_model(path, 2, 5, {.type = type});
-    const std::string bytes = read_bytes(path);
+    const std::string bytes = fsdp_test::read_file_bytes(path);
     const fsdp::checkpoint::io::file f = fsdp::checkpoint::io::open_read(path);
     std::uint64_t data = 0;
     const st::header h = st::read_header(f, &data);
@@ -128,8 +106,8 @@ TEST_CASE("bf16 and f16 exports round each value once to nearest even") {
       for (std::size_t i = 0; i < want.size(); ++i) {
         std::uint16_t got;
         std::memcpy(&got, bytes.data() + data + t.begin + 2 * i, 2);
-        const std::uint16_t rounded = type == fsdp::dtype::bf16 ? fsdp::f16::bf16_from_float(want[i])
-                                                                : fsdp::f16::half_from_float(want[i]);
+        const std::uint16_t rounded =
+            type == fsdp::dtype::bf16 ? fsdp::f16::bf16_from_float(want[i]) : fsdp::f16::half_from_float(want[i]);
         REQUIRE(got == rounded);
       }
     }
@@ -137,8 +115,9 @@ TEST_CASE("bf16 and f16 exports round each value once to nearest even") {
     const params back = load_model(path, 3);
     for (const auto& [name, values] : full) {
       for (std::size_t i = 0; i < values.size(); ++i) {
-        const float rounded = type == fsdp::dtype::bf16 ? fsdp::f16::bf16_to_float(fsdp::f16::bf16_from_float(values[i]))
-                                                        : fsdp::f16::half_to_float(fsdp::f16::half_from_float(values[i]));
+        const float rounded = type == fsdp::dtype::bf16
+                                  ? fsdp::f16::bf16_to_float(fsdp::f16::bf16_from_float(values[i]))
+                                  : fsdp::f16::half_to_float(fsdp::f16::half_from_float(values[i]));
         REQUIRE(std::memcmp(&back.at(name)[i], &rounded, 4) == 0);
       }
     }
@@ -146,7 +125,7 @@ TEST_CASE("bf16 and f16 exports round each value once to nearest even") {
 }
 
 TEST_CASE("an import at another world size gives every parameter back bit for bit, names mapped by a function") {
-  scratch dir("import");
+  fsdp_test::scratch_dir dir("st-import");
   const params saved = save_model(dir / "m.safetensors", 3, 5);
   for (const int world : {1, 2, 4}) {
     CAPTURE(world);
@@ -184,14 +163,17 @@ const std::vector<std::pair<std::string, std::vector<std::int64_t>>> stored = {
     {"emb", {37, 5}}, {"h.0.w", {9, 9}}, {"h.0.b", {9}}, {"h.1.w", {3}}, {"h.2.w", {16, 17}}, {"h.3.w", {2, 2}}};
 }  // namespace
 
-TEST_CASE("a file that does not fit the model, or is not a safetensors file: the same error on every rank, nothing "
-          "modified") {
-  scratch dir("errors");
+TEST_CASE(
+    "a file that does not fit the model, or is not a safetensors file: the same error on every rank, nothing "
+    "modified") {
+  fsdp_test::scratch_dir dir("st-errors");
   const std::string path = dir / "bad.safetensors";
-  const std::string prefix = "fsdp: safetensors load from '" + path + "' failed (no parameter was modified): ranks 0, "
-                             "1: the safetensors file '" + path + "'";
+  const std::string prefix = "fsdp: safetensors load from '" + path +
+                             "' failed (no parameter was modified): ranks 0, "
+                             "1: the safetensors file '" +
+                             path + "'";
   auto expect = [&](const std::string& bytes, const std::string& message) {
-    write_bytes(path, bytes);
+    fsdp_test::write_file_bytes(path, bytes);
     bool untouched = false;
     const std::vector<std::string> got = failing_load(path, untouched);
     CHECK(got[0] == prefix + message);
@@ -206,13 +188,15 @@ TEST_CASE("a file that does not fit the model, or is not a safetensors file: the
   expect(file_with(without("h.3.w")), " has no tensor 'h.3.w' [2, 2]");
   auto extra = stored;
   extra.push_back({"extra", {3}});
-  expect(file_with(extra), " holds tensor 'extra' [3], which no parameter of the model maps to "
-                           "(load_options::allow_unused ignores it)");
+  expect(file_with(extra),
+         " holds tensor 'extra' [3], which no parameter of the model maps to "
+         "(load_options::allow_unused ignores it)");
   auto reshaped = stored;
   reshaped[3].second = {1, 3};
   expect(file_with(reshaped), ": tensor 'h.1.w' is [1, 3] in the file but [3] in the model");
-  expect(file_with(stored, "I64"), ": tensor 'emb' is I64, which an fp32 master parameter cannot hold exactly (F32, "
-                                   "BF16 and F16 can)");
+  expect(file_with(stored, "I64"),
+         ": tensor 'emb' is I64, which an fp32 master parameter cannot hold exactly (F32, "
+         "BF16 and F16 can)");
   expect("hello", " has 5 bytes: too short for a header");
   std::string huge(8, '\0');
   huge[5] = 1;  // 2^40
@@ -231,11 +215,13 @@ TEST_CASE("a file that does not fit the model, or is not a safetensors file: the
   expect(garbled + "[1, 2]", ": the document must be a JSON object");
   std::string no_file = dir / "absent.safetensors";
   bool untouched = false;
-  const std::string missing = "fsdp: safetensors load from '" + no_file + "' failed (no parameter was modified): ranks "
-                              "0, 1: could not open '" + no_file + "': No such file or directory";
+  const std::string missing = "fsdp: safetensors load from '" + no_file +
+                              "' failed (no parameter was modified): ranks "
+                              "0, 1: could not open '" +
+                              no_file + "': No such file or directory";
   CHECK(failing_load(no_file, untouched) == std::vector<std::string>{missing, missing});
   // allow_unused ignores the extra tensor: every parameter is the file's (zeros)
-  write_bytes(path, file_with(extra));
+  fsdp_test::write_file_bytes(path, file_with(extra));
   const params got = load_model(path, 2, {.allow_unused = true});
   for (const auto& [name, values] : got)
     for (float v : values) REQUIRE(v == 0.0f);

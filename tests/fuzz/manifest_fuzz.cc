@@ -3,9 +3,8 @@
 // Built and run by tools/fuzz-check (clang's -fsanitize=fuzzer,address,undefined).
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
-
 #include <fsdp/checkpoint/manifest.hpp>
+#include <string_view>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -1,6 +1,10 @@
 #pragma once
 // Test helpers shared by the host tests.
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <doctest/doctest.h>
@@ -30,6 +34,28 @@ inline fsdp::ModelSpec five_units() {
   s.add("emb", {37, 5}).add("h.0.w", {9, 9}).add("h.0.b", {9}, {.flags = {.no_decay = true}, .init = fsdp::init::ones});
   s.add("h.1.w", {3}).add("h.2.w", {16, 17}).add("h.3.w", {2, 2}).tie("head", "emb");
   return s;
+}
+
+/// A fresh directory for one test case (under Bazel's TEST_TMPDIR, else /tmp), removed when the case ends.
+struct scratch_dir {
+  std::string root;
+  explicit scratch_dir(const std::string& name) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    root = std::string(tmp ? tmp : "/tmp") + "/" + name;
+    std::filesystem::remove_all(root);
+    std::filesystem::create_directories(root);
+  }
+  ~scratch_dir() { std::filesystem::remove_all(root); }
+  std::string operator/(const std::string& name) const { return root + "/" + name; }
+};
+
+/// A file's bytes, and a file made of `bytes` (replacing any file of that name).
+inline std::string read_file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+inline void write_file_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
 /// Runs `fn`, expects it to throw E, and returns the message (so tests can check what it names).

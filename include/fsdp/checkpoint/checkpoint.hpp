@@ -189,8 +189,11 @@ inline std::string normalised(std::string dir) {
 class block_writer {
  public:
   block_writer(io::file f, std::uint64_t block_bytes, const fault_hook& fault, int rank)
-      : f_(std::move(f)), block_(block_bytes),
-        flush_at_(std::max(block_bytes, std::uint64_t{16} << 20) / block_bytes * block_bytes), fault_(fault), rank_(rank) {}
+      : f_(std::move(f)),
+        block_(block_bytes),
+        flush_at_(std::max(block_bytes, std::uint64_t{16} << 20) / block_bytes * block_bytes),
+        fault_(fault),
+        rank_(rank) {}
 
   void append(const void* data, std::uint64_t n) {
     const char* p = static_cast<const char*>(data);
@@ -312,7 +315,9 @@ std::vector<std::string> kinds_of(const O* opt) {
 
 /// Whether backend B's buffers are host memory (B::host_addressable, see fsdp/backend/concept.hpp).
 template <class B>
-inline constexpr bool host_addressable = requires { requires B::host_addressable; };
+inline constexpr bool host_addressable = requires {
+  requires B::host_addressable;
+};
 
 /// Backend memory of kind k of unit u: the master shard, or optimizer state k - 1.
 template <class M, class O>
@@ -373,8 +378,10 @@ template <class M>
 std::vector<tensor_record> tensors_of(const M& m, std::map<std::string, std::string>& ties) {
   std::vector<tensor_record> out;
   for (const ParamSpec& p : m.spec().params()) {
-    if (p.is_tied()) ties[p.name] = p.tied_to;
-    else out.push_back({p.name, p.shape});
+    if (p.is_tied())
+      ties[p.name] = p.tied_to;
+    else
+      out.push_back({p.name, p.shape});
   }
   return out;
 }
@@ -409,7 +416,8 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   if (so.block_bytes < 4096 || so.block_bytes > (std::uint64_t{1} << 30) || !std::has_single_bit(so.block_bytes))
     detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ", so.block_bytes);
   for (const auto& [k, v] : so.metadata) {
-    if (detail::utf8_error(k) != std::string_view::npos) detail::fail_usage(detail::utf8_problem("checkpoint metadata key", k));
+    if (detail::utf8_error(k) != std::string_view::npos)
+      detail::fail_usage(detail::utf8_problem("checkpoint metadata key", k));
     if (detail::utf8_error(v) != std::string_view::npos)
       detail::fail_usage(detail::utf8_problem(detail::cat("checkpoint metadata value of '", k, "'"), v));
   }
@@ -429,13 +437,15 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   if (rank == 0)
     mine = outcome([&] {
       if (io::exists(dir))
-        io::fail(detail::cat("'", dir, "' already exists; a checkpoint is never overwritten: save to a new directory "
+        io::fail(detail::cat("'", dir,
+                             "' already exists; a checkpoint is never overwritten: save to a new directory "
                              "or remove it first"));
       if (io::exists(partial)) {
         if (so.fault) so.fault({rank, "remove", partial});
         std::string why;
         if (!io::remove_all(partial, &why))
-          io::fail(detail::cat("could not remove '", partial, "' (left by an earlier save that did not finish): ", why));
+          io::fail(
+              detail::cat("could not remove '", partial, "' (left by an earlier save that did not finish): ", why));
       }
       if (so.fault) so.fault({rank, "create", partial});
       io::make_dir(partial);
@@ -463,9 +473,10 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
                     : detail::cat("; '", partial, "' could not be removed (", why, ") and is ignored by latest()");
     }
     // every rank names the same cleanup outcome: rank 0's, told through one more exchange
-    const std::vector<std::string> told = agree::all_gather_strings(comm, m.backend(), rank == 0 ? cleanup : std::string());
-    throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed), told[0],
-                                       "; earlier checkpoints are untouched"));
+    const std::vector<std::string> told =
+        agree::all_gather_strings(comm, m.backend(), rank == 0 ? cleanup : std::string());
+    throw checkpoint_error(
+        detail::cat(what, ": ", agree::failure_text(failed), told[0], "; earlier checkpoints are untouched"));
   }
 
   // 3. Rank 0 writes the manifest and commits by renaming the directory.
@@ -512,7 +523,8 @@ staging_shards read_shards(M& m, const O* opt, const std::string& dir, const man
   // The checkpoint's pieces by (tensor, kind), sorted: where each element range lies.
   std::map<std::pair<std::string, std::string>, std::vector<extent>, std::less<>> where;
   for (std::size_t f = 0; f < man.files.size(); ++f)
-    for (const piece_record& p : man.files[f].pieces) where[{p.tensor, p.kind}].push_back({p.begin, p.end, f, p.offset});
+    for (const piece_record& p : man.files[f].pieces)
+      where[{p.tensor, p.kind}].push_back({p.begin, p.end, f, p.offset});
   for (auto& [key, ex] : where)
     std::sort(ex.begin(), ex.end(), [](const extent& a, const extent& b) { return a.begin < b.begin; });
 
@@ -567,26 +579,30 @@ void check_fits(const M& m, const O* opt, const manifest& man, const load_option
   const std::vector<tensor_record> mine = tensors_of(m, ties);
   for (const tensor_record& t : mine) {
     const tensor_record* saved = man.tensor(t.name);
-    if (!saved) io::fail(detail::cat(at, "the model's parameter '", t.name, "' ", detail::shape_text(t.shape),
-                                     " is not in the checkpoint"));
+    if (!saved)
+      io::fail(detail::cat(at, "the model's parameter '", t.name, "' ", detail::shape_text(t.shape),
+                           " is not in the checkpoint"));
     if (saved->shape != t.shape)
       io::fail(detail::cat(at, "parameter '", t.name, "' is ", detail::shape_text(saved->shape),
                            " in the checkpoint but ", detail::shape_text(t.shape), " in the model"));
   }
   for (const tensor_record& t : man.tensors)
     if (std::none_of(mine.begin(), mine.end(), [&](const tensor_record& x) { return x.name == t.name; }))
-      io::fail(detail::cat(at, "the checkpoint holds tensor '", t.name, "' ", detail::shape_text(t.shape), ", which ",
-                           ties.count(t.name) ? "the model ties to '" + ties[t.name] + "'" : std::string("the model does not have")));
+      io::fail(detail::cat(
+          at, "the checkpoint holds tensor '", t.name, "' ", detail::shape_text(t.shape), ", which ",
+          ties.count(t.name) ? "the model ties to '" + ties[t.name] + "'" : std::string("the model does not have")));
   if (opt) {
     if (!man.optimizer)
-      io::fail(detail::cat(at, "it holds no optimizer state (saved without an optimizer); load the parameters alone "
-                               "with checkpoint::load(model, dir)"));
+      io::fail(detail::cat(at,
+                           "it holds no optimizer state (saved without an optimizer); load the parameters alone "
+                           "with checkpoint::load(model, dir)"));
     if (man.optimizer->name != opt->name() || man.optimizer->states != opt->state_names())
       io::fail(detail::cat(at, "saved by ", man.optimizer->name, " with states ", names_text(man.optimizer->states),
                            "; this optimizer is ", opt->name(), " with states ", names_text(opt->state_names())));
     if (man.loss_scaler && !lo.loss_scaler)
       io::fail(detail::cat(at, "it holds a loss scaler's state (scale ", man.loss_scaler->scale, ", ",
-                           man.loss_scaler->good_steps, " good steps); pass load_options::loss_scaler to resume with it"));
+                           man.loss_scaler->good_steps,
+                           " good steps); pass load_options::loss_scaler to resume with it"));
   }
   if (lo.loss_scaler && !man.loss_scaler)
     io::fail(detail::cat(at, "load_options::loss_scaler is given but the checkpoint holds no loss scaler's state"));

@@ -28,7 +28,9 @@ inline std::uint64_t xxh3(const void* data, std::uint64_t n) noexcept {
 class xxh3_stream {
  public:
   xxh3_stream() { XXH3_64bits_reset(&state_); }
-  void add(const void* data, std::uint64_t n) noexcept { XXH3_64bits_update(&state_, data, static_cast<std::size_t>(n)); }
+  void add(const void* data, std::uint64_t n) noexcept {
+    XXH3_64bits_update(&state_, data, static_cast<std::size_t>(n));
+  }
   std::uint64_t value() const noexcept { return XXH3_64bits_digest(&state_); }
 
  private:
@@ -53,9 +55,12 @@ inline std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept {
   std::uint64_t v = 0;
   for (char c : s) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return std::nullopt;
     v = v << 4 | static_cast<std::uint64_t>(d);
   }
   return v;

@@ -4,10 +4,9 @@
 // checkpoint_error naming the document and that path. Used by the parsers the fuzz targets run.
 #include <cstdint>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
@@ -21,8 +20,8 @@ struct reader {
   std::string doc;
 
   [[noreturn]] void fail(std::string_view at, std::string_view problem) const {
-    throw checkpoint_error(detail::cat(doc, ": ", at.empty() ? std::string("the document") : std::string(at), " ",
-                                       problem));
+    throw checkpoint_error(
+        detail::cat(doc, ": ", at.empty() ? std::string("the document") : std::string(at), " ", problem));
   }
 
   /// Parses `text` as JSON (UTF-8 only); a syntax error names the byte where parsing stopped.

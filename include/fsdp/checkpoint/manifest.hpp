@@ -9,7 +9,8 @@
 //   metadata             the user's {"key": "value"} strings
 //   world, mesh, strategy, compute_dtype    how the saving run was laid out (informative: a load reshards)
 //   tensors              every stored parameter in spec order: {"name", "dtype": "F32", "shape"}; ties: {alias: target}
-//   files                one per writing rank: {"name", "rank", "bytes", "xxh3" (of the block checksums), "block_bytes", "blocks": [xxh3 of
+//   files                one per writing rank: {"name", "rank", "bytes", "xxh3" (of the block checksums),
+//   "block_bytes", "blocks": [xxh3 of
 //                        each block], "pieces": [{"tensor", "kind", "begin", "end", "offset"}]}: elements
 //                        [begin, end) of the tensor's `kind` ("param", or an optimizer state's name) as raw
 //                        little-endian fp32 at byte `offset` of the file
@@ -114,10 +115,15 @@ inline std::string to_json(const manifest& m) {
   j["format"] = "fsdp-checkpoint";
   j["version"] = manifest_version;
   j["step"] = m.step;
-  if (m.optimizer) j["optimizer"] = {{"name", m.optimizer->name}, {"steps", m.optimizer->steps}, {"states", m.optimizer->states}};
-  else j["optimizer"] = nullptr;
-  if (m.loss_scaler) j["loss_scaler"] = {{"scale", static_cast<double>(m.loss_scaler->scale)}, {"good_steps", m.loss_scaler->good_steps}};
-  else j["loss_scaler"] = nullptr;
+  if (m.optimizer)
+    j["optimizer"] = {{"name", m.optimizer->name}, {"steps", m.optimizer->steps}, {"states", m.optimizer->states}};
+  else
+    j["optimizer"] = nullptr;
+  if (m.loss_scaler)
+    j["loss_scaler"] = {{"scale", static_cast<double>(m.loss_scaler->scale)},
+                        {"good_steps", m.loss_scaler->good_steps}};
+  else
+    j["loss_scaler"] = nullptr;
   j["metadata"] = json::object();
   for (const auto& [k, v] : m.metadata) j["metadata"][k] = v;
   j["world"] = m.world;
@@ -132,11 +138,17 @@ inline std::string to_json(const manifest& m) {
   for (const auto& f : m.files) {
     json pieces = json::array();
     for (const auto& p : f.pieces)
-      pieces.push_back({{"tensor", p.tensor}, {"kind", p.kind}, {"begin", p.begin}, {"end", p.end}, {"offset", p.offset}});
+      pieces.push_back(
+          {{"tensor", p.tensor}, {"kind", p.kind}, {"begin", p.begin}, {"end", p.end}, {"offset", p.offset}});
     json blocks = json::array();
     for (std::uint64_t b : f.blocks) blocks.push_back(hex64(b));
-    j["files"].push_back({{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh3", hex64(f.xxh3)},
-                          {"block_bytes", f.block_bytes}, {"blocks", std::move(blocks)}, {"pieces", std::move(pieces)}});
+    j["files"].push_back({{"name", f.name},
+                          {"rank", f.rank},
+                          {"bytes", f.bytes},
+                          {"xxh3", hex64(f.xxh3)},
+                          {"block_bytes", f.block_bytes},
+                          {"blocks", std::move(blocks)},
+                          {"pieces", std::move(pieces)}});
   }
   return j.dump(1) + "\n";
 }
@@ -145,7 +157,8 @@ namespace impl {
 /// A file name the manifest may name: one path component of printable characters, not "." or "..".
 inline bool plain_file_name(std::string_view n) noexcept {
   if (n.empty() || n == "." || n == ".." || n.size() > 255) return false;
-  return std::all_of(n.begin(), n.end(), [](char c) { return c != '/' && c != '\\' && static_cast<unsigned char>(c) >= 0x20; });
+  return std::all_of(n.begin(), n.end(),
+                     [](char c) { return c != '/' && c != '\\' && static_cast<unsigned char>(c) >= 0x20; });
 }
 }  // namespace impl
 
@@ -170,7 +183,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& doc) {
     for (std::size_t i = 0; i < st.size(); ++i) {
       const std::string at = jf::at("optimizer.states", i);
       std::string s = r.string(st[i], at);
-      if (s.empty() || s == param_kind) r.fail(at, fsdp::detail::cat("must be a name other than \"\" and \"", param_kind, "\""));
+      if (s.empty() || s == param_kind)
+        r.fail(at, fsdp::detail::cat("must be a name other than \"\" and \"", param_kind, "\""));
       if (std::find(rec.states.begin(), rec.states.end(), s) != rec.states.end()) r.fail(at, "repeats a state name");
       rec.states.push_back(std::move(s));
     }
@@ -181,11 +195,12 @@ inline manifest parse_manifest(std::string_view text, const std::string& doc) {
     const float f = static_cast<float>(scale);
     if (!(scale > 0.0) || static_cast<double>(f) != scale || !(f < std::numeric_limits<float>::infinity()))
       r.fail("loss_scaler.scale", fsdp::detail::cat("must be a finite fp32 value > 0, got ", scale));
-    m.loss_scaler = scaler_record{f, static_cast<int>(r.integer(r.member(s, "good_steps", "loss_scaler"),
-                                                                "loss_scaler.good_steps", 0, 1 << 30))};
+    m.loss_scaler = scaler_record{
+        f, static_cast<int>(r.integer(r.member(s, "good_steps", "loss_scaler"), "loss_scaler.good_steps", 0, 1 << 30))};
   }
   const jf::json& meta = r.object(r.member(j, "metadata", ""), "metadata");
-  for (auto it = meta.begin(); it != meta.end(); ++it) m.metadata[it.key()] = r.string(it.value(), jf::at("metadata", it.key()));
+  for (auto it = meta.begin(); it != meta.end(); ++it)
+    m.metadata[it.key()] = r.string(it.value(), jf::at("metadata", it.key()));
 
   m.world = static_cast<int>(r.integer(r.member(j, "world", ""), "world", 1, 1 << 24));
   const jf::json& mesh = r.member(j, "mesh", "");
@@ -214,7 +229,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& doc) {
       numel *= n;
       t.shape.push_back(n);
     }
-    if (!tensor_index.emplace(t.name, i).second) r.fail(jf::at(at, "name"), fsdp::detail::cat("repeats tensor '", t.name, "'"));
+    if (!tensor_index.emplace(t.name, i).second)
+      r.fail(jf::at(at, "name"), fsdp::detail::cat("repeats tensor '", t.name, "'"));
     m.tensors.push_back(std::move(t));
   }
   const jf::json& ties = r.object(r.member(j, "ties", ""), "ties");
@@ -254,7 +270,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& doc) {
     if (blocks.size() != expected_blocks)
       r.fail(jf::at(at, "blocks"), fsdp::detail::cat("has ", blocks.size(), " checksums; a file of ", f.bytes,
                                                      " bytes in blocks of ", f.block_bytes, " has ", expected_blocks));
-    for (std::size_t b = 0; b < blocks.size(); ++b) f.blocks.push_back(hash(blocks[b], jf::at(jf::at(at, "blocks"), b)));
+    for (std::size_t b = 0; b < blocks.size(); ++b)
+      f.blocks.push_back(hash(blocks[b], jf::at(jf::at(at, "blocks"), b)));
     const jf::json& pieces = r.array(r.member(fs[i], "pieces", at), jf::at(at, "pieces"));
     std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // byte ranges in the file
     for (std::size_t k = 0; k < pieces.size(); ++k) {
@@ -262,11 +279,13 @@ inline manifest parse_manifest(std::string_view text, const std::string& doc) {
       piece_record p;
       p.tensor = r.string(r.member(pieces[k], "tensor", pat), jf::at(pat, "tensor"));
       const auto t = tensor_index.find(p.tensor);
-      if (t == tensor_index.end()) r.fail(jf::at(pat, "tensor"), fsdp::detail::cat("names '", p.tensor, "', which is not a tensor"));
+      if (t == tensor_index.end())
+        r.fail(jf::at(pat, "tensor"), fsdp::detail::cat("names '", p.tensor, "', which is not a tensor"));
       p.kind = r.string(r.member(pieces[k], "kind", pat), jf::at(pat, "kind"));
       const auto kind = std::find(kinds.begin(), kinds.end(), p.kind);
       if (kind == kinds.end())
-        r.fail(jf::at(pat, "kind"), fsdp::detail::cat("is '", p.kind, "', which is neither \"param\" nor a state of the optimizer"));
+        r.fail(jf::at(pat, "kind"),
+               fsdp::detail::cat("is '", p.kind, "', which is neither \"param\" nor a state of the optimizer"));
       const std::int64_t numel = m.tensors[t->second].numel();
       p.begin = r.integer(r.member(pieces[k], "begin", pat), jf::at(pat, "begin"), 0, numel - 1);
       p.end = r.integer(r.member(pieces[k], "end", pat), jf::at(pat, "end"), p.begin + 1, numel);
@@ -290,8 +309,9 @@ inline manifest parse_manifest(std::string_view text, const std::string& doc) {
       std::int64_t next = 0;
       for (const auto& [b, e] : ranges) {
         if (b != next)
-          r.fail("files", fsdp::detail::cat(b < next ? "overlap on" : "leave out", " elements [", std::min(b, next), ", ",
-                                            std::max(b, next), ") of tensor '", m.tensors[t].name, "' (", kinds[k], ")"));
+          r.fail("files",
+                 fsdp::detail::cat(b < next ? "overlap on" : "leave out", " elements [", std::min(b, next), ", ",
+                                   std::max(b, next), ") of tensor '", m.tensors[t].name, "' (", kinds[k], ")"));
         next = e;
       }
       if (next != m.tensors[t].numel())

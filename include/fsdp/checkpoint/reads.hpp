@@ -31,8 +31,8 @@ struct read_op {
 
 /// Appends to per_file[file] the reads that fill elements [begin, end) of a tensor stored as `extents` (sorted by
 /// begin, covering the tensor once: the manifest or header parser checked it), `elem_bytes` each, into `dest`.
-inline void plan_reads(const std::vector<extent>& extents, std::int64_t begin, std::int64_t end, std::uint64_t elem_bytes,
-                       char* dest, std::vector<std::vector<read_op>>& per_file) {
+inline void plan_reads(const std::vector<extent>& extents, std::int64_t begin, std::int64_t end,
+                       std::uint64_t elem_bytes, char* dest, std::vector<std::vector<read_op>>& per_file) {
   auto it = std::upper_bound(extents.begin(), extents.end(), begin,
                              [](std::int64_t v, const extent& e) { return v < e.begin; });
   if (it != extents.begin()) --it;

@@ -38,16 +38,16 @@ namespace fsdp::safetensors {
 using name_map = std::function<std::string(std::string_view)>;
 
 struct save_options {
-  dtype type = dtype::f32;                            ///< of every tensor in the file: f32, bf16 or f16
-  std::map<std::string, std::string> metadata{};      ///< the file's "__metadata__"
-  name_map name_of{};                                 ///< model name -> file name; the identity when empty
-  bool overwrite = false;                             ///< replace an existing file (otherwise an error)
-  checkpoint::fault_hook fault{};                     ///< tests: called before each file-system change
+  dtype type = dtype::f32;                        ///< of every tensor in the file: f32, bf16 or f16
+  std::map<std::string, std::string> metadata{};  ///< the file's "__metadata__"
+  name_map name_of{};                             ///< model name -> file name; the identity when empty
+  bool overwrite = false;                         ///< replace an existing file (otherwise an error)
+  checkpoint::fault_hook fault{};                 ///< tests: called before each file-system change
 };
 
 struct load_options {
-  name_map name_of{};        ///< model name -> file name; the identity when empty
-  bool allow_unused = false; ///< tensors of the file that no parameter maps to are ignored instead of refused
+  name_map name_of{};         ///< model name -> file name; the identity when empty
+  bool allow_unused = false;  ///< tensors of the file that no parameter maps to are ignored instead of refused
 };
 
 /// Reads and checks the header of a safetensors file (no rank-collective). `data_start` receives the byte where
@@ -70,9 +70,12 @@ inline std::string mapped(const name_map& fn, const std::string& name) { return 
 
 inline std::string_view st_dtype(dtype t) {
   switch (t) {
-    case dtype::f32: return "F32";
-    case dtype::bf16: return "BF16";
-    case dtype::f16: return "F16";
+    case dtype::f32:
+      return "F32";
+    case dtype::bf16:
+      return "BF16";
+    case dtype::f16:
+      return "F16";
   }
   return "?";
 }
@@ -92,7 +95,8 @@ std::vector<tensor_info> layout_of(const M& m, const save_options& so) {
       detail::fail_usage("safetensors::save: parameter '", p.name, "' maps to the name '", detail::printable(t.name),
                          "', which a safetensors file cannot hold (empty, not UTF-8, or \"__metadata__\")");
     if (const auto [it, fresh] = taken.emplace(t.name, p.name); !fresh)
-      detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '", t.name, "'");
+      detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '", t.name,
+                         "'");
     t.dtype = std::string(st_dtype(so.type));
     t.shape = p.shape;
     t.begin = at;
@@ -254,7 +258,8 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
         io::fail(detail::cat(doc, ": ", which, " is ", t->dtype,
                              ", which an fp32 master parameter cannot hold exactly (F32, BF16 and F16 can)"));
       if (const auto [it, fresh] = used.emplace(name, p.name); !fresh)
-        io::fail(detail::cat(doc, ": parameters '", it->second, "' and '", p.name, "' both map to tensor '", name, "'"));
+        io::fail(
+            detail::cat(doc, ": parameters '", it->second, "' and '", p.name, "' both map to tensor '", name, "'"));
       of_param[p.name] = t;
     }
     if (!lo.allow_unused)
@@ -289,8 +294,8 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
   m.replace_shards("a safetensors load", [&] {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)
-      be.upload(m.unit(u).master_shard(), staging[u].data(), static_cast<std::int64_t>(staging[u].size() * sizeof(float)),
-                be.compute_stream());
+      be.upload(m.unit(u).master_shard(), staging[u].data(),
+                static_cast<std::int64_t>(staging[u].size() * sizeof(float)), be.compute_stream());
     be.synchronize(be.compute_stream());
   });
   return h;

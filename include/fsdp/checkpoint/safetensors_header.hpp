@@ -51,8 +51,8 @@ struct header {
 /// Bytes per element of a safetensors dtype; 0 for a name the format does not have.
 inline std::uint64_t dtype_bytes(std::string_view d) noexcept {
   static constexpr std::pair<std::string_view, std::uint64_t> known[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},  {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8},  {"U64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
   for (const auto& [name, bytes] : known)
     if (name == d) return bytes;
   return 0;
@@ -66,8 +66,9 @@ inline std::uint64_t header_length(std::string_view first, std::uint64_t file_si
   const std::uint64_t n = detail::get_u64le(first, 0);
   if (n > max_header_bytes || n > file_size - 8)
     throw checkpoint_error(detail::cat(doc, ": its header length is ", n, " bytes, more than ",
-                                       n > max_header_bytes ? detail::cat("the limit of ", max_header_bytes)
-                                                            : detail::cat("the ", file_size - 8, " bytes after the length")));
+                                       n > max_header_bytes
+                                           ? detail::cat("the limit of ", max_header_bytes)
+                                           : detail::cat("the ", file_size - 8, " bytes after the length")));
   return n;
 }
 
@@ -85,7 +86,8 @@ inline header parse_header(std::string_view text, std::uint64_t data_bytes, cons
     auto field = [&](std::string_view key) { return detail::cat(at, ": ", key); };
     if (name == "__metadata__") {
       const jf::json& meta = r.object(it.value(), "__metadata__");
-      for (auto m = meta.begin(); m != meta.end(); ++m) h.metadata[m.key()] = r.string(m.value(), jf::at("__metadata__", m.key()));
+      for (auto m = meta.begin(); m != meta.end(); ++m)
+        h.metadata[m.key()] = r.string(m.value(), jf::at("__metadata__", m.key()));
       continue;
     }
     tensor_info t;
@@ -108,7 +110,7 @@ inline header parse_header(std::string_view text, std::uint64_t data_bytes, cons
     t.end = static_cast<std::uint64_t>(r.integer(off[1], field("data_offsets[1]")));
     if (t.end < t.begin || t.end > data_bytes)
       r.fail(field("data_offsets"), detail::cat("are [", t.begin, ", ", t.end, "], which is not a range of the ",
-                                                     data_bytes, " bytes of data"));
+                                                data_bytes, " bytes of data"));
     if (t.end - t.begin != static_cast<std::uint64_t>(numel) * esize)
       r.fail(at, detail::cat("holds ", t.end - t.begin, " bytes, but ", numel, " elements of ", t.dtype, " take ",
                              static_cast<std::uint64_t>(numel) * esize));
@@ -123,7 +125,8 @@ inline header parse_header(std::string_view text, std::uint64_t data_bytes, cons
 }
 
 /// The bytes that start a file: the length and the header JSON, padded with spaces to a multiple of 8.
-inline std::string make_header(const std::vector<tensor_info>& tensors, const std::map<std::string, std::string>& metadata) {
+inline std::string make_header(const std::vector<tensor_info>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     j["__metadata__"] = nlohmann::ordered_json::object();

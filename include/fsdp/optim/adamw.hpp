@@ -27,7 +27,8 @@ class adamw : public detail::shard_optimizer<ModelT> {
 
  public:
   /// State 0: the first moment (exp_avg), state 1: the second (exp_avg_sq).
-  adamw(ModelT& model, adamw_options opt) : base(model, (check(opt), "adamw"), {"exp_avg", "exp_avg_sq"}, opt.grad), opt_(opt) {}
+  adamw(ModelT& model, adamw_options opt)
+      : base(model, (check(opt), "adamw"), {"exp_avg", "exp_avg_sq"}, opt.grad), opt_(opt) {}
 
   const adamw_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }

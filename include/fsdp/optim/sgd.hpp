@@ -22,7 +22,12 @@ class sgd : public detail::shard_optimizer<ModelT> {
   using base = detail::shard_optimizer<ModelT>;
 
  public:
-  sgd(ModelT& model, sgd_options opt) : base(model, "sgd", checked(opt).momentum != 0.0f ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{}, opt.grad), opt_(opt) {}
+  /// State 0 (with momentum only): the momentum buffer.
+  sgd(ModelT& model, sgd_options opt)
+      : base(model, "sgd", checked(opt).momentum != 0.0f ? std::vector<std::string>{"momentum_buffer"}
+                                                         : std::vector<std::string>{},
+             opt.grad),
+        opt_(opt) {}
 
   const sgd_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
