@@ -308,9 +308,7 @@ inline file_record decode(std::string_view in) {
 /// The kinds a model (and optimizer) holds per parameter: "param", then the optimizer's state names.
 template <class O>
 std::vector<std::string> kinds_of(const O* opt) {
-  std::vector<std::string> k{std::string(param_kind)};
-  if (opt) k.insert(k.end(), opt->state_names().begin(), opt->state_names().end());
-  return k;
+  return kinds_with(opt ? opt->state_names() : std::vector<std::string>{});
 }
 
 /// Whether backend B's buffers are host memory (B::host_addressable, see fsdp/backend/concept.hpp).
@@ -318,6 +316,51 @@ template <class B>
 inline constexpr bool host_addressable = requires {
   requires B::host_addressable;
 };
+
+/// Host-readable fp32 values of backend buffers, for writers: backend memory the host can read is returned as it
+/// is (the caller synchronized the model); otherwise it is downloaded into a reused staging buffer (the download
+/// writes every element: no zeroing). A pointer stays valid until the next read().
+template <class B>
+class host_reader {
+ public:
+  explicit host_reader(B& be) : be_(be) {}
+  const float* read(const float* src, std::int64_t n) {
+    if constexpr (host_addressable<B>) {
+      return src;
+    } else {
+      if (n > held_) {
+        staging_.reset();
+        staging_.reset(new float[static_cast<std::size_t>(n)]);
+        held_ = n;
+      }
+      be_.download(staging_.get(), src, n * std::int64_t{sizeof(float)}, be_.compute_stream());
+      be_.synchronize(be_.compute_stream());
+      return staging_.get();
+    }
+  }
+
+ private:
+  B& be_;
+  std::unique_ptr<float[]> staging_;
+  std::int64_t held_ = 0;
+};
+
+/// Every rank throws `what: <failures>` after rank 0 removed the partial output `partial` (collective): the message
+/// says whether it was removed, the same on every rank.
+template <class M>
+[[noreturn]] void fail_removing(M& m, const std::vector<std::pair<int, std::string>>& failed, const std::string& partial,
+                                const std::string& what, std::string_view tail = {}) {
+  std::string cleanup;
+  if (m.comm().rank() == 0) {
+    std::string why;
+    cleanup = io::remove_all(partial, &why)
+                  ? detail::cat("; '", partial, "' was removed")
+                  : detail::cat("; '", partial, "' could not be removed (", why, ") and is ignored by latest()");
+  }
+  // every rank names the same cleanup outcome: rank 0's, told through one more exchange
+  const std::vector<std::string> told = agree::all_gather_strings(m.comm(), m.backend(), cleanup);
+  throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed), told[0], tail));
+}
 
 /// Backend memory of kind k of unit u: the master shard, or optimizer state k - 1.
 template <class M, class O>
@@ -338,29 +381,13 @@ file_record write_shard_file(M& m, const O* opt, const std::string& partial, con
   if (so.fault) so.fault({rank, "create", path});
   block_writer w(io::create(path), so.block_bytes, so.fault, rank);
   const std::vector<std::string> kinds = kinds_of(opt);
-  auto& be = m.backend();
-  auto& cs = be.compute_stream();
-  // Backend memory the host can read is written from directly (the caller synchronized the model); otherwise each
-  // buffer is downloaded into host staging first (the download writes every element: no zeroing).
-  constexpr bool direct = host_addressable<typename M::backend_type>;
-  std::unique_ptr<float[]> host;
-  std::int64_t held = 0;
+  host_reader<typename M::backend_type> reader(m.backend());
   std::uint64_t offset = 0;
   for (std::size_t u = 0; u < m.size(); ++u) {
     const std::int64_t n = m.unit(u).layout().shard_numel();
     const std::vector<ShardedTensor> views = m.unit(u).shard_views();
-    if (!direct && n > held) {
-      host.reset();
-      host.reset(new float[static_cast<std::size_t>(n)]);
-      held = n;
-    }
     for (std::size_t k = 0; k < kinds.size(); ++k) {
-      const float* src = buffer_of(m, const_cast<O*>(opt), u, k);
-      if constexpr (!direct) {
-        be.download(host.get(), src, n * std::int64_t{sizeof(float)}, cs);
-        be.synchronize(cs);
-        src = host.get();
-      }
+      const float* src = reader.read(buffer_of(m, const_cast<O*>(opt), u, k), n);
       for (const ShardedTensor& v : views) {
         if (v.empty()) continue;
         const std::uint64_t bytes = static_cast<std::uint64_t>(v.local_numel()) * sizeof(float);
@@ -464,20 +491,7 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   std::vector<std::pair<int, std::string>> failed;
   for (std::size_t q = 0; q < records.size(); ++q)
     if (records[q].starts_with("!")) failed.emplace_back(static_cast<int>(q), records[q].substr(1));
-  if (!failed.empty()) {
-    std::string cleanup;
-    if (rank == 0) {
-      std::string why;
-      cleanup = io::remove_all(partial, &why)
-                    ? detail::cat("; '", partial, "' was removed")
-                    : detail::cat("; '", partial, "' could not be removed (", why, ") and is ignored by latest()");
-    }
-    // every rank names the same cleanup outcome: rank 0's, told through one more exchange
-    const std::vector<std::string> told =
-        agree::all_gather_strings(comm, m.backend(), rank == 0 ? cleanup : std::string());
-    throw checkpoint_error(
-        detail::cat(what, ": ", agree::failure_text(failed), told[0], "; earlier checkpoints are untouched"));
-  }
+  if (!failed.empty()) fail_removing(m, failed, partial, what, "; earlier checkpoints are untouched");
 
   // 3. Rank 0 writes the manifest and commits by renaming the directory.
   mine.reset();

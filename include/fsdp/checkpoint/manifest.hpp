@@ -40,6 +40,13 @@ namespace fsdp::checkpoint {
 inline constexpr std::string_view param_kind = "param";
 inline constexpr int manifest_version = 1;
 
+/// The kinds of values saved per parameter: "param", then an optimizer's states in order.
+inline std::vector<std::string> kinds_with(const std::vector<std::string>& states) {
+  std::vector<std::string> k{std::string(param_kind)};
+  k.insert(k.end(), states.begin(), states.end());
+  return k;
+}
+
 struct piece_record {
   std::string tensor;
   std::string kind;
@@ -97,11 +104,7 @@ struct manifest {
   friend bool operator==(const manifest&, const manifest&) = default;
 
   /// The kinds every tensor has pieces of: "param", then the optimizer's states.
-  std::vector<std::string> kinds() const {
-    std::vector<std::string> k{std::string(param_kind)};
-    if (optimizer) k.insert(k.end(), optimizer->states.begin(), optimizer->states.end());
-    return k;
-  }
+  std::vector<std::string> kinds() const { return kinds_with(optimizer ? optimizer->states : std::vector<std::string>{}); }
   const tensor_record* tensor(std::string_view name) const {
     for (const auto& t : tensors)
       if (t.name == name) return &t;

@@ -183,19 +183,15 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
   if (mesh.replica(rank) == 0)
     mine = ci::outcome([&] {
       io::file f = io::open_write(partial);
-      auto& be = m.backend();
-      auto& cs = be.compute_stream();
-      std::vector<float> host;
+      ci::host_reader<typename M::backend_type> reader(m.backend());
       std::vector<char> bytes;
       const std::uint64_t esize = size_of(so.type);
       for (std::size_t u = 0; u < m.size(); ++u) {
-        host.assign(static_cast<std::size_t>(m.unit(u).layout().shard_numel()), 0.0f);
-        be.download(host.data(), m.unit(u).master_shard(), static_cast<std::int64_t>(host.size() * sizeof(float)), cs);
-        be.synchronize(cs);
+        const float* master = reader.read(m.unit(u).master_shard(), m.unit(u).layout().shard_numel());
         for (const ShardedTensor& v : m.unit(u).shard_views()) {
           if (v.empty()) continue;
           const tensor_info& t = *by_param.at(v.name);
-          impl::encode(host.data() + v.shard_offset, static_cast<std::size_t>(v.local_numel()), so.type, bytes);
+          impl::encode(master + v.shard_offset, static_cast<std::size_t>(v.local_numel()), so.type, bytes);
           if (so.fault) so.fault({rank, "write", partial});
           f.write_at(bytes.data(), bytes.size(), head.size() + t.begin + static_cast<std::uint64_t>(v.begin) * esize);
         }
@@ -204,15 +200,8 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
       f.sync();
       f.close();
     });
-  {
-    const auto failed = agree::failures(comm, m.backend(), mine);
-    if (!failed.empty()) {
-      std::string cleanup;
-      if (rank == 0) cleanup = io::remove_all(partial) ? detail::cat("; '", partial, "' was removed") : std::string();
-      const std::vector<std::string> told = agree::all_gather_strings(comm, m.backend(), cleanup);
-      throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed), told[0]));
-    }
-  }
+  if (const auto failed = agree::failures(comm, m.backend(), mine); !failed.empty())
+    ci::fail_removing(m, failed, partial, what);
   mine.reset();
   if (rank == 0)
     mine = ci::outcome([&] {
@@ -269,11 +258,9 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
                                ", which no parameter of the model maps to (load_options::allow_unused ignores it)"));
     // This rank's elements only: one read per piece, then the conversion to fp32.
     std::vector<std::vector<checkpoint::read_op>> ops(1);
+    // per piece: its bytes as read (ops point into them; moving an element keeps its bytes where they are), the
+    // tensor and where its fp32 values go
     std::vector<std::pair<std::vector<char>, std::pair<const tensor_info*, float*>>> raw;
-    std::size_t pieces = 0;
-    for (std::size_t u = 0; u < m.size(); ++u)
-      for (const ShardedTensor& v : m.unit(u).shard_views()) pieces += v.empty() ? 0 : 1;
-    raw.reserve(pieces);
     for (std::size_t u = 0; u < m.size(); ++u) {
       staging[u].assign(static_cast<std::size_t>(m.unit(u).layout().shard_numel()), 0.0f);
       for (const ShardedTensor& v : m.unit(u).shard_views()) {
