@@ -355,7 +355,7 @@ template <class M>
     std::string why;
     cleanup = io::remove_all(partial, &why)
                   ? detail::cat("; '", partial, "' was removed")
-                  : detail::cat("; '", partial, "' could not be removed (", why, ") and is ignored by latest()");
+                  : detail::cat("; '", partial, "' could not be removed (", why, ")");
   }
   // every rank names the same cleanup outcome: rank 0's, told through one more exchange
   const std::vector<std::string> told = agree::all_gather_strings(m.comm(), m.backend(), cleanup);
