@@ -2,11 +2,11 @@
 
 load("//bazel:copts.bzl", "FSDP_COPTS", "FSDP_LINKOPTS")
 
-def host_test(name, srcs, deps = [], size = "small", **kwargs):
+def host_test(name, srcs, deps = [], size = "small", copts = [], **kwargs):
     native.cc_test(
         name = name,
         srcs = srcs,
-        copts = FSDP_COPTS,
+        copts = FSDP_COPTS + copts,
         linkopts = FSDP_LINKOPTS,
         deps = deps + [
             "//:fsdp",

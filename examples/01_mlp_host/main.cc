@@ -14,6 +14,7 @@
 #include <fsdp/observe/chrome_trace.hpp>
 
 #include "examples/01_mlp_host/mlp.hpp"
+#include "examples/common/memory_table.hpp"
 
 namespace {
 
@@ -68,22 +69,9 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
     std::printf("last step: %s; %d of %d steps skipped\n", r0.reports.back().message().c_str(), skipped,
                 int(r0.reports.size()));
   }
-  std::printf("\npeak memory per rank (KiB), measured / planned\n%-6s", "rank");
-  for (std::size_t c = 0; c < fsdp::mem_categories; ++c)
-    std::printf(" %24s", std::string(fsdp::name_of(static_cast<fsdp::mem>(c))).c_str());
-  std::printf(" %24s\n", "total (at once)");
-  for (int r = 0; r < ranks; ++r) {
-    const auto& res = results[static_cast<std::size_t>(r)];
-    std::printf("%-6d", r);
-    for (std::size_t c = 0; c < fsdp::mem_categories; ++c) {
-      char cell[64];
-      std::snprintf(cell, sizeof cell, "%.2f / %.2f", res.memory.peak.bytes[c] / 1024.0, res.planned.bytes[c] / 1024.0);
-      std::printf(" %24s", cell);
-    }
-    char cell[64];
-    std::snprintf(cell, sizeof cell, "%.2f / %.2f", res.memory.peak.total / 1024.0, res.planned.total / 1024.0);
-    std::printf(" %24s\n", cell);
-  }
+  std::vector<examples::rank_memory> table;
+  for (const auto& res : results) table.push_back({res.memory.peak, res.planned});
+  examples::print_memory_table(table);
   if (!trace_path.empty()) {
     const auto s = fsdp::trace::summarize(rec.events(0), 0, static_cast<std::uint64_t>(cfg.steps));
     std::printf("\nrank 0, last step: %.3f ms, compute %.3f ms, communication %.3f ms, exposed %.3f ms (%.1f%%), "

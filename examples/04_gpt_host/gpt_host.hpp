@@ -1,0 +1,523 @@
+#pragma once
+// A GPT-2-style trainer on the host backend, written the way a user of the library writes one: the layer kernels
+// (host loops standing in for the user's CUDA kernels), the activations and the training loop are the trainer's;
+// the library gathers each block's parameters just in time, reduces its gradients into shards and steps AdamW on
+// the local shards. Shared by main.cc and tests/gpt.
+//
+// Precision: weights are read in the policy's compute type W (fp32 or bf16) and widened to fp32; activations and
+// every accumulation are fp32; each parameter's gradient is summed in fp32 and stored into its W gradient buffer
+// once per backward (as a bf16 GEMM with fp32 accumulation does).
+//
+// Activation checkpointing (config::checkpoint_activations): forward keeps only each block's input; backward,
+// while the block is gathered for its own backward, runs the block's forward again from that input and then its
+// backward. No parameter is gathered for the recomputation, so the collectives are those of a run without it, and
+// the recomputation is the same code on the same inputs, so the losses and the trained parameters are the same
+// bits.
+//
+// The root unit (wte, wpe, ln_f, the head tied to wte) is used first and last in forward and first and last in
+// backward: it stays gathered from its forward to its backward (gpt::with_root_kept). The head's gradients are
+// computed before the blocks' backward, kept in fp32 by the trainer and stored, with the embeddings' gradients,
+// when the root unit is current in backward (the last unit of the pass).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fsdp/fsdp.hpp>
+
+#include "examples/04_gpt_host/gpt_model.hpp"
+
+namespace gpt {
+
+struct config {
+  shape model{};
+  schedule opt{};
+  data_options data{};
+  int global_batch = 8;       ///< sequences per step, split evenly over the ranks
+  int steps = 50;
+  std::uint64_t seed = 1;     ///< of the initial weights
+  bool checkpoint_activations = false;
+  bool verbose = false;       ///< rank 0 prints a line per step
+  /// Scheduling options (slots, recorder, ...); gpt::with_root_kept is applied to them.
+  fsdp::model_options options{};
+};
+
+struct result {
+  std::vector<float> losses;  ///< global mean loss per step
+  std::vector<double> norms;  ///< global gradient norm per step, before clipping
+  std::vector<float> lrs;     ///< learning rate per step
+  fsdp::memory_stats memory;  ///< this rank's accounting after training
+  fsdp::memory_figures planned;
+  /// Bytes of activations the trainer held at the end of the last forward pass (its peak), and how many of them
+  /// are kept per block (the block's input under activation checkpointing, its whole cache otherwise).
+  std::size_t activation_bytes = 0, activation_bytes_per_block = 0;
+  fsdp::collective_stats shard_group;  ///< this rank's collectives (gathers, reductions, the loss average)
+  double seconds = 0;
+  std::map<std::string, std::vector<float>> params;  ///< final full parameters (train() only)
+};
+
+namespace kernels {
+
+/// fp32 copy of a parameter in the compute type.
+template <class W>
+std::vector<float> widen(const fsdp::tensor_view<W>& v) {
+  std::vector<float> out(static_cast<std::size_t>(v.numel()));
+  for (std::size_t k = 0; k < out.size(); ++k) out[k] = static_cast<float>(v.data()[k]);
+  return out;
+}
+/// Adds an fp32 gradient into a parameter's gradient buffer (zeroed when its unit's backward began), rounding once.
+template <class W>
+void store(const fsdp::tensor_view<W>& g, const std::vector<float>& v) {
+  for (std::size_t k = 0; k < v.size(); ++k) g.data()[k] = W(static_cast<float>(g.data()[k]) + v[k]);
+}
+
+/// out[n, O] = inp[n, I] w[O, I]^T (+ b[O]).
+inline void matmul_forward(float* out, const float* inp, const float* w, const float* b, int N, int I, int O) {
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < O; ++o) {
+      float acc = b ? b[o] : 0.0f;
+      const float* x = inp + static_cast<std::size_t>(n) * I;
+      const float* wr = w + static_cast<std::size_t>(o) * I;
+      for (int i = 0; i < I; ++i) acc += x[i] * wr[i];
+      out[static_cast<std::size_t>(n) * O + o] = acc;
+    }
+}
+/// dinp += dout w; dw += dout^T inp; db += sum over rows of dout (db may be null).
+inline void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                            int N, int I, int O) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<std::size_t>(n) * I;
+    float* dx = dinp + static_cast<std::size_t>(n) * I;
+    for (int o = 0; o < O; ++o) {
+      const float d = dout[static_cast<std::size_t>(n) * O + o];
+      if (db) db[o] += d;
+      float* dwr = dw + static_cast<std::size_t>(o) * I;
+      const float* wr = w + static_cast<std::size_t>(o) * I;
+      for (int i = 0; i < I; ++i) {
+        dwr[i] += d * x[i];
+        dx[i] += d * wr[i];
+      }
+    }
+  }
+}
+
+inline constexpr float ln_eps = 1e-5f;
+inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                              int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<std::size_t>(n) * C;
+    float m = 0;
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= static_cast<float>(C);
+    float v = 0;
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= static_cast<float>(C);
+    const float r = 1.0f / std::sqrt(v + ln_eps);
+    for (int c = 0; c < C; ++c) out[static_cast<std::size_t>(n) * C + c] = (x[c] - m) * r * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+/// dinp += ...; dw += ...; db += ...
+inline void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                               const float* mean, const float* rstd, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<std::size_t>(n) * C;
+    const float* d = dout + static_cast<std::size_t>(n) * C;
+    float dmean = 0, dnorm_mean = 0;
+    for (int c = 0; c < C; ++c) {
+      const float norm = (x[c] - mean[n]) * rstd[n], dnorm = w[c] * d[c];
+      dmean += dnorm;
+      dnorm_mean += dnorm * norm;
+    }
+    dmean /= static_cast<float>(C);
+    dnorm_mean /= static_cast<float>(C);
+    for (int c = 0; c < C; ++c) {
+      const float norm = (x[c] - mean[n]) * rstd[n], dnorm = w[c] * d[c];
+      db[c] += d[c];
+      dw[c] += norm * d[c];
+      dinp[static_cast<std::size_t>(n) * C + c] += (dnorm - dmean - norm * dnorm_mean) * rstd[n];
+    }
+  }
+}
+
+/// Causal self-attention of qkv [B, T, 3C] (q, k, v side by side, heads of C / NH channels): out [B, T, C] and the
+/// attention weights att [B, NH, T, T] (zero above the diagonal).
+inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const std::size_t C3 = 3 * static_cast<std::size_t>(C);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const float* q = qkv + (static_cast<std::size_t>(b) * T + t) * C3 + h * hs;
+        float* a = att + ((static_cast<std::size_t>(b) * NH + h) * T + t) * T;
+        float maxv = -INFINITY;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* k = qkv + (static_cast<std::size_t>(b) * T + t2) * C3 + C + h * hs;
+          float s = 0;
+          for (int i = 0; i < hs; ++i) s += q[i] * k[i];
+          a[t2] = s * scale;
+          maxv = std::max(maxv, a[t2]);
+        }
+        float sum = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          a[t2] = std::exp(a[t2] - maxv);
+          sum += a[t2];
+        }
+        for (int t2 = 0; t2 < T; ++t2) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
+        float* o = out + (static_cast<std::size_t>(b) * T + t) * C + h * hs;
+        for (int i = 0; i < hs; ++i) o[i] = 0.0f;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* v = qkv + (static_cast<std::size_t>(b) * T + t2) * C3 + 2 * C + h * hs;
+          for (int i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
+        }
+      }
+}
+/// dqkv += the gradient of attention_forward's out given dout.
+inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                               int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const std::size_t C3 = 3 * static_cast<std::size_t>(C);
+  std::vector<float> datt(static_cast<std::size_t>(T));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const std::size_t row = (static_cast<std::size_t>(b) * T + t) * C3 + h * hs;
+        const float* a = att + ((static_cast<std::size_t>(b) * NH + h) * T + t) * T;
+        const float* d = dout + (static_cast<std::size_t>(b) * T + t) * C + h * hs;
+        float dot = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const std::size_t r2 = (static_cast<std::size_t>(b) * T + t2) * C3 + h * hs;
+          float s = 0;
+          for (int i = 0; i < hs; ++i) {
+            s += d[i] * qkv[r2 + 2 * C + i];
+            dqkv[r2 + 2 * C + i] += a[t2] * d[i];  // dv
+          }
+          datt[static_cast<std::size_t>(t2)] = s;
+          dot += a[t2] * s;
+        }
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const std::size_t r2 = (static_cast<std::size_t>(b) * T + t2) * C3 + h * hs;
+          const float dpre = a[t2] * (datt[static_cast<std::size_t>(t2)] - dot) * scale;
+          for (int i = 0; i < hs; ++i) {
+            dqkv[row + i] += dpre * qkv[r2 + C + i];      // dq
+            dqkv[r2 + C + i] += dpre * qkv[row + i];      // dk
+          }
+        }
+      }
+}
+
+/// GELU, tanh approximation (GPT-2's).
+inline constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi)
+inline void gelu_forward(float* out, const float* x, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float t = std::tanh(gelu_k * (x[i] + 0.044715f * x[i] * x[i] * x[i]));
+    out[i] = 0.5f * x[i] * (1.0f + t);
+  }
+}
+inline void gelu_backward(float* dx, const float* x, const float* dout, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float t = std::tanh(gelu_k * (x[i] + 0.044715f * x[i] * x[i] * x[i]));
+    const float sech2 = 1.0f - t * t;
+    dx[i] = (0.5f * (1.0f + t) + 0.5f * x[i] * sech2 * gelu_k * (1.0f + 3.0f * 0.044715f * x[i] * x[i])) * dout[i];
+  }
+}
+
+/// Mean cross-entropy of logits [N, V] against targets; writes dlogits = (softmax - onehot) * dscale.
+inline float cross_entropy(float* dlogits, const float* logits, const int* targets, int N, int V, float dscale) {
+  double loss = 0;
+  for (int n = 0; n < N; ++n) {
+    const float* l = logits + static_cast<std::size_t>(n) * V;
+    float* d = dlogits + static_cast<std::size_t>(n) * V;
+    float maxv = -INFINITY;
+    for (int v = 0; v < V; ++v) maxv = std::max(maxv, l[v]);
+    float sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(l[v] - maxv);
+    const float logsum = std::log(sum) + maxv;
+    loss += logsum - l[targets[n]];
+    for (int v = 0; v < V; ++v) d[v] = (std::exp(l[v] - logsum) - (v == targets[n] ? 1.0f : 0.0f)) * dscale;
+  }
+  return static_cast<float>(loss / N);
+}
+
+}  // namespace kernels
+
+/// What one block's forward keeps for its backward.
+struct block_cache {
+  std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const auto* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res1, &ln2, &ln2_mean, &ln2_rstd, &fc,
+                          &fc_gelu})
+      n += v->size() * sizeof(float);
+    return n;
+  }
+};
+
+/// The forward and backward of the model's pieces on one rank's B sequences, given each unit while it is gathered.
+template <class W>
+class trainer {
+ public:
+  trainer(const shape& s, int batch) : s_(s), B_(batch), N_(batch * s.context) {}
+
+  /// x [N, C] = wte[tokens] + wpe[positions].
+  template <class Unit>
+  void embed(const Unit& root, const int* tokens, std::vector<float>& x) const {
+    const auto wte = root.template param<W>("wte"), wpe = root.template param<W>("wpe");
+    const int C = s_.width, T = s_.context;
+    x.assign(static_cast<std::size_t>(N_) * C, 0.0f);
+    for (int n = 0; n < N_; ++n)
+      for (int c = 0; c < C; ++c)
+        x[static_cast<std::size_t>(n) * C + c] = static_cast<float>(wte.data()[tokens[n] * C + c]) +
+                                                 static_cast<float>(wpe.data()[(n % T) * C + c]);
+  }
+
+  /// One block's forward: out = block(x); its activations into `k`.
+  template <class Unit>
+  void block_forward(const Unit& u, int l, const std::vector<float>& x, block_cache& k, std::vector<float>& out) const {
+    namespace K = kernels;
+    const int C = s_.width, N = N_;
+    auto p = [&](const char* leaf) { return K::widen(u.template param<W>(pname(l, leaf))); };
+    const auto ln1w = p("ln_1.w"), ln1b = p("ln_1.b"), qkvw = p("attn.qkv.w"), qkvb = p("attn.qkv.b"),
+               aprojw = p("attn.proj.w"), aprojb = p("attn.proj.b"), ln2w = p("ln_2.w"), ln2b = p("ln_2.b"),
+               fcw = p("mlp.fc.w"), fcb = p("mlp.fc.b"), mprojw = p("mlp.proj.w"), mprojb = p("mlp.proj.b");
+    const std::size_t NC = static_cast<std::size_t>(N) * C;
+    k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC);
+    k.att.resize(static_cast<std::size_t>(B_) * s_.heads * s_.context * s_.context), k.atty.resize(NC);
+    k.res1.resize(NC), k.ln2.resize(NC), k.ln2_mean.resize(N), k.ln2_rstd.resize(N), k.fc.resize(4 * NC);
+    k.fc_gelu.resize(4 * NC);
+    K::layernorm_forward(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(), x.data(), ln1w.data(), ln1b.data(), N, C);
+    K::matmul_forward(k.qkv.data(), k.ln1.data(), qkvw.data(), qkvb.data(), N, C, 3 * C);
+    K::attention_forward(k.atty.data(), k.att.data(), k.qkv.data(), B_, s_.context, C, s_.heads);
+    K::matmul_forward(k.res1.data(), k.atty.data(), aprojw.data(), aprojb.data(), N, C, C);
+    for (std::size_t i = 0; i < NC; ++i) k.res1[i] += x[i];
+    K::layernorm_forward(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(), k.res1.data(), ln2w.data(), ln2b.data(),
+                         N, C);
+    K::matmul_forward(k.fc.data(), k.ln2.data(), fcw.data(), fcb.data(), N, C, 4 * C);
+    K::gelu_forward(k.fc_gelu.data(), k.fc.data(), 4 * NC);
+    out.resize(NC);
+    K::matmul_forward(out.data(), k.fc_gelu.data(), mprojw.data(), mprojb.data(), N, 4 * C, C);
+    for (std::size_t i = 0; i < NC; ++i) out[i] += k.res1[i];
+  }
+
+  /// One block's backward from its input x, cache k and dout: dx, and the block's gradients stored into u.
+  template <class Unit>
+  void block_backward(const Unit& u, int l, const std::vector<float>& x, const block_cache& k,
+                      const std::vector<float>& dout, std::vector<float>& dx) const {
+    namespace K = kernels;
+    const int C = s_.width, N = N_;
+    const std::size_t NC = static_cast<std::size_t>(N) * C;
+    auto p = [&](const char* leaf) { return K::widen(u.template param<W>(pname(l, leaf))); };
+    auto zeros = [](std::size_t n) { return std::vector<float>(n, 0.0f); };
+    const std::size_t CC = static_cast<std::size_t>(C) * C;
+    std::vector<float> g_ln1w = zeros(C), g_ln1b = zeros(C), g_qkvw = zeros(3 * CC), g_qkvb = zeros(3 * C),
+                       g_aprojw = zeros(CC), g_aprojb = zeros(C), g_ln2w = zeros(C), g_ln2b = zeros(C),
+                       g_fcw = zeros(4 * CC), g_fcb = zeros(4 * C), g_mprojw = zeros(4 * CC), g_mprojb = zeros(C);
+    std::vector<float> dres1 = dout, dfc_gelu = zeros(4 * NC), dfc = zeros(4 * NC), dln2 = zeros(NC);
+    K::matmul_backward(dfc_gelu.data(), g_mprojw.data(), g_mprojb.data(), dout.data(), k.fc_gelu.data(),
+                       p("mlp.proj.w").data(), N, 4 * C, C);
+    K::gelu_backward(dfc.data(), k.fc.data(), dfc_gelu.data(), 4 * NC);
+    K::matmul_backward(dln2.data(), g_fcw.data(), g_fcb.data(), dfc.data(), k.ln2.data(), p("mlp.fc.w").data(), N, C,
+                       4 * C);
+    K::layernorm_backward(dres1.data(), g_ln2w.data(), g_ln2b.data(), dln2.data(), k.res1.data(), p("ln_2.w").data(),
+                          k.ln2_mean.data(), k.ln2_rstd.data(), N, C);
+    dx = dres1;
+    std::vector<float> datty = zeros(NC), dqkv = zeros(3 * NC), dln1 = zeros(NC);
+    K::matmul_backward(datty.data(), g_aprojw.data(), g_aprojb.data(), dres1.data(), k.atty.data(),
+                       p("attn.proj.w").data(), N, C, C);
+    K::attention_backward(dqkv.data(), datty.data(), k.qkv.data(), k.att.data(), B_, s_.context, C, s_.heads);
+    K::matmul_backward(dln1.data(), g_qkvw.data(), g_qkvb.data(), dqkv.data(), k.ln1.data(), p("attn.qkv.w").data(),
+                       N, C, 3 * C);
+    K::layernorm_backward(dx.data(), g_ln1w.data(), g_ln1b.data(), dln1.data(), x.data(), p("ln_1.w").data(),
+                          k.ln1_mean.data(), k.ln1_rstd.data(), N, C);
+    auto g = [&](const char* leaf, const std::vector<float>& v) { K::store(u.template grad<W>(pname(l, leaf)), v); };
+    g("ln_1.w", g_ln1w), g("ln_1.b", g_ln1b), g("attn.qkv.w", g_qkvw), g("attn.qkv.b", g_qkvb);
+    g("attn.proj.w", g_aprojw), g("attn.proj.b", g_aprojb), g("ln_2.w", g_ln2w), g("ln_2.b", g_ln2b);
+    g("mlp.fc.w", g_fcw), g("mlp.fc.b", g_fcb), g("mlp.proj.w", g_mprojw), g("mlp.proj.b", g_mprojb);
+  }
+
+  /// The head: final norm, logits through the tied wte, mean cross-entropy over this rank's tokens. Returns the
+  /// loss; leaves d(x_L) in dx and the head's gradients (wte, ln_f) in the trainer's fp32 buffers.
+  template <class Unit>
+  float head(const Unit& root, const std::vector<float>& x, const int* targets, std::vector<float>& dx) {
+    namespace K = kernels;
+    const int C = s_.width, V = s_.vocab, N = N_;
+    const std::size_t NC = static_cast<std::size_t>(N) * C;
+    const auto wte = K::widen(root.template param<W>("wte")), lnfw = K::widen(root.template param<W>("ln_f.w")),
+               lnfb = K::widen(root.template param<W>("ln_f.b"));
+    lnf_.resize(NC), lnf_mean_.resize(N), lnf_rstd_.resize(N);
+    logits_.resize(static_cast<std::size_t>(N) * V), dlogits_.resize(logits_.size());
+    K::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(), lnfw.data(), lnfb.data(), N, C);
+    K::matmul_forward(logits_.data(), lnf_.data(), wte.data(), nullptr, N, C, V);
+    const float loss = K::cross_entropy(dlogits_.data(), logits_.data(), targets, N, V, 1.0f / static_cast<float>(N));
+    g_wte_.assign(static_cast<std::size_t>(V) * C, 0.0f), g_lnfw_.assign(C, 0.0f), g_lnfb_.assign(C, 0.0f);
+    std::vector<float> dlnf(NC, 0.0f);
+    K::matmul_backward(dlnf.data(), g_wte_.data(), nullptr, dlogits_.data(), lnf_.data(), wte.data(), N, C, V);
+    dx.assign(NC, 0.0f);
+    K::layernorm_backward(dx.data(), g_lnfw_.data(), g_lnfb_.data(), dlnf.data(), x.data(), lnfw.data(),
+                          lnf_mean_.data(), lnf_rstd_.data(), N, C);
+    return loss;
+  }
+
+  /// The root unit's backward (the last unit of the pass): the embeddings' gradients from dx0, added to the head's.
+  template <class Unit>
+  void root_backward(const Unit& root, const int* tokens, const std::vector<float>& dx0) {
+    const int C = s_.width, T = s_.context, N = N_;
+    std::vector<float> g_wpe(static_cast<std::size_t>(T) * C, 0.0f);
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c) {
+        const float d = dx0[static_cast<std::size_t>(n) * C + c];
+        g_wte_[static_cast<std::size_t>(tokens[n]) * C + c] += d;
+        g_wpe[static_cast<std::size_t>(n % T) * C + c] += d;
+      }
+    kernels::store(root.template grad<W>("wte"), g_wte_);
+    kernels::store(root.template grad<W>("wpe"), g_wpe);
+    kernels::store(root.template grad<W>("ln_f.w"), g_lnfw_);
+    kernels::store(root.template grad<W>("ln_f.b"), g_lnfb_);
+  }
+
+  /// Bytes of the head's activations (normed input, logits and their gradient).
+  std::size_t head_bytes() const {
+    return (lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() + dlogits_.size()) * sizeof(float);
+  }
+
+ private:
+  shape s_;
+  int B_, N_;
+  std::vector<float> lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, g_wte_, g_lnfw_, g_lnfb_;
+};
+
+/// This rank's sequences of step `step`: inputs and targets [B * T], global samples step * G + rank * B + b.
+inline void make_batch(const config& c, const std::vector<int>& perm, int step, int rank, int B,
+                       std::vector<int>& inputs, std::vector<int>& targets) {
+  const int T = c.model.context;
+  inputs.resize(static_cast<std::size_t>(B) * T), targets.resize(inputs.size());
+  std::vector<int> seq(static_cast<std::size_t>(T) + 1);
+  for (int b = 0; b < B; ++b) {
+    const auto g = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(c.global_batch) +
+                   static_cast<std::uint64_t>(rank * B + b);
+    sequence(c.data, perm, T, g, seq.data());
+    std::copy(seq.begin(), seq.end() - 1, inputs.begin() + static_cast<std::ptrdiff_t>(b) * T);
+    std::copy(seq.begin() + 1, seq.end(), targets.begin() + static_cast<std::ptrdiff_t>(b) * T);
+  }
+}
+
+/// The model train() builds.
+template <class Policy>
+fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config& c) {
+  return fsdp::Model<Policy>(comm, make_spec(c.model, c.seed), wrapping(), fsdp::init::normal{},
+                             with_root_kept<typename Policy::sharding>(c.options));
+}
+
+/// AdamW as GPT-2 trains: decay on matrices only (the spec's no_decay flags), betas (0.9, 0.95), clipping.
+template <class ModelT>
+fsdp::optim::adamw<ModelT> make_optimizer(ModelT& model, const config& c) {
+  return fsdp::optim::adamw<ModelT>(model, {.lr = lr_at(c.opt, 0),
+                                            .beta1 = c.opt.beta1,
+                                            .beta2 = c.opt.beta2,
+                                            .eps = c.opt.eps,
+                                            .weight_decay = c.opt.weight_decay,
+                                            .grad = {.max_norm = c.opt.max_norm}});
+}
+
+/// Runs steps [first, first + count) on `model` with `opt`, appending to `r`. All ranks call it together.
+template <class ModelT, class Opt>
+void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, result& r) {
+  using W = typename ModelT::compute_type;
+  const int world = model.comm().size(), rank = model.comm().rank();
+  if (c.global_batch % world != 0)
+    throw fsdp::usage_error("gpt: global batch " + std::to_string(c.global_batch) + " sequences do not split over " +
+                            std::to_string(world) + " ranks");
+  const int B = c.global_batch / world, L = c.model.layers;
+  const std::vector<int> perm = permutation(c.data, c.model.vocab);
+  trainer<W> tr(c.model, B);
+  std::vector<int> inputs, targets;
+  std::vector<std::vector<float>> xs(static_cast<std::size_t>(L) + 1);  // block inputs, and x_L
+  std::vector<block_cache> caches(c.checkpoint_activations ? 1 : static_cast<std::size_t>(L));
+  std::vector<float> dx, dnext, scratch_out;
+  for (int step = first; step < first + count; ++step) {
+    const auto ts = std::chrono::steady_clock::now();
+    const float lr = lr_at(c.opt, step);
+    opt.set_lr(lr);
+    make_batch(c, perm, step, rank, B, inputs, targets);
+    typename ModelT::unit_type* root = nullptr;
+    int l = 0;                               // blocks done
+    for (auto& unit : model.forward()) {     // the root unit, then h.0 .. h.L-1
+      if (!root) {
+        if (unit.name() != "root")
+          throw fsdp::usage_error("gpt: the first unit of forward is '" + unit.name() +
+                                  "', not 'root': the embeddings must come first (keep gpt::wrapping() and the "
+                                  "wrapping order)");
+        root = &unit;
+        tr.embed(unit, inputs.data(), xs[0]);
+        continue;
+      }
+      block_cache& k = caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(l)];
+      tr.block_forward(unit, l, xs[static_cast<std::size_t>(l)], k, xs[static_cast<std::size_t>(l) + 1]);
+      ++l;
+    }
+    float loss = tr.head(*root, xs[static_cast<std::size_t>(L)], targets.data(), dx);
+    std::size_t kept = tr.head_bytes();
+    for (const auto& x : xs) kept += x.size() * sizeof(float);
+    for (const auto& k : caches) kept += k.bytes();
+    r.activation_bytes = std::max(r.activation_bytes, kept);
+    r.activation_bytes_per_block = c.checkpoint_activations ? xs[0].size() * sizeof(float)
+                                                            : xs[0].size() * sizeof(float) + caches[0].bytes();
+    for (auto& unit : model.backward()) {  // h.L-1 .. h.0, then the root unit
+      if (l == 0) {
+        tr.root_backward(unit, inputs.data(), dx);
+        continue;
+      }
+      const int b = --l;
+      const auto& x = xs[static_cast<std::size_t>(b)];
+      if (c.checkpoint_activations) tr.block_forward(unit, b, x, caches[0], scratch_out);  // recompute, same bits
+      tr.block_backward(unit, b, x, caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(b)], dx, dnext);
+      dx.swap(dnext);
+    }
+    const fsdp::grad::report rep = opt.step();
+    opt.zero_grad();
+    auto& cs = model.backend().compute_stream();
+    model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
+    r.losses.push_back(loss);
+    r.norms.push_back(rep.norm);
+    r.lrs.push_back(lr);
+    if (c.verbose && rank == 0) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+      const double tokens = static_cast<double>(c.global_batch) * c.model.context;
+      std::printf("step %3d  loss %.6f  lr %.3e  norm %.4f  %.3f s  %.0f tokens/s\n", step, loss, lr, rep.norm, s,
+                  tokens / s);
+      std::fflush(stdout);
+    }
+  }
+}
+
+/// Builds the model and its optimizer, trains c.steps steps and returns what happened on this rank. `before`
+/// (optional) sees the model before the first step (to export the initial weights, for instance).
+template <class Policy, class Before>
+result train(typename Policy::communicator& comm, const config& c, Before&& before) {
+  auto model = make_model<Policy>(comm, c);
+  auto opt = make_optimizer(model, c);
+  before(model);
+  result r;
+  r.planned = model.plan_memory(opt).peak;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_steps(model, opt, c, 0, c.steps, r);
+  model.synchronize();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.memory = model.memory();
+  r.shard_group = model.shard_comm().stats();
+  r.params = model.gather_full_params();
+  return r;
+}
+template <class Policy>
+result train(typename Policy::communicator& comm, const config& c) {
+  return train<Policy>(comm, c, [](auto&) {});
+}
+
+}  // namespace gpt

@@ -1,0 +1,175 @@
+#pragma once
+// The GPT-2-style model of the GPT examples, apart from any backend: its configuration, parameter names and
+// shapes (the ModelSpec), its wrapping (one FSDP unit per block, the rest in the root unit), the generated data,
+// the learning-rate schedule, the AdamW decay rule and the FLOP count. The host trainer (gpt_host.hpp) and the
+// PyTorch peer (bench/peer/gpt_fsdp2.py) implement this same description; the peer's copy of the data generator
+// and the schedule must stay bit-identical to this one (tests/gpt compares them through the program's output).
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <fsdp/fsdp.hpp>
+
+namespace gpt {
+
+/// Architecture, data and optimisation settings. Every rank must use the same values.
+struct shape {
+  int vocab = 64;    ///< tokens 0 .. vocab-1
+  int context = 32;  ///< sequence length T
+  int width = 64;    ///< channels C
+  int heads = 4;     ///< C % heads == 0
+  int layers = 4;    ///< blocks, one FSDP unit each
+};
+
+struct schedule {
+  float lr = 3e-3f;            ///< peak learning rate
+  float min_lr_ratio = 0.1f;   ///< the cosine ends at lr * min_lr_ratio
+  int warmup = 5;              ///< linear warm-up steps
+  int total = 50;              ///< steps of the cosine (the run's length)
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;   ///< matrices only: biases, norms and embeddings are not decayed
+  float max_norm = 1.0f;       ///< global gradient-norm clipping (0: none)
+};
+
+struct data_options {
+  std::uint64_t seed = 1234;
+  /// Each next token is the permutation's image of the current one with this probability, a uniform draw
+  /// otherwise: every token is equally frequent (entropy ln(vocab)), but the next one is predictable.
+  double follow = 0.75;
+};
+
+/// Throws fsdp::usage_error naming the first setting that cannot work.
+inline void validate(const shape& s) {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw fsdp::usage_error("gpt: " + what);
+  };
+  need(s.vocab >= 2, "vocab must be at least 2, got " + std::to_string(s.vocab));
+  need(s.context >= 1, "context must be positive, got " + std::to_string(s.context));
+  need(s.heads >= 1 && s.width >= 1 && s.width % s.heads == 0,
+       "width " + std::to_string(s.width) + " must be a positive multiple of heads " + std::to_string(s.heads));
+  need(s.layers >= 1, "layers must be positive, got " + std::to_string(s.layers));
+}
+
+// ---- names: GPT-2's, with nn.Linear's [out, in] weights -------------------------------------------------------
+inline std::string block(int l) { return "h." + std::to_string(l); }
+inline std::string pname(int l, const char* leaf) { return block(l) + "." + leaf; }
+
+/// wte [V, C], wpe [T, C], per block h.L.{ln_1, attn.qkv, attn.proj, ln_2, mlp.fc, mlp.proj}.{w, b}, ln_f.{w, b}
+/// and lm_head.w tied to wte. GPT-2's initialisation: N(0, 0.02) for matrices and embeddings, N(0, 0.02 /
+/// sqrt(2 L)) for the projections into the residual stream, zeros for biases, ones for norm gains.
+inline fsdp::ModelSpec make_spec(const shape& s, std::uint64_t seed) {
+  validate(s);
+  const std::int64_t V = s.vocab, T = s.context, C = s.width;
+  const float resid_std = 0.02f / std::sqrt(2.0f * static_cast<float>(s.layers));
+  const fsdp::param_flags no_decay{.no_decay = true};
+  auto normal = [&](float std) { return fsdp::param_options{.init = fsdp::init::normal{std, seed}}; };
+  auto flat = [&](fsdp::init::rule r) { return fsdp::param_options{.flags = no_decay, .init = r}; };
+  fsdp::ModelSpec spec;
+  spec.add("wte", {V, C}, flat(fsdp::init::normal{0.02f, seed}));
+  spec.add("wpe", {T, C}, flat(fsdp::init::normal{0.01f, seed}));
+  for (int l = 0; l < s.layers; ++l) {
+    spec.add(pname(l, "ln_1.w"), {C}, flat(fsdp::init::ones));
+    spec.add(pname(l, "ln_1.b"), {C}, flat(fsdp::init::zeros));
+    spec.add(pname(l, "attn.qkv.w"), {3 * C, C}, normal(0.02f));
+    spec.add(pname(l, "attn.qkv.b"), {3 * C}, flat(fsdp::init::zeros));
+    spec.add(pname(l, "attn.proj.w"), {C, C}, normal(resid_std));
+    spec.add(pname(l, "attn.proj.b"), {C}, flat(fsdp::init::zeros));
+    spec.add(pname(l, "ln_2.w"), {C}, flat(fsdp::init::ones));
+    spec.add(pname(l, "ln_2.b"), {C}, flat(fsdp::init::zeros));
+    spec.add(pname(l, "mlp.fc.w"), {4 * C, C}, normal(0.02f));
+    spec.add(pname(l, "mlp.fc.b"), {4 * C}, flat(fsdp::init::zeros));
+    spec.add(pname(l, "mlp.proj.w"), {C, 4 * C}, normal(resid_std));
+    spec.add(pname(l, "mlp.proj.b"), {C}, flat(fsdp::init::zeros));
+  }
+  spec.add("ln_f.w", {C}, flat(fsdp::init::ones));
+  spec.add("ln_f.b", {C}, flat(fsdp::init::zeros));
+  spec.tie("lm_head.w", "wte");
+  return spec;
+}
+
+/// One unit per block (h.0 .. h.L-1); wte, wpe, ln_f and the tied head form the root unit, first in the wrapping
+/// order (so first in forward, last in backward).
+inline fsdp::wrap::by_prefix wrapping() { return fsdp::wrap::by_prefix{"h."}; }
+
+/// The root unit is used first (embeddings) and last (final norm and the tied head) in forward, and first (head)
+/// and last (embeddings) in backward: it stays gathered from its forward to the end of its backward, as PyTorch
+/// FSDP keeps its root. Adds that to `o` (other settings kept) for a strategy that reshards after forward; the
+/// others keep every unit gathered from forward to backward already.
+template <class Strategy>
+fsdp::model_options with_root_kept(fsdp::model_options o) {
+  if constexpr (Strategy::shards_params && Strategy::reshard_after_forward) o.reshard_after_forward["root"] = false;
+  return o;
+}
+
+/// Parameters of the model (the tie counted once).
+inline std::int64_t parameters(const shape& s) { return make_spec(s, 0).numel(); }
+
+/// Model FLOPs per token of a training step (forward and backward): 6 per matrix-parameter use plus attention's
+/// two products (6 * L * T * C counting backward), as in the PaLM appendix; embeddings' lookups are not FLOPs but
+/// the head's product is (the tie's V * C counted as a matrix).
+inline double flops_per_token(const shape& s) {
+  const double C = s.width, L = s.layers, V = s.vocab, T = s.context;
+  const double matrices = L * 12.0 * C * C + V * C;
+  return 6.0 * matrices + 6.0 * L * T * C;
+}
+
+// ---- learning rate ----------------------------------------------------------------------------------------------
+/// Linear warm-up from lr / warmup to lr over `warmup` steps, then a cosine from lr down to lr * min_lr_ratio at
+/// step `total - 1`. Computed in double, rounded once.
+inline float lr_at(const schedule& s, int step) {
+  const double lr = s.lr, lo = s.lr * static_cast<double>(s.min_lr_ratio);
+  if (step < s.warmup) return static_cast<float>(lr * (step + 1) / s.warmup);
+  const int span = s.total - s.warmup - 1;
+  const double ratio = span <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step - s.warmup) / span);
+  return static_cast<float>(lo + 0.5 * (1.0 + std::cos(3.14159265358979323846 * ratio)) * (lr - lo));
+}
+
+// ---- data: every sequence a pure function of (seed, global sample index) --------------------------------------
+namespace detail {
+using fsdp::init::detail::mix;
+using fsdp::init::detail::unit;
+inline double uniform(std::uint64_t seed, std::uint64_t sample, std::uint64_t i) {
+  return unit(mix(mix(mix(seed) ^ sample) ^ i));
+}
+inline int draw(double u, int vocab) { return std::min(vocab - 1, static_cast<int>(u * vocab)); }
+}  // namespace detail
+
+/// The permutation the data follows: Fisher-Yates driven by mix(seed ^ k).
+inline std::vector<int> permutation(const data_options& d, int vocab) {
+  std::vector<int> p(static_cast<std::size_t>(vocab));
+  std::iota(p.begin(), p.end(), 0);
+  for (int k = vocab - 1; k > 0; --k) {
+    const auto j = static_cast<int>(fsdp::init::detail::mix(d.seed ^ (0x5045524dULL + static_cast<std::uint64_t>(k))) %
+                                    static_cast<std::uint64_t>(k + 1));
+    std::swap(p[static_cast<std::size_t>(k)], p[static_cast<std::size_t>(j)]);
+  }
+  return p;
+}
+
+/// Tokens 0 .. T of global sample `sample` (T + 1 values: inputs are the first T, targets the last T).
+inline void sequence(const data_options& d, const std::vector<int>& perm, int context, std::uint64_t sample,
+                     int* out) {
+  const int V = static_cast<int>(perm.size());
+  out[0] = detail::draw(detail::uniform(d.seed, sample, 0), V);
+  for (int i = 1; i <= context; ++i) {
+    const auto k = static_cast<std::uint64_t>(i);
+    out[i] = detail::uniform(d.seed, sample, 2 * k - 1) < d.follow
+                 ? perm[static_cast<std::size_t>(out[i - 1])]
+                 : detail::draw(detail::uniform(d.seed, sample, 2 * k), V);
+  }
+}
+
+/// The entropy (nats) of the token frequencies (ln V: every token is equally frequent) and the lowest mean loss a
+/// model can reach on this data: every target follows its input token with probability `follow` (or is the
+/// permutation's image by chance) and is a uniform draw otherwise.
+struct entropies {
+  double frequencies, floor;
+};
+inline entropies data_entropies(const data_options& d, int vocab) {
+  const double V = vocab, q = (1.0 - d.follow) / V, p = d.follow + q;
+  return {std::log(V), -p * std::log(p) - (V - 1) * q * std::log(q)};
+}
+
+}  // namespace gpt

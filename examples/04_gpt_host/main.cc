@@ -1,0 +1,150 @@
+// Trains a GPT-2-style decoder (gpt_model.hpp) with N thread ranks on the host backend: one FSDP unit per block,
+// the root unit (embeddings, final norm, tied head) kept gathered, AdamW with warm-up and cosine schedule and
+// global-norm clipping, bf16 compute with fp32 master weights. Prints per step the loss, learning rate, gradient
+// norm and tokens/s, and at the end every rank's peak memory by category next to the planner's prediction and the
+// activations the trainer kept.
+//   bazel run //examples/04_gpt_host -- --ranks 4 [--steps 50] [--precision bf16|fp32]
+//       [--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations]
+//       [--layers L] [--width C] [--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W]
+//       [--export-init FILE.safetensors] [--losses FILE]
+// --export-init writes the initial weights (fp32 safetensors, GPT-2 names) before the first step; --losses writes
+// one line per step (step, loss, learning rate, gradient norm): the PyTorch peer (bench/peer) reads both.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <fsdp/checkpoint/safetensors.hpp>
+
+#include "examples/04_gpt_host/gpt_host.hpp"
+#include "examples/common/memory_table.hpp"
+
+namespace {
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "error: %s\nusage: gpt_host [--ranks N] [--steps S] [--precision bf16|fp32] "
+               "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
+               "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
+               "[--export-init FILE] [--losses FILE]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+int to_int(const char* s, const std::string& flag) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (!end || *end || v <= 0 || v > 1 << 20) usage(flag + " needs a positive integer, got '" + s + "'");
+  return static_cast<int>(v);
+}
+
+/// A path given to `bazel run` is the caller's: relative paths are made absolute against its directory.
+std::string caller_path(std::string p) {
+  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY"); wd && !p.empty() && p[0] != '/')
+    p = std::string(wd) + "/" + p;
+  return p;
+}
+
+struct outputs {
+  std::string export_init, losses;
+};
+
+template <class Strategy, class Precision>
+int run(int ranks, const gpt::config& cfg, const outputs& out) {
+  using Policy = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
+  const auto pf = fsdp::facts_of_precision<Precision>();
+  const auto& s = cfg.model;
+  const gpt::entropies h = gpt::data_entropies(cfg.data, s.vocab);
+  std::printf("GPT: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d thread ranks, "
+              "%s compute, %s reduction, global batch %d sequences (%d tokens)%s\n",
+              s.layers, s.width, s.heads, s.context, s.vocab, static_cast<long long>(gpt::parameters(s)),
+              std::string(Strategy::name).c_str(), ranks, std::string(fsdp::name_of(pf.compute)).c_str(),
+              std::string(fsdp::name_of(pf.reduce)).c_str(), cfg.global_batch, cfg.global_batch * s.context,
+              cfg.checkpoint_activations ? ", activation checkpointing" : "");
+  std::printf("data: entropy of the token frequencies %.4f nats, lowest reachable loss %.4f nats\n", h.frequencies,
+              h.floor);
+  std::vector<gpt::result> results(static_cast<std::size_t>(ranks));
+  fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& comm) {
+    auto before = [&](auto& model) {
+      if (!out.export_init.empty()) fsdp::safetensors::save(model, out.export_init, {.overwrite = true});
+    };
+    results[static_cast<std::size_t>(comm.rank())] = gpt::train<Policy>(comm, cfg, before);
+  });
+  const auto& r0 = results[0];
+  std::printf("trained %d steps in %.3f s (%.0f tokens/s): loss %.6f -> %.6f\n", cfg.steps, r0.seconds,
+              static_cast<double>(cfg.steps) * cfg.global_batch * s.context / r0.seconds, r0.losses.front(),
+              r0.losses.back());
+  std::vector<examples::rank_memory> table;
+  for (const auto& r : results) table.push_back({r.memory.peak, r.planned});
+  examples::print_memory_table(table);
+  std::printf("activations held by the trainer at the end of forward: %.2f KiB per rank (%.2f KiB per block%s)\n",
+              r0.activation_bytes / 1024.0, r0.activation_bytes_per_block / 1024.0,
+              cfg.checkpoint_activations ? ": its input only, the rest recomputed in backward" : "");
+  if (!out.export_init.empty()) std::printf("initial weights written to %s\n", out.export_init.c_str());
+  if (!out.losses.empty()) {
+    std::FILE* f = std::fopen(out.losses.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "error: cannot write the losses to %s\n", out.losses.c_str());
+      return 1;
+    }
+    for (std::size_t i = 0; i < r0.losses.size(); ++i)
+      std::fprintf(f, "%zu %.9g %.9g %.9g\n", i, r0.losses[i], r0.lrs[i], r0.norms[i]);
+    std::fclose(f);
+    std::printf("losses written to %s\n", out.losses.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ranks = 4;
+  std::string strategy = "full_shard", precision = "bf16";
+  outputs out;
+  gpt::config cfg;
+  cfg.global_batch = 16;
+  cfg.verbose = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--ranks") ranks = to_int(value(), a);
+    else if (a == "--steps") cfg.steps = to_int(value(), a);
+    else if (a == "--batch") cfg.global_batch = to_int(value(), a);
+    else if (a == "--layers") cfg.model.layers = to_int(value(), a);
+    else if (a == "--width") cfg.model.width = to_int(value(), a);
+    else if (a == "--heads") cfg.model.heads = to_int(value(), a);
+    else if (a == "--context") cfg.model.context = to_int(value(), a);
+    else if (a == "--vocab") cfg.model.vocab = to_int(value(), a);
+    else if (a == "--warmup") cfg.opt.warmup = to_int(value(), a);
+    else if (a == "--seed") cfg.seed = static_cast<std::uint64_t>(to_int(value(), a));
+    else if (a == "--lr") {
+      cfg.opt.lr = std::strtof(value(), nullptr);
+      if (!(cfg.opt.lr > 0)) usage("--lr needs a positive number");
+    } else if (a == "--strategy") strategy = value();
+    else if (a == "--precision") precision = value();
+    else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;
+    else if (a == "--export-init") out.export_init = caller_path(value());
+    else if (a == "--losses") out.losses = caller_path(value());
+    else usage("unknown argument " + a);
+  }
+  cfg.opt.total = cfg.steps;  // the cosine spans the run
+  try {
+    gpt::validate(cfg.model);
+    auto with_strategy = [&](auto precision_tag) {
+      using P = decltype(precision_tag);
+      if (strategy == "full_shard") return run<fsdp::sharding::full_shard, P>(ranks, cfg, out);
+      if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op, P>(ranks, cfg, out);
+      if (strategy == "no_shard") return run<fsdp::sharding::no_shard, P>(ranks, cfg, out);
+      usage("unknown strategy " + strategy + " (full_shard, shard_grad_op or no_shard)");
+    };
+    if (precision == "bf16") return with_strategy(fsdp::precision::mixed<fsdp::bfloat16>{});
+    if (precision == "fp32") return with_strategy(fsdp::precision::full{});
+    usage("unknown precision " + precision + " (bf16 or fp32)");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
