@@ -159,23 +159,23 @@ TEST_CASE("the data: a pure function of the global sample, every world size sees
 
 TEST_CASE("losses at world 1, 2, 3 and 4 agree over 30 steps, and fall well below the entropy of the tokens") {
   const gpt::config c = small();
-  SUBCASE("fp32 compute: within 1e-4 relative (only the order of the gradient sums differs)") {
+  SUBCASE("fp32 compute: within 1e-6 relative (only the order of the gradient sums differs; measured 1.3e-7)") {
     const auto one = train<fp32_policy>(1, c)[0].losses;
     for (int world : {2, 3, 4}) {
       const auto other = train<fp32_policy>(world, c)[0].losses;
       for (std::size_t i = 0; i < one.size(); ++i) {
         INFO("world " << world << ", step " << i << ": " << other[i] << " against " << one[i]);
-        CHECK(std::abs(other[i] - one[i]) <= 1e-4f * one[i]);
+        CHECK(std::abs(other[i] - one[i]) <= 1e-6f * one[i]);
       }
     }
   }
-  SUBCASE("bf16 compute, fp32 master and reduction: within 2% relative (bf16 gradients round differently)") {
+  SUBCASE("bf16 compute, fp32 master and reduction: within 0.2% relative (bf16 gradients round differently; measured 0.036%)") {
     const auto one = train<bf16_policy>(1, c)[0].losses;
     for (int world : {2, 3, 4}) {
       const auto other = train<bf16_policy>(world, c)[0].losses;
       for (std::size_t i = 0; i < one.size(); ++i) {
         INFO("world " << world << ", step " << i << ": " << other[i] << " against " << one[i]);
-        CHECK(std::abs(other[i] - one[i]) <= 0.02f * one[i]);
+        CHECK(std::abs(other[i] - one[i]) <= 2e-3f * one[i]);
       }
     }
     const auto h = gpt::data_entropies(c.data, c.model.vocab);

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of examples/04_gpt_host: the same GPT-2-style model trained with PyTorch FSDP2.
+
+`fully_shard` per block and on the root, a bf16 MixedPrecisionPolicy (fp32 reduction) or none, the initial
+weights read from the safetensors file the example wrote (--export-init), and the same token batches: the data
+generator, the learning-rate schedule and the AdamW settings below are copies of gpt_model.hpp's, kept
+bit-identical. Runs on CPU with gloo (world size --world, one process per rank) or on CUDA with NCCL under torchrun.
+
+  python3 bench/peer/gpt_fsdp2.py --init init.safetensors --ours ours.txt [--world 2] [--precision bf16]
+
+With --ours (the example's --losses output) it prints both loss curves side by side and the largest difference,
+and exits 1 when a step differs by more than --tolerance (relative).
+"""
+import argparse
+import math
+import os
+import sys
+import time
+
+MASK = (1 << 64) - 1
+
+
+# ---- gpt_model.hpp's data generator, bit for bit ------------------------------------------------------------
+def mix(x):
+    """splitmix64's finaliser (fsdp::init::detail::mix)."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def unit(bits):
+    return (bits >> 11) * 2.0**-53
+
+
+def uniform(seed, sample, i):
+    return unit(mix(mix(mix(seed) ^ sample) ^ i))
+
+
+def draw(u, vocab):
+    return min(vocab - 1, int(u * vocab))
+
+
+def permutation(seed, vocab):
+    p = list(range(vocab))
+    for k in range(vocab - 1, 0, -1):
+        j = mix(seed ^ (0x5045524D + k)) % (k + 1)
+        p[k], p[j] = p[j], p[k]
+    return p
+
+
+def sequence(seed, follow, perm, context, sample):
+    vocab = len(perm)
+    out = [draw(uniform(seed, sample, 0), vocab)]
+    for i in range(1, context + 1):
+        if uniform(seed, sample, 2 * i - 1) < follow:
+            out.append(perm[out[-1]])
+        else:
+            out.append(draw(uniform(seed, sample, 2 * i), vocab))
+    return out
+
+
+def lr_at(a, step):
+    lr, lo = a.lr, a.lr * a.min_lr_ratio
+    if step < a.warmup:
+        return lr * (step + 1) / a.warmup
+    span = a.steps - a.warmup - 1
+    ratio = 1.0 if span <= 0 else min(1.0, (step - a.warmup) / span)
+    return lo + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - lo)
+
+
+# ---- the model -----------------------------------------------------------------------------------------------
+def build(torch, a):
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(a.width, 3 * a.width)
+            self.proj = nn.Linear(a.width, a.width)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.qkv(x).split(C, dim=2)
+            shape = (B, T, a.heads, C // a.heads)
+            q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(a.width, 4 * a.width)
+            self.proj = nn.Linear(4 * a.width, a.width)
+
+        def forward(self, x):
+            return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(a.width, eps=1e-5)
+            self.attn = Attention()
+            self.ln_2 = nn.LayerNorm(a.width, eps=1e-5)
+            self.mlp = Mlp()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(a.vocab, a.width)
+            self.wpe = nn.Embedding(a.context, a.width)
+            self.h = nn.ModuleList(Block() for _ in range(a.layers))
+            self.ln_f = nn.LayerNorm(a.width, eps=1e-5)
+            self.lm_head = nn.Linear(a.width, a.vocab, bias=False)
+            self.lm_head.weight = self.wte.weight  # tied
+
+        def forward(self, idx, targets):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x)).float()
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return Gpt()
+
+
+def torch_name(ours):
+    """h.0.attn.qkv.w -> h.0.attn.qkv.weight; wte -> wte.weight."""
+    if ours in ("wte", "wpe"):
+        return ours + ".weight"
+    stem, leaf = ours.rsplit(".", 1)
+    return stem + {"w": ".weight", "b": ".bias"}[leaf]
+
+
+def train(rank, a, losses_out):
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=a.world)
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    model = build(torch, a)
+    state = {torch_name(k): v for k, v in load_file(a.init).items()}
+    state["lm_head.weight"] = state["wte.weight"]
+    model.load_state_dict(state, strict=True)  # every tensor present, none left over
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    model.to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.precision == "bf16"
+          else MixedPrecisionPolicy())
+    for block in model.h:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    decay = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("h.")]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim == 2 and n.startswith("h."))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=lr_at(a, 0), betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    perm = permutation(a.data_seed, a.vocab)
+    if a.batch % world:
+        sys.exit(f"error: global batch {a.batch} does not split over {world} ranks")
+    B = a.batch // world
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        lr = lr_at(a, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        seqs = [sequence(a.data_seed, a.follow, perm, a.context, step * a.batch + rank * B + b) for b in range(B)]
+        data = torch.tensor(seqs, dtype=torch.long, device=device)
+        loss = model(data[:, :-1], data[:, 1:])
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        total = loss.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        total = total.item() / world
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        if rank == 0:
+            losses_out.append(total)
+            dt = time.perf_counter() - t0
+            print(f"step {step:3d}  loss {total:.6f}  lr {lr:.3e}  norm {float(norm):.4f}  {dt:.3f} s", flush=True)
+    dist.destroy_process_group()
+
+
+def worker(rank, a, queue):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(a.port))
+    losses = []
+    train(rank, a, losses)
+    if rank == 0:
+        queue.put(losses)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init", required=True, help="initial weights: the example's --export-init file")
+    p.add_argument("--ours", help="the example's --losses file, to compare with")
+    p.add_argument("--tolerance", type=float,
+                   help="largest relative loss difference accepted (default 1e-5 for fp32, 5e-3 for bf16)")
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--context", type=int, default=32)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--max-norm", type=float, default=1.0)
+    p.add_argument("--data-seed", type=int, default=1234)
+    p.add_argument("--follow", type=float, default=0.75)
+    p.add_argument("--port", type=int, default=29533)
+    a = p.parse_args()
+    if a.tolerance is None:
+        a.tolerance = 1e-5 if a.precision == "fp32" else 5e-3
+    # gpt_model.hpp rounds these to float before use
+    import struct
+    f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]
+    a.lr, a.min_lr_ratio = f32(a.lr), f32(a.min_lr_ratio)
+
+    if "RANK" in os.environ:  # under torchrun
+        a.world = int(os.environ["WORLD_SIZE"])
+        losses = []
+        train(int(os.environ["RANK"]), a, losses)
+        if int(os.environ["RANK"]) != 0:
+            return 0
+    else:
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        queue = ctx.SimpleQueue()
+        procs = [ctx.Process(target=worker, args=(r, a, queue)) for r in range(a.world)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+        if any(proc.exitcode != 0 for proc in procs):
+            print("error: a rank failed", file=sys.stderr)
+            return 1
+        losses = queue.get()
+    if not a.ours:
+        return 0
+    ours = [float(line.split()[1]) for line in open(a.ours) if line.strip()]
+    n = min(len(ours), len(losses))
+    worst = max(range(n), key=lambda i: abs(ours[i] - losses[i]) / losses[i])
+    rel = abs(ours[worst] - losses[worst]) / losses[worst]
+    print(f"\n{'step':>4} {'ours':>10} {'pytorch':>10} {'rel. diff':>10}")
+    for i in range(n):
+        print(f"{i:4d} {ours[i]:10.6f} {losses[i]:10.6f} {abs(ours[i] - losses[i]) / losses[i]:10.2e}")
+    print(f"\n{n} steps: largest relative difference {rel:.3e} at step {worst} (tolerance {a.tolerance:.1e}); "
+          f"final loss ours {ours[n - 1]:.6f}, pytorch {losses[n - 1]:.6f}")
+    return 0 if rel <= a.tolerance else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
