@@ -29,36 +29,9 @@
 
 #include <fsdp/fsdp.hpp>
 
-#include "examples/04_gpt_host/gpt_model.hpp"
+#include "examples/04_gpt_host/gpt_loop.hpp"
 
 namespace gpt {
-
-struct config {
-  shape model{};
-  schedule opt{};
-  data_options data{};
-  int global_batch = 8;       ///< sequences per step, split evenly over the ranks
-  int steps = 50;
-  std::uint64_t seed = 1;     ///< of the initial weights
-  bool checkpoint_activations = false;
-  bool verbose = false;       ///< rank 0 prints a line per step
-  /// Scheduling options (slots, recorder, ...); gpt::with_root_kept is applied to them.
-  fsdp::model_options options{};
-};
-
-struct result {
-  std::vector<float> losses;  ///< global mean loss per step
-  std::vector<double> norms;  ///< global gradient norm per step, before clipping
-  std::vector<float> lrs;     ///< learning rate per step
-  fsdp::memory_stats memory;  ///< this rank's accounting after training
-  fsdp::memory_figures planned;
-  /// Bytes of activations the trainer held at the end of the last forward pass (its peak), and how many of them
-  /// are kept per block (the block's input under activation checkpointing, its whole cache otherwise).
-  std::size_t activation_bytes = 0, activation_bytes_per_block = 0;
-  fsdp::collective_stats shard_group;  ///< this rank's collectives (gathers, reductions, the loss average)
-  double seconds = 0;
-  std::map<std::string, std::vector<float>> params;  ///< final full parameters (train() only)
-};
 
 namespace kernels {
 
@@ -264,11 +237,22 @@ struct block_cache {
 template <class W>
 class trainer {
  public:
+  using buffer = std::vector<float>;
+  using cache = block_cache;
+  static std::size_t bytes(const buffer& b) { return b.size() * sizeof(float); }
+
   trainer(const shape& s, int batch) : s_(s), B_(batch), N_(batch * s.context) {}
+
+  /// This rank's tokens of the step ([B * T] inputs and targets).
+  void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
+    inputs_ = inputs;
+    targets_ = targets;
+  }
 
   /// x [N, C] = wte[tokens] + wpe[positions].
   template <class Unit>
-  void embed(const Unit& root, const int* tokens, std::vector<float>& x) const {
+  void embed(const Unit& root, std::vector<float>& x) const {
+    const int* tokens = inputs_.data();
     const auto wte = root.template param<W>("wte"), wpe = root.template param<W>("wpe");
     const int C = s_.width, T = s_.context;
     x.assign(static_cast<std::size_t>(N_) * C, 0.0f);
@@ -342,10 +326,11 @@ class trainer {
     g("mlp.fc.w", g_fcw), g("mlp.fc.b", g_fcb), g("mlp.proj.w", g_mprojw), g("mlp.proj.b", g_mprojb);
   }
 
-  /// The head: final norm, logits through the tied wte, mean cross-entropy over this rank's tokens. Returns the
-  /// loss; leaves d(x_L) in dx and the head's gradients (wte, ln_f) in the trainer's fp32 buffers.
+  /// The head: final norm, logits through the tied wte, mean cross-entropy over this rank's tokens (kept for
+  /// global_loss); leaves d(x_L) in dx and the head's gradients (wte, ln_f) in the trainer's fp32 buffers.
   template <class Unit>
-  float head(const Unit& root, const std::vector<float>& x, const int* targets, std::vector<float>& dx) {
+  void head(const Unit& root, const std::vector<float>& x, std::vector<float>& dx) {
+    const int* targets = targets_.data();
     namespace K = kernels;
     const int C = s_.width, V = s_.vocab, N = N_;
     const std::size_t NC = static_cast<std::size_t>(N) * C;
@@ -355,19 +340,19 @@ class trainer {
     logits_.resize(static_cast<std::size_t>(N) * V), dlogits_.resize(logits_.size());
     K::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(), lnfw.data(), lnfb.data(), N, C);
     K::matmul_forward(logits_.data(), lnf_.data(), wte.data(), nullptr, N, C, V);
-    const float loss = K::cross_entropy(dlogits_.data(), logits_.data(), targets, N, V, 1.0f / static_cast<float>(N));
+    loss_ = K::cross_entropy(dlogits_.data(), logits_.data(), targets, N, V, 1.0f / static_cast<float>(N));
     g_wte_.assign(static_cast<std::size_t>(V) * C, 0.0f), g_lnfw_.assign(C, 0.0f), g_lnfb_.assign(C, 0.0f);
     std::vector<float> dlnf(NC, 0.0f);
     K::matmul_backward(dlnf.data(), g_wte_.data(), nullptr, dlogits_.data(), lnf_.data(), wte.data(), N, C, V);
     dx.assign(NC, 0.0f);
     K::layernorm_backward(dx.data(), g_lnfw_.data(), g_lnfb_.data(), dlnf.data(), x.data(), lnfw.data(),
                           lnf_mean_.data(), lnf_rstd_.data(), N, C);
-    return loss;
   }
 
   /// The root unit's backward (the last unit of the pass): the embeddings' gradients from dx0, added to the head's.
   template <class Unit>
-  void root_backward(const Unit& root, const int* tokens, const std::vector<float>& dx0) {
+  void root_backward(const Unit& root, const std::vector<float>& dx0) {
+    const int* tokens = inputs_.data();
     const int C = s_.width, T = s_.context, N = N_;
     std::vector<float> g_wpe(static_cast<std::size_t>(T) * C, 0.0f);
     for (int n = 0; n < N; ++n)
@@ -382,6 +367,16 @@ class trainer {
     kernels::store(root.template grad<W>("ln_f.b"), g_lnfb_);
   }
 
+  /// This rank's mean loss of the last head().
+  float local_loss() const { return loss_; }
+  /// The mean loss over every rank's tokens (the ranks' means averaged: their batches are equal).
+  template <class ModelT>
+  float global_loss(ModelT& model) {
+    float loss = loss_;
+    model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, model.backend().compute_stream());
+    return loss;
+  }
+
   /// Bytes of the head's activations (normed input, logits and their gradient).
   std::size_t head_bytes() const {
     return (lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() + dlogits_.size()) * sizeof(float);
@@ -390,134 +385,27 @@ class trainer {
  private:
   shape s_;
   int B_, N_;
+  float loss_ = 0;
+  std::vector<int> inputs_, targets_;
   std::vector<float> lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, g_wte_, g_lnfw_, g_lnfb_;
 };
 
-/// This rank's sequences of step `step`: inputs and targets [B * T], global samples step * G + rank * B + b.
-inline void make_batch(const config& c, const std::vector<int>& perm, int step, int rank, int B,
-                       std::vector<int>& inputs, std::vector<int>& targets) {
-  const int T = c.model.context;
-  inputs.resize(static_cast<std::size_t>(B) * T), targets.resize(inputs.size());
-  std::vector<int> seq(static_cast<std::size_t>(T) + 1);
-  for (int b = 0; b < B; ++b) {
-    const auto g = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(c.global_batch) +
-                   static_cast<std::uint64_t>(rank * B + b);
-    sequence(c.data, perm, T, g, seq.data());
-    std::copy(seq.begin(), seq.end() - 1, inputs.begin() + static_cast<std::ptrdiff_t>(b) * T);
-    std::copy(seq.begin() + 1, seq.end(), targets.begin() + static_cast<std::ptrdiff_t>(b) * T);
+/// The host trainer for a model of compute type W.
+struct make_host_trainer {
+  template <class ModelT>
+  trainer<typename ModelT::compute_type> operator()(ModelT&, const shape& s, int batch) const {
+    return trainer<typename ModelT::compute_type>(s, batch);
   }
-}
+};
 
-/// The model train() builds.
-template <class Policy>
-fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config& c) {
-  return fsdp::Model<Policy>(comm, make_spec(c.model, c.seed), wrapping(), fsdp::init::normal{},
-                             with_root_kept<typename Policy::sharding>(c.options));
-}
-
-/// AdamW as GPT-2 trains: decay on matrices only (the spec's no_decay flags), betas (0.9, 0.95), clipping.
-template <class ModelT>
-fsdp::optim::adamw<ModelT> make_optimizer(ModelT& model, const config& c) {
-  return fsdp::optim::adamw<ModelT>(model, {.lr = lr_at(c.opt, 0),
-                                            .beta1 = c.opt.beta1,
-                                            .beta2 = c.opt.beta2,
-                                            .eps = c.opt.eps,
-                                            .weight_decay = c.opt.weight_decay,
-                                            .grad = {.max_norm = c.opt.max_norm}});
-}
-
-/// Runs steps [first, first + count) on `model` with `opt`, appending to `r`. All ranks call it together.
-template <class ModelT, class Opt>
-void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, result& r) {
-  using W = typename ModelT::compute_type;
-  const int world = model.comm().size(), rank = model.comm().rank();
-  if (c.global_batch % world != 0)
-    throw fsdp::usage_error("gpt: global batch " + std::to_string(c.global_batch) + " sequences do not split over " +
-                            std::to_string(world) + " ranks");
-  const int B = c.global_batch / world, L = c.model.layers;
-  const std::vector<int> perm = permutation(c.data, c.model.vocab);
-  trainer<W> tr(c.model, B);
-  std::vector<int> inputs, targets;
-  std::vector<std::vector<float>> xs(static_cast<std::size_t>(L) + 1);  // block inputs, and x_L
-  std::vector<block_cache> caches(c.checkpoint_activations ? 1 : static_cast<std::size_t>(L));
-  std::vector<float> dx, dnext, scratch_out;
-  for (int step = first; step < first + count; ++step) {
-    const auto ts = std::chrono::steady_clock::now();
-    const float lr = lr_at(c.opt, step);
-    opt.set_lr(lr);
-    make_batch(c, perm, step, rank, B, inputs, targets);
-    typename ModelT::unit_type* root = nullptr;
-    int l = 0;                               // blocks done
-    for (auto& unit : model.forward()) {     // the root unit, then h.0 .. h.L-1
-      if (!root) {
-        if (unit.name() != "root")
-          throw fsdp::usage_error("gpt: the first unit of forward is '" + unit.name() +
-                                  "', not 'root': the embeddings must come first (keep gpt::wrapping() and the "
-                                  "wrapping order)");
-        root = &unit;
-        tr.embed(unit, inputs.data(), xs[0]);
-        continue;
-      }
-      block_cache& k = caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(l)];
-      tr.block_forward(unit, l, xs[static_cast<std::size_t>(l)], k, xs[static_cast<std::size_t>(l) + 1]);
-      ++l;
-    }
-    float loss = tr.head(*root, xs[static_cast<std::size_t>(L)], targets.data(), dx);
-    std::size_t kept = tr.head_bytes();
-    for (const auto& x : xs) kept += x.size() * sizeof(float);
-    for (const auto& k : caches) kept += k.bytes();
-    r.activation_bytes = std::max(r.activation_bytes, kept);
-    r.activation_bytes_per_block = c.checkpoint_activations ? xs[0].size() * sizeof(float)
-                                                            : xs[0].size() * sizeof(float) + caches[0].bytes();
-    for (auto& unit : model.backward()) {  // h.L-1 .. h.0, then the root unit
-      if (l == 0) {
-        tr.root_backward(unit, inputs.data(), dx);
-        continue;
-      }
-      const int b = --l;
-      const auto& x = xs[static_cast<std::size_t>(b)];
-      if (c.checkpoint_activations) tr.block_forward(unit, b, x, caches[0], scratch_out);  // recompute, same bits
-      tr.block_backward(unit, b, x, caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(b)], dx, dnext);
-      dx.swap(dnext);
-    }
-    const fsdp::grad::report rep = opt.step();
-    opt.zero_grad();
-    auto& cs = model.backend().compute_stream();
-    model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
-    r.losses.push_back(loss);
-    r.norms.push_back(rep.norm);
-    r.lrs.push_back(lr);
-    if (c.verbose && rank == 0) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-      const double tokens = static_cast<double>(c.global_batch) * c.model.context;
-      std::printf("step %3d  loss %.6f  lr %.3e  norm %.4f  %.3f s  %.0f tokens/s\n", step, loss, lr, rep.norm, s,
-                  tokens / s);
-      std::fflush(stdout);
-    }
-  }
-}
-
-/// Builds the model and its optimizer, trains c.steps steps and returns what happened on this rank. `before`
-/// (optional) sees the model before the first step (to export the initial weights, for instance).
+/// Trains on thread ranks' host backends: gpt::train with the host trainer.
 template <class Policy, class Before>
 result train(typename Policy::communicator& comm, const config& c, Before&& before) {
-  auto model = make_model<Policy>(comm, c);
-  auto opt = make_optimizer(model, c);
-  before(model);
-  result r;
-  r.planned = model.plan_memory(opt).peak;
-  const auto t0 = std::chrono::steady_clock::now();
-  run_steps(model, opt, c, 0, c.steps, r);
-  model.synchronize();
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.memory = model.memory();
-  r.shard_group = model.shard_comm().stats();
-  r.params = model.gather_full_params();
-  return r;
+  return train<Policy>(comm, c, make_host_trainer{}, before);
 }
 template <class Policy>
 result train(typename Policy::communicator& comm, const config& c) {
-  return train<Policy>(comm, c, [](auto&) {});
+  return train<Policy>(comm, c, make_host_trainer{}, [](auto&) {});
 }
 
 }  // namespace gpt

@@ -1,6 +1,6 @@
 // The GPT example (examples/04_gpt_host) as a specification: its kernels' gradients, its data, and what training
-// it on the library shows: the same losses at every world size, activation checkpointing that changes no bit and
-// no collective, the planner's peak equal to the measured one, the root unit kept gathered.
+// it on the library shows: activation checkpointing that changes no bit and no collective, the planner's peak
+// equal to the measured one, the root unit kept gathered. The losses across world sizes: gpt_parity_test.cc.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -62,18 +62,19 @@ float loss_and_grads(const gpt::shape& s, int B, const fsdp::ModelSpec& spec,
   for (auto& [name, g] : grads) std::fill(g.begin(), g.end(), 0.0f);
   const fake_unit u{&values, &grads, &spec};
   gpt::trainer<float> tr(s, B);
+  tr.begin_step(inputs, targets);
   std::vector<std::vector<float>> xs(static_cast<std::size_t>(s.layers) + 1);
   std::vector<gpt::block_cache> caches(static_cast<std::size_t>(s.layers));
-  tr.embed(u, inputs.data(), xs[0]);
+  tr.embed(u, xs[0]);
   for (int l = 0; l < s.layers; ++l) tr.block_forward(u, l, xs[l], caches[l], xs[l + 1]);
   std::vector<float> dx, dnext;
-  const float loss = tr.head(u, xs.back(), targets.data(), dx);
+  tr.head(u, xs.back(), dx);
   for (int l = s.layers - 1; l >= 0; --l) {
     tr.block_backward(u, l, xs[l], caches[l], dx, dnext);
     dx.swap(dnext);
   }
-  tr.root_backward(u, inputs.data(), dx);
-  return loss;
+  tr.root_backward(u, dx);
+  return tr.local_loss();
 }
 
 }  // namespace
@@ -155,33 +156,6 @@ TEST_CASE("the data: a pure function of the global sample, every world size sees
   const auto h = gpt::data_entropies(c.data, c.model.vocab);
   CHECK(h.frequencies == doctest::Approx(std::log(32.0)));
   CHECK(h.floor < h.frequencies - 2.0);
-}
-
-TEST_CASE("losses at world 1, 2, 3 and 4 agree over 30 steps, and fall well below the entropy of the tokens") {
-  const gpt::config c = small();
-  SUBCASE("fp32 compute: within 1e-6 relative (only the order of the gradient sums differs; measured 1.3e-7)") {
-    const auto one = train<fp32_policy>(1, c)[0].losses;
-    for (int world : {2, 3, 4}) {
-      const auto other = train<fp32_policy>(world, c)[0].losses;
-      for (std::size_t i = 0; i < one.size(); ++i) {
-        INFO("world " << world << ", step " << i << ": " << other[i] << " against " << one[i]);
-        CHECK(std::abs(other[i] - one[i]) <= 1e-6f * one[i]);
-      }
-    }
-  }
-  SUBCASE("bf16 compute, fp32 master and reduction: within 0.2% relative (bf16 gradients round differently; measured 0.036%)") {
-    const auto one = train<bf16_policy>(1, c)[0].losses;
-    for (int world : {2, 3, 4}) {
-      const auto other = train<bf16_policy>(world, c)[0].losses;
-      for (std::size_t i = 0; i < one.size(); ++i) {
-        INFO("world " << world << ", step " << i << ": " << other[i] << " against " << one[i]);
-        CHECK(std::abs(other[i] - one[i]) <= 2e-3f * one[i]);
-      }
-    }
-    const auto h = gpt::data_entropies(c.data, c.model.vocab);
-    CHECK(one.front() == doctest::Approx(h.frequencies).epsilon(0.05));
-    CHECK(one.back() < h.floor + 0.25 * (h.frequencies - h.floor));  // three quarters of the way to the floor
-  }
 }
 
 TEST_CASE("activation checkpointing: the same bits and the same collectives, only block inputs kept") {

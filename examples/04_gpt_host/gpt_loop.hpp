@@ -1,0 +1,191 @@
+#pragma once
+// The GPT examples' training loop, written once for every backend: each rank's batch, the forward over the units
+// (the root unit first, then h.0 .. h.L-1), the head, the backward in reverse with activation checkpointing, the
+// optimizer step with the learning-rate schedule, the global loss. The arithmetic is a Trainer's (the host one in
+// gpt_host.hpp, the CUDA one in examples/05_gpt_cuda); a Trainer provides
+//
+//   buffer, cache                              activations ([N, C] floats) and what one block's forward keeps
+//   begin_step(inputs, targets)                this rank's tokens of the step
+//   embed(root, x0)                            x0 = wte[tokens] + wpe
+//   block_forward(unit, l, x, cache, out)      out = block l (x), keeping what its backward needs
+//   head(root, xL, dx)                         final norm, tied head, loss; dx = d loss / d xL; head gradients kept
+//   block_backward(unit, l, x, cache, dout, dx)   stores block l's gradients into unit, dx = d loss / d x
+//   root_backward(root, dx0)                   stores the embeddings' and the head's gradients into root
+//   global_loss(model)                         the mean loss over all ranks (a collective)
+//   bytes(buffer), cache.bytes(), head_bytes() activation bytes it holds
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fsdp/fsdp.hpp>
+
+#include "examples/04_gpt_host/gpt_model.hpp"
+
+namespace gpt {
+
+struct config {
+  shape model{};
+  schedule opt{};
+  data_options data{};
+  int global_batch = 8;       ///< sequences per step, split evenly over the ranks
+  int steps = 50;
+  std::uint64_t seed = 1;     ///< of the initial weights
+  bool checkpoint_activations = false;
+  bool verbose = false;       ///< rank 0 prints a line per step
+  double peak_flops = 0;      ///< the device's peak FLOP/s: with verbose, each line gives the model FLOPs utilisation
+  /// Scheduling options (slots, recorder, ...); gpt::with_root_kept is applied to them.
+  fsdp::model_options options{};
+};
+
+struct result {
+  std::vector<float> losses;  ///< global mean loss per step
+  std::vector<double> norms;  ///< global gradient norm per step, before clipping
+  std::vector<float> lrs;     ///< learning rate per step
+  fsdp::memory_stats memory;  ///< this rank's accounting after training
+  fsdp::memory_figures planned;
+  /// Bytes of activations the trainer held at the end of the last forward pass (its peak), and how many of them
+  /// are kept per block (the block's input under activation checkpointing, its whole cache otherwise).
+  std::size_t activation_bytes = 0, activation_bytes_per_block = 0;
+  fsdp::collective_stats shard_group;  ///< this rank's collectives (gathers, reductions, the loss average)
+  double seconds = 0;
+  std::map<std::string, std::vector<float>> params;  ///< final full parameters (train() only)
+};
+
+/// Sequences per rank: the global batch split evenly, or a usage_error.
+inline int batch_per_rank(const config& c, int world) {
+  if (c.global_batch % world != 0)
+    throw fsdp::usage_error("gpt: global batch " + std::to_string(c.global_batch) + " sequences do not split over " +
+                            std::to_string(world) + " ranks");
+  return c.global_batch / world;
+}
+
+/// This rank's sequences of step `step`: inputs and targets [B * T], global samples step * G + rank * B + b.
+inline void make_batch(const config& c, const std::vector<int>& perm, int step, int rank, int B,
+                       std::vector<int>& inputs, std::vector<int>& targets) {
+  const int T = c.model.context;
+  inputs.resize(static_cast<std::size_t>(B) * T), targets.resize(inputs.size());
+  std::vector<int> seq(static_cast<std::size_t>(T) + 1);
+  for (int b = 0; b < B; ++b) {
+    const auto g = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(c.global_batch) +
+                   static_cast<std::uint64_t>(rank * B + b);
+    sequence(c.data, perm, T, g, seq.data());
+    std::copy(seq.begin(), seq.end() - 1, inputs.begin() + static_cast<std::ptrdiff_t>(b) * T);
+    std::copy(seq.begin() + 1, seq.end(), targets.begin() + static_cast<std::ptrdiff_t>(b) * T);
+  }
+}
+
+/// The model train() builds.
+template <class Policy>
+fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config& c) {
+  return fsdp::Model<Policy>(comm, make_spec(c.model, c.seed), wrapping(), fsdp::init::normal{},
+                             with_root_kept<typename Policy::sharding>(c.options));
+}
+
+/// AdamW as GPT-2 trains: decay on matrices only (the spec's no_decay flags), betas (0.9, 0.95), clipping.
+template <class ModelT>
+fsdp::optim::adamw<ModelT> make_optimizer(ModelT& model, const config& c) {
+  return fsdp::optim::adamw<ModelT>(model, {.lr = lr_at(c.opt, 0),
+                                            .beta1 = c.opt.beta1,
+                                            .beta2 = c.opt.beta2,
+                                            .eps = c.opt.eps,
+                                            .weight_decay = c.opt.weight_decay,
+                                            .grad = {.max_norm = c.opt.max_norm}});
+}
+
+/// Runs steps [first, first + count) on `model` with `opt` and the trainer `tr` (made for this rank's batch of
+/// c.global_batch / world sequences), appending to `r`. All ranks call it together.
+template <class ModelT, class Opt, class Trainer>
+void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first, int count, result& r) {
+  const int world = model.comm().size(), rank = model.comm().rank();
+  const int B = batch_per_rank(c, world), L = c.model.layers;
+  const std::vector<int> perm = permutation(c.data, c.model.vocab);
+  using buffer = typename Trainer::buffer;
+  using cache = typename Trainer::cache;
+  std::vector<int> inputs, targets;
+  std::vector<buffer> xs(static_cast<std::size_t>(L) + 1);  // block inputs, and x_L
+  std::vector<cache> caches(c.checkpoint_activations ? 1 : static_cast<std::size_t>(L));
+  buffer dx, dnext, recomputed;
+  for (int step = first; step < first + count; ++step) {
+    const auto ts = std::chrono::steady_clock::now();
+    const float lr = lr_at(c.opt, step);
+    opt.set_lr(lr);
+    make_batch(c, perm, step, rank, B, inputs, targets);
+    tr.begin_step(inputs, targets);
+    typename ModelT::unit_type* root = nullptr;
+    int l = 0;                            // blocks done
+    for (auto& unit : model.forward()) {  // the root unit, then h.0 .. h.L-1
+      if (!root) {
+        if (unit.name() != "root")
+          throw fsdp::usage_error("gpt: the first unit of forward is '" + unit.name() +
+                                  "', not 'root': the embeddings must come first (keep gpt::wrapping() and the "
+                                  "wrapping order)");
+        root = &unit;
+        tr.embed(unit, xs[0]);
+        continue;
+      }
+      cache& k = caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(l)];
+      tr.block_forward(unit, l, xs[static_cast<std::size_t>(l)], k, xs[static_cast<std::size_t>(l) + 1]);
+      ++l;
+    }
+    tr.head(*root, xs[static_cast<std::size_t>(L)], dx);
+    std::size_t kept = tr.head_bytes();
+    for (const auto& x : xs) kept += Trainer::bytes(x);
+    for (const auto& k : caches) kept += k.bytes();
+    r.activation_bytes = std::max(r.activation_bytes, kept);
+    r.activation_bytes_per_block = Trainer::bytes(xs[0]) + (c.checkpoint_activations ? 0 : caches[0].bytes());
+    for (auto& unit : model.backward()) {  // h.L-1 .. h.0, then the root unit
+      if (l == 0) {
+        tr.root_backward(unit, dx);
+        continue;
+      }
+      const int b = --l;
+      const auto& x = xs[static_cast<std::size_t>(b)];
+      if (c.checkpoint_activations) tr.block_forward(unit, b, x, caches[0], recomputed);  // same code, same bits
+      tr.block_backward(unit, b, x, caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(b)], dx, dnext);
+      std::swap(dx, dnext);
+    }
+    const fsdp::grad::report rep = opt.step();
+    opt.zero_grad();
+    const float loss = tr.global_loss(model);
+    r.losses.push_back(loss);
+    r.norms.push_back(rep.norm);
+    r.lrs.push_back(lr);
+    if (c.verbose && rank == 0) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+      const double tokens = static_cast<double>(c.global_batch) * c.model.context;
+      std::printf("step %3d  loss %.6f  lr %.3e  norm %.4f  %.3f s  %.0f tokens/s", step, loss, lr, rep.norm, s,
+                  tokens / s);
+      if (c.peak_flops > 0)
+        std::printf("  MFU %.1f%%", 100.0 * flops_per_token(c.model) * tokens / s / c.peak_flops);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+}
+
+/// Builds the model, its optimizer and (with make_trainer(model, shape, batch per rank)) the trainer, trains
+/// c.steps steps and returns what happened on this rank. `before` sees the model before the first step (to export
+/// the initial weights, for instance).
+template <class Policy, class MakeTrainer, class Before>
+result train(typename Policy::communicator& comm, const config& c, MakeTrainer&& make_trainer, Before&& before) {
+  auto model = make_model<Policy>(comm, c);
+  auto opt = make_optimizer(model, c);
+  auto tr = make_trainer(model, c.model, batch_per_rank(c, comm.size()));
+  before(model);
+  result r;
+  r.planned = model.plan_memory(opt).peak;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_steps(model, opt, tr, c, 0, c.steps, r);
+  model.synchronize();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.memory = model.memory();
+  r.shard_group = model.shard_comm().stats();
+  r.params = model.gather_full_params();
+  return r;
+}
+
+}  // namespace gpt
