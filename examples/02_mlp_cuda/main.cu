@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   int ranks = 4;
   bool use_nccl = false, compare = false;
   std::string strategy = "full_shard";
-#ifdef MLP_NO_CUBLAS
+#ifdef EXAMPLES_NO_CUBLAS
   mlp_cuda::gemm_kind kind = mlp_cuda::gemm_kind::plain;
 #else
   mlp_cuda::gemm_kind kind = mlp_cuda::gemm_kind::cublas;

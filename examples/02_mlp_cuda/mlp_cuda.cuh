@@ -5,10 +5,7 @@
 // its losses can be compared with the host run's (to within the rounding of the summation order).
 //
 // The plain GEMM lets the whole step run where cuBLAS cannot: on the simulated GPU (tools/sim-check builds this
-// example with -DMLP_NO_CUBLAS, without cuBLAS at all).
-#ifndef MLP_NO_CUBLAS
-#include <cublas_v2.h>
-#endif
+// example with -DEXAMPLES_NO_CUBLAS, without cuBLAS at all).
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -19,21 +16,12 @@
 #include <fsdp/fsdp.cuh>
 
 #include "examples/01_mlp_host/mlp.hpp"
+#include "examples/common/gemm.cuh"
 
 namespace mlp_cuda {
 
-/// Which GEMM does the matrix products.
-enum class gemm_kind { cublas, plain };
-
-#ifndef MLP_NO_CUBLAS
-#define MLP_CUBLAS_CHECK(...)                                                                           \
-  do {                                                                                                  \
-    const cublasStatus_t mlp_st_ = (__VA_ARGS__);                                                       \
-    if (mlp_st_ != CUBLAS_STATUS_SUCCESS)                                                               \
-      throw std::runtime_error(std::string("cuBLAS call '" #__VA_ARGS__ "' failed with status ") +      \
-                               std::to_string(int(mlp_st_)));                                           \
-  } while (0)
-#endif
+using examples::gemm;
+using examples::gemm_kind;
 
 // ---- the user's kernels -----------------------------------------------------------------------------------------
 template <int = 0>
@@ -78,67 +66,7 @@ __global__ void mse(const float* y, const float* t, float* dy, float* loss, int 
   if (threadIdx.x == 0) *loss = part[0] * scale;
 }
 
-inline int blocks(int work) { return (work + 255) / 256 < 1024 ? (work + 255) / 256 : 1024; }
-
-/// C = alpha op(A) op(B) + beta C, column-major with cuBLAS's arguments: one thread per element of C, the sum in
-/// index order, each operation rounded once (no fused multiply-add).
-template <int = 0>
-__global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-                           const float* b, int ldb, float beta, float* c, int ldc) {
-  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < m * n; e += gridDim.x * blockDim.x) {
-    const int i = e % m, j = e / m;
-    float acc = 0.0f;
-    for (int p = 0; p < k; ++p) {
-      const float x = ta ? a[p + i * lda] : a[i + p * lda];
-      const float y = tb ? b[j + p * ldb] : b[p + j * ldb];
-      acc = __fadd_rn(acc, __fmul_rn(x, y));
-    }
-    const float r = __fmul_rn(alpha, acc);
-    c[i + j * ldc] = beta == 0.0f ? r : __fadd_rn(r, __fmul_rn(beta, c[i + j * ldc]));
-  }
-}
-
-/// The matrix products of the example: cuBLAS's cublasSgemm, or plain_gemm with the same meaning.
-class gemm {
- public:
-  gemm(gemm_kind kind, cudaStream_t s) : kind_(kind), s_(s) {
-#ifndef MLP_NO_CUBLAS
-    if (kind_ == gemm_kind::cublas) {
-      MLP_CUBLAS_CHECK(cublasCreate(&h_));
-      MLP_CUBLAS_CHECK(cublasSetStream(h_, s_));
-    }
-#else
-    if (kind_ == gemm_kind::cublas) throw std::runtime_error("built without cuBLAS (MLP_NO_CUBLAS): use --gemm plain");
-#endif
-  }
-  gemm(const gemm&) = delete;
-  gemm& operator=(const gemm&) = delete;
-  ~gemm() {
-#ifndef MLP_NO_CUBLAS
-    if (h_) cublasDestroy(h_);
-#endif
-  }
-  /// cublasSgemm(h, ta ? T : N, tb ? T : N, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)
-  void operator()(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-                  float beta, float* c, int ldc) {
-#ifndef MLP_NO_CUBLAS
-    if (kind_ == gemm_kind::cublas) {
-      MLP_CUBLAS_CHECK(cublasSgemm(h_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
-                                   a, lda, b, ldb, &beta, c, ldc));
-      return;
-    }
-#endif
-    plain_gemm<><<<blocks(m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    FSDP_CUDA_CHECK(cudaGetLastError());
-  }
-
- private:
-  gemm_kind kind_;
-  cudaStream_t s_;
-#ifndef MLP_NO_CUBLAS
-  cublasHandle_t h_ = nullptr;
-#endif
-};
+using examples::blocks;
 
 /// Trains on this rank's slice of every global batch; all ranks call it together. Policy's backend is CUDA.
 template <class Policy>

@@ -1,45 +1,42 @@
 #pragma once
 // The CUDA GPT trainer's own kernels: embeddings, layernorm, causal attention, GELU, cross-entropy, bias and
-// residual adds, and the casts between the compute type W (float or __nv_bfloat16) and fp32. Every reduction is a
+// residual adds, and the casts between the compute type W (float or fsdp::bfloat16) and fp32. Every reduction is a
 // loop in a fixed order (one thread per output, no atomics), in the order the host trainer's loops sum: a step's
 // bits do not depend on scheduling, so activation checkpointing changes none, and only the GEMMs (cuBLAS or the
 // plain GEMM) sum in another order than the host. Written for clarity, not speed: attention is one thread per
 // query row, fine for the example's contexts, not a flash-attention.
-#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 namespace gpt_cuda::kernels {
 
-__device__ inline float to_f(float x) { return x; }
-__device__ inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+// Casts through the library's element types (fsdp::bfloat16's conversions are FSDP_HD bit operations): the same
+// bits as the host trainer's casts, and no bf16 conversion instruction (which the simulated GPU lacks).
 template <class W>
-__device__ inline W from_f(float x);
-template <>
-__device__ inline float from_f<float>(float x) {
-  return x;
+__device__ inline float to_f(W x) {
+  return static_cast<float>(x);
 }
-template <>
-__device__ inline __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
+template <class W>
+__device__ inline W from_f(float x) {
+  return W(x);
 }
+/// tanh from expf (the simulated GPU's PTX parser has no copysign, which tanhf uses): 1 - 2 / (e^2x + 1), exact
+/// at the limits (e^2x = inf gives 1, 0 gives -1), within a few ulps of 1 elsewhere in absolute terms.
+__device__ inline float tanh_exp(float x) { return __fsub_rn(1.0f, __fdiv_rn(2.0f, __fadd_rn(expf(__fmul_rn(2.0f, x)), 1.0f))); }
 
 #define GPT_FOR(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
 /// dst = float(src)
 template <class W>
-template <int = 0>
 __global__ void widen(float* dst, const W* src, long long n) {
   GPT_FOR(k, n) dst[k] = to_f(src[k]);
 }
 /// g += v, rounded once to W (g is a gradient buffer in the compute type).
 template <class W>
-template <int = 0>
 __global__ void store(W* g, const float* v, long long n) {
   GPT_FOR(k, n) g[k] = from_f<W>(__fadd_rn(to_f(g[k]), v[k]));
 }
 /// x[n, c] = wte[tok[n], c] + wpe[n % T, c]
 template <class W>
-template <int = 0>
 __global__ void embed(float* x, const W* wte, const W* wpe, const int* tok, int N, int T, int C) {
   GPT_FOR(e, (long long)N * C) {
     const int n = int(e / C), c = int(e % C);
@@ -227,7 +224,7 @@ template <int = 0>
 __global__ void gelu_forward(float* out, const float* x, long long n) {
   GPT_FOR(i, n) {
     const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x[i]), x[i]), x[i]);
-    const float t = tanhf(__fmul_rn(gelu_k, __fadd_rn(x[i], x3)));
+    const float t = tanh_exp(__fmul_rn(gelu_k, __fadd_rn(x[i], x3)));
     out[i] = __fmul_rn(__fmul_rn(0.5f, x[i]), __fadd_rn(1.0f, t));
   }
 }
@@ -235,7 +232,7 @@ template <int = 0>
 __global__ void gelu_backward(float* dx, const float* x, const float* dout, long long n) {
   GPT_FOR(i, n) {
     const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x[i]), x[i]), x[i]);
-    const float t = tanhf(__fmul_rn(gelu_k, __fadd_rn(x[i], x3)));
+    const float t = tanh_exp(__fmul_rn(gelu_k, __fadd_rn(x[i], x3)));
     const float sech2 = __fsub_rn(1.0f, __fmul_rn(t, t));
     const float inner = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x[i]), sech2), gelu_k),
                                   __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * 0.044715f, x[i]), x[i])));

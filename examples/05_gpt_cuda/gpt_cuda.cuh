@@ -1,0 +1,292 @@
+#pragma once
+// The GPT example's trainer on the CUDA backend: the user's own kernels (gpt_kernels.cuh) for embeddings,
+// layernorm, attention, GELU and cross-entropy, cuBLAS (or the examples' plain GEMM, for the simulated GPU) for the
+// matrix products, and the training loop of examples/04_gpt_host/gpt_loop.hpp, the same code the host trainer
+// runs. Each parameter is read in the compute type (float or bf16), widened into an fp32 scratch copy for the
+// GEMMs; each gradient is summed in fp32 and stored once into the compute-type gradient buffer, as on the host.
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fsdp/fsdp.cuh>
+
+#include "examples/04_gpt_host/gpt_loop.hpp"
+#include "examples/05_gpt_cuda/gpt_kernels.cuh"
+#include "examples/common/gemm.cuh"
+
+namespace gpt_cuda {
+
+using examples::blocks;
+using examples::gemm;
+using examples::gemm_kind;
+
+/// Device floats owned by the trainer (activations and scratch; the library's memory figures do not include
+/// them). Contents are undefined after a resize that changes the size.
+class dbuf {
+ public:
+  dbuf() = default;
+  dbuf(dbuf&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  dbuf& operator=(dbuf&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~dbuf() {
+    if (p_) FSDP_CUDA_LOG(cudaFree(p_));
+  }
+  void resize(std::size_t n) {
+    if (n == n_) return;
+    if (p_) FSDP_CUDA_CHECK(cudaFree(p_));
+    p_ = nullptr;
+    n_ = 0;
+    FSDP_CUDA_CHECK(cudaMalloc(&p_, (n ? n : 1) * sizeof(float)));
+    n_ = n;
+  }
+  float* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  float* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// What one block's forward keeps for its backward (as gpt::block_cache on the host).
+struct block_cache {
+  dbuf ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const dbuf* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res1, &ln2, &ln2_mean, &ln2_rstd, &fc,
+                          &fc_gelu})
+      n += v->size() * sizeof(float);
+    return n;
+  }
+};
+
+/// The Trainer of gpt_loop.hpp on a CUDA model: every kernel on the model's compute stream.
+template <class ModelT>
+class trainer {
+  using DW = typename ModelT::compute_type;  // float or fsdp::bfloat16, whose casts are the host's bits
+  static_assert(std::is_same_v<DW, float> || std::is_same_v<DW, fsdp::bfloat16>,
+                "gpt_cuda::trainer: fp32 or bf16 compute");
+
+ public:
+  using buffer = dbuf;
+  using cache = block_cache;
+  static std::size_t bytes(const buffer& b) { return b.size() * sizeof(float); }
+
+  trainer(ModelT& model, const gpt::shape& s, int batch, gemm_kind kind)
+      : s_(s), B_(batch), N_(batch * s.context), be_(&model.backend()), cs_(&model.backend().compute_stream()),
+        mm_(std::make_unique<gemm>(kind, cs_->get())) {}
+
+  void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
+    inputs_ = inputs;
+    targets_ = targets;
+    tokens_.resize(inputs_.size()), targets_d_.resize(targets_.size());
+    be_->upload(tokens_.data(), inputs_.data(), static_cast<std::int64_t>(inputs_.size() * sizeof(int)), *cs_);
+    be_->upload(targets_d_.data(), targets_.data(), static_cast<std::int64_t>(targets_.size() * sizeof(int)), *cs_);
+  }
+
+  template <class Unit>
+  void embed(const Unit& root, dbuf& x) {
+    x.resize(nc());
+    kernels::embed<DW><<<blocks(nc()), 256, 0, s()>>>(x.data(), root.template param<DW>("wte").data(),
+                                                      root.template param<DW>("wpe").data(), tok(), N_, s_.context,
+                                                      s_.width);
+    check();
+  }
+
+  template <class Unit>
+  void block_forward(const Unit& u, int l, const dbuf& x, cache& k, dbuf& out) {
+    namespace K = kernels;
+    const int C = s_.width, N = N_;
+    auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
+    const std::size_t NC = nc();
+    k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(att_size());
+    k.atty.resize(NC), k.res1.resize(NC), k.ln2.resize(NC), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
+    k.fc.resize(4 * NC), k.fc_gelu.resize(4 * NC), out.resize(NC);
+    K::layernorm_forward<><<<blocks(N), 256, 0, s()>>>(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(), x.data(),
+                                                      p("ln_1.w"), p("ln_1.b"), N, C);
+    linear_forward(k.qkv.data(), k.ln1.data(), p("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
+    K::attention_forward<><<<blocks(rows()), 256, 0, s()>>>(k.atty.data(), k.att.data(), k.qkv.data(), B_,
+                                                           s_.context, C, s_.heads);
+    linear_forward(k.res1.data(), k.atty.data(), p("attn.proj.w"), p("attn.proj.b"), N, C, C);
+    K::add<><<<blocks(NC), 256, 0, s()>>>(k.res1.data(), x.data(), NC);
+    K::layernorm_forward<><<<blocks(N), 256, 0, s()>>>(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(),
+                                                      k.res1.data(), p("ln_2.w"), p("ln_2.b"), N, C);
+    linear_forward(k.fc.data(), k.ln2.data(), p("mlp.fc.w"), p("mlp.fc.b"), N, C, 4 * C);
+    K::gelu_forward<><<<blocks(4 * NC), 256, 0, s()>>>(k.fc_gelu.data(), k.fc.data(), 4 * NC);
+    linear_forward(out.data(), k.fc_gelu.data(), p("mlp.proj.w"), p("mlp.proj.b"), N, 4 * C, C);
+    K::add<><<<blocks(NC), 256, 0, s()>>>(out.data(), k.res1.data(), NC);
+    check();
+  }
+
+  template <class Unit>
+  void block_backward(const Unit& u, int l, const dbuf& x, const cache& k, const dbuf& dout, dbuf& dx) {
+    namespace K = kernels;
+    const int C = s_.width, N = N_;
+    const std::size_t NC = nc(), CC = static_cast<std::size_t>(C) * C;
+    auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
+    auto g = [&](const char* leaf, std::size_t n) { return zeroed(gscratch_[leaf], n); };
+    float *g_ln1w = g("ln_1.w", C), *g_ln1b = g("ln_1.b", C), *g_qkvw = g("attn.qkv.w", 3 * CC),
+          *g_qkvb = g("attn.qkv.b", 3 * C), *g_aprojw = g("attn.proj.w", CC), *g_aprojb = g("attn.proj.b", C),
+          *g_ln2w = g("ln_2.w", C), *g_ln2b = g("ln_2.b", C), *g_fcw = g("mlp.fc.w", 4 * CC),
+          *g_fcb = g("mlp.fc.b", 4 * C), *g_mprojw = g("mlp.proj.w", 4 * CC), *g_mprojb = g("mlp.proj.b", C);
+    dres1_.resize(NC);
+    copy(dres1_, dout);
+    float* dfc_gelu = zeroed(t4a_, 4 * NC);
+    linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), k.fc_gelu.data(), p("mlp.proj.w"), N, 4 * C, C);
+    t4b_.resize(4 * NC);
+    K::gelu_backward<><<<blocks(4 * NC), 256, 0, s()>>>(t4b_.data(), k.fc.data(), dfc_gelu, 4 * NC);
+    float* dln2 = zeroed(tnc_a_, NC);
+    linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), k.ln2.data(), p("mlp.fc.w"), N, C, 4 * C);
+    layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
+                       k.ln2_rstd.data());
+    dx.resize(NC);
+    copy(dx, dres1_);
+    float* datty = zeroed(tnc_b_, NC);
+    linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), k.atty.data(), p("attn.proj.w"), N, C, C);
+    float* dqkv = zeroed(t3nc_, 3 * NC);
+    dpre_.resize(att_size());
+    K::attention_backward_query<><<<blocks(rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
+                                                                  k.att.data(), B_, s_.context, C, s_.heads);
+    K::attention_backward_key<><<<blocks(rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
+                                                                k.att.data(), B_, s_.context, C, s_.heads);
+    float* dln1 = zeroed(tnc_a_, NC);
+    linear_backward(dln1, g_qkvw, g_qkvb, dqkv, k.ln1.data(), p("attn.qkv.w"), N, C, 3 * C);
+    layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
+    for (const char* leaf : {"ln_1.w", "ln_1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b", "ln_2.w",
+                             "ln_2.b", "mlp.fc.w", "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"})
+      store(u, gpt::pname(l, leaf), gscratch_[leaf].data());
+    check();
+  }
+
+  template <class Unit>
+  void head(const Unit& root, const dbuf& x, dbuf& dx) {
+    namespace K = kernels;
+    const int C = s_.width, V = s_.vocab, N = N_;
+    const float *wte = weight(root, "wte", "wte"), *lnfw = weight(root, "ln_f.w", "ln_f.w"),
+                *lnfb = weight(root, "ln_f.b", "ln_f.b");
+    lnf_.resize(nc()), lnf_mean_.resize(N), lnf_rstd_.resize(N);
+    logits_.resize(static_cast<std::size_t>(N) * V), dlogits_.resize(logits_.size()), row_loss_.resize(N);
+    loss_.resize(1);
+    K::layernorm_forward<><<<blocks(N), 256, 0, s()>>>(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(),
+                                                      lnfw, lnfb, N, C);
+    linear_forward(logits_.data(), lnf_.data(), wte, nullptr, N, C, V);
+    K::cross_entropy<><<<blocks(N), 256, 0, s()>>>(dlogits_.data(), row_loss_.data(), logits_.data(),
+                                                  reinterpret_cast<const int*>(targets_d_.data()), N, V,
+                                                  1.0f / static_cast<float>(N));
+    K::mean_loss<><<<1, 1, 0, s()>>>(loss_.data(), row_loss_.data(), N);
+    float* g_wte = zeroed(g_wte_, static_cast<std::size_t>(V) * C);
+    float* dlnf = zeroed(tnc_a_, nc());
+    linear_backward(dlnf, g_wte, nullptr, dlogits_.data(), lnf_.data(), wte, N, C, V);
+    zeroed(dx, nc());
+    layernorm_backward(dx.data(), zeroed(g_lnfw_, C), zeroed(g_lnfb_, C), dlnf, x.data(), lnfw, lnf_mean_.data(),
+                       lnf_rstd_.data());
+    check();
+  }
+
+  template <class Unit>
+  void root_backward(const Unit& root, const dbuf& dx0) {
+    float* g_wpe = zeroed(g_wpe_, static_cast<std::size_t>(s_.context) * s_.width);
+    kernels::embed_backward<><<<blocks(s_.width), 256, 0, s()>>>(g_wte_.data(), g_wpe, dx0.data(), tok(), N_,
+                                                                s_.context, s_.width);
+    store(root, "wte", g_wte_.data());
+    store(root, "wpe", g_wpe);
+    store(root, "ln_f.w", g_lnfw_.data());
+    store(root, "ln_f.b", g_lnfb_.data());
+    check();
+  }
+
+  /// The mean loss over every rank's tokens: an all-reduce of the ranks' means on the compute stream.
+  float global_loss(ModelT& model) {
+    model.comm().all_reduce(loss_.data(), loss_.data(), 1, fsdp::dtype::f32, fsdp::reduce_op::avg, *cs_);
+    float loss = 0;
+    be_->synchronize(*cs_);  // the watched wait first: a copy into pageable memory blocks until the stream drains
+    be_->download(&loss, loss_.data(), sizeof(float), *cs_);
+    be_->synchronize(*cs_);
+    return loss;
+  }
+
+  std::size_t head_bytes() const {
+    return (lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() + dlogits_.size()) * sizeof(float);
+  }
+
+ private:
+  cudaStream_t s() const { return cs_->get(); }
+  std::size_t nc() const { return static_cast<std::size_t>(N_) * s_.width; }
+  long long rows() const { return static_cast<long long>(B_) * s_.heads * s_.context; }
+  std::size_t att_size() const { return static_cast<std::size_t>(rows()) * s_.context; }
+  const int* tok() const { return reinterpret_cast<const int*>(tokens_.data()); }
+  void check() const { FSDP_CUDA_CHECK(cudaGetLastError()); }
+
+  /// fp32 copy of a gathered parameter, in the scratch buffer `key` (shared by the blocks: stream order).
+  template <class Unit>
+  const float* weight(const Unit& u, const std::string& name, const std::string& key) {
+    const auto v = u.template param<DW>(name);
+    dbuf& d = wscratch_[key];
+    d.resize(static_cast<std::size_t>(v.numel()));
+    kernels::widen<DW><<<blocks(v.numel()), 256, 0, s()>>>(d.data(), v.data(), v.numel());
+    check();
+    return d.data();
+  }
+  /// Adds the fp32 gradient g into the parameter's gradient buffer, rounded once to the compute type.
+  template <class Unit>
+  void store(const Unit& u, const std::string& name, const float* g) {
+    const auto v = u.template grad<DW>(name);
+    kernels::store<DW><<<blocks(v.numel()), 256, 0, s()>>>(v.data(), g, v.numel());
+  }
+  float* zeroed(dbuf& b, std::size_t n) {
+    b.resize(n);
+    FSDP_CUDA_CHECK(cudaMemsetAsync(b.data(), 0, n * sizeof(float), s()));
+    return b.data();
+  }
+  void copy(dbuf& dst, const dbuf& src) {
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(float), cudaMemcpyDeviceToDevice, s()));
+  }
+  void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int I, int O) {
+    (*mm_)(true, false, O, N, I, 1.0f, w, I, inp, I, 0.0f, out, O);  // out[N, O] = inp[N, I] w[O, I]^T
+    if (b) kernels::add_bias<><<<blocks(static_cast<long long>(N) * O), 256, 0, s()>>>(out, b, N, O);
+  }
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N,
+                       int I, int O) {
+    (*mm_)(false, false, I, N, O, 1.0f, w, I, dout, O, 1.0f, dinp, I);  // dinp[N, I] += dout[N, O] w[O, I]
+    (*mm_)(false, true, I, O, N, 1.0f, inp, I, dout, O, 1.0f, dw, I);   // dw[O, I] += dout^T inp
+    if (db) kernels::bias_grad<><<<blocks(O), 256, 0, s()>>>(db, dout, N, O);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd) {
+    kernels::layernorm_backward_input<><<<blocks(N_), 256, 0, s()>>>(dinp, dout, inp, w, mean, rstd, N_, s_.width);
+    kernels::layernorm_backward_params<><<<blocks(s_.width), 256, 0, s()>>>(dw, db, dout, inp, mean, rstd, N_,
+                                                                           s_.width);
+  }
+
+  gpt::shape s_;
+  int B_, N_;
+  typename ModelT::backend_type* be_;
+  typename ModelT::backend_type::stream* cs_;
+  std::unique_ptr<gemm> mm_;
+  std::vector<int> inputs_, targets_;
+  dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
+  dbuf g_wpe_, dres1_, dpre_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
+  std::map<std::string, dbuf> wscratch_, gscratch_;
+};
+
+/// gpt::train with the CUDA trainer; Policy's backend is CUDA.
+template <class Policy, class Before>
+gpt::result train(typename Policy::communicator& comm, const gpt::config& c, gemm_kind kind, Before&& before) {
+  auto make = [kind](auto& model, const gpt::shape& s, int batch) {
+    return trainer<std::remove_reference_t<decltype(model)>>(model, s, batch, kind);
+  };
+  return gpt::train<Policy>(comm, c, make, before);
+}
+template <class Policy>
+gpt::result train(typename Policy::communicator& comm, const gpt::config& c, gemm_kind kind) {
+  return gpt_cuda::train<Policy>(comm, c, kind, [](auto&) {});  // qualified: not gpt::train by ADL
+}
+
+}  // namespace gpt_cuda
