@@ -152,9 +152,19 @@ def train(rank, a, losses_out):
     world = dist.get_world_size()
     torch.manual_seed(0)
     model = build(torch, a)
-    state = {torch_name(k): v for k, v in load_file(a.init).items()}
-    state["lm_head.weight"] = state["wte.weight"]
-    model.load_state_dict(state, strict=True)  # every tensor present, none left over
+    if not a.init:  # GPT-2's initialisation, as gpt_model.hpp's (other values: this run is for timing)
+        for n, p in model.named_parameters():
+            if n.endswith("bias"):
+                torch.nn.init.zeros_(p)
+            elif ".ln_" in n or n.startswith("ln_f"):
+                torch.nn.init.ones_(p)
+            else:
+                std = 0.02 / math.sqrt(2 * a.layers) if n.endswith("proj.weight") else 0.02
+                torch.nn.init.normal_(p, std=0.01 if n.startswith("wpe") else std)
+    else:
+        state = {torch_name(k): v for k, v in load_file(a.init).items()}
+        state["lm_head.weight"] = state["wte.weight"]
+        model.load_state_dict(state, strict=True)  # every tensor present, none left over
     device = torch.device("cuda") if cuda else torch.device("cpu")
     model.to(device)
     mesh = init_device_mesh(device.type, (world,))
@@ -171,6 +181,7 @@ def train(rank, a, losses_out):
     if a.batch % world:
         sys.exit(f"error: global batch {a.batch} does not split over {world} ranks")
     B = a.batch // world
+    times = []
     for step in range(a.steps):
         t0 = time.perf_counter()
         lr = lr_at(a, step)
@@ -188,10 +199,18 @@ def train(rank, a, losses_out):
         total = total.item() / world
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        times.append(dt)
         if rank == 0:
             losses_out.append(total)
-            dt = time.perf_counter() - t0
             print(f"step {step:3d}  loss {total:.6f}  lr {lr:.3e}  norm {float(norm):.4f}  {dt:.3f} s", flush=True)
+    if rank == 0 and len(times) > 2:
+        mean = sum(times[2:]) / len(times[2:])  # after two warm-up steps
+        peak = f", peak memory {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB" if cuda else ""
+        print(f"mean step {mean:.4f} s over steps 2..{len(times) - 1}, {a.batch * a.context / mean:.0f} tokens/s{peak}",
+              flush=True)
     dist.destroy_process_group()
 
 
@@ -206,7 +225,8 @@ def worker(rank, a, queue):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init", required=True, help="initial weights: the example's --export-init file")
+    p.add_argument("--init", help="initial weights: the example's --export-init file (without it: PyTorch's own "
+                                  "initialisation, for timing only)")
     p.add_argument("--ours", help="the example's --losses file, to compare with")
     p.add_argument("--tolerance", type=float,
                    help="largest relative loss difference accepted (default 1e-5 for fp32, 5e-3 for bf16)")
