@@ -221,17 +221,7 @@ inline float cross_entropy(float* dlogits, const float* logits, const int* targe
 
 }  // namespace kernels
 
-/// What one block's forward keeps for its backward.
-struct block_cache {
-  std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
-  std::size_t bytes() const {
-    std::size_t n = 0;
-    for (const auto* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res1, &ln2, &ln2_mean, &ln2_rstd, &fc,
-                          &fc_gelu})
-      n += v->size() * sizeof(float);
-    return n;
-  }
-};
+using block_cache = block_cache_of<std::vector<float>>;
 
 /// The forward and backward of the model's pieces on one rank's B sequences, given each unit while it is gathered.
 template <class W>

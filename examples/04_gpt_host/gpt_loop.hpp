@@ -55,6 +55,19 @@ struct result {
   std::map<std::string, std::vector<float>> params;  ///< final full parameters (train() only)
 };
 
+/// What one block's forward keeps for its backward, in a trainer's buffer type (anything with size() in floats).
+template <class Buffer>
+struct block_cache_of {
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const Buffer* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res1, &ln2, &ln2_mean, &ln2_rstd, &fc,
+                            &fc_gelu})
+      n += v->size() * sizeof(float);
+    return n;
+  }
+};
+
 /// Sequences per rank: the global batch split evenly, or a usage_error.
 inline int batch_per_rank(const config& c, int world) {
   if (c.global_batch % world != 0)

@@ -55,17 +55,7 @@ class dbuf {
   std::size_t n_ = 0;
 };
 
-/// What one block's forward keeps for its backward (as gpt::block_cache on the host).
-struct block_cache {
-  dbuf ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
-  std::size_t bytes() const {
-    std::size_t n = 0;
-    for (const dbuf* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res1, &ln2, &ln2_mean, &ln2_rstd, &fc,
-                          &fc_gelu})
-      n += v->size() * sizeof(float);
-    return n;
-  }
-};
+using block_cache = gpt::block_cache_of<dbuf>;
 
 /// The Trainer of gpt_loop.hpp on a CUDA model: every kernel on the model's compute stream.
 template <class ModelT>

@@ -10,33 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "examples/04_gpt_host/gpt_host.hpp"
+#include "tests/gpt/gpt_cases.hpp"
 
 namespace {
 
 using fsdp::bfloat16;
-using bf16_policy = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<bfloat16>>;
-using fp32_policy = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full>;
-
-/// Small enough for 30 steps at four world sizes in seconds; 12 sequences split over 1, 2, 3 and 4 ranks.
-gpt::config small() {
-  gpt::config c;
-  c.model = {.vocab = 32, .context = 16, .width = 32, .heads = 4, .layers = 2};
-  c.global_batch = 12;
-  c.steps = 30;
-  c.opt.total = 30;
-  c.opt.lr = 1e-2f;
-  return c;
-}
-
-template <class Policy>
-std::vector<gpt::result> train(int world, const gpt::config& c) {
-  std::vector<gpt::result> out(static_cast<std::size_t>(world));
-  fsdp::comm::run_local(world, [&](fsdp::comm::local_communicator& comm) {
-    out[static_cast<std::size_t>(comm.rank())] = gpt::train<Policy>(comm, c);
-  });
-  return out;
-}
+using gpt_tests::bf16_policy;
+using gpt_tests::fp32_policy;
+using gpt_tests::small;
+using gpt_tests::train;
 
 // ---- a unit standing in for the library's, to check the trainer's gradients against finite differences -------
 struct fake_unit {
