@@ -208,9 +208,12 @@ def train(rank, a, losses_out):
             print(f"step {step:3d}  loss {total:.6f}  lr {lr:.3e}  norm {float(norm):.4f}  {dt:.3f} s", flush=True)
     if rank == 0 and len(times) > 2:
         mean = sum(times[2:]) / len(times[2:])  # after two warm-up steps
-        peak = f", peak memory {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB" if cuda else ""
-        print(f"mean step {mean:.4f} s over steps 2..{len(times) - 1}, {a.batch * a.context / mean:.0f} tokens/s{peak}",
-              flush=True)
+        peak = f"; peak memory {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB" if cuda else ""
+        tokens = a.batch * a.context / mean
+        flops = 6.0 * (a.layers * 12.0 * a.width**2 + a.vocab * a.width) + 6.0 * a.layers * a.context * a.width
+        mfu = 100.0 * flops * tokens / (a.peak_tflops * 1e12)
+        print(f"mean step {mean:.4f} s over steps 2..{len(times) - 1}, {tokens:.0f} tokens/s, "
+              f"MFU {mfu:.2f}% of {a.peak_tflops:.0f} TFLOP/s{peak}", flush=True)
     dist.destroy_process_group()
 
 
@@ -248,6 +251,7 @@ def main():
     p.add_argument("--data-seed", type=int, default=1234)
     p.add_argument("--follow", type=float, default=0.75)
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="the device's peak, for MFU (gpt_model.hpp's FLOPs)")
     a = p.parse_args()
     if a.tolerance is None:
         a.tolerance = 1e-5 if a.precision == "fp32" else 5e-3

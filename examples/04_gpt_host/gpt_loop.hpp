@@ -45,6 +45,7 @@ struct result {
   std::vector<float> losses;  ///< global mean loss per step
   std::vector<double> norms;  ///< global gradient norm per step, before clipping
   std::vector<float> lrs;     ///< learning rate per step
+  std::vector<double> step_seconds;  ///< wall time of each step on this rank, through the global loss
   fsdp::memory_stats memory;  ///< this rank's accounting after training
   fsdp::memory_figures planned;
   /// Bytes of activations the trainer held at the end of the last forward pass (its peak), and how many of them
@@ -164,11 +165,12 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
     const fsdp::grad::report rep = opt.step();
     opt.zero_grad();
     const float loss = tr.global_loss(model);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    r.step_seconds.push_back(s);
     r.losses.push_back(loss);
     r.norms.push_back(rep.norm);
     r.lrs.push_back(lr);
     if (c.verbose && rank == 0) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
       const double tokens = static_cast<double>(c.global_batch) * c.model.context;
       std::printf("step %3d  loss %.6f  lr %.3e  norm %.4f  %.3f s  %.0f tokens/s", step, loss, lr, rep.norm, s,
                   tokens / s);
@@ -178,6 +180,25 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       std::fflush(stdout);
     }
   }
+}
+
+/// Mean step time after `warmup` steps (all steps when there are no more), tokens per second and model FLOPs
+/// utilisation (0 without c.peak_flops).
+struct throughput {
+  double step_s = 0, tokens_per_s = 0, mfu = 0;
+  int first = 0, steps = 0;  ///< the steps averaged: [first, first + steps)
+};
+inline throughput mean_throughput(const config& c, const result& r, int warmup = 2) {
+  throughput t;
+  const int n = static_cast<int>(r.step_seconds.size());
+  t.first = n > warmup ? warmup : 0;
+  t.steps = n - t.first;
+  for (int i = t.first; i < n; ++i) t.step_s += r.step_seconds[static_cast<std::size_t>(i)];
+  if (t.steps == 0 || !(t.step_s > 0)) return t;
+  t.step_s /= t.steps;
+  t.tokens_per_s = static_cast<double>(c.global_batch) * c.model.context / t.step_s;
+  if (c.peak_flops > 0) t.mfu = flops_per_token(c.model) * t.tokens_per_s / c.peak_flops;
+  return t;
 }
 
 /// Builds the model, its optimizer and (with make_trainer(model, shape, batch per rank)) the trainer, trains

@@ -6,6 +6,7 @@
 // GEMMs; each gradient is summed in fp32 and stored once into the compute-type gradient buffer, as on the host.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,20 +38,40 @@ class dbuf {
     return *this;
   }
   ~dbuf() {
-    if (p_) FSDP_CUDA_LOG(cudaFree(p_));
+    if (p_) {
+      FSDP_CUDA_LOG(cudaFree(p_));
+      live() -= n_ * sizeof(float);
+    }
   }
   void resize(std::size_t n) {
     if (n == n_) return;
-    if (p_) FSDP_CUDA_CHECK(cudaFree(p_));
+    if (p_) {
+      FSDP_CUDA_CHECK(cudaFree(p_));
+      live() -= n_ * sizeof(float);
+    }
     p_ = nullptr;
     n_ = 0;
     FSDP_CUDA_CHECK(cudaMalloc(&p_, (n ? n : 1) * sizeof(float)));
     n_ = n;
+    const std::size_t now = live() += n * sizeof(float);
+    std::size_t seen = peak().load();
+    while (now > seen && !peak().compare_exchange_weak(seen, now)) {
+    }
   }
   float* data() const noexcept { return p_; }
   std::size_t size() const noexcept { return n_; }
+  /// The most bytes that trainers' buffers held at once in this process (every local rank's together).
+  static std::size_t peak_bytes() noexcept { return peak().load(); }
 
  private:
+  static std::atomic<std::size_t>& live() noexcept {
+    static std::atomic<std::size_t> bytes{0};
+    return bytes;
+  }
+  static std::atomic<std::size_t>& peak() noexcept {
+    static std::atomic<std::size_t> bytes{0};
+    return bytes;
+  }
   float* p_ = nullptr;
   std::size_t n_ = 0;
 };

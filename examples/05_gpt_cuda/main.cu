@@ -63,9 +63,15 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
   std::printf("trained %d steps on %d rank(s) in %.3f s (%.0f tokens/s): loss %.6f -> %.6f\n", cfg.steps, ranks,
               r0.seconds, static_cast<double>(cfg.steps) * cfg.global_batch * s.context / r0.seconds,
               r0.losses.front(), r0.losses.back());
-  std::printf("rank 0 peak memory (library): %lld bytes, planned %lld; activations held by the trainer: %zu bytes\n",
-              static_cast<long long>(r0.memory.peak.total), static_cast<long long>(r0.planned.total),
-              r0.activation_bytes);
+  const gpt::throughput t = gpt::mean_throughput(cfg, r0);
+  // Peak memory as PyTorch's max_memory_allocated counts it (allocations, no context or cuBLAS workspace): the
+  // library's peak (its pool holds exactly the plan) plus the most the trainer's buffers held (kept across steps).
+  const double lib = r0.memory.peak.total / 1048576.0, mine = gpt_cuda::dbuf::peak_bytes() / 1048576.0;
+  std::printf("mean step %.4f s over steps %d..%d, %.0f tokens/s, MFU %.2f%% of %.0f TFLOP/s; peak memory %.1f MiB "
+              "(library %.1f MiB, planned %.1f MiB; trainer buffers %.1f MiB%s)\n",
+              t.step_s, t.first, t.first + t.steps - 1, t.tokens_per_s, 100.0 * t.mfu, cfg.peak_flops / 1e12,
+              lib + mine, lib, r0.planned.total / 1048576.0, mine, ranks > 1 ? ", every local rank's" : "");
+  std::printf("activations held by the trainer at the end of forward: %.1f MiB\n", r0.activation_bytes / 1048576.0);
   if (!compare) return 0;
   gpt::config host_cfg = cfg;
   host_cfg.verbose = false;
