@@ -17,6 +17,7 @@
 
 #include "examples/04_gpt_host/gpt_host.hpp"
 #include "examples/05_gpt_cuda/gpt_cuda.cuh"
+#include "examples/common/memory_table.hpp"
 
 namespace {
 
@@ -36,6 +37,7 @@ using policy = fsdp::policy<Sharding, fsdp::prefetch::backward_pre<1>, Precision
 template <class Sharding, class Precision>
 int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples::gemm_kind kind) {
   gpt::result r0;
+  std::vector<examples::rank_memory> table;  // every local rank's (NCCL: this process's rank 0 only)
   std::mutex mu;
   const auto& s = cfg.model;
   const auto pf = fsdp::facts_of_precision<Precision>();
@@ -51,12 +53,15 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
     if (comm.rank() == 0) header(comm.size());
     r0 = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(comm, cfg, kind);
     if (comm.rank() != 0) return 0;
+    table.push_back({r0.memory.peak, r0.planned});
     ranks = comm.size();
   } else {
     header(ranks);
+    table.resize(static_cast<std::size_t>(ranks));
     fsdp::comm::run_local_cuda(ranks, [&](fsdp::comm::local_cuda_communicator& c) {
       auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::local<fsdp::backend::cuda>>>(c, cfg, kind);
       std::lock_guard lk(mu);
+      table[static_cast<std::size_t>(c.rank())] = {r.memory.peak, r.planned};
       if (c.rank() == 0) r0 = std::move(r);
     });
   }
@@ -71,6 +76,7 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
               "(library %.1f MiB, planned %.1f MiB; trainer buffers %.1f MiB%s)\n",
               t.step_s, t.first, t.first + t.steps - 1, t.tokens_per_s, 100.0 * t.mfu, cfg.peak_flops / 1e12,
               lib + mine, lib, r0.planned.total / 1048576.0, mine, ranks > 1 ? ", every local rank's" : "");
+  examples::print_memory_table(table);
   std::printf("activations held by the trainer at the end of forward: %.1f MiB\n", r0.activation_bytes / 1048576.0);
   if (!compare) return 0;
   gpt::config host_cfg = cfg;
