@@ -14,10 +14,16 @@ and exits 1 when a step differs by more than --tolerance (relative).
 import argparse
 import math
 import os
+import struct
 import sys
 import time
 
 MASK = (1 << 64) - 1
+
+
+def f32(x):
+    """x rounded to float, as the C++ side holds it."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 # ---- gpt_model.hpp's data generator, bit for bit ------------------------------------------------------------
@@ -147,7 +153,7 @@ def train(rank, a, losses_out):
 
     cuda = a.device == "cuda"
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))  # spawned here: one GPU per rank
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=a.world)
     world = dist.get_world_size()
     torch.manual_seed(0)
@@ -175,8 +181,8 @@ def train(rank, a, losses_out):
     fully_shard(model, mesh=mesh, mp_policy=mp)
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("h.")]
     rest = [p for n, p in model.named_parameters() if not (p.ndim == 2 and n.startswith("h."))]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=lr_at(a, 0), betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": f32(a.weight_decay)}, {"params": rest, "weight_decay": 0.0}],
+                            lr=f32(lr_at(a, 0)), betas=(f32(0.9), f32(0.95)), eps=f32(1e-8), foreach=False)
     perm = permutation(a.data_seed, a.vocab)
     if a.batch % world:
         sys.exit(f"error: global batch {a.batch} does not split over {world} ranks")
@@ -184,14 +190,15 @@ def train(rank, a, losses_out):
     times = []
     for step in range(a.steps):
         t0 = time.perf_counter()
-        lr = lr_at(a, step)
+        lr = f32(lr_at(a, step))  # gpt_model.hpp's lr_at rounds to float
         for g in opt.param_groups:
             g["lr"] = lr
         seqs = [sequence(a.data_seed, a.follow, perm, a.context, step * a.batch + rank * B + b) for b in range(B)]
         data = torch.tensor(seqs, dtype=torch.long, device=device)
         loss = model(data[:, :-1], data[:, 1:])
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm)
+        # gpt_model.hpp: max_norm 0 means no clipping (the norm is still computed and printed)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm if a.max_norm > 0 else float("inf"))
         opt.step()
         opt.zero_grad(set_to_none=True)
         total = loss.detach().clone()
@@ -210,7 +217,7 @@ def train(rank, a, losses_out):
         mean = sum(times[2:]) / len(times[2:])  # after two warm-up steps
         peak = f"; peak memory {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB" if cuda else ""
         tokens = a.batch * a.context / mean
-        flops = 6.0 * (a.layers * 12.0 * a.width**2 + a.vocab * a.width) + 6.0 * a.layers * a.context * a.width
+        flops = 6.0 * (a.layers * 12.0 * a.width**2 + a.vocab * a.width) + 12.0 * a.layers * a.context * a.width
         mfu = 100.0 * flops * tokens / (a.peak_tflops * 1e12)
         print(f"mean step {mean:.4f} s over steps 2..{len(times) - 1}, {tokens:.0f} tokens/s, "
               f"MFU {mfu:.2f}% of {a.peak_tflops:.0f} TFLOP/s{peak}", flush=True)
@@ -255,10 +262,7 @@ def main():
     a = p.parse_args()
     if a.tolerance is None:
         a.tolerance = 1e-5 if a.precision == "fp32" else 5e-3
-    # gpt_model.hpp rounds these to float before use
-    import struct
-    f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]
-    a.lr, a.min_lr_ratio = f32(a.lr), f32(a.min_lr_ratio)
+    a.lr, a.min_lr_ratio = f32(a.lr), f32(a.min_lr_ratio)  # floats in gpt_model.hpp
 
     if "RANK" in os.environ:  # under torchrun
         a.world = int(os.environ["WORLD_SIZE"])

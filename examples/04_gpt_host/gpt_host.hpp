@@ -248,8 +248,9 @@ class trainer {
     x.assign(static_cast<std::size_t>(N_) * C, 0.0f);
     for (int n = 0; n < N_; ++n)
       for (int c = 0; c < C; ++c)
-        x[static_cast<std::size_t>(n) * C + c] = static_cast<float>(wte.data()[tokens[n] * C + c]) +
-                                                 static_cast<float>(wpe.data()[(n % T) * C + c]);
+        x[static_cast<std::size_t>(n) * C + c] =
+            static_cast<float>(wte.data()[static_cast<std::size_t>(tokens[n]) * C + c]) +
+            static_cast<float>(wpe.data()[static_cast<std::size_t>(n % T) * C + c]);
   }
 
   /// One block's forward: out = block(x); its activations into `k`.

@@ -99,7 +99,8 @@ fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config
                              with_root_kept<typename Policy::sharding>(c.options));
 }
 
-/// AdamW as GPT-2 trains: decay on matrices only (the spec's no_decay flags), betas (0.9, 0.95), clipping.
+/// AdamW as GPT-2 trains: decay on the blocks' matrices only (the spec's no_decay flags: biases, norms and both
+/// embeddings are not decayed), betas (0.9, 0.95), clipping.
 template <class ModelT>
 fsdp::optim::adamw<ModelT> make_optimizer(ModelT& model, const config& c) {
   return fsdp::optim::adamw<ModelT>(model, {.lr = lr_at(c.opt, 0),
@@ -145,6 +146,9 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       tr.block_forward(unit, l, xs[static_cast<std::size_t>(l)], k, xs[static_cast<std::size_t>(l) + 1]);
       ++l;
     }
+    if (l != L)
+      throw fsdp::usage_error("gpt: forward passed " + std::to_string(l) + " block units for " + std::to_string(L) +
+                              " layers (keep gpt::wrapping(): one unit per block, the rest in 'root')");
     tr.head(*root, xs[static_cast<std::size_t>(L)], dx);
     std::size_t kept = tr.head_bytes();
     for (const auto& x : xs) kept += Trainer::bytes(x);
@@ -153,6 +157,8 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
     r.activation_bytes_per_block = Trainer::bytes(xs[0]) + (c.checkpoint_activations ? 0 : caches[0].bytes());
     for (auto& unit : model.backward()) {  // h.L-1 .. h.0, then the root unit
       if (l == 0) {
+        if (&unit != root)
+          throw fsdp::usage_error("gpt: the last unit of backward is '" + unit.name() + "', not 'root'");
         tr.root_backward(unit, dx);
         continue;
       }

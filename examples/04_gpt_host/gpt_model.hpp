@@ -57,8 +57,8 @@ inline std::string block(int l) { return "h." + std::to_string(l); }
 inline std::string pname(int l, const char* leaf) { return block(l) + "." + leaf; }
 
 /// wte [V, C], wpe [T, C], per block h.L.{ln_1, attn.qkv, attn.proj, ln_2, mlp.fc, mlp.proj}.{w, b}, ln_f.{w, b}
-/// and lm_head.w tied to wte. GPT-2's initialisation: N(0, 0.02) for matrices and embeddings, N(0, 0.02 /
-/// sqrt(2 L)) for the projections into the residual stream, zeros for biases, ones for norm gains.
+/// and lm_head.w tied to wte. GPT-2's initialisation: N(0, 0.02) for the blocks' matrices and wte, N(0, 0.01) for
+/// wpe, N(0, 0.02 / sqrt(2 L)) for the projections into the residual stream, zeros for biases, ones for norm gains.
 inline fsdp::ModelSpec make_spec(const shape& s, std::uint64_t seed) {
   validate(s);
   const std::int64_t V = s.vocab, T = s.context, C = s.width;
@@ -106,13 +106,13 @@ fsdp::model_options with_root_kept(fsdp::model_options o) {
 /// Parameters of the model (the tie counted once).
 inline std::int64_t parameters(const shape& s) { return make_spec(s, 0).numel(); }
 
-/// Model FLOPs per token of a training step (forward and backward): 6 per matrix-parameter use plus attention's
-/// two products (6 * L * T * C counting backward), as in the PaLM appendix; embeddings' lookups are not FLOPs but
-/// the head's product is (the tie's V * C counted as a matrix).
+/// Model FLOPs per token of a training step (forward and backward), as the PaLM appendix counts them for MFU: 6 per
+/// matrix parameter (the blocks' 12 C^2 per layer and the tied head's V C; the embeddings' lookups are not FLOPs)
+/// plus 12 L T C for attention's two products (the causal mask's skipped half not subtracted, by convention).
 inline double flops_per_token(const shape& s) {
   const double C = s.width, L = s.layers, V = s.vocab, T = s.context;
   const double matrices = L * 12.0 * C * C + V * C;
-  return 6.0 * matrices + 6.0 * L * T * C;
+  return 6.0 * matrices + 12.0 * L * T * C;
 }
 
 // ---- learning rate ----------------------------------------------------------------------------------------------

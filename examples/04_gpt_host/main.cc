@@ -9,6 +9,7 @@
 //       [--export-init FILE.safetensors] [--losses FILE]
 // --export-init writes the initial weights (fp32 safetensors, GPT-2 names) before the first step; --losses writes
 // one line per step (step, loss, learning rate, gradient norm): the PyTorch peer (bench/peer) reads both.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -121,8 +122,11 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") cfg.opt.warmup = to_int(value(), a);
     else if (a == "--seed") cfg.seed = static_cast<std::uint64_t>(to_int(value(), a));
     else if (a == "--lr") {
-      cfg.opt.lr = std::strtof(value(), nullptr);
-      if (!(cfg.opt.lr > 0)) usage("--lr needs a positive number");
+      const char* v = value();
+      char* end = nullptr;
+      cfg.opt.lr = std::strtof(v, &end);
+      if (!end || *end || !(cfg.opt.lr > 0) || !std::isfinite(cfg.opt.lr))
+        usage(std::string("--lr needs a positive number, got '") + v + "'");
     } else if (a == "--strategy") strategy = value();
     else if (a == "--precision") precision = value();
     else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;

@@ -45,12 +45,10 @@ class dbuf {
   }
   void resize(std::size_t n) {
     if (n == n_) return;
-    if (p_) {
-      FSDP_CUDA_CHECK(cudaFree(p_));
-      live() -= n_ * sizeof(float);
+    if (float* old = std::exchange(p_, nullptr)) {  // cleared first: a failed free must not be freed again
+      live() -= std::exchange(n_, 0) * sizeof(float);
+      FSDP_CUDA_CHECK(cudaFree(old));
     }
-    p_ = nullptr;
-    n_ = 0;
     FSDP_CUDA_CHECK(cudaMalloc(&p_, (n ? n : 1) * sizeof(float)));
     n_ = n;
     const std::size_t now = live() += n * sizeof(float);

@@ -71,11 +71,14 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
   const gpt::throughput t = gpt::mean_throughput(cfg, r0);
   // Peak memory as PyTorch's max_memory_allocated counts it (allocations, no context or cuBLAS workspace): the
   // library's peak (its pool holds exactly the plan) plus the most the trainer's buffers held (kept across steps).
-  const double lib = r0.memory.peak.total / 1048576.0, mine = gpt_cuda::dbuf::peak_bytes() / 1048576.0;
+  // With local ranks both figures are every rank's on this GPU together (the trainers' counter is the process's).
+  double lib = 0, planned = 0;
+  for (const auto& m : table) lib += m.measured.total / 1048576.0, planned += m.planned.total / 1048576.0;
+  const double mine = gpt_cuda::dbuf::peak_bytes() / 1048576.0;
   std::printf("mean step %.4f s over steps %d..%d, %.0f tokens/s, MFU %.2f%% of %.0f TFLOP/s; peak memory %.1f MiB "
-              "(library %.1f MiB, planned %.1f MiB; trainer buffers %.1f MiB%s)\n",
+              "(library %.1f MiB, planned %.1f MiB; trainer buffers %.1f MiB)%s\n",
               t.step_s, t.first, t.first + t.steps - 1, t.tokens_per_s, 100.0 * t.mfu, cfg.peak_flops / 1e12,
-              lib + mine, lib, r0.planned.total / 1048576.0, mine, ranks > 1 ? ", every local rank's" : "");
+              lib + mine, lib, planned, mine, table.size() > 1 ? ", all local ranks together" : "");
   examples::print_memory_table(table);
   std::printf("activations held by the trainer at the end of forward: %.1f MiB\n", r0.activation_bytes / 1048576.0);
   if (!compare) return 0;
@@ -110,7 +113,7 @@ int main(int argc, char** argv) {
   gpt::config cfg;
   cfg.global_batch = 16;
   int ranks = 4;
-  bool use_nccl = false, compare = false;
+  bool use_nccl = false, compare = false, ranks_given = false;
   double peak_tflops = 989.0;
   std::string strategy = "full_shard", precision = "bf16";
 #ifdef EXAMPLES_NO_CUBLAS
@@ -129,7 +132,7 @@ int main(int argc, char** argv) {
     if (a == "--nccl") use_nccl = true;
     else if (a == "--compare-host") compare = true;
     else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;
-    else if (a == "--ranks" && positive(ranks)) continue;
+    else if (a == "--ranks" && positive(ranks)) ranks_given = true;
     else if (a == "--steps" && positive(cfg.steps)) continue;
     else if (a == "--batch" && positive(cfg.global_batch)) continue;
     else if (a == "--layers" && positive(cfg.model.layers)) continue;
@@ -138,7 +141,7 @@ int main(int argc, char** argv) {
     else if (a == "--context" && positive(cfg.model.context)) continue;
     else if (a == "--vocab" && positive(cfg.model.vocab)) continue;
     else if (a == "--warmup" && positive(cfg.opt.warmup)) continue;
-    else if (a == "--seed" && (v = value())) cfg.seed = std::strtoull(v, nullptr, 10);
+    else if (a == "--seed" && (v = value()) && to_int(v) > 0) cfg.seed = static_cast<std::uint64_t>(to_int(v));
     else if (a == "--lr" && (v = value()) && (cfg.opt.lr = std::strtof(v, nullptr)) > 0) continue;
     else if (a == "--peak-tflops" && (v = value()) && (peak_tflops = std::strtod(v, nullptr)) > 0) continue;
     else if (a == "--strategy" && (v = value())) strategy = v;
@@ -147,6 +150,7 @@ int main(int argc, char** argv) {
       kind = std::string(v) == "plain" ? examples::gemm_kind::plain : examples::gemm_kind::cublas;
     else return usage("unknown, incomplete or non-positive argument '" + a + "'");
   }
+  if (use_nccl && ranks_given) return usage("--ranks is for local ranks; under --nccl the launcher's WORLD_SIZE says");
   cfg.opt.total = cfg.steps;
   cfg.verbose = true;
   cfg.peak_flops = peak_tflops * 1e12;

@@ -35,10 +35,11 @@ inline int blocks(long long work) { return (work + 255) / 256 < 1024 ? int((work
 template <int = 0>
 __global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                            const float* b, int ldb, float beta, float* c, int ldc) {
-  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < m * n; e += gridDim.x * blockDim.x) {
-    const int i = e % m, j = e / m;
+  const long long count = (long long)m * n;  // 64-bit index math: m * n passes 2^31 for a large vocabulary's logits
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count; e += (long long)gridDim.x * blockDim.x) {
+    const long long i = e % m, j = e / m;
     float acc = 0.0f;
-    for (int p = 0; p < k; ++p) {
+    for (long long p = 0; p < k; ++p) {
       const float x = ta ? a[p + i * lda] : a[i + p * lda];
       const float y = tb ? b[j + p * ldb] : b[p + j * ldb];
       acc = __fadd_rn(acc, __fmul_rn(x, y));
@@ -55,7 +56,11 @@ class gemm {
 #ifndef EXAMPLES_NO_CUBLAS
     if (kind_ == gemm_kind::cublas) {
       EXAMPLES_CUBLAS_CHECK(cublasCreate(&h_));
-      EXAMPLES_CUBLAS_CHECK(cublasSetStream(h_, s_));
+      if (const cublasStatus_t st = cublasSetStream(h_, s_); st != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(h_);  // the destructor does not run for a constructor that throws
+        h_ = nullptr;
+        EXAMPLES_CUBLAS_CHECK(st);
+      }
     }
 #else
     if (kind_ == gemm_kind::cublas) throw std::runtime_error("built without cuBLAS (EXAMPLES_NO_CUBLAS): use --gemm plain");
@@ -78,7 +83,7 @@ class gemm {
       return;
     }
 #endif
-    plain_gemm<><<<blocks(m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    plain_gemm<><<<blocks((long long)m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     FSDP_CUDA_CHECK(cudaGetLastError());
   }
 
