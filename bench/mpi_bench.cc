@@ -1,5 +1,6 @@
 // comm::mpi's all_gather and reduce_scatter (f32, sum) next to raw MPI_Allgather and MPI_Reduce_scatter_block
 // (MPI_FLOAT, MPI_SUM) on the same sizes, in the same run, in nccl-tests' table form:
+//   bazel build -c opt //bench:mpi_bench   (a manual target: `bazel test //...` does not build it)
 //   mpirun --allow-run-as-root --oversubscribe -np 4 bazel-bin/bench/mpi_bench [--max-mib 64]
 //
 // size is the unsharded buffer (the all-gather's output, the reduce-scatter's input), count its f32 elements.
