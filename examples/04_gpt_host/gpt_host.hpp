@@ -19,11 +19,8 @@
 // computed before the blocks' backward, kept in fp32 by the trainer and stored, with the embeddings' gradients,
 // when the root unit is current in backward (the last unit of the pass).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <map>
 #include <string>
 #include <vector>
 
