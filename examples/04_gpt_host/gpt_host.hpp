@@ -116,8 +116,10 @@ inline void layernorm_backward(float* dinp, float* dw, float* db, const float* d
 }
 
 /// Causal self-attention of qkv [B, T, 3C] (q, k, v side by side, heads of C / NH channels): out [B, T, C] and the
-/// attention weights att [B, NH, T, T] (zero above the diagonal).
-inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+/// attention weights att [B, NH, T, T]. Token t of a row attends to t2 in [starts[t], t] (its document, with
+/// sequence packing; starts may be null: the whole row); the weights are zero elsewhere.
+inline void attention_forward(float* out, float* att, const float* qkv, const int* starts, int B, int T, int C,
+                              int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t C3 = 3 * static_cast<std::size_t>(C);
@@ -126,8 +128,9 @@ inline void attention_forward(float* out, float* att, const float* qkv, int B, i
       for (int t = 0; t < T; ++t) {
         const float* q = qkv + (static_cast<std::size_t>(b) * T + t) * C3 + h * hs;
         float* a = att + ((static_cast<std::size_t>(b) * NH + h) * T + t) * T;
+        const int t0 = starts ? starts[static_cast<std::size_t>(b) * T + t] : 0;
         float maxv = -INFINITY;
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = t0; t2 <= t; ++t2) {
           const float* k = qkv + (static_cast<std::size_t>(b) * T + t2) * C3 + C + h * hs;
           float s = 0;
           for (int i = 0; i < hs; ++i) s += q[i] * k[i];
@@ -135,22 +138,22 @@ inline void attention_forward(float* out, float* att, const float* qkv, int B, i
           maxv = std::max(maxv, a[t2]);
         }
         float sum = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = t0; t2 <= t; ++t2) {
           a[t2] = std::exp(a[t2] - maxv);
           sum += a[t2];
         }
-        for (int t2 = 0; t2 < T; ++t2) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
+        for (int t2 = 0; t2 < T; ++t2) a[t2] = t2 >= t0 && t2 <= t ? a[t2] / sum : 0.0f;
         float* o = out + (static_cast<std::size_t>(b) * T + t) * C + h * hs;
         for (int i = 0; i < hs; ++i) o[i] = 0.0f;
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = t0; t2 <= t; ++t2) {
           const float* v = qkv + (static_cast<std::size_t>(b) * T + t2) * C3 + 2 * C + h * hs;
           for (int i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
         }
       }
 }
 /// dqkv += the gradient of attention_forward's out given dout.
-inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                               int NH) {
+inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, const int* starts,
+                               int B, int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t C3 = 3 * static_cast<std::size_t>(C);
@@ -161,8 +164,9 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
         const std::size_t row = (static_cast<std::size_t>(b) * T + t) * C3 + h * hs;
         const float* a = att + ((static_cast<std::size_t>(b) * NH + h) * T + t) * T;
         const float* d = dout + (static_cast<std::size_t>(b) * T + t) * C + h * hs;
+        const int t0 = starts ? starts[static_cast<std::size_t>(b) * T + t] : 0;
         float dot = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = t0; t2 <= t; ++t2) {
           const std::size_t r2 = (static_cast<std::size_t>(b) * T + t2) * C3 + h * hs;
           float s = 0;
           for (int i = 0; i < hs; ++i) {
@@ -172,7 +176,7 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
           datt[static_cast<std::size_t>(t2)] = s;
           dot += a[t2] * s;
         }
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = t0; t2 <= t; ++t2) {
           const std::size_t r2 = (static_cast<std::size_t>(b) * T + t2) * C3 + h * hs;
           const float dpre = a[t2] * (datt[static_cast<std::size_t>(t2)] - dot) * scale;
           for (int i = 0; i < hs; ++i) {
@@ -199,12 +203,18 @@ inline void gelu_backward(float* dx, const float* x, const float* dout, std::siz
   }
 }
 
-/// Mean cross-entropy of logits [N, V] against targets; writes dlogits = (softmax - onehot) * dscale.
-inline float cross_entropy(float* dlogits, const float* logits, const int* targets, int N, int V, float dscale) {
+/// Cross-entropy of logits [N, V] against targets, summed over the rows the mask keeps (mask may be null: every
+/// row) and divided by `denominator`; writes dlogits = (softmax - onehot) * dscale on kept rows, 0 elsewhere.
+inline float cross_entropy(float* dlogits, const float* logits, const int* targets, const std::uint8_t* mask, int N,
+                           int V, float dscale, double denominator) {
   double loss = 0;
   for (int n = 0; n < N; ++n) {
     const float* l = logits + static_cast<std::size_t>(n) * V;
     float* d = dlogits + static_cast<std::size_t>(n) * V;
+    if (mask && !mask[n]) {
+      std::fill(d, d + V, 0.0f);
+      continue;
+    }
     float maxv = -INFINITY;
     for (int v = 0; v < V; ++v) maxv = std::max(maxv, l[v]);
     float sum = 0;
@@ -213,7 +223,7 @@ inline float cross_entropy(float* dlogits, const float* logits, const int* targe
     loss += logsum - l[targets[n]];
     for (int v = 0; v < V; ++v) d[v] = (std::exp(l[v] - logsum) - (v == targets[n] ? 1.0f : 0.0f)) * dscale;
   }
-  return static_cast<float>(loss / N);
+  return static_cast<float>(loss / denominator);
 }
 
 }  // namespace kernels
@@ -234,6 +244,16 @@ class trainer {
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
     inputs_ = inputs;
     targets_ = targets;
+    positions_.resize(inputs.size());
+    for (std::size_t n = 0; n < positions_.size(); ++n) positions_[n] = static_cast<int>(n % s_.context);
+    starts_.clear(), mask_.clear();
+    loss_tokens_ = 0;
+  }
+  /// This rank's packed rows of the step: each token sees only its document, at its position within it; the loss
+  /// is the sum over the masked-in tokens divided by the step's loss tokens (every rank's).
+  void begin_packed_step(const packed_tokens& p) {
+    inputs_ = p.inputs, targets_ = p.targets, positions_ = p.positions, starts_ = p.starts, mask_ = p.mask;
+    loss_tokens_ = p.step_loss_tokens;
   }
 
   /// x [N, C] = wte[tokens] + wpe[positions].
@@ -241,13 +261,13 @@ class trainer {
   void embed(const Unit& root, std::vector<float>& x) const {
     const int* tokens = inputs_.data();
     const auto wte = root.template param<W>("wte"), wpe = root.template param<W>("wpe");
-    const int C = s_.width, T = s_.context;
+    const int C = s_.width;
     x.assign(static_cast<std::size_t>(N_) * C, 0.0f);
     for (int n = 0; n < N_; ++n)
       for (int c = 0; c < C; ++c)
         x[static_cast<std::size_t>(n) * C + c] =
             static_cast<float>(wte.data()[static_cast<std::size_t>(tokens[n]) * C + c]) +
-            static_cast<float>(wpe.data()[static_cast<std::size_t>(n % T) * C + c]);
+            static_cast<float>(wpe.data()[static_cast<std::size_t>(positions_[static_cast<std::size_t>(n)]) * C + c]);
   }
 
   /// One block's forward: out = block(x); its activations into `k`.
@@ -266,7 +286,7 @@ class trainer {
     k.fc_gelu.resize(4 * NC);
     K::layernorm_forward(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(), x.data(), ln1w.data(), ln1b.data(), N, C);
     K::matmul_forward(k.qkv.data(), k.ln1.data(), qkvw.data(), qkvb.data(), N, C, 3 * C);
-    K::attention_forward(k.atty.data(), k.att.data(), k.qkv.data(), B_, s_.context, C, s_.heads);
+    K::attention_forward(k.atty.data(), k.att.data(), k.qkv.data(), starts(), B_, s_.context, C, s_.heads);
     K::matmul_forward(k.res1.data(), k.atty.data(), aprojw.data(), aprojb.data(), N, C, C);
     for (std::size_t i = 0; i < NC; ++i) k.res1[i] += x[i];
     K::layernorm_forward(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(), k.res1.data(), ln2w.data(), ln2b.data(),
@@ -303,7 +323,8 @@ class trainer {
     std::vector<float> datty = zeros(NC), dqkv = zeros(3 * NC), dln1 = zeros(NC);
     K::matmul_backward(datty.data(), g_aprojw.data(), g_aprojb.data(), dres1.data(), k.atty.data(),
                        p("attn.proj.w").data(), N, C, C);
-    K::attention_backward(dqkv.data(), datty.data(), k.qkv.data(), k.att.data(), B_, s_.context, C, s_.heads);
+    K::attention_backward(dqkv.data(), datty.data(), k.qkv.data(), k.att.data(), starts(), B_, s_.context, C,
+                          s_.heads);
     K::matmul_backward(dln1.data(), g_qkvw.data(), g_qkvb.data(), dqkv.data(), k.ln1.data(), p("attn.qkv.w").data(),
                        N, C, 3 * C);
     K::layernorm_backward(dx.data(), g_ln1w.data(), g_ln1b.data(), dln1.data(), x.data(), p("ln_1.w").data(),
@@ -328,7 +349,10 @@ class trainer {
     logits_.resize(static_cast<std::size_t>(N) * V), dlogits_.resize(logits_.size());
     K::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(), lnfw.data(), lnfb.data(), N, C);
     K::matmul_forward(logits_.data(), lnf_.data(), wte.data(), nullptr, N, C, V);
-    loss_ = K::cross_entropy(dlogits_.data(), logits_.data(), targets, N, V, 1.0f / static_cast<float>(N));
+    const bool packed = !mask_.empty();
+    const double denominator = packed ? static_cast<double>(loss_tokens_) : static_cast<double>(N);
+    loss_ = K::cross_entropy(dlogits_.data(), logits_.data(), targets, packed ? mask_.data() : nullptr, N, V,
+                             1.0f / static_cast<float>(denominator), denominator);
     g_wte_.assign(static_cast<std::size_t>(V) * C, 0.0f), g_lnfw_.assign(C, 0.0f), g_lnfb_.assign(C, 0.0f);
     std::vector<float> dlnf(NC, 0.0f);
     K::matmul_backward(dlnf.data(), g_wte_.data(), nullptr, dlogits_.data(), lnf_.data(), wte.data(), N, C, V);
@@ -347,7 +371,7 @@ class trainer {
       for (int c = 0; c < C; ++c) {
         const float d = dx0[static_cast<std::size_t>(n) * C + c];
         g_wte_[static_cast<std::size_t>(tokens[n]) * C + c] += d;
-        g_wpe[static_cast<std::size_t>(n % T) * C + c] += d;
+        g_wpe[static_cast<std::size_t>(positions_[static_cast<std::size_t>(n)]) * C + c] += d;
       }
     kernels::store(root.template grad<W>("wte"), g_wte_);
     kernels::store(root.template grad<W>("wpe"), g_wpe);
@@ -355,13 +379,17 @@ class trainer {
     kernels::store(root.template grad<W>("ln_f.b"), g_lnfb_);
   }
 
-  /// This rank's mean loss of the last head().
+  /// This rank's mean loss of the last head() (packed: its share of the step's mean).
   float local_loss() const { return loss_; }
-  /// The mean loss over every rank's tokens (the ranks' means averaged: their batches are equal).
+  /// The logits [N, V] of the last head().
+  const std::vector<float>& logits() const { return logits_; }
+  /// The mean loss over every rank's tokens: the ranks' means averaged (their batches are equal), or with packing
+  /// the ranks' shares summed.
   template <class ModelT>
   float global_loss(ModelT& model) {
     float loss = loss_;
-    model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, model.backend().compute_stream());
+    const fsdp::reduce_op op = mask_.empty() ? fsdp::reduce_op::avg : fsdp::reduce_op::sum;
+    model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, op, model.backend().compute_stream());
     return loss;
   }
 
@@ -374,7 +402,11 @@ class trainer {
   shape s_;
   int B_, N_;
   float loss_ = 0;
-  std::vector<int> inputs_, targets_;
+  const int* starts() const { return starts_.empty() ? nullptr : starts_.data(); }
+
+  std::int64_t loss_tokens_ = 0;
+  std::vector<int> inputs_, targets_, positions_, starts_;
+  std::vector<std::uint8_t> mask_;
   std::vector<float> lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, g_wte_, g_lnfw_, g_lnfb_;
 };
 

@@ -6,6 +6,7 @@
 //
 //   buffer, cache                              activations ([N, C] floats) and what one block's forward keeps
 //   begin_step(inputs, targets)                this rank's tokens of the step
+//   begin_packed_step(packed_tokens)           or, with sequence packing, its packed rows (a trainer may lack it)
 //   embed(root, x0)                            x0 = wte[tokens] + wpe
 //   block_forward(unit, l, x, cache, out)      out = block l (x), keeping what its backward needs
 //   head(root, xL, dx)                         final norm, tied head, loss; dx = d loss / d xL; head gradients kept
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,11 +29,60 @@
 
 namespace gpt {
 
+/// Sequence packing (fsdp::data): documents of varied lengths (gpt::document) packed into rows of the context
+/// length, attention kept inside each document, every rank given the same real tokens; global_batch is then the
+/// rows of a step.
+struct packing_config {
+  bool on = false;
+  std::int64_t lookahead = 256;     ///< pieces of documents the packer may reorder
+  std::size_t depth = 4;            ///< steps packed ahead on the background thread
+  fsdp::data::packer_state resume;  ///< where the data starts (its step must be run_steps' first step)
+};
+
+/// One rank's packed rows as a trainer takes them, each [rows * T]: the tokens, their targets, their positions
+/// within their document, the row position where each token's document (segment) starts (padding: itself), the
+/// loss mask; and the loss tokens of the whole step, every rank's (the loss's denominator).
+struct packed_tokens {
+  std::vector<int> inputs, targets, positions, starts;
+  std::vector<std::uint8_t> mask;
+  std::int64_t rank_real_tokens = 0, step_real_tokens = 0, step_loss_tokens = 0;
+};
+
+inline packed_tokens to_tokens(const fsdp::data::rank_batch& b, int T) {
+  packed_tokens p;
+  for (const fsdp::data::packed_row& r : b.rows) {
+    const std::size_t at = p.inputs.size();
+    p.inputs.insert(p.inputs.end(), r.tokens.begin(), r.tokens.end());
+    p.targets.insert(p.targets.end(), r.targets.begin(), r.targets.end());
+    p.positions.insert(p.positions.end(), r.positions.begin(), r.positions.end());
+    p.mask.insert(p.mask.end(), r.loss_mask.begin(), r.loss_mask.end());
+    p.starts.resize(at + static_cast<std::size_t>(T));
+    for (int t = 0; t < T; ++t) p.starts[at + static_cast<std::size_t>(t)] = t;  // padding: itself
+    for (const fsdp::data::segment& g : r.segments)
+      for (int k = 0; k < g.length; ++k) p.starts[at + static_cast<std::size_t>(g.start + k)] = g.start;
+  }
+  p.rank_real_tokens = b.real_tokens;
+  p.step_real_tokens = b.step_real_tokens;
+  p.step_loss_tokens = b.step_loss_tokens;
+  return p;
+}
+
+/// The documents of gpt::document as an fsdp::data source (endless).
+struct document_source {
+  data_options data;
+  std::vector<int> perm;
+  int context = 0;
+  std::optional<std::vector<fsdp::data::token>> operator()(std::uint64_t i) const {
+    return document(data, perm, context, i);
+  }
+};
+
 struct config {
   shape model{};
   schedule opt{};
   data_options data{};
-  int global_batch = 8;       ///< sequences per step, split evenly over the ranks
+  int global_batch = 8;       ///< sequences (packed: rows) per step, split evenly over the ranks
+  packing_config packing{};
   int steps = 50;
   std::uint64_t seed = 1;     ///< of the initial weights
   bool checkpoint_activations = false;
@@ -46,6 +97,8 @@ struct result {
   std::vector<double> norms;  ///< global gradient norm per step, before clipping
   std::vector<float> lrs;     ///< learning rate per step
   std::vector<double> step_seconds;  ///< wall time of each step on this rank, through the global loss
+  std::vector<std::int64_t> step_tokens;  ///< real tokens of each step, every rank's (packing: padding excluded)
+  fsdp::data::packer_state data_state;    ///< packing: where the data stands after the last step
   fsdp::memory_stats memory;  ///< this rank's accounting after training
   fsdp::memory_figures planned;
   /// Bytes of activations the trainer held at the end of the last forward pass (its peak), and how many of them
@@ -68,6 +121,11 @@ struct block_cache_of {
     return n;
   }
 };
+
+/// The packer's options for a config: rows of the context length, global_batch rows a step.
+inline fsdp::data::packing_options packing_options(const config& c) {
+  return {.row_tokens = c.model.context, .rows_per_step = c.global_batch, .lookahead = c.packing.lookahead};
+}
 
 /// Sequences per rank: the global batch split evenly, or a usage_error.
 inline int batch_per_rank(const config& c, int world) {
@@ -93,10 +151,13 @@ inline void make_batch(const config& c, const std::vector<int>& perm, int step, 
 }
 
 /// The model train() builds.
+/// With sequence packing each rank's loss is its share of the step's mean (its tokens' losses over the step's loss
+/// tokens), so the gradients are summed over the ranks, not averaged.
 template <class Policy>
 fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config& c) {
-  return fsdp::Model<Policy>(comm, make_spec(c.model, c.seed), wrapping(), fsdp::init::normal{},
-                             with_root_kept<typename Policy::sharding>(c.options));
+  fsdp::model_options o = with_root_kept<typename Policy::sharding>(c.options);
+  if (c.packing.on) o.division.how = fsdp::grad_division::mode::sum;
+  return fsdp::Model<Policy>(comm, make_spec(c.model, c.seed), wrapping(), fsdp::init::normal{}, o);
 }
 
 /// AdamW as GPT-2 trains: decay on the blocks' matrices only (the spec's no_decay flags: biases, norms and both
@@ -121,6 +182,14 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
   using buffer = typename Trainer::buffer;
   using cache = typename Trainer::cache;
   std::vector<int> inputs, targets;
+  std::optional<fsdp::data::async_packer<document_source>> packer;
+  if (c.packing.on) {
+    if (c.packing.resume.step != static_cast<std::uint64_t>(first))
+      throw fsdp::usage_error("gpt: the packing state resumes at step " + std::to_string(c.packing.resume.step) +
+                              " and the run starts at step " + std::to_string(first));
+    packer.emplace(packing_options(c), document_source{c.data, perm, c.model.context}, world, rank, c.packing.depth,
+                   c.packing.resume);
+  }
   std::vector<buffer> xs(static_cast<std::size_t>(L) + 1);  // block inputs, and x_L
   std::vector<cache> caches(c.checkpoint_activations ? 1 : static_cast<std::size_t>(L));
   buffer dx, dnext, recomputed;
@@ -128,8 +197,21 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
     const auto ts = std::chrono::steady_clock::now();
     const float lr = lr_at(c.opt, step);
     opt.set_lr(lr);
-    make_batch(c, perm, step, rank, B, inputs, targets);
-    tr.begin_step(inputs, targets);
+    std::int64_t tokens = static_cast<std::int64_t>(c.global_batch) * c.model.context;
+    if (packer) {
+      if constexpr (requires(packed_tokens p) { tr.begin_packed_step(p); }) {
+        const std::optional<fsdp::data::rank_batch> b = packer->next();  // endless documents: always a batch
+        const packed_tokens p = to_tokens(*b, c.model.context);
+        tr.begin_packed_step(p);
+        tokens = p.step_real_tokens;
+      } else {
+        throw fsdp::usage_error("gpt: this trainer takes no packed rows (it has no begin_packed_step); train it "
+                                "without sequence packing");
+      }
+    } else {
+      make_batch(c, perm, step, rank, B, inputs, targets);
+      tr.begin_step(inputs, targets);
+    }
     typename ModelT::unit_type* root = nullptr;
     int l = 0;                            // blocks done
     for (auto& unit : model.forward()) {  // the root unit, then h.0 .. h.L-1
@@ -173,19 +255,21 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
     const float loss = tr.global_loss(model);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     r.step_seconds.push_back(s);
+    r.step_tokens.push_back(tokens);
     r.losses.push_back(loss);
     r.norms.push_back(rep.norm);
     r.lrs.push_back(lr);
     if (c.verbose && rank == 0) {
-      const double tokens = static_cast<double>(c.global_batch) * c.model.context;
       std::printf("step %3d  loss %.6f  lr %.3e  norm %.4f  %.3f s  %.0f tokens/s", step, loss, lr, rep.norm, s,
-                  tokens / s);
+                  static_cast<double>(tokens) / s);
       if (c.peak_flops > 0)
-        std::printf("  MFU %.1f%%", 100.0 * flops_per_token(c.model) * tokens / s / c.peak_flops);
+        std::printf("  MFU %.1f%%",
+                    100.0 * flops_per_token(c.model) * static_cast<double>(tokens) / s / c.peak_flops);
       std::printf("\n");
       std::fflush(stdout);
     }
   }
+  if (packer) r.data_state = packer->state();
 }
 
 /// Mean step time after `warmup` steps (all steps when there are no more), tokens per second and model FLOPs
@@ -199,10 +283,14 @@ inline throughput mean_throughput(const config& c, const result& r, int warmup =
   const int n = static_cast<int>(r.step_seconds.size());
   t.first = n > warmup ? warmup : 0;
   t.steps = n - t.first;
-  for (int i = t.first; i < n; ++i) t.step_s += r.step_seconds[static_cast<std::size_t>(i)];
+  double tokens = 0;
+  for (int i = t.first; i < n; ++i) {
+    t.step_s += r.step_seconds[static_cast<std::size_t>(i)];
+    tokens += static_cast<double>(r.step_tokens[static_cast<std::size_t>(i)]);
+  }
   if (t.steps == 0 || !(t.step_s > 0)) return t;
+  t.tokens_per_s = tokens / t.step_s;
   t.step_s /= t.steps;
-  t.tokens_per_s = static_cast<double>(c.global_batch) * c.model.context / t.step_s;
   if (c.peak_flops > 0) t.mfu = flops_per_token(c.model) * t.tokens_per_s / c.peak_flops;
   return t;
 }

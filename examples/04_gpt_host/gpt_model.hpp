@@ -4,6 +4,7 @@
 // the learning-rate schedule, the AdamW decay rule and the FLOP count. The host trainer (gpt_host.hpp) and the
 // PyTorch peer (bench/peer/gpt_fsdp2.py) implement this same description; the peer's copy of the data generator
 // and the schedule must stay bit-identical to this one (tests/gpt compares them through the program's output).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -159,6 +160,25 @@ inline void sequence(const data_options& d, const std::vector<int>& perm, int co
                  ? perm[static_cast<std::size_t>(out[i - 1])]
                  : detail::draw(detail::uniform(d.seed, sample, 2 * k), V);
   }
+}
+
+/// Documents of varied lengths for sequence packing (fsdp::data), a pure function of (seed, index) like the
+/// sequences: lengths lognormal with median context / 4 and sigma 1 (one in 12 is longer than the context and is
+/// split by the packer), at least 1 and at most 4 * context; the tokens follow the same chain as sequence()'s.
+inline int document_length(const data_options& d, int context, std::uint64_t index) {
+  const std::uint64_t sample = 0x444f43ULL << 40 ^ index;  // apart from sequence()'s samples
+  const double u1 = std::max(detail::uniform(d.seed, sample, 0x4c454e31), 1e-300),
+               u2 = detail::uniform(d.seed, sample, 0x4c454e32);
+  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2);
+  const double len = std::round(std::exp(std::log(context / 4.0) + z));
+  return static_cast<int>(std::clamp(len, 1.0, 4.0 * context));
+}
+inline std::vector<int> document(const data_options& d, const std::vector<int>& perm, int context,
+                                 std::uint64_t index) {
+  const int n = document_length(d, context, index);
+  std::vector<int> tokens(static_cast<std::size_t>(n));
+  sequence(d, perm, n - 1, 0x444f43ULL << 40 ^ index, tokens.data());
+  return tokens;
 }
 
 /// The entropy (nats) of the token frequencies (ln V: every token is equally frequent) and the lowest mean loss a

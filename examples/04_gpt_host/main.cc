@@ -6,9 +6,11 @@
 //   bazel run //examples/04_gpt_host -- --ranks 4 [--steps 50] [--precision bf16|fp32]
 //       [--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations]
 //       [--layers L] [--width C] [--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W]
-//       [--export-init FILE.safetensors] [--losses FILE]
+//       [--export-init FILE.safetensors] [--losses FILE] [--pack]
 // --export-init writes the initial weights (fp32 safetensors, GPT-2 names) before the first step; --losses writes
 // one line per step (step, loss, learning rate, gradient norm): the PyTorch peer (bench/peer) reads both.
+// --pack trains on documents of varied lengths packed into rows of the context (fsdp::data: attention inside each
+// document, every rank the same real tokens); --batch is then the rows of a step.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,7 +29,7 @@ namespace {
                "error: %s\nusage: gpt_host [--ranks N] [--steps S] [--precision bf16|fp32] "
                "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
                "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-               "[--export-init FILE] [--losses FILE]\n",
+               "[--export-init FILE] [--losses FILE] [--pack]\n",
                why.c_str());
   std::exit(2);
 }
@@ -57,10 +59,11 @@ int run(int ranks, const gpt::config& cfg, const outputs& out) {
   const auto& s = cfg.model;
   const gpt::entropies h = gpt::data_entropies(cfg.data, s.vocab);
   std::printf("GPT: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d thread ranks, "
-              "%s compute, %s reduction, global batch %d sequences (%d tokens)%s\n",
+              "%s compute, %s reduction, global batch %d %s (%d positions)%s\n",
               s.layers, s.width, s.heads, s.context, s.vocab, static_cast<long long>(gpt::parameters(s)),
               std::string(Strategy::name).c_str(), ranks, std::string(fsdp::name_of(pf.compute)).c_str(),
-              std::string(fsdp::name_of(pf.reduce)).c_str(), cfg.global_batch, cfg.global_batch * s.context,
+              std::string(fsdp::name_of(pf.reduce)).c_str(), cfg.global_batch,
+              cfg.packing.on ? "packed rows of documents" : "sequences", cfg.global_batch * s.context,
               cfg.checkpoint_activations ? ", activation checkpointing" : "");
   std::printf("data: entropy of the token frequencies %.4f nats, lowest reachable loss %.4f nats\n", h.frequencies,
               h.floor);
@@ -72,9 +75,14 @@ int run(int ranks, const gpt::config& cfg, const outputs& out) {
     results[static_cast<std::size_t>(comm.rank())] = gpt::train<Policy>(comm, cfg, before);
   });
   const auto& r0 = results[0];
+  double tokens = 0;
+  for (std::int64_t t : r0.step_tokens) tokens += static_cast<double>(t);
   std::printf("trained %d steps in %.3f s (%.0f tokens/s): loss %.6f -> %.6f\n", cfg.steps, r0.seconds,
-              static_cast<double>(cfg.steps) * cfg.global_batch * s.context / r0.seconds, r0.losses.front(),
-              r0.losses.back());
+              tokens / r0.seconds, r0.losses.front(), r0.losses.back());
+  if (cfg.packing.on)
+    std::printf("packing: %.2f%% of the positions were real tokens; the data resumes at document %llu\n",
+                100.0 * tokens / (static_cast<double>(cfg.steps) * cfg.global_batch * s.context),
+                static_cast<unsigned long long>(r0.data_state.next_document));
   std::vector<examples::rank_memory> table;
   for (const auto& r : results) table.push_back({r.memory.peak, r.planned});
   examples::print_memory_table(table);
@@ -130,6 +138,7 @@ int main(int argc, char** argv) {
     } else if (a == "--strategy") strategy = value();
     else if (a == "--precision") precision = value();
     else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;
+    else if (a == "--pack") cfg.packing.on = true;
     else if (a == "--export-init") out.export_init = caller_path(value());
     else if (a == "--losses") out.losses = caller_path(value());
     else usage("unknown argument " + a);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,20 +38,24 @@ struct fake_unit {
   }
 };
 
-/// The whole model's mean loss on (inputs, targets) with the trainer's kernels; its gradients into `grads`.
-float loss_and_grads(const gpt::shape& s, int B, const fsdp::ModelSpec& spec,
-                     std::map<std::string, std::vector<float>>& values, std::map<std::string, std::vector<float>>& grads,
-                     const std::vector<int>& inputs, const std::vector<int>& targets) {
+using values_map = std::map<std::string, std::vector<float>>;
+
+/// The whole model's loss on the batch `begin` gives the trainer, with the trainer's kernels; its gradients into
+/// `grads`; the logits into `logits` when given.
+template <class Begin>
+float loss_and_grads(const gpt::shape& s, int B, const fsdp::ModelSpec& spec, values_map& values, values_map& grads,
+                     Begin&& begin, std::vector<float>* logits = nullptr) {
   for (auto& [name, g] : grads) std::fill(g.begin(), g.end(), 0.0f);
   const fake_unit u{&values, &grads, &spec};
   gpt::trainer<float> tr(s, B);
-  tr.begin_step(inputs, targets);
+  begin(tr);
   std::vector<std::vector<float>> xs(static_cast<std::size_t>(s.layers) + 1);
   std::vector<gpt::block_cache> caches(static_cast<std::size_t>(s.layers));
   tr.embed(u, xs[0]);
   for (int l = 0; l < s.layers; ++l) tr.block_forward(u, l, xs[l], caches[l], xs[l + 1]);
   std::vector<float> dx, dnext;
   tr.head(u, xs.back(), dx);
+  if (logits) *logits = tr.logits();
   for (int l = s.layers - 1; l >= 0; --l) {
     tr.block_backward(u, l, xs[l], caches[l], dx, dnext);
     dx.swap(dnext);
@@ -59,13 +64,8 @@ float loss_and_grads(const gpt::shape& s, int B, const fsdp::ModelSpec& spec,
   return tr.local_loss();
 }
 
-}  // namespace
-
-TEST_CASE("every parameter's gradient (tied head and embedding together) matches central finite differences") {
-  const gpt::shape s{.vocab = 11, .context = 5, .width = 8, .heads = 2, .layers = 2};
-  const int B = 2;
-  const fsdp::ModelSpec spec = gpt::make_spec(s, 3);
-  std::map<std::string, std::vector<float>> values, grads;
+/// Random values for every stored parameter of `spec` (norm gains around 1), and zeroed gradients.
+void random_values(const fsdp::ModelSpec& spec, values_map& values, values_map& grads) {
   std::uint64_t k = 0;
   for (const auto& p : spec.params()) {
     if (p.is_tied()) continue;
@@ -75,21 +75,39 @@ TEST_CASE("every parameter's gradient (tied head and embedding together) matches
     values[p.name] = v;
     grads[p.name].assign(v.size(), 0.0f);
   }
-  std::vector<int> inputs(B * s.context), targets(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i] = static_cast<int>(i * 7 % 11);
-    targets[i] = static_cast<int>((i * 5 + 3) % 11);
-  }
-  loss_and_grads(s, B, spec, values, grads, inputs, targets);
+}
+
+/// Rank `rank` of `world`'s share of the first step packed from `docs` into rows of T tokens, `rows` a step.
+gpt::packed_tokens pack(const std::vector<std::vector<int>>& docs, int T, int rows, int world = 1, int rank = 0) {
+  struct list {
+    std::vector<std::vector<int>> docs;
+    std::optional<std::vector<int>> operator()(std::uint64_t i) const {
+      return i < docs.size() ? std::optional(docs[i]) : std::nullopt;
+    }
+  };
+  fsdp::data::packer p({.row_tokens = T, .rows_per_step = rows, .lookahead = 16}, list{docs});
+  const auto step = p.next();
+  REQUIRE(step);
+  REQUIRE(p.state().buffer.empty());  // every document in the step
+  return gpt::to_tokens(fsdp::data::rank_share(*step, world, rank), T);
+}
+
+/// Checks every parameter's backward against central finite differences of the loss on the batch `begin` gives.
+template <class Begin>
+void check_gradients(const gpt::shape& s, int B, Begin&& begin) {
+  const fsdp::ModelSpec spec = gpt::make_spec(s, 3);
+  values_map values, grads;
+  random_values(spec, values, grads);
+  loss_and_grads(s, B, spec, values, grads, begin);
   const auto analytic = grads;
   int checked = 0;
   for (auto& [name, v] : values) {
     for (std::size_t i = 0; i < v.size(); i += 1 + v.size() / 7) {  // about 7 elements of each parameter
       const float keep = v[i], h = 3e-3f;  // larger steps see the curvature of softmax and GELU
       v[i] = keep + h;
-      const float up = loss_and_grads(s, B, spec, values, grads, inputs, targets);
+      const float up = loss_and_grads(s, B, spec, values, grads, begin);
       v[i] = keep - h;
-      const float down = loss_and_grads(s, B, spec, values, grads, inputs, targets);
+      const float down = loss_and_grads(s, B, spec, values, grads, begin);
       v[i] = keep;
       const double fd = (static_cast<double>(up) - down) / (2.0 * h), an = analytic.at(name)[i];
       INFO(name << "[" << i << "]: finite difference " << fd << ", backward " << an);
@@ -98,6 +116,84 @@ TEST_CASE("every parameter's gradient (tied head and embedding together) matches
     }
   }
   CHECK(checked > 100);
+}
+
+}  // namespace
+
+TEST_CASE("every parameter's gradient (tied head and embedding together) matches central finite differences") {
+  const gpt::shape s{.vocab = 11, .context = 5, .width = 8, .heads = 2, .layers = 2};
+  const int B = 2;
+  std::vector<int> inputs(B * s.context), targets(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = static_cast<int>(i * 7 % 11);
+    targets[i] = static_cast<int>((i * 5 + 3) % 11);
+  }
+  check_gradients(s, B, [&](gpt::trainer<float>& tr) { tr.begin_step(inputs, targets); });
+  SUBCASE("and on packed rows: documents apart, positions restarting, padding and last tokens masked out") {
+    // Two rows of 5: documents of 2 and 3 tokens in one, 4 tokens and a padding position in the other.
+    const gpt::packed_tokens p = pack({{3, 9}, {1, 4, 7}, {10, 2, 5, 8}}, s.context, 2);
+    REQUIRE(p.starts == std::vector<int>{0, 0, 2, 2, 2, 0, 0, 0, 0, 4});
+    REQUIRE(p.step_loss_tokens == 6);
+    check_gradients(s, B, [&](gpt::trainer<float>& tr) { tr.begin_packed_step(p); });
+  }
+}
+
+TEST_CASE("a packed row gives each document the logits it has alone: no attention across documents") {
+  const gpt::shape s{.vocab = 11, .context = 16, .width = 8, .heads = 2, .layers = 2};
+  const fsdp::ModelSpec spec = gpt::make_spec(s, 3);
+  values_map values, grads;
+  random_values(spec, values, grads);
+  const std::vector<std::vector<int>> docs = {{3, 9, 1, 0, 4}, {7, 7, 2}, {10, 5, 6, 1, 8, 2}};
+  const gpt::packed_tokens p = pack(docs, s.context, 1);  // one row: 5 + 3 + 6 tokens, 2 of padding
+  const auto V = static_cast<std::ptrdiff_t>(s.vocab);
+  std::vector<float> packed, alone;
+  loss_and_grads(s, 1, spec, values, grads, [&](gpt::trainer<float>& tr) { tr.begin_packed_step(p); }, &packed);
+  std::ptrdiff_t at = 0;
+  for (const std::vector<int>& d : docs) {
+    // The document alone at the start of an unpacked row, the rest of the row other tokens.
+    std::vector<int> inputs(d), targets(static_cast<std::size_t>(s.context), 0);
+    for (int t = static_cast<int>(d.size()); t < s.context; ++t) inputs.push_back(t * 3 % s.vocab);
+    loss_and_grads(s, 1, spec, values, grads, [&](gpt::trainer<float>& tr) { tr.begin_step(inputs, targets); },
+                   &alone);
+    const auto n = static_cast<std::ptrdiff_t>(d.size());
+    const std::vector<float> in_row(packed.begin() + at * V, packed.begin() + (at + n) * V);
+    const std::vector<float> by_itself(alone.begin(), alone.begin() + n * V);
+    CHECK(in_row == by_itself);  // the same bits
+    at += n;
+  }
+  // Unpacked, the same row attends across its documents: the second and third documents' logits change.
+  loss_and_grads(s, 1, spec, values, grads, [&](gpt::trainer<float>& tr) { tr.begin_step(p.inputs, p.targets); },
+                 &alone);
+  CHECK(std::vector<float>(alone.begin() + 5 * V, alone.begin() + 14 * V) !=
+        std::vector<float>(packed.begin() + 5 * V, packed.begin() + 14 * V));
+}
+
+TEST_CASE("packed training: the same global data and the same losses at world sizes 1, 2 and 4") {
+  gpt::config c = small();
+  c.steps = 8;
+  c.global_batch = 4;  // rows of 16 tokens a step
+  c.packing.on = true;
+  const auto one = train<fp32_policy>(1, c);
+  CHECK(one[0].losses.front() > one[0].losses.back());
+  std::int64_t tokens = 0;
+  for (std::int64_t t : one[0].step_tokens) tokens += t;
+  CHECK(tokens > 8 * 4 * 16 * 9 / 10);  // rows at least 90% real tokens
+  CHECK(one[0].data_state.step == 8);
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    const auto rs = train<fp32_policy>(world, c);
+    CHECK(rs[0].step_tokens == one[0].step_tokens);
+    CHECK(rs[0].data_state == one[0].data_state);
+    for (std::size_t k = 0; k < one[0].losses.size(); ++k)
+      CHECK(rs[0].losses[k] == doctest::Approx(one[0].losses[k]).epsilon(1e-5));
+    // The ranks sum their rows' losses in another order, so the bits differ; Adam turns that rounding into updates
+    // of up to lr on elements whose gradient is near zero, so the parameters agree to well below one step's lr.
+    double worst = 0;
+    for (const auto& [name, v] : one[0].params)
+      for (std::size_t i = 0; i < v.size(); ++i)
+        worst = std::max(worst, static_cast<double>(std::abs(rs[0].params.at(name)[i] - v[i])));
+    CHECK(worst < c.opt.lr / 50);
+  }
 }
 
 TEST_CASE("the data: a pure function of the global sample, every world size sees the same global batch") {

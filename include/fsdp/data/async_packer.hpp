@@ -1,15 +1,13 @@
 #pragma once
-// A packer on a background thread: it packs steps ahead of the trainer into a
-// bounded queue of `depth` steps, and the trainer takes its rank's share of the
-// next one. While the queue holds a step, next() returns it at once; next()
-// waits only when the worker has fallen behind (counted by waits()). The worker
-// stops when the queue is full, so at most `depth` steps are packed ahead.
+// A packer on a background thread: it packs steps ahead of the trainer into a bounded queue of `depth` steps, and
+// the trainer takes its rank's share of the next one. While the queue holds a step, next() returns it at once;
+// next() waits only when the worker has fallen behind (counted by waits()). The worker stops when the queue is
+// full, so at most `depth` steps are packed ahead.
 //
-// Each queued step carries the packer's state after it, so state() is the state
-// after the last step the trainer took: saved with a checkpoint and given back
-// to the constructor, it resumes the same data, whatever the worker had packed
-// ahead. A packing error (an empty document, say) reaches the trainer from
-// next() at the step it happened in, after the steps before it.
+// Each queued step carries the packer's state after it, so state() is the state after the last step the trainer
+// took: saved with a checkpoint and given back to the constructor, it resumes the same data, whatever the worker
+// had packed ahead. A packing error (an empty document, say) reaches the trainer from next() at the step it
+// happened in, after the steps before it.
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -25,27 +23,19 @@
 
 namespace fsdp::data {
 
-template <DocumentSource Source> class async_packer {
-public:
-  /// Rank `rank` of `world`'s packer (`world` divides o.rows_per_step), `depth`
-  /// steps ahead, from `state`.
-  async_packer(packing_options o, Source source, int world, int rank,
-               std::size_t depth = 4, packer_state state = {})
-      : world_(world), rank_(rank), depth_(depth), taken_(state),
-        packer_(o, std::move(source), std::move(state)) {
-    if (depth_ == 0)
-      detail::fail_usage("packing: an async_packer's queue depth is 0; it must "
-                         "hold at least one step");
-    (void)deal_rows(
-        std::vector<std::int64_t>(static_cast<std::size_t>(o.rows_per_step), 0),
-        world);
-    if (rank < 0 || rank >= world)
-      detail::fail_usage("packing: rank ", rank, " is outside a world of ",
-                         world);
+template <DocumentSource Source>
+class async_packer {
+ public:
+  /// Rank `rank` of `world`'s packer (`world` divides o.rows_per_step), `depth` steps ahead, from `state`.
+  async_packer(packing_options o, Source source, int world, int rank, std::size_t depth = 4, packer_state state = {})
+      : world_(world), rank_(rank), depth_(depth), taken_(state), packer_(o, std::move(source), std::move(state)) {
+    if (depth_ == 0) detail::fail_usage("packing: an async_packer's queue depth is 0; it must hold at least one step");
+    (void)deal_rows(std::vector<std::int64_t>(static_cast<std::size_t>(o.rows_per_step), 0), world);
+    if (rank < 0 || rank >= world) detail::fail_usage("packing: rank ", rank, " is outside a world of ", world);
     worker_ = std::thread([this] { run(); });
   }
-  async_packer(const async_packer &) = delete;
-  async_packer &operator=(const async_packer &) = delete;
+  async_packer(const async_packer&) = delete;
+  async_packer& operator=(const async_packer&) = delete;
   ~async_packer() {
     {
       std::lock_guard lock(m_);
@@ -55,18 +45,15 @@ public:
     worker_.join();
   }
 
-  /// This rank's share of the next step, or nothing once the stream is packed;
-  /// rethrows a packing error.
+  /// This rank's share of the next step, or nothing once the stream is packed; rethrows a packing error.
   std::optional<rank_batch> next() {
     std::unique_lock lock(m_);
     if (queue_.empty()) {
-      if (!finished_)
-        ++waits_;
+      if (!finished_) ++waits_;
       cv_.wait(lock, [&] { return !queue_.empty() || finished_; });
     }
     if (queue_.empty()) {
-      if (error_)
-        std::rethrow_exception(error_);
+      if (error_) std::rethrow_exception(error_);
       return std::nullopt;
     }
     item it = std::move(queue_.front());
@@ -77,10 +64,9 @@ public:
     return std::move(it.batch);
   }
 
-  /// The packer's state after the last step next() returned (the constructor's
-  /// state before the first).
-  const packer_state &state() const { return taken_; }
-  const packing_options &options() const { return packer_.options(); }
+  /// The packer's state after the last step next() returned (the constructor's state before the first).
+  const packer_state& state() const { return taken_; }
+  const packing_options& options() const { return packer_.options(); }
   /// Steps packed and waiting.
   std::size_t queued() const {
     std::lock_guard lock(m_);
@@ -92,7 +78,7 @@ public:
     return waits_;
   }
 
-private:
+ private:
   struct item {
     rank_batch batch;
     packer_state after;
@@ -103,8 +89,7 @@ private:
       {
         std::unique_lock lock(m_);
         cv_.wait(lock, [&] { return stop_ || queue_.size() < depth_; });
-        if (stop_)
-          return;
+        if (stop_) return;
       }
       std::optional<item> it;
       std::exception_ptr error;
@@ -119,21 +104,18 @@ private:
       }
       {
         std::lock_guard lock(m_);
-        if (it)
-          queue_.push_back(std::move(*it));
-        if (end || error)
-          finished_ = true, error_ = error;
+        if (it) queue_.push_back(std::move(*it));
+        if (end || error) finished_ = true, error_ = error;
       }
       cv_.notify_all();
-      if (end || error)
-        return;
+      if (end || error) return;
     }
   }
 
   const int world_, rank_;
   const std::size_t depth_;
-  packer_state taken_;    // the trainer's thread only
-  packer<Source> packer_; // the worker's only, after construction
+  packer_state taken_;     // the trainer's thread only
+  packer<Source> packer_;  // the worker's only, after construction
   mutable std::mutex m_;
   std::condition_variable cv_;
   std::deque<item> queue_;
@@ -143,4 +125,4 @@ private:
   std::thread worker_;
 };
 
-} // namespace fsdp::data
+}  // namespace fsdp::data

@@ -1,18 +1,15 @@
 #pragma once
-// A packer's state as bytes, to keep beside a checkpoint and resume the same
-// data: the step, the next document to read, the look-ahead buffer and the
-// carried rest of a split document, with the options that packed them.
+// A packer's state as bytes, to keep beside a checkpoint and resume the same data: the step, the next document
+// to read, the look-ahead buffer and the carried rest of a split document, with the options that packed them.
 //
-// Layout (little-endian, as x86-64 and AArch64 hold integers): "FSDPPACK", u32
-// version 1; the options (i64 row_tokens, i64 rows_per_step, i64 lookahead, u8
-// long_docs, i32 pad); u64 step, u64 next_document, u8 stream_ended; u64
-// pieces, each piece; u8 has_carry, the carry; then u64 FNV-1a of every byte
-// before it. A piece is u64 document, i64 offset, u8 has_next, i32 next, u64
-// tokens, the tokens as i32.
+// Layout (little-endian, as x86-64 and AArch64 hold integers): "FSDPPACK", u32 version 1; the options (i64
+// row_tokens, i64 rows_per_step, i64 lookahead, u8 long_docs, i32 pad); u64 step, u64 next_document, u8
+// stream_ended; u64 pieces, each piece; u8 has_carry, the carry; then u64 FNV-1a of every byte before it. A piece
+// is u64 document, i64 offset, u8 has_next, i32 next, u64 tokens, the tokens as i32.
 //
-// Reading trusts no count it has not checked against the bytes left, and a
-// state saved with other options is refused (resuming with other options would
-// not give the data of an uninterrupted run).
+// Reading trusts no count it has not checked against the bytes left, and a state saved with other options is
+// refused (resuming with other options would not give the data of an uninterrupted run). Files are written
+// through a .partial file renamed into place, without fsync: keep them with a checkpoint, whose writer flushes.
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -31,8 +28,7 @@
 
 namespace fsdp::data {
 
-static_assert(std::endian::native == std::endian::little,
-              "packer_state.hpp writes little-endian integers as held");
+static_assert(std::endian::native == std::endian::little, "packer_state.hpp writes little-endian integers as held");
 
 namespace detail_state {
 
@@ -40,26 +36,26 @@ inline constexpr char magic[8] = {'F', 'S', 'D', 'P', 'P', 'A', 'C', 'K'};
 inline constexpr std::uint32_t version = 1;
 
 class writer {
-public:
-  template <class T> void put(T v) {
-    const auto *p = reinterpret_cast<const std::byte *>(&v);
+ public:
+  template <class T>
+  void put(T v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
     out.insert(out.end(), p, p + sizeof(T));
   }
-  void put_piece(const piece &p) {
-    put<std::uint64_t>(p.document), put<std::int64_t>(p.offset),
-        put<std::uint8_t>(p.has_next ? 1 : 0);
+  void put_piece(const piece& p) {
+    put<std::uint64_t>(p.document), put<std::int64_t>(p.offset), put<std::uint8_t>(p.has_next ? 1 : 0);
     put<std::int32_t>(p.next), put<std::uint64_t>(p.tokens.size());
-    const auto *b = reinterpret_cast<const std::byte *>(p.tokens.data());
+    const auto* b = reinterpret_cast<const std::byte*>(p.tokens.data());
     out.insert(out.end(), b, b + p.tokens.size() * sizeof(token));
   }
   std::vector<std::byte> out;
 };
 
 class reader {
-public:
-  reader(std::span<const std::byte> bytes, std::string_view what)
-      : b_(bytes), what_(what) {}
-  template <class T> T get(const char *field) {
+ public:
+  reader(std::span<const std::byte> bytes, std::string_view what) : b_(bytes), what_(what) {}
+  template <class T>
+  T get(const char* field) {
     need(sizeof(T), field);
     T v;
     std::memcpy(&v, b_.data() + at_, sizeof(T));
@@ -74,26 +70,21 @@ public:
     p.next = get<std::int32_t>("a piece's next token");
     const auto n = get<std::uint64_t>("a piece's token count");
     if (n == 0 || n > (b_.size() - at_) / sizeof(token))
-      fail(fsdp::detail::cat("a piece of document ", p.document, " claims ", n,
-                             " tokens, and ", b_.size() - at_,
+      fail(fsdp::detail::cat("a piece of document ", p.document, " claims ", n, " tokens, and ", b_.size() - at_,
                              " bytes are left"));
     p.tokens.resize(n);
     std::memcpy(p.tokens.data(), b_.data() + at_, n * sizeof(token));
     at_ += n * sizeof(token);
     return p;
   }
-  std::size_t at() const { return at_; }
   std::size_t left() const { return b_.size() - at_; }
-  [[noreturn]] void fail(const std::string &why) const {
-    throw checkpoint_error(
-        fsdp::detail::cat("packer state ", what_, ": ", why));
+  [[noreturn]] void fail(const std::string& why) const {
+    throw checkpoint_error(fsdp::detail::cat("packer state ", what_, ": ", why));
   }
 
-private:
-  void need(std::size_t n, const char *field) const {
-    if (b_.size() - at_ < n)
-      fail(fsdp::detail::cat("ends at byte ", b_.size(), " inside ", field,
-                             " (truncated?)"));
+ private:
+  void need(std::size_t n, const char* field) const {
+    if (b_.size() - at_ < n) fail(fsdp::detail::cat("ends at byte ", b_.size(), " inside ", field, " (truncated?)"));
   }
   std::span<const std::byte> b_;
   std::string_view what_;
@@ -101,77 +92,60 @@ private:
 };
 
 inline std::uint64_t digest(std::span<const std::byte> b) {
-  return fnv1a64(
-      std::string_view(reinterpret_cast<const char *>(b.data()), b.size()));
+  return fnv1a64(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
 }
 
-} // namespace detail_state
+}  // namespace detail_state
 
 /// The state and the options that packed it, as bytes.
-inline std::vector<std::byte> to_bytes(const packing_options &o,
-                                       const packer_state &s) {
+inline std::vector<std::byte> to_bytes(const packing_options& o, const packer_state& s) {
   detail_state::writer w;
-  for (char c : detail_state::magic)
-    w.put(c);
+  for (char c : detail_state::magic) w.put(c);
   w.put(detail_state::version);
-  w.put(o.row_tokens), w.put(o.rows_per_step), w.put(o.lookahead),
-      w.put(static_cast<std::uint8_t>(o.long_docs));
+  w.put(o.row_tokens), w.put(o.rows_per_step), w.put(o.lookahead), w.put(static_cast<std::uint8_t>(o.long_docs));
   w.put(o.pad);
-  w.put(s.step), w.put(s.next_document),
-      w.put<std::uint8_t>(s.stream_ended ? 1 : 0);
+  w.put(s.step), w.put(s.next_document), w.put<std::uint8_t>(s.stream_ended ? 1 : 0);
   w.put<std::uint64_t>(s.buffer.size());
-  for (const piece &p : s.buffer)
-    w.put_piece(p);
+  for (const piece& p : s.buffer) w.put_piece(p);
   w.put<std::uint8_t>(s.carry ? 1 : 0);
-  if (s.carry)
-    w.put_piece(*s.carry);
+  if (s.carry) w.put_piece(*s.carry);
   w.put(detail_state::digest(w.out));
   return std::move(w.out);
 }
 
-/// The state in `bytes`, saved with options equal to `o`; a checkpoint_error
-/// naming `what` (a file name, say) and the fault otherwise.
-inline packer_state from_bytes(std::span<const std::byte> bytes,
-                               const packing_options &o,
+/// The state in `bytes`, saved with options equal to `o`; a checkpoint_error naming `what` (a file name, say) and
+/// the fault otherwise.
+inline packer_state from_bytes(std::span<const std::byte> bytes, const packing_options& o,
                                std::string_view what = "(bytes)") {
   detail_state::reader r(bytes, what);
   if (bytes.size() < sizeof(detail_state::magic) + sizeof(std::uint64_t) ||
-      std::memcmp(bytes.data(), detail_state::magic,
-                  sizeof(detail_state::magic)) != 0)
+      std::memcmp(bytes.data(), detail_state::magic, sizeof(detail_state::magic)) != 0)
     r.fail("does not start with \"FSDPPACK\": not a packer state");
   const std::size_t body = bytes.size() - sizeof(std::uint64_t);
   std::uint64_t stored = 0;
   std::memcpy(&stored, bytes.data() + body, sizeof(stored));
-  if (detail_state::digest(bytes.first(body)) != stored)
-    r.fail("its checksum does not match its bytes (corrupted)");
+  if (detail_state::digest(bytes.first(body)) != stored) r.fail("its checksum does not match its bytes (corrupted)");
   detail_state::reader b(bytes.first(body), what);
-  for (std::size_t i = 0; i < sizeof(detail_state::magic); ++i)
-    b.get<char>("the magic");
-  if (const auto v = b.get<std::uint32_t>("the version");
-      v != detail_state::version)
-    r.fail(fsdp::detail::cat("has version ", v, "; this library reads version ",
-                             detail_state::version));
+  for (std::size_t i = 0; i < sizeof(detail_state::magic); ++i) b.get<char>("the magic");
+  if (const auto v = b.get<std::uint32_t>("the version"); v != detail_state::version)
+    r.fail(fsdp::detail::cat("has version ", v, "; this library reads version ", detail_state::version));
   packing_options saved;
   saved.row_tokens = b.get<std::int64_t>("row_tokens");
   saved.rows_per_step = b.get<std::int64_t>("rows_per_step");
   saved.lookahead = b.get<std::int64_t>("lookahead");
   const auto ld = b.get<std::uint8_t>("long_docs");
-  if (ld > 1)
-    r.fail(fsdp::detail::cat("long_docs is ", int{ld},
-                             ", neither split (0) nor reject (1)"));
+  if (ld > 1) r.fail(fsdp::detail::cat("long_docs is ", int{ld}, ", neither split (0) nor reject (1)"));
   saved.long_docs = static_cast<long_documents>(ld);
   saved.pad = b.get<token>("pad");
-  auto differs = [&](const char *name, auto was, auto is) {
+  auto differs = [&](const char* name, auto was, auto is) {
     if (was != is)
-      r.fail(fsdp::detail::cat("was saved with ", name, " ", was,
-                               " and the packer has ", is,
+      r.fail(fsdp::detail::cat("was saved with ", name, " ", was, " and the packer has ", is,
                                "; resume with the options it was saved with"));
   };
   differs("row_tokens", saved.row_tokens, o.row_tokens);
   differs("rows_per_step", saved.rows_per_step, o.rows_per_step);
   differs("lookahead", saved.lookahead, o.lookahead);
-  differs("long_docs", std::string(to_string(saved.long_docs)),
-          std::string(to_string(o.long_docs)));
+  differs("long_docs", std::string(to_string(saved.long_docs)), std::string(to_string(o.long_docs)));
   differs("pad", saved.pad, o.pad);
   packer_state s;
   s.step = b.get<std::uint64_t>("step");
@@ -179,52 +153,36 @@ inline packer_state from_bytes(std::span<const std::byte> bytes,
   s.stream_ended = b.get<std::uint8_t>("stream_ended") != 0;
   const auto n = b.get<std::uint64_t>("the buffer's piece count");
   if (n > static_cast<std::uint64_t>(o.lookahead))
-    r.fail(fsdp::detail::cat("holds ", n, " pieces in a look-ahead buffer of ",
-                             o.lookahead));
-  for (std::uint64_t i = 0; i < n; ++i)
-    s.buffer.push_back(b.get_piece());
-  if (b.get<std::uint8_t>("has_carry") != 0)
-    s.carry = b.get_piece();
-  if (b.left() != 0)
-    r.fail(fsdp::detail::cat(b.left(),
-                             " bytes follow the state before its checksum"));
+    r.fail(fsdp::detail::cat("holds ", n, " pieces in a look-ahead buffer of ", o.lookahead));
+  for (std::uint64_t i = 0; i < n; ++i) s.buffer.push_back(b.get_piece());
+  if (b.get<std::uint8_t>("has_carry") != 0) s.carry = b.get_piece();
+  if (b.left() != 0) r.fail(fsdp::detail::cat(b.left(), " bytes follow the state before its checksum"));
   return s;
 }
 
-/// Writes the state to `path` (through `path`.partial, renamed into place once
-/// written); a checkpoint_error naming the file when it cannot.
-inline void save_state(const std::string &path, const packing_options &o,
-                       const packer_state &s) {
+/// Writes the state to `path` (through `path`.partial, renamed into place once written); a checkpoint_error
+/// naming the file when it cannot.
+inline void save_state(const std::string& path, const packing_options& o, const packer_state& s) {
   const std::vector<std::byte> bytes = to_bytes(o, s);
   const std::string partial = path + ".partial";
   {
     std::ofstream f(partial, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char *>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     f.flush();
-    if (!f)
-      throw checkpoint_error("could not write the packer state '" + partial +
-                             "'");
+    if (!f) throw checkpoint_error("could not write the packer state '" + partial + "'");
   }
   std::error_code ec;
   std::filesystem::rename(partial, path, ec);
-  if (ec)
-    throw checkpoint_error("could not rename '" + partial + "' to '" + path +
-                           "': " + ec.message());
+  if (ec) throw checkpoint_error("could not rename '" + partial + "' to '" + path + "': " + ec.message());
 }
 
 /// The state saved in `path` with options equal to `o`.
-inline packer_state load_state(const std::string &path,
-                               const packing_options &o) {
+inline packer_state load_state(const std::string& path, const packing_options& o) {
   std::ifstream f(path, std::ios::binary);
-  if (!f)
-    throw checkpoint_error("could not open the packer state '" + path + "'");
-  std::vector<char> raw((std::istreambuf_iterator<char>(f)),
-                        std::istreambuf_iterator<char>());
-  if (f.bad())
-    throw checkpoint_error("could not read the packer state '" + path + "'");
-  return from_bytes(std::as_bytes(std::span<const char>(raw)), o,
-                    "'" + path + "'");
+  if (!f) throw checkpoint_error("could not open the packer state '" + path + "'");
+  std::vector<char> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (f.bad()) throw checkpoint_error("could not read the packer state '" + path + "'");
+  return from_bytes(std::as_bytes(std::span<const char>(raw)), o, "'" + path + "'");
 }
 
-} // namespace fsdp::data
+}  // namespace fsdp::data

@@ -1,46 +1,31 @@
 #pragma once
-// Sequence packing: variable-length documents streamed into rows of a fixed
-// token budget, with attention kept inside each document, and every rank of a
-// step given the same number of real tokens (within one document). Independent
-// of the model, the backend and the communicator: a trainer of any kind takes a
-// step's rows as plain vectors (tokens, targets, position ids, cu_seqlens, loss
-// mask) and copies them where its kernels want them.
+// Sequence packing: variable-length documents streamed into rows of a fixed token budget, with attention kept
+// inside each document, and every rank of a step given the same number of real tokens (within one document).
+// Independent of the model, the backend and the communicator: a trainer of any kind takes a step's rows as plain
+// vectors (tokens, targets, position ids, cu_seqlens, loss mask) and copies them where its kernels want them.
 //
-// The rules, all deterministic (the packed data is a pure function of the
-// source and the options):
-// - Reading: documents are read from the source by index, 0, 1, 2, ..., each
-// once, into a look-ahead buffer of
+// The rules, all deterministic (the packed data is a pure function of the source and the options):
+// - Reading: documents are read from the source by index, 0, 1, 2, ..., each once, into a look-ahead buffer of
 //   `lookahead` pieces; the buffer is refilled before each step.
-// - Long documents: a document longer than a row is split
-// (long_documents::split) into consecutive pieces of
-//   row_tokens tokens, the last one shorter; each piece is packed as its own
-//   segment (its position ids restart at 0 and attention does not cross into
-//   the previous piece), and the last token of every piece but the document's
-//   last keeps its target, the next piece's first token, so no prediction is
-//   lost. A split document enters the buffer one piece at a time: what is not
-//   in it yet is the carried remainder. With long_documents::reject such a
-//   document is an error instead.
-// - Packing a step: the step's rows_per_step rows are filled from the buffer,
-// the oldest piece first (so a piece
-//   waits at most `lookahead` steps), then the others longest first (ties in
-//   stream order), each into the row with the fewest tokens (ties: the lower
-//   row), or left in the buffer for a later step when it does not fit there
-//   (then it fits in no row), as are the later pieces of its document, so a
-//   document's pieces come out in order (a piece in the same step as the one
-//   before it, or later, in another row). Every placed piece goes to a
-//   least-filled row, so the rows of a step differ by at most the longest piece
-//   placed in it.
-// - Ranks: a step's rows are the same for every world size; a world size W (a
-// divisor of rows_per_step) deals
-//   them out in serpentine order of their real tokens (the fullest row to rank
-//   0, the next to rank 1, ..., then back from rank W-1), rows_per_step / W to
-//   each rank. Serpentine dealing keeps the ranks' real tokens within the
-//   largest difference between two rows, so within the longest piece of the
-//   step.
-// - Targets: the target of a token is the next token of its document; a
-// document's last token, and padding, have
-//   none (loss mask 0). A step's loss tokens (every rank's) are known to every
-//   rank, so a trainer can normalise its loss sum by them without a collective.
+// - Long documents: a document longer than a row is split (long_documents::split) into consecutive pieces of
+//   row_tokens tokens, the last one shorter; each piece is packed as its own segment (its position ids restart at
+//   0 and attention does not cross into the previous piece), and the last token of every piece but the
+//   document's last keeps its target, the next piece's first token, so no prediction is lost. A split document
+//   enters the buffer one piece at a time: what is not in it yet is the carried remainder. With
+//   long_documents::reject such a document is an error instead.
+// - Packing a step: the step's rows_per_step rows are filled from the buffer, the oldest piece first (so a piece
+//   waits at most `lookahead` steps), then the others longest first (ties in stream order), each into the row
+//   with the fewest tokens (ties: the lower row), or left in the buffer for a later step when it does not fit
+//   there (then it fits in no row), as are the later pieces of its document, so a document's pieces come out in
+//   order (a piece in the same step as the one before it, or later, in another row). Every placed piece goes to a
+//   least-filled row, so the rows of a step differ by at most the longest piece placed in it.
+// - Ranks: a step's rows are the same for every world size; a world size W (a divisor of rows_per_step) deals
+//   them out in serpentine order of their real tokens (the fullest row to rank 0, the next to rank 1, ..., then
+//   back from rank W-1), rows_per_step / W to each rank. Serpentine dealing keeps the ranks' real tokens within
+//   the largest difference between two rows, so within the longest piece of the step.
+// - Targets: the target of a token is the next token of its document; a document's last token, and padding, have
+//   none (loss mask 0). A step's loss tokens (every rank's) are known to every rank, so a trainer can normalise
+//   its loss sum by them without a collective.
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
@@ -59,153 +44,115 @@ using token = std::int32_t;
 
 /// What to do with a document longer than a row.
 enum class long_documents : std::uint8_t {
-  split,  ///< consecutive pieces of row_tokens tokens, each its own segment,
-          ///< every target kept
-  reject, ///< a usage_error naming the document
+  split,   ///< consecutive pieces of row_tokens tokens, each its own segment, every target kept
+  reject,  ///< a usage_error naming the document
 };
 
-inline const char *to_string(long_documents l) {
-  return l == long_documents::split ? "split" : "reject";
-}
+inline const char* to_string(long_documents l) { return l == long_documents::split ? "split" : "reject"; }
 
 struct packing_options {
-  std::int64_t row_tokens =
-      0; ///< tokens per row (a model's context length); positive
-  std::int64_t rows_per_step = 0; ///< rows of a step over every rank; a
-                                  ///< multiple of each world size trained at
-  std::int64_t lookahead =
-      64; ///< pieces held in the look-ahead buffer; positive
+  std::int64_t row_tokens = 0;     ///< tokens per row (a model's context length); positive
+  std::int64_t rows_per_step = 0;  ///< rows of a step over every rank; a multiple of each world size trained at
+  std::int64_t lookahead = 64;     ///< pieces held in the look-ahead buffer; positive
   long_documents long_docs = long_documents::split;
-  token pad = 0; ///< the token id of padding (its loss mask is 0; it belongs to
-                 ///< no segment)
+  token pad = 0;  ///< the token id of padding (its loss mask is 0; it belongs to no segment)
 };
 
-/// A usage_error for options that cannot pack (naming the option and its
-/// value), or nothing.
-inline void validate(const packing_options &o) {
-  auto positive = [](const char *name, std::int64_t v, const char *what) {
-    if (v <= 0)
-      detail::fail_usage("packing: ", name, " is ", v, "; it is ", what,
-                         " and must be positive");
+/// A usage_error for options that cannot pack (naming the option and its value), or nothing.
+inline void validate(const packing_options& o) {
+  auto positive = [](const char* name, std::int64_t v, const char* what) {
+    if (v <= 0) detail::fail_usage("packing: ", name, " is ", v, "; it is ", what, " and must be positive");
   };
-  positive("row_tokens", o.row_tokens,
-           "the tokens of one row (the model's context length)");
-  positive("rows_per_step", o.rows_per_step,
-           "the rows of one step over every rank");
-  positive("lookahead", o.lookahead,
-           "the pieces of documents the packer may reorder");
+  positive("row_tokens", o.row_tokens, "the tokens of one row (the model's context length)");
+  positive("rows_per_step", o.rows_per_step, "the rows of one step over every rank");
+  positive("lookahead", o.lookahead, "the pieces of documents the packer may reorder");
   if (o.row_tokens > INT32_MAX)
     detail::fail_usage("packing: row_tokens is ", o.row_tokens,
-                       "; position ids and cu_seqlens are 32-bit, so at most ",
-                       INT32_MAX);
+                       "; position ids and cu_seqlens are 32-bit, so at most ", INT32_MAX);
 }
 
 /// A document, or the piece of one that is packed as a segment.
 struct piece {
-  std::uint64_t document = 0; ///< its index in the stream
-  std::int64_t offset = 0;    ///< of its first token within the document
+  std::uint64_t document = 0;  ///< its index in the stream
+  std::int64_t offset = 0;     ///< of its first token within the document
   std::vector<token> tokens;
-  bool has_next = false; ///< the document goes on after this piece: its last
-                         ///< token's target is `next`
+  bool has_next = false;  ///< the document goes on after this piece: its last token's target is `next`
   token next = 0;
 
   std::int64_t size() const { return static_cast<std::int64_t>(tokens.size()); }
-  bool operator==(const piece &) const = default;
+  bool operator==(const piece&) const = default;
 };
 
 /// One segment of a row: which piece of which document lies where.
 struct segment {
   std::uint64_t document = 0;
-  std::int64_t offset = 0; ///< within the document
-  std::int32_t start = 0;  ///< within the row
+  std::int64_t offset = 0;  ///< within the document
+  std::int32_t start = 0;   ///< within the row
   std::int32_t length = 0;
-  bool operator==(const segment &) const = default;
+  bool operator==(const segment&) const = default;
 };
 
-/// One packed row of row_tokens positions: its segments, back to back from
-/// position 0, then padding.
+/// One packed row of row_tokens positions: its segments, back to back from position 0, then padding.
 struct packed_row {
-  std::vector<token> tokens;  ///< row_tokens ids; padding is options.pad
-  std::vector<token> targets; ///< the next token of each token's document;
-                              ///< options.pad where masked
-  std::vector<std::int32_t>
-      positions; ///< restarting at 0 at each segment; 0 on padding
-  std::vector<std::int32_t>
-      cu_seqlens; ///< 0, then each segment's end: segments + 1 entries (varlen
-                  ///< attention's)
-  std::vector<std::uint8_t> loss_mask; ///< 1 where targets holds a target
-  std::vector<segment> segments;       ///< in stream order
+  std::vector<token> tokens;             ///< row_tokens ids; padding is options.pad
+  std::vector<token> targets;            ///< the next token of each token's document; options.pad where masked
+  std::vector<std::int32_t> positions;   ///< restarting at 0 at each segment; 0 on padding
+  std::vector<std::int32_t> cu_seqlens;  ///< 0, then each segment's end: segments + 1 entries (varlen attention's)
+  std::vector<std::uint8_t> loss_mask;   ///< 1 where targets holds a target
+  std::vector<segment> segments;         ///< in stream order
 
   /// Tokens that belong to a document (the rest is padding).
-  std::int64_t real_tokens() const {
-    return cu_seqlens.empty() ? 0 : cu_seqlens.back();
-  }
+  std::int64_t real_tokens() const { return cu_seqlens.empty() ? 0 : cu_seqlens.back(); }
   /// Tokens with a target.
-  std::int64_t loss_tokens() const {
-    return std::accumulate(loss_mask.begin(), loss_mask.end(), std::int64_t{0});
-  }
-  bool operator==(const packed_row &) const = default;
+  std::int64_t loss_tokens() const { return std::accumulate(loss_mask.begin(), loss_mask.end(), std::int64_t{0}); }
+  bool operator==(const packed_row&) const = default;
 };
 
 /// A step's rows over every rank, the same for every world size.
 struct packed_step {
   std::uint64_t step = 0;
   std::vector<packed_row> rows;
-  std::int64_t real_tokens = 0, loss_tokens = 0; ///< over every row
-  std::int64_t longest_piece =
-      0; ///< the longest segment placed: the balance bound
+  std::int64_t real_tokens = 0, loss_tokens = 0;  ///< over every row
+  std::int64_t longest_piece = 0;                 ///< the longest segment placed: the balance bound
 };
 
 /// One rank's share of a step.
 struct rank_batch {
   std::uint64_t step = 0;
-  std::vector<packed_row> rows;      ///< in the step's row order
-  std::vector<std::int64_t> row_ids; ///< each row's index within the step
-  std::int64_t real_tokens = 0, loss_tokens = 0; ///< this rank's
-  std::int64_t step_real_tokens = 0,
-               step_loss_tokens = 0; ///< every rank's: the loss's denominator
+  std::vector<packed_row> rows;                             ///< in the step's row order
+  std::vector<std::int64_t> row_ids;                        ///< each row's index within the step
+  std::int64_t real_tokens = 0, loss_tokens = 0;            ///< this rank's
+  std::int64_t step_real_tokens = 0, step_loss_tokens = 0;  ///< every rank's: the loss's denominator
 };
 
-/// Which of a step's rows each rank takes: rows in serpentine order of their
-/// real tokens (ties: the lower row), each rank's list in row order. A
-/// usage_error when `world` does not divide the rows.
-inline std::vector<std::vector<std::int64_t>>
-deal_rows(const std::vector<std::int64_t> &row_real_tokens, int world) {
+/// Which of a step's rows each rank takes: rows in serpentine order of their real tokens (ties: the lower row),
+/// each rank's list in row order. A usage_error when `world` does not divide the rows.
+inline std::vector<std::vector<std::int64_t>> deal_rows(const std::vector<std::int64_t>& row_real_tokens, int world) {
   const auto rows = static_cast<std::int64_t>(row_real_tokens.size());
-  if (world <= 0)
-    detail::fail_usage("packing: world size ", world, " is not positive");
+  if (world <= 0) detail::fail_usage("packing: world size ", world, " is not positive");
   if (rows % world != 0)
-    detail::fail_usage("packing: ", rows, " rows per step do not split over ",
-                       world,
-                       " ranks; choose rows_per_step a multiple of every world "
-                       "size you train at");
+    detail::fail_usage("packing: ", rows, " rows per step do not split over ", world,
+                       " ranks; choose rows_per_step a multiple of every world size you train at");
   std::vector<std::int64_t> order(static_cast<std::size_t>(rows));
   std::iota(order.begin(), order.end(), std::int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::int64_t a, std::int64_t b) {
-                     return row_real_tokens[static_cast<std::size_t>(a)] >
-                            row_real_tokens[static_cast<std::size_t>(b)];
-                   });
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return row_real_tokens[static_cast<std::size_t>(a)] > row_real_tokens[static_cast<std::size_t>(b)];
+  });
   std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(world));
   for (std::int64_t i = 0; i < rows; ++i) {
     const std::int64_t round = i / world, pos = i % world;
     const std::int64_t rank = round % 2 == 0 ? pos : world - 1 - pos;
-    out[static_cast<std::size_t>(rank)].push_back(
-        order[static_cast<std::size_t>(i)]);
+    out[static_cast<std::size_t>(rank)].push_back(order[static_cast<std::size_t>(i)]);
   }
-  for (auto &v : out)
-    std::sort(v.begin(), v.end());
+  for (auto& v : out) std::sort(v.begin(), v.end());
   return out;
 }
 
 /// Rank `rank` of `world`'s share of a step.
-inline rank_batch rank_share(const packed_step &s, int world, int rank) {
-  if (rank < 0 || rank >= world)
-    detail::fail_usage("packing: rank ", rank, " is outside a world of ",
-                       world);
+inline rank_batch rank_share(const packed_step& s, int world, int rank) {
+  if (rank < 0 || rank >= world) detail::fail_usage("packing: rank ", rank, " is outside a world of ", world);
   std::vector<std::int64_t> real(s.rows.size());
-  for (std::size_t i = 0; i < s.rows.size(); ++i)
-    real[i] = s.rows[i].real_tokens();
+  for (std::size_t i = 0; i < s.rows.size(); ++i) real[i] = s.rows[i].real_tokens();
   rank_batch b;
   b.step = s.step;
   b.row_ids = deal_rows(real, world)[static_cast<std::size_t>(rank)];
@@ -219,72 +166,60 @@ inline rank_batch rank_share(const packed_step &s, int world, int rank) {
   return b;
 }
 
-/// Where a packer stands in its stream: what a checkpoint keeps to resume the
-/// same data (packer_state.hpp writes and reads it). Tokens in = tokens packed
-/// + tokens in `buffer` and `carry`.
+/// Where a packer stands in its stream: what a checkpoint keeps to resume the same data (packer_state.hpp writes
+/// and reads it). Tokens read = tokens packed + tokens in `buffer` and `carry`.
 struct packer_state {
-  std::uint64_t step = 0;          ///< steps packed
-  std::uint64_t next_document = 0; ///< the first document not read yet
-  bool stream_ended = false; ///< the source said there are no more documents
-  std::vector<piece> buffer; ///< the look-ahead buffer, in stream order
-  std::optional<piece>
-      carry; ///< the rest of a split document, not in the buffer yet
-  bool operator==(const packer_state &) const = default;
+  std::uint64_t step = 0;           ///< steps packed
+  std::uint64_t next_document = 0;  ///< the first document not read yet
+  bool stream_ended = false;        ///< the source said there are no more documents
+  std::vector<piece> buffer;        ///< the look-ahead buffer, in stream order
+  std::optional<piece> carry;       ///< the rest of a split document, not in the buffer yet
+  bool operator==(const packer_state&) const = default;
 };
 
-/// A source of documents: source(i) is document i of the stream, or nothing
-/// after the last one. The packer asks for 0, 1, 2, ... in order, each once
-/// (from next_document on, after a restore), so a streaming source may ignore
-/// the index or check it.
+/// A source of documents: source(i) is document i of the stream, or nothing after the last one. The packer asks
+/// for 0, 1, 2, ... in order, each once (from next_document on, after a restore), so a streaming source may
+/// ignore the index or check it.
 template <class S>
-concept DocumentSource = requires(S &s, std::uint64_t i) {
+concept DocumentSource = requires(S& s, std::uint64_t i) {
   { s(i) } -> std::convertible_to<std::optional<std::vector<token>>>;
 };
 
-/// Packs a stream of documents step by step, on the caller's thread
-/// (async_packer runs one on a worker).
-template <DocumentSource Source> class packer {
-public:
+/// Packs a stream of documents step by step, on the caller's thread (async_packer runs one on a worker).
+template <DocumentSource Source>
+class packer {
+ public:
   packer(packing_options o, Source source, packer_state state = {})
       : o_(o), source_(std::move(source)), st_(std::move(state)) {
     validate(o_);
     check_state();
   }
 
-  const packing_options &options() const { return o_; }
-  const packer_state &state() const { return st_; }
+  const packing_options& options() const { return o_; }
+  const packer_state& state() const { return st_; }
 
-  /// The next step's rows, or nothing when the stream is exhausted and nothing
-  /// is left to pack.
+  /// The next step's rows, or nothing when the stream is exhausted and nothing is left to pack.
   std::optional<packed_step> next() {
     fill();
-    if (st_.buffer.empty())
-      return std::nullopt;
+    if (st_.buffer.empty()) return std::nullopt;
     const auto R = static_cast<std::size_t>(o_.rows_per_step);
-    // The oldest piece first, then the rest longest first, ties in stream order
-    // (the buffer's order).
+    // The oldest piece first, then the rest longest first, ties in stream order (the buffer's order).
     std::vector<std::size_t> order(st_.buffer.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::stable_sort(order.begin() + 1, order.end(),
-                     [&](std::size_t a, std::size_t b) {
-                       return st_.buffer[a].size() > st_.buffer[b].size();
-                     });
+                     [&](std::size_t a, std::size_t b) { return st_.buffer[a].size() > st_.buffer[b].size(); });
     std::vector<std::int64_t> load(R, 0);
     std::vector<std::vector<std::size_t>> members(R);
     std::vector<bool> placed(st_.buffer.size(), false);
     packed_step s;
     s.step = st_.step;
-    std::vector<std::uint64_t> held_back; // documents with a piece left for a
-                                          // later step: their later pieces wait
+    std::vector<std::uint64_t> held_back;  // documents with a piece left for a later step: their later pieces wait
     for (std::size_t i : order) {
-      const auto row = static_cast<std::size_t>(
-          std::min_element(load.begin(), load.end()) - load.begin());
+      const auto row = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
       const std::int64_t n = st_.buffer[i].size();
       const std::uint64_t doc = st_.buffer[i].document;
-      if (load[row] + n >
-              o_.row_tokens || // fits in no row: stays for a later step
-          std::find(held_back.begin(), held_back.end(), doc) !=
-              held_back.end()) {
+      if (load[row] + n > o_.row_tokens ||  // fits in no row: stays for a later step
+          std::find(held_back.begin(), held_back.end(), doc) != held_back.end()) {
         held_back.push_back(doc);
         continue;
       }
@@ -294,30 +229,26 @@ public:
       s.longest_piece = std::max(s.longest_piece, n);
     }
     for (std::size_t r = 0; r < R; ++r) {
-      std::sort(members[r].begin(),
-                members[r].end()); // stream order within the row
+      std::sort(members[r].begin(), members[r].end());  // stream order within the row
       s.rows.push_back(make_row(members[r]));
       s.real_tokens += s.rows.back().real_tokens();
       s.loss_tokens += s.rows.back().loss_tokens();
     }
     std::vector<piece> rest;
     for (std::size_t i = 0; i < st_.buffer.size(); ++i)
-      if (!placed[i])
-        rest.push_back(std::move(st_.buffer[i]));
+      if (!placed[i]) rest.push_back(std::move(st_.buffer[i]));
     st_.buffer = std::move(rest);
     ++st_.step;
     return s;
   }
 
-private:
+ private:
   void check_state() const {
-    for (const piece &p : st_.buffer)
+    for (const piece& p : st_.buffer)
       if (p.tokens.empty() || p.size() > o_.row_tokens)
-        detail::fail_usage(
-            "packing: the restored state holds a piece of document ",
-            p.document, " with ", p.tokens.size(),
-            " tokens, which does not fit a row of ", o_.row_tokens,
-            " (was it saved with other options?)");
+        detail::fail_usage("packing: the restored state holds a piece of document ", p.document, " with ",
+                           p.tokens.size(), " tokens, which does not fit a row of ", o_.row_tokens,
+                           " (was it saved with other options?)");
   }
 
   void fill() {
@@ -326,8 +257,7 @@ private:
         take_piece_of_carry();
         continue;
       }
-      if (st_.stream_ended)
-        return;
+      if (st_.stream_ended) return;
       const std::uint64_t index = st_.next_document;
       std::optional<std::vector<token>> doc = source_(index);
       if (!doc) {
@@ -336,29 +266,24 @@ private:
       }
       ++st_.next_document;
       if (doc->empty())
-        detail::fail_usage(
-            "packing: document ", index,
-            " of the stream is empty; every document needs at least one token "
-            "(drop empty documents "
-            "from the source, or end each document with an end-of-text token)");
+        detail::fail_usage("packing: document ", index,
+                           " of the stream is empty; every document needs at least one token (drop empty documents "
+                           "from the source, or end each document with an end-of-text token)");
       piece p{.document = index, .offset = 0, .tokens = std::move(*doc)};
       if (p.size() <= o_.row_tokens) {
         st_.buffer.push_back(std::move(p));
         continue;
       }
       if (o_.long_docs == long_documents::reject)
-        detail::fail_usage(
-            "packing: document ", index, " has ", p.tokens.size(),
-            " tokens, more than a row's ", o_.row_tokens,
-            "; split it (long_documents::split) or raise row_tokens");
+        detail::fail_usage("packing: document ", index, " has ", p.tokens.size(), " tokens, more than a row's ",
+                           o_.row_tokens, "; split it (long_documents::split) or raise row_tokens");
       st_.carry = std::move(p);
     }
   }
 
-  // Moves the carried document's first row_tokens tokens (or all of them) into
-  // the buffer as a piece.
+  // Moves the carried document's first row_tokens tokens (or all of them) into the buffer as a piece.
   void take_piece_of_carry() {
-    piece &c = *st_.carry;
+    piece& c = *st_.carry;
     if (c.size() <= o_.row_tokens) {
       st_.buffer.push_back(std::move(c));
       st_.carry.reset();
@@ -367,8 +292,7 @@ private:
     const auto n = static_cast<std::ptrdiff_t>(o_.row_tokens);
     piece p{.document = c.document,
             .offset = c.offset,
-            .tokens =
-                std::vector<token>(c.tokens.begin(), c.tokens.begin() + n),
+            .tokens = std::vector<token>(c.tokens.begin(), c.tokens.begin() + n),
             .has_next = true,
             .next = c.tokens[static_cast<std::size_t>(n)]};
     c.tokens.erase(c.tokens.begin(), c.tokens.begin() + n);
@@ -376,18 +300,16 @@ private:
     st_.buffer.push_back(std::move(p));
   }
 
-  packed_row make_row(const std::vector<std::size_t> &members) const {
+  packed_row make_row(const std::vector<std::size_t>& members) const {
     const auto T = static_cast<std::size_t>(o_.row_tokens);
     packed_row r;
-    r.tokens.assign(T, o_.pad), r.targets.assign(T, o_.pad),
-        r.positions.assign(T, 0), r.loss_mask.assign(T, 0);
+    r.tokens.assign(T, o_.pad), r.targets.assign(T, o_.pad), r.positions.assign(T, 0), r.loss_mask.assign(T, 0);
     r.cu_seqlens.push_back(0);
     std::size_t at = 0;
     for (std::size_t i : members) {
-      const piece &p = st_.buffer[i];
+      const piece& p = st_.buffer[i];
       const std::size_t n = p.tokens.size();
-      std::copy(p.tokens.begin(), p.tokens.end(),
-                r.tokens.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(p.tokens.begin(), p.tokens.end(), r.tokens.begin() + static_cast<std::ptrdiff_t>(at));
       for (std::size_t k = 0; k < n; ++k) {
         r.positions[at + k] = static_cast<std::int32_t>(k);
         const bool last = k + 1 == n;
@@ -411,4 +333,4 @@ private:
   packer_state st_;
 };
 
-} // namespace fsdp::data
+}  // namespace fsdp::data
