@@ -93,18 +93,28 @@ class trainer {
         mm_(std::make_unique<gemm>(kind, cs_->get())) {}
 
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
-    inputs_ = inputs;
-    targets_ = targets;
-    tokens_.resize(inputs_.size()), targets_d_.resize(targets_.size());
-    be_->upload(tokens_.data(), inputs_.data(), static_cast<std::int64_t>(inputs_.size() * sizeof(int)), *cs_);
-    be_->upload(targets_d_.data(), targets_.data(), static_cast<std::int64_t>(targets_.size() * sizeof(int)), *cs_);
+    positions_.resize(inputs.size());
+    for (std::size_t n = 0; n < positions_.size(); ++n) positions_[n] = static_cast<int>(n % s_.context);
+    upload(inputs, targets, positions_);
+    packed_ = false;
+    denominator_ = static_cast<double>(N_);
+  }
+  /// Packed rows (gpt::packed_tokens): attention within each document, positions restarting, the loss summed over
+  /// the masked-in tokens and divided by the step's loss tokens.
+  void begin_packed_step(const gpt::packed_tokens& p) {
+    upload(p.inputs, p.targets, p.positions);
+    mask_.assign(p.mask.begin(), p.mask.end());
+    to_device(starts_d_, p.starts);
+    to_device(mask_d_, mask_);
+    packed_ = true;
+    denominator_ = static_cast<double>(p.step_loss_tokens);
   }
 
   template <class Unit>
   void embed(const Unit& root, dbuf& x) {
     x.resize(nc());
     kernels::embed<DW><<<blocks(nc()), 256, 0, s()>>>(x.data(), root.template param<DW>("wte").data(),
-                                                      root.template param<DW>("wpe").data(), tok(), N_, s_.context,
+                                                      root.template param<DW>("wpe").data(), tok(), pos(), N_,
                                                       s_.width);
     check();
   }
@@ -121,7 +131,7 @@ class trainer {
     K::layernorm_forward<><<<blocks(N), 256, 0, s()>>>(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(), x.data(),
                                                       p("ln_1.w"), p("ln_1.b"), N, C);
     linear_forward(k.qkv.data(), k.ln1.data(), p("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
-    K::attention_forward<><<<blocks(rows()), 256, 0, s()>>>(k.atty.data(), k.att.data(), k.qkv.data(), B_,
+    K::attention_forward<><<<blocks(rows()), 256, 0, s()>>>(k.atty.data(), k.att.data(), k.qkv.data(), starts(), B_,
                                                            s_.context, C, s_.heads);
     linear_forward(k.res1.data(), k.atty.data(), p("attn.proj.w"), p("attn.proj.b"), N, C, C);
     K::add<><<<blocks(NC), 256, 0, s()>>>(k.res1.data(), x.data(), NC);
@@ -162,9 +172,10 @@ class trainer {
     float* dqkv = zeroed(t3nc_, 3 * NC);
     dpre_.resize(att_size());
     K::attention_backward_query<><<<blocks(rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
-                                                                  k.att.data(), B_, s_.context, C, s_.heads);
+                                                                  k.att.data(), starts(), B_, s_.context, C,
+                                                                  s_.heads);
     K::attention_backward_key<><<<blocks(rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
-                                                                k.att.data(), B_, s_.context, C, s_.heads);
+                                                                k.att.data(), starts(), B_, s_.context, C, s_.heads);
     float* dln1 = zeroed(tnc_a_, NC);
     linear_backward(dln1, g_qkvw, g_qkvb, dqkv, k.ln1.data(), p("attn.qkv.w"), N, C, 3 * C);
     layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
@@ -187,9 +198,10 @@ class trainer {
                                                       lnfw, lnfb, N, C);
     linear_forward(logits_.data(), lnf_.data(), wte, nullptr, N, C, V);
     K::cross_entropy<><<<blocks(N), 256, 0, s()>>>(dlogits_.data(), row_loss_.data(), logits_.data(),
-                                                  reinterpret_cast<const int*>(targets_d_.data()), N, V,
-                                                  1.0f / static_cast<float>(N));
-    K::mean_loss<><<<1, 1, 0, s()>>>(loss_.data(), row_loss_.data(), N);
+                                                  reinterpret_cast<const int*>(targets_d_.data()),
+                                                  packed_ ? ints(mask_d_) : nullptr, N, V,
+                                                  1.0f / static_cast<float>(denominator_));
+    K::mean_loss<><<<1, 1, 0, s()>>>(loss_.data(), row_loss_.data(), N, denominator_);
     float* g_wte = zeroed(g_wte_, static_cast<std::size_t>(V) * C);
     float* dlnf = zeroed(tnc_a_, nc());
     linear_backward(dlnf, g_wte, nullptr, dlogits_.data(), lnf_.data(), wte, N, C, V);
@@ -202,8 +214,8 @@ class trainer {
   template <class Unit>
   void root_backward(const Unit& root, const dbuf& dx0) {
     float* g_wpe = zeroed(g_wpe_, static_cast<std::size_t>(s_.context) * s_.width);
-    kernels::embed_backward<><<<blocks(s_.width), 256, 0, s()>>>(g_wte_.data(), g_wpe, dx0.data(), tok(), N_,
-                                                                s_.context, s_.width);
+    kernels::embed_backward<><<<blocks(s_.width), 256, 0, s()>>>(g_wte_.data(), g_wpe, dx0.data(), tok(), pos(), N_,
+                                                                s_.width);
     store(root, "wte", g_wte_.data());
     store(root, "wpe", g_wpe);
     store(root, "ln_f.w", g_lnfw_.data());
@@ -211,9 +223,11 @@ class trainer {
     check();
   }
 
-  /// The mean loss over every rank's tokens: an all-reduce of the ranks' means on the compute stream.
+  /// The mean loss over every rank's tokens: an all-reduce of the ranks' means (packed: of their shares, summed) on
+  /// the compute stream.
   float global_loss(ModelT& model) {
-    model.comm().all_reduce(loss_.data(), loss_.data(), 1, fsdp::dtype::f32, fsdp::reduce_op::avg, *cs_);
+    const fsdp::reduce_op op = packed_ ? fsdp::reduce_op::sum : fsdp::reduce_op::avg;
+    model.comm().all_reduce(loss_.data(), loss_.data(), 1, fsdp::dtype::f32, op, *cs_);
     float loss = 0;
     be_->synchronize(*cs_);  // the watched wait first: a copy into pageable memory blocks until the stream drains
     be_->download(&loss, loss_.data(), sizeof(float), *cs_);
@@ -230,7 +244,21 @@ class trainer {
   std::size_t nc() const { return static_cast<std::size_t>(N_) * s_.width; }
   long long rows() const { return static_cast<long long>(B_) * s_.heads * s_.context; }
   std::size_t att_size() const { return static_cast<std::size_t>(rows()) * s_.context; }
-  const int* tok() const { return reinterpret_cast<const int*>(tokens_.data()); }
+  const int* tok() const { return ints(tokens_); }
+  const int* pos() const { return ints(positions_d_); }
+  const int* starts() const { return packed_ ? ints(starts_d_) : nullptr; }
+  static const int* ints(const dbuf& b) { return reinterpret_cast<const int*>(b.data()); }
+  /// Copies ints into a device buffer (of as many floats: the same size) on the compute stream.
+  void to_device(dbuf& d, const std::vector<int>& v) {
+    d.resize(v.size());
+    be_->upload(d.data(), v.data(), static_cast<std::int64_t>(v.size() * sizeof(int)), *cs_);
+  }
+  void upload(const std::vector<int>& inputs, const std::vector<int>& targets, const std::vector<int>& positions) {
+    inputs_ = inputs, targets_ = targets, positions_ = positions;  // kept: the copies may still be in flight
+    to_device(tokens_, inputs_);
+    to_device(targets_d_, targets_);
+    to_device(positions_d_, positions_);
+  }
   void check() const { FSDP_CUDA_CHECK(cudaGetLastError()); }
 
   /// fp32 copy of a gathered parameter, in the scratch buffer `key` (shared by the blocks: stream order).
@@ -279,7 +307,10 @@ class trainer {
   typename ModelT::backend_type* be_;
   typename ModelT::backend_type::stream* cs_;
   std::unique_ptr<gemm> mm_;
-  std::vector<int> inputs_, targets_;
+  bool packed_ = false;
+  double denominator_ = 1;  // of the loss: this rank's tokens, or the step's loss tokens when packed
+  std::vector<int> inputs_, targets_, positions_, mask_;
+  dbuf positions_d_, starts_d_, mask_d_;
   dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
   dbuf g_wpe_, dres1_, dpre_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
   std::map<std::string, dbuf> wscratch_, gscratch_;

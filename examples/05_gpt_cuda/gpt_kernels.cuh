@@ -35,22 +35,23 @@ template <class W>
 __global__ void store(W* g, const float* v, long long n) {
   GPT_FOR(k, n) g[k] = from_f<W>(__fadd_rn(to_f(g[k]), v[k]));
 }
-/// x[n, c] = wte[tok[n], c] + wpe[n % T, c]
+/// x[n, c] = wte[tok[n], c] + wpe[pos[n], c]
 template <class W>
-__global__ void embed(float* x, const W* wte, const W* wpe, const int* tok, int N, int T, int C) {
+__global__ void embed(float* x, const W* wte, const W* wpe, const int* tok, const int* pos, int N, int C) {
   GPT_FOR(e, (long long)N * C) {
     const int n = int(e / C), c = int(e % C);
-    x[e] = __fadd_rn(to_f(wte[(long long)tok[n] * C + c]), to_f(wpe[(long long)(n % T) * C + c]));
+    x[e] = __fadd_rn(to_f(wte[(long long)tok[n] * C + c]), to_f(wpe[(long long)pos[n] * C + c]));
   }
 }
-/// g_wte[tok[n], c] += dx[n, c] over n in order (one thread per channel); g_wpe[t, c] = sum over n with n % T == t.
+/// g_wte[tok[n], c] += dx[n, c] over n in order (one thread per channel); g_wpe[t, c] = sum over n with pos[n] == t.
 template <int = 0>
-__global__ void embed_backward(float* g_wte, float* g_wpe, const float* dx, const int* tok, int N, int T, int C) {
+__global__ void embed_backward(float* g_wte, float* g_wpe, const float* dx, const int* tok, const int* pos, int N,
+                               int C) {
   GPT_FOR(c, C) {
     for (int n = 0; n < N; ++n) {
       const float d = dx[(long long)n * C + c];
       g_wte[(long long)tok[n] * C + c] = __fadd_rn(g_wte[(long long)tok[n] * C + c], d);
-      g_wpe[(long long)(n % T) * C + c] = __fadd_rn(g_wpe[(long long)(n % T) * C + c], d);
+      g_wpe[(long long)pos[n] * C + c] = __fadd_rn(g_wpe[(long long)pos[n] * C + c], d);
     }
   }
 }
@@ -132,9 +133,11 @@ __global__ void layernorm_backward_params(float* dw, float* db, const float* dou
   }
 }
 
-/// One thread per (b, h, t) query row: att[b, h, t, :] and out[b, t, h-th head].
+/// One thread per (b, h, t) query row: att[b, h, t, :] and out[b, t, h-th head]. Query t attends to keys
+/// [starts[b, t], t] (its document, with sequence packing; starts may be null: the whole row).
 template <int = 0>
-__global__ void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+__global__ void attention_forward(float* out, float* att, const float* qkv, const int* starts, int B, int T, int C,
+                                  int NH) {
   const int hs = C / NH;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(float(hs)));
   const long long C3 = 3LL * C;
@@ -142,8 +145,9 @@ __global__ void attention_forward(float* out, float* att, const float* qkv, int 
     const int t = int(e % T), h = int(e / T % NH), b = int(e / T / NH);
     const float* q = qkv + ((long long)b * T + t) * C3 + h * hs;
     float* a = att + e * T;
+    const int t0 = starts ? starts[(long long)b * T + t] : 0;
     float maxv = -INFINITY;
-    for (int t2 = 0; t2 <= t; ++t2) {
+    for (int t2 = t0; t2 <= t; ++t2) {
       const float* k = qkv + ((long long)b * T + t2) * C3 + C + h * hs;
       float s = 0;
       for (int i = 0; i < hs; ++i) s = __fadd_rn(s, __fmul_rn(q[i], k[i]));
@@ -151,15 +155,15 @@ __global__ void attention_forward(float* out, float* att, const float* qkv, int 
       maxv = fmaxf(maxv, a[t2]);
     }
     float sum = 0;
-    for (int t2 = 0; t2 <= t; ++t2) {
+    for (int t2 = t0; t2 <= t; ++t2) {
       a[t2] = expf(__fsub_rn(a[t2], maxv));
       sum = __fadd_rn(sum, a[t2]);
     }
-    for (int t2 = 0; t2 < T; ++t2) a[t2] = t2 <= t ? __fdiv_rn(a[t2], sum) : 0.0f;
+    for (int t2 = 0; t2 < T; ++t2) a[t2] = t2 >= t0 && t2 <= t ? __fdiv_rn(a[t2], sum) : 0.0f;
     float* o = out + ((long long)b * T + t) * C + h * hs;
     for (int i = 0; i < hs; ++i) {
       float acc = 0;
-      for (int t2 = 0; t2 <= t; ++t2)
+      for (int t2 = t0; t2 <= t; ++t2)
         acc = __fadd_rn(acc, __fmul_rn(a[t2], qkv[((long long)b * T + t2) * C3 + 2 * C + h * hs + i]));
       o[i] = acc;
     }
@@ -169,7 +173,7 @@ __global__ void attention_forward(float* out, float* att, const float* qkv, int 
 /// scaled scores, times the scale) and dq.
 template <int = 0>
 __global__ void attention_backward_query(float* dqkv, float* dpre, const float* dout, const float* qkv,
-                                         const float* att, int B, int T, int C, int NH) {
+                                         const float* att, const int* starts, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(float(hs)));
   const long long C3 = 3LL * C;
@@ -178,28 +182,30 @@ __global__ void attention_backward_query(float* dqkv, float* dpre, const float* 
     const float* a = att + e * T;
     float* dp = dpre + e * T;
     const float* d = dout + ((long long)b * T + t) * C + h * hs;
+    const int t0 = starts ? starts[(long long)b * T + t] : 0;
     float dot = 0;
-    for (int t2 = 0; t2 <= t; ++t2) {
+    for (int t2 = t0; t2 <= t; ++t2) {
       const float* v = qkv + ((long long)b * T + t2) * C3 + 2 * C + h * hs;
       float s = 0;
       for (int i = 0; i < hs; ++i) s = __fadd_rn(s, __fmul_rn(d[i], v[i]));
       dp[t2] = s;  // datt, for now
       dot = __fadd_rn(dot, __fmul_rn(a[t2], s));
     }
-    for (int t2 = 0; t2 <= t; ++t2) dp[t2] = __fmul_rn(__fmul_rn(a[t2], __fsub_rn(dp[t2], dot)), scale);
+    for (int t2 = t0; t2 <= t; ++t2) dp[t2] = __fmul_rn(__fmul_rn(a[t2], __fsub_rn(dp[t2], dot)), scale);
     float* dq = dqkv + ((long long)b * T + t) * C3 + h * hs;
     for (int i = 0; i < hs; ++i) {
       float acc = dq[i];
-      for (int t2 = 0; t2 <= t; ++t2)
+      for (int t2 = t0; t2 <= t; ++t2)
         acc = __fadd_rn(acc, __fmul_rn(dp[t2], qkv[((long long)b * T + t2) * C3 + C + h * hs + i]));
       dq[i] = acc;
     }
   }
 }
-/// Second half, one thread per key row (b, h, t2): dk and dv summed over the queries t >= t2 in order.
+/// Second half, one thread per key row (b, h, t2): dk and dv summed over the queries t >= t2 that attend to it
+/// (starts[b, t] <= t2), in order.
 template <int = 0>
 __global__ void attention_backward_key(float* dqkv, const float* dpre, const float* dout, const float* qkv,
-                                       const float* att, int B, int T, int C, int NH) {
+                                       const float* att, const int* starts, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const long long C3 = 3LL * C;
   GPT_FOR(e, (long long)B * NH * T) {
@@ -209,6 +215,7 @@ __global__ void attention_backward_key(float* dqkv, const float* dpre, const flo
     for (int i = 0; i < hs; ++i) {
       float gk = dk[i], gv = dv[i];
       for (int t = t2; t < T; ++t) {
+        if (starts && starts[(long long)b * T + t] > t2) continue;  // another document's query
         const long long row = ((long long)b * NH + h) * T + t;
         gk = __fadd_rn(gk, __fmul_rn(dpre[row * T + t2], qkv[((long long)b * T + t) * C3 + h * hs + i]));
         gv = __fadd_rn(gv, __fmul_rn(att[row * T + t2], dout[((long long)b * T + t) * C + h * hs + i]));
@@ -240,13 +247,19 @@ __global__ void gelu_backward(float* dx, const float* x, const float* dout, long
   }
 }
 
-/// One thread per row: row_loss[n] = logsumexp - logit of the target; dlogits = (softmax - onehot) * dscale.
+/// One thread per row: row_loss[n] = logsumexp - logit of the target; dlogits = (softmax - onehot) * dscale. Rows
+/// the mask leaves out (mask may be null: none) get a loss and a gradient of 0.
 template <int = 0>
-__global__ void cross_entropy(float* dlogits, float* row_loss, const float* logits, const int* targets, int N, int V,
-                              float dscale) {
+__global__ void cross_entropy(float* dlogits, float* row_loss, const float* logits, const int* targets,
+                              const int* mask, int N, int V, float dscale) {
   GPT_FOR(n, N) {
-    const float* l = logits + n * V;
-    float* d = dlogits + n * V;
+    const float* l = logits + (long long)n * V;
+    float* d = dlogits + (long long)n * V;
+    if (mask && !mask[n]) {
+      row_loss[n] = 0.0f;
+      for (int v = 0; v < V; ++v) d[v] = 0.0f;
+      continue;
+    }
     float maxv = -INFINITY;
     for (int v = 0; v < V; ++v) maxv = fmaxf(maxv, l[v]);
     float sum = 0;
@@ -257,13 +270,14 @@ __global__ void cross_entropy(float* dlogits, float* row_loss, const float* logi
       d[v] = __fmul_rn(__fsub_rn(expf(__fsub_rn(l[v], logsum)), v == targets[n] ? 1.0f : 0.0f), dscale);
   }
 }
-/// *loss = mean of row_loss, summed in double in row order by one thread (N is a batch's tokens: small).
+/// *loss = the sum of row_loss over `denominator`, summed in double in row order by one thread (N is a batch's
+/// tokens: small).
 template <int = 0>
-__global__ void mean_loss(float* loss, const float* row_loss, int N) {
+__global__ void mean_loss(float* loss, const float* row_loss, int N, double denominator) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     double acc = 0;
     for (int n = 0; n < N; ++n) acc += row_loss[n];
-    *loss = float(acc / N);
+    *loss = float(acc / denominator);
   }
 }
 

@@ -3,7 +3,7 @@
 //   NCCL, one GPU per rank:  mpirun -np 2 bazel-bin/examples/05_gpt_cuda/05_gpt_cuda --nccl
 //                            (or torchrun/srun: RANK, WORLD_SIZE, LOCAL_RANK and FSDP_RENDEZVOUS_FILE set)
 // Options as 04_gpt_host's (--layers, --width, --heads, --context, --vocab, --batch, --lr, --warmup, --seed,
-// --precision bf16|fp32, --strategy, --checkpoint-activations), and --gemm cublas|plain, --peak-tflops X (the
+// --precision bf16|fp32, --strategy, --checkpoint-activations, --pack), and --gemm cublas|plain, --peak-tflops X (the
 // device's peak, for the MFU column; 989 for an H100's dense bf16 by default). --compare-host also trains the host
 // trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative in fp32, 5e-3
 // in bf16 (the GEMMs and the device's exp, tanh and log round otherwise than the host's).
@@ -26,7 +26,7 @@ int usage(const std::string& why) {
                "error: %s\nusage: 05_gpt_cuda [--ranks N | --nccl] [--steps S] [--precision bf16|fp32] "
                "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
                "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-               "[--gemm cublas|plain] [--peak-tflops X] [--compare-host]\n",
+               "[--pack] [--gemm cublas|plain] [--peak-tflops X] [--compare-host]\n",
                why.c_str());
   return 1;
 }
@@ -43,10 +43,11 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
   const auto pf = fsdp::facts_of_precision<Precision>();
   auto header = [&](int world) {
     std::printf("GPT on CUDA: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d "
-                "rank(s), %s compute, global batch %d sequences%s\n",
+                "rank(s), %s compute, global batch %d %s%s\n",
                 s.layers, s.width, s.heads, s.context, s.vocab, static_cast<long long>(gpt::parameters(s)),
                 std::string(Sharding::name).c_str(), world, std::string(fsdp::name_of(pf.compute)).c_str(),
-                cfg.global_batch, cfg.checkpoint_activations ? ", activation checkpointing" : "");
+                cfg.global_batch, cfg.packing.on ? "packed rows of documents" : "sequences",
+                cfg.checkpoint_activations ? ", activation checkpointing" : "");
   };
   if (use_nccl) {
     auto comm = fsdp::comm::nccl::from_env();
@@ -65,9 +66,10 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
       if (c.rank() == 0) r0 = std::move(r);
     });
   }
+  double tokens = 0;
+  for (std::int64_t n : r0.step_tokens) tokens += static_cast<double>(n);
   std::printf("trained %d steps on %d rank(s) in %.3f s (%.0f tokens/s): loss %.6f -> %.6f\n", cfg.steps, ranks,
-              r0.seconds, static_cast<double>(cfg.steps) * cfg.global_batch * s.context / r0.seconds,
-              r0.losses.front(), r0.losses.back());
+              r0.seconds, tokens / r0.seconds, r0.losses.front(), r0.losses.back());
   const gpt::throughput t = gpt::mean_throughput(cfg, r0);
   // Peak memory as PyTorch's max_memory_allocated counts it (allocations, no context or cuBLAS workspace): the
   // library's peak (its pool holds exactly the plan) plus the most the trainer's buffers held (kept across steps).
@@ -132,6 +134,7 @@ int main(int argc, char** argv) {
     if (a == "--nccl") use_nccl = true;
     else if (a == "--compare-host") compare = true;
     else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;
+    else if (a == "--pack") cfg.packing.on = true;
     else if (a == "--ranks" && positive(ranks)) ranks_given = true;
     else if (a == "--steps" && positive(cfg.steps)) continue;
     else if (a == "--batch" && positive(cfg.global_batch)) continue;
