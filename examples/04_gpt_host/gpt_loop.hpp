@@ -200,7 +200,8 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
     std::int64_t tokens = static_cast<std::int64_t>(c.global_batch) * c.model.context;
     if (packer) {
       if constexpr (requires(packed_tokens p) { tr.begin_packed_step(p); }) {
-        const std::optional<fsdp::data::rank_batch> b = packer->next();  // endless documents: always a batch
+        const std::optional<fsdp::data::rank_batch> b = packer->next();
+        if (!b) throw fsdp::usage_error("gpt: the document source ended at step " + std::to_string(step));
         const packed_tokens p = to_tokens(*b, c.model.context);
         tr.begin_packed_step(p);
         tokens = p.step_real_tokens;

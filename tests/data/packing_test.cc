@@ -494,3 +494,28 @@ TEST_CASE("a corrupt, truncated or foreign packer state is refused with the reas
   CHECK(error_of<checkpoint_error>([&] { data::load_state("/nonexistent/s.state", o); }) ==
         "fsdp: could not open the packer state '/nonexistent/s.state'");
 }
+
+TEST_CASE("the packer's state as base64 text, for a checkpoint's metadata: round trip and damage") {
+  using fsdp::checkpoint_error;
+  const data::packing_options o{.row_tokens = 32, .rows_per_step = 4, .lookahead = 16};
+  data::packer p(o, skewed_source{.count = 500});
+  for (int k = 0; k < 3; ++k) {
+    const std::string text = data::to_text(o, p.state());
+    CHECK(text.size() == (data::to_bytes(o, p.state()).size() + 2) / 3 * 4);
+    CHECK(text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") ==
+          std::string::npos);
+    CHECK(data::from_text(text, o) == p.state());
+    p.next();
+  }
+  std::string text = data::to_text(o, p.state());
+  auto read = [&](const std::string& t) {
+    return error_of<checkpoint_error>([&] { data::from_text(t, o, "in 'ckpt/manifest.json'"); });
+  };
+  CHECK(read(text.substr(0, text.size() - 1)) ==
+        "fsdp: packer state in 'ckpt/manifest.json': " + std::to_string(text.size() - 1) +
+            " characters of base64, not a multiple of 4 (cut?)");
+  CHECK(read(text.substr(0, 12) + "*" + text.substr(13)) ==
+        "fsdp: packer state in 'ckpt/manifest.json': character 12 is not base64");
+  text[20] = text[20] == 'A' ? 'B' : 'A';
+  CHECK(read(text) == "fsdp: packer state in 'ckpt/manifest.json': its checksum does not match its bytes (corrupted)");
+}

@@ -8,8 +8,13 @@
 // is u64 document, i64 offset, u8 has_next, i32 next, u64 tokens, the tokens as i32.
 //
 // Reading trusts no count it has not checked against the bytes left, and a state saved with other options is
-// refused (resuming with other options would not give the data of an uninterrupted run). Files are written
-// through a .partial file renamed into place, without fsync: keep them with a checkpoint, whose writer flushes.
+// refused (resuming with other options would not give the data of an uninterrupted run).
+//
+// With a checkpoint: to_text() gives the bytes as base64, a string for checkpoint::save_options::metadata, so the
+// data's position is committed with the weights, atomically; from_text() reads it back from the manifest's
+// metadata. save_state() / load_state() write and read a file of their own instead (through a .partial file
+// renamed into place, without fsync).
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -158,6 +163,52 @@ inline packer_state from_bytes(std::span<const std::byte> bytes, const packing_o
   if (b.get<std::uint8_t>("has_carry") != 0) s.carry = b.get_piece();
   if (b.left() != 0) r.fail(fsdp::detail::cat(b.left(), " bytes follow the state before its checksum"));
   return s;
+}
+
+/// The state and its options as base64 text (RFC 4648, with padding): for a checkpoint's metadata.
+inline std::string to_text(const packing_options& o, const packer_state& s) {
+  static constexpr char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const std::vector<std::byte> b = to_bytes(o, s);
+  std::string out;
+  out.reserve((b.size() + 2) / 3 * 4);
+  for (std::size_t i = 0; i < b.size(); i += 3) {
+    const std::size_t n = std::min<std::size_t>(3, b.size() - i);
+    std::uint32_t v = 0;
+    for (std::size_t k = 0; k < 3; ++k) v = v << 8 | (k < n ? std::to_integer<std::uint32_t>(b[i + k]) : 0u);
+    for (std::size_t k = 0; k < 4; ++k) out += k <= n ? digits[(v >> (18 - 6 * k)) & 63] : '=';
+  }
+  return out;
+}
+
+/// The state in base64 `text` (to_text's), saved with options equal to `o`; a checkpoint_error naming `what` and
+/// the fault otherwise.
+inline packer_state from_text(std::string_view text, const packing_options& o, std::string_view what = "(text)") {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  if (text.size() % 4 != 0)
+    throw checkpoint_error(fsdp::detail::cat("packer state ", what, ": ", text.size(),
+                                             " characters of base64, not a multiple of 4 (cut?)"));
+  std::vector<std::byte> b;
+  b.reserve(text.size() / 4 * 3);
+  for (std::size_t i = 0; i < text.size(); i += 4) {
+    std::uint32_t v = 0;
+    int pad = 0;
+    for (std::size_t k = 0; k < 4; ++k) {
+      const char c = text[i + k];
+      const bool tail = i + 4 == text.size() && k >= 2 && c == '=' && (k == 3 || text[i + 3] == '=');
+      const int d = tail ? 0 : value(c);
+      if (d < 0)
+        throw checkpoint_error(fsdp::detail::cat("packer state ", what, ": character ", i + k, " is not base64"));
+      pad += tail ? 1 : 0;
+      v = v << 6 | static_cast<std::uint32_t>(d);
+    }
+    for (int k = 0; k < 3 - pad; ++k) b.push_back(static_cast<std::byte>((v >> (16 - 8 * k)) & 0xff));
+  }
+  return from_bytes(b, o, what);
 }
 
 /// Writes the state to `path` (through `path`.partial, renamed into place once written); a checkpoint_error
