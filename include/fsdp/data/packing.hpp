@@ -67,8 +67,8 @@ inline void validate(const packing_options& o) {
   positive("rows_per_step", o.rows_per_step, "the rows of one step over every rank");
   positive("lookahead", o.lookahead, "the pieces of documents the packer may reorder");
   if (o.row_tokens > INT32_MAX)
-    detail::fail_usage("packing: row_tokens is ", o.row_tokens,
-                       "; position ids and cu_seqlens are 32-bit, so at most ", INT32_MAX);
+    detail::fail_usage("packing: row_tokens is ", o.row_tokens, "; position ids and cu_seqlens are 32-bit, so at most ",
+                       INT32_MAX);
 }
 
 /// A document, or the piece of one that is packed as a segment.
@@ -213,14 +213,16 @@ class packer {
     std::vector<bool> placed(st_.buffer.size(), false);
     packed_step s;
     s.step = st_.step;
-    std::vector<std::uint64_t> held_back;  // documents with a piece left for a later step: their later pieces wait
+    // Split documents with a piece left for a later step: their later pieces wait too (only pieces that are not a
+    // document's last can hold one back, so the list stays short).
+    std::vector<std::uint64_t> held_back;
     for (std::size_t i : order) {
+      const piece& p = st_.buffer[i];
       const auto row = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      const std::int64_t n = st_.buffer[i].size();
-      const std::uint64_t doc = st_.buffer[i].document;
+      const std::int64_t n = p.size();
       if (load[row] + n > o_.row_tokens ||  // fits in no row: stays for a later step
-          std::find(held_back.begin(), held_back.end(), doc) != held_back.end()) {
-        held_back.push_back(doc);
+          (p.offset > 0 && std::find(held_back.begin(), held_back.end(), p.document) != held_back.end())) {
+        if (p.has_next) held_back.push_back(p.document);
         continue;
       }
       load[row] += n;
