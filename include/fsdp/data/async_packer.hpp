@@ -4,10 +4,10 @@
 // next() waits only when the worker has fallen behind (counted by waits()). The worker stops when the queue is
 // full, so at most `depth` steps are packed ahead.
 //
-// Each queued step carries the packer's state after it, so state() is the state after the last step the trainer
-// took: saved with a checkpoint and given back to the constructor, it resumes the same data, whatever the worker
-// had packed ahead. A packing error (an empty document, say) reaches the trainer from next() at the step it
-// happened in, after the steps before it.
+// Each queued step carries the packer's state after it (a snapshot: shared pieces, no tokens copied), so state() is
+// the state after the last step the trainer took: saved with a checkpoint and given back to the constructor, it resumes
+// the same data, whatever the worker had packed ahead. A packing error (an empty document, say) reaches the trainer
+// from next() at the step it happened in, after the steps before it.
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -28,7 +28,8 @@ class async_packer {
  public:
   /// Rank `rank` of `world`'s packer (`world` divides o.rows_per_step), `depth` steps ahead, from `state`.
   async_packer(packing_options o, Source source, int world, int rank, std::size_t depth = 4, packer_state state = {})
-      : world_(world), rank_(rank), depth_(depth), taken_(state), packer_(o, std::move(source), std::move(state)) {
+      : world_(world), rank_(rank), depth_(depth), packer_(o, std::move(source), state) {
+    taken_ = packer_.snapshot();
     if (depth_ == 0) detail::fail_usage("packing: an async_packer's queue depth is 0; it must hold at least one step");
     (void)deal_rows(std::vector<std::int64_t>(static_cast<std::size_t>(o.rows_per_step), 0), world);
     if (rank < 0 || rank >= world) detail::fail_usage("packing: rank ", rank, " is outside a world of ", world);
@@ -65,7 +66,7 @@ class async_packer {
   }
 
   /// The packer's state after the last step next() returned (the constructor's state before the first).
-  const packer_state& state() const { return taken_; }
+  packer_state state() const { return taken_.value(); }
   const packing_options& options() const { return packer_.options(); }
   /// Steps packed and waiting.
   std::size_t queued() const {
@@ -81,7 +82,7 @@ class async_packer {
  private:
   struct item {
     rank_batch batch;
-    packer_state after;
+    packer_snapshot after;
   };
 
   void run() {
@@ -96,7 +97,7 @@ class async_packer {
       bool end = false;
       try {
         if (std::optional<packed_step> s = packer_.next())
-          it = item{rank_share(*s, world_, rank_), packer_.state()};
+          it = item{rank_share(*s, world_, rank_), packer_.snapshot()};
         else
           end = true;
       } catch (...) {
@@ -114,7 +115,7 @@ class async_packer {
 
   const int world_, rank_;
   const std::size_t depth_;
-  packer_state taken_;     // the trainer's thread only
+  packer_snapshot taken_;  // the trainer's thread only
   packer<Source> packer_;  // the worker's only, after construction
   mutable std::mutex m_;
   std::condition_variable cv_;

@@ -30,6 +30,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -185,18 +186,55 @@ concept DocumentSource = requires(S& s, std::uint64_t i) {
   { s(i) } -> std::convertible_to<std::optional<std::vector<token>>>;
 };
 
+/// A packer's state as the packer holds it: pieces shared and never changed once made, so a snapshot (what
+/// async_packer keeps after every step) copies pointers, not tokens; packer_state() makes the value.
+struct packer_snapshot {
+  std::uint64_t step = 0, next_document = 0;
+  bool stream_ended = false;
+  std::vector<std::shared_ptr<const piece>> buffer;
+  std::shared_ptr<const piece> carry;  ///< a split document's tokens from carry->offset on, of which
+  std::int64_t carry_taken = 0;        ///< the first carry_taken are in the buffer already
+
+  /// The state as a value (tokens copied).
+  packer_state value() const {
+    packer_state s{.step = step, .next_document = next_document, .stream_ended = stream_ended};
+    for (const auto& p : buffer) s.buffer.push_back(*p);
+    if (carry) {
+      const auto from = carry->tokens.begin() + static_cast<std::ptrdiff_t>(carry_taken);
+      s.carry = piece{.document = carry->document,
+                      .offset = carry->offset + carry_taken,
+                      .tokens = std::vector<token>(from, carry->tokens.end())};
+    }
+    return s;
+  }
+};
+
 /// Packs a stream of documents step by step, on the caller's thread (async_packer runs one on a worker).
 template <DocumentSource Source>
 class packer {
  public:
-  packer(packing_options o, Source source, packer_state state = {})
-      : o_(o), source_(std::move(source)), st_(std::move(state)) {
+  packer(packing_options o, Source source, const packer_state& state = {}) : o_(o), source_(std::move(source)) {
     validate(o_);
-    check_state();
+    st_.step = state.step, st_.next_document = state.next_document, st_.stream_ended = state.stream_ended;
+    for (const piece& p : state.buffer) {
+      if (p.tokens.empty() || p.size() > o_.row_tokens)
+        detail::fail_usage("packing: the restored state holds a piece of document ", p.document, " with ",
+                           p.tokens.size(), " tokens, which does not fit a row of ", o_.row_tokens,
+                           " (was it saved with other options?)");
+      st_.buffer.push_back(std::make_shared<const piece>(p));
+    }
+    if (state.carry) {
+      if (state.carry->tokens.empty())
+        detail::fail_usage("packing: the restored state carries an empty remainder of document ",
+                           state.carry->document);
+      st_.carry = std::make_shared<const piece>(*state.carry);
+    }
   }
 
   const packing_options& options() const { return o_; }
-  const packer_state& state() const { return st_; }
+  /// Where the packer stands: a value (tokens copied), and the cheap snapshot it is made from.
+  packer_state state() const { return st_.value(); }
+  const packer_snapshot& snapshot() const { return st_; }
 
   /// The next step's rows, or nothing when the stream is exhausted and nothing is left to pack.
   std::optional<packed_step> next() {
@@ -207,7 +245,7 @@ class packer {
     std::vector<std::size_t> order(st_.buffer.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::stable_sort(order.begin() + 1, order.end(),
-                     [&](std::size_t a, std::size_t b) { return st_.buffer[a].size() > st_.buffer[b].size(); });
+                     [&](std::size_t a, std::size_t b) { return st_.buffer[a]->size() > st_.buffer[b]->size(); });
     std::vector<std::int64_t> load(R, 0);
     std::vector<std::vector<std::size_t>> members(R);
     std::vector<bool> placed(st_.buffer.size(), false);
@@ -217,7 +255,7 @@ class packer {
     // document's last can hold one back, so the list stays short).
     std::vector<std::uint64_t> held_back;
     for (std::size_t i : order) {
-      const piece& p = st_.buffer[i];
+      const piece& p = *st_.buffer[i];
       const auto row = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
       const std::int64_t n = p.size();
       if (load[row] + n > o_.row_tokens ||  // fits in no row: stays for a later step
@@ -236,7 +274,7 @@ class packer {
       s.real_tokens += s.rows.back().real_tokens();
       s.loss_tokens += s.rows.back().loss_tokens();
     }
-    std::vector<piece> rest;
+    std::vector<std::shared_ptr<const piece>> rest;
     for (std::size_t i = 0; i < st_.buffer.size(); ++i)
       if (!placed[i]) rest.push_back(std::move(st_.buffer[i]));
     st_.buffer = std::move(rest);
@@ -245,14 +283,6 @@ class packer {
   }
 
  private:
-  void check_state() const {
-    for (const piece& p : st_.buffer)
-      if (p.tokens.empty() || p.size() > o_.row_tokens)
-        detail::fail_usage("packing: the restored state holds a piece of document ", p.document, " with ",
-                           p.tokens.size(), " tokens, which does not fit a row of ", o_.row_tokens,
-                           " (was it saved with other options?)");
-  }
-
   void fill() {
     while (static_cast<std::int64_t>(st_.buffer.size()) < o_.lookahead) {
       if (st_.carry) {
@@ -271,35 +301,34 @@ class packer {
         detail::fail_usage("packing: document ", index,
                            " of the stream is empty; every document needs at least one token (drop empty documents "
                            "from the source, or end each document with an end-of-text token)");
-      piece p{.document = index, .offset = 0, .tokens = std::move(*doc)};
-      if (p.size() <= o_.row_tokens) {
+      auto p = std::make_shared<piece>(piece{.document = index, .offset = 0, .tokens = std::move(*doc)});
+      if (p->size() <= o_.row_tokens) {
         st_.buffer.push_back(std::move(p));
         continue;
       }
       if (o_.long_docs == long_documents::reject)
-        detail::fail_usage("packing: document ", index, " has ", p.tokens.size(), " tokens, more than a row's ",
+        detail::fail_usage("packing: document ", index, " has ", p->tokens.size(), " tokens, more than a row's ",
                            o_.row_tokens, "; split it (long_documents::split) or raise row_tokens");
       st_.carry = std::move(p);
+      st_.carry_taken = 0;
     }
   }
 
-  // Moves the carried document's first row_tokens tokens (or all of them) into the buffer as a piece.
+  // Moves the carried document's next row_tokens tokens (or the rest) into the buffer as a piece.
   void take_piece_of_carry() {
-    piece& c = *st_.carry;
-    if (c.size() <= o_.row_tokens) {
-      st_.buffer.push_back(std::move(c));
-      st_.carry.reset();
-      return;
-    }
-    const auto n = static_cast<std::ptrdiff_t>(o_.row_tokens);
-    piece p{.document = c.document,
-            .offset = c.offset,
-            .tokens = std::vector<token>(c.tokens.begin(), c.tokens.begin() + n),
-            .has_next = true,
-            .next = c.tokens[static_cast<std::size_t>(n)]};
-    c.tokens.erase(c.tokens.begin(), c.tokens.begin() + n);
-    c.offset += o_.row_tokens;
-    st_.buffer.push_back(std::move(p));
+    const piece& c = *st_.carry;
+    const std::int64_t left = c.size() - st_.carry_taken;
+    const std::int64_t n = std::min(left, o_.row_tokens);
+    const auto from = c.tokens.begin() + static_cast<std::ptrdiff_t>(st_.carry_taken);
+    const bool more = n < left;
+    st_.buffer.push_back(std::make_shared<const piece>(
+        piece{.document = c.document,
+              .offset = c.offset + st_.carry_taken,
+              .tokens = std::vector<token>(from, from + static_cast<std::ptrdiff_t>(n)),
+              .has_next = more,
+              .next = more ? c.tokens[static_cast<std::size_t>(st_.carry_taken + n)] : token{0}}));
+    st_.carry_taken += n;
+    if (!more) st_.carry.reset(), st_.carry_taken = 0;
   }
 
   packed_row make_row(const std::vector<std::size_t>& members) const {
@@ -309,7 +338,7 @@ class packer {
     r.cu_seqlens.push_back(0);
     std::size_t at = 0;
     for (std::size_t i : members) {
-      const piece& p = st_.buffer[i];
+      const piece& p = *st_.buffer[i];
       const std::size_t n = p.tokens.size();
       std::copy(p.tokens.begin(), p.tokens.end(), r.tokens.begin() + static_cast<std::ptrdiff_t>(at));
       for (std::size_t k = 0; k < n; ++k) {
@@ -332,7 +361,7 @@ class packer {
 
   packing_options o_;
   Source source_;
-  packer_state st_;
+  packer_snapshot st_;
 };
 
 }  // namespace fsdp::data
