@@ -252,6 +252,7 @@ class trainer {
   /// This rank's packed rows of the step: each token sees only its document, at its position within it; the loss
   /// is the sum over the masked-in tokens divided by the step's loss tokens (every rank's).
   void begin_packed_step(const packed_tokens& p) {
+    check_packed(p, N_);
     inputs_ = p.inputs, targets_ = p.targets, positions_ = p.positions, starts_ = p.starts, mask_ = p.mask;
     loss_tokens_ = p.step_loss_tokens;
   }
@@ -350,7 +351,9 @@ class trainer {
     K::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(), lnfw.data(), lnfb.data(), N, C);
     K::matmul_forward(logits_.data(), lnf_.data(), wte.data(), nullptr, N, C, V);
     const bool packed = !mask_.empty();
-    const double denominator = packed ? static_cast<double>(loss_tokens_) : static_cast<double>(N);
+    // A step with no target at all (1-token documents only) has a loss of 0 and no gradient.
+    const double denominator =
+        packed ? static_cast<double>(std::max<std::int64_t>(1, loss_tokens_)) : static_cast<double>(N);
     loss_ = K::cross_entropy(dlogits_.data(), logits_.data(), targets, packed ? mask_.data() : nullptr, N, V,
                              1.0f / static_cast<float>(denominator), denominator);
     g_wte_.assign(static_cast<std::size_t>(V) * C, 0.0f), g_lnfw_.assign(C, 0.0f), g_lnfb_.assign(C, 0.0f);

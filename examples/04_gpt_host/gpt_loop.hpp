@@ -48,6 +48,18 @@ struct packed_tokens {
   std::int64_t rank_real_tokens = 0, step_real_tokens = 0, step_loss_tokens = 0;
 };
 
+/// A usage_error unless `p` holds N tokens in each of its arrays.
+inline void check_packed(const packed_tokens& p, int N) {
+  const auto n = static_cast<std::size_t>(N);
+  if (p.inputs.size() != n || p.targets.size() != n || p.positions.size() != n || p.starts.size() != n ||
+      p.mask.size() != n)
+    throw fsdp::usage_error("gpt: packed rows of " + std::to_string(p.inputs.size()) + " inputs, " +
+                            std::to_string(p.targets.size()) + " targets, " + std::to_string(p.positions.size()) +
+                            " positions, " + std::to_string(p.starts.size()) + " starts and " +
+                            std::to_string(p.mask.size()) + " mask entries for a trainer of " + std::to_string(N) +
+                            " tokens (its rows times the context)");
+}
+
 inline packed_tokens to_tokens(const fsdp::data::rank_batch& b, int T) {
   packed_tokens p;
   for (const fsdp::data::packed_row& r : b.rows) {
@@ -184,6 +196,10 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
   std::vector<int> inputs, targets;
   std::optional<fsdp::data::async_packer<document_source>> packer;
   if (c.packing.on) {
+    if (model.options().division.how != fsdp::grad_division::mode::sum)
+      throw fsdp::usage_error("gpt: sequence packing divides each rank's loss by the step's loss tokens, so the "
+                              "gradients must be summed over ranks: build the model with gpt::make_model, or with "
+                              "model_options::division.how = grad_division::mode::sum");
     if (c.packing.resume.step != static_cast<std::uint64_t>(first))
       throw fsdp::usage_error("gpt: the packing state resumes at step " + std::to_string(c.packing.resume.step) +
                               " and the run starts at step " + std::to_string(first));

@@ -102,12 +102,15 @@ class trainer {
   /// Packed rows (gpt::packed_tokens): attention within each document, positions restarting, the loss summed over
   /// the masked-in tokens and divided by the step's loss tokens.
   void begin_packed_step(const gpt::packed_tokens& p) {
+    gpt::check_packed(p, N_);
     upload(p.inputs, p.targets, p.positions);
     mask_.assign(p.mask.begin(), p.mask.end());
-    to_device(starts_d_, p.starts);
+    starts_ = p.starts;  // kept, as the others: the copies may still be in flight
+    to_device(starts_d_, starts_);
     to_device(mask_d_, mask_);
     packed_ = true;
-    denominator_ = static_cast<double>(p.step_loss_tokens);
+    // A step with no target at all (1-token documents only) has a loss of 0 and no gradient.
+    denominator_ = static_cast<double>(std::max<std::int64_t>(1, p.step_loss_tokens));
   }
 
   template <class Unit>
@@ -309,7 +312,7 @@ class trainer {
   std::unique_ptr<gemm> mm_;
   bool packed_ = false;
   double denominator_ = 1;  // of the loss: this rank's tokens, or the step's loss tokens when packed
-  std::vector<int> inputs_, targets_, positions_, mask_;
+  std::vector<int> inputs_, targets_, positions_, mask_, starts_;
   dbuf positions_d_, starts_d_, mask_d_;
   dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
   dbuf g_wpe_, dres1_, dpre_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block

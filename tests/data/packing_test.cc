@@ -104,9 +104,7 @@ void check_row(const data::packed_row& r, const data::packing_options& o) {
 }  // namespace
 
 TEST_CASE(
-    "every token of the stream comes out once, in order within its "
-    "document, with its own positions and "
-    "targets") {
+    "every token of the stream comes out once, in order within its document, with its own positions and targets") {
   const data::packing_options o = small_rows();
   const skewed_source src{.count = 3000};
   const std::vector<data::packed_step> steps = pack_all(o, src);
@@ -191,9 +189,7 @@ std::size_t first_fit_decreasing_steps(const data::packing_options& o, std::uint
 }
 }  // namespace
 
-TEST_CASE(
-    "least-filled placement packs into no more steps than "
-    "first-fit-decreasing") {
+TEST_CASE("least-filled placement packs into no more steps than first-fit-decreasing") {
   for (std::int64_t lookahead : {16, 48, 96, 256}) {
     CAPTURE(lookahead);
     data::packing_options o = small_rows();
@@ -204,9 +200,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE(
-    "midway, the tokens read are the tokens packed plus those in the "
-    "buffer and the carried remainder") {
+TEST_CASE("midway, the tokens read are the tokens packed plus those in the buffer and the carried remainder") {
   const data::packing_options o{.row_tokens = 32, .rows_per_step = 3, .lookahead = 5};
   data::packer p(o, skewed_source{.count = 400});
   std::int64_t packed = 0, read = 0;
@@ -228,9 +222,7 @@ TEST_CASE(
   CHECK(carried);
 }
 
-TEST_CASE(
-    "a worked example: the oldest piece first, then longest first, each "
-    "to the least-filled row") {
+TEST_CASE("a worked example: the oldest piece first, then longest first, each to the least-filled row") {
   // Rows of 8, two per step, four pieces looked ahead. Step 0 holds documents 0..3 (5, 3, 8, 2 tokens): 0 goes to row
   // 0, then 2 (8) to row 1, 1 (3) to row 0 (5 + 3 = 8), and 3 (2) fits in neither, so it waits. Step 1 reads 4 and 5
   // (7, 1 tokens) and the end: 3 (the oldest) to row 0, 4 to row 1, 5 to row 0 (2 + 1 < 7).
@@ -271,9 +263,7 @@ TEST_CASE(
   CHECK(r0.step_loss_tokens == 7);
 }
 
-TEST_CASE(
-    "a document longer than a row is split into row-sized pieces that "
-    "keep every target") {
+TEST_CASE("a document longer than a row is split into row-sized pieces that keep every target") {
   std::vector<token> doc(20);
   std::iota(doc.begin(), doc.end(), 100);
   data::packer p({.row_tokens = 8, .rows_per_step = 1, .lookahead = 2}, list_source{{doc}});
@@ -291,9 +281,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a step's rows are the same at world sizes 1, 2, 3, 4 and 8; every "
-    "rank gets the same real tokens "
-    "within the step's longest piece") {
+    "a step's rows are the same at world sizes 1, 2, 3, 4 and 8; every rank gets the same real tokens within the "
+    "step's longest piece") {
   const data::packing_options o = small_rows();
   const std::vector<data::packed_step> steps = pack_all(o, skewed_source{.count = 3000});
   std::int64_t worst = 0;
@@ -334,54 +323,46 @@ TEST_CASE(
 TEST_CASE("bad options and bad input are errors that name what is wrong") {
   using fsdp::usage_error;
   auto make = [](data::packing_options o) { data::packer p(o, skewed_source{.count = 1}); };
-  CHECK(error_of<usage_error>([&] { make({.row_tokens = 0, .rows_per_step = 2}); }) ==
-        "fsdp: packing: row_tokens is 0; it is the tokens of one row "
-        "(the model's context length) and must be "
-        "positive");
-  CHECK(error_of<usage_error>([&] { make({.row_tokens = -5, .rows_per_step = 2}); }) ==
-        "fsdp: packing: row_tokens is -5; it is the tokens of one row "
-        "(the model's context length) and must be "
-        "positive");
+  CHECK(
+      error_of<usage_error>([&] { make({.row_tokens = 0, .rows_per_step = 2}); }) ==
+      "fsdp: packing: row_tokens is 0; it is the tokens of one row (the model's context length) and must be positive");
+  CHECK(
+      error_of<usage_error>([&] { make({.row_tokens = -5, .rows_per_step = 2}); }) ==
+      "fsdp: packing: row_tokens is -5; it is the tokens of one row (the model's context length) and must be positive");
   CHECK(error_of<usage_error>([&] { make({.row_tokens = 8, .rows_per_step = 0}); }) ==
-        "fsdp: packing: rows_per_step is 0; it is the rows of one step "
-        "over every rank and must be positive");
+        "fsdp: packing: rows_per_step is 0; it is the rows of one step over every rank and must be positive");
   CHECK(error_of<usage_error>([&] { make({.row_tokens = 8, .rows_per_step = 2, .lookahead = 0}); }) ==
-        "fsdp: packing: lookahead is 0; it is the pieces of documents "
-        "the packer may reorder and must be positive");
+        "fsdp: packing: lookahead is 0; it is the pieces of documents the packer may reorder and must be positive");
   CHECK(error_of<usage_error>([&] { make({.row_tokens = std::int64_t{1} << 40, .rows_per_step = 2}); }) ==
-        "fsdp: packing: row_tokens is 1099511627776; position ids and "
-        "cu_seqlens are 32-bit, so at most 2147483647");
+        "fsdp: packing: row_tokens is 1099511627776; position ids and cu_seqlens are 32-bit, so at most 2147483647");
 
   list_source with_empty{{{1, 2}, {3}, {}, {4}}};
   data::packer p({.row_tokens = 8, .rows_per_step = 1, .lookahead = 4}, with_empty);
-  CHECK(error_of<usage_error>([&] { p.next(); }) ==
-        "fsdp: packing: document 2 of the stream is empty; every document "
-        "needs at least one token (drop empty "
-        "documents from the source, or end each document with an end-of-text "
-        "token)");
+  const std::string empty =
+      "fsdp: packing: document 2 of the stream is empty; every document needs at least one token (drop empty "
+      "documents from the source, or end each document with an end-of-text token)";
+  CHECK(error_of<usage_error>([&] { p.next(); }) == empty);
+  CHECK(p.state().next_document == 2);  // not read past it: a retry, or a state saved now, refuses it again
+  CHECK(error_of<usage_error>([&] { p.next(); }) == empty);
 
   list_source long_one{{{1, 2}, std::vector<token>(9, 7)}};
   data::packer q({.row_tokens = 8, .rows_per_step = 1, .long_docs = data::long_documents::reject}, long_one);
   CHECK(error_of<usage_error>([&] { q.next(); }) ==
-        "fsdp: packing: document 1 has 9 tokens, more than a row's 8; split it "
-        "(long_documents::split) or raise "
+        "fsdp: packing: document 1 has 9 tokens, more than a row's 8; split it (long_documents::split) or raise "
         "row_tokens");
+  CHECK(q.state().next_document == 1);
 
   const data::packing_options o{.row_tokens = 8, .rows_per_step = 6};
   CHECK(error_of<usage_error>([&] { data::async_packer a(o, skewed_source{.count = 1}, 4, 0); }) ==
-        "fsdp: packing: 6 rows per step do not split over 4 ranks; "
-        "choose rows_per_step a multiple of every world "
-        "size you train at");
+        "fsdp: packing: 6 rows per step do not split over 4 ranks; choose rows_per_step a multiple of every world size "
+        "you train at");
   CHECK(error_of<usage_error>([&] { data::async_packer a(o, skewed_source{.count = 1}, 3, 3); }) ==
         "fsdp: packing: rank 3 is outside a world of 3");
   CHECK(error_of<usage_error>([&] { data::async_packer a(o, skewed_source{.count = 1}, 3, 0, 0); }) ==
-        "fsdp: packing: an async_packer's queue depth is 0; it must hold "
-        "at least one step");
+        "fsdp: packing: an async_packer's queue depth is 0; it must hold at least one step");
 }
 
-TEST_CASE(
-    "the background packer: a full queue is taken without waiting; an "
-    "error arrives at its step") {
+TEST_CASE("the background packer: a full queue is taken without waiting; an error arrives at its step") {
   const data::packing_options o{.row_tokens = 32, .rows_per_step = 4, .lookahead = 16};
   data::async_packer a(o, skewed_source{.count = 2000}, 2, 1, 3);
   for (int spin = 0; a.queued() < 3 && spin < 10000; ++spin) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -410,16 +391,12 @@ TEST_CASE(
   }
   CHECK(before == 10);  // documents 0..39 in 10 steps of four; the 11th step's reading reaches document 40
   CHECK(message ==
-        "fsdp: packing: document 40 of the stream is empty; every "
-        "document needs at least one token (drop empty "
-        "documents from the source, or end each document with an "
-        "end-of-text token)");
+        "fsdp: packing: document 40 of the stream is empty; every document needs at least one token (drop empty "
+        "documents from the source, or end each document with an end-of-text token)");
   CHECK(error_of<fsdp::usage_error>([&] { b.next(); }) == message);
 }
 
-TEST_CASE(
-    "the packer's state resumes the same data, through bytes and through "
-    "a file") {
+TEST_CASE("the packer's state resumes the same data, through bytes and through a file") {
   const data::packing_options o = small_rows();
   const skewed_source src{.count = 1500};
   std::vector<data::rank_batch> whole;
@@ -464,23 +441,18 @@ TEST_CASE("a corrupt, truncated or foreign packer state is refused with the reas
   };
   std::vector<std::byte> flipped = good;
   flipped[40] ^= std::byte{1};
-  CHECK(read(flipped, o) ==
-        "fsdp: packer state 's.state': its checksum does "
-        "not match its bytes (corrupted)");
+  CHECK(read(flipped, o) == "fsdp: packer state 's.state': its checksum does not match its bytes (corrupted)");
   CHECK(read({good.begin(), good.begin() + 4}, o) ==
-        "fsdp: packer state 's.state': does not start with \"FSDPPACK\": not a "
-        "packer state");
+        "fsdp: packer state 's.state': does not start with \"FSDPPACK\": not a packer state");
   data::packing_options other = o;
   other.row_tokens = 64;
   CHECK(read(good, other) ==
-        "fsdp: packer state 's.state': was saved with row_tokens 32 and the "
-        "packer has 64; resume with the options it "
+        "fsdp: packer state 's.state': was saved with row_tokens 32 and the packer has 64; resume with the options it "
         "was saved with");
   other = o;
   other.long_docs = data::long_documents::reject;
   CHECK(read(good, other) ==
-        "fsdp: packer state 's.state': was saved with long_docs split and the "
-        "packer has reject; resume with the "
+        "fsdp: packer state 's.state': was saved with long_docs split and the packer has reject; resume with the "
         "options it was saved with");
   // A truncated state with a recomputed checksum: the reader stops at the field that is cut.
   std::vector<std::byte> cut(good.begin(), good.end() - 8 - 6);
@@ -488,9 +460,7 @@ TEST_CASE("a corrupt, truncated or foreign packer state is refused with the reas
   const auto* hb = reinterpret_cast<const std::byte*>(&h);
   cut.insert(cut.end(), hb, hb + 8);
   const std::string m = read(cut, o);
-  CHECK(m ==
-        "fsdp: packer state 's.state': a piece of document 30 claims 10 "
-        "tokens, and 35 bytes are left");
+  CHECK(m == "fsdp: packer state 's.state': a piece of document 30 claims 10 tokens, and 35 bytes are left");
   CHECK(error_of<checkpoint_error>([&] { data::load_state("/nonexistent/s.state", o); }) ==
         "fsdp: could not open the packer state '/nonexistent/s.state'");
 }

@@ -168,6 +168,23 @@ TEST_CASE("a packed row gives each document the logits it has alone: no attentio
         std::vector<float>(packed.begin() + 5 * V, packed.begin() + 14 * V));
 }
 
+TEST_CASE("a packed step without a target (1-token documents only) has a loss of 0 and no gradient") {
+  const gpt::shape s{.vocab = 11, .context = 4, .width = 8, .heads = 2, .layers = 1};
+  const fsdp::ModelSpec spec = gpt::make_spec(s, 3);
+  values_map values, grads;
+  random_values(spec, values, grads);
+  const gpt::packed_tokens p = pack({{3}, {5}, {7}}, s.context, 1);
+  REQUIRE(p.step_loss_tokens == 0);
+  CHECK(loss_and_grads(s, 1, spec, values, grads, [&](gpt::trainer<float>& tr) { tr.begin_packed_step(p); }) == 0.0f);
+  for (const auto& [name, g] : grads)
+    for (float v : g) CHECK(v == 0.0f);
+  gpt::trainer<float> tr(s, 2);  // 2 rows: 8 tokens, and the batch has 4
+  CHECK_THROWS_WITH_AS(tr.begin_packed_step(p),
+                       "fsdp: gpt: packed rows of 4 inputs, 4 targets, 4 positions, 4 starts and 4 mask entries for a "
+                       "trainer of 8 tokens (its rows times the context)",
+                       fsdp::usage_error);
+}
+
 TEST_CASE("packed training: the same global data and the same losses at world sizes 1, 2 and 4") {
   gpt::config c = small();
   c.steps = 8;
@@ -306,4 +323,19 @@ TEST_CASE("bad settings are refused with a sentence") {
   c.global_batch = 10;
   CHECK_THROWS_WITH_AS(train<fp32_policy>(4, c), "fsdp: gpt: global batch 10 sequences do not split over 4 ranks",
                        fsdp::usage_error);
+  c = small();
+  c.packing.on = true;
+  fsdp::comm::run_local(1, [&](fsdp::comm::local_communicator& comm) {
+    // Built without gpt::make_model: its gradients would be averaged over the ranks.
+    fsdp::Model<fp32_policy> model(comm, gpt::make_spec(c.model, c.seed), gpt::wrapping(), fsdp::init::normal{},
+                                   gpt::with_root_kept<fp32_policy::sharding>(c.options));
+    auto opt = gpt::make_optimizer(model, c);
+    auto tr = gpt::make_host_trainer{}(model, c.model, c.global_batch);
+    gpt::result r;
+    CHECK_THROWS_WITH_AS(gpt::run_steps(model, opt, tr, c, 0, 1, r),
+                         "fsdp: gpt: sequence packing divides each rank's loss by the step's loss tokens, so the "
+                         "gradients must be summed over ranks: build the model with gpt::make_model, or with "
+                         "model_options::division.how = grad_division::mode::sum",
+                         fsdp::usage_error);
+  });
 }

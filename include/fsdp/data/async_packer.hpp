@@ -4,10 +4,11 @@
 // next() waits only when the worker has fallen behind (counted by waits()). The worker stops when the queue is
 // full, so at most `depth` steps are packed ahead.
 //
-// Each queued step carries the packer's state after it (a snapshot: shared pieces, no tokens copied), so state() is
-// the state after the last step the trainer took: saved with a checkpoint and given back to the constructor, it resumes
-// the same data, whatever the worker had packed ahead. A packing error (an empty document, say) reaches the trainer
-// from next() at the step it happened in, after the steps before it.
+// Each queued step carries the packer's state after it (a snapshot: shared pieces, no tokens copied), so state()
+// is the state after the last step the trainer took: saved with a checkpoint and given back to the constructor, it
+// resumes the same data, whatever the worker had packed ahead. A packing error (an empty document, say) reaches
+// the trainer from next() at the step it happened in, after the steps before it. The destructor stops the worker
+// and waits for it, so a source must return (one that blocks on its input holds the destructor until it does).
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -105,7 +106,11 @@ class async_packer {
       }
       {
         std::lock_guard lock(m_);
-        if (it) queue_.push_back(std::move(*it));
+        try {
+          if (it) queue_.push_back(std::move(*it));
+        } catch (...) {  // no memory for the queue: the trainer gets the error at this step
+          error = std::current_exception();
+        }
         if (end || error) finished_ = true, error_ = error;
       }
       cv_.notify_all();

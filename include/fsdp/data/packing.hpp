@@ -296,19 +296,21 @@ class packer {
         st_.stream_ended = true;
         return;
       }
-      ++st_.next_document;
+      // A refused document is not counted as read: the state stays before it, and a retry refuses it again.
       if (doc->empty())
         detail::fail_usage("packing: document ", index,
                            " of the stream is empty; every document needs at least one token (drop empty documents "
                            "from the source, or end each document with an end-of-text token)");
+      const auto n = static_cast<std::int64_t>(doc->size());
+      if (n > o_.row_tokens && o_.long_docs == long_documents::reject)
+        detail::fail_usage("packing: document ", index, " has ", n, " tokens, more than a row's ", o_.row_tokens,
+                           "; split it (long_documents::split) or raise row_tokens");
+      ++st_.next_document;
       auto p = std::make_shared<piece>(piece{.document = index, .offset = 0, .tokens = std::move(*doc)});
-      if (p->size() <= o_.row_tokens) {
+      if (n <= o_.row_tokens) {
         st_.buffer.push_back(std::move(p));
         continue;
       }
-      if (o_.long_docs == long_documents::reject)
-        detail::fail_usage("packing: document ", index, " has ", p->tokens.size(), " tokens, more than a row's ",
-                           o_.row_tokens, "; split it (long_documents::split) or raise row_tokens");
       st_.carry = std::move(p);
       st_.carry_taken = 0;
     }
