@@ -32,8 +32,8 @@ class async_packer {
       : world_(world), rank_(rank), depth_(depth), packer_(o, std::move(source), state) {
     taken_ = packer_.snapshot();
     if (depth_ == 0) detail::fail_usage("packing: an async_packer's queue depth is 0; it must hold at least one step");
-    (void)deal_rows(std::vector<std::int64_t>(static_cast<std::size_t>(o.rows_per_step), 0), world);
-    if (rank < 0 || rank >= world) detail::fail_usage("packing: rank ", rank, " is outside a world of ", world);
+    check_world(o.rows_per_step, world);
+    check_rank(world, rank);
     worker_ = std::thread([this] { run(); });
   }
   async_packer(const async_packer&) = delete;

@@ -126,14 +126,23 @@ struct rank_batch {
   std::int64_t step_real_tokens = 0, step_loss_tokens = 0;  ///< every rank's: the loss's denominator
 };
 
-/// Which of a step's rows each rank takes: rows in serpentine order of their real tokens (ties: the lower row),
-/// each rank's list in row order. A usage_error when `world` does not divide the rows.
-inline std::vector<std::vector<std::int64_t>> deal_rows(const std::vector<std::int64_t>& row_real_tokens, int world) {
-  const auto rows = static_cast<std::int64_t>(row_real_tokens.size());
+/// A usage_error unless `world` ranks can share `rows` rows a step evenly.
+inline void check_world(std::int64_t rows, int world) {
   if (world <= 0) detail::fail_usage("packing: world size ", world, " is not positive");
   if (rows % world != 0)
     detail::fail_usage("packing: ", rows, " rows per step do not split over ", world,
                        " ranks; choose rows_per_step a multiple of every world size you train at");
+}
+/// A usage_error unless `rank` is one of `world`'s.
+inline void check_rank(int world, int rank) {
+  if (rank < 0 || rank >= world) detail::fail_usage("packing: rank ", rank, " is outside a world of ", world);
+}
+
+/// Which of a step's rows each rank takes: rows in serpentine order of their real tokens (ties: the lower row),
+/// each rank's list in row order. A usage_error when `world` does not divide the rows.
+inline std::vector<std::vector<std::int64_t>> deal_rows(const std::vector<std::int64_t>& row_real_tokens, int world) {
+  const auto rows = static_cast<std::int64_t>(row_real_tokens.size());
+  check_world(rows, world);
   std::vector<std::int64_t> order(static_cast<std::size_t>(rows));
   std::iota(order.begin(), order.end(), std::int64_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
@@ -151,7 +160,7 @@ inline std::vector<std::vector<std::int64_t>> deal_rows(const std::vector<std::i
 
 /// Rank `rank` of `world`'s share of a step.
 inline rank_batch rank_share(const packed_step& s, int world, int rank) {
-  if (rank < 0 || rank >= world) detail::fail_usage("packing: rank ", rank, " is outside a world of ", world);
+  check_rank(world, rank);
   std::vector<std::int64_t> real(s.rows.size());
   for (std::size_t i = 0; i < s.rows.size(); ++i) real[i] = s.rows[i].real_tokens();
   rank_batch b;
@@ -187,7 +196,7 @@ concept DocumentSource = requires(S& s, std::uint64_t i) {
 };
 
 /// A packer's state as the packer holds it: pieces shared and never changed once made, so a snapshot (what
-/// async_packer keeps after every step) copies pointers, not tokens; packer_state() makes the value.
+/// async_packer keeps after every step) copies pointers, not tokens; value() makes the packer_state.
 struct packer_snapshot {
   std::uint64_t step = 0, next_document = 0;
   bool stream_ended = false;
