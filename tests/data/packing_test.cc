@@ -435,12 +435,12 @@ TEST_CASE("a corrupt, truncated or foreign packer state is refused with the reas
   const data::packing_options o{.row_tokens = 32, .rows_per_step = 4, .lookahead = 16};
   data::packer p(o, skewed_source{.count = 500});
   p.next(), p.next();
-  const std::vector<std::byte> good = data::to_bytes(o, p.state());
-  auto read = [&](std::vector<std::byte> b, data::packing_options with) {
+  const std::string good = data::to_bytes(o, p.state());
+  auto read = [&](const std::string& b, data::packing_options with) {
     return error_of<checkpoint_error>([&] { data::from_bytes(b, with, "'s.state'"); });
   };
-  std::vector<std::byte> flipped = good;
-  flipped[40] ^= std::byte{1};
+  std::string flipped = good;
+  flipped[40] ^= 1;
   CHECK(read(flipped, o) == "fsdp: packer state 's.state': its checksum does not match its bytes (corrupted)");
   CHECK(read({good.begin(), good.begin() + 4}, o) ==
         "fsdp: packer state 's.state': does not start with \"FSDPPACK\": not a packer state");
@@ -455,10 +455,8 @@ TEST_CASE("a corrupt, truncated or foreign packer state is refused with the reas
         "fsdp: packer state 's.state': was saved with long_docs split and the packer has reject; resume with the "
         "options it was saved with");
   // A truncated state with a recomputed checksum: the reader stops at the field that is cut.
-  std::vector<std::byte> cut(good.begin(), good.end() - 8 - 6);
-  const std::uint64_t h = fsdp::fnv1a64(std::string_view(reinterpret_cast<const char*>(cut.data()), cut.size()));
-  const auto* hb = reinterpret_cast<const std::byte*>(&h);
-  cut.insert(cut.end(), hb, hb + 8);
+  std::string cut = good.substr(0, good.size() - 8 - 6);
+  fsdp::detail::put_u64le(cut, fsdp::fnv1a64(cut));
   const std::string m = read(cut, o);
   CHECK(m == "fsdp: packer state 's.state': a piece of document 30 claims 10 tokens, and 35 bytes are left");
   CHECK(error_of<checkpoint_error>([&] { data::load_state("/nonexistent/s.state", o); }) ==

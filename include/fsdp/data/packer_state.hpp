@@ -2,8 +2,8 @@
 // A packer's state as bytes, to keep beside a checkpoint and resume the same data: the step, the next document
 // to read, the look-ahead buffer and the carried rest of a split document, with the options that packed them.
 //
-// Layout (little-endian, as x86-64 and AArch64 hold integers): "FSDPPACK", u32 version 1; the options (i64
-// row_tokens, i64 rows_per_step, i64 lookahead, u8 long_docs, i32 pad); u64 step, u64 next_document, u8
+// Layout (integers little-endian, core/bytes.hpp, whatever the machine's order): "FSDPPACK", u32 version 1; the options
+// (i64 row_tokens, i64 rows_per_step, i64 lookahead, u8 long_docs, i32 pad); u64 step, u64 next_document, u8
 // stream_ended; u64 pieces, each piece; u8 has_carry, the carry; then u64 FNV-1a of every byte before it. A piece
 // is u64 document, i64 offset, u8 has_next, i32 next, u64 tokens, the tokens as i32.
 //
@@ -15,55 +15,49 @@
 // metadata. save_state() / load_state() write and read a file of their own instead (through a .partial file
 // renamed into place, without fsync).
 #include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "fsdp/core/bytes.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/hash.hpp"
 #include "fsdp/data/packing.hpp"
 
 namespace fsdp::data {
 
-static_assert(std::endian::native == std::endian::little, "packer_state.hpp writes little-endian integers as held");
-
 namespace detail_state {
 
-inline constexpr char magic[8] = {'F', 'S', 'D', 'P', 'P', 'A', 'C', 'K'};
+inline constexpr std::string_view magic = "FSDPPACK";
 inline constexpr std::uint32_t version = 1;
 
 class writer {
  public:
   template <class T>
   void put(T v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out.insert(out.end(), p, p + sizeof(T));
+    fsdp::detail::put_le(out, v);
   }
   void put_piece(const piece& p) {
     put<std::uint64_t>(p.document), put<std::int64_t>(p.offset), put<std::uint8_t>(p.has_next ? 1 : 0);
     put<std::int32_t>(p.next), put<std::uint64_t>(p.tokens.size());
-    const auto* b = reinterpret_cast<const std::byte*>(p.tokens.data());
-    out.insert(out.end(), b, b + p.tokens.size() * sizeof(token));
+    for (token t : p.tokens) put<token>(t);
   }
-  std::vector<std::byte> out;
+  std::string out;
 };
 
 class reader {
  public:
-  reader(std::span<const std::byte> bytes, std::string_view what) : b_(bytes), what_(what) {}
+  /// Reads `bytes` from byte `at` on (error messages count from byte 0).
+  reader(std::string_view bytes, std::string_view what, std::size_t at = 0) : b_(bytes), what_(what), at_(at) {}
   template <class T>
   T get(const char* field) {
     need(sizeof(T), field);
-    T v;
-    std::memcpy(&v, b_.data() + at_, sizeof(T));
+    const T v = fsdp::detail::get_le<T>(b_, at_);
     at_ += sizeof(T);
     return v;
   }
@@ -74,12 +68,11 @@ class reader {
     p.has_next = get<std::uint8_t>("a piece's has_next") != 0;
     p.next = get<std::int32_t>("a piece's next token");
     const auto n = get<std::uint64_t>("a piece's token count");
-    if (n == 0 || n > (b_.size() - at_) / sizeof(token))
-      fail(fsdp::detail::cat("a piece of document ", p.document, " claims ", n, " tokens, and ", b_.size() - at_,
+    if (n == 0 || n > left() / sizeof(token))
+      fail(fsdp::detail::cat("a piece of document ", p.document, " claims ", n, " tokens, and ", left(),
                              " bytes are left"));
     p.tokens.resize(n);
-    std::memcpy(p.tokens.data(), b_.data() + at_, n * sizeof(token));
-    at_ += n * sizeof(token);
+    for (token& t : p.tokens) t = get<token>("a piece's tokens");
     return p;
   }
   std::size_t left() const { return b_.size() - at_; }
@@ -89,23 +82,19 @@ class reader {
 
  private:
   void need(std::size_t n, const char* field) const {
-    if (b_.size() - at_ < n) fail(fsdp::detail::cat("ends at byte ", b_.size(), " inside ", field, " (truncated?)"));
+    if (left() < n) fail(fsdp::detail::cat("ends at byte ", b_.size(), " inside ", field, " (truncated?)"));
   }
-  std::span<const std::byte> b_;
+  std::string_view b_;
   std::string_view what_;
   std::size_t at_ = 0;
 };
 
-inline std::uint64_t digest(std::span<const std::byte> b) {
-  return fnv1a64(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
-}
-
 }  // namespace detail_state
 
 /// The state and the options that packed it, as bytes.
-inline std::vector<std::byte> to_bytes(const packing_options& o, const packer_state& s) {
+inline std::string to_bytes(const packing_options& o, const packer_state& s) {
   detail_state::writer w;
-  for (char c : detail_state::magic) w.put(c);
+  w.out = detail_state::magic;
   w.put(detail_state::version);
   w.put(o.row_tokens), w.put(o.rows_per_step), w.put(o.lookahead), w.put(static_cast<std::uint8_t>(o.long_docs));
   w.put(o.pad);
@@ -114,24 +103,20 @@ inline std::vector<std::byte> to_bytes(const packing_options& o, const packer_st
   for (const piece& p : s.buffer) w.put_piece(p);
   w.put<std::uint8_t>(s.carry ? 1 : 0);
   if (s.carry) w.put_piece(*s.carry);
-  w.put(detail_state::digest(w.out));
+  w.put(fnv1a64(w.out));
   return std::move(w.out);
 }
 
 /// The state in `bytes`, saved with options equal to `o`; a checkpoint_error naming `what` (a file name, say) and
 /// the fault otherwise.
-inline packer_state from_bytes(std::span<const std::byte> bytes, const packing_options& o,
-                               std::string_view what = "(bytes)") {
+inline packer_state from_bytes(std::string_view bytes, const packing_options& o, std::string_view what = "(bytes)") {
   detail_state::reader r(bytes, what);
-  if (bytes.size() < sizeof(detail_state::magic) + sizeof(std::uint64_t) ||
-      std::memcmp(bytes.data(), detail_state::magic, sizeof(detail_state::magic)) != 0)
+  if (bytes.size() < detail_state::magic.size() + sizeof(std::uint64_t) || !bytes.starts_with(detail_state::magic))
     r.fail("does not start with \"FSDPPACK\": not a packer state");
   const std::size_t body = bytes.size() - sizeof(std::uint64_t);
-  std::uint64_t stored = 0;
-  std::memcpy(&stored, bytes.data() + body, sizeof(stored));
-  if (detail_state::digest(bytes.first(body)) != stored) r.fail("its checksum does not match its bytes (corrupted)");
-  detail_state::reader b(bytes.first(body), what);
-  for (std::size_t i = 0; i < sizeof(detail_state::magic); ++i) b.get<char>("the magic");
+  if (fnv1a64(bytes.substr(0, body)) != fsdp::detail::get_le<std::uint64_t>(bytes, body))
+    r.fail("its checksum does not match its bytes (corrupted)");
+  detail_state::reader b(bytes.substr(0, body), what, detail_state::magic.size());
   if (const auto v = b.get<std::uint32_t>("the version"); v != detail_state::version)
     r.fail(fsdp::detail::cat("has version ", v, "; this library reads version ", detail_state::version));
   packing_options saved;
@@ -168,13 +153,13 @@ inline packer_state from_bytes(std::span<const std::byte> bytes, const packing_o
 /// The state and its options as base64 text (RFC 4648, with padding): for a checkpoint's metadata.
 inline std::string to_text(const packing_options& o, const packer_state& s) {
   static constexpr char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  const std::vector<std::byte> b = to_bytes(o, s);
+  const std::string b = to_bytes(o, s);
   std::string out;
   out.reserve((b.size() + 2) / 3 * 4);
   for (std::size_t i = 0; i < b.size(); i += 3) {
     const std::size_t n = std::min<std::size_t>(3, b.size() - i);
     std::uint32_t v = 0;
-    for (std::size_t k = 0; k < 3; ++k) v = v << 8 | (k < n ? std::to_integer<std::uint32_t>(b[i + k]) : 0u);
+    for (std::size_t k = 0; k < 3; ++k) v = v << 8 | (k < n ? static_cast<unsigned char>(b[i + k]) : 0u);
     for (std::size_t k = 0; k < 4; ++k) out += k <= n ? digits[(v >> (18 - 6 * k)) & 63] : '=';
   }
   return out;
@@ -192,7 +177,7 @@ inline packer_state from_text(std::string_view text, const packing_options& o, s
   if (text.size() % 4 != 0)
     throw checkpoint_error(fsdp::detail::cat("packer state ", what, ": ", text.size(),
                                              " characters of base64, not a multiple of 4 (cut?)"));
-  std::vector<std::byte> b;
+  std::string b;
   b.reserve(text.size() / 4 * 3);
   for (std::size_t i = 0; i < text.size(); i += 4) {
     std::uint32_t v = 0;
@@ -206,7 +191,7 @@ inline packer_state from_text(std::string_view text, const packing_options& o, s
       pad += tail ? 1 : 0;
       v = v << 6 | static_cast<std::uint32_t>(d);
     }
-    for (int k = 0; k < 3 - pad; ++k) b.push_back(static_cast<std::byte>((v >> (16 - 8 * k)) & 0xff));
+    for (int k = 0; k < 3 - pad; ++k) b.push_back(static_cast<char>((v >> (16 - 8 * k)) & 0xff));
   }
   return from_bytes(b, o, what);
 }
@@ -214,11 +199,11 @@ inline packer_state from_text(std::string_view text, const packing_options& o, s
 /// Writes the state to `path` (through `path`.partial, renamed into place once written); a checkpoint_error
 /// naming the file when it cannot.
 inline void save_state(const std::string& path, const packing_options& o, const packer_state& s) {
-  const std::vector<std::byte> bytes = to_bytes(o, s);
+  const std::string bytes = to_bytes(o, s);
   const std::string partial = path + ".partial";
   {
     std::ofstream f(partial, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     f.flush();
     if (!f) throw checkpoint_error("could not write the packer state '" + partial + "'");
   }
@@ -231,9 +216,9 @@ inline void save_state(const std::string& path, const packing_options& o, const 
 inline packer_state load_state(const std::string& path, const packing_options& o) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw checkpoint_error("could not open the packer state '" + path + "'");
-  std::vector<char> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (f.bad()) throw checkpoint_error("could not read the packer state '" + path + "'");
-  return from_bytes(std::as_bytes(std::span<const char>(raw)), o, "'" + path + "'");
+  return from_bytes(raw, o, "'" + path + "'");
 }
 
 }  // namespace fsdp::data
