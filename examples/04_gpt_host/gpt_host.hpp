@@ -244,17 +244,16 @@ class trainer {
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
     inputs_ = inputs;
     targets_ = targets;
-    positions_.resize(inputs.size());
-    for (std::size_t n = 0; n < positions_.size(); ++n) positions_[n] = static_cast<int>(n % s_.context);
+    positions_ = row_positions(inputs.size(), s_.context);
     starts_.clear(), mask_.clear();
-    loss_tokens_ = 0;
+    denominator_ = static_cast<double>(N_);
   }
   /// This rank's packed rows of the step: each token sees only its document, at its position within it; the loss
   /// is the sum over the masked-in tokens divided by the step's loss tokens (every rank's).
   void begin_packed_step(const packed_tokens& p) {
     check_packed(p, N_);
     inputs_ = p.inputs, targets_ = p.targets, positions_ = p.positions, starts_ = p.starts, mask_ = p.mask;
-    loss_tokens_ = p.step_loss_tokens;
+    denominator_ = loss_denominator(p);
   }
 
   /// x [N, C] = wte[tokens] + wpe[positions].
@@ -350,12 +349,8 @@ class trainer {
     logits_.resize(static_cast<std::size_t>(N) * V), dlogits_.resize(logits_.size());
     K::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(), lnfw.data(), lnfb.data(), N, C);
     K::matmul_forward(logits_.data(), lnf_.data(), wte.data(), nullptr, N, C, V);
-    const bool packed = !mask_.empty();
-    // A step with no target at all (1-token documents only) has a loss of 0 and no gradient.
-    const double denominator =
-        packed ? static_cast<double>(std::max<std::int64_t>(1, loss_tokens_)) : static_cast<double>(N);
-    loss_ = K::cross_entropy(dlogits_.data(), logits_.data(), targets, packed ? mask_.data() : nullptr, N, V,
-                             1.0f / static_cast<float>(denominator), denominator);
+    loss_ = K::cross_entropy(dlogits_.data(), logits_.data(), targets, mask_.empty() ? nullptr : mask_.data(), N, V,
+                             1.0f / static_cast<float>(denominator_), denominator_);
     g_wte_.assign(static_cast<std::size_t>(V) * C, 0.0f), g_lnfw_.assign(C, 0.0f), g_lnfb_.assign(C, 0.0f);
     std::vector<float> dlnf(NC, 0.0f);
     K::matmul_backward(dlnf.data(), g_wte_.data(), nullptr, dlogits_.data(), lnf_.data(), wte.data(), N, C, V);
@@ -391,8 +386,8 @@ class trainer {
   template <class ModelT>
   float global_loss(ModelT& model) {
     float loss = loss_;
-    const fsdp::reduce_op op = mask_.empty() ? fsdp::reduce_op::avg : fsdp::reduce_op::sum;
-    model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, op, model.backend().compute_stream());
+    model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, loss_reduction(!mask_.empty()),
+                            model.backend().compute_stream());
     return loss;
   }
 
@@ -407,7 +402,7 @@ class trainer {
   float loss_ = 0;
   const int* starts() const { return starts_.empty() ? nullptr : starts_.data(); }
 
-  std::int64_t loss_tokens_ = 0;
+  double denominator_ = 1;  // of the loss: this rank's tokens, or the step's loss tokens when packed
   std::vector<int> inputs_, targets_, positions_, starts_;
   std::vector<std::uint8_t> mask_;
   std::vector<float> lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, g_wte_, g_lnfw_, g_lnfb_;

@@ -60,6 +60,20 @@ inline void check_packed(const packed_tokens& p, int N) {
                             " tokens (its rows times the context)");
 }
 
+/// The rules both trainers follow. Positions of an unpacked batch of n tokens in rows of T: 0 .. T-1 in each row.
+inline std::vector<int> row_positions(std::size_t n, int T) {
+  std::vector<int> p(n);
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<int>(i % static_cast<std::size_t>(T));
+  return p;
+}
+/// What a packed step's loss sum is divided by: the step's loss tokens, every rank's, or 1 for a step without a
+/// target (1-token documents only: a loss of 0 and no gradient).
+inline double loss_denominator(const packed_tokens& p) {
+  return static_cast<double>(std::max<std::int64_t>(1, p.step_loss_tokens));
+}
+/// How the ranks' losses make the global one: means of equal batches are averaged, packed shares summed.
+inline fsdp::reduce_op loss_reduction(bool packed) { return packed ? fsdp::reduce_op::sum : fsdp::reduce_op::avg; }
+
 inline packed_tokens to_tokens(const fsdp::data::rank_batch& b, int T) {
   packed_tokens p;
   for (const fsdp::data::packed_row& r : b.rows) {

@@ -164,9 +164,11 @@ inline void sequence(const data_options& d, const std::vector<int>& perm, int co
 
 /// Documents of varied lengths for sequence packing (fsdp::data), a pure function of (seed, index) like the
 /// sequences: lengths lognormal with median context / 4 and sigma 1 (one in 12 is longer than the context and is
-/// split by the packer), at least 1 and at most 4 * context; the tokens follow the same chain as sequence()'s.
+/// split by the packer), at least 1 and at most 4 * context; the tokens follow the same chain as sequence()'s,
+/// from samples apart from sequence()'s.
+inline std::uint64_t document_sample(std::uint64_t index) { return 0x444f43ULL << 40 ^ index; }
 inline int document_length(const data_options& d, int context, std::uint64_t index) {
-  const std::uint64_t sample = 0x444f43ULL << 40 ^ index;  // apart from sequence()'s samples
+  const std::uint64_t sample = document_sample(index);
   const double u1 = std::max(detail::uniform(d.seed, sample, 0x4c454e31), 1e-300),
                u2 = detail::uniform(d.seed, sample, 0x4c454e32);
   const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2);
@@ -177,7 +179,7 @@ inline std::vector<int> document(const data_options& d, const std::vector<int>& 
                                  std::uint64_t index) {
   const int n = document_length(d, context, index);
   std::vector<int> tokens(static_cast<std::size_t>(n));
-  sequence(d, perm, n - 1, 0x444f43ULL << 40 ^ index, tokens.data());
+  sequence(d, perm, n - 1, document_sample(index), tokens.data());
   return tokens;
 }
 

@@ -93,9 +93,7 @@ class trainer {
         mm_(std::make_unique<gemm>(kind, cs_->get())) {}
 
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
-    positions_.resize(inputs.size());
-    for (std::size_t n = 0; n < positions_.size(); ++n) positions_[n] = static_cast<int>(n % s_.context);
-    upload(inputs, targets, positions_);
+    upload(inputs, targets, gpt::row_positions(inputs.size(), s_.context));
     packed_ = false;
     denominator_ = static_cast<double>(N_);
   }
@@ -109,8 +107,7 @@ class trainer {
     to_device(starts_d_, starts_);
     to_device(mask_d_, mask_);
     packed_ = true;
-    // A step with no target at all (1-token documents only) has a loss of 0 and no gradient.
-    denominator_ = static_cast<double>(std::max<std::int64_t>(1, p.step_loss_tokens));
+    denominator_ = gpt::loss_denominator(p);
   }
 
   template <class Unit>
@@ -229,8 +226,7 @@ class trainer {
   /// The mean loss over every rank's tokens: an all-reduce of the ranks' means (packed: of their shares, summed) on
   /// the compute stream.
   float global_loss(ModelT& model) {
-    const fsdp::reduce_op op = packed_ ? fsdp::reduce_op::sum : fsdp::reduce_op::avg;
-    model.comm().all_reduce(loss_.data(), loss_.data(), 1, fsdp::dtype::f32, op, *cs_);
+    model.comm().all_reduce(loss_.data(), loss_.data(), 1, fsdp::dtype::f32, gpt::loss_reduction(packed_), *cs_);
     float loss = 0;
     be_->synchronize(*cs_);  // the watched wait first: a copy into pageable memory blocks until the stream drains
     be_->download(&loss, loss_.data(), sizeof(float), *cs_);
