@@ -45,6 +45,9 @@ struct result {
   fsdp::memory_stats exported;                       ///< and after gather_full_params (its buffer comes and goes)
   fsdp::memory_figures planned;                      ///< the planner's peaks for this rank
   fsdp::memory_figures planned_between;              ///< what the planner says stays between steps
+  fsdp::memory_stats host_memory;                    ///< the host domain's accounting (offloaded buffers)
+  fsdp::memory_figures planned_host;                 ///< the planner's host peaks
+  fsdp::plan::link_bytes planned_link;               ///< what the planner says a step moves over the host link
   double seconds = 0;
   /// Collectives of this rank's shard group and (hybrid sharding) replicate group, before gather_full_params.
   fsdp::collective_stats shard_group, replicate_group;
@@ -223,11 +226,14 @@ result train(typename Policy::communicator& comm, const config& c) {
     const fsdp::memory_plan plan = model.plan_memory(opt);
     r.planned = plan.peak;
     r.planned_between = plan.between_steps;
+    r.planned_host = plan.host_peak;
+    r.planned_link = plan.link;
     const auto t0 = std::chrono::steady_clock::now();
     run_steps(model, opt, c, 0, c.steps, r);
     model.synchronize();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.memory = model.memory();
+    r.host_memory = model.host_memory();
     r.shard_group = model.shard_comm().stats();
     if (auto* rc = model.replicate_comm()) r.replicate_group = rc->stats();
     r.params = model.gather_full_params();

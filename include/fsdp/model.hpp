@@ -20,6 +20,7 @@
 // per optimizer step, whatever the recorder.
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -60,6 +61,7 @@ class Model {
   using strategy = typename Policy::sharding;
   using prefetch = typename Policy::prefetch;
   using precision = typename Policy::precision;
+  using offload_policy = typename Policy::offload;
   using compute_type = typename precision::compute_type;
   using communicator = typename Policy::communicator;
   using backend_type = typename Policy::backend_type;
@@ -79,20 +81,23 @@ class Model {
         units_(build_units(spec_, wrap, mesh_.shards, opt_.layout)),
         cursor_(units_.index, opt_.forward_order, opt_.record_order),
         sched_(units_.index, sched::build_config(units_.index, facts_of<strategy>(comm.size()),
-                                                 facts_of_prefetch<prefetch>(), facts_of_precision<precision>(), opt_)),
+                                                 facts_of_prefetch<prefetch>(), facts_of_precision<precision>(), opt_,
+                                                 offload_of())),
         exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
-              plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation),
+              plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation,
+                                    offload_of()),
               exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
               opt_.check_collectives) {
     // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
     agree::require_agreement(comm, backend(),
                              model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(),
                                                facts_of<strategy>(comm.size()), facts_of_prefetch<prefetch>(),
-                                               facts_of_precision<precision>(), opt_),
+                                               facts_of_precision<precision>(), opt_, offload_of()),
                              "the model",
                              "Every rank must construct its Model from the same ModelSpec, wrapping policy, "
                              "fsdp::policy, default init rule and model_options");
     backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
+    if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
     if (mesh_.hybrid()) make_groups();
     if (opt_.gather_slots > 0)  // a slot count too small for the policy fails here, before any memory is touched
       if (const memory_plan p = plan_memory(0); !p.feasible())
@@ -146,6 +151,11 @@ class Model {
   communicator& comm() noexcept { return *comm_; }
   backend_type& backend() noexcept { return exec_.backend(); }
   memory_stats memory() const { return exec_.backend().memory().stats(); }
+  /// The host memory domain's figures: offloaded buffers (fsdp/offload/offload.hpp); zero without offload.
+  memory_stats host_memory() const {
+    if constexpr (OffloadBackend<backend_type>) return exec_.backend().host_memory().stats();
+    else return {};
+  }
   /// Ranks a unit is sharded over, and replicated over (their product is the world).
   int shard_group_size() const noexcept { return mesh_.shards; }
   int replicate_group_size() const noexcept { return mesh_.replicas; }
@@ -158,6 +168,7 @@ class Model {
   communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
   const model_options& options() const noexcept { return opt_; }
   static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
+  static constexpr offload_facts offload_of() noexcept { return facts_of_offload<offload_policy>(); }
   /// Steps begun so far: a forward pass after an optimizer step (or the first one) begins the next.
   std::uint64_t step_count() const noexcept { return sched_.step(); }
   std::vector<FlatLayout> layouts() const { return exec_.layouts(); }
@@ -257,6 +268,15 @@ class Model {
     exec_.shards_written();
     stamp_.stamp(backend(), cs, trace::kind::optimizer_end, pass_kind::none, -1);
     sched_.after_step();
+  }
+
+  /// Inside step()'s update, with params, grads and optimizer state offloaded (offload_of().host_step()): runs
+  /// `fn` on the host when unit u's reduction has reached its host gradient shard and its master's last write is
+  /// done (in the download stream's order); u's next gather waits for `fn` alone, so the next forward overlaps the
+  /// updates of later units. The optimizers use it; `fn` must touch unit u's host shards and state only.
+  void host_update(std::size_t u, std::function<void()> fn) {
+    if (u >= size()) detail::fail_usage("host_update: unit index ", u, " is out of range: the model has ", size(), " units");
+    exec_.host_update(u, std::move(fn));
   }
 
   // ---- replacing the shards (checkpoint loads, weight imports) -------------------------------------------------

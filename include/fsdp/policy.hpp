@@ -1,9 +1,11 @@
 #pragma once
-// fsdp::policy composes the compile-time choices of a model: sharding strategy, prefetch, precision and the
-// communicator family. Arguments in the wrong place fail with a sentence, not a template backtrace.
+// fsdp::policy composes the compile-time choices of a model: sharding strategy, prefetch, precision, the
+// communicator family and offload. Arguments in the wrong place fail with a sentence, not a template backtrace.
 #include <type_traits>
 
+#include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/local.hpp"
+#include "fsdp/offload/offload.hpp"
 #include "fsdp/precision/precision.hpp"
 #include "fsdp/prefetch/prefetch.hpp"
 #include "fsdp/sharding/sharding.hpp"
@@ -11,7 +13,7 @@
 namespace fsdp {
 
 template <class Sharding, class Prefetch = prefetch::next, class Precision = precision::full,
-          class Comm = comm::local<>>
+          class Comm = comm::local<>, class Offload = offload::none>
 struct policy {
   static_assert(ShardingStrategy<Sharding>,
                 "fsdp::policy: the first argument must be a sharding strategy "
@@ -24,10 +26,18 @@ struct policy {
                 "fsdp::precision::mixed<Compute, float, Reduce>, with float, fsdp::bfloat16 or fsdp::float16; "
                 "master shards are always float)");
 
+  static_assert(OffloadPolicy<Offload>,
+                "fsdp::policy: the fifth argument must be an offload policy (fsdp::offload::none, or "
+                "fsdp::offload::cpu<parts> with fsdp::offload::params, grads and optimizer_state joined with |)");
+  static_assert(!Offload::facts.any() || OffloadBackend<typename Comm::backend_type>,
+                "fsdp::policy: this offload policy keeps buffers in host memory, but the communicator's backend has "
+                "no host memory domain or copy streams (it does not model fsdp::OffloadBackend)");
+
   using sharding = Sharding;
   using prefetch = Prefetch;
   using precision = Precision;
   using comm = Comm;
+  using offload = Offload;
   using communicator = typename Comm::communicator;
   using backend_type = typename Comm::backend_type;
 };

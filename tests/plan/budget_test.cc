@@ -146,3 +146,57 @@ TEST_CASE("the helper's plan is what a model with that policy measures") {
     CHECK(m.memory().peak == c->plan.peak);
   });
 }
+
+TEST_CASE("the cheapest offload configuration that fits a device budget, worked out by hand") {
+  // Eight units of one block at 4 ranks: shards of 256 elements (1024 B), fp32, AdamW (two states), depth d.
+  // Slots: (d + 1) gathered units of 4096 B, two gradient slots of 4096 B, one reduce output of 1024 B = 13 312 B
+  // at d = 0. Per option, the device peak at depth 0 and the bytes a step moves over the link:
+  //   none             params 8192 + grads 8192 + state 16 384 + slots                   = 46 080 B; link 0
+  //   grads            params 8192 + state 16 384 + slots                                = 37 888 B; a download of
+  //                    1024 B per reduction (8) + the device step reads the gradients: 8192 + 8192 = 16 384 B
+  //   optimizer_state  params 8192 + grads 8192 + slots                                  = 29 696 B; the device
+  //                    step reads and writes both states: 2 x 8 x 2048                   = 32 768 B
+  //   params           grads 8192 + state 16 384 + two upload slots 2048 + slots         = 39 936 B; an upload of
+  //                    1024 B per gather (16: full_shard gathers each unit in forward and in backward) + the
+  //                    device step reads and writes the master: 16 384 + 16 384          = 32 768 B
+  //   all three        two upload slots 2048 + slots                                     = 15 360 B; uploads
+  //                    16 384 + downloads 8192 (the optimizer steps on the host)         = 24 576 B
+  // Each further depth adds a 4096 B gather slot.
+  const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
+  const std::vector<fsdp::offload_facts> options = {
+      fsdp::offload::none::facts,
+      fsdp::offload::cpu<fsdp::offload::grads>::facts,
+      fsdp::offload::cpu<fsdp::offload::optimizer_state>::facts,
+      fsdp::offload::cpu<fsdp::offload::params>::facts,
+      fsdp::offload::all::facts,
+  };
+  const auto q = query();
+  struct expect {
+    std::int64_t budget;
+    std::size_t option;
+    int depth;
+    std::int64_t peak, link;
+  };
+  for (const expect& e : {expect{46080, 0, 0, 46080, 0},       // nothing offloaded fits
+                          expect{40000, 1, 0, 37888, 16384},   // grads: the fewest bytes of those that fit
+                          expect{30000, 4, 3, 27648, 24576},   // state (32 768 B) and all (24 576 B) fit
+                          expect{20000, 4, 1, 19456, 24576}}) {
+    CAPTURE(e.budget);
+    const auto c = fsdp::fit_device_budget({units}, options, q, e.budget);
+    REQUIRE(c);
+    CHECK(c->offload == e.option);
+    CHECK(c->depth == e.depth);
+    CHECK(c->plan.peak.total == e.peak);
+    CHECK(c->plan.link.total() == e.link);
+  }
+  CHECK(!fsdp::fit_device_budget({units}, options, q, 15359));  // all three at depth 0 needs 15 360 B
+  // A host budget too: all three keep 32 768 B of shards and state and two 1024 B download slots on the host.
+  const auto host_bound = fsdp::fit_device_budget({units}, options, q, 30000, 34815);
+  REQUIRE(host_bound);
+  CHECK(host_bound->offload == 2);  // optimizer state alone: 16 384 B on the host
+  CHECK(host_bound->plan.host_peak.total == 16384);
+  const auto all = fsdp::fit_device_budget({units}, {fsdp::offload::all::facts}, q, 30000);
+  REQUIRE(all);
+  CHECK(all->plan.host_peak.total == 34816);
+  CHECK(all->plan.host_peak[fsdp::mem::comm_buffers] == 2048);
+}

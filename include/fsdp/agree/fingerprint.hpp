@@ -27,6 +27,7 @@
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/model_options.hpp"
+#include "fsdp/offload/offload.hpp"
 #include "fsdp/precision/precision.hpp"
 #include "fsdp/prefetch/prefetch.hpp"
 #include "fsdp/sharding/sharding.hpp"
@@ -169,7 +170,8 @@ inline std::string describe(const std::map<std::string, std::vector<std::string>
 inline fingerprint model_fingerprint(const ModelSpec& spec, const init::rule& default_init,
                                      const std::vector<std::string>& unit_names, const std::vector<FlatLayout>& layouts,
                                      const strategy_facts& strategy, const prefetch_facts& prefetch,
-                                     const precision_facts& precision, const model_options& opt) {
+                                     const precision_facts& precision, const model_options& opt,
+                                     const offload_facts& offload = {}) {
   using namespace agree;
   fingerprint fp;
   const auto& params = spec.params();
@@ -199,6 +201,7 @@ inline fingerprint model_fingerprint(const ModelSpec& spec, const init::rule& de
   fp.add("the policy", "the precision",
          detail::cat("compute ", name_of(precision.compute), ", master ", name_of(precision.master), ", reduce ",
                      name_of(precision.reduce)));
+  fp.add("the policy", "the offload", describe(offload));
   fp.add("model_options", "layout.align", std::to_string(opt.layout.align));
   fp.add("model_options", "division", describe(opt.division));
   fp.add("model_options", "accumulation.micro_batches", std::to_string(opt.accumulation.micro_batches));

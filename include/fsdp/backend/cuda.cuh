@@ -127,6 +127,7 @@ class cuda {
         cat_ = o.cat_;
         tracker_ = std::exchange(o.tracker_, nullptr);
         home_ = std::exchange(o.home_, nullptr);
+        pinned_ = std::exchange(o.pinned_, false);
       }
       return *this;
     }
@@ -145,11 +146,15 @@ class cuda {
 
     void reset() noexcept {
       if (tracker_) tracker_->released(cat_, bytes_);
-      if (ptr_) FSDP_CUDA_LOG(cudaFreeAsync(ptr_, home_));
+      if (ptr_) {
+        if (pinned_) FSDP_CUDA_LOG(cudaFreeHost(ptr_));  // synchronous: host buffers live as long as the model
+        else FSDP_CUDA_LOG(cudaFreeAsync(ptr_, home_));
+      }
       ptr_ = nullptr;
       bytes_ = 0;
       tracker_ = nullptr;
       home_ = nullptr;
+      pinned_ = false;
     }
 
    private:
@@ -159,6 +164,7 @@ class cuda {
     mem cat_ = mem::comm_buffers;
     MemoryTracker* tracker_ = nullptr;
     cudaStream_t home_ = nullptr;  // the stream it was allocated on
+    bool pinned_ = false;          // pinned host memory (allocate_host), not the pool's
   };
 
   explicit cuda(int rank = 0, cuda_options opt = {})
@@ -166,6 +172,8 @@ class cuda {
         compute_("rank" + std::to_string(rank) + ".compute"),
         gather_("rank" + std::to_string(rank) + ".all_gather"),
         reduce_("rank" + std::to_string(rank) + ".reduce"),
+        upload_("rank" + std::to_string(rank) + ".upload"),
+        download_("rank" + std::to_string(rank) + ".download"),
         timer_("rank" + std::to_string(rank) + ".timer") {
     refuse_flushing_build();
   }
@@ -175,7 +183,7 @@ class cuda {
   /// see a dead peer). A stream that does not finish is logged and the backend's memory is left to the process:
   /// freeing it under running work would be worse than the leak.
   ~cuda() {
-    for (stream* s : {&compute_, &gather_, &reduce_}) {
+    for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_}) {
       try {
         wait_for(s->get(), detail::cat("stream '", s->name(), "' at backend::cuda teardown"), opt_.wait_timeout,
                  opt_.poll_interval, [&] { if (opt_.poll) opt_.poll(); }, [](const std::string&) {});
@@ -198,6 +206,10 @@ class cuda {
   stream& compute_stream() noexcept { return compute_; }
   stream& gather_stream() noexcept { return gather_; }
   stream& reduce_stream() noexcept { return reduce_; }
+  /// The copy streams of offloading (fsdp/offload/offload.hpp): host to device, and device to host (where the
+  /// host functions that work on offloaded buffers run too, in stream order).
+  stream& upload_stream() noexcept { return upload_; }
+  stream& download_stream() noexcept { return download_; }
 
   void record(event& e, stream& s) { FSDP_CUDA_CHECK(cudaEventRecord(e.get(), s.get())); }
   /// Later work on `s` waits for the last record of `e` made before this call (none: no wait).
@@ -347,9 +359,45 @@ class cuda {
     memory_.allocated(category, bytes);
     return b;
   }
-  /// Stream-ordered release: the accounting drops now, the memory returns to the pool once `s` reaches this point.
+  /// Pinned host memory for offloaded buffers (fsdp/offload/offload.hpp), accounted to `category` in
+  /// host_memory(): cudaHostAlloc, portable and mapped, so that copies are asynchronous and device kernels may read
+  /// it where the policy steps the optimizer on the device (unified addressing: the same pointer on both sides).
+  buffer allocate_host(std::int64_t bytes, mem category) {
+    if (bytes < 0)
+      fsdp::detail::fail_usage("backend::cuda::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
+    buffer b;
+    if (bytes > 0) {
+      const cudaError_t rc = cudaHostAlloc(&b.ptr_, static_cast<std::size_t>(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
+      if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        b.ptr_ = nullptr;
+        throw memory_error(detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
+                                       " bytes of pinned host memory for ", name_of(category), ": ",
+                                       cudaGetErrorName(rc), " (host memory held now: ",
+                                       host_memory_.stats().current.total, " bytes)"));
+      }
+      b.pinned_ = true;
+      void* on_device = nullptr;
+      FSDP_CUDA_CHECK(cudaHostGetDevicePointer(&on_device, b.ptr_, 0));
+      if (on_device != b.ptr_)
+        fsdp::detail::fail_usage("backend::cuda on device ", device_, ": pinned host memory has another address on the "
+                                 "device (no unified addressing); offloading needs unified addressing");
+    }
+    b.bytes_ = bytes;
+    b.cat_ = category;
+    b.tracker_ = &host_memory_;
+    host_memory_.allocated(category, bytes);
+    return b;
+  }
+  /// Stream-ordered release: the accounting drops now, the memory returns to the pool once `s` reaches this point
+  /// (pinned host memory: once `s` has drained, which blocks).
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
+    if (b.pinned_) {
+      FSDP_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+      b.reset();
+      return;
+    }
     if (b.tracker_) b.tracker_->released(b.cat_, b.bytes_);
     b.tracker_ = nullptr;
     if (b.ptr_) FSDP_CUDA_CHECK(cudaFreeAsync(b.ptr_, s.get()));
@@ -377,6 +425,9 @@ class cuda {
   std::int64_t pool_used_bytes() const { return pool_attr(cudaMemPoolAttrUsedMemCurrent); }
   MemoryTracker& memory() noexcept { return memory_; }
   const MemoryTracker& memory() const noexcept { return memory_; }
+  /// The host domain's tracker: what allocate_host() holds.
+  MemoryTracker& host_memory() noexcept { return host_memory_; }
+  const MemoryTracker& host_memory() const noexcept { return host_memory_; }
 
   // ---- copies -------------------------------------------------------------------------------------------------
   void fill_zero(void* dst, std::int64_t bytes, stream& s) {
@@ -386,15 +437,16 @@ class cuda {
     if (bytes > 0 && dst != src)
       FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, s.get()));
   }
-  /// Host memory in / out. Pageable host memory: the call returns once the source is consumed (upload) and the
-  /// destination is valid only after synchronize(s) (download).
+  /// Host memory in / out (cudaMemcpyDefault: either side may be pinned host memory of allocate_host). Pageable
+  /// host memory: the call returns once the source is consumed (upload) and the destination is valid only after
+  /// synchronize(s) (download); pinned: asynchronous both ways.
   void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) {
     if (bytes > 0)
-      FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice, s.get()));
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, s.get()));
   }
   void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) {
     if (bytes > 0)
-      FSDP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToHost, s.get()));
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, s.get()));
   }
 
   // ---- kernels (fsdp/cuda/kernels.cuh) ------------------------------------------------------------------------
@@ -508,6 +560,7 @@ class cuda {
   int device_;
   cudaMemPool_t pool_;
   MemoryTracker memory_;
+  MemoryTracker host_memory_;
   std::int64_t reserved_ = 0;
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
@@ -517,9 +570,12 @@ class cuda {
   stream compute_;
   stream gather_;
   stream reduce_;
+  stream upload_;
+  stream download_;
   stream timer_;  // nothing but timing references: idle whenever one is recorded
 };
 
 static_assert(Backend<cuda>, "backend::cuda must model fsdp::Backend (backend/concept.hpp)");
+static_assert(OffloadBackend<cuda>, "backend::cuda must model fsdp::OffloadBackend (backend/concept.hpp)");
 
 }  // namespace fsdp::backend

@@ -18,6 +18,7 @@
 #include "fsdp/backend/detail/work_queue.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/kernels/elementwise.hpp"
+#include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/optim/detail/update.hpp"
 
@@ -37,6 +38,11 @@ struct host_options {
   /// Delay injection: how long each library kernel ("accumulate", "sgd_step", "adamw_step") sleeps on its stream
   /// before it runs. Results must not change: tests use it to prove that every wait is in place.
   std::function<std::chrono::microseconds(std::string_view kernel)> kernel_delay;
+  /// Delay injection on the copy streams (upload: host to device, download: device to host; see
+  /// fsdp/offload/offload.hpp): how long each copy (`bytes` > 0) and each host function (`bytes` 0) issued on
+  /// `stream` ("upload" or "download") sleeps before it runs. Tests use it to prove every wait is in place; the
+  /// offload benchmark uses it as a modelled link (bytes / bandwidth + latency).
+  std::function<std::chrono::microseconds(std::string_view stream, std::int64_t bytes)> copy_delay;
 };
 
 class host {
@@ -124,7 +130,9 @@ class host {
         rank_(rank),
         compute_("rank" + std::to_string(rank) + ".compute", opt.threaded_compute),
         gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams),
-        reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams) {}
+        reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams),
+        upload_("rank" + std::to_string(rank) + ".upload", opt.threaded_streams),
+        download_("rank" + std::to_string(rank) + ".download", opt.threaded_streams) {}
   host(const host&) = delete;
   host& operator=(const host&) = delete;
 
@@ -132,6 +140,10 @@ class host {
   stream& compute_stream() noexcept { return compute_; }
   stream& gather_stream() noexcept { return gather_; }
   stream& reduce_stream() noexcept { return reduce_; }
+  /// The copy streams of offloading (fsdp/offload/offload.hpp): host to device, and device to host (where
+  /// host-side work on offloaded buffers runs too, in stream order).
+  stream& upload_stream() noexcept { return upload_; }
+  stream& download_stream() noexcept { return download_; }
 
   void record(event& e, stream& s) {
     e.frees_ = pool_.record(index_of(s));
@@ -160,7 +172,16 @@ class host {
   }
   /// Runs `fn` on the host when `s` reaches this point (cudaLaunchHostFunc on the CUDA backend). Skipped when
   /// the stream has failed.
-  void host_callback(stream& s, std::function<void()> fn) { s.submit(std::move(fn)); }
+  void host_callback(stream& s, std::function<void()> fn) {
+    const auto d = copy_delay(s, 0);
+    if (d.count() > 0)
+      s.submit([d, fn = std::move(fn)] {
+        std::this_thread::sleep_for(d);
+        fn();
+      });
+    else
+      s.submit(std::move(fn));
+  }
   /// Blocks the calling thread until all work submitted to `s` has run; rethrows its error.
   void synchronize(stream& s) { s.drain(opt_.wait_timeout); }
 
@@ -172,6 +193,19 @@ class host {
     buffer b = take(bytes, category);  // nothing is counted when it fails
     pool_.allocate(index_of(first_use), bytes);
     return b;
+  }
+  /// Host memory for offloaded buffers (fsdp/offload/offload.hpp), accounted to `category` in host_memory(), not
+  /// memory(); pinned on the CUDA backend. Ready at once; released like any buffer.
+  buffer allocate_host(std::int64_t bytes, mem category) {
+    if (bytes < 0)
+      detail::fail_usage("backend::host::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
+    try {
+      return buffer(bytes, category, &host_memory_, nullptr);
+    } catch (const std::bad_alloc&) {
+      throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes,
+                                     " bytes of host memory for ", name_of(category), " (std::bad_alloc; ",
+                                     host_memory_.stats().current.total, " bytes of host memory held now)"));
+    }
   }
   /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.
   void release_after(buffer&& b, stream& s) {
@@ -197,6 +231,9 @@ class host {
   host_detail::pool_model::figures pool() const { return pool_.stats(); }
   MemoryTracker& memory() noexcept { return memory_; }
   const MemoryTracker& memory() const noexcept { return memory_; }
+  /// The host domain's tracker: what allocate_host() holds.
+  MemoryTracker& host_memory() noexcept { return host_memory_; }
+  const MemoryTracker& host_memory() const noexcept { return host_memory_; }
 
   // ---- copies -------------------------------------------------------------------------------------------------
  private:
@@ -215,7 +252,11 @@ class host {
     if (bytes > 0) s.submit([=] { std::memset(dst, 0, static_cast<std::size_t>(bytes)); });
   }
   void copy(void* dst, const void* src, std::int64_t bytes, stream& s) {
-    if (bytes > 0 && dst != src) s.submit([=] { std::memcpy(dst, src, static_cast<std::size_t>(bytes)); });
+    if (bytes <= 0 || dst == src) return;
+    s.submit([=, d = copy_delay(s, bytes)] {
+      std::this_thread::sleep_for(d);
+      std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+    });
   }
   /// Host memory in, backend memory out (the same thing here; a transfer on the CUDA backend).
   void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) { copy(dst, host_src, bytes, s); }
@@ -228,15 +269,7 @@ class host {
   /// dst[i] = dst_type(float(src[i]) * scale): copy-in with cast, reduce-scatter input preparation.
   void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
     if (n <= 0) return;
-    s.submit([=] {
-      kernels::dispatch(dst_type, [&](auto d) {
-        kernels::dispatch(src_type, [&](auto t) {
-          auto* out = static_cast<f16::storage_t<d()>*>(dst);
-          const auto* in = static_cast<const f16::storage_t<t()>*>(src);
-          for (std::int64_t i = 0; i < n; ++i) out[i] = kernels::convert_one<d(), t()>(in[i], scale);
-        });
-      });
-    });
+    s.submit([=] { kernels::host_loops::convert(dst, dst_type, src, src_type, n, scale); });
   }
   /// dst[i] += float(src[i]) * scale: a reduction's result accumulated into an fp32 gradient shard (scale 1: a
   /// plain sum; else the post-division of grad_division::pre_post).
@@ -244,10 +277,7 @@ class host {
     if (n <= 0) return;
     s.submit([=, d = delay("accumulate")] {
       std::this_thread::sleep_for(d);
-      kernels::dispatch(src_type, [&](auto t) {
-        const auto* in = static_cast<const f16::storage_t<t()>*>(src);
-        for (std::int64_t i = 0; i < n; ++i) kernels::accumulate_one<t()>(dst[i], in[i], scale);
-      });
+      kernels::host_loops::accumulate(dst, src, src_type, n, scale);
     });
   }
   /// *out = sum of x[i]^2 (accumulated in double, rounded to float once).
@@ -264,8 +294,7 @@ class host {
     if (n > 0)
       s.submit([=, d = delay("sgd_step")] {
         std::this_thread::sleep_for(d);
-        for (std::int64_t i = 0; i < n; ++i)
-          optim::detail::sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c, mask.weight_decay(i, c.weight_decay));
+        kernels::host_loops::sgd_step(p, g, buf, n, c, mask);
       });
   }
   /// One AdamW step over n elements of a shard; elements in `mask` get no weight decay.
@@ -274,8 +303,7 @@ class host {
     if (n > 0)
       s.submit([=, d = delay("adamw_step")] {
         std::this_thread::sleep_for(d);
-        for (std::int64_t i = 0; i < n; ++i)
-          optim::detail::adamw_update(p[i], g[i], m[i], v[i], c, mask.weight_decay(i, c.weight_decay));
+        kernels::host_loops::adamw_step(p, g, m, v, n, c, mask);
       });
   }
 
@@ -284,21 +312,32 @@ class host {
     return opt_.kernel_delay ? opt_.kernel_delay(kernel) : std::chrono::microseconds{0};
   }
 
+  /// The copy-stream delay of work issued on `s` (0 on the other streams).
+  std::chrono::microseconds copy_delay(const stream& s, std::int64_t bytes) const {
+    if (!opt_.copy_delay || (&s != &upload_ && &s != &download_)) return std::chrono::microseconds{0};
+    return opt_.copy_delay(&s == &upload_ ? "upload" : "download", bytes);
+  }
+
   int index_of(const stream& s) const {
     if (&s == &compute_) return 0;
     if (&s == &gather_) return 1;
     if (&s == &reduce_) return 2;
+    if (&s == &upload_) return 3;
+    if (&s == &download_) return 4;
     detail::fail_usage("backend::host: stream '", s.name(), "' is not one of this backend's streams");
   }
 
   host_options opt_;
   int rank_;
   MemoryTracker memory_;
+  MemoryTracker host_memory_;
   host_detail::pool_model pool_;
   // Streams last: they are destroyed first, so deferred frees still find the tracker alive.
   stream compute_;
   stream gather_;
   stream reduce_;
+  stream upload_;
+  stream download_;
 };
 
 }  // namespace fsdp::backend

@@ -13,6 +13,20 @@
 
 namespace fsdp::exec {
 
+/// A buffer of cost `c` in its domain: device memory first used on `first_use`, or host memory (pinned on CUDA)
+/// on a backend that has it. The policy checks (Model) make sure a host-domain cost only reaches an OffloadBackend.
+template <Backend B>
+typename B::buffer allocate(B& be, const plan::buffer_cost& c, typename B::stream& first_use) {
+  if (c.where == domain::host) {
+    if constexpr (OffloadBackend<B>)
+      return be.allocate_host(c.bytes(), c.category);
+    else
+      detail::fail_usage("a buffer of ", name_of(c.category),
+                         " in host memory, on a backend without it (one that does not model fsdp::OffloadBackend)");
+  }
+  return be.allocate(c.bytes(), c.category, first_use);
+}
+
 template <Backend B>
 class slot_ring {
  public:
@@ -25,7 +39,7 @@ class slot_ring {
   int take(B& be, stream& s) {
     const sched::slot_ledger::pick p = ledger_.take();
     if (p.fresh) {
-      bufs_.push_back(be.allocate(each_.bytes(), each_.category, s));
+      bufs_.push_back(allocate(be, each_, s));
       given_back_.emplace_back();
     } else {
       be.wait(s, given_back_[static_cast<std::size_t>(p.slot)]);

@@ -25,10 +25,24 @@
 //                   then every slot is given back (and the accumulator freed) on the reduce stream. Records
 //                   "reduced".
 //
+// Offloading (fsdp/offload/offload.hpp; backends that model OffloadBackend):
+//   params          gather(u) first copies the host master shard into an upload slot (device) on the upload
+//                   stream, after u's "shard ready", and records "uploaded"; the gather stream waits for it, casts
+//                   and gathers from the slot and gives the slot back
+//   grads           reduce(u) records "collected" on the reduce stream after the collective; the download stream
+//                   waits for it, copies the result into a host download slot, gives the reduce slots back, waits
+//                   for u's "shard ready" (the last step's reads of the gradient shard) and adds the slot into the
+//                   host gradient shard on the host (a host function), then records "reduced" there
+//   host_update(u)  the host optimizer step of unit u: a host function on the download stream, after u's
+//                   reduction and the master's last write; u's "shard ready" is recorded after it, so u's next
+//                   gather waits for u's update alone
+//
 // The issue of each gather and reduction is a profiler range ("all_gather layers.3", "reduce_scatter layers.3"),
 // on a backend with the hook (fsdp/observe/ranges.hpp); the trace stamps go through the model's stamper.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string>
@@ -43,6 +57,7 @@
 #include "fsdp/core/text.hpp"
 #include "fsdp/exec/slot_ring.hpp"
 #include "fsdp/init/init.hpp"
+#include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/model_options.hpp"
 #include "fsdp/observe/ranges.hpp"
@@ -104,6 +119,9 @@ class unit_executor {
     grad_ring_ = slot_ring<B>(slots.grad, grad_slots);
     in_ring_ = slot_ring<B>(slots.reduce_input, 1);
     out_ring_ = slot_ring<B>(slots.reduce_output, 1);
+    upload_ring_ = slot_ring<B>(slots.upload, plan::offload_slots);
+    download_ring_ = slot_ring<B>(slots.download, plan::offload_slots);
+    written_on_host_.assign(layouts_.size(), false);
   }
   unit_executor(const unit_executor&) = delete;
   unit_executor& operator=(const unit_executor&) = delete;
@@ -153,8 +171,8 @@ class unit_executor {
     stream& cs = be_->compute_stream();
     std::vector<float> staging;  // master dtype: f32
     allocating(u, "the master and gradient shards", [&] {
-      b.master = be_->allocate(c.master.bytes(), c.master.category, cs);
-      b.grad_shard = be_->allocate(c.grad_shard.bytes(), c.grad_shard.category, cs);
+      b.master = allocate(*be_, c.master, cs);
+      b.grad_shard = allocate(*be_, c.grad_shard, cs);
       try {
         staging.assign(static_cast<std::size_t>(c.shard_numel), 0.0f);
       } catch (const std::bad_alloc&) {
@@ -168,9 +186,15 @@ class unit_executor {
       init::fill(p.init ? *p.init : default_init, v.name, static_cast<std::uint64_t>(v.begin),
                  static_cast<std::size_t>(v.local_numel()), staging.data() + v.shard_offset);
     }
-    be_->upload(b.master.data(), staging.data(), c.master.bytes(), cs);
+    if (c.master.where == domain::host)  // host memory, new: nothing else uses it yet
+      std::memcpy(b.master.data(), staging.data(), static_cast<std::size_t>(c.master.bytes()));
+    else
+      be_->upload(b.master.data(), staging.data(), c.master.bytes(), cs);
     be_->record(b.shard_ready, cs);
-    be_->fill_zero(b.grad_shard.data(), c.grad_shard.bytes(), cs);
+    if (c.grad_shard.where == domain::host)
+      std::memset(b.grad_shard.data(), 0, static_cast<std::size_t>(c.grad_shard.bytes()));
+    else
+      be_->fill_zero(b.grad_shard.data(), c.grad_shard.bytes(), cs);
     be_->synchronize(cs);  // staging goes out of scope
     if (master_serves) b.params = b.master.data();
   }
@@ -179,17 +203,44 @@ class unit_executor {
   void wait_reductions() {
     for (auto& b : bufs_) be_->wait(be_->compute_stream(), b.reduced);
   }
-  /// The optimizer wrote every master shard on the compute stream: later gathers wait for this point only.
+  /// The optimizer wrote every master shard on the compute stream (those host_update() wrote on the host:
+  /// there): later gathers wait for this point only.
   void shards_written() {
-    for (auto& b : bufs_) be_->record(b.shard_ready, be_->compute_stream());
+    for (std::size_t u = 0; u < bufs_.size(); ++u) {
+      if (!written_on_host_[u]) be_->record(bufs_[u].shard_ready, be_->compute_stream());
+      written_on_host_[u] = false;
+    }
+  }
+  /// Offloaded params, grads and optimizer state: `fn` updates unit u's host shards on the host, in the download
+  /// stream's order after u's reduction and the master's last write; u's next gather waits for it alone.
+  void host_update(std::size_t u, std::function<void()> fn) {
+    if (!(facts_.offload.host_step()))
+      detail::fail_usage("a host optimizer update of unit '", units_->name(u),
+                         "', but the policy does not offload params, grads and optimizer_state together");
+    stream& dl = download_stream();
+    be_->wait(dl, bufs_[u].shard_ready);
+    be_->wait(dl, bufs_[u].reduced);
+    be_->host_callback(dl, std::move(fn));
+    be_->record(bufs_[u].shard_ready, dl);
+    written_on_host_[u] = true;
   }
   /// Every gradient shard set to zero once its pending reduction is done; no-sync accumulators (last written on
   /// the compute stream) freed.
   void zero_grads() {
     stream& cs = be_->compute_stream();
     for (std::size_t u = 0; u < bufs_.size(); ++u) {
-      be_->wait(cs, bufs_[u].reduced);
-      be_->fill_zero(bufs_[u].grad_shard.data(), cost_[u].grad_shard.bytes(), cs);
+      if (cost_[u].grad_shard.where == domain::host) {  // on the host, after the reduction and the step's reads
+        stream& dl = download_stream();
+        be_->wait(dl, bufs_[u].reduced);
+        be_->wait(dl, bufs_[u].shard_ready);
+        be_->host_callback(dl, [p = bufs_[u].grad_shard.data(), n = cost_[u].grad_shard.bytes()] {
+          std::memset(p, 0, static_cast<std::size_t>(n));
+        });
+        be_->record(bufs_[u].reduced, dl);  // later readers of the shard (a step) wait for the zeroes
+      } else {
+        be_->wait(cs, bufs_[u].reduced);
+        be_->fill_zero(bufs_[u].grad_shard.data(), cost_[u].grad_shard.bytes(), cs);
+      }
       be_->release_after(std::move(bufs_[u].accumulator), cs);
     }
   }
@@ -205,7 +256,13 @@ class unit_executor {
     label(u);
     if (facts_.shards_params) {
       check_next(collective::all_gather, c.shard_numel, c.master.type, u);
-      comm_->all_gather(bufs_[u].master.data(), tmp.data(), c.shard_numel, c.master.type, ag);
+      const void* from = bufs_[u].master.data();
+      if (c.master.where == domain::host) {  // collectives read device memory: the shard into this rank's slice first
+        void* slice = static_cast<char*>(tmp.data()) + static_cast<std::size_t>(shard_rank_) * c.master.bytes();
+        be_->copy(slice, from, c.master.bytes(), ag);
+        from = slice;
+      }
+      comm_->all_gather(from, tmp.data(), c.shard_numel, c.master.type, ag);
     } else {
       be_->copy(tmp.data(), bufs_[u].master.data(), full.bytes(), ag);
     }
@@ -216,14 +273,21 @@ class unit_executor {
   }
 
   void synchronize() {
+    if constexpr (OffloadBackend<B>) be_->synchronize(be_->upload_stream());
     be_->synchronize(be_->gather_stream());
     be_->synchronize(be_->reduce_stream());
+    if constexpr (OffloadBackend<B>) be_->synchronize(be_->download_stream());
     be_->synchronize(be_->compute_stream());
   }
   /// synchronize() without throwing (destructors).
   void synchronize_quietly() noexcept {
     if (!be_) return;
-    for (stream* s : {&be_->compute_stream(), &be_->gather_stream(), &be_->reduce_stream()}) {
+    std::vector<stream*> all{&be_->compute_stream(), &be_->gather_stream(), &be_->reduce_stream()};
+    if constexpr (OffloadBackend<B>) {
+      all.push_back(&be_->upload_stream());
+      all.push_back(&be_->download_stream());
+    }
+    for (stream* s : all) {
       try {
         be_->synchronize(*s);
       } catch (...) {
@@ -239,7 +303,19 @@ class unit_executor {
     const int unit = static_cast<int>(u);
     const typename trace::ranges<B>::scope range(ranges_, *be_, trace::range_kind::all_gather, unit);
     stamp_->note(trace::kind::gather_issued, pass, unit, c.gather_bytes(), ahead);
-    be_->wait(ag, b.shard_ready);  // the last write of the master shard (initialisation or optimizer step)
+    const void* master_shard = b.master.data();  // what the gather reads: the master, or its upload
+    int up = -1;
+    if (c.upload) {  // offloaded params: the host master shard to the device first, on the upload stream
+      stream& us = upload_stream();
+      be_->wait(us, b.shard_ready);
+      up = take_slot(upload_ring_, u, "the upload slot", us);
+      be_->upload(upload_ring_.data(up), b.master.data(), c.upload.bytes(), us);
+      be_->record(b.uploaded, us);
+      be_->wait(ag, b.uploaded);
+      master_shard = upload_ring_.data(up);
+    } else {
+      be_->wait(ag, b.shard_ready);  // the last write of the master shard (initialisation or optimizer step)
+    }
     b.gather_slot = take_slot(gather_ring_, u, "the gather slot", ag);  // waits until its last reader has released it
     b.params = gather_ring_.data(b.gather_slot);
     stamp_->stamp(*be_, ag, trace::kind::gather_begin, pass, unit, c.gather_bytes());
@@ -248,16 +324,17 @@ class unit_executor {
     if (facts_.shards_params) {
       check_next(collective::all_gather, c.shard_numel, compute, u);
       if (compute == master) {
-        comm_->all_gather(b.master.data(), b.params, c.shard_numel, compute, ag);
+        comm_->all_gather(master_shard, b.params, c.shard_numel, compute, ag);
       } else {  // cast into this rank's slice, then gather in place
         void* slice = static_cast<char*>(b.params) +
                       static_cast<std::size_t>(shard_rank_) * static_cast<std::size_t>(c.shard_numel) * size_of(compute);
-        be_->convert(slice, compute, b.master.data(), master, c.shard_numel, 1.0f, ag);
+        be_->convert(slice, compute, master_shard, master, c.shard_numel, 1.0f, ag);
         comm_->all_gather(slice, b.params, c.shard_numel, compute, ag);
       }
     } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
-      be_->convert(b.params, compute, b.master.data(), master, c.shard_numel, 1.0f, ag);
+      be_->convert(b.params, compute, master_shard, master, c.shard_numel, 1.0f, ag);
     }
+    if (up >= 0) upload_ring_.give(*be_, up, ag);
     stamp_->stamp(*be_, ag, trace::kind::gather_end, pass, unit, c.gather_bytes());
     be_->record(b.gathered_ev, ag);
   }
@@ -338,6 +415,8 @@ class unit_executor {
     }
     float* shard = b.grad_shard.template as<float>();
     check_next(kind, facts_.shards_params ? c.shard_numel : c.padded_numel, reduce, u);
+    const void* result = src;  // the reduced values to add into the gradient shard
+    const std::int64_t count = facts_.shards_params ? c.shard_numel : c.padded_numel;
     if (facts_.shards_params) {
       out = take_slot(out_ring_, u, "the reduce output slot", rs);
       comm_->reduce_scatter(src, out_ring_.data(out), c.shard_numel, reduce, reduce_.op, rs);
@@ -345,18 +424,49 @@ class unit_executor {
         check_next(collective::all_reduce, c.shard_numel, reduce, u);
         replicas_->all_reduce(out_ring_.data(out), out_ring_.data(out), c.shard_numel, reduce, reduce_.op, rs);
       }
-      be_->accumulate(shard, out_ring_.data(out), reduce, c.shard_numel, reduce_.postscale, rs);
+      result = out_ring_.data(out);
     } else {
       comm_->all_reduce(src, src, c.padded_numel, reduce, reduce_.op, rs);
-      be_->accumulate(shard, src, reduce, c.padded_numel, reduce_.postscale, rs);
     }
-    stamp_->stamp(*be_, rs, trace::kind::reduce_end, pass, unit, c.reduce_bytes(), kind);
-    // given back in the order fsdp/plan/memory_plan.hpp counts: output, input, then the gradient or the accumulator
-    if (out >= 0) out_ring_.give(*be_, out, rs);
-    if (in >= 0) in_ring_.give(*be_, in, rs);
-    if (accumulated) be_->release_after(std::move(b.accumulator), rs);
-    else give_grad(u, rs);
-    be_->record(b.reduced, rs);
+    int down = -1;
+    stream* gives = &rs;  // where the reduction's slots are given back: the stream that read them last
+    if (c.download) {  // offloaded grads: the result to the host, added into the host shard there
+      stamp_->stamp(*be_, rs, trace::kind::reduce_end, pass, unit, c.reduce_bytes(), kind);
+      be_->record(b.collected, rs);
+      stream& dl = download_stream();
+      be_->wait(dl, b.collected);
+      down = take_slot(download_ring_, u, "the download slot", dl);
+      be_->download(download_ring_.data(down), result, c.download.bytes(), dl);
+      gives = &dl;
+    } else {
+      be_->accumulate(shard, result, reduce, count, reduce_.postscale, rs);
+      stamp_->stamp(*be_, rs, trace::kind::reduce_end, pass, unit, c.reduce_bytes(), kind);
+    }
+    // given back in the order fsdp/plan/memory_plan.hpp counts: output, input, then the gradient or the
+    // accumulator, then the download slot
+    if (out >= 0) out_ring_.give(*be_, out, *gives);
+    if (in >= 0) in_ring_.give(*be_, in, *gives);
+    if (accumulated) be_->release_after(std::move(b.accumulator), *gives);
+    else give_grad(u, *gives);
+    if (down >= 0) {
+      stream& dl = *gives;
+      be_->wait(dl, b.shard_ready);  // the last step read the gradient shard (a device step, on compute)
+      be_->host_callback(dl, [shard, from = download_ring_.data(down), reduce, count, post = reduce_.postscale] {
+        kernels::host_loops::accumulate(shard, from, reduce, count, post);
+      });
+      download_ring_.give(*be_, down, dl);
+    }
+    be_->record(b.reduced, *gives);
+  }
+
+  /// The copy streams: offloading only, which Model allows only on an OffloadBackend.
+  stream& upload_stream() {
+    if constexpr (OffloadBackend<B>) return be_->upload_stream();
+    else detail::fail_usage("an upload on a backend without copy streams (it does not model fsdp::OffloadBackend)");
+  }
+  stream& download_stream() {
+    if constexpr (OffloadBackend<B>) return be_->download_stream();
+    else detail::fail_usage("a download on a backend without copy streams (it does not model fsdp::OffloadBackend)");
   }
 
   /// Runs fn(); memory that cannot be had inside it (a memory_error from the backend) is reported again naming
@@ -418,7 +528,9 @@ class unit_executor {
   trace::ranges<B> ranges_;
   std::vector<plan::unit_costs> cost_;
   std::vector<unit_buffers<B>> bufs_;
-  slot_ring<B> gather_ring_, grad_ring_, in_ring_, out_ring_;  // destroyed first: their memory goes before the backend
+  slot_ring<B> gather_ring_, grad_ring_, in_ring_, out_ring_, upload_ring_,
+      download_ring_;  // destroyed first: their memory goes before the backend
+  std::vector<bool> written_on_host_;  // per unit: host_update() recorded its "shard ready" in this step
   bool check_ = false;
   std::uint64_t checked_ = 0;  // collectives compared so far (check_collectives)
 };

@@ -20,6 +20,12 @@ enum class mem : std::uint8_t {
 };
 inline constexpr std::size_t mem_categories = 5;
 
+/// Where a buffer lives: the backend's device memory, or (pinned) host memory (fsdp/offload/offload.hpp). Each
+/// domain has its own tracker and its own plan.
+enum class domain : std::uint8_t { device, host };
+
+constexpr std::string_view name_of(domain d) noexcept { return d == domain::host ? "host" : "device"; }
+
 constexpr std::string_view name_of(mem c) noexcept {
   switch (c) {
     case mem::sharded_params: return "sharded params";

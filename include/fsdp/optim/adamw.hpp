@@ -34,15 +34,15 @@ class adamw : public detail::shard_optimizer<ModelT> {
   void set_lr(float lr) noexcept { opt_.lr = lr; }
   /// One step over every local shard (see detail/shard_optimizer.hpp); returns what it did with the gradients.
   grad::report step() {
-    auto& be = this->model_.backend();
     const long t = this->steps() + 1;
     const float bc1 = detail::adamw_bias_correction(opt_.beta1, t), bc2 = detail::adamw_bias_correction(opt_.beta2, t);
-    const grad::report r = this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale) {
-      const detail::adamw_coeffs c{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, bc1, bc2, grad_scale};
-      const auto off = piece.offset;
-      be.adamw_step(unit.master_shard() + off, unit.grad_shard() + off, this->state(unit.index(), 0) + off,
-                    this->state(unit.index(), 1) + off, piece.numel, c, piece.mask, be.compute_stream());
-    });
+    const grad::report r =
+        this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale, auto& site) {
+          const detail::adamw_coeffs c{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, bc1, bc2, grad_scale};
+          const auto off = piece.offset;
+          site.adamw_step(unit.master_shard() + off, unit.grad_shard() + off, this->state(unit.index(), 0) + off,
+                          this->state(unit.index(), 1) + off, piece.numel, c, piece.mask);
+        });
     return r;
   }
 

@@ -34,12 +34,10 @@ class sgd : public detail::shard_optimizer<ModelT> {
 
   /// One step over every local shard (see detail/shard_optimizer.hpp); returns what it did with the gradients.
   grad::report step() {
-    auto& be = this->model_.backend();
-    return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale) {
+    return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale, auto& site) {
       const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay, grad_scale};
       float* buf = this->states_per_element() ? this->state(unit.index(), 0) + piece.offset : nullptr;
-      be.sgd_step(unit.master_shard() + piece.offset, unit.grad_shard() + piece.offset, buf, piece.numel, c, piece.mask,
-                  be.compute_stream());
+      site.sgd_step(unit.master_shard() + piece.offset, unit.grad_shard() + piece.offset, buf, piece.numel, c, piece.mask);
     });
   }
 

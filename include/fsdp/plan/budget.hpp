@@ -1,8 +1,10 @@
 #pragma once
 // Fitting a memory budget before anything is allocated: the largest prefetch depth, and the preferred unit
-// grouping, whose planned peak (all categories at once, per rank) stays within a budget. Built on the memory
-// planner, so the answer holds for the scheduler as it runs.
+// grouping, whose planned peak (all categories at once, per rank) stays within a budget; and, with offloading
+// (fsdp/offload/offload.hpp), the configuration that fits a device budget while moving the fewest bytes over the
+// host link. Built on the memory planner, so the answer holds for the scheduler as it runs.
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,6 +55,7 @@ struct budget_query {
   depth_axis axis = depth_axis::both;
   accumulation_options accumulation{};
   int norm_rows = 0;  ///< the optimizer's gradient inspection rows (0: none)
+  offload_facts offload{};  ///< what lives in host memory (fit_device_budget varies it)
 };
 
 struct budget_choice {
@@ -72,8 +75,8 @@ inline memory_plan plan_at(const planned_units& u, const budget_query& q, int de
   opt.grad_slots = q.grad_slots;
   opt.accumulation = q.accumulation;
   memory_plan_inputs in;
-  in.schedule = sched::build_config(unit_index(u.names), q.strategy, pf, q.precision, opt);
-  in.costs = plan::make_cost_facts(q.precision, q.strategy.shards_params, q.accumulation);
+  in.schedule = sched::build_config(unit_index(u.names), q.strategy, pf, q.precision, opt, q.offload);
+  in.costs = plan::make_cost_facts(q.precision, q.strategy.shards_params, q.accumulation, q.offload);
   in.optimizer_states = q.optimizer_states;
   in.norm_rows = q.norm_rows;
   return plan_memory(u.names, u.layouts, in);
@@ -104,6 +107,36 @@ inline std::optional<budget_choice> fit_memory_budget(const std::vector<planned_
       return c;
     }
   return std::nullopt;
+}
+
+/// fit_device_budget's answer: the grouping, the offload option, the prefetch depth and their plan (device and host
+/// peaks, bytes a step moves over the link).
+struct offload_choice {
+  std::size_t candidate = 0;  ///< index into the groupings given
+  std::size_t offload = 0;    ///< index into the offload options given
+  int depth = 0;
+  memory_plan plan;
+};
+
+/// The cheapest configuration that fits: over every grouping and offload option given (q.offload is ignored), at
+/// the largest prefetch depth whose device peak is at most `device_budget` and whose host peak is at most
+/// `host_budget`, the one whose step moves the fewest bytes over the host link; ties go to the earlier grouping,
+/// then the earlier offload option (list the preferred first). nullopt when nothing fits.
+inline std::optional<offload_choice> fit_device_budget(const std::vector<planned_units>& candidates,
+                                                       const std::vector<offload_facts>& options, budget_query q,
+                                                       std::int64_t device_budget,
+                                                       std::int64_t host_budget = std::numeric_limits<std::int64_t>::max()) {
+  if (options.empty()) detail::fail_usage("fit_device_budget: no offload options to choose from (list offload::none's facts too)");
+  std::optional<offload_choice> best;
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    for (std::size_t o = 0; o < options.size(); ++o) {
+      q.offload = options[o];
+      auto c = largest_prefetch_depth(candidates[i], q, device_budget);
+      if (!c || c->plan.host_peak.total > host_budget) continue;
+      if (!best || c->plan.link.total() < best->plan.link.total())
+        best = offload_choice{i, o, c->depth, std::move(c->plan)};
+    }
+  return best;
 }
 
 }  // namespace fsdp

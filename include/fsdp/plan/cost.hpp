@@ -18,6 +18,15 @@
 //                                                         is reduced, scaled in place if it must be)
 //   reduce output   comm buffers      reduce    S         during a reduce-scatter; none for an all-reduce (in place)
 //
+// Offloading (fsdp/offload/offload.hpp) moves buffers to the host domain and adds two:
+//
+//   master          host when params are offloaded; grad shard: host when grads are; optimizer state: host when it is
+//   upload          sharded params    f32       S         params offloaded: the master shard's device copy, from
+//                   (device)                              its upload to the end of its gather (a gather always
+//                                                         happens then, no_shard in fp32 too)
+//   download        comm buffers      reduce    S (P for  grads offloaded: a reduced gradient on the host, from its
+//                   (host)                      all-reduce) copy to its addition into the host gradient shard
+//
 // A reduction allocates its input, then its output, and frees them in reverse order before it frees the grad and
 // the accumulator (fsdp/exec/unit_executor.hpp, reduce(); fsdp/plan/memory_plan.hpp counts the same sequence).
 //
@@ -31,6 +40,7 @@
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/model_options.hpp"
+#include "fsdp/offload/offload.hpp"
 #include "fsdp/precision/precision.hpp"
 
 namespace fsdp::plan {
@@ -40,6 +50,7 @@ struct buffer_cost {
   mem category = mem::comm_buffers;
   dtype type = dtype::f32;
   std::int64_t numel = 0;  ///< 0: the buffer does not exist under these facts
+  domain where = domain::device;
   std::int64_t bytes() const noexcept { return numel * static_cast<std::int64_t>(size_of(type)); }
   explicit operator bool() const noexcept { return numel > 0; }
 };
@@ -49,25 +60,27 @@ struct cost_facts {
   precision_facts precision{};
   bool shards_params = true;        ///< reduce-scatter into shards (else all-reduce of replicas)
   bool accumulates_locally = false; ///< no-sync over more than one micro-batch: gradients wait in an fp32 accumulator
+  offload_facts offload{};          ///< which persistent buffers live in host memory
 };
 
-/// Units are gathered before use and released after when their parameters are sharded, or when compute reads a
-/// cast copy (a compute dtype other than the master's); otherwise the fp32 master itself serves compute (no_shard
-/// in fp32). The scheduler's configuration and the costs below both ask this.
-inline bool units_gather(bool shards_params, const precision_facts& p) noexcept {
-  return shards_params || p.compute != p.master;
+/// Units are gathered before use and released after when their parameters are sharded, when compute reads a
+/// cast copy (a compute dtype other than the master's), or when the master lives on the host (offloaded params);
+/// otherwise the fp32 master itself serves compute (no_shard in fp32). The scheduler's configuration and the
+/// costs below both ask this.
+inline bool units_gather(bool shards_params, const precision_facts& p, const offload_facts& o = {}) noexcept {
+  return shards_params || p.compute != p.master || o.params;
 }
 
-/// The facts of a model with this precision, sharding and accumulation.
+/// The facts of a model with this precision, sharding, accumulation and offload.
 inline cost_facts make_cost_facts(const precision_facts& precision, bool shards_params,
-                                  const accumulation_options& accumulation) {
+                                  const accumulation_options& accumulation, const offload_facts& offload = {}) {
   return {precision, shards_params,
-          accumulation.sync == grad_sync::last_micro_batch && accumulation.micro_batches > 1};
+          accumulation.sync == grad_sync::last_micro_batch && accumulation.micro_batches > 1, offload};
 }
 
 /// The costs of one unit's buffers.
 struct unit_costs {
-  buffer_cost master, grad_shard, gathered, grad, accumulator, reduce_input, reduce_output;
+  buffer_cost master, grad_shard, gathered, grad, accumulator, reduce_input, reduce_output, upload, download;
   std::int64_t shard_numel = 0;      ///< S: elements of the master and gradient shards
   std::int64_t padded_numel = 0;     ///< P: elements of the unsharded flat buffer
   /// Unsharded bytes an all-gather of the unit moves, and a reduction (as nccl-tests count, for traces).
@@ -81,20 +94,23 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   unit_costs c;
   c.shard_numel = S;
   c.padded_numel = P;
-  c.master = {mem::sharded_params, p.master, S};
-  c.grad_shard = {mem::grads, dtype::f32, S};
-  c.gathered = {mem::gathered_params, p.compute, units_gather(f.shards_params, p) ? P : 0};
+  const offload_facts& o = f.offload;
+  c.master = {mem::sharded_params, p.master, S, o.params ? domain::host : domain::device};
+  c.grad_shard = {mem::grads, dtype::f32, S, o.grads ? domain::host : domain::device};
+  c.gathered = {mem::gathered_params, p.compute, units_gather(f.shards_params, p, o) ? P : 0};
   c.grad = {mem::comm_buffers, p.compute, P};
   c.accumulator = {mem::comm_buffers, dtype::f32, f.accumulates_locally ? P : 0};
   const dtype reduce_source = f.accumulates_locally ? c.accumulator.type : c.grad.type;  // what is reduced from
   c.reduce_input = {mem::comm_buffers, p.reduce, reduce_source != p.reduce ? P : 0};
   c.reduce_output = {mem::comm_buffers, p.reduce, f.shards_params ? S : 0};
+  c.upload = {mem::sharded_params, p.master, o.params ? S : 0};
+  c.download = {mem::comm_buffers, p.reduce, o.grads ? (f.shards_params ? S : P) : 0, domain::host};
   return c;
 }
 
 /// The size of one slot of each ring: the largest buffer of that purpose over the units (numel 0: no ring).
 struct slot_costs {
-  buffer_cost gathered, grad, reduce_input, reduce_output;
+  buffer_cost gathered, grad, reduce_input, reduce_output, upload, download;
 };
 
 inline slot_costs slot_costs_of(const std::vector<unit_costs>& units) {
@@ -107,13 +123,46 @@ inline slot_costs slot_costs_of(const std::vector<unit_costs>& units) {
     widen(s.grad, c.grad);
     widen(s.reduce_input, c.reduce_input);
     widen(s.reduce_output, c.reduce_output);
+    widen(s.upload, c.upload);
+    widen(s.download, c.download);
   }
   return s;
 }
 
-/// An optimizer's state for one unit: `states` fp32 values per shard element.
-inline buffer_cost optimizer_state_cost(const FlatLayout& l, int states) {
-  return {mem::optimizer_state, dtype::f32, l.shard_numel() * states};
+/// Slots of the offload rings made before one is reused: two, so that one unit's copy overlaps the last one's use.
+inline constexpr int offload_slots = 2;
+
+/// An optimizer's state for one unit: `states` fp32 values per shard element (in host memory when offloaded).
+inline buffer_cost optimizer_state_cost(const FlatLayout& l, int states, const offload_facts& o = {}) {
+  return {mem::optimizer_state, dtype::f32, l.shard_numel() * states,
+          o.optimizer_state ? domain::host : domain::device};
+}
+
+/// Bytes moved over the host link (PCIe), each way.
+struct link_bytes {
+  std::int64_t to_device = 0;
+  std::int64_t to_host = 0;
+  std::int64_t total() const noexcept { return to_device + to_host; }
+  link_bytes& operator+=(const link_bytes& o) noexcept {
+    to_device += o.to_device;
+    to_host += o.to_host;
+    return *this;
+  }
+  friend bool operator==(const link_bytes&, const link_bytes&) = default;
+};
+
+/// What one optimizer step moves over the link for one unit: nothing when it steps on the host or nothing is
+/// offloaded; otherwise the device kernels read each host-resident fp32 value (the master, the gradient, each
+/// of `states` states, and the gradient once more for the inspection's norm when `inspects`) and write back the
+/// master and the states.
+inline link_bytes optimizer_link_bytes(const unit_costs& c, const offload_facts& o, int states, bool inspects) {
+  link_bytes b;
+  if (o.host_step()) return b;
+  const std::int64_t S = c.shard_numel, f = static_cast<std::int64_t>(sizeof(float));
+  if (o.params) b.to_device += S * f, b.to_host += S * f;
+  if (o.grads) b.to_device += S * f * (inspects ? 2 : 1);
+  if (o.optimizer_state) b.to_device += S * f * states, b.to_host += S * f * states;
+  return b;
 }
 
 /// The per-step buffer of gradient inspection (clipping, non-finite checks): `rows` x `units` fp32 squared norms,

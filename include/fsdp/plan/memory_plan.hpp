@@ -37,11 +37,16 @@ struct memory_plan_inputs {
   int norm_rows = 0;         ///< rows of the step's gradient inspection buffer (0: the step does not inspect)
 };
 
-/// The planner's answer: peak bytes per category and of their sum at any one moment (figures.total).
+/// The planner's answer: peak bytes per category and of their sum at any one moment (figures.total), per memory
+/// domain: the device's (`peak`) and the host's (`host_peak`: offloaded buffers, fsdp/offload/offload.hpp).
 struct memory_plan {
   memory_figures peak;
   /// What stays between steps: shards, gradient shards, optimizer state and the slots the steps made.
   memory_figures between_steps;
+  memory_figures host_peak;
+  memory_figures host_between_steps;
+  /// What one training step (every micro-batch and the optimizer step) moves over the host link.
+  plan::link_bytes link;
   std::vector<std::string> units;
   /// Gathered units held at once at the peak of gathered params.
   int max_units_gathered = 0;
@@ -61,22 +66,33 @@ struct memory_plan {
     os << "planned peak memory per rank (" << units.size() << " units, at most " << max_units_gathered
        << " gathered at once)\n";
     if (!feasible()) os << "  not feasible: " << infeasible << "\n";
+    const bool host = host_peak.total > 0;
+    if (host) os << "  device\n";
     for (std::size_t k = 0; k < mem_categories; ++k) row(name_of(static_cast<mem>(k)), peak.bytes[k]);
     row("total (at once)", peak.total);
+    if (host) {
+      os << "  host (offloaded)\n";
+      for (std::size_t k = 0; k < mem_categories; ++k) row(name_of(static_cast<mem>(k)), host_peak.bytes[k]);
+      row("total (at once)", host_peak.total);
+      os << "  link per step: " << link.to_device << " B to the device, " << link.to_host << " B to the host\n";
+    }
     return os.str();
   }
 };
 
 namespace plan_detail {
-/// A MemoryTracker without locks or listeners, for simulation.
+/// A MemoryTracker without locks or listeners per memory domain, for simulation.
 struct counter {
-  memory_figures cur, peak;
+  memory_figures cur, peak, host_cur, host_peak;
   void add(const plan::buffer_cost& b, int sign = 1) {
+    const bool host = b.where == domain::host;
+    memory_figures& c = host ? host_cur : cur;
+    memory_figures& p = host ? host_peak : peak;
     const std::int64_t bytes = sign * b.bytes();
-    cur[b.category] += bytes;
-    cur.total += bytes;
-    peak[b.category] = std::max(peak[b.category], cur[b.category]);
-    peak.total = std::max(peak.total, cur.total);
+    c[b.category] += bytes;
+    c.total += bytes;
+    p[b.category] = std::max(p[b.category], c[b.category]);
+    p.total = std::max(p.total, c.total);
   }
   void sub(const plan::buffer_cost& b) { add(b, -1); }
 };
@@ -108,15 +124,17 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
     m.add(c.master);
     m.add(c.grad_shard);
   }
-  for (const auto& l : layouts) m.add(plan::optimizer_state_cost(l, in.optimizer_states));
+  for (const auto& l : layouts) m.add(plan::optimizer_state_cost(l, in.optimizer_states, in.costs.offload));
 
   sched::scheduler s(units, in.schedule);
   std::vector<bool> accumulating(n, false);  // the unit's no-sync accumulator is allocated
   // The executor's slot rings (exec/slot_ring.hpp): the same ledgers; a slot's memory counts from the take that
   // makes it, for good.
   const plan::slot_costs slots = plan::slot_costs_of(cost);
-  sched::slot_ledger gather_ring(1), grad_ring(in.schedule.grad_slots), in_ring(1), out_ring(1);
+  sched::slot_ledger gather_ring(1), grad_ring(in.schedule.grad_slots), in_ring(1), out_ring(1),
+      upload_ring(plan::offload_slots), download_ring(plan::offload_slots);
   std::vector<int> gather_slot(n, -1), grad_slot(n, -1);
+  plan::link_bytes link;  // of the step being planned
   auto take = [&](sched::slot_ledger& ring, const plan::buffer_cost& each) {
     const sched::slot_ledger::pick p = ring.take();
     if (p.fresh) m.add(each);
@@ -126,10 +144,14 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
   auto exec = [&](sched::op o, std::size_t i, bool) {
     const plan::unit_costs& c = cost[i];
     switch (o) {
-      case sched::op::gather:
+      case sched::op::gather: {  // the executor's gather(): an upload slot (offloaded params), the gather slot
+        const int up = c.upload ? take(upload_ring, slots.upload) : -1;
         gather_slot[i] = take(gather_ring, slots.gathered);
+        if (up >= 0) upload_ring.give(up);
+        link.to_device += c.upload.bytes();
         out.max_units_gathered = std::max(out.max_units_gathered, ++gathered);
         break;
+      }
       case sched::op::release:
         gather_ring.give(gather_slot[i]);
         --gathered;
@@ -144,10 +166,13 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
         if (accumulating[i]) grad_ring.give(grad_slot[i]);  // added into the accumulator first
         const int a = c.reduce_input ? take(in_ring, slots.reduce_input) : -1;
         const int b = c.reduce_output ? take(out_ring, slots.reduce_output) : -1;
+        const int d = c.download ? take(download_ring, slots.download) : -1;  // offloaded grads: the copy to the host
+        link.to_host += c.download.bytes();
         if (b >= 0) out_ring.give(b);
         if (a >= 0) in_ring.give(a);
         if (accumulating[i]) m.sub(c.accumulator);
         else grad_ring.give(grad_slot[i]);
+        if (d >= 0) download_ring.give(d);
         accumulating[i] = false;
         break;
       }
@@ -157,6 +182,7 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
   const sched::config& cfg = in.schedule;
   // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
   for (int step = 0; step < 2; ++step) {
+    link = {};
     for (int mb = 0; mb < cfg.micro_batches; ++mb) {
       for (pass_kind k : {pass_kind::forward, pass_kind::backward}) {
         s.begin_pass(k);
@@ -164,6 +190,7 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
           if (auto short_of = s.enter(k, order, p, exec)) {
             out.infeasible = short_of->message(units);
             out.peak = m.peak;
+            out.host_peak = m.host_peak;
             return out;
           }
           s.leave(k, order, p, exec);
@@ -175,10 +202,14 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
     const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
     m.add(norms);
     m.sub(norms);
+    for (const auto& c : cost) link += plan::optimizer_link_bytes(c, in.costs.offload, in.optimizer_states, in.norm_rows > 0);
     s.after_step();
   }
   out.peak = m.peak;
   out.between_steps = m.cur;
+  out.host_peak = m.host_peak;
+  out.host_between_steps = m.host_cur;
+  out.link = link;
   return out;
 }
 

@@ -17,9 +17,9 @@
 namespace fsdp::sched {
 
 struct config {
-  /// Units are gathered before use and released after: their parameters are sharded, or the compute dtype is
-  /// not the master's (a cast copy). false: the fp32 master is the full parameter (no_shard in fp32) and every
-  /// unit is always gathered.
+  /// Units are gathered before use and released after: their parameters are sharded, the compute dtype is not
+  /// the master's (a cast copy), or the master is on the host (offloaded). false: the fp32 master is the full
+  /// parameter (no_shard in fp32) and every unit is always gathered.
   bool gathers = true;
   /// Per unit index: released when its forward ends (else kept gathered until its backward ends).
   std::vector<bool> reshard_after_forward;
@@ -45,10 +45,11 @@ struct config {
 /// The schedule configuration of `units` under these facts and options. Every option that names a unit is
 /// checked here; a mistake is a usage_error that names it and lists the units.
 inline config build_config(const unit_index& units, const strategy_facts& strategy, const prefetch_facts& prefetch,
-                           const precision_facts& precision, const model_options& opt) {
+                           const precision_facts& precision, const model_options& opt,
+                           const offload_facts& offload = {}) {
   const std::size_t n = units.size();
   config c;
-  c.gathers = plan::units_gather(strategy.shards_params, precision);
+  c.gathers = plan::units_gather(strategy.shards_params, precision, offload);
   c.reshard_after_forward.assign(n, strategy.reshard_after_forward);
   for (const auto& [name, value] : opt.reshard_after_forward) {
     const auto u = units.find(name);

@@ -19,6 +19,8 @@ struct unit_buffers {
   typename Backend::event gathered_ev;   ///< the gather into `gathered` is complete
   typename Backend::event grad_ready;    ///< compute finished writing `grad`
   typename Backend::event reduced;       ///< the reduction is accumulated into the gradient shard
+  typename Backend::event uploaded;      ///< offloaded params: the master shard's copy to the device is complete
+  typename Backend::event collected;     ///< offloaded grads: the reduction's result is ready to copy to the host
 };
 
 }  // namespace fsdp

@@ -7,8 +7,15 @@
 //   non-finite gradient skip the update on every rank (parameters and state bit-unchanged); otherwise run the
 //   optimizer's fused update over every piece with the gradient scale (clipping, loss-scale removal);
 //   afterwards tell the loss scaler whether the step was skipped.
+//
+// Where the update runs: on the compute stream (the backend's kernels), or, with params, grads and optimizer state
+// offloaded (fsdp/offload/offload.hpp), on the host, one host function per unit (Model::host_update) running the
+// same per-element code (fsdp/kernels/host_loops.hpp). The optimizers write their update once, against a `site`
+// that is one or the other. State buffers live in host memory when the optimizer state is offloaded.
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -16,7 +23,9 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/grad/inspect.hpp"
+#include "fsdp/exec/slot_ring.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
+#include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
 #include "fsdp/optim/detail/pieces.hpp"
 #include "fsdp/plan/cost.hpp"
@@ -81,11 +90,14 @@ class shard_optimizer {
     auto& be = model.backend();
     for (std::size_t u = 0; u < model.size(); ++u) {
       pieces_.push_back(masked_pieces(model.unit(u).shard_views(), model.unit(u).layout().shard_numel()));
-      const plan::buffer_cost c = plan::optimizer_state_cost(model.unit(u).layout(), 1);
+      const plan::buffer_cost c = plan::optimizer_state_cost(model.unit(u).layout(), 1, ModelT::offload_of());
       std::vector<buffer> s;
       for (int k = 0; k < states_; ++k) {
-        s.push_back(be.allocate(c.bytes(), c.category, be.compute_stream()));
-        be.fill_zero(s.back().data(), c.bytes(), be.compute_stream());
+        s.push_back(exec::allocate(be, c, be.compute_stream()));
+        if (c.where == domain::host)  // new host memory: nothing else uses it yet
+          std::memset(s.back().data(), 0, static_cast<std::size_t>(c.bytes()));
+        else
+          be.fill_zero(s.back().data(), c.bytes(), be.compute_stream());
       }
       state_.push_back(std::move(s));
     }
@@ -102,7 +114,31 @@ class shard_optimizer {
   shard_optimizer& operator=(const shard_optimizer&) = delete;
 
 
-  /// One step: update(unit, piece, grad_scale) for every piece of every unit, unless the inspection skips it.
+  /// Where an update runs: the backend's kernels on the compute stream.
+  struct on_device {
+    backend_type& be;
+    void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const sgd_coeffs& c, const decay_mask& m) {
+      be.sgd_step(p, g, buf, n, c, m, be.compute_stream());
+    }
+    void adamw_step(float* p, const float* g, float* mo, float* v, std::int64_t n, const adamw_coeffs& c,
+                    const decay_mask& m) {
+      be.adamw_step(p, g, mo, v, n, c, m, be.compute_stream());
+    }
+  };
+  /// Where an update runs: host loops over host shards, collected into the unit's host function.
+  struct on_host {
+    std::vector<std::function<void()>>& work;
+    void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const sgd_coeffs& c, const decay_mask& m) {
+      work.push_back([=] { kernels::host_loops::sgd_step(p, g, buf, n, c, m); });
+    }
+    void adamw_step(float* p, const float* g, float* mo, float* v, std::int64_t n, const adamw_coeffs& c,
+                    const decay_mask& m) {
+      work.push_back([=] { kernels::host_loops::adamw_step(p, g, mo, v, n, c, m); });
+    }
+  };
+
+  /// One step: update(unit, piece, grad_scale, site) for every piece of every unit, unless the inspection skips
+  /// it; `site` (on_device or on_host) issues the optimizer's per-element update where the policy puts it.
   template <class Update>
   grad::report run_step(Update&& update) {
     grad::report r;
@@ -113,8 +149,20 @@ class shard_optimizer {
         r = grad::inspect(model_, grad_, backward);
       }
       if (r.skipped) return;
-      for (std::size_t u = 0; u < model_.size(); ++u)
-        for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale);
+      if constexpr (ModelT::offload_of().host_step()) {
+        for (std::size_t u = 0; u < model_.size(); ++u) {
+          std::vector<std::function<void()>> work;
+          on_host site{work};
+          for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
+          model_.host_update(u, [work = std::move(work)] {
+            for (const auto& w : work) w();
+          });
+        }
+      } else {
+        on_device site{model_.backend()};
+        for (std::size_t u = 0; u < model_.size(); ++u)
+          for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
+      }
     });
     if (!r.skipped) ++steps_;
     if (grad_.scaler) grad_.scaler->update(r.skipped);

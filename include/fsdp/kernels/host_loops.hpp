@@ -1,0 +1,47 @@
+#pragma once
+// The library's kernels as host loops over the per-element code every backend shares (kernels/elementwise.hpp,
+// optim/detail/update.hpp): backend::host's kernels run these, and so does host-side work on any backend (the
+// host gradient shards and the host optimizer step of fsdp/offload/offload.hpp), so a host loop and a CUDA kernel
+// give the same bits.
+#include <cstdint>
+
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/kernels/elementwise.hpp"
+#include "fsdp/optim/detail/update.hpp"
+
+namespace fsdp::kernels::host_loops {
+
+/// dst[i] = dst_type(float(src[i]) * scale).
+inline void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale) {
+  dispatch(dst_type, [&](auto d) {
+    dispatch(src_type, [&](auto t) {
+      auto* out = static_cast<f16::storage_t<d()>*>(dst);
+      const auto* in = static_cast<const f16::storage_t<t()>*>(src);
+      for (std::int64_t i = 0; i < n; ++i) out[i] = convert_one<d(), t()>(in[i], scale);
+    });
+  });
+}
+
+/// dst[i] += float(src[i]) * scale.
+inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale) {
+  dispatch(src_type, [&](auto t) {
+    const auto* in = static_cast<const f16::storage_t<t()>*>(src);
+    for (std::int64_t i = 0; i < n; ++i) accumulate_one<t()>(dst[i], in[i], scale);
+  });
+}
+
+/// One SGD-momentum step over n elements (buf may be null: no momentum).
+inline void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const optim::detail::sgd_coeffs& c,
+                     const optim::detail::decay_mask& mask) {
+  for (std::int64_t i = 0; i < n; ++i)
+    optim::detail::sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c, mask.weight_decay(i, c.weight_decay));
+}
+
+/// One AdamW step over n elements.
+inline void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n,
+                       const optim::detail::adamw_coeffs& c, const optim::detail::decay_mask& mask) {
+  for (std::int64_t i = 0; i < n; ++i)
+    optim::detail::adamw_update(p[i], g[i], m[i], v[i], c, mask.weight_decay(i, c.weight_decay));
+}
+
+}  // namespace fsdp::kernels::host_loops

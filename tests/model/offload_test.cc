@@ -1,0 +1,228 @@
+// CPU offload (fsdp/offload/offload.hpp): master shards, gradient shards and optimizer state in the host memory
+// domain, copied on their own streams. Training with any part offloaded must equal training without offload bit
+// for bit (the same per-element code in the same order), with the same collectives; slowing down the copy streams
+// must change no bit (every wait is in place); and the planner's peak of every category in both domains must equal
+// what the backend measured, with the bytes it says a step moves over the link equal to the bytes the copy
+// streams moved.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <atomic>
+#include <cstring>
+#include <random>
+
+#include "examples/01_mlp_host/mlp.hpp"
+#include "tests/support/support.hpp"
+
+using fsdp::bfloat16;
+using fsdp::comm::local_communicator;
+namespace offload = fsdp::offload;
+namespace sharding = fsdp::sharding;
+
+namespace {
+
+mlp::config config(const char* optimizer) {
+  mlp::config c;
+  c.dims = {12, 40, 24, 56, 6};
+  c.global_batch = 12;  // splits over 1, 3 and 4 ranks
+  c.steps = 4;
+  c.optimizer = optimizer;
+  c.lr = std::string(optimizer) == "adamw" ? 3e-3f : 0.05f;
+  return c;
+}
+
+template <class Strategy, class Precision, class Offload>
+using policy_of = fsdp::policy<Strategy, fsdp::prefetch::next, Precision, fsdp::comm::local<>, Offload>;
+
+struct options {
+  bool inline_streams = false;
+  std::function<std::chrono::microseconds(std::string_view, std::int64_t)> copy_delay;
+};
+
+template <class Policy>
+std::vector<mlp::result> train(int world, const mlp::config& c, const options& o = {}) {
+  fsdp::comm::local_options lo;
+  lo.timeout = fsdp_test::timeout;
+  lo.backend.threaded_streams = !o.inline_streams;
+  lo.backend.copy_delay = o.copy_delay;
+  std::vector<mlp::result> out(static_cast<std::size_t>(world));
+  fsdp::comm::run_local(world, [&](local_communicator& comm) { out[comm.rank()] = mlp::train<Policy>(comm, c); }, lo);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool same_collectives(const fsdp::collective_stats& a, const fsdp::collective_stats& b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+void check_same(const std::vector<mlp::result>& got, const std::vector<mlp::result>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    CAPTURE(r);
+    CHECK(same_bits(got[r].losses, want[r].losses));
+    CHECK(same_collectives(got[r].shard_group, want[r].shard_group));
+    REQUIRE(got[r].params.size() == want[r].params.size());
+    for (const auto& [name, v] : want[r].params) {
+      CAPTURE(name);
+      CHECK(same_bits(got[r].params.at(name), v));
+    }
+  }
+}
+
+/// Every single part, two together, and all three (the host optimizer step), against no offload.
+template <class Strategy, class Precision>
+void check_parity(int world, const char* optimizer) {
+  CAPTURE(world);
+  CAPTURE(optimizer);
+  CAPTURE(Strategy::name);
+  const mlp::config c = config(optimizer);
+  const auto want = train<policy_of<Strategy, Precision, offload::none>>(world, c);
+  REQUIRE(want[0].losses.size() == 4);
+  CHECK(want[0].losses.back() < want[0].losses.front());  // it learns: the comparison is not of constants
+  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::params>>>(world, c), want);
+  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::grads>>>(world, c), want);
+  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::optimizer_state>>>(world, c), want);
+  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::params | offload::grads>>>(world, c), want);
+  check_same(train<policy_of<Strategy, Precision, offload::all>>(world, c), want);
+}
+
+}  // namespace
+
+TEST_CASE("every offload option trains bit for bit like no offload, with the same collectives: fp32") {
+  for (int world : {1, 3, 4}) check_parity<sharding::full_shard, fsdp::precision::full>(world, "adamw");
+  check_parity<sharding::full_shard, fsdp::precision::full>(3, "sgd");
+  check_parity<sharding::shard_grad_op, fsdp::precision::full>(3, "adamw");
+  check_parity<sharding::no_shard, fsdp::precision::full>(3, "adamw");  // offloaded params make no_shard gather
+}
+
+TEST_CASE("every offload option trains bit for bit like no offload, with the same collectives: bf16 compute") {
+  using bf16 = fsdp::precision::mixed<bfloat16>;
+  for (int world : {1, 3, 4}) check_parity<sharding::full_shard, bf16>(world, "adamw");
+  check_parity<sharding::no_shard, fsdp::precision::mixed<bfloat16, float, bfloat16>>(4, "adamw");
+}
+
+TEST_CASE("delays on the copy streams change no bit: every wait on an upload, a download and a host update is in place") {
+  const mlp::config c = config("adamw");
+  using bf16 = fsdp::precision::mixed<bfloat16>;
+  auto check = [&](auto policy_tag) {
+    using P = typename decltype(policy_tag)::type;
+    const auto want = train<P>(3, c, {.inline_streams = true});  // every stream inline: no overlap at all
+    for (unsigned seed : {1u, 2u}) {
+      CAPTURE(seed);
+      auto calls = std::make_shared<std::atomic<unsigned>>(0);
+      options o;
+      o.copy_delay = [seed, calls](std::string_view stream, std::int64_t bytes) {
+        std::mt19937 g(seed * 7919u + (*calls)++ * 31u + static_cast<unsigned>(bytes) + (stream == "upload" ? 1u : 0u));
+        return std::chrono::microseconds(g() % 1500);
+      };
+      check_same(train<P>(3, c, o), want);
+    }
+  };
+  check(std::type_identity<policy_of<sharding::full_shard, bf16, offload::all>>{});
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params | offload::grads>>>{});
+  check(std::type_identity<policy_of<sharding::no_shard, bf16, offload::cpu<offload::grads>>>{});
+}
+
+TEST_CASE("the planner's peak of every category equals the measured peak in both memory domains, exactly") {
+  const mlp::config c = config("adamw");
+  auto check = [&](auto policy_tag, bool host_parts) {
+    using P = typename decltype(policy_tag)::type;
+    for (const auto& r : train<P>(3, c)) {
+      CHECK(r.planned == r.memory.peak);
+      CHECK(r.planned_host == r.host_memory.peak);
+      CHECK((r.host_memory.peak.total > 0) == host_parts);
+    }
+  };
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::none>>{}, false);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>{}, true);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::cpu<offload::grads>>>{}, true);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{}, true);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::all>>{}, true);
+  check(std::type_identity<policy_of<sharding::no_shard, fsdp::precision::full, offload::all>>{}, true);
+}
+
+TEST_CASE("offloading moves the persistent buffers to the host: device and host figures, category by category") {
+  const mlp::config c = config("adamw");
+  // The units' shard sizes at 3 ranks, from the layouts the model builds.
+  std::int64_t shards = 0, largest = 0;
+  fsdp_test::run_ranks(3, [&](local_communicator& comm) {
+    auto m = mlp::make_model<fsdp::policy<sharding::full_shard>>(comm, c);
+    if (comm.rank() != 0) return;
+    for (std::size_t u = 0; u < m.size(); ++u) {
+      shards += m.costs(u).shard_numel;
+      largest = std::max(largest, m.costs(u).shard_numel);
+    }
+  });
+  const std::int64_t f = 4;
+  const auto none = train<policy_of<sharding::full_shard, fsdp::precision::full, offload::none>>(3, c)[0];
+  const auto all = train<policy_of<sharding::full_shard, fsdp::precision::full, offload::all>>(3, c)[0];
+  CHECK(none.memory.peak[fsdp::mem::sharded_params] == shards * f);
+  CHECK(none.memory.peak[fsdp::mem::grads] == shards * f);
+  CHECK(none.memory.peak[fsdp::mem::optimizer_state] == 2 * shards * f);
+  // offloaded: the device keeps two upload slots of the largest shard for the master, nothing of the rest
+  CHECK(all.memory.peak[fsdp::mem::sharded_params] == 2 * largest * f);
+  CHECK(all.memory.peak[fsdp::mem::grads] == 0);
+  CHECK(all.memory.peak[fsdp::mem::optimizer_state] == 0);
+  CHECK(all.memory.peak[fsdp::mem::gathered_params] == none.memory.peak[fsdp::mem::gathered_params]);
+  CHECK(all.host_memory.peak[fsdp::mem::sharded_params] == shards * f);
+  CHECK(all.host_memory.peak[fsdp::mem::grads] == shards * f);
+  CHECK(all.host_memory.peak[fsdp::mem::optimizer_state] == 2 * shards * f);
+  CHECK(all.host_memory.peak[fsdp::mem::comm_buffers] == 2 * largest * f);  // two download slots
+  CHECK(all.memory.peak.total < none.memory.peak.total);
+}
+
+TEST_CASE("the bytes the planner says a step moves over the link are the bytes the copy streams moved") {
+  mlp::config c = config("adamw");
+  auto check = [&](auto policy_tag, bool uploads, bool downloads) {
+    using P = typename decltype(policy_tag)::type;
+    auto moved = std::make_shared<std::array<std::atomic<std::int64_t>, 2>>();
+    options o;
+    o.copy_delay = [moved](std::string_view stream, std::int64_t bytes) {
+      (*moved)[stream == "upload" ? 0 : 1] += bytes;
+      return std::chrono::microseconds(0);
+    };
+    const auto r = train<P>(1, c, o)[0];  // one rank: the copy counts are this rank's
+    // gather_full_params after training reads the host master directly: no copy stream
+    CHECK((*moved)[0] == c.steps * r.planned_link.to_device);
+    CHECK((*moved)[1] == c.steps * r.planned_link.to_host);
+    CHECK((r.planned_link.to_device > 0) == uploads);
+    CHECK((r.planned_link.to_host > 0) == downloads);
+  };
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::all>>{}, true, true);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16, float, bfloat16>,
+                                     offload::cpu<offload::params | offload::grads | offload::optimizer_state>>>{},
+        true, true);
+}
+
+TEST_CASE("a device optimizer step over host-resident parts counts what it reads and writes over the link") {
+  // The planner's figures, from plan/cost.hpp's rule: AdamW reads master, gradient and two states and writes master
+  // and states back when none of them is on the device and the step runs there.
+  const mlp::config c = config("adamw");
+  const auto p = train<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>(1, c)[0];
+  std::int64_t shards = 0;
+  fsdp_test::run_ranks(1, [&](local_communicator& comm) {
+    auto m = mlp::make_model<fsdp::policy<sharding::full_shard>>(comm, c);
+    for (std::size_t u = 0; u < m.size(); ++u) shards += m.costs(u).shard_numel;
+  });
+  CHECK(p.planned_link.to_device == 2 * 4 * shards);
+  CHECK(p.planned_link.to_host == 2 * 4 * shards);
+}
+
+TEST_CASE("a host optimizer update on a model that does not offload all three parts is refused, naming the unit") {
+  fsdp_test::run_ranks(1, [&](local_communicator& comm) {
+    auto m = mlp::make_model<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>(
+        comm, config("adamw"));
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { m.host_update(1, [] {}); }) ==
+          "fsdp: a host optimizer update of unit 'layers.1', but the policy does not offload params, grads and "
+          "optimizer_state together");
+  });
+}
+
+TEST_CASE("an offload policy describes itself by its parts (fingerprints and reports)") {
+  CHECK(fsdp::describe(fsdp::offload::all::facts) == "params+grads+optimizer_state");
+  CHECK(fsdp::describe(fsdp::offload::none::facts) == "none");
+  CHECK(fsdp::describe(fsdp::offload::cpu<offload::grads | offload::params>::facts) == "params+grads");
+  CHECK(fsdp::offload::all::facts.host_step());
+  CHECK(!fsdp::offload::cpu<offload::grads | offload::params>::facts.host_step());
+}
