@@ -361,7 +361,8 @@ class cuda {
   }
   /// Pinned host memory for offloaded buffers (fsdp/offload/offload.hpp), accounted to `category` in
   /// host_memory(): cudaHostAlloc, portable and mapped, so that copies are asynchronous and device kernels may read
-  /// it where the policy steps the optimizer on the device (unified addressing: the same pointer on both sides).
+  /// it where the policy steps the optimizer on the device (with unified addressing: the same pointer on both
+  /// sides; host_memory_on_device() says whether every such buffer so far has it).
   buffer allocate_host(std::int64_t bytes, mem category) {
     if (bytes < 0)
       fsdp::detail::fail_usage("backend::cuda::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
@@ -378,10 +379,8 @@ class cuda {
       }
       b.pinned_ = true;
       void* on_device = nullptr;
-      FSDP_CUDA_CHECK(cudaHostGetDevicePointer(&on_device, b.ptr_, 0));
-      if (on_device != b.ptr_)
-        fsdp::detail::fail_usage("backend::cuda on device ", device_, ": pinned host memory has another address on the "
-                                 "device (no unified addressing); offloading needs unified addressing");
+      if (cudaHostGetDevicePointer(&on_device, b.ptr_, 0) != cudaSuccess) (void)cudaGetLastError();
+      if (on_device != b.ptr_) host_mapped_ = false;
     }
     b.bytes_ = bytes;
     b.cat_ = category;
@@ -428,6 +427,9 @@ class cuda {
   /// The host domain's tracker: what allocate_host() holds.
   MemoryTracker& host_memory() noexcept { return host_memory_; }
   const MemoryTracker& host_memory() const noexcept { return host_memory_; }
+  /// Device kernels can read and write the memory of allocate_host() at its host address (unified addressing;
+  /// false on a device without it, and on the simulated GPU, which copies to and from it but cannot map it).
+  bool host_memory_on_device() const noexcept { return host_mapped_; }
 
   // ---- copies -------------------------------------------------------------------------------------------------
   void fill_zero(void* dst, std::int64_t bytes, stream& s) {
@@ -561,6 +563,7 @@ class cuda {
   cudaMemPool_t pool_;
   MemoryTracker memory_;
   MemoryTracker host_memory_;
+  bool host_mapped_ = true;  // every allocate_host() buffer so far is at the same address on the device
   std::int64_t reserved_ = 0;
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;

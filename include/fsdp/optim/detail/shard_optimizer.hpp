@@ -101,6 +101,7 @@ class shard_optimizer {
       }
       state_.push_back(std::move(s));
     }
+    require_device_access(model, g);
   }
   /// Waits for the optimizer's kernels on the compute stream before its state buffers go (the compute stream may
   /// be asynchronous). The model must outlive the optimizer. Never throws.
@@ -172,6 +173,25 @@ class shard_optimizer {
   ModelT& model_;
 
  private:
+  /// Offloaded parts the device's kernels must read in place (a device step over host-resident parts; the
+  /// inspection's norms over host gradient shards) need a backend whose device addresses its host memory.
+  static void require_device_access(ModelT& model, const grad::options& g) {
+    constexpr offload_facts o = ModelT::offload_of();
+    if constexpr (requires { model.backend().host_memory_on_device(); }) {
+      const bool device_step = o.any() && !o.host_step(), norms = o.grads && g.inspects();
+      if ((device_step || norms) && !model.backend().host_memory_on_device()) {
+        const char* step_fix = "offload params, grads and optimizer_state together (the optimizer then steps on the host)";
+        const char* norm_fix = "inspect no gradients (no clipping, non-finite checks or loss scaling)";
+        fsdp::detail::fail_usage("offload policy ", describe(o), ": ",
+                                 device_step ? "the optimizer steps on the device" : "the gradient inspection runs on the device",
+                                 " and reads host memory in place, but this device cannot address pinned host memory "
+                                 "(no unified addressing): ",
+                                 device_step && norms ? std::string(step_fix) + " and " + norm_fix
+                                                      : std::string(device_step ? step_fix : norm_fix));
+      }
+    }
+  }
+
   std::size_t checked(std::size_t u, int k) const {
     if (u >= state_.size() || k < 0 || k >= states_)
       fsdp::detail::fail_usage(name_, ": state ", k, " of unit ", u, " does not exist (", state_.size(), " units; ",
