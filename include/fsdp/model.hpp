@@ -279,6 +279,20 @@ class Model {
     exec_.host_update(u, std::move(fn));
   }
 
+  /// Inside step()'s update, with some but not all of params, grads and optimizer state offloaded: copies unit u's
+  /// host-resident parts (`states`: the optimizer's state buffers of u) into device staging slots after their
+  /// last writes; the optimizer issues its kernels on the compute stream at the returned parts' on_device()
+  /// addresses, then calls unstage_step(u, states), which copies the master and state back. Two slots of each part
+  /// at most (the planner counts them).
+  auto stage_step(std::size_t u, const std::vector<float*>& states) {
+    if (u >= size()) detail::fail_usage("stage_step: unit index ", u, " is out of range: the model has ", size(), " units");
+    return exec_.stage_step(u, states);
+  }
+  void unstage_step(std::size_t u, const std::vector<float*>& states) {
+    if (u >= size()) detail::fail_usage("unstage_step: unit index ", u, " is out of range: the model has ", size(), " units");
+    exec_.unstage_step(u, states);
+  }
+
   // ---- replacing the shards (checkpoint loads, weight imports) -------------------------------------------------
   /// usage_error unless the model is between optimizer steps: no pass in progress and no gradient reduced (or
   /// accumulated) since the last step. `what` names the operation in the message ("a checkpoint save").

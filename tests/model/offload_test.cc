@@ -107,7 +107,7 @@ TEST_CASE("delays on the copy streams change no bit: every wait on an upload, a 
   using bf16 = fsdp::precision::mixed<bfloat16>;
   auto check = [&](auto policy_tag) {
     using P = typename decltype(policy_tag)::type;
-    const auto want = train<P>(3, c, {.inline_streams = true});  // every stream inline: no overlap at all
+    const auto want = train<P>(3, c, {.inline_streams = true, .copy_delay = {}});  // every stream inline: no overlap at all
     for (unsigned seed : {1u, 2u}) {
       CAPTURE(seed);
       auto calls = std::make_shared<std::atomic<unsigned>>(0);
@@ -122,6 +122,26 @@ TEST_CASE("delays on the copy streams change no bit: every wait on an upload, a 
   check(std::type_identity<policy_of<sharding::full_shard, bf16, offload::all>>{});
   check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params | offload::grads>>>{});
   check(std::type_identity<policy_of<sharding::no_shard, bf16, offload::cpu<offload::grads>>>{});
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
+}
+
+TEST_CASE("a slow download stream: the next step's copies wait for the last step's copies back to the host") {
+  // Every copy back (the state and the master after a staged device step, reduced gradients) takes 20 ms, longer
+  // than a whole step's compute here: a next step that read the host copy before it is written would show. One
+  // unit: fewer units than staging slots, so no slot's reuse orders the copies in their place.
+  mlp::config c = config("adamw");
+  c.dims = {12, 40};
+  auto check = [&](auto policy_tag) {
+    using P = typename decltype(policy_tag)::type;
+    const auto want = train<P>(3, c, {.inline_streams = true, .copy_delay = {}});
+    options o;
+    o.copy_delay = [](std::string_view stream, std::int64_t bytes) {
+      return std::chrono::microseconds(stream == "download" && bytes > 0 ? 20000 : 0);
+    };
+    check_same(train<P>(3, c, o), want);
+  };
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>{});
 }
 
 TEST_CASE("the planner's peak of every category equals the measured peak in both memory domains, exactly") {
@@ -193,20 +213,30 @@ TEST_CASE("the bytes the planner says a step moves over the link are the bytes t
   check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16, float, bfloat16>,
                                      offload::cpu<offload::params | offload::grads | offload::optimizer_state>>>{},
         true, true);
+  // a device step over host parts stages them: up before its kernels, the master and the state back after
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>{}, true, true);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::cpu<offload::grads>>>{}, true, true);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{}, true, true);
+  check(std::type_identity<policy_of<sharding::no_shard, fsdp::precision::full, offload::cpu<offload::params | offload::grads>>>{}, true, true);
 }
 
-TEST_CASE("a device optimizer step over host-resident parts counts what it reads and writes over the link") {
-  // The planner's figures, from plan/cost.hpp's rule: AdamW reads master, gradient and two states and writes master
-  // and states back when none of them is on the device and the step runs there.
+TEST_CASE("a device optimizer step over the offloaded state stages it: two slots on the device, both states up and back") {
+  // The planner's figures, from plan/cost.hpp's rules: AdamW's two states go up and come back; the device holds
+  // two staging slots of the largest unit's two states.
   const mlp::config c = config("adamw");
   const auto p = train<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>(1, c)[0];
-  std::int64_t shards = 0;
+  std::int64_t shards = 0, largest = 0;
   fsdp_test::run_ranks(1, [&](local_communicator& comm) {
     auto m = mlp::make_model<fsdp::policy<sharding::full_shard>>(comm, c);
-    for (std::size_t u = 0; u < m.size(); ++u) shards += m.costs(u).shard_numel;
+    for (std::size_t u = 0; u < m.size(); ++u) {
+      shards += m.costs(u).shard_numel;
+      largest = std::max(largest, m.costs(u).shard_numel);
+    }
   });
   CHECK(p.planned_link.to_device == 2 * 4 * shards);
   CHECK(p.planned_link.to_host == 2 * 4 * shards);
+  CHECK(p.memory.peak[fsdp::mem::optimizer_state] == 2 * 2 * 4 * largest);
+  CHECK(p.host_memory.peak[fsdp::mem::optimizer_state] == 2 * 4 * shards);
 }
 
 TEST_CASE("a host optimizer update on a model that does not offload all three parts is refused, naming the unit") {

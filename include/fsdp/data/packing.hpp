@@ -206,7 +206,7 @@ struct packer_snapshot {
 
   /// The state as a value (tokens copied).
   packer_state value() const {
-    packer_state s{.step = step, .next_document = next_document, .stream_ended = stream_ended};
+    packer_state s{.step = step, .next_document = next_document, .stream_ended = stream_ended, .buffer = {}, .carry = {}};
     for (const auto& p : buffer) s.buffer.push_back(*p);
     if (carry) {
       const auto from = carry->tokens.begin() + static_cast<std::ptrdiff_t>(carry_taken);

@@ -33,6 +33,12 @@
 //                   waits for it, copies the result into a host download slot, gives the reduce slots back, waits
 //                   for u's "shard ready" (the last step's reads of the gradient shard) and adds the slot into the
 //                   host gradient shard on the host (a host function), then records "reduced" there
+//   stage_step(u)   a device optimizer step of unit u with some parts on the host (not all three): the upload
+//                   stream waits for u's "shard ready", "reduced" and "state saved", copies the host-resident parts
+//                   into staging slots (device, two of each part, plan/cost.hpp's staging_costs) and records
+//                   "staged", for which the compute stream waits; the optimizer's kernels then run on the slots
+//   unstage_step(u) the download stream waits for compute's "stepped", copies the master and the state back to
+//                   the host, gives the slots back and records "state saved" (and "shard ready" for a host master)
 //   host_update(u)  the host optimizer step of unit u: a host function on the download stream, after u's
 //                   reduction and the master's last write; u's "shard ready" is recorded after it, so u's next
 //                   gather waits for u's update alone
@@ -122,6 +128,7 @@ class unit_executor {
     upload_ring_ = slot_ring<B>(slots.upload, plan::offload_slots);
     download_ring_ = slot_ring<B>(slots.download, plan::offload_slots);
     written_on_host_.assign(layouts_.size(), false);
+    staged_.assign(layouts_.size(), staged_slots{});
   }
   unit_executor(const unit_executor&) = delete;
   unit_executor& operator=(const unit_executor&) = delete;
@@ -213,6 +220,97 @@ class unit_executor {
   }
   /// Offloaded params, grads and optimizer state: `fn` updates unit u's host shards on the host, in the download
   /// stream's order after u's reduction and the master's last write; u's next gather waits for it alone.
+  /// Where a device step finds a unit's parts: the staging slot of each host-resident part (see stage_step).
+  class staged_parts {
+   public:
+    /// The device address of `p`: inside a staged part, the same element of its slot; else `p` itself.
+    template <class T>
+    T* on_device(T* p) const noexcept {
+      for (const part& s : parts_)
+        if (p >= s.host && p < s.host + s.numel) return s.device + (p - s.host);
+      return p;
+    }
+
+   private:
+    friend class unit_executor;
+    struct part {
+      const float* host;
+      float* device;
+      std::int64_t numel;
+    };
+    std::vector<part> parts_;
+  };
+
+  /// A device optimizer step of unit u whose master, gradient or optimizer state (`states`: the optimizer's state
+  /// buffers of u) lives on the host: each host-resident part is copied into a staging slot on the upload stream,
+  /// after its last write, and the compute stream waits for the copies. The optimizer issues its kernels on
+  /// the compute stream at staged_parts::on_device() of its pointers, then calls unstage_step(u, states).
+  staged_parts stage_step(std::size_t u, const std::vector<float*>& states) {
+    const offload_facts& o = facts_.offload;
+    if (!o.any() || o.host_step())
+      detail::fail_usage("a staged device step of unit '", units_->name(u),
+                         "', but the policy offloads ", o.any() ? "all three parts (the optimizer steps on the host)" : "nothing");
+    const plan::staging_costs c = plan::staging_costs_of(cost_[u], o, static_cast<int>(states.size()));
+    if (staging_states_ != static_cast<int>(states.size())) {  // the first step: rings sized for this optimizer
+      const plan::staging_costs slots = plan::staging_slots_of(cost_, o, static_cast<int>(states.size()));
+      stage_master_ = slot_ring<B>(slots.master, plan::offload_slots);
+      stage_grad_ = slot_ring<B>(slots.grad, plan::offload_slots);
+      stage_state_ = slot_ring<B>(slots.state, plan::offload_slots);
+      staging_states_ = static_cast<int>(states.size());
+    }
+    unit_buffers<B>& b = bufs_[u];
+    stream& up = upload_stream();
+    be_->wait(up, b.shard_ready);  // the master's last write
+    be_->wait(up, b.reduced);      // the gradient's
+    be_->wait(up, b.state_saved);  // the state's (the last step's copy back)
+    const std::int64_t S = cost_[u].shard_numel;
+    staged_parts parts;
+    staged_slots& slot = staged_[u];
+    auto stage = [&](slot_ring<B>& ring, const char* what, int& taken, const float* host, std::int64_t offset) {
+      if (taken < 0) taken = take_slot(ring, u, what, up);
+      float* dev = static_cast<float*>(ring.data(taken)) + offset;
+      be_->upload(dev, host, S * static_cast<std::int64_t>(sizeof(float)), up);
+      parts.parts_.push_back({host, dev, S});
+    };
+    if (c.master) stage(stage_master_, "the master's staging slot", slot.master, b.master.template as<float>(), 0);
+    if (c.grad) stage(stage_grad_, "the gradient's staging slot", slot.grad, b.grad_shard.template as<float>(), 0);
+    if (c.state)
+      for (std::size_t k = 0; k < states.size(); ++k)
+        stage(stage_state_, "the optimizer state's staging slot", slot.state, states[k], static_cast<std::int64_t>(k) * S);
+    be_->record(b.staged, up);
+    be_->wait(be_->compute_stream(), b.staged);
+    return parts;
+  }
+
+  /// After the kernels of a staged device step of unit u (on the compute stream): the master and the state copied
+  /// back to the host on the download stream, the slots given back there. u's next gather waits for the master's
+  /// copy ("shard ready"), its next step for the state's ("state saved").
+  void unstage_step(std::size_t u, const std::vector<float*>& states) {
+    unit_buffers<B>& b = bufs_[u];
+    staged_slots& slot = staged_[u];
+    stream& dl = download_stream();
+    const std::int64_t bytes = cost_[u].shard_numel * static_cast<std::int64_t>(sizeof(float));
+    be_->record(b.stepped, be_->compute_stream());
+    be_->wait(dl, b.stepped);
+    if (slot.master >= 0) {
+      be_->download(b.master.data(), stage_master_.data(slot.master), bytes, dl);
+      stage_master_.give(*be_, slot.master, dl);
+    }
+    if (slot.grad >= 0) stage_grad_.give(*be_, slot.grad, dl);
+    if (slot.state >= 0) {
+      for (std::size_t k = 0; k < states.size(); ++k)
+        be_->download(states[k], static_cast<char*>(stage_state_.data(slot.state)) + static_cast<std::int64_t>(k) * bytes,
+                      bytes, dl);
+      stage_state_.give(*be_, slot.state, dl);
+      be_->record(b.state_saved, dl);
+    }
+    if (slot.master >= 0) {
+      be_->record(b.shard_ready, dl);
+      written_on_host_[u] = true;
+    }
+    slot = {};
+  }
+
   void host_update(std::size_t u, std::function<void()> fn) {
     if (!(facts_.offload.host_step()))
       detail::fail_usage("a host optimizer update of unit '", units_->name(u),
@@ -530,7 +628,13 @@ class unit_executor {
   std::vector<unit_buffers<B>> bufs_;
   slot_ring<B> gather_ring_, grad_ring_, in_ring_, out_ring_, upload_ring_,
       download_ring_;  // destroyed first: their memory goes before the backend
-  std::vector<bool> written_on_host_;  // per unit: host_update() recorded its "shard ready" in this step
+  std::vector<bool> written_on_host_;  // per unit: its "shard ready" was recorded off the compute stream in this step
+  struct staged_slots {
+    int master = -1, grad = -1, state = -1;
+  };
+  slot_ring<B> stage_master_, stage_grad_, stage_state_;  // a device step's staging (made at the first one)
+  int staging_states_ = -1;                              // the state count the staging rings were made for
+  std::vector<staged_slots> staged_;                     // per unit, between stage_step and unstage_step
   bool check_ = false;
   std::uint64_t checked_ = 0;  // collectives compared so far (check_collectives)
 };

@@ -19,8 +19,8 @@
 // With all three on the host the optimizer steps on the host, unit by unit, on the download stream's worker (a
 // host function in stream order: the same per-element code as the device kernels, so the same bits), and a unit's
 // next gather waits only for that unit's update: the next step's forward overlaps the rest of the step. With only
-// some parts on the host the optimizer steps on the device and reads the host-resident parts over the link (mapped
-// pinned memory on CUDA; no staging buffers).
+// some parts on the host the optimizer steps on the device, unit by unit: the host-resident parts are copied into
+// staging slots on the device (two of each part), stepped there, and the master and state copied back.
 #include <concepts>
 #include <string>
 #include <string_view>

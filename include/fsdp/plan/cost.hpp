@@ -138,6 +138,38 @@ inline buffer_cost optimizer_state_cost(const FlatLayout& l, int states, const o
           o.optimizer_state ? domain::host : domain::device};
 }
 
+/// A device optimizer step over unit parts that live on the host streams them through staging slots on the device
+/// (fsdp/exec/unit_executor.hpp, stage_step): the master shard, the gradient shard and the `states` optimizer
+/// states (one slot holds them all), each when that part is offloaded and the optimizer does not step on the host.
+struct staging_costs {
+  buffer_cost master, grad, state;
+};
+
+inline staging_costs staging_costs_of(const unit_costs& c, const offload_facts& o, int states) {
+  staging_costs s;
+  if (!o.any() || o.host_step()) return s;
+  const std::int64_t S = c.shard_numel;
+  s.master = {mem::sharded_params, dtype::f32, o.params ? S : 0};
+  s.grad = {mem::grads, dtype::f32, o.grads ? S : 0};
+  s.state = {mem::optimizer_state, dtype::f32, o.optimizer_state ? S * states : 0};
+  return s;
+}
+
+/// One staging slot of each part: the largest unit's.
+inline staging_costs staging_slots_of(const std::vector<unit_costs>& units, const offload_facts& o, int states) {
+  staging_costs s;
+  auto widen = [](buffer_cost& slot, const buffer_cost& b) {
+    if (b.numel > slot.numel) slot = b;
+  };
+  for (const unit_costs& c : units) {
+    const staging_costs u = staging_costs_of(c, o, states);
+    widen(s.master, u.master);
+    widen(s.grad, u.grad);
+    widen(s.state, u.state);
+  }
+  return s;
+}
+
 /// Bytes moved over the host link (PCIe), each way.
 struct link_bytes {
   std::int64_t to_device = 0;
@@ -152,9 +184,9 @@ struct link_bytes {
 };
 
 /// What one optimizer step moves over the link for one unit: nothing when it steps on the host or nothing is
-/// offloaded; otherwise the device kernels read each host-resident fp32 value (the master, the gradient, each
-/// of `states` states, and the gradient once more for the inspection's norm when `inspects`) and write back the
-/// master and the states.
+/// offloaded; otherwise each host-resident fp32 value goes to the device (the master, the gradient and each of
+/// `states` states, staged; the gradient once more, read in place, for the inspection's norm when `inspects`)
+/// and the master and the states come back.
 inline link_bytes optimizer_link_bytes(const unit_costs& c, const offload_facts& o, int states, bool inspects) {
   link_bytes b;
   if (o.host_step()) return b;

@@ -132,7 +132,8 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
   // makes it, for good.
   const plan::slot_costs slots = plan::slot_costs_of(cost);
   sched::slot_ledger gather_ring(1), grad_ring(in.schedule.grad_slots), in_ring(1), out_ring(1),
-      upload_ring(plan::offload_slots), download_ring(plan::offload_slots);
+      upload_ring(plan::offload_slots), download_ring(plan::offload_slots), stage_master(plan::offload_slots),
+      stage_grad(plan::offload_slots), stage_state(plan::offload_slots);
   std::vector<int> gather_slot(n, -1), grad_slot(n, -1);
   plan::link_bytes link;  // of the step being planned
   auto take = [&](sched::slot_ledger& ring, const plan::buffer_cost& each) {
@@ -202,6 +203,17 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
     const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
     m.add(norms);
     m.sub(norms);
+    // a device step over host parts: each unit's staging slots, taken and given back in unit order (stage_step)
+    const plan::staging_costs staging = plan::staging_slots_of(cost, in.costs.offload, in.optimizer_states);
+    for (const auto& c : cost) {
+      const plan::staging_costs need = plan::staging_costs_of(c, in.costs.offload, in.optimizer_states);
+      const int a = need.master ? take(stage_master, staging.master) : -1;
+      const int b = need.grad ? take(stage_grad, staging.grad) : -1;
+      const int d = need.state ? take(stage_state, staging.state) : -1;
+      if (a >= 0) stage_master.give(a);
+      if (b >= 0) stage_grad.give(b);
+      if (d >= 0) stage_state.give(d);
+    }
     for (const auto& c : cost) link += plan::optimizer_link_bytes(c, in.costs.offload, in.optimizer_states, in.norm_rows > 0);
     s.after_step();
   }

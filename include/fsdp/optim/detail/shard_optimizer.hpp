@@ -115,15 +115,21 @@ class shard_optimizer {
   shard_optimizer& operator=(const shard_optimizer&) = delete;
 
 
-  /// Where an update runs: the backend's kernels on the compute stream.
+  /// Where an update runs: the backend's kernels on the compute stream, at the staged device copies of the parts
+  /// that live on the host (`at`, when some do; fsdp/exec/unit_executor.hpp, stage_step).
   struct on_device {
     backend_type& be;
+    const typename exec::unit_executor<backend_type, typename ModelT::communicator>::staged_parts* at = nullptr;
+    template <class T>
+    T* dev(T* p) const noexcept {
+      return at ? at->on_device(p) : p;
+    }
     void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const sgd_coeffs& c, const decay_mask& m) {
-      be.sgd_step(p, g, buf, n, c, m, be.compute_stream());
+      be.sgd_step(dev(p), dev(g), buf ? dev(buf) : nullptr, n, c, m, be.compute_stream());
     }
     void adamw_step(float* p, const float* g, float* mo, float* v, std::int64_t n, const adamw_coeffs& c,
                     const decay_mask& m) {
-      be.adamw_step(p, g, mo, v, n, c, m, be.compute_stream());
+      be.adamw_step(dev(p), dev(g), dev(mo), dev(v), n, c, m, be.compute_stream());
     }
   };
   /// Where an update runs: host loops over host shards, collected into the unit's host function.
@@ -159,6 +165,15 @@ class shard_optimizer {
             for (const auto& w : work) w();
           });
         }
+      } else if constexpr (ModelT::offload_of().any()) {  // some parts on the host: staged, unit by unit
+        for (std::size_t u = 0; u < model_.size(); ++u) {
+          std::vector<float*> states;
+          for (auto& b : state_[u]) states.push_back(b.template as<float>());
+          const auto parts = model_.stage_step(u, states);
+          on_device site{model_.backend(), &parts};
+          for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
+          model_.unstage_step(u, states);
+        }
       } else {
         on_device site{model_.backend()};
         for (std::size_t u = 0; u < model_.size(); ++u)
@@ -173,22 +188,17 @@ class shard_optimizer {
   ModelT& model_;
 
  private:
-  /// Offloaded parts the device's kernels must read in place (a device step over host-resident parts; the
-  /// inspection's norms over host gradient shards) need a backend whose device addresses its host memory.
+  /// The inspection's norms over offloaded gradient shards read them in place: a backend whose device addresses
+  /// its host memory (every device with unified addressing; not the simulated GPU).
   static void require_device_access(ModelT& model, const grad::options& g) {
     constexpr offload_facts o = ModelT::offload_of();
     if constexpr (requires { model.backend().host_memory_on_device(); }) {
-      const bool device_step = o.any() && !o.host_step(), norms = o.grads && g.inspects();
-      if ((device_step || norms) && !model.backend().host_memory_on_device()) {
-        const char* step_fix = "offload params, grads and optimizer_state together (the optimizer then steps on the host)";
-        const char* norm_fix = "inspect no gradients (no clipping, non-finite checks or loss scaling)";
-        fsdp::detail::fail_usage("offload policy ", describe(o), ": ",
-                                 device_step ? "the optimizer steps on the device" : "the gradient inspection runs on the device",
-                                 " and reads host memory in place, but this device cannot address pinned host memory "
-                                 "(no unified addressing): ",
-                                 device_step && norms ? std::string(step_fix) + " and " + norm_fix
-                                                      : std::string(device_step ? step_fix : norm_fix));
-      }
+      if (o.grads && g.inspects() && !model.backend().host_memory_on_device())
+        fsdp::detail::fail_usage("offload policy ", describe(o),
+                                 ": the gradient inspection's norms run on the device and read the offloaded gradient "
+                                 "shards in place, but this device cannot address pinned host memory (no unified "
+                                 "addressing): keep the gradients on the device, or inspect no gradients (no "
+                                 "clipping, non-finite checks or loss scaling)");
     }
   }
 
