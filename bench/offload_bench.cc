@@ -152,8 +152,6 @@ void measured(double bytes_per_us) {
   row("optimizer_state", measure<offload::cpu<offload::optimizer_state>>(c, bytes_per_us, latency_us));
   row("params+grads", measure<offload::cpu<offload::params | offload::grads>>(c, bytes_per_us, latency_us));
   row("all (host step)", measure<offload::all>(c, bytes_per_us, latency_us));
-  std::printf("  (optimizer_state alone and params moves are costed as the device step reading host memory; on the host "
-              "backend that memory is local, so no copy is slowed for them)\n");
 }
 
 }  // namespace

@@ -87,7 +87,13 @@ class Model {
               plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation,
                                     offload_of()),
               exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
-              opt_.check_collectives) {
+              opt_.check_collectives, sched_.facts().offload) {
+    if constexpr (!OffloadBackend<backend_type>)
+      for (std::size_t u = 0; u < units_.index.size(); ++u)
+        if (sched_.facts().offload[u].any())
+          detail::fail_usage("model_options::offload_units keeps parts of unit '", units_.index.name(u),
+                             "' in host memory, but the policy's backend has no host memory domain or copy streams "
+                             "(it does not model fsdp::OffloadBackend)");
     // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
     agree::require_agreement(comm, backend(),
                              model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(),
@@ -168,7 +174,9 @@ class Model {
   communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
   const model_options& options() const noexcept { return opt_; }
   static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
+  /// The offload policy's parts; unit_offload(u): unit u's (model_options::offload_units may override them).
   static constexpr offload_facts offload_of() noexcept { return facts_of_offload<offload_policy>(); }
+  const offload_facts& unit_offload(std::size_t u) const { return exec_.offload(u); }
   /// Steps begun so far: a forward pass after an optimizer step (or the first one) begins the next.
   std::uint64_t step_count() const noexcept { return sched_.step(); }
   std::vector<FlatLayout> layouts() const { return exec_.layouts(); }
@@ -307,6 +315,7 @@ class Model {
   void replace_shards(const char* what, F&& write) {
     require_between_steps(what);
     exec_.wait_reductions();
+    exec_.wait_copies_back();  // host updates and copies back of offloaded masters and state
     sched_.before_step(executor());
     std::forward<F>(write)();
     exec_.shards_written();
@@ -318,6 +327,10 @@ class Model {
     require_between_steps("restore_step_count()");
     sched_.restore_step(step);
   }
+
+  /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
+  /// (an optimizer's state) calls before they go.
+  void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
 
   /// Blocks until all work issued by this rank has finished; rethrows stream errors. With a recorder, the
   /// stream-side events timed with the backend's timing marks (backend::cuda) enter it here.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/offload/offload.hpp"
 #include "fsdp/prefetch/prefetch.hpp"
 
 namespace fsdp {
@@ -61,6 +62,12 @@ struct model_options {
   /// Per unit name: override the strategy's reshard_after_forward (false keeps the unit gathered from its
   /// forward to its backward; the root unit, last in forward and first in backward, usually should).
   std::map<std::string, bool> reshard_after_forward;
+  /// Per unit name: the parts this unit keeps in host memory, instead of the offload policy's
+  /// (fsdp/offload/offload.hpp), e.g. {"root", fsdp::offload::none::facts} to keep the embeddings on the device, or
+  /// {"h.0", fsdp::offload::all::facts} to offload one unit. A unit with all three on the host steps its optimizer
+  /// on the host; the others on the device. Needs a backend that models fsdp::OffloadBackend when any unit
+  /// offloads, and units that gather (not no_shard in fp32) for per-unit params.
+  std::map<std::string, offload_facts> offload_units;
   /// Units gathered or gathering at once, on demand and by prefetch; 0 = no limit. A prefetch waits for a free
   /// slot (it is issued at a later unit); a unit needed for compute with no slot free is a usage_error.
   int gather_slots = 0;

@@ -361,9 +361,10 @@ TEST_CASE("CPU offload on one GPU: pinned host shards and state, copy streams, t
       }
     });
     CHECK(what ==
-          "fsdp: offload policy grads: the gradient inspection's norms run on the device and read the offloaded "
-          "gradient shards in place, but this device cannot address pinned host memory (no unified addressing): keep "
-          "the gradients on the device, or inspect no gradients (no clipping, non-finite checks or loss scaling)");
+          "fsdp: unit 'layers.0' offloads grads: the gradient inspection's norms run on the device and read the "
+          "offloaded gradient shards in place, but this device cannot address pinned host memory (no unified "
+          "addressing): keep the gradients on the device, or inspect no gradients (no clipping, non-finite checks or "
+          "loss scaling)");
     fsdp_test::needs_real_gpu("gradient inspection over offloaded gradient shards (norms over mapped host memory): "
                               "this device cannot address pinned host memory (the simulated GPU cannot)");
     return;

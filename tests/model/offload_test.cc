@@ -70,7 +70,7 @@ void check_same(const std::vector<mlp::result>& got, const std::vector<mlp::resu
   }
 }
 
-/// Every single part, two together, and all three (the host optimizer step), against no offload.
+/// Every combination of the three parts (all three: the host optimizer step), against no offload.
 template <class Strategy, class Precision>
 void check_parity(int world, const char* optimizer) {
   CAPTURE(world);
@@ -84,6 +84,8 @@ void check_parity(int world, const char* optimizer) {
   check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::grads>>>(world, c), want);
   check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::optimizer_state>>>(world, c), want);
   check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::params | offload::grads>>>(world, c), want);
+  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::params | offload::optimizer_state>>>(world, c), want);
+  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::grads | offload::optimizer_state>>>(world, c), want);
   check_same(train<policy_of<Strategy, Precision, offload::all>>(world, c), want);
 }
 
@@ -244,9 +246,91 @@ TEST_CASE("a host optimizer update on a model that does not offload all three pa
     auto m = mlp::make_model<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>(
         comm, config("adamw"));
     CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { m.host_update(1, [] {}); }) ==
-          "fsdp: a host optimizer update of unit 'layers.1', but the policy does not offload params, grads and "
+          "fsdp: a host optimizer update of unit 'layers.1', but the unit does not offload params, grads and "
           "optimizer_state together");
   });
+}
+
+TEST_CASE("per-unit offload: units that override the policy train bit for bit like no offload, planned exactly") {
+  mlp::config c = config("adamw");
+  using none = policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::none>;
+  using all = policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::all>;
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    const auto want = train<none>(world, c);
+    // the policy offloads nothing; one unit steps on the host, one stages its gradients, one its state
+    mlp::config mixed = c;
+    mixed.model.offload_units = {{"layers.0", offload::all::facts},
+                                 {"layers.2", offload::cpu<offload::grads>::facts},
+                                 {"layers.3", offload::cpu<offload::params | offload::optimizer_state>::facts}};
+    const auto got = train<none>(world, mixed);
+    check_same(got, want);
+    // the policy offloads everything; the first unit stays on the device
+    mlp::config kept = c;
+    kept.model.offload_units = {{"layers.0", offload::none::facts}};
+    const auto got2 = train<all>(world, kept);
+    check_same(got2, want);
+    for (const auto* r : {&got, &got2})
+      for (const auto& rank : *r) {
+        CHECK(rank.planned == rank.memory.peak);
+        CHECK(rank.planned_host == rank.host_memory.peak);
+        CHECK(rank.host_memory.peak.total > 0);
+      }
+    // under `all` with layers.0 kept on the device, its gradient shard is the device's only one
+    CHECK(got2[0].memory.peak[fsdp::mem::grads] > 0);
+    CHECK(got2[0].memory.peak[fsdp::mem::grads] < want[0].memory.peak[fsdp::mem::grads]);
+  }
+}
+
+TEST_CASE("per-unit offload: a unit that does not exist, and per-unit params where units do not gather, are refused") {
+  fsdp_test::run_ranks(1, [&](local_communicator& comm) {
+    mlp::config c = config("adamw");
+    c.model.offload_units = {{"layers.9", offload::all::facts}};
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { (void)mlp::make_model<fsdp::policy<sharding::full_shard>>(comm, c); }) ==
+          "fsdp: model_options::offload_units names 'layers.9', which is not a unit (units: layers.0, layers.1, "
+          "layers.2, layers.3)");
+    c.model.offload_units = {{"layers.1", offload::cpu<offload::params>::facts}};
+    const std::string unlike =
+        "model_options::offload_units sets params for unit 'layers.1' unlike the policy, but under no_shard in fp32 "
+        "whether a unit's master serves compute or is gathered follows the policy's params, for every unit alike; "
+        "set params in the policy only, or shard the parameters";
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { (void)mlp::make_model<fsdp::policy<sharding::no_shard>>(comm, c); }) ==
+          "fsdp: " + unlike);
+    // and the other way: the policy offloads params (every unit gathers), one unit would not
+    c.model.offload_units = {{"layers.1", offload::none::facts}};
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
+            (void)mlp::make_model<policy_of<sharding::no_shard, fsdp::precision::full, offload::all>>(comm, c);
+          }) == "fsdp: " + unlike);
+    // under no_shard in fp32, per-unit grads and state need no gather
+    c.model.offload_units = {{"layers.1", offload::cpu<offload::grads | offload::optimizer_state>::facts}};
+    (void)mlp::make_model<fsdp::policy<sharding::no_shard>>(comm, c);
+  });
+}
+
+TEST_CASE("an optimizer that goes before the model waits for the copy streams' work on its offloaded state") {
+  // The host update (offload::all) and the copy back of a staged step (state alone) use the state on the download
+  // stream after step() returns; the optimizer is destroyed here without a synchronize (ASan would see a use after
+  // free otherwise).
+  auto run = [](auto policy_tag) {
+    using P = typename decltype(policy_tag)::type;
+    mlp::config c = config("adamw");
+    fsdp::comm::local_options lo;
+    lo.timeout = fsdp_test::timeout;
+    lo.backend.copy_delay = [](std::string_view stream, std::int64_t) {
+      return std::chrono::microseconds(stream == "download" ? 3000 : 0);
+    };
+    fsdp::comm::run_local(2, [&](local_communicator& comm) {
+      auto model = mlp::make_model<P>(comm, c);
+      mlp::result r;
+      {
+        fsdp::optim::adamw opt(model, {.lr = c.lr, .weight_decay = c.weight_decay});
+        mlp::run_steps(model, opt, c, 0, 2, r);
+      }
+      CHECK(r.losses.size() == 2);
+    }, lo);
+  };
+  run(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::all>>{});
+  run(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
 }
 
 TEST_CASE("an offload policy describes itself by its parts (fingerprints and reports)") {

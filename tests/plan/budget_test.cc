@@ -157,8 +157,8 @@ TEST_CASE("the cheapest offload configuration that fits a device budget, worked 
   //                    1024 B per reduction (8) + the device step's gradient uploads: 8192 + 8192 = 16 384 B
   //   optimizer_state  params 8192 + grads 8192 + slots + 2 x 2048 staged states         = 33 792 B; both states
   //                    up and back: 2 x 8 x 2048                                         = 32 768 B
-  //   params           grads 8192 + state 16 384 + two upload slots 2048 + slots + 2 x 1024 staged masters
-  //                                                                                      = 41 984 B; an upload of
+  //   params           grads 8192 + state 16 384 + two upload slots 2048 (which stage the masters for the device
+  //                    step too) + slots                                                 = 39 936 B; an upload of
   //                    1024 B per gather (16: full_shard gathers each unit in forward and in backward) + the
   //                    device step's master up and back: 16 384 + 16 384                = 32 768 B
   //   all three        two upload slots 2048 + slots                                     = 15 360 B; uploads

@@ -214,6 +214,10 @@ inline fingerprint model_fingerprint(const ModelSpec& spec, const init::rule& de
   for (const auto& [unit, on] : opt.reshard_after_forward)
     reshard += detail::cat(reshard.size() > 1 ? ", " : "", in_quotes(unit), ": ", flag(on));
   fp.add("model_options", "reshard_after_forward", reshard + "}");
+  std::string offload_units = "{";
+  for (const auto& [unit, parts] : opt.offload_units)
+    offload_units += detail::cat(offload_units.size() > 1 ? ", " : "", in_quotes(unit), ": ", describe(parts));
+  fp.add("model_options", "offload_units", offload_units + "}");
   fp.add("model_options", "gather_slots", std::to_string(opt.gather_slots));
   fp.add("model_options", "grad_slots", std::to_string(opt.grad_slots));
   fp.add("model_options", "check_collectives", flag(opt.check_collectives));

@@ -128,6 +128,7 @@ class cuda {
         tracker_ = std::exchange(o.tracker_, nullptr);
         home_ = std::exchange(o.home_, nullptr);
         pinned_ = std::exchange(o.pinned_, false);
+        stuck_ = std::exchange(o.stuck_, nullptr);
       }
       return *this;
     }
@@ -147,14 +148,20 @@ class cuda {
     void reset() noexcept {
       if (tracker_) tracker_->released(cat_, bytes_);
       if (ptr_) {
-        if (pinned_) FSDP_CUDA_LOG(cudaFreeHost(ptr_));  // synchronous: host buffers live as long as the model
-        else FSDP_CUDA_LOG(cudaFreeAsync(ptr_, home_));
+        // cudaFreeHost synchronises the device: after a stream failed to finish it could wait for ever, so the
+        // memory is left to the process then (as ~cuda leaves the device's)
+        if (pinned_) {
+          if (!(stuck_ && *stuck_)) FSDP_CUDA_LOG(cudaFreeHost(ptr_));
+        } else {
+          FSDP_CUDA_LOG(cudaFreeAsync(ptr_, home_));
+        }
       }
       ptr_ = nullptr;
       bytes_ = 0;
       tracker_ = nullptr;
       home_ = nullptr;
       pinned_ = false;
+      stuck_ = nullptr;
     }
 
    private:
@@ -165,6 +172,7 @@ class cuda {
     MemoryTracker* tracker_ = nullptr;
     cudaStream_t home_ = nullptr;  // the stream it was allocated on
     bool pinned_ = false;          // pinned host memory (allocate_host), not the pool's
+    const bool* stuck_ = nullptr;  // pinned: the backend's "a stream did not finish" (the backend outlives it)
   };
 
   explicit cuda(int rank = 0, cuda_options opt = {})
@@ -231,6 +239,7 @@ class cuda {
                if (opt_.poll) opt_.poll();
              },
              [&](const std::string& what) {
+               stuck_ = true;  // pinned buffers are then left to the process: freeing them would wait on the device
                if (opt_.on_timeout) opt_.on_timeout(what);
              });
   }
@@ -378,6 +387,7 @@ class cuda {
                                        host_memory_.stats().current.total, " bytes)"));
       }
       b.pinned_ = true;
+      b.stuck_ = &stuck_;
       void* on_device = nullptr;
       if (cudaHostGetDevicePointer(&on_device, b.ptr_, 0) != cudaSuccess) (void)cudaGetLastError();
       if (on_device != b.ptr_) host_mapped_ = false;
@@ -393,7 +403,7 @@ class cuda {
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
     if (b.pinned_) {
-      FSDP_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+      synchronize(s);  // watched: a stream that does not finish is reported, not waited for
       b.reset();
       return;
     }
@@ -564,6 +574,7 @@ class cuda {
   MemoryTracker memory_;
   MemoryTracker host_memory_;
   bool host_mapped_ = true;  // every allocate_host() buffer so far is at the same address on the device
+  bool stuck_ = false;       // a synchronize() timed out: a stream may never finish
   std::int64_t reserved_ = 0;
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;

@@ -35,12 +35,24 @@ class slot_ring {
   slot_ring() = default;
   slot_ring(const plan::buffer_cost& each, int keep) : each_(each), ledger_(keep) {}
 
+  /// Makes every slot the ledger will make now, before they are first taken (host memory: pinning it may
+  /// synchronise the device, which must not happen within a step). The ledger still counts them as made at their
+  /// first take, as the planner does.
+  void make_all(B& be, stream& s) {
+    if (each_.numel <= 0) return;
+    while (bufs_.size() < static_cast<std::size_t>(ledger_.keep())) {
+      bufs_.push_back(allocate(be, each_, s));
+      given_back_.emplace_back();
+    }
+  }
   /// A slot for use on `s`, ready there: its index.
   int take(B& be, stream& s) {
     const sched::slot_ledger::pick p = ledger_.take();
     if (p.fresh) {
-      bufs_.push_back(allocate(be, each_, s));
-      given_back_.emplace_back();
+      if (static_cast<std::size_t>(p.slot) >= bufs_.size()) {  // not made ahead
+        bufs_.push_back(allocate(be, each_, s));
+        given_back_.emplace_back();
+      }
     } else {
       be.wait(s, given_back_[static_cast<std::size_t>(p.slot)]);
     }

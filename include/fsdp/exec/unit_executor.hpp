@@ -35,8 +35,9 @@
 //                   host gradient shard on the host (a host function), then records "reduced" there
 //   stage_step(u)   a device optimizer step of unit u with some parts on the host (not all three): the upload
 //                   stream waits for u's "shard ready", "reduced" and "state saved", copies the host-resident parts
-//                   into staging slots (device, two of each part, plan/cost.hpp's staging_costs) and records
-//                   "staged", for which the compute stream waits; the optimizer's kernels then run on the slots
+//                   into staging slots (device, two of each part, plan/cost.hpp's staging_costs; the master's are
+//                   the upload ring's) and records "staged", for which the compute stream waits; the optimizer's
+//                   kernels then run on the slots
 //   unstage_step(u) the download stream waits for compute's "stepped", copies the master and the state back to
 //                   the host, gives the slots back and records "state saved" (and "shard ready" for a host master)
 //   host_update(u)  the host optimizer step of unit u: a host function on the download stream, after u's
@@ -112,14 +113,17 @@ class unit_executor {
 
   /// `units`, `comm` and `stamp` must outlive the executor. `layouts` in unit-index order; `shard_rank`: this
   /// rank's place in the units' shard group; `grad_slots`: gradient slots made before one is reused;
-  /// `check_collectives`: model_options::check_collectives.
+  /// `check_collectives`: model_options::check_collectives; `unit_offload`: each unit's offload facts (empty: the
+  /// facts' own for every unit).
   unit_executor(const unit_index& units, C& comm, std::unique_ptr<B> backend, std::vector<FlatLayout> layouts,
                 int shard_rank, const plan::cost_facts& facts, const reduce_facts& reduce, int grad_slots,
-                trace::stamper<B>& stamp, bool check_collectives = false)
+                trace::stamper<B>& stamp, bool check_collectives = false, std::vector<offload_facts> unit_offload = {})
       : units_(&units), world_(&comm), comm_(&comm), be_(std::move(backend)), layouts_(std::move(layouts)), shard_rank_(shard_rank), facts_(facts),
-        reduce_(reduce), stamp_(&stamp), ranges_(units.names()), bufs_(layouts_.size()), check_(check_collectives) {
+        reduce_(reduce), stamp_(&stamp), ranges_(units.names()), bufs_(layouts_.size()), check_(check_collectives),
+        offload_(std::move(unit_offload)) {
+    if (offload_.size() != layouts_.size()) offload_.assign(layouts_.size(), facts_.offload);
     cost_.reserve(layouts_.size());
-    for (const auto& l : layouts_) cost_.push_back(plan::costs_of(l, facts_));
+    for (std::size_t u = 0; u < layouts_.size(); ++u) cost_.push_back(plan::costs_of(layouts_[u], plan::for_unit(facts_, offload_, u)));
     const plan::slot_costs slots = plan::slot_costs_of(cost_);
     gather_ring_ = slot_ring<B>(slots.gathered, 1);
     grad_ring_ = slot_ring<B>(slots.grad, grad_slots);
@@ -127,6 +131,8 @@ class unit_executor {
     out_ring_ = slot_ring<B>(slots.reduce_output, 1);
     upload_ring_ = slot_ring<B>(slots.upload, plan::offload_slots);
     download_ring_ = slot_ring<B>(slots.download, plan::offload_slots);
+    if constexpr (OffloadBackend<B>)  // pinned host memory now: pinning may synchronise the device mid-step
+      download_ring_.make_all(*be_, be_->download_stream());
     written_on_host_.assign(layouts_.size(), false);
     staged_.assign(layouts_.size(), staged_slots{});
   }
@@ -150,6 +156,8 @@ class unit_executor {
   const std::vector<FlatLayout>& layouts() const noexcept { return layouts_; }
   const FlatLayout& layout(std::size_t u) const { return layouts_.at(u); }
   const plan::unit_costs& costs(std::size_t u) const { return cost_.at(u); }
+  /// The parts unit u keeps in host memory.
+  const offload_facts& offload(std::size_t u) const { return offload_.at(u); }
   const plan::cost_facts& facts() const noexcept { return facts_; }
   const unit_buffers<B>& buffers(std::size_t u) const { return bufs_.at(u); }
   int shard_rank() const noexcept { return shard_rank_; }
@@ -210,6 +218,14 @@ class unit_executor {
   void wait_reductions() {
     for (auto& b : bufs_) be_->wait(be_->compute_stream(), b.reduced);
   }
+  /// Compute waits for the last host-side writes of offloaded masters and state: host updates and the copies back
+  /// of staged device steps (before anything else writes them on compute).
+  void wait_copies_back() {
+    for (auto& b : bufs_) {
+      be_->wait(be_->compute_stream(), b.shard_ready);
+      be_->wait(be_->compute_stream(), b.state_saved);
+    }
+  }
   /// The optimizer wrote every master shard on the compute stream (those host_update() wrote on the host:
   /// there): later gathers wait for this point only.
   void shards_written() {
@@ -246,15 +262,15 @@ class unit_executor {
   /// after its last write, and the compute stream waits for the copies. The optimizer issues its kernels on
   /// the compute stream at staged_parts::on_device() of its pointers, then calls unstage_step(u, states).
   staged_parts stage_step(std::size_t u, const std::vector<float*>& states) {
-    const offload_facts& o = facts_.offload;
+    const offload_facts& o = offload_[u];
     if (!o.any() || o.host_step())
       detail::fail_usage("a staged device step of unit '", units_->name(u),
                          "', but the policy offloads ", o.any() ? "all three parts (the optimizer steps on the host)" : "nothing");
     const plan::staging_costs c = plan::staging_costs_of(cost_[u], o, static_cast<int>(states.size()));
-    if (staging_states_ != static_cast<int>(states.size())) {  // the first step: rings sized for this optimizer
-      const plan::staging_costs slots = plan::staging_slots_of(cost_, o, static_cast<int>(states.size()));
-      stage_master_ = slot_ring<B>(slots.master, plan::offload_slots);
-      stage_grad_ = slot_ring<B>(slots.grad, plan::offload_slots);
+    if (staging_states_ != static_cast<int>(states.size())) {  // the first step: the rings for this optimizer
+      const plan::staging_costs slots = plan::staging_slots_of(cost_, offload_, static_cast<int>(states.size()));
+      if (staging_states_ >= 0) synchronize();  // another optimizer's state slots: nothing may still use them
+      else stage_grad_ = slot_ring<B>(slots.grad, plan::offload_slots);
       stage_state_ = slot_ring<B>(slots.state, plan::offload_slots);
       staging_states_ = static_cast<int>(states.size());
     }
@@ -272,7 +288,7 @@ class unit_executor {
       be_->upload(dev, host, S * static_cast<std::int64_t>(sizeof(float)), up);
       parts.parts_.push_back({host, dev, S});
     };
-    if (c.master) stage(stage_master_, "the master's staging slot", slot.master, b.master.template as<float>(), 0);
+    if (c.master) stage(upload_ring_, "the upload slot", slot.master, b.master.template as<float>(), 0);
     if (c.grad) stage(stage_grad_, "the gradient's staging slot", slot.grad, b.grad_shard.template as<float>(), 0);
     if (c.state)
       for (std::size_t k = 0; k < states.size(); ++k)
@@ -293,8 +309,8 @@ class unit_executor {
     be_->record(b.stepped, be_->compute_stream());
     be_->wait(dl, b.stepped);
     if (slot.master >= 0) {
-      be_->download(b.master.data(), stage_master_.data(slot.master), bytes, dl);
-      stage_master_.give(*be_, slot.master, dl);
+      be_->download(b.master.data(), upload_ring_.data(slot.master), bytes, dl);
+      upload_ring_.give(*be_, slot.master, dl);
     }
     if (slot.grad >= 0) stage_grad_.give(*be_, slot.grad, dl);
     if (slot.state >= 0) {
@@ -312,12 +328,13 @@ class unit_executor {
   }
 
   void host_update(std::size_t u, std::function<void()> fn) {
-    if (!(facts_.offload.host_step()))
+    if (!offload_[u].host_step())
       detail::fail_usage("a host optimizer update of unit '", units_->name(u),
-                         "', but the policy does not offload params, grads and optimizer_state together");
+                         "', but the unit does not offload params, grads and optimizer_state together");
     stream& dl = download_stream();
     be_->wait(dl, bufs_[u].shard_ready);
     be_->wait(dl, bufs_[u].reduced);
+    be_->wait(dl, bufs_[u].uploaded);  // a gather since the reduction (a forward before the step) read the master
     be_->host_callback(dl, std::move(fn));
     be_->record(bufs_[u].shard_ready, dl);
     written_on_host_[u] = true;
@@ -632,10 +649,11 @@ class unit_executor {
   struct staged_slots {
     int master = -1, grad = -1, state = -1;
   };
-  slot_ring<B> stage_master_, stage_grad_, stage_state_;  // a device step's staging (made at the first one)
+  slot_ring<B> stage_grad_, stage_state_;  // a device step's staging (made at the first one; the master's: uploads)
   int staging_states_ = -1;                              // the state count the staging rings were made for
   std::vector<staged_slots> staged_;                     // per unit, between stage_step and unstage_step
   bool check_ = false;
+  std::vector<offload_facts> offload_;  // per unit
   std::uint64_t checked_ = 0;  // collectives compared so far (check_collectives)
 };
 

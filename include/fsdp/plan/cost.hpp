@@ -78,6 +78,12 @@ inline cost_facts make_cost_facts(const precision_facts& precision, bool shards_
           accumulation.sync == grad_sync::last_micro_batch && accumulation.micro_batches > 1, offload};
 }
 
+/// `f` with unit u's offload facts (model_options::offload_units; sched::config::offload).
+inline cost_facts for_unit(cost_facts f, const std::vector<offload_facts>& per_unit, std::size_t u) {
+  if (u < per_unit.size()) f.offload = per_unit[u];
+  return f;
+}
+
 /// The costs of one unit's buffers.
 struct unit_costs {
   buffer_cost master, grad_shard, gathered, grad, accumulator, reduce_input, reduce_output, upload, download;
@@ -139,8 +145,9 @@ inline buffer_cost optimizer_state_cost(const FlatLayout& l, int states, const o
 }
 
 /// A device optimizer step over unit parts that live on the host streams them through staging slots on the device
-/// (fsdp/exec/unit_executor.hpp, stage_step): the master shard, the gradient shard and the `states` optimizer
-/// states (one slot holds them all), each when that part is offloaded and the optimizer does not step on the host.
+/// (fsdp/exec/unit_executor.hpp, stage_step): the master shard (in an upload slot: the same ring and size as the
+/// gathers' uploads), the gradient shard and the `states` optimizer states (one slot holds them all), each when
+/// that part is offloaded and the optimizer does not step on the host.
 struct staging_costs {
   buffer_cost master, grad, state;
 };
@@ -155,14 +162,15 @@ inline staging_costs staging_costs_of(const unit_costs& c, const offload_facts& 
   return s;
 }
 
-/// One staging slot of each part: the largest unit's.
-inline staging_costs staging_slots_of(const std::vector<unit_costs>& units, const offload_facts& o, int states) {
+/// One staging slot of each part: the largest unit's (`offload`: each unit's facts).
+inline staging_costs staging_slots_of(const std::vector<unit_costs>& units, const std::vector<offload_facts>& offload,
+                                      int states) {
   staging_costs s;
   auto widen = [](buffer_cost& slot, const buffer_cost& b) {
     if (b.numel > slot.numel) slot = b;
   };
-  for (const unit_costs& c : units) {
-    const staging_costs u = staging_costs_of(c, o, states);
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const staging_costs u = staging_costs_of(units[i], offload[i], states);
     widen(s.master, u.master);
     widen(s.grad, u.grad);
     widen(s.state, u.state);
@@ -183,14 +191,17 @@ struct link_bytes {
   friend bool operator==(const link_bytes&, const link_bytes&) = default;
 };
 
-/// What one optimizer step moves over the link for one unit: nothing when it steps on the host or nothing is
-/// offloaded; otherwise each host-resident fp32 value goes to the device (the master, the gradient and each of
-/// `states` states, staged; the gradient once more, read in place, for the inspection's norm when `inspects`)
-/// and the master and the states come back.
+/// What one optimizer step moves over the link for one unit: nothing when nothing is offloaded; when it steps on
+/// the host, only the inspection's read of the host gradient (when `inspects`); otherwise each host-resident fp32
+/// value goes to the device (the master, the gradient and each of `states` states, staged; the gradient once more,
+/// read in place, for the inspection's norm when `inspects`) and the master and the states come back.
 inline link_bytes optimizer_link_bytes(const unit_costs& c, const offload_facts& o, int states, bool inspects) {
   link_bytes b;
-  if (o.host_step()) return b;
   const std::int64_t S = c.shard_numel, f = static_cast<std::int64_t>(sizeof(float));
+  if (o.host_step()) {  // nothing staged; the inspection's norms still read the host gradients in place
+    if (inspects) b.to_device += S * f;
+    return b;
+  }
   if (o.params) b.to_device += S * f, b.to_host += S * f;
   if (o.grads) b.to_device += S * f * (inspects ? 2 : 1);
   if (o.optimizer_state) b.to_device += S * f * states, b.to_host += S * f * states;

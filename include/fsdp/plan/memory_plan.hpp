@@ -115,16 +115,19 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
   }
   if (order.size() != n) detail::fail_usage("memory plan: the order names ", order.size(), " units of ", n);
 
+  // each unit's offload: the schedule's (the policy's and model_options::offload_units'), else the costs' own
+  std::vector<offload_facts> offload = in.schedule.offload;
+  if (offload.size() != n) offload.assign(n, in.costs.offload);
   std::vector<plan::unit_costs> cost;
   cost.reserve(n);
-  for (const auto& l : layouts) cost.push_back(plan::costs_of(l, in.costs));
+  for (std::size_t u = 0; u < n; ++u) cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, offload, u)));
 
   plan_detail::counter m;
   for (const auto& c : cost) {
     m.add(c.master);
     m.add(c.grad_shard);
   }
-  for (const auto& l : layouts) m.add(plan::optimizer_state_cost(l, in.optimizer_states, in.costs.offload));
+  for (std::size_t u = 0; u < n; ++u) m.add(plan::optimizer_state_cost(layouts[u], in.optimizer_states, offload[u]));
 
   sched::scheduler s(units, in.schedule);
   std::vector<bool> accumulating(n, false);  // the unit's no-sync accumulator is allocated
@@ -132,8 +135,8 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
   // makes it, for good.
   const plan::slot_costs slots = plan::slot_costs_of(cost);
   sched::slot_ledger gather_ring(1), grad_ring(in.schedule.grad_slots), in_ring(1), out_ring(1),
-      upload_ring(plan::offload_slots), download_ring(plan::offload_slots), stage_master(plan::offload_slots),
-      stage_grad(plan::offload_slots), stage_state(plan::offload_slots);
+      upload_ring(plan::offload_slots), download_ring(plan::offload_slots), stage_grad(plan::offload_slots),
+      stage_state(plan::offload_slots);
   std::vector<int> gather_slot(n, -1), grad_slot(n, -1);
   plan::link_bytes link;  // of the step being planned
   auto take = [&](sched::slot_ledger& ring, const plan::buffer_cost& each) {
@@ -204,17 +207,18 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
     m.add(norms);
     m.sub(norms);
     // a device step over host parts: each unit's staging slots, taken and given back in unit order (stage_step)
-    const plan::staging_costs staging = plan::staging_slots_of(cost, in.costs.offload, in.optimizer_states);
-    for (const auto& c : cost) {
-      const plan::staging_costs need = plan::staging_costs_of(c, in.costs.offload, in.optimizer_states);
-      const int a = need.master ? take(stage_master, staging.master) : -1;
+    const plan::staging_costs staging = plan::staging_slots_of(cost, offload, in.optimizer_states);
+    for (std::size_t u = 0; u < n; ++u) {
+      const plan::staging_costs need = plan::staging_costs_of(cost[u], offload[u], in.optimizer_states);
+      const int a = need.master ? take(upload_ring, slots.upload) : -1;  // the master's staging: an upload slot
       const int b = need.grad ? take(stage_grad, staging.grad) : -1;
       const int d = need.state ? take(stage_state, staging.state) : -1;
-      if (a >= 0) stage_master.give(a);
+      if (a >= 0) upload_ring.give(a);
       if (b >= 0) stage_grad.give(b);
       if (d >= 0) stage_state.give(d);
     }
-    for (const auto& c : cost) link += plan::optimizer_link_bytes(c, in.costs.offload, in.optimizer_states, in.norm_rows > 0);
+    for (std::size_t u = 0; u < n; ++u)
+      link += plan::optimizer_link_bytes(cost[u], offload[u], in.optimizer_states, in.norm_rows > 0);
     s.after_step();
   }
   out.peak = m.peak;

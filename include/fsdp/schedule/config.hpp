@@ -40,6 +40,8 @@ struct config {
   bool sync_each_micro_batch = true;
   /// Keep every gathered unit until the last micro-batch's backward ends.
   bool keep_gathered = false;
+  /// Per unit index: the parts it keeps in host memory (the policy's, or model_options::offload_units').
+  std::vector<offload_facts> offload;
 };
 
 /// The schedule configuration of `units` under these facts and options. Every option that names a unit is
@@ -103,6 +105,18 @@ inline config build_config(const unit_index& units, const strategy_facts& strate
   c.micro_batches = a.micro_batches;
   c.sync_each_micro_batch = a.sync == grad_sync::every_micro_batch;
   c.keep_gathered = a.keep_gathered;
+  c.offload.assign(n, offload);
+  for (const auto& [name, facts] : opt.offload_units) {
+    const auto u = units.find(name);
+    if (!u)
+      detail::fail_usage("model_options::offload_units names '", name, "', which is not a unit (units: ", units.list(), ")");
+    if (facts.params != offload.params && !plan::units_gather(strategy.shards_params, precision))
+      detail::fail_usage("model_options::offload_units sets params for unit '", name, "' unlike the policy, but under ",
+                         strategy.name, " in fp32 whether a unit's master serves compute or is gathered follows the "
+                         "policy's params, for every unit alike; set params in the policy only, or shard the "
+                         "parameters");
+    c.offload[*u] = facts;
+  }
   return c;
 }
 

@@ -38,6 +38,8 @@ class slot_ledger {
   void give(int slot) { free_.push_back(slot); }
   /// Slots made so far.
   int count() const noexcept { return count_; }
+  /// Slots made before one is reused.
+  int keep() const noexcept { return keep_; }
 
  private:
   int keep_;

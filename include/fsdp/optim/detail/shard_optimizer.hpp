@@ -90,7 +90,7 @@ class shard_optimizer {
     auto& be = model.backend();
     for (std::size_t u = 0; u < model.size(); ++u) {
       pieces_.push_back(masked_pieces(model.unit(u).shard_views(), model.unit(u).layout().shard_numel()));
-      const plan::buffer_cost c = plan::optimizer_state_cost(model.unit(u).layout(), 1, ModelT::offload_of());
+      const plan::buffer_cost c = plan::optimizer_state_cost(model.unit(u).layout(), 1, model.unit_offload(u));
       std::vector<buffer> s;
       for (int k = 0; k < states_; ++k) {
         s.push_back(exec::allocate(be, c, be.compute_stream()));
@@ -107,7 +107,7 @@ class shard_optimizer {
   /// be asynchronous). The model must outlive the optimizer. Never throws.
   ~shard_optimizer() {
     try {
-      model_.backend().synchronize(model_.backend().compute_stream());
+      model_.synchronize_quietly();  // offloaded state: the copy streams use it too
     } catch (...) {
     }
   }
@@ -156,28 +156,26 @@ class shard_optimizer {
         r = grad::inspect(model_, grad_, backward);
       }
       if (r.skipped) return;
-      if constexpr (ModelT::offload_of().host_step()) {
-        for (std::size_t u = 0; u < model_.size(); ++u) {
+      for (std::size_t u = 0; u < model_.size(); ++u) {
+        const offload_facts& o = model_.unit_offload(u);
+        if (o.host_step()) {  // everything on the host: one host function for the unit
           std::vector<std::function<void()>> work;
           on_host site{work};
           for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
           model_.host_update(u, [work = std::move(work)] {
             for (const auto& w : work) w();
           });
-        }
-      } else if constexpr (ModelT::offload_of().any()) {  // some parts on the host: staged, unit by unit
-        for (std::size_t u = 0; u < model_.size(); ++u) {
+        } else if (o.any()) {  // some parts on the host: staged through device slots
           std::vector<float*> states;
           for (auto& b : state_[u]) states.push_back(b.template as<float>());
           const auto parts = model_.stage_step(u, states);
           on_device site{model_.backend(), &parts};
           for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
           model_.unstage_step(u, states);
-        }
-      } else {
-        on_device site{model_.backend()};
-        for (std::size_t u = 0; u < model_.size(); ++u)
+        } else {
+          on_device site{model_.backend()};
           for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
+        }
       }
     });
     if (!r.skipped) ++steps_;
@@ -191,14 +189,14 @@ class shard_optimizer {
   /// The inspection's norms over offloaded gradient shards read them in place: a backend whose device addresses
   /// its host memory (every device with unified addressing; not the simulated GPU).
   static void require_device_access(ModelT& model, const grad::options& g) {
-    constexpr offload_facts o = ModelT::offload_of();
     if constexpr (requires { model.backend().host_memory_on_device(); }) {
-      if (o.grads && g.inspects() && !model.backend().host_memory_on_device())
-        fsdp::detail::fail_usage("offload policy ", describe(o),
-                                 ": the gradient inspection's norms run on the device and read the offloaded gradient "
-                                 "shards in place, but this device cannot address pinned host memory (no unified "
-                                 "addressing): keep the gradients on the device, or inspect no gradients (no "
-                                 "clipping, non-finite checks or loss scaling)");
+      for (std::size_t u = 0; u < model.size(); ++u)
+        if (model.unit_offload(u).grads && g.inspects() && !model.backend().host_memory_on_device())
+          fsdp::detail::fail_usage("unit '", model.unit(u).name(), "' offloads ", describe(model.unit_offload(u)),
+                                   ": the gradient inspection's norms run on the device and read the offloaded "
+                                   "gradient shards in place, but this device cannot address pinned host memory (no "
+                                   "unified addressing): keep the gradients on the device, or inspect no gradients "
+                                   "(no clipping, non-finite checks or loss scaling)");
     }
   }
 
