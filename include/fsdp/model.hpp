@@ -278,7 +278,7 @@ class Model {
     sched_.after_step();
   }
 
-  /// Inside step()'s update, with params, grads and optimizer state offloaded (offload_of().host_step()): runs
+  /// Inside step()'s update, for a unit with params, grads and optimizer state offloaded (unit_offload(u).host_step()): runs
   /// `fn` on the host when unit u's reduction has reached its host gradient shard and its master's last write is
   /// done (in the download stream's order); u's next gather waits for `fn` alone, so the next forward overlaps the
   /// updates of later units. The optimizers use it; `fn` must touch unit u's host shards and state only.
@@ -287,7 +287,7 @@ class Model {
     exec_.host_update(u, std::move(fn));
   }
 
-  /// Inside step()'s update, with some but not all of params, grads and optimizer state offloaded: copies unit u's
+  /// Inside step()'s update, for a unit with some but not all of params, grads and optimizer state offloaded: copies unit u's
   /// host-resident parts (`states`: the optimizer's state buffers of u) into device staging slots after their
   /// last writes; the optimizer issues its kernels on the compute stream at the returned parts' on_device()
   /// addresses, then calls unstage_step(u, states), which copies the master and state back. Two slots of each part

@@ -5,6 +5,7 @@
 // no host synchronisation), so no stream writes a slot another stream still reads, and no allocator is asked for
 // memory within a step.
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "fsdp/backend/concept.hpp"
@@ -25,6 +26,16 @@ typename B::buffer allocate(B& be, const plan::buffer_cost& c, typename B::strea
                          " in host memory, on a backend without it (one that does not model fsdp::OffloadBackend)");
   }
   return be.allocate(c.bytes(), c.category, first_use);
+}
+
+/// Zeroes `b`, just made by allocate() with cost `c`: host memory at once (nothing uses it yet), device memory
+/// on `s`.
+template <Backend B>
+void zero_new(B& be, typename B::buffer& b, const plan::buffer_cost& c, typename B::stream& s) {
+  if (c.where == domain::host)
+    std::memset(b.data(), 0, static_cast<std::size_t>(c.bytes()));
+  else
+    be.fill_zero(b.data(), c.bytes(), s);
 }
 
 template <Backend B>

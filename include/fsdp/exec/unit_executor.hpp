@@ -206,10 +206,7 @@ class unit_executor {
     else
       be_->upload(b.master.data(), staging.data(), c.master.bytes(), cs);
     be_->record(b.shard_ready, cs);
-    if (c.grad_shard.where == domain::host)
-      std::memset(b.grad_shard.data(), 0, static_cast<std::size_t>(c.grad_shard.bytes()));
-    else
-      be_->fill_zero(b.grad_shard.data(), c.grad_shard.bytes(), cs);
+    zero_new(*be_, b.grad_shard, c.grad_shard, cs);
     be_->synchronize(cs);  // staging goes out of scope
     if (master_serves) b.params = b.master.data();
   }

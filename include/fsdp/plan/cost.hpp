@@ -119,11 +119,13 @@ struct slot_costs {
   buffer_cost gathered, grad, reduce_input, reduce_output, upload, download;
 };
 
+/// `slot` becomes `b` when `b` is larger: a slot holds the largest buffer of its purpose.
+inline void widen(buffer_cost& slot, const buffer_cost& b) {
+  if (b.numel > slot.numel) slot = b;
+}
+
 inline slot_costs slot_costs_of(const std::vector<unit_costs>& units) {
   slot_costs s;
-  auto widen = [](buffer_cost& slot, const buffer_cost& b) {
-    if (b.numel > slot.numel) slot = b;
-  };
   for (const unit_costs& c : units) {
     widen(s.gathered, c.gathered);
     widen(s.grad, c.grad);
@@ -166,9 +168,6 @@ inline staging_costs staging_costs_of(const unit_costs& c, const offload_facts& 
 inline staging_costs staging_slots_of(const std::vector<unit_costs>& units, const std::vector<offload_facts>& offload,
                                       int states) {
   staging_costs s;
-  auto widen = [](buffer_cost& slot, const buffer_cost& b) {
-    if (b.numel > slot.numel) slot = b;
-  };
   for (std::size_t i = 0; i < units.size(); ++i) {
     const staging_costs u = staging_costs_of(units[i], offload[i], states);
     widen(s.master, u.master);

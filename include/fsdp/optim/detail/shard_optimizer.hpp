@@ -8,13 +8,14 @@
 //   optimizer's fused update over every piece with the gradient scale (clipping, loss-scale removal);
 //   afterwards tell the loss scaler whether the step was skipped.
 //
-// Where the update runs: on the compute stream (the backend's kernels), or, with params, grads and optimizer state
-// offloaded (fsdp/offload/offload.hpp), on the host, one host function per unit (Model::host_update) running the
-// same per-element code (fsdp/kernels/host_loops.hpp). The optimizers write their update once, against a `site`
-// that is one or the other. State buffers live in host memory when the optimizer state is offloaded.
+// Where the update runs, per unit (fsdp/offload/offload.hpp): on the compute stream (the backend's kernels); for a
+// unit with params, grads and optimizer state offloaded, on the host, one host function for the unit
+// (Model::host_update) running the same per-element code (fsdp/kernels/host_loops.hpp); for a unit with some parts
+// offloaded, on the compute stream over device copies of those parts (Model::stage_step / unstage_step). The
+// optimizers write their update once, against a `site` that is on_host or on_device. State buffers live in host
+// memory when the unit's optimizer state is offloaded.
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -22,8 +23,8 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
-#include "fsdp/grad/inspect.hpp"
 #include "fsdp/exec/slot_ring.hpp"
+#include "fsdp/grad/inspect.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
 #include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
@@ -94,23 +95,15 @@ class shard_optimizer {
       std::vector<buffer> s;
       for (int k = 0; k < states_; ++k) {
         s.push_back(exec::allocate(be, c, be.compute_stream()));
-        if (c.where == domain::host)  // new host memory: nothing else uses it yet
-          std::memset(s.back().data(), 0, static_cast<std::size_t>(c.bytes()));
-        else
-          be.fill_zero(s.back().data(), c.bytes(), be.compute_stream());
+        exec::zero_new(be, s.back(), c, be.compute_stream());
       }
       state_.push_back(std::move(s));
     }
     require_device_access(model, g);
   }
-  /// Waits for the optimizer's kernels on the compute stream before its state buffers go (the compute stream may
-  /// be asynchronous). The model must outlive the optimizer. Never throws.
-  ~shard_optimizer() {
-    try {
-      model_.synchronize_quietly();  // offloaded state: the copy streams use it too
-    } catch (...) {
-    }
-  }
+  /// Waits for every stream of the model before its state buffers go: the compute stream may be asynchronous,
+  /// and offloaded state is used on the copy streams after step() returns. The model must outlive the optimizer.
+  ~shard_optimizer() { model_.synchronize_quietly(); }
   shard_optimizer(const shard_optimizer&) = delete;
   shard_optimizer& operator=(const shard_optimizer&) = delete;
 
