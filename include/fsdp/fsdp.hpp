@@ -30,6 +30,7 @@
 #include "fsdp/plan/budget.hpp"
 #include "fsdp/plan/cost.hpp"
 #include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/plan/timeline.hpp"
 #include "fsdp/policy.hpp"
 #include "fsdp/precision/precision.hpp"
 #include "fsdp/prefetch/prefetch.hpp"

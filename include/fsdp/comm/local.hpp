@@ -23,12 +23,11 @@
 namespace fsdp::comm {
 
 using detail::collective_delay;
-using detail::link_model;
 
 struct local_options {
   /// Longest a rank waits for the others inside one collective before the whole group fails.
   std::chrono::milliseconds timeout{60000};
-  /// A modelled link bandwidth and latency (off by default): see detail/local_group.hpp.
+  /// A modelled link bandwidth and latency (off by default): see fsdp/comm/link.hpp.
   link_model link{};
   /// Delay injection before each rank's part of each collective (off when empty).
   collective_delay delay{};

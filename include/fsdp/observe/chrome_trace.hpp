@@ -28,32 +28,39 @@ enum tid : int { compute = 0, all_gather = 1, reduce = 2, scheduler = 3 };
 inline double us(std::int64_t ns) { return double(ns) / 1000.0; }
 }  // namespace chrome_detail
 
-/// The whole trace as a JSON value.
-inline nlohmann::json chrome_trace_json(const recorder& rec) {
+/// How a trace names its processes: `process` followed by the rank ("rank 0"; "predicted rank 0" for a timeline
+/// plan's events), at process id rank + pid_offset, so that a measured and a predicted trace can share one file.
+struct chrome_options {
+  std::string process = "rank ";
+  int pid_offset = 0;
+};
+
+/// Events (a recorder's, or the timeline planner's prediction, fsdp/plan/timeline.hpp) as a JSON trace value.
+inline nlohmann::json chrome_trace_json(const std::vector<event>& events, const std::vector<std::string>& names,
+                                        const std::vector<memory_sample>& memory = {}, const chrome_options& o = {}) {
   using nlohmann::json;
   using namespace chrome_detail;
-  const std::vector<std::string> names = rec.unit_names();
   // A Model's unit names are UTF-8 (make_units checks them); names set on a recorder by hand are written in
   // printable form, so that the JSON is always valid.
   auto unit_name = [&](int u) -> std::string {
     if (u < 0) return "-";
     return std::size_t(u) < names.size() ? fsdp::detail::printable(names[std::size_t(u)]) : "unit " + std::to_string(u);
   };
-  const std::vector<event> events = rec.events();
   json out = json::array();
   std::vector<int> ranks;
   for (const auto& e : events)
     if (std::find(ranks.begin(), ranks.end(), e.rank) == ranks.end()) ranks.push_back(e.rank);
-  for (const auto& m : rec.memory_timeline())
+  for (const auto& m : memory)
     if (std::find(ranks.begin(), ranks.end(), m.rank) == ranks.end()) ranks.push_back(m.rank);
   std::sort(ranks.begin(), ranks.end());
 
   for (int r : ranks) {
-    out.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r)}}}});
-    out.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r}, {"args", {{"sort_index", r}}}});
+    const int pid = r + o.pid_offset;
+    out.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", o.process + std::to_string(r)}}}});
+    out.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
     const char* threads[] = {"compute", "all_gather", "reduce", "scheduler"};
     for (int t = 0; t < 4; ++t)
-      out.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", t}, {"args", {{"name", threads[t]}}}});
+      out.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", t}, {"args", {{"name", threads[t]}}}});
 
     // Each stream runs in order: a begin pairs with the next end of its lane; the n-th issue of a lane's
     // collective pairs with its n-th begin.
@@ -65,7 +72,7 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
       const double ts = us(e.t_ns);
       auto complete = [&](const event& b, int tid, std::string name, std::string cat, json args) {
         args["step"] = b.step;
-        out.push_back({{"ph", "X"}, {"name", std::move(name)}, {"cat", std::move(cat)}, {"pid", r}, {"tid", tid},
+        out.push_back({{"ph", "X"}, {"name", std::move(name)}, {"cat", std::move(cat)}, {"pid", pid}, {"tid", tid},
                        {"ts", us(b.t_ns)}, {"dur", us(e.t_ns - b.t_ns)}, {"args", std::move(args)}});
       };
       switch (e.what) {
@@ -89,13 +96,13 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
           (g ? gather_issues : reduce_issues).push_back(e);
           const std::string coll(name_of(g ? collective::all_gather : e.coll));
           out.push_back({{"ph", "i"}, {"s", "t"}, {"name", "issue " + coll + " " + unit_name(e.unit) + (e.ahead ? " (prefetch)" : "")},
-                         {"cat", "scheduler"}, {"pid", r}, {"tid", scheduler}, {"ts", ts},
+                         {"cat", "scheduler"}, {"pid", pid}, {"tid", scheduler}, {"ts", ts},
                          {"args", {{"unit", unit_name(e.unit)}, {"bytes", e.bytes}, {"prefetch", e.ahead}, {"step", e.step}}}});
           break;
         }
         case kind::release:
           out.push_back({{"ph", "i"}, {"s", "t"}, {"name", "release " + unit_name(e.unit)}, {"cat", "scheduler"},
-                         {"pid", r}, {"tid", scheduler}, {"ts", ts}, {"args", {{"unit", unit_name(e.unit)}, {"step", e.step}}}});
+                         {"pid", pid}, {"tid", scheduler}, {"ts", ts}, {"args", {{"unit", unit_name(e.unit)}, {"step", e.step}}}});
           break;
         case kind::gather_begin: gather_begins.push_back(e); break;
         case kind::reduce_begin: reduce_begins.push_back(e); break;
@@ -122,23 +129,31 @@ inline nlohmann::json chrome_trace_json(const recorder& rec) {
     for (std::size_t n = 0; n < gather_slices.size() && n < gather_issues.size(); ++n)
       out[gather_slices[n]]["args"]["prefetch"] = gather_issues[n].ahead;
   }
-  for (const auto& m : rec.memory_timeline()) {
+  for (const auto& m : memory) {
     json args = json::object();
     for (std::size_t k = 0; k < mem_categories; ++k) args[std::string(name_of(static_cast<mem>(k)))] = m.current.bytes[k];
-    out.push_back({{"ph", "C"}, {"name", "memory (bytes)"}, {"pid", m.rank}, {"ts", us(m.t_ns)}, {"args", std::move(args)}});
+    out.push_back({{"ph", "C"}, {"name", "memory (bytes)"}, {"pid", m.rank + o.pid_offset}, {"ts", us(m.t_ns)}, {"args", std::move(args)}});
   }
   return {{"traceEvents", std::move(out)}, {"displayTimeUnit", "ms"}};
 }
 
+/// The whole recorder as a JSON trace value.
+inline nlohmann::json chrome_trace_json(const recorder& rec, const chrome_options& o = {}) {
+  return chrome_trace_json(rec.events(), rec.unit_names(), rec.memory_timeline(), o);
+}
+
 inline void write_chrome_trace(const recorder& rec, std::ostream& os) { os << chrome_trace_json(rec).dump() << '\n'; }
 
-/// Writes the trace to `path`; throws std::runtime_error naming the path when it cannot be written.
-inline void write_chrome_trace(const recorder& rec, const std::string& path) {
+/// Writes a JSON trace value to `path`; throws std::runtime_error naming the path when it cannot be written.
+inline void write_chrome_trace(const nlohmann::json& trace, const std::string& path) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) throw std::runtime_error("fsdp: cannot open trace file '" + path + "' for writing");
-  write_chrome_trace(rec, f);
+  f << trace.dump() << '\n';
   f.flush();
   if (!f) throw std::runtime_error("fsdp: writing trace file '" + path + "' failed");
 }
+
+/// Writes the recorder's trace to `path` (see above).
+inline void write_chrome_trace(const recorder& rec, const std::string& path) { write_chrome_trace(chrome_trace_json(rec), path); }
 
 }  // namespace fsdp::trace

@@ -213,13 +213,27 @@ inline std::int64_t uncovered(const std::vector<interval>& a, const std::vector<
 }
 }  // namespace detail
 
-/// Summarises `step` of `rank` from a recorder's events. Needs the step's stream work to have finished and been
-/// recorded: call it after model.synchronize() (on a backend with timing marks, backend::cuda, stream-side events
-/// enter the recorder there); a begin without its end is ignored.
-inline step_summary summarize(const std::vector<event>& events, int rank, std::uint64_t step) {
-  step_summary s;
-  s.step = step;
-  s.rank = rank;
+/// One rank's step as intervals, in the events' nanoseconds: what summarize() reports, and what the timeline
+/// planner (fsdp/plan/timeline.hpp) reads from its predicted events, so that a prediction and a measurement are
+/// summarised by the same rules.
+struct step_intervals {
+  std::int64_t first_ns = 0, last_ns = 0;   ///< first and last event of the step (0, 0: none)
+  std::vector<detail::interval> compute;    ///< merged compute intervals (units and optimizer)
+  std::vector<detail::interval> comm;       ///< merged collective intervals
+  std::vector<collective_timing> collectives;  ///< in issue order
+  std::int64_t exposed_ns() const { return detail::uncovered(comm, compute); }
+  /// Collective time of unit u not covered by compute (its all-gathers and reductions, merged).
+  std::int64_t exposed_ns(int unit) const {
+    std::vector<detail::interval> mine;
+    for (const auto& c : collectives)
+      if (c.unit == unit) mine.emplace_back(c.begin_ns, c.end_ns);
+    return detail::uncovered(detail::merged(std::move(mine)), compute);
+  }
+};
+
+/// The intervals of `step` of `rank` (see summarize()).
+inline step_intervals intervals_of(const std::vector<event>& events, int rank, std::uint64_t step) {
+  step_intervals s;
   std::vector<detail::interval> compute, comm;
   std::int64_t lo = INT64_MAX, hi = INT64_MIN;
   std::vector<std::int64_t> open_compute;  // the compute stream is in order: a begin pairs with the next end
@@ -227,7 +241,6 @@ inline step_summary summarize(const std::vector<event>& events, int rank, std::u
   // order they were recorded in: a stream time is only as close to the host's as its clock alignment).
   std::vector<collective_timing> gathers, reduces;
   std::vector<std::int64_t> g_begin, g_end, r_begin, r_end;
-  auto sec = [](std::int64_t ns) { return double(ns) * 1e-9; };
   for (const auto& e : events) {
     if (e.rank != rank || e.step != step) continue;
     lo = std::min(lo, e.t_ns);
@@ -271,13 +284,27 @@ inline step_summary summarize(const std::vector<event>& events, int rank, std::u
       s.collectives.push_back(c);
     }
   std::stable_sort(s.collectives.begin(), s.collectives.end(),
-            [](const collective_timing& a, const collective_timing& b) { return a.issued_ns < b.issued_ns; });
-  const auto cm = detail::merged(std::move(compute));
-  const auto km = detail::merged(std::move(comm));
-  if (lo <= hi) s.wall_s = sec(hi - lo);
-  s.compute_s = sec(detail::length(cm));
-  s.comm_s = sec(detail::length(km));
-  s.exposed_comm_s = sec(detail::uncovered(km, cm));
+                   [](const collective_timing& a, const collective_timing& b) { return a.issued_ns < b.issued_ns; });
+  s.compute = detail::merged(std::move(compute));
+  s.comm = detail::merged(std::move(comm));
+  if (lo <= hi) s.first_ns = lo, s.last_ns = hi;
+  return s;
+}
+
+/// Summarises `step` of `rank` from a recorder's events. Needs the step's stream work to have finished and been
+/// recorded: call it after model.synchronize() (on a backend with timing marks, backend::cuda, stream-side events
+/// enter the recorder there); a begin without its end is ignored.
+inline step_summary summarize(const std::vector<event>& events, int rank, std::uint64_t step) {
+  const step_intervals i = intervals_of(events, rank, step);
+  auto sec = [](std::int64_t ns) { return double(ns) * 1e-9; };
+  step_summary s;
+  s.step = step;
+  s.rank = rank;
+  s.wall_s = sec(i.last_ns - i.first_ns);
+  s.compute_s = sec(detail::length(i.compute));
+  s.comm_s = sec(detail::length(i.comm));
+  s.exposed_comm_s = sec(i.exposed_ns());
+  s.collectives = i.collectives;
   return s;
 }
 

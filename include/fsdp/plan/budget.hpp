@@ -2,8 +2,11 @@
 // Fitting a memory budget before anything is allocated: the largest prefetch depth, and the preferred unit
 // grouping, whose planned peak (all categories at once, per rank) stays within a budget; and, with offloading
 // (fsdp/offload/offload.hpp), the configuration that fits a device budget while moving the fewest bytes over the
-// host link. Built on the memory planner, so the answer holds for the scheduler as it runs.
+// host link; and ranking configurations by predicted step time among those that fit (rank_by_time, on the
+// timeline planner). Built on the planners, so the answer holds for the scheduler as it runs.
+#include <algorithm>
 #include <cstdint>
+#include <iomanip>
 #include <limits>
 #include <optional>
 #include <string>
@@ -12,6 +15,7 @@
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/plan/timeline.hpp"
 #include "fsdp/precision/precision.hpp"
 #include "fsdp/prefetch/prefetch.hpp"
 #include "fsdp/schedule/config.hpp"
@@ -65,11 +69,9 @@ struct budget_choice {
 };
 
 namespace plan_detail {
-/// The plan of `units` at prefetch depth `depth` on the query's axis, with the schedule built by the same
+/// The planners' inputs for `units` under the query with these prefetch facts, with the schedule built by the same
 /// function a Model uses (sched::build_config).
-inline memory_plan plan_at(const planned_units& u, const budget_query& q, int depth) {
-  const prefetch_facts pf{q.axis == depth_axis::backward ? 0 : depth, q.axis == depth_axis::forward ? 0 : depth, false,
-                          false};
+inline memory_plan_inputs inputs_for(const planned_units& u, const budget_query& q, const prefetch_facts& pf) {
   model_options opt;
   opt.gather_slots = q.gather_slots;
   opt.grad_slots = q.grad_slots;
@@ -79,7 +81,13 @@ inline memory_plan plan_at(const planned_units& u, const budget_query& q, int de
   in.costs = plan::make_cost_facts(q.precision, q.strategy.shards_params, q.accumulation, q.offload);
   in.optimizer_states = q.optimizer_states;
   in.norm_rows = q.norm_rows;
-  return plan_memory(u.names, u.layouts, in);
+  return in;
+}
+/// The plan of `units` at prefetch depth `depth` on the query's axis.
+inline memory_plan plan_at(const planned_units& u, const budget_query& q, int depth) {
+  const prefetch_facts pf{q.axis == depth_axis::backward ? 0 : depth, q.axis == depth_axis::forward ? 0 : depth, false,
+                          false};
+  return plan_memory(u.names, u.layouts, inputs_for(u, q, pf));
 }
 }  // namespace plan_detail
 
@@ -137,6 +145,104 @@ inline std::optional<offload_choice> fit_device_budget(const std::vector<planned
         best = offload_choice{i, o, c->depth, std::move(c->plan)};
     }
   return best;
+}
+
+/// One configuration to rank by time (the rest is the query's): a prefetch policy's facts, the gather slots and the
+/// precision.
+struct time_variant {
+  std::string label;
+  prefetch_facts prefetch{};
+  int gather_slots = 0;
+  precision_facts precision{};
+};
+
+/// A configuration that fits, with its memory plan and predicted step.
+struct timed_choice {
+  std::size_t candidate = 0;  ///< index into the groupings given
+  std::size_t variant = 0;    ///< index into the variants given
+  std::string label;          ///< "grouping / variant"
+  memory_plan plan;
+  timeline time;
+};
+
+/// rank_by_time's answer: the configurations that fit, fastest first, and the ones left out with the reason.
+struct time_ranking {
+  std::vector<timed_choice> ranked;
+  std::vector<std::string> left_out;  ///< "'grouping / variant': why"
+  std::int64_t budget = 0;
+
+  const timed_choice* best() const noexcept { return ranked.empty() ? nullptr : &ranked.front(); }
+
+  /// Why the best configuration wins, in a sentence or two: its predicted step against the next fastest, split
+  /// into exposed communication and compute, and its memory against the budget.
+  std::string why() const {
+    auto ms = [](std::int64_t ns) { return detail::cat(std::fixed, std::setprecision(3), double(ns) * 1e-6, " ms"); };
+    auto mib = [](std::int64_t b) {
+      if (b < (std::int64_t{1} << 20)) return detail::cat(b, " B");
+      return detail::cat(std::fixed, std::setprecision(1), double(b) / (1024.0 * 1024.0), " MiB");
+    };
+    if (ranked.empty())
+      return detail::cat("no configuration fits the budget of ", mib(budget), " (", left_out.size(), " left out)");
+    const timed_choice& a = ranked[0];
+    std::string s = detail::cat("'", a.label, "' wins: predicted step ", ms(a.time.step_ns), ", ", ms(a.time.exposed_ns),
+                                " of it exposed communication; peak ", mib(a.plan.peak.total), " of the ", mib(budget),
+                                " budget");
+    if (ranked.size() == 1) return s + "; it is the only configuration that fits";
+    const timed_choice& b = ranked[1];
+    s += detail::cat(". The next fastest, '", b.label, "', takes ", ms(b.time.step_ns), " (", ms(b.time.exposed_ns),
+                     " exposed)");
+    const std::int64_t d_exposed = b.time.exposed_ns - a.time.exposed_ns;
+    const std::int64_t d_step = b.time.step_ns - a.time.step_ns;
+    if (d_step == 0)
+      s += ": the same step; the winner needs less memory (" + mib(a.plan.peak.total) + " against " +
+           mib(b.plan.peak.total) + ")";
+    else if (d_exposed > 0)
+      s += detail::cat(": ", ms(d_exposed), " more communication left exposed");
+    else
+      s += ": its exposed communication is not larger; the difference is in when compute can run";
+    return s;
+  }
+};
+
+/// Ranks every grouping x variant that fits `device_budget` (the planned device peak, all categories at once) by
+/// predicted step time, fastest first; ties go to the smaller peak, then to the order given. `t`'s compute is
+/// ignored: `compute` gives each unit's (a flops_model, or any callable of a FlatLayout). The query gives the
+/// rest (strategy, optimizer, grad slots, accumulation, offload).
+template <class Compute>
+time_ranking rank_by_time(const std::vector<planned_units>& groupings, const std::vector<time_variant>& variants,
+                          budget_query q, time_model t, const Compute& compute, std::int64_t device_budget) {
+  if (variants.empty()) detail::fail_usage("rank_by_time: no variants to rank (give at least one)");
+  time_ranking out;
+  out.budget = device_budget;
+  for (std::size_t g = 0; g < groupings.size(); ++g) {
+    const planned_units& u = groupings[g];
+    t.compute.clear();
+    for (const FlatLayout& l : u.layouts) t.compute.push_back(compute(l));
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      const time_variant& var = variants[v];
+      q.gather_slots = var.gather_slots;
+      q.precision = var.precision;
+      const memory_plan_inputs in = plan_detail::inputs_for(u, q, var.prefetch);
+      const std::string label = detail::cat(u.label, " / ", var.label);
+      memory_plan plan = plan_memory(u.names, u.layouts, in);
+      if (!plan.feasible()) {
+        out.left_out.push_back(detail::cat("'", label, "': ", plan.infeasible));
+        continue;
+      }
+      if (plan.peak.total > device_budget) {
+        out.left_out.push_back(detail::cat("'", label, "': its peak of ", plan.peak.total, " bytes is over the budget of ",
+                                           device_budget));
+        continue;
+      }
+      timeline time = plan_timeline(u.names, u.layouts, in, t);
+      out.ranked.push_back({g, v, label, std::move(plan), std::move(time)});
+    }
+  }
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const timed_choice& a, const timed_choice& b) {
+    if (a.time.step_ns != b.time.step_ns) return a.time.step_ns < b.time.step_ns;
+    return a.plan.peak.total < b.plan.peak.total;
+  });
+  return out;
 }
 
 }  // namespace fsdp

@@ -2,8 +2,8 @@
 // Memory planner: the per-rank peak of every memory category, and of their sum, known before the first step.
 // It runs the scheduler's own decisions (fsdp/schedule/scheduler.hpp) through two training steps of every
 // micro-batch on byte counters, with each buffer's cost from fsdp/plan/cost.hpp, in the order the unit executor
-// allocates and releases, and with the executor's slot ledgers (fsdp/schedule/slot_ledger.hpp) for what lives in
-// slots. So every policy the scheduler knows (prefetch depth or schedule, gather and grad slots, per-unit
+// allocates and releases (fsdp/plan/program.hpp, the executor's stream program, which the timeline planner reads
+// too), and with the executor's slot ledgers (fsdp/schedule/slot_ledger.hpp) for what lives in slots. So every policy the scheduler knows (prefetch depth or schedule, gather and grad slots, per-unit
 // resharding, recorded order, precision, gradient accumulation) is planned by the code that schedules it. The
 // figures hold on the device too: within a step the executor takes no memory but its slots, and reuses a slot
 // only after an event (tests/model/memory_bound_test.cc checks this against a model of a stream-ordered pool).
@@ -22,6 +22,7 @@
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/plan/cost.hpp"
+#include "fsdp/plan/program.hpp"
 #include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/schedule/slot_ledger.hpp"
 #include "fsdp/unit/unit_index.hpp"
@@ -96,6 +97,31 @@ struct counter {
   }
   void sub(const plan::buffer_cost& b) { add(b, -1); }
 };
+
+/// The program's memory reading: a slot's bytes count from the take that makes it (for good); the accumulator
+/// from its making to its freeing; the copies of the passes count as link bytes.
+struct memory_reading {
+  counter& m;
+  const plan::step_program& prog;
+  plan::link_bytes link;
+  int gathered = 0, max_gathered = 0;
+
+  void take(plan::lane, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost& each, std::size_t) {
+    if (p.fresh) m.add(each);
+    if (r == plan::ring::gathered) max_gathered = std::max(max_gathered, ++gathered);
+  }
+  void give(plan::lane, plan::ring r, int, std::size_t) {
+    if (r == plan::ring::gathered) --gathered;
+  }
+  void buffer(plan::lane, const plan::buffer_cost& b, bool made, std::size_t) { m.add(b, made ? 1 : -1); }
+  void wait(plan::lane, plan::signal, std::size_t) {}
+  void record(plan::lane, plan::signal, std::size_t) {}
+  void stamp(plan::lane, trace::kind, pass_kind, std::size_t, bool = false) {}
+  void work(plan::lane, plan::job j, std::size_t u, pass_kind) {
+    if (j == plan::job::upload_master) link.to_device += prog.costs(u).upload.bytes();
+    if (j == plan::job::download_grad) link.to_host += prog.costs(u).download.bytes();
+  }
+};
 }  // namespace plan_detail
 
 /// Plans one rank's memory for units with these names and layouts (in unit-index order).
@@ -130,102 +156,32 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
   for (std::size_t u = 0; u < n; ++u) m.add(plan::optimizer_state_cost(layouts[u], in.optimizer_states, offload[u]));
 
   sched::scheduler s(units, in.schedule);
-  std::vector<bool> accumulating(n, false);  // the unit's no-sync accumulator is allocated
-  // The executor's slot rings (exec/slot_ring.hpp): the same ledgers; a slot's memory counts from the take that
-  // makes it, for good.
-  const plan::slot_costs slots = plan::slot_costs_of(cost);
-  sched::slot_ledger gather_ring(1), grad_ring(in.schedule.grad_slots), in_ring(1), out_ring(1),
-      upload_ring(plan::offload_slots), download_ring(plan::offload_slots), stage_grad(plan::offload_slots),
-      stage_state(plan::offload_slots);
-  std::vector<int> gather_slot(n, -1), grad_slot(n, -1);
-  plan::link_bytes link;  // of the step being planned
-  auto take = [&](sched::slot_ledger& ring, const plan::buffer_cost& each) {
-    const sched::slot_ledger::pick p = ring.take();
-    if (p.fresh) m.add(each);
-    return p.slot;
-  };
-  int gathered = 0;
-  auto exec = [&](sched::op o, std::size_t i, bool) {
-    const plan::unit_costs& c = cost[i];
-    switch (o) {
-      case sched::op::gather: {  // the executor's gather(): an upload slot (offloaded params), the gather slot
-        const int up = c.upload ? take(upload_ring, slots.upload) : -1;
-        gather_slot[i] = take(gather_ring, slots.gathered);
-        if (up >= 0) upload_ring.give(up);
-        link.to_device += c.upload.bytes();
-        out.max_units_gathered = std::max(out.max_units_gathered, ++gathered);
-        break;
-      }
-      case sched::op::release:
-        gather_ring.give(gather_slot[i]);
-        --gathered;
-        break;
-      case sched::op::alloc_grad: grad_slot[i] = take(grad_ring, slots.grad); break;
-      case sched::op::accumulate:  // the executor's accumulate(): the accumulator, then the grad slot given back
-        if (!accumulating[i]) m.add(c.accumulator);
-        accumulating[i] = true;
-        grad_ring.give(grad_slot[i]);
-        break;
-      case sched::op::reduce: {  // the executor's reduce(), in its order
-        if (accumulating[i]) grad_ring.give(grad_slot[i]);  // added into the accumulator first
-        const int a = c.reduce_input ? take(in_ring, slots.reduce_input) : -1;
-        const int b = c.reduce_output ? take(out_ring, slots.reduce_output) : -1;
-        const int d = c.download ? take(download_ring, slots.download) : -1;  // offloaded grads: the copy to the host
-        link.to_host += c.download.bytes();
-        if (b >= 0) out_ring.give(b);
-        if (a >= 0) in_ring.give(a);
-        if (accumulating[i]) m.sub(c.accumulator);
-        else grad_ring.give(grad_slot[i]);
-        if (d >= 0) download_ring.give(d);
-        accumulating[i] = false;
-        break;
-      }
-      case sched::op::wait: break;
-    }
-  };
-  const sched::config& cfg = in.schedule;
+  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states);
+  plan_detail::memory_reading r{m, prog, {}, 0, 0};
   // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
   for (int step = 0; step < 2; ++step) {
-    link = {};
-    for (int mb = 0; mb < cfg.micro_batches; ++mb) {
-      for (pass_kind k : {pass_kind::forward, pass_kind::backward}) {
-        s.begin_pass(k);
-        for (std::size_t p = 0; p < n; ++p) {
-          if (auto short_of = s.enter(k, order, p, exec)) {
-            out.infeasible = short_of->message(units);
-            out.peak = m.peak;
-            out.host_peak = m.host_peak;
-            return out;
-          }
-          s.leave(k, order, p, exec);
-        }
-        s.end_pass(k);
-      }
-    }
-    s.before_step(exec);
-    const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
-    m.add(norms);
-    m.sub(norms);
-    // a device step over host parts: each unit's staging slots, taken and given back in unit order (stage_step)
-    const plan::staging_costs staging = plan::staging_slots_of(cost, offload, in.optimizer_states);
-    for (std::size_t u = 0; u < n; ++u) {
-      const plan::staging_costs need = plan::staging_costs_of(cost[u], offload[u], in.optimizer_states);
-      const int a = need.master ? take(upload_ring, slots.upload) : -1;  // the master's staging: an upload slot
-      const int b = need.grad ? take(stage_grad, staging.grad) : -1;
-      const int d = need.state ? take(stage_state, staging.state) : -1;
-      if (a >= 0) upload_ring.give(a);
-      if (b >= 0) stage_grad.give(b);
-      if (d >= 0) stage_state.give(d);
+    r.link = {};
+    const auto short_of = plan::run_step(s, order, prog, r, [&] {
+      const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
+      m.add(norms);
+      m.sub(norms);
+    });
+    if (short_of) {
+      out.infeasible = short_of->message(units);
+      out.max_units_gathered = r.max_gathered;
+      out.peak = m.peak;
+      out.host_peak = m.host_peak;
+      return out;
     }
     for (std::size_t u = 0; u < n; ++u)
-      link += plan::optimizer_link_bytes(cost[u], offload[u], in.optimizer_states, in.norm_rows > 0);
-    s.after_step();
+      r.link += plan::optimizer_link_bytes(cost[u], offload[u], in.optimizer_states, in.norm_rows > 0);
   }
+  out.max_units_gathered = r.max_gathered;
+  out.link = r.link;
   out.peak = m.peak;
   out.between_steps = m.cur;
   out.host_peak = m.host_peak;
   out.host_between_steps = m.host_cur;
-  out.link = link;
   return out;
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/link.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/float16.hpp"
@@ -49,24 +50,8 @@ struct op_desc {
   }
 };
 
-/// A modelled link, so that overlap can be studied on a machine without a fast interconnect: once every rank
-/// has issued a collective, it takes latency + bytes * factor / bytes_per_second, where bytes is the unsharded
-/// size and factor is (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce (ring) and 1 for
-/// broadcast (n = group size; a group of one takes no time).
-struct link_model {
-  double bytes_per_second = 0;  ///< 0: no model; a collective takes as long as its copies
-  std::chrono::nanoseconds latency{0};
-  /// false: collectives only take their modelled time and leave every buffer untouched (for timing studies of
-  /// large models on small machines; training results are then meaningless).
-  bool move_data = true;
-
-  std::chrono::nanoseconds duration(collective c, std::int64_t unsharded_bytes, int world) const {
-    if (bytes_per_second <= 0 || world <= 1) return std::chrono::nanoseconds{0};
-    const double n = world;
-    const double factor = c == collective::broadcast ? 1.0 : c == collective::all_reduce ? 2.0 * (n - 1) / n : (n - 1) / n;
-    return latency + std::chrono::nanoseconds(static_cast<std::int64_t>(double(unsharded_bytes) * factor / bytes_per_second * 1e9));
-  }
-};
+/// The modelled link (fsdp/comm/link.hpp): the rule the timeline planner uses too.
+using fsdp::comm::link_model;
 
 /// Delay injection: how long rank `rank`'s part of collective number `seq` waits before it starts.
 using collective_delay = std::function<std::chrono::microseconds(collective, std::uint64_t seq, int rank)>;

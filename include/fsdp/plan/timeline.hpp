@@ -1,0 +1,430 @@
+#pragma once
+// Timeline planner: one rank's training step in modelled time, known before the first step. It runs the
+// scheduler's own decisions (fsdp/schedule/scheduler.hpp) through the executor's stream program
+// (fsdp/plan/program.hpp, which the memory planner reads too) and gives every action a time: each stream runs its
+// work in issue order, a wait holds a stream until the event it waits for, a reused slot is taken only after the
+// point it was given back, and the host issues everything at once (a trainer on a GPU, or on the host backend's
+// threaded compute stream, runs ahead of its streams). Each step ends with a synchronize, as a trainer that reads
+// its loss does. Two steps are run; the second (all slots made, every unit sharded at its start) is reported.
+//
+// The durations (time_model):
+//   compute       the unit's forward and backward, given per unit (or from FLOPs and a throughput: flops_model)
+//   collectives   comm::link_model (fsdp/comm/link.hpp, the rule comm::local's modelled link sleeps for): latency
+//                 + unsharded bytes x the ring factor / bandwidth, in the shard group (the layouts' world; the
+//                 whole world for no_shard's all-reduce) and, under hybrid sharding, across the replicas on their
+//                 own link. Concurrent collectives on the gather and reduce streams do not share bandwidth.
+//   memory-bound  casts, zeroing, accumulation, the addition into the shard and the optimizer's kernels: bytes
+//                 read and written / the device's memory bandwidth (0: free); host functions / the host's
+//   copies        offload uploads, downloads and staging: bytes / the host link's bandwidth (0: free)
+//
+// The answer: the step time (start to synchronize), compute, communication and exposed communication (collective
+// time not covered by compute, by trace::intervals_of, the rules trace::summarize measures with), exposed time per
+// unit, the critical path, and the predicted timeline as trace events (rank 0, step 1, nanoseconds from the
+// step's start) that fsdp/observe/chrome_trace.hpp writes for Perfetto. Integer nanoseconds throughout: the same
+// inputs give the same prediction, bit for bit, on every machine.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/link.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/observe/trace.hpp"
+#include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/plan/program.hpp"
+#include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/unit/unit_index.hpp"
+
+namespace fsdp {
+
+/// A unit's modelled compute, per pass.
+struct unit_time {
+  std::chrono::nanoseconds forward{0};
+  std::chrono::nanoseconds backward{0};
+};
+
+/// Compute from FLOPs: forward `forward_flops` and backward `backward_flops` per parameter element per token (2 and
+/// 4: a matrix product and its two gradients), `tokens` per rank per micro-batch, at `flops_per_second`.
+/// Parameters named in `lookups` (embedding tables) cost nothing: their forward is a lookup.
+struct flops_model {
+  double tokens = 0;
+  double flops_per_second = 0;
+  double forward_flops = 2;
+  double backward_flops = 4;
+  std::vector<std::string> lookups;
+
+  unit_time operator()(const FlatLayout& l) const {
+    if (!(flops_per_second > 0)) detail::fail_usage("flops_model: flops_per_second must be > 0, got ", flops_per_second);
+    if (!(tokens >= 0)) detail::fail_usage("flops_model: tokens must be >= 0, got ", tokens);
+    double params = 0;
+    for (const flat_entry& e : l.entries())
+      if (std::find(lookups.begin(), lookups.end(), e.name) == lookups.end()) params += double(e.numel);
+    auto ns = [&](double per) {
+      return std::chrono::nanoseconds(static_cast<std::int64_t>(per * params * tokens / flops_per_second * 1e9));
+    };
+    return {ns(forward_flops), ns(backward_flops)};
+  }
+};
+
+/// What time each piece of a step takes (see the top of this file).
+struct time_model {
+  /// Per unit index: its compute. plan_timeline needs one entry per unit.
+  std::vector<unit_time> compute;
+  /// The data-parallel ranks. The shard group is the layouts' world; the replicas (hybrid sharding) are world /
+  /// shard group; no_shard all-reduces over the world.
+  int world = 1;
+  comm::link_model link{};          ///< the shard group's collectives
+  comm::link_model replica_link{};  ///< hybrid sharding: the all-reduce across replicas
+  double memory_bytes_per_second = 0;  ///< device memory (0: memory-bound work takes no time)
+  double host_bytes_per_second = 0;    ///< host memory: host functions of offloading (0: free)
+  double pcie_bytes_per_second = 0;    ///< the host link: offload copies (0: free)
+};
+
+/// A piece of work on the critical path.
+struct path_step {
+  plan::lane lane = plan::lane::compute;
+  plan::job what = plan::job::compute;
+  std::string unit;  ///< empty for none
+  pass_kind pass = pass_kind::none;
+  std::int64_t begin_ns = 0, end_ns = 0;  ///< from the step's start
+};
+
+/// A unit's collectives in the predicted step.
+struct unit_exposure {
+  std::string unit;
+  std::int64_t gather_ns = 0;   ///< its all-gathers (and casts), summed
+  std::int64_t reduce_ns = 0;   ///< its reductions
+  std::int64_t exposed_ns = 0;  ///< of those, not covered by compute
+};
+
+constexpr const char* name_of(plan::job j) noexcept {
+  using plan::job;
+  switch (j) {
+    case job::upload_master: return "upload";
+    case job::gather: return "all_gather";
+    case job::zero_grad: return "zero grad";
+    case job::compute: return "compute";
+    case job::accumulate: return "accumulate";
+    case job::cast_reduce_input: return "cast for reduction";
+    case job::reduce_collective: return "reduction";
+    case job::replica_reduce: return "replica all_reduce";
+    case job::add_into_shard: return "add into shard";
+    case job::download_grad: return "download";
+    case job::host_add: return "host add";
+    case job::optimizer_device: return "optimizer";
+    case job::optimizer_host: return "host optimizer";
+    case job::stage_master: return "stage master";
+    case job::stage_grad: return "stage grad";
+    case job::stage_state: return "stage state";
+    case job::unstage_master: return "master back";
+    case job::unstage_state: return "state back";
+  }
+  return "?";
+}
+
+/// The planner's answer.
+struct timeline {
+  std::vector<std::string> units;
+  std::int64_t step_ns = 0;     ///< from the step's first issue to the synchronize at its end
+  std::int64_t compute_ns = 0;  ///< union of compute intervals (units and optimizer)
+  std::int64_t comm_ns = 0;     ///< union of collective intervals
+  std::int64_t exposed_ns = 0;  ///< collective time not covered by compute
+  std::vector<unit_exposure> by_unit;  ///< per unit index
+  std::vector<path_step> critical_path;  ///< first to last: each piece waited for the one before it
+  std::vector<trace::event> events;      ///< the predicted step: rank 0, step 1, ns from its start
+  /// Empty when the schedule runs; otherwise why it cannot (memory_plan::infeasible's sentence).
+  std::string infeasible;
+
+  bool feasible() const noexcept { return infeasible.empty(); }
+  double exposed_fraction() const noexcept { return step_ns > 0 ? double(exposed_ns) / double(step_ns) : 0.0; }
+
+  /// The critical path, one piece per line: "compute   h.0 forward   1.000 - 3.000 ms".
+  std::string critical_path_text() const {
+    std::ostringstream os;
+    for (const path_step& p : critical_path) {
+      std::string what = name_of(p.what);
+      if (!p.unit.empty()) what += " " + p.unit;
+      if (p.pass != pass_kind::none) what += " " + std::string(fsdp::name_of(p.pass));
+      os << "  " << std::left << std::setw(11) << plan::name_of(p.lane) << std::setw(34) << what << std::right
+         << std::fixed << std::setprecision(3) << std::setw(10) << double(p.begin_ns) * 1e-6 << " - " << std::setw(10)
+         << double(p.end_ns) * 1e-6 << " ms\n";
+    }
+    return os.str();
+  }
+
+  /// A printable summary: the step, its parts, each unit's collectives and the critical path.
+  std::string report() const {
+    std::ostringstream os;
+    auto ms = [](std::int64_t ns) { return double(ns) * 1e-6; };
+    os << std::fixed << std::setprecision(3);
+    if (!feasible()) {
+      os << "predicted step: not feasible: " << infeasible << "\n";
+      return os.str();
+    }
+    os << "predicted step " << ms(step_ns) << " ms: compute " << ms(compute_ns) << " ms, communication "
+       << ms(comm_ns) << " ms, exposed " << ms(exposed_ns) << " ms (" << std::setprecision(1)
+       << 100.0 * exposed_fraction() << "% of the step)\n"
+       << std::setprecision(3);
+    os << "  " << std::left << std::setw(16) << "unit" << std::right << std::setw(14) << "all_gather ms"
+       << std::setw(12) << "reduce ms" << std::setw(13) << "exposed ms\n";
+    for (const unit_exposure& u : by_unit)
+      os << "  " << std::left << std::setw(16) << u.unit << std::right << std::setw(14) << ms(u.gather_ns)
+         << std::setw(12) << ms(u.reduce_ns) << std::setw(12) << ms(u.exposed_ns) << "\n";
+    os << "critical path:\n" << critical_path_text();
+    return os.str();
+  }
+};
+
+namespace plan_detail {
+
+/// The program's time reading (see the top of the file).
+class time_reading {
+ public:
+  /// A time, and the work that ended there.
+  struct at {
+    std::int64_t t = 0;
+    int node = -1;  ///< -1: none
+  };
+
+  time_reading(const plan::step_program& prog, const time_model& tm, const std::vector<FlatLayout>& layouts,
+               const plan::cost_facts& facts)
+      : prog_(prog), tm_(tm), signal_(prog.size()) {
+    const std::size_t n = prog.size();
+    shard_group_ = n ? layouts[0].world() : 1;
+    shards_ = facts.shards_params;
+    replicas_ = shards_ ? tm.world / shard_group_ : 1;
+    for (std::size_t u = 0; u < n; ++u) {
+      const plan::unit_costs& c = prog.costs(u);
+      durations d;
+      const std::int64_t S = c.shard_numel, P = c.padded_numel;
+      const std::int64_t cs = static_cast<std::int64_t>(size_of(facts.precision.compute));
+      const std::int64_t rs = static_cast<std::int64_t>(size_of(facts.precision.reduce));
+      const std::int64_t f = 4;
+      const std::int64_t cast_elems = shards_ ? (facts.precision.compute != facts.precision.master ? S : 0) : P;
+      d[idx(plan::job::gather)] = mem(cast_elems * (f + cs)) +
+                                  (shards_ ? tm.link.duration(collective::all_gather, c.gather_bytes(), shard_group_).count() : 0);
+      d[idx(plan::job::upload_master)] = bytes_over(c.upload.bytes(), tm.pcie_bytes_per_second);
+      d[idx(plan::job::zero_grad)] = mem(c.grad.bytes());
+      d[idx(plan::job::compute)] = 0;  // per pass: below
+      d[idx(plan::job::accumulate)] = mem(P * (2 * f + cs));
+      const std::int64_t src = static_cast<std::int64_t>(size_of(c.accumulator ? c.accumulator.type : c.grad.type));
+      d[idx(plan::job::cast_reduce_input)] = mem(P * (src + rs));
+      d[idx(plan::job::reduce_collective)] =
+          shards_ ? tm.link.duration(collective::reduce_scatter, c.reduce_bytes(), shard_group_).count()
+                  : tm.link.duration(collective::all_reduce, c.reduce_bytes(), tm.world).count();
+      d[idx(plan::job::replica_reduce)] = tm.replica_link.duration(collective::all_reduce, S * rs, replicas_).count();
+      const std::int64_t count = shards_ ? S : P;
+      d[idx(plan::job::add_into_shard)] = mem(count * (2 * f + rs));
+      d[idx(plan::job::download_grad)] = bytes_over(c.download.bytes(), tm.pcie_bytes_per_second);
+      d[idx(plan::job::host_add)] = bytes_over(count * (2 * f + rs), tm.host_bytes_per_second);
+      const std::int64_t states = prog.optimizer_states();
+      const std::int64_t step_bytes = S * f * (3 + 2 * states);  // read master, grad, states; write master, states
+      d[idx(plan::job::optimizer_device)] = mem(step_bytes);
+      d[idx(plan::job::optimizer_host)] = bytes_over(step_bytes, tm.host_bytes_per_second);
+      d[idx(plan::job::stage_master)] = d[idx(plan::job::unstage_master)] = bytes_over(S * f, tm.pcie_bytes_per_second);
+      d[idx(plan::job::stage_grad)] = bytes_over(S * f, tm.pcie_bytes_per_second);
+      d[idx(plan::job::stage_state)] = d[idx(plan::job::unstage_state)] =
+          bytes_over(S * f * states, tm.pcie_bytes_per_second);
+      dur_.push_back(d);
+    }
+  }
+
+  // ---- the interpreter ---------------------------------------------------------------------------------------
+  void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t) {
+    std::vector<at>& given = given_[static_cast<std::size_t>(r)];
+    if (given.size() <= static_cast<std::size_t>(p.slot)) given.resize(static_cast<std::size_t>(p.slot) + 1);
+    if (!p.fresh) advance(lane_of(l), given[static_cast<std::size_t>(p.slot)]);
+  }
+  void give(plan::lane l, plan::ring r, int slot, std::size_t) {
+    std::vector<at>& given = given_[static_cast<std::size_t>(r)];
+    if (given.size() <= static_cast<std::size_t>(slot)) given.resize(static_cast<std::size_t>(slot) + 1);
+    given[static_cast<std::size_t>(slot)] = lane_of(l);
+  }
+  void buffer(plan::lane, const plan::buffer_cost&, bool, std::size_t) {}
+  void wait(plan::lane l, plan::signal s, std::size_t u) { advance(lane_of(l), signal_[u][static_cast<std::size_t>(s)]); }
+  void record(plan::lane l, plan::signal s, std::size_t u) { signal_[u][static_cast<std::size_t>(s)] = lane_of(l); }
+  void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
+    std::int64_t d = dur_[u][idx(j)];
+    if (j == plan::job::compute)
+      d = (pass == pass_kind::forward ? tm_.compute[u].forward : tm_.compute[u].backward).count();
+    if (d <= 0) return;
+    at& a = lane_of(l);
+    nodes_.push_back({l, j, u, pass, a.t, a.t + d, a.node});
+    a = {a.t + d, static_cast<int>(nodes_.size()) - 1};
+  }
+  void stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead = false) {
+    if (!keep_) return;
+    trace::event e;
+    e.t_ns = lane_of(l).t - origin_;
+    e.seq = events_.size();
+    e.what = k;
+    e.pass = pass;
+    e.unit = u == plan::step_program::npos ? -1 : static_cast<int>(u);
+    e.step = 1;
+    e.ahead = ahead;
+    if (u != plan::step_program::npos) {
+      const plan::unit_costs& c = prog_.costs(u);
+      const bool reduce = k == trace::kind::reduce_issued || k == trace::kind::reduce_begin || k == trace::kind::reduce_end;
+      const bool gather = k == trace::kind::gather_issued || k == trace::kind::gather_begin || k == trace::kind::gather_end;
+      if (gather) e.bytes = c.gather_bytes();
+      if (reduce) {
+        e.bytes = c.reduce_bytes();
+        e.coll = shards_ ? collective::reduce_scatter : collective::all_reduce;
+      }
+    }
+    events_.push_back(e);
+  }
+
+  // ---- steps -------------------------------------------------------------------------------------------------
+  /// The next step begins where the last one's synchronize ended; `keep`: record its events and critical path.
+  void begin_step(bool keep) {
+    keep_ = keep;
+    origin_ = lane_of(plan::lane::host).t;
+    first_node_ = nodes_.size();
+  }
+  /// The synchronize at the end of a step: every stream and the host meet at the latest.
+  at synchronize() {
+    at last = lane_[0];
+    for (const at& a : lane_)
+      if (a.t > last.t) last = a;
+    for (at& a : lane_) a = last;
+    return last;
+  }
+
+  std::int64_t origin() const noexcept { return origin_; }
+  std::vector<trace::event>& events() noexcept { return events_; }
+
+  /// The chain of work that ended at `last`, first to last, within the kept step.
+  std::vector<path_step> path_to(const at& last, const std::vector<std::string>& names) const {
+    std::vector<path_step> out;
+    for (int i = last.node; i >= 0 && static_cast<std::size_t>(i) >= first_node_; i = nodes_[static_cast<std::size_t>(i)].pred) {
+      const node& n = nodes_[static_cast<std::size_t>(i)];
+      out.push_back({n.lane, n.what, n.unit < names.size() ? names[n.unit] : std::string(), n.pass, n.begin - origin_,
+                     n.end - origin_});
+    }
+    std::reverse(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  using durations = std::array<std::int64_t, plan::jobs>;
+  struct node {
+    plan::lane lane;
+    plan::job what;
+    std::size_t unit;
+    pass_kind pass;
+    std::int64_t begin, end;
+    int pred;  ///< the work whose end this one started after (-1: none)
+  };
+
+  static std::size_t idx(plan::job j) noexcept { return static_cast<std::size_t>(j); }
+  static std::int64_t bytes_over(std::int64_t bytes, double per_second) noexcept {
+    if (per_second <= 0 || bytes <= 0) return 0;
+    return static_cast<std::int64_t>(double(bytes) / per_second * 1e9);
+  }
+  std::int64_t mem(std::int64_t bytes) const noexcept { return bytes_over(bytes, tm_.memory_bytes_per_second); }
+  at& lane_of(plan::lane l) noexcept { return lane_[static_cast<std::size_t>(l)]; }
+  static void advance(at& a, const at& b) noexcept {
+    if (b.t > a.t) a = b;
+  }
+
+  const plan::step_program& prog_;
+  const time_model& tm_;
+  int shard_group_ = 1, replicas_ = 1;
+  bool shards_ = true;
+  std::vector<durations> dur_;
+  std::array<at, plan::lanes> lane_{};
+  std::vector<std::array<at, plan::signals>> signal_;
+  std::array<std::vector<at>, plan::rings> given_{};
+  std::vector<node> nodes_;
+  std::vector<trace::event> events_;
+  bool keep_ = false;
+  std::int64_t origin_ = 0;
+  std::size_t first_node_ = 0;
+};
+
+}  // namespace plan_detail
+
+/// Predicts one rank's training step for units with these names and layouts (unit-index order), scheduled and
+/// costed as `in` says (the memory planner's inputs), with the durations of `t`. usage_error for a time model that
+/// does not fit the units (naming what is wrong); a schedule that cannot run is a timeline that is not feasible.
+inline timeline plan_timeline(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
+                              const memory_plan_inputs& in, const time_model& t) {
+  const std::size_t n = layouts.size();
+  if (names.size() != n) detail::fail_usage("timeline plan: ", names.size(), " unit names for ", n, " layouts");
+  if (t.compute.size() != n)
+    detail::fail_usage("timeline plan: time_model::compute has ", t.compute.size(), " entries for ", n,
+                       " units; give each unit's forward and backward time in unit-index order (or use flops_model)");
+  for (std::size_t u = 0; u < n; ++u)
+    if (t.compute[u].forward.count() < 0 || t.compute[u].backward.count() < 0)
+      detail::fail_usage("timeline plan: unit '", names[u], "' has a negative compute time");
+  if (in.optimizer_states < 0) detail::fail_usage("timeline plan: optimizer_states must be >= 0, got ", in.optimizer_states);
+  const struct {
+    const char* name;
+    double v;
+  } rates[] = {{"link.bytes_per_second", t.link.bytes_per_second},
+               {"replica_link.bytes_per_second", t.replica_link.bytes_per_second},
+               {"memory_bytes_per_second", t.memory_bytes_per_second},
+               {"host_bytes_per_second", t.host_bytes_per_second},
+               {"pcie_bytes_per_second", t.pcie_bytes_per_second}};
+  for (const auto& r : rates)
+    if (!(r.v >= 0)) detail::fail_usage("timeline plan: time_model::", r.name, " must be >= 0 (0: free), got ", r.v);
+  const int group = n ? layouts[0].world() : 1;
+  if (t.world < 1 || (in.costs.shards_params && t.world % group != 0))
+    detail::fail_usage("timeline plan: time_model::world is ", t.world, ", which the shard group of ", group,
+                       " ranks (the layouts') does not divide; set it to the data-parallel world size");
+
+  timeline out;
+  out.units = names;
+  std::vector<std::size_t> order = in.order;
+  if (order.empty()) {
+    order.resize(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+  }
+  if (order.size() != n) detail::fail_usage("timeline plan: the order names ", order.size(), " units of ", n);
+  std::vector<offload_facts> offload = in.schedule.offload;
+  if (offload.size() != n) offload.assign(n, in.costs.offload);
+  std::vector<plan::unit_costs> cost;
+  cost.reserve(n);
+  for (std::size_t u = 0; u < n; ++u) cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, offload, u)));
+
+  const unit_index units(names);
+  sched::scheduler s(units, in.schedule);
+  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states);
+  plan_detail::time_reading r(prog, t, layouts, in.costs);
+  plan_detail::time_reading::at end;
+  for (int step = 0; step < 2; ++step) {
+    r.begin_step(step == 1);
+    if (auto short_of = plan::run_step(s, order, prog, r, [] {})) {
+      out.infeasible = short_of->message(units);
+      return out;
+    }
+    end = r.synchronize();
+  }
+  out.events = std::move(r.events());
+  out.step_ns = end.t - r.origin();
+  const trace::step_intervals iv = trace::intervals_of(out.events, 0, 1);
+  out.compute_ns = trace::detail::length(iv.compute);
+  out.comm_ns = trace::detail::length(iv.comm);
+  out.exposed_ns = iv.exposed_ns();
+  out.by_unit.resize(n);
+  for (std::size_t u = 0; u < n; ++u) {
+    out.by_unit[u].unit = names[u];
+    out.by_unit[u].exposed_ns = iv.exposed_ns(static_cast<int>(u));
+  }
+  for (const trace::collective_timing& c : iv.collectives) {
+    if (c.unit < 0) continue;
+    unit_exposure& e = out.by_unit[static_cast<std::size_t>(c.unit)];
+    (c.coll == collective::all_gather ? e.gather_ns : e.reduce_ns) += c.end_ns - c.begin_ns;
+  }
+  out.critical_path = r.path_to(end, names);
+  return out;
+}
+
+}  // namespace fsdp

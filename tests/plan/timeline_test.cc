@@ -1,0 +1,297 @@
+// The timeline planner: predicted step time, exposed communication and the critical path, worked out by hand.
+//
+// Every case below: full_shard at 4 ranks in fp32, units of 1024 elements (a 256-element shard), so an all-gather
+// or a reduce-scatter moves 4096 unsharded bytes x 3/4 = 3072 bytes; on a link of 3.072 MB/s each takes exactly
+// 1 ms. Memory-bound work is free (no memory bandwidth given) and the optimizer is SGD without state.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <fsdp/observe/chrome_trace.hpp>
+
+#include "tests/support/support.hpp"
+
+namespace {
+using std::chrono::nanoseconds;
+constexpr std::int64_t ms(double x) { return static_cast<std::int64_t>(x * 1e6); }
+
+/// Units named by `names`, one 32 x 32 parameter each ("a.w" in unit "a").
+fsdp::planned_units units_of(const std::vector<std::string>& names, int ranks = 4) {
+  fsdp::ModelSpec spec;
+  for (const auto& n : names) spec.add(n + ".w", {32, 32});
+  return fsdp::plan_units("units", spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) {
+                            return p.name.substr(0, p.name.find('.'));
+                          }},
+                          ranks);
+}
+
+fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::prefetch_facts pf, fsdp::model_options opt = {},
+                                fsdp::offload_facts off = {}) {
+  fsdp::memory_plan_inputs in;
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4), pf,
+                                          fsdp::precision_facts{}, opt, off);
+  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, opt.accumulation, off);
+  return in;
+}
+
+/// Every unit computes `forward` and `backward` ms; collectives take 1 ms.
+fsdp::time_model timing(std::size_t units, double forward, double backward) {
+  fsdp::time_model t;
+  t.world = 4;
+  t.link.bytes_per_second = 3.072e6;
+  t.compute.assign(units, {nanoseconds(ms(forward)), nanoseconds(ms(backward))});
+  return t;
+}
+
+fsdp::timeline predict(const fsdp::planned_units& u, const fsdp::memory_plan_inputs& in, const fsdp::time_model& t) {
+  return fsdp::plan_timeline(u.names, u.layouts, in, t);
+}
+
+std::vector<std::int64_t> exposed_by_unit(const fsdp::timeline& tl) {
+  std::vector<std::int64_t> out;
+  for (const auto& u : tl.by_unit) out.push_back(u.exposed_ns);
+  return out;
+}
+
+constexpr fsdp::prefetch_facts none{0, 0, false, false};
+constexpr fsdp::prefetch_facts next{1, 1, false, false};
+}  // namespace
+
+TEST_CASE("one unit: gather, forward, gather again, backward, reduce; nothing overlaps") {
+  const auto u = units_of({"u"});
+  // forward 2 ms, backward 3 ms: gather 0-1, forward 1-3 (then released: full_shard), gather 3-4 (its slot is
+  // the one forward gave back at 3), backward 4-7, reduce-scatter 7-8, the optimizer (free) at 8.
+  const auto tl = predict(u, inputs(u, none), timing(1, 2, 3));
+  REQUIRE(tl.feasible());
+  CHECK(tl.step_ns == ms(8));
+  CHECK(tl.compute_ns == ms(5));
+  CHECK(tl.comm_ns == ms(3));
+  CHECK(tl.exposed_ns == ms(3));
+  CHECK(exposed_by_unit(tl) == std::vector<std::int64_t>{ms(3)});
+  CHECK(tl.by_unit[0].gather_ns == ms(2));
+  CHECK(tl.by_unit[0].reduce_ns == ms(1));
+  CHECK(tl.critical_path_text() ==
+        "  all_gather all_gather u forward                   0.000 -      1.000 ms\n"
+        "  compute    compute u forward                      1.000 -      3.000 ms\n"
+        "  all_gather all_gather u backward                  3.000 -      4.000 ms\n"
+        "  compute    compute u backward                     4.000 -      7.000 ms\n"
+        "  reduce     reduction u backward                   7.000 -      8.000 ms\n");
+}
+
+TEST_CASE("two units with prefetch next: compute longer than, equal to and shorter than the gathers") {
+  const auto u = units_of({"a", "b"});
+  SUBCASE("compute 2 ms per pass, gathers 1 ms") {
+    // forward: gathers a 0-1, b 1-2; a 1-3, b 3-5. backward: b's gather waits for the slot a gave back at 3
+    // (3-4), a's for b's at 5 (5-6); b 5-7, reduce b 7-8; a 7-9, reduce a 9-10. Compute covers 1-9: exposed are
+    // a's first gather (0-1) and its reduction (9-10).
+    const auto tl = predict(u, inputs(u, next), timing(2, 2, 2));
+    CHECK(tl.step_ns == ms(10));
+    CHECK(tl.compute_ns == ms(8));
+    CHECK(tl.comm_ns == ms(6));
+    CHECK(tl.exposed_ns == ms(2));
+    CHECK(exposed_by_unit(tl) == std::vector<std::int64_t>{ms(2), 0});
+  }
+  SUBCASE("compute 1 ms per pass, as long as a gather") {
+    // gathers a 0-1, b 1-2; a 1-2, b 2-3; backward gathers b 2-3, a 3-4; b 3-4, reduce b 4-5; a 4-5, reduce a
+    // 5-6. Communication runs 0-6 without a gap, compute 1-5.
+    const auto tl = predict(u, inputs(u, next), timing(2, 1, 1));
+    CHECK(tl.step_ns == ms(6));
+    CHECK(tl.compute_ns == ms(4));
+    CHECK(tl.comm_ns == ms(6));
+    CHECK(tl.exposed_ns == ms(2));
+    CHECK(exposed_by_unit(tl) == std::vector<std::int64_t>{ms(2), 0});
+  }
+  SUBCASE("compute 0.5 ms per pass, half a gather") {
+    // gathers a 0-1, b 1-2; a 1-1.5, b 2-2.5; backward gathers b 2-3, a 3-4; b 3-3.5, reduce b 3.5-4.5; a 4-4.5,
+    // reduce a 4.5-5.5. Compute (2 ms) lies inside communication (0-5.5): 3.5 ms exposed. By unit: a's gathers
+    // 0-1 and 3-4 less 3-3.5, and its reduction (2.5 ms); b's gathers and reduction less the compute under them
+    // (1.5 ms). The two overlap 3.5-4 (b's reduction under a's gather), so they add up to more than the total.
+    const auto tl = predict(u, inputs(u, next), timing(2, 0.5, 0.5));
+    CHECK(tl.step_ns == ms(5.5));
+    CHECK(tl.compute_ns == ms(2));
+    CHECK(tl.comm_ns == ms(5.5));
+    CHECK(tl.exposed_ns == ms(3.5));
+    CHECK(exposed_by_unit(tl) == std::vector<std::int64_t>{ms(2.5), ms(1.5)});
+  }
+}
+
+TEST_CASE("prefetch depth limited by gather slots runs as the shallower depth") {
+  const auto u = units_of({"a", "b", "c"});
+  // depth 2 with 2 gather slots: forward gathers a 0-1, b 1-2, then c only when a gives its slot back (2): 2-3;
+  // a 1-2, b 2-3, c 3-4. Backward: c 3-4 (the slot b gave back at 3), b 4-5 (c's, at 4), then a only when c's
+  // backward gives a slot back (5): 5-6; c 4-5, reduce c 5-6; b 5-6, reduce b 6-7; a 6-7 (its gradient takes the
+  // slot c's reduction gave back at 6), reduce a 7-8.
+  fsdp::model_options two_slots;
+  two_slots.gather_slots = 2;
+  const auto limited = predict(u, inputs(u, {2, 2, false, false}, two_slots), timing(3, 1, 1));
+  CHECK(limited.step_ns == ms(8));
+  CHECK(limited.compute_ns == ms(6));
+  CHECK(limited.comm_ns == ms(8));
+  CHECK(limited.exposed_ns == ms(2));
+  // next (depth 1) without a limit: the same timeline, event for event.
+  const auto shallow = predict(u, inputs(u, next), timing(3, 1, 1));
+  CHECK(shallow.step_ns == ms(8));
+  REQUIRE(shallow.events.size() == limited.events.size());
+  for (std::size_t i = 0; i < shallow.events.size(); ++i) {
+    CHECK(shallow.events[i].t_ns == limited.events[i].t_ns);
+    CHECK(shallow.events[i].what == limited.events[i].what);
+    CHECK(shallow.events[i].unit == limited.events[i].unit);
+  }
+  // depth 2 without the limit gathers all three at once, and is no faster: the gather stream is the bottleneck
+  const auto deep = predict(u, inputs(u, {2, 2, false, false}), timing(3, 1, 1));
+  CHECK(deep.step_ns == ms(8));
+}
+
+TEST_CASE("the root unit kept gathered from its forward to its backward") {
+  const auto u = units_of({"root", "b"});
+  // No prefetch, compute 1 ms per pass. Resharding both: every gather waits for the one slot (gather root 0-1,
+  // root 1-2, b 2-3, b 3-4; backward b 4-5, b 5-6, root 6-7, root 7-8, reduce root 8-9): 9 ms, nothing hidden.
+  const auto resharded = predict(u, inputs(u, none), timing(2, 1, 1));
+  CHECK(resharded.step_ns == ms(9));
+  CHECK(resharded.compute_ns == ms(4));
+  CHECK(resharded.comm_ns == ms(5));
+  CHECK(resharded.exposed_ns == ms(5));
+  // Root kept: b's gather takes a second slot at once (1-2), b 2-3; backward b's gather waits for its slot (3-4),
+  // b 4-5, reduce b 5-6 under root's backward 5-6 (no gather: still gathered), reduce root 6-7.
+  fsdp::model_options keep;
+  keep.reshard_after_forward = {{"root", false}};
+  const auto kept = predict(u, inputs(u, none, keep), timing(2, 1, 1));
+  CHECK(kept.step_ns == ms(7));
+  CHECK(kept.compute_ns == ms(4));
+  CHECK(kept.comm_ns == ms(5));
+  CHECK(kept.exposed_ns == ms(3));
+  CHECK(exposed_by_unit(kept) == std::vector<std::int64_t>{ms(2), ms(1)});
+  CHECK(kept.by_unit[0].gather_ns == ms(1));  // root is gathered once per step
+}
+
+TEST_CASE("offloaded params: the upload stream before each gather, the staged step after the reductions") {
+  const auto u = units_of({"u"});
+  auto t = timing(1, 2, 3);
+  t.pcie_bytes_per_second = 1.024e6;  // a 256-element fp32 shard (1024 B) in 1 ms
+  // upload 0-1, gather 1-2, forward 2-4; backward: upload 1-2 (the second upload slot), gather 4-5 (after the
+  // gather slot comes back at 4), backward 5-8, reduce 8-9; the staged step: the master to the device 9-10, the
+  // kernels (free) at 10, the master back 10-11.
+  const auto tl = predict(u, inputs(u, none, {}, fsdp::offload::cpu<fsdp::offload::params>::facts), t);
+  REQUIRE(tl.feasible());
+  CHECK(tl.step_ns == ms(11));
+  // compute: forward 2-4, backward 5-8, and the optimizer step 9-10 (from its start after the reductions to its
+  // end after the staged kernels, as a measured trace stamps it)
+  CHECK(tl.compute_ns == ms(6));
+  CHECK(tl.comm_ns == ms(3));
+  CHECK(tl.exposed_ns == ms(3));
+  CHECK(tl.critical_path_text() ==
+        "  upload     upload u forward                       0.000 -      1.000 ms\n"
+        "  all_gather all_gather u forward                   1.000 -      2.000 ms\n"
+        "  compute    compute u forward                      2.000 -      4.000 ms\n"
+        "  all_gather all_gather u backward                  4.000 -      5.000 ms\n"
+        "  compute    compute u backward                     5.000 -      8.000 ms\n"
+        "  reduce     reduction u backward                   8.000 -      9.000 ms\n"
+        "  upload     stage master u                         9.000 -     10.000 ms\n"
+        "  download   master back u                         10.000 -     11.000 ms\n");
+}
+
+TEST_CASE("the same inputs give the same prediction, bit for bit; summarize() reads it as the planner does") {
+  fsdp::ModelSpec spec;
+  spec.add("emb.w", {512, 64});
+  for (int l = 0; l < 6; ++l) spec.add("h." + std::to_string(l) + ".w", {256, 64});
+  spec.add("head.w", {512, 64});
+  const auto u = fsdp::plan_units("blocks", spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) {
+                                    return p.name.substr(0, p.name.rfind('.'));
+                                  }},
+                                  8);
+  fsdp::budget_query q;
+  q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(8);
+  q.precision = {fsdp::dtype::bf16, fsdp::dtype::f32, fsdp::dtype::f32};
+  q.optimizer_states = 2;
+  fsdp::time_model t;
+  t.world = 8;
+  t.link = {48e9, std::chrono::microseconds(20)};
+  t.memory_bytes_per_second = 2e12;
+  const fsdp::flops_model flops{4096, 400e12, 2, 4, {"emb.w"}};
+  for (const auto& l : u.layouts) t.compute.push_back(flops(l));
+  const auto in = fsdp::plan_detail::inputs_for(u, q, next);
+  const auto a = fsdp::plan_timeline(u.names, u.layouts, in, t);
+  const auto b = fsdp::plan_timeline(u.names, u.layouts, in, t);
+  REQUIRE(a.events.size() == b.events.size());
+  CHECK(a.events.size() > 100);
+  for (std::size_t i = 0; i < a.events.size(); ++i) {
+    CHECK(a.events[i].t_ns == b.events[i].t_ns);
+    CHECK(a.events[i].what == b.events[i].what);
+  }
+  CHECK(a.report() == b.report());
+  const auto s = fsdp::trace::summarize(a.events, 0, 1);
+  CHECK(s.exposed_comm_s == double(a.exposed_ns) * 1e-9);
+  CHECK(s.compute_s == double(a.compute_ns) * 1e-9);
+  CHECK(s.comm_s == double(a.comm_ns) * 1e-9);
+  CHECK(s.collectives.size() == 2 * 8 + 8);  // a gather per unit per pass (the last forward unit regathers), a reduction each
+  // the Chrome trace of the prediction: a "predicted rank 0" process with one slice per unit per pass
+  const auto doc = fsdp::trace::chrome_trace_json(a.events, a.units, {}, {"predicted rank ", 100});
+  int compute_slices = 0;
+  std::string process;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == "compute") ++compute_slices;
+    if (e["ph"] == "M" && e["name"] == "process_name") process = e["args"]["name"];
+  }
+  CHECK(compute_slices == 2 * 8);
+  CHECK(process == "predicted rank 0");
+}
+
+TEST_CASE("ranking configurations by predicted step time, among those that fit") {
+  const auto u = units_of({"a", "b", "c"});
+  fsdp::budget_query q;
+  q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(4);
+  fsdp::time_model t = timing(3, 0, 0);  // compute from the rule below
+  const auto compute = [](const fsdp::FlatLayout&) { return fsdp::unit_time{nanoseconds(ms(1)), nanoseconds(ms(1))}; };
+  const std::vector<fsdp::time_variant> variants = {
+      {"none", none, 0, {}},
+      {"next", next, 0, {}},
+      {"depth 2", {2, 2, false, false}, 0, {}},
+  };
+  // Peaks: 3 units x 256 x 4 B x (params + grads) = 6144 B persistent; none holds one gather slot (4096 B), next
+  // two, depth 2 three; two gradient slots (8192 B) and the 1024 B reduce output for all.
+  const std::int64_t peak_none = 6144 + 4096 + 8192 + 1024;
+  const auto r = fsdp::rank_by_time({u}, variants, q, t, compute, peak_none + 4096);
+  REQUIRE(r.ranked.size() == 2);
+  // none: every gather waits for the one slot: 0-1 a, 1-2; 2-3 b, 3-4; 4-5 c, 5-6; backward c 6-7, 7-8 (reduce
+  // 8-9); b 8-9, 9-10 (10-11); a 10-11, 11-12, reduce 12-13: 13 ms. next: 8 ms (the case above).
+  CHECK(r.ranked[0].label == "units / next");
+  CHECK(r.ranked[0].time.step_ns == ms(8));
+  CHECK(r.ranked[1].label == "units / none");
+  CHECK(r.ranked[1].time.step_ns == ms(13));
+  CHECK(r.ranked[1].plan.peak.total == peak_none);
+  REQUIRE(r.left_out.size() == 1);
+  CHECK(r.left_out[0] == "'units / depth 2': its peak of 27648 bytes is over the budget of 23552");
+  CHECK(r.why() ==
+        "'units / next' wins: predicted step 8.000 ms, 2.000 ms of it exposed communication; peak 23552 B of the "
+        "23552 B budget. The next fastest, 'units / none', takes 13.000 ms (7.000 ms exposed): 5.000 ms more "
+        "communication left exposed");
+}
+
+TEST_CASE("a time model that does not fit the units is refused, naming what is wrong") {
+  const auto u = units_of({"a", "b"});
+  auto t = timing(2, 1, 1);
+  t.compute.pop_back();
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
+        "fsdp: timeline plan: time_model::compute has 1 entries for 2 units; give each unit's forward and backward "
+        "time in unit-index order (or use flops_model)");
+  t = timing(2, 1, 1);
+  t.link.bytes_per_second = -1;
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
+        "fsdp: timeline plan: time_model::link.bytes_per_second must be >= 0 (0: free), got -1");
+  t = timing(2, 1, 1);
+  t.world = 6;
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
+        "fsdp: timeline plan: time_model::world is 6, which the shard group of 4 ranks (the layouts') does not "
+        "divide; set it to the data-parallel world size");
+  t = timing(2, 1, 1);
+  t.compute[1].backward = nanoseconds(-1);
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
+        "fsdp: timeline plan: unit 'b' has a negative compute time");
+  // a schedule that cannot run is a timeline that is not feasible, with the memory planner's sentence
+  fsdp::model_options one_slot;
+  one_slot.gather_slots = 1;
+  fsdp::model_options keep = one_slot;
+  keep.reshard_after_forward = {{"a", false}};
+  const auto tl = predict(u, inputs(u, none, keep), timing(2, 1, 1));
+  CHECK(!tl.feasible());
+  CHECK(tl.infeasible ==
+        "gather slots exhausted: unit 'b' (index 1) must be gathered for its forward but all 1 slots are held by 'a'; "
+        "raise model_options::gather_slots or let those units reshard after forward");
+}
