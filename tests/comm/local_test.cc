@@ -365,3 +365,50 @@ TEST_CASE("a modelled link: each collective takes at least latency + bytes x fac
           fsdp::comm::run_local(1, [](local_communicator&) {}, lo);
         }) == "fsdp: link bandwidth must be >= 0, got -1");
 }
+
+TEST_CASE("set_link: a group made on a link that moves data times later collectives on another") {
+  using std::chrono::microseconds;
+  using std::chrono::steady_clock;
+  // A Model's construction compares the ranks' fingerprints through collectives: a timing study makes it on a
+  // link that moves data, then switches to one that does not (bench/overlap_bench.cc).
+  fsdp::comm::run_local(
+      2,
+      [&](local_communicator& c) {
+        fsdp::backend::host be(c.rank());
+        std::vector<float> mine(2500, float(c.rank() + 1)), all(5000, -1.0f);
+        c.all_gather(mine.data(), all.data(), 2500, dtype::f32, be.gather_stream());
+        be.synchronize(be.gather_stream());
+        CHECK(all[4999] == 2.0f);  // moved
+        fsdp::comm::local_communicator half = c.split(0, c.rank());  // a sub-group made before: set_link reaches it
+        c.barrier();
+        if (c.rank() == 0) c.set_link({.bytes_per_second = 1e6, .latency = microseconds(500), .move_data = false});
+        c.barrier();
+        std::fill(all.begin(), all.end(), -1.0f);
+        const auto t0 = steady_clock::now();
+        c.all_gather(mine.data(), all.data(), 2500, dtype::f32, be.gather_stream());  // 20 000 B: 10.5 ms
+        be.synchronize(be.gather_stream());
+        CHECK(steady_clock::now() - t0 >= microseconds(10500));
+        CHECK(all[4999] == -1.0f);  // timing only
+        half.all_gather(mine.data(), all.data(), 2500, dtype::f32, be.gather_stream());
+        be.synchronize(be.gather_stream());
+        CHECK(all[4999] == -1.0f);  // in the sub-group too
+        c.barrier();
+        if (c.rank() == 0) c.set_link({});
+        c.barrier();
+        c.all_gather(mine.data(), all.data(), 2500, dtype::f32, be.gather_stream());
+        be.synchronize(be.gather_stream());
+        CHECK(all[4999] == 2.0f);  // moved again
+        std::fill(all.begin(), all.end(), -1.0f);
+        half.all_gather(mine.data(), all.data(), 2500, dtype::f32, be.gather_stream());
+        be.synchronize(be.gather_stream());
+        CHECK(all[4999] == 2.0f);
+      },
+      [] {
+        fsdp::comm::local_options lo;
+        lo.timeout = fsdp_test::timeout;
+        return lo;
+      }());
+  CHECK(error_of<fsdp::usage_error>([] {
+          fsdp::comm::run_local(1, [](local_communicator& c) { c.set_link({.bytes_per_second = -1}); });
+        }) == "fsdp: link bandwidth must be >= 0, got -1");
+}

@@ -206,7 +206,7 @@ TEST_CASE("the same inputs give the same prediction, bit for bit; summarize() re
   t.memory_bytes_per_second = 2e12;
   const fsdp::flops_model flops{4096, 400e12, 2, 4, {"emb.w"}};
   for (const auto& l : u.layouts) t.compute.push_back(flops(l));
-  const auto in = fsdp::plan_detail::inputs_for(u, q, next);
+  const auto in = fsdp::planner_inputs(u, q, next);
   const auto a = fsdp::plan_timeline(u.names, u.layouts, in, t);
   const auto b = fsdp::plan_timeline(u.names, u.layouts, in, t);
   REQUIRE(a.events.size() == b.events.size());
@@ -260,8 +260,8 @@ TEST_CASE("ranking configurations by predicted step time, among those that fit")
   CHECK(r.left_out[0] == "'units / depth 2': its peak of 27648 bytes is over the budget of 23552");
   CHECK(r.why() ==
         "'units / next' wins: predicted step 8.000 ms, 2.000 ms of it exposed communication; peak 23552 B of the "
-        "23552 B budget. The next fastest, 'units / none', takes 13.000 ms (7.000 ms exposed): 5.000 ms more "
-        "communication left exposed");
+        "23552 B budget. The next fastest, 'units / none', takes 13.000 ms (7.000 ms exposed): 5.000 ms slower, with "
+        "5.000 ms more communication left exposed");
 }
 
 TEST_CASE("a time model that does not fit the units is refused, naming what is wrong") {
@@ -275,6 +275,14 @@ TEST_CASE("a time model that does not fit the units is refused, naming what is w
   t.link.bytes_per_second = -1;
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
         "fsdp: timeline plan: time_model::link.bytes_per_second must be >= 0 (0: free), got -1");
+  t = timing(2, 1, 1);
+  t.link.latency = nanoseconds(-1);
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
+        "fsdp: timeline plan: a link latency must be >= 0, got -1 ns");
+  t = timing(2, 1, 1);
+  t.link.bytes_per_second = 1e-12;  // 3072 bytes would take about 97 000 years
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }).rfind(
+            "fsdp: timeline plan: a collective would take", 0) == 0);
   t = timing(2, 1, 1);
   t.world = 6;
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==

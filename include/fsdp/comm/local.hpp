@@ -70,6 +70,13 @@ class local_communicator : public detail::collective_front<local_communicator, b
     return local_communicator(std::move(group), place, backend_opt_);
   }
 
+  /// The modelled link (fsdp/comm/link.hpp) of this rank's group and its sub-groups, for every collective whose
+  /// first rank arrives from now on. For timing studies that make a Model on a link that moves data (its
+  /// construction compares the ranks' fingerprints through collectives, which a link moving no data would garble)
+  /// and then time its steps on one that does not. One rank's call sets it for the group: call it between
+  /// collectives, with every rank between barriers and its model synchronized.
+  void set_link(const link_model& link) { g_->set_link(link); }
+
   /// Blocks the calling thread until every rank has reached its matching barrier.
   void barrier() { g_->run(seq_++, rank_, detail::op_desc{-1, 0, dtype::f32, reduce_op::sum, 0}, nullptr, nullptr); }
 

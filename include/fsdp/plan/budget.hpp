@@ -68,10 +68,9 @@ struct budget_choice {
   memory_plan plan;
 };
 
-namespace plan_detail {
-/// The planners' inputs for `units` under the query with these prefetch facts, with the schedule built by the same
-/// function a Model uses (sched::build_config).
-inline memory_plan_inputs inputs_for(const planned_units& u, const budget_query& q, const prefetch_facts& pf) {
+/// The planners' inputs (plan_memory, plan_timeline) for `units` under the query with these prefetch facts, with the
+/// schedule built by the same function a Model uses (sched::build_config).
+inline memory_plan_inputs planner_inputs(const planned_units& u, const budget_query& q, const prefetch_facts& pf) {
   model_options opt;
   opt.gather_slots = q.gather_slots;
   opt.grad_slots = q.grad_slots;
@@ -83,11 +82,13 @@ inline memory_plan_inputs inputs_for(const planned_units& u, const budget_query&
   in.norm_rows = q.norm_rows;
   return in;
 }
+
+namespace plan_detail {
 /// The plan of `units` at prefetch depth `depth` on the query's axis.
 inline memory_plan plan_at(const planned_units& u, const budget_query& q, int depth) {
   const prefetch_facts pf{q.axis == depth_axis::backward ? 0 : depth, q.axis == depth_axis::forward ? 0 : depth, false,
                           false};
-  return plan_memory(u.names, u.layouts, inputs_for(u, q, pf));
+  return plan_memory(u.names, u.layouts, planner_inputs(u, q, pf));
 }
 }  // namespace plan_detail
 
@@ -173,8 +174,9 @@ struct time_ranking {
 
   const timed_choice* best() const noexcept { return ranked.empty() ? nullptr : &ranked.front(); }
 
-  /// Why the best configuration wins, in a sentence or two: its predicted step against the next fastest, split
-  /// into exposed communication and compute, and its memory against the budget.
+  /// Why the best configuration wins, in a sentence or two: its predicted step and exposed communication, its
+  /// peak against the budget, and how much slower the next fastest is and how much of that is communication left
+  /// exposed.
   std::string why() const {
     auto ms = [](std::int64_t ns) { return detail::cat(std::fixed, std::setprecision(3), double(ns) * 1e-6, " ms"); };
     auto mib = [](std::int64_t b) {
@@ -184,33 +186,37 @@ struct time_ranking {
     if (ranked.empty())
       return detail::cat("no configuration fits the budget of ", mib(budget), " (", left_out.size(), " left out)");
     const timed_choice& a = ranked[0];
+    const bool unbounded = budget == std::numeric_limits<std::int64_t>::max();
     std::string s = detail::cat("'", a.label, "' wins: predicted step ", ms(a.time.step_ns), ", ", ms(a.time.exposed_ns),
-                                " of it exposed communication; peak ", mib(a.plan.peak.total), " of the ", mib(budget),
-                                " budget");
+                                " of it exposed communication; peak ", mib(a.plan.peak.total),
+                                unbounded ? std::string(" (no budget)") : detail::cat(" of the ", mib(budget), " budget"));
     if (ranked.size() == 1) return s + "; it is the only configuration that fits";
     const timed_choice& b = ranked[1];
     s += detail::cat(". The next fastest, '", b.label, "', takes ", ms(b.time.step_ns), " (", ms(b.time.exposed_ns),
                      " exposed)");
-    const std::int64_t d_exposed = b.time.exposed_ns - a.time.exposed_ns;
     const std::int64_t d_step = b.time.step_ns - a.time.step_ns;
+    const std::int64_t d_exposed = b.time.exposed_ns - a.time.exposed_ns;
     if (d_step == 0)
-      s += ": the same step; the winner needs less memory (" + mib(a.plan.peak.total) + " against " +
-           mib(b.plan.peak.total) + ")";
-    else if (d_exposed > 0)
-      s += detail::cat(": ", ms(d_exposed), " more communication left exposed");
-    else
-      s += ": its exposed communication is not larger; the difference is in when compute can run";
-    return s;
+      return s + (a.plan.peak.total < b.plan.peak.total
+                      ? detail::cat(": the same step, and the winner needs less memory (", mib(b.plan.peak.total), ")")
+                      : std::string(": the same step and peak; the winner is listed first"));
+    s += detail::cat(": ", ms(d_step), " slower");
+    if (d_exposed > 0) return s + detail::cat(", with ", ms(d_exposed), " more communication left exposed");
+    return s + ", with no more communication exposed: the difference is other work (compute waiting for slots, "
+               "offload copies, host updates)";
   }
 };
 
-/// Ranks every grouping x variant that fits `device_budget` (the planned device peak, all categories at once) by
-/// predicted step time, fastest first; ties go to the smaller peak, then to the order given. `t`'s compute is
-/// ignored: `compute` gives each unit's (a flops_model, or any callable of a FlatLayout). The query gives the
-/// rest (strategy, optimizer, grad slots, accumulation, offload).
+/// Ranks every grouping x variant that fits `device_budget` (the planned device peak, all categories at once) and
+/// `host_budget` (the host peak, with offloading) by predicted step time, fastest first; ties go to the smaller
+/// peak, then to the order given. `t`'s compute is ignored: `compute` gives each unit's from its layout (a
+/// flops_model, or any callable of a FlatLayout), the same for every variant: precision variants differ in the
+/// bytes they move, not in compute time. The query gives the rest (strategy, optimizer, grad slots,
+/// accumulation, offload).
 template <class Compute>
 time_ranking rank_by_time(const std::vector<planned_units>& groupings, const std::vector<time_variant>& variants,
-                          budget_query q, time_model t, const Compute& compute, std::int64_t device_budget) {
+                          budget_query q, time_model t, const Compute& compute, std::int64_t device_budget,
+                          std::int64_t host_budget = std::numeric_limits<std::int64_t>::max()) {
   if (variants.empty()) detail::fail_usage("rank_by_time: no variants to rank (give at least one)");
   time_ranking out;
   out.budget = device_budget;
@@ -222,7 +228,7 @@ time_ranking rank_by_time(const std::vector<planned_units>& groupings, const std
       const time_variant& var = variants[v];
       q.gather_slots = var.gather_slots;
       q.precision = var.precision;
-      const memory_plan_inputs in = plan_detail::inputs_for(u, q, var.prefetch);
+      const memory_plan_inputs in = planner_inputs(u, q, var.prefetch);
       const std::string label = detail::cat(u.label, " / ", var.label);
       memory_plan plan = plan_memory(u.names, u.layouts, in);
       if (!plan.feasible()) {
@@ -234,7 +240,16 @@ time_ranking rank_by_time(const std::vector<planned_units>& groupings, const std
                                            device_budget));
         continue;
       }
+      if (plan.host_peak.total > host_budget) {
+        out.left_out.push_back(detail::cat("'", label, "': its host peak of ", plan.host_peak.total,
+                                           " bytes is over the host budget of ", host_budget));
+        continue;
+      }
       timeline time = plan_timeline(u.names, u.layouts, in, t);
+      if (!time.feasible()) {  // the memory plan ran the same schedule: not expected, but never ranked as free
+        out.left_out.push_back(detail::cat("'", label, "': ", time.infeasible));
+        continue;
+      }
       out.ranked.push_back({g, v, label, std::move(plan), std::move(time)});
     }
   }

@@ -122,31 +122,46 @@ struct memory_reading {
     if (j == plan::job::download_grad) link.to_host += prog.costs(u).download.bytes();
   }
 };
+/// What both planners start from: the checked inputs, the forward order (index order when none is given), each
+/// unit's offload (the schedule's: the policy's and model_options::offload_units'; else the costs' own) and costs.
+struct prepared {
+  std::vector<std::size_t> order;
+  std::vector<offload_facts> offload;
+  std::vector<plan::unit_costs> cost;
+};
+
+inline prepared prepare(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
+                        const memory_plan_inputs& in, const char* who) {
+  const std::size_t n = layouts.size();
+  if (names.size() != n) detail::fail_usage(who, ": ", names.size(), " unit names for ", n, " layouts");
+  if (in.optimizer_states < 0) detail::fail_usage(who, ": optimizer_states must be >= 0, got ", in.optimizer_states);
+  if (in.norm_rows < 0) detail::fail_usage(who, ": norm_rows must be >= 0, got ", in.norm_rows);
+  prepared p;
+  p.order = in.order;
+  if (p.order.empty()) {
+    p.order.resize(n);
+    std::iota(p.order.begin(), p.order.end(), std::size_t{0});
+  }
+  if (p.order.size() != n) detail::fail_usage(who, ": the order names ", p.order.size(), " units of ", n);
+  p.offload = in.schedule.offload;
+  if (p.offload.size() != n) p.offload.assign(n, in.costs.offload);
+  p.cost.reserve(n);
+  for (std::size_t u = 0; u < n; ++u) p.cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, p.offload, u)));
+  return p;
+}
 }  // namespace plan_detail
 
 /// Plans one rank's memory for units with these names and layouts (in unit-index order).
 inline memory_plan plan_memory(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
                                const memory_plan_inputs& in) {
+  const plan_detail::prepared p = plan_detail::prepare(names, layouts, in, "memory plan");
   const std::size_t n = layouts.size();
-  if (names.size() != n) detail::fail_usage("memory plan: ", names.size(), " unit names for ", n, " layouts");
-  if (in.optimizer_states < 0) detail::fail_usage("memory plan: optimizer_states must be >= 0, got ", in.optimizer_states);
-  if (in.norm_rows < 0) detail::fail_usage("memory plan: norm_rows must be >= 0, got ", in.norm_rows);
+  const std::vector<std::size_t>& order = p.order;
+  const std::vector<offload_facts>& offload = p.offload;
+  const std::vector<plan::unit_costs>& cost = p.cost;
   const unit_index units(names);
   memory_plan out;
   out.units = names;
-  std::vector<std::size_t> order = in.order;
-  if (order.empty()) {
-    order.resize(n);
-    std::iota(order.begin(), order.end(), std::size_t{0});
-  }
-  if (order.size() != n) detail::fail_usage("memory plan: the order names ", order.size(), " units of ", n);
-
-  // each unit's offload: the schedule's (the policy's and model_options::offload_units'), else the costs' own
-  std::vector<offload_facts> offload = in.schedule.offload;
-  if (offload.size() != n) offload.assign(n, in.costs.offload);
-  std::vector<plan::unit_costs> cost;
-  cost.reserve(n);
-  for (std::size_t u = 0; u < n; ++u) cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, offload, u)));
 
   plan_detail::counter m;
   for (const auto& c : cost) {

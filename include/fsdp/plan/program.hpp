@@ -8,8 +8,15 @@
 //   the timeline planner (fsdp/plan/timeline.hpp)      streams advance through waits and work in modelled time
 //
 // So the two planners read one description of the executor's order, and both drive it with the scheduler's own
-// decisions (walk_passes below). tests/model/memory_test.cc holds the memory reading to the executor's measured
-// peaks, byte for byte; tests/plan/timeline_test.cc holds the time reading to hand-worked timelines.
+// decisions (walk_passes below). The executor's order is thus written twice: in the executor, which runs it, and
+// here, for the planners. tests/model/memory_test.cc holds this copy's slot order to the executor's measured peaks,
+// byte for byte; its streams, waits and records are held only by the hand-worked timelines of
+// tests/plan/timeline_test.cc and by bench:overlap's comparison with measured host runs. Change both together.
+//
+// Not in the program (no time, no memory the planners count): zero_grad() between steps, the in-place
+// pre-division of a reduction without a reduce input slot, model_options::check_collectives' comparisons, and the
+// optimizer's gradient inspection (its norms, all-reduce and host synchronize; the memory planner counts its
+// buffer in run_step's `between`).
 //
 // An interpreter `I` provides:
 //   take(lane, ring, slot_ledger::pick, const buffer_cost& each, unit)   a slot taken on `lane` (a reused slot:
@@ -132,11 +139,17 @@ class step_program {
     for (std::size_t u = 0; u < size(); ++u) in.wait(lane::compute, signal::reduced, u);
   }
 
-  /// Model::step after the scheduler's before_step: the optimizer's update of every unit (shard_optimizer::run_step:
-  /// on the host, staged, or on the device), then "shard ready" for the units written on the compute stream.
+  /// Model::step after the scheduler's before_step: the optimizer step begins (before the optimizer's own work
+  /// ahead of its updates, the gradient inspection: run_step's `between`).
+  template <class I>
+  void optimizer_begin(I& in) {
+    in.stamp(lane::compute, trace::kind::optimizer_begin, pass_kind::none, npos);
+  }
+
+  /// The optimizer's update of every unit (shard_optimizer::run_step: on the host, staged, or on the device), then
+  /// "shard ready" for the units written on the compute stream, and the step's end.
   template <class I>
   void optimizer_step(I& in) {
-    in.stamp(lane::compute, trace::kind::optimizer_begin, pass_kind::none, npos);
     for (std::size_t u = 0; u < size(); ++u) {
       const offload_facts& o = offload_[u];
       if (o.host_step()) {  // unit_executor::host_update
@@ -329,7 +342,8 @@ std::optional<sched::shortage> walk_passes(sched::scheduler& s, const std::vecto
 }
 
 /// One training step through the program: the passes, then Model::step's order (wait for the reductions, the
-/// scheduler's before_step, `between` (what the optimizer does before its updates: the inspection), the updates).
+/// scheduler's before_step, the step's begin stamp, `between` (what the optimizer does before its updates: the
+/// gradient inspection), the updates).
 template <class I, class Between>
 std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<std::size_t>& order, step_program& prog,
                                         I& in, Between&& between) {
@@ -338,6 +352,7 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
     return short_of;
   prog.wait_reductions(in);
   s.before_step([&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); });
+  prog.optimizer_begin(in);
   between();
   prog.optimizer_step(in);
   s.after_step();

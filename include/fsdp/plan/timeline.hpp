@@ -20,8 +20,14 @@
 // The answer: the step time (start to synchronize), compute, communication and exposed communication (collective
 // time not covered by compute, by trace::intervals_of, the rules trace::summarize measures with), exposed time per
 // unit, the critical path, and the predicted timeline as trace events (rank 0, step 1, nanoseconds from the
-// step's start) that fsdp/observe/chrome_trace.hpp writes for Perfetto. Integer nanoseconds throughout: the same
-// inputs give the same prediction, bit for bit, on every machine.
+// step's start) that fsdp/observe/chrome_trace.hpp writes for Perfetto. Integer nanoseconds throughout, each
+// duration computed once from doubles and truncated: the same inputs give the same prediction, bit for bit, on
+// every machine with IEEE-754 double arithmetic (x86-64's SSE2, AArch64; not x87, not -ffast-math).
+//
+// Left out (time a real step spends that this model does not): the gradient inspection (norms, their all-reduce
+// and a host synchronize: clipping, non-finite checks, loss scaling), zero_grad(), the in-place pre-division of a
+// reduction, check_collectives' comparisons, kernel launch and host issue overheads, and contention: concurrent
+// collectives on the gather and reduce streams each get the whole link, and compute does not slow while they run.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -42,6 +48,15 @@
 #include "fsdp/unit/unit_index.hpp"
 
 namespace fsdp {
+
+namespace plan_detail {
+/// `ns` as integer nanoseconds; usage_error beyond what an int64 holds (about 292 years), naming `what`.
+inline std::int64_t checked_ns(double ns, const char* what) {
+  if (!(ns < 9.2e18)) detail::fail_usage("timeline plan: ", what, " would take ", ns * 1e-9, " s, more than the planner counts in nanoseconds; check the rates in time_model / flops_model");
+  return static_cast<std::int64_t>(ns);
+}
+
+}  // namespace plan_detail
 
 /// A unit's modelled compute, per pass.
 struct unit_time {
@@ -66,7 +81,7 @@ struct flops_model {
     for (const flat_entry& e : l.entries())
       if (std::find(lookups.begin(), lookups.end(), e.name) == lookups.end()) params += double(e.numel);
     auto ns = [&](double per) {
-      return std::chrono::nanoseconds(static_cast<std::int64_t>(per * params * tokens / flops_per_second * 1e9));
+      return std::chrono::nanoseconds(plan_detail::checked_ns(per * params * tokens / flops_per_second * 1e9, "a unit's compute"));
     };
     return {ns(forward_flops), ns(backward_flops)};
   }
@@ -80,7 +95,7 @@ struct time_model {
   /// shard group; no_shard all-reduces over the world.
   int world = 1;
   comm::link_model link{};          ///< the shard group's collectives
-  comm::link_model replica_link{};  ///< hybrid sharding: the all-reduce across replicas
+  comm::link_model replica_link{};  ///< hybrid sharding: the all-reduce across replicas (bandwidth 0: free)
   double memory_bytes_per_second = 0;  ///< device memory (0: memory-bound work takes no time)
   double host_bytes_per_second = 0;    ///< host memory: host functions of offloading (0: free)
   double pcie_bytes_per_second = 0;    ///< the host link: offload copies (0: free)
@@ -324,9 +339,9 @@ class time_reading {
   };
 
   static std::size_t idx(plan::job j) noexcept { return static_cast<std::size_t>(j); }
-  static std::int64_t bytes_over(std::int64_t bytes, double per_second) noexcept {
+  static std::int64_t bytes_over(std::int64_t bytes, double per_second) {
     if (per_second <= 0 || bytes <= 0) return 0;
-    return static_cast<std::int64_t>(double(bytes) / per_second * 1e9);
+    return plan_detail::checked_ns(double(bytes) / per_second * 1e9, "a copy or memory-bound piece of work");
   }
   std::int64_t mem(std::int64_t bytes) const noexcept { return bytes_over(bytes, tm_.memory_bytes_per_second); }
   at& lane_of(plan::lane l) noexcept { return lane_[static_cast<std::size_t>(l)]; }
@@ -357,14 +372,12 @@ class time_reading {
 inline timeline plan_timeline(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
                               const memory_plan_inputs& in, const time_model& t) {
   const std::size_t n = layouts.size();
-  if (names.size() != n) detail::fail_usage("timeline plan: ", names.size(), " unit names for ", n, " layouts");
   if (t.compute.size() != n)
     detail::fail_usage("timeline plan: time_model::compute has ", t.compute.size(), " entries for ", n,
                        " units; give each unit's forward and backward time in unit-index order (or use flops_model)");
   for (std::size_t u = 0; u < n; ++u)
     if (t.compute[u].forward.count() < 0 || t.compute[u].backward.count() < 0)
       detail::fail_usage("timeline plan: unit '", names[u], "' has a negative compute time");
-  if (in.optimizer_states < 0) detail::fail_usage("timeline plan: optimizer_states must be >= 0, got ", in.optimizer_states);
   const struct {
     const char* name;
     double v;
@@ -375,6 +388,9 @@ inline timeline plan_timeline(const std::vector<std::string>& names, const std::
                {"pcie_bytes_per_second", t.pcie_bytes_per_second}};
   for (const auto& r : rates)
     if (!(r.v >= 0)) detail::fail_usage("timeline plan: time_model::", r.name, " must be >= 0 (0: free), got ", r.v);
+  if (t.link.latency.count() < 0 || t.replica_link.latency.count() < 0)
+    detail::fail_usage("timeline plan: a link latency must be >= 0, got ",
+                       (t.link.latency.count() < 0 ? t.link.latency : t.replica_link.latency).count(), " ns");
   const int group = n ? layouts[0].world() : 1;
   if (t.world < 1 || (in.costs.shards_params && t.world % group != 0))
     detail::fail_usage("timeline plan: time_model::world is ", t.world, ", which the shard group of ", group,
@@ -382,21 +398,20 @@ inline timeline plan_timeline(const std::vector<std::string>& names, const std::
 
   timeline out;
   out.units = names;
-  std::vector<std::size_t> order = in.order;
-  if (order.empty()) {
-    order.resize(n);
-    std::iota(order.begin(), order.end(), std::size_t{0});
-  }
-  if (order.size() != n) detail::fail_usage("timeline plan: the order names ", order.size(), " units of ", n);
-  std::vector<offload_facts> offload = in.schedule.offload;
-  if (offload.size() != n) offload.assign(n, in.costs.offload);
-  std::vector<plan::unit_costs> cost;
-  cost.reserve(n);
-  for (std::size_t u = 0; u < n; ++u) cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, offload, u)));
+  plan_detail::prepared p = plan_detail::prepare(names, layouts, in, "timeline plan");
+  const std::vector<std::size_t>& order = p.order;
+  const std::vector<plan::unit_costs>& cost = p.cost;
+
+  // comm::link_model::duration converts to integer nanoseconds itself: bound the largest collective first (an
+  // all-reduce's factor is below 2)
+  std::int64_t largest = 0;
+  for (const plan::unit_costs& c : cost) largest = std::max({largest, c.gather_bytes(), c.reduce_bytes()});
+  for (const comm::link_model* l : {&t.link, &t.replica_link})
+    if (l->bytes_per_second > 0) plan_detail::checked_ns(2.0 * double(largest) / l->bytes_per_second * 1e9, "a collective");
 
   const unit_index units(names);
   sched::scheduler s(units, in.schedule);
-  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states);
+  plan::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states);
   plan_detail::time_reading r(prog, t, layouts, in.costs);
   plan_detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {

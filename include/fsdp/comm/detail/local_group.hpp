@@ -112,6 +112,17 @@ class local_group {
   int size() const noexcept { return world_; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
+  /// The link of every collective whose first rank arrives from now on, in this group and its sub-groups (a
+  /// collective in flight keeps the link it began with, on every rank).
+  void set_link(const link_model& link) {
+    if (link.bytes_per_second < 0) fsdp::detail::fail_usage("link bandwidth must be >= 0, got ", link.bytes_per_second);
+    {
+      std::lock_guard lk(mu_);
+      link_ = link;
+    }
+    for (const auto& c : children()) c.group->set_link(link);
+  }
+
   /// Makes every current and future wait of the group, and of its sub-groups, fail with `reason` (first reason
   /// wins).
   void abort(const std::string& reason) noexcept {
@@ -281,10 +292,11 @@ class local_group {
     const std::size_t bytes = static_cast<std::size_t>(d.count) * esize;
     const std::int64_t unsharded = static_cast<std::int64_t>(bytes) *
                                    (kind == collective::all_gather || kind == collective::reduce_scatter ? world_ : 1);
-    const bool modelled = link_.bytes_per_second > 0;  // else no clock is read
-    const auto modelled_end = r.start + link_.duration(kind, unsharded, world_);
+    const link_model& link = r.link;
+    const bool modelled = link.bytes_per_second > 0;  // else no clock is read
+    const auto modelled_end = r.start + link.duration(kind, unsharded, world_);
     std::vector<unsigned char> tmp;
-    if (!link_.move_data) {
+    if (!link.move_data) {
       if (modelled) std::this_thread::sleep_until(modelled_end);
       depart(seq, rank, nullptr, what);
       return;
@@ -346,6 +358,7 @@ class local_group {
     std::vector<bool> published;  ///< second-phase token given
     int arrived = 0;
     std::chrono::steady_clock::time_point start;  ///< when the last rank arrived
+    link_model link;  ///< the group's link when the first rank arrived: every rank of the round uses it
     int done = 0;  ///< ranks that published their second token (or finished their part, run())
     int ran = 0;   ///< ranks that ran before_leaving (part())
     int left = 0;
@@ -411,6 +424,7 @@ class local_group {
   /// A group of one: the collective's result from this rank's input alone (a reduction still applies the
   /// reduction rule to it, element by element, in place when recv is send, as the general path would).
   void run_alone(const op_desc& d, const void* send, void* recv, const who& what) {
+    bool move_data = true;
     {
       std::unique_lock lk(mu_);
       if (aborted_) {
@@ -418,8 +432,9 @@ class local_group {
         lk.unlock();
         throw comm_error(what.str() + " aborted: " + why);
       }
+      move_data = link_.move_data;
     }
-    if (d.kind < 0 || !link_.move_data) return;  // a modelled link that moves no data leaves buffers alone
+    if (d.kind < 0 || !move_data) return;  // a modelled link that moves no data leaves buffers alone
     const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
     const auto kind = static_cast<collective>(d.kind);
     if (kind == collective::all_gather || kind == collective::broadcast) {
@@ -499,13 +514,14 @@ class local_group {
       r.parting.assign(world_, nullptr);
       r.present.assign(world_, false);
       r.published.assign(world_, false);
+      r.link = link_;
     } else if (!(r.desc == d)) {
       fail(lk, "collective mismatch at #" + std::to_string(seq) + ": rank " + std::to_string(r.first_rank) +
                    " issued " + r.desc.str() + " but rank " + std::to_string(rank) + " issued " + d.str());
     }
     r.send[rank] = send;
     r.present[rank] = true;
-    if (++r.arrived == world_ && link_.bytes_per_second > 0) r.start = std::chrono::steady_clock::now();
+    if (++r.arrived == world_ && r.link.bytes_per_second > 0) r.start = std::chrono::steady_clock::now();
     cv_.notify_all();
     wait(lk, [&] { return r.arrived == world_; }, what, "waiting for the other ranks", r);
     return r;  // std::map nodes are stable; the round lives until every rank has left it
@@ -525,7 +541,7 @@ class local_group {
 
   const int world_;
   const std::chrono::milliseconds timeout_;
-  const link_model link_;
+  link_model link_;  // guarded by mu_ (set_link); each round takes a copy
   const collective_delay delay_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
