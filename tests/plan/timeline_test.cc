@@ -264,6 +264,35 @@ TEST_CASE("ranking configurations by predicted step time, among those that fit")
         "5.000 ms more communication left exposed");
 }
 
+TEST_CASE("ranking groupings: three small units against one large one") {
+  // The same three 32 x 32 parameters, as three units or as one. Compute: 1 ms per 1024 elements per pass.
+  fsdp::ModelSpec spec;
+  for (const char* n : {"a", "b", "c"}) spec.add(std::string(n) + ".w", {32, 32});
+  const std::vector<fsdp::planned_units> groupings = {
+      fsdp::plan_units("1 unit", spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec&) { return std::string("all"); }}, 4),
+      units_of({"a", "b", "c"}),
+  };
+  fsdp::budget_query q;
+  q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(4);
+  const auto compute = [](const fsdp::FlatLayout& l) {
+    const nanoseconds t(ms(double(l.numel()) / 1024.0));
+    return fsdp::unit_time{t, t};
+  };
+  const auto r = fsdp::rank_by_time(groupings, {{"next", next, 0, {}}}, q, timing(0, 0, 0), compute,
+                                    std::numeric_limits<std::int64_t>::max());
+  // one unit of 3072 elements: its gathers and its reduce-scatter take 3 ms each and nothing overlaps them (gather
+  // 0-3, forward 3-6, gather 6-9 after the release, backward 9-12, reduce 12-15): 15 ms, 9 exposed. Three units:
+  // 8 ms, 2 exposed (the depth case above).
+  REQUIRE(r.ranked.size() == 2);
+  CHECK(r.ranked[0].candidate == 1);
+  CHECK(r.ranked[1].time.step_ns == ms(15));
+  CHECK(r.ranked[1].time.exposed_ns == ms(9));
+  CHECK(r.why() ==
+        "'units / next' wins: predicted step 8.000 ms, 2.000 ms of it exposed communication; peak 23552 B (no budget). "
+        "The next fastest, '1 unit / next', takes 15.000 ms (9.000 ms exposed): 7.000 ms slower, with 7.000 ms more "
+        "communication left exposed");
+}
+
 TEST_CASE("a time model that does not fit the units is refused, naming what is wrong") {
   const auto u = units_of({"a", "b"});
   auto t = timing(2, 1, 1);
