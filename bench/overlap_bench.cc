@@ -178,7 +178,7 @@ int main() {
   } precisions[] = {{"fp32", fsdp::facts_of_precision<fsdp::precision::full>()},
                     {"bf16/fp32", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>()},
                     {"bf16/bf16", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>()}};
-  std::vector<fsdp::time_variant> variants;  // per precision index: the policies
+  std::vector<fsdp::time_variant> variants;  // the prefetch policies, for rank_by_time (precision set per group)
   auto one_slot = [&](const fsdp::prefetch_facts& pf) {
     fsdp::budget_query q;
     q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(s.world);

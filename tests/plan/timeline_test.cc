@@ -307,7 +307,7 @@ TEST_CASE("a time model that does not fit the units is refused, naming what is w
   t = timing(2, 1, 1);
   t.link.latency = nanoseconds(-1);
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
-        "fsdp: timeline plan: a link latency must be >= 0, got -1 ns");
+        "fsdp: timeline plan: time_model::link.latency must be >= 0, got -1 ns");
   t = timing(2, 1, 1);
   t.link.bytes_per_second = 1e-12;  // 3072 bytes would take about 97 000 years
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }).rfind(

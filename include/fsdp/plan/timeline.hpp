@@ -36,6 +36,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/comm/link.hpp"
@@ -388,9 +389,9 @@ inline timeline plan_timeline(const std::vector<std::string>& names, const std::
                {"pcie_bytes_per_second", t.pcie_bytes_per_second}};
   for (const auto& r : rates)
     if (!(r.v >= 0)) detail::fail_usage("timeline plan: time_model::", r.name, " must be >= 0 (0: free), got ", r.v);
-  if (t.link.latency.count() < 0 || t.replica_link.latency.count() < 0)
-    detail::fail_usage("timeline plan: a link latency must be >= 0, got ",
-                       (t.link.latency.count() < 0 ? t.link.latency : t.replica_link.latency).count(), " ns");
+  for (const auto& [name, l] : {std::pair<const char*, const comm::link_model*>{"link", &t.link}, {"replica_link", &t.replica_link}})
+    if (l->latency.count() < 0)
+      detail::fail_usage("timeline plan: time_model::", name, ".latency must be >= 0, got ", l->latency.count(), " ns");
   const int group = n ? layouts[0].world() : 1;
   if (t.world < 1 || (in.costs.shards_params && t.world % group != 0))
     detail::fail_usage("timeline plan: time_model::world is ", t.world, ", which the shard group of ", group,
