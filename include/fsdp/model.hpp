@@ -104,7 +104,7 @@ class Model {
                              "fsdp::policy, default init rule and model_options");
     backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
     if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
-    if (mesh_.hybrid()) make_groups();
+    if (splits_world(mesh_)) make_groups();
     if (opt_.gather_slots > 0)  // a slot count too small for the policy fails here, before any memory is touched
       if (const memory_plan p = plan_memory(0); !p.feasible())
         detail::fail_usage("model_options::gather_slots = ", opt_.gather_slots, " is too few for this policy: ",
@@ -167,10 +167,11 @@ class Model {
   int replicate_group_size() const noexcept { return mesh_.replicas; }
   /// Where this rank's group sits: replicas x shards, this rank at (mesh().replica(rank), mesh().shard_rank(rank)).
   const device_mesh& mesh() const noexcept { return mesh_; }
-  /// The communicator of this rank's shard group (all-gathers and reduce-scatters): comm() unless hybrid.
+  /// The communicator of this rank's shard group (all-gathers and reduce-scatters): comm() unless the strategy
+  /// shards over fewer ranks than the world (strategy_facts::splits_world: hybrid sharding).
   communicator& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : *comm_; }
   /// The communicator of this rank's replicate group (the all-reduce of reduced shards under hybrid sharding);
-  /// null unless hybrid.
+  /// null unless the world is split.
   communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
   const model_options& options() const noexcept { return opt_; }
   static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
@@ -420,12 +421,13 @@ class Model {
   };
 
   // ---- set-up ------------------------------------------------------------------------------------------------
-  /// The strategy's mesh over the communicator's world. A hybrid mesh (replicated shard groups) needs sub-group
-  /// communicators: a communicator without split(color, key) is refused here, before anything is issued.
+  /// The strategy's mesh over the communicator's world. Replicated shard groups (a shard group of one rank
+  /// included) need sub-group communicators: a communicator without split(color, key) is refused here, before
+  /// anything is issued.
   static device_mesh mesh_for(const communicator& comm) {
     const device_mesh m = mesh_of<strategy>(comm.size());
     if constexpr (!splittable)
-      if (m.hybrid())
+      if (splits_world(m))
         detail::fail_usage("sharding strategy ", strategy::name, " shards over ", m.shards, " of ", comm.size(),
                            " ranks and replicates over ", m.replicas,
                            " (hybrid sharding), which needs a communicator with split(color, key) to make the shard "
@@ -436,9 +438,13 @@ class Model {
   static constexpr bool splittable = requires(communicator& c) {
     { c.split(0, 0) } -> std::same_as<communicator>;
   };
+  static constexpr bool splits_world(const device_mesh& m) noexcept {
+    return facts_of<strategy>(m.world()).splits_world();
+  }
 
-  /// Hybrid sharding: the shard group (ranks of this replica) and the replicate group (ranks at this shard
-  /// position), split from the world in that order on every rank; the executor issues on them from now on.
+  /// Hybrid sharding (a shard group smaller than the world, of one rank included): the shard group (ranks of this
+  /// replica) and the replicate group (ranks at this shard position), split from the world in that order on every
+  /// rank; the executor issues on them from now on.
   void make_groups() {
     if constexpr (splittable) {
       const int r = comm_->rank();

@@ -11,7 +11,8 @@
 //   - comm::nccl at world size 1 (RANK/WORLD_SIZE/LOCAL_RANK set in-process) against the host at world 1;
 //   - checkpoints (where nlohmann-json and xxhash.h are found): a resume at 4 ranks on one GPU equals a run without
 //     a stop, and the files load on 2 host ranks, bit for bit;
-//   - comm::local at 1, 2, 3, 4 and 5 ranks (uneven shards), every sharding strategy and prefetch policy;
+//   - comm::local at 1, 2, 3, 4 and 5 ranks (uneven shards), every sharding strategy and prefetch policy; hybrid
+//     sharding through comm::local's split, shard groups of one rank (2 ranks) and of two (2 x 2);
 //   - on a real GPU only: the pool does not grow after the first step, for units larger than its 2 MiB
 //     granularity (device memory bounded by the plan; the host's model of the pool, tests/model/
 //     memory_bound_test.cc, checks the same rules exactly; the simulator's pool figures are bookkeeping);
@@ -301,6 +302,19 @@ TEST_CASE("comm::local on one GPU, 1 to 5 ranks: parameters equal the host run b
     ex.grad_slots = 1;
     compare_local<full_shard, prefetch::explicit_schedule>(3, false, ex);
   }
+}
+
+TEST_CASE("hybrid sharding on one GPU (comm::local splits): groups of one rank and of two equal the host run bit for bit") {
+  FSDP_REQUIRE_GPU();
+  namespace prefetch = fsdp::prefetch;
+  using bf16 = fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>;
+  SUBCASE("hybrid_shard<1>, 2 ranks (shard groups of one rank), AdamW") {
+    compare_local<fsdp::sharding::hybrid_shard<1>, prefetch::next>(2, true);
+  }
+  SUBCASE("hybrid_shard_zero2<1>, 2 ranks, bf16 compute and reduction, SGD") {
+    compare_local<fsdp::sharding::hybrid_shard_zero2<1>, prefetch::next, bf16>(2, false);
+  }
+  SUBCASE("hybrid_shard<2>, 4 ranks (2 x 2), AdamW") { compare_local<fsdp::sharding::hybrid_shard<2>, prefetch::next>(4, true); }
 }
 
 TEST_CASE("CPU offload on one GPU: pinned host shards and state, copy streams, the host optimizer step; equal to the "

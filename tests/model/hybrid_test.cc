@@ -2,6 +2,8 @@
 // and how the groups fail. Parity with the single-process reference is in precision_parity_test.cc; the memory
 // planner's exactness for hybrid strategies in memory_test.cc.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <cstring>
+#include <map>
 #include <mutex>
 
 #include "tests/support/support.hpp"
@@ -85,6 +87,98 @@ TEST_CASE("collectives per group per step: the shard group's are the flat strate
   check_groups<fsdp::sharding::hybrid_shard_zero2<4>, fsdp::sharding::shard_grad_op, 4, bf16>(2);
 }
 
+TEST_CASE("a shard group of one rank: full_shard in a group of one, the replicas all-reduce; the world carries nothing") {
+  using fsdp::bfloat16;
+  using full = fsdp::precision::full;
+  using bf16 = fsdp::precision::mixed<bfloat16, float, bfloat16>;
+  check_groups<fsdp::sharding::hybrid_shard<1>, fsdp::sharding::full_shard, 1, full>(2);
+  check_groups<fsdp::sharding::hybrid_shard<1>, fsdp::sharding::full_shard, 1, bf16>(5);
+  check_groups<fsdp::sharding::hybrid_shard_zero2<1>, fsdp::sharding::shard_grad_op, 1, full>(5);
+  check_groups<fsdp::sharding::hybrid_shard_zero2<1>, fsdp::sharding::shard_grad_op, 1, bf16>(2);
+}
+
+namespace {
+/// Three SGD steps of five_units at `world` ranks, the gradient a function of the gathered parameters, the rank,
+/// the step and the element; every parameter afterwards, gathered in full.
+template <class Strategy, class Precision>
+std::map<std::string, std::vector<float>> trained(int world) {
+  using P = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
+  using T = typename Precision::compute_type;
+  std::map<std::string, std::vector<float>> out;
+  std::mutex mu;
+  run_ranks(world, [&](local_communicator& c) {
+    fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 11});
+    fsdp::optim::sgd opt(m, {.lr = 0.1f, .momentum = 0.9f});
+    for (int step = 0; step < 3; ++step) {
+      for (auto& u : m.forward()) (void)u;
+      for (auto& u : m.backward())
+        for (const auto& e : u.layout().entries()) {
+          const auto w = u.param(e.name);
+          const auto g = u.grad(e.name);
+          for (std::int64_t i = 0; i < g.numel(); ++i)
+            g[i] = T(float(w[i]) * 0.5f + 0.125f * float(c.rank() + 1) - 0.01f * float(step) + 0.001f * float(i % 7));
+        }
+      opt.step();
+      opt.zero_grad();
+    }
+    auto full = m.gather_full_params();
+    std::lock_guard lk(mu);
+    if (c.rank() == 0) out = std::move(full);
+  });
+  return out;
+}
+
+template <class Hybrid, class Flat, class Precision>
+void check_same_training(int world) {
+  CAPTURE(world);
+  CAPTURE(Hybrid::name);
+  CAPTURE(Hybrid::shard_group_size(world));
+  const auto h = trained<Hybrid, Precision>(world), f = trained<Flat, Precision>(world);
+  REQUIRE(h.size() == 7);
+  for (const auto& [name, values] : f) {
+    CAPTURE(name);
+    REQUIRE(h.count(name) == 1);
+    REQUIRE(h.at(name).size() == values.size());
+    CHECK(std::memcmp(h.at(name).data(), values.data(), values.size() * sizeof(float)) == 0);
+  }
+}
+}  // namespace
+
+TEST_CASE("every strategy at a shard group of one rank and of the whole world trains as its flat equal, bit for bit") {
+  using namespace fsdp::sharding;
+  using full = fsdp::precision::full;
+  using bf16 = fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>;
+  for (int world : {2, 5}) {  // a group of one rank: every rank holds everything, the replicas all-reduce (DDP)
+    check_same_training<hybrid_shard<1>, no_shard, full>(world);
+    check_same_training<hybrid_shard<1>, no_shard, bf16>(world);
+    check_same_training<hybrid_shard_zero2<1>, no_shard, full>(world);
+    check_same_training<hybrid_shard_zero2<1>, no_shard, bf16>(world);
+  }
+  // a group of the whole world: full_shard and shard_grad_op
+  check_same_training<hybrid_shard<2>, full_shard, full>(2);
+  check_same_training<hybrid_shard<5>, full_shard, bf16>(5);
+  check_same_training<hybrid_shard_zero2<2>, shard_grad_op, bf16>(2);
+  check_same_training<hybrid_shard_zero2<5>, shard_grad_op, full>(5);
+}
+
+namespace {
+/// A user's strategy that replicates whole parameters yet names shard groups of two ranks.
+struct replicated_in_pairs {
+  using sharding_concept = fsdp::sharding_tag;
+  static constexpr std::string_view name = "replicated_in_pairs";
+  static constexpr bool shards_params = false;
+  static constexpr bool reshard_after_forward = false;
+  static constexpr int shard_group_size(int) { return 2; }
+  static constexpr int replicate_group_size(int world) { return world / 2; }
+};
+}  // namespace
+
+TEST_CASE("a strategy that keeps whole parameters but names a shard group of several ranks is refused, named") {
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([] { (void)fsdp::mesh_of<replicated_in_pairs>(4); }) ==
+        "fsdp: sharding strategy replicated_in_pairs does not shard parameters (shards_params is false) but gives a "
+        "shard group of 2 ranks; a strategy that keeps whole parameters on every rank has a shard group of 1");
+}
+
 TEST_CASE("the mesh: shard groups are consecutive ranks, replicate groups the ranks at one shard position") {
   run_ranks(8, [](local_communicator& c) {
     fsdp::Model<fsdp::policy<fsdp::sharding::hybrid_shard<4>>> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
@@ -101,6 +195,17 @@ TEST_CASE("the mesh: shard groups are consecutive ranks, replicate groups the ra
     CHECK(!m.mesh().hybrid());
     CHECK(&m.shard_comm() == &c);
     CHECK(m.replicate_comm() == nullptr);
+  });
+  run_ranks(4, [](local_communicator& c) {  // groups of one rank: split all the same, each rank its own shard group
+    fsdp::Model<fsdp::policy<fsdp::sharding::hybrid_shard<1>>> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
+    CHECK(!m.mesh().hybrid());
+    CHECK(m.mesh().replicas == 4);
+    CHECK(m.shard_comm().size() == 1);
+    CHECK(&m.shard_comm() != &c);
+    REQUIRE(m.replicate_comm() != nullptr);
+    CHECK(m.replicate_comm()->size() == 4);
+    CHECK(m.replicate_comm()->rank() == c.rank());
+    CHECK(m.layouts()[0].world() == 1);
   });
 }
 

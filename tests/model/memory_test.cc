@@ -69,7 +69,7 @@ TEST_CASE("planned peak equals measured peak, per category, for every strategy a
   check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::depth<3, 3>>();
 }
 
-TEST_CASE("planned peak equals measured peak for hybrid sharding (2 x 2, 4 x 2, 2 x 4), every precision") {
+TEST_CASE("planned peak equals measured peak for hybrid sharding (2 x 2, 4 x 2, 2 x 4, W x 1), every precision") {
   using fsdp::bfloat16;
   using fsdp::precision::mixed;
   using fsdp::sharding::hybrid_shard;
@@ -79,6 +79,9 @@ TEST_CASE("planned peak equals measured peak for hybrid sharding (2 x 2, 4 x 2, 
   check_plan_matches<hybrid_shard<2>, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>({}, {.max_norm = 1.0f}, {4});
   check_plan_matches<hybrid_shard_zero2<2>, fsdp::prefetch::next, mixed<bfloat16>>({}, {}, {4});
   check_plan_matches<hybrid_shard_zero2<4>, fsdp::prefetch::next>({}, {}, {8});
+  // shard groups of one rank (every rank holds everything; groups of one gather, the replicas all-reduce)
+  check_plan_matches<hybrid_shard<1>, fsdp::prefetch::next>({}, {}, {2, 4});
+  check_plan_matches<hybrid_shard_zero2<1>, fsdp::prefetch::next, mixed<bfloat16>>({}, {}, {3});
 }
 
 TEST_CASE("planned equals measured under gather slots, per-unit resharding, explicit schedules and orders") {

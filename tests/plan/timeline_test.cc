@@ -75,6 +75,27 @@ TEST_CASE("one unit: gather, forward, gather again, backward, reduce; nothing ov
         "  reduce     reduction u backward                   7.000 -      8.000 ms\n");
 }
 
+TEST_CASE("hybrid sharding: shard groups of one rank gather in no time; the replicas' all-reduce is the communication") {
+  // hybrid_shard<1> at 4 ranks: the layout is one rank's (a 1024-element shard), gathers and reduce-scatters run in
+  // groups of one (no time), and the reduced shard is all-reduced across the 4 replicas on the replica link:
+  // 4096 bytes x 2 x 3/4 = 6144 bytes at 3.072 MB/s, 2 ms. Forward 0-2, backward 2-5, all-reduce 5-7.
+  const auto u = units_of({"u"}, 1);
+  fsdp::memory_plan_inputs in;
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<1>>(4),
+                                          none, fsdp::precision_facts{}, {}, {});
+  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
+  fsdp::time_model t = timing(1, 2, 3);
+  t.replica_link = t.link;
+  const auto tl = predict(u, in, t);
+  REQUIRE(tl.feasible());
+  CHECK(tl.step_ns == ms(7));
+  CHECK(tl.compute_ns == ms(5));
+  CHECK(tl.comm_ns == ms(2));
+  CHECK(tl.exposed_ns == ms(2));
+  CHECK(tl.by_unit[0].gather_ns == 0);
+  CHECK(tl.by_unit[0].reduce_ns == ms(2));
+}
+
 TEST_CASE("two units with prefetch next: compute longer than, equal to and shorter than the gathers") {
   const auto u = units_of({"a", "b"});
   SUBCASE("compute 2 ms per pass, gathers 1 ms") {

@@ -63,6 +63,27 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   int size() const noexcept { return g_->size(); }
   const backend::cuda_options& backend_options() const noexcept { return backend_opt_; }
 
+  /// Collective (every rank of the group calls it, in the same order as its other collectives): the ranks that
+  /// pass the same `color` (>= 0) form a new group on the same GPU, ranked by (key, rank), as MPI_Comm_split does
+  /// (hybrid sharding's shard and replicate groups). Runs on the host, reading the other ranks' (color, key) in
+  /// place between meeting and parting; not counted in stats(). The new group shares the timeout; an abort of this
+  /// group, or a rank of it returning, reaches it.
+  local_cuda_communicator split(int color, int key) {
+    if (color < 0) fsdp::detail::fail_usage("split on rank ", rank_, ": color must be >= 0, got ", color);
+    const std::int32_t mine[2] = {color, key};
+    const detail::op_desc d{int(collective::all_gather), 2, dtype::f32, reduce_op::sum, 0};
+    const std::uint64_t seq = seq_++;
+    const std::vector<const void*> all = g_->meet(seq, rank_, d, mine);
+    std::vector<std::pair<int, int>> pairs;
+    for (const void* p : all) {
+      const auto* ck = static_cast<const std::int32_t*>(p);
+      pairs.emplace_back(ck[0], ck[1]);
+    }
+    g_->part(seq, rank_, d, nullptr);  // no rank's `mine` goes out of scope before every rank has read it
+    auto [group, place] = g_->sub_group(splits_++, rank_, pairs);
+    return local_cuda_communicator(std::move(group), place, backend_opt_);
+  }
+
   /// Blocks the calling thread until every rank has reached its matching barrier (host only).
   void barrier() {
     const detail::op_desc d{-1, 0, dtype::f32, reduce_op::sum, 0};
@@ -198,6 +219,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   int rank_;
   backend::cuda_options backend_opt_;
   std::uint64_t seq_ = 0;
+  std::uint64_t splits_ = 0;
   // Re-recorded per collective; the other ranks' streams wait on them (step 2 and 3) before this rank leaves the
   // collective (step 4), so neither is re-recorded or destroyed before those waits are enqueued.
   backend::cuda::event ready_;

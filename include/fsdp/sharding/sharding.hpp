@@ -94,8 +94,9 @@ struct hybrid_shard_zero2 : hybrid_groups<ShardGroup> {
 
 /// Where a rank sits in a world of replicas x shards (row-major: the ranks of one shard group are consecutive,
 /// as the ranks of one node are under the usual launchers). The layout is built for `shards` ranks and the
-/// executor takes shard_rank() of it; the Model splits its communicator by replica() (the shard group) and by
-/// shard_rank() (the replicate group), so all of them read this one mapping.
+/// executor takes shard_rank() of it; where the strategy splits the world (strategy_facts::splits_world), the
+/// Model splits its communicator by replica() (the shard group) and by shard_rank() (the replicate group), so all
+/// of them read this one mapping. hybrid(): both groups have more than one rank.
 struct device_mesh {
   int replicas = 1;
   int shards = 1;
@@ -112,6 +113,11 @@ struct strategy_facts {
   bool reshard_after_forward;
   int shard_group;
   int replicate_group;
+  /// Whether the world is split into shard groups and replicate groups (sub-group communicators): parameters are
+  /// sharded over a group smaller than the world. A shard group of one rank is such a group (hybrid_shard<1>:
+  /// every rank holds whole parameters, gathers and reduce-scatters run in a group of one, the replicas
+  /// all-reduce); a collective of the world in its place would move world-times the buffer.
+  constexpr bool splits_world() const noexcept { return shards_params && replicate_group > 1; }
 };
 
 /// The mesh of strategy S over `world` ranks; usage_error when its groups do not tile the world.
@@ -125,6 +131,10 @@ device_mesh mesh_of(int world) {
   if (g * r != world)
     detail::fail_usage("sharding strategy ", S::name, " gives a shard group of ", g, " and a replicate group of ", r,
                        " ranks, whose product is not the world of ", world);
+  if (!S::shards_params && g != 1)
+    detail::fail_usage("sharding strategy ", S::name, " does not shard parameters (shards_params is false) but gives a "
+                       "shard group of ", g, " ranks; a strategy that keeps whole parameters on every rank has a "
+                       "shard group of 1");
   return {r, g};
 }
 
