@@ -32,11 +32,16 @@ CUDA_GENCODE = [
     "-gencode=arch=compute_90,code=compute_90",
 ]
 
+# No --expt-relaxed-constexpr and no --extended-lambda: the library's headers compile correctly under plain
+# `nvcc -std=c++20`, as a user's own build compiles them. Calling a host function (constexpr or not) from device
+# code is only a warning under plain nvcc (#20011-D to #20015-D), and the kernel is then wrong (std::bit_cast in a
+# cast kernel stored zeros): here it is an error, so none can come back unseen.
+NVCC_DIAG_ERRORS = "--diag-error=20011,20012,20013,20014,20015"
+
 NVCC_COPTS = [
     "-std=c++20",
     "-O2",
-    "--expt-relaxed-constexpr",
-    "--extended-lambda",
+    NVCC_DIAG_ERRORS,
     "-Xcompiler=-fPIC,-pthread",
     "-Iinclude",
 ]

@@ -5,8 +5,9 @@
 #   fsdp::chrome_trace  fsdp::fsdp + nlohmann_json::nlohmann_json (fsdp/observe/chrome_trace.hpp)
 #   fsdp::checkpoint    fsdp::fsdp + nlohmann_json::nlohmann_json + xxHash's header (fsdp/checkpoint/: sharded
 #                       checkpoints and safetensors files; xxhash.h is used header-only, nothing is linked)
-#   fsdp::cuda          fsdp::fsdp + C++20 under nvcc, extended lambdas, relaxed constexpr: link it from targets
-#                       with .cu sources. Made only where the CUDA language is enabled (enable it before
+#   fsdp::cuda          fsdp::fsdp + C++20 under nvcc: link it from targets with .cu sources. The headers need
+#                       no other nvcc flag (no --expt-relaxed-constexpr, no --extended-lambda), so none is
+#                       imposed on the consumer's own code. Made only where the CUDA language is enabled (enable it before
 #                       find_package(fsdp): project(... LANGUAGES CXX CUDA)). The CUDA runtime comes with nvcc's
 #                       link (CMAKE_CUDA_RUNTIME_LIBRARY), not from this target.
 #   fsdp::nccl          fsdp::cuda + NCCL (comm::nccl). NCCL is looked for beside the CUDA toolkit, under
@@ -58,8 +59,6 @@ macro(fsdp_optional_targets)
       endif()
       target_compile_options(fsdp::cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
     endif()
-    target_compile_options(fsdp::cuda INTERFACE
-      $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda>)
     if(CUDAToolkit_INCLUDE_DIRS)  # .cc files of a CUDA target may include the runtime's headers too
       target_include_directories(fsdp::cuda SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
     endif()

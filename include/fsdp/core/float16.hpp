@@ -3,7 +3,11 @@
 // subnormals kept, every NaN turned into the canonical quiet NaN 0x7fff. The same functions run on the host and
 // inside CUDA kernels (FSDP_HD), so a cast gives the same bits on both backends whatever the GPU's conversion
 // instructions do with NaN payloads. fsdp::bfloat16 and fsdp::float16 are the element types a trainer names.
-#include <bit>
+//
+// The bit moves are __builtin_bit_cast, not std::bit_cast: std::bit_cast is a constexpr __host__ function, which
+// plain nvcc (without --expt-relaxed-constexpr) only warns about calling from device code (#20013-D) and then
+// compiles the kernel into stores of zeros. The builtin is what std::bit_cast calls; g++, clang and nvcc's device
+// compiler all have it, so these headers are correct under plain `nvcc -std=c++20` (tests/cuda/plain_nvcc_test.cu).
 #include <cstdint>
 #include <type_traits>
 
@@ -12,8 +16,8 @@
 
 namespace fsdp::f16 {
 
-FSDP_HD constexpr std::uint32_t bits(float f) noexcept { return std::bit_cast<std::uint32_t>(f); }
-FSDP_HD constexpr float from_bits(std::uint32_t u) noexcept { return std::bit_cast<float>(u); }
+FSDP_HD constexpr std::uint32_t bits(float f) noexcept { return __builtin_bit_cast(std::uint32_t, f); }
+FSDP_HD constexpr float from_bits(std::uint32_t u) noexcept { return __builtin_bit_cast(float, u); }
 
 /// fp32 -> bf16, round to nearest even.
 FSDP_HD constexpr std::uint16_t bf16_from_float(float f) noexcept {
