@@ -27,6 +27,7 @@ using full_shard = fsdp::policy<fsdp::sharding::full_shard>;
 using grad_op = fsdp::policy<fsdp::sharding::shard_grad_op>;
 using no_shard = fsdp::policy<fsdp::sharding::no_shard>;
 using hybrid2 = fsdp::policy<fsdp::sharding::hybrid_shard<2>>;
+using hybrid1 = fsdp::policy<fsdp::sharding::hybrid_shard<1>>;
 
 mlp::config small() {
   mlp::config c;
@@ -281,6 +282,15 @@ TEST_CASE("a checkpoint saved at world 4 loads at worlds 2, 3 and 1, across stra
     load_and_compare<full_shard>(dir / "ns", c, 4, layers, replicated);
     CHECK(ckpt::read_manifest(dir / "ns").files.size() == 1);
   }
+  SUBCASE("from hybrid_shard<1> (shard groups of one rank: rank 0 writes the one file), and into it") {
+    const full_tensors ones = save_trained<hybrid1>(dir / "h1", c);
+    CHECK(ckpt::read_manifest(dir / "h1").files.size() == 1);
+    CHECK(ckpt::read_manifest(dir / "h1").replicas == 4);
+    load_and_compare<full_shard>(dir / "h1", c, 3, layers, ones);
+    load_and_compare<hybrid1>(dir / "h1", c, 2, layers, ones);
+    const full_tensors truth = save_trained<full_shard>(dir / "fs", c);
+    load_and_compare<hybrid1>(dir / "fs", c, 3, layers, truth);
+  }
 }
 
 // ---- failures ------------------------------------------------------------------------------------------------
@@ -324,6 +334,45 @@ failed_load load_expecting_failure(const std::string& path) {
 }
 
 }  // namespace
+
+TEST_CASE("every byte of a checkpoint's manifest changed in turn: no load succeeds, every rank refuses, nothing modified") {
+  fsdp_test::scratch_dir dir("ckpt-manifest-flips");
+  train_and_save(dir / "ck", 2, 2);
+  const std::string path = dir / "ck" + "/manifest.json";
+  const std::string text = fsdp_test::read_file_bytes(path);
+  REQUIRE(text.size() > 1000);
+  const mlp::config c = small();
+  std::vector<int> silent(2, 0), refused(2, 0);
+  std::vector<bool> untouched(2, false);
+  run_ranks(2, [&](local_communicator& comm) {
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    mlp::result res;
+    mlp::run_steps(m, opt, c, 0, 1, res);
+    const auto before = local_state(m, opt);
+    for (std::size_t i = 0; i < text.size(); ++i)
+      for (unsigned char x : {0x01, 0x20}) {  // one bit: a digit to its neighbour ("step": 2 -> 3); a letter's case
+        if (comm.rank() == 0) {
+          std::string bad = text;
+          bad[i] = static_cast<char>(static_cast<unsigned char>(bad[i]) ^ x);
+          fsdp_test::write_file_bytes(path, bad);
+        }
+        comm.barrier();
+        try {
+          ckpt::load(m, opt, dir / "ck");
+          ++silent[comm.rank()];
+        } catch (const fsdp::checkpoint_error& e) {
+          const std::string_view what = e.what();
+          if (what.find("manifest.json'") != std::string_view::npos) ++refused[comm.rank()];
+        }
+        comm.barrier();
+      }
+    untouched[comm.rank()] = same_bits(before, local_state(m, opt)) && opt.steps() == 1 && m.step_count() == 1;
+  });
+  CHECK(silent == std::vector<int>{0, 0});
+  CHECK(refused == std::vector<int>(2, 2 * int(text.size())));  // each naming the manifest
+  CHECK(untouched == std::vector<bool>{true, true});
+}
 
 TEST_CASE(
     "a flipped byte, a truncated or deleted file, a manifest that does not parse: the same error on every "
@@ -372,13 +421,23 @@ TEST_CASE(
     CHECK(f.messages == std::vector<std::string>{expected, expected});
     CHECK(f.untouched);
   }
-  SUBCASE("a manifest that does not parse, and a missing one") {
+  SUBCASE("a manifest cut short, one sealed again over a cut, and a missing one") {
     const std::string ck = copy("garbled");
     std::string text = fsdp_test::read_file_bytes(ck + "/manifest.json");
     fsdp_test::write_file_bytes(ck + "/manifest.json", text.substr(0, text.size() / 2));
     failed_load f = load_expecting_failure(ck);
     std::string expected = failed + ck + "' failed (no parameter was modified): ranks 0, 1: the manifest '" + ck +
-                           "/manifest.json': the document does not parse as JSON";
+                           "/manifest.json' has no checksum of its own (no member \"manifest_xxh3\"): it was cut or "
+                           "damaged, or written by a version of this library that did not checksum its manifests "
+                           "(manifest version 1), which this one does not read";
+    CHECK(f.messages == std::vector<std::string>{expected, expected});
+    CHECK(f.untouched);
+    // a tool that writes the checksum over what it cut: the parser still finds what is wrong
+    fsdp_test::write_file_bytes(ck + "/manifest.json",
+                                ckpt::seal_manifest(text.substr(0, text.size() / 2) + text.substr(text.size() - 43)));
+    f = load_expecting_failure(ck);
+    expected = failed + ck + "' failed (no parameter was modified): ranks 0, 1: the manifest '" + ck +
+               "/manifest.json': the document does not parse as JSON";
     CHECK(f.messages == std::vector<std::string>{expected, expected});
     CHECK(f.untouched);
     f = load_expecting_failure(dir / "absent");
@@ -453,6 +512,59 @@ TEST_CASE("a write failing on one rank fails the save on every rank; the previou
   CHECK(!std::filesystem::exists(dir / "step-2.partial"));
   CHECK(ckpt::latest(dir.root) == dir / "step-1");
   CHECK(ckpt::verify(dir / "step-1").empty());
+}
+
+TEST_CASE("a failure while rank 0 commits (the manifest made, written, synced; the rename) leaves no .partial behind") {
+  fsdp_test::scratch_dir dir("ckpt-commit-fault");
+  train_and_save(dir / "step-1", 2, 1);
+  const mlp::config c = small();
+  const std::string target = dir / "step-2", partial = target + ".partial", manifest = partial + "/manifest.json";
+  struct fault {
+    std::string op, path;
+  };
+  for (const fault& at : {fault{"create", manifest}, fault{"write", manifest}, fault{"fsync", manifest},
+                          fault{"rename", partial}}) {
+    CAPTURE(at.op);
+    CAPTURE(at.path);
+    ckpt::save_options so;
+    so.fault = [&](const ckpt::io_event& e) {
+      if (e.rank == 0 && e.op == at.op && e.path == at.path) throw fsdp::checkpoint_error("injected: No space left on device");
+    };
+    std::vector<std::string> messages(2);
+    run_ranks(2, [&](local_communicator& comm) {
+      auto m = mlp::make_model<full_shard>(comm, c);
+      fsdp::optim::adamw opt(m, {});
+      mlp::result res;
+      mlp::run_steps(m, opt, c, 0, 2, res);
+      messages[comm.rank()] = error_of<fsdp::checkpoint_error>([&] { ckpt::save(m, opt, target, so); });
+    });
+    const std::string expected = "fsdp: checkpoint save to '" + target + "' failed: rank 0: injected: No space left on "
+                                 "device; '" + partial + "' was removed; earlier checkpoints are untouched";
+    CHECK(messages == std::vector<std::string>{expected, expected});
+    CHECK(!std::filesystem::exists(partial));
+    CHECK(!std::filesystem::exists(target));
+    CHECK(ckpt::latest(dir.root) == dir / "step-1");
+  }
+  // after the rename: the checkpoint is complete, and the message says so
+  ckpt::save_options so;
+  so.fault = [&](const ckpt::io_event& e) {
+    if (e.rank == 0 && e.op == "fsync" && e.path == dir.root) throw fsdp::checkpoint_error("injected: Input/output error");
+  };
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](local_communicator& comm) {
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    mlp::result res;
+    mlp::run_steps(m, opt, c, 0, 2, res);
+    messages[comm.rank()] = error_of<fsdp::checkpoint_error>([&] { ckpt::save(m, opt, target, so); });
+  });
+  const std::string expected = "fsdp: checkpoint save to '" + target + "' failed: rank 0: injected: Input/output "
+                               "error after the commit: '" + target + "' is complete, but a crash before the file "
+                               "system writes the rename back may lose it; earlier checkpoints are untouched";
+  CHECK(messages == std::vector<std::string>{expected, expected});
+  CHECK(!std::filesystem::exists(partial));
+  CHECK(ckpt::latest(dir.root) == target);
+  CHECK(ckpt::verify(target).empty());
 }
 
 TEST_CASE("a full disk (a file size limit) fails the save on every rank with the system's reason") {

@@ -47,12 +47,13 @@ ckpt::manifest two_ranks() {
 
 const std::string doc = "the manifest 'ck/manifest.json'";
 
-/// The error of parsing two_ranks() after `edit` changed its JSON.
+/// The error of parsing two_ranks() after `edit` changed its JSON, sealed again with its checksum (so the fields'
+/// own checks are what speaks).
 template <class Edit>
 std::string error_after(Edit edit) {
   json j = json::parse(ckpt::to_json(two_ranks()));
   edit(j);
-  return error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(j.dump(), doc); });
+  return error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(ckpt::seal_manifest(j.dump()), doc); });
 }
 }  // namespace
 
@@ -60,7 +61,7 @@ TEST_CASE("a manifest written by to_json parses back to the same value, and name
   const ckpt::manifest m = two_ranks();
   const std::string text = ckpt::to_json(m);
   CHECK(ckpt::parse_manifest(text, doc) == m);
-  CHECK(text.starts_with("{\n \"format\": \"fsdp-checkpoint\",\n \"version\": 1,\n \"step\": 12,"));
+  CHECK(text.starts_with("{\n \"format\": \"fsdp-checkpoint\",\n \"version\": 2,\n \"step\": 12,"));
   ckpt::manifest bare = m;  // saved without an optimizer or a scaler
   bare.optimizer.reset();
   bare.loss_scaler.reset();
@@ -70,13 +71,14 @@ TEST_CASE("a manifest written by to_json parses back to the same value, and name
 
 TEST_CASE("every malformed field of a manifest is named") {
   const std::string at = "fsdp: " + doc + ": ";
-  CHECK(error_of<fsdp::checkpoint_error>([] { ckpt::parse_manifest("{\"format\": ", doc); }) ==
+  const std::string sum = ", \"manifest_xxh3\": \"0000000000000000\"}";  // sealed below: the parser speaks
+  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(ckpt::seal_manifest("{\"format\": " + sum), doc); }) ==
         at + "the document does not parse as JSON");
-  CHECK(error_of<fsdp::checkpoint_error>([] { ckpt::parse_manifest("{\"a\": \"\xff\"}", doc); }) ==
+  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(ckpt::seal_manifest("{\"a\": \"\xff\"" + sum), doc); }) ==
         at + "the document is not valid UTF-8 (byte 7)");
   CHECK(error_after([](json& j) { j["format"] = "other"; }) ==
         at + "format must be \"fsdp-checkpoint\" (this is not a checkpoint manifest of this library)");
-  CHECK(error_after([](json& j) { j["version"] = 2; }) == at + "version is 2; this library reads version 1");
+  CHECK(error_after([](json& j) { j["version"] = 1; }) == at + "version is 1; this library reads version 2");
   CHECK(error_after([](json& j) { j.erase("step"); }) == at + "the document has no member 'step'");
   CHECK(error_after([](json& j) { j["step"] = -1; }) == at + "step must be in [0, 9223372036854775807], got -1");
   CHECK(error_after([](json& j) { j["mesh"]["shards"] = 3; }) == at + "mesh is 1 x 3, which is not the world of 2");
@@ -99,9 +101,10 @@ TEST_CASE("every malformed field of a manifest is named") {
   CHECK(error_after([](json& j) { j["files"][0]["pieces"][0]["end"] = 13; }) ==
         at + "files[0].pieces[0].end must be in [1, 12], got 13");
   CHECK(error_after([](json& j) { j["files"][0]["pieces"][2]["offset"] = 80; }) ==
-        at + "files[0].pieces[2] ends at byte 112, past the file's 96 bytes");
+        at + "files[0].pieces[2] (elements [0, 8) of 'emb' (exp_avg_sq)) ends at byte 112, past the file's 96 bytes");
   CHECK(error_after([](json& j) { j["files"][0]["pieces"][1]["offset"] = 16; }) ==
-        at + "files[0].pieces overlap in the file at byte 16");
+        at + "files[0].pieces overlap in the file at byte 16: elements [0, 8) of 'emb' (param) and elements [0, 8) "
+             "of 'emb' (exp_avg)");
   CHECK(error_after([](json& j) { j["files"][0]["pieces"][1]["kind"] = "momentum"; }) ==
         at + "files[0].pieces[1].kind is 'momentum', which is neither \"param\" nor a state of the optimizer");
   CHECK(error_after([](json& j) { j["files"][1]["pieces"].erase(2); }) ==
@@ -110,6 +113,55 @@ TEST_CASE("every malformed field of a manifest is named") {
           j["files"][1]["pieces"][0]["begin"] = 7;
           j["files"][1]["pieces"][0]["end"] = 11;
         }) == at + "files overlap on elements [7, 8) of tensor 'emb' (param)");
+}
+
+TEST_CASE("a manifest carries its own checksum: any byte changed after writing is refused, naming the file") {
+  const std::string text = ckpt::to_json(two_ranks());
+  // the last member, over the file's bytes with its own digits read as zeros
+  const std::size_t digits = text.size() - 20;
+  REQUIRE(text.substr(digits - 20) == "\n \"manifest_xxh3\": \"" + text.substr(digits, 16) + "\"\n}\n");
+  std::string zeroed = text;
+  zeroed.replace(digits, 16, std::string(16, '0'));
+  CHECK(text.substr(digits, 16) == ckpt::hex64(ckpt::xxh3(zeroed.data(), zeroed.size())));
+  CHECK(ckpt::seal_manifest(zeroed) == text);
+  // every byte, each of three ways: one bit (a digit to its neighbour: "step": 12 -> 13), a case bit, all bits
+  int silent = 0, refused = 0;
+  for (std::size_t i = 0; i < text.size(); ++i)
+    for (unsigned char x : {0x01, 0x20, 0xff}) {
+      std::string bad = text;
+      bad[i] = static_cast<char>(static_cast<unsigned char>(bad[i]) ^ x);
+      try {
+        (void)ckpt::parse_manifest(bad, doc);
+        ++silent;
+      } catch (const fsdp::checkpoint_error& e) {
+        ++refused;
+        CHECK(std::string_view(e.what()).starts_with("fsdp: " + doc + " "));
+      }
+    }
+  CHECK(silent == 0);
+  CHECK(refused == 3 * int(text.size()));
+  // the messages, whole
+  std::string step13 = text;
+  step13.replace(step13.find("\"step\": 12"), 10, "\"step\": 13");
+  std::string h13 = step13;
+  h13.replace(digits, 16, std::string(16, '0'));
+  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(step13, doc); }) ==
+        "fsdp: " + doc + " does not match its own checksum (xxh3 " + ckpt::hex64(ckpt::xxh3(h13.data(), h13.size())) +
+            ", recorded " + text.substr(digits, 16) + "): it was changed or damaged after it was written");
+  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(text.substr(0, digits - 21) + "\n}\n", doc); }) ==
+        "fsdp: " + doc + " has no checksum of its own (no member \"manifest_xxh3\"): it was cut or damaged, or "
+        "written by a version of this library that did not checksum its manifests (manifest version 1), which this "
+        "one does not read");
+  std::string upper = text;
+  upper[digits] = 'G';
+  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(upper, doc); }) ==
+        "fsdp: " + doc + " has a checksum (\"manifest_xxh3\") that is not 16 lowercase hexadecimal digits");
+  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(text.substr(0, digits + 3), doc); }) ==
+        "fsdp: " + doc + " has a checksum member \"manifest_xxh3\" whose value is not a string of 16 digits");
+  CHECK(error_of<fsdp::usage_error>([] { (void)ckpt::seal_manifest("{}"); }) ==
+        "fsdp: checkpoint::seal_manifest: the text has no checksum of its own (no member \"manifest_xxh3\"): it was "
+        "cut or damaged, or written by a version of this library that did not checksum its manifests (manifest "
+        "version 1), which this one does not read");
 }
 
 TEST_CASE("a safetensors header: what make_header writes parses back; every malformed entry is named") {
@@ -135,7 +187,7 @@ TEST_CASE("a safetensors header: what make_header writes parses back; every malf
   CHECK(
       error(
           R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})") ==
-      at + "the document has tensors that overlap in the data at byte 2");
+      at + "tensor 'b' begins at byte 2 of the data, inside tensor 'a' [0, 4)");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4]}})") ==
         at + "tensor 'a': data_offsets must hold two numbers, [begin, end]");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})") ==
@@ -143,4 +195,40 @@ TEST_CASE("a safetensors header: what make_header writes parses back; every malf
   CHECK(error(R"({"__metadata__": {"k": 1}})") == at + "__metadata__.k must be a string");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 2) ==
         at + "tensor 'a': data_offsets are [0, 4], which is not a range of the 2 bytes of data");
+  // the format's rules, as the safetensors package holds them: unique names, data tiled exactly
+  const std::string a = R"("a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+  const std::string b = R"("b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]})";
+  CHECK(error("{" + a + ", " + b + ", " + R"("a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 8) ==
+        at + "tensor 'a' appears twice; the names in a JSON object must be unique (a reader that keeps either one "
+             "would see another document)");
+  CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "shape": [2], "data_offsets": [0, 4]}})", 4) ==
+        at + "tensor 'a': shape appears twice; the names in a JSON object must be unique (a reader that keeps either "
+             "one would see another document)");
+  CHECK(error(R"({"__metadata__": {"k": "1", "k": "2"}})", 0) ==
+        at + "__metadata__.k appears twice; the names in a JSON object must be unique (a reader that keeps either "
+             "one would see another document)");
+  CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8) ==
+        at + "tensor 'a' begins at byte 4 of the data, leaving bytes [0, 4) unused; a safetensors file's tensors tile "
+             "its data exactly");
+  CHECK(error("{" + a + ", " + R"("b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})", 12) ==
+        at + "tensor 'b' begins at byte 8 of the data, leaving bytes [4, 8) unused; a safetensors file's tensors tile "
+             "its data exactly");
+  CHECK(error("{" + a + ", " + b + "}", 12) ==
+        at + "the document ends its last tensor at byte 8 of its 12 bytes of data; a safetensors file's tensors tile "
+             "its data exactly");
+  CHECK(st::parse_header("{" + a + ", " + b + "}", 8, "f").tensors.size() == 2);
+}
+
+TEST_CASE("a member name repeated within one object of a manifest is refused, with its path") {
+  const std::string text = ckpt::to_json(two_ranks());
+  std::string twice = text;  // "step" once more, just after the first
+  twice.insert(twice.find("\"step\": 12,") + 11, "\n \"step\": 13,");
+  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(ckpt::seal_manifest(twice), doc); }) ==
+        "fsdp: " + doc + ": step appears twice; the names in a JSON object must be unique (a reader that keeps either "
+        "one would see another document)");
+  std::string piece = text;  // a piece with its "end" twice
+  piece.insert(piece.find("\"end\": 8,") + 9, " \"end\": 7,");
+  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(ckpt::seal_manifest(piece), doc); }) ==
+        "fsdp: " + doc + ": files[0].pieces[0].end appears twice; the names in a JSON object must be unique (a reader "
+        "that keeps either one would see another document)");
 }

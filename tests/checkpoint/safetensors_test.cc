@@ -209,6 +209,22 @@ TEST_CASE(
   expect(valid.substr(0, valid.size() - 4), ": tensor 'h.3.w': data_offsets are [" + std::to_string(data - 16) + ", " +
                                                 std::to_string(data) + "], which is not a range of the " +
                                                 std::to_string(data - 4) + " bytes of data");
+  // the format's rules: a name once, the data tiled exactly (the first tensor at byte 0, no gap, nothing after)
+  const std::string valid_header = valid.substr(8, valid.size() - 8 - data);
+  auto raw = [](std::string header, std::uint64_t data_bytes) {
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    std::string out;
+    fsdp::detail::put_u64le(out, header.size());
+    return out + header + std::string(static_cast<std::size_t>(data_bytes), '\0');
+  };
+  std::string twice = valid_header;  // 'emb' once more, as the first entry says it
+  const std::size_t emb = twice.find("\"emb\"");
+  twice.insert(twice.find("},", emb) + 2, twice.substr(emb, twice.find("},", emb) + 2 - emb));
+  expect(raw(twice, data), ": tensor 'emb' appears twice; the names in a JSON object must be unique (a reader that "
+                           "keeps either one would see another document)");
+  expect(raw(valid_header, data + 8), ": the document ends its last tensor at byte " + std::to_string(data) +
+                                          " of its " + std::to_string(data + 8) +
+                                          " bytes of data; a safetensors file's tensors tile its data exactly");
   std::string garbled(8, '\0');
   garbled[0] = 6;
   expect(garbled + "{\"a\": ", ": the document does not parse as JSON");
@@ -225,4 +241,43 @@ TEST_CASE(
   const params got = load_model(path, 2, {.allow_unused = true});
   for (const auto& [name, values] : got)
     for (float v : values) REQUIRE(v == 0.0f);
+}
+
+TEST_CASE("a save that fails (the file made or its header written by rank 0, the rename) leaves no .partial behind") {
+  fsdp_test::scratch_dir dir("st-save-fault");
+  const std::string path = dir / "w.safetensors", partial = path + ".partial";
+  for (const std::string op : {"create", "write", "rename"}) {
+    CAPTURE(op);
+    st::save_options so;
+    so.fault = [&](const fsdp::checkpoint::io_event& e) {
+      if (e.rank == 0 && e.op == op && e.path == partial) throw fsdp::checkpoint_error("injected: No space left on device");
+    };
+    std::vector<std::string> messages(2);
+    run_ranks(2, [&](local_communicator& c) {
+      fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, 5});
+      messages[c.rank()] = error_of<fsdp::checkpoint_error>([&] { st::save(m, path, so); });
+    });
+    const std::string removed = op == "create" ? "" : "; '" + partial + "' was removed";  // create: nothing was made
+    const std::string expected =
+        "fsdp: safetensors save to '" + path + "' failed: rank 0: injected: No space left on device" + removed;
+    CHECK(messages == std::vector<std::string>{expected, expected});
+    CHECK(!std::filesystem::exists(partial));
+    CHECK(!std::filesystem::exists(path));
+  }
+  // after the rename the file is complete, and the message says so
+  st::save_options so;
+  so.fault = [&](const fsdp::checkpoint::io_event& e) {
+    if (e.rank == 0 && e.op == "fsync" && e.path == dir.root) throw fsdp::checkpoint_error("injected: Input/output error");
+  };
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, 5});
+    messages[c.rank()] = error_of<fsdp::checkpoint_error>([&] { st::save(m, path, so); });
+  });
+  const std::string expected = "fsdp: safetensors save to '" + path + "' failed: rank 0: injected: Input/output error "
+                               "after the rename: '" + path + "' is complete, but a crash before the file system "
+                               "writes the rename back may lose it";
+  CHECK(messages == std::vector<std::string>{expected, expected});
+  CHECK(!std::filesystem::exists(partial));
+  CHECK(load_model(path, 1).size() == 7);
 }

@@ -346,16 +346,19 @@ class host_reader {
 };
 
 /// Every rank throws `what: <failures>` after rank 0 removed the partial output `partial` (collective): the message
-/// says whether it was removed, the same on every rank.
+/// says whether it was removed, the same on every rank (nothing, where there was nothing to remove).
 template <class M>
 [[noreturn]] void fail_removing(M& m, const std::vector<std::pair<int, std::string>>& failed, const std::string& partial,
                                 const std::string& what, std::string_view tail = {}) {
   std::string cleanup;
   if (m.comm().rank() == 0) {
     std::string why;
-    cleanup = io::remove_all(partial, &why)
-                  ? detail::cat("; '", partial, "' was removed")
-                  : detail::cat("; '", partial, "' could not be removed (", why, ")");
+    std::error_code ec;
+    if (!std::filesystem::exists(partial, ec) && !ec)
+      cleanup.clear();
+    else
+      cleanup = io::remove_all(partial, &why) ? detail::cat("; '", partial, "' was removed")
+                                              : detail::cat("; '", partial, "' could not be removed (", why, ")");
   }
   // every rank names the same cleanup outcome: rank 0's, told through one more exchange
   const std::vector<std::string> told = agree::all_gather_strings(m.comm(), m.backend(), cleanup);
@@ -425,6 +428,15 @@ void require_success(M& m, const std::optional<std::string>& mine, std::string_v
   if (!failed.empty()) throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed)));
 }
 
+/// require_success for a step that writes into the partial output `partial`: on any rank's failure, rank 0 removes
+/// it first (fail_removing), so a failed save leaves nothing behind.
+template <class M>
+void require_success_removing(M& m, const std::optional<std::string>& mine, const std::string& partial,
+                              const std::string& what, std::string_view tail = {}) {
+  const auto failed = agree::failures(m.comm(), m.backend(), mine);
+  if (!failed.empty()) fail_removing(m, failed, partial, what, tail);
+}
+
 /// Runs `f` and returns the message of what it threw, if anything.
 template <class F>
 std::optional<std::string> outcome(F&& f) {
@@ -477,7 +489,7 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
       if (so.fault) so.fault({rank, "create", partial});
       io::make_dir(partial);
     });
-  require_success(m, mine, what);
+  require_success(m, mine, what);  // nothing was made: a failure here removes nothing, not even an older .partial
 
   // 2. The first replica's ranks write their files in parallel; rank 0 receives every file's record.
   const device_mesh mesh = m.mesh();
@@ -493,7 +505,8 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
     if (records[q].starts_with("!")) failed.emplace_back(static_cast<int>(q), records[q].substr(1));
   if (!failed.empty()) fail_removing(m, failed, partial, what, "; earlier checkpoints are untouched");
 
-  // 3. Rank 0 writes the manifest and commits by renaming the directory.
+  // 3. Rank 0 writes the manifest and commits by renaming the directory. A failure before the rename removes the
+  //    partial directory; one after it (syncing the parent directory) says that the checkpoint is in place.
   mine.reset();
   if (rank == 0)
     mine = outcome([&] {
@@ -521,9 +534,15 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
       io::sync_dir(partial);
       if (so.fault) so.fault({rank, "rename", partial});
       io::rename(partial, dir);
-      io::sync_dir(io::parent_of(dir));
+      try {
+        if (so.fault) so.fault({rank, "fsync", io::parent_of(dir)});
+        io::sync_dir(io::parent_of(dir));
+      } catch (const std::exception& e) {
+        io::fail(detail::cat(detail::unprefixed(e), " after the commit: '", dir,
+                             "' is complete, but a crash before the file system writes the rename back may lose it"));
+      }
     });
-  require_success(m, mine, what);
+  require_success_removing(m, mine, partial, what, "; earlier checkpoints are untouched");
 }
 
 /// Every rank's elements of every kind, read from the checkpoint into host staging (per unit, per kind: the

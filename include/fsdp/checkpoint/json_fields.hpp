@@ -1,12 +1,17 @@
 #pragma once
 // Strict reading of a JSON document (a checkpoint manifest, a safetensors header) with nlohmann-json: every field
 // is looked up with its path ("files[2].pieces[0].end") and its expected type, and anything else is a
-// checkpoint_error naming the document and that path. Used by the parsers the fuzz targets run.
+// checkpoint_error naming the document and that path. A member name that appears twice in one object is refused
+// (nlohmann-json, like many readers, would keep the last one silently: two readers could then see two different
+// documents). Used by the parsers the fuzz targets run.
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
@@ -18,18 +23,54 @@ using json = nlohmann::json;
 /// Errors name `doc` ("the manifest 'ck/manifest.json'") and the field's path.
 struct reader {
   std::string doc;
+  /// What a member of the top-level object is, when it is named (safetensors headers: "tensor", so that a path
+  /// reads "tensor 'emb': dtype"); empty: paths are plain ("files[0].name").
+  std::string_view top_noun = {};
 
   [[noreturn]] void fail(std::string_view at, std::string_view problem) const {
     throw checkpoint_error(
         detail::cat(doc, ": ", at.empty() ? std::string("the document") : std::string(at), " ", problem));
   }
 
-  /// Parses `text` as JSON (UTF-8 only); a syntax error names the byte where parsing stopped.
+  /// Parses `text` as JSON (UTF-8 only); a syntax error names the byte where parsing stopped, a member name
+  /// repeated within one object names the first such member.
   json parse(std::string_view text) const {
     if (const std::size_t bad = detail::utf8_error(text); bad != std::string_view::npos)
       fail("", detail::cat("is not valid UTF-8 (byte ", bad, ")"));
-    json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+    struct level {
+      bool object;
+      std::set<std::string, std::less<>> names;  // objects: the member names seen
+      std::string name;                          // objects: the member being read
+      std::size_t index = 0;                     // arrays: the element being read
+    };
+    std::vector<level> open;
+    std::optional<std::string> repeated;  // the path of the first repeated member
+    const auto element_done = [&] {
+      if (!open.empty() && !open.back().object) ++open.back().index;
+    };
+    json::parser_callback_t note = [&](int, json::parse_event_t e, json& v) {
+      switch (e) {
+        case json::parse_event_t::object_start: open.push_back({true, {}, {}, 0}); break;
+        case json::parse_event_t::array_start: open.push_back({false, {}, {}, 0}); break;
+        case json::parse_event_t::key:
+          if (!v.is_string()) break;
+          open.back().name = v.get<std::string>();
+          if (!open.back().names.insert(open.back().name).second && !repeated) repeated = path_of(open);
+          break;
+        case json::parse_event_t::object_end:
+        case json::parse_event_t::array_end:
+          open.pop_back();
+          element_done();
+          break;
+        case json::parse_event_t::value: element_done(); break;
+      }
+      return true;
+    };
+    json j = json::parse(text.begin(), text.end(), note, /*allow_exceptions=*/false);
     if (j.is_discarded()) fail("", "does not parse as JSON");
+    if (repeated)
+      fail(*repeated, "appears twice; the names in a JSON object must be unique (a reader that keeps either one "
+                      "would see another document)");
     return j;
   }
 
@@ -72,6 +113,25 @@ struct reader {
   double number(const json& j, std::string_view at) const {
     if (!j.is_number()) fail(at, "must be a number");
     return j.get<double>();
+  }
+
+ private:
+  /// The path of the member being read at the innermost open object: "files[0].pieces[2].tensor", or with a
+  /// top-level noun "tensor 'emb': shape".
+  template <class Levels>
+  std::string path_of(const Levels& open) const {
+    std::string out;
+    for (std::size_t i = 0; i < open.size(); ++i) {
+      if (!open[i].object) {
+        out += detail::cat("[", open[i].index, "]");
+      } else if (i == 0 && !top_noun.empty() && open[i].name != "__metadata__") {
+        out = detail::cat(top_noun, " '", open[i].name, "'");
+      } else {
+        const bool after_noun = i == 1 && !top_noun.empty() && !out.empty() && out.back() == '\'';
+        out += out.empty() ? open[i].name : detail::cat(after_noun ? ": " : ".", open[i].name);
+      }
+    }
+    return out;
   }
 };
 

@@ -1,7 +1,7 @@
 #pragma once
 // The manifest of a sharded checkpoint (manifest.json in its directory): what was saved, by whom and where.
 //
-//   format, version      "fsdp-checkpoint", 1
+//   format, version      "fsdp-checkpoint", 2
 //   step                 Model::step_count() at the save
 //   optimizer            {"name": "adamw", "steps": 12, "states": ["exp_avg", "exp_avg_sq"]} (steps: updates
 //                        applied, skipped ones not counted); null when only parameters were saved
@@ -14,10 +14,16 @@
 //                        each block], "pieces": [{"tensor", "kind", "begin", "end", "offset"}]}: elements
 //                        [begin, end) of the tensor's `kind` ("param", or an optimizer state's name) as raw
 //                        little-endian fp32 at byte `offset` of the file
+//   manifest_xxh3        the manifest's own checksum, always its last member: XXH3-64 of the file's bytes with the
+//                        16 digits of this value (the last "manifest_xxh3" member of the text) read as '0's, so
+//                        every byte of the file is covered: the step count, the optimizer's update count and the
+//                        metadata as much as the shards' checksums
 //
-// parse() checks everything a load relies on (types, ranges, names, that the pieces of every tensor and kind
-// cover it exactly once and lie inside their file, the block count), so that a load never trusts a number it has
-// not checked; every problem is a checkpoint_error naming the manifest and the field.
+// parse_manifest() first checks the file against its checksum (a manifest changed by even one byte after it was
+// written is refused, naming the file), then everything a load relies on (types, ranges, names, that the pieces of
+// every tensor and kind cover it exactly once and lie inside their file, the block count), so that a load never
+// trusts a number it has not checked; every problem is a checkpoint_error naming the manifest and the field.
+// Version 1 manifests (before the checksum) are refused as having none.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -38,7 +44,7 @@ namespace fsdp::checkpoint {
 
 /// The kind of the parameters' own values; optimizer states are named by the optimizer.
 inline constexpr std::string_view param_kind = "param";
-inline constexpr int manifest_version = 1;
+inline constexpr int manifest_version = 2;
 
 /// The kinds of values saved per parameter: "param", then an optimizer's states in order.
 inline std::vector<std::string> kinds_with(const std::vector<std::string>& states) {
@@ -112,6 +118,72 @@ struct manifest {
   }
 };
 
+namespace impl {
+inline constexpr std::string_view checksum_member = "\"manifest_xxh3\"";
+
+/// Where the 16 digits of the checksum member's value start in `text` (its last occurrence), or what is wrong.
+inline std::size_t checksum_digits(std::string_view text, std::string* problem) {
+  const std::size_t key = text.rfind(checksum_member);
+  if (key == std::string_view::npos) {
+    *problem = "has no checksum of its own (no member \"manifest_xxh3\"): it was cut or damaged, or written by a "
+               "version of this library that did not checksum its manifests (manifest version 1), which this one "
+               "does not read";
+    return std::string_view::npos;
+  }
+  std::size_t at = key + checksum_member.size();
+  const auto space = [&] {
+    while (at < text.size() && (text[at] == ' ' || text[at] == '\n' || text[at] == '\r' || text[at] == '\t')) ++at;
+  };
+  space();
+  if (at < text.size() && text[at] == ':') ++at;
+  else at = std::string_view::npos;
+  if (at != std::string_view::npos) {
+    space();
+    if (at < text.size() && text[at] == '"' && at + 18 <= text.size() && text[at + 17] == '"') return at + 1;
+  }
+  *problem = "has a checksum member \"manifest_xxh3\" whose value is not a string of 16 digits";
+  return std::string_view::npos;
+}
+
+/// XXH3 of `text` with the 16 characters at `digits` read as '0's.
+inline std::uint64_t checksum_with_zeros(std::string_view text, std::size_t digits) {
+  xxh3_stream h;
+  static constexpr char zeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0', '0', '0', '0', '0', '0', '0', '0', '0'};
+  h.add(text.data(), digits);
+  h.add(zeros, 16);
+  h.add(text.data() + digits + 16, text.size() - digits - 16);
+  return h.value();
+}
+}  // namespace impl
+
+/// `text` (a manifest's JSON, whose "manifest_xxh3" member holds any 16 characters) with that member set to the
+/// text's checksum. For code that writes a manifest itself (to_json does it); a text without the member is a
+/// usage_error.
+inline std::string seal_manifest(std::string text) {
+  std::string problem;
+  const std::size_t digits = impl::checksum_digits(text, &problem);
+  if (digits == std::string_view::npos) detail::fail_usage("checkpoint::seal_manifest: the text ", problem);
+  const std::string hex = hex64(impl::checksum_with_zeros(text, digits));
+  text.replace(digits, 16, hex);
+  return text;
+}
+
+/// Throws a checkpoint_error naming `doc` unless `text` matches its own checksum (see the top of the file).
+inline void verify_manifest_checksum(std::string_view text, const std::string& doc) {
+  std::string problem;
+  const std::size_t digits = impl::checksum_digits(text, &problem);
+  if (digits == std::string_view::npos) throw checkpoint_error(detail::cat(doc, " ", problem));
+  const std::optional<std::uint64_t> recorded = parse_hex64(text.substr(digits, 16));
+  if (!recorded)
+    throw checkpoint_error(
+        detail::cat(doc, " has a checksum (\"manifest_xxh3\") that is not 16 lowercase hexadecimal digits"));
+  const std::uint64_t actual = impl::checksum_with_zeros(text, digits);
+  if (actual != *recorded)
+    throw checkpoint_error(detail::cat(doc, " does not match its own checksum (xxh3 ", hex64(actual), ", recorded ",
+                                       hex64(*recorded), "): it was changed or damaged after it was written"));
+}
+
+/// The manifest's file text: its fields in the order above, sealed with its checksum.
 inline std::string to_json(const manifest& m) {
   using json = nlohmann::ordered_json;  // the fields in the order above
   json j;
@@ -153,10 +225,16 @@ inline std::string to_json(const manifest& m) {
                           {"blocks", std::move(blocks)},
                           {"pieces", std::move(pieces)}});
   }
-  return j.dump(1) + "\n";
+  j["manifest_xxh3"] = std::string(16, '0');  // last: sealed below
+  return seal_manifest(j.dump(1) + "\n");
 }
 
 namespace impl {
+/// How errors name a piece: "elements [0, 8) of 'emb' (exp_avg)".
+inline std::string piece_text(const piece_record& p) {
+  return fsdp::detail::cat("elements [", p.begin, ", ", p.end, ") of '", p.tensor, "' (", p.kind, ")");
+}
+
 /// A file name the manifest may name: one path component of printable characters, not "." or "..".
 inline bool plain_file_name(std::string_view n) noexcept {
   if (n.empty() || n == "." || n == ".." || n.size() > 255) return false;
@@ -165,9 +243,11 @@ inline bool plain_file_name(std::string_view n) noexcept {
 }
 }  // namespace impl
 
-/// Parses and checks a manifest; `doc` names it in errors ("the manifest 'ck/manifest.json'").
+/// Checks a manifest against its checksum, then parses and checks its fields; `doc` names it in errors ("the
+/// manifest 'ck/manifest.json'").
 inline manifest parse_manifest(std::string_view text, const std::string& doc) {
   namespace jf = json_fields;
+  verify_manifest_checksum(text, doc);
   const jf::reader r{doc};
   const jf::json j = r.parse(text);
   r.object(j, "");
@@ -276,7 +356,12 @@ inline manifest parse_manifest(std::string_view text, const std::string& doc) {
     for (std::size_t b = 0; b < blocks.size(); ++b)
       f.blocks.push_back(hash(blocks[b], jf::at(jf::at(at, "blocks"), b)));
     const jf::json& pieces = r.array(r.member(fs[i], "pieces", at), jf::at(at, "pieces"));
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // byte ranges in the file
+    struct span {
+      std::uint64_t begin, end;
+      std::size_t piece;
+      bool operator<(const span& o) const { return begin < o.begin || (begin == o.begin && end < o.end); }
+    };
+    std::vector<span> spans;  // byte ranges in the file
     for (std::size_t k = 0; k < pieces.size(); ++k) {
       const std::string pat = jf::at(jf::at(at, "pieces"), k);
       piece_record p;
@@ -294,15 +379,19 @@ inline manifest parse_manifest(std::string_view text, const std::string& doc) {
       p.end = r.integer(r.member(pieces[k], "end", pat), jf::at(pat, "end"), p.begin + 1, numel);
       p.offset = static_cast<std::uint64_t>(r.integer(r.member(pieces[k], "offset", pat), jf::at(pat, "offset")));
       if (p.offset > f.bytes || p.bytes() > f.bytes - p.offset)
-        r.fail(pat, fsdp::detail::cat("ends at byte ", p.offset + p.bytes(), ", past the file's ", f.bytes, " bytes"));
-      spans.emplace_back(p.offset, p.offset + p.bytes());
+        r.fail(pat, fsdp::detail::cat("(", impl::piece_text(p), ") ends at byte ", p.offset + p.bytes(), ", past the file's ",
+                                      f.bytes, " bytes"));
+      spans.push_back({p.offset, p.offset + p.bytes(), k});
       cover[{t->second, static_cast<std::size_t>(kind - kinds.begin())}].emplace_back(p.begin, p.end);
       f.pieces.push_back(std::move(p));
     }
     std::sort(spans.begin(), spans.end());
     for (std::size_t k = 1; k < spans.size(); ++k)
-      if (spans[k].first < spans[k - 1].second)
-        r.fail(jf::at(at, "pieces"), fsdp::detail::cat("overlap in the file at byte ", spans[k].first));
+      if (spans[k].begin < spans[k - 1].end)
+        r.fail(jf::at(at, "pieces"),
+               fsdp::detail::cat("overlap in the file at byte ", spans[k].begin, ": ",
+                                 impl::piece_text(f.pieces[spans[k - 1].piece]), " and ",
+                                 impl::piece_text(f.pieces[spans[k].piece])));
     m.files.push_back(std::move(f));
   }
   for (std::size_t t = 0; t < m.tensors.size(); ++t)

@@ -176,7 +176,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
       f.resize(total);
       f.close();
     });
-  ci::require_success(m, mine, what);
+  ci::require_success_removing(m, mine, partial, what);
 
   const device_mesh mesh = m.mesh();
   mine.reset();
@@ -207,9 +207,15 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
     mine = ci::outcome([&] {
       if (so.fault) so.fault({rank, "rename", partial});
       io::rename(partial, path);
-      io::sync_dir(io::parent_of(path));
+      try {
+        if (so.fault) so.fault({rank, "fsync", io::parent_of(path)});
+        io::sync_dir(io::parent_of(path));
+      } catch (const std::exception& e) {
+        io::fail(detail::cat(detail::unprefixed(e), " after the rename: '", path,
+                             "' is complete, but a crash before the file system writes the rename back may lose it"));
+      }
     });
-  ci::require_success(m, mine, what);
+  ci::require_success_removing(m, mine, partial, what);
 }
 
 /// Collective: sets every parameter's master shard from the safetensors file `path` (see above).

@@ -3,9 +3,11 @@
 // N, N bytes of UTF-8 JSON, then the data. The header maps each tensor's name to {"dtype", "shape",
 // "data_offsets": [begin, end]} (bytes of the data section); an optional "__metadata__" maps strings to strings.
 //
-// parse_header() checks everything a reader relies on (that every dtype is known, that the shape's element count
-// times the dtype's size is the byte count, that every tensor lies inside the data section and none overlap), so
-// that an import never trusts an unchecked number; make_header() writes one padded with spaces to a multiple of 8
+// parse_header() checks everything a reader relies on and the format's rules, as the `safetensors` package does
+// (that no name appears twice, that every dtype is known, that the shape's element count times the dtype's size is
+// the byte count, that the tensors tile the data section exactly: in order of offset, the first at byte 0, each
+// beginning where the one before ends, the last ending at the section's end), so that an import never trusts an
+// unchecked number and never reads a file the package refuses; every problem names the tensor; make_header() writes one padded with spaces to a multiple of 8
 // bytes, as the package does, so that the data section stays aligned.
 #include <algorithm>
 #include <cstdint>
@@ -75,11 +77,10 @@ inline std::uint64_t header_length(std::string_view first, std::uint64_t file_si
 /// Parses and checks a header's JSON text for a data section of `data_bytes` bytes; `doc` names the file in errors.
 inline header parse_header(std::string_view text, std::uint64_t data_bytes, const std::string& doc) {
   namespace jf = checkpoint::json_fields;
-  const jf::reader r{doc};
+  const jf::reader r{doc, "tensor"};
   const jf::json j = r.parse(text);
   r.object(j, "");
   header h;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
     const std::string at = detail::cat("tensor '", name, "'");
@@ -114,13 +115,30 @@ inline header parse_header(std::string_view text, std::uint64_t data_bytes, cons
     if (t.end - t.begin != static_cast<std::uint64_t>(numel) * esize)
       r.fail(at, detail::cat("holds ", t.end - t.begin, " bytes, but ", numel, " elements of ", t.dtype, " take ",
                              static_cast<std::uint64_t>(numel) * esize));
-    if (t.end > t.begin) spans.emplace_back(t.begin, t.end);
     h.tensors.push_back(std::move(t));
   }
-  std::sort(spans.begin(), spans.end());
-  for (std::size_t k = 1; k < spans.size(); ++k)
-    if (spans[k].first < spans[k - 1].second)
-      r.fail("", detail::cat("has tensors that overlap in the data at byte ", spans[k].first));
+  // The tensors tile the data section: no gap, no overlap, nothing after the last.
+  std::vector<const tensor_info*> by_offset;
+  for (const tensor_info& t : h.tensors) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const tensor_info* a, const tensor_info* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  std::uint64_t next = 0;
+  const tensor_info* before = nullptr;
+  for (const tensor_info* t : by_offset) {
+    const std::string at = detail::cat("tensor '", t->name, "'");
+    if (t->begin > next)
+      r.fail(at, detail::cat("begins at byte ", t->begin, " of the data, leaving bytes [", next, ", ", t->begin,
+                             ") unused; a safetensors file's tensors tile its data exactly"));
+    if (t->begin < next)
+      r.fail(at, detail::cat("begins at byte ", t->begin, " of the data, inside tensor '", before->name, "' [",
+                             before->begin, ", ", before->end, ")"));
+    next = t->end;
+    before = t;
+  }
+  if (next != data_bytes)
+    r.fail("", detail::cat("ends its last tensor at byte ", next, " of its ", data_bytes,
+                           " bytes of data; a safetensors file's tensors tile its data exactly"));
   return h;
 }
 
