@@ -114,6 +114,7 @@ class Model {
       const int rank = comm.rank();
       backend().memory().set_listener([rec, rank](const memory_figures& f) { rec->memory(rank, f); });
     }
+    if (opt_.check_views) exec_.check_views();
     reserve_memory(0);
     const bool master_serves = !sched_.facts().gathers;
     for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves);

@@ -83,6 +83,15 @@ struct model_options {
   /// Costs a 16-byte all_gather per rank and a wait for the gather stream per collective; its scratch buffers
   /// (mem::comm_buffers, 16 * (world + 1) bytes at a time) are not in the memory plan. Every rank must set it alike.
   bool check_collectives = false;
+  /// Debug mode: gathered parameters and unsharded gradients live in reused slots, so a param() or grad() view
+  /// kept after its unit gave the slot back would silently read (or write) the unit that takes it next. With
+  /// check_views, a released gather slot is first filled with NaN (on the compute stream, host and device alike),
+  /// and a view used once the stream has passed its unit's release (params) or the hand-over of its gradient to
+  /// the reduction (grads) is a usage_error naming the unit and the parameter (fsdp/unit/tensor_view.hpp). Costs
+  /// a NaN fill per release and a host function per release and per gradient hand-over on the compute stream (on
+  /// the CUDA backend the check sees only the hand-overs the GPU has passed; the NaN shows the rest); not in the
+  /// timeline planner's times. Memory: none. Ranks may differ in it.
+  bool check_views = false;
   /// Where to record the trace and the memory timeline (null: nothing is recorded).
   trace::recorder* recorder = nullptr;
 };

@@ -122,6 +122,7 @@ mlp::config config(const char* optimizer) {
   c.global_batch = 48;
   c.optimizer = optimizer;
   c.lr = std::string(optimizer) == "adamw" ? 3e-3f : 0.05f;
+  c.model.check_views = true;  // a view of the example used past its unit's release fails the test, named
   return c;
 }
 }  // namespace

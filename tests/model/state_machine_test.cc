@@ -1,5 +1,7 @@
 // Every wrong transition of a unit or a pass is a clear error that names the unit, never undefined behaviour.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <cmath>
+
 #include "tests/support/support.hpp"
 
 using fsdp::comm::local_communicator;
@@ -182,5 +184,73 @@ TEST_CASE("an optimizer step that fails part way is not retried: the model says 
     CHECK(contains(error_of<fsdp::usage_error>([&] { opt.step(); }),
                    "fsdp: an optimizer step after a failed optimizer step: local all_reduce"));
     CHECK(contains(error_of<fsdp::usage_error>([&] { m.zero_grad(); }), "zero_grad() after a failed optimizer step"));
+  });
+}
+
+TEST_CASE("check_views: a view kept past its unit's release, or a gradient view past its backward, is refused naming "
+          "both; released slots hold NaN") {
+  const std::string stale_param =
+      "fsdp: a view of parameter 'layers.0.w' of unit 'layers.0' was used after the unit released its gathered "
+      "parameters (model_options::check_views): its memory now holds another unit's parameters. Ask "
+      "unit.param(\"layers.0.w\") again while the unit is gathered, inside model.forward() or model.backward()";
+  const std::string stale_grad =
+      "fsdp: a gradient view of 'layers.2.w' of unit 'layers.2' was used after the unit's backward ended "
+      "(model_options::check_views): its gradient went to the reduction and its memory to another unit. Write the "
+      "gradient while the unit is current in model.backward(), through a view asked for there";
+  fsdp::model_options checked;
+  checked.check_views = true;
+  for (int world : {1, 2}) {
+    CAPTURE(world);
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."}, fsdp::init::normal{0.5f, 7}, checked);
+      fsdp::tensor_view<float> kept, kept_grad;
+      float* raw = nullptr;
+      for (auto& u : m.forward()) {
+        const auto v = u.param(u.name() + ".w");
+        CHECK(std::isfinite(v[3]));  // inside its unit: fine
+        if (u.name() == "layers.0") kept = v;
+      }
+      CHECK(error_of<fsdp::usage_error>([&] { (void)kept[0]; }) == stale_param);
+      CHECK(error_of<fsdp::usage_error>([&] { (void)kept.data(); }) == stale_param);
+      CHECK(error_of<fsdp::usage_error>([&] { (void)*kept.begin(); }) == stale_param);
+      CHECK(kept.numel() == 16);  // what does not touch the memory still answers
+      for (auto& u : m.backward()) {
+        const auto w = u.param(u.name() + ".w");  // the same unit gathered again: a new view is good
+        const auto g = u.grad(u.name() + ".w");
+        for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = w[i];
+        if (u.name() == "layers.2") {
+          kept_grad = g;
+          raw = w.data();  // a raw pointer escapes every check: what it reads after the release is NaN
+        }
+      }
+      CHECK(error_of<fsdp::usage_error>([&] { kept_grad[0] = 1.0f; }) == stale_grad);
+      m.synchronize();
+      for (int i = 0; i < 16; ++i) CHECK(std::isnan(raw[i]));
+    });
+  }
+}
+
+TEST_CASE("check_views: a view stays good while its unit stays gathered (shard_grad_op from forward to backward)") {
+  fsdp::model_options checked;
+  checked.check_views = true;
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::Model<Grad> m(c, three_layers(), by_prefix{"layers."}, fsdp::init::normal{0.5f, 7}, checked);
+    std::vector<fsdp::tensor_view<float>> from_forward;
+    for (auto& u : m.forward()) from_forward.push_back(u.param(u.name() + ".w"));
+    for (auto& u : m.backward()) {
+      const auto& v = from_forward[u.index()];
+      CHECK(v[5] == u.param(u.name() + ".w")[5]);  // kept gathered: the forward's view reads the same memory
+    }
+    for (const auto& v : from_forward) CHECK_THROWS_AS((void)v[0], fsdp::usage_error);  // released after backward
+  });
+}
+
+TEST_CASE("without check_views a kept view is not checked (the default: no cost, no protection)") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
+    fsdp::tensor_view<float> kept;
+    for (auto& u : m.forward())
+      if (u.name() == "layers.0") kept = u.param("layers.0.w");
+    CHECK_NOTHROW((void)kept[0]);  // reads whatever holds the slot now
   });
 }

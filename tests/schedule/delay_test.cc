@@ -193,6 +193,26 @@ TEST_CASE("a threaded compute stream (the host runs ahead, as on a GPU): results
   check_async<fsdp::policy<sharding::full_shard, prefetch::next>>();
 }
 
+TEST_CASE("check_views with a threaded compute stream: views read on the stream before their release are good; no bit "
+          "changes") {
+  // The kernels read w[i] and write g[i] on the compute stream's thread, after the host has left the unit: the
+  // views are checked in stream order, so they are good until the stream passes the release (then NaN fills the
+  // slot, which nothing reads any more).
+  using P = fsdp::policy<sharding::full_shard, prefetch::next>;
+  fsdp::model_options checked;
+  checked.check_views = true;
+  const auto ref = train_async<P>(false, false);
+  for (bool delayed : {false, true}) {
+    CAPTURE(delayed);
+    const auto got = train_async<P>(true, delayed, checked);
+    REQUIRE(got.size() == ref.size());
+    for (const auto& [name, v] : ref) {
+      CAPTURE(name);
+      CHECK(same_bits(got.at(name), v));
+    }
+  }
+}
+
 TEST_CASE("a threaded compute stream with bf16 compute and no-sync: the accumulator is ordered across streams") {
   fsdp::model_options mo;
   mo.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};

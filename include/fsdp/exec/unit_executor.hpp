@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -163,6 +164,16 @@ class unit_executor {
   int shard_rank() const noexcept { return shard_rank_; }
   /// The profiler ranges of this rank's units (no-ops on a backend without the hook).
   const trace::ranges<B>& ranges() const noexcept { return ranges_; }
+  /// model_options::check_views, from now on: released gather slots are filled with NaN, and the units' views
+  /// check themselves against the hand-overs of their slots (fsdp/unit/tensor_view.hpp).
+  void check_views() {
+    if (handovers_) return;
+    handovers_.reset(new handover_count[2 * bufs_.size()]);
+    for (std::size_t u = 0; u < bufs_.size(); ++u) {
+      bufs_[u].param_handovers = &handovers_[2 * u];
+      bufs_[u].grad_handovers = &handovers_[2 * u + 1];
+    }
+  }
 
   // ---- the scheduler's decisions -----------------------------------------------------------------------------
   void operator()(sched::op o, std::size_t u, bool ahead, pass_kind pass) {
@@ -453,6 +464,12 @@ class unit_executor {
 
   void release(std::size_t u, pass_kind pass) {
     stamp_->note(trace::kind::release, pass, static_cast<int>(u));
+    if (handover_count* h = bufs_[u].param_handovers) {  // check_views: NaN in the slot, then stale views refused
+      const plan::buffer_cost& g = cost_[u].gathered;
+      be_->convert(bufs_[u].params, g.type, bufs_[u].params, g.type, g.numel, std::numeric_limits<float>::quiet_NaN(),
+                   be_->compute_stream());  // x * NaN is NaN, in every dtype's rounding
+      hand_over(*h, be_->compute_stream());
+    }
     gather_ring_.give(*be_, bufs_[u].gather_slot, be_->compute_stream());
     bufs_[u].gather_slot = -1;
     bufs_[u].params = nullptr;
@@ -468,6 +485,7 @@ class unit_executor {
 
   void accumulate(std::size_t u) {
     stream& cs = be_->compute_stream();
+    if (handover_count* h = bufs_[u].grad_handovers) hand_over(*h, cs);  // check_views: the gradient's views end
     add_to_accumulator(u, cs);
     give_grad(u, cs);
   }
@@ -502,6 +520,7 @@ class unit_executor {
         ranges_, *be_, kind == collective::reduce_scatter ? trace::range_kind::reduce_scatter : trace::range_kind::all_reduce,
         unit);
     stamp_->note(trace::kind::reduce_issued, pass, unit, c.reduce_bytes(), false, kind);
+    if (handover_count* h = b.grad_handovers) hand_over(*h, be_->compute_stream());  // check_views: its views end
     be_->record(b.grad_ready, be_->compute_stream());
     be_->wait(rs, b.grad_ready);
     stamp_->stamp(*be_, rs, trace::kind::reduce_begin, pass, unit, c.reduce_bytes(), kind);
@@ -569,6 +588,12 @@ class unit_executor {
       download_ring_.give(*be_, down, dl);
     }
     be_->record(b.reduced, *gives);
+  }
+
+  /// model_options::check_views: one more hand-over of `h`'s slot, issued now and passed where `s` reaches it.
+  void hand_over(handover_count& h, stream& s) {
+    ++h.issued;
+    be_->host_callback(s, [passed = &h.passed] { passed->fetch_add(1, std::memory_order_release); });
   }
 
   /// The copy streams: offloading only, which Model allows only on an OffloadBackend.
@@ -652,6 +677,7 @@ class unit_executor {
   bool check_ = false;
   std::vector<offload_facts> offload_;  // per unit
   std::uint64_t checked_ = 0;  // collectives compared so far (check_collectives)
+  std::unique_ptr<handover_count[]> handovers_;  // check_views: per unit, its params' and its gradient's
 };
 
 }  // namespace fsdp::exec

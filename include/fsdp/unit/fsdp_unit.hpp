@@ -9,7 +9,8 @@
 //
 // param<T>() and grad<T>() are typed views in the compute dtype (T defaults to the precision policy's compute
 // type; any T with the same dtype is accepted, such as __nv_bfloat16 for fsdp::bfloat16 under nvcc). A view
-// asked for outside its time is a usage_error naming the unit and the parameter.
+// asked for outside its time is a usage_error naming the unit and the parameter; under model_options::check_views,
+// so is a view used after its unit gave its memory back (fsdp/unit/tensor_view.hpp).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -54,7 +55,8 @@ class FsdpUnit {
       detail::fail_usage("unit '", name(), "' (index ", index_, ") is not gathered (state: ", name_of(state()),
                          "): param('", pname, "') needs its parameters gathered; use it inside model.forward() or "
                          "model.backward()");
-    return tensor_view<T>(static_cast<T*>(bufs_->params) + e.offset, &e.shape, e.numel);
+    return tensor_view<T>(static_cast<T*>(bufs_->params) + e.offset, &e.shape, e.numel,
+                          checked(bufs_->param_handovers, e, false));
   }
 
   /// The unsharded gradient buffer of `pname` in the compute dtype, zeroed when the unit's backward starts; write
@@ -68,7 +70,8 @@ class FsdpUnit {
       detail::fail_usage("unit '", name(), "' (index ", index_, "): grad('", pname,
                          "') is only available while the unit is current in model.backward() (now: ",
                          active() == pass_kind::none ? "not current" : "current in forward", ")");
-    return tensor_view<T>(static_cast<T*>(bufs_->grad) + e.offset, &e.shape, e.numel);
+    return tensor_view<T>(static_cast<T*>(bufs_->grad) + e.offset, &e.shape, e.numel,
+                          checked(bufs_->grad_handovers, e, true));
   }
 
   /// This rank's fp32 master shard and gradient shard (shard_numel elements each).
@@ -76,6 +79,12 @@ class FsdpUnit {
   float* grad_shard() const noexcept { return bufs_->grad_shard.template as<float>(); }
 
  private:
+  /// A view's check under model_options::check_views (none otherwise): stale once the streams pass a hand-over
+  /// issued after now.
+  view_check checked(const handover_count* h, const flat_entry& e, bool grad) const {
+    if (!h) return {};
+    return {&h->passed, h->issued, &name(), &e.name, grad};
+  }
   std::size_t index_;
   const FlatLayout* layout_;
   int shard_rank_;

@@ -3,6 +3,8 @@
 // (fsdp/exec/unit_executor.hpp) owns and fills them; FsdpUnit reads them as a view. Each buffer's category, dtype
 // and size come from fsdp/plan/cost.hpp. The unit's state (gathered or not, current pass, ...) is not here: the
 // scheduler owns it.
+#include "fsdp/unit/tensor_view.hpp"
+
 namespace fsdp {
 
 template <class Backend>
@@ -14,6 +16,10 @@ struct unit_buffers {
   int grad_slot = -1;                    ///< the grad ring's slot holding the unsharded gradient, during its backward
   void* params = nullptr;                ///< what compute reads: the gather slot, or the master when it serves compute
   void* grad = nullptr;                  ///< the unsharded gradient in the compute dtype (the grad slot's memory)
+  /// model_options::check_views: the unit's hand-overs of its gathered parameters and of its gradient (the
+  /// executor's), which views check themselves against; null when views are not checked.
+  handover_count* param_handovers = nullptr;
+  handover_count* grad_handovers = nullptr;
 
   typename Backend::event shard_ready;   ///< the last write of the master shard (initialisation, optimizer step)
   typename Backend::event gathered_ev;   ///< the gather into `gathered` is complete
