@@ -291,6 +291,11 @@ TEST_CASE("comm::local on one GPU, 1 to 5 ranks: parameters equal the host run b
   SUBCASE("full_shard, next, AdamW, 3 ranks (uneven shards)") { compare_local<full_shard, prefetch::next>(3, true); }
   SUBCASE("full_shard, backward_post, SGD, 2 ranks") { compare_local<full_shard, prefetch::backward_post>(2, false); }
   SUBCASE("full_shard, next, AdamW, 1 rank") { compare_local<full_shard, prefetch::next>(1, true); }
+  SUBCASE("full_shard, next, AdamW, 2 ranks, check_views (NaN fills and host functions on the GPU's streams)") {
+    fsdp::model_options checked;
+    checked.check_views = true;
+    compare_local<full_shard, prefetch::next>(2, true, checked);
+  }
   SUBCASE("full_shard, backward_pre<2>, AdamW, 5 ranks (uneven shards, a unit smaller than some shards)") {
     compare_local<full_shard, prefetch::backward_pre<2>>(5, true);
   }
