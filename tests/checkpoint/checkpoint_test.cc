@@ -519,16 +519,11 @@ TEST_CASE("a failure while rank 0 commits (the manifest made, written, synced; t
   train_and_save(dir / "step-1", 2, 1);
   const mlp::config c = small();
   const std::string target = dir / "step-2", partial = target + ".partial", manifest = partial + "/manifest.json";
-  struct fault {
-    std::string op, path;
-  };
-  for (const fault& at : {fault{"create", manifest}, fault{"write", manifest}, fault{"fsync", manifest},
-                          fault{"rename", partial}}) {
-    CAPTURE(at.op);
-    CAPTURE(at.path);
+  // Each rank's message when rank 0's file-system operation `op` on `path` fails with `why`.
+  auto save_failing = [&](const std::string& op, const std::string& path, const char* why) {
     ckpt::save_options so;
     so.fault = [&](const ckpt::io_event& e) {
-      if (e.rank == 0 && e.op == at.op && e.path == at.path) throw fsdp::checkpoint_error("injected: No space left on device");
+      if (e.rank == 0 && e.op == op && e.path == path) throw fsdp::checkpoint_error(why);
     };
     std::vector<std::string> messages(2);
     run_ranks(2, [&](local_communicator& comm) {
@@ -538,30 +533,24 @@ TEST_CASE("a failure while rank 0 commits (the manifest made, written, synced; t
       mlp::run_steps(m, opt, c, 0, 2, res);
       messages[comm.rank()] = error_of<fsdp::checkpoint_error>([&] { ckpt::save(m, opt, target, so); });
     });
+    return messages;
+  };
+  for (const auto& [op, path] : std::vector<std::pair<std::string, std::string>>{
+           {"create", manifest}, {"write", manifest}, {"fsync", manifest}, {"rename", partial}}) {
+    CAPTURE(op);
+    CAPTURE(path);
     const std::string expected = "fsdp: checkpoint save to '" + target + "' failed: rank 0: injected: No space left on "
                                  "device; '" + partial + "' was removed; earlier checkpoints are untouched";
-    CHECK(messages == std::vector<std::string>{expected, expected});
+    CHECK(save_failing(op, path, "injected: No space left on device") == std::vector<std::string>{expected, expected});
     CHECK(!std::filesystem::exists(partial));
     CHECK(!std::filesystem::exists(target));
     CHECK(ckpt::latest(dir.root) == dir / "step-1");
   }
   // after the rename: the checkpoint is complete, and the message says so
-  ckpt::save_options so;
-  so.fault = [&](const ckpt::io_event& e) {
-    if (e.rank == 0 && e.op == "fsync" && e.path == dir.root) throw fsdp::checkpoint_error("injected: Input/output error");
-  };
-  std::vector<std::string> messages(2);
-  run_ranks(2, [&](local_communicator& comm) {
-    auto m = mlp::make_model<full_shard>(comm, c);
-    fsdp::optim::adamw opt(m, {});
-    mlp::result res;
-    mlp::run_steps(m, opt, c, 0, 2, res);
-    messages[comm.rank()] = error_of<fsdp::checkpoint_error>([&] { ckpt::save(m, opt, target, so); });
-  });
   const std::string expected = "fsdp: checkpoint save to '" + target + "' failed: rank 0: injected: Input/output "
-                               "error after the commit: '" + target + "' is complete, but a crash before the file "
+                               "error after the rename: '" + target + "' is complete, but a crash before the file "
                                "system writes the rename back may lose it; earlier checkpoints are untouched";
-  CHECK(messages == std::vector<std::string>{expected, expected});
+  CHECK(save_failing("fsync", dir.root, "injected: Input/output error") == std::vector<std::string>{expected, expected});
   CHECK(!std::filesystem::exists(partial));
   CHECK(ckpt::latest(dir.root) == target);
   CHECK(ckpt::verify(target).empty());

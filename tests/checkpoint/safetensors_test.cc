@@ -246,38 +246,33 @@ TEST_CASE(
 TEST_CASE("a save that fails (the file made or its header written by rank 0, the rename) leaves no .partial behind") {
   fsdp_test::scratch_dir dir("st-save-fault");
   const std::string path = dir / "w.safetensors", partial = path + ".partial";
-  for (const std::string op : {"create", "write", "rename"}) {
-    CAPTURE(op);
+  // Each rank's message when rank 0's file-system operation `op` on `at` fails with `why`.
+  auto save_failing = [&](const std::string& op, const std::string& at, const char* why) {
     st::save_options so;
     so.fault = [&](const fsdp::checkpoint::io_event& e) {
-      if (e.rank == 0 && e.op == op && e.path == partial) throw fsdp::checkpoint_error("injected: No space left on device");
+      if (e.rank == 0 && e.op == op && e.path == at) throw fsdp::checkpoint_error(why);
     };
     std::vector<std::string> messages(2);
     run_ranks(2, [&](local_communicator& c) {
       fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, 5});
       messages[c.rank()] = error_of<fsdp::checkpoint_error>([&] { st::save(m, path, so); });
     });
+    return messages;
+  };
+  for (const std::string op : {"create", "write", "rename"}) {
+    CAPTURE(op);
     const std::string removed = op == "create" ? "" : "; '" + partial + "' was removed";  // create: nothing was made
     const std::string expected =
         "fsdp: safetensors save to '" + path + "' failed: rank 0: injected: No space left on device" + removed;
-    CHECK(messages == std::vector<std::string>{expected, expected});
+    CHECK(save_failing(op, partial, "injected: No space left on device") == std::vector<std::string>{expected, expected});
     CHECK(!std::filesystem::exists(partial));
     CHECK(!std::filesystem::exists(path));
   }
   // after the rename the file is complete, and the message says so
-  st::save_options so;
-  so.fault = [&](const fsdp::checkpoint::io_event& e) {
-    if (e.rank == 0 && e.op == "fsync" && e.path == dir.root) throw fsdp::checkpoint_error("injected: Input/output error");
-  };
-  std::vector<std::string> messages(2);
-  run_ranks(2, [&](local_communicator& c) {
-    fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, 5});
-    messages[c.rank()] = error_of<fsdp::checkpoint_error>([&] { st::save(m, path, so); });
-  });
   const std::string expected = "fsdp: safetensors save to '" + path + "' failed: rank 0: injected: Input/output error "
                                "after the rename: '" + path + "' is complete, but a crash before the file system "
                                "writes the rename back may lose it";
-  CHECK(messages == std::vector<std::string>{expected, expected});
+  CHECK(save_failing("fsync", dir.root, "injected: Input/output error") == std::vector<std::string>{expected, expected});
   CHECK(!std::filesystem::exists(partial));
   CHECK(load_model(path, 1).size() == 7);
 }

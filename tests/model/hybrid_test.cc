@@ -85,12 +85,7 @@ TEST_CASE("collectives per group per step: the shard group's are the flat strate
   check_groups<fsdp::sharding::hybrid_shard<2>, fsdp::sharding::full_shard, 2, bf16>(3);
   check_groups<fsdp::sharding::hybrid_shard_zero2<2>, fsdp::sharding::shard_grad_op, 2, full>(2);
   check_groups<fsdp::sharding::hybrid_shard_zero2<4>, fsdp::sharding::shard_grad_op, 4, bf16>(2);
-}
-
-TEST_CASE("a shard group of one rank: full_shard in a group of one, the replicas all-reduce; the world carries nothing") {
-  using fsdp::bfloat16;
-  using full = fsdp::precision::full;
-  using bf16 = fsdp::precision::mixed<bfloat16, float, bfloat16>;
+  // shard groups of one rank: full_shard (shard_grad_op) in a group of one, the replicas all-reduce
   check_groups<fsdp::sharding::hybrid_shard<1>, fsdp::sharding::full_shard, 1, full>(2);
   check_groups<fsdp::sharding::hybrid_shard<1>, fsdp::sharding::full_shard, 1, bf16>(5);
   check_groups<fsdp::sharding::hybrid_shard_zero2<1>, fsdp::sharding::shard_grad_op, 1, full>(5);

@@ -532,15 +532,7 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
       f.sync();
       f.close();
       io::sync_dir(partial);
-      if (so.fault) so.fault({rank, "rename", partial});
-      io::rename(partial, dir);
-      try {
-        if (so.fault) so.fault({rank, "fsync", io::parent_of(dir)});
-        io::sync_dir(io::parent_of(dir));
-      } catch (const std::exception& e) {
-        io::fail(detail::cat(detail::unprefixed(e), " after the commit: '", dir,
-                             "' is complete, but a crash before the file system writes the rename back may lose it"));
-      }
+      io::commit(partial, dir, so.fault, rank);
     });
   require_success_removing(m, mine, partial, what, "; earlier checkpoints are untouched");
 }

@@ -167,5 +167,21 @@ inline std::string parent_of(const std::string& path) {
   return p.empty() ? std::string(".") : p.string();
 }
 
+/// The commit of a save: renames `partial` to `target` and syncs the directory they are in, calling `fault` (as
+/// rank `rank`) before each. A failed rename leaves `partial` for the caller to remove; a failed sync after it
+/// says that `target` is complete (only a crash before the file system writes the rename back could lose it).
+inline void commit(const std::string& partial, const std::string& target, const fault_hook& fault, int rank) {
+  if (fault) fault({rank, "rename", partial});
+  rename(partial, target);
+  const std::string dir = parent_of(target);
+  try {
+    if (fault) fault({rank, "fsync", dir});
+    sync_dir(dir);
+  } catch (const std::exception& e) {
+    fail(detail::cat(detail::unprefixed(e), " after the rename: '", target,
+                     "' is complete, but a crash before the file system writes the rename back may lose it"));
+  }
+}
+
 }  // namespace io
 }  // namespace fsdp::checkpoint

@@ -204,17 +204,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
     ci::fail_removing(m, failed, partial, what);
   mine.reset();
   if (rank == 0)
-    mine = ci::outcome([&] {
-      if (so.fault) so.fault({rank, "rename", partial});
-      io::rename(partial, path);
-      try {
-        if (so.fault) so.fault({rank, "fsync", io::parent_of(path)});
-        io::sync_dir(io::parent_of(path));
-      } catch (const std::exception& e) {
-        io::fail(detail::cat(detail::unprefixed(e), " after the rename: '", path,
-                             "' is complete, but a crash before the file system writes the rename back may lose it"));
-      }
-    });
+    mine = ci::outcome([&] { io::commit(partial, path, so.fault, rank); });
   ci::require_success_removing(m, mine, partial, what);
 }
 
