@@ -92,8 +92,10 @@ int main(int argc, char** argv) {
         g.backward(w[l].as<float>(), act[l], dact[l + 1], gw[l].as<float>(), dact[l]);
       }
       for (int l = 0; l < L; ++l)
-        be.adamw_step(w[l].as<float>(), gw[l].as<float>(), m[l].as<float>(), v[l].as<float>(), std::int64_t(wn), coeffs,
-                      {}, s);
+        be.for_each(std::int64_t(wn),
+                    fsdp::optim::detail::adamw_elements{w[l].as<float>(), gw[l].as<float>(), m[l].as<float>(),
+                                                        v[l].as<float>(), coeffs, {}},
+                    s);
     };
     step();
     be.synchronize(s);

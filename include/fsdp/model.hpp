@@ -1,12 +1,13 @@
 #pragma once
 // Model<Policy>: one rank's units, composed of the parts that do the work:
 //
-//   unit/unit_index.hpp        the units by index and by name
+//   core/unit_index.hpp        the units by index and by name
 //   schedule/config.hpp        the schedule's facts, built once from the policy and model_options
 //   schedule/pass_cursor.hpp   the execution order and where the pass in progress is
 //   schedule/scheduler.hpp     the decisions (gather, prefetch, wait, release, reduce) and every unit's state
-//   exec/unit_executor.hpp     carries the decisions out on the backend and the communicator; owns the buffers
-//   plan/cost.hpp              what every buffer costs, for the executor and the planner alike
+//   exec/unit_executor.hpp     runs the step program (plan/program.hpp) for the decisions on the backend and the
+//                              communicator; owns the buffers
+//   memory/cost.hpp            what every buffer costs, for the executor and the planners alike
 //   unit/fsdp_unit.hpp         the view a trainer gets of a unit: typed param() and grad()
 //   agree/agree.hpp            the ranks compare a fingerprint of spec, policy, options and layout at construction
 //                              (one 16-byte all_gather per rank), before anything is allocated
@@ -37,11 +38,12 @@
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
-#include "fsdp/model_options.hpp"
+#include "fsdp/exec/model_access.hpp"
+#include "fsdp/options/model_options.hpp"
 #include "fsdp/observe/ranges.hpp"
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/observe/trace.hpp"
-#include "fsdp/plan/cost.hpp"
+#include "fsdp/memory/cost.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/policy.hpp"
 #include "fsdp/schedule/config.hpp"
@@ -49,7 +51,7 @@
 #include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/spec/model_spec.hpp"
 #include "fsdp/unit/fsdp_unit.hpp"
-#include "fsdp/unit/unit_index.hpp"
+#include "fsdp/core/unit_index.hpp"
 #include "fsdp/wrap/wrap.hpp"
 
 namespace fsdp {
@@ -85,7 +87,7 @@ class Model {
                                                  offload_of())),
         exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
               plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation,
-                                    offload_of()),
+                                    offload_of(), exec::division_facts(opt_.division, comm.size()).prescale != 1.0f),
               exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
               opt_.check_collectives, sched_.facts().offload) {
     if constexpr (!OffloadBackend<backend_type>)
@@ -221,14 +223,6 @@ class Model {
   memory_figures planned_memory(int optimizer_states, int norm_rows = 0) const {
     return plan_memory(optimizer_states, norm_rows).peak;
   }
-  /// Reserves the planned peak in the backend's memory pool, so that no step allocates from the device (CUDA
-  /// backend); nothing to do on the host backend. The constructor reserves for parameters, gradients and
-  /// gathers; the optimizers call it with their state count and inspection rows.
-  void reserve_memory(int optimizer_states, int norm_rows = 0) {
-    if constexpr (requires(backend_type& b) { b.reserve(std::int64_t{}); })
-      backend().reserve(plan_memory(optimizer_states, norm_rows).peak.total);
-  }
-
   // ---- whole-model operations --------------------------------------------------------------------------------
   /// Collective: every rank receives the full fp32 value of every parameter (aliases included), by name.
   std::map<std::string, std::vector<float>> gather_full_params() {
@@ -254,82 +248,12 @@ class Model {
     sched_.restart_window();
   }
 
-  /// An optimizer step: once every unit's gradient is reduced, on the compute stream's order, runs `update()` (the
-  /// optimizer's kernels over the master and gradient shards, on the compute stream). Units still gathered are
-  /// released first (their copies would be stale). Throws usage_error if a unit's gradient was not reduced since
-  /// the last step (backward missing or unfinished, or micro-batches missing under no-sync).
-  template <class F>
-  void step(F&& update) {
-    cursor_.require_idle("an optimizer step");
-    sched_.check_step();
-    exec_.wait_reductions();
-    sched_.before_step(executor());
-    auto& cs = backend().compute_stream();
-    stamp_.stamp(backend(), cs, trace::kind::optimizer_begin, pass_kind::none, -1);
-    try {
-      const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
-      std::forward<F>(update)();
-    } catch (const std::exception& e) {  // the update may be partly applied: a retry would apply it twice
-      cursor_.fail_step(std::string(detail::unprefixed(e)));
-      throw;
-    }
-    // Gathers wait for this, not for everything on the compute stream: the host may run ahead of compute (a GPU,
-    // or a threaded compute stream) and issue the next gathers while earlier units still compute.
-    exec_.shards_written();
-    stamp_.stamp(backend(), cs, trace::kind::optimizer_end, pass_kind::none, -1);
-    sched_.after_step();
-  }
-
-  /// Inside step()'s update, for a unit with params, grads and optimizer state offloaded (unit_offload(u).host_step()): runs
-  /// `fn` on the host when unit u's reduction has reached its host gradient shard and its master's last write is
-  /// done (in the download stream's order); u's next gather waits for `fn` alone, so the next forward overlaps the
-  /// updates of later units. The optimizers use it; `fn` must touch unit u's host shards and state only.
-  void host_update(std::size_t u, std::function<void()> fn) {
-    if (u >= size()) detail::fail_usage("host_update: unit index ", u, " is out of range: the model has ", size(), " units");
-    exec_.host_update(u, std::move(fn));
-  }
-
-  /// Inside step()'s update, for a unit with some but not all of params, grads and optimizer state offloaded: copies unit u's
-  /// host-resident parts (`states`: the optimizer's state buffers of u) into device staging slots after their
-  /// last writes; the optimizer issues its kernels on the compute stream at the returned parts' on_device()
-  /// addresses, then calls unstage_step(u, states), which copies the master and state back. Two slots of each part
-  /// at most (the planner counts them).
-  auto stage_step(std::size_t u, const std::vector<float*>& states) {
-    if (u >= size()) detail::fail_usage("stage_step: unit index ", u, " is out of range: the model has ", size(), " units");
-    return exec_.stage_step(u, states);
-  }
-  void unstage_step(std::size_t u, const std::vector<float*>& states) {
-    if (u >= size()) detail::fail_usage("unstage_step: unit index ", u, " is out of range: the model has ", size(), " units");
-    exec_.unstage_step(u, states);
-  }
-
-  // ---- replacing the shards (checkpoint loads, weight imports) -------------------------------------------------
   /// usage_error unless the model is between optimizer steps: no pass in progress and no gradient reduced (or
   /// accumulated) since the last step. `what` names the operation in the message ("a checkpoint save").
   void require_between_steps(const char* what) const {
     cursor_.require_idle(what);
     sched_.check_between_steps(what);
   }
-  /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute
-  /// stream, after every pending reduction and with every unit released (gathered copies would be stale); later
-  /// gathers wait for it. Gradient shards are zeroed and no-sync accumulators freed, as by zero_grad().
-  template <class F>
-  void replace_shards(const char* what, F&& write) {
-    require_between_steps(what);
-    exec_.wait_reductions();
-    exec_.wait_copies_back();  // host updates and copies back of offloaded masters and state
-    sched_.before_step(executor());
-    std::forward<F>(write)();
-    exec_.shards_written();
-    exec_.zero_grads();
-    sched_.restart_window();
-  }
-  /// A checkpoint's step count (step_count()) replaces this model's, between steps.
-  void restore_step_count(std::uint64_t step) {
-    require_between_steps("restore_step_count()");
-    sched_.restore_step(step);
-  }
-
   /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
   /// (an optimizer's state) calls before they go.
   void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
@@ -416,6 +340,59 @@ class Model {
   };
 
  private:
+  friend struct model_access;  // the optimizers' and checkpoints' protocol (fsdp/exec/model_access.hpp)
+
+  // ---- for fsdp/exec/model_access.hpp --------------------------------------------------------------------------
+  /// Reserves the planned peak in the backend's memory pool, so that no step allocates from the device (CUDA
+  /// backend); nothing to do on the host backend. The constructor reserves for parameters, gradients and
+  /// gathers; the optimizers call it with their state count and inspection rows.
+  void reserve_memory(int optimizer_states, int norm_rows = 0) {
+    if constexpr (requires(backend_type& b) { b.reserve(std::int64_t{}); })
+      backend().reserve(plan_memory(optimizer_states, norm_rows).peak.total);
+  }
+
+  /// An optimizer step (through fsdp/exec/model_access.hpp: the optimizers' protocol): once every unit's gradient
+  /// is reduced, in the compute stream's order, the optimizer's inspection, then its update of every unit where the
+  /// step program puts it (fsdp/exec/update_site.hpp: on the device, at staged copies of host-resident parts, or in
+  /// a host function). Units still gathered are released first (their copies would be stale). Throws usage_error if
+  /// a unit's gradient was not reduced since the last step (backward missing or unfinished, or micro-batches
+  /// missing under no-sync).
+  void step(exec::optimizer_work<backend_type>& work) {
+    cursor_.require_idle("an optimizer step");
+    sched_.check_step();
+    exec_.wait_reductions();
+    sched_.before_step(executor());
+    exec_.optimizer_begin();
+    try {
+      const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
+      const bool apply = work.inspect ? work.inspect() : true;
+      exec_.optimizer_step(work, apply);
+    } catch (const std::exception& e) {  // the update may be partly applied: a retry would apply it twice
+      cursor_.fail_step(std::string(detail::unprefixed(e)));
+      throw;
+    }
+    sched_.after_step();
+  }
+
+  /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute
+  /// stream, after every pending reduction and with every unit released (gathered copies would be stale); later
+  /// gathers wait for it. Gradient shards are zeroed and no-sync accumulators freed, as by zero_grad().
+  template <class F>
+  void replace_shards(const char* what, F&& write) {
+    require_between_steps(what);
+    exec_.before_shards_replaced();  // reductions, host updates and copies back of offloaded masters and state
+    sched_.before_step(executor());
+    std::forward<F>(write)();
+    exec_.shards_written();
+    exec_.zero_grads();
+    sched_.restart_window();
+  }
+  /// A checkpoint's step count (step_count()) replaces this model's, between steps.
+  void restore_step_count(std::uint64_t step) {
+    require_between_steps("restore_step_count()");
+    sched_.restore_step(step);
+  }
+
   struct built_units {
     unit_index index;
     std::vector<FlatLayout> layouts;
@@ -528,7 +505,7 @@ class Model {
       cursor_.abandon_with(why);
       detail::fail_usage(why);
     }
-    stamp_.stamp(backend(), backend().compute_stream(), trace::kind::compute_begin, k, static_cast<int>(u));
+    exec_.compute_begin(k, u);
     unit_range_ = exec_.ranges().start(backend(), k == pass_kind::forward ? trace::range_kind::forward
                                                                           : trace::range_kind::backward,
                                        static_cast<int>(u));
@@ -537,7 +514,7 @@ class Model {
   void leave_current() {
     const pass_kind k = cursor_.pass();
     end_unit_range();
-    stamp_.stamp(backend(), backend().compute_stream(), trace::kind::compute_end, k, static_cast<int>(cursor_.current()));
+    exec_.compute_end(k, cursor_.current());
     try {
       sched_.leave(k, cursor_.order(), cursor_.pos(), executor());
     } catch (const std::exception& e) {  // a release or reduction failed: the pass cannot go on

@@ -9,11 +9,15 @@
 #include <fsdp/optim/detail/pieces.hpp>
 
 #include <bit>
+#include <cstring>
+#include <set>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "tests/support/support.hpp"
 
 namespace {
 
@@ -235,13 +239,51 @@ TEST_CASE("decay masks and shard pieces: no-decay ranges get no weight decay, pi
   CHECK(one[0].numel == 5);
   CHECK(one[0].mask.count == 0);
 
-  // The host backend's fused step applies the mask per element.
+  // The host backend's for_each of SGD's element function applies the mask per element.
   fsdp::backend::host be;
   std::vector<float> p{1, 1, 1, 1}, g{0, 0, 0, 0};
   fsdp::optim::detail::decay_mask m;
   m.count = 1;
   m.begin[0] = 1;
   m.end[0] = 3;
-  be.sgd_step(p.data(), g.data(), nullptr, 4, {0.5f, 0.0f, 0.1f}, m, be.compute_stream());
+  be.for_each(4, fsdp::optim::detail::sgd_elements{p.data(), g.data(), nullptr, {0.5f, 0.0f, 0.1f}, m}, be.compute_stream());
   CHECK(p == std::vector<float>{0.95f, 1.0f, 1.0f, 0.95f});
+}
+
+TEST_CASE("every row of the dtype table: its width is its storage's, its names and codes are its own, its values "
+          "round-trip through float and through the backend") {
+  std::set<std::string_view> names, st_names;
+  std::set<int> nccl_codes;
+  for (const fsdp::dtype_row& row : fsdp::dtype_rows) {
+    CAPTURE(row.name);
+    CHECK(fsdp::row_of(row.tag) == &row);
+    CHECK(fsdp::size_of(row.tag) == row.bytes);
+    CHECK(fsdp::name_of(row.tag) == row.name);
+    CHECK(fsdp::dtype_of_safetensors(row.safetensors) == row.tag);
+    CHECK(names.insert(row.name).second);
+    CHECK(st_names.insert(row.safetensors).second);
+    CHECK(nccl_codes.insert(row.nccl).second);
+    fsdp::kernels::dispatch(row.tag, [&](auto d) {
+      using bits = fsdp::f16::storage_t<d()>;
+      CHECK(sizeof(bits) == row.bytes);
+      // 1.5, -2 and 0.25 are exact in every floating type the library has: through float and back, bit for bit
+      for (float x : {1.5f, -2.0f, 0.25f, 0.0f}) {
+        const bits b = fsdp::f16::from_float<d()>(x);
+        CHECK(fsdp::f16::to_float<d()>(b) == x);
+        // and through the host backend's convert, from f32 and back
+        fsdp::backend::host be;
+        bits out{};
+        float back = 0;
+        be.convert(&out, row.tag, &x, fsdp::dtype::f32, 1, 1.0f, be.compute_stream());
+        be.convert(&back, fsdp::dtype::f32, &out, row.tag, 1, 1.0f, be.compute_stream());
+        CHECK(std::memcmp(&out, &b, sizeof(bits)) == 0);
+        CHECK(back == x);
+      }
+    });
+  }
+  CHECK(fsdp::dtype_count == 3);
+  CHECK(!fsdp::dtype_of_safetensors("F64"));
+  CHECK(fsdp::name_of(static_cast<fsdp::dtype>(200)) == "?");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([] { fsdp::kernels::dispatch(static_cast<fsdp::dtype>(200), [](auto) {}); }) ==
+        "fsdp: unknown dtype 200");
 }

@@ -142,10 +142,8 @@ struct backend_t {
   void squared_norm(const float*, std::int64_t, float*, stream&)
     requires with_norm
   {}
-  void sgd_step(float*, const float*, float*, std::int64_t, const fsdp::optim::detail::sgd_coeffs&,
-                const fsdp::optim::detail::decay_mask&, stream&) {}
-  void adamw_step(float*, const float*, float*, float*, std::int64_t, const fsdp::optim::detail::adamw_coeffs&,
-                  const fsdp::optim::detail::decay_mask&, stream&) {}
+  template <fsdp::ElementFunction F>
+  void for_each(std::int64_t, const F&, stream&) {}
   stream s;
   fsdp::MemoryTracker tracker;
 };

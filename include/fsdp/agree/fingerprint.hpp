@@ -26,7 +26,7 @@
 #include "fsdp/core/text.hpp"
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/model_options.hpp"
+#include "fsdp/options/model_options.hpp"
 #include "fsdp/offload/offload.hpp"
 #include "fsdp/precision/precision.hpp"
 #include "fsdp/prefetch/prefetch.hpp"

@@ -9,9 +9,10 @@
 //   streams     compute, all-gather and reduce streams; events recorded on and waited for by streams; host
 //               callbacks at a stream's point; synchronize (blocks the host until the stream drains)
 //   copies      fill_zero, copy, upload (host -> backend), download (backend -> host)
-//   kernels     convert (cast with scale), accumulate (into fp32 with scale), squared_norm, sgd_step, adamw_step:
-//               each applies the per-element code every backend shares (kernels/elementwise.hpp,
-//               optim/detail/update.hpp)
+//   kernels     convert (cast with scale), accumulate (into fp32 with scale), squared_norm: each applies the
+//               per-element code every backend shares (kernels/elementwise.hpp); for_each(n, f, stream): f(i)
+//               for every i in [0, n), on the stream, for any ElementFunction f (the optimizers' updates are such
+//               functions: a backend knows no optimizer)
 //
 // Optional hooks, detected where they are used and not required here: host_addressable (a static constexpr bool:
 // the buffers are host memory, which checkpoint saves write from without a staging copy), reserve(bytes)
@@ -25,11 +26,21 @@
 #include <type_traits>
 #include <utility>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/memory/memory.hpp"
-#include "fsdp/optim/detail/update.hpp"
 
 namespace fsdp {
+
+/// What Backend::for_each runs: a value (trivially copyable, so it travels as a CUDA kernel's parameter) called
+/// with each element's index, on the host and in device code alike (an FSDP_HD operator()).
+template <class F>
+concept ElementFunction = std::is_trivially_copyable_v<F> && std::invocable<const F&, std::int64_t>;
+
+/// The least ElementFunction, for checking a backend's for_each.
+struct element_function_archetype {
+  FSDP_HD void operator()(std::int64_t) const noexcept {}
+};
 
 /// A buffer of a backend: owning, move-only, with its address, size and category.
 template <class B>
@@ -48,8 +59,7 @@ concept Backend =
     std::constructible_from<B, int> && BackendBuffer<typename B::buffer> && std::default_initializable<typename B::event> &&
     requires(B& b, typename B::stream& s, typename B::event& e, const typename B::event& ce, typename B::buffer&& buf,
              void* p, const void* cp, float* f, const float* cf, std::int64_t n, float scale, dtype t, mem c,
-             const optim::detail::sgd_coeffs& sc, const optim::detail::adamw_coeffs& ac,
-             const optim::detail::decay_mask& mask, std::function<void()> fn) {
+             const element_function_archetype& ef, std::function<void()> fn) {
       { b.compute_stream() } -> std::same_as<typename B::stream&>;
       { b.gather_stream() } -> std::same_as<typename B::stream&>;
       { b.reduce_stream() } -> std::same_as<typename B::stream&>;
@@ -67,8 +77,7 @@ concept Backend =
       b.convert(p, t, cp, t, n, scale, s);
       b.accumulate(f, cp, t, n, scale, s);
       b.squared_norm(cf, n, f, s);
-      b.sgd_step(f, cf, f, n, sc, mask, s);
-      b.adamw_step(f, cf, f, f, n, ac, mask, s);
+      b.for_each(n, ef, s);
     };
 
 /// A backend that can hold offloaded buffers (fsdp/offload/offload.hpp): host memory accounted apart

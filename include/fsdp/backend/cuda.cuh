@@ -44,7 +44,6 @@
 #include "fsdp/cuda/kernels.cuh"
 #include "fsdp/cuda/nvtx.cuh"
 #include "fsdp/memory/memory.hpp"
-#include "fsdp/optim/detail/update.hpp"
 
 namespace fsdp::backend {
 
@@ -485,13 +484,10 @@ class cuda {
     }
     cuda_kernels::squared_norm(x, n, out, scratch_, scratch_bytes_, s.get());
   }
-  void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const optim::detail::sgd_coeffs& c,
-                const optim::detail::decay_mask& mask, stream& s) {
-    cuda_kernels::sgd_step({p, g, buf, n, c, mask}, s.get());
-  }
-  void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, const optim::detail::adamw_coeffs& c,
-                  const optim::detail::decay_mask& mask, stream& s) {
-    cuda_kernels::adamw_step({p, g, m, v, n, c, mask}, s.get());
+  /// f(i) for every i in [0, n), in a kernel on `s` (any order within it).
+  template <ElementFunction F>
+  void for_each(std::int64_t n, const F& f, stream& s) {
+    cuda_kernels::for_each(n, f, s.get());
   }
 
  private:

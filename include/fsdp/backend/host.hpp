@@ -14,13 +14,13 @@
 #include <thread>
 #include <utility>
 
+#include "fsdp/backend/concept.hpp"
 #include "fsdp/backend/detail/pool_model.hpp"
 #include "fsdp/backend/detail/work_queue.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/kernels/elementwise.hpp"
 #include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/memory/memory.hpp"
-#include "fsdp/optim/detail/update.hpp"
 
 namespace fsdp::backend {
 
@@ -35,8 +35,8 @@ struct host_options {
   /// such as bench/overlap_bench.cc); code that reads param() or writes grad() directly on the host needs the
   /// default inline compute stream.
   bool threaded_compute = false;
-  /// Delay injection: how long each library kernel ("accumulate", "sgd_step", "adamw_step") sleeps on its stream
-  /// before it runs. Results must not change: tests use it to prove that every wait is in place.
+  /// Delay injection: how long each library kernel ("accumulate", "for_each": an optimizer's update) sleeps on its
+  /// stream before it runs. Results must not change: tests use it to prove that every wait is in place.
   std::function<std::chrono::microseconds(std::string_view kernel)> kernel_delay;
   /// Delay injection on the copy streams (upload: host to device, download: device to host; see
   /// fsdp/offload/offload.hpp): how long each copy (`bytes` > 0) and each host function (`bytes` 0) issued on
@@ -263,8 +263,8 @@ class host {
   void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) { copy(host_dst, src, bytes, s); }
 
   // ---- kernels ------------------------------------------------------------------------------------------------
-  // The per-element logic is fsdp/kernels/elementwise.hpp and fsdp/optim/detail/update.hpp, shared with the CUDA
-  // backend's kernels: both backends give the same bits.
+  // The per-element logic is fsdp/kernels/elementwise.hpp and the element functions for_each runs, shared with
+  // the CUDA backend's kernels: both backends give the same bits.
 
   /// dst[i] = dst_type(float(src[i]) * scale): copy-in with cast, reduce-scatter input preparation.
   void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
@@ -288,22 +288,13 @@ class host {
       *out = static_cast<float>(acc);
     });
   }
-  /// One SGD-momentum step over n elements of a shard; elements in `mask` get no weight decay.
-  void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const optim::detail::sgd_coeffs& c,
-                const optim::detail::decay_mask& mask, stream& s) {
+  /// f(i) for every i in [0, n), in order, on `s` (an optimizer's update over a shard piece).
+  template <ElementFunction F>
+  void for_each(std::int64_t n, const F& f, stream& s) {
     if (n > 0)
-      s.submit([=, d = delay("sgd_step")] {
+      s.submit([=, d = delay("for_each")] {
         std::this_thread::sleep_for(d);
-        kernels::host_loops::sgd_step(p, g, buf, n, c, mask);
-      });
-  }
-  /// One AdamW step over n elements of a shard; elements in `mask` get no weight decay.
-  void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, const optim::detail::adamw_coeffs& c,
-                  const optim::detail::decay_mask& mask, stream& s) {
-    if (n > 0)
-      s.submit([=, d = delay("adamw_step")] {
-        std::this_thread::sleep_for(d);
-        kernels::host_loops::adamw_step(p, g, m, v, n, c, mask);
+        kernels::host_loops::for_each(n, f);
       });
   }
 

@@ -42,6 +42,7 @@
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
+#include "fsdp/exec/model_access.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
 
 namespace fsdp::checkpoint {
@@ -652,7 +653,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
   });
   require_success(m, mine, detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)"));
 
-  m.replace_shards("a checkpoint load", [&] {
+  model_access::replace_shards(m, "a checkpoint load", [&] {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)
       for (std::size_t k = 0; k < staging[u].size(); ++k)
@@ -661,7 +662,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
     be.synchronize(be.compute_stream());  // the staging goes when this function returns
   });
   if (opt) {
-    m.restore_step_count(man.step);
+    model_access::restore_step_count(m, man.step);
     opt->restore_steps(static_cast<long>(man.optimizer->steps));
   }
   if (lo.loss_scaler && man.loss_scaler) lo.loss_scaler->restore(man.loss_scaler->scale, man.loss_scaler->good_steps);

@@ -30,7 +30,9 @@
 #include "fsdp/checkpoint/safetensors_header.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/float16.hpp"
+#include "fsdp/kernels/elementwise.hpp"
 #include "fsdp/core/text.hpp"
+#include "fsdp/exec/model_access.hpp"
 
 namespace fsdp::safetensors {
 
@@ -68,16 +70,14 @@ namespace impl {
 
 inline std::string mapped(const name_map& fn, const std::string& name) { return fn ? fn(name) : name; }
 
-inline std::string_view st_dtype(dtype t) {
-  switch (t) {
-    case dtype::f32:
-      return "F32";
-    case dtype::bf16:
-      return "BF16";
-    case dtype::f16:
-      return "F16";
-  }
-  return "?";
+inline std::string_view st_dtype(dtype t) { return row_of(t)->safetensors; }
+
+/// The safetensors names of the library's dtypes, as a sentence lists them: "F32, BF16 and F16".
+inline std::string st_dtypes_text() {
+  std::string out;
+  for (std::size_t i = 0; i < dtype_count; ++i)
+    out += std::string(i == 0 ? "" : i + 1 == dtype_count ? " and " : ", ") + std::string(dtype_rows[i].safetensors);
+  return out;
 }
 
 /// The file's tensors, in spec order, with their offsets: every rank computes the same.
@@ -107,30 +107,26 @@ std::vector<tensor_info> layout_of(const M& m, const save_options& so) {
   return out;
 }
 
-/// Converts `n` fp32 values into `type`'s bytes at `out`.
+/// Converts `n` fp32 values into `type`'s bytes at `out` (rounded once).
 inline void encode(const float* in, std::size_t n, dtype type, std::vector<char>& out) {
   out.resize(n * size_of(type));
-  if (type == dtype::f32) {
-    std::memcpy(out.data(), in, n * 4);
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t h = type == dtype::bf16 ? f16::bf16_from_float(in[i]) : f16::half_from_float(in[i]);
-    std::memcpy(out.data() + 2 * i, &h, 2);
-  }
+  kernels::dispatch(type, [&](auto d) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const f16::storage_t<d()> x = f16::from_float<d()>(in[i]);
+      std::memcpy(out.data() + sizeof(x) * i, &x, sizeof(x));
+    }
+  });
 }
 
-/// fp32 values of `n` elements of safetensors dtype `d` (F32, BF16 or F16: exact).
-inline void decode(const char* in, std::size_t n, std::string_view d, float* out) {
-  if (d == "F32") {
-    std::memcpy(out, in, n * 4);
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint16_t h;
-    std::memcpy(&h, in + 2 * i, 2);
-    out[i] = d == "BF16" ? f16::bf16_to_float(h) : f16::half_to_float(h);
-  }
+/// fp32 values of `n` elements of the library's dtype `type` (exact).
+inline void decode(const char* in, std::size_t n, dtype type, float* out) {
+  kernels::dispatch(type, [&](auto d) {
+    for (std::size_t i = 0; i < n; ++i) {
+      f16::storage_t<d()> x;
+      std::memcpy(&x, in + sizeof(x) * i, sizeof(x));
+      out[i] = f16::to_float<d()>(x);
+    }
+  });
 }
 
 }  // namespace impl
@@ -239,9 +235,9 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
       if (t->shape != p.shape)
         io::fail(detail::cat(doc, ": ", which, " is ", detail::shape_text(t->shape), " in the file but ",
                              detail::shape_text(p.shape), " in the model"));
-      if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16")
-        io::fail(detail::cat(doc, ": ", which, " is ", t->dtype,
-                             ", which an fp32 master parameter cannot hold exactly (F32, BF16 and F16 can)"));
+      if (!dtype_of_safetensors(t->dtype))
+        io::fail(detail::cat(doc, ": ", which, " is ", t->dtype, ", which an fp32 master parameter cannot hold exactly (",
+                             impl::st_dtypes_text(), " can)"));
       if (const auto [it, fresh] = used.emplace(name, p.name); !fresh)
         io::fail(
             detail::cat(doc, ": parameters '", it->second, "' and '", p.name, "' both map to tensor '", name, "'"));
@@ -271,10 +267,11 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
     }
     checkpoint::read_ranges(f, f.size(), std::move(ops[0]));
     for (const auto& [bytes, dest] : raw)
-      impl::decode(bytes.data(), bytes.size() / dtype_bytes(dest.first->dtype), dest.first->dtype, dest.second);
+      impl::decode(bytes.data(), bytes.size() / dtype_bytes(dest.first->dtype), *dtype_of_safetensors(dest.first->dtype),
+                   dest.second);
   });
   ci::require_success(m, mine, detail::cat("safetensors load from '", path, "' failed (no parameter was modified)"));
-  m.replace_shards("a safetensors load", [&] {
+  model_access::replace_shards(m, "a safetensors load", [&] {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)
       be.upload(m.unit(u).master_shard(), staging[u].data(),

@@ -103,8 +103,17 @@ inline std::string thread_level_name(int level) {
   return "thread level " + std::to_string(level);
 }
 
-/// The MPI type that moves elements of `t` unchanged (the bits are copied, never interpreted).
-inline MPI_Datatype wire_type(dtype t) { return size_of(t) == 4 ? MPI_UINT32_T : MPI_UINT16_T; }
+/// The MPI type that moves elements of `t` unchanged: unsigned integers of its width (the bits are copied, never
+/// interpreted; reductions are the library's own, kernels::reduce_add).
+inline MPI_Datatype wire_type(dtype t) {
+  switch (size_of(t)) {
+    case 1: return MPI_UINT8_T;
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    case 8: return MPI_UINT64_T;
+  }
+  fsdp::detail::fail_usage("comm::mpi: no MPI type moves elements of dtype ", name_of(t), " (", size_of(t), " bytes)");
+}
 
 /// Set once any comm::mpi collective of this process has failed: mpi_session then skips MPI_Finalize, whose fence
 /// would wait for a peer that may be dead.

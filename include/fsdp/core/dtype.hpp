@@ -1,25 +1,65 @@
 #pragma once
-// Element types the library moves and computes in. `dtype` is the runtime tag (stored in specs, layouts
-// and collectives); `dtype_of<T>` maps a C++ element type to it.
+// Element types the library moves and computes in. `dtype` is the runtime tag (stored in specs, layouts and
+// collectives); `dtype_of<T>` maps a C++ element type to it.
+//
+// Everything the library knows of a dtype is one row of dtype_rows: its name, its width, and its codes in NCCL and
+// the safetensors format (MPI moves it as unsigned integers of its width). The storage type (f16::storage_t), every
+// switch over dtypes (kernels::dispatch) and those codes come from the row. Adding a dtype is a row here, an
+// enumerator, and its conversions to and from float in core/float16.hpp, which refuse to compile for a dtype that
+// has none (a one-byte type gets one-byte storage, never two). tests/kernels/elementwise_test.cc walks every row.
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <concepts>
+#include <iterator>
+#include <optional>
 #include <string_view>
 
 namespace fsdp {
 
 enum class dtype : std::uint8_t { f32, bf16, f16 };
 
-constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 2; }
+/// One dtype's facts.
+struct dtype_row {
+  dtype tag;
+  std::string_view name;         ///< in messages, fingerprints and traces: "bf16"
+  std::size_t bytes;             ///< storage width
+  std::string_view safetensors;  ///< the safetensors format's name: "BF16"
+  int nccl;                      ///< ncclDataType_t's value (nccl.h: ncclFloat16 6, ncclFloat32 7, ncclBfloat16 9)
+};
 
-constexpr std::string_view name_of(dtype t) noexcept {
-  switch (t) {
-    case dtype::f32: return "f32";
-    case dtype::bf16: return "bf16";
-    case dtype::f16: return "f16";
-  }
-  return "?";
+inline constexpr dtype_row dtype_rows[] = {
+    {dtype::f32, "f32", 4, "F32", 7},
+    {dtype::bf16, "bf16", 2, "BF16", 9},
+    {dtype::f16, "f16", 2, "F16", 6},
+};
+inline constexpr std::size_t dtype_count = std::size(dtype_rows);
+
+/// The row of `t`; null for a value that is no dtype.
+constexpr const dtype_row* row_of(dtype t) noexcept {
+  for (const dtype_row& r : dtype_rows)
+    if (r.tag == t) return &r;
+  return nullptr;
 }
+constexpr std::size_t size_of(dtype t) noexcept {
+  const dtype_row* r = row_of(t);
+  return r ? r->bytes : 0;
+}
+constexpr std::string_view name_of(dtype t) noexcept {
+  const dtype_row* r = row_of(t);
+  return r ? r->name : std::string_view("?");
+}
+/// The dtype the safetensors format calls `name` ("BF16"), if the library has it.
+constexpr std::optional<dtype> dtype_of_safetensors(std::string_view name) noexcept {
+  for (const dtype_row& r : dtype_rows)
+    if (r.safetensors == name) return r.tag;
+  return std::nullopt;
+}
+
+static_assert([] {
+  for (std::size_t i = 0; i < dtype_count; ++i)
+    if (static_cast<std::size_t>(dtype_rows[i].tag) != i) return false;
+  return true;
+}(), "fsdp: dtype_rows must list the dtypes in the order of their enumerators");
 
 /// The dtype of a C++ element type: float, fsdp::bfloat16 and fsdp::float16 (core/float16.hpp), and CUDA's
 /// __nv_bfloat16 and __half under nvcc (cuda/types.cuh). No specialisation: the type is not an element type.

@@ -8,6 +8,7 @@
 // plain nvcc (without --expt-relaxed-constexpr) only warns about calling from device code (#20013-D) and then
 // compiles the kernel into stores of zeros. The builtin is what std::bit_cast calls; g++, clang and nvcc's device
 // compiler all have it, so these headers are correct under plain `nvcc -std=c++20` (tests/cuda/plain_nvcc_test.cu).
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -66,21 +67,47 @@ FSDP_HD constexpr float half_to_float(std::uint16_t h) noexcept {
   return from_bits(sign | (exp << 23) | ((m & 0x3ffu) << 13));
 }
 
-/// Storage type of a dtype's elements.
-template <dtype D>
-using storage_t = std::conditional_t<D == dtype::f32, float, std::uint16_t>;
+namespace detail {
+template <std::size_t Bytes>
+struct bits_of_width;
+template <>
+struct bits_of_width<1> {
+  using type = std::uint8_t;
+};
+template <>
+struct bits_of_width<2> {
+  using type = std::uint16_t;
+};
+template <class>
+inline constexpr bool no_conversion = false;
+}  // namespace detail
 
+/// Storage type of a dtype's elements: float for f32, else unsigned bits of the row's width (core/dtype.hpp).
+template <dtype D>
+struct storage_of {
+  using type = typename detail::bits_of_width<size_of(D)>::type;
+};
+template <>
+struct storage_of<dtype::f32> {
+  using type = float;
+};
+template <dtype D>
+using storage_t = typename storage_of<D>::type;
+
+/// A dtype's conversions to and from float (one branch per dtype; a dtype without one does not compile).
 template <dtype D>
 FSDP_HD constexpr float to_float(storage_t<D> x) noexcept {
   if constexpr (D == dtype::f32) return x;
   else if constexpr (D == dtype::bf16) return bf16_to_float(x);
-  else return half_to_float(x);
+  else if constexpr (D == dtype::f16) return half_to_float(x);
+  else static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion to float (float16.hpp)");
 }
 template <dtype D>
 FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
   if constexpr (D == dtype::f32) return x;
   else if constexpr (D == dtype::bf16) return bf16_from_float(x);
-  else return half_from_float(x);
+  else if constexpr (D == dtype::f16) return half_from_float(x);
+  else static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion from float (float16.hpp)");
 }
 
 }  // namespace fsdp::f16

@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA backend's kernels. Each applies the per-element logic shared with the host backend
-// (fsdp/kernels/elementwise.hpp, fsdp/optim/detail/update.hpp), so results equal the host backend's bit for bit.
+// (fsdp/kernels/elementwise.hpp, and the element functions for_each runs), so results equal the host backend's bit
+// for bit.
 //
 // Header hygiene (STYLE.md): kernels are templates with hidden visibility, launched only from this header's
 // inline launchers, never explicitly instantiated; their parameters are trivially copyable structs.
@@ -19,7 +20,6 @@
 #include "fsdp/core/float16.hpp"
 #include "fsdp/cuda/error.cuh"
 #include "fsdp/kernels/elementwise.hpp"
-#include "fsdp/optim/detail/update.hpp"
 
 #define FSDP_KERNEL __global__ __attribute__((visibility("hidden")))
 
@@ -147,51 +147,18 @@ inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t
   FSDP_CUDA_CHECK(cudaGetLastError());
 }
 
-// ---- fused optimizer steps over a flat shard piece, with its no-decay mask -------------------------------------
-struct sgd_params {
-  float* p;
-  const float* g;
-  float* buf;  ///< null without momentum
-  std::int64_t n;
-  optim::detail::sgd_coeffs c;
-  optim::detail::decay_mask mask;
-};
-static_assert(std::is_trivially_copyable_v<sgd_params>, "kernel parameters must be trivially copyable");
-
-template <int = 0>
-FSDP_KERNEL void sgd_kernel(sgd_params a) {
+// ---- for_each: f(i) for every i in [0, n) (Backend::for_each: an optimizer's update over a shard piece) ---------
+template <class F>
+FSDP_KERNEL void for_each_kernel(std::int64_t n, F f) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += stride)
-    optim::detail::sgd_update(a.p[i], a.g[i], a.buf ? &a.buf[i] : nullptr, a.c, a.mask.weight_decay(i, a.c.weight_decay));
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
-inline void sgd_step(const sgd_params& a, cudaStream_t s) {
-  if (a.n <= 0) return;
-  sgd_kernel<><<<blocks_for(a.n), launch_tuning::threads, 0, s>>>(a);
-  FSDP_CUDA_CHECK(cudaGetLastError());
-}
-
-struct adamw_params {
-  float* p;
-  const float* g;
-  float* m;
-  float* v;
-  std::int64_t n;
-  optim::detail::adamw_coeffs c;
-  optim::detail::decay_mask mask;
-};
-static_assert(std::is_trivially_copyable_v<adamw_params>, "kernel parameters must be trivially copyable");
-
-template <int = 0>
-FSDP_KERNEL void adamw_kernel(adamw_params a) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += stride)
-    optim::detail::adamw_update(a.p[i], a.g[i], a.m[i], a.v[i], a.c, a.mask.weight_decay(i, a.c.weight_decay));
-}
-
-inline void adamw_step(const adamw_params& a, cudaStream_t s) {
-  if (a.n <= 0) return;
-  adamw_kernel<><<<blocks_for(a.n), launch_tuning::threads, 0, s>>>(a);
+template <class F>
+void for_each(std::int64_t n, const F& f, cudaStream_t s) {
+  static_assert(std::is_trivially_copyable_v<F>, "kernel parameters must be trivially copyable");
+  if (n <= 0) return;
+  for_each_kernel<F><<<blocks_for(n), launch_tuning::threads, 0, s>>>(n, f);
   FSDP_CUDA_CHECK(cudaGetLastError());
 }
 

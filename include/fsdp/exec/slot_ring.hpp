@@ -1,15 +1,15 @@
 #pragma once
-// One purpose's reusable buffers on a backend: the slots a sched::slot_ledger decides, each `each` bytes, made
-// on first use and kept until the ring goes; the event recorded where each was last given back. Taking a slot
-// that existed makes the taking stream wait for that event first (the rate limit of FSDP, with GPU events and
-// no host synchronisation), so no stream writes a slot another stream still reads, and no allocator is asked for
-// memory within a step.
+// One purpose's reusable buffers on a backend: the slots the step program's sched::slot_ledger picks
+// (fsdp/plan/program.hpp), each `each` bytes, made on first use and kept until the ring goes; the event recorded
+// where each was last given back. Taking a slot that existed makes the taking stream wait for that event first
+// (the rate limit of FSDP, with GPU events and no host synchronisation), so no stream writes a slot another stream
+// still reads, and no allocator is asked for memory within a step.
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "fsdp/backend/concept.hpp"
-#include "fsdp/plan/cost.hpp"
+#include "fsdp/memory/cost.hpp"
 #include "fsdp/schedule/slot_ledger.hpp"
 
 namespace fsdp::exec {
@@ -44,42 +44,36 @@ class slot_ring {
   using stream = typename B::stream;
 
   slot_ring() = default;
-  slot_ring(const plan::buffer_cost& each, int keep) : each_(each), ledger_(keep) {}
+  /// Slots of `each`, of which the ledger makes `keep` before it reuses one.
+  slot_ring(const plan::buffer_cost& each, int keep) : each_(each), keep_(keep) {}
 
-  /// Makes every slot the ledger will make now, before they are first taken (host memory: pinning it may
-  /// synchronise the device, which must not happen within a step). The ledger still counts them as made at their
-  /// first take, as the planner does.
+  /// Makes every slot the ledger will make, before they are first taken (host memory: pinning it may synchronise
+  /// the device, which must not happen within a step). The ledger still counts them as made at their first take,
+  /// as the planner does.
   void make_all(B& be, stream& s) {
     if (each_.numel <= 0) return;
-    while (bufs_.size() < static_cast<std::size_t>(ledger_.keep())) {
-      bufs_.push_back(allocate(be, each_, s));
-      given_back_.emplace_back();
-    }
+    while (bufs_.size() < static_cast<std::size_t>(keep_)) make(be, s);
   }
-  /// A slot for use on `s`, ready there: its index.
-  int take(B& be, stream& s) {
-    const sched::slot_ledger::pick p = ledger_.take();
+  /// The slot `p` picks, for use on `s`, ready there.
+  void take(const sched::slot_ledger::pick& p, B& be, stream& s) {
     if (p.fresh) {
-      if (static_cast<std::size_t>(p.slot) >= bufs_.size()) {  // not made ahead
-        bufs_.push_back(allocate(be, each_, s));
-        given_back_.emplace_back();
-      }
+      while (static_cast<std::size_t>(p.slot) >= bufs_.size()) make(be, s);  // not made ahead
     } else {
       be.wait(s, given_back_[static_cast<std::size_t>(p.slot)]);
     }
-    return p.slot;
   }
   /// Slot i is free again once `s` reaches this point.
-  void give(B& be, int i, stream& s) {
-    be.record(given_back_[static_cast<std::size_t>(i)], s);
-    ledger_.give(i);
-  }
+  void give(B& be, int i, stream& s) { be.record(given_back_[static_cast<std::size_t>(i)], s); }
   void* data(int i) const { return bufs_[static_cast<std::size_t>(i)].data(); }
-  int count() const noexcept { return ledger_.count(); }
 
  private:
+  void make(B& be, stream& s) {
+    bufs_.push_back(allocate(be, each_, s));
+    given_back_.emplace_back();
+  }
+
   plan::buffer_cost each_{};
-  sched::slot_ledger ledger_;
+  int keep_ = 1;
   std::vector<typename B::buffer> bufs_;
   std::vector<typename B::event> given_back_;
 };

@@ -24,7 +24,7 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
-#include "fsdp/plan/cost.hpp"
+#include "fsdp/memory/cost.hpp"
 
 namespace fsdp::grad {
 

@@ -55,15 +55,15 @@ inline float average_factor(int world) {
   return f16::to_float<D>(f16::from_float<D>(static_cast<float>(1.0 / world)));
 }
 
-/// Calls fn(std::integral_constant<dtype, t>{}) for the runtime dtype t.
+/// Calls fn(std::integral_constant<dtype, t>{}) for the runtime dtype t: one instance for each row of
+/// core/dtype.hpp.
 template <class F>
-decltype(auto) dispatch(dtype t, F&& fn) {
-  switch (t) {
-    case dtype::f32: return std::forward<F>(fn)(std::integral_constant<dtype, dtype::f32>{});
-    case dtype::bf16: return std::forward<F>(fn)(std::integral_constant<dtype, dtype::bf16>{});
-    case dtype::f16: return std::forward<F>(fn)(std::integral_constant<dtype, dtype::f16>{});
-  }
-  fsdp::detail::fail_usage("unknown dtype ", static_cast<int>(t));
+void dispatch(dtype t, F&& fn) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    const bool found =
+        ((t == dtype_rows[I].tag ? (fn(std::integral_constant<dtype, dtype_rows[I].tag>{}), true) : false) || ...);
+    if (!found) fsdp::detail::fail_usage("unknown dtype ", static_cast<int>(t));
+  }(std::make_index_sequence<dtype_count>{});
 }
 
 }  // namespace fsdp::kernels

@@ -1,13 +1,12 @@
 #pragma once
 // The library's kernels as host loops over the per-element code every backend shares (kernels/elementwise.hpp,
-// optim/detail/update.hpp): backend::host's kernels run these, and so does host-side work on any backend (the
-// host gradient shards and the host optimizer step of fsdp/offload/offload.hpp), so a host loop and a CUDA kernel
-// give the same bits.
+// and the element functions of Backend::for_each): backend::host's kernels run these, and so does host-side work
+// on any backend (the host gradient shards and the host optimizer step of fsdp/offload/offload.hpp), so a host
+// loop and a CUDA kernel give the same bits.
 #include <cstdint>
 
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/kernels/elementwise.hpp"
-#include "fsdp/optim/detail/update.hpp"
 
 namespace fsdp::kernels::host_loops {
 
@@ -30,18 +29,10 @@ inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t
   });
 }
 
-/// One SGD-momentum step over n elements (buf may be null: no momentum).
-inline void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const optim::detail::sgd_coeffs& c,
-                     const optim::detail::decay_mask& mask) {
-  for (std::int64_t i = 0; i < n; ++i)
-    optim::detail::sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c, mask.weight_decay(i, c.weight_decay));
-}
-
-/// One AdamW step over n elements.
-inline void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n,
-                       const optim::detail::adamw_coeffs& c, const optim::detail::decay_mask& mask) {
-  for (std::int64_t i = 0; i < n; ++i)
-    optim::detail::adamw_update(p[i], g[i], m[i], v[i], c, mask.weight_decay(i, c.weight_decay));
+/// f(i) for i = 0 .. n-1, in order.
+template <class F>
+void for_each(std::int64_t n, const F& f) {
+  for (std::int64_t i = 0; i < n; ++i) f(i);
 }
 
 }  // namespace fsdp::kernels::host_loops

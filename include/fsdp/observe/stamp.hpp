@@ -40,7 +40,7 @@
 
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/observe/trace.hpp"
-#include "fsdp/unit/state.hpp"
+#include "fsdp/core/unit_state.hpp"
 
 namespace fsdp::trace {
 

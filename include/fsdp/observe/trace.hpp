@@ -22,7 +22,7 @@
 
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/memory/memory.hpp"
-#include "fsdp/unit/state.hpp"
+#include "fsdp/core/unit_state.hpp"
 
 namespace fsdp::trace {
 

@@ -1,14 +1,51 @@
 #pragma once
 // SGD with momentum over the local shards: each rank updates only the parameter elements it owns. Parameters
 // flagged no_decay get no weight decay. Gradient clipping, non-finite checks and loss scaling: sgd_options::grad.
+// The per-element update (sgd_update, as torch.optim.SGD with dampening 0, nesterov off) is an element function
+// (sgd_elements) that Backend::for_each runs on the host or in a kernel: every operation rounded once.
 #include <cmath>
+#include <cstdint>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/rounding.hpp"
 #include "fsdp/grad/inspect.hpp"
+#include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/detail/shard_optimizer.hpp"
-#include "fsdp/optim/detail/update.hpp"
 
 namespace fsdp::optim {
+
+namespace detail {
+/// SGD with momentum and coupled (L2) weight decay.
+struct sgd_coeffs {
+  float lr;
+  float momentum;
+  float weight_decay;       ///< for parameters not masked out (see decay_mask)
+  float grad_scale = 1.0f;  ///< the gradient is multiplied by this first (clipping, loss-scale removal)
+};
+
+FSDP_HD inline void sgd_update(float& p, float g, float* buf, const sgd_coeffs& c, float weight_decay) {
+  if (c.grad_scale != 1.0f) g = rn::mul(g, c.grad_scale);
+  g = rn::add(g, rn::mul(weight_decay, p));
+  if (buf) {
+    *buf = rn::add(rn::mul(c.momentum, *buf), g);
+    g = *buf;
+  }
+  p = rn::sub(p, rn::mul(c.lr, g));
+}
+
+/// One SGD step over a shard piece, element by element (buf null: no momentum).
+struct sgd_elements {
+  float* p;
+  const float* g;
+  float* buf;
+  sgd_coeffs c;
+  decay_mask mask;
+  FSDP_HD void operator()(std::int64_t i) const {
+    sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c, mask.weight_decay(i, c.weight_decay));
+  }
+};
+}  // namespace detail
 
 struct sgd_options {
   float lr = 1e-2f;
@@ -36,8 +73,9 @@ class sgd : public detail::shard_optimizer<ModelT> {
   grad::report step() {
     return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale, auto& site) {
       const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay, grad_scale};
-      float* buf = this->states_per_element() ? this->state(unit.index(), 0) + piece.offset : nullptr;
-      site.sgd_step(unit.master_shard() + piece.offset, unit.grad_shard() + piece.offset, buf, piece.numel, c, piece.mask);
+      float* buf = this->states_per_element() ? site.at(this->state(unit.index(), 0) + piece.offset) : nullptr;
+      site.run(piece.numel, detail::sgd_elements{site.at(unit.master_shard() + piece.offset),
+                                                 site.at(unit.grad_shard() + piece.offset), buf, c, piece.mask});
     });
   }
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/model_options.hpp"
+#include "fsdp/options/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/plan/timeline.hpp"
 #include "fsdp/precision/precision.hpp"
@@ -21,7 +21,7 @@
 #include "fsdp/schedule/config.hpp"
 #include "fsdp/sharding/sharding.hpp"
 #include "fsdp/spec/model_spec.hpp"
-#include "fsdp/unit/unit_index.hpp"
+#include "fsdp/core/unit_index.hpp"
 #include "fsdp/wrap/wrap.hpp"
 
 namespace fsdp {

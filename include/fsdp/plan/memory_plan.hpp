@@ -1,9 +1,9 @@
 #pragma once
 // Memory planner: the per-rank peak of every memory category, and of their sum, known before the first step.
 // It runs the scheduler's own decisions (fsdp/schedule/scheduler.hpp) through two training steps of every
-// micro-batch on byte counters, with each buffer's cost from fsdp/plan/cost.hpp, in the order the unit executor
-// allocates and releases (fsdp/plan/program.hpp, the executor's stream program, which the timeline planner reads
-// too), and with the executor's slot ledgers (fsdp/schedule/slot_ledger.hpp) for what lives in slots. So every policy the scheduler knows (prefetch depth or schedule, gather and grad slots, per-unit
+// micro-batch on byte counters, with each buffer's cost from fsdp/memory/cost.hpp, in the order the unit executor
+// allocates and releases (fsdp/plan/program.hpp, the step program the executor interprets and the timeline
+// planner reads too), and with the executor's slot ledgers (fsdp/schedule/slot_ledger.hpp) for what lives in slots. So every policy the scheduler knows (prefetch depth or schedule, gather and grad slots, per-unit
 // resharding, recorded order, precision, gradient accumulation) is planned by the code that schedules it. The
 // figures hold on the device too: within a step the executor takes no memory but its slots, and reuses a slot
 // only after an event (tests/model/memory_bound_test.cc checks this against a model of a stream-ordered pool).
@@ -21,11 +21,11 @@
 
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
-#include "fsdp/plan/cost.hpp"
+#include "fsdp/memory/cost.hpp"
 #include "fsdp/plan/program.hpp"
 #include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/schedule/slot_ledger.hpp"
-#include "fsdp/unit/unit_index.hpp"
+#include "fsdp/core/unit_index.hpp"
 
 namespace fsdp {
 
@@ -117,6 +117,7 @@ struct memory_reading {
   void wait(plan::lane, plan::signal, std::size_t) {}
   void record(plan::lane, plan::signal, std::size_t) {}
   void stamp(plan::lane, trace::kind, pass_kind, std::size_t, bool = false) {}
+  void views_end(plan::lane, plan::views, std::size_t) {}
   void work(plan::lane, plan::job j, std::size_t u, pass_kind) {
     if (j == plan::job::upload_master) link.to_device += prog.costs(u).upload.bytes();
     if (j == plan::job::download_grad) link.to_host += prog.costs(u).download.bytes();
@@ -171,7 +172,7 @@ inline memory_plan plan_memory(const std::vector<std::string>& names, const std:
   for (std::size_t u = 0; u < n; ++u) m.add(plan::optimizer_state_cost(layouts[u], in.optimizer_states, offload[u]));
 
   sched::scheduler s(units, in.schedule);
-  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states);
+  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
   plan_detail::memory_reading r{m, prog, {}, 0, 0};
   // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
   for (int step = 0; step < 2; ++step) {

@@ -1,22 +1,26 @@
 #pragma once
-// The unit executor's stream program, for the planners. For each of the scheduler's decisions, and for a unit's
-// compute and the optimizer step, what the executor (fsdp/exec/unit_executor.hpp, fsdp/model.hpp) does on which
-// stream, in its order: slots taken and given back, events recorded and waited for, timed work. An interpreter
-// gives the actions a meaning:
+// The step program: what a training step does, on which stream, in what order. For each of the scheduler's
+// decisions, for a unit's compute, for the optimizer step and for zero_grad: slots taken and given back, buffers
+// made and freed, events recorded and waited for, the work (casts, collectives, accumulation, copies, the
+// optimizer's updates and host functions), trace stamps and the ends of the trainer's views. It is written once,
+// here, and three interpreters give the actions a meaning:
 //
+//   the unit executor (fsdp/exec/interpreter.hpp)      the backend's memory, streams, events, kernels and copies,
+//                                                      the communicator's collectives: the step itself
 //   the memory planner (fsdp/plan/memory_plan.hpp)     a slot's bytes count from the take that makes it
 //   the timeline planner (fsdp/plan/timeline.hpp)      streams advance through waits and work in modelled time
 //
-// So the two planners read one description of the executor's order, and both drive it with the scheduler's own
-// decisions (walk_passes below). The executor's order is thus written twice: in the executor, which runs it, and
-// here, for the planners. tests/model/memory_test.cc holds this copy's slot order to the executor's measured peaks,
-// byte for byte; its streams, waits and records are held only by the hand-worked timelines of
-// tests/plan/timeline_test.cc and by bench:overlap's comparison with measured host runs. Change both together.
+// All three are driven by the scheduler's own decisions (the executor through Model, the planners through
+// run_step below), so the planners predict the order the executor runs, by construction: tests/model/memory_test.cc
+// holds the memory reading to the executor's measured peaks byte for byte, tests/plan/timeline_test.cc the time
+// reading to hand-worked timelines. The program keeps the state the order depends on (which slot each unit holds,
+// the slot ledgers, no-sync accumulators, shards written on the host), so one instance serves one model (the
+// executor's, for its lifetime) or one plan.
 //
-// Not in the program (no time, no memory the planners count): zero_grad() between steps, the in-place
-// pre-division of a reduction without a reduce input slot, model_options::check_collectives' comparisons, and the
-// optimizer's gradient inspection (its norms, all-reduce and host synchronize; the memory planner counts its
-// buffer in run_step's `between`).
+// Not in the planners' step (run_step): the trainer's zero_grad() between steps (memory-bound work only, no
+// memory), model_options::check_collectives' comparisons and check_views' NaN fills (the executor's debug modes),
+// and the optimizer's gradient inspection (its norms, all-reduce and host synchronize; the memory planner counts
+// its buffer in run_step's `between`).
 //
 // An interpreter `I` provides:
 //   take(lane, ring, slot_ledger::pick, const buffer_cost& each, unit)   a slot taken on `lane` (a reused slot:
@@ -24,8 +28,11 @@
 //   give(lane, ring, slot, unit)                                         the slot may be taken again after this point
 //   buffer(lane, const buffer_cost&, bool made, unit)                    a buffer made (or freed) outside the rings
 //   wait(lane, signal, unit) / record(lane, signal, unit)                the events between streams
-//   work(lane, job, unit, pass)                                          timed work on `lane`
-//   stamp(lane, trace::kind, pass, unit)                                 a trace event (lane::host: on the host)
+//   work(lane, job, unit, pass)                                          work on `lane`
+//   stamp(lane, trace::kind, pass, unit[, ahead])                        a trace event (lane::host: on the host)
+//   views_end(lane, views, unit)                                         the trainer's views of the unit's gathered
+//                                                                        parameters or gradient end at this point of
+//                                                                        `lane` (their memory is handed over)
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -33,10 +40,10 @@
 
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/offload/offload.hpp"
-#include "fsdp/plan/cost.hpp"
+#include "fsdp/memory/cost.hpp"
 #include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/schedule/slot_ledger.hpp"
-#include "fsdp/unit/state.hpp"
+#include "fsdp/core/unit_state.hpp"
 
 namespace fsdp::plan {
 
@@ -64,7 +71,10 @@ inline constexpr std::size_t rings = 8;
 enum class signal : std::uint8_t { shard_ready, uploaded, gathered, grad_ready, collected, reduced, staged, stepped, state_saved };
 inline constexpr std::size_t signals = 9;
 
-/// Timed work.
+/// What a view of the trainer's points into.
+enum class views : std::uint8_t { params, grad };
+
+/// Work.
 enum class job : std::uint8_t {
   upload_master,      ///< upload: offloaded master shard to its upload slot
   gather,             ///< gather: cast into the slot (when the compute dtype differs) and all-gather
@@ -72,6 +82,7 @@ enum class job : std::uint8_t {
   compute,            ///< compute: the trainer's forward or backward of the unit
   accumulate,         ///< compute (no-sync) or reduce (the last micro-batch): gradient added into the accumulator
   cast_reduce_input,  ///< reduce: the source cast (and pre-divided) into the reduce input
+  prescale,           ///< reduce: the source pre-divided in place (grad_division::pre_post, no reduce input)
   reduce_collective,  ///< reduce: reduce-scatter in the shard group (all-reduce when replicated)
   replica_reduce,     ///< reduce: hybrid sharding's all-reduce of the reduced shard across the replicate group
   add_into_shard,     ///< reduce: the reduced values added into the fp32 gradient shard
@@ -84,14 +95,18 @@ enum class job : std::uint8_t {
   stage_state,        ///< upload: its optimizer state
   unstage_master,     ///< download: the master shard back to the host
   unstage_state,      ///< download: the optimizer state back
+  zero_shard,         ///< compute: the fp32 gradient shard zeroed (zero_grad)
+  zero_shard_host,    ///< download: a host gradient shard zeroed (zero_grad; a host function)
 };
-inline constexpr std::size_t jobs = 18;
+inline constexpr std::size_t jobs = 22;
 
-/// The executor's program over units with these costs and offload facts (per unit index).
+/// The step program over units with these costs and offload facts (per unit index). `prescales`: reductions are
+/// pre-divided (cost_facts::prescales).
 class step_program {
  public:
-  step_program(std::vector<unit_costs> costs, std::vector<offload_facts> offload, int grad_slots, int optimizer_states)
-      : cost_(std::move(costs)), offload_(std::move(offload)), states_(optimizer_states),
+  step_program(std::vector<unit_costs> costs, std::vector<offload_facts> offload, int grad_slots, int optimizer_states,
+               bool prescales = false)
+      : cost_(std::move(costs)), offload_(std::move(offload)), states_(optimizer_states), prescales_(prescales),
         slots_(slot_costs_of(cost_)), staging_(staging_slots_of(cost_, offload_, optimizer_states)),
         ledger_{sched::slot_ledger(1), sched::slot_ledger(grad_slots), sched::slot_ledger(1), sched::slot_ledger(1),
                 sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots),
@@ -102,8 +117,20 @@ class step_program {
   const unit_costs& costs(std::size_t u) const { return cost_.at(u); }
   const offload_facts& offload(std::size_t u) const { return offload_.at(u); }
   int optimizer_states() const noexcept { return states_; }
+  /// An optimizer with `states` fp32 values per element: the staging slots of a device step over host-resident
+  /// state are sized for it. Only while no staging slot is held (between steps, after a synchronize: the
+  /// executor's rings are made again).
+  void set_optimizer_states(int states) {
+    states_ = states;
+    staging_ = staging_slots_of(cost_, offload_, states);
+    ledger_[static_cast<std::size_t>(ring::stage_state)] = sched::slot_ledger(offload_slots);
+  }
+  /// The slot unit u holds in ring r (-1: none).
+  int held(std::size_t u, ring r) const { return held_.at(u).slot[static_cast<std::size_t>(r)]; }
+  /// Whether unit u's no-sync accumulator exists.
+  bool accumulating(std::size_t u) const { return accumulating_.at(u); }
 
-  /// One of the scheduler's decisions (unit_executor::operator()).
+  /// One of the scheduler's decisions.
   template <class I>
   void op(sched::op o, std::size_t u, bool ahead, pass_kind pass, I& in) {
     switch (o) {
@@ -111,6 +138,7 @@ class step_program {
       case sched::op::wait: in.wait(lane::compute, signal::gathered, u); break;
       case sched::op::release:
         in.stamp(lane::host, trace::kind::release, pass, u);
+        in.views_end(lane::compute, views::params, u);
         give(lane::compute, ring::gathered, u, in);
         break;
       case sched::op::alloc_grad:
@@ -118,6 +146,7 @@ class step_program {
         in.work(lane::compute, job::zero_grad, u, pass);
         break;
       case sched::op::accumulate:
+        in.views_end(lane::compute, views::grad, u);
         add_to_accumulator(lane::compute, u, pass, in);
         give(lane::compute, ring::grad, u, in);
         break;
@@ -125,12 +154,29 @@ class step_program {
     }
   }
 
-  /// The trainer's work for unit u, between entering and leaving it (Model's enter / leave stamps).
+  /// The trainer's work for unit u begins (Model entering the unit): its forward or backward is issued on the
+  /// compute stream from here.
   template <class I>
-  void unit_compute(pass_kind k, std::size_t u, I& in) {
+  void compute_begin(pass_kind k, std::size_t u, I& in) {
     in.stamp(lane::compute, trace::kind::compute_begin, k, u);
     in.work(lane::compute, job::compute, u, k);
+  }
+  /// ... and ends (Model leaving the unit).
+  template <class I>
+  void compute_end(pass_kind k, std::size_t u, I& in) {
     in.stamp(lane::compute, trace::kind::compute_end, k, u);
+  }
+
+  /// Before master shards and optimizer state are written on the compute stream outside a step (a checkpoint
+  /// load, a weight import): compute waits for every reduction, then for the host's last writes of offloaded
+  /// masters and state (host updates, the copies back of staged steps). shards_written() follows the writes.
+  template <class I>
+  void before_shards_replaced(I& in) {
+    wait_reductions(in);
+    for (std::size_t u = 0; u < size(); ++u) {
+      in.wait(lane::compute, signal::shard_ready, u);
+      in.wait(lane::compute, signal::state_saved, u);
+    }
   }
 
   /// Model::step's first action: compute waits for every unit's reduction.
@@ -146,20 +192,21 @@ class step_program {
     in.stamp(lane::compute, trace::kind::optimizer_begin, pass_kind::none, npos);
   }
 
-  /// The optimizer's update of every unit (shard_optimizer::run_step: on the host, staged, or on the device), then
-  /// "shard ready" for the units written on the compute stream, and the step's end.
+  /// The optimizer's update of every unit (on the host, staged, or on the device; none when `apply` is false: a
+  /// step the gradient inspection skipped), then "shard ready" for the units written on the compute stream, and
+  /// the step's end.
   template <class I>
-  void optimizer_step(I& in) {
-    for (std::size_t u = 0; u < size(); ++u) {
+  void optimizer_step(I& in, bool apply = true) {
+    for (std::size_t u = 0; apply && u < size(); ++u) {
       const offload_facts& o = offload_[u];
-      if (o.host_step()) {  // unit_executor::host_update
+      if (o.host_step()) {  // one host function for the unit
         in.wait(lane::download, signal::shard_ready, u);
         in.wait(lane::download, signal::reduced, u);
         in.wait(lane::download, signal::uploaded, u);
         in.work(lane::download, job::optimizer_host, u, pass_kind::none);
         in.record(lane::download, signal::shard_ready, u);
         written_on_host_[u] = true;
-      } else if (o.any()) {  // stage_step, the kernels, unstage_step
+      } else if (o.any()) {  // the host parts staged through device slots, the kernels, the copies back
         const staging_costs c = staging_costs_of(cost_[u], o, states_);
         in.wait(lane::upload, signal::shard_ready, u);
         in.wait(lane::upload, signal::reduced, u);
@@ -190,11 +237,40 @@ class step_program {
         in.work(lane::compute, job::optimizer_device, u, pass_kind::none);
       }
     }
-    for (std::size_t u = 0; u < size(); ++u) {  // unit_executor::shards_written
+    shards_written(in);
+    in.stamp(lane::compute, trace::kind::optimizer_end, pass_kind::none, npos);
+  }
+
+  /// Every master shard was written (an optimizer step, a checkpoint load): "shard ready" on the compute stream
+  /// for the units not written on the host, so later gathers wait for this point only (the host may run ahead of
+  /// compute: a GPU, or a threaded compute stream).
+  template <class I>
+  void shards_written(I& in) {
+    for (std::size_t u = 0; u < size(); ++u) {
       if (!written_on_host_[u]) in.record(lane::compute, signal::shard_ready, u);
       written_on_host_[u] = false;
     }
-    in.stamp(lane::compute, trace::kind::optimizer_end, pass_kind::none, npos);
+  }
+
+  /// Model::zero_grad: every gradient shard zeroed once its reduction is done (a host gradient shard on the host,
+  /// after the last step's reads too); no-sync accumulators freed.
+  template <class I>
+  void zero_grads(I& in) {
+    for (std::size_t u = 0; u < size(); ++u) {
+      if (cost_[u].grad_shard.where == domain::host) {
+        in.wait(lane::download, signal::reduced, u);
+        in.wait(lane::download, signal::shard_ready, u);
+        in.work(lane::download, job::zero_shard_host, u, pass_kind::none);
+        in.record(lane::download, signal::reduced, u);  // later readers of the shard (a step) wait for the zeroes
+      } else {
+        in.wait(lane::compute, signal::reduced, u);
+        in.work(lane::compute, job::zero_shard, u, pass_kind::none);
+      }
+      if (accumulating_[u]) {
+        in.buffer(lane::compute, cost_[u].accumulator, false, u);
+        accumulating_[u] = false;
+      }
+    }
   }
 
   /// The slot size of a ring: its largest buffer.
@@ -240,6 +316,7 @@ class step_program {
   void reduce(std::size_t u, pass_kind pass, I& in) {
     const unit_costs& c = cost_[u];
     in.stamp(lane::host, trace::kind::reduce_issued, pass, u);
+    in.views_end(lane::compute, views::grad, u);
     in.record(lane::compute, signal::grad_ready, u);
     in.wait(lane::reduce, signal::grad_ready, u);
     in.stamp(lane::reduce, trace::kind::reduce_begin, pass, u);
@@ -251,6 +328,8 @@ class step_program {
     if (c.reduce_input) {
       take(lane::reduce, ring::reduce_input, u, in);
       in.work(lane::reduce, job::cast_reduce_input, u, pass);
+    } else if (prescales_) {
+      in.work(lane::reduce, job::prescale, u, pass);
     }
     if (c.reduce_output) take(lane::reduce, ring::reduce_output, u, in);
     in.work(lane::reduce, job::reduce_collective, u, pass);
@@ -307,6 +386,7 @@ class step_program {
   std::vector<unit_costs> cost_;
   std::vector<offload_facts> offload_;
   int states_;
+  bool prescales_;
   slot_costs slots_;
   staging_costs staging_;
   sched::slot_ledger ledger_[rings];
@@ -348,8 +428,11 @@ template <class I, class Between>
 std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<std::size_t>& order, step_program& prog,
                                         I& in, Between&& between) {
   auto on_op = [&](sched::op o, std::size_t u, bool ahead, pass_kind k) { prog.op(o, u, ahead, k, in); };
-  if (auto short_of = walk_passes(s, order, on_op, [&](pass_kind k, std::size_t u) { prog.unit_compute(k, u, in); }))
-    return short_of;
+  auto on_compute = [&](pass_kind k, std::size_t u) {
+    prog.compute_begin(k, u, in);
+    prog.compute_end(k, u, in);
+  };
+  if (auto short_of = walk_passes(s, order, on_op, on_compute)) return short_of;
   prog.wait_reductions(in);
   s.before_step([&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); });
   prog.optimizer_begin(in);

@@ -1,7 +1,7 @@
 #pragma once
 // Timeline planner: one rank's training step in modelled time, known before the first step. It runs the
-// scheduler's own decisions (fsdp/schedule/scheduler.hpp) through the executor's stream program
-// (fsdp/plan/program.hpp, which the memory planner reads too) and gives every action a time: each stream runs its
+// scheduler's own decisions (fsdp/schedule/scheduler.hpp) through the step program (fsdp/plan/program.hpp, which
+// the executor interprets and the memory planner reads too) and gives every action a time: each stream runs its
 // work in issue order, a wait holds a stream until the event it waits for, a reused slot is taken only after the
 // point it was given back, and the host issues everything at once (a trainer on a GPU, or on the host backend's
 // threaded compute stream, runs ahead of its streams). Each step ends with a synchronize, as a trainer that reads
@@ -25,8 +25,8 @@
 // every machine with IEEE-754 double arithmetic (x86-64's SSE2, AArch64; not x87, not -ffast-math).
 //
 // Left out (time a real step spends that this model does not): the gradient inspection (norms, their all-reduce
-// and a host synchronize: clipping, non-finite checks, loss scaling), zero_grad(), the in-place pre-division of a
-// reduction, check_collectives' comparisons, kernel launch and host issue overheads, and contention: concurrent
+// and a host synchronize: clipping, non-finite checks, loss scaling), zero_grad(), check_collectives' comparisons
+// and check_views' fills, kernel launch and host issue overheads, and contention: concurrent
 // collectives on the gather and reduce streams each get the whole link, and compute does not slow while they run.
 #include <algorithm>
 #include <array>
@@ -46,7 +46,7 @@
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/plan/program.hpp"
 #include "fsdp/schedule/scheduler.hpp"
-#include "fsdp/unit/unit_index.hpp"
+#include "fsdp/core/unit_index.hpp"
 
 namespace fsdp {
 
@@ -128,6 +128,7 @@ constexpr const char* name_of(plan::job j) noexcept {
     case job::compute: return "compute";
     case job::accumulate: return "accumulate";
     case job::cast_reduce_input: return "cast for reduction";
+    case job::prescale: return "pre-division";
     case job::reduce_collective: return "reduction";
     case job::replica_reduce: return "replica all_reduce";
     case job::add_into_shard: return "add into shard";
@@ -140,6 +141,8 @@ constexpr const char* name_of(plan::job j) noexcept {
     case job::stage_state: return "stage state";
     case job::unstage_master: return "master back";
     case job::unstage_state: return "state back";
+    case job::zero_shard: return "zero grad shard";
+    case job::zero_shard_host: return "zero host grad shard";
   }
   return "?";
 }
@@ -231,6 +234,7 @@ class time_reading {
       d[idx(plan::job::accumulate)] = mem(P * (2 * f + cs));
       const std::int64_t src = static_cast<std::int64_t>(size_of(c.accumulator ? c.accumulator.type : c.grad.type));
       d[idx(plan::job::cast_reduce_input)] = mem(P * (src + rs));
+      d[idx(plan::job::prescale)] = mem(P * 2 * src);
       d[idx(plan::job::reduce_collective)] =
           shards_ ? tm.link.duration(collective::reduce_scatter, c.reduce_bytes(), shard_group_).count()
                   : tm.link.duration(collective::all_reduce, c.reduce_bytes(), tm.world).count();
@@ -247,6 +251,8 @@ class time_reading {
       d[idx(plan::job::stage_grad)] = bytes_over(S * f, tm.pcie_bytes_per_second);
       d[idx(plan::job::stage_state)] = d[idx(plan::job::unstage_state)] =
           bytes_over(S * f * states, tm.pcie_bytes_per_second);
+      d[idx(plan::job::zero_shard)] = mem(S * f);
+      d[idx(plan::job::zero_shard_host)] = bytes_over(S * f, tm.host_bytes_per_second);
       dur_.push_back(d);
     }
   }
@@ -263,6 +269,7 @@ class time_reading {
     given[static_cast<std::size_t>(slot)] = lane_of(l);
   }
   void buffer(plan::lane, const plan::buffer_cost&, bool, std::size_t) {}
+  void views_end(plan::lane, plan::views, std::size_t) {}
   void wait(plan::lane l, plan::signal s, std::size_t u) { advance(lane_of(l), signal_[u][static_cast<std::size_t>(s)]); }
   void record(plan::lane l, plan::signal s, std::size_t u) { signal_[u][static_cast<std::size_t>(s)] = lane_of(l); }
   void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
@@ -412,7 +419,7 @@ inline timeline plan_timeline(const std::vector<std::string>& names, const std::
 
   const unit_index units(names);
   sched::scheduler s(units, in.schedule);
-  plan::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states);
+  plan::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
   plan_detail::time_reading r(prog, t, layouts, in.costs);
   plan_detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {

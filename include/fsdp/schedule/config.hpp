@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
-#include "fsdp/model_options.hpp"
-#include "fsdp/plan/cost.hpp"
+#include "fsdp/options/model_options.hpp"
+#include "fsdp/memory/cost.hpp"
 #include "fsdp/precision/precision.hpp"
 #include "fsdp/prefetch/prefetch.hpp"
 #include "fsdp/sharding/sharding.hpp"
-#include "fsdp/unit/unit_index.hpp"
+#include "fsdp/core/unit_index.hpp"
 
 namespace fsdp::sched {
 

@@ -15,8 +15,8 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/schedule/scheduler.hpp"
-#include "fsdp/unit/state.hpp"
-#include "fsdp/unit/unit_index.hpp"
+#include "fsdp/core/unit_state.hpp"
+#include "fsdp/core/unit_index.hpp"
 
 namespace fsdp::sched {
 

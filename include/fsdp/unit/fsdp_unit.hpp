@@ -19,7 +19,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/schedule/scheduler.hpp"
-#include "fsdp/unit/state.hpp"
+#include "fsdp/core/unit_state.hpp"
 #include "fsdp/unit/tensor_view.hpp"
 #include "fsdp/unit/unit_buffers.hpp"
 

@@ -1,7 +1,7 @@
 #pragma once
 // A unit's storage: its buffers, the slots it holds in the executor's rings (fsdp/exec/slot_ring.hpp), and the events that order their use across streams. The unit executor
 // (fsdp/exec/unit_executor.hpp) owns and fills them; FsdpUnit reads them as a view. Each buffer's category, dtype
-// and size come from fsdp/plan/cost.hpp. The unit's state (gathered or not, current pass, ...) is not here: the
+// and size come from fsdp/memory/cost.hpp. The unit's state (gathered or not, current pass, ...) is not here: the
 // scheduler owns it.
 #include "fsdp/unit/tensor_view.hpp"
 

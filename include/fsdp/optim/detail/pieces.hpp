@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fsdp/optim/detail/update.hpp"
+#include "fsdp/optim/detail/decay_mask.hpp"
 
 namespace fsdp::optim::detail {
 

@@ -1,6 +1,6 @@
 #pragma once
 // What every optimizer over the local shards shares: the pieces each unit's shard is stepped in (one fused launch
-// each, with its no-decay mask), state buffers costed by fsdp/plan/cost.hpp and reserved with the model's plan,
+// each, with its no-decay mask), state buffers costed by fsdp/memory/cost.hpp and reserved with the model's plan,
 // and the step itself:
 //
 //   inside Model::step (after every reduction): inspect the gradients when asked (fsdp/grad/inspect.hpp); on a
@@ -8,12 +8,12 @@
 //   optimizer's fused update over every piece with the gradient scale (clipping, loss-scale removal);
 //   afterwards tell the loss scaler whether the step was skipped.
 //
-// Where the update runs, per unit (fsdp/offload/offload.hpp): on the compute stream (the backend's kernels); for a
-// unit with params, grads and optimizer state offloaded, on the host, one host function for the unit
-// (Model::host_update) running the same per-element code (fsdp/kernels/host_loops.hpp); for a unit with some parts
-// offloaded, on the compute stream over device copies of those parts (Model::stage_step / unstage_step). The
-// optimizers write their update once, against a `site` that is on_host or on_device. State buffers live in host
-// memory when the unit's optimizer state is offloaded.
+// Where the update runs, per unit, is the step program's choice (fsdp/plan/program.hpp, fsdp/offload/offload.hpp):
+// on the compute stream (Backend::for_each); for a unit with params, grads and optimizer state offloaded, on the
+// host, in one host function for the unit (the same element function in host loops); for a unit with some parts
+// offloaded, on the compute stream over device copies of those parts. The optimizers write their update once, as an
+// element function they give the site (fsdp/exec/update_site.hpp: site.run(n, f), their pointers through
+// site.at(p)). State buffers live in host memory when the unit's optimizer state is offloaded.
 #include <algorithm>
 #include <cstddef>
 #include <functional>
@@ -22,14 +22,17 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/backend/concept.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/exec/slot_ring.hpp"
+#include "fsdp/exec/update_site.hpp"
 #include "fsdp/grad/inspect.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
 #include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
+#include "fsdp/exec/model_access.hpp"
 #include "fsdp/optim/detail/pieces.hpp"
-#include "fsdp/plan/cost.hpp"
+#include "fsdp/memory/cost.hpp"
 
 namespace fsdp::optim::detail {
 
@@ -87,7 +90,7 @@ class shard_optimizer {
   shard_optimizer(ModelT& model, std::string_view name, std::vector<std::string> state_names, const grad::options& g)
       : model_(model), states_(static_cast<int>(state_names.size())), grad_(g), name_(name), names_(std::move(state_names)) {
     grad::check(g);
-    model.reserve_memory(states_, norm_rows());
+    model_access::reserve_memory(model, states_, norm_rows());
     auto& be = model.backend();
     for (std::size_t u = 0; u < model.size(); ++u) {
       pieces_.push_back(masked_pieces(model.unit(u).shard_views(), model.unit(u).layout().shard_numel()));
@@ -108,69 +111,32 @@ class shard_optimizer {
   shard_optimizer& operator=(const shard_optimizer&) = delete;
 
 
-  /// Where an update runs: the backend's kernels on the compute stream, at the staged device copies of the parts
-  /// that live on the host (`at`, when some do; fsdp/exec/unit_executor.hpp, stage_step).
-  struct on_device {
-    backend_type& be;
-    const typename exec::unit_executor<backend_type, typename ModelT::communicator>::staged_parts* at = nullptr;
-    template <class T>
-    T* dev(T* p) const noexcept {
-      return at ? at->on_device(p) : p;
-    }
-    void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const sgd_coeffs& c, const decay_mask& m) {
-      be.sgd_step(dev(p), dev(g), buf ? dev(buf) : nullptr, n, c, m, be.compute_stream());
-    }
-    void adamw_step(float* p, const float* g, float* mo, float* v, std::int64_t n, const adamw_coeffs& c,
-                    const decay_mask& m) {
-      be.adamw_step(dev(p), dev(g), dev(mo), dev(v), n, c, m, be.compute_stream());
-    }
-  };
-  /// Where an update runs: host loops over host shards, collected into the unit's host function.
-  struct on_host {
-    std::vector<std::function<void()>>& work;
-    void sgd_step(float* p, const float* g, float* buf, std::int64_t n, const sgd_coeffs& c, const decay_mask& m) {
-      work.push_back([=] { kernels::host_loops::sgd_step(p, g, buf, n, c, m); });
-    }
-    void adamw_step(float* p, const float* g, float* mo, float* v, std::int64_t n, const adamw_coeffs& c,
-                    const decay_mask& m) {
-      work.push_back([=] { kernels::host_loops::adamw_step(p, g, mo, v, n, c, m); });
-    }
-  };
-
   /// One step: update(unit, piece, grad_scale, site) for every piece of every unit, unless the inspection skips
-  /// it; `site` (on_device or on_host) issues the optimizer's per-element update where the policy puts it.
+  /// it. `site` (exec::update_site: on the device, at staged copies of host-resident parts, or on the host, as the
+  /// step program puts the unit) runs the optimizer's element function: site.run(n, f), its pointers through
+  /// site.at(p).
   template <class Update>
   grad::report run_step(Update&& update) {
     grad::report r;
-    model_.step([&] {
+    exec::optimizer_work<backend_type> work;
+    work.state_count = states_;
+    work.inspect = [&] {
       if (grad_.inspects()) {
         std::vector<std::size_t> backward = model_.forward_order();
         std::reverse(backward.begin(), backward.end());
         r = grad::inspect(model_, grad_, backward);
       }
-      if (r.skipped) return;
-      for (std::size_t u = 0; u < model_.size(); ++u) {
-        const offload_facts& o = model_.unit_offload(u);
-        if (o.host_step()) {  // everything on the host: one host function for the unit
-          std::vector<std::function<void()>> work;
-          on_host site{work};
-          for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
-          model_.host_update(u, [work = std::move(work)] {
-            for (const auto& w : work) w();
-          });
-        } else if (o.any()) {  // some parts on the host: staged through device slots
-          std::vector<float*> states;
-          for (auto& b : state_[u]) states.push_back(b.template as<float>());
-          const auto parts = model_.stage_step(u, states);
-          on_device site{model_.backend(), &parts};
-          for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
-          model_.unstage_step(u, states);
-        } else {
-          on_device site{model_.backend()};
-          for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
-        }
-      }
-    });
+      return !r.skipped;
+    };
+    work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
+      for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
+    };
+    work.states = [&](std::size_t u) {
+      std::vector<float*> out;
+      for (auto& b : state_[u]) out.push_back(b.template as<float>());
+      return out;
+    };
+    model_access::step(model_, work);
     if (!r.skipped) ++steps_;
     if (grad_.scaler) grad_.scaler->update(r.skipped);
     return r;

@@ -39,7 +39,7 @@
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
-#include "fsdp/model_options.hpp"
+#include "fsdp/options/model_options.hpp"
 #include "fsdp/offload/offload.hpp"
 #include "fsdp/precision/precision.hpp"
 
@@ -61,6 +61,8 @@ struct cost_facts {
   bool shards_params = true;        ///< reduce-scatter into shards (else all-reduce of replicas)
   bool accumulates_locally = false; ///< no-sync over more than one micro-batch: gradients wait in an fp32 accumulator
   offload_facts offload{};          ///< which persistent buffers live in host memory
+  bool prescales = false;           ///< reductions are pre-divided (grad_division::pre_post): in place when the
+                                    ///< source is reduced in its own dtype (no reduce input)
 };
 
 /// Units are gathered before use and released after when their parameters are sharded, when compute reads a
@@ -71,11 +73,12 @@ inline bool units_gather(bool shards_params, const precision_facts& p, const off
   return shards_params || p.compute != p.master || o.params;
 }
 
-/// The facts of a model with this precision, sharding, accumulation and offload.
+/// The facts of a model with this precision, sharding, accumulation, offload and pre-division.
 inline cost_facts make_cost_facts(const precision_facts& precision, bool shards_params,
-                                  const accumulation_options& accumulation, const offload_facts& offload = {}) {
+                                  const accumulation_options& accumulation, const offload_facts& offload = {},
+                                  bool prescales = false) {
   return {precision, shards_params,
-          accumulation.sync == grad_sync::last_micro_batch && accumulation.micro_batches > 1, offload};
+          accumulation.sync == grad_sync::last_micro_batch && accumulation.micro_batches > 1, offload, prescales};
 }
 
 /// `f` with unit u's offload facts (model_options::offload_units; sched::config::offload).

@@ -1,0 +1,382 @@
+#pragma once
+// The step program (fsdp/plan/program.hpp) carried out on a backend and a communicator: the interpreter the unit
+// executor drives with the scheduler's decisions, beside the planners' memory and time readings of the same
+// program. Each action of the program becomes:
+//
+//   take / give        a slot of the purpose's ring (exec/slot_ring.hpp): the program's ledger picks it, the ring
+//                      makes it or waits for the event of its last give; the unit's params / grad point into it
+//   buffer             the no-sync accumulator, made (stream-ordered) and freed (release_after)
+//   wait / record      the unit's events (unit/unit_buffers.hpp)
+//   work               the casts, collectives (on the shard or replicate group: exec/groups.hpp), accumulation,
+//                      copies and host functions, and the optimizer's updates at the site the program chose
+//                      (exec/update_site.hpp: on the device, at staged copies of host-resident parts, or on the host)
+//   stamp              a trace event (host side: noted now; stream side: where the stream reaches it)
+//   views_end          model_options::check_views: the released gather slot filled with NaN, then the unit's
+//                      hand-over counted where the stream passes it (fsdp/unit/tensor_view.hpp)
+//
+// Every buffer has the category, dtype and size fsdp/memory/cost.hpp gives, every cast uses the per-element code
+// both backends share, and a memory_error names the unit and what was being made for it (exec/diagnostics.hpp).
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/backend/concept.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/exec/diagnostics.hpp"
+#include "fsdp/exec/groups.hpp"
+#include "fsdp/exec/reduction.hpp"
+#include "fsdp/exec/slot_ring.hpp"
+#include "fsdp/exec/unit_storage.hpp"
+#include "fsdp/exec/update_site.hpp"
+#include "fsdp/kernels/host_loops.hpp"
+#include "fsdp/observe/stamp.hpp"
+#include "fsdp/plan/program.hpp"
+
+namespace fsdp::exec {
+
+template <Backend B, class C>
+class interpreter {
+ public:
+  using stream = typename B::stream;
+
+  /// Every reference must outlive the interpreter; `prog` is the program that drives it (whose ledgers pick the
+  /// slots), `grad_slots` model_options::grad_slots.
+  interpreter(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, trace::stamper<B>& stamp,
+              const reduce_facts& reduce, const plan::step_program& prog, int grad_slots)
+      : be_(be), st_(storage), g_(g), diag_(diag), stamp_(stamp), reduce_(reduce), prog_(prog),
+        fresh_accumulator_(storage.size(), false) {
+    const int keep[plan::rings] = {1, grad_slots, 1, 1, plan::offload_slots, plan::offload_slots, plan::offload_slots,
+                                   plan::offload_slots};
+    for (std::size_t r = 0; r < plan::rings; ++r) rings_[r] = slot_ring<B>(prog.slot_cost(plan::ring(r)), keep[r]);
+    if constexpr (OffloadBackend<B>)  // pinned host memory now: pinning may synchronise the device mid-step
+      rings_[index(plan::ring::download)].make_all(be_, be_.download_stream());
+  }
+  interpreter(const interpreter&) = delete;
+  interpreter& operator=(const interpreter&) = delete;
+
+  /// The state slots of a device step over host-resident optimizer state, made again for the program's state count
+  /// (the caller synchronized: nothing uses the old ones).
+  void remake_state_staging() {
+    rings_[index(plan::ring::stage_state)] =
+        slot_ring<B>(prog_.slot_cost(plan::ring::stage_state), plan::offload_slots);
+  }
+  /// The optimizer whose updates the program's optimizer work runs (null between steps).
+  void use_optimizer(optimizer_work<B>* w) noexcept { work_ = w; }
+
+  // ---- the program's actions ----------------------------------------------------------------------------------
+  void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t u) {
+    diag_.allocating(u, name_of_slot(r), [&] { rings_[index(r)].take(p, be_, stream_of(l)); });
+    unit_buffers<B>& b = st_.buffers(u);
+    if (r == plan::ring::gathered) {
+      b.gather_slot = p.slot;
+      b.params = rings_[index(r)].data(p.slot);
+    } else if (r == plan::ring::grad) {
+      b.grad_slot = p.slot;
+      b.grad = rings_[index(r)].data(p.slot);
+    }
+  }
+  void give(plan::lane l, plan::ring r, int slot, std::size_t u) {
+    rings_[index(r)].give(be_, slot, stream_of(l));
+    unit_buffers<B>& b = st_.buffers(u);
+    if (r == plan::ring::gathered) {
+      b.gather_slot = -1;
+      b.params = nullptr;
+    } else if (r == plan::ring::grad) {
+      b.grad_slot = -1;
+      b.grad = nullptr;
+    }
+  }
+  /// The no-sync accumulator (the program's only buffer outside the rings).
+  void buffer(plan::lane l, const plan::buffer_cost& c, bool made, std::size_t u) {
+    unit_buffers<B>& b = st_.buffers(u);
+    if (made) {
+      diag_.allocating(u, "the gradient accumulator",
+                       [&] { b.accumulator = be_.allocate(c.bytes(), c.category, stream_of(l)); });
+      fresh_accumulator_[u] = true;
+    } else {
+      be_.release_after(std::move(b.accumulator), stream_of(l));
+    }
+  }
+  void wait(plan::lane l, plan::signal s, std::size_t u) { be_.wait(stream_of(l), event(u, s)); }
+  void record(plan::lane l, plan::signal s, std::size_t u) { be_.record(event(u, s), stream_of(l)); }
+
+  void stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead = false) {
+    if (!stamp_.on()) return;
+    std::int64_t bytes = 0;
+    collective coll = collective::all_gather;
+    const bool unit = u != plan::step_program::npos;
+    if (unit) {
+      const plan::unit_costs& c = st_.costs(u);
+      if (k == trace::kind::gather_issued || k == trace::kind::gather_begin || k == trace::kind::gather_end)
+        bytes = c.gather_bytes();
+      if (k == trace::kind::reduce_issued || k == trace::kind::reduce_begin || k == trace::kind::reduce_end) {
+        bytes = c.reduce_bytes();
+        coll = reduction_kind();
+      }
+    }
+    const int id = unit ? static_cast<int>(u) : -1;
+    if (l == plan::lane::host)
+      stamp_.note(k, pass, id, bytes, ahead, coll);
+    else
+      stamp_.stamp(be_, stream_of(l), k, pass, id, bytes, coll);
+  }
+
+  void views_end(plan::lane l, plan::views v, std::size_t u) {
+    unit_buffers<B>& b = st_.buffers(u);
+    handover_count* h = v == plan::views::params ? b.param_handovers : b.grad_handovers;
+    if (!h) return;  // views are not checked
+    stream& s = stream_of(l);
+    if (v == plan::views::params) {  // NaN in the slot first: x * NaN is NaN, in every dtype's rounding
+      const plan::buffer_cost& g = st_.costs(u).gathered;
+      be_.convert(b.params, g.type, b.params, g.type, g.numel, std::numeric_limits<float>::quiet_NaN(), s);
+    }
+    ++h->issued;
+    be_.host_callback(s, [passed = &h->passed] { passed->fetch_add(1, std::memory_order_release); });
+  }
+
+  void work(plan::lane l, plan::job j, std::size_t u, pass_kind) {
+    const plan::unit_costs& c = st_.costs(u);
+    unit_buffers<B>& b = st_.buffers(u);
+    stream& s = stream_of(l);
+    const std::int64_t S = c.shard_numel, P = c.padded_numel, f32 = static_cast<std::int64_t>(sizeof(float));
+    switch (j) {
+      case plan::job::upload_master:
+        be_.upload(slot(u, plan::ring::upload), b.master.data(), c.upload.bytes(), s);
+        break;
+      case plan::job::gather: gather(u, s); break;
+      case plan::job::zero_grad: be_.fill_zero(b.grad, c.grad.bytes(), s); break;
+      case plan::job::compute: break;  // the trainer's kernels, issued on the compute stream between enter and leave
+      case plan::job::accumulate:
+        if (fresh_accumulator_[u]) {  // the first micro-batch: an exact copy
+          be_.convert(b.accumulator.data(), c.accumulator.type, b.grad, c.grad.type, P, 1.0f, s);
+          fresh_accumulator_[u] = false;
+        } else {
+          be_.accumulate(b.accumulator.template as<float>(), b.grad, c.grad.type, P, 1.0f, s);
+        }
+        break;
+      case plan::job::cast_reduce_input: {
+        dtype t;
+        const void* src = reduce_source(u, &t);
+        be_.convert(slot(u, plan::ring::reduce_input), c.reduce_input.type, src, t, P, reduce_.prescale, s);
+        break;
+      }
+      case plan::job::prescale: {
+        dtype t;
+        void* src = reduce_source(u, &t);
+        be_.convert(src, t, src, t, P, reduce_.prescale, s);
+        break;
+      }
+      case plan::job::reduce_collective: reduce_collective(u, s); break;
+      case plan::job::replica_reduce:
+        if (C* replicas = g_.replicas()) {  // hybrid: the shard group's reduced shard, reduced across the replicas
+          void* out = slot(u, plan::ring::reduce_output);
+          diag_.check_next(g_.world(), be_, collective::all_reduce, S, c.reduce_output.type, u);
+          replicas->all_reduce(out, out, S, c.reduce_output.type, reduce_.op, s);
+        }
+        break;
+      case plan::job::add_into_shard:
+        be_.accumulate(b.grad_shard.template as<float>(), reduce_result(u), c.reduce_output.type, reduced_count(u),
+                       reduce_.postscale, s);
+        break;
+      case plan::job::download_grad:
+        be_.download(slot(u, plan::ring::download), reduce_result(u), c.download.bytes(), s);
+        break;
+      case plan::job::host_add:
+        be_.host_callback(s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
+                              t = c.reduce_output.type, n = reduced_count(u), post = reduce_.postscale] {
+          kernels::host_loops::accumulate(shard, from, t, n, post);
+        });
+        break;
+      case plan::job::optimizer_device: {
+        update_site<B> site = update_site<B>::device(be_, staged_.empty() ? nullptr : &staged_);
+        optimizer().update(u, site);
+        staged_.clear();
+        break;
+      }
+      case plan::job::optimizer_host: {
+        std::vector<std::function<void()>> updates;
+        update_site<B> site = update_site<B>::host(updates);
+        optimizer().update(u, site);
+        be_.host_callback(s, [updates = std::move(updates)] {
+          for (const auto& w : updates) w();
+        });
+        break;
+      }
+      case plan::job::stage_master: stage(s, b.master.template as<float>(), slot_f(u, plan::ring::upload), S); break;
+      case plan::job::stage_grad:
+        stage(s, b.grad_shard.template as<float>(), slot_f(u, plan::ring::stage_grad), S);
+        break;
+      case plan::job::stage_state: {
+        const std::vector<float*> states = optimizer().states(u);
+        for (std::size_t k = 0; k < states.size(); ++k)
+          stage(s, states[k], slot_f(u, plan::ring::stage_state) + static_cast<std::int64_t>(k) * S, S);
+        break;
+      }
+      case plan::job::unstage_master: be_.download(b.master.data(), slot(u, plan::ring::upload), S * f32, s); break;
+      case plan::job::unstage_state: {
+        const std::vector<float*> states = optimizer().states(u);
+        for (std::size_t k = 0; k < states.size(); ++k)
+          be_.download(states[k], slot_f(u, plan::ring::stage_state) + static_cast<std::int64_t>(k) * S, S * f32, s);
+        break;
+      }
+      case plan::job::zero_shard: be_.fill_zero(b.grad_shard.data(), c.grad_shard.bytes(), s); break;
+      case plan::job::zero_shard_host:
+        be_.host_callback(s, [p = b.grad_shard.data(), n = c.grad_shard.bytes()] {
+          std::memset(p, 0, static_cast<std::size_t>(n));
+        });
+        break;
+    }
+  }
+
+ private:
+  static constexpr std::size_t index(plan::ring r) noexcept { return static_cast<std::size_t>(r); }
+
+  static const char* name_of_slot(plan::ring r) noexcept {
+    switch (r) {
+      case plan::ring::gathered: return "the gather slot";
+      case plan::ring::grad: return "the gradient slot";
+      case plan::ring::reduce_input: return "the reduce input slot";
+      case plan::ring::reduce_output: return "the reduce output slot";
+      case plan::ring::upload: return "the upload slot";
+      case plan::ring::download: return "the download slot";
+      case plan::ring::stage_grad: return "the gradient's staging slot";
+      case plan::ring::stage_state: return "the optimizer state's staging slot";
+    }
+    return "a slot";
+  }
+
+  stream& stream_of(plan::lane l) {
+    switch (l) {
+      case plan::lane::compute: return be_.compute_stream();
+      case plan::lane::gather: return be_.gather_stream();
+      case plan::lane::reduce: return be_.reduce_stream();
+      case plan::lane::upload:
+      case plan::lane::download:
+        if constexpr (OffloadBackend<B>)
+          return l == plan::lane::upload ? be_.upload_stream() : be_.download_stream();
+        else  // Model allows offloading only on an OffloadBackend
+          detail::fail_usage("a copy on a backend without copy streams (it does not model fsdp::OffloadBackend)");
+      case plan::lane::host: break;
+    }
+    detail::fail_usage("the step program issued work on the host lane, which has no stream");
+  }
+
+  typename B::event& event(std::size_t u, plan::signal s) {
+    unit_buffers<B>& b = st_.buffers(u);
+    switch (s) {
+      case plan::signal::shard_ready: return b.shard_ready;
+      case plan::signal::uploaded: return b.uploaded;
+      case plan::signal::gathered: return b.gathered_ev;
+      case plan::signal::grad_ready: return b.grad_ready;
+      case plan::signal::collected: return b.collected;
+      case plan::signal::reduced: return b.reduced;
+      case plan::signal::staged: return b.staged;
+      case plan::signal::stepped: return b.stepped;
+      case plan::signal::state_saved: return b.state_saved;
+    }
+    return b.shard_ready;
+  }
+
+  void* slot(std::size_t u, plan::ring r) const { return rings_[index(r)].data(prog_.held(u, r)); }
+  float* slot_f(std::size_t u, plan::ring r) const { return static_cast<float*>(slot(u, r)); }
+
+  optimizer_work<B>& optimizer() {
+    if (!work_) detail::fail_usage("the step program ran an optimizer's update outside an optimizer step");
+    return *work_;
+  }
+
+  collective reduction_kind() const noexcept {
+    return st_.facts().shards_params ? collective::reduce_scatter : collective::all_reduce;
+  }
+  /// Elements a reduction leaves this rank: its shard, or (replicated) the whole buffer.
+  std::int64_t reduced_count(std::size_t u) const {
+    const plan::unit_costs& c = st_.costs(u);
+    return st_.facts().shards_params ? c.shard_numel : c.padded_numel;
+  }
+  /// What a reduction reduces from: the no-sync accumulator while it exists, else the gradient slot.
+  void* reduce_source(std::size_t u, dtype* t) {
+    unit_buffers<B>& b = st_.buffers(u);
+    const plan::unit_costs& c = st_.costs(u);
+    if (prog_.accumulating(u)) {
+      *t = c.accumulator.type;
+      return b.accumulator.data();
+    }
+    *t = c.grad.type;
+    return b.grad;
+  }
+  /// What the collective reads: the reduce input when the source was cast into one, else the source itself.
+  void* reduce_operand(std::size_t u, dtype* t) {
+    if (prog_.held(u, plan::ring::reduce_input) >= 0) {
+      *t = st_.costs(u).reduce_input.type;
+      return slot(u, plan::ring::reduce_input);
+    }
+    return reduce_source(u, t);
+  }
+  /// The reduced values: the reduce output (a reduce-scatter), else the operand (an all-reduce in place).
+  const void* reduce_result(std::size_t u) {
+    if (prog_.held(u, plan::ring::reduce_output) >= 0) return slot(u, plan::ring::reduce_output);
+    dtype t;
+    return reduce_operand(u, &t);
+  }
+
+  void gather(std::size_t u, stream& s) {
+    const plan::unit_costs& c = st_.costs(u);
+    unit_buffers<B>& b = st_.buffers(u);
+    g_.label(diag_.units().name(u));
+    const void* master_shard =  // what the gather reads: the master, or its upload
+        prog_.held(u, plan::ring::upload) >= 0 ? slot(u, plan::ring::upload) : b.master.data();
+    const dtype compute = c.gathered.type, master = c.master.type;
+    const std::int64_t S = c.shard_numel;
+    if (st_.facts().shards_params) {
+      diag_.check_next(g_.world(), be_, collective::all_gather, S, compute, u);
+      if (compute == master) {
+        g_.shard().all_gather(master_shard, b.params, S, compute, s);
+      } else {  // cast into this rank's slice, then gather in place
+        void* slice = static_cast<char*>(b.params) +
+                      static_cast<std::size_t>(st_.shard_rank()) * static_cast<std::size_t>(S) * size_of(compute);
+        be_.convert(slice, compute, master_shard, master, S, 1.0f, s);
+        g_.shard().all_gather(slice, b.params, S, compute, s);
+      }
+    } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
+      be_.convert(b.params, compute, master_shard, master, S, 1.0f, s);
+    }
+  }
+
+  void reduce_collective(std::size_t u, stream& s) {
+    const plan::unit_costs& c = st_.costs(u);
+    g_.label(diag_.units().name(u));
+    const dtype t = c.reduce_output.type;
+    dtype operand_type;
+    void* src = reduce_operand(u, &operand_type);
+    const collective kind = reduction_kind();
+    diag_.check_next(g_.world(), be_, kind, reduced_count(u), t, u);
+    if (kind == collective::reduce_scatter)
+      g_.shard().reduce_scatter(src, slot(u, plan::ring::reduce_output), c.shard_numel, t, reduce_.op, s);
+    else
+      g_.shard().all_reduce(src, src, c.padded_numel, t, reduce_.op, s);
+  }
+
+  /// A host-resident part's `n` fp32 values to its staging slot `device` on `s`; the device step finds it there.
+  void stage(stream& s, float* host, float* device, std::int64_t n) {
+    be_.upload(device, host, n * static_cast<std::int64_t>(sizeof(float)), s);
+    staged_.add(host, device, n);
+  }
+
+  B& be_;
+  unit_storage<B>& st_;
+  groups<C>& g_;
+  diagnostics& diag_;
+  trace::stamper<B>& stamp_;
+  reduce_facts reduce_;
+  const plan::step_program& prog_;
+  slot_ring<B> rings_[plan::rings];      // by plan::ring; destroyed before the backend (the executor's member order)
+  std::vector<bool> fresh_accumulator_;  // per unit: its accumulator was just made (the next add is a copy)
+  optimizer_work<B>* work_ = nullptr;    // during an optimizer step
+  staged_parts staged_;                  // a device step over host parts: where the unit's parts are staged
+};
+
+}  // namespace fsdp::exec
