@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <fsdp/fsdp.cuh>
+#include <fsdp/optim/lion.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -158,7 +159,7 @@ TEST_CASE("accumulate into fp32 from every dtype, scales 1 and 3/8: bit-exact wi
       }
 }
 
-TEST_CASE("the optimizers' element functions (SGD, AdamW) through for_each, with decay masks and gradient "
+TEST_CASE("the optimizers' element functions (SGD, AdamW, Lion) through for_each, with decay masks and gradient "
           "scales: 0 ULP from the host over 5 steps") {
   FSDP_REQUIRE_GPU();
   fsdp::backend::cuda gpu;
@@ -170,9 +171,9 @@ TEST_CASE("the optimizers' element functions (SGD, AdamW) through for_each, with
   mask.begin[1] = 100;
   mask.end[1] = 101;
   namespace od = fsdp::optim::detail;
-  enum class optimizer { sgd, adamw };
+  enum class optimizer { sgd, adamw, lion };
   for (std::int64_t n : sizes_for(1 << 18))
-    for (optimizer opt : {optimizer::sgd, optimizer::adamw})
+    for (optimizer opt : {optimizer::sgd, optimizer::adamw, optimizer::lion})
     for (float grad_scale : {1.0f, 0.3f}) {
       CAPTURE(n);
       CAPTURE(int(opt));
@@ -201,6 +202,12 @@ TEST_CASE("the optimizers' element functions (SGD, AdamW) through for_each, with
             const od::sgd_coeffs c{0.05f, 0.9f, 0.01f, grad_scale};
             cpu.for_each(n, od::sgd_elements{p.data(), g.data(), m.data(), c, mask}, cpu.compute_stream());
             gpu.for_each(n, od::sgd_elements{P, G, M, c, mask}, gpu.compute_stream());
+            break;
+          }
+          case optimizer::lion: {
+            const od::lion_coeffs c{1e-3f, 0.9f, 0.99f, 0.5f, grad_scale};
+            cpu.for_each(n, od::lion_elements{p.data(), g.data(), m.data(), c, mask}, cpu.compute_stream());
+            gpu.for_each(n, od::lion_elements{P, G, M, c, mask}, gpu.compute_stream());
             break;
           }
         }
