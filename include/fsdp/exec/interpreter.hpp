@@ -3,8 +3,8 @@
 // executor drives with the scheduler's decisions, beside the planners' memory and time readings of the same
 // program. Each action of the program becomes:
 //
-//   take / give        a slot of the purpose's ring (exec/slot_ring.hpp): the program's ledger picks it, the ring
-//                      makes it or waits for the event of its last give; the unit's params / grad point into it
+//   take / give        a slot of the purpose's ring (exec/step_slots.hpp): the program's ledger picks it, the
+//                      ring makes it or waits for the event of its last give; the unit's params / grad point into it
 //   buffer             the no-sync accumulator, made (stream-ordered) and freed (release_after)
 //   wait / record      the unit's events (unit/unit_buffers.hpp)
 //   work               the casts, collectives (on the shard or replicate group: exec/groups.hpp), accumulation,
@@ -29,7 +29,8 @@
 #include "fsdp/exec/diagnostics.hpp"
 #include "fsdp/exec/groups.hpp"
 #include "fsdp/exec/reduction.hpp"
-#include "fsdp/exec/slot_ring.hpp"
+#include "fsdp/exec/step_slots.hpp"
+#include "fsdp/exec/transfers.hpp"
 #include "fsdp/exec/unit_storage.hpp"
 #include "fsdp/exec/update_site.hpp"
 #include "fsdp/kernels/host_loops.hpp"
@@ -47,40 +48,32 @@ class interpreter {
   /// slots), `grad_slots` model_options::grad_slots.
   interpreter(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, trace::stamper<B>& stamp,
               const reduce_facts& reduce, const plan::step_program& prog, int grad_slots)
-      : be_(be), st_(storage), g_(g), diag_(diag), stamp_(stamp), reduce_(reduce), prog_(prog),
-        fresh_accumulator_(storage.size(), false) {
-    const int keep[plan::rings] = {1, grad_slots, 1, 1, plan::offload_slots, plan::offload_slots, plan::offload_slots,
-                                   plan::offload_slots};
-    for (std::size_t r = 0; r < plan::rings; ++r) rings_[r] = slot_ring<B>(prog.slot_cost(plan::ring(r)), keep[r]);
-    if constexpr (OffloadBackend<B>)  // pinned host memory now: pinning may synchronise the device mid-step
-      rings_[index(plan::ring::download)].make_all(be_, be_.download_stream());
-  }
+      : be_(be), st_(storage), diag_(diag), stamp_(stamp), reduce_(reduce), prog_(prog),
+        slots_(be, prog, grad_slots), transfers_(be, storage, g, diag, reduce, prog, slots_),
+        fresh_accumulator_(storage.size(), false) {}
   interpreter(const interpreter&) = delete;
   interpreter& operator=(const interpreter&) = delete;
 
   /// The state slots of a device step over host-resident optimizer state, made again for the program's state count
   /// (the caller synchronized: nothing uses the old ones).
-  void remake_state_staging() {
-    rings_[index(plan::ring::stage_state)] =
-        slot_ring<B>(prog_.slot_cost(plan::ring::stage_state), plan::offload_slots);
-  }
+  void remake_state_staging() { slots_.remake_state_staging(); }
   /// The optimizer whose updates the program's optimizer work runs (null between steps).
   void use_optimizer(optimizer_work<B>* w) noexcept { work_ = w; }
 
   // ---- the program's actions ----------------------------------------------------------------------------------
   void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t u) {
-    diag_.allocating(u, name_of_slot(r), [&] { rings_[index(r)].take(p, be_, stream_of(l)); });
+    diag_.allocating(u, step_slots<B>::name_of(r), [&] { slots_.take(r, p, stream_of(l)); });
     unit_buffers<B>& b = st_.buffers(u);
     if (r == plan::ring::gathered) {
       b.gather_slot = p.slot;
-      b.params = rings_[index(r)].data(p.slot);
+      b.params = slots_.data(r, p.slot);
     } else if (r == plan::ring::grad) {
       b.grad_slot = p.slot;
-      b.grad = rings_[index(r)].data(p.slot);
+      b.grad = slots_.data(r, p.slot);
     }
   }
   void give(plan::lane l, plan::ring r, int slot, std::size_t u) {
-    rings_[index(r)].give(be_, slot, stream_of(l));
+    slots_.give(r, slot, stream_of(l));
     unit_buffers<B>& b = st_.buffers(u);
     if (r == plan::ring::gathered) {
       b.gather_slot = -1;
@@ -115,7 +108,7 @@ class interpreter {
         bytes = c.gather_bytes();
       if (k == trace::kind::reduce_issued || k == trace::kind::reduce_begin || k == trace::kind::reduce_end) {
         bytes = c.reduce_bytes();
-        coll = reduction_kind();
+        coll = transfers_.reduction_kind();
       }
     }
     const int id = unit ? static_cast<int>(u) : -1;
@@ -147,7 +140,7 @@ class interpreter {
       case plan::job::upload_master:
         be_.upload(slot(u, plan::ring::upload), b.master.data(), c.upload.bytes(), s);
         break;
-      case plan::job::gather: gather(u, s); break;
+      case plan::job::gather: transfers_.gather(u, s); break;
       case plan::job::zero_grad: be_.fill_zero(b.grad, c.grad.bytes(), s); break;
       case plan::job::compute: break;  // the trainer's kernels, issued on the compute stream between enter and leave
       case plan::job::accumulate:
@@ -160,34 +153,28 @@ class interpreter {
         break;
       case plan::job::cast_reduce_input: {
         dtype t;
-        const void* src = reduce_source(u, &t);
+        const void* src = transfers_.source(u, &t);
         be_.convert(slot(u, plan::ring::reduce_input), c.reduce_input.type, src, t, P, reduce_.prescale, s);
         break;
       }
       case plan::job::prescale: {
         dtype t;
-        void* src = reduce_source(u, &t);
+        void* src = transfers_.source(u, &t);
         be_.convert(src, t, src, t, P, reduce_.prescale, s);
         break;
       }
-      case plan::job::reduce_collective: reduce_collective(u, s); break;
-      case plan::job::replica_reduce:
-        if (C* replicas = g_.replicas()) {  // hybrid: the shard group's reduced shard, reduced across the replicas
-          void* out = slot(u, plan::ring::reduce_output);
-          diag_.check_next(g_.world(), be_, collective::all_reduce, S, c.reduce_output.type, u);
-          replicas->all_reduce(out, out, S, c.reduce_output.type, reduce_.op, s);
-        }
-        break;
+      case plan::job::reduce_collective: transfers_.reduce(u, s); break;
+      case plan::job::replica_reduce: transfers_.reduce_across_replicas(u, s); break;
       case plan::job::add_into_shard:
-        be_.accumulate(b.grad_shard.template as<float>(), reduce_result(u), c.reduce_output.type, reduced_count(u),
-                       reduce_.postscale, s);
+        be_.accumulate(b.grad_shard.template as<float>(), transfers_.result(u), c.reduce_output.type,
+                       transfers_.reduced_count(u), reduce_.postscale, s);
         break;
       case plan::job::download_grad:
-        be_.download(slot(u, plan::ring::download), reduce_result(u), c.download.bytes(), s);
+        be_.download(slot(u, plan::ring::download), transfers_.result(u), c.download.bytes(), s);
         break;
       case plan::job::host_add:
         be_.host_callback(s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
-                              t = c.reduce_output.type, n = reduced_count(u), post = reduce_.postscale] {
+                              t = c.reduce_output.type, n = transfers_.reduced_count(u), post = reduce_.postscale] {
           kernels::host_loops::accumulate(shard, from, t, n, post);
         });
         break;
@@ -233,22 +220,6 @@ class interpreter {
   }
 
  private:
-  static constexpr std::size_t index(plan::ring r) noexcept { return static_cast<std::size_t>(r); }
-
-  static const char* name_of_slot(plan::ring r) noexcept {
-    switch (r) {
-      case plan::ring::gathered: return "the gather slot";
-      case plan::ring::grad: return "the gradient slot";
-      case plan::ring::reduce_input: return "the reduce input slot";
-      case plan::ring::reduce_output: return "the reduce output slot";
-      case plan::ring::upload: return "the upload slot";
-      case plan::ring::download: return "the download slot";
-      case plan::ring::stage_grad: return "the gradient's staging slot";
-      case plan::ring::stage_state: return "the optimizer state's staging slot";
-    }
-    return "a slot";
-  }
-
   stream& stream_of(plan::lane l) {
     switch (l) {
       case plan::lane::compute: return be_.compute_stream();
@@ -281,83 +252,12 @@ class interpreter {
     return b.shard_ready;
   }
 
-  void* slot(std::size_t u, plan::ring r) const { return rings_[index(r)].data(prog_.held(u, r)); }
+  void* slot(std::size_t u, plan::ring r) const { return slots_.held(u, r); }
   float* slot_f(std::size_t u, plan::ring r) const { return static_cast<float*>(slot(u, r)); }
 
   optimizer_work<B>& optimizer() {
     if (!work_) detail::fail_usage("the step program ran an optimizer's update outside an optimizer step");
     return *work_;
-  }
-
-  collective reduction_kind() const noexcept {
-    return st_.facts().shards_params ? collective::reduce_scatter : collective::all_reduce;
-  }
-  /// Elements a reduction leaves this rank: its shard, or (replicated) the whole buffer.
-  std::int64_t reduced_count(std::size_t u) const {
-    const plan::unit_costs& c = st_.costs(u);
-    return st_.facts().shards_params ? c.shard_numel : c.padded_numel;
-  }
-  /// What a reduction reduces from: the no-sync accumulator while it exists, else the gradient slot.
-  void* reduce_source(std::size_t u, dtype* t) {
-    unit_buffers<B>& b = st_.buffers(u);
-    const plan::unit_costs& c = st_.costs(u);
-    if (prog_.accumulating(u)) {
-      *t = c.accumulator.type;
-      return b.accumulator.data();
-    }
-    *t = c.grad.type;
-    return b.grad;
-  }
-  /// What the collective reads: the reduce input when the source was cast into one, else the source itself.
-  void* reduce_operand(std::size_t u, dtype* t) {
-    if (prog_.held(u, plan::ring::reduce_input) >= 0) {
-      *t = st_.costs(u).reduce_input.type;
-      return slot(u, plan::ring::reduce_input);
-    }
-    return reduce_source(u, t);
-  }
-  /// The reduced values: the reduce output (a reduce-scatter), else the operand (an all-reduce in place).
-  const void* reduce_result(std::size_t u) {
-    if (prog_.held(u, plan::ring::reduce_output) >= 0) return slot(u, plan::ring::reduce_output);
-    dtype t;
-    return reduce_operand(u, &t);
-  }
-
-  void gather(std::size_t u, stream& s) {
-    const plan::unit_costs& c = st_.costs(u);
-    unit_buffers<B>& b = st_.buffers(u);
-    g_.label(diag_.units().name(u));
-    const void* master_shard =  // what the gather reads: the master, or its upload
-        prog_.held(u, plan::ring::upload) >= 0 ? slot(u, plan::ring::upload) : b.master.data();
-    const dtype compute = c.gathered.type, master = c.master.type;
-    const std::int64_t S = c.shard_numel;
-    if (st_.facts().shards_params) {
-      diag_.check_next(g_.world(), be_, collective::all_gather, S, compute, u);
-      if (compute == master) {
-        g_.shard().all_gather(master_shard, b.params, S, compute, s);
-      } else {  // cast into this rank's slice, then gather in place
-        void* slice = static_cast<char*>(b.params) +
-                      static_cast<std::size_t>(st_.shard_rank()) * static_cast<std::size_t>(S) * size_of(compute);
-        be_.convert(slice, compute, master_shard, master, S, 1.0f, s);
-        g_.shard().all_gather(slice, b.params, S, compute, s);
-      }
-    } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
-      be_.convert(b.params, compute, master_shard, master, S, 1.0f, s);
-    }
-  }
-
-  void reduce_collective(std::size_t u, stream& s) {
-    const plan::unit_costs& c = st_.costs(u);
-    g_.label(diag_.units().name(u));
-    const dtype t = c.reduce_output.type;
-    dtype operand_type;
-    void* src = reduce_operand(u, &operand_type);
-    const collective kind = reduction_kind();
-    diag_.check_next(g_.world(), be_, kind, reduced_count(u), t, u);
-    if (kind == collective::reduce_scatter)
-      g_.shard().reduce_scatter(src, slot(u, plan::ring::reduce_output), c.shard_numel, t, reduce_.op, s);
-    else
-      g_.shard().all_reduce(src, src, c.padded_numel, t, reduce_.op, s);
   }
 
   /// A host-resident part's `n` fp32 values to its staging slot `device` on `s`; the device step finds it there.
@@ -368,12 +268,12 @@ class interpreter {
 
   B& be_;
   unit_storage<B>& st_;
-  groups<C>& g_;
   diagnostics& diag_;
   trace::stamper<B>& stamp_;
   reduce_facts reduce_;
   const plan::step_program& prog_;
-  slot_ring<B> rings_[plan::rings];      // by plan::ring; destroyed before the backend (the executor's member order)
+  step_slots<B> slots_;                  // destroyed before the backend (the executor's member order)
+  transfers<B, C> transfers_;
   std::vector<bool> fresh_accumulator_;  // per unit: its accumulator was just made (the next add is a copy)
   optimizer_work<B>* work_ = nullptr;    // during an optimizer step
   staged_parts staged_;                  // a device step over host parts: where the unit's parts are staged

@@ -1,0 +1,125 @@
+#pragma once
+// The data of a unit's gather and reduction within a step: which buffers they read and write (the master or its
+// upload; the gradient slot, the no-sync accumulator or the reduce input; the reduce output, or the operand itself
+// for an all-reduce in place), and the collectives on the unit's groups (exec/groups.hpp), each compared first under
+// model_options::check_collectives (exec/diagnostics.hpp). The interpreter (exec/interpreter.hpp) calls them for
+// the step program's gather and reduction work; which slot a unit holds is the program's.
+#include <cstdint>
+
+#include "fsdp/backend/concept.hpp"
+#include "fsdp/exec/diagnostics.hpp"
+#include "fsdp/exec/groups.hpp"
+#include "fsdp/exec/reduction.hpp"
+#include "fsdp/exec/step_slots.hpp"
+#include "fsdp/exec/unit_storage.hpp"
+#include "fsdp/plan/program.hpp"
+
+namespace fsdp::exec {
+
+template <Backend B, class C>
+class transfers {
+ public:
+  using stream = typename B::stream;
+
+  /// Every reference must outlive this.
+  transfers(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, const reduce_facts& reduce,
+            const plan::step_program& prog, const step_slots<B>& slots)
+      : be_(be), st_(storage), g_(g), diag_(diag), reduce_(reduce), prog_(prog), slots_(slots) {}
+
+  /// The all-gather of unit u into its gather slot (cast into this rank's slice first when the compute dtype is not
+  /// the master's); with a shard group of one rank, the cast alone.
+  void gather(std::size_t u, stream& s) {
+    const plan::unit_costs& c = st_.costs(u);
+    unit_buffers<B>& b = st_.buffers(u);
+    g_.label(diag_.units().name(u));
+    const void* master_shard =  // what the gather reads: the master, or its upload
+        prog_.held(u, plan::ring::upload) >= 0 ? slots_.held(u, plan::ring::upload) : b.master.data();
+    const dtype compute = c.gathered.type, master = c.master.type;
+    const std::int64_t S = c.shard_numel;
+    if (st_.facts().shards_params) {
+      diag_.check_next(g_.world(), be_, collective::all_gather, S, compute, u);
+      if (compute == master) {
+        g_.shard().all_gather(master_shard, b.params, S, compute, s);
+      } else {  // cast into this rank's slice, then gather in place
+        void* slice = static_cast<char*>(b.params) +
+                      static_cast<std::size_t>(st_.shard_rank()) * static_cast<std::size_t>(S) * size_of(compute);
+        be_.convert(slice, compute, master_shard, master, S, 1.0f, s);
+        g_.shard().all_gather(slice, b.params, S, compute, s);
+      }
+    } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
+      be_.convert(b.params, compute, master_shard, master, S, 1.0f, s);
+    }
+  }
+
+  /// The reduction of unit u in its shard group: a reduce-scatter into its reduce output, or (replicated
+  /// parameters) an all-reduce in place.
+  void reduce(std::size_t u, stream& s) {
+    const plan::unit_costs& c = st_.costs(u);
+    g_.label(diag_.units().name(u));
+    const dtype t = c.reduce_output.type;
+    dtype operand_type;
+    void* src = operand(u, &operand_type);
+    const collective kind = reduction_kind();
+    diag_.check_next(g_.world(), be_, kind, reduced_count(u), t, u);
+    if (kind == collective::reduce_scatter)
+      g_.shard().reduce_scatter(src, slots_.held(u, plan::ring::reduce_output), c.shard_numel, t, reduce_.op, s);
+    else
+      g_.shard().all_reduce(src, src, c.padded_numel, t, reduce_.op, s);
+  }
+
+  /// Hybrid sharding: unit u's reduced shard all-reduced in place across the replicate group (nothing without one).
+  void reduce_across_replicas(std::size_t u, stream& s) {
+    C* replicas = g_.replicas();
+    if (!replicas) return;
+    const plan::unit_costs& c = st_.costs(u);
+    void* out = slots_.held(u, plan::ring::reduce_output);
+    diag_.check_next(g_.world(), be_, collective::all_reduce, c.shard_numel, c.reduce_output.type, u);
+    replicas->all_reduce(out, out, c.shard_numel, c.reduce_output.type, reduce_.op, s);
+  }
+
+  /// A reduction's collective: a reduce-scatter when parameters are sharded, else an all-reduce.
+  collective reduction_kind() const noexcept {
+    return st_.facts().shards_params ? collective::reduce_scatter : collective::all_reduce;
+  }
+  /// Elements a reduction leaves this rank: its shard, or (replicated) the whole buffer.
+  std::int64_t reduced_count(std::size_t u) const {
+    const plan::unit_costs& c = st_.costs(u);
+    return st_.facts().shards_params ? c.shard_numel : c.padded_numel;
+  }
+  /// What a reduction reduces from: the no-sync accumulator while it exists, else the gradient slot.
+  void* source(std::size_t u, dtype* t) {
+    unit_buffers<B>& b = st_.buffers(u);
+    const plan::unit_costs& c = st_.costs(u);
+    if (prog_.accumulating(u)) {
+      *t = c.accumulator.type;
+      return b.accumulator.data();
+    }
+    *t = c.grad.type;
+    return b.grad;
+  }
+  /// What the collective reads: the reduce input when the source was cast into one, else the source itself.
+  void* operand(std::size_t u, dtype* t) {
+    if (prog_.held(u, plan::ring::reduce_input) >= 0) {
+      *t = st_.costs(u).reduce_input.type;
+      return slots_.held(u, plan::ring::reduce_input);
+    }
+    return source(u, t);
+  }
+  /// The reduced values: the reduce output (a reduce-scatter), else the operand (an all-reduce in place).
+  const void* result(std::size_t u) {
+    if (prog_.held(u, plan::ring::reduce_output) >= 0) return slots_.held(u, plan::ring::reduce_output);
+    dtype t;
+    return operand(u, &t);
+  }
+
+ private:
+  B& be_;
+  unit_storage<B>& st_;
+  groups<C>& g_;
+  diagnostics& diag_;
+  reduce_facts reduce_;
+  const plan::step_program& prog_;
+  const step_slots<B>& slots_;
+};
+
+}  // namespace fsdp::exec
