@@ -256,7 +256,8 @@ TEST_CASE("every row of the dtype table: its width is its storage's, its names a
   std::set<int> nccl_codes;
   for (const fsdp::dtype_row& row : fsdp::dtype_rows) {
     CAPTURE(row.name);
-    CHECK(fsdp::row_of(row.tag) == &row);
+    CHECK(fsdp::is_dtype(row.tag));
+    CHECK(&fsdp::row_of(row.tag) == &row);
     CHECK(fsdp::size_of(row.tag) == row.bytes);
     CHECK(fsdp::name_of(row.tag) == row.name);
     CHECK(fsdp::dtype_of_safetensors(row.safetensors) == row.tag);
@@ -284,6 +285,7 @@ TEST_CASE("every row of the dtype table: its width is its storage's, its names a
   CHECK(fsdp::dtype_count == 3);
   CHECK(!fsdp::dtype_of_safetensors("F64"));
   CHECK(fsdp::name_of(static_cast<fsdp::dtype>(200)) == "?");
+  CHECK(!fsdp::is_dtype(static_cast<fsdp::dtype>(200)));
   CHECK(fsdp_test::error_of<fsdp::usage_error>([] { fsdp::kernels::dispatch(static_cast<fsdp::dtype>(200), [](auto) {}); }) ==
         "fsdp: unknown dtype 200");
 }

@@ -70,7 +70,7 @@ namespace impl {
 
 inline std::string mapped(const name_map& fn, const std::string& name) { return fn ? fn(name) : name; }
 
-inline std::string_view st_dtype(dtype t) { return row_of(t)->safetensors; }
+inline std::string_view st_dtype(dtype t) { return row_of(t).safetensors; }
 
 /// The safetensors names of the library's dtypes, as a sentence lists them: "F32, BF16 and F16".
 inline std::string st_dtypes_text() {

@@ -49,12 +49,11 @@ struct nccl_options {
 namespace nccl_detail {
 /// The NCCL type of `t`: its row's code (core/dtype.hpp), which nccl.h's enumerators must match.
 inline ncclDataType_t type_of(dtype t) {
-  const dtype_row* r = row_of(t);
-  if (!r) fsdp::detail::fail_usage("no NCCL type for dtype ", static_cast<int>(t));
-  return static_cast<ncclDataType_t>(r->nccl);
+  if (!is_dtype(t)) fsdp::detail::fail_usage("no NCCL type for dtype ", static_cast<int>(t));
+  return static_cast<ncclDataType_t>(row_of(t).nccl);
 }
-static_assert(row_of(dtype::f32)->nccl == ncclFloat32 && row_of(dtype::bf16)->nccl == ncclBfloat16 &&
-                  row_of(dtype::f16)->nccl == ncclFloat16,
+static_assert(row_of(dtype::f32).nccl == ncclFloat32 && row_of(dtype::bf16).nccl == ncclBfloat16 &&
+                  row_of(dtype::f16).nccl == ncclFloat16,
               "fsdp: core/dtype.hpp's NCCL codes differ from this nccl.h's");
 inline ncclRedOp_t op_of(reduce_op op) { return op == reduce_op::avg ? ncclAvg : ncclSum; }
 }  // namespace nccl_detail

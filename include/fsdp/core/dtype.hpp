@@ -34,20 +34,13 @@ inline constexpr dtype_row dtype_rows[] = {
 };
 inline constexpr std::size_t dtype_count = std::size(dtype_rows);
 
-/// The row of `t`; null for a value that is no dtype.
-constexpr const dtype_row* row_of(dtype t) noexcept {
-  for (const dtype_row& r : dtype_rows)
-    if (r.tag == t) return &r;
-  return nullptr;
-}
-constexpr std::size_t size_of(dtype t) noexcept {
-  const dtype_row* r = row_of(t);
-  return r ? r->bytes : 0;
-}
-constexpr std::string_view name_of(dtype t) noexcept {
-  const dtype_row* r = row_of(t);
-  return r ? r->name : std::string_view("?");
-}
+/// Whether `t` is one of the dtypes (a value read from a file or cast from an integer may not be).
+constexpr bool is_dtype(dtype t) noexcept { return static_cast<std::size_t>(t) < dtype_count; }
+/// The row of `t`, a dtype (the rows are in the order of the enumerators; no pointer is compared, so this stays a
+/// constant expression under -fsanitize=undefined too).
+constexpr const dtype_row& row_of(dtype t) noexcept { return dtype_rows[static_cast<std::size_t>(t)]; }
+constexpr std::size_t size_of(dtype t) noexcept { return is_dtype(t) ? row_of(t).bytes : 0; }
+constexpr std::string_view name_of(dtype t) noexcept { return is_dtype(t) ? row_of(t).name : std::string_view("?"); }
 /// The dtype the safetensors format calls `name` ("BF16"), if the library has it.
 constexpr std::optional<dtype> dtype_of_safetensors(std::string_view name) noexcept {
   for (const dtype_row& r : dtype_rows)
