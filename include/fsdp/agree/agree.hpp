@@ -89,10 +89,10 @@ std::vector<std::pair<int, std::string>> failures(C& comm, B& be, const std::opt
 /// in the order of the lowest rank of each message, joined by "; ".
 inline std::string failure_text(const std::vector<std::pair<int, std::string>>& failed) {
   std::vector<std::pair<std::string, std::vector<int>>> by_message;
-  for (const auto& [rank, message] : failed) {
-    auto it = std::find_if(by_message.begin(), by_message.end(), [&](const auto& m) { return m.first == message; });
-    if (it == by_message.end()) by_message.push_back({message, {rank}});
-    else it->second.push_back(rank);
+  for (const auto& f : failed) {  // not a structured binding: clang 14 cannot capture one in a lambda
+    auto it = std::find_if(by_message.begin(), by_message.end(), [&](const auto& m) { return m.first == f.second; });
+    if (it == by_message.end()) by_message.push_back({f.second, {f.first}});
+    else it->second.push_back(f.first);
   }
   std::string out;
   for (const auto& [message, ranks] : by_message) {
