@@ -32,6 +32,7 @@
 
 #include "fsdp/agree/agree.hpp"
 #include "fsdp/backend/concept.hpp"
+#include "fsdp/can_implement.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/exec/unit_executor.hpp"
@@ -72,30 +73,38 @@ class Model {
   static_assert(CollectivePolicy<communicator>, "fsdp::Model: the policy's communicator is not a CollectivePolicy");
   static_assert(Backend<backend_type>, "fsdp::Model: the policy's backend does not model fsdp::Backend (backend/concept.hpp)");
 
+  /// Builds this rank's units. Everything that could refuse the model is asked first, before any memory or
+  /// collective (fsdp/can_implement.hpp, whose first refusal is thrown as a usage_error); then the ranks compare
+  /// what they built (fsdp/agree/agree.hpp); then the master shards are materialised from the init rule.
   template <WrappingPolicy W>
   Model(communicator& comm, const ModelSpec& spec, const W& wrap, init::rule default_init = init::normal{},
         model_options opt = {})
+      : Model(comm, spec, std::move(default_init), opt, required(can_implement<Policy>(spec, wrap, opt, comm.size()))) {}
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+ private:
+  static model_blueprint required(implementability r) {
+    if (!r) throw usage_error(r.refusals.front().sentence);
+    return std::move(r.blueprint);
+  }
+
+  Model(communicator& comm, const ModelSpec& spec, init::rule default_init, const model_options& opt,
+        model_blueprint bp)
       : comm_(&comm),
         spec_(spec),
-        opt_(std::move(opt)),
-        mesh_(mesh_for(comm)),
+        opt_(opt),
+        mesh_(bp.mesh),
         stamp_(opt_.recorder, comm.rank()),
-        units_(build_units(spec_, wrap, mesh_.shards, opt_.layout)),
+        units_{std::move(bp.units), std::move(bp.layouts)},
         cursor_(units_.index, opt_.forward_order, opt_.record_order),
-        sched_(units_.index, sched::build_config(units_.index, facts_of<strategy>(comm.size()),
-                                                 facts_of_prefetch<prefetch>(), facts_of_precision<precision>(), opt_,
-                                                 offload_of())),
+        sched_(units_.index, std::move(*bp.schedule)),
         exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
               plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation,
                                     offload_of(), exec::division_facts(opt_.division, comm.size()).prescale != 1.0f),
               exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
               opt_.check_collectives, sched_.facts().offload) {
-    if constexpr (!OffloadBackend<backend_type>)
-      for (std::size_t u = 0; u < units_.index.size(); ++u)
-        if (sched_.facts().offload[u].any())
-          detail::fail_usage("model_options::offload_units keeps parts of unit '", units_.index.name(u),
-                             "' in host memory, but the policy's backend has no host memory domain or copy streams "
-                             "(it does not model fsdp::OffloadBackend)");
     // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
     agree::require_agreement(comm, backend(),
                              model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(),
@@ -106,11 +115,7 @@ class Model {
                              "fsdp::policy, default init rule and model_options");
     backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
     if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
-    if (splits_world(mesh_)) make_groups();
-    if (opt_.gather_slots > 0)  // a slot count too small for the policy fails here, before any memory is touched
-      if (const memory_plan p = plan_memory(0); !p.feasible())
-        detail::fail_usage("model_options::gather_slots = ", opt_.gather_slots, " is too few for this policy: ",
-                           p.infeasible);
+    if (facts_of<strategy>(comm.size()).splits_world()) make_groups();
     if (auto* rec = opt_.recorder) {
       rec->set_unit_names(units_.index.names());
       const int rank = comm.rank();
@@ -125,8 +130,7 @@ class Model {
       views_.emplace_back(u, exec_.layout(u), exec_.shard_rank(), sched_, exec_.buffers(u));
   }
 
-  Model(const Model&) = delete;
-  Model& operator=(const Model&) = delete;
+ public:
 
   ~Model() {
     exec_.synchronize_quietly();  // streams may still use unit buffers; errors were reported to whoever waited
@@ -399,26 +403,7 @@ class Model {
   };
 
   // ---- set-up ------------------------------------------------------------------------------------------------
-  /// The strategy's mesh over the communicator's world. Replicated shard groups (a shard group of one rank
-  /// included) need sub-group communicators: a communicator without split(color, key) is refused here, before
-  /// anything is issued.
-  static device_mesh mesh_for(const communicator& comm) {
-    const device_mesh m = mesh_of<strategy>(comm.size());
-    if constexpr (!splittable)
-      if (splits_world(m))
-        detail::fail_usage("sharding strategy ", strategy::name, " shards over ", m.shards, " of ", comm.size(),
-                           " ranks and replicates over ", m.replicas,
-                           " (hybrid sharding), which needs a communicator with split(color, key) to make the shard "
-                           "and replicate groups; this policy's communicator has none (comm::local on the host, "
-                           "comm::mpi and comm::nccl do)");
-    return m;
-  }
-  static constexpr bool splittable = requires(communicator& c) {
-    { c.split(0, 0) } -> std::same_as<communicator>;
-  };
-  static constexpr bool splits_world(const device_mesh& m) noexcept {
-    return facts_of<strategy>(m.world()).splits_world();
-  }
+  static constexpr bool splittable = detail::splittable<communicator>;
 
   /// Hybrid sharding (a shard group smaller than the world, of one rank included): the shard group (ranks of this
   /// replica) and the replicate group (ranks at this shard position), split from the world in that order on every
@@ -430,23 +415,6 @@ class Model {
       replicate_comm_.reset(new communicator(comm_->split(mesh_.shard_rank(r), r)));
       exec_.use_groups(*shard_comm_, replicate_comm_.get());
     }
-  }
-
-  template <WrappingPolicy W>
-  static built_units build_units(const ModelSpec& spec, const W& wrap, int shard_world, const layout_options& lo) {
-    const dtype compute = dtype_of_v<compute_type>;
-    for (const auto& p : spec.params())
-      if (p.compute_dtype && *p.compute_dtype != compute)
-        detail::fail_usage("parameter '", p.name, "' asks for compute dtype ", name_of(*p.compute_dtype),
-                           " but the precision policy computes in ", name_of(compute));
-    built_units out;
-    std::vector<std::string> names;
-    for (const unit_plan& plan : make_units(spec, wrap)) {
-      names.push_back(plan.name);
-      out.layouts.push_back(FlatLayout::build(spec, plan, shard_world, lo));
-    }
-    out.index = unit_index(std::move(names));
-    return out;
   }
 
   static std::unique_ptr<backend_type> make_backend(communicator& comm) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/problems.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/precision/precision.hpp"
@@ -45,10 +46,11 @@ struct config {
 };
 
 /// The schedule configuration of `units` under these facts and options. Every option that names a unit is
-/// checked here; a mistake is a usage_error that names it and lists the units.
+/// checked here; each mistake goes to `p`, naming the option and the unit and listing the units (what it would
+/// have set is left as the policy has it).
 inline config build_config(const unit_index& units, const strategy_facts& strategy, const prefetch_facts& prefetch,
-                           const precision_facts& precision, const model_options& opt,
-                           const offload_facts& offload = {}) {
+                           const precision_facts& precision, const model_options& opt, const offload_facts& offload,
+                           problems& p) {
   const std::size_t n = units.size();
   config c;
   c.gathers = plan::units_gather(strategy.shards_params, precision, offload);
@@ -56,12 +58,12 @@ inline config build_config(const unit_index& units, const strategy_facts& strate
   for (const auto& [name, value] : opt.reshard_after_forward) {
     const auto u = units.find(name);
     if (!u)
-      detail::fail_usage("model_options::reshard_after_forward names '", name, "', which is not a unit (units: ",
-                         units.list(), ")");
-    if (!strategy.shards_params)
-      detail::fail_usage("model_options::reshard_after_forward is set for unit '", name, "', but ", strategy.name,
-                         " never gathers or reshards parameters");
-    c.reshard_after_forward[*u] = value;
+      p.add("model_options::reshard_after_forward names '", name, "', which is not a unit (units: ", units.list(), ")");
+    else if (!strategy.shards_params)
+      p.add("model_options::reshard_after_forward is set for unit '", name, "', but ", strategy.name,
+            " never gathers or reshards parameters");
+    else
+      c.reshard_after_forward[*u] = value;
   }
   c.forward_depth = prefetch.forward_depth;
   c.backward_depth = prefetch.backward_depth;
@@ -69,39 +71,39 @@ inline config build_config(const unit_index& units, const strategy_facts& strate
   c.by_schedule = prefetch.by_schedule;
   if (prefetch.by_schedule) {
     if (opt.prefetch.empty())
-      detail::fail_usage("prefetch::explicit_schedule needs model_options::prefetch to name the units to prefetch");
+      p.add("prefetch::explicit_schedule needs model_options::prefetch to name the units to prefetch");
     c.forward_schedule.resize(n);
     c.backward_schedule.resize(n);
     auto fill = [&](const std::map<std::string, std::vector<std::string>>& from,
                     std::vector<std::vector<std::size_t>>& to, const char* which) {
       for (const auto& [at, list] : from) {
         const auto a = units.find(at);
-        if (!a)
-          detail::fail_usage("model_options::prefetch.", which, "['", at, "']: no unit named '", at, "' (units: ",
-                             units.list(), ")");
+        if (!a) {
+          p.add("model_options::prefetch.", which, "['", at, "']: no unit named '", at, "' (units: ", units.list(), ")");
+          continue;
+        }
         for (const auto& target : list) {
           const auto t = units.find(target);
           if (!t)
-            detail::fail_usage("model_options::prefetch.", which, "['", at, "'] names '", target,
-                               "', which is not a unit (units: ", units.list(), ")");
-          to[*a].push_back(*t);
+            p.add("model_options::prefetch.", which, "['", at, "'] names '", target, "', which is not a unit (units: ",
+                  units.list(), ")");
+          else
+            to[*a].push_back(*t);
         }
       }
     };
     fill(opt.prefetch.forward, c.forward_schedule, "forward");
     fill(opt.prefetch.backward, c.backward_schedule, "backward");
   } else if (!opt.prefetch.empty()) {
-    detail::fail_usage("model_options::prefetch names units to prefetch, but the policy's prefetch is not "
-                       "prefetch::explicit_schedule (it would be ignored)");
+    p.add("model_options::prefetch names units to prefetch, but the policy's prefetch is not "
+          "prefetch::explicit_schedule (it would be ignored)");
   }
   c.gather_slots = opt.gather_slots;
-  if (c.gather_slots < 0)
-    detail::fail_usage("model_options::gather_slots must be >= 0 (0 = no limit), got ", c.gather_slots);
+  if (c.gather_slots < 0) p.add("model_options::gather_slots must be >= 0 (0 = no limit), got ", c.gather_slots);
   c.grad_slots = opt.grad_slots;
-  if (c.grad_slots < 1) detail::fail_usage("model_options::grad_slots must be >= 1, got ", c.grad_slots);
+  if (c.grad_slots < 1) p.add("model_options::grad_slots must be >= 1, got ", c.grad_slots);
   const accumulation_options& a = opt.accumulation;
-  if (a.micro_batches < 1)
-    detail::fail_usage("model_options::accumulation.micro_batches must be >= 1, got ", a.micro_batches);
+  if (a.micro_batches < 1) p.add("model_options::accumulation.micro_batches must be >= 1, got ", a.micro_batches);
   c.micro_batches = a.micro_batches;
   c.sync_each_micro_batch = a.sync == grad_sync::every_micro_batch;
   c.keep_gathered = a.keep_gathered;
@@ -109,14 +111,24 @@ inline config build_config(const unit_index& units, const strategy_facts& strate
   for (const auto& [name, facts] : opt.offload_units) {
     const auto u = units.find(name);
     if (!u)
-      detail::fail_usage("model_options::offload_units names '", name, "', which is not a unit (units: ", units.list(), ")");
-    if (facts.params != offload.params && !plan::units_gather(strategy.shards_params, precision))
-      detail::fail_usage("model_options::offload_units sets params for unit '", name, "' unlike the policy, but under ",
-                         strategy.name, " in fp32 whether a unit's master serves compute or is gathered follows the "
-                         "policy's params, for every unit alike; set params in the policy only, or shard the "
-                         "parameters");
-    c.offload[*u] = facts;
+      p.add("model_options::offload_units names '", name, "', which is not a unit (units: ", units.list(), ")");
+    else if (facts.params != offload.params && !plan::units_gather(strategy.shards_params, precision))
+      p.add("model_options::offload_units sets params for unit '", name, "' unlike the policy, but under ",
+            strategy.name, " in fp32 whether a unit's master serves compute or is gathered follows the policy's "
+            "params, for every unit alike; set params in the policy only, or shard the parameters");
+    else
+      c.offload[*u] = facts;
   }
+  return c;
+}
+
+/// build_config, throwing the first mistake as a usage_error.
+inline config build_config(const unit_index& units, const strategy_facts& strategy, const prefetch_facts& prefetch,
+                           const precision_facts& precision, const model_options& opt,
+                           const offload_facts& offload = {}) {
+  problems p;
+  config c = build_config(units, strategy, prefetch, precision, opt, offload, p);
+  p.require();
   return c;
 }
 

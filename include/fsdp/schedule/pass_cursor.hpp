@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/problems.hpp"
 #include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/core/unit_state.hpp"
 #include "fsdp/core/unit_index.hpp"
@@ -22,31 +23,45 @@ namespace fsdp::sched {
 
 class pass_cursor {
  public:
+  /// The declared forward order of `units` (model_options::forward_order, record_order): unit indices, empty when
+  /// none is declared; each mistake in the options goes to `p`, naming the unit at fault.
+  static std::vector<std::size_t> declared_order(const unit_index& units, const std::vector<std::string>& forward_order,
+                                                 bool record_order, problems& p) {
+    const std::size_t n = units.size();
+    std::vector<std::size_t> order;
+    if (record_order && !forward_order.empty())
+      p.add("model_options: forward_order and record_order are exclusive (declare the order or record it)");
+    if (forward_order.empty()) return order;
+    std::vector<bool> seen(n, false);
+    for (const auto& name : forward_order) {
+      const auto i = units.find(name);
+      if (!i) {
+        p.add("model_options::forward_order names '", name, "', which is not a unit (units: ", units.list(), ")");
+      } else if (seen[*i]) {
+        p.add("model_options::forward_order lists unit '", name, "' twice");
+      } else {
+        seen[*i] = true;
+        order.push_back(*i);
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      if (!seen[i]) p.add("model_options::forward_order leaves out unit '", units.name(i), "'");
+    return order;
+  }
+
   /// `units` must outlive the cursor. Checks the order options (usage_error naming the unit at fault).
   pass_cursor(const unit_index& units, const std::vector<std::string>& forward_order, bool record_order)
       : units_(&units) {
-    const std::size_t n = units.size();
-    if (record_order && !forward_order.empty())
-      detail::fail_usage("model_options: forward_order and record_order are exclusive (declare the order or record it)");
+    problems p;
+    order_ = declared_order(units, forward_order, record_order, p);
+    p.require();
     if (forward_order.empty()) {
       source_ = record_order ? "recorded" : "wrapping";
       known_ = !record_order;
       if (known_)
-        for (std::size_t i = 0; i < n; ++i) order_.push_back(i);
+        for (std::size_t i = 0; i < units.size(); ++i) order_.push_back(i);
       return;
     }
-    std::vector<bool> seen(n, false);
-    for (const auto& name : forward_order) {
-      const auto i = units.find(name);
-      if (!i)
-        detail::fail_usage("model_options::forward_order names '", name, "', which is not a unit (units: ", units.list(),
-                           ")");
-      if (seen[*i]) detail::fail_usage("model_options::forward_order lists unit '", name, "' twice");
-      seen[*i] = true;
-      order_.push_back(*i);
-    }
-    for (std::size_t i = 0; i < n; ++i)
-      if (!seen[i]) detail::fail_usage("model_options::forward_order leaves out unit '", units.name(i), "'");
     known_ = true;
     source_ = "declared";
   }

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/problems.hpp"
 
 namespace fsdp {
 
@@ -100,6 +101,7 @@ struct hybrid_shard_zero2 : hybrid_groups<ShardGroup> {
 struct device_mesh {
   int replicas = 1;
   int shards = 1;
+  friend bool operator==(const device_mesh&, const device_mesh&) = default;
   int world() const noexcept { return replicas * shards; }
   int shard_rank(int rank) const noexcept { return rank % shards; }
   int replica(int rank) const noexcept { return rank / shards; }
@@ -120,22 +122,35 @@ struct strategy_facts {
   constexpr bool splits_world() const noexcept { return shards_params && replicate_group > 1; }
 };
 
+/// The mesh of strategy S over `world` ranks; what is wrong with it (its groups do not tile the world) goes to `p`,
+/// and the mesh is then {1, 1}.
+template <ShardingStrategy S>
+device_mesh mesh_of(int world, problems& p) {
+  if (world <= 0) {
+    p.add("world size must be positive, got ", world);
+    return {};
+  }
+  const int g = S::shard_group_size(world), r = S::replicate_group_size(world);
+  if (g <= 0 || world % g != 0)
+    p.add("sharding strategy ", S::name, " gives a shard group of ", g, " ranks, which does not divide the world of ",
+          world);
+  else if (g * r != world)
+    p.add("sharding strategy ", S::name, " gives a shard group of ", g, " and a replicate group of ", r,
+          " ranks, whose product is not the world of ", world);
+  else if (!S::shards_params && g != 1)
+    p.add("sharding strategy ", S::name, " does not shard parameters (shards_params is false) but gives a shard "
+          "group of ", g, " ranks; a strategy that keeps whole parameters on every rank has a shard group of 1");
+  else
+    return {r, g};
+  return {};
+}
 /// The mesh of strategy S over `world` ranks; usage_error when its groups do not tile the world.
 template <ShardingStrategy S>
 device_mesh mesh_of(int world) {
-  if (world <= 0) detail::fail_usage("world size must be positive, got ", world);
-  const int g = S::shard_group_size(world), r = S::replicate_group_size(world);
-  if (g <= 0 || world % g != 0)
-    detail::fail_usage("sharding strategy ", S::name, " gives a shard group of ", g,
-                       " ranks, which does not divide the world of ", world);
-  if (g * r != world)
-    detail::fail_usage("sharding strategy ", S::name, " gives a shard group of ", g, " and a replicate group of ", r,
-                       " ranks, whose product is not the world of ", world);
-  if (!S::shards_params && g != 1)
-    detail::fail_usage("sharding strategy ", S::name, " does not shard parameters (shards_params is false) but gives a "
-                       "shard group of ", g, " ranks; a strategy that keeps whole parameters on every rank has a "
-                       "shard group of 1");
-  return {r, g};
+  problems p;
+  const device_mesh m = mesh_of<S>(world, p);
+  p.require();
+  return m;
 }
 
 template <ShardingStrategy S>

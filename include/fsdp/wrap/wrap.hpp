@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/problems.hpp"
 #include "fsdp/core/text.hpp"
 #include "fsdp/spec/model_spec.hpp"
 
@@ -97,36 +98,50 @@ struct by_function {
 }  // namespace wrap
 
 /// Groups the spec into units with `policy`. Units come in the order of their first parameter in the spec
-/// (that is the default execution order). Throws usage_error for an empty spec or a tie split across units.
+/// (that is the default execution order). What is wrong (an empty spec, a unit name that is empty or not UTF-8,
+/// a tie split across units) goes to `p`.
 template <WrappingPolicy W>
-std::vector<unit_plan> make_units(const ModelSpec& spec, const W& policy) {
-  spec.validate();
+std::vector<unit_plan> make_units(const ModelSpec& spec, const W& policy, problems& p) {
+  if (spec.size() == 0) {
+    p.add("the model spec is empty: add at least one parameter");
+    return {};
+  }
   const std::vector<std::string> names = policy.assign(spec);
-  if (names.size() != spec.size())
-    detail::fail_usage("the wrapping policy named ", names.size(), " units for ", spec.size(), " parameters");
+  if (names.size() != spec.size()) {
+    p.add("the wrapping policy named ", names.size(), " units for ", spec.size(), " parameters");
+    return {};
+  }
   std::vector<unit_plan> units;
   std::unordered_map<std::string, std::size_t> by_name;
   for (std::size_t i = 0; i < spec.size(); ++i) {
     auto [it, fresh] = by_name.emplace(names[i], units.size());
     if (fresh) {
       if (names[i].empty())
-        detail::fail_usage("the wrapping policy gave parameter '", spec.params()[i].name, "' an empty unit name");
-      if (std::string why = detail::utf8_problem("unit name", names[i]); !why.empty())
-        detail::fail_usage(why, ", given by the wrapping policy to parameter '", spec.params()[i].name,
-                           "': names appear in messages, traces and checkpoints; name units in UTF-8");
+        p.add("the wrapping policy gave parameter '", spec.params()[i].name, "' an empty unit name");
+      else if (std::string why = detail::utf8_problem("unit name", names[i]); !why.empty())
+        p.add(why, ", given by the wrapping policy to parameter '", spec.params()[i].name,
+              "': names appear in messages, traces and checkpoints; name units in UTF-8");
       units.push_back(unit_plan{names[i], {}});
     }
     units[it->second].params.push_back(i);
   }
   for (std::size_t i = 0; i < spec.size(); ++i) {
-    const auto& p = spec.params()[i];
-    if (!p.is_tied()) continue;
-    const auto& target_unit = names[spec.index_of(p.tied_to)];
+    const auto& param = spec.params()[i];
+    if (!param.is_tied()) continue;
+    const auto& target_unit = names[spec.index_of(param.tied_to)];
     if (names[i] != target_unit)
-      detail::fail_usage("tied parameters '", p.name, "' and '", p.tied_to, "' landed in different units ('",
-                         names[i], "' and '", target_unit,
-                         "'): tied parameters share storage and must be in one unit; change the wrapping policy");
+      p.add("tied parameters '", param.name, "' and '", param.tied_to, "' landed in different units ('", names[i],
+            "' and '", target_unit,
+            "'): tied parameters share storage and must be in one unit; change the wrapping policy");
   }
+  return units;
+}
+/// make_units, throwing the first problem as a usage_error.
+template <WrappingPolicy W>
+std::vector<unit_plan> make_units(const ModelSpec& spec, const W& policy) {
+  problems p;
+  std::vector<unit_plan> units = make_units(spec, policy, p);
+  p.require();
   return units;
 }
 

@@ -1,0 +1,201 @@
+#pragma once
+// Whether a Model<Policy> can be built from a spec, a wrapping policy and options over a world (or a mesh), asked
+// before any memory or communicator exists: every refusal the constructor would make, each with its sentence, as a
+// value. The constructor asks the same question and builds from the answer's blueprint, so nothing else refuses a
+// model (but ranks that disagree, which only the ranks together can see: fsdp/agree/agree.hpp).
+//
+//   part            refused when
+//   strategy        its groups do not tile the world (fsdp/sharding/sharding.hpp), or the mesh given is not its mesh
+//   communicator    the world must be split into groups (hybrid sharding) and the communicator has no split
+//   precision       a parameter asks for a compute dtype other than the policy's
+//   wrapping        the spec is empty, a unit name is empty or not UTF-8, a tie is split across units
+//   layout          the alignment is not positive
+//   options         model_options name a unit that is not one, or hold a value out of range (order, resharding,
+//                   prefetch schedule, slots, micro-batches, per-unit offload, division)
+//   offload         a unit keeps parts in host memory on a backend without a host domain (not an OffloadBackend)
+//   slots           model_options::gather_slots are too few for the schedule (the memory plan is not feasible)
+//   budget          the planned peak passes limits.device_budget or limits.host_budget (when given)
+//
+//   auto r = fsdp::can_implement<Policy>(spec, fsdp::wrap::by_prefix{"h."}, options, 8, {.optimizer_states = 2});
+//   if (!r) std::puts(r.text().c_str());   // one sentence per refusal, in the order the constructor meets them
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/backend/concept.hpp"
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/core/problems.hpp"
+#include "fsdp/core/unit_index.hpp"
+#include "fsdp/exec/reduction.hpp"
+#include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/memory/cost.hpp"
+#include "fsdp/options/model_options.hpp"
+#include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/schedule/config.hpp"
+#include "fsdp/schedule/pass_cursor.hpp"
+#include "fsdp/sharding/sharding.hpp"
+#include "fsdp/spec/model_spec.hpp"
+#include "fsdp/wrap/wrap.hpp"
+
+namespace fsdp {
+
+/// One reason a model cannot be built: the part at fault (see the table above) and the sentence a usage_error
+/// would carry (without the "fsdp: " prefix).
+struct refusal {
+  std::string part;
+  std::string sentence;
+  friend bool operator==(const refusal&, const refusal&) = default;
+};
+
+/// What the checks built on the way, which the constructor starts from: the mesh, the units and their layouts,
+/// and the schedule's facts (present only when nothing was refused).
+struct model_blueprint {
+  device_mesh mesh{};
+  unit_index units;
+  std::vector<FlatLayout> layouts;
+  std::optional<sched::config> schedule;
+};
+
+struct implementation_limits {
+  int optimizer_states = 0;       ///< fp32 values of optimizer state per element the plan counts (AdamW: 2)
+  int norm_rows = 0;              ///< the optimizer's gradient inspection rows (0: none)
+  std::int64_t device_budget = 0; ///< bytes; 0: no limit
+  std::int64_t host_budget = 0;   ///< bytes of host memory (offloaded parts); 0: no limit
+};
+
+/// can_implement's answer: true when nothing is refused.
+struct implementability {
+  std::vector<refusal> refusals;
+  model_blueprint blueprint;
+  /// The memory plan (with limits' optimizer states and rows), when units and schedule could be built.
+  std::optional<memory_plan> plan;
+
+  explicit operator bool() const noexcept { return refusals.empty(); }
+  /// Every refusal's sentence, one per line.
+  std::string text() const {
+    std::string out;
+    for (const refusal& r : refusals) out += r.sentence + "\n";
+    return out;
+  }
+};
+
+namespace detail {
+template <class C>
+inline constexpr bool splittable = requires(C& c) {
+  { c.split(0, 0) } -> std::same_as<C>;
+};
+}  // namespace detail
+
+/// Every refusal Model<Policy>(comm, spec, wrap, init, opt) would make on a communicator of `world` ranks.
+template <class Policy, WrappingPolicy W>
+implementability can_implement(const ModelSpec& spec, const W& wrap, const model_options& opt, int world,
+                               const implementation_limits& limits = {}) {
+  using strategy = typename Policy::sharding;
+  using communicator = typename Policy::communicator;
+  using backend_type = typename Policy::backend_type;
+  using compute_type = typename Policy::precision::compute_type;
+  implementability out;
+  auto refuse = [&](std::string_view part, const problems& p) {
+    for (const std::string& s : p.list()) out.refusals.push_back({std::string(part), s});
+  };
+
+  problems strat;
+  const device_mesh mesh = mesh_of<strategy>(world, strat);
+  refuse("strategy", strat);
+  out.blueprint.mesh = mesh;
+  const strategy_facts sf = facts_of<strategy>(world > 0 ? world : 1);
+  if (strat.empty() && !detail::splittable<communicator> && sf.splits_world())
+    out.refusals.push_back(
+        {"communicator", fsdp::detail::cat("sharding strategy ", strategy::name, " shards over ", mesh.shards, " of ",
+                                           world, " ranks and replicates over ", mesh.replicas,
+                                           " (hybrid sharding), which needs a communicator with split(color, key) to "
+                                           "make the shard and replicate groups; this policy's communicator has none "
+                                           "(comm::local on the host, comm::mpi and comm::nccl do)")});
+
+  const dtype compute = dtype_of_v<compute_type>;
+  for (const ParamSpec& p : spec.params())
+    if (p.compute_dtype && *p.compute_dtype != compute)
+      out.refusals.push_back({"precision", fsdp::detail::cat("parameter '", p.name, "' asks for compute dtype ",
+                                                             name_of(*p.compute_dtype),
+                                                             " but the precision policy computes in ",
+                                                             name_of(compute))});
+
+  problems wrapping;
+  const std::vector<unit_plan> plans = make_units(spec, wrap, wrapping);
+  refuse("wrapping", wrapping);
+  problems layout;
+  if (opt.layout.align <= 0) layout.add("layout alignment must be positive, got ", opt.layout.align);
+  refuse("layout", layout);
+  if (!strat.empty() || !wrapping.empty() || !layout.empty()) return out;  // nothing to lay out
+
+  std::vector<std::string> names;
+  for (const unit_plan& p : plans) {
+    names.push_back(p.name);
+    out.blueprint.layouts.push_back(FlatLayout::build(spec, p, mesh.shards, opt.layout));
+  }
+  out.blueprint.units = unit_index(names);
+  const unit_index& units = out.blueprint.units;
+
+  problems options;
+  const std::vector<std::size_t> order = sched::pass_cursor::declared_order(units, opt.forward_order, opt.record_order,
+                                                                            options);
+  const offload_facts policy_offload = facts_of_offload<typename Policy::offload>();
+  sched::config cfg = sched::build_config(units, sf, facts_of_prefetch<typename Policy::prefetch>(),
+                                          facts_of_precision<typename Policy::precision>(), opt, policy_offload,
+                                          options);
+  const exec::reduce_facts division = exec::division_facts(opt.division, world, options);
+  refuse("options", options);
+  if constexpr (!OffloadBackend<backend_type>)
+    for (std::size_t u = 0; u < units.size(); ++u)
+      if (cfg.offload[u].any())
+        out.refusals.push_back(
+            {"offload", fsdp::detail::cat("model_options::offload_units keeps parts of unit '", units.name(u),
+                                          "' in host memory, but the policy's backend has no host memory domain or "
+                                          "copy streams (it does not model fsdp::OffloadBackend)")});
+  if (!out.refusals.empty()) return out;
+
+  memory_plan_inputs in;
+  in.schedule = cfg;
+  in.order = order;
+  in.costs = plan::make_cost_facts(facts_of_precision<typename Policy::precision>(), strategy::shards_params,
+                                   opt.accumulation, policy_offload, division.prescale != 1.0f);
+  in.optimizer_states = limits.optimizer_states;
+  in.norm_rows = limits.norm_rows;
+  out.plan = plan_memory(names, out.blueprint.layouts, in);
+  out.blueprint.schedule = std::move(cfg);
+  const memory_plan& plan = *out.plan;
+  if (opt.gather_slots > 0 && !plan.feasible())
+    out.refusals.push_back({"slots", fsdp::detail::cat("model_options::gather_slots = ", opt.gather_slots,
+                                                       " is too few for this policy: ", plan.infeasible)});
+  if (limits.device_budget > 0 && plan.peak.total > limits.device_budget)
+    out.refusals.push_back({"budget", fsdp::detail::cat("the planned device peak of ", plan.peak.total,
+                                                        " bytes per rank passes the budget of ", limits.device_budget,
+                                                        " bytes")});
+  if (limits.host_budget > 0 && plan.host_peak.total > limits.host_budget)
+    out.refusals.push_back({"budget", fsdp::detail::cat("the planned host peak of ", plan.host_peak.total,
+                                                        " bytes per rank passes the host budget of ",
+                                                        limits.host_budget, " bytes")});
+  return out;
+}
+
+/// can_implement on a given mesh: also refused when it is not the strategy's mesh over its world.
+template <class Policy, WrappingPolicy W>
+implementability can_implement(const ModelSpec& spec, const W& wrap, const model_options& opt, const device_mesh& mesh,
+                               const implementation_limits& limits = {}) {
+  implementability out = can_implement<Policy>(spec, wrap, opt, mesh.world(), limits);
+  const bool strategy_refused = !out.refusals.empty() && out.refusals.front().part == "strategy";
+  if (!strategy_refused && out.blueprint.mesh != mesh)
+    out.refusals.insert(out.refusals.begin(),
+                        {"strategy", fsdp::detail::cat("sharding strategy ", Policy::sharding::name, " over ",
+                                                       mesh.world(), " ranks makes a mesh of ",
+                                                       out.blueprint.mesh.replicas, " x ", out.blueprint.mesh.shards,
+                                                       " (replicas x shards), not the ", mesh.replicas, " x ",
+                                                       mesh.shards, " asked for")});
+  return out;
+}
+
+}  // namespace fsdp
