@@ -50,7 +50,12 @@ class diagnostics {
   /// gather stream, which the host waits for).
   template <class C, class B>
   void check_next(C& world, B& be, collective kind, std::int64_t count, dtype t, std::size_t u) {
-    if (!check_) return;
+    if (check_) compare_next(world, be, kind, count, t, u);  // off, the common case: inline and nothing more
+  }
+
+ private:
+  template <class C, class B>
+  void compare_next(C& world, B& be, collective kind, std::int64_t count, dtype t, std::size_t u) {
     fingerprint next;
     next.add("", "the sequence number", std::to_string(checked_++));
     next.add("", "the unit", agree::in_quotes(units_->name(u)));
@@ -61,7 +66,6 @@ class diagnostics {
                              "Every rank must enter the same units in the same order");
   }
 
- private:
   const unit_index* units_;
   const std::vector<FlatLayout>* layouts_;
   int rank_;

@@ -16,6 +16,7 @@
 //
 // Every buffer has the category, dtype and size fsdp/memory/cost.hpp gives, every cast uses the per-element code
 // both backends share, and a memory_error names the unit and what was being made for it (exec/diagnostics.hpp).
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -48,7 +49,7 @@ class interpreter {
   /// slots), `grad_slots` model_options::grad_slots.
   interpreter(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, trace::stamper<B>& stamp,
               const reduce_facts& reduce, const plan::step_program& prog, int grad_slots)
-      : be_(be), st_(storage), diag_(diag), stamp_(stamp), reduce_(reduce), prog_(prog),
+      : be_(be), streams_(streams_of(be)), st_(storage), diag_(diag), stamp_(stamp), reduce_(reduce), prog_(prog),
         slots_(be, prog, grad_slots), transfers_(be, storage, g, diag, reduce, prog, slots_),
         fresh_accumulator_(storage.size(), false) {}
   interpreter(const interpreter&) = delete;
@@ -98,51 +99,46 @@ class interpreter {
   void record(plan::lane l, plan::signal s, std::size_t u) { be_.record(event(u, s), stream_of(l)); }
 
   void stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead = false) {
-    if (!stamp_.on()) return;
-    std::int64_t bytes = 0;
-    collective coll = collective::all_gather;
-    const bool unit = u != plan::step_program::npos;
-    if (unit) {
-      const plan::unit_costs& c = st_.costs(u);
-      if (k == trace::kind::gather_issued || k == trace::kind::gather_begin || k == trace::kind::gather_end)
-        bytes = c.gather_bytes();
-      if (k == trace::kind::reduce_issued || k == trace::kind::reduce_begin || k == trace::kind::reduce_end) {
-        bytes = c.reduce_bytes();
-        coll = transfers_.reduction_kind();
-      }
-    }
-    const int id = unit ? static_cast<int>(u) : -1;
-    if (l == plan::lane::host)
-      stamp_.note(k, pass, id, bytes, ahead, coll);
-    else
-      stamp_.stamp(be_, stream_of(l), k, pass, id, bytes, coll);
+    if (stamp_.on()) record_stamp(l, k, pass, u, ahead);  // the common case, no recorder, stays inline and cheap
   }
 
   void views_end(plan::lane l, plan::views v, std::size_t u) {
     unit_buffers<B>& b = st_.buffers(u);
-    handover_count* h = v == plan::views::params ? b.param_handovers : b.grad_handovers;
-    if (!h) return;  // views are not checked
-    stream& s = stream_of(l);
-    if (v == plan::views::params) {  // NaN in the slot first: x * NaN is NaN, in every dtype's rounding
-      const plan::buffer_cost& g = st_.costs(u).gathered;
-      be_.convert(b.params, g.type, b.params, g.type, g.numel, std::numeric_limits<float>::quiet_NaN(), s);
-    }
-    ++h->issued;
-    be_.host_callback(s, [passed = &h->passed] { passed->fetch_add(1, std::memory_order_release); });
+    if (handover_count* h = v == plan::views::params ? b.param_handovers : b.grad_handovers) hand_over(l, v, u, *h);
   }
 
   void work(plan::lane l, plan::job j, std::size_t u, pass_kind) {
-    const plan::unit_costs& c = st_.costs(u);
-    unit_buffers<B>& b = st_.buffers(u);
+    if (j == plan::job::compute) return;  // the trainer's kernels, issued on the compute stream between enter and leave
     stream& s = stream_of(l);
+    switch (j) {
+      case plan::job::gather: transfers_.gather(u, s); return;
+      case plan::job::zero_grad: be_.fill_zero(st_.buffers(u).grad, st_.cost(u).grad.bytes(), s); return;
+      case plan::job::reduce_collective: transfers_.reduce(u, s); return;
+      case plan::job::replica_reduce: transfers_.reduce_across_replicas(u, s); return;
+      case plan::job::add_into_shard:
+        be_.accumulate(st_.buffers(u).grad_shard.template as<float>(), transfers_.result(u),
+                       st_.cost(u).reduce_output.type, transfers_.reduced_count(u), reduce_.postscale, s);
+        return;
+      case plan::job::optimizer_device: {
+        update_site<B> site = update_site<B>::device(be_, staged_.empty() ? nullptr : &staged_);
+        optimizer().update(u, site);
+        staged_.clear();
+        return;
+      }
+      default: other_work(j, u, s);  // accumulation, casts, and offloading's copies and host functions
+    }
+  }
+
+ private:
+  /// The jobs of gradient accumulation, reduction casts and offloading (off work()'s common path).
+  void other_work(plan::job j, std::size_t u, stream& s) {
+    const plan::unit_costs& c = st_.cost(u);
+    unit_buffers<B>& b = st_.buffers(u);
     const std::int64_t S = c.shard_numel, P = c.padded_numel, f32 = static_cast<std::int64_t>(sizeof(float));
     switch (j) {
       case plan::job::upload_master:
         be_.upload(slot(u, plan::ring::upload), b.master.data(), c.upload.bytes(), s);
         break;
-      case plan::job::gather: transfers_.gather(u, s); break;
-      case plan::job::zero_grad: be_.fill_zero(b.grad, c.grad.bytes(), s); break;
-      case plan::job::compute: break;  // the trainer's kernels, issued on the compute stream between enter and leave
       case plan::job::accumulate:
         if (fresh_accumulator_[u]) {  // the first micro-batch: an exact copy
           be_.convert(b.accumulator.data(), c.accumulator.type, b.grad, c.grad.type, P, 1.0f, s);
@@ -163,12 +159,6 @@ class interpreter {
         be_.convert(src, t, src, t, P, reduce_.prescale, s);
         break;
       }
-      case plan::job::reduce_collective: transfers_.reduce(u, s); break;
-      case plan::job::replica_reduce: transfers_.reduce_across_replicas(u, s); break;
-      case plan::job::add_into_shard:
-        be_.accumulate(b.grad_shard.template as<float>(), transfers_.result(u), c.reduce_output.type,
-                       transfers_.reduced_count(u), reduce_.postscale, s);
-        break;
       case plan::job::download_grad:
         be_.download(slot(u, plan::ring::download), transfers_.result(u), c.download.bytes(), s);
         break;
@@ -178,12 +168,6 @@ class interpreter {
           kernels::host_loops::accumulate(shard, from, t, n, post);
         });
         break;
-      case plan::job::optimizer_device: {
-        update_site<B> site = update_site<B>::device(be_, staged_.empty() ? nullptr : &staged_);
-        optimizer().update(u, site);
-        staged_.clear();
-        break;
-      }
       case plan::job::optimizer_host: {
         std::vector<std::function<void()>> updates;
         update_site<B> site = update_site<B>::host(updates);
@@ -216,24 +200,67 @@ class interpreter {
           std::memset(p, 0, static_cast<std::size_t>(n));
         });
         break;
+      case plan::job::compute:
+      case plan::job::gather:
+      case plan::job::zero_grad:
+      case plan::job::reduce_collective:
+      case plan::job::replica_reduce:
+      case plan::job::add_into_shard:
+      case plan::job::optimizer_device: break;  // work()
     }
   }
 
- private:
-  stream& stream_of(plan::lane l) {
-    switch (l) {
-      case plan::lane::compute: return be_.compute_stream();
-      case plan::lane::gather: return be_.gather_stream();
-      case plan::lane::reduce: return be_.reduce_stream();
-      case plan::lane::upload:
-      case plan::lane::download:
-        if constexpr (OffloadBackend<B>)
-          return l == plan::lane::upload ? be_.upload_stream() : be_.download_stream();
-        else  // Model allows offloading only on an OffloadBackend
-          detail::fail_usage("a copy on a backend without copy streams (it does not model fsdp::OffloadBackend)");
-      case plan::lane::host: break;
+  /// A trace event, with a recorder: its bytes and collective from unit u's costs.
+  void record_stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead) {
+    std::int64_t bytes = 0;
+    collective coll = collective::all_gather;
+    const bool unit = u != plan::step_program::npos;
+    if (unit) {
+      const plan::unit_costs& c = st_.cost(u);
+      if (k == trace::kind::gather_issued || k == trace::kind::gather_begin || k == trace::kind::gather_end)
+        bytes = c.gather_bytes();
+      if (k == trace::kind::reduce_issued || k == trace::kind::reduce_begin || k == trace::kind::reduce_end) {
+        bytes = c.reduce_bytes();
+        coll = transfers_.reduction_kind();
+      }
     }
-    detail::fail_usage("the step program issued work on the host lane, which has no stream");
+    const int id = unit ? static_cast<int>(u) : -1;
+    if (l == plan::lane::host)
+      stamp_.note(k, pass, id, bytes, ahead, coll);
+    else
+      stamp_.stamp(be_, stream_of(l), k, pass, id, bytes, coll);
+  }
+
+
+  /// model_options::check_views: unit u hands its slot over on `l` (see views_end).
+  void hand_over(plan::lane l, plan::views v, std::size_t u, handover_count& h) {
+    stream& s = stream_of(l);
+    if (v == plan::views::params) {  // NaN in the slot first: x * NaN is NaN, in every dtype's rounding
+      unit_buffers<B>& b = st_.buffers(u);
+      const plan::buffer_cost& g = st_.cost(u).gathered;
+      be_.convert(b.params, g.type, b.params, g.type, g.numel, std::numeric_limits<float>::quiet_NaN(), s);
+    }
+    ++h.issued;
+    be_.host_callback(s, [passed = &h.passed] { passed->fetch_add(1, std::memory_order_release); });
+  }
+
+  /// The stream of each lane (null: the host lane, and the copy lanes on a backend without copy streams).
+  static std::array<stream*, plan::lanes> streams_of(B& be) {
+    std::array<stream*, plan::lanes> s{};
+    s[static_cast<std::size_t>(plan::lane::compute)] = &be.compute_stream();
+    s[static_cast<std::size_t>(plan::lane::gather)] = &be.gather_stream();
+    s[static_cast<std::size_t>(plan::lane::reduce)] = &be.reduce_stream();
+    if constexpr (OffloadBackend<B>) {
+      s[static_cast<std::size_t>(plan::lane::upload)] = &be.upload_stream();
+      s[static_cast<std::size_t>(plan::lane::download)] = &be.download_stream();
+    }
+    return s;
+  }
+  stream& stream_of(plan::lane l) {
+    if (stream* s = streams_[static_cast<std::size_t>(l)]) return *s;
+    if (l == plan::lane::host) detail::fail_usage("the step program issued work on the host lane, which has no stream");
+    // Model allows offloading only on an OffloadBackend
+    detail::fail_usage("a copy on a backend without copy streams (it does not model fsdp::OffloadBackend)");
   }
 
   typename B::event& event(std::size_t u, plan::signal s) {
@@ -267,6 +294,7 @@ class interpreter {
   }
 
   B& be_;
+  std::array<stream*, plan::lanes> streams_;
   unit_storage<B>& st_;
   diagnostics& diag_;
   trace::stamper<B>& stamp_;
@@ -274,7 +302,7 @@ class interpreter {
   const plan::step_program& prog_;
   step_slots<B> slots_;                  // destroyed before the backend (the executor's member order)
   transfers<B, C> transfers_;
-  std::vector<bool> fresh_accumulator_;  // per unit: its accumulator was just made (the next add is a copy)
+  std::vector<char> fresh_accumulator_;  // per unit: its accumulator was just made (the next add is a copy)
   optimizer_work<B>* work_ = nullptr;    // during an optimizer step
   staged_parts staged_;                  // a device step over host parts: where the unit's parts are staged
 };

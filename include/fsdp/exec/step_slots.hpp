@@ -5,6 +5,7 @@
 // The program's ledgers pick which slot a take gets and know which slot each unit holds; these rings add the memory
 // and the events.
 #include <cstddef>
+#include <string_view>
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/exec/slot_ring.hpp"
@@ -41,7 +42,7 @@ class step_slots {
   void* held(std::size_t u, plan::ring r) const { return data(r, prog_.held(u, r)); }
 
   /// How messages name a slot of ring r ("could not allocate the gather slot of unit ...").
-  static const char* name_of(plan::ring r) noexcept {
+  static constexpr std::string_view name_of(plan::ring r) noexcept {
     switch (r) {
       case plan::ring::gathered: return "the gather slot";
       case plan::ring::grad: return "the gradient slot";

@@ -29,7 +29,7 @@ class transfers {
   /// The all-gather of unit u into its gather slot (cast into this rank's slice first when the compute dtype is not
   /// the master's); with a shard group of one rank, the cast alone.
   void gather(std::size_t u, stream& s) {
-    const plan::unit_costs& c = st_.costs(u);
+    const plan::unit_costs& c = st_.cost(u);
     unit_buffers<B>& b = st_.buffers(u);
     g_.label(diag_.units().name(u));
     const void* master_shard =  // what the gather reads: the master, or its upload
@@ -54,7 +54,7 @@ class transfers {
   /// The reduction of unit u in its shard group: a reduce-scatter into its reduce output, or (replicated
   /// parameters) an all-reduce in place.
   void reduce(std::size_t u, stream& s) {
-    const plan::unit_costs& c = st_.costs(u);
+    const plan::unit_costs& c = st_.cost(u);
     g_.label(diag_.units().name(u));
     const dtype t = c.reduce_output.type;
     dtype operand_type;
@@ -71,7 +71,7 @@ class transfers {
   void reduce_across_replicas(std::size_t u, stream& s) {
     C* replicas = g_.replicas();
     if (!replicas) return;
-    const plan::unit_costs& c = st_.costs(u);
+    const plan::unit_costs& c = st_.cost(u);
     void* out = slots_.held(u, plan::ring::reduce_output);
     diag_.check_next(g_.world(), be_, collective::all_reduce, c.shard_numel, c.reduce_output.type, u);
     replicas->all_reduce(out, out, c.shard_numel, c.reduce_output.type, reduce_.op, s);
@@ -83,13 +83,13 @@ class transfers {
   }
   /// Elements a reduction leaves this rank: its shard, or (replicated) the whole buffer.
   std::int64_t reduced_count(std::size_t u) const {
-    const plan::unit_costs& c = st_.costs(u);
+    const plan::unit_costs& c = st_.cost(u);
     return st_.facts().shards_params ? c.shard_numel : c.padded_numel;
   }
   /// What a reduction reduces from: the no-sync accumulator while it exists, else the gradient slot.
   void* source(std::size_t u, dtype* t) {
     unit_buffers<B>& b = st_.buffers(u);
-    const plan::unit_costs& c = st_.costs(u);
+    const plan::unit_costs& c = st_.cost(u);
     if (prog_.accumulating(u)) {
       *t = c.accumulator.type;
       return b.accumulator.data();
@@ -100,7 +100,7 @@ class transfers {
   /// What the collective reads: the reduce input when the source was cast into one, else the source itself.
   void* operand(std::size_t u, dtype* t) {
     if (prog_.held(u, plan::ring::reduce_input) >= 0) {
-      *t = st_.costs(u).reduce_input.type;
+      *t = st_.cost(u).reduce_input.type;
       return slots_.held(u, plan::ring::reduce_input);
     }
     return source(u, t);

@@ -51,6 +51,8 @@ class unit_storage {
   const FlatLayout& layout(std::size_t u) const { return layouts_.at(u); }
   const std::vector<plan::unit_costs>& costs() const noexcept { return cost_; }
   const plan::unit_costs& costs(std::size_t u) const { return cost_.at(u); }
+  /// Unit u's costs, unchecked (u < size(): the step program's units).
+  const plan::unit_costs& cost(std::size_t u) const noexcept { return cost_[u]; }
   const std::vector<offload_facts>& offload() const noexcept { return offload_; }
   const offload_facts& offload(std::size_t u) const { return offload_.at(u); }
   const plan::cost_facts& facts() const noexcept { return facts_; }

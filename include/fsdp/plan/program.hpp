@@ -125,10 +125,10 @@ class step_program {
     staging_ = staging_slots_of(cost_, offload_, states);
     ledger_[static_cast<std::size_t>(ring::stage_state)] = sched::slot_ledger(offload_slots);
   }
-  /// The slot unit u holds in ring r (-1: none).
-  int held(std::size_t u, ring r) const { return held_.at(u).slot[static_cast<std::size_t>(r)]; }
-  /// Whether unit u's no-sync accumulator exists.
-  bool accumulating(std::size_t u) const { return accumulating_.at(u); }
+  /// The slot unit u (< size()) holds in ring r (-1: none).
+  int held(std::size_t u, ring r) const noexcept { return held_[u].slot[static_cast<std::size_t>(r)]; }
+  /// Whether unit u's (< size()) no-sync accumulator exists.
+  bool accumulating(std::size_t u) const noexcept { return accumulating_[u]; }
 
   /// One of the scheduler's decisions.
   template <class I>
@@ -395,8 +395,8 @@ class step_program {
     int& operator[](std::size_t r) noexcept { return slot[r]; }
   };
   std::vector<held_slots> held_;     // per unit: the slot it holds in each ring
-  std::vector<bool> accumulating_;   // per unit: its no-sync accumulator exists
-  std::vector<bool> written_on_host_;
+  std::vector<char> accumulating_;   // per unit: its no-sync accumulator exists
+  std::vector<char> written_on_host_;  // per unit: its master shard was last written on the host
 };
 
 /// Drives one step's passes (every micro-batch, forward then backward) through the scheduler, as a trainer does:
