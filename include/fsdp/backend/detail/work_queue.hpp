@@ -138,34 +138,46 @@ class work_queue {
 
 /// Completion marker shared by an event's handles: `recorded` counts record calls, `completed` the markers
 /// that have been reached. A wait snapshots `recorded` when it is issued, as cudaStreamWaitEvent does.
+///
+/// A wait whose marker is reached already takes no lock (the common case: inline streams, and streams that have
+/// caught up), and a completion locks and notifies only while a thread sleeps on the event. A sleeper counts itself
+/// in `sleepers` and then reads `completed`; a completion stores `completed` and then reads `sleepers` (all
+/// sequentially consistent): one of the two sees the other, so a completion never misses a sleeper, and its notify,
+/// made under the lock the sleeper holds until it sleeps, cannot come before the sleep.
 struct event_state {
   std::mutex mu;
   std::condition_variable cv;
-  std::uint64_t recorded = 0;
-  std::uint64_t completed = 0;
+  std::atomic<std::uint64_t> recorded{0};
+  std::atomic<std::uint64_t> completed{0};
+  std::atomic<int> sleepers{0};
+  std::atomic<bool> failed{false};  // `error` is set (under mu, before the completion that carries it)
   std::exception_ptr error;
 
-  std::uint64_t next_target() {
-    std::lock_guard lk(mu);
-    return ++recorded;
-  }
-  std::uint64_t snapshot() {
-    std::lock_guard lk(mu);
-    return recorded;
-  }
+  std::uint64_t next_target() { return recorded.fetch_add(1) + 1; }
+  std::uint64_t snapshot() const { return recorded.load(); }
   void complete(std::uint64_t target, std::exception_ptr e) {
-    {
+    if (e) {
       std::lock_guard lk(mu);
-      if (target > completed) completed = target;
-      if (e && !error) error = std::move(e);
+      if (!error) error = std::move(e);
+      failed.store(true);
     }
-    cv.notify_all();
+    std::uint64_t seen = completed.load();
+    while (seen < target && !completed.compare_exchange_weak(seen, target)) {
+    }
+    if (sleepers.load() > 0) {
+      { std::lock_guard lk(mu); }  // a sleeper between its check and its sleep holds mu: wait until it sleeps
+      cv.notify_all();
+    }
   }
   /// Blocks until marker `target` is reached; returns the error carried by the event, if any. Past `timeout`,
   /// a comm_error names the waiting stream.
   std::exception_ptr wait(std::uint64_t target, std::chrono::milliseconds timeout, const std::string& stream_name) {
+    if (completed.load() >= target && !failed.load()) return nullptr;
     std::unique_lock lk(mu);
-    if (completed < target && !cv.wait_for(lk, timeout, [&] { return completed >= target; }))
+    sleepers.fetch_add(1);
+    const bool reached = cv.wait_for(lk, timeout, [&] { return completed.load() >= target; });
+    sleepers.fetch_sub(1);
+    if (!reached)
       throw comm_error(detail::cat("stream '", stream_name, "' waiting on an event: event not reached within ",
                                    timeout.count(), " ms (a collective or stream upstream of it is stuck)"));
     return error;
