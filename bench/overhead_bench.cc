@@ -5,7 +5,7 @@
 // step written by hand without the library: zero a gradient buffer, accumulate it into the gradient shard and
 // update the shard with the same SGD kernel, unit by unit. Two host-backend settings: threaded streams (gathers
 // and reductions handed to worker threads, as a GPU backend hands them to streams) and inline streams (no
-// hand-off: the scheduler's decisions and bookkeeping alone).
+// hand-off: the scheduler's decisions and bookkeeping alone). `overhead --inline` measures the inline rows only.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -83,7 +83,8 @@ double baseline_us_per_step() {
 }
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool inline_only = argc > 1 && std::strcmp(argv[1], "--inline") == 0;
   struct row {
     int units;
     const char* what;
@@ -95,8 +96,10 @@ int main() {
     steps = std::max(4, 12800 / n);
     warmup = std::max(2, steps / 10);
     const double base = baseline_us_per_step();
-    rows.push_back({n, "prefetch::none, threaded streams", library_us_per_step<fsdp::prefetch::none>(true), base});
-    rows.push_back({n, "prefetch::next, threaded streams", library_us_per_step<fsdp::prefetch::next>(true), base});
+    if (!inline_only) {
+      rows.push_back({n, "prefetch::none, threaded streams", library_us_per_step<fsdp::prefetch::none>(true), base});
+      rows.push_back({n, "prefetch::next, threaded streams", library_us_per_step<fsdp::prefetch::next>(true), base});
+    }
     rows.push_back({n, "prefetch::none, inline streams", library_us_per_step<fsdp::prefetch::none>(false), base});
     rows.push_back({n, "prefetch::next, inline streams", library_us_per_step<fsdp::prefetch::next>(false), base});
   }
