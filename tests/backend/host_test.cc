@@ -57,6 +57,28 @@ TEST_CASE("an event orders one stream after another") {
   be.wait(be.compute_stream(), never);
 }
 
+TEST_CASE("a wait and the completion it waits for may meet in any order: none is missed, none returns early") {
+  // The wait of the inline compute stream checks the event's marker without a lock and sleeps only when it is not
+  // reached; the worker's completion notifies only while someone sleeps. 3000 rounds of a record on the gather
+  // worker raced against the wait on the calling thread: a missed wake-up is a timeout (comm_error) here, and an
+  // early return a stale count.
+  fsdp::backend::host_options opt;
+  opt.wait_timeout = std::chrono::milliseconds(5000);
+  fsdp::backend::host be(0, opt);
+  fsdp::backend::host::event ev;
+  int count = 0;  // written by the gather worker, read by the calling thread after each wait
+  for (int i = 1; i <= 3000; ++i) {
+    be.gather_stream().submit([&count, i] {
+      if (i % 3 == 0) std::this_thread::yield();  // some completions land after the wait began, some before
+      count = i;
+    });
+    be.record(ev, be.gather_stream());
+    if (i % 2 == 0) std::this_thread::yield();
+    be.wait(be.compute_stream(), ev);
+    REQUIRE(count == i);
+  }
+}
+
 TEST_CASE("a failed task poisons its stream and reaches whoever waits on it") {
   fsdp::backend::host be;
   bool ran_after = false;
