@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "fsdp/backend/concept.hpp"
+#include "fsdp/backend/detail/accounted_buffer.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/error.cuh"
 #include "fsdp/cuda/kernels.cuh"
@@ -111,68 +112,27 @@ class cuda {
     cudaEvent_t e_ = nullptr;
   };
 
+  /// Gives a buffer's memory back: to the pool in the order of the stream it was allocated on, or, for pinned
+  /// host memory, with cudaFreeHost.
+  struct buffer_free {
+    cudaStream_t home = nullptr;  // the stream it was allocated on
+    bool pinned = false;          // pinned host memory (allocate_host), not the pool's
+    const bool* stuck = nullptr;  // pinned: the backend's "a stream did not finish" (the backend outlives it)
+    void operator()(void* p, std::int64_t) const noexcept {
+      if (!p) return;
+      // cudaFreeHost synchronises the device: after a stream failed to finish it could wait for ever, so the
+      // memory is left to the process then (as ~cuda leaves the device's)
+      if (pinned) {
+        if (!(stuck && *stuck)) FSDP_CUDA_LOG(cudaFreeHost(p));
+      } else {
+        FSDP_CUDA_LOG(cudaFreeAsync(p, home));
+      }
+    }
+  };
   /// Device memory from the backend's pool, accounted to one category from allocation to release. Destroying it
   /// frees it in the order of the stream it was allocated on: the owner makes sure other streams are done with it
   /// (Model synchronizes its streams before its buffers go).
-  class buffer {
-   public:
-    buffer() = default;
-    buffer(buffer&& o) noexcept { *this = std::move(o); }
-    buffer& operator=(buffer&& o) noexcept {
-      if (this != &o) {
-        reset();
-        ptr_ = std::exchange(o.ptr_, nullptr);
-        bytes_ = std::exchange(o.bytes_, 0);
-        cat_ = o.cat_;
-        tracker_ = std::exchange(o.tracker_, nullptr);
-        home_ = std::exchange(o.home_, nullptr);
-        pinned_ = std::exchange(o.pinned_, false);
-        stuck_ = std::exchange(o.stuck_, nullptr);
-      }
-      return *this;
-    }
-    buffer(const buffer&) = delete;
-    buffer& operator=(const buffer&) = delete;
-    ~buffer() { reset(); }
-
-    void* data() const noexcept { return ptr_; }
-    template <class T>
-    T* as() const noexcept {
-      return static_cast<T*>(ptr_);
-    }
-    std::int64_t bytes() const noexcept { return bytes_; }
-    mem category() const noexcept { return cat_; }
-    explicit operator bool() const noexcept { return ptr_ != nullptr || bytes_ != 0 || tracker_ != nullptr; }
-
-    void reset() noexcept {
-      if (tracker_) tracker_->released(cat_, bytes_);
-      if (ptr_) {
-        // cudaFreeHost synchronises the device: after a stream failed to finish it could wait for ever, so the
-        // memory is left to the process then (as ~cuda leaves the device's)
-        if (pinned_) {
-          if (!(stuck_ && *stuck_)) FSDP_CUDA_LOG(cudaFreeHost(ptr_));
-        } else {
-          FSDP_CUDA_LOG(cudaFreeAsync(ptr_, home_));
-        }
-      }
-      ptr_ = nullptr;
-      bytes_ = 0;
-      tracker_ = nullptr;
-      home_ = nullptr;
-      pinned_ = false;
-      stuck_ = nullptr;
-    }
-
-   private:
-    friend class cuda;
-    void* ptr_ = nullptr;
-    std::int64_t bytes_ = 0;
-    mem cat_ = mem::comm_buffers;
-    MemoryTracker* tracker_ = nullptr;
-    cudaStream_t home_ = nullptr;  // the stream it was allocated on
-    bool pinned_ = false;          // pinned host memory (allocate_host), not the pool's
-    const bool* stuck_ = nullptr;  // pinned: the backend's "a stream did not finish" (the backend outlives it)
-  };
+  using buffer = buffer_detail::accounted_buffer<buffer_free, cuda>;
 
   explicit cuda(int rank = 0, cuda_options opt = {})
       : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(make_pool(device_)),
@@ -346,9 +306,9 @@ class cuda {
   /// they wait for an event recorded on `first_use` later.
   buffer allocate(std::int64_t bytes, mem category, stream& first_use) {
     if (bytes < 0) fsdp::detail::fail_usage("backend::cuda::allocate: negative size ", bytes, " bytes for ", name_of(category));
-    buffer b;
+    void* p = nullptr;
     if (bytes > 0) {
-      const cudaError_t rc = cudaMallocFromPoolAsync(&b.ptr_, static_cast<std::size_t>(bytes), pool_, first_use.get());
+      const cudaError_t rc = cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_, first_use.get());
       if (rc != cudaSuccess) {
         (void)cudaGetLastError();
         const std::string held = detail::cat(" (accounted now: ", memory_.stats().current.total,
@@ -360,12 +320,7 @@ class cuda {
                          detail::cat("allocating ", bytes, " bytes of ", name_of(category), " on device ", device_, held));
       }
     }
-    b.bytes_ = bytes;
-    b.cat_ = category;
-    b.tracker_ = &memory_;
-    b.home_ = first_use.get();
-    memory_.allocated(category, bytes);
-    return b;
+    return buffer(p, bytes, category, &memory_, buffer_free{first_use.get()});
   }
   /// Pinned host memory for offloaded buffers (fsdp/offload/offload.hpp), accounted to `category` in
   /// host_memory(): cudaHostAlloc, portable and mapped, so that copies are asynchronous and device kernels may read
@@ -374,43 +329,36 @@ class cuda {
   buffer allocate_host(std::int64_t bytes, mem category) {
     if (bytes < 0)
       fsdp::detail::fail_usage("backend::cuda::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
-    buffer b;
+    void* p = nullptr;
     if (bytes > 0) {
-      const cudaError_t rc = cudaHostAlloc(&b.ptr_, static_cast<std::size_t>(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
+      const cudaError_t rc = cudaHostAlloc(&p, static_cast<std::size_t>(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
       if (rc != cudaSuccess) {
         (void)cudaGetLastError();
-        b.ptr_ = nullptr;
         throw memory_error(detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
                                        " bytes of pinned host memory for ", name_of(category), ": ",
                                        cudaGetErrorName(rc), " (host memory held now: ",
                                        host_memory_.stats().current.total, " bytes)"));
       }
-      b.pinned_ = true;
-      b.stuck_ = &stuck_;
       void* on_device = nullptr;
-      if (cudaHostGetDevicePointer(&on_device, b.ptr_, 0) != cudaSuccess) (void)cudaGetLastError();
-      if (on_device != b.ptr_) host_mapped_ = false;
+      if (cudaHostGetDevicePointer(&on_device, p, 0) != cudaSuccess) (void)cudaGetLastError();
+      if (on_device != p) host_mapped_ = false;
     }
-    b.bytes_ = bytes;
-    b.cat_ = category;
-    b.tracker_ = &host_memory_;
-    host_memory_.allocated(category, bytes);
-    return b;
+    return buffer(p, bytes, category, &host_memory_, buffer_free{nullptr, true, &stuck_});
   }
   /// Stream-ordered release: the accounting drops now, the memory returns to the pool once `s` reaches this point
   /// (pinned host memory: once `s` has drained, which blocks).
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
-    if (b.pinned_) {
+    if (b.free_.pinned) {
       synchronize(s);  // watched: a stream that does not finish is reported, not waited for
       b.reset();
       return;
     }
-    if (b.tracker_) b.tracker_->released(b.cat_, b.bytes_);
-    b.tracker_ = nullptr;
+    b.stop_accounting();
     if (b.ptr_) FSDP_CUDA_CHECK(cudaFreeAsync(b.ptr_, s.get()));
     b.ptr_ = nullptr;
     b.bytes_ = 0;
+    b.free_ = {};
   }
   /// Makes the pool hold at least `bytes` in all (buffers in use included), so that later allocations up to that
   /// total take no memory from the device. Blocks once, outside any step. Free memory is trimmed first and

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "fsdp/backend/concept.hpp"
+#include "fsdp/backend/detail/accounted_buffer.hpp"
 #include "fsdp/backend/detail/pool_model.hpp"
 #include "fsdp/backend/detail/work_queue.hpp"
 #include "fsdp/core/error.hpp"
@@ -53,66 +54,17 @@ class host {
   /// once the streams that write them are synchronized.
   static constexpr bool host_addressable = true;
 
-  /// An owning allocation, accounted to one memory category from allocation to release.
-  class buffer {
-   public:
-    buffer() = default;
-    buffer(buffer&& o) noexcept { *this = std::move(o); }
-    buffer& operator=(buffer&& o) noexcept {
-      if (this != &o) {
-        reset();
-        ptr_ = std::exchange(o.ptr_, nullptr);
-        bytes_ = std::exchange(o.bytes_, 0);
-        cat_ = o.cat_;
-        tracker_ = std::exchange(o.tracker_, nullptr);
-        pool_ = std::exchange(o.pool_, nullptr);
-      }
-      return *this;
-    }
-    buffer(const buffer&) = delete;
-    buffer& operator=(const buffer&) = delete;
-    ~buffer() { reset(); }
-
-    void* data() const noexcept { return ptr_; }
-    template <class T>
-    T* as() const noexcept {
-      return static_cast<T*>(ptr_);
-    }
-    std::int64_t bytes() const noexcept { return bytes_; }
-    mem category() const noexcept { return cat_; }
-    explicit operator bool() const noexcept { return ptr_ != nullptr || bytes_ != 0 || tracker_ != nullptr; }
-
-    void reset() noexcept {
-      if (tracker_) tracker_->released(cat_, bytes_);
-      if (pool_) (void)pool_->free(host_detail::pool_model::any, bytes_);  // destroyed outside stream order
-      if (ptr_) ::operator delete(ptr_, std::align_val_t{alignment});
-      ptr_ = nullptr;
-      bytes_ = 0;
-      tracker_ = nullptr;
-      pool_ = nullptr;
-    }
-
-   private:
-    friend class host;
+  /// Gives a buffer's memory back: operator delete, and the pool model's free outside stream order.
+  struct buffer_free {
     static constexpr std::size_t alignment = 256;
-    buffer(std::int64_t bytes, mem c, MemoryTracker* t, host_detail::pool_model* pool)
-        : bytes_(bytes), cat_(c), tracker_(t), pool_(pool) {
-      if (bytes > 0) ptr_ = ::operator new(static_cast<std::size_t>(bytes), std::align_val_t{alignment});
-      if (tracker_) tracker_->allocated(cat_, bytes_);
+    host_detail::pool_model* pool = nullptr;  // the pool model it was counted in (device memory), or none
+    void operator()(void* p, std::int64_t bytes) const noexcept {
+      if (pool) (void)pool->free(host_detail::pool_model::any, bytes);  // destroyed outside stream order
+      if (p) ::operator delete(p, std::align_val_t{alignment});
     }
-    /// Ends the accounting (and the pool model's) now; the memory itself goes when the buffer is destroyed.
-    void stop_accounting() noexcept {
-      if (tracker_) tracker_->released(cat_, bytes_);
-      tracker_ = nullptr;
-      pool_ = nullptr;
-    }
-
-    void* ptr_ = nullptr;
-    std::int64_t bytes_ = 0;
-    mem cat_ = mem::comm_buffers;
-    MemoryTracker* tracker_ = nullptr;
-    host_detail::pool_model* pool_ = nullptr;
   };
+  /// An owning allocation, accounted to one memory category from allocation to release.
+  using buffer = buffer_detail::accounted_buffer<buffer_free, host>;
 
   /// A completion marker recorded on a stream.
   class event {
@@ -200,7 +152,7 @@ class host {
     if (bytes < 0)
       detail::fail_usage("backend::host::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
     try {
-      return buffer(bytes, category, &host_memory_, nullptr);
+      return buffer(take_bytes(bytes), bytes, category, &host_memory_, buffer_free{});
     } catch (const std::bad_alloc&) {
       throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes,
                                      " bytes of host memory for ", name_of(category), " (std::bad_alloc; ",
@@ -210,8 +162,9 @@ class host {
   /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
-    const bool modelled = b.pool_ != nullptr;
+    const bool modelled = b.free_.pool != nullptr;
     b.stop_accounting();
+    b.free_.pool = nullptr;  // the pool model's free is the stream's, below
     auto reached = modelled ? pool_.free(index_of(s), b.bytes()) : nullptr;
     if (!s.threaded()) {  // an inline stream has reached this point already
       if (reached) reached->store(true, std::memory_order_release);
@@ -237,9 +190,13 @@ class host {
 
   // ---- copies -------------------------------------------------------------------------------------------------
  private:
+  static void* take_bytes(std::int64_t bytes) {
+    return bytes > 0 ? ::operator new(static_cast<std::size_t>(bytes), std::align_val_t{buffer_free::alignment})
+                     : nullptr;
+  }
   buffer take(std::int64_t bytes, mem category) {
     try {
-      return buffer(bytes, category, &memory_, &pool_);
+      return buffer(take_bytes(bytes), bytes, category, &memory_, buffer_free{&pool_});
     } catch (const std::bad_alloc&) {
       throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes, " bytes of ",
                                      name_of(category), " (std::bad_alloc: more than this process can have; ",
