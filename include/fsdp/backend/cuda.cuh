@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -331,6 +332,11 @@ class cuda {
       fsdp::detail::fail_usage("backend::cuda::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
     void* p = nullptr;
     if (bytes > 0) {
+      // One rank's thread at a time: pinning takes the driver's locks anyway, and the simulated GPU's runtime keeps
+      // the table of pinned blocks that cudaHostGetDevicePointer reads without a lock (ranks as threads allocating
+      // at once there lost entries from it: an assertion in cudaHostGetDevicePointer).
+      static std::mutex pinning;
+      const std::lock_guard<std::mutex> one_at_a_time(pinning);
       const cudaError_t rc = cudaHostAlloc(&p, static_cast<std::size_t>(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
       if (rc != cudaSuccess) {
         (void)cudaGetLastError();
