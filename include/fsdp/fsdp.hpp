@@ -29,6 +29,7 @@
 #include "fsdp/optim/sgd.hpp"
 #include "fsdp/plan/budget.hpp"
 #include "fsdp/memory/cost.hpp"
+#include "fsdp/plan/listing.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/plan/timeline.hpp"
 #include "fsdp/policy.hpp"

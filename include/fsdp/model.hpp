@@ -45,6 +45,7 @@
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/memory/cost.hpp"
+#include "fsdp/plan/listing.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/policy.hpp"
 #include "fsdp/schedule/config.hpp"
@@ -222,6 +223,23 @@ class Model {
     }
   memory_plan plan_memory(const Optimizer& opt) const {
     return plan_memory(opt.states_per_element(), opt.norm_rows());
+  }
+  /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
+  /// executor issues, for debugging overlap. `optimizer_states` as for plan_memory.
+  step_listing list_step(int optimizer_states) const {
+    memory_plan_inputs in;
+    in.schedule = sched_.facts();
+    if (cursor_.order_known()) in.order = cursor_.order();
+    in.costs = exec_.facts();
+    in.optimizer_states = optimizer_states;
+    return fsdp::list_step(units_.index.names(), exec_.layouts(), in, comm_->size());
+  }
+  template <class Optimizer>
+    requires requires(const Optimizer& o) {
+      { o.states_per_element() } -> std::convertible_to<int>;
+    }
+  step_listing list_step(const Optimizer& opt) const {
+    return list_step(opt.states_per_element());
   }
   /// Peak bytes per category (and in total) this rank will reach: plan_memory(...).peak.
   memory_figures planned_memory(int optimizer_states, int norm_rows = 0) const {

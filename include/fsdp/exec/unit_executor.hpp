@@ -100,8 +100,8 @@ class unit_executor {
   void wait_reductions() { prog_.wait_reductions(in_); }
   /// Model::step after before_step: the step begins (its trace stamp).
   void optimizer_begin() { prog_.optimizer_begin(in_); }
-  /// Model::step: the optimizer's updates of every unit where the program puts them (none unless `apply`), then
-  /// "shard ready" and the step's end.
+  /// Model::step: the optimizer's updates of every unit where the program puts them (none unless `apply`), each
+  /// unit's "shard ready" after its own update, and the step's end.
   void optimizer_step(optimizer_work<B>& work, bool apply) {
     if (apply && work.state_count != prog_.optimizer_states()) {  // another optimizer: its staging slots
       synchronize();  // nothing may still use the old ones

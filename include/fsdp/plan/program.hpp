@@ -10,6 +10,8 @@
 //   the memory planner (fsdp/plan/memory_plan.hpp)     a slot's bytes count from the take that makes it
 //   the timeline planner (fsdp/plan/timeline.hpp)      streams advance through waits and work in modelled time
 //
+// and a fourth writes it down as text (fsdp/plan/listing.hpp: one step, action by action, per stream).
+//
 // All three are driven by the scheduler's own decisions (the executor through Model, the planners through
 // run_step below), so the planners predict the order the executor runs, by construction: tests/model/memory_test.cc
 // holds the memory reading to the executor's measured peaks byte for byte, tests/plan/timeline_test.cc the time
@@ -100,6 +102,63 @@ enum class job : std::uint8_t {
 };
 inline constexpr std::size_t jobs = 22;
 
+constexpr const char* name_of(job j) noexcept {
+  switch (j) {
+    case job::upload_master: return "upload";
+    case job::gather: return "all_gather";
+    case job::zero_grad: return "zero grad";
+    case job::compute: return "compute";
+    case job::accumulate: return "accumulate";
+    case job::cast_reduce_input: return "cast for reduction";
+    case job::prescale: return "pre-division";
+    case job::reduce_collective: return "reduction";
+    case job::replica_reduce: return "replica all_reduce";
+    case job::add_into_shard: return "add into shard";
+    case job::download_grad: return "download";
+    case job::host_add: return "host add";
+    case job::optimizer_device: return "optimizer";
+    case job::optimizer_host: return "host optimizer";
+    case job::stage_master: return "stage master";
+    case job::stage_grad: return "stage grad";
+    case job::stage_state: return "stage state";
+    case job::unstage_master: return "master back";
+    case job::unstage_state: return "state back";
+    case job::zero_shard: return "zero grad shard";
+    case job::zero_shard_host: return "zero host grad shard";
+  }
+  return "?";
+}
+
+constexpr const char* name_of(ring r) noexcept {
+  switch (r) {
+    case ring::gathered: return "gathered";
+    case ring::grad: return "grad";
+    case ring::reduce_input: return "reduce_input";
+    case ring::reduce_output: return "reduce_output";
+    case ring::upload: return "upload";
+    case ring::download: return "download";
+    case ring::stage_grad: return "stage_grad";
+    case ring::stage_state: return "stage_state";
+  }
+  return "?";
+}
+
+constexpr const char* name_of(signal s) noexcept {
+  switch (s) {
+    case signal::shard_ready: return "shard_ready";
+    case signal::uploaded: return "uploaded";
+    case signal::gathered: return "gathered";
+    case signal::grad_ready: return "grad_ready";
+    case signal::collected: return "collected";
+    case signal::reduced: return "reduced";
+    case signal::staged: return "staged";
+    case signal::stepped: return "stepped";
+    case signal::state_saved: return "state_saved";
+  }
+  return "?";
+}
+
+
 /// The step program over units with these costs and offload facts (per unit index). `prescales`: reductions are
 /// pre-divided (cost_facts::prescales).
 class step_program {
@@ -111,7 +170,7 @@ class step_program {
         ledger_{sched::slot_ledger(1), sched::slot_ledger(grad_slots), sched::slot_ledger(1), sched::slot_ledger(1),
                 sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots),
                 sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots)},
-        held_(cost_.size()), accumulating_(cost_.size(), false), written_on_host_(cost_.size(), false) {}
+        held_(cost_.size()), accumulating_(cost_.size(), false), ready_(cost_.size(), false) {}
 
   std::size_t size() const noexcept { return cost_.size(); }
   const unit_costs& costs(std::size_t u) const { return cost_.at(u); }
@@ -193,8 +252,8 @@ class step_program {
   }
 
   /// The optimizer's update of every unit (on the host, staged, or on the device; none when `apply` is false: a
-  /// step the gradient inspection skipped), then "shard ready" for the units written on the compute stream, and
-  /// the step's end.
+  /// step the gradient inspection skipped), each unit's "shard ready" right after its own update (the next step's
+  /// gather of a unit waits for that unit's update only, not for the whole step), then the step's end.
   template <class I>
   void optimizer_step(I& in, bool apply = true) {
     for (std::size_t u = 0; apply && u < size(); ++u) {
@@ -205,7 +264,7 @@ class step_program {
         in.wait(lane::download, signal::uploaded, u);
         in.work(lane::download, job::optimizer_host, u, pass_kind::none);
         in.record(lane::download, signal::shard_ready, u);
-        written_on_host_[u] = true;
+        ready_[u] = true;
       } else if (o.any()) {  // the host parts staged through device slots, the kernels, the copies back
         const staging_costs c = staging_costs_of(cost_[u], o, states_);
         in.wait(lane::upload, signal::shard_ready, u);
@@ -218,6 +277,10 @@ class step_program {
         in.wait(lane::compute, signal::staged, u);
         in.work(lane::compute, job::optimizer_device, u, pass_kind::none);
         in.record(lane::compute, signal::stepped, u);
+        if (!c.master) {  // the master lives on the device: written by the kernels just issued
+          in.record(lane::compute, signal::shard_ready, u);
+          ready_[u] = true;
+        }
         in.wait(lane::download, signal::stepped, u);
         if (c.master) {
           in.work(lane::download, job::unstage_master, u, pass_kind::none);
@@ -231,10 +294,12 @@ class step_program {
         }
         if (c.master) {
           in.record(lane::download, signal::shard_ready, u);
-          written_on_host_[u] = true;
+          ready_[u] = true;
         }
       } else {
         in.work(lane::compute, job::optimizer_device, u, pass_kind::none);
+        in.record(lane::compute, signal::shard_ready, u);
+        ready_[u] = true;
       }
     }
     shards_written(in);
@@ -242,13 +307,13 @@ class step_program {
   }
 
   /// Every master shard was written (an optimizer step, a checkpoint load): "shard ready" on the compute stream
-  /// for the units not written on the host, so later gathers wait for this point only (the host may run ahead of
-  /// compute: a GPU, or a threaded compute stream).
+  /// for the units whose update did not record it already, so later gathers wait for this point only (the host
+  /// may run ahead of compute: a GPU, or a threaded compute stream).
   template <class I>
   void shards_written(I& in) {
     for (std::size_t u = 0; u < size(); ++u) {
-      if (!written_on_host_[u]) in.record(lane::compute, signal::shard_ready, u);
-      written_on_host_[u] = false;
+      if (!ready_[u]) in.record(lane::compute, signal::shard_ready, u);
+      ready_[u] = false;
     }
   }
 
@@ -396,7 +461,7 @@ class step_program {
   };
   std::vector<held_slots> held_;     // per unit: the slot it holds in each ring
   std::vector<char> accumulating_;   // per unit: its no-sync accumulator exists
-  std::vector<char> written_on_host_;  // per unit: its master shard was last written on the host
+  std::vector<char> ready_;  // per unit: this step's update recorded its "shard ready" already
 };
 
 /// Drives one step's passes (every micro-batch, forward then backward) through the scheduler, as a trainer does:

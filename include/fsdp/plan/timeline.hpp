@@ -119,34 +119,6 @@ struct unit_exposure {
   std::int64_t exposed_ns = 0;  ///< of those, not covered by compute
 };
 
-constexpr const char* name_of(plan::job j) noexcept {
-  using plan::job;
-  switch (j) {
-    case job::upload_master: return "upload";
-    case job::gather: return "all_gather";
-    case job::zero_grad: return "zero grad";
-    case job::compute: return "compute";
-    case job::accumulate: return "accumulate";
-    case job::cast_reduce_input: return "cast for reduction";
-    case job::prescale: return "pre-division";
-    case job::reduce_collective: return "reduction";
-    case job::replica_reduce: return "replica all_reduce";
-    case job::add_into_shard: return "add into shard";
-    case job::download_grad: return "download";
-    case job::host_add: return "host add";
-    case job::optimizer_device: return "optimizer";
-    case job::optimizer_host: return "host optimizer";
-    case job::stage_master: return "stage master";
-    case job::stage_grad: return "stage grad";
-    case job::stage_state: return "stage state";
-    case job::unstage_master: return "master back";
-    case job::unstage_state: return "state back";
-    case job::zero_shard: return "zero grad shard";
-    case job::zero_shard_host: return "zero host grad shard";
-  }
-  return "?";
-}
-
 /// The planner's answer.
 struct timeline {
   std::vector<std::string> units;
@@ -167,7 +139,7 @@ struct timeline {
   std::string critical_path_text() const {
     std::ostringstream os;
     for (const path_step& p : critical_path) {
-      std::string what = name_of(p.what);
+      std::string what = plan::name_of(p.what);
       if (!p.unit.empty()) what += " " + p.unit;
       if (p.pass != pass_kind::none) what += " " + std::string(fsdp::name_of(p.pass));
       os << "  " << std::left << std::setw(11) << plan::name_of(p.lane) << std::setw(34) << what << std::right
