@@ -269,3 +269,27 @@ TEST_CASE("squared norm's scratch lives on one stream: a second stream is refuse
   std::memcpy(&got, dout.read(4).data(), 4);
   CHECK(got == 75.0f);  // 300 x 0.25, exact in fp32
 }
+
+TEST_CASE("the gather, reduce and copy streams run at the device's most urgent priority, compute at the default") {
+  FSDP_REQUIRE_GPU();
+  int least = 0, greatest = 0;
+  FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  fsdp::backend::cuda gpu;
+  CHECK(gpu.compute_stream().priority() == 0);
+  for (auto* s : {&gpu.gather_stream(), &gpu.reduce_stream(), &gpu.upload_stream(), &gpu.download_stream()}) {
+    CAPTURE(s->name());
+    CHECK(s->priority() == greatest);
+  }
+  if (least == greatest) {  // GPGPU-Sim: no priorities (and no cudaStreamGetPriority)
+    fsdp_test::needs_real_gpu("stream priorities: this device has one stream priority (the simulated GPU)");
+    return;
+  }
+  CHECK(greatest < least);
+  for (auto* s : {&gpu.compute_stream(), &gpu.gather_stream(), &gpu.reduce_stream(), &gpu.upload_stream(),
+                  &gpu.download_stream()}) {
+    CAPTURE(s->name());
+    int got = 1;
+    FSDP_CUDA_CHECK(cudaStreamGetPriority(s->get(), &got));
+    CHECK(got == s->priority());
+  }
+}

@@ -69,12 +69,16 @@ class cuda {
  public:
   static constexpr std::string_view name = "cuda";
 
-  /// An owning, non-blocking CUDA stream with a name for messages.
+  /// An owning, non-blocking CUDA stream with a name for messages, created at a CUDA stream priority (0, the
+  /// default, is the least urgent; cudaDeviceGetStreamPriorityRange's "greatest" is the most urgent, a negative
+  /// number on current GPUs).
   class stream {
    public:
-    explicit stream(std::string name) : name_(std::move(name)) {
-      FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    explicit stream(std::string name, int priority = 0) : name_(std::move(name)), priority_(priority) {
+      FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
     }
+    /// The priority it was created at (what cudaStreamGetPriority reports on a device with priorities).
+    int priority() const noexcept { return priority_; }
     stream(const stream&) = delete;
     stream& operator=(const stream&) = delete;
     ~stream() {
@@ -86,6 +90,7 @@ class cuda {
    private:
     cudaStream_t s_ = nullptr;
     std::string name_;
+    int priority_ = 0;
   };
 
   /// An owning CUDA event (timing disabled), recorded on streams by record().
@@ -138,10 +143,10 @@ class cuda {
   explicit cuda(int rank = 0, cuda_options opt = {})
       : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(make_pool(device_)),
         compute_("rank" + std::to_string(rank) + ".compute"),
-        gather_("rank" + std::to_string(rank) + ".all_gather"),
-        reduce_("rank" + std::to_string(rank) + ".reduce"),
-        upload_("rank" + std::to_string(rank) + ".upload"),
-        download_("rank" + std::to_string(rank) + ".download"),
+        gather_("rank" + std::to_string(rank) + ".all_gather", most_urgent_priority()),
+        reduce_("rank" + std::to_string(rank) + ".reduce", most_urgent_priority()),
+        upload_("rank" + std::to_string(rank) + ".upload", most_urgent_priority()),
+        download_("rank" + std::to_string(rank) + ".download", most_urgent_priority()),
         timer_("rank" + std::to_string(rank) + ".timer") {
     refuse_flushing_build();
   }
@@ -490,6 +495,15 @@ class cuda {
       throw;
     }
     return timing_mark(e);
+  }
+
+  /// The device's most urgent stream priority: the gather, reduce and copy streams run at it, so that their
+  /// collectives, casts and copies take SMs ahead of the compute kernels queued at the default priority (the
+  /// trainer's compute stream keeps the default).
+  static int most_urgent_priority() {
+    int least = 0, greatest = 0;
+    FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    return greatest;
   }
 
   static int select_device(int device) {
