@@ -1,7 +1,10 @@
 // The MLP example on GPUs. Two ways to run it:
 //   local ranks on one GPU:  bazel run //examples/02_mlp_cuda -- --ranks 4 [--steps 20] [--compare-host]
-//   NCCL, one GPU per rank:  mpirun -np 2 bazel-bin/examples/02_mlp_cuda/02_mlp_cuda --nccl
-//                            (or torchrun/srun: RANK, WORLD_SIZE, LOCAL_RANK and FSDP_RENDEZVOUS_FILE set)
+//   NCCL, one GPU per rank:  mpirun -np 2 -x FSDP_RENDEZVOUS_FILE=/shared/path/run1
+//                              bazel-bin/examples/02_mlp_cuda/02_mlp_cuda --nccl
+//                            (or torchrun/srun: RANK, WORLD_SIZE, LOCAL_RANK and FSDP_RENDEZVOUS_FILE set). The
+//                            rendezvous file is a path every rank sees; without it comm::nccl::from_env refuses a
+//                            world of more than one (docs/errors.md).
 // --compare-host also trains the host example (01_mlp_host) with the same ranks and configuration and checks
 // that every step's loss agrees to 1e-4 relative (cuBLAS sums in another order than the host loops).
 // Without a GPU it prints why and exits with status 2.

@@ -1,7 +1,10 @@
 // The GPT example on GPUs (the model of examples/04_gpt_host; the loop is the same code). Two ways to run it:
 //   local ranks on one GPU:  bazel run //examples/05_gpt_cuda -- --ranks 4 [--steps 50] [--compare-host]
-//   NCCL, one GPU per rank:  mpirun -np 2 bazel-bin/examples/05_gpt_cuda/05_gpt_cuda --nccl
-//                            (or torchrun/srun: RANK, WORLD_SIZE, LOCAL_RANK and FSDP_RENDEZVOUS_FILE set)
+//   NCCL, one GPU per rank:  mpirun -np 2 -x FSDP_RENDEZVOUS_FILE=/shared/path/run1
+//                              bazel-bin/examples/05_gpt_cuda/05_gpt_cuda --nccl
+//                            (or torchrun/srun: RANK, WORLD_SIZE, LOCAL_RANK and FSDP_RENDEZVOUS_FILE set). The
+//                            rendezvous file is a path every rank sees; without it comm::nccl::from_env refuses a
+//                            world of more than one (docs/errors.md).
 // Options as 04_gpt_host's (--layers, --width, --heads, --context, --vocab, --batch, --lr, --warmup, --seed,
 // --precision bf16|fp32, --strategy, --checkpoint-activations, --pack), and --gemm cublas|plain, --peak-tflops X (the
 // device's peak, for the MFU column; 989 for an H100's dense bf16 by default). --compare-host also trains the host

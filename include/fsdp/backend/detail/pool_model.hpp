@@ -10,8 +10,14 @@
 //   - memory freed on stream T can be reused by an allocation on S once S has been made to wait (cudaStreamWaitEvent,
 //     directly or through other streams) on an event recorded on T after the free;
 //   - otherwise only once the free has actually happened (T reached it) by the time the allocation is issued.
-// Anything else takes fresh memory, which the pool keeps. The model has no fragmentation: freed bytes that may be
-// reused are reused whatever their block sizes (a real pool can only do better for equal sizes).
+// Anything else takes fresh memory, which the pool keeps. The model has no fragmentation and no rounding: freed
+// bytes that may be reused are reused whatever their block sizes. What holds, then: for the same sequence with
+// the same timing, the figure is what an ideal pool would take. A real pool can take more (it reserves in whole
+// units of its allocation granularity, and a free block too small for the next request stays unused) and, for
+// opportunistic reuse, less or more (whether a free has happened when an allocation is issued depends on the
+// device's timing, not the host's). Within a step the executor's slots (fsdp/exec/slot_ring.hpp) reuse blocks of
+// one size per purpose, so the persistent buffers and the no-sync accumulators are where the two can differ;
+// on a lent GPU, tests/cuda/model_test checks that a real pool stops growing after the first step (never run yet).
 #include <algorithm>
 #include <array>
 #include <atomic>
