@@ -207,13 +207,7 @@ class Model {
   /// table. `optimizer_states`: fp32 values per parameter element the optimizer keeps (its
   /// states_per_element()); `norm_rows`: its gradient inspection rows (its norm_rows(), 0 without inspection).
   memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const {
-    memory_plan_inputs in;
-    in.schedule = sched_.facts();
-    if (cursor_.order_known()) in.order = cursor_.order();
-    in.costs = exec_.facts();
-    in.optimizer_states = optimizer_states;
-    in.norm_rows = norm_rows;
-    return fsdp::plan_memory(units_.index.names(), exec_.layouts(), in);
+    return fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
   }
   /// The plan with an optimizer's state and gradient inspection.
   template <class Optimizer>
@@ -227,12 +221,7 @@ class Model {
   /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
   /// executor issues, for debugging overlap. `optimizer_states` as for plan_memory.
   step_listing list_step(int optimizer_states) const {
-    memory_plan_inputs in;
-    in.schedule = sched_.facts();
-    if (cursor_.order_known()) in.order = cursor_.order();
-    in.costs = exec_.facts();
-    in.optimizer_states = optimizer_states;
-    return fsdp::list_step(units_.index.names(), exec_.layouts(), in, comm_->size());
+    return fsdp::list_step(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), comm_->size());
   }
   template <class Optimizer>
     requires requires(const Optimizer& o) {
@@ -419,6 +408,18 @@ class Model {
     unit_index index;
     std::vector<FlatLayout> layouts;
   };
+
+  /// What the planners and the listing read of this model: its schedule, the recorded or declared order, its
+  /// costs, and the optimizer's state and inspection rows.
+  memory_plan_inputs plan_inputs(int optimizer_states, int norm_rows) const {
+    memory_plan_inputs in;
+    in.schedule = sched_.facts();
+    if (cursor_.order_known()) in.order = cursor_.order();
+    in.costs = exec_.facts();
+    in.optimizer_states = optimizer_states;
+    in.norm_rows = norm_rows;
+    return in;
+  }
 
   // ---- set-up ------------------------------------------------------------------------------------------------
   static constexpr bool splittable = detail::splittable<communicator>;

@@ -167,7 +167,7 @@ TEST_CASE("a name that is not a unit, and a world the shard group does not divid
         "give the data-parallel world size (0: not known)");
 }
 
-TEST_CASE("a Model lists its own step: the same actions as the plan's listing of its units") {
+TEST_CASE("a Model lists its own step: its units, its prefetch, no replica all-reduce without hybrid sharding") {
   const fsdp::ModelSpec spec = fsdp_test::three_units();
   using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
   fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& comm) {
@@ -179,6 +179,6 @@ TEST_CASE("a Model lists its own step: the same actions as the plan's listing of
     // prefetch::next: l1's forward gather is issued ahead, while l0 computes
     CHECK(l.str("l1").find("gather_issued (forward, ahead)") != std::string::npos);
     CHECK(l.str("l1").find("replica") == std::string::npos);
-    CHECK(l.str() == m.list_step(2).str());
+    CHECK(l.str() == m.list_step(2).str());  // AdamW's two states: the optimizer's overload asks for them
   });
 }
