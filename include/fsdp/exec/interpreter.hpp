@@ -231,7 +231,6 @@ class interpreter {
       stamp_.stamp(be_, stream_of(l), k, pass, id, bytes, coll);
   }
 
-
   /// model_options::check_views: unit u hands its slot over on `l` (see views_end).
   void hand_over(plan::lane l, plan::views v, std::size_t u, handover_count& h) {
     stream& s = stream_of(l);

@@ -141,7 +141,7 @@ inline step_listing list_step(const std::vector<std::string>& names, const std::
   if (world < 0 || (world > 0 && world % group != 0))
     detail::fail_usage("step listing: a world of ", world, " ranks, which the shard group of ", group,
                        " ranks (the layouts') does not divide; give the data-parallel world size (0: not known)");
-  const int replicas = world == 0 ? 0 : (in.costs.shards_params ? world / group : 1);
+  const int replicas = world == 0 ? 0 : plan_detail::replicas_of(world, layouts, in.costs);
   plan_detail::listing_reading r(out.actions, replicas);
   for (int step = 0; step < 2; ++step) {
     r.listing(step == 1);

@@ -150,6 +150,15 @@ inline prepared prepare(const std::vector<std::string>& names, const std::vector
   for (std::size_t u = 0; u < n; ++u) p.cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, p.offload, u)));
   return p;
 }
+
+/// The ranks of hybrid sharding's replicate group at data-parallel world size `world`: the world over the shard
+/// group (the layouts' world) when parameters are sharded; 1 otherwise (replicated parameters all-reduce over the
+/// whole world in their one reduction). What the timeline's and the listing's readings of replica_reduce follow.
+inline int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts) {
+  const int group = layouts.empty() ? 1 : layouts[0].world();
+  return facts.shards_params ? world / group : 1;
+}
+
 }  // namespace plan_detail
 
 /// Plans one rank's memory for units with these names and layouts (in unit-index order).

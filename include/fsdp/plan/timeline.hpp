@@ -189,7 +189,7 @@ class time_reading {
     const std::size_t n = prog.size();
     shard_group_ = n ? layouts[0].world() : 1;
     shards_ = facts.shards_params;
-    replicas_ = shards_ ? tm.world / shard_group_ : 1;
+    replicas_ = replicas_of(tm.world, layouts, facts);
     for (std::size_t u = 0; u < n; ++u) {
       const plan::unit_costs& c = prog.costs(u);
       durations d;
