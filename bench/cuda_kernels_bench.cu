@@ -4,6 +4,8 @@
 //   copy-in           fp32 master -> bf16 gather input         read n*4, write n*2
 //   rs-prep           fp32 grads * 1/8 -> bf16 reduce input    read n*4, write n*2
 //   copy-out          bf16 reduced grads accumulated into fp32 read n*2 + n*4, write n*4
+//   adamw             the fused AdamW update (p, g, m, v)      read n*16, write n*12
+//   sgd               SGD with momentum (p, g, buf)            read n*12, write n*8
 // Goal: each kernel >= 90% of the memcpy bandwidth from 32 MiB up. Prints a table, then one JSON line.
 // Without a GPU it prints one "skipped:" line.
 #include <cstdio>
@@ -11,6 +13,8 @@
 #include <vector>
 
 #include <fsdp/fsdp.cuh>
+#include <fsdp/optim/adamw.hpp>
+#include <fsdp/optim/sgd.hpp>
 
 namespace {
 
@@ -51,11 +55,19 @@ int main() {
   auto f32a = be.allocate(max_n * 4, fsdp::mem::comm_buffers, s);
   auto f32b = be.allocate(max_n * 4, fsdp::mem::comm_buffers, s);
   auto h16 = be.allocate(max_n * 2, fsdp::mem::comm_buffers, s);
+  auto f32m = be.allocate(max_n * 4, fsdp::mem::comm_buffers, s);
+  auto f32v = be.allocate(max_n * 4, fsdp::mem::comm_buffers, s);
   be.fill_zero(f32a.data(), max_n * 4, s);
   be.fill_zero(f32b.data(), max_n * 4, s);
   be.fill_zero(h16.data(), max_n * 2, s);
-  std::printf("device: %s\n%10s %12s %12s %8s %12s %8s %12s %8s\n", prop.name, "MiB(fp32)", "memcpy GB/s",
-              "copy-in", "ratio", "rs-prep", "ratio", "copy-out", "ratio");
+  be.fill_zero(f32m.data(), max_n * 4, s);
+  be.fill_zero(f32v.data(), max_n * 4, s);
+  namespace od = fsdp::optim::detail;
+  const od::adamw_coeffs adamw{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.001f};
+  const od::sgd_coeffs sgd{1e-2f, 0.9f, 0.0f};
+  std::printf("device: %s\n%10s %12s %12s %8s %12s %8s %12s %8s %12s %8s %12s %8s\n", prop.name, "MiB(fp32)",
+              "memcpy GB/s", "copy-in", "ratio", "rs-prep", "ratio", "copy-out", "ratio", "adamw", "ratio", "sgd",
+              "ratio");
   std::string json = "{\"bench\":\"cuda_kernels\",\"device\":\"" + std::string(prop.name) + "\",\"rows\":[";
   for (std::int64_t mib = 1; mib <= 1024; mib *= 2) {
     const std::int64_t n = mib * (1 << 20) / 4;
@@ -64,13 +76,23 @@ int main() {
     const double t_in = best_ms([&] { be.convert(h16.data(), fsdp::dtype::bf16, f32a.data(), fsdp::dtype::f32, n, 1.0f, s); }, s.get(), iters);
     const double t_rs = best_ms([&] { be.convert(h16.data(), fsdp::dtype::bf16, f32a.data(), fsdp::dtype::f32, n, 0.125f, s); }, s.get(), iters);
     const double t_out = best_ms([&] { be.accumulate(f32b.as<float>(), h16.data(), fsdp::dtype::bf16, n, 1.0f, s); }, s.get(), iters);
+    const double t_adamw = best_ms([&] {
+      be.for_each(n, od::adamw_elements{f32a.as<float>(), f32b.as<float>(), f32m.as<float>(), f32v.as<float>(), adamw, {}}, s);
+    }, s.get(), iters);
+    const double t_sgd = best_ms([&] {
+      be.for_each(n, od::sgd_elements{f32a.as<float>(), f32b.as<float>(), f32m.as<float>(), sgd, {}}, s);
+    }, s.get(), iters);
     auto gbs = [](double bytes, double ms) { return bytes / (ms * 1e6); };
     const double copy = gbs(8.0 * n, t_copy), in = gbs(6.0 * n, t_in), rs = gbs(6.0 * n, t_rs), out = gbs(10.0 * n, t_out);
-    std::printf("%10lld %12.1f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f\n", static_cast<long long>(mib), copy, in,
-                in / copy, rs, rs / copy, out, out / copy);
-    char row[256];
-    std::snprintf(row, sizeof row, "%s{\"mib\":%lld,\"memcpy\":%.1f,\"copy_in\":%.1f,\"rs_prep\":%.1f,\"copy_out\":%.1f}",
-                  mib == 1 ? "" : ",", static_cast<long long>(mib), copy, in, rs, out);
+    const double aw = gbs(28.0 * n, t_adamw), sg = gbs(20.0 * n, t_sgd);
+    std::printf("%10lld %12.1f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f\n",
+                static_cast<long long>(mib), copy, in, in / copy, rs, rs / copy, out, out / copy, aw, aw / copy, sg,
+                sg / copy);
+    char row[320];
+    std::snprintf(row, sizeof row,
+                  "%s{\"mib\":%lld,\"memcpy\":%.1f,\"copy_in\":%.1f,\"rs_prep\":%.1f,\"copy_out\":%.1f,"
+                  "\"adamw\":%.1f,\"sgd\":%.1f}",
+                  mib == 1 ? "" : ",", static_cast<long long>(mib), copy, in, rs, out, aw, sg);
     json += row;
   }
   std::printf("%s]}\n", json.c_str());

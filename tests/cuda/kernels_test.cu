@@ -159,8 +159,9 @@ TEST_CASE("accumulate into fp32 from every dtype, scales 1 and 3/8: bit-exact wi
       }
 }
 
-TEST_CASE("the optimizers' element functions (SGD, AdamW, Lion) through for_each, with decay masks and gradient "
-          "scales: 0 ULP from the host over 5 steps") {
+TEST_CASE("the optimizers' element functions (SGD with and without momentum, AdamW, Lion) through for_each, with "
+          "decay masks and gradient scales, 128-bit and scalar (a parameter array 4 bytes off 16): 0 ULP from the host "
+          "over 5 steps") {
   FSDP_REQUIRE_GPU();
   fsdp::backend::cuda gpu;
   fsdp::backend::host cpu;
@@ -171,17 +172,19 @@ TEST_CASE("the optimizers' element functions (SGD, AdamW, Lion) through for_each
   mask.begin[1] = 100;
   mask.end[1] = 101;
   namespace od = fsdp::optim::detail;
-  enum class optimizer { sgd, adamw, lion };
+  enum class optimizer { sgd, sgd_no_momentum, adamw, lion };
   for (std::int64_t n : sizes_for(1 << 18))
-    for (optimizer opt : {optimizer::sgd, optimizer::adamw, optimizer::lion})
-    for (float grad_scale : {1.0f, 0.3f}) {
+    for (optimizer opt : {optimizer::sgd, optimizer::sgd_no_momentum, optimizer::adamw, optimizer::lion})
+    for (float grad_scale : {1.0f, 0.3f})
+    for (std::size_t misalign : {std::size_t{0}, std::size_t{4}}) {
       CAPTURE(n);
       CAPTURE(int(opt));
       CAPTURE(grad_scale);
+      CAPTURE(misalign);
       std::vector<float> p(static_cast<std::size_t>(n)), g, m(static_cast<std::size_t>(n), 0.0f), v(static_cast<std::size_t>(n), 0.0f);
       std::mt19937 gen(5);
       for (auto& x : p) x = std::uniform_real_distribution<float>(-2, 2)(gen);
-      device_bytes dp(gpu, p.data(), p.size() * 4, 0), dm(gpu, m.data(), m.size() * 4, 0), dv(gpu, v.data(), v.size() * 4, 0);
+      device_bytes dp(gpu, p.data(), p.size() * 4, misalign), dm(gpu, m.data(), m.size() * 4, 0), dv(gpu, v.data(), v.size() * 4, 0);
       for (int t = 1; t <= 5; ++t) {
         g.resize(std::size_t(n));
         for (auto& x : g) x = std::uniform_real_distribution<float>(-1, 1)(gen);
@@ -202,6 +205,12 @@ TEST_CASE("the optimizers' element functions (SGD, AdamW, Lion) through for_each
             const od::sgd_coeffs c{0.05f, 0.9f, 0.01f, grad_scale};
             cpu.for_each(n, od::sgd_elements{p.data(), g.data(), m.data(), c, mask}, cpu.compute_stream());
             gpu.for_each(n, od::sgd_elements{P, G, M, c, mask}, gpu.compute_stream());
+            break;
+          }
+          case optimizer::sgd_no_momentum: {
+            const od::sgd_coeffs c{0.05f, 0.0f, 0.01f, grad_scale};
+            cpu.for_each(n, od::sgd_elements{p.data(), g.data(), nullptr, c, mask}, cpu.compute_stream());
+            gpu.for_each(n, od::sgd_elements{P, G, nullptr, c, mask}, gpu.compute_stream());
             break;
           }
           case optimizer::lion: {

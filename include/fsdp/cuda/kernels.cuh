@@ -6,7 +6,9 @@
 // Header hygiene (STYLE.md): kernels are templates with hidden visibility, launched only from this header's
 // inline launchers, never explicitly instantiated; their parameters are trivially copyable structs.
 // Data-movement kernels use 16-byte (fp32) / 8-byte (16-bit) vector loads and stores when both pointers allow
-// it, and a scalar path otherwise: any alignment and size is correct, empty ranges launch nothing.
+// it, and a scalar path otherwise: any alignment and size is correct, empty ranges launch nothing. for_each does
+// the same for an ArrayFunction (the optimizers' updates: fsdp/kernels/array_function.hpp). tools/sass-check
+// fails when one of these kernels loses its 128-bit global accesses or its occupancy.
 #include <cuda_runtime_api.h>
 
 #include <cub/device/device_reduce.cuh>
@@ -19,6 +21,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/float16.hpp"
 #include "fsdp/cuda/error.cuh"
+#include "fsdp/kernels/array_function.hpp"
 #include "fsdp/kernels/elementwise.hpp"
 
 #define FSDP_KERNEL __global__ __attribute__((visibility("hidden")))
@@ -154,10 +157,52 @@ FSDP_KERNEL void for_each_kernel(std::int64_t n, F f) {
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
+/// An ArrayFunction (fsdp/kernels/array_function.hpp) whose arrays are all 16-byte aligned: four elements of each
+/// array per 128-bit load and store, update() on each element in turn, f(i) for the remainder.
+template <class F>
+FSDP_KERNEL void for_each_arrays_kernel(std::int64_t n, F f) {
+  constexpr int W = launch_tuning::vector_width;
+  constexpr int K = F::array_count;
+  using v4 = vec<float, W>;
+  const fsdp::kernels::fp32_arrays<K> a = f.arrays();
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  const std::int64_t tid = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t nv = n / W;
+  for (std::int64_t i = tid; i < nv; i += stride) {
+    v4 x[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) x[k] = a.at[k] ? reinterpret_cast<const v4*>(a.at[k])[i] : v4{};
+#pragma unroll
+    for (int l = 0; l < W; ++l) {
+      float e[K];
+#pragma unroll
+      for (int k = 0; k < K; ++k) e[k] = x[k].v[l];
+      f.update(e, i * W + l);
+#pragma unroll
+      for (int k = 0; k < K; ++k) x[k].v[l] = e[k];
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (a.at[k] && ((a.writes >> k) & 1u)) reinterpret_cast<v4*>(a.at[k])[i] = x[k];
+  }
+  for (std::int64_t i = nv * W + tid; i < n; i += stride) f(i);
+}
+
 template <class F>
 void for_each(std::int64_t n, const F& f, cudaStream_t s) {
   static_assert(std::is_trivially_copyable_v<F>, "kernel parameters must be trivially copyable");
   if (n <= 0) return;
+  if constexpr (fsdp::kernels::ArrayFunction<F>) {
+    constexpr int W = launch_tuning::vector_width;
+    const auto a = f.arrays();
+    bool v = true;
+    for (const float* p : a.at) v = v && (!p || aligned(p, sizeof(float) * W));
+    if (v) {
+      for_each_arrays_kernel<F><<<blocks_for(n / W + 1), launch_tuning::threads, 0, s>>>(n, f);
+      FSDP_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   for_each_kernel<F><<<blocks_for(n), launch_tuning::threads, 0, s>>>(n, f);
   FSDP_CUDA_CHECK(cudaGetLastError());
 }

@@ -12,6 +12,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/rounding.hpp"
 #include "fsdp/grad/inspect.hpp"
+#include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/detail/shard_optimizer.hpp"
 
@@ -45,7 +46,7 @@ FSDP_HD inline void adamw_update(float& p, float g, float& m, float& v, const ad
   p = rn::sub(p, rn::div(rn::mul(c.lr, mhat), rn::add(rn::sqrt(vhat), c.eps)));
 }
 
-/// One AdamW step over a shard piece, element by element.
+/// One AdamW step over a shard piece (a kernels::ArrayFunction over p, g, m, v: 128-bit accesses in a kernel).
 struct adamw_elements {
   float* p;
   const float* g;
@@ -53,9 +54,12 @@ struct adamw_elements {
   float* v;
   adamw_coeffs c;
   decay_mask mask;
-  FSDP_HD void operator()(std::int64_t i) const {
-    adamw_update(p[i], g[i], m[i], v[i], c, mask.weight_decay(i, c.weight_decay));
+  static constexpr int array_count = 4;
+  FSDP_HD kernels::fp32_arrays<4> arrays() const { return {{p, const_cast<float*>(g), m, v}, 0b1101u}; }
+  FSDP_HD void update(float* x, std::int64_t i) const {
+    adamw_update(x[0], x[1], x[2], x[3], c, mask.weight_decay(i, c.weight_decay));
   }
+  FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
 };
 }  // namespace detail
 

@@ -20,6 +20,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/rounding.hpp"
 #include "fsdp/grad/inspect.hpp"
+#include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/detail/shard_optimizer.hpp"
 
@@ -44,14 +45,17 @@ FSDP_HD inline void lion_update(float& p, float g, float& m, const lion_coeffs& 
   m = rn::add(rn::mul(c.beta2, m), rn::mul(rn::sub(1.0f, c.beta2), g));
 }
 
-/// One Lion step over a shard piece, element by element.
+/// One Lion step over a shard piece (a kernels::ArrayFunction over p, g, m: 128-bit accesses in a kernel).
 struct lion_elements {
   float* p;
   const float* g;
   float* m;
   lion_coeffs c;
   decay_mask mask;
-  FSDP_HD void operator()(std::int64_t i) const { lion_update(p[i], g[i], m[i], c, mask.weight_decay(i, c.weight_decay)); }
+  static constexpr int array_count = 3;
+  FSDP_HD kernels::fp32_arrays<3> arrays() const { return {{p, const_cast<float*>(g), m}, 0b101u}; }
+  FSDP_HD void update(float* x, std::int64_t i) const { lion_update(x[0], x[1], x[2], c, mask.weight_decay(i, c.weight_decay)); }
+  FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
 };
 }  // namespace detail
 

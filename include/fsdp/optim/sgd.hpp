@@ -10,6 +10,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/rounding.hpp"
 #include "fsdp/grad/inspect.hpp"
+#include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/detail/shard_optimizer.hpp"
 
@@ -34,16 +35,20 @@ FSDP_HD inline void sgd_update(float& p, float g, float* buf, const sgd_coeffs& 
   p = rn::sub(p, rn::mul(c.lr, g));
 }
 
-/// One SGD step over a shard piece, element by element (buf null: no momentum).
+/// One SGD step over a shard piece (buf null: no momentum; a kernels::ArrayFunction over p, g, buf: 128-bit
+/// accesses in a kernel).
 struct sgd_elements {
   float* p;
   const float* g;
   float* buf;
   sgd_coeffs c;
   decay_mask mask;
-  FSDP_HD void operator()(std::int64_t i) const {
-    sgd_update(p[i], g[i], buf ? &buf[i] : nullptr, c, mask.weight_decay(i, c.weight_decay));
+  static constexpr int array_count = 3;
+  FSDP_HD kernels::fp32_arrays<3> arrays() const { return {{p, const_cast<float*>(g), buf}, 0b101u}; }
+  FSDP_HD void update(float* x, std::int64_t i) const {
+    sgd_update(x[0], x[1], buf ? &x[2] : nullptr, c, mask.weight_decay(i, c.weight_decay));
   }
+  FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
 };
 }  // namespace detail
 

@@ -18,9 +18,10 @@ struct decay_mask {
   std::int64_t begin[capacity] = {};
   std::int64_t end[capacity] = {};
 
+  /// The ranges are sorted and disjoint: the search stops at the first range that ends after i.
   FSDP_HD bool no_decay(std::int64_t i) const {
     for (int k = 0; k < count; ++k)
-      if (i >= begin[k] && i < end[k]) return true;
+      if (i < end[k]) return i >= begin[k];
     return false;
   }
   FSDP_HD float weight_decay(std::int64_t i, float wd) const { return no_decay(i) ? 0.0f : wd; }

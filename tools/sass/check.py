@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Reads the SASS of tools/sass/kernels.cu (see tools/sass-check) and checks the library's bandwidth kernels.
+
+Usage: check.py DTYPE_HPP SASS RES_USAGE   (the outputs of cuobjdump -sass and cuobjdump -res-usage, demangled)
+
+Rules, for each kernel named below (every one must be present):
+  convert_kernel<D, S>          a vector load of four S (LDG.E.128 for fp32, LDG.E.64 for 16-bit) and a vector
+                                store of four D
+  accumulate_kernel<S>          a vector load of four S, LDG.E.128 (the fp32 gradient shard) and STG.E.128
+  for_each_arrays_kernel<F>     LDG.E.128 and STG.E.128, for the optimizers' updates F = adamw, sgd and lion
+and, for all of them, no local memory (no spills) and an occupancy of at least 75% at 256 threads per block on
+sm_90 (65536 registers and 2048 threads per SM, registers allocated in multiples of 8 per thread).
+
+Negative controls: the scalar for_each_kernel<F> of the same optimizers must break the for_each_arrays rule (if
+one passes it, the check cannot tell a scalar kernel from a vector one and fails itself).
+
+Prints one line per kernel and closes with "sass: P passed, F failed, 0 skipped"; exit status 1 on any failure.
+"""
+import re
+import sys
+
+THREADS = 256
+REGS_PER_SM = 65536
+THREADS_PER_SM = 2048
+MIN_OCCUPANCY = 0.75
+
+
+def dtype_bytes(dtype_hpp):
+    """The width of each dtype enumerator, in order, from core/dtype.hpp's dtype_rows (its one description)."""
+    rows = re.findall(r'\{dtype::(\w+), "\w+", (\d+),', open(dtype_hpp).read())
+    if not rows:
+        sys.exit(f"sass-check: no dtype_rows found in {dtype_hpp}")
+    return {str(i): int(width) for i, (_, width) in enumerate(rows)}, {str(i): n for i, (n, _) in enumerate(rows)}
+
+
+def functions(sass):
+    """Kernel name -> its SASS lines."""
+    out, name = {}, None
+    for line in open(sass):
+        m = re.search(r"Function : (.*)", line)
+        if m:
+            name = m.group(1).strip()
+            out[name] = []
+        elif name:
+            out[name].append(line)
+    return out
+
+
+def resources(res):
+    out, name = {}, None
+    for line in open(res):
+        m = re.search(r"Function (.*):$", line.strip())
+        if m:
+            name = m.group(1).strip()
+            continue
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
+        if m and name:
+            out[name] = tuple(int(x) for x in m.groups())
+    return out
+
+
+def accesses(lines):
+    found = set()
+    for line in lines:
+        m = re.search(r"\b((?:LDG|STG)\.E(?:\.\w+)?)\b", line)
+        if m:
+            found.add(m.group(1))
+    return found
+
+
+def occupancy(regs):
+    per_thread = (regs + 7) // 8 * 8
+    blocks = REGS_PER_SM // (per_thread * THREADS) if per_thread else THREADS_PER_SM // THREADS
+    return min(blocks * THREADS, THREADS_PER_SM) / THREADS_PER_SM
+
+
+def main():
+    dtype_hpp, sass, res = sys.argv[1:4]
+    width, dname = dtype_bytes(dtype_hpp)
+
+    def vec(prefix, d):  # four elements of dtype d in one access
+        return f"{prefix}.E.{32 * width[d]}"
+
+    wanted = {}  # short name -> (pattern, required accesses)
+    for d in width:
+        for s in width:
+            wanted[f"convert {dname[s]} -> {dname[d]}"] = (
+                rf"convert_kernel<\(fsdp::dtype\){d}, \(fsdp::dtype\){s}>", {vec("LDG", s), vec("STG", d)})
+    for s in width:
+        wanted[f"accumulate<{dname[s]}>"] = (rf"accumulate_kernel<\(fsdp::dtype\){s}>",
+                                             {vec("LDG", s), "LDG.E.128", "STG.E.128"})
+    for f in ("adamw", "sgd", "lion"):
+        wanted[f"for_each_arrays<{f}>"] = (rf"for_each_arrays_kernel<fsdp::optim::detail::{f}_elements>",
+                                           {"LDG.E.128", "STG.E.128"})
+    controls = {f"for_each<{f}> (scalar, control)": (rf"for_each_kernel<fsdp::optim::detail::{f}_elements>",
+                                                      {"LDG.E.128", "STG.E.128"}) for f in ("adamw", "sgd", "lion")}
+
+    fns, usage = functions(sass), resources(res)
+    passed = failed = 0
+    for short, (pattern, need) in list(wanted.items()) + list(controls.items()):
+        names = [n for n in fns if re.search(pattern, n)]
+        control = short in controls
+        if len(names) != 1:
+            print(f"FAILED {short}: {len(names)} kernels match /{pattern}/ in the cubin (expected 1)")
+            failed += 1
+            continue
+        have = accesses(fns[names[0]])
+        missing = sorted(need - have)
+        regs, stack, _, local = usage.get(names[0], (None, None, None, None))
+        problems = []
+        if missing:
+            problems.append("no " + ", ".join(missing) + " (has " + (", ".join(sorted(have)) or "no global access") + ")")
+        if regs is None:
+            problems.append("no resource usage")
+        else:
+            if local or stack:
+                problems.append(f"{local} bytes of local memory, {stack} of stack (spills)")
+            if occupancy(regs) < MIN_OCCUPANCY:
+                problems.append(f"occupancy {occupancy(regs):.0%} at {regs} registers (under {MIN_OCCUPANCY:.0%})")
+        figures = f"{regs} registers, occupancy {occupancy(regs):.0%}" if regs is not None else "no figures"
+        if control:
+            if missing:
+                print(f"passed {short}: rejected as it should be ({figures}; no {', '.join(missing)})")
+                passed += 1
+            else:
+                print(f"FAILED {short}: a scalar kernel passes the vector rule; the check cannot tell them apart")
+                failed += 1
+        elif problems:
+            print(f"FAILED {short}: " + "; ".join(problems) + f" ({figures})")
+            failed += 1
+        else:
+            print(f"passed {short}: {', '.join(sorted(need))} ({figures})")
+            passed += 1
+    print(f"sass: {passed} passed, {failed} failed, 0 skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
