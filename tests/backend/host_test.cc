@@ -97,6 +97,43 @@ TEST_CASE("a failed task poisons its stream and reaches whoever waits on it") {
   CHECK_FALSE(ran_after);
 }
 
+TEST_CASE("a copy from or to pageable memory returns once its stream has run it, as on a GPU; allocate_host memory "
+          "does not wait; a stream that does not get there is reported and fails, not waited on") {
+  fsdp::backend::host_options o;
+  o.wait_timeout = std::chrono::milliseconds(200);
+  fsdp::backend::host be(0, o);
+  auto& s = be.gather_stream();
+  auto dev = be.allocate(64, fsdp::mem::comm_buffers, s);
+  auto pinned = be.allocate_host(64, fsdp::mem::grads);
+  std::memset(pinned.data(), 1, 64);
+  std::vector<char> pageable(64, 7);
+  // a stream that gets there in 50 ms: the pageable download has finished when it returns
+  auto& r = be.reduce_stream();
+  r.submit([] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  be.upload(dev.data(), pinned.data(), 64, r);  // pinned: returns at once
+  std::vector<char> back(64, 0);
+  be.download(back.data(), dev.data(), 64, r);
+  CHECK(back == std::vector<char>(64, 1));
+  // a stream that does not get there within wait_timeout
+  std::atomic<bool> release{false};
+  s.submit([&] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  be.download(static_cast<char*>(pinned.data()) + 8, dev.data(), 8, s);  // inside a pinned block: returns at once
+  const std::string stuck =
+      "fsdp: backend::host: an upload from pageable host memory on stream 'rank0.all_gather' waited 200 ms for the "
+      "stream's earlier work and still waits: on a GPU this copy blocks the host with no watchdog (cudaMemcpyAsync "
+      "from or to pageable memory returns only once the stream reaches it). Synchronize the stream first (a watched "
+      "wait), or copy through allocate_host() memory";
+  CHECK(error_of<fsdp::comm_error>([&] { be.upload(dev.data(), pageable.data(), 64, s); }) == stuck);
+  release = true;
+  CHECK(error_of<fsdp::comm_error>([&] { be.synchronize(s); }) == stuck);  // the stream failed with it
+  be.synchronize(r);
+  be.download(back.data(), dev.data(), 64, r);
+  CHECK(back == std::vector<char>(64, 1));  // the queued upload was skipped, not run on memory given back
+  be.release_after(std::move(pinned), r);
+}
+
 TEST_CASE("memory is accounted by category; stream-ordered release drops the count at the call") {
   fsdp::backend::host be;
   auto& cs = be.compute_stream();

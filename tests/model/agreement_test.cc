@@ -191,6 +191,38 @@ TEST_CASE("ranks that agree: one all_gather of 16 bytes per rank, and no memory 
   }
 }
 
+TEST_CASE("the ranks' comparison waits for the gather stream's earlier work in the watched synchronize, never "
+          "inside a copy from pageable memory") {
+  // Mid-step, under model_options::check_collectives, the gather stream holds the gathers in flight: one that
+  // does not finish must reach the watchdog (the host backend reports a copy from pageable memory that would have
+  // blocked a GPU's host without one, as the comparison's upload did).
+  std::vector<std::string> errors(2);
+  std::mutex mu;
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::backend::host_options o;
+    o.wait_timeout = std::chrono::milliseconds(200);
+    o.kernel_delay = [](std::string_view k) {
+      return std::chrono::microseconds(k == "accumulate" ? 1000000 : 0);
+    };
+    fsdp::backend::host be(c.rank(), o);
+    auto& s = be.gather_stream();
+    auto busy = be.allocate(4, fsdp::mem::comm_buffers, s);
+    be.fill_zero(busy.data(), 4, s);
+    be.accumulate(busy.as<float>(), busy.data(), fsdp::dtype::f32, 1, 1.0f, s);  // 1 s of earlier work
+    std::string what;
+    try {
+      (void)fsdp::agree::all_gather_strings(c, be, "the next collective");
+    } catch (const fsdp::comm_error& e) {
+      what = e.what();
+    }
+    be.release_after(std::move(busy), s);
+    std::lock_guard lk(mu);
+    errors[static_cast<std::size_t>(c.rank())] = what;
+  });
+  CHECK(errors[0] == "fsdp: stream 'rank0.all_gather' did not drain within 200 ms");
+  CHECK(errors[1] == "fsdp: stream 'rank1.all_gather' did not drain within 200 ms");
+}
+
 TEST_CASE("a fingerprint: its encoding round-trips, a damaged one is refused, an extra fact is named") {
   fsdp::fingerprint a;
   a.add("parameter 'w'", "the shape", "[2, 3]").add("x\ty", "", std::string("a\0b", 3));

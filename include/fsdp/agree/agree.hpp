@@ -36,6 +36,9 @@ std::string all_gather_bytes(C& comm, B& be, const std::string& mine) {
   const std::int64_t bytes = static_cast<std::int64_t>(mine.size());
   auto send = be.allocate(bytes, mem::comm_buffers, s);
   auto recv = be.allocate(bytes * world, mem::comm_buffers, s);
+  // The watched wait first: a copy from pageable memory waits for the stream's earlier work (mid-step, under
+  // model_options::check_collectives: the gathers in flight) with no watchdog on a GPU.
+  be.synchronize(s);
   be.upload(send.data(), mine.data(), bytes, s);
   comm.all_gather(send.data(), recv.data(), bytes / 4, dtype::f32, s);
   std::string out(static_cast<std::size_t>(bytes * world), '\0');

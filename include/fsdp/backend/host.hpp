@@ -16,6 +16,7 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/backend/detail/accounted_buffer.hpp"
+#include "fsdp/backend/detail/pinned_blocks.hpp"
 #include "fsdp/backend/detail/pool_model.hpp"
 #include "fsdp/backend/detail/work_queue.hpp"
 #include "fsdp/core/error.hpp"
@@ -54,12 +55,15 @@ class host {
   /// once the streams that write them are synchronized.
   static constexpr bool host_addressable = true;
 
-  /// Gives a buffer's memory back: operator delete, and the pool model's free outside stream order.
+  /// Gives a buffer's memory back: operator delete, the pool model's free outside stream order, and the end of a
+  /// pinned block.
   struct buffer_free {
     static constexpr std::size_t alignment = 256;
-    host_detail::pool_model* pool = nullptr;  // the pool model it was counted in (device memory), or none
+    host_detail::pool_model* pool = nullptr;           // the pool model it was counted in (device memory), or none
+    host_detail::pinned_blocks* pinned = nullptr;      // allocate_host's blocks, where it is one
     void operator()(void* p, std::int64_t bytes) const noexcept {
       if (pool) (void)pool->free(host_detail::pool_model::any, bytes);  // destroyed outside stream order
+      if (pinned) pinned->remove(p);
       if (p) ::operator delete(p, std::align_val_t{alignment});
     }
   };
@@ -152,7 +156,9 @@ class host {
     if (bytes < 0)
       detail::fail_usage("backend::host::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
     try {
-      return buffer(take_bytes(bytes), bytes, category, &host_memory_, buffer_free{});
+      void* p = take_bytes(bytes);
+      if (p) pinned_.add(p, bytes);  // cannot throw past a taken block: see pinned_blocks::add
+      return buffer(p, bytes, category, &host_memory_, buffer_free{nullptr, p ? &pinned_ : nullptr});
     } catch (const std::bad_alloc&) {
       throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes,
                                      " bytes of host memory for ", name_of(category), " (std::bad_alloc; ",
@@ -215,9 +221,17 @@ class host {
       std::memcpy(dst, src, static_cast<std::size_t>(bytes));
     });
   }
-  /// Host memory in, backend memory out (the same thing here; a transfer on the CUDA backend).
-  void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) { copy(dst, host_src, bytes, s); }
-  void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) { copy(host_dst, src, bytes, s); }
+  /// Host memory in, backend memory out (the same thing here; a transfer on the CUDA backend). As on the CUDA
+  /// backend, a copy from or to pageable memory (anything but allocate_host()'s blocks) returns only once `s` has
+  /// run it: see pageable_wait.
+  void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) {
+    copy(dst, host_src, bytes, s);
+    if (bytes > 0 && !pinned_.contains(host_src)) pageable_wait(s, "an upload from");
+  }
+  void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) {
+    copy(host_dst, src, bytes, s);
+    if (bytes > 0 && !pinned_.contains(host_dst)) pageable_wait(s, "a download to");
+  }
 
   // ---- kernels ------------------------------------------------------------------------------------------------
   // The per-element logic is fsdp/kernels/elementwise.hpp and the element functions for_each runs, shared with
@@ -260,6 +274,24 @@ class host {
     return opt_.kernel_delay ? opt_.kernel_delay(kernel) : std::chrono::microseconds{0};
   }
 
+  /// cudaMemcpyAsync from or to pageable host memory returns only once its stream has reached the copy (and, to
+  /// the host, finished it): the host waits there for all earlier work of the stream, a collective included, with
+  /// no watchdog. This backend waits the same way; where the stream has not reached the copy within wait_timeout,
+  /// it says so instead of waiting on, so that a test can show the unwatched wait that would hang on a GPU. The
+  /// stream then fails with the same error: the copy still queued is skipped, never run on memory its caller has
+  /// given back.
+  void pageable_wait(stream& s, const char* what) {
+    if (s.wait_idle(opt_.wait_timeout)) return;
+    const comm_error e(detail::cat("backend::host: ", what, " pageable host memory on stream '", s.name(),
+                                 "' waited ", opt_.wait_timeout.count(),
+                                 " ms for the stream's earlier work and still waits: on a GPU this copy blocks the "
+                                 "host with no watchdog (cudaMemcpyAsync from or to pageable memory returns only once "
+                                 "the stream reaches it). Synchronize the stream first (a watched wait), or copy "
+                                 "through allocate_host() memory"));
+    s.set_error(std::make_exception_ptr(e));
+    throw e;
+  }
+
   /// The copy-stream delay of work issued on `s` (0 on the other streams).
   std::chrono::microseconds copy_delay(const stream& s, std::int64_t bytes) const {
     if (!opt_.copy_delay || (&s != &upload_ && &s != &download_)) return std::chrono::microseconds{0};
@@ -280,6 +312,7 @@ class host {
   MemoryTracker memory_;
   MemoryTracker host_memory_;
   host_detail::pool_model pool_;
+  host_detail::pinned_blocks pinned_;
   // Streams last: they are destroyed first, so deferred frees still find the tracker alive.
   stream compute_;
   stream gather_;

@@ -83,6 +83,15 @@ class work_queue {
     failed_.store(true, std::memory_order_release);
   }
 
+  /// Blocks until every task submitted so far has run, at most `timeout`: false when it has not (the queue's
+  /// error is not rethrown).
+  bool wait_idle(std::chrono::milliseconds timeout) {
+    if (!threaded_) return true;
+    std::unique_lock lk(mu_);
+    const std::uint64_t target = submitted_locked();
+    return cv_.wait_for(lk, timeout, [&] { return done_ >= target; });
+  }
+
   /// Blocks until every task submitted so far has run; rethrows the queue's error.
   void drain(std::chrono::milliseconds timeout) {
     if (threaded_) {
