@@ -3,6 +3,7 @@
 // markers. It lets the shared scheduler's ordering be exercised (and broken, and caught) on machines without a
 // GPU, ThreadSanitizer included. The compute stream is inline: work submitted to it runs on the calling thread,
 // so the user's layer code runs where the training loop runs, exactly like kernels launched on a CUDA stream.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -45,6 +46,30 @@ struct host_options {
   /// `stream` ("upload" or "download") sleeps before it runs. Tests use it to prove every wait is in place; the
   /// offload benchmark uses it as a modelled link (bytes / bandwidth + latency).
   std::function<std::chrono::microseconds(std::string_view stream, std::int64_t bytes)> copy_delay;
+};
+
+/// What was issued on a stream, call by call, as the CUDA backend makes one runtime call for each: a kernel launch
+/// (convert, accumulate, for_each; squared_norm, which is CUB's two), a memory operation (cudaMemsetAsync or
+/// cudaMemcpyAsync: fill_zero, copy, upload, download), a host function (cudaLaunchHostFunc), an event record
+/// (cudaEventRecord), a stream wait (cudaStreamWaitEvent) or a host synchronize. Calls that issue nothing (empty
+/// ranges) are not counted, on either backend.
+struct issue_counts {
+  std::uint64_t kernels = 0;
+  std::uint64_t memory_ops = 0;
+  std::uint64_t host_functions = 0;
+  std::uint64_t records = 0;
+  std::uint64_t waits = 0;
+  std::uint64_t synchronizes = 0;
+  friend bool operator==(const issue_counts&, const issue_counts&) = default;
+  friend issue_counts operator-(issue_counts a, const issue_counts& b) {
+    a.kernels -= b.kernels;
+    a.memory_ops -= b.memory_ops;
+    a.host_functions -= b.host_functions;
+    a.records -= b.records;
+    a.waits -= b.waits;
+    a.synchronizes -= b.synchronizes;
+    return a;
+  }
 };
 
 class host {
@@ -102,6 +127,7 @@ class host {
   stream& download_stream() noexcept { return download_; }
 
   void record(event& e, stream& s) {
+    count(s, &atomic_counts::records);
     e.frees_ = pool_.record(index_of(s));
     const std::uint64_t target = e.s_->next_target();
     if (!s.threaded()) {  // an inline stream has reached this point already
@@ -112,6 +138,7 @@ class host {
   }
   /// Later work on `s` waits for the last record of `e` made before this call.
   void wait(stream& s, const event& e) {
+    count(s, &atomic_counts::waits);
     const std::uint64_t target = e.s_->snapshot();
     if (target == 0) return;
     pool_.wait(index_of(s), e.frees_);
@@ -129,6 +156,7 @@ class host {
   /// Runs `fn` on the host when `s` reaches this point (cudaLaunchHostFunc on the CUDA backend). Skipped when
   /// the stream has failed.
   void host_callback(stream& s, std::function<void()> fn) {
+    count(s, &atomic_counts::host_functions);
     const auto d = copy_delay(s, 0);
     if (d.count() > 0)
       s.submit([d, fn = std::move(fn)] {
@@ -139,7 +167,25 @@ class host {
       s.submit(std::move(fn));
   }
   /// Blocks the calling thread until all work submitted to `s` has run; rethrows its error.
-  void synchronize(stream& s) { s.drain(opt_.wait_timeout); }
+  void synchronize(stream& s) {
+    count(s, &atomic_counts::synchronizes);
+    s.drain(opt_.wait_timeout);
+  }
+  /// What has been issued on `s` so far (see issue_counts), or on every stream.
+  issue_counts issued(const stream& s) const { return issued_[static_cast<std::size_t>(index_of(s))].get(); }
+  issue_counts issued() const {
+    issue_counts all;
+    for (const auto& c : issued_) {
+      const issue_counts one = c.get();
+      all.kernels += one.kernels;
+      all.memory_ops += one.memory_ops;
+      all.host_functions += one.host_functions;
+      all.records += one.records;
+      all.waits += one.waits;
+      all.synchronizes += one.synchronizes;
+    }
+    return all;
+  }
 
   // ---- memory -------------------------------------------------------------------------------------------------
   /// `first_use` is the stream that uses the buffer first: host memory is ready at once, but the pool model
@@ -212,10 +258,13 @@ class host {
 
  public:
   void fill_zero(void* dst, std::int64_t bytes, stream& s) {
-    if (bytes > 0) s.submit([=] { std::memset(dst, 0, static_cast<std::size_t>(bytes)); });
+    if (bytes <= 0) return;
+    count(s, &atomic_counts::memory_ops);
+    s.submit([=] { std::memset(dst, 0, static_cast<std::size_t>(bytes)); });
   }
   void copy(void* dst, const void* src, std::int64_t bytes, stream& s) {
     if (bytes <= 0 || dst == src) return;
+    count(s, &atomic_counts::memory_ops);
     s.submit([=, d = copy_delay(s, bytes)] {
       std::this_thread::sleep_for(d);
       std::memcpy(dst, src, static_cast<std::size_t>(bytes));
@@ -225,7 +274,7 @@ class host {
   /// backend, a copy from or to pageable memory (anything but allocate_host()'s blocks) returns only once `s` has
   /// run it: see pageable_wait.
   void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) {
-    copy(dst, host_src, bytes, s);
+    copy(dst, host_src, bytes, s);  // counted there
     if (bytes > 0 && !pinned_.contains(host_src)) pageable_wait(s, "an upload from");
   }
   void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) {
@@ -240,12 +289,14 @@ class host {
   /// dst[i] = dst_type(float(src[i]) * scale): copy-in with cast, reduce-scatter input preparation.
   void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
     if (n <= 0) return;
+    count(s, &atomic_counts::kernels);
     s.submit([=] { kernels::host_loops::convert(dst, dst_type, src, src_type, n, scale); });
   }
   /// dst[i] += float(src[i]) * scale: a reduction's result accumulated into an fp32 gradient shard (scale 1: a
   /// plain sum; else the post-division of grad_division::pre_post).
   void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
     if (n <= 0) return;
+    count(s, &atomic_counts::kernels);
     s.submit([=, d = delay("accumulate")] {
       std::this_thread::sleep_for(d);
       kernels::host_loops::accumulate(dst, src, src_type, n, scale);
@@ -253,6 +304,7 @@ class host {
   }
   /// *out = sum of x[i]^2 (accumulated in double, rounded to float once).
   void squared_norm(const float* x, std::int64_t n, float* out, stream& s) {
+    count(s, &atomic_counts::kernels);
     s.submit([=] {
       double acc = 0;
       for (std::int64_t i = 0; i < n; ++i) acc += double(x[i]) * double(x[i]);
@@ -262,11 +314,12 @@ class host {
   /// f(i) for every i in [0, n), in order, on `s` (an optimizer's update over a shard piece).
   template <ElementFunction F>
   void for_each(std::int64_t n, const F& f, stream& s) {
-    if (n > 0)
-      s.submit([=, d = delay("for_each")] {
-        std::this_thread::sleep_for(d);
-        kernels::host_loops::for_each(n, f);
-      });
+    if (n <= 0) return;
+    count(s, &atomic_counts::kernels);
+    s.submit([=, d = delay("for_each")] {
+      std::this_thread::sleep_for(d);
+      kernels::host_loops::for_each(n, f);
+    });
   }
 
  private:
@@ -298,6 +351,19 @@ class host {
     return opt_.copy_delay(&s == &upload_ ? "upload" : "download", bytes);
   }
 
+  /// issue_counts as relaxed atomics: only the issuing thread counts, but a trainer may read them from another.
+  struct atomic_counts {
+    std::atomic<std::uint64_t> kernels{0}, memory_ops{0}, host_functions{0}, records{0}, waits{0}, synchronizes{0};
+    issue_counts get() const {
+      constexpr auto r = std::memory_order_relaxed;
+      return {kernels.load(r), memory_ops.load(r), host_functions.load(r), records.load(r), waits.load(r),
+              synchronizes.load(r)};
+    }
+  };
+  void count(const stream& s, std::atomic<std::uint64_t> atomic_counts::*field) {
+    (issued_[static_cast<std::size_t>(index_of(s))].*field).fetch_add(1, std::memory_order_relaxed);
+  }
+
   int index_of(const stream& s) const {
     if (&s == &compute_) return 0;
     if (&s == &gather_) return 1;
@@ -313,6 +379,7 @@ class host {
   MemoryTracker host_memory_;
   host_detail::pool_model pool_;
   host_detail::pinned_blocks pinned_;
+  atomic_counts issued_[5];
   // Streams last: they are destroyed first, so deferred frees still find the tracker alive.
   stream compute_;
   stream gather_;

@@ -3,7 +3,8 @@
 // (fsdp/plan/program.hpp), each `each` bytes, made on first use and kept until the ring goes; the event recorded
 // where each was last given back. Taking a slot that existed makes the taking stream wait for that event first
 // (the rate limit of FSDP, with GPU events and no host synchronisation), so no stream writes a slot another stream
-// still reads, and no allocator is asked for memory within a step.
+// still reads, and no allocator is asked for memory within a step. A slot taken again on the stream that gave it
+// back needs no wait (the stream's own order holds), and none is issued.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -58,24 +59,29 @@ class slot_ring {
   void take(const sched::slot_ledger::pick& p, B& be, stream& s) {
     if (p.fresh) {
       while (static_cast<std::size_t>(p.slot) >= bufs_.size()) make(be, s);  // not made ahead
-    } else {
+    } else if (giver_[static_cast<std::size_t>(p.slot)] != &s) {
       be.wait(s, given_back_[static_cast<std::size_t>(p.slot)]);
     }
   }
   /// Slot i is free again once `s` reaches this point.
-  void give(B& be, int i, stream& s) { be.record(given_back_[static_cast<std::size_t>(i)], s); }
+  void give(B& be, int i, stream& s) {
+    be.record(given_back_[static_cast<std::size_t>(i)], s);
+    giver_[static_cast<std::size_t>(i)] = &s;
+  }
   void* data(int i) const { return bufs_[static_cast<std::size_t>(i)].data(); }
 
  private:
   void make(B& be, stream& s) {
     bufs_.push_back(allocate(be, each_, s));
     given_back_.emplace_back();
+    giver_.push_back(nullptr);
   }
 
   plan::buffer_cost each_{};
   int keep_ = 1;
   std::vector<typename B::buffer> bufs_;
   std::vector<typename B::event> given_back_;
+  std::vector<const stream*> giver_;  // the stream of each slot's last give
 };
 
 }  // namespace fsdp::exec

@@ -1,0 +1,90 @@
+// What a training step issues, per unit: kernel launches, memory operations, host functions, event records, stream
+// waits and host synchronizes, counted by the host backend call by call (each is one CUDA runtime call on the CUDA
+// backend, which runs the same step program through the same interpreter), and the collectives. docs/cuda.md states
+// these figures; a change to the step program that issues more shows here first.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <mutex>
+#include <string>
+
+#include "tests/support/support.hpp"
+
+namespace {
+using fsdp::backend::issue_counts;
+using fsdp::comm::local_communicator;
+
+struct counted {
+  issue_counts issued;
+  fsdp::collective_stats collectives;
+};
+
+/// `units` units of 64 x 8 weights and a bias of 64 (no decay), at 4 ranks: rank 0's counts for the second step
+/// (forward, backward, the optimizer's step), the first having made every slot.
+template <class Policy, class Optimizer>
+counted second_step(int units, Optimizer make_optimizer) {
+  fsdp::ModelSpec spec;
+  for (int k = 0; k < units; ++k) {
+    const std::string u = "u" + std::to_string(k);
+    spec.add(u + ".w", {64, 8}).add(u + ".b", {64}, {.flags = {.no_decay = true}});
+  }
+  counted out;
+  std::mutex mu;
+  fsdp_test::run_ranks(4, [&](local_communicator& c) {
+    fsdp::Model<Policy> m(c, spec, fsdp::wrap::by_prefix{"u"});
+    auto opt = make_optimizer(m);
+    auto step = [&] {
+      for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
+      for (auto& u : m.backward()) u.grad(u.name() + ".w")[0] = fsdp::bfloat16(1.0f);
+      opt.step();
+    };
+    step();
+    m.synchronize();
+    const issue_counts before = m.backend().issued();
+    const fsdp::collective_stats coll_before = c.stats();
+    step();
+    const issue_counts d = m.backend().issued() - before;
+    fsdp::collective_stats coll = c.stats();
+    for (std::size_t k = 0; k < fsdp::collective_kinds; ++k) coll.count[k] -= coll_before.count[k];
+    m.synchronize();
+    std::lock_guard lk(mu);
+    if (c.rank() == 0) out = {d, coll};
+  });
+  return out;
+}
+
+issue_counts per_unit(const issue_counts& more, const issue_counts& fewer, std::uint64_t extra_units) {
+  issue_counts d = more - fewer;
+  for (auto* f : {&d.kernels, &d.memory_ops, &d.host_functions, &d.records, &d.waits, &d.synchronizes}) {
+    CHECK(*f % extra_units == 0);
+    *f /= extra_units;
+  }
+  return d;
+}
+
+std::string str(const issue_counts& c) {
+  return fsdp::detail::cat(c.kernels, " kernels, ", c.memory_ops, " memory operations, ", c.host_functions,
+                           " host functions, ", c.records, " event records, ", c.waits, " stream waits, ",
+                           c.synchronizes, " synchronizes");
+}
+
+auto adamw = [](auto& m) { return fsdp::optim::adamw(m, {}); };
+}  // namespace
+
+TEST_CASE("full_shard, bf16 compute, AdamW, prefetching the next unit: what each unit issues in a step") {
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
+  const counted six = second_step<P>(6, adamw), three = second_step<P>(3, adamw);
+  // kernels: the cast into the gather slot, forward and backward (fused with nothing else: the gather reads the
+  // slice it wrote); the cast of the bf16 gradient for the fp32 reduction, pre-divided in the same kernel; the
+  // reduced shard added into the fp32 gradient shard; the fused AdamW update. Memory operations: the unsharded
+  // gradient zeroed before backward. Records: gathered (twice), grad_ready, reduced, shard_ready, and the slots
+  // given back (gather twice, gradient, reduce input and output). Waits: shard_ready and gathered (twice each),
+  // grad_ready, reduced, and the takes of slots given back on another stream (gather twice, gradient); the reduce
+  // input and output are taken again on the stream that gave them back, which needs no wait.
+  CHECK(str(per_unit(six.issued, three.issued, 3)) ==
+        "5 kernels, 1 memory operations, 0 host functions, 10 event records, 9 stream waits, 0 synchronizes");
+  // nothing else: no work per step beyond the units', and nothing in a step waits on the host
+  CHECK(str(six.issued) ==
+        "30 kernels, 6 memory operations, 0 host functions, 60 event records, 54 stream waits, 0 synchronizes");
+  CHECK(six.collectives[fsdp::collective::all_gather] == 12);      // forward and backward
+  CHECK(six.collectives[fsdp::collective::reduce_scatter] == 6);   // backward
+  CHECK(six.collectives[fsdp::collective::all_reduce] == 0);
+}
