@@ -41,6 +41,7 @@ struct script {
   int next_event = 1;
   std::chrono::steady_clock::time_point now{};
   std::vector<std::string> logs;
+  std::deque<std::int64_t> free_bytes;  ///< successive answers of cudaMemGetInfo's free bytes; 80 GB once empty
 };
 
 struct fake_api {
@@ -94,6 +95,12 @@ struct fake_api {
     sc->now += d;
   }
   void log(const std::string& line) noexcept { sc->logs.push_back(line); }
+  std::int64_t free_device_bytes() {
+    if (sc->free_bytes.empty()) return std::int64_t{80} << 30;
+    const std::int64_t f = sc->free_bytes.front();
+    sc->free_bytes.pop_front();
+    return f;
+  }
 
  private:
   result note(const std::string& name, comm c, result r = success) {
@@ -103,6 +110,7 @@ struct fake_api {
 };
 
 using core = fsdp::comm::detail::nccl_core<fake_api>;
+using fsdp::comm::nccl_channels;
 
 /// A base communicator (c1) set up as nccl.cuh does (ncclCommInitRankConfig answered success).
 void init(core& c) { c.init(1, fake_api::success, "ncclCommInitRankConfig", "communicator set-up"); }
@@ -327,9 +335,72 @@ TEST_CASE("nccl timeouts name what timed out and the pending collectives") {
   CHECK(sc.calls.back() == "ncclCommAbort");
 }
 
-TEST_CASE("nccl streams: each stream name gets its own communicator, split from the base on its first collective") {
+TEST_CASE("nccl streams, by default: every stream's collectives on the one communicator, in issue order; nothing is "
+          "split after construction") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
+  c.label("h.1");
+  all_gather(c, sc, 8, 7, "rank1.all_gather");
+  reduce_scatter(c, sc, 4, 8, "rank1.reduce");
+  all_gather(c, sc, 8, 7, "rank1.all_gather");
+  all_gather(c, sc, 1, 9);
+  // the gather and reduce streams' collectives are one sequence on one communicator: NCCL runs them in this order
+  // on every rank
+  CHECK(seq(sc.calls) == seq(calls{"ncclAllGather", "cudaEventRecord(e1, s7)", "ncclReduceScatter",
+                                   "cudaEventRecord(e2, s8)", "ncclAllGather", "cudaEventRecord(e3, s7)",
+                                   "ncclAllGather", "cudaEventRecord(e4, s9)"}));
+  CHECK(c.live_communicators() == 1);
+  CHECK(c.channels() == nccl_channels::one);
+  c.shutdown();
+}
+
+TEST_CASE("nccl streams: per_stream is refused without NCCL 2.26 and NCCL_LAUNCH_ORDER_IMPLICIT=1, saying which") {
+  using fsdp::comm::detail::per_stream_refusal;
+  CHECK(per_stream_refusal(22809, "1") == "");
+  CHECK(per_stream_refusal(22600, "1") == "");
+  CHECK(per_stream_refusal(22507, "1") ==
+        "comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT orders the launches "
+        "of its communicators), but this NCCL is 2.25.7; use nccl_channels::one (the default)");
+  CHECK(per_stream_refusal(22809, nullptr) ==
+        "comm::nccl: nccl_channels::per_stream issues collectives on several communicators at once, which NCCL runs in "
+        "one order on every rank only with NCCL_LAUNCH_ORDER_IMPLICIT=1 (it is unset): set it on every rank before the "
+        "first NCCL call, or use nccl_channels::one (the default)");
+  CHECK(per_stream_refusal(22809, "0") ==
+        "comm::nccl: nccl_channels::per_stream issues collectives on several communicators at once, which NCCL runs in "
+        "one order on every rank only with NCCL_LAUNCH_ORDER_IMPLICIT=1 (it is '0'): set it on every rank before the "
+        "first NCCL call, or use nccl_channels::one (the default)");
+}
+
+TEST_CASE("nccl memory: what each communicator's creation took is measured as the drop in free device memory") {
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);
+  // nccl.cuh reads the free memory before ncclCommInitRankConfig and passes it to init, which reads it again once
+  // the communicator has settled: 1000 - 700
+  sc.free_bytes = {700, /* the gather stream's split: */ 700, 650, /* the reduce stream's: */ 650, 640};
+  c.init(1, fake_api::success, "ncclCommInitRankConfig", "communicator set-up", 1000);
+  CHECK(c.device_bytes() == 300);
+  all_gather(c, sc, 8, 7, "rank1.all_gather");
+  reduce_scatter(c, sc, 4, 8, "rank1.reduce");
+  CHECK(c.device_bytes() == 300 + 50 + 10);
+  // memory that came back meanwhile is not a negative cost; an unmeasured creation counts nothing
+  script sc2;
+  core d(fake_api{&sc2}, 1, 4, 1000ms);
+  sc2.free_bytes = {1200};
+  d.init(1, fake_api::success, "ncclCommSplit", "a split group", 1000);
+  CHECK(d.device_bytes() == 0);
+  script sc3;
+  core e(fake_api{&sc3}, 1, 4, 1000ms);
+  e.init(1, fake_api::success, "ncclCommInitRankConfig", "communicator set-up");
+  CHECK(e.device_bytes() == 0);
+  c.shutdown();
+  d.shutdown();
+  e.shutdown();
+}
+
+TEST_CASE("nccl streams, per_stream: each stream name gets its own communicator, split from the base on its first collective") {
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);
   init(c);
   c.label("h.1");
   // A non-blocking split runs as a job of the parent: the parent's state settles it (here at the second poll),
@@ -360,9 +431,9 @@ TEST_CASE("nccl streams: each stream name gets its own communicator, split from 
   CHECK(seq(sc.logs) == "");
 }
 
-TEST_CASE("nccl streams: a stream's split that fails is named, and every communicator is aborted") {
+TEST_CASE("nccl streams, per_stream: a stream's split that fails is named, and every communicator is aborted") {
   script sc;
-  core c(fake_api{&sc}, 1, 4, 1000ms);
+  core c(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);
   init(c);
   c.label("h.1");
   all_gather(c, sc, 8, 7, "rank1.all_gather");
@@ -380,9 +451,9 @@ TEST_CASE("nccl streams: a stream's split that fails is named, and every communi
   CHECK(c.live_communicators() == 0);
 }
 
-TEST_CASE("nccl streams: a stream's first collective cannot be grouped, and says so") {
+TEST_CASE("nccl streams, per_stream: a stream's first collective cannot be grouped, and says so") {
   script sc;
-  core c(fake_api{&sc}, 1, 4, 1000ms);
+  core c(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);
   init(c);
   c.label("h.1");
   all_gather(c, sc, 8, 7, "g");
@@ -405,13 +476,13 @@ TEST_CASE("nccl streams: a stream's first collective cannot be grouped, and says
 
 TEST_CASE("nccl split groups: a failure in either a world or its split group aborts both and names both's pending") {
   script sc;
-  core world(fake_api{&sc}, 1, 4, 1000ms);
+  core world(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);  // a communicator per stream
   init(world);
   sc.split = fake_api::success;
   const int sub = world.split(1, 1);
   CHECK(sub == 2);
   std::optional<core> group;  // a Model's shard or replicate group, which ends before the world
-  group.emplace(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)");
+  group.emplace(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)", nccl_channels::per_stream);
   group->init(sub, fake_api::success, "ncclCommSplit", "a split group");
   group->join_family(world);
   CHECK(world.issued() == 0);  // a split is not a collective of the count
@@ -484,10 +555,10 @@ TEST_CASE("nccl groups: a family member that fails inside a group is aborted wit
   // NCCL's group state is per thread: an ncclCommAbort called while this thread has a group open would be queued
   // in it, and the failing ncclGroupEnd would discard it. Every member's abort waits for the group to close.
   script sc;
-  core world(fake_api{&sc}, 1, 4, 1000ms);
+  core world(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);  // a communicator per stream
   init(world);
   sc.split = fake_api::success;
-  core group(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)");
+  core group(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)", nccl_channels::per_stream);
   group.init(world.split(1, 1), fake_api::success, "ncclCommSplit", "a split group");  // c2
   group.join_family(world);
   all_gather(world, sc, 8, 7, "g");    // c3

@@ -56,6 +56,22 @@ TEST_CASE("the largest prefetch depth that fits, worked out by hand") {
   CHECK(mid->depth == 2);
 }
 
+TEST_CASE("memory outside the plan (NCCL's communicators) comes off the budget before any depth is chosen") {
+  const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
+  auto peak_at = [](int d) { return 32768 + (d + 1) * 4096 + 2 * 4096 + 1024; };  // as above
+  auto q = query();
+  const auto without = fsdp::largest_prefetch_depth(units, q, peak_at(2));
+  REQUIRE(without);
+  CHECK(without->depth == 2);
+  q.outside_plan_bytes = 1;  // one byte more than depth 2 leaves
+  const auto with = fsdp::largest_prefetch_depth(units, q, peak_at(2));
+  REQUIRE(with);
+  CHECK(with->depth == 1);
+  CHECK(with->plan.peak.total == peak_at(1));
+  q.outside_plan_bytes = peak_at(2) - peak_at(0) + 1;  // not even depth 0 fits beside it
+  CHECK_FALSE(fsdp::largest_prefetch_depth(units, q, peak_at(2)));
+}
+
 TEST_CASE("gather slots cap the useful depth") {
   const auto units = fsdp::plan_units("blocks", blocks(), grouping(1), 4);
   auto q = query();

@@ -133,6 +133,27 @@ TEST_CASE("two units with prefetch next: compute longer than, equal to and short
   }
 }
 
+TEST_CASE("serial collectives (one NCCL communicator): a reduce-scatter waits for the gather issued before it") {
+  const auto u = units_of({"a", "b"});
+  // As "compute 0.5 ms per pass" above, but the group's collectives run one at a time in issue order: the host
+  // issues a's backward gather (the prefetch, 3-4) before b's reduce-scatter, which now waits for it (4-5 instead
+  // of 3.5-4.5) though its stream is free at 3.5; a computes 4-4.5, and a's reduce-scatter follows b's (5-6).
+  fsdp::time_model t = timing(2, 0.5, 0.5);
+  const auto concurrent = predict(u, inputs(u, next), t);
+  t.serial_collectives = true;
+  const auto tl = predict(u, inputs(u, next), t);
+  CHECK(concurrent.step_ns == ms(5.5));
+  CHECK(tl.step_ns == ms(6));
+  // the path runs through the group's collectives: every gather, then b's reduce-scatter after a's gather
+  CHECK(tl.critical_path_text() ==
+        "  all_gather all_gather a forward                   0.000 -      1.000 ms\n"
+        "  all_gather all_gather b forward                   1.000 -      2.000 ms\n"
+        "  all_gather all_gather b backward                  2.000 -      3.000 ms\n"
+        "  all_gather all_gather a backward                  3.000 -      4.000 ms\n"
+        "  reduce     reduction b backward                   4.000 -      5.000 ms\n"
+        "  reduce     reduction a backward                   5.000 -      6.000 ms\n");
+}
+
 TEST_CASE("prefetch depth limited by gather slots runs as the shallower depth") {
   const auto u = units_of({"a", "b", "c"});
   // depth 2 with 2 gather slots: forward gathers a 0-1, b 1-2, then c only when a gives its slot back (2): 2-3;

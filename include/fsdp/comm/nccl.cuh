@@ -44,6 +44,9 @@ struct nccl_options {
   /// Options of this rank's CUDA backend; device -1 lets from_env / nccl_from_mpi choose (choose_device in
   /// launch.hpp: device 0 when one device is visible, else the local rank).
   backend::cuda_options backend{};
+  /// One communicator for every stream (the default), or one per stream name (needs NCCL 2.26+ and
+  /// NCCL_LAUNCH_ORDER_IMPLICIT=1): see nccl_channels in detail/nccl_logic.hpp.
+  nccl_channels channels = nccl_channels::one;
 };
 
 namespace nccl_detail {
@@ -111,16 +114,23 @@ struct nccl_api {
     std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
   }
+  std::int64_t free_device_bytes() const {
+    std::size_t free = 0, total = 0;
+    FSDP_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<std::int64_t>(free);
+  }
 };
 
 /// One rank's NCCL communicator. Not copyable or movable: a Model keeps a reference to it.
 ///
-/// Several NCCL communicators stand behind it (detail::nccl_core): the base one, made at construction, which
-/// barrier() and split() use, and one per stream name, split from the base (ncclCommSplit) on the first collective
-/// issued on a stream of that name, so that a prefetched all-gather on the gather stream never waits behind a
-/// reduce-scatter on the reduce stream inside NCCL. Every rank issues in program order, so the splits match. Two
-/// streams of one name share a communicator and must not have collectives in flight at once (the Model's streams
-/// are "rankN.all_gather", "rankN.reduce", "rankN.compute").
+/// By default (nccl_channels::one) one NCCL communicator, made at construction, carries every collective: one
+/// order on every rank, and nothing made during a step. Under nccl_channels::per_stream (NCCL 2.26+ with
+/// NCCL_LAUNCH_ORDER_IMPLICIT=1, else refused at construction) one more per stream name is split from it
+/// (ncclCommSplit) on the first collective issued on a stream of that name, so that a prefetched all-gather on the
+/// gather stream never waits behind a reduce-scatter on the reduce stream inside NCCL. Every rank issues in program
+/// order, so the splits match. Two streams of one name share a communicator and must not have collectives in
+/// flight at once (the Model's streams are "rankN.all_gather", "rankN.reduce", "rankN.compute"). device_bytes()
+/// is what the creation of its communicators took from the device, measured.
 ///
 /// split(color, key) makes the communicator of a sub-group (hybrid sharding's shard and replicate groups). The
 /// sub-group belongs to this communicator's family: the CUDA backend's waits, which watch this communicator, see
@@ -134,16 +144,24 @@ class nccl_communicator {
   /// is removed by rank 0 once every rank has joined.
   nccl_communicator(int rank, int world, int device, const ncclUniqueId& id, nccl_options opt = {},
                     const file_rendezvous* rendezvous = nullptr)
-      : opt_(std::move(opt)), core_(nccl_api{}, rank, world, opt_.timeout) {
+      : opt_(std::move(opt)), core_(nccl_api{}, rank, world, opt_.timeout, "comm::nccl", opt_.channels) {
     if (world <= 0 || rank < 0 || rank >= world)
       fsdp::detail::fail_usage("comm::nccl: rank ", rank, " is outside a world of ", world);
+    if (opt_.channels == nccl_channels::per_stream) {
+      int version = 0;
+      FSDP_NCCL_CHECK(ncclGetVersion(&version));
+      if (const std::string why = detail::per_stream_refusal(version, std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT"));
+          !why.empty())
+        throw usage_error(why);
+    }
     if (opt_.backend.device < 0) opt_.backend.device = device;
     FSDP_CUDA_CHECK(cudaSetDevice(opt_.backend.device));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t c = nullptr;
+    const std::int64_t free_before = core_.free_device_bytes();
     const ncclResult_t rc = ncclCommInitRankConfig(&c, world, id, rank, &config);
-    core_.init(c, rc, "ncclCommInitRankConfig", "communicator set-up");
+    core_.init(c, rc, "ncclCommInitRankConfig", "communicator set-up", free_before);
     if (rendezvous && rank == 0) rendezvous->remove();  // every rank has joined: nobody reads the files any more
     barrier_stream_ = std::make_unique<stream>("rank" + std::to_string(rank) + ".nccl_barrier");
     FSDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
@@ -166,8 +184,15 @@ class nccl_communicator {
   /// timeout. The new communicator uses this one's device and options and belongs to its family (see above).
   nccl_communicator split(int color, int key) {
     if (color < 0) fsdp::detail::fail_usage("split on rank ", rank(), ": color must be >= 0, got ", color);
-    return nccl_communicator(*this, core_.split(color, key), color, key);
+    const std::int64_t free_before = core_.free_device_bytes();
+    return nccl_communicator(*this, core_.split(color, key), color, key, free_before);
   }
+
+  /// What the creation of this group's NCCL communicators took from the device (free memory before and after
+  /// each: ncclCommInitRankConfig or ncclCommSplit, and the per-stream splits), outside the backend's pool and the
+  /// memory plan. A split group's are its own. Leave at least this much beside a plan's peak (budget_query::
+  /// outside_plan_bytes).
+  std::int64_t device_bytes() const noexcept { return core_.device_bytes(); }
 
   /// The backend a Model builds on this communicator: this rank's device, and waits that watch NCCL.
   backend::cuda_options backend_options() {
@@ -238,14 +263,16 @@ class nccl_communicator {
   std::uint64_t issued() const noexcept { return core_.issued(); }
 
  private:
-  /// A group split from `parent`: `c` is the settled result of its ncclCommSplit.
-  nccl_communicator(nccl_communicator& parent, ncclComm_t c, int color, int key)
-      : nccl_communicator(parent, c, shape_of(c), color, key) {}
-  nccl_communicator(nccl_communicator& parent, ncclComm_t c, std::pair<int, int> shape, int color, int key)
+  /// A group split from `parent`: `c` is the settled result of its ncclCommSplit, `free_before` the device's free
+  /// memory before it.
+  nccl_communicator(nccl_communicator& parent, ncclComm_t c, int color, int key, std::int64_t free_before)
+      : nccl_communicator(parent, c, shape_of(c), color, key, free_before) {}
+  nccl_communicator(nccl_communicator& parent, ncclComm_t c, std::pair<int, int> shape, int color, int key,
+                    std::int64_t free_before)
       : opt_(parent.opt_),
         core_(nccl_api{}, shape.first, shape.second, opt_.timeout,
-              fsdp::detail::cat(parent.core_.name(), " split(color=", color, ", key=", key, ")")) {
-    core_.init(c, ncclSuccess, "ncclCommSplit", "a split group");
+              fsdp::detail::cat(parent.core_.name(), " split(color=", color, ", key=", key, ")"), opt_.channels) {
+    core_.init(c, ncclSuccess, "ncclCommSplit", "a split group", free_before);
     core_.join_family(parent.core_);
     barrier_stream_ = std::make_unique<stream>(fsdp::detail::cat("rank", parent.rank(), ".nccl_barrier.split", color));
     FSDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));

@@ -60,6 +60,10 @@ struct budget_query {
   accumulation_options accumulation{};
   int norm_rows = 0;  ///< the optimizer's gradient inspection rows (0: none)
   offload_facts offload{};  ///< what lives in host memory (fit_device_budget varies it)
+  /// Device memory a step needs that no plan holds, left beside every plan's peak: NCCL's communicators
+  /// (comm::nccl's device_bytes(), measured at construction: add each group's, a hybrid Model's shard and replicate
+  /// groups included), the CUDA context's and libraries' workspaces (cuBLAS). 0 by default: the plans alone.
+  std::int64_t outside_plan_bytes = 0;
 };
 
 struct budget_choice {
@@ -92,15 +96,16 @@ inline memory_plan plan_at(const planned_units& u, const budget_query& q, int de
 }
 }  // namespace plan_detail
 
-/// The largest depth in [0, q.max_depth] whose plan is feasible and whose peak total is at most `budget_bytes`,
-/// with its plan; nullopt when even depth 0 does not fit. Depths the gather slots cannot serve are skipped.
+/// The largest depth in [0, q.max_depth] whose plan is feasible and whose peak total, with q.outside_plan_bytes
+/// beside it, is at most `budget_bytes`, with its plan; nullopt when even depth 0 does not fit. Depths the gather
+/// slots cannot serve are skipped.
 inline std::optional<budget_choice> largest_prefetch_depth(const planned_units& units, const budget_query& q,
                                                            std::int64_t budget_bytes) {
   if (q.max_depth < 0) detail::fail_usage("budget: max_depth must be >= 0, got ", q.max_depth);
   if (q.gather_slots < 0) detail::fail_usage("budget: gather_slots must be >= 0 (0 = no limit), got ", q.gather_slots);
   for (int d = q.max_depth; d >= 0; --d) {
     memory_plan p = plan_detail::plan_at(units, q, d);
-    if (p.feasible() && p.peak.total <= budget_bytes) return budget_choice{0, d, std::move(p)};
+    if (p.feasible() && p.peak.total + q.outside_plan_bytes <= budget_bytes) return budget_choice{0, d, std::move(p)};
   }
   return std::nullopt;
 }
@@ -235,9 +240,11 @@ time_ranking rank_by_time(const std::vector<planned_units>& groupings, const std
         out.left_out.push_back(detail::cat("'", label, "': ", plan.infeasible));
         continue;
       }
-      if (plan.peak.total > device_budget) {
-        out.left_out.push_back(detail::cat("'", label, "': its peak of ", plan.peak.total, " bytes is over the budget of ",
-                                           device_budget));
+      if (plan.peak.total + q.outside_plan_bytes > device_budget) {
+        out.left_out.push_back(detail::cat("'", label, "': its peak of ", plan.peak.total, " bytes",
+                                           q.outside_plan_bytes ? detail::cat(" and ", q.outside_plan_bytes,
+                                                                              " outside the plan") : std::string(),
+                                           " is over the budget of ", device_budget));
         continue;
       }
       if (plan.host_peak.total > host_budget) {

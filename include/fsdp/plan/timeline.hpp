@@ -13,6 +13,11 @@
 //                 + unsharded bytes x the ring factor / bandwidth, in the shard group (the layouts' world; the
 //                 whole world for no_shard's all-reduce) and, under hybrid sharding, across the replicas on their
 //                 own link. Concurrent collectives on the gather and reduce streams do not share bandwidth.
+//                 time_model::serial_collectives: a group's collectives run one at a time in the order they were
+//                 issued, whatever their stream (comm::nccl's default: one NCCL communicator per group), so a
+//                 prefetched all-gather waits for a reduce-scatter issued before it, and the other way round; its
+//                 cast runs just before it. Off: each stream's collectives run when their stream gets there
+//                 (comm::local, comm::nccl with nccl_channels::per_stream).
 //   memory-bound  casts, zeroing, accumulation, the addition into the shard and the optimizer's kernels: bytes
 //                 read and written / the device's memory bandwidth (0: free); host functions / the host's
 //   copies        offload uploads, downloads and staging: bytes / the host link's bandwidth (0: free)
@@ -100,6 +105,9 @@ struct time_model {
   double memory_bytes_per_second = 0;  ///< device memory (0: memory-bound work takes no time)
   double host_bytes_per_second = 0;    ///< host memory: host functions of offloading (0: free)
   double pcie_bytes_per_second = 0;    ///< the host link: offload copies (0: free)
+  /// A group's collectives one at a time in issue order, whatever their stream (comm::nccl's default,
+  /// nccl_channels::one); false: each stream's when the stream gets there (comm::local; nccl_channels::per_stream).
+  bool serial_collectives = false;
 };
 
 /// A piece of work on the critical path.
@@ -198,8 +206,10 @@ class time_reading {
       const std::int64_t rs = static_cast<std::int64_t>(size_of(facts.precision.reduce));
       const std::int64_t f = 4;
       const std::int64_t cast_elems = shards_ ? (facts.precision.compute != facts.precision.master ? S : 0) : P;
-      d[idx(plan::job::gather)] = mem(cast_elems * (f + cs)) +
-                                  (shards_ ? tm.link.duration(collective::all_gather, c.gather_bytes(), shard_group_).count() : 0);
+      durations coll{};  // the collective part of each job
+      coll[idx(plan::job::gather)] =
+          shards_ ? tm.link.duration(collective::all_gather, c.gather_bytes(), shard_group_).count() : 0;
+      d[idx(plan::job::gather)] = mem(cast_elems * (f + cs)) + coll[idx(plan::job::gather)];
       d[idx(plan::job::upload_master)] = bytes_over(c.upload.bytes(), tm.pcie_bytes_per_second);
       d[idx(plan::job::zero_grad)] = mem(c.grad.bytes());
       d[idx(plan::job::compute)] = 0;  // per pass: below
@@ -211,6 +221,9 @@ class time_reading {
           shards_ ? tm.link.duration(collective::reduce_scatter, c.reduce_bytes(), shard_group_).count()
                   : tm.link.duration(collective::all_reduce, c.reduce_bytes(), tm.world).count();
       d[idx(plan::job::replica_reduce)] = tm.replica_link.duration(collective::all_reduce, S * rs, replicas_).count();
+      coll[idx(plan::job::reduce_collective)] = d[idx(plan::job::reduce_collective)];
+      coll[idx(plan::job::replica_reduce)] = d[idx(plan::job::replica_reduce)];
+      coll_.push_back(coll);
       const std::int64_t count = shards_ ? S : P;
       d[idx(plan::job::add_into_shard)] = mem(count * (2 * f + rs));
       d[idx(plan::job::download_grad)] = bytes_over(c.download.bytes(), tm.pcie_bytes_per_second);
@@ -250,8 +263,17 @@ class time_reading {
       d = (pass == pass_kind::forward ? tm_.compute[u].forward : tm_.compute[u].backward).count();
     if (d <= 0) return;
     at& a = lane_of(l);
-    nodes_.push_back({l, j, u, pass, a.t, a.t + d, a.node});
-    a = {a.t + d, static_cast<int>(nodes_.size()) - 1};
+    std::int64_t begin = a.t;
+    int pred = a.node;
+    const std::int64_t c = coll_[u][idx(j)];
+    at* group = !tm_.serial_collectives || c <= 0 ? nullptr : j == plan::job::replica_reduce ? &replica_group_ : &shard_group_link_;
+    if (group && group->t - (d - c) > begin) {  // the group's last collective ends first; the cast just before
+      begin = group->t - (d - c);
+      pred = group->node;
+    }
+    nodes_.push_back({l, j, u, pass, begin, begin + d, pred});
+    a = {begin + d, static_cast<int>(nodes_.size()) - 1};
+    if (group) *group = a;
   }
   void stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead = false) {
     if (!keep_) return;
@@ -334,6 +356,8 @@ class time_reading {
   int shard_group_ = 1, replicas_ = 1;
   bool shards_ = true;
   std::vector<durations> dur_;
+  std::vector<durations> coll_;  ///< the collective part of each duration
+  at shard_group_link_{}, replica_group_{};  ///< serial_collectives: where each group's last collective ended
   std::array<at, plan::lanes> lane_{};
   std::vector<std::array<at, plan::signals>> signal_;
   std::array<std::vector<at>, plan::rings> given_{};

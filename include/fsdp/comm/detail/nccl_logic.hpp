@@ -19,6 +19,9 @@
 //   event new_event();  void record(event, stream);  bool complete(event);  void destroy_event(event) noexcept
 //   std::chrono::steady_clock::time_point now();  void sleep(std::chrono::microseconds)
 //   void log(const std::string&) noexcept        one line on stderr (destructors only log)
+//   std::int64_t free_device_bytes()             cudaMemGetInfo's free bytes (what a communicator's creation takes
+//                                                is measured as the drop across it)
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -35,7 +38,44 @@
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 
-namespace fsdp::comm::detail {
+namespace fsdp::comm {
+
+/// Which NCCL communicators a comm::nccl group issues its collectives on (nccl_options::channels).
+///
+///   one          every collective on the group's one communicator (the default). NCCL runs a communicator's
+///                collectives in the order they were issued, whatever the stream, and every rank issues in program
+///                order: one order on every rank, by construction. The gather and reduce streams' collectives then
+///                run one after the other (each still overlaps compute), as PyTorch FSDP2's do on its one process
+///                group. No communicator is made after construction.
+///   per_stream   one communicator per stream name, split from the group's on the stream's first collective, so that
+///                a prefetched all-gather never queues behind a reduce-scatter. NCCL's guide ("Using multiple NCCL
+///                communicators concurrently") requires operations on different communicators to be ordered the
+///                same on every rank, and each rank's GPU order here depends on its own event waits: safe only where
+///                NCCL orders the launches of one device's communicators by their host order, which NCCL 2.26 and
+///                later do with NCCL_LAUNCH_ORDER_IMPLICIT=1 (NCCL 2.28.9's environment variables,
+///                NCCL_LAUNCH_ORDER_IMPLICIT; off by default). comm::nccl refuses it otherwise (per_stream_refusal).
+///                Its communicators are split during the first step, outside the memory plan.
+enum class nccl_channels { one, per_stream };
+
+namespace detail {
+
+/// Why nccl_channels::per_stream cannot be used with NCCL `version_code` (NCCL_VERSION_CODE, e.g. 22809 for 2.28.9)
+/// and this value of $NCCL_LAUNCH_ORDER_IMPLICIT (null: unset); empty when it can.
+inline std::string per_stream_refusal(int version_code, const char* launch_order_implicit) {
+  if (version_code < 22600)
+    return fsdp::detail::cat("comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT "
+                             "orders the launches of its communicators), but this NCCL is ", version_code / 10000, ".",
+                             version_code / 100 % 100, ".", version_code % 100,
+                             "; use nccl_channels::one (the default)");
+  if (!launch_order_implicit || std::string_view(launch_order_implicit) != "1")
+    return fsdp::detail::cat("comm::nccl: nccl_channels::per_stream issues collectives on several communicators at "
+                             "once, which NCCL runs in one order on every rank only with NCCL_LAUNCH_ORDER_IMPLICIT=1 "
+                             "(it is ",
+                             launch_order_implicit ? fsdp::detail::cat("'", launch_order_implicit, "'") : std::string("unset"),
+                             "): set it on every rank before the first NCCL call, or use nccl_channels::one (the "
+                             "default)");
+  return {};
+}
 
 /// One collective as messages name it.
 struct nccl_op {
@@ -63,12 +103,14 @@ constexpr std::string_view nccl_function(collective c) noexcept {
   return "?";
 }
 
-/// One rank's view of one NCCL group (the world, or a group split from it), made of several NCCL communicators:
-/// the base one (barrier(), split()) and one per stream name, split from the base on the stream's first
-/// collective, so that the gather stream's collectives never queue behind the reduce stream's (NCCL runs the
-/// collectives of one communicator in the order they were issued, whatever the stream). Every rank issues its
-/// collectives in program order, so the k-th new stream name on one rank is the k-th on every rank, and the
-/// ncclCommSplit calls on the base match. Collectives are numbered across all of them (#seq in messages).
+/// One rank's view of one NCCL group (the world, or a group split from it): its base communicator (barrier(),
+/// split(), and every collective under nccl_channels::one), and under nccl_channels::per_stream one more per stream
+/// name, split from the base on the stream's first collective, so that the gather stream's collectives never queue
+/// behind the reduce stream's (NCCL runs the collectives of one communicator in the order they were issued, whatever
+/// the stream). Every rank issues its collectives in program order, so the k-th new stream name on one rank is the
+/// k-th on every rank, and the ncclCommSplit calls on the base match. Collectives are numbered across all of them
+/// (#seq in messages). The device memory each communicator's creation took (free memory before and after) is kept:
+/// device_bytes().
 ///
 /// A family is a world core and the cores split from it (Model's shard and replicate groups): check() looks at
 /// every member, and any failure aborts every member and names every member's pending collectives, because the
@@ -90,9 +132,10 @@ class nccl_core {
   static constexpr std::chrono::microseconds shutdown_poll_interval{1000};
 
   /// `name` is how messages call the group: "comm::nccl" for the world, longer for a split group.
-  nccl_core(Api api, int rank, int world, std::chrono::milliseconds timeout, std::string name = "comm::nccl")
+  nccl_core(Api api, int rank, int world, std::chrono::milliseconds timeout, std::string name = "comm::nccl",
+            nccl_channels channels = nccl_channels::one)
       : api_(std::move(api)), rank_(rank), world_(world), timeout_(timeout), name_(std::move(name)),
-        family_(std::make_shared<family>()) {
+        channels_mode_(channels), family_(std::make_shared<family>()) {
     family_->members.push_back(this);
   }
   nccl_core(const nccl_core&) = delete;
@@ -123,12 +166,24 @@ class nccl_core {
   }
 
   /// Takes `c` as the base communicator, whose creation call answered `rc` (ncclCommInitRankConfig, or a split
-  /// that has settled already), and settles it.
-  void init(comm c, result rc, std::string_view call, std::string_view what) {
+  /// that has settled already), and settles it. `free_before`: free_device_bytes() just before the creation call
+  /// (negative: not measured), so that device_bytes() counts what it took.
+  void init(comm c, result rc, std::string_view call, std::string_view what, std::int64_t free_before = -1) {
     if (!channels_.empty()) fsdp::detail::fail_usage(name_, " on rank ", rank_, ": init() called twice");
-    channels_.push_back({std::string(), c, true});
+    channels_.push_back({std::string(), c, true, 0});
     settle(rc, c, call, what);
+    channels_.front().device_bytes = taken_since(free_before);
   }
+  /// The device's free memory now (cudaMemGetInfo), for init()'s `free_before`.
+  std::int64_t free_device_bytes() { return api_.free_device_bytes(); }
+  /// What the creation of this core's communicators took from the device, measured as the drop in free memory
+  /// across each (other allocations at the same moment would count too).
+  std::int64_t device_bytes() const noexcept {
+    std::int64_t n = 0;
+    for (const channel& ch : channels_) n += ch.device_bytes;
+    return n;
+  }
+  nccl_channels channels() const noexcept { return channels_mode_; }
 
   /// Joins `parent`'s family: from now on a failure of either aborts both, and a check() of either looks at both.
   void join_family(nccl_core& parent) {
@@ -300,7 +355,8 @@ class nccl_core {
   struct channel {
     std::string key;  ///< the stream name; empty for the base
     comm c;
-    bool live;  ///< neither destroyed nor aborted
+    bool live;                      ///< neither destroyed nor aborted
+    std::int64_t device_bytes = 0;  ///< what its creation took (measured)
   };
   struct grouped_op {
     nccl_op op;
@@ -335,12 +391,12 @@ class nccl_core {
       }
   }
 
-  /// The communicator of stream name `key`: the base for an empty key; split from the base on the name's first
-  /// collective.
+  /// The communicator of stream name `key`: the base for an empty key or under nccl_channels::one; else split from
+  /// the base on the name's first collective.
   comm channel_for(std::string_view key) {
     if (channels_.empty())
       fsdp::detail::fail_usage(name_, " on rank ", rank_, ": a collective was issued before the communicator was set up");
-    if (key.empty()) return channels_.front().c;
+    if (key.empty() || channels_mode_ == nccl_channels::one) return channels_.front().c;
     for (const channel& ch : channels_)
       if (ch.key == key) return ch.c;
     if (open_groups_ != 0)
@@ -348,9 +404,14 @@ class nccl_core {
                                "' is inside grouped(); a stream's communicator is split from the base one "
                                "(ncclCommSplit) on its first collective, which cannot run inside a group. Issue one "
                                "collective on the stream before grouping its collectives");
+    const std::int64_t before = api_.free_device_bytes();
     const comm c = split_base(0, rank_, fsdp::detail::cat("the communicator of stream '", key, "'"));
-    channels_.push_back({std::string(key), c, true});
+    channels_.push_back({std::string(key), c, true, taken_since(before)});
     return c;
+  }
+
+  std::int64_t taken_since(std::int64_t free_before) {
+    return free_before < 0 ? 0 : std::max<std::int64_t>(0, free_before - api_.free_device_bytes());
   }
 
   comm split_base(int color, int key, const std::string& what) {
@@ -579,6 +640,7 @@ class nccl_core {
   int world_;
   std::chrono::milliseconds timeout_;
   std::string name_;
+  nccl_channels channels_mode_;
   std::shared_ptr<family> family_;
   std::vector<channel> channels_;  ///< [0]: the base communicator; then one per stream name, in first-use order
   bool aborted_ = false;
@@ -595,4 +657,5 @@ class nccl_core {
   stats_tally stats_;
 };
 
-}  // namespace fsdp::comm::detail
+}  // namespace detail
+}  // namespace fsdp::comm
