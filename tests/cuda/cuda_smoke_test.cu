@@ -209,3 +209,47 @@ TEST_CASE("backend::cuda's teardown waits at most wait_timeout for a stream that
   CHECK(t1 - t0 < std::chrono::milliseconds(1000));  // the host function runs on the stream, not at the call
   CHECK(t2 - t1 < std::chrono::milliseconds(3000));  // bounded: 300 ms per stream at most, and a log line
 }
+
+TEST_CASE("a trainer's own compute stream: the backend issues its compute-side work there and leaves it alive; "
+          "the default streams are refused (needs a GPU)") {
+  FSDP_REQUIRE_GPU();
+  cudaStream_t mine = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    fsdp::backend::cuda_options opt;
+    opt.compute_stream = mine;
+    fsdp::backend::cuda be(0, opt);
+    CHECK(be.compute_stream().get() == mine);
+    CHECK_FALSE(be.compute_stream().owned());
+    CHECK(be.gather_stream().owned());
+    const std::vector<float> in = {1.0f, -2.0f, 3.5f, 0.25f, 7.0f};
+    auto src = be.allocate(20, fsdp::mem::comm_buffers, be.compute_stream());
+    auto dst = be.allocate(10, fsdp::mem::comm_buffers, be.compute_stream());
+    be.upload(src.data(), in.data(), 20, be.compute_stream());
+    be.convert(dst.data(), fsdp::dtype::bf16, src.data(), fsdp::dtype::f32, 5, 1.0f, be.compute_stream());
+    std::vector<std::uint16_t> out(5, 0);
+    REQUIRE(cudaStreamSynchronize(mine) == cudaSuccess);  // the work went to the trainer's stream
+    be.download(out.data(), dst.data(), 10, be.compute_stream());
+    be.synchronize(be.compute_stream());
+    CHECK(out == std::vector<std::uint16_t>{0x3f80, 0xc000, 0x4060, 0x3e80, 0x40e0});
+    be.release_after(std::move(src), be.compute_stream());
+    be.release_after(std::move(dst), be.compute_stream());
+  }
+  CHECK(cudaStreamQuery(mine) == cudaSuccess);  // still the trainer's, alive after the backend
+  CHECK(cudaStreamDestroy(mine) == cudaSuccess);
+  for (cudaStream_t d : {cudaStreamLegacy, cudaStreamPerThread}) {
+    fsdp::backend::cuda_options opt;
+    opt.compute_stream = d;
+    const std::string which = d == cudaStreamLegacy ? "legacy" : "per-thread";
+    std::string what;
+    try {
+      fsdp::backend::cuda be(0, opt);
+    } catch (const fsdp::usage_error& e) {
+      what = e.what();
+    }
+    CHECK(what ==
+          "fsdp: backend::cuda on rank 0: cuda_options::compute_stream is the " + which +
+              " default stream, which synchronizes with the device's other work; pass a stream made with "
+              "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) (null: the backend makes one)");
+  }
+}

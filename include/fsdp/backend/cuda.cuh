@@ -63,6 +63,12 @@ struct cuda_options {
   /// Called when a wait times out, with what timed out, before comm_error is thrown; may throw an error of its
   /// own that says more (comm::nccl aborts its communicator and names the pending collective).
   std::function<void(const std::string& what)> on_timeout;
+  /// The trainer's own compute stream (the one its cuBLAS handle and kernels use), or null: the backend makes one.
+  /// The backend issues the unit's compute-side work there (gradient zeroing, casts, the optimizer's kernels) and
+  /// never destroys it; it must outlive the backend and belong to its device. Not the legacy or per-thread default
+  /// stream (cudaStreamLegacy, cudaStreamPerThread, 0): make one with cudaStreamCreateWithFlags(...,
+  /// cudaStreamNonBlocking).
+  cudaStream_t compute_stream = nullptr;
 };
 
 class cuda {
@@ -77,13 +83,17 @@ class cuda {
     explicit stream(std::string name, int priority = 0) : name_(std::move(name)), priority_(priority) {
       FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
     }
+    /// A stream of the caller's, used and never destroyed (its priority is reported as 0: not queried).
+    stream(std::string name, cudaStream_t borrowed) : s_(borrowed), name_(std::move(name)), owned_(false) {}
     /// The priority it was created at (what cudaStreamGetPriority reports on a device with priorities).
     int priority() const noexcept { return priority_; }
     stream(const stream&) = delete;
     stream& operator=(const stream&) = delete;
     ~stream() {
-      if (s_) FSDP_CUDA_LOG(cudaStreamDestroy(s_));
+      if (s_ && owned_) FSDP_CUDA_LOG(cudaStreamDestroy(s_));
     }
+    /// Whether the backend made it (false: the trainer's, cuda_options::compute_stream).
+    bool owned() const noexcept { return owned_; }
     cudaStream_t get() const noexcept { return s_; }
     const std::string& name() const noexcept { return name_; }
 
@@ -91,6 +101,7 @@ class cuda {
     cudaStream_t s_ = nullptr;
     std::string name_;
     int priority_ = 0;
+    bool owned_ = true;
   };
 
   /// An owning CUDA event (timing disabled), recorded on streams by record().
@@ -142,7 +153,7 @@ class cuda {
 
   explicit cuda(int rank = 0, cuda_options opt = {})
       : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(make_pool(device_)),
-        compute_("rank" + std::to_string(rank) + ".compute"),
+        compute_(make_compute(rank, opt_.compute_stream)),
         gather_("rank" + std::to_string(rank) + ".all_gather", most_urgent_priority()),
         reduce_("rank" + std::to_string(rank) + ".reduce", most_urgent_priority()),
         upload_("rank" + std::to_string(rank) + ".upload", most_urgent_priority()),
@@ -504,6 +515,18 @@ class cuda {
     int least = 0, greatest = 0;
     FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     return greatest;
+  }
+
+  /// The compute stream: the trainer's (cuda_options::compute_stream), or one of the backend's own.
+  static stream make_compute(int rank, cudaStream_t trainers) {
+    std::string name = "rank" + std::to_string(rank) + ".compute";
+    if (!trainers) return stream(std::move(name));
+    if (trainers == cudaStreamLegacy || trainers == cudaStreamPerThread)
+      fsdp::detail::fail_usage("backend::cuda on rank ", rank, ": cuda_options::compute_stream is the ",
+                         trainers == cudaStreamLegacy ? "legacy" : "per-thread",
+                         " default stream, which synchronizes with the device's other work; pass a stream made with "
+                         "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) (null: the backend makes one)");
+    return stream(std::move(name), trainers);
   }
 
   static int select_device(int device) {
