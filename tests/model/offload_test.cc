@@ -127,6 +127,32 @@ TEST_CASE("delays on the copy streams change no bit: every wait on an upload, a 
   check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
 }
 
+TEST_CASE("a slow host does not hold backward: offloading's host functions run apart from the copies") {
+  // Four units, two gradient slots: the last unit of backward takes the slot the second gave back once its
+  // reduction was copied to the host. Each host function (the additions into the host gradient shards) sleeps
+  // 400 ms here; when they shared the download stream with the copies, that copy waited behind the first unit's
+  // addition and backward (its compute stream inline: the trainer's thread) with it. Now backward is issued and
+  // run in far less than one host function.
+  fsdp::ModelSpec spec;
+  for (int k = 0; k < 4; ++k) spec.add("u" + std::to_string(k) + ".w", {64});
+  fsdp::comm::local_options lo;
+  lo.timeout = fsdp_test::timeout;
+  lo.backend.copy_delay = [](std::string_view, std::int64_t bytes) {
+    return std::chrono::microseconds(bytes == 0 ? 400000 : 0);  // every host function, on whichever stream
+  };
+  std::vector<std::chrono::steady_clock::duration> took(2);
+  fsdp::comm::run_local(2, [&](local_communicator& comm) {
+    fsdp::Model<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::grads>>> m(
+        comm, spec, fsdp::wrap::by_prefix{"u"});
+    for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& u : m.backward()) u.grad(u.name() + ".w")[0] = 1.0f;
+    took[static_cast<std::size_t>(comm.rank())] = std::chrono::steady_clock::now() - t0;
+    m.synchronize();
+  }, lo);
+  for (const auto& d : took) CHECK(d < std::chrono::milliseconds(400));
+}
+
 TEST_CASE("a slow download stream: the next step's copies wait for the last step's copies back to the host") {
   // Every copy back (the state and the master after a staged device step, reduced gradients) takes 20 ms, longer
   // than a whole step's compute here: a next step that read the host copy before it is written would show. One

@@ -117,7 +117,7 @@ TEST_CASE("each unit's shard is ready right after its own update, not after the 
       {"on the device", none, lane::compute, "optimizer", lane::compute},
       {"staged: the master back from the device", params, lane::compute, "optimizer", lane::download},
       {"staged: the state alone (the master stays on the device)", state, lane::compute, "optimizer", lane::compute},
-      {"on the host (offload::all)", all, lane::download, "host optimizer", lane::download},
+      {"on the host (offload::all)", all, lane::host_work, "host optimizer", lane::host_work},
   };
   for (const where& w : cases) {
     const std::string name = w.name;

@@ -229,6 +229,30 @@ TEST_CASE("offloaded params: the upload stream before each gather, the staged st
         "  download   master back u                         10.000 -     11.000 ms\n");
 }
 
+TEST_CASE("offloaded gradients: a slow host addition does not hold backward (host functions on their own lane)") {
+  // Four units, two gradient slots: backward d, c, b, a; a takes the slot c gave back once c's reduction was copied
+  // to the host. With the host additions on the download stream, that copy queued behind d's host addition, and a
+  // slow host held a's backward back by it; on their own lane the copies go on, and backward ends where it ends with
+  // a free host. Each host addition here takes 10 ms (a 256-element shard: 3072 bytes at 307.2 kB/s).
+  const auto u = units_of({"a", "b", "c", "d"});
+  const auto in = inputs(u, none, {}, fsdp::offload::cpu<fsdp::offload::grads>::facts);
+  auto backward_end = [&](const fsdp::timeline& tl, int unit) {
+    std::int64_t t = -1;
+    for (const auto& e : tl.events)
+      if (e.what == fsdp::trace::kind::compute_end && e.pass == fsdp::pass_kind::backward && e.unit == unit) t = e.t_ns;
+    return t;
+  };
+  auto t = timing(4, 1, 1);
+  const auto free_host = predict(u, in, t);
+  t.host_bytes_per_second = 3.072e5;
+  const auto slow_host = predict(u, in, t);
+  REQUIRE(free_host.feasible());
+  REQUIRE(slow_host.feasible());
+  REQUIRE(backward_end(free_host, 0) > 0);
+  CHECK(backward_end(slow_host, 0) == backward_end(free_host, 0));
+  CHECK(slow_host.step_ns > free_host.step_ns);  // the optimizer still waits for the host additions
+}
+
 TEST_CASE("the same inputs give the same prediction, bit for bit; summarize() reads it as the planner does") {
   fsdp::ModelSpec spec;
   spec.add("emb.w", {512, 64});

@@ -81,14 +81,16 @@ concept Backend =
     };
 
 /// A backend that can hold offloaded buffers (fsdp/offload/offload.hpp): host memory accounted apart
-/// (allocate_host, host_memory) and two copy streams, host to device (upload) and device to host (download),
-/// where host-side work on offloaded buffers also runs (host_callback). backend::host and backend::cuda model it.
+/// (allocate_host, host_memory), two copy streams, host to device (upload) and device to host (download), and a
+/// stream for host-side work on offloaded buffers (host_work: host_callback only), so that no copy waits behind the
+/// CPU. backend::host and backend::cuda model it.
 template <class B>
 concept OffloadBackend = Backend<B> && requires(B& b, std::int64_t n, mem c) {
   { b.allocate_host(n, c) } -> std::same_as<typename B::buffer>;
   { b.host_memory() } -> std::same_as<MemoryTracker&>;
   { b.upload_stream() } -> std::same_as<typename B::stream&>;
   { b.download_stream() } -> std::same_as<typename B::stream&>;
+  { b.host_work_stream() } -> std::same_as<typename B::stream&>;
 };
 
 }  // namespace fsdp

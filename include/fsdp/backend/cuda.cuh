@@ -158,6 +158,7 @@ class cuda {
         reduce_("rank" + std::to_string(rank) + ".reduce", most_urgent_priority()),
         upload_("rank" + std::to_string(rank) + ".upload", most_urgent_priority()),
         download_("rank" + std::to_string(rank) + ".download", most_urgent_priority()),
+        host_work_("rank" + std::to_string(rank) + ".host_work"),
         timer_("rank" + std::to_string(rank) + ".timer") {
     refuse_flushing_build();
   }
@@ -167,7 +168,7 @@ class cuda {
   /// see a dead peer). A stream that does not finish is logged and the backend's memory is left to the process:
   /// freeing it under running work would be worse than the leak.
   ~cuda() {
-    for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_}) {
+    for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) {
       try {
         wait_for(s->get(), detail::cat("stream '", s->name(), "' at backend::cuda teardown"), opt_.wait_timeout,
                  opt_.poll_interval, [&] { if (opt_.poll) opt_.poll(); }, [](const std::string&) {});
@@ -190,10 +191,12 @@ class cuda {
   stream& compute_stream() noexcept { return compute_; }
   stream& gather_stream() noexcept { return gather_; }
   stream& reduce_stream() noexcept { return reduce_; }
-  /// The copy streams of offloading (fsdp/offload/offload.hpp): host to device, and device to host (where the
-  /// host functions that work on offloaded buffers run too, in stream order).
+  /// The copy streams of offloading (fsdp/offload/offload.hpp): host to device, and device to host.
   stream& upload_stream() noexcept { return upload_; }
   stream& download_stream() noexcept { return download_; }
+  /// Offloading's host functions (cudaLaunchHostFunc: host gradient additions, the host optimizer) apart from the
+  /// copies, so that a copy, and the device slots its event gives back, never waits behind the CPU.
+  stream& host_work_stream() noexcept { return host_work_; }
 
   void record(event& e, stream& s) { FSDP_CUDA_CHECK(cudaEventRecord(e.get(), s.get())); }
   /// Later work on `s` waits for the last record of `e` made before this call (none: no wait).
@@ -573,6 +576,7 @@ class cuda {
   stream reduce_;
   stream upload_;
   stream download_;
+  stream host_work_;
   stream timer_;  // nothing but timing references: idle whenever one is recorded
 };
 

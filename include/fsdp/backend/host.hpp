@@ -41,9 +41,9 @@ struct host_options {
   /// Delay injection: how long each library kernel ("accumulate", "for_each": an optimizer's update) sleeps on its
   /// stream before it runs. Results must not change: tests use it to prove that every wait is in place.
   std::function<std::chrono::microseconds(std::string_view kernel)> kernel_delay;
-  /// Delay injection on the copy streams (upload: host to device, download: device to host; see
-  /// fsdp/offload/offload.hpp): how long each copy (`bytes` > 0) and each host function (`bytes` 0) issued on
-  /// `stream` ("upload" or "download") sleeps before it runs. Tests use it to prove every wait is in place; the
+  /// Delay injection on the offload streams (upload: host to device, download: device to host, host_work: host
+  /// functions; see fsdp/offload/offload.hpp): how long each copy (`bytes` > 0) and each host function (`bytes` 0)
+  /// issued on `stream` ("upload", "download" or "host_work") sleeps before it runs. Tests use it to prove every wait is in place; the
   /// offload benchmark uses it as a modelled link (bytes / bandwidth + latency).
   std::function<std::chrono::microseconds(std::string_view stream, std::int64_t bytes)> copy_delay;
 };
@@ -113,7 +113,8 @@ class host {
         gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams),
         reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams),
         upload_("rank" + std::to_string(rank) + ".upload", opt.threaded_streams),
-        download_("rank" + std::to_string(rank) + ".download", opt.threaded_streams) {}
+        download_("rank" + std::to_string(rank) + ".download", opt.threaded_streams),
+        host_work_("rank" + std::to_string(rank) + ".host_work", opt.threaded_streams) {}
   host(const host&) = delete;
   host& operator=(const host&) = delete;
 
@@ -121,10 +122,11 @@ class host {
   stream& compute_stream() noexcept { return compute_; }
   stream& gather_stream() noexcept { return gather_; }
   stream& reduce_stream() noexcept { return reduce_; }
-  /// The copy streams of offloading (fsdp/offload/offload.hpp): host to device, and device to host (where
-  /// host-side work on offloaded buffers runs too, in stream order).
+  /// The copy streams of offloading (fsdp/offload/offload.hpp): host to device, and device to host.
   stream& upload_stream() noexcept { return upload_; }
   stream& download_stream() noexcept { return download_; }
+  /// Offloading's host functions (host gradient additions, the host optimizer), apart from the copies.
+  stream& host_work_stream() noexcept { return host_work_; }
 
   void record(event& e, stream& s) {
     count(s, &atomic_counts::records);
@@ -347,8 +349,8 @@ class host {
 
   /// The copy-stream delay of work issued on `s` (0 on the other streams).
   std::chrono::microseconds copy_delay(const stream& s, std::int64_t bytes) const {
-    if (!opt_.copy_delay || (&s != &upload_ && &s != &download_)) return std::chrono::microseconds{0};
-    return opt_.copy_delay(&s == &upload_ ? "upload" : "download", bytes);
+    if (!opt_.copy_delay || (&s != &upload_ && &s != &download_ && &s != &host_work_)) return std::chrono::microseconds{0};
+    return opt_.copy_delay(&s == &upload_ ? "upload" : &s == &download_ ? "download" : "host_work", bytes);
   }
 
   /// issue_counts as relaxed atomics: only the issuing thread counts, but a trainer may read them from another.
@@ -370,6 +372,7 @@ class host {
     if (&s == &reduce_) return 2;
     if (&s == &upload_) return 3;
     if (&s == &download_) return 4;
+    if (&s == &host_work_) return 5;
     detail::fail_usage("backend::host: stream '", s.name(), "' is not one of this backend's streams");
   }
 
@@ -379,13 +382,14 @@ class host {
   MemoryTracker host_memory_;
   host_detail::pool_model pool_;
   host_detail::pinned_blocks pinned_;
-  atomic_counts issued_[5];
+  atomic_counts issued_[6];
   // Streams last: they are destroyed first, so deferred frees still find the tracker alive.
   stream compute_;
   stream gather_;
   stream reduce_;
   stream upload_;
   stream download_;
+  stream host_work_;
 };
 
 }  // namespace fsdp::backend

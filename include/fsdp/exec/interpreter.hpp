@@ -252,6 +252,7 @@ class interpreter {
     if constexpr (OffloadBackend<B>) {
       s[static_cast<std::size_t>(plan::lane::upload)] = &be.upload_stream();
       s[static_cast<std::size_t>(plan::lane::download)] = &be.download_stream();
+      s[static_cast<std::size_t>(plan::lane::host_work)] = &be.host_work_stream();
     }
     return s;
   }
@@ -270,6 +271,7 @@ class interpreter {
       case plan::signal::gathered: return b.gathered_ev;
       case plan::signal::grad_ready: return b.grad_ready;
       case plan::signal::collected: return b.collected;
+      case plan::signal::downloaded: return b.downloaded;
       case plan::signal::reduced: return b.reduced;
       case plan::signal::staged: return b.staged;
       case plan::signal::stepped: return b.stepped;

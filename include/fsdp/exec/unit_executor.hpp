@@ -136,6 +136,7 @@ class unit_executor {
     be_->synchronize(be_->gather_stream());
     be_->synchronize(be_->reduce_stream());
     if constexpr (OffloadBackend<B>) be_->synchronize(be_->download_stream());
+    if constexpr (OffloadBackend<B>) be_->synchronize(be_->host_work_stream());
     be_->synchronize(be_->compute_stream());
   }
   /// synchronize() without throwing (destructors).
@@ -145,6 +146,7 @@ class unit_executor {
     if constexpr (OffloadBackend<B>) {
       all.push_back(&be_->upload_stream());
       all.push_back(&be_->download_stream());
+      all.push_back(&be_->host_work_stream());
     }
     for (stream* s : all) {
       try {

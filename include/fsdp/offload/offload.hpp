@@ -14,10 +14,11 @@
 //                    usual; the copy is issued with the gather, so the prefetch policy and the gather slots bound it.
 //                    Units are then gathered in every strategy (no_shard in fp32 too: compute reads device memory).
 //   grads            each reduced gradient shard is copied to the host on the download stream as its reduction
-//                    completes (into a host slot) and added into the host gradient shard there, on the host.
+//                    completes (into a host slot) and added into the host gradient shard on the host, by a host
+//                    function on the host_work stream (no copy waits behind the CPU).
 //   optimizer_state  the optimizer's state buffers are host memory.
-// With all three on the host the optimizer steps on the host, unit by unit, on the download stream's worker (a
-// host function in stream order: the same per-element code as the device kernels, so the same bits), and a unit's
+// With all three on the host the optimizer steps on the host, unit by unit, on the host_work stream (a host
+// function in stream order: the same per-element code as the device kernels, so the same bits), and a unit's
 // next gather waits only for that unit's update: the next step's forward overlaps the rest of the step. With only
 // some parts on the host the optimizer steps on the device, unit by unit: the host-resident parts are copied into
 // staging slots on the device (two of each part), stepped there, and the master and state copied back.

@@ -49,9 +49,11 @@
 
 namespace fsdp::plan {
 
-/// Where an action happens: the issuing thread or one of the backend's streams.
-enum class lane : std::uint8_t { host, compute, gather, reduce, upload, download };
-inline constexpr std::size_t lanes = 6;
+/// Where an action happens: the issuing thread or one of the backend's streams. host_work carries offloading's
+/// host functions (host gradient additions, the host optimizer, host zeroing) and nothing else, so that the copy
+/// streams, whose events give device slots back, never wait behind the CPU.
+enum class lane : std::uint8_t { host, compute, gather, reduce, upload, download, host_work };
+inline constexpr std::size_t lanes = 7;
 
 constexpr const char* name_of(lane l) noexcept {
   switch (l) {
@@ -61,6 +63,7 @@ constexpr const char* name_of(lane l) noexcept {
     case lane::reduce: return "reduce";
     case lane::upload: return "upload";
     case lane::download: return "download";
+    case lane::host_work: return "host_work";
   }
   return "?";
 }
@@ -70,8 +73,8 @@ enum class ring : std::uint8_t { gathered, grad, reduce_input, reduce_output, up
 inline constexpr std::size_t rings = 8;
 
 /// The executor's per-unit events (unit/unit_buffers.hpp).
-enum class signal : std::uint8_t { shard_ready, uploaded, gathered, grad_ready, collected, reduced, staged, stepped, state_saved };
-inline constexpr std::size_t signals = 9;
+enum class signal : std::uint8_t { shard_ready, uploaded, gathered, grad_ready, collected, downloaded, reduced, staged, stepped, state_saved };
+inline constexpr std::size_t signals = 10;
 
 /// What a view of the trainer's points into.
 enum class views : std::uint8_t { params, grad };
@@ -89,16 +92,16 @@ enum class job : std::uint8_t {
   replica_reduce,     ///< reduce: hybrid sharding's all-reduce of the reduced shard across the replicate group
   add_into_shard,     ///< reduce: the reduced values added into the fp32 gradient shard
   download_grad,      ///< download: the reduced gradient copied to its host download slot
-  host_add,           ///< download: the download slot added into the host gradient shard (a host function)
+  host_add,           ///< host_work: the download slot added into the host gradient shard (a host function)
   optimizer_device,   ///< compute: the optimizer's kernels for the unit
-  optimizer_host,     ///< download: the optimizer's host update of the unit (a host function)
+  optimizer_host,     ///< host_work: the optimizer's host update of the unit (a host function)
   stage_master,       ///< upload: a staged device step's master shard to the device
   stage_grad,         ///< upload: its gradient shard
   stage_state,        ///< upload: its optimizer state
   unstage_master,     ///< download: the master shard back to the host
   unstage_state,      ///< download: the optimizer state back
   zero_shard,         ///< compute: the fp32 gradient shard zeroed (zero_grad)
-  zero_shard_host,    ///< download: a host gradient shard zeroed (zero_grad; a host function)
+  zero_shard_host,    ///< host_work: a host gradient shard zeroed (zero_grad; a host function)
 };
 inline constexpr std::size_t jobs = 22;
 
@@ -150,6 +153,7 @@ constexpr const char* name_of(signal s) noexcept {
     case signal::gathered: return "gathered";
     case signal::grad_ready: return "grad_ready";
     case signal::collected: return "collected";
+    case signal::downloaded: return "downloaded";
     case signal::reduced: return "reduced";
     case signal::staged: return "staged";
     case signal::stepped: return "stepped";
@@ -259,11 +263,11 @@ class step_program {
     for (std::size_t u = 0; apply && u < size(); ++u) {
       const offload_facts& o = offload_[u];
       if (o.host_step()) {  // one host function for the unit
-        in.wait(lane::download, signal::shard_ready, u);
-        in.wait(lane::download, signal::reduced, u);
-        in.wait(lane::download, signal::uploaded, u);
-        in.work(lane::download, job::optimizer_host, u, pass_kind::none);
-        in.record(lane::download, signal::shard_ready, u);
+        in.wait(lane::host_work, signal::shard_ready, u);
+        in.wait(lane::host_work, signal::reduced, u);
+        in.wait(lane::host_work, signal::uploaded, u);
+        in.work(lane::host_work, job::optimizer_host, u, pass_kind::none);
+        in.record(lane::host_work, signal::shard_ready, u);
         ready_[u] = true;
       } else if (o.any()) {  // the host parts staged through device slots, the kernels, the copies back
         const staging_costs c = staging_costs_of(cost_[u], o, states_);
@@ -323,10 +327,10 @@ class step_program {
   void zero_grads(I& in) {
     for (std::size_t u = 0; u < size(); ++u) {
       if (cost_[u].grad_shard.where == domain::host) {
-        in.wait(lane::download, signal::reduced, u);
-        in.wait(lane::download, signal::shard_ready, u);
-        in.work(lane::download, job::zero_shard_host, u, pass_kind::none);
-        in.record(lane::download, signal::reduced, u);  // later readers of the shard (a step) wait for the zeroes
+        in.wait(lane::host_work, signal::reduced, u);
+        in.wait(lane::host_work, signal::shard_ready, u);
+        in.work(lane::host_work, job::zero_shard_host, u, pass_kind::none);
+        in.record(lane::host_work, signal::reduced, u);  // later readers of the shard (a step) wait for the zeroes
       } else {
         in.wait(lane::compute, signal::reduced, u);
         in.work(lane::compute, job::zero_shard, u, pass_kind::none);
@@ -419,12 +423,14 @@ class step_program {
     } else {
       give(gives, ring::grad, u, in);
     }
-    if (c.download) {
-      in.wait(lane::download, signal::shard_ready, u);
-      in.work(lane::download, job::host_add, u, pass);
-      give(lane::download, ring::download, u, in);
+    if (c.download) {  // the host addition on its own lane: the download stream goes on with the next copy
+      in.record(lane::download, signal::downloaded, u);
+      in.wait(lane::host_work, signal::downloaded, u);
+      in.wait(lane::host_work, signal::shard_ready, u);
+      in.work(lane::host_work, job::host_add, u, pass);
+      give(lane::host_work, ring::download, u, in);
     }
-    in.record(gives, signal::reduced, u);
+    in.record(c.download ? lane::host_work : gives, signal::reduced, u);
   }
 
   template <class I>

@@ -27,6 +27,7 @@ struct unit_buffers {
   typename Backend::event reduced;       ///< the reduction is accumulated into the gradient shard
   typename Backend::event uploaded;      ///< offloaded params: the master shard's copy to the device is complete
   typename Backend::event collected;     ///< offloaded grads: the reduction's result is ready to copy to the host
+  typename Backend::event downloaded;    ///< offloaded grads: copied to the host, ready for the host addition
   typename Backend::event staged;        ///< a device step over host parts: they are in their staging slots
   typename Backend::event stepped;       ///< a device step over host parts: its kernels are done with the slots
   typename Backend::event state_saved;   ///< a device step over host parts: the state is back on the host

@@ -31,7 +31,7 @@ namespace fsdp::backend::host_detail {
 class pool_model {
  public:
   /// Streams are numbered 0..streams-1; `any` frees memory at once (a buffer destroyed outside stream order).
-  static constexpr int streams = 5;
+  static constexpr int streams = 6;
   static constexpr int any = -1;
   /// Per stream: how many frees of each stream it is ordered after.
   using clock = std::array<std::uint64_t, streams>;
