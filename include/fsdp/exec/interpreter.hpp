@@ -35,6 +35,7 @@
 #include "fsdp/exec/unit_storage.hpp"
 #include "fsdp/exec/update_site.hpp"
 #include "fsdp/kernels/host_loops.hpp"
+#include "fsdp/kernels/host_pool.hpp"
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/plan/program.hpp"
 
@@ -164,13 +165,17 @@ class interpreter {
         break;
       case plan::job::host_add:
         be_.host_callback(s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
-                              t = c.reduce_output.type, n = transfers_.reduced_count(u), post = reduce_.postscale] {
-          kernels::host_loops::accumulate(shard, from, t, n, post);
+                              t = c.reduce_output.type, n = transfers_.reduced_count(u), post = reduce_.postscale,
+                              pool = &pool_] {
+          kernels::dispatch(t, [&](auto type) {
+            const auto* in = static_cast<const f16::storage_t<type()>*>(from);
+            pool->for_each(n, [=](std::int64_t i) { kernels::accumulate_one<type()>(shard[i], in[i], post); });
+          });
         });
         break;
       case plan::job::optimizer_host: {
         std::vector<std::function<void()>> updates;
-        update_site<B> site = update_site<B>::host(updates);
+        update_site<B> site = update_site<B>::host(updates, pool_);
         optimizer().update(u, site);
         be_.host_callback(s, [updates = std::move(updates)] {
           for (const auto& w : updates) w();
@@ -306,6 +311,7 @@ class interpreter {
   std::vector<char> fresh_accumulator_;  // per unit: its accumulator was just made (the next add is a copy)
   optimizer_work<B>* work_ = nullptr;    // during an optimizer step
   staged_parts staged_;                  // a device step over host parts: where the unit's parts are staged
+  kernels::host_pool pool_;              // offloading's host functions: the host step and host additions
 };
 
 }  // namespace fsdp::exec

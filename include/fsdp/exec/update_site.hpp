@@ -8,7 +8,8 @@
 //                   the unit's master, gradient or state pointer p: p itself, or the staging slot a host-resident
 //                   part was copied into (a device step over offloaded parts)
 //   on the host     site.run(n, f) adds a host loop to the unit's host function (fsdp/offload/offload.hpp: all
-//                   three parts offloaded); site.at(p) is p
+//                   three parts offloaded), run on the executor's host threads (kernels::host_pool); site.at(p)
+//                   is p
 //
 // optimizer_work is the step's side of the optimizer: inspect() before any update (the gradient inspection; false
 // skips the update on every rank), update(u, site) for each unit, states(u) (its state buffers, which a device step
@@ -18,7 +19,7 @@
 #include <vector>
 
 #include "fsdp/backend/concept.hpp"
-#include "fsdp/kernels/host_loops.hpp"
+#include "fsdp/kernels/host_pool.hpp"
 
 namespace fsdp::exec {
 
@@ -51,8 +52,13 @@ class update_site {
  public:
   /// On the device (the compute stream of `be`), at the staged parts of `staged` (null: none).
   static update_site device(B& be, const staged_parts* staged) { return update_site(&be, staged, nullptr); }
-  /// On the host: the work goes into `work`, which the executor runs in the unit's host function.
-  static update_site host(std::vector<std::function<void()>>& work) { return update_site(nullptr, nullptr, &work); }
+  /// On the host: the work goes into `work`, which the executor runs in the unit's host function, on `pool`'s
+  /// threads (which must outlive the work).
+  static update_site host(std::vector<std::function<void()>>& work, kernels::host_pool& pool) {
+    update_site s(nullptr, nullptr, &work);
+    s.pool_ = &pool;
+    return s;
+  }
 
   bool on_host() const noexcept { return host_ != nullptr; }
   /// Where the update finds `p` (a master, gradient or state pointer of the unit).
@@ -65,7 +71,7 @@ class update_site {
   void run(std::int64_t n, const F& f) {
     if (n <= 0) return;
     if (host_)
-      host_->push_back([n, f] { kernels::host_loops::for_each(n, f); });
+      host_->push_back([n, f, pool = pool_] { pool->for_each(n, f); });
     else
       be_->for_each(n, f, be_->compute_stream());
   }
@@ -76,6 +82,7 @@ class update_site {
   B* be_;
   const staged_parts* staged_;
   std::vector<std::function<void()>>* host_;
+  kernels::host_pool* pool_ = nullptr;
 };
 
 /// The optimizer's side of a step (see the top of the file).

@@ -1,0 +1,155 @@
+#pragma once
+// A fixed pool of host threads for the library's host loops (fsdp/kernels/host_loops.hpp) where they run inside a
+// host function: offloading's host optimizer step and host gradient additions (fsdp/offload/offload.hpp), which
+// would otherwise run on the one thread of their stream. for_each(n, f) splits [0, n) into contiguous chunks that
+// the pool's threads and the calling thread take in turn; each element is still f(i), once, so the bits are those
+// of the single-threaded loop (the library's element functions touch element i alone).
+//
+// Threads are started on the first loop large enough to split (`grain` elements a chunk at least), not before;
+// one loop at a time per pool (a second caller waits for the first). An exception from f is rethrown by for_each
+// once every chunk has finished or been skipped.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "fsdp/kernels/host_loops.hpp"
+
+namespace fsdp::kernels {
+
+class host_pool {
+ public:
+  /// `threads`: how many threads a loop may use, the caller's included (at least 1); `grain`: the fewest elements a
+  /// chunk has (a loop of fewer than 2 * grain runs on the caller alone).
+  explicit host_pool(int threads = default_threads(), std::int64_t grain = std::int64_t{1} << 15)
+      : threads_(std::max(1, threads)), grain_(std::max<std::int64_t>(1, grain)) {}
+  host_pool(const host_pool&) = delete;
+  host_pool& operator=(const host_pool&) = delete;
+  ~host_pool() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  /// Up to 8 threads, no more than the machine has.
+  static int default_threads() {
+    const unsigned hw = std::thread::hardware_concurrency();
+    return static_cast<int>(std::clamp(hw, 1u, 8u));
+  }
+  int threads() const noexcept { return threads_; }
+  /// Threads started so far besides callers (0 until a loop was large enough to split).
+  int started() const {
+    std::lock_guard lk(mu_);
+    return static_cast<int>(workers_.size());
+  }
+
+  /// f(i) for every i in [0, n), each once, in contiguous chunks on the pool's threads and the caller.
+  template <class F>
+  void for_each(std::int64_t n, const F& f) {
+    const std::int64_t chunks = std::min<std::int64_t>(threads_ * 4, n / grain_);
+    if (chunks < 2 || threads_ == 1) {
+      host_loops::for_each(n, f);
+      return;
+    }
+    const std::lock_guard one_loop(loop_mu_);
+    start_workers();
+    std::function<void(std::int64_t, std::int64_t)> body = [&f](std::int64_t b, std::int64_t e) {
+      const F local = f;  // as host_loops::for_each: coefficients in registers
+      for (std::int64_t i = b; i < e; ++i) local(i);
+    };
+    {
+      std::lock_guard lk(mu_);
+      job_ = {&body, n, chunks};
+      next_.store(0, std::memory_order_relaxed);
+      done_ = 0;
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work_on(job_);
+    std::unique_lock lk(mu_);
+    // every chunk done, and every worker out of this loop (none can then take a chunk of the next one with this body)
+    finished_.wait(lk, [&] { return done_ == job_.chunks && active_ == 0; });
+    job_ = {};
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  struct job {
+    std::function<void(std::int64_t, std::int64_t)>* body = nullptr;
+    std::int64_t n = 0;
+    std::int64_t chunks = 0;
+  };
+
+  void start_workers() {
+    std::lock_guard lk(mu_);
+    while (static_cast<int>(workers_.size()) < threads_ - 1)
+      workers_.emplace_back([this, seen = generation_]() mutable { loop(seen); });
+  }
+
+  void loop(std::uint64_t seen) {
+    for (;;) {
+      job j;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        j = job_;
+        if (!j.body) continue;
+        ++active_;
+      }
+      work_on(j);
+      std::lock_guard lk(mu_);
+      if (--active_ == 0) finished_.notify_all();
+    }
+  }
+
+  /// Takes chunks of `j` until none is left.
+  void work_on(const job& j) {
+    for (;;) {
+      const std::int64_t k = next_.fetch_add(1, std::memory_order_relaxed);
+      if (k >= j.chunks) return;
+      const std::int64_t b = j.n * k / j.chunks, e = j.n * (k + 1) / j.chunks;
+      std::exception_ptr err;
+      {
+        std::lock_guard lk(mu_);
+        err = error_;
+      }
+      if (!err) {
+        try {
+          (*j.body)(b, e);
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
+      std::lock_guard lk(mu_);
+      if (err && !error_) error_ = err;
+      if (++done_ == j.chunks) finished_.notify_all();
+    }
+  }
+
+  int threads_;
+  std::int64_t grain_;
+  std::mutex loop_mu_;  // one loop at a time
+  mutable std::mutex mu_;
+  std::condition_variable cv_, finished_;
+  std::vector<std::thread> workers_;
+  job job_{};
+  std::atomic<std::int64_t> next_{0};
+  std::int64_t done_ = 0;
+  int active_ = 0;  // workers inside the current loop
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace fsdp::kernels
