@@ -207,7 +207,15 @@ class Model {
   /// table. `optimizer_states`: fp32 values per parameter element the optimizer keeps (its
   /// states_per_element()); `norm_rows`: its gradient inspection rows (its norm_rows(), 0 without inspection).
   memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const {
-    return fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
+    memory_plan p = fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
+    if constexpr (requires(const communicator& c) {
+                    { c.device_bytes() } -> std::convertible_to<std::int64_t>;
+                  }) {  // comm::nccl: what its communicators took from the device, beside the plan
+      p.outside_plan_bytes = comm_->device_bytes();
+      for (const auto* g : {shard_comm_.get(), replicate_comm_.get()})
+        if (g) p.outside_plan_bytes += g->device_bytes();
+    }
+    return p;
   }
   /// The plan with an optimizer's state and gradient inspection.
   template <class Optimizer>

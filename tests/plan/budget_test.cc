@@ -72,6 +72,27 @@ TEST_CASE("memory outside the plan (NCCL's communicators) comes off the budget b
   CHECK_FALSE(fsdp::largest_prefetch_depth(units, q, peak_at(2)));
 }
 
+TEST_CASE("the plan's table shows memory outside the plan beside the device's total, when there is some") {
+  const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
+  fsdp::memory_plan p = fsdp::plan_detail::plan_at(units, query(), 0);
+  const std::string without = p.table();
+  CHECK(without.find("NCCL") == std::string::npos);
+  p.outside_plan_bytes = 3 << 20;  // a Model on comm::nccl sets it from its communicators
+  const std::string with = p.table();
+  // as above, depth 0: 32 768 B of shards, grads and moments + one 4096 B gather slot, two 4096 B gradient slots and
+  // the 1024 B reduce-scatter output = 46 080 B; with 3 MiB of NCCL beside it, 3 191 808 B
+  CHECK(with ==
+        "planned peak memory per rank (8 units, at most 1 gathered at once)\n"
+        "  sharded params              8192 B       0.008 MiB\n"
+        "  gathered params             4096 B       0.004 MiB\n"
+        "  grads                       8192 B       0.008 MiB\n"
+        "  optimizer state            16384 B       0.016 MiB\n"
+        "  comm buffers                9216 B       0.009 MiB\n"
+        "  total (at once)            46080 B       0.044 MiB\n"
+        "  NCCL (measured)          3145728 B       3.000 MiB\n"
+        "  total with NCCL          3191808 B       3.044 MiB\n");
+}
+
 TEST_CASE("gather slots cap the useful depth") {
   const auto units = fsdp::plan_units("blocks", blocks(), grouping(1), 4);
   auto q = query();

@@ -54,6 +54,10 @@ struct memory_plan {
   /// Empty when the schedule runs; otherwise why it cannot (the unit and the units holding every gather slot),
   /// and `peak` covers only what ran before that point.
   std::string infeasible;
+  /// Device memory beside the plan that no plan holds, as measured: a Model on comm::nccl sets it to what its NCCL
+  /// communicators' creation took (nccl_communicator::device_bytes(), its shard and replicate groups' included);
+  /// 0 elsewhere. Not in `peak`; the table shows it beside the device's total.
+  std::int64_t outside_plan_bytes = 0;
 
   bool feasible() const noexcept { return infeasible.empty(); }
 
@@ -71,6 +75,10 @@ struct memory_plan {
     if (host) os << "  device\n";
     for (std::size_t k = 0; k < mem_categories; ++k) row(name_of(static_cast<mem>(k)), peak.bytes[k]);
     row("total (at once)", peak.total);
+    if (outside_plan_bytes > 0) {
+      row("NCCL (measured)", outside_plan_bytes);
+      row("total with NCCL", peak.total + outside_plan_bytes);
+    }
     if (host) {
       os << "  host (offloaded)\n";
       for (std::size_t k = 0; k < mem_categories; ++k) row(name_of(static_cast<mem>(k)), host_peak.bytes[k]);
