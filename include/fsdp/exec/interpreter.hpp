@@ -167,10 +167,8 @@ class interpreter {
         be_.host_callback(s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
                               t = c.reduce_output.type, n = transfers_.reduced_count(u), post = reduce_.postscale,
                               pool = &pool_] {
-          kernels::dispatch(t, [&](auto type) {
-            const auto* in = static_cast<const f16::storage_t<type()>*>(from);
-            pool->for_each(n, [=](std::int64_t i) { kernels::accumulate_one<type()>(shard[i], in[i], post); });
-          });
+          kernels::host_loops::accumulate_with([pool](std::int64_t m, const auto& f) { pool->for_each(m, f); }, shard,
+                                               from, t, n, post);
         });
         break;
       case plan::job::optimizer_host: {

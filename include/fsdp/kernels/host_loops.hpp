@@ -21,12 +21,18 @@ inline void convert(void* dst, dtype dst_type, const void* src, dtype src_type, 
   });
 }
 
-/// dst[i] += float(src[i]) * scale.
-inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale) {
+/// dst[i] += float(src[i]) * scale, with the loop run(n, f) (f(i) for every i: a plain loop, or a pool's).
+template <class Run>
+void accumulate_with(Run&& run, float* dst, const void* src, dtype src_type, std::int64_t n, float scale) {
   dispatch(src_type, [&](auto t) {
     const auto* in = static_cast<const f16::storage_t<t()>*>(src);
-    for (std::int64_t i = 0; i < n; ++i) accumulate_one<t()>(dst[i], in[i], scale);
+    run(n, [=](std::int64_t i) { accumulate_one<t()>(dst[i], in[i], scale); });
   });
+}
+/// dst[i] += float(src[i]) * scale.
+inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale) {
+  accumulate_with([](std::int64_t m, const auto& f) { for (std::int64_t i = 0; i < m; ++i) f(i); }, dst, src, src_type,
+                  n, scale);
 }
 
 /// f(i) for i = 0 .. n-1, in order. On a copy of f: the stores f makes through its pointers cannot alias a local
