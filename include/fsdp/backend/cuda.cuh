@@ -526,9 +526,9 @@ class cuda {
     if (!trainers) return stream(std::move(name));
     if (trainers == cudaStreamLegacy || trainers == cudaStreamPerThread)
       fsdp::detail::fail_usage("backend::cuda on rank ", rank, ": cuda_options::compute_stream is the ",
-                         trainers == cudaStreamLegacy ? "legacy" : "per-thread",
-                         " default stream, which synchronizes with the device's other work; pass a stream made with "
-                         "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) (null: the backend makes one)");
+                               trainers == cudaStreamLegacy ? "legacy" : "per-thread",
+                               " default stream, which synchronizes with the device's other work; pass a stream made "
+                               "with cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) (null: the backend makes one)");
     return stream(std::move(name), trainers);
   }
 

@@ -43,8 +43,8 @@ struct host_options {
   std::function<std::chrono::microseconds(std::string_view kernel)> kernel_delay;
   /// Delay injection on the offload streams (upload: host to device, download: device to host, host_work: host
   /// functions; see fsdp/offload/offload.hpp): how long each copy (`bytes` > 0) and each host function (`bytes` 0)
-  /// issued on `stream` ("upload", "download" or "host_work") sleeps before it runs. Tests use it to prove every wait is in place; the
-  /// offload benchmark uses it as a modelled link (bytes / bandwidth + latency).
+  /// issued on `stream` ("upload", "download" or "host_work") sleeps before it runs. Tests use it to prove every
+  /// wait is in place; the offload benchmark uses it as a modelled link (bytes / bandwidth + latency).
   std::function<std::chrono::microseconds(std::string_view stream, std::int64_t bytes)> copy_delay;
 };
 
@@ -61,15 +61,15 @@ struct issue_counts {
   std::uint64_t waits = 0;
   std::uint64_t synchronizes = 0;
   friend bool operator==(const issue_counts&, const issue_counts&) = default;
-  friend issue_counts operator-(issue_counts a, const issue_counts& b) {
-    a.kernels -= b.kernels;
-    a.memory_ops -= b.memory_ops;
-    a.host_functions -= b.host_functions;
-    a.records -= b.records;
-    a.waits -= b.waits;
-    a.synchronizes -= b.synchronizes;
+  /// a + sign * b, field by field (sign 1 or -1: counts only grow, so a difference of two readings is >= 0).
+  static issue_counts combine(issue_counts a, const issue_counts& b, int sign) {
+    for (auto f : {&issue_counts::kernels, &issue_counts::memory_ops, &issue_counts::host_functions,
+                   &issue_counts::records, &issue_counts::waits, &issue_counts::synchronizes})
+      a.*f = sign > 0 ? a.*f + b.*f : a.*f - b.*f;
     return a;
   }
+  friend issue_counts operator+(const issue_counts& a, const issue_counts& b) { return combine(a, b, 1); }
+  friend issue_counts operator-(const issue_counts& a, const issue_counts& b) { return combine(a, b, -1); }
 };
 
 class host {
@@ -177,15 +177,7 @@ class host {
   issue_counts issued(const stream& s) const { return issued_[static_cast<std::size_t>(index_of(s))].get(); }
   issue_counts issued() const {
     issue_counts all;
-    for (const auto& c : issued_) {
-      const issue_counts one = c.get();
-      all.kernels += one.kernels;
-      all.memory_ops += one.memory_ops;
-      all.host_functions += one.host_functions;
-      all.records += one.records;
-      all.waits += one.waits;
-      all.synchronizes += one.synchronizes;
-    }
+    for (const auto& c : issued_) all = all + c.get();
     return all;
   }
 

@@ -266,7 +266,8 @@ class time_reading {
     std::int64_t begin = a.t;
     int pred = a.node;
     const std::int64_t c = coll_[u][idx(j)];
-    at* group = !tm_.serial_collectives || c <= 0 ? nullptr : j == plan::job::replica_reduce ? &replica_group_ : &shard_group_link_;
+    at* group = nullptr;  // serial_collectives: the group whose collectives run one at a time
+    if (tm_.serial_collectives && c > 0) group = j == plan::job::replica_reduce ? &replica_link_ : &shard_link_;
     if (group && group->t - (d - c) > begin) {  // the group's last collective ends first; the cast just before
       begin = group->t - (d - c);
       pred = group->node;
@@ -357,7 +358,7 @@ class time_reading {
   bool shards_ = true;
   std::vector<durations> dur_;
   std::vector<durations> coll_;  ///< the collective part of each duration
-  at shard_group_link_{}, replica_group_{};  ///< serial_collectives: where each group's last collective ended
+  at shard_link_{}, replica_link_{};  ///< serial_collectives: where each group's last collective ended
   std::array<at, plan::lanes> lane_{};
   std::vector<std::array<at, plan::signals>> signal_;
   std::array<std::vector<at>, plan::rings> given_{};
