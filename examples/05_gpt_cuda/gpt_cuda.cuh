@@ -2,13 +2,18 @@
 // The GPT example's trainer on the CUDA backend: the user's own kernels (gpt_kernels.cuh) for embeddings,
 // layernorm, attention, GELU and cross-entropy, cuBLAS (or the examples' plain GEMM, for the simulated GPU) for the
 // matrix products, and the training loop of examples/04_gpt_host/gpt_loop.hpp, the same code the host trainer
-// runs. Each parameter is read in the compute type (float or bf16), widened into an fp32 scratch copy for the
-// GEMMs; each gradient is summed in fp32 and stored once into the compute-type gradient buffer, as on the host.
+// runs. The matrix products run in the compute type: in bf16, on the gathered bf16 weights and activations rounded
+// to bf16, accumulated in fp32 into fp32 outputs (PyTorch's bf16 autocast); in fp32, fp32 throughout. The other
+// parameters (layernorm, biases) are widened into fp32 scratch copies; each gradient is summed in fp32 and stored
+// once into the compute-type gradient buffer. The trainer's buffers are made in the first step and reused: a later
+// step that would allocate one is an error (trainer::begin_step), so no step after the first calls cudaMalloc or
+// cudaFree, each a device-wide synchronisation.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -45,6 +50,7 @@ class dbuf {
   }
   void resize(std::size_t n) {
     if (n == n_) return;
+    ++made();
     if (float* old = std::exchange(p_, nullptr)) {  // cleared first: a failed free must not be freed again
       live() -= std::exchange(n_, 0) * sizeof(float);
       FSDP_CUDA_CHECK(cudaFree(old));
@@ -56,10 +62,16 @@ class dbuf {
     while (now > seen && !peak().compare_exchange_weak(seen, now)) {
     }
   }
+  /// resize(n) when n is larger than the size: a scratch buffer shared by uses of several sizes.
+  void grow(std::size_t n) {
+    if (n > n_) resize(n);
+  }
   float* data() const noexcept { return p_; }
   std::size_t size() const noexcept { return n_; }
   /// The most bytes that trainers' buffers held at once in this process (every local rank's together).
   static std::size_t peak_bytes() noexcept { return peak().load(); }
+  /// How many buffers this thread has (re)allocated (each rank trains on a thread of its own).
+  static std::size_t allocations() noexcept { return made(); }
 
  private:
   static std::atomic<std::size_t>& live() noexcept {
@@ -69,6 +81,10 @@ class dbuf {
   static std::atomic<std::size_t>& peak() noexcept {
     static std::atomic<std::size_t> bytes{0};
     return bytes;
+  }
+  static std::size_t& made() noexcept {
+    thread_local std::size_t count = 0;
+    return count;
   }
   float* p_ = nullptr;
   std::size_t n_ = 0;
@@ -93,6 +109,7 @@ class trainer {
         mm_(std::make_unique<gemm>(kind, cs_->get())) {}
 
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
+    next_step();
     upload(inputs, targets, gpt::row_positions(inputs.size(), s_.context));
     packed_ = false;
     denominator_ = static_cast<double>(N_);
@@ -101,6 +118,7 @@ class trainer {
   /// the masked-in tokens and divided by the step's loss tokens.
   void begin_packed_step(const gpt::packed_tokens& p) {
     gpt::check_packed(p, N_);
+    next_step();
     upload(p.inputs, p.targets, p.positions);
     mask_.assign(p.mask.begin(), p.mask.end());
     starts_ = p.starts;  // kept, as the others: the copies may still be in flight
@@ -124,22 +142,23 @@ class trainer {
     namespace K = kernels;
     const int C = s_.width, N = N_;
     auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
+    auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
     const std::size_t NC = nc();
     k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(att_size());
     k.atty.resize(NC), k.res1.resize(NC), k.ln2.resize(NC), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
     k.fc.resize(4 * NC), k.fc_gelu.resize(4 * NC), out.resize(NC);
-    K::layernorm_forward<><<<blocks(N), 256, 0, s()>>>(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(), x.data(),
+    K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(), x.data(),
                                                       p("ln_1.w"), p("ln_1.b"), N, C);
-    linear_forward(k.qkv.data(), k.ln1.data(), p("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
-    K::attention_forward<><<<blocks(rows()), 256, 0, s()>>>(k.atty.data(), k.att.data(), k.qkv.data(), starts(), B_,
+    linear_forward(k.qkv.data(), k.ln1.data(), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
+    K::attention_forward<><<<blocks(32 * rows()), 256, 0, s()>>>(k.atty.data(), k.att.data(), k.qkv.data(), starts(), B_,
                                                            s_.context, C, s_.heads);
-    linear_forward(k.res1.data(), k.atty.data(), p("attn.proj.w"), p("attn.proj.b"), N, C, C);
+    linear_forward(k.res1.data(), k.atty.data(), w("attn.proj.w"), p("attn.proj.b"), N, C, C);
     K::add<><<<blocks(NC), 256, 0, s()>>>(k.res1.data(), x.data(), NC);
-    K::layernorm_forward<><<<blocks(N), 256, 0, s()>>>(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(),
+    K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(),
                                                       k.res1.data(), p("ln_2.w"), p("ln_2.b"), N, C);
-    linear_forward(k.fc.data(), k.ln2.data(), p("mlp.fc.w"), p("mlp.fc.b"), N, C, 4 * C);
+    linear_forward(k.fc.data(), k.ln2.data(), w("mlp.fc.w"), p("mlp.fc.b"), N, C, 4 * C);
     K::gelu_forward<><<<blocks(4 * NC), 256, 0, s()>>>(k.fc_gelu.data(), k.fc.data(), 4 * NC);
-    linear_forward(out.data(), k.fc_gelu.data(), p("mlp.proj.w"), p("mlp.proj.b"), N, 4 * C, C);
+    linear_forward(out.data(), k.fc_gelu.data(), w("mlp.proj.w"), p("mlp.proj.b"), N, 4 * C, C);
     K::add<><<<blocks(NC), 256, 0, s()>>>(out.data(), k.res1.data(), NC);
     check();
   }
@@ -150,6 +169,7 @@ class trainer {
     const int C = s_.width, N = N_;
     const std::size_t NC = nc(), CC = static_cast<std::size_t>(C) * C;
     auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
+    auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
     auto g = [&](const char* leaf, std::size_t n) { return zeroed(gscratch_[leaf], n); };
     float *g_ln1w = g("ln_1.w", C), *g_ln1b = g("ln_1.b", C), *g_qkvw = g("attn.qkv.w", 3 * CC),
           *g_qkvb = g("attn.qkv.b", 3 * C), *g_aprojw = g("attn.proj.w", CC), *g_aprojb = g("attn.proj.b", C),
@@ -158,26 +178,26 @@ class trainer {
     dres1_.resize(NC);
     copy(dres1_, dout);
     float* dfc_gelu = zeroed(t4a_, 4 * NC);
-    linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), k.fc_gelu.data(), p("mlp.proj.w"), N, 4 * C, C);
+    linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), k.fc_gelu.data(), w("mlp.proj.w"), N, 4 * C, C);
     t4b_.resize(4 * NC);
     K::gelu_backward<><<<blocks(4 * NC), 256, 0, s()>>>(t4b_.data(), k.fc.data(), dfc_gelu, 4 * NC);
     float* dln2 = zeroed(tnc_a_, NC);
-    linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), k.ln2.data(), p("mlp.fc.w"), N, C, 4 * C);
+    linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), k.ln2.data(), w("mlp.fc.w"), N, C, 4 * C);
     layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
                        k.ln2_rstd.data());
     dx.resize(NC);
     copy(dx, dres1_);
     float* datty = zeroed(tnc_b_, NC);
-    linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), k.atty.data(), p("attn.proj.w"), N, C, C);
+    linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), k.atty.data(), w("attn.proj.w"), N, C, C);
     float* dqkv = zeroed(t3nc_, 3 * NC);
     dpre_.resize(att_size());
-    K::attention_backward_query<><<<blocks(rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
+    K::attention_backward_query<><<<blocks(32 * rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
                                                                   k.att.data(), starts(), B_, s_.context, C,
                                                                   s_.heads);
-    K::attention_backward_key<><<<blocks(rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
+    K::attention_backward_key<><<<blocks(32 * rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
                                                                 k.att.data(), starts(), B_, s_.context, C, s_.heads);
     float* dln1 = zeroed(tnc_a_, NC);
-    linear_backward(dln1, g_qkvw, g_qkvb, dqkv, k.ln1.data(), p("attn.qkv.w"), N, C, 3 * C);
+    linear_backward(dln1, g_qkvw, g_qkvb, dqkv, k.ln1.data(), w("attn.qkv.w"), N, C, 3 * C);
     layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
     for (const char* leaf : {"ln_1.w", "ln_1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b", "ln_2.w",
                              "ln_2.b", "mlp.fc.w", "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"})
@@ -189,15 +209,16 @@ class trainer {
   void head(const Unit& root, const dbuf& x, dbuf& dx) {
     namespace K = kernels;
     const int C = s_.width, V = s_.vocab, N = N_;
-    const float *wte = weight(root, "wte", "wte"), *lnfw = weight(root, "ln_f.w", "ln_f.w"),
+    const DW* wte = matrix(root, "wte");
+    const float *lnfw = weight(root, "ln_f.w", "ln_f.w"),
                 *lnfb = weight(root, "ln_f.b", "ln_f.b");
     lnf_.resize(nc()), lnf_mean_.resize(N), lnf_rstd_.resize(N);
     logits_.resize(static_cast<std::size_t>(N) * V), dlogits_.resize(logits_.size()), row_loss_.resize(N);
     loss_.resize(1);
-    K::layernorm_forward<><<<blocks(N), 256, 0, s()>>>(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(),
+    K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(),
                                                       lnfw, lnfb, N, C);
     linear_forward(logits_.data(), lnf_.data(), wte, nullptr, N, C, V);
-    K::cross_entropy<><<<blocks(N), 256, 0, s()>>>(dlogits_.data(), row_loss_.data(), logits_.data(),
+    K::cross_entropy<><<<row_blocks(N), 256, 0, s()>>>(dlogits_.data(), row_loss_.data(), logits_.data(),
                                                   reinterpret_cast<const int*>(targets_d_.data()),
                                                   packed_ ? ints(mask_d_) : nullptr, N, V,
                                                   1.0f / static_cast<float>(denominator_));
@@ -240,6 +261,16 @@ class trainer {
 
  private:
   cudaStream_t s() const { return cs_->get(); }
+  /// Blocks for a kernel with one block per row (at most 1024; the kernels stride).
+  static int row_blocks(int rows) { return rows < 1024 ? rows : 1024; }
+  /// Counts the steps; from the second on, a buffer the trainer (re)allocated since the second began is an error.
+  void next_step() {
+    if (++steps_ == 2) allocations_ = dbuf::allocations();
+    if (steps_ > 2 && dbuf::allocations() != allocations_)
+      throw std::logic_error("gpt_cuda::trainer allocated " + std::to_string(dbuf::allocations() - allocations_) +
+                             " device buffer(s) after its first step (every buffer must keep its first step's size: "
+                             "cudaMalloc and cudaFree synchronise the device)");
+  }
   std::size_t nc() const { return static_cast<std::size_t>(N_) * s_.width; }
   long long rows() const { return static_cast<long long>(B_) * s_.heads * s_.context; }
   std::size_t att_size() const { return static_cast<std::size_t>(rows()) * s_.context; }
@@ -270,6 +301,11 @@ class trainer {
     check();
     return d.data();
   }
+  /// A gathered weight matrix in the compute type, for a GEMM in that type.
+  template <class Unit>
+  const DW* matrix(const Unit& u, const std::string& name) const {
+    return u.template param<DW>(name).data();
+  }
   /// Adds the fp32 gradient g into the parameter's gradient buffer, rounded once to the compute type.
   template <class Unit>
   void store(const Unit& u, const std::string& name, const float* g) {
@@ -284,21 +320,47 @@ class trainer {
   void copy(dbuf& dst, const dbuf& src) {
     FSDP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(float), cudaMemcpyDeviceToDevice, s()));
   }
-  void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int I, int O) {
-    (*mm_)(true, false, O, N, I, 1.0f, w, I, inp, I, 0.0f, out, O);  // out[N, O] = inp[N, I] w[O, I]^T
+  /// x rounded to bf16 in `scratch` (fp32: x itself), the GEMMs' other operand.
+  const DW* operand(const float* x, std::size_t n, dbuf& scratch) {
+    if constexpr (std::is_same_v<DW, float>) {
+      return x;
+    } else {
+      scratch.grow((n + 1) / 2);  // floats hold two bf16 each
+      auto* h = reinterpret_cast<DW*>(scratch.data());
+      kernels::narrow<DW><<<blocks(static_cast<long long>(n)), 256, 0, s()>>>(h, x, static_cast<long long>(n));
+      return h;
+    }
+  }
+  void linear_forward(float* out, const float* inp, const DW* w, const float* b, int N, int I, int O) {
+    const DW* x = operand(inp, static_cast<std::size_t>(N) * I, hin_);
+    (*mm_)(true, false, O, N, I, 1.0f, w, I, x, I, 0.0f, out, O);  // out[N, O] = inp[N, I] w[O, I]^T
     if (b) kernels::add_bias<><<<blocks(static_cast<long long>(N) * O), 256, 0, s()>>>(out, b, N, O);
   }
-  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N,
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const DW* w, int N,
                        int I, int O) {
-    (*mm_)(false, false, I, N, O, 1.0f, w, I, dout, O, 1.0f, dinp, I);  // dinp[N, I] += dout[N, O] w[O, I]
-    (*mm_)(false, true, I, O, N, 1.0f, inp, I, dout, O, 1.0f, dw, I);   // dw[O, I] += dout^T inp
-    if (db) kernels::bias_grad<><<<blocks(O), 256, 0, s()>>>(db, dout, N, O);
+    const DW* dy = operand(dout, static_cast<std::size_t>(N) * O, hout_);
+    const DW* x = operand(inp, static_cast<std::size_t>(N) * I, hin_);
+    (*mm_)(false, false, I, N, O, 1.0f, w, I, dy, O, 1.0f, dinp, I);  // dinp[N, I] += dout[N, O] w[O, I]
+    (*mm_)(false, true, I, O, N, 1.0f, x, I, dy, O, 1.0f, dw, I);     // dw[O, I] += dout^T inp
+    if (db) column_sum(db, dout, N, O);
+  }
+  /// db[o] += the sum of dy[n, o] over the N rows: 64-row partials, then their sum.
+  void column_sum(float* db, const float* dy, int N, int O) {
+    const int K = kernels::column_chunks(N);
+    colpart_.resize(static_cast<std::size_t>(K) * 4 * s_.width);  // the widest: the MLP's 4C
+    kernels::column_partials<><<<blocks(static_cast<long long>(K) * O), 256, 0, s()>>>(colpart_.data(), dy, N, O);
+    kernels::column_total<><<<blocks(O), 256, 0, s()>>>(db, colpart_.data(), K, O);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd) {
-    kernels::layernorm_backward_input<><<<blocks(N_), 256, 0, s()>>>(dinp, dout, inp, w, mean, rstd, N_, s_.width);
-    kernels::layernorm_backward_params<><<<blocks(s_.width), 256, 0, s()>>>(dw, db, dout, inp, mean, rstd, N_,
-                                                                           s_.width);
+    const int C = s_.width, K = kernels::column_chunks(N_);
+    kernels::layernorm_backward_input<><<<blocks(32LL * N_), 256, 0, s()>>>(dinp, dout, inp, w, mean, rstd, N_, C);
+    colpart_.resize(static_cast<std::size_t>(K) * 4 * C);  // two partials of C: within column_sum's size
+    float *pw = colpart_.data(), *pb = pw + static_cast<std::size_t>(K) * C;
+    kernels::layernorm_param_partials<><<<blocks(static_cast<long long>(K) * C), 256, 0, s()>>>(pw, pb, dout, inp,
+                                                                                             mean, rstd, N_, C);
+    kernels::column_total<><<<blocks(C), 256, 0, s()>>>(dw, pw, K, C);
+    kernels::column_total<><<<blocks(C), 256, 0, s()>>>(db, pb, K, C);
   }
 
   gpt::shape s_;
@@ -306,12 +368,15 @@ class trainer {
   typename ModelT::backend_type* be_;
   typename ModelT::backend_type::stream* cs_;
   std::unique_ptr<gemm> mm_;
+  int steps_ = 0;
+  std::size_t allocations_ = 0;  // dbuf::allocations() when the second step began
   bool packed_ = false;
   double denominator_ = 1;  // of the loss: this rank's tokens, or the step's loss tokens when packed
   std::vector<int> inputs_, targets_, positions_, mask_, starts_;
   dbuf positions_d_, starts_d_, mask_d_;
   dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
   dbuf g_wpe_, dres1_, dpre_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
+  dbuf hin_, hout_, colpart_;  // a GEMM's bf16 operands (unused in fp32), column sums' partials
   std::map<std::string, dbuf> wscratch_, gscratch_;
 };
 

@@ -1,10 +1,14 @@
 #pragma once
 // The CUDA GPT trainer's own kernels: embeddings, layernorm, causal attention, GELU, cross-entropy, bias and
-// residual adds, and the casts between the compute type W (float or fsdp::bfloat16) and fp32. Every reduction is a
-// loop in a fixed order (one thread per output, no atomics), in the order the host trainer's loops sum: a step's
-// bits do not depend on scheduling, so activation checkpointing changes none, and only the GEMMs (cuBLAS or the
-// plain GEMM) sum in another order than the host. Written for clarity, not speed: attention is one thread per
-// query row, fine for the example's contexts, not a flash-attention.
+// residual adds, and the casts between the compute type W (float or fsdp::bfloat16) and fp32. Laid out as a CUDA
+// engineer writes them: a row's reductions (layernorm, attention's scores and softmax, cross-entropy) by one warp
+// (32 lanes a stride of 32 elements apart, so that a warp's loads are coalesced) or one block (cross-entropy over
+// the vocabulary); a column's sums over rows (bias and layernorm parameter gradients) in two passes, 64-row
+// partials then their sum, so that thousands of threads share the rows. Every reduction has a fixed order
+// (shuffles in a butterfly, whose lanes all end with the same bits since addition commutes; partials summed in
+// chunk order; no atomics): a step's bits do not depend on scheduling, so activation checkpointing changes none.
+// The order is not the host trainer's row order: the comparison with the host holds within a tolerance
+// (main.cu). Attention is one warp per query row, not a flash-attention: it keeps the [B, NH, T, T] probabilities.
 #include <cuda_runtime_api.h>
 
 namespace gpt_cuda::kernels {
@@ -23,12 +27,43 @@ __device__ inline W from_f(float x) {
 /// at the limits (e^2x = inf gives 1, 0 gives -1), within a few ulps of 1 elsewhere in absolute terms.
 __device__ inline float tanh_exp(float x) { return __fsub_rn(1.0f, __fdiv_rn(2.0f, __fadd_rn(expf(__fmul_rn(2.0f, x)), 1.0f))); }
 
+/// The sum (max) of v over the warp's 32 lanes, every lane getting the same bits.
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/// The sum (max) of v over a block of 256 threads, every thread getting the same bits; `part` is 8 floats of shared
+/// memory, free again on return.
+template <bool Max>
+__device__ inline float block_reduce(float v, float* part) {
+  v = Max ? warp_max(v) : warp_sum(v);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  const float identity = Max ? -INFINITY : 0.0f;
+  float r = threadIdx.x % 32 < blockDim.x / 32 ? part[threadIdx.x % 32] : identity;
+  r = Max ? warp_max(r) : warp_sum(r);  // every warp the same inputs in the same order: the same bits
+  __syncthreads();
+  return r;
+}
+
 #define GPT_FOR(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
+/// One warp per row r (every lane of a warp the same r; launch rows * 32 threads, blocks of a multiple of 32).
+#define GPT_FOR_WARP(r, n) for (long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; r < (n); r += (long long)gridDim.x * blockDim.x / 32)
+#define GPT_LANE int(threadIdx.x % 32)
 
 /// dst = float(src)
 template <class W>
 __global__ void widen(float* dst, const W* src, long long n) {
   GPT_FOR(k, n) dst[k] = to_f(src[k]);
+}
+/// dst = W(src): an activation rounded to the compute type for a GEMM in it.
+template <class W>
+__global__ void narrow(W* dst, const float* src, long long n) {
+  GPT_FOR(k, n) dst[k] = from_f<W>(src[k]);
 }
 /// g += v, rounded once to W (g is a gradient buffer in the compute type).
 template <class W>
@@ -60,13 +95,26 @@ template <int = 0>
 __global__ void add_bias(float* y, const float* b, int N, int O) {
   GPT_FOR(e, (long long)N * O) y[e] = __fadd_rn(y[e], b[e % O]);
 }
-/// db[o] += sum over rows of dy, in row order
+/// Rows per partial of a column sum.
+constexpr int column_chunk = 64;
+__host__ __device__ inline int column_chunks(int N) { return (N + column_chunk - 1) / column_chunk; }
+/// part[k, o] = the sum of dy[n, o] over the k-th 64 rows, in row order (a thread per (k, o): coalesced over o).
 template <int = 0>
-__global__ void bias_grad(float* db, const float* dy, int N, int O) {
+__global__ void column_partials(float* part, const float* dy, int N, int O) {
+  GPT_FOR(e, (long long)column_chunks(N) * O) {
+    const int k = int(e / O), o = int(e % O), end = min(N, (k + 1) * column_chunk);
+    float acc = 0;
+    for (int n = k * column_chunk; n < end; ++n) acc = __fadd_rn(acc, dy[(long long)n * O + o]);
+    part[e] = acc;
+  }
+}
+/// db[o] += the sum of part[k, o] over the K partials, in order.
+template <int = 0>
+__global__ void column_total(float* db, const float* part, int K, int O) {
   GPT_FOR(o, O) {
-    float acc = db[o];
-    for (int n = 0; n < N; ++n) acc = __fadd_rn(acc, dy[(long long)n * O + o]);
-    db[o] = acc;
+    float acc = 0;
+    for (int k = 0; k < K; ++k) acc = __fadd_rn(acc, part[(long long)k * O + o]);
+    db[o] = __fadd_rn(db[o], acc);
   }
 }
 /// y += x
@@ -76,143 +124,162 @@ __global__ void add(float* y, const float* x, long long n) {
 }
 
 constexpr float ln_eps = 1e-5f;
+/// One warp per row.
 template <int = 0>
 __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                                   const float* b, int N, int C) {
-  GPT_FOR(n, N) {
+  const int lane = GPT_LANE;
+  GPT_FOR_WARP(n, N) {
     const float* x = inp + n * C;
     float m = 0;
-    for (int c = 0; c < C; ++c) m = __fadd_rn(m, x[c]);
-    m = __fdiv_rn(m, float(C));
+    for (int c = lane; c < C; c += 32) m = __fadd_rn(m, x[c]);
+    m = __fdiv_rn(warp_sum(m), float(C));
     float v = 0;
-    for (int c = 0; c < C; ++c) v = __fadd_rn(v, __fmul_rn(__fsub_rn(x[c], m), __fsub_rn(x[c], m)));
-    v = __fdiv_rn(v, float(C));
+    for (int c = lane; c < C; c += 32) v = __fadd_rn(v, __fmul_rn(__fsub_rn(x[c], m), __fsub_rn(x[c], m)));
+    v = __fdiv_rn(warp_sum(v), float(C));
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, ln_eps)));
-    for (int c = 0; c < C; ++c)
+    for (int c = lane; c < C; c += 32)
       out[n * C + c] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[c], m), r), w[c]), b[c]);
-    mean[n] = m;
-    rstd[n] = r;
+    if (lane == 0) mean[n] = m, rstd[n] = r;
   }
 }
-/// dinp += ... (one thread per row)
+/// dinp += ... (one warp per row)
 template <int = 0>
 __global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* w,
                                          const float* mean, const float* rstd, int N, int C) {
-  GPT_FOR(n, N) {
+  const int lane = GPT_LANE;
+  GPT_FOR_WARP(n, N) {
     const float* x = inp + n * C;
     const float* d = dout + n * C;
+    const float m = mean[n], r = rstd[n];
     float dmean = 0, dnorm_mean = 0;
-    for (int c = 0; c < C; ++c) {
-      const float norm = __fmul_rn(__fsub_rn(x[c], mean[n]), rstd[n]), dnorm = __fmul_rn(w[c], d[c]);
+    for (int c = lane; c < C; c += 32) {
+      const float norm = __fmul_rn(__fsub_rn(x[c], m), r), dnorm = __fmul_rn(w[c], d[c]);
       dmean = __fadd_rn(dmean, dnorm);
       dnorm_mean = __fadd_rn(dnorm_mean, __fmul_rn(dnorm, norm));
     }
-    dmean = __fdiv_rn(dmean, float(C));
-    dnorm_mean = __fdiv_rn(dnorm_mean, float(C));
-    for (int c = 0; c < C; ++c) {
-      const float norm = __fmul_rn(__fsub_rn(x[c], mean[n]), rstd[n]), dnorm = __fmul_rn(w[c], d[c]);
-      const float g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, dmean), __fmul_rn(norm, dnorm_mean)), rstd[n]);
+    dmean = __fdiv_rn(warp_sum(dmean), float(C));
+    dnorm_mean = __fdiv_rn(warp_sum(dnorm_mean), float(C));
+    for (int c = lane; c < C; c += 32) {
+      const float norm = __fmul_rn(__fsub_rn(x[c], m), r), dnorm = __fmul_rn(w[c], d[c]);
+      const float g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, dmean), __fmul_rn(norm, dnorm_mean)), r);
       dinp[n * C + c] = __fadd_rn(dinp[n * C + c], g);
     }
   }
 }
-/// dw += sum over rows of norm * dout, db += sum of dout (one thread per channel, rows in order)
+/// The partials of dw and db (column_partials' layout, two arrays): the k-th 64 rows' sums of norm * dout and of
+/// dout; column_total adds them into dw and db.
 template <int = 0>
-__global__ void layernorm_backward_params(float* dw, float* db, const float* dout, const float* inp,
-                                          const float* mean, const float* rstd, int N, int C) {
-  GPT_FOR(c, C) {
-    float gw = dw[c], gb = db[c];
-    for (int n = 0; n < N; ++n) {
+__global__ void layernorm_param_partials(float* pw, float* pb, const float* dout, const float* inp,
+                                         const float* mean, const float* rstd, int N, int C) {
+  GPT_FOR(e, (long long)column_chunks(N) * C) {
+    const int k = int(e / C), c = int(e % C), end = min(N, (k + 1) * column_chunk);
+    float gw = 0, gb = 0;
+    for (int n = k * column_chunk; n < end; ++n) {
       const float d = dout[(long long)n * C + c];
       const float norm = __fmul_rn(__fsub_rn(inp[(long long)n * C + c], mean[n]), rstd[n]);
       gb = __fadd_rn(gb, d);
       gw = __fadd_rn(gw, __fmul_rn(norm, d));
     }
-    dw[c] = gw;
-    db[c] = gb;
+    pw[e] = gw;
+    pb[e] = gb;
   }
 }
 
-/// One thread per (b, h, t) query row: att[b, h, t, :] and out[b, t, h-th head]. Query t attends to keys
-/// [starts[b, t], t] (its document, with sequence packing; starts may be null: the whole row).
+/// One warp per (b, h, t) query row: att[b, h, t, :] and out[b, t, h-th head]. Query t attends to keys
+/// [starts[b, t], t] (its document, with sequence packing; starts may be null: the whole row). Each score is a
+/// warp's dot product over the head (lanes along it), the softmax has lanes along the keys, and the output lanes
+/// along the head again.
 template <int = 0>
 __global__ void attention_forward(float* out, float* att, const float* qkv, const int* starts, int B, int T, int C,
                                   int NH) {
-  const int hs = C / NH;
+  const int hs = C / NH, lane = GPT_LANE;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(float(hs)));
   const long long C3 = 3LL * C;
-  GPT_FOR(e, (long long)B * NH * T) {
+  GPT_FOR_WARP(e, (long long)B * NH * T) {
     const int t = int(e % T), h = int(e / T % NH), b = int(e / T / NH);
     const float* q = qkv + ((long long)b * T + t) * C3 + h * hs;
     float* a = att + e * T;
     const int t0 = starts ? starts[(long long)b * T + t] : 0;
-    float maxv = -INFINITY;
     for (int t2 = t0; t2 <= t; ++t2) {
       const float* k = qkv + ((long long)b * T + t2) * C3 + C + h * hs;
       float s = 0;
-      for (int i = 0; i < hs; ++i) s = __fadd_rn(s, __fmul_rn(q[i], k[i]));
-      a[t2] = __fmul_rn(s, scale);
-      maxv = fmaxf(maxv, a[t2]);
+      for (int i = lane; i < hs; i += 32) s = __fadd_rn(s, __fmul_rn(q[i], k[i]));
+      s = warp_sum(s);
+      if (lane == ((t2 - t0) & 31)) a[t2] = __fmul_rn(s, scale);  // read back below by this same lane
     }
+    float maxv = -INFINITY;
+    for (int t2 = t0 + lane; t2 <= t; t2 += 32) maxv = fmaxf(maxv, a[t2]);
+    maxv = warp_max(maxv);
     float sum = 0;
-    for (int t2 = t0; t2 <= t; ++t2) {
-      a[t2] = expf(__fsub_rn(a[t2], maxv));
-      sum = __fadd_rn(sum, a[t2]);
+    for (int t2 = t0 + lane; t2 <= t; t2 += 32) {
+      const float x = expf(__fsub_rn(a[t2], maxv));
+      a[t2] = x;
+      sum = __fadd_rn(sum, x);
     }
-    for (int t2 = 0; t2 < T; ++t2) a[t2] = t2 >= t0 && t2 <= t ? __fdiv_rn(a[t2], sum) : 0.0f;
+    sum = warp_sum(sum);
+    for (int t2 = t0 + lane; t2 <= t; t2 += 32) a[t2] = __fdiv_rn(a[t2], sum);
+    for (int t2 = lane; t2 < T; t2 += 32)
+      if (t2 < t0 || t2 > t) a[t2] = 0.0f;
+    __syncwarp();  // the lanes' probabilities, to every lane
     float* o = out + ((long long)b * T + t) * C + h * hs;
-    for (int i = 0; i < hs; ++i) {
+    for (int i = lane; i < hs; i += 32) {
       float acc = 0;
       for (int t2 = t0; t2 <= t; ++t2)
         acc = __fadd_rn(acc, __fmul_rn(a[t2], qkv[((long long)b * T + t2) * C3 + 2 * C + h * hs + i]));
       o[i] = acc;
     }
+    __syncwarp();  // the next row's writes after this row's reads
   }
 }
-/// First half of the attention backward, one thread per query row (b, h, t): dpre[b, h, t, :] (the gradient of the
+/// First half of the attention backward, one warp per query row (b, h, t): dpre[b, h, t, :] (the gradient of the
 /// scaled scores, times the scale) and dq.
 template <int = 0>
 __global__ void attention_backward_query(float* dqkv, float* dpre, const float* dout, const float* qkv,
                                          const float* att, const int* starts, int B, int T, int C, int NH) {
-  const int hs = C / NH;
+  const int hs = C / NH, lane = GPT_LANE;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(float(hs)));
   const long long C3 = 3LL * C;
-  GPT_FOR(e, (long long)B * NH * T) {
+  GPT_FOR_WARP(e, (long long)B * NH * T) {
     const int t = int(e % T), h = int(e / T % NH), b = int(e / T / NH);
     const float* a = att + e * T;
     float* dp = dpre + e * T;
     const float* d = dout + ((long long)b * T + t) * C + h * hs;
     const int t0 = starts ? starts[(long long)b * T + t] : 0;
-    float dot = 0;
     for (int t2 = t0; t2 <= t; ++t2) {
       const float* v = qkv + ((long long)b * T + t2) * C3 + 2 * C + h * hs;
       float s = 0;
-      for (int i = 0; i < hs; ++i) s = __fadd_rn(s, __fmul_rn(d[i], v[i]));
-      dp[t2] = s;  // datt, for now
-      dot = __fadd_rn(dot, __fmul_rn(a[t2], s));
+      for (int i = lane; i < hs; i += 32) s = __fadd_rn(s, __fmul_rn(d[i], v[i]));
+      s = warp_sum(s);
+      if (lane == ((t2 - t0) & 31)) dp[t2] = s;  // datt, for now; read back below by this same lane
     }
-    for (int t2 = t0; t2 <= t; ++t2) dp[t2] = __fmul_rn(__fmul_rn(a[t2], __fsub_rn(dp[t2], dot)), scale);
+    float dot = 0;
+    for (int t2 = t0 + lane; t2 <= t; t2 += 32) dot = __fadd_rn(dot, __fmul_rn(a[t2], dp[t2]));
+    dot = warp_sum(dot);
+    for (int t2 = t0 + lane; t2 <= t; t2 += 32) dp[t2] = __fmul_rn(__fmul_rn(a[t2], __fsub_rn(dp[t2], dot)), scale);
+    __syncwarp();  // the lanes' dpre, to every lane
     float* dq = dqkv + ((long long)b * T + t) * C3 + h * hs;
-    for (int i = 0; i < hs; ++i) {
+    for (int i = lane; i < hs; i += 32) {
       float acc = dq[i];
       for (int t2 = t0; t2 <= t; ++t2)
         acc = __fadd_rn(acc, __fmul_rn(dp[t2], qkv[((long long)b * T + t2) * C3 + C + h * hs + i]));
       dq[i] = acc;
     }
+    __syncwarp();
   }
 }
-/// Second half, one thread per key row (b, h, t2): dk and dv summed over the queries t >= t2 that attend to it
-/// (starts[b, t] <= t2), in order.
+/// Second half, one warp per key row (b, h, t2), lanes along the head: dk and dv summed over the queries t >= t2
+/// that attend to it (starts[b, t] <= t2), in order.
 template <int = 0>
 __global__ void attention_backward_key(float* dqkv, const float* dpre, const float* dout, const float* qkv,
                                        const float* att, const int* starts, int B, int T, int C, int NH) {
-  const int hs = C / NH;
+  const int hs = C / NH, lane = GPT_LANE;
   const long long C3 = 3LL * C;
-  GPT_FOR(e, (long long)B * NH * T) {
+  GPT_FOR_WARP(e, (long long)B * NH * T) {
     const int t2 = int(e % T), h = int(e / T % NH), b = int(e / T / NH);
     float* dk = dqkv + ((long long)b * T + t2) * C3 + C + h * hs;
     float* dv = dk + C;
-    for (int i = 0; i < hs; ++i) {
+    for (int i = lane; i < hs; i += 32) {
       float gk = dk[i], gv = dv[i];
       for (int t = t2; t < T; ++t) {
         if (starts && starts[(long long)b * T + t] > t2) continue;  // another document's query
@@ -247,27 +314,32 @@ __global__ void gelu_backward(float* dx, const float* x, const float* dout, long
   }
 }
 
-/// One thread per row: row_loss[n] = logsumexp - logit of the target; dlogits = (softmax - onehot) * dscale. Rows
-/// the mask leaves out (mask may be null: none) get a loss and a gradient of 0.
+/// One block of 256 threads per row: row_loss[n] = logsumexp - logit of the target; dlogits = (softmax - onehot) *
+/// dscale. Rows the mask leaves out (mask may be null: none) get a loss and a gradient of 0. Launch with
+/// row_blocks(N).
 template <int = 0>
 __global__ void cross_entropy(float* dlogits, float* row_loss, const float* logits, const int* targets,
                               const int* mask, int N, int V, float dscale) {
-  GPT_FOR(n, N) {
-    const float* l = logits + (long long)n * V;
-    float* d = dlogits + (long long)n * V;
+  __shared__ float part[8];
+  for (long long n = blockIdx.x; n < N; n += gridDim.x) {  // the same n in every thread of the block
+    const float* l = logits + n * V;
+    float* d = dlogits + n * V;
     if (mask && !mask[n]) {
-      row_loss[n] = 0.0f;
-      for (int v = 0; v < V; ++v) d[v] = 0.0f;
+      if (threadIdx.x == 0) row_loss[n] = 0.0f;
+      for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = 0.0f;
       continue;
     }
     float maxv = -INFINITY;
-    for (int v = 0; v < V; ++v) maxv = fmaxf(maxv, l[v]);
+    for (int v = threadIdx.x; v < V; v += blockDim.x) maxv = fmaxf(maxv, l[v]);
+    maxv = block_reduce<true>(maxv, part);
     float sum = 0;
-    for (int v = 0; v < V; ++v) sum = __fadd_rn(sum, expf(__fsub_rn(l[v], maxv)));
+    for (int v = threadIdx.x; v < V; v += blockDim.x) sum = __fadd_rn(sum, expf(__fsub_rn(l[v], maxv)));
+    sum = block_reduce<false>(sum, part);
     const float logsum = __fadd_rn(logf(sum), maxv);
-    row_loss[n] = __fsub_rn(logsum, l[targets[n]]);
-    for (int v = 0; v < V; ++v)
-      d[v] = __fmul_rn(__fsub_rn(expf(__fsub_rn(l[v], logsum)), v == targets[n] ? 1.0f : 0.0f), dscale);
+    const int target = targets[n];
+    if (threadIdx.x == 0) row_loss[n] = __fsub_rn(logsum, l[target]);
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+      d[v] = __fmul_rn(__fsub_rn(expf(__fsub_rn(l[v], logsum)), v == target ? 1.0f : 0.0f), dscale);
   }
 }
 /// *loss = the sum of row_loss over `denominator`, summed in double in row order by one thread (N is a batch's
@@ -282,5 +354,7 @@ __global__ void mean_loss(float* loss, const float* row_loss, int N, double deno
 }
 
 #undef GPT_FOR
+#undef GPT_FOR_WARP
+#undef GPT_LANE
 
 }  // namespace gpt_cuda::kernels

@@ -9,7 +9,8 @@
 // --precision bf16|fp32, --strategy, --checkpoint-activations, --pack), and --gemm cublas|plain, --peak-tflops X (the
 // device's peak, for the MFU column; 989 for an H100's dense bf16 by default). --compare-host also trains the host
 // trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative in fp32, 5e-3
-// in bf16 (the GEMMs and the device's exp, tanh and log round otherwise than the host's).
+// in bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the device's exp, tanh and log round
+// otherwise than the host's).
 // Without a GPU it prints why and exits with status 2.
 #include <algorithm>
 #include <cmath>

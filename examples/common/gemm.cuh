@@ -1,7 +1,8 @@
 #pragma once
-// The CUDA examples' matrix products: cuBLAS's cublasSgemm, or (gemm_kind::plain) a plain GEMM kernel of the
-// examples' own with the same meaning, which lets a whole step run where cuBLAS cannot: on the simulated GPU
-// (tools/sim-check builds the examples with -DEXAMPLES_NO_CUBLAS, without cuBLAS at all).
+// The CUDA examples' matrix products: cuBLAS (cublasSgemm in fp32; cublasGemmEx with bf16 inputs, an fp32 output
+// and fp32 accumulation, on tensor cores), or (gemm_kind::plain) a plain GEMM kernel of the examples' own with the
+// same meaning, which lets a whole step run where cuBLAS cannot: on the simulated GPU (tools/sim-check builds the
+// examples with -DEXAMPLES_NO_CUBLAS, without cuBLAS at all).
 #ifndef EXAMPLES_NO_CUBLAS
 #include <cublas_v2.h>
 #endif
@@ -30,18 +31,19 @@ enum class gemm_kind { cublas, plain };
 /// Grid size for `work` elements at 256 threads per block (at most 1024 blocks; the kernels stride).
 inline int blocks(long long work) { return (work + 255) / 256 < 1024 ? int((work + 255) / 256) : 1024; }
 
-/// C = alpha op(A) op(B) + beta C, column-major with cuBLAS's arguments: one thread per element of C, the sum in
-/// index order, each operation rounded once (no fused multiply-add).
-template <int = 0>
-__global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-                           const float* b, int ldb, float beta, float* c, int ldc) {
+/// C = alpha op(A) op(B) + beta C, column-major with cuBLAS's arguments, A and B in T (float or fsdp::bfloat16), C
+/// in fp32: one thread per element of C, the sum in fp32 in index order, each operation rounded once (no fused
+/// multiply-add).
+template <class T>
+__global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b,
+                           int ldb, float beta, float* c, int ldc) {
   const long long count = (long long)m * n;  // 64-bit index math: m * n passes 2^31 for a large vocabulary's logits
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count; e += (long long)gridDim.x * blockDim.x) {
     const long long i = e % m, j = e / m;
     float acc = 0.0f;
     for (long long p = 0; p < k; ++p) {
-      const float x = ta ? a[p + i * lda] : a[i + p * lda];
-      const float y = tb ? b[j + p * ldb] : b[p + j * ldb];
+      const float x = static_cast<float>(ta ? a[p + i * lda] : a[i + p * lda]);
+      const float y = static_cast<float>(tb ? b[j + p * ldb] : b[p + j * ldb]);
       acc = __fadd_rn(acc, __fmul_rn(x, y));
     }
     const float r = __fmul_rn(alpha, acc);
@@ -49,7 +51,7 @@ __global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, c
   }
 }
 
-/// The matrix products of the example: cuBLAS's cublasSgemm, or plain_gemm with the same meaning.
+/// The matrix products of the example: cuBLAS, or plain_gemm with the same meaning.
 class gemm {
  public:
   gemm(gemm_kind kind, cudaStream_t s) : kind_(kind), s_(s) {
@@ -83,11 +85,31 @@ class gemm {
       return;
     }
 #endif
-    plain_gemm<><<<blocks((long long)m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    FSDP_CUDA_CHECK(cudaGetLastError());
+    plain(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  /// The same with A and B in bf16 and C in fp32, accumulated in fp32: cublasGemmEx(..., CUDA_R_16BF, ...,
+  /// CUDA_R_32F, ..., CUBLAS_COMPUTE_32F), as PyTorch's bf16 autocast runs a linear layer.
+  void operator()(bool ta, bool tb, int m, int n, int k, float alpha, const fsdp::bfloat16* a, int lda,
+                  const fsdp::bfloat16* b, int ldb, float beta, float* c, int ldc) {
+#ifndef EXAMPLES_NO_CUBLAS
+    if (kind_ == gemm_kind::cublas) {
+      EXAMPLES_CUBLAS_CHECK(cublasGemmEx(h_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                                    &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, c, CUDA_R_32F, ldc,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      return;
+    }
+#endif
+    plain(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
  private:
+  template <class T>
+  void plain(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b, int ldb, float beta,
+             float* c, int ldc) {
+    plain_gemm<T><<<blocks((long long)m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    FSDP_CUDA_CHECK(cudaGetLastError());
+  }
+
   gemm_kind kind_;
   cudaStream_t s_;
 #ifndef EXAMPLES_NO_CUBLAS
