@@ -47,6 +47,7 @@
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/plan/listing.hpp"
 #include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/plan/timeline.hpp"
 #include "fsdp/policy.hpp"
 #include "fsdp/schedule/config.hpp"
 #include "fsdp/schedule/pass_cursor.hpp"
@@ -225,6 +226,19 @@ class Model {
     }
   memory_plan plan_memory(const Optimizer& opt) const {
     return plan_memory(opt.states_per_element(), opt.norm_rows());
+  }
+  /// The timeline planner's prediction of this rank's step (fsdp/plan/timeline.hpp) with the durations of `t`, whose
+  /// world this model sets (its communicator's size), and whose serial_collectives it sets where the communicator
+  /// says (comm::nccl: true under its default one communicator; comm::local: false), so that the plan models what
+  /// runs here.
+  /// `optimizer_states` as for plan_memory.
+  timeline plan_timeline(time_model t, int optimizer_states) const {
+    t.world = comm_->size();
+    if constexpr (requires(const communicator& c) {
+                    { c.serial_collectives() } -> std::convertible_to<bool>;
+                  })
+      t.serial_collectives = comm_->serial_collectives();
+    return fsdp::plan_timeline(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), t);
   }
   /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
   /// executor issues, for debugging overlap. `optimizer_states` as for plan_memory.

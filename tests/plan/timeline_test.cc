@@ -154,6 +154,27 @@ TEST_CASE("serial collectives (one NCCL communicator): a reduce-scatter waits fo
         "  reduce     reduction a backward                   5.000 -      6.000 ms\n");
 }
 
+TEST_CASE("a Model predicts its own step: its world set from its communicator, the rest as the time model says") {
+  // The case "serial collectives" above on a 4-rank model of units a and b: the time model's world is left at 1
+  // (where a collective moves nothing and takes no time); the model sets 4, giving the 5.5 ms step. comm::local
+  // runs each stream's collectives when the stream gets there: not serial, whatever the time model says.
+  fsdp::ModelSpec spec;
+  for (const char* n : {"a.w", "b.w"}) spec.add(n, {32, 32});
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::depth<1, 1>>;
+  fsdp_test::run_ranks(4, [&](fsdp::comm::local_communicator& comm) {
+    fsdp::Model<P> m(comm, spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }});
+    fsdp::time_model t = timing(2, 0.5, 0.5);
+    t.world = 1;
+    t.serial_collectives = true;
+    const fsdp::timeline tl = m.plan_timeline(t, 0);
+    CHECK(tl.feasible());
+    CHECK(tl.step_ns == ms(5.5));
+    CHECK(tl.comm_ns > 0);
+    const auto u = units_of({"a", "b"});
+    CHECK(tl.critical_path_text() == predict(u, inputs(u, next), timing(2, 0.5, 0.5)).critical_path_text());
+  });
+}
+
 TEST_CASE("prefetch depth limited by gather slots runs as the shallower depth") {
   const auto u = units_of({"a", "b", "c"});
   // depth 2 with 2 gather slots: forward gathers a 0-1, b 1-2, then c only when a gives its slot back (2): 2-3;

@@ -49,6 +49,9 @@ class local_communicator : public detail::collective_front<local_communicator, b
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
+  /// Collectives on different streams are not serialised: each stream's runs when the stream gets there
+  /// (Model::plan_timeline models this).
+  static constexpr bool serial_collectives() noexcept { return false; }
   std::chrono::milliseconds timeout() const noexcept { return g_->timeout(); }
   /// The options a backend made for this rank should use.
   const backend::host_options& backend_options() const noexcept { return backend_opt_; }

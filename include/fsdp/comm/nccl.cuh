@@ -193,6 +193,9 @@ class nccl_communicator {
   /// memory plan. A split group's are its own. Leave at least this much beside a plan's peak (budget_query::
   /// outside_plan_bytes).
   std::int64_t device_bytes() const noexcept { return core_.device_bytes(); }
+  /// Whether collectives on different streams run one at a time in issue order (nccl_channels::one: one NCCL
+  /// communicator for every stream); Model::plan_timeline models what this says.
+  bool serial_collectives() const noexcept { return opt_.channels == nccl_channels::one; }
 
   /// The backend a Model builds on this communicator: this rank's device, and waits that watch NCCL.
   backend::cuda_options backend_options() {
