@@ -20,7 +20,7 @@ struct counted {
 /// `units` units of 64 x 8 weights and a bias of 64 (no decay), at 4 ranks: rank 0's counts for the second step
 /// (forward, backward, the optimizer's step), the first having made every slot.
 template <class Policy, class Optimizer>
-counted second_step(int units, Optimizer make_optimizer) {
+counted second_step(int units, Optimizer make_optimizer, fsdp::model_options options = {}) {
   fsdp::ModelSpec spec;
   for (int k = 0; k < units; ++k) {
     const std::string u = "u" + std::to_string(k);
@@ -29,11 +29,13 @@ counted second_step(int units, Optimizer make_optimizer) {
   counted out;
   std::mutex mu;
   fsdp_test::run_ranks(4, [&](local_communicator& c) {
-    fsdp::Model<Policy> m(c, spec, fsdp::wrap::by_prefix{"u"});
+    fsdp::Model<Policy> m(c, spec, fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{}, options);
     auto opt = make_optimizer(m);
     auto step = [&] {
-      for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
-      for (auto& u : m.backward()) u.grad(u.name() + ".w")[0] = fsdp::bfloat16(1.0f);
+      for (int k = 0; k < options.accumulation.micro_batches; ++k) {
+        for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
+        for (auto& u : m.backward()) u.grad(u.name() + ".w")[0] = fsdp::bfloat16(1.0f);
+      }
       opt.step();
     };
     step();
@@ -87,4 +89,22 @@ TEST_CASE("full_shard, bf16 compute, AdamW, prefetching the next unit: what each
   CHECK(six.collectives[fsdp::collective::all_gather] == 12);      // forward and backward
   CHECK(six.collectives[fsdp::collective::reduce_scatter] == 6);   // backward
   CHECK(six.collectives[fsdp::collective::all_reduce] == 0);
+  // and no device memory taken or given back: every slot was made in the first step
+  CHECK(six.issued.allocations == 0);
+  CHECK(six.issued.frees == 0);
+}
+
+TEST_CASE("no-sync accumulation over two micro-batches: each unit's accumulator is the only memory a step takes") {
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
+  fsdp::model_options o;
+  o.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  const counted six = second_step<P>(6, adamw, o), three = second_step<P>(3, adamw, o);
+  // taken from the pool (reserved for the plan's peak at construction: stream-ordered, no device synchronisation)
+  // in the first micro-batch's backward, given back after the unit's reduction in the last
+  CHECK(six.issued.allocations == 6);
+  CHECK(six.issued.frees == 6);
+  CHECK(three.issued.allocations == 3);
+  CHECK(three.issued.frees == 3);
+  CHECK(six.issued.synchronizes == 0);
+  CHECK(six.collectives[fsdp::collective::reduce_scatter] == 6);  // once per step, in the last micro-batch
 }

@@ -10,13 +10,17 @@
 // the optimizers for their state). Allocation and release are stream-ordered (cudaMallocFromPoolAsync /
 // cudaFreeAsync) on the stream that first uses a buffer and the stream that last uses it.
 //
-// Bounded by the plan: within a step the unit executor asks this pool for nothing. Gathered parameters, unsharded
-// gradients and the reduce buffers live in slots the executor owns (fsdp/exec/slot_ring.hpp), made on first use
-// and reused only after the taking stream has waited for the event recorded where the slot was given back; the
-// pool serves the persistent buffers, the no-sync accumulators (freed and remade at the same sizes, every
-// allocation ordered after the frees by the step's event waits) and the optimizer's inspection buffer. The host
-// backend models this pool's reuse rules (backend/detail/pool_model.hpp) and tests/model/memory_bound_test.cc
-// checks there that a lagging compute stream takes no byte beyond the plan.
+// Bounded by the plan: gathered parameters, unsharded gradients and the reduce buffers live in slots the executor
+// owns (fsdp/exec/slot_ring.hpp), made in the first step where first used and reused only after the taking stream
+// has waited for the event recorded where the slot was given back; after the first step the unit executor asks
+// this pool only for the no-sync accumulators (taken in a unit's first no-sync backward, given back after its
+// reduction, at the same sizes every step, each allocation ordered after the frees by the step's event waits) and
+// the gradient inspection for its buffer. Every such request is stream-ordered and served from memory the pool
+// already holds (the reservation covers the plan's peak): it neither synchronises the device nor asks the driver
+// for memory, fragmentation aside (backend/detail/pool_model.hpp says what its model does not cover). The host
+// backend counts these requests per step (issue_counts::allocations, tests/model/issue_count_test.cc) and models
+// this pool's reuse rules; tests/model/memory_bound_test.cc checks there that a lagging compute stream takes no byte
+// beyond the plan.
 //
 // Two optional hooks beyond the Backend concept: timing marks (CUDA events with timing from a pool, and a
 // reference recorded on an idle stream of the backend's own at a known host time), with which the trace stamper

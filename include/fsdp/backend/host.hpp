@@ -51,8 +51,11 @@ struct host_options {
 /// What was issued on a stream, call by call, as the CUDA backend makes one runtime call for each: a kernel launch
 /// (convert, accumulate, for_each; squared_norm, which is CUB's two), a memory operation (cudaMemsetAsync or
 /// cudaMemcpyAsync: fill_zero, copy, upload, download), a host function (cudaLaunchHostFunc), an event record
-/// (cudaEventRecord), a stream wait (cudaStreamWaitEvent) or a host synchronize. Calls that issue nothing (empty
-/// ranges) are not counted, on either backend.
+/// (cudaEventRecord), a stream wait (cudaStreamWaitEvent) or a host synchronize; and device memory taken and
+/// given back in stream order (allocate: cudaMallocFromPoolAsync on the stream of first use; release_after:
+/// cudaFreeAsync), which a step after the first issues only for no-sync accumulators and the gradient
+/// inspection's buffer (fsdp/grad/inspect.hpp). Calls that issue nothing (empty ranges) are not counted, on either
+/// backend.
 struct issue_counts {
   std::uint64_t kernels = 0;
   std::uint64_t memory_ops = 0;
@@ -60,11 +63,14 @@ struct issue_counts {
   std::uint64_t records = 0;
   std::uint64_t waits = 0;
   std::uint64_t synchronizes = 0;
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
   friend bool operator==(const issue_counts&, const issue_counts&) = default;
   /// a + sign * b, field by field (sign 1 or -1: counts only grow, so a difference of two readings is >= 0).
   static issue_counts combine(issue_counts a, const issue_counts& b, int sign) {
     for (auto f : {&issue_counts::kernels, &issue_counts::memory_ops, &issue_counts::host_functions,
-                   &issue_counts::records, &issue_counts::waits, &issue_counts::synchronizes})
+                   &issue_counts::records, &issue_counts::waits, &issue_counts::synchronizes, &issue_counts::allocations,
+                   &issue_counts::frees})
       a.*f = sign > 0 ? a.*f + b.*f : a.*f - b.*f;
     return a;
   }
@@ -188,6 +194,7 @@ class host {
     if (bytes < 0) detail::fail_usage("backend::host::allocate: negative size ", bytes, " bytes for ", name_of(category));
     buffer b = take(bytes, category);  // nothing is counted when it fails
     pool_.allocate(index_of(first_use), bytes);
+    count(first_use, &atomic_counts::allocations);
     return b;
   }
   /// Host memory for offloaded buffers (fsdp/offload/offload.hpp), accounted to `category` in host_memory(), not
@@ -208,6 +215,7 @@ class host {
   /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
+    count(s, &atomic_counts::frees);
     const bool modelled = b.free_.pool != nullptr;
     b.stop_accounting();
     b.free_.pool = nullptr;  // the pool model's free is the stream's, below
@@ -347,11 +355,12 @@ class host {
 
   /// issue_counts as relaxed atomics: only the issuing thread counts, but a trainer may read them from another.
   struct atomic_counts {
-    std::atomic<std::uint64_t> kernels{0}, memory_ops{0}, host_functions{0}, records{0}, waits{0}, synchronizes{0};
+    std::atomic<std::uint64_t> kernels{0}, memory_ops{0}, host_functions{0}, records{0}, waits{0}, synchronizes{0},
+        allocations{0}, frees{0};
     issue_counts get() const {
       constexpr auto r = std::memory_order_relaxed;
-      return {kernels.load(r), memory_ops.load(r), host_functions.load(r), records.load(r), waits.load(r),
-              synchronizes.load(r)};
+      return {kernels.load(r),     memory_ops.load(r),   host_functions.load(r), records.load(r),
+              waits.load(r),       synchronizes.load(r), allocations.load(r),    frees.load(r)};
     }
   };
   void count(const stream& s, std::atomic<std::uint64_t> atomic_counts::*field) {
