@@ -14,7 +14,6 @@
 #include <fsdp/observe/chrome_trace.hpp>
 
 #include "examples/01_mlp_host/mlp.hpp"
-#include "examples/common/memory_table.hpp"
 
 namespace {
 
@@ -69,9 +68,10 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
     std::printf("last step: %s; %d of %d steps skipped\n", r0.reports.back().message().c_str(), skipped,
                 int(r0.reports.size()));
   }
-  std::vector<examples::rank_memory> table;
-  for (const auto& res : results) table.push_back({res.memory.peak, res.planned});
-  examples::print_memory_table(table);
+  std::vector<fsdp::rank_memory> table;
+  for (std::size_t r = 0; r < results.size(); ++r)
+    table.push_back({int(r), results[r].memory.peak, results[r].planned});
+  std::printf("\n%s", fsdp::memory_table(table).c_str());
   if (!trace_path.empty()) {
     const auto s = fsdp::trace::summarize(rec.events(0), 0, static_cast<std::uint64_t>(cfg.steps));
     std::printf("\nrank 0, last step: %.3f ms, compute %.3f ms, communication %.3f ms, exposed %.3f ms (%.1f%%), "

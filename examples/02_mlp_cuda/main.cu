@@ -102,10 +102,11 @@ int main(int argc, char** argv) {
   }
   cfg.verbose = true;
   try {
-    if (strategy == "full_shard") return run<fsdp::sharding::full_shard>(ranks, use_nccl, compare, cfg, kind);
-    if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op>(ranks, use_nccl, compare, cfg, kind);
-    if (strategy == "no_shard") return run<fsdp::sharding::no_shard>(ranks, use_nccl, compare, cfg, kind);
-    return usage(("unknown strategy '" + strategy + "'").c_str());
+    namespace sh = fsdp::sharding;
+    return fsdp::select(
+        "--strategy", strategy,
+        [&](auto s) { return run<typename decltype(s)::type>(ranks, use_nccl, compare, cfg, kind); },
+        fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard>());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -20,7 +20,6 @@
 #include <fsdp/checkpoint/safetensors.hpp>
 
 #include "examples/04_gpt_host/gpt_host.hpp"
-#include "examples/common/memory_table.hpp"
 
 namespace {
 
@@ -83,9 +82,10 @@ int run(int ranks, const gpt::config& cfg, const outputs& out) {
     std::printf("packing: %.2f%% of the positions were real tokens; the data resumes at document %llu\n",
                 100.0 * tokens / (static_cast<double>(cfg.steps) * cfg.global_batch * s.context),
                 static_cast<unsigned long long>(r0.data_state.next_document));
-  std::vector<examples::rank_memory> table;
-  for (const auto& r : results) table.push_back({r.memory.peak, r.planned});
-  examples::print_memory_table(table);
+  std::vector<fsdp::rank_memory> table;
+  for (std::size_t r = 0; r < results.size(); ++r)
+    table.push_back({int(r), results[r].memory.peak, results[r].planned});
+  std::printf("\n%s", fsdp::memory_table(table).c_str());
   std::printf("activations held by the trainer at the end of forward: %.2f KiB per rank (%.2f KiB per block%s)\n",
               r0.activation_bytes / 1024.0, r0.activation_bytes_per_block / 1024.0,
               cfg.checkpoint_activations ? ": its input only, the rest recomputed in backward" : "");
@@ -146,16 +146,16 @@ int main(int argc, char** argv) {
   cfg.opt.total = cfg.steps;  // the cosine spans the run
   try {
     gpt::validate(cfg.model);
-    auto with_strategy = [&](auto precision_tag) {
-      using P = decltype(precision_tag);
-      if (strategy == "full_shard") return run<fsdp::sharding::full_shard, P>(ranks, cfg, out);
-      if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op, P>(ranks, cfg, out);
-      if (strategy == "no_shard") return run<fsdp::sharding::no_shard, P>(ranks, cfg, out);
-      usage("unknown strategy " + strategy + " (full_shard, shard_grad_op or no_shard)");
-    };
-    if (precision == "bf16") return with_strategy(fsdp::precision::mixed<fsdp::bfloat16>{});
-    if (precision == "fp32") return with_strategy(fsdp::precision::full{});
-    usage("unknown precision " + precision + " (bf16 or fp32)");
+    namespace sh = fsdp::sharding;
+    return fsdp::select(
+        "--precision", precision,
+        [&](auto p) {
+          return fsdp::select(
+              "--strategy", strategy,
+              [&](auto s) { return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, cfg, out); },
+              fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard>());
+        },
+        fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -21,7 +21,6 @@
 
 #include "examples/04_gpt_host/gpt_host.hpp"
 #include "examples/05_gpt_cuda/gpt_cuda.cuh"
-#include "examples/common/memory_table.hpp"
 
 namespace {
 
@@ -41,7 +40,7 @@ using policy = fsdp::policy<Sharding, fsdp::prefetch::backward_pre<1>, Precision
 template <class Sharding, class Precision>
 int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples::gemm_kind kind) {
   gpt::result r0;
-  std::vector<examples::rank_memory> table;  // every local rank's (NCCL: this process's rank 0 only)
+  std::vector<fsdp::rank_memory> table;  // every local rank's (NCCL: this process's rank 0 only)
   std::mutex mu;
   const auto& s = cfg.model;
   const auto pf = fsdp::facts_of_precision<Precision>();
@@ -58,7 +57,7 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
     if (comm.rank() == 0) header(comm.size());
     r0 = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(comm, cfg, kind);
     if (comm.rank() != 0) return 0;
-    table.push_back({r0.memory.peak, r0.planned});
+    table.push_back({comm.rank(), r0.memory.peak, r0.planned});
     ranks = comm.size();
   } else {
     header(ranks);
@@ -66,7 +65,7 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
     fsdp::comm::run_local_cuda(ranks, [&](fsdp::comm::local_cuda_communicator& c) {
       auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::local<fsdp::backend::cuda>>>(c, cfg, kind);
       std::lock_guard lk(mu);
-      table[static_cast<std::size_t>(c.rank())] = {r.memory.peak, r.planned};
+      table[static_cast<std::size_t>(c.rank())] = {c.rank(), r.memory.peak, r.planned};
       if (c.rank() == 0) r0 = std::move(r);
     });
   }
@@ -85,7 +84,7 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples
               "(library %.1f MiB, planned %.1f MiB; trainer buffers %.1f MiB)%s\n",
               t.step_s, t.first, t.first + t.steps - 1, t.tokens_per_s, 100.0 * t.mfu, cfg.peak_flops / 1e12,
               lib + mine, lib, planned, mine, table.size() > 1 ? ", all local ranks together" : "");
-  examples::print_memory_table(table);
+  std::printf("\n%s", fsdp::memory_table(table).c_str());
   std::printf("activations held by the trainer at the end of forward: %.1f MiB\n", r0.activation_bytes / 1048576.0);
   if (!compare) return 0;
   gpt::config host_cfg = cfg;
@@ -169,17 +168,18 @@ int main(int argc, char** argv) {
   }
   try {
     gpt::validate(cfg.model);
-    auto with_strategy = [&](auto precision_tag) -> int {
-      using P = decltype(precision_tag);
-      if (strategy == "full_shard") return run<fsdp::sharding::full_shard, P>(ranks, use_nccl, compare, cfg, kind);
-      if (strategy == "shard_grad_op")
-        return run<fsdp::sharding::shard_grad_op, P>(ranks, use_nccl, compare, cfg, kind);
-      if (strategy == "no_shard") return run<fsdp::sharding::no_shard, P>(ranks, use_nccl, compare, cfg, kind);
-      return usage("unknown strategy '" + strategy + "'");
-    };
-    if (precision == "bf16") return with_strategy(fsdp::precision::mixed<fsdp::bfloat16>{});
-    if (precision == "fp32") return with_strategy(fsdp::precision::full{});
-    return usage("unknown precision '" + precision + "' (bf16 or fp32)");
+    namespace sh = fsdp::sharding;
+    return fsdp::select(
+        "--precision", precision,
+        [&](auto p) {
+          return fsdp::select(
+              "--strategy", strategy,
+              [&](auto s) {
+                return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, use_nccl, compare, cfg, kind);
+              },
+              fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard>());
+        },
+        fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

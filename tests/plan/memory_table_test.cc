@@ -1,0 +1,59 @@
+// fsdp::memory_table and fsdp::memory_row: every rank's peak memory by category, measured next to the plan, and the
+// verdict line that names each rank and category over its plan.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <fsdp/memory/memory_table.hpp>
+
+#include <mutex>
+
+#include "tests/support/support.hpp"
+
+namespace {
+fsdp::memory_figures figures(std::int64_t sharded, std::int64_t gathered, std::int64_t total) {
+  fsdp::memory_figures f;
+  f[fsdp::mem::sharded_params] = sharded;
+  f[fsdp::mem::gathered_params] = gathered;
+  f.total = total;
+  return f;
+}
+}  // namespace
+
+TEST_CASE("the table: ranks in order, KiB measured / planned per category and in total, then the verdict") {
+  const std::vector<fsdp::rank_memory> rows{{1, figures(2048, 3072, 5120), figures(2048, 2048, 4096)},
+                                            {0, figures(2048, 1024, 3072), figures(2048, 1024, 3072)}};
+  const std::string header =
+      "peak memory per rank (KiB), measured / planned\n"
+      "rank             sharded params          gathered params                    grads          "
+      "optimizer state             comm buffers          total (at once)\n";
+  CHECK(fsdp::memory_table(rows) ==
+        header +
+            "0                   2.00 / 2.00              1.00 / 1.00              0.00 / 0.00              0.00 "
+            "/ 0.00              0.00 / 0.00              3.00 / 3.00\n"
+            "1                   2.00 / 2.00              3.00 / 2.00              0.00 / 0.00              0.00 "
+            "/ 0.00              0.00 / 0.00              5.00 / 4.00\n"
+            "over the plan: rank 1 gathered params by 1024 bytes; rank 1 total by 1024 bytes\n");
+  CHECK(fsdp::memory_table({rows[1]}).ends_with("\nevery rank within its plan\n"));
+  CHECK(fsdp::memory_table({}) == header + "no ranks\n");
+}
+
+TEST_CASE("a model's rows: measured equal to the plan on every rank, category by category, after a step") {
+  const fsdp::ModelSpec spec = fsdp_test::three_units();
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
+  std::vector<fsdp::rank_memory> rows;
+  std::mutex mu;
+  fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& comm) {
+    fsdp::Model<P> m(comm, spec, fsdp::wrap::by_prefix{"l"});
+    fsdp::optim::adamw opt(m, {});
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    opt.step();
+    m.synchronize();
+    const fsdp::rank_memory row = fsdp::memory_row(m, opt);
+    CHECK(row.rank == comm.rank());
+    CHECK(row.measured == row.planned);
+    CHECK(row.measured.total > 0);
+    std::lock_guard lk(mu);
+    rows.push_back(row);
+  });
+  REQUIRE(rows.size() == 2);
+  CHECK(fsdp::memory_table(rows).ends_with("\nevery rank within its plan\n"));
+}
