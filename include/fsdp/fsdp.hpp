@@ -45,5 +45,6 @@
 #include "fsdp/unit/fsdp_unit.hpp"
 #include "fsdp/core/unit_state.hpp"
 #include "fsdp/unit/unit_buffers.hpp"
+#include "fsdp/weights/weights.hpp"
 #include "fsdp/core/unit_index.hpp"
 #include "fsdp/wrap/wrap.hpp"

@@ -1,0 +1,113 @@
+#pragma once
+// A trainer's own weights in and out of a model, by name, with no file between: the call that fills every master
+// shard from the trainer's full fp32 tensors, and the one that writes the model's full values back into them.
+//
+//   fsdp::weights::load(model, source)   collective: source(name) gives parameter `name`'s full fp32 tensor in host
+//                                        memory (weights::tensor: data and element count; {} when the trainer has
+//                                        none); each rank copies the elements of its own shard. Every parameter that
+//                                        is not an alias (ModelSpec::tie) must be given, at its size: otherwise a
+//                                        usage_error on every rank that names the parameter and the rank, and no
+//                                        shard is modified. Between optimizer steps; gradients are zeroed.
+//   fsdp::weights::store(model, sink)    collective: sink(name) gives where parameter `name`'s full fp32 value goes
+//                                        (weights::target: data and element count; {} to skip it); every rank
+//                                        receives every value (Model::gather_full_params), aliases included.
+//   fsdp::weights::layer(stacked, per_layer, l)
+//                                        layer l of a stacked [L, ...] buffer, for a trainer that keeps one buffer
+//                                        for every layer: no renaming table, just the index in the name.
+//
+// Works on every backend and world size, and on a hybrid mesh (each shard group holds the whole model).
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/agree/agree.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/text.hpp"
+#include "fsdp/exec/model_access.hpp"
+#include "fsdp/layout/sharded_tensor.hpp"
+#include "fsdp/spec/model_spec.hpp"
+
+namespace fsdp::weights {
+
+/// A full fp32 tensor the trainer holds in host memory (row-major, as the parameter's shape).
+struct tensor {
+  const float* data = nullptr;
+  std::int64_t numel = 0;
+};
+/// Where a full fp32 value goes in the trainer's host memory.
+struct target {
+  float* data = nullptr;
+  std::int64_t numel = 0;
+};
+
+/// Layer `l` of a stacked buffer of `per_layer` elements per layer ([L, ...] row-major).
+inline tensor layer(const float* stacked, std::int64_t per_layer, int l) {
+  return {stacked + static_cast<std::int64_t>(l) * per_layer, per_layer};
+}
+inline target layer(float* stacked, std::int64_t per_layer, int l) {
+  return {stacked + static_cast<std::int64_t>(l) * per_layer, per_layer};
+}
+
+/// Fills every master shard of `m` from source(name) -> tensor (see the header). Collective.
+template <class ModelT, class Source>
+void load(ModelT& m, Source&& source) {
+  // Checked on every rank first, so that a failure on any rank modifies nothing on any.
+  std::map<std::string, tensor> given;
+  std::optional<std::string> mine;
+  for (const ParamSpec& p : m.spec().params()) {
+    if (p.is_tied()) continue;  // its storage is its target's
+    const tensor t = source(p.name);
+    if (!t.data) {
+      mine = detail::cat("the trainer gave no tensor for parameter '", p.name, "' ",
+                         detail::shape_text(p.shape), " (every parameter that is not an alias must be given)");
+      break;
+    }
+    if (t.numel != p.numel()) {
+      mine = detail::cat("parameter '", p.name, "' ", detail::shape_text(p.shape), " has ", p.numel(),
+                         " elements, but the trainer's tensor has ", t.numel);
+      break;
+    }
+    given[p.name] = t;
+  }
+  const auto failed = agree::failures(m.comm(), m.backend(), mine);
+  if (!failed.empty())
+    throw usage_error(detail::cat("weights::load: ", agree::failure_text(failed), "; no parameter was modified"));
+  // This rank's elements of each parameter, in shard order, uploaded into the master shards between steps.
+  std::vector<std::vector<float>> staging(m.size());
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    staging[u].assign(static_cast<std::size_t>(m.unit(u).layout().shard_numel()), 0.0f);
+    for (const ShardedTensor& v : m.unit(u).shard_views()) {
+      if (v.empty()) continue;
+      const tensor& t = given.at(v.name);
+      std::memcpy(staging[u].data() + v.shard_offset, t.data + v.begin,
+                  static_cast<std::size_t>(v.local_numel()) * sizeof(float));
+    }
+  }
+  model_access::replace_shards(m, "weights::load", [&] {
+    auto& be = m.backend();
+    for (std::size_t u = 0; u < m.size(); ++u)
+      be.upload(m.unit(u).master_shard(), staging[u].data(), static_cast<std::int64_t>(staging[u].size() * sizeof(float)),
+                be.compute_stream());
+    be.synchronize(be.compute_stream());
+  });
+}
+
+/// Writes every parameter's full fp32 value where sink(name) -> target says (see the header). Collective.
+template <class ModelT, class Sink>
+void store(ModelT& m, Sink&& sink) {
+  const std::map<std::string, std::vector<float>> full = m.gather_full_params();
+  for (const ParamSpec& p : m.spec().params()) {
+    const target t = sink(p.name);
+    if (!t.data) continue;
+    if (t.numel != p.numel())
+      detail::fail_usage("weights::store: parameter '", p.name, "' ", detail::shape_text(p.shape), " has ", p.numel(),
+                         " elements, but the trainer's buffer for it has ", t.numel, " (rank ", m.comm().rank(), ")");
+    const std::vector<float>& v = full.at(p.name);
+    std::memcpy(t.data, v.data(), v.size() * sizeof(float));
+  }
+}
+
+}  // namespace fsdp::weights
