@@ -16,6 +16,7 @@
 //   - on a real GPU only: the pool does not grow after the first step, for units larger than its 2 MiB
 //     granularity (device memory bounded by the plan; the host's model of the pool, tests/model/
 //     memory_bound_test.cc, checks the same rules exactly; the simulator's pool figures are bookkeeping);
+//   - fsdp::weights: a trainer's tensors loaded into the device master shards of 3 ranks and stored back;
 //   - a rank that never issues a collective fails the others within the timeout, naming it;
 //   - the trace recorder on the CUDA backend (stream events timed with CUDA events, no host function on the
 //     streams): per rank and step the same events as the host backend's run, each stream's times non-decreasing,
@@ -307,6 +308,32 @@ TEST_CASE("comm::local on one GPU, 1 to 5 ranks: parameters equal the host run b
     ex.grad_slots = 1;
     compare_local<full_shard, prefetch::explicit_schedule>(3, false, ex);
   }
+}
+
+TEST_CASE("fsdp::weights on one GPU, 3 ranks: the trainer's tensors into the device master shards and back, bit for "
+          "bit") {
+  FSDP_REQUIRE_GPU();
+  const fsdp::ModelSpec s = spec();
+  std::map<std::string, std::vector<float>> given;  // the trainer's weights: distinct, exact values
+  float next = 0.5f;
+  for (const auto& p : s.params())
+    for (std::int64_t i = 0; i < p.numel(); ++i) given[p.name].push_back(next += 0.25f);
+  fsdp::comm::run_local_cuda(3, [&](fsdp::comm::local_cuda_communicator& c) {
+    using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full,
+                           fsdp::comm::local<fsdp::backend::cuda>>;
+    fsdp::Model<P> m(c, s, fsdp::wrap::by_prefix{"layers."});
+    fsdp::weights::load(m, [&](const std::string& name) -> fsdp::weights::tensor {
+      const auto& v = given.at(name);
+      return {v.data(), std::int64_t(v.size())};
+    });
+    std::map<std::string, std::vector<float>> back;
+    fsdp::weights::store(m, [&](const std::string& name) -> fsdp::weights::target {
+      auto& v = back[name];
+      v.assign(given.at(name).size(), 0.0f);
+      return {v.data(), std::int64_t(v.size())};
+    });
+    CHECK(back == given);
+  });
 }
 
 TEST_CASE("hybrid sharding on one GPU (comm::local splits): groups of one rank and of two equal the host run bit for bit") {
