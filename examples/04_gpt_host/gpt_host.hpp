@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fsdp/fsdp.hpp>
@@ -424,6 +425,21 @@ result train(typename Policy::communicator& comm, const config& c, Before&& befo
 template <class Policy>
 result train(typename Policy::communicator& comm, const config& c) {
   return train<Policy>(comm, c, make_host_trainer{}, [](auto&) {});
+}
+
+/// The GPT examples' --strategy and --precision flags as types: fn(s, p) with fsdp::named<Sharding> and
+/// fsdp::named<Precision> (typename decltype(s)::type), or a usage_error naming the flag and the names known.
+template <class F>
+decltype(auto) with_policy_flags(std::string_view strategy, std::string_view precision, F&& fn) {
+  namespace sh = fsdp::sharding;
+  return fsdp::select(
+      "--precision", precision,
+      [&](auto p) {
+        return fsdp::select(
+            "--strategy", strategy, [&](auto s) { return fn(s, p); },
+            fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard>());
+      },
+      fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"});
 }
 
 }  // namespace gpt

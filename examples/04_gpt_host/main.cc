@@ -146,16 +146,9 @@ int main(int argc, char** argv) {
   cfg.opt.total = cfg.steps;  // the cosine spans the run
   try {
     gpt::validate(cfg.model);
-    namespace sh = fsdp::sharding;
-    return fsdp::select(
-        "--precision", precision,
-        [&](auto p) {
-          return fsdp::select(
-              "--strategy", strategy,
-              [&](auto s) { return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, cfg, out); },
-              fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard>());
-        },
-        fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"});
+    return gpt::with_policy_flags(strategy, precision, [&](auto s, auto p) {
+      return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, cfg, out);
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

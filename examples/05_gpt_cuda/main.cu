@@ -168,18 +168,9 @@ int main(int argc, char** argv) {
   }
   try {
     gpt::validate(cfg.model);
-    namespace sh = fsdp::sharding;
-    return fsdp::select(
-        "--precision", precision,
-        [&](auto p) {
-          return fsdp::select(
-              "--strategy", strategy,
-              [&](auto s) {
-                return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, use_nccl, compare, cfg, kind);
-              },
-              fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard>());
-        },
-        fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"});
+    return gpt::with_policy_flags(strategy, precision, [&](auto s, auto p) {
+      return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, use_nccl, compare, cfg, kind);
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
