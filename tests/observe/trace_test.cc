@@ -175,6 +175,23 @@ TEST_CASE("step summary on a known timeline: compute, communication and the part
   CHECK(fsdp::trace::summarize(e, 0, 2).wall_s == 0.0);
 }
 
+TEST_CASE("a step's wall time is its streams' span: a host running steps ahead does not lengthen it") {
+  // Step 2 issued at 0 and 3 while the streams still ran step 1; its streams ran it from 100 to 130. Before, the
+  // span began at the first issue: 130 ns instead of 30 (an H200's 17 ms step read 146 ms with 20 steps queued).
+  std::vector<fsdp::trace::event> e = {
+      ev(kind::gather_issued, 0, 0), ev(kind::reduce_issued, 3, 0), ev(kind::gather_begin, 100, 0),
+      ev(kind::gather_end, 104, 0),  ev(kind::compute_begin, 105, 0), ev(kind::compute_end, 120, 0),
+      ev(kind::reduce_begin, 121, 0), ev(kind::reduce_end, 130, 0),  ev(kind::release, 2, 0)};
+  for (auto& x : e) x.step = 2;
+  const auto s = fsdp::trace::summarize(e, 0, 2);
+  CHECK(s.wall_s == doctest::Approx(30e-9).epsilon(1e-12));
+  CHECK(s.compute_s == doctest::Approx(15e-9).epsilon(1e-12));
+  CHECK(s.comm_s == doctest::Approx(13e-9).epsilon(1e-12));  // [100,104) + [121,130)
+  // Host-side events alone (a recorder fed by hand, no stream marks) still give their own span.
+  const std::vector<fsdp::trace::event> host_only = {e[0], e[1], e[8]};
+  CHECK(fsdp::trace::summarize(host_only, 0, 2).wall_s == doctest::Approx(3e-9).epsilon(1e-12));
+}
+
 TEST_CASE("collective timings under a modelled link are at least the modelled time") {
   fsdp::trace::recorder rec;
   fsdp::comm::local_options lo;

@@ -40,6 +40,11 @@ enum class kind : std::uint8_t {
   optimizer_end,    ///< compute stream: the optimizer step is done
 };
 
+/// Whether `k` is recorded by the host at the call (an issue, a release), not by a stream when it gets there.
+constexpr bool host_side(kind k) noexcept {
+  return k == kind::gather_issued || k == kind::reduce_issued || k == kind::release;
+}
+
 constexpr std::string_view name_of(kind k) noexcept {
   switch (k) {
     case kind::gather_issued: return "gather_issued";
@@ -168,7 +173,7 @@ struct collective_timing {
 struct step_summary {
   std::uint64_t step = 0;
   int rank = 0;
-  double wall_s = 0;           ///< first to last event of the step
+  double wall_s = 0;           ///< first to last stream-side event of the step (host-side ones where there are none)
   double compute_s = 0;        ///< union of compute intervals (units and optimizer)
   double comm_s = 0;           ///< union of collective intervals
   double exposed_comm_s = 0;   ///< collective time not covered by compute: what communication adds to the step
@@ -217,7 +222,7 @@ inline std::int64_t uncovered(const std::vector<interval>& a, const std::vector<
 /// planner (fsdp/plan/timeline.hpp) reads from its predicted events, so that a prediction and a measurement are
 /// summarised by the same rules.
 struct step_intervals {
-  std::int64_t first_ns = 0, last_ns = 0;   ///< first and last event of the step (0, 0: none)
+  std::int64_t first_ns = 0, last_ns = 0;   ///< first and last stream-side event of the step (else host-side; 0, 0: none)
   std::vector<detail::interval> compute;    ///< merged compute intervals (units and optimizer)
   std::vector<detail::interval> comm;       ///< merged collective intervals
   std::vector<collective_timing> collectives;  ///< in issue order
@@ -235,7 +240,10 @@ struct step_intervals {
 inline step_intervals intervals_of(const std::vector<event>& events, int rank, std::uint64_t step) {
   step_intervals s;
   std::vector<detail::interval> compute, comm;
-  std::int64_t lo = INT64_MAX, hi = INT64_MIN;
+  // The step's span is its stream-side events' (what the device did): a host that runs ahead issues a step long
+  // before its streams reach it (20 queued steps made an H200's 17 ms step read 146 ms), so host-side events
+  // (issues, releases) bound the span only when there are no stream-side ones.
+  std::int64_t lo = INT64_MAX, hi = INT64_MIN, host_lo = INT64_MAX, host_hi = INT64_MIN;
   std::vector<std::int64_t> open_compute;  // the compute stream is in order: a begin pairs with the next end
   // Collectives of one stream run in issue order: pair the n-th issue with the n-th begin and end (whatever the
   // order they were recorded in: a stream time is only as close to the host's as its clock alignment).
@@ -243,8 +251,13 @@ inline step_intervals intervals_of(const std::vector<event>& events, int rank, s
   std::vector<std::int64_t> g_begin, g_end, r_begin, r_end;
   for (const auto& e : events) {
     if (e.rank != rank || e.step != step) continue;
-    lo = std::min(lo, e.t_ns);
-    hi = std::max(hi, e.t_ns);
+    if (host_side(e.what)) {
+      host_lo = std::min(host_lo, e.t_ns);
+      host_hi = std::max(host_hi, e.t_ns);
+    } else {
+      lo = std::min(lo, e.t_ns);
+      hi = std::max(hi, e.t_ns);
+    }
     switch (e.what) {
       case kind::compute_begin:
       case kind::optimizer_begin: open_compute.push_back(e.t_ns); break;
@@ -288,6 +301,7 @@ inline step_intervals intervals_of(const std::vector<event>& events, int rank, s
   s.compute = detail::merged(std::move(compute));
   s.comm = detail::merged(std::move(comm));
   if (lo <= hi) s.first_ns = lo, s.last_ns = hi;
+  else if (host_lo <= host_hi) s.first_ns = host_lo, s.last_ns = host_hi;
   return s;
 }
 
