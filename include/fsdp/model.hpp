@@ -387,7 +387,8 @@ class Model {
   /// An optimizer step (through fsdp/exec/model_access.hpp: the optimizers' protocol): once every unit's gradient
   /// is reduced, in the compute stream's order, the optimizer's inspection, then its update of every unit where the
   /// step program puts it (fsdp/exec/update_site.hpp: on the device, at staged copies of host-resident parts, or in
-  /// a host function). Units still gathered are released first (their copies would be stale). Throws usage_error if
+  /// a host function). Units still gathered are released first (their copies would be stale); under ZeRO-1 each is
+  /// gathered again right after the update. Throws usage_error if
   /// a unit's gradient was not reduced since the last step (backward missing or unfinished, or micro-batches
   /// missing under no-sync).
   void step(exec::optimizer_work<backend_type>& work) {
@@ -404,7 +405,7 @@ class Model {
       cursor_.fail_step(std::string(detail::unprefixed(e)));
       throw;
     }
-    sched_.after_step();
+    sched_.after_step(cursor_.order(), executor());
   }
 
   /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute

@@ -17,7 +17,7 @@ template <class Sharding, class Prefetch = prefetch::next, class Precision = pre
 struct policy {
   static_assert(ShardingStrategy<Sharding>,
                 "fsdp::policy: the first argument must be a sharding strategy "
-                "(fsdp::sharding::full_shard, shard_grad_op or no_shard)");
+                "(fsdp::sharding::full_shard, shard_grad_op, zero1, no_shard or a hybrid one)");
   static_assert(PrefetchPolicy<Prefetch>,
                 "fsdp::policy: the second argument must be a prefetch policy "
                 "(fsdp::prefetch::none, forward<N>, backward_pre<N>, backward_post, depth<F, B>, next or explicit_schedule)");

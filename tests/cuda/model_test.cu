@@ -288,6 +288,9 @@ TEST_CASE("comm::local on one GPU, 1 to 5 ranks: parameters equal the host run b
   SUBCASE("full_shard, backward_pre<1>, AdamW, 4 ranks") { compare_local<full_shard, prefetch::backward_pre<1>>(4, true); }
   SUBCASE("full_shard, none, SGD, 4 ranks") { compare_local<full_shard, prefetch::none>(4, false); }
   SUBCASE("shard_grad_op, next, AdamW, 4 ranks") { compare_local<fsdp::sharding::shard_grad_op, prefetch::next>(4, true); }
+  SUBCASE("zero1, next, AdamW, 3 ranks (full parameters kept between steps, gathered after each update)") {
+    compare_local<fsdp::sharding::zero1, prefetch::next>(3, true);
+  }
   SUBCASE("no_shard, forward<2>, AdamW, 4 ranks") { compare_local<fsdp::sharding::no_shard, prefetch::forward<2>>(4, true); }
   SUBCASE("full_shard, next, AdamW, 3 ranks (uneven shards)") { compare_local<full_shard, prefetch::next>(3, true); }
   SUBCASE("full_shard, backward_post, SGD, 2 ranks") { compare_local<full_shard, prefetch::backward_post>(2, false); }

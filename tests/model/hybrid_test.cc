@@ -90,6 +90,7 @@ TEST_CASE("collectives per group per step: the shard group's are the flat strate
   check_groups<fsdp::sharding::hybrid_shard<1>, fsdp::sharding::full_shard, 1, bf16>(5);
   check_groups<fsdp::sharding::hybrid_shard_zero2<1>, fsdp::sharding::shard_grad_op, 1, full>(5);
   check_groups<fsdp::sharding::hybrid_shard_zero2<1>, fsdp::sharding::shard_grad_op, 1, bf16>(2);
+  check_groups<fsdp::sharding::hybrid_shard_zero1<2>, fsdp::sharding::zero1, 2, bf16>(2);
 }
 
 namespace {
@@ -154,6 +155,11 @@ TEST_CASE("every strategy at a shard group of one rank and of the whole world tr
   check_same_training<hybrid_shard<5>, full_shard, bf16>(5);
   check_same_training<hybrid_shard_zero2<2>, shard_grad_op, bf16>(2);
   check_same_training<hybrid_shard_zero2<5>, shard_grad_op, full>(5);
+  // zero1 (full parameters kept between steps) trains as shard_grad_op does, flat and in groups
+  check_same_training<zero1, shard_grad_op, full>(4);
+  check_same_training<zero1, shard_grad_op, bf16>(3);
+  check_same_training<hybrid_shard_zero1<1>, no_shard, full>(2);
+  check_same_training<hybrid_shard_zero1<2>, zero1, bf16>(2);
 }
 
 namespace {

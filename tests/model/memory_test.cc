@@ -67,6 +67,8 @@ TEST_CASE("planned peak equals measured peak, per category, for every strategy a
   check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next>();
   check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::backward_post>();
   check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::depth<3, 3>>();
+  check_plan_matches<fsdp::sharding::zero1, fsdp::prefetch::none>();
+  check_plan_matches<fsdp::sharding::zero1, fsdp::prefetch::next>();
 }
 
 TEST_CASE("planned peak equals measured peak for hybrid sharding (2 x 2, 4 x 2, 2 x 4, W x 1), every precision") {
@@ -82,6 +84,7 @@ TEST_CASE("planned peak equals measured peak for hybrid sharding (2 x 2, 4 x 2, 
   // shard groups of one rank (every rank holds everything; groups of one gather, the replicas all-reduce)
   check_plan_matches<hybrid_shard<1>, fsdp::prefetch::next>({}, {}, {2, 4});
   check_plan_matches<hybrid_shard_zero2<1>, fsdp::prefetch::next, mixed<bfloat16>>({}, {}, {3});
+  check_plan_matches<fsdp::sharding::hybrid_shard_zero1<2>, fsdp::prefetch::next, mixed<bfloat16>>({}, {}, {4});
 }
 
 TEST_CASE("planned equals measured under gather slots, per-unit resharding, explicit schedules and orders") {
@@ -121,6 +124,7 @@ TEST_CASE("planned equals measured for every precision and accumulation mode, wi
     check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::backward_post, mixed<float16, float, float16>>(mo);
     check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next>(mo);
     check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, mixed<bfloat16>>(mo);
+    check_plan_matches<fsdp::sharding::zero1, fsdp::prefetch::next, mixed<bfloat16>>(mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>(mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next>(mo);
   }

@@ -125,6 +125,52 @@ TEST_CASE("collective counts per step are what each strategy implies") {
   }
 }
 
+TEST_CASE("zero1: one gather per unit in the first forward, then one per unit after each step and none in forward or "
+          "backward; gradients reduce-scattered; the kept parameters are the updated shards, gathered") {
+  const std::uint64_t n = 5;
+  for (int world : {1, 3, 4}) {
+    CAPTURE(world);
+    run_ranks(world, [&](local_communicator& c) {
+      using Z1 = fsdp::policy<fsdp::sharding::zero1>;
+      fsdp::Model<Z1> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{});
+      fsdp::optim::sgd sgd(m, {.lr = 0.5f});
+      std::map<std::string, std::vector<float>> updated;  // the full parameters after the last step
+      for (int step = 0; step < 3; ++step) {
+        CAPTURE(step);
+        c.reset_stats();
+        for (auto& u : m.forward()) {
+          for (const auto& e : u.layout().entries()) {
+            const auto view = u.param(e.name);  // the kept copy: the last step's updated shards, gathered
+            if (step == 0) continue;
+            const std::vector<float>& want = updated.at(e.name);
+            REQUIRE(std::size_t(view.numel()) == want.size());
+            CHECK(std::memcmp(view.data(), want.data(), want.size() * sizeof(float)) == 0);
+          }
+        }
+        CHECK(c.stats()[collective::all_gather] == (step == 0 ? n : 0));
+        c.reset_stats();
+        for (auto& u : m.backward())
+          for (const auto& e : u.layout().entries()) {
+            auto g = u.grad(e.name);
+            for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = float(c.rank() + 1);
+          }
+        m.synchronize();
+        auto s = c.stats();
+        CHECK(s[collective::all_gather] == 0);
+        CHECK(s[collective::reduce_scatter] == n);
+        CHECK(s[collective::all_reduce] == 0);
+        c.reset_stats();
+        sgd.step();
+        sgd.zero_grad();
+        m.synchronize();
+        CHECK(c.stats()[collective::all_gather] == n);  // the updated shards, right after the step
+        for (std::size_t ui = 0; ui < m.size(); ++ui) CHECK(m.unit(ui).state() != fsdp::unit_state::sharded);
+        updated = m.gather_full_params();  // from the master shards, apart from the kept copies
+      }
+    });
+  }
+}
+
 TEST_CASE("gradients of several backward passes accumulate until zero_grad") {
   run_ranks(3, [](local_communicator& c) {
     fsdp::Model<Full> m(c, five_units(), fsdp::wrap::by_prefix{"h."});

@@ -135,6 +135,10 @@ TEST_CASE("shard_grad_op matches the unsharded run") {
   check_parity<fsdp::sharding::shard_grad_op>(config("adamw"));
   check_parity<fsdp::sharding::shard_grad_op>(config("sgd"));
 }
+TEST_CASE("zero1 matches the unsharded run") {
+  check_parity<fsdp::sharding::zero1>(config("adamw"));
+  check_parity<fsdp::sharding::zero1>(config("sgd"));
+}
 TEST_CASE("no_shard matches the unsharded run") {
   check_parity<fsdp::sharding::no_shard>(config("adamw"));
   check_parity<fsdp::sharding::no_shard>(config("sgd"));

@@ -208,6 +208,17 @@ TEST_CASE("option errors name the option and the unit") {
     CHECK(construction_error<fsdp::policy<sharding::no_shard>>(o) ==
           "fsdp: model_options::reshard_after_forward is set for unit 'l1', but no_shard never gathers or reshards "
           "parameters");
+    // zero1 keeps every unit gathered between steps: releasing one after its forward, or fewer slots than units
+    o.reshard_after_forward = {{"l1", true}};
+    CHECK(construction_error<fsdp::policy<sharding::zero1>>(o) ==
+          "fsdp: model_options::reshard_after_forward releases unit 'l1' after its forward, but zero1 keeps every "
+          "unit's parameters gathered between steps; leave the unit out of reshard_after_forward, or use "
+          "shard_grad_op");
+    o.reshard_after_forward = {{"l1", false}};  // keeping it gathered is what zero1 does anyway
+    o.gather_slots = 2;
+    CHECK(construction_error<fsdp::policy<sharding::zero1>>(o) ==
+          "fsdp: model_options::gather_slots is 2, but zero1 keeps all 3 units' parameters gathered between steps; "
+          "set it to 0 (no limit) or at least 3");
   }
   {
     fsdp::model_options o;

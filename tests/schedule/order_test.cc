@@ -57,9 +57,10 @@ std::string join(const std::vector<fsdp::trace::event>& ev, bool host_only) {
   return s;
 }
 
-/// One training step (forward and backward per micro-batch, SGD step) per rank, recorded.
+/// `steps` training steps (forward and backward per micro-batch, SGD step) per rank, recorded.
 template <class Policy>
-void run_step(fsdp::trace::recorder& rec, int world, fsdp::model_options opt, fsdp::comm::local_options lo) {
+void run_step(fsdp::trace::recorder& rec, int world, fsdp::model_options opt, fsdp::comm::local_options lo,
+              int steps = 1) {
   opt.recorder = &rec;
   lo.timeout = fsdp_test::timeout;
   fsdp::comm::run_local(
@@ -68,14 +69,17 @@ void run_step(fsdp::trace::recorder& rec, int world, fsdp::model_options opt, fs
         fsdp::Model<Policy> m(c, three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{}, opt);
         fsdp::optim::sgd sgd(m, {.lr = 0.1f});
         using T = typename Policy::precision::compute_type;
-        for (int mb = 0; mb < opt.accumulation.micro_batches; ++mb) {
-          for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
-          for (auto& u : m.backward()) {
-            auto g = u.grad(u.name() + ".w");
-            for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = T(1.0f);
+        for (int step = 0; step < steps; ++step) {
+          for (int mb = 0; mb < opt.accumulation.micro_batches; ++mb) {
+            for (auto& u : m.forward()) (void)u.param(u.name() + ".w");
+            for (auto& u : m.backward()) {
+              auto g = u.grad(u.name() + ".w");
+              for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = T(1.0f);
+            }
           }
+          sgd.step();
+          sgd.zero_grad();
         }
-        sgd.step();
         m.synchronize();
       },
       lo);
@@ -83,13 +87,13 @@ void run_step(fsdp::trace::recorder& rec, int world, fsdp::model_options opt, fs
 
 /// Checks the exact sequence inline, then the host order and the causal placement with threaded, delayed streams.
 template <class Policy>
-void check(const std::string& expected, fsdp::model_options opt = {}) {
+void check(const std::string& expected, fsdp::model_options opt = {}, int steps = 1) {
   CAPTURE(expected);
   {
     fsdp::trace::recorder rec;
     fsdp::comm::local_options lo;
     lo.backend.threaded_streams = false;
-    run_step<Policy>(rec, 2, opt, lo);
+    run_step<Policy>(rec, 2, opt, lo, steps);
     for (int r = 0; r < 2; ++r) CHECK(join(rec.events(r), false) == expected);
   }
   std::string host_expected;  // the expected tokens without the stream-side collective ones
@@ -108,7 +112,7 @@ void check(const std::string& expected, fsdp::model_options opt = {}) {
       std::mt19937 g(static_cast<unsigned>(seq * 31 + rank * 7 + trial));
       return std::chrono::microseconds(g() % 3000);
     };
-    run_step<Policy>(rec, 3, opt, lo);
+    run_step<Policy>(rec, 3, opt, lo, steps);
     for (int r = 0; r < 3; ++r) {
       CAPTURE(r);
       const auto ev = rec.events(r);
@@ -137,11 +141,13 @@ void check(const std::string& expected, fsdp::model_options opt = {}) {
         if (e.what == kind::gather_issued) {
           const std::size_t k = issues_before(i);
           const std::size_t begin = nth("ag" + u + "{", k), end = nth("ag" + u + "}", k);
-          const std::string use = e.pass == fsdp::pass_kind::forward ? "f" : "b";
+          // a gather issued after an optimizer step (pass none: ZeRO-1) serves the next forward
+          const std::string use = e.pass == fsdp::pass_kind::backward ? "b" : "f";
           REQUIRE(begin < end);
-          // complete before the unit's compute starts, or before it is released unused (at the optimizer step)
+          // complete before the unit's compute starts, or before it is released unused (at the optimizer step);
+          // after the last step's update, ZeRO-1's gathers have no use left: complete is all there is
           const std::size_t next = std::min(pos(use + u + "{", i), pos("rel" + u, i));
-          REQUIRE(next < ev.size());
+          REQUIRE((next < ev.size() || e.pass == fsdp::pass_kind::none));
           CHECK(end < next);
         }
         if (e.what == kind::reduce_issued) {
@@ -149,7 +155,7 @@ void check(const std::string& expected, fsdp::model_options opt = {}) {
           const std::size_t k = issues_before(i);
           const std::size_t begin = nth(red + u + "{", k), end = nth(red + u + "}", k);
           REQUIRE(begin < end);
-          CHECK(end < pos("opt{"));  // reduced before the optimizer step reads the shard
+          CHECK(end < pos("opt{", i));  // reduced before the (next) optimizer step reads the shard
         }
       }
     }
@@ -282,6 +288,25 @@ TEST_CASE("kept gathered over two micro-batches: one gather per unit and step, r
       "f0{ f0} f1{ f1} f2{ f2} b2{ b2} rel2 rs2 rs2{ rs2} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} "
       "opt{ opt}",
       opt);
+}
+
+TEST_CASE("zero1: gathered in the first forward and kept; each step releases the stale copies and gathers the "
+          "updated shards right after its update; no gather in forward or backward from the second step on") {
+  const std::string first_step =
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} ag2 ag2{ ag2} f2{ f2} "
+      "b2{ b2} rs2 rs2{ rs2} b1{ b1} rs1 rs1{ rs1} b0{ b0} rs0 rs0{ rs0} "
+      "rel0 rel1 rel2 opt{ opt} ag0^ ag0{ ag0} ag1^ ag1{ ag1} ag2^ ag2{ ag2}";
+  const std::string later_step =
+      " f0{ f0} f1{ f1} f2{ f2} b2{ b2} rs2 rs2{ rs2} b1{ b1} rs1 rs1{ rs1} b0{ b0} rs0 rs0{ rs0} "
+      "rel0 rel1 rel2 opt{ opt} ag0^ ag0{ ag0} ag1^ ag1{ ag1} ag2^ ag2{ ag2}";
+  check<fsdp::policy<sharding::zero1, prefetch::none>>(first_step + later_step, {}, 2);
+  // under prefetch::next the first forward gathers ahead as usual; from the second step on prefetch finds every
+  // unit gathered already
+  check<fsdp::policy<sharding::zero1, prefetch::next>>(
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} ag2^ ag2{ ag2} f1{ f1} f2{ f2} "
+      "b2{ b2} rs2 rs2{ rs2} b1{ b1} rs1 rs1{ rs1} b0{ b0} rs0 rs0{ rs0} "
+      "rel0 rel1 rel2 opt{ opt} ag0^ ag0{ ag0} ag1^ ag1{ ag1} ag2^ ag2{ ag2}" + later_step,
+      {}, 2);
 }
 
 TEST_CASE("bf16 compute and reduction: the same order of events as fp32 (the casts are inside the collectives' work)") {

@@ -193,6 +193,7 @@ inline fingerprint model_fingerprint(const ModelSpec& spec, const init::rule& de
   fp.add("the policy", "the sharding strategy", std::string(strategy.name));
   fp.add("the policy", "shards_params", flag(strategy.shards_params));
   fp.add("the policy", "reshard_after_forward", flag(strategy.reshard_after_forward));
+  fp.add("the policy", "keeps_params_gathered", flag(strategy.keeps_params_gathered));
   fp.add("the policy", "the shard group", std::to_string(strategy.shard_group));
   fp.add("the policy", "the replicate group", std::to_string(strategy.replicate_group));
   fp.add("the policy", "the prefetch",

@@ -41,7 +41,7 @@ enum class kind : std::uint8_t {
 };
 
 /// Whether `k` is recorded by the host at the call (an issue, a release), not by a stream when it gets there.
-constexpr bool host_side(kind k) noexcept {
+constexpr bool recorded_by_host(kind k) noexcept {
   return k == kind::gather_issued || k == kind::reduce_issued || k == kind::release;
 }
 
@@ -251,7 +251,7 @@ inline step_intervals intervals_of(const std::vector<event>& events, int rank, s
   std::vector<std::int64_t> g_begin, g_end, r_begin, r_end;
   for (const auto& e : events) {
     if (e.rank != rank || e.step != step) continue;
-    if (host_side(e.what)) {
+    if (recorded_by_host(e.what)) {
       host_lo = std::min(host_lo, e.t_ns);
       host_hi = std::max(host_hi, e.t_ns);
     } else {

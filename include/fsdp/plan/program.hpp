@@ -494,7 +494,7 @@ std::optional<sched::shortage> walk_passes(sched::scheduler& s, const std::vecto
 
 /// One training step through the program: the passes, then Model::step's order (wait for the reductions, the
 /// scheduler's before_step, the step's begin stamp, `between` (what the optimizer does before its updates: the
-/// gradient inspection), the updates).
+/// gradient inspection), the updates, the scheduler's after_step: ZeRO-1's gathers).
 template <class I, class Between>
 std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<std::size_t>& order, step_program& prog,
                                         I& in, Between&& between) {
@@ -509,7 +509,7 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
   prog.optimizer_begin(in);
   between();
   prog.optimizer_step(in);
-  s.after_step();
+  s.after_step(order, [&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); });
   return std::nullopt;
 }
 

@@ -41,6 +41,10 @@ struct config {
   bool sync_each_micro_batch = true;
   /// Keep every gathered unit until the last micro-batch's backward ends.
   bool keep_gathered = false;
+  /// ZeRO-1 (strategy_facts::keeps_params_gathered): no unit is released in forward or backward; an optimizer
+  /// step releases every unit (stale) and gathers each again right after it, so full parameters are kept between
+  /// steps.
+  bool keep_between_steps = false;
   /// Per unit index: the parts it keeps in host memory (the policy's, or model_options::offload_units').
   std::vector<offload_facts> offload;
 };
@@ -107,6 +111,17 @@ inline config build_config(const unit_index& units, const strategy_facts& strate
   c.micro_batches = a.micro_batches;
   c.sync_each_micro_batch = a.sync == grad_sync::every_micro_batch;
   c.keep_gathered = a.keep_gathered;
+  c.keep_between_steps = c.gathers && strategy.keeps_params_gathered;
+  if (c.keep_between_steps) {
+    for (const auto& [name, value] : opt.reshard_after_forward)
+      if (value && units.find(name))
+        p.add("model_options::reshard_after_forward releases unit '", name, "' after its forward, but ", strategy.name,
+              " keeps every unit's parameters gathered between steps; leave the unit out of reshard_after_forward, "
+              "or use shard_grad_op");
+    if (c.gather_slots > 0 && std::size_t(c.gather_slots) < n)
+      p.add("model_options::gather_slots is ", c.gather_slots, ", but ", strategy.name, " keeps all ", n,
+            " units' parameters gathered between steps; set it to 0 (no limit) or at least ", n);
+  }
   c.offload.assign(n, offload);
   for (const auto& [name, facts] : opt.offload_units) {
     const auto u = units.find(name);

@@ -12,10 +12,12 @@
 //   forward, leaving u:         release u if it reshards after forward (and units are not kept gathered)
 //   backward, entering u:       gather u if needed; prefetch the backward window (unless post_backward);
 //                               wait for u's gather; allocate u's zeroed unsharded gradient
-//   backward, leaving u:        release u (in the last micro-batch only, when units are kept gathered);
-//                               prefetch the backward window (post_backward only); then reduce u's gradient,
-//                               or, under no-sync before the last micro-batch, accumulate it locally
+//   backward, leaving u:        release u (in the last micro-batch only, when units are kept gathered; never
+//                               under ZeRO-1); prefetch the backward window (post_backward only); then reduce u's
+//                               gradient, or, under no-sync before the last micro-batch, accumulate it locally
 //   before an optimizer step:   release every unit still gathered (its copy would be stale after the step)
+//   after an optimizer step:    ZeRO-1 only (config::keep_between_steps): gather every unit again, in forward
+//                               order, from its updated shard
 //
 // A window lists candidate units in order: the next `depth` units of the pass order, or the units named for u in
 // an explicit schedule. A candidate already gathered (or gathering) is skipped; the window stops at the first
@@ -164,13 +166,13 @@ class scheduler {
     u_[u].active = pass_kind::none;
     if (k == pass_kind::forward) {
       u_[u].forward_done = true;
-      if (c_.gathers && c_.reshard_after_forward[u] && !c_.keep_gathered) release(u, emit);
+      if (c_.gathers && c_.reshard_after_forward[u] && !c_.keep_gathered && !c_.keep_between_steps) release(u, emit);
       return;
     }
     u_[u].forward_done = false;
     const bool last = micro_batches_done_ + 1 >= c_.micro_batches;
     if (c_.gathers) {
-      if (!c_.keep_gathered || last) release(u, emit);
+      if (!c_.keep_between_steps && (!c_.keep_gathered || last)) release(u, emit);
       if (c_.post_backward) prefetch(k, order, pos, u, emit);
     }
     if (c_.sync_each_micro_batch || last) {
@@ -204,11 +206,19 @@ class scheduler {
       if (u_[u].params == unit_state::gathered) release(u, emit);
     }
   }
-  /// The step consumed the gradients: a new accumulation window begins.
-  void after_step() {
+  /// The step consumed the gradients: a new accumulation window begins. Under ZeRO-1 (config::keep_between_steps)
+  /// every unit is gathered again from its updated shard, ahead of the next forward: the units of `order` (the
+  /// forward order known so far) first, then any other in index order.
+  template <class Emit>
+  void after_step(const std::vector<std::size_t>& order, Emit&& emit) {
     for (auto& s : u_) s.reduced = false;
     micro_batches_done_ = 0;
     step_open_ = false;
+    if (!c_.keep_between_steps) return;
+    for (std::size_t u : order)
+      if (u_[u].params == unit_state::sharded) gather(u, true, emit);
+    for (std::size_t u = 0; u < u_.size(); ++u)
+      if (u_[u].params == unit_state::sharded) gather(u, true, emit);
   }
   /// usage_error unless the model is between optimizer steps with no gradient waiting for one (no unit reduced
   /// and no micro-batch done since the last step): `what` ("a checkpoint save") would lose those gradients.

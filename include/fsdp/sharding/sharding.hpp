@@ -18,6 +18,10 @@ struct sharding_tag {};
 /// - `shard_group_size(world)` / `replicate_group_size(world)`: ranks a unit is sharded over / replicated over
 ///   (their product is the world; device_mesh says which rank is where). Gradients are reduce-scattered over the
 ///   shard group and all-reduced over the replicate group.
+/// And, optionally (false where a strategy does not say):
+/// - `keeps_params_gathered`: a unit's gathered parameters are kept between uses and between steps; an optimizer
+///   step releases them (they are stale) and all-gathers the updated shards right after it (ZeRO-1). Only with
+///   `shards_params` and no `reshard_after_forward`.
 template <class S>
 concept ShardingStrategy = requires(int world) {
   typename S::sharding_concept;
@@ -28,6 +32,19 @@ concept ShardingStrategy = requires(int world) {
   { S::shard_group_size(world) } -> std::convertible_to<int>;
   { S::replicate_group_size(world) } -> std::convertible_to<int>;
 };
+
+/// The strategy's optional keeps_params_gathered fact (false when it has none).
+template <ShardingStrategy S>
+constexpr bool keeps_params_gathered() {
+  if constexpr (requires { { S::keeps_params_gathered } -> std::convertible_to<bool>; }) {
+    static_assert(!S::keeps_params_gathered || (S::shards_params && !S::reshard_after_forward),
+                  "fsdp::sharding: a strategy that keeps parameters gathered between steps must shard them "
+                  "(shards_params) and not reshard after forward");
+    return S::keeps_params_gathered;
+  } else {
+    return false;
+  }
+}
 
 namespace sharding {
 
@@ -49,6 +66,21 @@ struct shard_grad_op {
   static constexpr std::string_view name = "shard_grad_op";
   static constexpr bool shards_params = true;
   static constexpr bool reshard_after_forward = false;
+  static constexpr int shard_group_size(int world) { return world; }
+  static constexpr int replicate_group_size(int) { return 1; }
+};
+
+/// ZeRO-1: master shards, gradient shards and optimizer state sharded, as under shard_grad_op; full parameters kept
+/// gathered between steps. Gradients are reduce-scattered; after each optimizer step the updated shards are
+/// all-gathered (one all-gather per unit and step, issued right after the step, and none in forward or backward
+/// from the second step on). Memory: every unit's full parameters at all times, like no_shard, with the
+/// optimizer state and fp32 masters of full_shard.
+struct zero1 {
+  using sharding_concept = sharding_tag;
+  static constexpr std::string_view name = "zero1";
+  static constexpr bool shards_params = true;
+  static constexpr bool reshard_after_forward = false;
+  static constexpr bool keeps_params_gathered = true;
   static constexpr int shard_group_size(int world) { return world; }
   static constexpr int replicate_group_size(int) { return 1; }
 };
@@ -91,6 +123,15 @@ struct hybrid_shard_zero2 : hybrid_groups<ShardGroup> {
   static constexpr bool reshard_after_forward = false;
 };
 
+/// zero1 inside each shard group, gradients all-reduced across the replicas: full parameters kept between steps,
+/// optimizer state and masters sharded over the group.
+template <int ShardGroup>
+struct hybrid_shard_zero1 : hybrid_groups<ShardGroup> {
+  static constexpr std::string_view name = "hybrid_shard_zero1";
+  static constexpr bool reshard_after_forward = false;
+  static constexpr bool keeps_params_gathered = true;
+};
+
 }  // namespace sharding
 
 /// Where a rank sits in a world of replicas x shards (row-major: the ranks of one shard group are consecutive,
@@ -115,6 +156,7 @@ struct strategy_facts {
   bool reshard_after_forward;
   int shard_group;
   int replicate_group;
+  bool keeps_params_gathered = false;  ///< ZeRO-1: full parameters kept between steps, refreshed after each
   /// Whether the world is split into shard groups and replicate groups (sub-group communicators): parameters are
   /// sharded over a group smaller than the world. A shard group of one rank is such a group (hybrid_shard<1>:
   /// every rank holds whole parameters, gathers and reduce-scatters run in a group of one, the replicas
@@ -156,7 +198,7 @@ device_mesh mesh_of(int world) {
 template <ShardingStrategy S>
 constexpr strategy_facts facts_of(int world) {
   return {S::name, S::shards_params, S::reshard_after_forward, S::shard_group_size(world),
-          S::replicate_group_size(world)};
+          S::replicate_group_size(world), keeps_params_gathered<S>()};
 }
 
 }  // namespace fsdp
