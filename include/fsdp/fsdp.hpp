@@ -27,6 +27,7 @@
 #include "fsdp/offload/offload.hpp"
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/optim/adamw.hpp"
+#include "fsdp/optim/elementwise.hpp"
 #include "fsdp/optim/sgd.hpp"
 #include "fsdp/plan/budget.hpp"
 #include "fsdp/memory/cost.hpp"

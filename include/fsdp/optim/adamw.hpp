@@ -3,8 +3,8 @@
 // algorithm) over the local shards. Parameters flagged no_decay get no weight decay. The bias corrections
 // 1 - beta^t are evaluated in double and rounded once. Gradient clipping, non-finite checks and loss scaling:
 // adamw_options::grad; a skipped step does not count (t stays). The per-element update (adamw_update) is an
-// element function (adamw_elements) that Backend::for_each runs on the host or in a kernel: every operation
-// rounded once.
+// element rule (adamw_rule, fsdp/optim/elementwise.hpp: optim::adamw is an elementwise optimizer) that
+// Backend::for_each runs on the host or in a kernel: every operation rounded once.
 #include <cmath>
 #include <cstdint>
 
@@ -14,7 +14,7 @@
 #include "fsdp/grad/inspect.hpp"
 #include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
-#include "fsdp/optim/detail/shard_optimizer.hpp"
+#include "fsdp/optim/elementwise.hpp"
 
 namespace fsdp::optim {
 
@@ -46,21 +46,19 @@ FSDP_HD inline void adamw_update(float& p, float g, float& m, float& v, const ad
   p = rn::sub(p, rn::div(rn::mul(c.lr, mhat), rn::add(rn::sqrt(vhat), c.eps)));
 }
 
-/// One AdamW step over a shard piece (a kernels::ArrayFunction over p, g, m, v: 128-bit accesses in a kernel).
-struct adamw_elements {
-  float* p;
-  const float* g;
-  float* m;
-  float* v;
+/// AdamW as an element rule (fsdp/optim/elementwise.hpp): states exp_avg and exp_avg_sq. Its coefficients carry
+/// their own gradient scale (1 inside optim::adamw, whose scale the rule's elements apply), so that its element
+/// function stands alone.
+struct adamw_rule {
+  static constexpr int states = 2;
   adamw_coeffs c;
-  decay_mask mask;
-  static constexpr int array_count = 4;
-  FSDP_HD kernels::fp32_arrays<4> arrays() const { return {{p, const_cast<float*>(g), m, v}, 0b1101u}; }
-  FSDP_HD void update(float* x, std::int64_t i) const {
-    adamw_update(x[0], x[1], x[2], x[3], c, mask.weight_decay(i, c.weight_decay));
+  FSDP_HD void operator()(float& p, float g, float* s, bool decay) const {
+    adamw_update(p, g, s[0], s[1], c, decay ? c.weight_decay : 0.0f);
   }
-  FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
 };
+/// One AdamW step over a shard piece: {p, g, exp_avg, exp_avg_sq, coefficients, mask} (a kernels::ArrayFunction:
+/// 128-bit accesses in a kernel).
+using adamw_elements = rule_elements<adamw_rule>;
 }  // namespace detail
 
 struct adamw_options {
@@ -73,8 +71,8 @@ struct adamw_options {
 };
 
 template <class ModelT>
-class adamw : public detail::shard_optimizer<ModelT> {
-  using base = detail::shard_optimizer<ModelT>;
+class adamw : public elementwise<ModelT> {
+  using base = elementwise<ModelT>;
 
  public:
   /// State 0: the first moment (exp_avg), state 1: the second (exp_avg_sq).
@@ -83,16 +81,11 @@ class adamw : public detail::shard_optimizer<ModelT> {
 
   const adamw_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
-  /// One step over every local shard (see detail/shard_optimizer.hpp); returns what it did with the gradients.
+  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients.
   grad::report step() {
-    const long t = this->steps() + 1;
-    const float bc1 = detail::adamw_bias_correction(opt_.beta1, t), bc2 = detail::adamw_bias_correction(opt_.beta2, t);
-    return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale, auto& site) {
-      const detail::adamw_coeffs c{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, bc1, bc2, grad_scale};
-      const auto off = piece.offset;
-      site.run(piece.numel, detail::adamw_elements{site.at(unit.master_shard() + off), site.at(unit.grad_shard() + off),
-                                                   site.at(this->state(unit.index(), 0) + off),
-                                                   site.at(this->state(unit.index(), 1) + off), c, piece.mask});
+    return base::step([&](long t) {
+      return detail::adamw_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay,
+                                 detail::adamw_bias_correction(opt_.beta1, t), detail::adamw_bias_correction(opt_.beta2, t)}};
     });
   }
 

@@ -22,7 +22,7 @@
 #include "fsdp/grad/inspect.hpp"
 #include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
-#include "fsdp/optim/detail/shard_optimizer.hpp"
+#include "fsdp/optim/elementwise.hpp"
 
 namespace fsdp::optim {
 
@@ -45,18 +45,18 @@ FSDP_HD inline void lion_update(float& p, float g, float& m, const lion_coeffs& 
   m = rn::add(rn::mul(c.beta2, m), rn::mul(rn::sub(1.0f, c.beta2), g));
 }
 
-/// One Lion step over a shard piece (a kernels::ArrayFunction over p, g, m: 128-bit accesses in a kernel).
-struct lion_elements {
-  float* p;
-  const float* g;
-  float* m;
+/// Lion as an element rule (fsdp/optim/elementwise.hpp): state exp_avg. Its coefficients carry their own gradient
+/// scale (1 inside optim::lion, whose scale the rule's elements apply).
+struct lion_rule {
+  static constexpr int states = 1;
   lion_coeffs c;
-  decay_mask mask;
-  static constexpr int array_count = 3;
-  FSDP_HD kernels::fp32_arrays<3> arrays() const { return {{p, const_cast<float*>(g), m}, 0b101u}; }
-  FSDP_HD void update(float* x, std::int64_t i) const { lion_update(x[0], x[1], x[2], c, mask.weight_decay(i, c.weight_decay)); }
-  FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
+  FSDP_HD void operator()(float& p, float g, float* s, bool decay) const {
+    lion_update(p, g, s[0], c, decay ? c.weight_decay : 0.0f);
+  }
 };
+/// One Lion step over a shard piece: {p, g, exp_avg, coefficients, mask} (a kernels::ArrayFunction: 128-bit
+/// accesses in a kernel).
+using lion_elements = rule_elements<lion_rule>;
 }  // namespace detail
 
 struct lion_options {
@@ -68,8 +68,8 @@ struct lion_options {
 };
 
 template <class ModelT>
-class lion : public detail::shard_optimizer<ModelT> {
-  using base = detail::shard_optimizer<ModelT>;
+class lion : public elementwise<ModelT> {
+  using base = elementwise<ModelT>;
 
  public:
   /// State 0: the momentum (exp_avg).
@@ -77,14 +77,9 @@ class lion : public detail::shard_optimizer<ModelT> {
 
   const lion_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
-  /// One step over every local shard (see detail/shard_optimizer.hpp); returns what it did with the gradients.
+  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients.
   grad::report step() {
-    return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale, auto& site) {
-      const detail::lion_coeffs c{opt_.lr, opt_.beta1, opt_.beta2, opt_.weight_decay, grad_scale};
-      const auto off = piece.offset;
-      site.run(piece.numel, detail::lion_elements{site.at(unit.master_shard() + off), site.at(unit.grad_shard() + off),
-                                                  site.at(this->state(unit.index(), 0) + off), c, piece.mask});
-    });
+    return base::step([&](long) { return detail::lion_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.weight_decay}}; });
   }
 
  private:

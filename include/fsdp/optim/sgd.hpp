@@ -1,8 +1,9 @@
 #pragma once
 // SGD with momentum over the local shards: each rank updates only the parameter elements it owns. Parameters
 // flagged no_decay get no weight decay. Gradient clipping, non-finite checks and loss scaling: sgd_options::grad.
-// The per-element update (sgd_update, as torch.optim.SGD with dampening 0, nesterov off) is an element function
-// (sgd_elements) that Backend::for_each runs on the host or in a kernel: every operation rounded once.
+// The per-element update (sgd_update, as torch.optim.SGD with dampening 0, nesterov off) is an element rule
+// (sgd_rule, sgd_momentum_rule, fsdp/optim/elementwise.hpp: optim::sgd is an elementwise optimizer) that
+// Backend::for_each runs on the host or in a kernel: every operation rounded once.
 #include <cmath>
 #include <cstdint>
 
@@ -12,7 +13,7 @@
 #include "fsdp/grad/inspect.hpp"
 #include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
-#include "fsdp/optim/detail/shard_optimizer.hpp"
+#include "fsdp/optim/elementwise.hpp"
 
 namespace fsdp::optim {
 
@@ -35,21 +36,26 @@ FSDP_HD inline void sgd_update(float& p, float g, float* buf, const sgd_coeffs& 
   p = rn::sub(p, rn::mul(c.lr, g));
 }
 
-/// One SGD step over a shard piece (buf null: no momentum; a kernels::ArrayFunction over p, g, buf: 128-bit
-/// accesses in a kernel).
-struct sgd_elements {
-  float* p;
-  const float* g;
-  float* buf;
+/// SGD as element rules (fsdp/optim/elementwise.hpp): with momentum, one state (the momentum buffer), used when
+/// c.momentum is not 0 (sgd_elements with a null buffer and momentum 0 is plain SGD); without, no state. Their
+/// coefficients carry their own gradient scale (1 inside optim::sgd, whose scale the rule's elements apply).
+struct sgd_momentum_rule {
+  static constexpr int states = 1;
   sgd_coeffs c;
-  decay_mask mask;
-  static constexpr int array_count = 3;
-  FSDP_HD kernels::fp32_arrays<3> arrays() const { return {{p, const_cast<float*>(g), buf}, 0b101u}; }
-  FSDP_HD void update(float* x, std::int64_t i) const {
-    sgd_update(x[0], x[1], buf ? &x[2] : nullptr, c, mask.weight_decay(i, c.weight_decay));
+  FSDP_HD void operator()(float& p, float g, float* s, bool decay) const {
+    sgd_update(p, g, c.momentum != 0.0f ? s : nullptr, c, decay ? c.weight_decay : 0.0f);
   }
-  FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
 };
+struct sgd_rule {
+  static constexpr int states = 0;
+  sgd_coeffs c;
+  FSDP_HD void operator()(float& p, float g, float*, bool decay) const {
+    sgd_update(p, g, nullptr, c, decay ? c.weight_decay : 0.0f);
+  }
+};
+/// One SGD step over a shard piece: {p, g, momentum buffer (or null), coefficients, mask} (a
+/// kernels::ArrayFunction: 128-bit accesses in a kernel).
+using sgd_elements = rule_elements<sgd_momentum_rule>;
 }  // namespace detail
 
 struct sgd_options {
@@ -60,8 +66,8 @@ struct sgd_options {
 };
 
 template <class ModelT>
-class sgd : public detail::shard_optimizer<ModelT> {
-  using base = detail::shard_optimizer<ModelT>;
+class sgd : public elementwise<ModelT> {
+  using base = elementwise<ModelT>;
 
  public:
   /// State 0 (with momentum only): the momentum buffer.
@@ -74,14 +80,11 @@ class sgd : public detail::shard_optimizer<ModelT> {
   const sgd_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
 
-  /// One step over every local shard (see detail/shard_optimizer.hpp); returns what it did with the gradients.
+  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients.
   grad::report step() {
-    return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale, auto& site) {
-      const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay, grad_scale};
-      float* buf = this->states_per_element() ? site.at(this->state(unit.index(), 0) + piece.offset) : nullptr;
-      site.run(piece.numel, detail::sgd_elements{site.at(unit.master_shard() + piece.offset),
-                                                 site.at(unit.grad_shard() + piece.offset), buf, c, piece.mask});
-    });
+    const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay};
+    if (this->states_per_element() == 0) return base::step([&](long) { return detail::sgd_rule{c}; });
+    return base::step([&](long) { return detail::sgd_momentum_rule{c}; });
   }
 
  private:

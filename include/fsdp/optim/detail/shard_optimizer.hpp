@@ -49,7 +49,8 @@ class shard_optimizer {
   const grad::options& grad_options() const noexcept { return grad_; }
 
   // ---- the optimizer's state, for checkpoints and tools ---------------------------------------------------------
-  /// "adamw", "sgd": what a checkpoint records and a load checks.
+  /// "adamw", "sgd", or a user's optimizer's own name (optim::elementwise): what a checkpoint records and a load
+  /// checks.
   std::string_view name() const noexcept { return name_; }
   /// The states' names, in state order ("exp_avg", "exp_avg_sq" for adamw; "momentum_buffer" for sgd with momentum).
   const std::vector<std::string>& state_names() const noexcept { return names_; }
@@ -87,8 +88,8 @@ class shard_optimizer {
 
  protected:
   /// Allocates and zeroes `states` fp32 buffers per unit, after reserving the model's planned peak with them.
-  shard_optimizer(ModelT& model, std::string_view name, std::vector<std::string> state_names, const grad::options& g)
-      : model_(model), states_(static_cast<int>(state_names.size())), grad_(g), name_(name), names_(std::move(state_names)) {
+  shard_optimizer(ModelT& model, std::string name, std::vector<std::string> state_names, const grad::options& g)
+      : model_(model), states_(static_cast<int>(state_names.size())), grad_(g), name_(std::move(name)), names_(std::move(state_names)) {
     grad::check(g);
     model_access::reserve_memory(model, states_, norm_rows());
     auto& be = model.backend();
@@ -174,7 +175,7 @@ class shard_optimizer {
 
   int states_;
   grad::options grad_;
-  std::string_view name_;
+  std::string name_;
   std::vector<std::string> names_;
   long steps_ = 0;
   std::vector<std::vector<shard_piece>> pieces_;  // per unit: one fused launch each

@@ -1,0 +1,140 @@
+#pragma once
+// Your optimizer, as one per-element rule: what a parameter element's update does to its fp32 master value, given
+// its fp32 gradient and S fp32 state values of its own. The library owns the rest, as for its own optimizers (which
+// are rules too: optim/sgd.hpp, adamw.hpp, lion.hpp): the state buffers (named, one value per element, laid out as
+// the master shard, zero at the start), their place in the memory plan and the pool's reservation, the gradient
+// inspection (clipping, non-finite skips, loss scaling: grad::options), where the update runs (on the device, at
+// staged copies of offloaded parts, or on the host: the step program's choice), checkpoints (the states saved and
+// loaded by name, resharded to another world size) and the no_decay mask.
+//
+//   struct my_rule {                                     // trivially copyable: it travels as a kernel parameter
+//     static constexpr int states = 2;                   // S, 0 to 6
+//     float lr, beta;                                    // whatever the step needs
+//     FSDP_HD void operator()(float& p, float g, float* s, bool decay) const {...}  // s[0..S) in place
+//   };
+//   fsdp::optim::elementwise opt(model, "my_rule", {"m", "v"});   // one name per state, for checkpoints
+//   opt.step([&](long t) { return my_rule{lr_at(t), 0.9f}; });    // t: this update's number, from 1
+//
+// The rule sees g with the step's gradient scale already applied (clipping, loss-scale removal: g * scale, one
+// rounding, and only when the scale is not 1); `decay` is false for the elements of no_decay parameters. Write it
+// with fsdp::rn (fsdp/core/rounding.hpp: one rounding per operation, never contracted into a fused multiply-add)
+// and it gives the same bits on the host backend and in a CUDA kernel; mark it FSDP_HD and include
+// <fsdp/fsdp.cuh> in a .cu file for the CUDA backend. A step the inspection skips leaves parameters and states
+// bit-unchanged and does not count (t stays).
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/config.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/rounding.hpp"
+#include "fsdp/grad/inspect.hpp"
+#include "fsdp/kernels/array_function.hpp"
+#include "fsdp/optim/detail/decay_mask.hpp"
+#include "fsdp/optim/detail/shard_optimizer.hpp"
+
+namespace fsdp::optim {
+
+/// An optimizer's per-element rule (see the top of this header).
+template <class R>
+concept ElementRule = std::is_trivially_copyable_v<R> && requires(const R& r, float& p, float g, float* s, bool decay) {
+  { R::states } -> std::convertible_to<int>;
+  requires R::states >= 0 && R::states <= 6;
+  r(p, g, s, decay);
+};
+
+namespace detail {
+
+/// A rule over one shard piece, as a kernels::ArrayFunction over p, g and the S states (128-bit accesses in a
+/// kernel). A null state array is neither read nor written and reads as 0. `grad_scale` multiplies g first.
+template <ElementRule R>
+struct rule_elements {
+  static constexpr int S = R::states;
+  float* p;
+  const float* g;
+  float* s[S > 0 ? S : 1];
+  R rule;
+  decay_mask mask;
+  float grad_scale = 1.0f;
+  static constexpr int array_count = 2 + S;
+  FSDP_HD kernels::fp32_arrays<array_count> arrays() const {
+    kernels::fp32_arrays<array_count> a{};
+    a.at[0] = p;
+    a.at[1] = const_cast<float*>(g);
+    for (int k = 0; k < S; ++k) a.at[2 + k] = s[k];
+    a.writes = ((1u << array_count) - 1u) & ~2u;  // all but the gradient
+    return a;
+  }
+  FSDP_HD void update(float* x, std::int64_t i) const {
+    const float g_scaled = grad_scale != 1.0f ? rn::mul(x[1], grad_scale) : x[1];
+    rule(x[0], g_scaled, x + 2, !mask.no_decay(i));
+  }
+  FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
+};
+
+}  // namespace detail
+
+/// An optimizer over the local shards whose update is an ElementRule; the library's sgd, adamw and lion are
+/// this with their own rules.
+template <class ModelT>
+class elementwise : public detail::shard_optimizer<ModelT> {
+  using base = detail::shard_optimizer<ModelT>;
+
+ public:
+  /// `name` is what a checkpoint records and a load checks; `state_names` name the rule's states in order (one
+  /// per state: a rule of S states needs S names), each a zeroed fp32 buffer per unit. usage_error for an empty
+  /// name, an empty or repeated state name.
+  elementwise(ModelT& model, std::string name, std::vector<std::string> state_names, grad::options g = {})
+      : base(model, checked_name(std::move(name), state_names), state_names, g) {}
+
+  /// One step over every local shard: make(t) gives the rule for update number t (from 1: the bias corrections
+  /// and schedules need it). usage_error, before any update, when the rule's state count is not the number of
+  /// names given at construction. Returns what the step did with the gradients (inspection, skip, scale).
+  template <class Make>
+  grad::report step(Make&& make) {
+    using R = std::remove_cvref_t<decltype(make(long{1}))>;
+    static_assert(ElementRule<R>, "fsdp::optim::elementwise::step: make(t) must return an ElementRule (see "
+                                  "fsdp/optim/elementwise.hpp): trivially copyable, with static constexpr int states "
+                                  "and void operator()(float& p, float g, float* s, bool decay) const");
+    if (R::states != this->states_per_element())
+      fsdp::detail::fail_usage("optimizer '", this->name(), "': its rule keeps ", R::states,
+                               " state value(s) per element, but it was made with ", this->states_per_element(),
+                               " state name(s)", names_text(this->state_names()), "; give one name per state");
+    const R rule = make(this->steps() + 1);
+    return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale, auto& site) {
+      const auto off = piece.offset;
+      detail::rule_elements<R> f{};
+      f.p = site.at(unit.master_shard() + off);
+      f.g = site.at(unit.grad_shard() + off);
+      for (int k = 0; k < R::states; ++k) f.s[k] = site.at(this->state(unit.index(), k) + off);
+      f.rule = rule;
+      f.mask = piece.mask;
+      f.grad_scale = grad_scale;
+      site.run(piece.numel, f);
+    });
+  }
+
+ private:
+  static std::string names_text(const std::vector<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? " (" : ", ") + n;
+    return s.empty() ? s : s + ")";
+  }
+  static std::string checked_name(std::string name, const std::vector<std::string>& states) {
+    if (name.empty()) fsdp::detail::fail_usage("optim::elementwise: the optimizer's name is empty (checkpoints record it)");
+    for (std::size_t k = 0; k < states.size(); ++k) {
+      if (states[k].empty())
+        fsdp::detail::fail_usage("optimizer '", name, "': state ", k, " has an empty name (checkpoints save states by name)");
+      for (std::size_t j = 0; j < k; ++j)
+        if (states[j] == states[k])
+          fsdp::detail::fail_usage("optimizer '", name, "': state name '", states[k], "' is given twice (states ", j,
+                                   " and ", k, ")");
+    }
+    return name;
+  }
+};
+
+}  // namespace fsdp::optim
