@@ -89,11 +89,13 @@ def main():
     for s in width:
         wanted[f"accumulate<{dname[s]}>"] = (rf"accumulate_kernel<\(fsdp::dtype\){s}>",
                                              {vec("LDG", s), "LDG.E.128", "STG.E.128"})
-    for f in ("adamw", "sgd", "lion"):
-        wanted[f"for_each_arrays<{f}>"] = (rf"for_each_arrays_kernel<fsdp::optim::detail::{f}_elements>",
-                                           {"LDG.E.128", "STG.E.128"})
-    controls = {f"for_each<{f}> (scalar, control)": (rf"for_each_kernel<fsdp::optim::detail::{f}_elements>",
-                                                      {"LDG.E.128", "STG.E.128"}) for f in ("adamw", "sgd", "lion")}
+    # the optimizers' element functions: optim::elementwise's rule_elements<R> over each library rule
+    rules = {"adamw": "adamw_rule", "sgd": "sgd_momentum_rule", "lion": "lion_rule"}
+    elements = {f: rf"fsdp::optim::detail::rule_elements<fsdp::optim::detail::{r}>" for f, r in rules.items()}
+    for f in rules:
+        wanted[f"for_each_arrays<{f}>"] = (rf"for_each_arrays_kernel<{elements[f]}", {"LDG.E.128", "STG.E.128"})
+    controls = {f"for_each<{f}> (scalar, control)": (rf"for_each_kernel<{elements[f]}", {"LDG.E.128", "STG.E.128"})
+                for f in rules}
 
     fns, usage = functions(sass), resources(res)
     passed = failed = 0
