@@ -111,18 +111,6 @@ TEST_CASE("a user's rule: its states planned as the library's, and checkpointed 
   fsdp_test::scratch_dir dir("elementwise-resume");
   auto make = [](auto& m) { return stepping<std::remove_reference_t<decltype(m)>>{make_amsgrad(m)}; };
   const trajectory straight = run(2, make);
-  auto train = [&](local_communicator& c, auto& m, auto& opt, int from, int to) {
-    for (int t = from; t <= to; ++t) {
-      for (auto& u : m.forward()) (void)u;
-      for (auto& u : m.backward())
-        for (const auto& e : u.layout().entries()) {
-          auto g = u.grad(e.name);
-          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = c.rank() == 0 ? gradient(e.name, i, t) : 0.0f;
-        }
-      opt.step(rule_at);
-      opt.zero_grad();
-    }
-  };
   fsdp::model_options mo;
   mo.division.how = fsdp::grad_division::mode::sum;
   const fsdp::wrap::by_function first_letter{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }};
@@ -132,7 +120,10 @@ TEST_CASE("a user's rule: its states planned as the library's, and checkpointed 
     auto opt = make_amsgrad(m);
     CHECK(opt->states_per_element() == 3);
     const fsdp::memory_figures planned = m.planned_memory(opt->states_per_element());
-    train(c, m, *opt, 1, 3);
+    train_steps(c, m, 1, 3, [&] {
+      opt->step(rule_at);
+      opt->zero_grad();
+    });
     CHECK(m.memory().peak[fsdp::mem::optimizer_state] == planned[fsdp::mem::optimizer_state]);
     CHECK(planned[fsdp::mem::optimizer_state] == 3 * 4 * [&] {
       std::int64_t n = 0;
@@ -148,7 +139,10 @@ TEST_CASE("a user's rule: its states planned as the library's, and checkpointed 
     auto opt = make_amsgrad(m);
     fsdp::checkpoint::load(m, *opt, dir / "step-3");
     CHECK(opt->steps() == 3);
-    train(c, m, *opt, 4, 5);
+    train_steps(c, m, 4, 5, [&] {
+      opt->step(rule_at);
+      opt->zero_grad();
+    });
     auto full = m.gather_full_params();
     if (c.rank() == 0) resumed = std::move(full);
   });

@@ -31,6 +31,21 @@ inline float gradient(const std::string& p, std::int64_t i, int t) {
 constexpr int steps = 10;
 using trajectory = std::map<std::string, std::vector<std::vector<float>>>;  // per parameter, per step
 
+/// Steps `from` to `to` of the training below on a model already made: the known gradient written on rank 0 (zero
+/// on the others), then step() (the optimizer's step and zero_grad).
+template <class M, class Step>
+void train_steps(local_communicator& c, M& m, int from, int to, Step&& step) {
+  for (int t = from; t <= to; ++t) {
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward())
+      for (const auto& e : u.layout().entries()) {
+        auto g = u.grad(e.name);
+        for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = c.rank() == 0 ? gradient(e.name, i, t) : 0.0f;
+      }
+    step();
+  }
+}
+
 /// Trains `steps` steps at `world` ranks (rank 0 writes the gradient, the others zero; summed, so the reduced
 /// gradient is exactly the one written) with the optimizer make(model) returns (a pointer), and returns every
 /// parameter after each step.
@@ -49,14 +64,10 @@ trajectory run(int world, MakeOpt&& make) {
     };
     record();
     for (int t = 1; t <= steps; ++t) {
-      for (auto& u : m.forward()) (void)u;
-      for (auto& u : m.backward())
-        for (const auto& e : u.layout().entries()) {
-          auto g = u.grad(e.name);
-          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = c.rank() == 0 ? gradient(e.name, i, t) : 0.0f;
-        }
-      opt->step();
-      opt->zero_grad();
+      train_steps(c, m, t, t, [&] {
+        opt->step();
+        opt->zero_grad();
+      });
       record();
     }
     if (c.rank() == 0) out = std::move(mine);
