@@ -222,7 +222,8 @@ inline std::int64_t uncovered(const std::vector<interval>& a, const std::vector<
 /// planner (fsdp/plan/timeline.hpp) reads from its predicted events, so that a prediction and a measurement are
 /// summarised by the same rules.
 struct step_intervals {
-  std::int64_t first_ns = 0, last_ns = 0;   ///< first and last stream-side event of the step (else host-side; 0, 0: none)
+  /// First and last stream-side event of the step (host-side ones where there are none; 0, 0: no event).
+  std::int64_t first_ns = 0, last_ns = 0;
   std::vector<detail::interval> compute;    ///< merged compute intervals (units and optimizer)
   std::vector<detail::interval> comm;       ///< merged collective intervals
   std::vector<collective_timing> collectives;  ///< in issue order

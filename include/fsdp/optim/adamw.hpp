@@ -84,8 +84,9 @@ class adamw : public elementwise<ModelT> {
   /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients.
   grad::report step() {
     return base::step([&](long t) {
-      return detail::adamw_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay,
-                                 detail::adamw_bias_correction(opt_.beta1, t), detail::adamw_bias_correction(opt_.beta2, t)}};
+      const float bc1 = detail::adamw_bias_correction(opt_.beta1, t);
+      const float bc2 = detail::adamw_bias_correction(opt_.beta2, t);
+      return detail::adamw_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, bc1, bc2}};
     });
   }
 

@@ -124,10 +124,12 @@ class elementwise : public detail::shard_optimizer<ModelT> {
     return s.empty() ? s : s + ")";
   }
   static std::string checked_name(std::string name, const std::vector<std::string>& states) {
-    if (name.empty()) fsdp::detail::fail_usage("optim::elementwise: the optimizer's name is empty (checkpoints record it)");
+    if (name.empty())
+      fsdp::detail::fail_usage("optim::elementwise: the optimizer's name is empty (checkpoints record it)");
     for (std::size_t k = 0; k < states.size(); ++k) {
       if (states[k].empty())
-        fsdp::detail::fail_usage("optimizer '", name, "': state ", k, " has an empty name (checkpoints save states by name)");
+        fsdp::detail::fail_usage("optimizer '", name, "': state ", k,
+                                 " has an empty name (checkpoints save states by name)");
       for (std::size_t j = 0; j < k; ++j)
         if (states[j] == states[k])
           fsdp::detail::fail_usage("optimizer '", name, "': state name '", states[k], "' is given twice (states ", j,

@@ -89,7 +89,8 @@ class shard_optimizer {
  protected:
   /// Allocates and zeroes `states` fp32 buffers per unit, after reserving the model's planned peak with them.
   shard_optimizer(ModelT& model, std::string name, std::vector<std::string> state_names, const grad::options& g)
-      : model_(model), states_(static_cast<int>(state_names.size())), grad_(g), name_(std::move(name)), names_(std::move(state_names)) {
+      : model_(model), states_(static_cast<int>(state_names.size())), grad_(g), name_(std::move(name)),
+        names_(std::move(state_names)) {
     grad::check(g);
     model_access::reserve_memory(model, states_, norm_rows());
     auto& be = model.backend();
