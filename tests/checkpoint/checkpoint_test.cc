@@ -2,6 +2,9 @@
 // world size, mesh, strategy or wrapping gives every tensor back bit for bit; every failure is the same error on
 // every rank and leaves the previous checkpoint loadable and the model untouched.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>

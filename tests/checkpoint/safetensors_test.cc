@@ -2,6 +2,9 @@
 // (bf16, f16); an import at another world size gives the parameters back bit for bit, with names mapped by a
 // function; every malformed or mismatched file is the same error on every rank and modifies nothing.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cstring>
 #include <filesystem>
 #include <fsdp/checkpoint/safetensors.hpp>

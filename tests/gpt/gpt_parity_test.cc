@@ -3,6 +3,9 @@
 // entropy of the token frequencies to the data's floor. And a packed run resumed from a checkpoint that keeps the
 // packer's state in its metadata continues as if it had never stopped.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -2,6 +2,9 @@
 // it on the library shows: activation checkpointing that changes no bit and no collective, the planner's peak
 // equal to the measured one, the root unit kept gathered. The losses across world sizes: gpt_parity_test.cc.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>

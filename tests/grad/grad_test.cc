@@ -7,6 +7,9 @@
 //     count bit-unchanged, the loss scaler backed off, and the report names the rank and the unit;
 //   - fp16 with dynamic loss scaling: an overflow is skipped and backed off, the next step is unscaled exactly.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <limits>

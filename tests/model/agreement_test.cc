@@ -1,6 +1,9 @@
 // Ranks that would train different models refuse to, at construction, before anything is allocated or
 // initialised: every rank throws the same usage_error, naming the first thing that differs and both ranks.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <mutex>
 
 #include "tests/support/support.hpp"

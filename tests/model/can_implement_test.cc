@@ -1,6 +1,9 @@
 // fsdp::can_implement: every refusal the Model constructor would make, as values, before any memory or
 // communicator exists; the constructor throws the first of them and refuses nothing else (but ranks that disagree).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include "tests/support/support.hpp"
 
 using fsdp::comm::local_communicator;

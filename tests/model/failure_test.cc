@@ -2,6 +2,9 @@
 // forward, the backward or the optimizer step makes the others fail within a bound, with the collective named,
 // under the flat and the hybrid strategies. Nothing here waits out a long timeout.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <chrono>
 #include <mutex>
 #include <thread>

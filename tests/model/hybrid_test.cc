@@ -2,6 +2,9 @@
 // and how the groups fail. Parity with the single-process reference is in precision_parity_test.cc; the memory
 // planner's exactness for hybrid strategies in memory_test.cc.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cstring>
 #include <map>
 #include <mutex>

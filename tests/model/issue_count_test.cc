@@ -3,6 +3,9 @@
 // backend, which runs the same step program through the same interpreter), and the collectives. docs/cuda.md states
 // these figures; a change to the step program that issues more shows here first.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <mutex>
 #include <string>
 

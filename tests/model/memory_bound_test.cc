@@ -4,6 +4,9 @@
 // memory released on one stream can then be reused by another only through an event, and whatever the library
 // does not order that way is fresh memory. The pool's peak must equal the planner's figure, exactly.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <chrono>
 #include <thread>
 

@@ -1,5 +1,8 @@
 // Measured per-rank peak memory by category equals what the layout and the policy predict, exactly.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include "examples/01_mlp_host/mlp.hpp"
 #include "tests/support/support.hpp"
 

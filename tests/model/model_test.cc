@@ -1,5 +1,8 @@
 // Model: initialisation independent of world size, exact gradient reduction, collective counts per strategy.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cstring>
 #include <map>
 #include <mutex>

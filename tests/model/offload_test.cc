@@ -5,6 +5,9 @@
 // what the backend measured, with the bytes it says a step moves over the link equal to the bytes the copy
 // streams moved.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <atomic>
 #include <cstring>
 #include <random>

@@ -12,6 +12,9 @@
 // stale gather) moves them by 1e-2 or more. At one rank the order of operations is the reference's, and the
 // results must be identical bit for bit.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cmath>
 #include <cstring>
 

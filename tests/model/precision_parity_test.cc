@@ -15,6 +15,9 @@
 // What bf16 reduction costs against fp32 reduction (the same bf16 compute) is measured here too and printed;
 // docs/testing.md quotes the figures.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cmath>
 #include <cstring>
 

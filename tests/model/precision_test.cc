@@ -6,6 +6,9 @@
 //     cast and every sum is exact, so any lost, doubled or mis-scaled contribution shows);
 //   - the accumulation protocol: steps and backward passes outside the declared window are errors naming it.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cstring>
 #include <map>
 #include <string>

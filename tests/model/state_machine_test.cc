@@ -1,5 +1,8 @@
 // Every wrong transition of a unit or a pass is a clear error that names the unit, never undefined behaviour.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cmath>
 
 #include "tests/support/support.hpp"

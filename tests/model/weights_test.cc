@@ -1,6 +1,9 @@
 // fsdp::weights: a trainer's own fp32 tensors into a model's master shards by name, and the model's full values
 // back into the trainer's buffers, with layers taken from one stacked buffer; refusals that modify nothing.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <map>
 #include <mutex>
 #include <string>

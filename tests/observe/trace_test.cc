@@ -5,6 +5,9 @@
 // order, marks not complete yet kept pending, and close(); and a Model on a host backend given both optional hooks
 // (timing marks, profiler ranges) records what the host-callback path records, with the ranges in place.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>

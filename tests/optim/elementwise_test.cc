@@ -4,6 +4,9 @@
 // world size with its states by name; the library's AdamW written as a rule from outside equal to optim::adamw bit
 // for bit; and the mistakes a user can make, each refused with a sentence.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <fsdp/checkpoint/checkpoint.hpp>
 #include <fsdp/optim/adamw.hpp>
 #include <fsdp/optim/elementwise.hpp>

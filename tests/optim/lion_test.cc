@@ -7,6 +7,9 @@
 // such elements). Then: the same bits at 1, 2 and 3 ranks; and a checkpoint resume (3 steps, save, a fresh model
 // and optimizer load it, 2 more) equals 5 steps without a stop, bit for bit, the momentum included.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <fsdp/checkpoint/checkpoint.hpp>
 #include <fsdp/optim/lion.hpp>
 

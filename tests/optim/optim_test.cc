@@ -12,6 +12,9 @@
 // correction) is off by up to 1e-4 of 1 - beta2^t in the first steps at beta2 = 0.9999: with it this test
 // measured 1.8e-5 at beta2 = 0.9999 and 1.6e-6 at 0.999, and failed.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cmath>
 
 #include "tests/optim/trajectory.hpp"

@@ -1,5 +1,8 @@
 // The budget helpers: the largest prefetch depth, and the first preferred grouping, whose planned peak fits.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include "tests/support/support.hpp"
 
 namespace {

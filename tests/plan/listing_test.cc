@@ -4,6 +4,9 @@
 // The cases: full_shard at 4 ranks in fp32, units "a" and "b" of one 32 x 32 parameter each, no prefetch, an
 // optimizer without state unless said.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include "tests/support/support.hpp"
 
 namespace {

@@ -1,6 +1,9 @@
 // fsdp::memory_table and fsdp::memory_row: every rank's peak memory by category, measured next to the plan, and the
 // verdict line that names each rank and category over its plan.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <fsdp/memory/memory_table.hpp>
 
 #include <mutex>

@@ -4,6 +4,9 @@
 // or a reduce-scatter moves 4096 unsharded bytes x 3/4 = 3072 bytes; on a link of 3.072 MB/s each takes exactly
 // 1 ms. Memory-bound work is free (no memory bandwidth given) and the optimizer is SGD without state.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <fsdp/observe/chrome_trace.hpp>
 
 #include "tests/support/support.hpp"

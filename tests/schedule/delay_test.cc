@@ -3,6 +3,9 @@
 // stream read a buffer before it is written, or free it while in use, and show up here (and under the
 // sanitizers). The same training with every stream inline (no overlap at all) is the reference.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cstring>
 #include <map>
 #include <memory>

@@ -2,6 +2,9 @@
 // checked against it, and the first unit out of place is an error that names it. Also the option errors of the
 // scheduler (prefetch schedule, per-unit resharding, gather slots).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <string>
 #include <vector>
 

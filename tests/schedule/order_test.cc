@@ -7,6 +7,9 @@
 // the waits put it: a unit's gather completes before its compute starts, its reduction starts after its
 // backward ends and completes before the optimizer step.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <algorithm>
 #include <random>
 #include <sstream>

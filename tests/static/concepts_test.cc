@@ -1,6 +1,9 @@
 // Static checks of the concepts and of policy composition. Archetypes (minimal types that model a concept and
 // nothing more) show each concept is neither wider nor narrower than intended.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
 #include <cstdint>
 #include <functional>
 
