@@ -2,7 +2,7 @@
 // every rank's peak memory by category next to the planner's prediction. With --trace FILE it also records the
 // run, writes a Chrome-trace timeline to FILE and prints where rank 0's last step spent its time.
 //   bazel run //examples/01_mlp_host -- --ranks 4 [--steps 50]
-//       [--strategy full_shard|shard_grad_op|no_shard|hybrid_shard|hybrid_shard_zero2 [--shard-group 2|4]]
+//       [--strategy full_shard|shard_grad_op|zero1|no_shard|hybrid_shard|hybrid_shard_zero2 [--shard-group 2|4]]
 //       [--optimizer adamw|sgd] [--batch 48] [--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K]
 //       [--no-sync] [--keep-gathered] [--clip MAX_NORM] [--trace trace.json]
 #include <cstdio>
@@ -20,7 +20,7 @@ namespace {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "error: %s\nusage: mlp_host [--ranks N] [--steps S] [--batch B] "
-               "[--strategy full_shard|shard_grad_op|no_shard|hybrid_shard|hybrid_shard_zero2] [--shard-group 2|4] "
+               "[--strategy full_shard|shard_grad_op|zero1|no_shard|hybrid_shard|hybrid_shard_zero2] [--shard-group 2|4] "
                "[--optimizer adamw|sgd] [--lr X] "
                "[--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K] [--no-sync] [--keep-gathered] "
                "[--clip MAX_NORM] [--trace FILE]\n",
@@ -84,6 +84,28 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
   return 0;
 }
 
+/// A hybrid strategy family whose shard group --shard-group chooses (2 or 4).
+template <template <int> class Hybrid>
+struct hybrid_family {};
+
+/// The strategies for fsdp::select: one run per strategy type, the hybrid families by their shard group.
+template <class Precision>
+struct trainer {
+  int ranks;
+  const mlp::config& cfg;
+  const std::string& trace_path;
+  int shard_group;
+  template <class Strategy>
+  int operator()(fsdp::named<Strategy>) const {
+    return run<Strategy, Precision>(ranks, cfg, trace_path);
+  }
+  template <template <int> class Hybrid>
+  int operator()(fsdp::named<hybrid_family<Hybrid>>) const {
+    return fsdp::select("--shard-group", std::to_string(shard_group), *this, fsdp::named<Hybrid<2>>{"2"},
+                        fsdp::named<Hybrid<4>>{"4"});
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,36 +146,28 @@ int main(int argc, char** argv) {
     else usage(("unknown argument " + a).c_str());
   }
   try {
-    auto with_strategy = [&](auto precision_tag) {
-      using P = decltype(precision_tag);
-      if (strategy == "full_shard") return run<fsdp::sharding::full_shard, P>(ranks, cfg, trace_path);
-      if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op, P>(ranks, cfg, trace_path);
-      if (strategy == "no_shard") return run<fsdp::sharding::no_shard, P>(ranks, cfg, trace_path);
-      if (strategy == "hybrid_shard" || strategy == "hybrid_shard_zero2") {  // replicas x shard group
-        const bool zero2 = strategy == "hybrid_shard_zero2";
-        if (shard_group == 2)
-          return zero2 ? run<fsdp::sharding::hybrid_shard_zero2<2>, P>(ranks, cfg, trace_path)
-                       : run<fsdp::sharding::hybrid_shard<2>, P>(ranks, cfg, trace_path);
-        if (shard_group == 4)
-          return zero2 ? run<fsdp::sharding::hybrid_shard_zero2<4>, P>(ranks, cfg, trace_path)
-                       : run<fsdp::sharding::hybrid_shard<4>, P>(ranks, cfg, trace_path);
-        usage("--shard-group must be 2 or 4 for the hybrid strategies");
-      }
-      usage(("unknown strategy " + strategy).c_str());
-    };
+    namespace sh = fsdp::sharding;
     using fsdp::bfloat16;
     using fsdp::float16;
+    using fsdp::named;
     using fsdp::precision::mixed;
-    if (precision == "fp32") return with_strategy(fsdp::precision::full{});
-    if (precision == "bf16") return with_strategy(mixed<bfloat16>{});
-    if (precision == "bf16-reduce") return with_strategy(mixed<bfloat16, float, bfloat16>{});
+    fsdp::grad::loss_scaler scaler;
     if (precision == "fp16") {  // fp16 needs loss scaling: the trainer scales its loss, the optimizer unscales
-      fsdp::grad::loss_scaler scaler;
       cfg.grad.scaler = &scaler;
       cfg.loss_scale = &scaler;
-      return with_strategy(mixed<float16, float, float16>{});
     }
-    usage(("unknown precision " + precision + " (fp32, bf16, bf16-reduce or fp16)").c_str());
+    return fsdp::select(
+        "--precision", precision,
+        [&](auto p) {
+          return fsdp::select("--strategy", strategy,
+                              trainer<typename decltype(p)::type>{ranks, cfg, trace_path, shard_group},
+                              named<sh::full_shard>{"full_shard"}, named<sh::shard_grad_op>{"shard_grad_op"},
+                              named<sh::zero1>{"zero1"}, named<sh::no_shard>{"no_shard"},
+                              named<hybrid_family<sh::hybrid_shard>>{"hybrid_shard"},
+                              named<hybrid_family<sh::hybrid_shard_zero2>>{"hybrid_shard_zero2"});
+        },
+        named<fsdp::precision::full>{"fp32"}, named<mixed<bfloat16>>{"bf16"},
+        named<mixed<bfloat16, float, bfloat16>>{"bf16-reduce"}, named<mixed<float16, float, float16>>{"fp16"});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

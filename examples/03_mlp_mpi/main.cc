@@ -103,24 +103,21 @@ int main(int argc, char** argv) {
     }
     try {
       fsdp::comm::mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(timeout_ms)});
-      auto with_strategy = [&](auto precision_tag) {
-        using P = decltype(precision_tag);
-        if (strategy == "full_shard") return run<fsdp::sharding::full_shard, P>(comm, cfg);
-        if (strategy == "shard_grad_op") return run<fsdp::sharding::shard_grad_op, P>(comm, cfg);
-        if (strategy == "no_shard") return run<fsdp::sharding::no_shard, P>(comm, cfg);
-        if (strategy == "hybrid_shard") return run<fsdp::sharding::hybrid_shard<2>, P>(comm, cfg);  // shard groups of 2
-        usage(rank, "unknown strategy " + strategy);
-      };
+      namespace sh = fsdp::sharding;
       using fsdp::bfloat16;
+      using fsdp::named;
       using fsdp::precision::mixed;
-      if (precision == "fp32")
-        with_strategy(fsdp::precision::full{});
-      else if (precision == "bf16")
-        with_strategy(mixed<bfloat16>{});
-      else if (precision == "bf16-reduce")
-        with_strategy(mixed<bfloat16, float, bfloat16>{});
-      else
-        usage(rank, "unknown precision " + precision + " (fp32, bf16 or bf16-reduce)");
+      fsdp::select(
+          "--precision", precision,
+          [&](auto p) {
+            using P = typename decltype(p)::type;
+            fsdp::select(
+                "--strategy", strategy, [&](auto s) { run<typename decltype(s)::type, P>(comm, cfg); },
+                named<sh::full_shard>{"full_shard"}, named<sh::shard_grad_op>{"shard_grad_op"},
+                named<sh::no_shard>{"no_shard"}, named<sh::hybrid_shard<2>>{"hybrid_shard"});  // shard groups of 2
+          },
+          named<fsdp::precision::full>{"fp32"}, named<mixed<bfloat16>>{"bf16"},
+          named<mixed<bfloat16, float, bfloat16>>{"bf16-reduce"});
     } catch (const std::exception& e) {  // a failed collective: every process says what it saw
       std::fprintf(stderr, "rank %d: error: %s\n", rank, e.what());
       return 1;
