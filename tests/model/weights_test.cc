@@ -45,7 +45,8 @@ auto by_prefix = fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("loaded from the trainer's buffers and stored back, bit for bit, at 1, 3 and 4 ranks", Strategy,
-                   fsdp::sharding::full_shard, fsdp::sharding::shard_grad_op, fsdp::sharding::no_shard) {
+                   fsdp::sharding::full_shard, fsdp::sharding::shard_grad_op, fsdp::sharding::zero1,
+                   fsdp::sharding::no_shard) {
   const trainer_weights given = numbered(1.25f);
   for (int world : {1, 3, 4}) {
     CAPTURE(world);
@@ -64,6 +65,47 @@ TEST_CASE_TEMPLATE("loaded from the trainer's buffers and stored back, bit for b
       CHECK(back.stacked == given.stacked);
     });
   }
+}
+
+TEST_CASE_TEMPLATE("on a hybrid mesh of 2 replicas x 2 shards every shard group holds the whole model, bit for bit",
+                   Strategy, fsdp::sharding::hybrid_shard<2>, fsdp::sharding::hybrid_shard_zero2<2>,
+                   fsdp::sharding::hybrid_shard_zero1<2>) {
+  const trainer_weights given = numbered(-0.5f);
+  std::mutex mu;
+  std::map<int, std::vector<float>> shards;  // rank -> its master shard of h.1
+  fsdp_test::run_ranks(4, [&](local_communicator& c) {
+    fsdp::Model<fsdp::policy<Strategy>> m(c, spec(), by_prefix);
+    REQUIRE(m.shard_group_size() == 2);
+    REQUIRE(m.replicate_group_size() == 2);
+    fsdp::weights::load(m, given);
+    {
+      const auto& u = m.unit("h.1");
+      const float* p = u.master_shard();
+      std::lock_guard lock(mu);
+      shards[c.rank()].assign(p, p + m.layouts()[m.unit("h.1").index()].shard_numel());
+    }
+    const auto full = m.gather_full_params();
+    CHECK(full.at("emb.w") == given.emb);
+    for (int l = 0; l < layers; ++l)
+      CHECK(full.at("h." + std::to_string(l) + ".w") ==
+            std::vector<float>(given.stacked.begin() + l * per_layer, given.stacked.begin() + (l + 1) * per_layer));
+    trainer_weights back;
+    fsdp::weights::store(m, [&](const std::string& name) -> fsdp::weights::target {
+      if (name == "emb.w") return {back.emb.data(), std::int64_t(back.emb.size())};
+      return fsdp::weights::layer(back.stacked.data(), per_layer, std::stoi(name.substr(2)));
+    });
+    CHECK(back.emb == given.emb);
+    CHECK(back.stacked == given.stacked);
+  });
+  // The mesh is replicas x shards, rank = replica * 2 + shard: ranks 0 and 2 hold the first half of h.1's
+  // elements, ranks 1 and 3 the second; the two halves are the layer, in order, then the layout's tail padding.
+  CHECK(shards.at(0) == shards.at(2));
+  CHECK(shards.at(1) == shards.at(3));
+  std::vector<float> layer = shards.at(0);
+  layer.insert(layer.end(), shards.at(1).begin(), shards.at(1).end());
+  REQUIRE(layer.size() >= std::size_t(per_layer));
+  layer.resize(std::size_t(per_layer));
+  CHECK(layer == std::vector<float>(given.stacked.begin() + per_layer, given.stacked.begin() + 2 * per_layer));
 }
 
 TEST_CASE("a missing or mis-sized tensor is refused on every rank, naming the parameter and the ranks; nothing "
