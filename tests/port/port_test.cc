@@ -89,6 +89,7 @@ TEST_CASE("at 1 rank the port prints the original's losses and ends with its wei
   CHECK(lines_starting(b.out, "step ") == want);
   const std::vector<float> w0 = read_floats(scratch("original.bin")), w1 = read_floats(scratch("port1.bin"));
   REQUIRE(w0.size() == 68992);
+  REQUIRE(w1.size() == w0.size());
   CHECK(std::memcmp(w0.data(), w1.data(), w0.size() * sizeof(float)) == 0);
   // It learned: the mean loss of the last 10 steps is below the first step's by a third.
   const std::vector<float> l = losses(a.out);
