@@ -252,7 +252,10 @@ void load_and_compare(const std::string& path, const mlp::config& c, int world, 
     collect(m, opt, got, mu);
   });
   REQUIRE(got.size() == truth.size());
-  for (const auto& [key, values] : truth) {
+  // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
+  for (const auto& entry : truth) {
+    const auto& key = entry.first;
+    const auto& values = entry.second;
     CAPTURE(key.first);
     CAPTURE(key.second);
     const std::vector<float>& g = got.at(key);
@@ -538,8 +541,11 @@ TEST_CASE("a failure while rank 0 commits (the manifest made, written, synced; t
     });
     return messages;
   };
-  for (const auto& [op, path] : std::vector<std::pair<std::string, std::string>>{
+  // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
+  for (const auto& entry : std::vector<std::pair<std::string, std::string>>{
            {"create", manifest}, {"write", manifest}, {"fsync", manifest}, {"rename", partial}}) {
+    const std::string& op = entry.first;
+    const std::string& path = entry.second;
     CAPTURE(op);
     CAPTURE(path);
     const std::string expected = "fsdp: checkpoint save to '" + target + "' failed: rank 0: injected: No space left on "

@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/support/sanitizers.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <chrono>
@@ -259,7 +261,7 @@ TEST_CASE("a rank that throws aborts the group; its own error is reported") {
 }
 
 TEST_CASE("a rank whose thread cannot start: the started ranks are stopped and the error names the rank") {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if FSDP_TEST_SANITIZED
   MESSAGE("not run under a sanitizer: its shadow memory does not fit the address-space limit this case sets");
 #else
   // A child process under a 1 GiB address-space limit asks for 1025 thread ranks, each waiting in a barrier for

@@ -104,7 +104,10 @@ void check_gradients(const gpt::shape& s, int B, Begin&& begin) {
   loss_and_grads(s, B, spec, values, grads, begin);
   const auto analytic = grads;
   int checked = 0;
-  for (auto& [name, v] : values) {
+  // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
+  for (auto& entry : values) {
+    const auto& name = entry.first;
+    auto& v = entry.second;
     for (std::size_t i = 0; i < v.size(); i += 1 + v.size() / 7) {  // about 7 elements of each parameter
       const float keep = v[i], h = 3e-3f;  // larger steps see the curvature of softmax and GELU
       v[i] = keep + h;

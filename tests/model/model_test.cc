@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include "tests/support/sanitizers.hpp"
 #include "tests/support/support.hpp"
 
 using fsdp::collective;
@@ -234,7 +235,7 @@ TEST_CASE("optimizers update only their shard, honour no_decay, and agree across
 }
 
 TEST_CASE("a parameter too large for memory is a memory_error naming the unit, the parameter, the bytes and the rank") {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if FSDP_TEST_SANITIZED
   MESSAGE("not run under a sanitizer: its allocator reports a 256 TiB request itself instead of failing it");
 #else
   fsdp::ModelSpec spec;

@@ -66,7 +66,10 @@ void check_same(const std::vector<mlp::result>& got, const std::vector<mlp::resu
     CHECK(same_bits(got[r].losses, want[r].losses));
     CHECK(same_collectives(got[r].shard_group, want[r].shard_group));
     REQUIRE(got[r].params.size() == want[r].params.size());
-    for (const auto& [name, v] : want[r].params) {
+    // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
+    for (const auto& entry : want[r].params) {
+      const auto& name = entry.first;
+      const auto& v = entry.second;
       CAPTURE(name);
       CHECK(same_bits(got[r].params.at(name), v));
     }

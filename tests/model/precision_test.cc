@@ -243,7 +243,10 @@ TEST_CASE("reduced gradients are exact for every precision, division and accumul
 TEST_CASE("the pre-division factor: picked as PyTorch FSDP picks it, or given; never <= 0") {
   const fsdp::grad_division pp{fsdp::grad_division::mode::pre_post};
   const std::pair<int, float> picked[] = {{1, 1.0f}, {2, 2.0f}, {3, 2.0f}, {4, 2.0f}, {6, 4.0f}, {8, 4.0f}, {64, 8.0f}};
-  for (auto [ranks, f] : picked) {
+  // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
+  for (const auto& entry : picked) {
+    const int ranks = entry.first;
+    const float f = entry.second;
     CAPTURE(ranks);
     const auto r = fsdp::exec::division_facts(pp, ranks);
     CHECK(r.op == fsdp::reduce_op::sum);

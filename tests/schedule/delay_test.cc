@@ -65,7 +65,10 @@ void check_unchanged(const char* optimizer, fsdp::model_options mo = {}, fsdp::g
     for (const auto& r : got) {
       CHECK(same_bits(r.losses, ref[0].losses));
       REQUIRE(r.params.size() == ref[0].params.size());
-      for (const auto& [name, v] : ref[0].params) {
+      // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
+      for (const auto& entry : ref[0].params) {
+        const auto& name = entry.first;
+        const auto& v = entry.second;
         CAPTURE(name);
         CHECK(same_bits(r.params.at(name), v));
       }
@@ -184,7 +187,10 @@ void check_async(fsdp::model_options mo = {}) {
     CAPTURE(delayed);
     const auto got = train_async<Policy>(true, delayed, mo);
     REQUIRE(got.size() == ref.size());
-    for (const auto& [name, v] : ref) {
+    // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
+    for (const auto& entry : ref) {
+      const auto& name = entry.first;
+      const auto& v = entry.second;
       CAPTURE(name);
       CHECK(same_bits(got.at(name), v));
     }
@@ -209,7 +215,10 @@ TEST_CASE("check_views with a threaded compute stream: views read on the stream 
     CAPTURE(delayed);
     const auto got = train_async<P>(true, delayed, checked);
     REQUIRE(got.size() == ref.size());
-    for (const auto& [name, v] : ref) {
+    // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
+    for (const auto& entry : ref) {
+      const auto& name = entry.first;
+      const auto& v = entry.second;
       CAPTURE(name);
       CHECK(same_bits(got.at(name), v));
     }
