@@ -12,7 +12,10 @@ host compiler (add "-I/usr/lib/x86_64-linux-gnu/openmpi/include" and "-DOMPI_SKI
 when a .cu includes <mpi.h>).
 
 Every generated target is tagged "cuda", so `--config=asan` / `--config=tsan` (which filter out
-that tag) never build them.
+that tag) never build them. Where no GPU is visible they are not built at all unless FSDP_BAZEL_CUDA=on (see
+local_gpu.bzl): they are incompatible with the host platform, and `bazel test //...` passes over them. A target
+with build_without_gpu = True is built everywhere (the smoke test: the proof that this rule still compiles and
+links).
 
 Usage:
     load("//bazel:cuda.bzl", "cuda_binary", "cuda_test")
@@ -24,7 +27,15 @@ Usage:
     )
 """
 
+load("@local_gpu//:defs.bzl", "BUILD_CUDA")
+
 NVCC = "/usr/local/cuda/bin/nvcc"
+
+# A constraint no platform has: the nvcc targets require it where they are not to be built (local_gpu.bzl).
+NOT_BUILT_HERE = ["//bazel:gpu_or_FSDP_BAZEL_CUDA_on"]
+
+def _compatible(build_without_gpu):
+    return [] if (BUILD_CUDA or build_without_gpu) else NOT_BUILT_HERE
 
 # H100 / H200: SASS for sm_90 plus compute_90 PTX for forward compatibility.
 CUDA_GENCODE = [
@@ -52,7 +63,7 @@ def _stem(src):
         base = base[:-len(".cu")]
     return base
 
-def _nvcc_objects(name, srcs, hdrs, copts, tags, visibility = None):
+def _nvcc_objects(name, srcs, hdrs, copts, tags, compatible, visibility = None):
     """Declares one nvcc genrule per .cu in srcs; returns the labels of the .o files."""
     objs = []
     for src in srcs:
@@ -67,12 +78,13 @@ def _nvcc_objects(name, srcs, hdrs, copts, tags, visibility = None):
             ),
             message = "nvcc %s" % src,
             tags = tags,
+            target_compatible_with = compatible,
             visibility = visibility,
         )
         objs.append(":" + out)
     return objs
 
-def cuda_test(name, srcs, hdrs = [], deps = [], size = "small", tags = [], copts = [], cc_srcs = [], **kwargs):
+def cuda_test(name, srcs, hdrs = [], deps = [], size = "small", tags = [], copts = [], cc_srcs = [], build_without_gpu = False, **kwargs):
     """A cc_test built from .cu files with nvcc, linked with cudart, NCCL and doctest.
 
     Args:
@@ -84,10 +96,12 @@ def cuda_test(name, srcs, hdrs = [], deps = [], size = "small", tags = [], copts
       tags: extra tags; "cuda" is always added.
       copts: extra nvcc flags (for example "-DFOO=1").
       cc_srcs: plain C++ sources compiled by the host compiler into the same binary (with //:fsdp).
+      build_without_gpu: build it where no GPU is visible too (see local_gpu.bzl).
       **kwargs: passed to cc_test (args, data, env, timeout, shard_count, visibility, ...).
     """
     all_tags = tags + ([] if "cuda" in tags else ["cuda"])
-    objs = _nvcc_objects(name, srcs, hdrs, copts, all_tags)
+    compatible = _compatible(build_without_gpu)
+    objs = _nvcc_objects(name, srcs, hdrs, copts, all_tags, compatible)
     native.cc_test(
         name = name,
         srcs = objs + cc_srcs,
@@ -99,6 +113,7 @@ def cuda_test(name, srcs, hdrs = [], deps = [], size = "small", tags = [], copts
         linkopts = ["-pthread"],
         size = size,
         tags = all_tags,
+        target_compatible_with = compatible,
         **kwargs
     )
 
@@ -117,7 +132,8 @@ def cuda_binary(name, srcs, hdrs = [], deps = [], static_cudart = False, copts =
       **kwargs: passed to cc_binary (data, visibility, ...).
     """
     all_tags = tags + ([] if "cuda" in tags else ["cuda"])
-    objs = _nvcc_objects(name, srcs, hdrs, copts, all_tags)
+    compatible = _compatible(False)
+    objs = _nvcc_objects(name, srcs, hdrs, copts, all_tags, compatible)
     cuda_deps = ["@cuda//:cudart_static" if static_cudart else "@cuda//:cudart"]
     if nccl:
         cuda_deps.append("@cuda//:nccl")
@@ -127,5 +143,6 @@ def cuda_binary(name, srcs, hdrs = [], deps = [], static_cudart = False, copts =
         deps = deps + cuda_deps,
         linkopts = ["-pthread"],
         tags = all_tags,
+        target_compatible_with = compatible,
         **kwargs
     )
