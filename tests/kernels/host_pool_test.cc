@@ -10,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/support/support.hpp"
@@ -98,4 +99,59 @@ TEST_CASE("an exception from the loop is rethrown to the caller once every chunk
   std::atomic<std::int64_t> sum{0};
   pool.for_each(1000, [&](std::int64_t i) { sum.fetch_add(i); });
   CHECK(sum.load() == 999 * 1000 / 2);
+}
+
+TEST_CASE("an ArrayFunction on the host loop gives apply_at's bits: every array present, a state array null, a range") {
+  // host_loops::for_range takes the arrays once and, where none is null, runs one loop without apply_at's checks;
+  // apply_at element by element is the reference (the CUDA backend's remainder path).
+  const std::int64_t n = 1003;
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    p[k] = 0.001f * static_cast<float>(i % 977) - 0.4f;
+    g[k] = 0.0007f * static_cast<float>(i % 613) - 0.2f;
+    m[k] = 0.0003f * static_cast<float>(i % 101);
+    v[k] = 0.0001f * static_cast<float>(i % 89);
+  }
+  const std::vector<float> g0 = g;
+  namespace od = fsdp::optim::detail;
+  const od::adamw_coeffs c{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, od::adamw_bias_correction(0.9f, 3),
+                           od::adamw_bias_correction(0.999f, 3)};
+  od::decay_mask mask;
+  mask.count = 1;
+  mask.begin[0] = 100;
+  mask.end[0] = 300;
+  struct arrays {
+    std::vector<float> p, m, v;
+  };
+  auto elements = [&](arrays& a, bool with_v) {
+    od::adamw_elements f{a.p.data(), g.data(), a.m.data(), with_v ? a.v.data() : nullptr, c, mask};
+    f.grad_scale = 0.5f;
+    return f;
+  };
+  auto same = [](const arrays& x, const arrays& y) {
+    return x.p.size() == y.p.size() && std::memcmp(x.p.data(), y.p.data(), x.p.size() * 4) == 0 &&
+           std::memcmp(x.m.data(), y.m.data(), x.m.size() * 4) == 0 &&
+           std::memcmp(x.v.data(), y.v.data(), x.v.size() * 4) == 0;
+  };
+  for (bool with_v : {true, false}) {
+    for (auto [b, e] : {std::pair<std::int64_t, std::int64_t>{0, n}, {1, 2}, {101, 777}, {5, 5}}) {
+      const std::int64_t begin = b, end = e;
+      CAPTURE(with_v);
+      CAPTURE(begin);
+      CAPTURE(end);
+      arrays want{p, m, v}, got{p, m, v};
+      const auto ref = elements(want, with_v);
+      for (std::int64_t i = begin; i < end; ++i) fsdp::kernels::apply_at(ref, i);
+      fsdp::kernels::host_loops::for_range(begin, end, elements(got, with_v));
+      CHECK(same(got, want));
+      if (end > begin) CHECK(std::memcmp(got.p.data(), p.data(), n * 4) != 0);  // something was updated
+      if (begin == 0 && end == n) {
+        arrays whole{p, m, v};
+        fsdp::kernels::host_loops::for_each(n, elements(whole, with_v));
+        CHECK(same(whole, want));
+      }
+    }
+  }
+  CHECK(std::memcmp(g.data(), g0.data(), n * 4) == 0);  // the gradient is read, never written
 }

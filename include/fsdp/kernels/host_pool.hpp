@@ -62,8 +62,7 @@ class host_pool {
     const std::lock_guard one_loop(loop_mu_);
     start_workers();
     std::function<void(std::int64_t, std::int64_t)> body = [&f](std::int64_t b, std::int64_t e) {
-      const F local = f;  // as host_loops::for_each: coefficients in registers
-      for (std::int64_t i = b; i < e; ++i) local(i);
+      host_loops::for_range(b, e, f);
     };
     {
       std::lock_guard lk(mu_);
