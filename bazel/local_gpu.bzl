@@ -27,21 +27,10 @@ def _local_gpu_impl(rctx):
         r = rctx.execute([smi, "-L"], timeout = 30)
         if r.return_code == 0:
             gpus = [line for line in r.stdout.splitlines() if line.startswith("GPU ")]
-    if mode == "on":
-        build, why = True, "FSDP_BAZEL_CUDA=on"
-    elif mode == "off":
-        build, why = False, "FSDP_BAZEL_CUDA=off"
-    elif gpus:
-        build, why = True, "nvidia-smi -L lists %d GPU(s): %s" % (len(gpus), gpus[0])
-    else:
-        build, why = False, ("nvidia-smi -L lists no GPU" if smi != None else "no nvidia-smi on PATH")
+    build = mode == "on" or (mode == "auto" and len(gpus) > 0)
     rctx.file("BUILD", "exports_files([\"defs.bzl\"])\n")
-    rctx.file("defs.bzl", "\n".join([
-        "# Written by //bazel:local_gpu.bzl.",
-        "BUILD_CUDA = %s" % build,
-        "WHY = %r" % why,
-        "",
-    ]))
+    rctx.file("defs.bzl", "# Written by //bazel:local_gpu.bzl (FSDP_BAZEL_CUDA=%s, %d GPU(s) listed).\nBUILD_CUDA = %s\n" %
+                          (mode, len(gpus), build))
 
 local_gpu = repository_rule(
     implementation = _local_gpu_impl,
