@@ -443,6 +443,9 @@ TEST_CASE("comm::local on one GPU: mixed precision and accumulation equal the ho
     compare_local<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, mixed<float16, float, float16>>(4, true, kept);
   }
   SUBCASE("no_shard in bf16 (cast copies), AdamW, 2 ranks") { compare_local<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>(2, true); }
+  SUBCASE("fp32 compute over bf16 gathers (the wire slot widened by the device's cast), AdamW, 3 ranks") {
+    compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(3, true);
+  }
   SUBCASE("CUDA's own types name the precision: __nv_bfloat16") {
     compare_local<full_shard, fsdp::prefetch::next, mixed<__nv_bfloat16, float, __nv_bfloat16>>(2, false);
   }

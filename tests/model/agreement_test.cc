@@ -157,8 +157,8 @@ TEST_CASE("another sharding strategy or precision on one rank") {
                                    if (c.rank() == 0) fsdp::Model<Full> m(c, two_units(), by_letter());
                                    else fsdp::Model<Bf16> m(c, two_units(), by_letter());
                                  }),
-                  "fsdp: ranks disagree on the model: the policy: the precision is compute f32, master f32, reduce f32 "
-                  "on rank 0 but compute bf16, master f32, reduce f32 on rank 1" + fix);
+                  "fsdp: ranks disagree on the model: the policy: the precision is compute f32, master f32, reduce f32, "
+                  "gather f32 on rank 0 but compute bf16, master f32, reduce f32, gather bf16 on rank 1" + fix);
 }
 
 TEST_CASE("an option set on one rank of four: rank 0 and the first rank that differs are named") {

@@ -41,6 +41,7 @@ void check_plan_matches(fsdp::model_options mo = {}, fsdp::grad::options g = {},
       CAPTURE(Prefetch::backward_depth);
       CAPTURE(fsdp::name_of(fsdp::dtype_of_v<typename Precision::compute_type>));
       CAPTURE(fsdp::name_of(fsdp::dtype_of_v<typename Precision::reduce_type>));
+      CAPTURE(fsdp::name_of(fsdp::facts_of_precision<Precision>().gather));
       CAPTURE(mo.accumulation.micro_batches);
       CAPTURE(int(mo.accumulation.sync));
       CAPTURE(mo.accumulation.keep_gathered);
@@ -88,6 +89,7 @@ TEST_CASE("planned peak equals measured peak for hybrid sharding (2 x 2, 4 x 2, 
   check_plan_matches<hybrid_shard<1>, fsdp::prefetch::next>({}, {}, {2, 4});
   check_plan_matches<hybrid_shard_zero2<1>, fsdp::prefetch::next, mixed<bfloat16>>({}, {}, {3});
   check_plan_matches<fsdp::sharding::hybrid_shard_zero1<2>, fsdp::prefetch::next, mixed<bfloat16>>({}, {}, {4});
+  check_plan_matches<hybrid_shard<2>, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>({}, {}, {4});
 }
 
 TEST_CASE("planned equals measured under gather slots, per-unit resharding, explicit schedules and orders") {
@@ -130,6 +132,10 @@ TEST_CASE("planned equals measured for every precision and accumulation mode, wi
     check_plan_matches<fsdp::sharding::zero1, fsdp::prefetch::next, mixed<bfloat16>>(mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>(mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next>(mo);
+    // fp32 compute over bf16 or fp16 gathers: the wire slot beside the gathered ones
+    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(mo);
+    check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::none, fsdp::precision::wire<float16, float16>>(mo);
+    check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(mo);
   }
   // gradient inspection adds one rows x units buffer at the step: a row, or one per rank when locating
   fsdp::model_options pre_post;
@@ -178,6 +184,22 @@ TEST_CASE("bf16 figures worked out by hand for 4 ranks: half the gathered bytes,
   CHECK(ddp[mem::gathered_params] == 4 * 4224 * 2);
   CHECK(ddp[mem::comm_buffers] == 2 * 4224 * 2 + 4224 * 4);
   CHECK(ddp[mem::sharded_params] == (1088 + 2080 + 4224 + 1040) * 4);
+}
+
+TEST_CASE("fp32 views over bf16 gathers, worked out by hand for 4 ranks: one fp32 slot and one bf16 wire slot") {
+  // The units above at 4 ranks: padded 1088 | 2112 | 4224 | 1088, shards 272 | 528 | 1056 | 272.
+  using F = fsdp::sharding::full_shard;
+  const auto wire = train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::wire<fsdp::bfloat16>>>(4, "adamw")[2];
+  // the gather slot holds the largest unit's fp32 views, the wire slot its bf16 gather
+  CHECK(wire.memory.peak[mem::gathered_params] == 4224 * 4 + 4224 * 2);
+  CHECK(wire.memory.peak[mem::sharded_params] == 2128 * 4);
+  // fp32 gradients reduced in fp32: two gradient slots and the fp32 output shard, no cast
+  CHECK(wire.memory.peak[mem::comm_buffers] == 2 * 4224 * 4 + 1056 * 4);
+  CHECK(wire.planned[mem::gathered_params] == wire.memory.peak[mem::gathered_params]);
+  // against fp32 gathers: the same views, half the gathered bytes on the wire, a bf16 slot more in memory
+  const auto f32 = train<fsdp::policy<F, fsdp::prefetch::none>>(4, "adamw")[2];
+  CHECK(wire.memory.peak[mem::gathered_params] - f32.memory.peak[mem::gathered_params] == 4224 * 2);
+  CHECK(wire.memory.peak[mem::comm_buffers] == f32.memory.peak[mem::comm_buffers]);
 }
 
 TEST_CASE("planned equals measured for a declared order other than the wrapping order") {

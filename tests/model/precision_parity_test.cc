@@ -1,5 +1,6 @@
-// Mixed-precision training parity: the example MLP with bf16 compute, reduced in fp32 and in bf16, at 1, 3, 4
-// and 7 ranks, against a single-process run that does the same casts.
+// Mixed-precision training parity: the example MLP with bf16 compute, reduced in fp32 and in bf16, and with fp32
+// compute over bf16 gathers (precision::wire), at 1, 3, 4 and 7 ranks, against a single-process run that does the
+// same casts.
 //
 // The reference below uses no part of the library beyond the init rule, the example's layer loops and the bf16
 // conversion (checked against independent references in tests/kernels/elementwise_test.cc). Per step it casts
@@ -41,10 +42,11 @@ float to_reduce(float x) {
   return float(R(x));
 }
 
-/// The single-process run with the casts of W compute and R reduction over `world` simulated ranks, sharded in
-/// groups of `shards` consecutive ranks (the world: one group; fewer: hybrid sharding, whose reduction sums each
-/// group's ranks in order, then the groups' results in order, each an average of its own).
-template <class W, class R>
+/// The single-process run with the casts of W compute, G gathers (the masters rounded to G, then to W) and R
+/// reduction over `world` simulated ranks, sharded in groups of `shards` consecutive ranks (the world: one group;
+/// fewer: hybrid sharding, whose reduction sums each group's ranks in order, then the groups' results in order,
+/// each an average of its own).
+template <class W, class R, class G = W>
 run reference(const mlp::config& c, int world, int shards = 0) {
   if (shards == 0) shards = world;
   const int replicas = world / shards;
@@ -59,8 +61,8 @@ run reference(const mlp::config& c, int world, int shards = 0) {
   for (int step = 0; step < c.steps; ++step) {
     std::vector<std::vector<W>> wc(layers), bc(layers);  // the gathered compute copies
     for (std::size_t l = 0; l < layers; ++l) {
-      for (float v : w[l]) wc[l].push_back(W(v));
-      for (float v : b[l]) bc[l].push_back(W(v));
+      for (float v : w[l]) wc[l].push_back(W(float(G(v))));
+      for (float v : b[l]) bc[l].push_back(W(float(G(v))));
     }
     // per rank: forward, loss, backward into W gradients
     std::vector<std::vector<std::vector<W>>> gw(world, std::vector<std::vector<W>>(layers)), gb = gw;
@@ -111,9 +113,9 @@ run reference(const mlp::config& c, int world, int shards = 0) {
   return r;
 }
 
-template <class W, class R, class Strategy = fsdp::sharding::full_shard>
+template <class W, class R, class Strategy = fsdp::sharding::full_shard, class G = W>
 run sharded(int world, const mlp::config& c) {
-  using P = fsdp::policy<Strategy, fsdp::prefetch::next, fsdp::precision::mixed<W, float, R>>;
+  using P = fsdp::policy<Strategy, fsdp::prefetch::next, fsdp::precision::mixed<W, float, R, G>>;
   std::vector<mlp::result> out(static_cast<std::size_t>(world));
   fsdp_test::run_ranks(world, [&](local_communicator& comm) { out[comm.rank()] = mlp::train<P>(comm, c); });
   for (int r = 1; r < world; ++r) {  // every rank saw the same global loss and holds the same parameters
@@ -177,6 +179,22 @@ TEST_CASE("bf16 compute, fp32 reduction: equals the single-process run with the 
 TEST_CASE("bf16 compute, bf16 reduction: equals the single-process run with the same casts, bit for bit") {
   check_parity<bfloat16>("adamw");
   check_parity<bfloat16>("sgd");
+}
+
+TEST_CASE("fp32 compute over bf16 gathers: equals the single-process run that widens bf16 weights, bit for bit") {
+  for (const char* optimizer : {"adamw", "sgd"}) {
+    const mlp::config c = config(optimizer);
+    for (int world : {1, 3, 4, 7}) {
+      CAPTURE(world);
+      CAPTURE(optimizer);
+      const run want = reference<float, float, bfloat16>(c, world);
+      CHECK(want.losses.back() < 0.9f * want.losses.front());
+      check_same(sharded<float, float, fsdp::sharding::full_shard, bfloat16>(world, c), want);
+      // not the fp32 run: the gathers' rounding shows in the losses
+      CHECK_FALSE(same_bits(want.losses, reference<float, float>(c, world).losses));
+    }
+    check_same(sharded<float, float, fsdp::sharding::no_shard, bfloat16>(4, c), reference<float, float, bfloat16>(c, 4));
+  }
 }
 
 TEST_CASE("fp32 reference of the same emulation equals the fp32 library run (the emulation itself is right)") {

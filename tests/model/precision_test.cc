@@ -1,5 +1,6 @@
 // Mixed precision and gradient accumulation on the host backend:
-//   - the gathered parameters are the fp32 masters rounded to the compute dtype, bit for bit;
+//   - the gathered parameters are the fp32 masters rounded to the compute dtype, bit for bit; with a narrower
+//     gather dtype (precision::wire), the fp32 views hold the masters rounded to the gather dtype, widened;
 //   - collective counts and bytes per step are exact for every precision, strategy and accumulation mode (a bf16
 //     gather moves half the bytes of an fp32 one; no-sync reduces once per step; kept units gather once);
 //   - the reduced gradient shards are exact for every precision and division mode (values chosen so that every
@@ -26,12 +27,18 @@ using fsdp_test::run_ranks;
 
 namespace {
 
-template <class Compute, class Reduce, class Strategy = fsdp::sharding::full_shard, class Prefetch = fsdp::prefetch::next>
-using policy = fsdp::policy<Strategy, Prefetch, fsdp::precision::mixed<Compute, float, Reduce>>;
+template <class Compute, class Reduce, class Strategy = fsdp::sharding::full_shard, class Prefetch = fsdp::prefetch::next,
+          class Gather = Compute>
+using policy = fsdp::policy<Strategy, Prefetch, fsdp::precision::mixed<Compute, float, Reduce, Gather>>;
 
 template <class T>
 std::uint16_t bits_of(T x) {
   return x.bits;
+}
+std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
 }
 }  // namespace
 
@@ -58,6 +65,37 @@ TEST_CASE("gathered parameters are the fp32 masters rounded to the compute dtype
     check(bfloat16{}, world, fsdp::sharding::full_shard{});
     check(float16{}, world, fsdp::sharding::full_shard{});
     check(bfloat16{}, world, fsdp::sharding::no_shard{});  // a cast without a collective
+  }
+}
+
+TEST_CASE("gathered in bf16 or fp16, computed in fp32: each fp32 view holds its master rounded to the gather dtype") {
+  auto check = [](auto gather_tag, int world, auto strategy) {
+    using G = decltype(gather_tag);
+    using P = fsdp::policy<decltype(strategy), fsdp::prefetch::next, fsdp::precision::wire<G>>;
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 7});
+      static_assert(std::is_same_v<typename fsdp::Model<P>::unit_type, fsdp::FsdpUnit<fsdp::backend::host, float>>);
+      const auto full = m.gather_full_params();  // the fp32 masters
+      std::size_t checked = 0, rounded = 0;
+      for (auto& u : m.forward())
+        for (const auto& e : u.layout().entries()) {
+          const auto v = u.param(e.name);  // float
+          const auto& master = full.at(e.name);
+          for (std::int64_t i = 0; i < v.numel(); ++i, ++checked) {
+            REQUIRE(bits_of(v[i]) == bits_of(float(G(master[i]))));
+            rounded += v[i] != master[i];
+          }
+        }
+      CHECK(checked == 185 + 81 + 9 + 3 + 272 + 4);
+      CHECK(rounded > checked / 2);  // the views are not the masters themselves: the rounding happened
+    });
+  };
+  for (int world : {1, 3, 4, 7}) {
+    CAPTURE(world);
+    check(bfloat16{}, world, fsdp::sharding::full_shard{});
+    check(float16{}, world, fsdp::sharding::full_shard{});
+    check(bfloat16{}, world, fsdp::sharding::shard_grad_op{});
+    check(bfloat16{}, world, fsdp::sharding::no_shard{});  // the cast and the widening, without a collective
   }
 }
 
@@ -93,12 +131,12 @@ const mode modes[] = {{"every micro-batch", fsdp::grad_sync::every_micro_batch, 
                       {"no-sync, kept gathered", fsdp::grad_sync::last_micro_batch, true}};
 
 /// Checks the counts and bytes of every mode against what the strategy implies, per unit of padded size P:
-/// a gather moves P compute elements, a reduction P reduce elements (the unsharded size, as nccl-tests count).
-template <class Compute, class Reduce, class Strategy>
+/// a gather moves P gather elements, a reduction P reduce elements (the unsharded size, as nccl-tests count).
+template <class Compute, class Reduce, class Strategy, class Gather = Compute>
 void check_counts(int world) {
-  using P = policy<Compute, Reduce, Strategy>;
+  using P = policy<Compute, Reduce, Strategy, fsdp::prefetch::next, Gather>;
   constexpr std::uint64_t k = 3;  // micro-batches
-  const std::uint64_t cs = sizeof(Compute), rs = sizeof(Reduce);
+  const std::uint64_t cs = sizeof(Gather), rs = sizeof(Reduce);
   for (const mode& md : modes) {
     CAPTURE(md.name);
     CAPTURE(Strategy::name);
@@ -139,6 +177,9 @@ TEST_CASE("collective counts and bytes per step are exact for every precision, s
     check_counts<bfloat16, bfloat16, fsdp::sharding::shard_grad_op>(world);
     check_counts<float, float, fsdp::sharding::no_shard>(world);
     check_counts<bfloat16, float, fsdp::sharding::no_shard>(world);
+    check_counts<float, float, fsdp::sharding::full_shard, bfloat16>(world);
+    check_counts<float, bfloat16, fsdp::sharding::shard_grad_op, float16>(world);
+    check_counts<float, float, fsdp::sharding::no_shard, bfloat16>(world);
   }
 }
 
@@ -154,6 +195,12 @@ TEST_CASE("a bf16 gather moves half the bytes of an fp32 one, and a bf16 reducti
     CHECK(2 * bf16.bytes[rs] == f32.bytes[rs]);
     CHECK(mixed.bytes[ag] == bf16.bytes[ag]);  // bf16 gathers, fp32 reduction
     CHECK(mixed.bytes[rs] == f32.bytes[rs]);
+    // fp32 compute over bf16 gathers: the gathers of bf16, the reduction of fp32
+    const auto wire = one_step<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                                            fsdp::precision::wire<bfloat16>>>(c, {}, padded);
+    CHECK(wire.count[ag] == f32.count[ag]);
+    CHECK(wire.bytes[ag] == bf16.bytes[ag]);
+    CHECK(wire.bytes[rs] == f32.bytes[rs]);
   });
 }
 

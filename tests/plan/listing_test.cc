@@ -19,13 +19,14 @@ fsdp::planned_units two_units() {
                           4);
 }
 
-fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::offload_facts off = {}, int states = 0) {
+fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::offload_facts off = {}, int states = 0,
+                                fsdp::precision_facts precision = {}) {
   constexpr fsdp::prefetch_facts none{0, 0, false, false};
   const fsdp::model_options opt;
   fsdp::memory_plan_inputs in;
   in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4), none,
-                                          fsdp::precision_facts{}, opt, off);
-  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, opt.accumulation, off);
+                                          precision, opt, off);
+  in.costs = fsdp::plan::make_cost_facts(precision, true, opt.accumulation, off);
   in.optimizer_states = states;
   return in;
 }
@@ -86,6 +87,32 @@ TEST_CASE("one unit's step, per stream, in issue order: the second step of two, 
         "  62. give reduce_output slot 0\n"
         "  63. give grad slot 1\n"
         "  64. record reduced\n");
+}
+
+TEST_CASE("fp32 views over bf16 gathers: the gather stream gathers into the wire slot, widens, and gives it back") {
+  const auto u = two_units();
+  const fsdp::step_listing l =
+      fsdp::list_step(u.names, u.layouts, inputs(u, {}, 0, fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>()), 4);
+  CHECK(l.infeasible.empty());
+  const std::string a = l.str("a");
+  const std::size_t from = a.find("all_gather\n"), to = a.find("reduce\n");
+  REQUIRE(to != std::string::npos);
+  CHECK(a.substr(from, to - from) ==
+        "all_gather\n"
+        "  2. wait shard_ready\n"
+        "  3. take gathered slot 0\n"
+        "  4. take wire slot 0\n"
+        "  5. all_gather (forward)\n"
+        "  6. widen (forward)\n"
+        "  7. give wire slot 0\n"
+        "  8. record gathered\n"
+        "  53. wait shard_ready\n"
+        "  54. take gathered slot 0\n"
+        "  55. take wire slot 0\n"
+        "  56. all_gather (backward)\n"
+        "  57. widen (backward)\n"
+        "  58. give wire slot 0\n"
+        "  59. record gathered\n");
 }
 
 TEST_CASE("every unit's actions, each named; the first step's are not listed") {

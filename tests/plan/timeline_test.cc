@@ -78,6 +78,36 @@ TEST_CASE("one unit: gather, forward, gather again, backward, reduce; nothing ov
         "  reduce     reduction u backward                   7.000 -      8.000 ms\n");
 }
 
+TEST_CASE("fp32 views over bf16 gathers: half the gather's link time, and the widening on the gather stream") {
+  // precision::wire<bf16>: the all-gather moves 2048 unsharded bytes x 3/4 = 1536 bytes, 0.5 ms. Device memory at
+  // 6.144 MB/s: the cast of the 256-element shard into bf16 (256 x (4 + 2) bytes) 0.25 ms, the widening of 1024
+  // elements (1024 x (2 + 4) bytes) 1 ms, zeroing the fp32 gradient (4096 bytes) 2/3 ms, the addition into the
+  // shard (256 x (4 + 4 + 4) bytes) 0.5 ms, SGD's update (256 x 3 x 4 bytes) 0.5 ms; the fp32 reduce-scatter 1 ms.
+  const auto u = units_of({"u"});
+  const fsdp::precision_facts wire = fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>();
+  fsdp::memory_plan_inputs in;
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
+                                          none, wire, {}, {});
+  in.costs = fsdp::plan::make_cost_facts(wire, true, {}, {});
+  fsdp::time_model t = timing(1, 2, 3);
+  t.memory_bytes_per_second = 6.144e6;
+  const auto tl = predict(u, in, t);
+  REQUIRE(tl.feasible());
+  CHECK(tl.by_unit[0].gather_ns == ms(3.5));  // two gathers, each its cast, its 0.5 ms on the link and its widening
+  CHECK(tl.comm_ns == ms(5));  // and the reduction with its addition into the shard (1.5 ms)
+  CHECK(tl.critical_path_text() ==
+        "  all_gather all_gather u forward                   0.000 -      0.750 ms\n"
+        "  all_gather widen u forward                        0.750 -      1.750 ms\n"
+        "  compute    compute u forward                      1.750 -      3.750 ms\n"
+        "  all_gather all_gather u backward                  3.750 -      4.500 ms\n"
+        "  all_gather widen u backward                       4.500 -      5.500 ms\n"
+        "  compute    zero grad u backward                   5.500 -      6.167 ms\n"
+        "  compute    compute u backward                     6.167 -      9.167 ms\n"
+        "  reduce     reduction u backward                   9.167 -     10.167 ms\n"
+        "  reduce     add into shard u backward             10.167 -     10.667 ms\n"
+        "  compute    optimizer u                           10.667 -     11.167 ms\n");
+}
+
 TEST_CASE("hybrid sharding: shard groups of one rank gather in no time; the replicas' all-reduce is the communication") {
   // hybrid_shard<1> at 4 ranks: the layout is one rank's (a 1024-element shard), gathers and reduce-scatters run in
   // groups of one (no time), and the reduced shard is all-reduced across the 4 replicas on the replica link:

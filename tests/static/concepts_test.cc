@@ -163,6 +163,16 @@ struct double_compute {
   using master_type = float;
   using reduce_type = float;
 };
+/// A gather type wider than the compute type (more bytes than casting first), and one of the same width in another
+/// dtype (two roundings): both refused; a narrower one is the wire precision.
+template <class Compute, class Gather>
+struct gathered_in {
+  using precision_concept = fsdp::precision_tag;
+  using compute_type = Compute;
+  using master_type = float;
+  using reduce_type = float;
+  using gather_type = Gather;
+};
 }  // namespace archetype
 static_assert(fsdp::Backend<archetype::backend_t<true>>);
 static_assert(!fsdp::Backend<archetype::backend_t<false>>);
@@ -179,6 +189,16 @@ static_assert(!fsdp::PrecisionPolicy<archetype::double_master> && !fsdp::Precisi
 static_assert(fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>() ==
               fsdp::precision_facts{fsdp::dtype::bf16, fsdp::dtype::f32, fsdp::dtype::f32});
 static_assert(std::is_same_v<fsdp::precision::full, fsdp::precision::mixed<float>>);
+static_assert(!fsdp::PrecisionPolicy<archetype::gathered_in<fsdp::bfloat16, float>>);
+static_assert(!fsdp::PrecisionPolicy<archetype::gathered_in<fsdp::bfloat16, fsdp::float16>>);
+static_assert(!fsdp::PrecisionPolicy<archetype::gathered_in<float, double>>);
+static_assert(fsdp::PrecisionPolicy<archetype::gathered_in<float, fsdp::float16>>);
+static_assert(std::is_same_v<fsdp::precision::wire<fsdp::bfloat16>,
+                             fsdp::precision::mixed<float, float, float, fsdp::bfloat16>>);
+static_assert(fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>() ==
+              fsdp::precision_facts{fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::bf16});
+static_assert(fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>().widens() &&
+              !fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>().widens());
 static_assert(!fsdp::PrefetchPolicy<archetype::prefetch_without_timing>);
 static_assert(fsdp::PrecisionPolicy<fsdp::precision::full> && !fsdp::PrecisionPolicy<float>);
 

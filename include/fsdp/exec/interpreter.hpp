@@ -113,6 +113,7 @@ class interpreter {
     stream& s = stream_of(l);
     switch (j) {
       case plan::job::gather: transfers_.gather(u, s); return;
+      case plan::job::widen: transfers_.widen(u, s); return;
       case plan::job::zero_grad: be_.fill_zero(st_.buffers(u).grad, st_.cost(u).grad.bytes(), s); return;
       case plan::job::reduce_collective: transfers_.reduce(u, s); return;
       case plan::job::replica_reduce: transfers_.reduce_across_replicas(u, s); return;
@@ -205,6 +206,7 @@ class interpreter {
         break;
       case plan::job::compute:
       case plan::job::gather:
+      case plan::job::widen:
       case plan::job::zero_grad:
       case plan::job::reduce_collective:
       case plan::job::replica_reduce:

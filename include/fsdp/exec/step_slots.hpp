@@ -1,7 +1,8 @@
 #pragma once
 // The slots of a step on a backend: one ring (exec/slot_ring.hpp) per purpose of the step program (plan::ring), each
 // slot as large as the program's slot cost of that ring, made before reuse as many times as the program's ledger
-// keeps (gathered, reduce input and output: 1; grad: model_options::grad_slots; the offload and staging rings: 2).
+// keeps (gathered, reduce input and output, wire: 1; grad: model_options::grad_slots; the offload and staging rings:
+// 2).
 // The program's ledgers pick which slot a take gets and know which slot each unit holds; these rings add the memory
 // and the events.
 #include <cstddef>
@@ -20,7 +21,7 @@ class step_slots {
 
   step_slots(B& be, const plan::step_program& prog, int grad_slots) : be_(be), prog_(prog) {
     const int keep[plan::rings] = {1, grad_slots, 1, 1, plan::offload_slots, plan::offload_slots, plan::offload_slots,
-                                   plan::offload_slots};
+                                   plan::offload_slots, 1};
     for (std::size_t r = 0; r < plan::rings; ++r) rings_[r] = slot_ring<B>(prog.slot_cost(plan::ring(r)), keep[r]);
     if constexpr (OffloadBackend<B>)  // pinned host memory now: pinning may synchronise the device mid-step
       ring(plan::ring::download).make_all(be_, be_.download_stream());
@@ -52,6 +53,7 @@ class step_slots {
       case plan::ring::download: return "the download slot";
       case plan::ring::stage_grad: return "the gradient's staging slot";
       case plan::ring::stage_state: return "the optimizer state's staging slot";
+      case plan::ring::wire: return "the wire slot";
     }
     return "a slot";
   }

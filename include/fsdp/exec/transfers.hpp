@@ -26,29 +26,39 @@ class transfers {
             const plan::step_program& prog, const step_slots<B>& slots)
       : be_(be), st_(storage), g_(g), diag_(diag), reduce_(reduce), prog_(prog), slots_(slots) {}
 
-  /// The all-gather of unit u into its gather slot (cast into this rank's slice first when the compute dtype is not
-  /// the master's); with a shard group of one rank, the cast alone.
+  /// The all-gather of unit u into its gather slot, or into its wire slot when the gather dtype is narrower than the
+  /// compute dtype (the program's widen work follows): cast into this rank's slice first when the gather dtype is
+  /// not the master's; with a shard group of one rank, the cast alone.
   void gather(std::size_t u, stream& s) {
     const plan::unit_costs& c = st_.cost(u);
     unit_buffers<B>& b = st_.buffers(u);
     g_.label(diag_.units().name(u));
     const void* master_shard =  // what the gather reads: the master, or its upload
         prog_.held(u, plan::ring::upload) >= 0 ? slots_.held(u, plan::ring::upload) : b.master.data();
-    const dtype compute = c.gathered.type, master = c.master.type;
+    void* out = c.wire ? slots_.held(u, plan::ring::wire) : b.params;
+    const dtype wire = c.gather_type(), master = c.master.type;
     const std::int64_t S = c.shard_numel;
     if (st_.facts().shards_params) {
-      diag_.check_next(g_.world(), be_, collective::all_gather, S, compute, u);
-      if (compute == master) {
-        g_.shard().all_gather(master_shard, b.params, S, compute, s);
+      diag_.check_next(g_.world(), be_, collective::all_gather, S, wire, u);
+      if (wire == master) {
+        g_.shard().all_gather(master_shard, out, S, wire, s);
       } else {  // cast into this rank's slice, then gather in place
-        void* slice = static_cast<char*>(b.params) +
-                      static_cast<std::size_t>(st_.shard_rank()) * static_cast<std::size_t>(S) * size_of(compute);
-        be_.convert(slice, compute, master_shard, master, S, 1.0f, s);
-        g_.shard().all_gather(slice, b.params, S, compute, s);
+        void* slice = static_cast<char*>(out) +
+                      static_cast<std::size_t>(st_.shard_rank()) * static_cast<std::size_t>(S) * size_of(wire);
+        be_.convert(slice, wire, master_shard, master, S, 1.0f, s);
+        g_.shard().all_gather(slice, out, S, wire, s);
       }
     } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
-      be_.convert(b.params, compute, master_shard, master, S, 1.0f, s);
+      be_.convert(out, wire, master_shard, master, S, 1.0f, s);
     }
+  }
+
+  /// Unit u's gathered parameters widened from its wire slot into its gather slot (exact: every value of a narrower
+  /// float type is one of the wider's).
+  void widen(std::size_t u, stream& s) {
+    const plan::unit_costs& c = st_.cost(u);
+    be_.convert(st_.buffers(u).params, c.gathered.type, slots_.held(u, plan::ring::wire), c.wire.type, c.padded_numel,
+                1.0f, s);
   }
 
   /// The reduction of unit u in its shard group: a reduce-scatter into its reduce output, or (replicated

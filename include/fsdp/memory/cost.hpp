@@ -10,6 +10,11 @@
 //   grad shard      grads             f32       S         always (the fp32 gradient shard)
 //   gathered        gathered params   compute   P         from a gather to its release; none when the fp32 master
 //                                                         itself serves compute (no_shard in fp32)
+//   wire            gathered params   gather    P         during a gather whose dtype is narrower than the compute
+//                                                         dtype (precision_facts::widens): the all-gather's buffer,
+//                                                         widened into the gathered buffer and given back on the
+//                                                         gather stream; else none (the gather writes the gathered
+//                                                         buffer itself)
 //   grad            comm buffers      compute   P         a backward: the unsharded gradient the trainer writes
 //   accumulator     comm buffers      f32       P         no-sync, from the first micro-batch's backward of the
 //                                                         unit to its reduction in the last
@@ -67,11 +72,11 @@ struct cost_facts {
 };
 
 /// Units are gathered before use and released after when their parameters are sharded, when compute reads a
-/// cast copy (a compute dtype other than the master's), or when the master lives on the host (offloaded params);
-/// otherwise the fp32 master itself serves compute (no_shard in fp32). The scheduler's configuration and the
-/// costs below both ask this.
+/// cast copy (a compute or gather dtype other than the master's), or when the master lives on the host (offloaded
+/// params); otherwise the fp32 master itself serves compute (no_shard in fp32). The scheduler's configuration and
+/// the costs below both ask this.
 inline bool units_gather(bool shards_params, const precision_facts& p, const offload_facts& o = {}) noexcept {
-  return shards_params || p.compute != p.master || o.params;
+  return shards_params || p.compute != p.master || p.gather != p.master || o.params;
 }
 
 /// The facts of a model with this precision, sharding, accumulation, offload and pre-division.
@@ -90,11 +95,13 @@ inline cost_facts for_unit(cost_facts f, const std::vector<offload_facts>& per_u
 
 /// The costs of one unit's buffers.
 struct unit_costs {
-  buffer_cost master, grad_shard, gathered, grad, accumulator, reduce_input, reduce_output, upload, download;
+  buffer_cost master, grad_shard, gathered, grad, accumulator, reduce_input, reduce_output, upload, download, wire;
   std::int64_t shard_numel = 0;      ///< S: elements of the master and gradient shards
   std::int64_t padded_numel = 0;     ///< P: elements of the unsharded flat buffer
+  /// The dtype an all-gather of the unit moves: the wire buffer's when there is one, else the compute dtype.
+  dtype gather_type() const noexcept { return wire ? wire.type : gathered.type; }
   /// Unsharded bytes an all-gather of the unit moves, and a reduction (as nccl-tests count, for traces).
-  std::int64_t gather_bytes() const noexcept { return padded_numel * static_cast<std::int64_t>(size_of(gathered.type)); }
+  std::int64_t gather_bytes() const noexcept { return padded_numel * static_cast<std::int64_t>(size_of(gather_type())); }
   std::int64_t reduce_bytes() const noexcept { return padded_numel * static_cast<std::int64_t>(size_of(reduce_output.type)); }
 };
 
@@ -107,7 +114,9 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   const offload_facts& o = f.offload;
   c.master = {mem::sharded_params, p.master, S, o.params ? domain::host : domain::device};
   c.grad_shard = {mem::grads, dtype::f32, S, o.grads ? domain::host : domain::device};
-  c.gathered = {mem::gathered_params, p.compute, units_gather(f.shards_params, p, o) ? P : 0};
+  const bool gathers = units_gather(f.shards_params, p, o);
+  c.gathered = {mem::gathered_params, p.compute, gathers ? P : 0};
+  c.wire = {mem::gathered_params, p.gather, gathers && p.widens() ? P : 0};
   c.grad = {mem::comm_buffers, p.compute, P};
   c.accumulator = {mem::comm_buffers, dtype::f32, f.accumulates_locally ? P : 0};
   const dtype reduce_source = f.accumulates_locally ? c.accumulator.type : c.grad.type;  // what is reduced from
@@ -120,7 +129,7 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
 
 /// The size of one slot of each ring: the largest buffer of that purpose over the units (numel 0: no ring).
 struct slot_costs {
-  buffer_cost gathered, grad, reduce_input, reduce_output, upload, download;
+  buffer_cost gathered, grad, reduce_input, reduce_output, upload, download, wire;
 };
 
 /// `slot` becomes `b` when `b` is larger: a slot holds the largest buffer of its purpose.
@@ -137,6 +146,7 @@ inline slot_costs slot_costs_of(const std::vector<unit_costs>& units) {
     widen(s.reduce_output, c.reduce_output);
     widen(s.upload, c.upload);
     widen(s.download, c.download);
+    widen(s.wire, c.wire);
   }
   return s;
 }

@@ -69,8 +69,8 @@ constexpr const char* name_of(lane l) noexcept {
 }
 
 /// The executor's slot rings (exec/slot_ring.hpp).
-enum class ring : std::uint8_t { gathered, grad, reduce_input, reduce_output, upload, download, stage_grad, stage_state };
-inline constexpr std::size_t rings = 8;
+enum class ring : std::uint8_t { gathered, grad, reduce_input, reduce_output, upload, download, stage_grad, stage_state, wire };
+inline constexpr std::size_t rings = 9;
 
 /// The executor's per-unit events (unit/unit_buffers.hpp).
 enum class signal : std::uint8_t { shard_ready, uploaded, gathered, grad_ready, collected, downloaded, reduced, staged, stepped, state_saved };
@@ -82,7 +82,9 @@ enum class views : std::uint8_t { params, grad };
 /// Work.
 enum class job : std::uint8_t {
   upload_master,      ///< upload: offloaded master shard to its upload slot
-  gather,             ///< gather: cast into the slot (when the compute dtype differs) and all-gather
+  gather,             ///< gather: cast into the slot (when the gather dtype differs from the master's) and all-gather
+  widen,              ///< gather: the wire slot's gathered parameters widened into the gathered slot (a gather dtype
+                      ///< narrower than the compute dtype)
   zero_grad,          ///< compute: the unsharded gradient slot zeroed
   compute,            ///< compute: the trainer's forward or backward of the unit
   accumulate,         ///< compute (no-sync) or reduce (the last micro-batch): gradient added into the accumulator
@@ -103,12 +105,13 @@ enum class job : std::uint8_t {
   zero_shard,         ///< compute: the fp32 gradient shard zeroed (zero_grad)
   zero_shard_host,    ///< host_work: a host gradient shard zeroed (zero_grad; a host function)
 };
-inline constexpr std::size_t jobs = 22;
+inline constexpr std::size_t jobs = 23;
 
 constexpr const char* name_of(job j) noexcept {
   switch (j) {
     case job::upload_master: return "upload";
     case job::gather: return "all_gather";
+    case job::widen: return "widen";
     case job::zero_grad: return "zero grad";
     case job::compute: return "compute";
     case job::accumulate: return "accumulate";
@@ -142,6 +145,7 @@ constexpr const char* name_of(ring r) noexcept {
     case ring::download: return "download";
     case ring::stage_grad: return "stage_grad";
     case ring::stage_state: return "stage_state";
+    case ring::wire: return "wire";
   }
   return "?";
 }
@@ -173,7 +177,7 @@ class step_program {
         slots_(slot_costs_of(cost_)), staging_(staging_slots_of(cost_, offload_, optimizer_states)),
         ledger_{sched::slot_ledger(1), sched::slot_ledger(grad_slots), sched::slot_ledger(1), sched::slot_ledger(1),
                 sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots),
-                sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots)},
+                sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots), sched::slot_ledger(1)},
         held_(cost_.size()), accumulating_(cost_.size(), false), ready_(cost_.size(), false) {}
 
   std::size_t size() const noexcept { return cost_.size(); }
@@ -353,6 +357,7 @@ class step_program {
       case ring::download: return slots_.download;
       case ring::stage_grad: return staging_.grad;
       case ring::stage_state: return staging_.state;
+      case ring::wire: return slots_.wire;
     }
     return slots_.gathered;
   }
@@ -374,9 +379,14 @@ class step_program {
       in.wait(lane::gather, signal::shard_ready, u);
     }
     take(lane::gather, ring::gathered, u, in);
+    if (c.wire) take(lane::gather, ring::wire, u, in);  // the all-gather's buffer, in the narrower gather dtype
     in.stamp(lane::gather, trace::kind::gather_begin, pass, u);
     in.work(lane::gather, job::gather, u, pass);
     if (c.upload) give(lane::gather, ring::upload, u, in);
+    if (c.wire) {
+      in.work(lane::gather, job::widen, u, pass);
+      give(lane::gather, ring::wire, u, in);
+    }
     in.stamp(lane::gather, trace::kind::gather_end, pass, u);
     in.record(lane::gather, signal::gathered, u);
   }
@@ -462,7 +472,7 @@ class step_program {
   staging_costs staging_;
   sched::slot_ledger ledger_[rings];
   struct held_slots {
-    int slot[rings] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    int slot[rings] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
     int& operator[](std::size_t r) noexcept { return slot[r]; }
   };
   std::vector<held_slots> held_;     // per unit: the slot it holds in each ring

@@ -122,7 +122,7 @@ struct path_step {
 /// A unit's collectives in the predicted step.
 struct unit_exposure {
   std::string unit;
-  std::int64_t gather_ns = 0;   ///< its all-gathers (and casts), summed
+  std::int64_t gather_ns = 0;   ///< its all-gathers (and casts, widenings too), summed
   std::int64_t reduce_ns = 0;   ///< its reductions
   std::int64_t exposed_ns = 0;  ///< of those, not covered by compute
 };
@@ -203,13 +203,15 @@ class time_reading {
       durations d;
       const std::int64_t S = c.shard_numel, P = c.padded_numel;
       const std::int64_t cs = static_cast<std::int64_t>(size_of(facts.precision.compute));
+      const std::int64_t gs = static_cast<std::int64_t>(size_of(c.gather_type()));
       const std::int64_t rs = static_cast<std::int64_t>(size_of(facts.precision.reduce));
       const std::int64_t f = 4;
-      const std::int64_t cast_elems = shards_ ? (facts.precision.compute != facts.precision.master ? S : 0) : P;
+      const std::int64_t cast_elems = shards_ ? (c.gather_type() != facts.precision.master ? S : 0) : P;
       durations coll{};  // the collective part of each job
       coll[idx(plan::job::gather)] =
           shards_ ? tm.link.duration(collective::all_gather, c.gather_bytes(), shard_group_).count() : 0;
-      d[idx(plan::job::gather)] = mem(cast_elems * (f + cs)) + coll[idx(plan::job::gather)];
+      d[idx(plan::job::gather)] = mem(cast_elems * (f + gs)) + coll[idx(plan::job::gather)];
+      d[idx(plan::job::widen)] = c.wire ? mem(P * (gs + cs)) : 0;
       d[idx(plan::job::upload_master)] = bytes_over(c.upload.bytes(), tm.pcie_bytes_per_second);
       d[idx(plan::job::zero_grad)] = mem(c.grad.bytes());
       d[idx(plan::job::compute)] = 0;  // per pass: below

@@ -1,15 +1,23 @@
 #pragma once
-// Precision policies: the dtype parameters are gathered and computed in, the dtype of the master shards (always
-// fp32) and the dtype gradients are reduced in. Gradients always accumulate into fp32 gradient shards.
+// Precision policies: the dtype parameters are computed in, the dtype of the master shards (always fp32), the dtype
+// gradients are reduced in, and the dtype parameters are gathered in (the compute dtype unless a narrower one is
+// named). Gradients always accumulate into fp32 gradient shards.
 //
 //   fsdp::precision::full                               everything fp32
 //   fsdp::precision::mixed<fsdp::bfloat16>              bf16 gathers and compute, fp32 reduction
 //   fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>   bf16 reduction too (half the reduce bytes)
+//   fsdp::precision::mixed<float, float, float, fsdp::bfloat16>     fp32 compute, bf16 on the wire: the all-gather
+//                                                       moves bf16, the trainer's views are fp32 (widened after
+//                                                       the gather), for fp32 kernels at half the gather bytes
+//   fsdp::precision::wire<fsdp::bfloat16>               the same, by name
 //
-// The cast from the fp32 master shard to the compute dtype happens while the shard is copied into this rank's
-// slice of the gather buffer; the cast from the compute dtype (or the fp32 no-sync accumulator) to the reduce
-// dtype when the reduction's input is prepared; the reduced result is added into the fp32 gradient shard. Every
-// cast rounds to nearest even (core/float16.hpp), the same bits on every backend.
+// The cast from the fp32 master shard to the gather dtype happens while the shard is copied into this rank's slice
+// of the gather buffer; when the gather dtype is narrower than the compute dtype, the gathered parameters are
+// widened into the compute views after the all-gather (a second buffer, the wire slot: fsdp/memory/cost.hpp), so a
+// view holds exactly the gather dtype's values; the cast from the compute dtype (or the fp32 no-sync accumulator)
+// to the reduce dtype when the reduction's input is prepared; the reduced result is added into the fp32 gradient
+// shard. Every narrowing cast rounds to nearest even (core/float16.hpp), every widening is exact: the same bits on
+// every backend.
 #include <concepts>
 #include <type_traits>
 
@@ -20,9 +28,28 @@ namespace fsdp {
 
 struct precision_tag {};
 
+/// The element type parameters are gathered in: P::gather_type where the policy names one, else its compute type.
+template <class P>
+struct gather_type_of {
+  using type = typename P::compute_type;
+};
+template <class P>
+  requires requires { typename P::gather_type; }
+struct gather_type_of<P> {
+  using type = typename P::gather_type;
+};
+
+/// Whether parameters may be gathered in `gather` and computed in `compute`: the same dtype, or a narrower one that
+/// is widened exactly after the gather (a gather of the same width in another dtype would round twice; a wider one
+/// would move more bytes than casting first).
+constexpr bool gathers_into(dtype gather, dtype compute) noexcept {
+  return gather == compute || size_of(gather) < size_of(compute);
+}
+
 /// A precision policy opts in with `using precision_concept = fsdp::precision_tag;` and names three element
-/// types (each with a dtype: float, fsdp::bfloat16, fsdp::float16, or CUDA's __nv_bfloat16 / __half). The
-/// master type must be float: the library keeps fp32 master shards and fp32 gradient shards.
+/// types (each with a dtype: float, fsdp::bfloat16, fsdp::float16, or CUDA's __nv_bfloat16 / __half), and
+/// optionally a fourth, `gather_type`, narrower than the compute type. The master type must be float: the library
+/// keeps fp32 master shards and fp32 gradient shards.
 template <class P>
 concept PrecisionPolicy = requires {
   typename P::precision_concept;
@@ -33,6 +60,8 @@ concept PrecisionPolicy = requires {
   requires ElementType<typename P::compute_type>;
   requires ElementType<typename P::reduce_type>;
   requires std::same_as<typename P::master_type, float>;
+  requires ElementType<typename gather_type_of<P>::type>;
+  requires gathers_into(dtype_of_v<typename gather_type_of<P>::type>, dtype_of_v<typename P::compute_type>);
 };
 
 /// The policy's dtypes as values, for the code that is not a template (costs, the planner, the executor).
@@ -40,18 +69,24 @@ struct precision_facts {
   dtype compute = dtype::f32;  ///< gathered parameters and the unsharded gradients the trainer writes
   dtype master = dtype::f32;   ///< master shards (always f32)
   dtype reduce = dtype::f32;   ///< what the reduction moves
+  dtype gather = compute;      ///< what the all-gather moves: the compute dtype, or a narrower one (gathers_into)
+                               ///< widened into the compute views after the gather
+  /// Whether gathered parameters are widened from the gather dtype into the compute dtype (a wire slot exists).
+  constexpr bool widens() const noexcept { return gather != compute; }
   friend constexpr bool operator==(const precision_facts&, const precision_facts&) = default;
 };
 
 template <PrecisionPolicy P>
 constexpr precision_facts facts_of_precision() noexcept {
-  return {dtype_of_v<typename P::compute_type>, dtype::f32, dtype_of_v<typename P::reduce_type>};
+  return {dtype_of_v<typename P::compute_type>, dtype::f32, dtype_of_v<typename P::reduce_type>,
+          dtype_of_v<typename gather_type_of<P>::type>};
 }
 
 namespace precision {
 
-/// Parameters gathered and computed in `Compute`, fp32 master shards, gradients reduced in `Reduce`.
-template <class Compute, class Master = float, class Reduce = float>
+/// Parameters computed in `Compute` and gathered in `Gather` (by default `Compute`; a narrower type is widened into
+/// the compute views after the gather), fp32 master shards, gradients reduced in `Reduce`.
+template <class Compute, class Master = float, class Reduce = float, class Gather = Compute>
 struct mixed {
   static_assert(ElementType<Compute>,
                 "fsdp::precision::mixed: the compute type has no dtype (use float, fsdp::bfloat16 or fsdp::float16)");
@@ -59,14 +94,25 @@ struct mixed {
                 "fsdp::precision::mixed: master shards are fp32: the second argument must be float");
   static_assert(ElementType<Reduce>,
                 "fsdp::precision::mixed: the reduce type has no dtype (use float, fsdp::bfloat16 or fsdp::float16)");
+  static_assert(ElementType<Gather>,
+                "fsdp::precision::mixed: the gather type has no dtype (use float, fsdp::bfloat16 or fsdp::float16)");
+  static_assert(gathers_into(dtype_of_v<Gather>, dtype_of_v<Compute>),
+                "fsdp::precision::mixed: the gather type must be the compute type or narrower than it (a gather of "
+                "the same width in another dtype rounds twice; a wider one moves more bytes than casting first)");
   using precision_concept = precision_tag;
   using compute_type = Compute;
   using master_type = Master;
   using reduce_type = Reduce;
+  using gather_type = Gather;
 };
 
 /// Everything in fp32.
 using full = mixed<float, float, float>;
+
+/// fp32 compute (the trainer's views and gradients), parameters gathered in `Gather` and widened into the views
+/// after the gather, gradients reduced in `Reduce`.
+template <class Gather, class Reduce = float>
+using wire = mixed<float, float, Reduce, Gather>;
 
 }  // namespace precision
 }  // namespace fsdp
