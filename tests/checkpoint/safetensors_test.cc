@@ -199,7 +199,7 @@ TEST_CASE(
   expect(file_with(reshaped), ": tensor 'h.1.w' is [1, 3] in the file but [3] in the model");
   expect(file_with(stored, "I64"),
          ": tensor 'emb' is I64, which an fp32 master parameter cannot hold exactly (F32, "
-         "BF16 and F16 can)");
+         "BF16, F16, F8_E4M3 and F8_E5M2 can)");
   expect("hello", " has 5 bytes: too short for a header");
   std::string huge(8, '\0');
   huge[5] = 1;  // 2^40
@@ -244,6 +244,45 @@ TEST_CASE(
   const params got = load_model(path, 2, {.allow_unused = true});
   for (const auto& [name, values] : got)
     for (float v : values) REQUIRE(v == 0.0f);
+}
+
+TEST_CASE("F8_E4M3 and F8_E5M2 files load exactly at any world size; a save in fp8 is refused, named") {
+  fsdp_test::scratch_dir dir("st-fp8");
+  const std::string path = dir / "m.safetensors";
+  for (const char* type : {"F8_E4M3", "F8_E5M2"}) {
+    CAPTURE(type);
+    std::string bytes = file_with(stored, type);
+    const std::size_t data = bytes.size() - 554;  // five_units stores 185 + 81 + 9 + 3 + 272 + 4 elements, a byte each
+    for (std::size_t i = data; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 37 % 0x7b);  // finite patterns
+    fsdp_test::write_file_bytes(path, bytes);
+    const fsdp::dtype t = *fsdp::dtype_of_safetensors(type);
+    for (int world : {1, 3}) {
+      CAPTURE(world);
+      const params got = load_model(path, world);
+      std::size_t at = data, checked = 0;
+      for (const auto& [name, shape] : stored) {
+        const std::vector<float>& v = got.at(name);
+        for (float x : v) {
+          float want = 0;
+          const char b = bytes[at++];
+          fsdp::kernels::dispatch(t, [&](auto d) {
+            if constexpr (sizeof(fsdp::f16::storage_t<d()>) == 1)
+              want = fsdp::f16::to_float<d()>(static_cast<std::uint8_t>(b));
+          });
+          CHECK(x == want);
+          ++checked;
+        }
+      }
+      CHECK(checked == 554);
+      CHECK(at == bytes.size());
+    }
+  }
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, 1});
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { st::save(m, path + ".2", {.type = fsdp::dtype::f8e4m3}); }) ==
+          "fsdp: safetensors::save: save_options::type is f8e4m3, whose values need a scale beside them, which the "
+          "file would not hold; save in f32, bf16 or f16");
+  });
 }
 
 TEST_CASE("a save that fails (the file made or its header written by rank 0, the rename) leaves no .partial behind") {

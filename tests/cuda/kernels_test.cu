@@ -98,11 +98,12 @@ TEST_CASE("convert: every dtype pair, scales 1 and 1/4, any size and alignment, 
   fsdp::backend::cuda gpu;
   fsdp::backend::host cpu;
   const std::vector<std::int64_t> sizes = sizes_for(1 << 20);
-  for (dtype src_t : {dtype::f32, dtype::bf16, dtype::f16})
-    for (dtype dst_t : {dtype::f32, dtype::bf16, dtype::f16})
+  for (const fsdp::dtype_row& src_row : fsdp::dtype_rows)  // every row: the fp8 formats' saturation too
+    for (const fsdp::dtype_row& dst_row : fsdp::dtype_rows)
       for (float scale : {1.0f, 0.25f})
         for (std::int64_t n : sizes)
           for (std::size_t shift : {0u, 1u, 2u, 3u}) {
+            const dtype src_t = src_row.tag, dst_t = dst_row.tag;
             CAPTURE(fsdp::name_of(src_t));
             CAPTURE(fsdp::name_of(dst_t));
             CAPTURE(scale);
@@ -128,10 +129,11 @@ TEST_CASE("accumulate into fp32 from every dtype, scales 1 and 3/8: bit-exact wi
   fsdp::backend::cuda gpu;
   fsdp::backend::host cpu;
   const std::vector<std::int64_t> sizes = sizes_for(1 << 20);
-  for (dtype src_t : {dtype::f32, dtype::bf16, dtype::f16})
+  for (const fsdp::dtype_row& src_row : fsdp::dtype_rows)
     for (float scale : {1.0f, 0.375f})
     for (std::int64_t n : sizes)
       for (std::size_t shift : {0u, 1u, 2u, 3u}) {
+        const dtype src_t = src_row.tag;
         CAPTURE(fsdp::name_of(src_t));
         CAPTURE(scale);
         CAPTURE(n);

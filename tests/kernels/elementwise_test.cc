@@ -257,6 +257,99 @@ TEST_CASE("decay masks and shard pieces: no-decay ranges get no weight decay, pi
   CHECK(p == std::vector<float>{0.95f, 1.0f, 1.0f, 0.95f});
 }
 
+TEST_CASE("fp8 from fp32: round to nearest even, subnormals, saturation, and non-finite values kept non-finite") {
+  using fsdp::f8::e4m3;
+  using fsdp::f8::e5m2;
+  auto e4 = [](float f) { return fsdp::f8::from_float<e4m3>(f); };
+  auto e5 = [](float f) { return fsdp::f8::from_float<e5m2>(f); };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(e4(1.0f) == 0x38);
+  CHECK(e5(1.0f) == 0x3c);
+  CHECK(e4(448.0f) == 0x7e);                  // the largest finite E4M3
+  CHECK(e4(464.0f) == 0x7e);                  // halfway to the NaN pattern: ties to the even 0x7e
+  CHECK(e4(480.0f) == 0x7e);                  // beyond: saturates (ml_dtypes gives NaN)
+  CHECK(e4(-1e30f) == 0xfe);
+  CHECK(e4(inf) == 0x7f);                     // E4M3 has no infinity: NaN, never a finite value
+  CHECK(e4(-inf) == 0x7f);
+  CHECK(e4(nan) == 0x7f);
+  CHECK(e4(std::ldexp(1.0f, -9)) == 0x01);    // the smallest subnormal
+  CHECK(e4(std::ldexp(1.0f, -10)) == 0x00);   // half of it: ties to even, zero
+  CHECK(e4(std::ldexp(3.0f, -11)) == 0x01);   // 0.75 of it rounds up
+  CHECK(e4(std::ldexp(15.0f, -10)) == 0x08);  // 7.5 subnormal steps: ties to 8, the smallest normal
+  CHECK(e4(-0.0f) == 0x80);
+  CHECK(e5(57344.0f) == 0x7b);                // the largest finite E5M2
+  CHECK(e5(61440.0f) == 0x7b);                // halfway to infinity: saturates (ml_dtypes gives infinity)
+  CHECK(e5(inf) == 0x7c);
+  CHECK(e5(-inf) == 0xfc);
+  CHECK(e5(-nan) == 0x7f);
+  CHECK(e5(std::ldexp(1.0f, -16)) == 0x01);
+  CHECK(e5(std::ldexp(1.0f, -17)) == 0x00);
+  CHECK(e5(std::numeric_limits<float>::denorm_min()) == 0x00);
+  CHECK(e5(1.125f) == 0x3c);                  // 1 + 1/8 is halfway between 1 and 1.25: ties to even 1
+  CHECK(e5(1.375f) == 0x3e);                  // halfway between 1.25 and 1.5: ties to even 1.5
+  // the element types name the same conversions
+  CHECK(fsdp::float8_e4m3(448.0f).bits == 0x7e);
+  CHECK(float(fsdp::float8_e5m2::from_bits(0x7b)) == 57344.0f);
+  static_assert(fsdp::dtype_of_v<fsdp::float8_e4m3> == fsdp::dtype::f8e4m3);
+  static_assert(fsdp::f8::from_float<e4m3>(0.5f) == 0x30);  // constexpr, as the 16-bit conversions
+}
+
+TEST_CASE("fp8 to fp32 is exact: every pattern's value by ldexp, and every non-NaN pattern round-trips") {
+  auto value = [](std::uint8_t b, int mbits, int bias) {  // the OFP8 formula, independent of the bit moves
+    const int e = (b & 0x7f) >> mbits, m = b & ((1 << mbits) - 1);
+    const double v = e == 0 ? std::ldexp(m, 1 - bias - mbits) : std::ldexp((1 << mbits) + m, e - bias - mbits);
+    return (b & 0x80) ? -v : v;
+  };
+  int nan4 = 0, nan5 = 0, inf5 = 0;
+  for (int i = 0; i < 256; ++i) {
+    const auto b = static_cast<std::uint8_t>(i);
+    CAPTURE(i);
+    const float f4 = fsdp::f8::to_float<fsdp::f8::e4m3>(b), f5 = fsdp::f8::to_float<fsdp::f8::e5m2>(b);
+    if ((b & 0x7f) == 0x7f) {
+      CHECK(std::isnan(f4));
+      ++nan4;
+    } else {
+      CHECK(double(f4) == value(b, 3, 7));
+      CHECK(fsdp::f8::from_float<fsdp::f8::e4m3>(f4) == b);
+    }
+    if (((b >> 2) & 0x1f) == 0x1f) {
+      if (b & 3) {
+        CHECK(std::isnan(f5));
+        ++nan5;
+      } else {
+        CHECK(std::isinf(f5));
+        CHECK(fsdp::f8::from_float<fsdp::f8::e5m2>(f5) == b);
+        ++inf5;
+      }
+    } else {
+      CHECK(double(f5) == value(b, 2, 15));
+      CHECK(fsdp::f8::from_float<fsdp::f8::e5m2>(f5) == b);
+    }
+  }
+  CHECK(nan4 == 2);  // 0x7f, 0xff
+  CHECK(nan5 == 6);
+  CHECK(inf5 == 2);
+}
+
+TEST_CASE("fp8 is not a plain precision: a policy naming it is refused until its values carry scales") {
+  struct fp8_gather {
+    using precision_concept = fsdp::precision_tag;
+    using compute_type = fsdp::bfloat16;
+    using master_type = float;
+    using reduce_type = float;
+    using gather_type = fsdp::float8_e4m3;
+  };
+  struct fp8_reduce {
+    using precision_concept = fsdp::precision_tag;
+    using compute_type = float;
+    using master_type = float;
+    using reduce_type = fsdp::float8_e5m2;
+  };
+  static_assert(!fsdp::PrecisionPolicy<fp8_gather> && !fsdp::PrecisionPolicy<fp8_reduce>);
+  CHECK(fsdp::is_scaled(fsdp::dtype::f8e4m3));
+  CHECK(!fsdp::is_scaled(fsdp::dtype::bf16));
+}
+
 TEST_CASE("every row of the dtype table: its width is its storage's, its names and codes are its own, its values "
           "round-trip through float and through the backend") {
   std::set<std::string_view> names, st_names;
@@ -289,7 +382,7 @@ TEST_CASE("every row of the dtype table: its width is its storage's, its names a
       }
     });
   }
-  CHECK(fsdp::dtype_count == 3);
+  CHECK(fsdp::dtype_count == 5);
   CHECK(!fsdp::dtype_of_safetensors("F64"));
   CHECK(fsdp::name_of(static_cast<fsdp::dtype>(200)) == "?");
   CHECK(!fsdp::is_dtype(static_cast<fsdp::dtype>(200)));

@@ -136,7 +136,8 @@ std::vector<unsigned char> run_one(Comm& comm, fsdp::backend::host& be, fsdp::ba
 
 std::vector<op> every_op() {
   std::vector<op> ops;
-  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+  for (const fsdp::dtype_row& row : fsdp::dtype_rows) {  // every dtype, fp8 too (one byte: MPI_UINT8_T)
+    const dtype t = row.tag;
     // 0 and 1 element, uneven, and all_reduce on both sides of comm::mpi's 32 KiB switch (gather-all vs two-phase,
     // with uneven chunks at 20001)
     for (std::int64_t n : {0, 1, 3, 8, 1000, 20001}) {
@@ -197,7 +198,7 @@ TEST_CASE("every collective, dtype and op gives comm::local's bits at world 4, i
     }
     ++compared;
   }
-  CHECK(compared == 3 * 6 * 2 * 7);
+  CHECK(compared == fsdp::dtype_count * 6 * 2 * 7);
 
   // Not vacuous: on these inputs the order of the additions changes the bits. Rank order reversed gives another
   // f32 sum for some elements of the large all_reduce.

@@ -40,7 +40,8 @@ namespace fsdp::safetensors {
 using name_map = std::function<std::string(std::string_view)>;
 
 struct save_options {
-  dtype type = dtype::f32;                        ///< of every tensor in the file: f32, bf16 or f16
+  dtype type = dtype::f32;                        ///< of every tensor in the file: f32, bf16 or f16 (fp8, whose
+                                                  ///< values need scales, is refused; a load reads it exactly)
   std::map<std::string, std::string> metadata{};  ///< the file's "__metadata__"
   name_map name_of{};                             ///< model name -> file name; the identity when empty
   bool overwrite = false;                         ///< replace an existing file (otherwise an error)
@@ -139,6 +140,11 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
   namespace io = checkpoint::io;
   m.require_between_steps("a safetensors save");
   if (path.empty()) detail::fail_usage("safetensors::save: the path is empty");
+  if (!is_dtype(so.type) || is_scaled(so.type))
+    detail::fail_usage("safetensors::save: save_options::type is ", name_of(so.type),
+                       is_dtype(so.type) ? ", whose values need a scale beside them, which the file would not hold"
+                                         : ", not a dtype",
+                       "; save in f32, bf16 or f16");
   for (const auto& [k, v] : so.metadata)
     if (detail::utf8_error(k) != std::string_view::npos || detail::utf8_error(v) != std::string_view::npos)
       detail::fail_usage("safetensors::save: metadata entry '", detail::printable(k), "' is not valid UTF-8");

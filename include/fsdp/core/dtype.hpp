@@ -16,7 +16,7 @@
 
 namespace fsdp {
 
-enum class dtype : std::uint8_t { f32, bf16, f16 };
+enum class dtype : std::uint8_t { f32, bf16, f16, f8e4m3, f8e5m2 };
 
 /// One dtype's facts.
 struct dtype_row {
@@ -24,13 +24,18 @@ struct dtype_row {
   std::string_view name;         ///< in messages, fingerprints and traces: "bf16"
   std::size_t bytes;             ///< storage width
   std::string_view safetensors;  ///< the safetensors format's name: "BF16"
-  int nccl;                      ///< ncclDataType_t's value (nccl.h: ncclFloat16 6, ncclFloat32 7, ncclBfloat16 9)
+  int nccl;                      ///< ncclDataType_t's value (nccl.h: ncclFloat16 6, ncclFloat32 7, ncclBfloat16 9,
+                                 ///< ncclFloat8e4m3 10, ncclFloat8e5m2 11)
+  bool scaled;                   ///< its range needs a scale beside the values (fp8: 448 or 57344 at most), so a
+                                 ///< precision policy cannot name it as a plain compute, gather or reduce type
 };
 
 inline constexpr dtype_row dtype_rows[] = {
-    {dtype::f32, "f32", 4, "F32", 7},
-    {dtype::bf16, "bf16", 2, "BF16", 9},
-    {dtype::f16, "f16", 2, "F16", 6},
+    {dtype::f32, "f32", 4, "F32", 7, false},
+    {dtype::bf16, "bf16", 2, "BF16", 9, false},
+    {dtype::f16, "f16", 2, "F16", 6, false},
+    {dtype::f8e4m3, "f8e4m3", 1, "F8_E4M3", 10, true},  // OCP E4M3 (core/float8.hpp)
+    {dtype::f8e5m2, "f8e5m2", 1, "F8_E5M2", 11, true},  // OCP E5M2
 };
 inline constexpr std::size_t dtype_count = std::size(dtype_rows);
 
@@ -41,6 +46,8 @@ constexpr bool is_dtype(dtype t) noexcept { return static_cast<std::size_t>(t) <
 constexpr const dtype_row& row_of(dtype t) noexcept { return dtype_rows[static_cast<std::size_t>(t)]; }
 constexpr std::size_t size_of(dtype t) noexcept { return is_dtype(t) ? row_of(t).bytes : 0; }
 constexpr std::string_view name_of(dtype t) noexcept { return is_dtype(t) ? row_of(t).name : std::string_view("?"); }
+/// Whether `t`'s values need a scale beside them (dtype_row::scaled).
+constexpr bool is_scaled(dtype t) noexcept { return is_dtype(t) && row_of(t).scaled; }
 /// The dtype the safetensors format calls `name` ("BF16"), if the library has it.
 constexpr std::optional<dtype> dtype_of_safetensors(std::string_view name) noexcept {
   for (const dtype_row& r : dtype_rows)
@@ -54,8 +61,8 @@ static_assert([] {
   return true;
 }(), "fsdp: dtype_rows must list the dtypes in the order of their enumerators");
 
-/// The dtype of a C++ element type: float, fsdp::bfloat16 and fsdp::float16 (core/float16.hpp), and CUDA's
-/// __nv_bfloat16 and __half under nvcc (cuda/types.cuh). No specialisation: the type is not an element type.
+/// The dtype of a C++ element type: float, fsdp::bfloat16, fsdp::float16, fsdp::float8_e4m3 and fsdp::float8_e5m2
+/// (core/float16.hpp), and CUDA's __nv_bfloat16 and __half under nvcc (cuda/types.cuh). No specialisation: the type is not an element type.
 template <class T>
 struct dtype_of;
 template <>

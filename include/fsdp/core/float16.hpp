@@ -2,7 +2,9 @@
 // bf16 and fp16 as 16-bit storage, converted to and from fp32 by bit manipulation: round to nearest even,
 // subnormals kept, every NaN turned into the canonical quiet NaN 0x7fff. The same functions run on the host and
 // inside CUDA kernels (FSDP_HD), so a cast gives the same bits on both backends whatever the GPU's conversion
-// instructions do with NaN payloads. fsdp::bfloat16 and fsdp::float16 are the element types a trainer names.
+// instructions do with NaN payloads. fsdp::bfloat16 and fsdp::float16 are the element types a trainer names. The
+// 8-bit formats' conversions are core/float8.hpp's; their element types, fsdp::float8_e4m3 and fsdp::float8_e5m2,
+// are below.
 //
 // The bit moves are __builtin_bit_cast, not std::bit_cast: std::bit_cast is a constexpr __host__ function, which
 // plain nvcc (without --expt-relaxed-constexpr) only warns about calling from device code (#20013-D) and then
@@ -14,6 +16,7 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/core/float8.hpp"
 
 namespace fsdp::f16 {
 
@@ -100,6 +103,8 @@ FSDP_HD constexpr float to_float(storage_t<D> x) noexcept {
   if constexpr (D == dtype::f32) return x;
   else if constexpr (D == dtype::bf16) return bf16_to_float(x);
   else if constexpr (D == dtype::f16) return half_to_float(x);
+  else if constexpr (D == dtype::f8e4m3) return f8::to_float<f8::e4m3>(x);
+  else if constexpr (D == dtype::f8e5m2) return f8::to_float<f8::e5m2>(x);
   else static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion to float (float16.hpp)");
 }
 template <dtype D>
@@ -107,6 +112,8 @@ FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
   if constexpr (D == dtype::f32) return x;
   else if constexpr (D == dtype::bf16) return bf16_from_float(x);
   else if constexpr (D == dtype::f16) return half_from_float(x);
+  else if constexpr (D == dtype::f8e4m3) return f8::from_float<f8::e4m3>(x);
+  else if constexpr (D == dtype::f8e5m2) return f8::from_float<f8::e5m2>(x);
   else static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion from float (float16.hpp)");
 }
 
@@ -140,6 +147,33 @@ static_assert(sizeof(bfloat16) == 2 && sizeof(float16) == 2 && std::is_trivially
 
 template <dtype D>
 struct dtype_of<basic_float16<D>> {
+  static constexpr dtype value = D;
+};
+
+/// An 8-bit floating-point value (core/float8.hpp): 8 bits of storage. `float(x)` widens exactly; `T(f)` rounds to
+/// nearest even and saturates. Layout-compatible with CUDA's __nv_fp8_e4m3 / __nv_fp8_e5m2 (1 byte, same bits).
+template <dtype D>
+struct basic_float8 {
+  static_assert(D == dtype::f8e4m3 || D == dtype::f8e5m2, "fsdp::basic_float8: f8e4m3 or f8e5m2 only");
+  std::uint8_t bits = 0;
+  basic_float8() = default;
+  FSDP_HD constexpr explicit basic_float8(float f) noexcept : bits(f16::from_float<D>(f)) {}
+  FSDP_HD constexpr explicit operator float() const noexcept { return f16::to_float<D>(bits); }
+  FSDP_HD static constexpr basic_float8 from_bits(std::uint8_t b) noexcept {
+    basic_float8 x;
+    x.bits = b;
+    return x;
+  }
+  friend constexpr bool operator==(basic_float8, basic_float8) = default;  ///< bit equality
+};
+
+using float8_e4m3 = basic_float8<dtype::f8e4m3>;  ///< OCP E4M3: 4 exponent bits, 3 mantissa bits, no infinity
+using float8_e5m2 = basic_float8<dtype::f8e5m2>;  ///< OCP E5M2: 5 exponent bits, 2 mantissa bits
+
+static_assert(sizeof(float8_e4m3) == 1 && sizeof(float8_e5m2) == 1 && std::is_trivially_copyable_v<float8_e4m3>);
+
+template <dtype D>
+struct dtype_of<basic_float8<D>> {
   static constexpr dtype value = D;
 };
 

@@ -46,6 +46,10 @@ constexpr bool gathers_into(dtype gather, dtype compute) noexcept {
   return gather == compute || size_of(gather) < size_of(compute);
 }
 
+/// Whether a precision policy may name `t` as its compute, reduce or gather dtype: any dtype whose values need no
+/// scale beside them (not fp8: core/dtype.hpp's `scaled`).
+constexpr bool plain_precision(dtype t) noexcept { return is_dtype(t) && !is_scaled(t); }
+
 /// A precision policy opts in with `using precision_concept = fsdp::precision_tag;` and names three element
 /// types (each with a dtype: float, fsdp::bfloat16, fsdp::float16, or CUDA's __nv_bfloat16 / __half), and
 /// optionally a fourth, `gather_type`, narrower than the compute type. The master type must be float: the library
@@ -61,6 +65,8 @@ concept PrecisionPolicy = requires {
   requires ElementType<typename P::reduce_type>;
   requires std::same_as<typename P::master_type, float>;
   requires ElementType<typename gather_type_of<P>::type>;
+  requires plain_precision(dtype_of_v<typename P::compute_type>) && plain_precision(dtype_of_v<typename P::reduce_type>) &&
+           plain_precision(dtype_of_v<typename gather_type_of<P>::type>);
   requires gathers_into(dtype_of_v<typename gather_type_of<P>::type>, dtype_of_v<typename P::compute_type>);
 };
 
@@ -96,6 +102,10 @@ struct mixed {
                 "fsdp::precision::mixed: the reduce type has no dtype (use float, fsdp::bfloat16 or fsdp::float16)");
   static_assert(ElementType<Gather>,
                 "fsdp::precision::mixed: the gather type has no dtype (use float, fsdp::bfloat16 or fsdp::float16)");
+  static_assert(plain_precision(dtype_of_v<Compute>) && plain_precision(dtype_of_v<Reduce>) &&
+                    plain_precision(dtype_of_v<Gather>),
+                "fsdp::precision::mixed: fp8 values need a scale beside them (their range ends at 448 or 57344), "
+                "which a plain precision policy does not keep: scaled fp8 gathers and reductions are not built yet");
   static_assert(gathers_into(dtype_of_v<Gather>, dtype_of_v<Compute>),
                 "fsdp::precision::mixed: the gather type must be the compute type or narrower than it (a gather of "
                 "the same width in another dtype rounds twice; a wider one moves more bytes than casting first)");
