@@ -93,6 +93,31 @@ bool same_bits(const std::vector<char>& a, const std::vector<char>& b) {
 
 }  // namespace
 
+TEST_CASE("CUDA's fp8 types name the library's dtypes, and their saturating conversion gives the library's bits for "
+          "every finite input sampled") {
+  static_assert(fsdp::dtype_of_v<__nv_fp8_e4m3> == dtype::f8e4m3 && fsdp::dtype_of_v<__nv_fp8_e5m2> == dtype::f8e5m2);
+  // __nv_fp8_*(float) saturates finite values (__NV_SATFINITE) and rounds to nearest even, as core/float8.hpp does;
+  // the two differ on infinities only (CUDA: the largest finite value; the library: E5M2's infinity, E4M3's NaN)
+  std::mt19937 gen(3);
+  std::size_t compared = 0;
+  for (int i = 0; i < 1000000; ++i) {
+    const float f = std::bit_cast<float>(static_cast<std::uint32_t>(gen()));
+    const float g = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen),
+                               std::uniform_int_distribution<int>(-20, 18)(gen));  // the formats' own range
+    for (float x : {f, g}) {
+      if (!std::isfinite(x)) continue;
+      ++compared;
+      const __nv_fp8_e4m3 a(x);
+      const __nv_fp8_e5m2 b(x);
+      if (a.__x != fsdp::f8::from_float<fsdp::f8::e4m3>(x) || b.__x != fsdp::f8::from_float<fsdp::f8::e5m2>(x)) {
+        FAIL_CHECK("fp8 conversions differ for ", x, " (bits ", std::bit_cast<std::uint32_t>(x), ")");
+        return;
+      }
+    }
+  }
+  CHECK(compared > 1990000);
+}
+
 TEST_CASE("convert: every dtype pair, scales 1 and 1/4, any size and alignment, bit-exact with the host") {
   FSDP_REQUIRE_GPU();
   fsdp::backend::cuda gpu;
