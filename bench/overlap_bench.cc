@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <thread>
@@ -177,7 +178,11 @@ int main() {
     fsdp::precision_facts facts;
   } precisions[] = {{"fp32", fsdp::facts_of_precision<fsdp::precision::full>()},
                     {"bf16/fp32", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>()},
-                    {"bf16/bf16", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>()}};
+                    {"bf16/bf16", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>()},
+                    {"fp8x16/fp32", fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 16>>()},
+                    {"fp8x16/bf16", fsdp::facts_of_precision<
+                                        fsdp::precision::scaled<fsdp::float8_e4m3, 16, fsdp::bfloat16, fsdp::bfloat16>>()}};
+  constexpr int precision_count = static_cast<int>(std::size(precisions));
   std::vector<fsdp::time_variant> variants;  // the prefetch policies, for rank_by_time (precision set per group)
   auto one_slot = [&](const fsdp::prefetch_facts& pf) {
     fsdp::budget_query q;
@@ -207,6 +212,8 @@ int main() {
     one(fsdp::precision::full{}, 0);
     one(fsdp::precision::mixed<fsdp::bfloat16>{}, 1);
     one(fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>{}, 2);
+    one(fsdp::precision::scaled<fsdp::float8_e4m3, 16>{}, 3);
+    one(fsdp::precision::scaled<fsdp::float8_e4m3, 16, fsdp::bfloat16, fsdp::bfloat16>{}, 4);
   };
   bench("none", fsdp::prefetch::none{});
   bench("forward<1>", fsdp::prefetch::forward<1>{});
@@ -215,14 +222,14 @@ int main() {
   bench("next = depth<1,1>", fsdp::prefetch::next{});
   bench("depth<2,2>", fsdp::prefetch::depth<2, 2>{});
 
-  std::printf("%-18s %-10s %-25s | %10s %9s %8s | %10s %9s %8s | %7s\n", "prefetch", "gather/red", "link", "pred. us",
+  std::printf("%-18s %-11s %-25s | %10s %9s %8s | %10s %9s %8s | %7s\n", "prefetch", "gather/red", "link", "pred. us",
               "no-comm", "exposed", "meas. us", "no-comm", "exposed", "diff");
   double worst = 0, worst_one_slot = 0;
   for (const auto& r : rows) {
     const double pf = r.predicted.exposed_fraction(), mf = r.m.fraction();
     const double tol = r.one_slot ? s.tolerance_one_slot : s.tolerance;
     (r.one_slot ? worst_one_slot : worst) = std::max(r.one_slot ? worst_one_slot : worst, std::fabs(pf - mf));
-    std::printf("%-18s %-10s %-25s | %10.1f %9.1f %7.1f%% | %10.1f %9.1f %7.1f%% | %+6.1f%s\n", r.policy.c_str(),
+    std::printf("%-18s %-11s %-25s | %10.1f %9.1f %7.1f%% | %10.1f %9.1f %7.1f%% | %+6.1f%s\n", r.policy.c_str(),
                 r.precision.c_str(), r.link.c_str(), double(r.predicted.step_ns) * 1e-3, double(r.predicted_base_ns) * 1e-3,
                 100 * pf, r.m.step_us, r.base.step_us, 100 * mf, 100 * (pf - mf),
                 std::fabs(pf - mf) <= tol ? "" : "  (outside tolerance)");
@@ -236,7 +243,7 @@ int main() {
   // The planner's pick against the fastest measured policy, per link and precision.
   int matches = 0, picks = 0;
   for (const modelled_link& l : links)
-    for (int pi = 0; pi < 3; ++pi) {
+    for (int pi = 0; pi < precision_count; ++pi) {
       std::vector<fsdp::time_variant> v = variants;
       for (auto& x : v) x.precision = precisions[pi].facts;
       fsdp::budget_query q;

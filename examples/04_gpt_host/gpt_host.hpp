@@ -429,8 +429,9 @@ result train(typename Policy::communicator& comm, const config& c) {
 
 /// The GPT examples' --strategy and --precision flags as types: fn(s, p) with fsdp::named<Sharding> and
 /// fsdp::named<Precision> (typename decltype(s)::type), or a usage_error naming the flag and the names known.
-template <class F>
-decltype(auto) with_policy_flags(std::string_view strategy, std::string_view precision, F&& fn) {
+/// `extra`: more precisions by name (the host example adds "fp8", precision::scaled), beside bf16 and fp32.
+template <class F, class... Extra>
+decltype(auto) with_policy_flags(std::string_view strategy, std::string_view precision, F&& fn, Extra... extra) {
   namespace sh = fsdp::sharding;
   return fsdp::select(
       "--precision", precision,
@@ -439,7 +440,8 @@ decltype(auto) with_policy_flags(std::string_view strategy, std::string_view pre
             "--strategy", strategy, [&](auto s) { return fn(s, p); },
             fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard>());
       },
-      fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"});
+      fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"},
+      extra...);
 }
 
 }  // namespace gpt

@@ -129,6 +129,11 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
   refuse("wrapping", wrapping);
   problems layout;
   if (opt.layout.align <= 0) layout.add("layout alignment must be positive, got ", opt.layout.align);
+  if (const int block = facts_of_precision<typename Policy::precision>().gather_block;
+      block > 0 && opt.layout.align > 0 && opt.layout.align % block != 0)
+    layout.add("the precision gathers in blocks of ", block, " elements with a scale each, and a block must not "
+               "cross a shard: shards are multiples of model_options::layout.align, which is ", opt.layout.align,
+               "; set it to a multiple of ", block);
   refuse("layout", layout);
   if (!strat.empty() || !wrapping.empty() || !layout.empty()) return out;  // nothing to lay out
 

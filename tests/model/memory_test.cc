@@ -136,6 +136,10 @@ TEST_CASE("planned equals measured for every precision and accumulation mode, wi
     check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(mo);
     check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::none, fsdp::precision::wire<float16, float16>>(mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(mo);
+    // fp8 gathers in blocks with a scale each: the wire slot holds values and scales
+    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>(mo);
+    check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next,
+                       fsdp::precision::scaled<fsdp::float8_e5m2, 16, float, bfloat16>>(mo);
   }
   // gradient inspection adds one rows x units buffer at the step: a row, or one per rank when locating
   fsdp::model_options pre_post;
@@ -200,6 +204,17 @@ TEST_CASE("fp32 views over bf16 gathers, worked out by hand for 4 ranks: one fp3
   const auto f32 = train<fsdp::policy<F, fsdp::prefetch::none>>(4, "adamw")[2];
   CHECK(wire.memory.peak[mem::gathered_params] - f32.memory.peak[mem::gathered_params] == 4224 * 2);
   CHECK(wire.memory.peak[mem::comm_buffers] == f32.memory.peak[mem::comm_buffers]);
+}
+
+TEST_CASE("bf16 views over fp8 gathers in blocks of 16, by hand for 4 ranks: a bf16 slot and a wire slot of values "
+          "and scales") {
+  using F = fsdp::sharding::full_shard;
+  const auto r = train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>>(4, "adamw")[1];
+  // the largest unit: 4224 bf16 views; its wire: 4224 one-byte values and 4224 / 16 fp32 scales
+  CHECK(r.memory.peak[mem::gathered_params] == 4224 * 2 + 4224 + 4224 / 16 * 4);
+  CHECK(r.planned[mem::gathered_params] == r.memory.peak[mem::gathered_params]);
+  // the gradient side is mixed<bfloat16>'s: two bf16 gradient slots, the fp32 cast and the fp32 output shard
+  CHECK(r.memory.peak[mem::comm_buffers] == 2 * 4224 * 2 + 4224 * 4 + 1056 * 4);
 }
 
 TEST_CASE("planned equals measured for a declared order other than the wrapping order") {

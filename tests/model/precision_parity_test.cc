@@ -1,5 +1,6 @@
-// Mixed-precision training parity: the example MLP with bf16 compute, reduced in fp32 and in bf16, and with fp32
-// compute over bf16 gathers (precision::wire), at 1, 3, 4 and 7 ranks, against a single-process run that does the
+// Mixed-precision training parity: the example MLP with bf16 compute, reduced in fp32 and in bf16, with fp32
+// compute over bf16 gathers (precision::wire), and with bf16 compute over fp8 gathers in blocks (precision::scaled),
+// at 1, 3, 4 and 7 ranks, against a single-process run that does the
 // same casts.
 //
 // The reference below uses no part of the library beyond the init rule, the example's layer loops and the bf16
@@ -19,6 +20,7 @@
 // First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
 #include "tests/support/instances.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -42,11 +44,27 @@ float to_reduce(float x) {
   return float(R(x));
 }
 
+/// A parameter's values through a block-scaled fp8 gather of G in blocks of B (each block scaled by its largest
+/// magnitude over G's largest value; the last block padded with zeros, which change no scale), rounded to W.
+template <class G, class W, int B>
+std::vector<W> scaled_blocks(const std::vector<float>& v) {
+  const float top = std::is_same_v<G, fsdp::float8_e4m3> ? 448.0f : 57344.0f;
+  std::vector<W> out;
+  for (std::size_t b = 0; b < v.size(); b += B) {
+    const std::size_t e = std::min(v.size(), b + B);
+    float m = 0.0f;
+    for (std::size_t k = b; k < e; ++k) m = std::max(m, std::fabs(v[k]));
+    const float scale = m / top;
+    for (std::size_t k = b; k < e; ++k) out.push_back(W(m == 0.0f ? 0.0f : float(G(v[k] / scale)) * scale));
+  }
+  return out;
+}
+
 /// The single-process run with the casts of W compute, G gathers (the masters rounded to G, then to W) and R
 /// reduction over `world` simulated ranks, sharded in groups of `shards` consecutive ranks (the world: one group;
 /// fewer: hybrid sharding, whose reduction sums each group's ranks in order, then the groups' results in order,
 /// each an average of its own).
-template <class W, class R, class G = W>
+template <class W, class R, class G = W, int Block = 0>
 run reference(const mlp::config& c, int world, int shards = 0) {
   if (shards == 0) shards = world;
   const int replicas = world / shards;
@@ -61,8 +79,13 @@ run reference(const mlp::config& c, int world, int shards = 0) {
   for (int step = 0; step < c.steps; ++step) {
     std::vector<std::vector<W>> wc(layers), bc(layers);  // the gathered compute copies
     for (std::size_t l = 0; l < layers; ++l) {
-      for (float v : w[l]) wc[l].push_back(W(float(G(v))));
-      for (float v : b[l]) bc[l].push_back(W(float(G(v))));
+      if constexpr (Block == 0) {
+        for (float v : w[l]) wc[l].push_back(W(float(G(v))));
+        for (float v : b[l]) bc[l].push_back(W(float(G(v))));
+      } else {  // fp8 in blocks of Block elements (each parameter starts a block: the layout aligns to Block)
+        wc[l] = scaled_blocks<G, W, Block>(w[l]);
+        bc[l] = scaled_blocks<G, W, Block>(b[l]);
+      }
     }
     // per rank: forward, loss, backward into W gradients
     std::vector<std::vector<std::vector<W>>> gw(world, std::vector<std::vector<W>>(layers)), gb = gw;
@@ -194,6 +217,26 @@ TEST_CASE("fp32 compute over bf16 gathers: equals the single-process run that wi
       CHECK_FALSE(same_bits(want.losses, reference<float, float>(c, world).losses));
     }
     check_same(sharded<float, float, fsdp::sharding::no_shard, bfloat16>(4, c), reference<float, float, bfloat16>(c, 4));
+  }
+}
+
+TEST_CASE("bf16 compute over fp8 gathers in blocks of 16: equals the single-process run that quantizes the same "
+          "blocks, bit for bit") {
+  for (const char* optimizer : {"adamw", "sgd"}) {
+    const mlp::config c = config(optimizer);
+    for (int world : {1, 3, 4, 7}) {
+      CAPTURE(world);
+      CAPTURE(optimizer);
+      const run want = reference<bfloat16, float, fsdp::float8_e4m3, 16>(c, world);
+      CHECK(want.losses.back() < 0.9f * want.losses.front());
+      using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                             fsdp::precision::scaled<fsdp::float8_e4m3, 16>>;
+      std::vector<mlp::result> out(static_cast<std::size_t>(world));
+      fsdp_test::run_ranks(world, [&](local_communicator& comm) { out[comm.rank()] = mlp::train<P>(comm, c); });
+      check_same({out[0].losses, out[0].params}, want);
+      // not the bf16 run: the quantization shows in the losses
+      CHECK_FALSE(same_bits(want.losses, reference<bfloat16, float>(c, world).losses));
+    }
   }
 }
 

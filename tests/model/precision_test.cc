@@ -10,6 +10,8 @@
 // First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
 #include "tests/support/instances.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
@@ -97,6 +99,72 @@ TEST_CASE("gathered in bf16 or fp16, computed in fp32: each fp32 view holds its 
     check(bfloat16{}, world, fsdp::sharding::shard_grad_op{});
     check(bfloat16{}, world, fsdp::sharding::no_shard{});  // the cast and the widening, without a collective
   }
+}
+
+namespace {
+/// The reference of a block-scaled fp8 gather, written here apart from kernels/quantize.hpp: the unit's flat fp32
+/// buffer (parameters at their offsets, zeros between) in blocks of B, each scaled by its largest magnitude over the
+/// format's largest value, each element divided by the scale, rounded to fp8, multiplied back and rounded to T.
+template <class Q, class T>
+std::vector<T> scaled_reference(const std::vector<float>& flat, std::int64_t block, float top) {
+  std::vector<T> out;
+  for (std::size_t b = 0; b < flat.size(); b += std::size_t(block)) {
+    float m = 0.0f;
+    for (std::size_t k = b; k < b + std::size_t(block); ++k) m = std::max(m, std::fabs(flat[k]));
+    const float scale = m / top;
+    for (std::size_t k = b; k < b + std::size_t(block); ++k)
+      out.push_back(T(m == 0.0f ? 0.0f : float(Q(flat[k] / scale)) * scale));
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("gathered in fp8 blocks with a scale each: the views are the blocks dequantized, the same bits at every "
+          "world size") {
+  auto check = [](auto q_tag, auto block_tag, int world, auto strategy) {
+    using Q = decltype(q_tag);
+    constexpr int B = decltype(block_tag)::value;
+    using P = fsdp::policy<decltype(strategy), fsdp::prefetch::next, fsdp::precision::scaled<Q, B>>;
+    const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f : 57344.0f;
+    fsdp::model_options mo;
+    mo.layout.align = B;
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 7}, mo);
+      const auto full = m.gather_full_params();  // the fp32 masters
+      std::size_t checked = 0, exact = 0;
+      for (auto& u : m.forward()) {
+        std::vector<float> flat(std::size_t(u.layout().padded_numel()), 0.0f);
+        for (const auto& e : u.layout().entries())
+          for (std::int64_t i = 0; i < e.numel; ++i) flat[std::size_t(e.offset + i)] = full.at(e.name)[std::size_t(i)];
+        const std::vector<bfloat16> want = scaled_reference<Q, bfloat16>(flat, B, top);
+        for (const auto& e : u.layout().entries()) {
+          const auto v = u.param(e.name);
+          for (std::int64_t i = 0; i < v.numel(); ++i, ++checked) {
+            REQUIRE(bits_of(v[i]) == bits_of(want[std::size_t(e.offset + i)]));
+            exact += bits_of(v[i]) == bits_of(bfloat16(full.at(e.name)[std::size_t(i)]));
+          }
+        }
+      }
+      CHECK(checked == 185 + 81 + 9 + 3 + 272 + 4);
+      CHECK(exact < checked);  // fp8 is not bf16: the quantization shows
+    });
+  };
+  for (int world : {1, 3, 4, 7}) {
+    CAPTURE(world);
+    check(fsdp::float8_e4m3{}, std::integral_constant<int, 16>{}, world, fsdp::sharding::full_shard{});
+    check(fsdp::float8_e5m2{}, std::integral_constant<int, 32>{}, world, fsdp::sharding::full_shard{});
+    check(fsdp::float8_e4m3{}, std::integral_constant<int, 64>{}, world, fsdp::sharding::shard_grad_op{});
+    check(fsdp::float8_e4m3{}, std::integral_constant<int, 16>{}, world, fsdp::sharding::no_shard{});
+  }
+}
+
+TEST_CASE("a scaled gather's blocks must not cross a shard: an alignment that is no multiple of the block is refused") {
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<fsdp::float8_e4m3, 64>>;
+  run_ranks(2, [](local_communicator& c) {
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}); }) ==
+          "fsdp: the precision gathers in blocks of 64 elements with a scale each, and a block must not cross a "
+          "shard: shards are multiples of model_options::layout.align, which is 16; set it to a multiple of 64");
+  });
 }
 
 namespace {
@@ -201,6 +269,21 @@ TEST_CASE("a bf16 gather moves half the bytes of an fp32 one, and a bf16 reducti
     CHECK(wire.count[ag] == f32.count[ag]);
     CHECK(wire.bytes[ag] == bf16.bytes[ag]);
     CHECK(wire.bytes[rs] == f32.bytes[rs]);
+  });
+}
+
+TEST_CASE("a scaled gather: values and scales move in one all-gather, a quarter of fp32's bytes plus the scales") {
+  run_ranks(4, [](local_communicator& c) {
+    std::vector<std::int64_t> padded;
+    const auto f32 = one_step<policy<float, float>>(c, {}, padded);
+    const auto fp8 = one_step<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                                           fsdp::precision::scaled<fsdp::float8_e4m3, 16>>>(c, {}, padded);
+    const auto ag = std::size_t(collective::all_gather), rs = std::size_t(collective::reduce_scatter);
+    std::uint64_t sum_p = 0;
+    for (auto p : padded) sum_p += std::uint64_t(p);
+    CHECK(fp8.count[ag] == f32.count[ag]);
+    CHECK(fp8.bytes[ag] == fp8.count[ag] / padded.size() * (sum_p + sum_p / 16 * 4));  // values, then a scale per 16
+    CHECK(fp8.bytes[rs] == f32.bytes[rs]);  // bf16 gradients reduced in fp32: the fp32 bytes
   });
 }
 

@@ -195,6 +195,30 @@ static_assert(!fsdp::PrecisionPolicy<archetype::gathered_in<float, double>>);
 static_assert(fsdp::PrecisionPolicy<archetype::gathered_in<float, fsdp::float16>>);
 static_assert(std::is_same_v<fsdp::precision::wire<fsdp::bfloat16>,
                              fsdp::precision::mixed<float, float, float, fsdp::bfloat16>>);
+static_assert(fsdp::PrecisionPolicy<fsdp::precision::scaled<fsdp::float8_e4m3, 128>>);
+static_assert(fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e5m2, 32, float>>() ==
+              fsdp::precision_facts{fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::f8e5m2, 32});
+/// An fp8 gather without a block, and a block without an fp8 gather: both refused.
+struct fp8_without_block {
+  using precision_concept = fsdp::precision_tag;
+  using compute_type = fsdp::bfloat16;
+  using master_type = float;
+  using reduce_type = float;
+  using gather_type = fsdp::float8_e4m3;
+};
+struct block_without_fp8 {
+  using precision_concept = fsdp::precision_tag;
+  using compute_type = float;
+  using master_type = float;
+  using reduce_type = float;
+  using gather_type = fsdp::bfloat16;
+  static constexpr int gather_block = 16;
+};
+struct block_of_six : fp8_without_block {
+  static constexpr int gather_block = 6;  // the scales would lose their 4-byte alignment
+};
+static_assert(!fsdp::PrecisionPolicy<fp8_without_block> && !fsdp::PrecisionPolicy<block_without_fp8> &&
+              !fsdp::PrecisionPolicy<block_of_six>);
 static_assert(fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>() ==
               fsdp::precision_facts{fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::bf16});
 static_assert(fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>().widens() &&

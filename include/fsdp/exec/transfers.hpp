@@ -12,6 +12,8 @@
 #include "fsdp/exec/reduction.hpp"
 #include "fsdp/exec/step_slots.hpp"
 #include "fsdp/exec/unit_storage.hpp"
+#include "fsdp/kernels/elementwise.hpp"
+#include "fsdp/kernels/quantize.hpp"
 #include "fsdp/plan/program.hpp"
 
 namespace fsdp::exec {
@@ -38,6 +40,23 @@ class transfers {
     void* out = c.wire ? slots_.held(u, plan::ring::wire) : b.params;
     const dtype wire = c.gather_type(), master = c.master.type;
     const std::int64_t S = c.shard_numel;
+    if (c.gather_block) {  // block-scaled: this rank's values and scales into its slice, then the slices gathered
+      const std::int64_t slice_bytes = c.gather_count();
+      const int rank = st_.facts().shards_params ? st_.shard_rank() : 0;
+      auto* slice = static_cast<std::uint8_t*>(out) + static_cast<std::size_t>(rank) * static_cast<std::size_t>(slice_bytes);
+      kernels::dispatch(wire, [&](auto q) {
+        if constexpr (is_scaled(q()))
+          be_.for_each(S / c.gather_block,
+                       kernels::block_quantize<q()>{static_cast<const float*>(master_shard), slice,
+                                                    reinterpret_cast<float*>(slice + S), c.gather_block},
+                       s);
+      });
+      if (st_.facts().shards_params) {
+        diag_.check_next(g_.world(), be_, collective::all_gather, slice_bytes, wire, u);
+        g_.shard().all_gather(slice, out, slice_bytes, wire, s);
+      }
+      return;
+    }
     if (st_.facts().shards_params) {
       diag_.check_next(g_.world(), be_, collective::all_gather, S, wire, u);
       if (wire == master) {
@@ -54,11 +73,24 @@ class transfers {
   }
 
   /// Unit u's gathered parameters widened from its wire slot into its gather slot (exact: every value of a narrower
-  /// float type is one of the wider's).
+  /// float type is one of the wider's), or dequantized (a scaled gather: each value times its block's scale).
   void widen(std::size_t u, stream& s) {
     const plan::unit_costs& c = st_.cost(u);
-    be_.convert(st_.buffers(u).params, c.gathered.type, slots_.held(u, plan::ring::wire), c.wire.type, c.padded_numel,
-                1.0f, s);
+    void* wire = slots_.held(u, plan::ring::wire);
+    if (!c.gather_block) {
+      be_.convert(st_.buffers(u).params, c.gathered.type, wire, c.wire.type, c.padded_numel, 1.0f, s);
+      return;
+    }
+    kernels::dispatch(c.gathered.type, [&](auto d) {
+      kernels::dispatch(c.wire.type, [&](auto q) {
+        if constexpr (is_scaled(q()))
+          be_.for_each(c.padded_numel,
+                       kernels::block_dequantize<d(), q()>{static_cast<const std::uint8_t*>(wire),
+                                                           static_cast<f16::storage_t<d()>*>(st_.buffers(u).params),
+                                                           c.shard_numel, c.gather_block},
+                       s);
+      });
+    });
   }
 
   /// The reduction of unit u in its shard group: a reduce-scatter into its reduce output, or (replicated

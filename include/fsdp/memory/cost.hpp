@@ -14,7 +14,9 @@
 //                                                         dtype (precision_facts::widens): the all-gather's buffer,
 //                                                         widened into the gathered buffer and given back on the
 //                                                         gather stream; else none (the gather writes the gathered
-//                                                         buffer itself)
+//                                                         buffer itself). A scaled gather (fp8 in blocks of B with
+//                                                         an fp32 scale each): P + 4 P / B one-byte elements, each
+//                                                         rank's values then its scales (kernels/quantize.hpp)
 //   grad            comm buffers      compute   P         a backward: the unsharded gradient the trainer writes
 //   accumulator     comm buffers      f32       P         no-sync, from the first micro-batch's backward of the
 //                                                         unit to its reduction in the last
@@ -43,6 +45,7 @@
 #include <vector>
 
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/options/model_options.hpp"
@@ -98,10 +101,18 @@ struct unit_costs {
   buffer_cost master, grad_shard, gathered, grad, accumulator, reduce_input, reduce_output, upload, download, wire;
   std::int64_t shard_numel = 0;      ///< S: elements of the master and gradient shards
   std::int64_t padded_numel = 0;     ///< P: elements of the unsharded flat buffer
+  std::int64_t gather_block = 0;     ///< a scaled gather: elements per scale (B); else 0
   /// The dtype an all-gather of the unit moves: the wire buffer's when there is one, else the compute dtype.
   dtype gather_type() const noexcept { return wire ? wire.type : gathered.type; }
+  /// Elements of the gather dtype one rank contributes to an all-gather: its shard, and its scales (as bytes) when
+  /// the gather is scaled.
+  std::int64_t gather_count() const noexcept {
+    return gather_block ? shard_numel + shard_numel / gather_block * 4 : shard_numel;
+  }
   /// Unsharded bytes an all-gather of the unit moves, and a reduction (as nccl-tests count, for traces).
-  std::int64_t gather_bytes() const noexcept { return padded_numel * static_cast<std::int64_t>(size_of(gather_type())); }
+  std::int64_t gather_bytes() const noexcept {
+    return wire ? wire.bytes() : padded_numel * static_cast<std::int64_t>(size_of(gathered.type));
+  }
   std::int64_t reduce_bytes() const noexcept { return padded_numel * static_cast<std::int64_t>(size_of(reduce_output.type)); }
 };
 
@@ -116,7 +127,15 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   c.grad_shard = {mem::grads, dtype::f32, S, o.grads ? domain::host : domain::device};
   const bool gathers = units_gather(f.shards_params, p, o);
   c.gathered = {mem::gathered_params, p.compute, gathers ? P : 0};
-  c.wire = {mem::gathered_params, p.gather, gathers && p.widens() ? P : 0};
+  if (p.gather_block) {  // a scaled gather: blocks of a shard, with an fp32 scale each (kernels/quantize.hpp)
+    if (S % p.gather_block != 0)
+      detail::fail_usage("precision: a gather scaled in blocks of ", p.gather_block, " elements needs shards that are "
+                         "multiples of the block, but a unit's shard has ", S, " elements: set "
+                         "model_options::layout.align to a multiple of ", p.gather_block, " (it is ", l.align(), ")");
+    c.gather_block = p.gather_block;
+  }
+  c.wire = {mem::gathered_params, p.gather,
+            gathers && p.widens() ? (p.gather_block ? P + P / p.gather_block * 4 : P) : 0};
   c.grad = {mem::comm_buffers, p.compute, P};
   c.accumulator = {mem::comm_buffers, dtype::f32, f.accumulates_locally ? P : 0};
   const dtype reduce_source = f.accumulates_locally ? c.accumulator.type : c.grad.type;  // what is reduced from

@@ -10,11 +10,15 @@
 //                                                       moves bf16, the trainer's views are fp32 (widened after
 //                                                       the gather), for fp32 kernels at half the gather bytes
 //   fsdp::precision::wire<fsdp::bfloat16>               the same, by name
+//   fsdp::precision::scaled<fsdp::float8_e4m3, 128>     fp8 on the wire with one fp32 scale per block of 128
+//                                                       elements (symmetric absmax), bf16 views: a quarter of fp32's
+//                                                       gather bytes, plus the scales
 //
 // The cast from the fp32 master shard to the gather dtype happens while the shard is copied into this rank's slice
 // of the gather buffer; when the gather dtype is narrower than the compute dtype, the gathered parameters are
 // widened into the compute views after the all-gather (a second buffer, the wire slot: fsdp/memory/cost.hpp), so a
-// view holds exactly the gather dtype's values; the cast from the compute dtype (or the fp32 no-sync accumulator)
+// view holds exactly the gather dtype's values; a scaled gather (fp8) quantizes each block of the shard with its own
+// scale into the wire slot and dequantizes into the views after the gather (kernels/quantize.hpp); the cast from the compute dtype (or the fp32 no-sync accumulator)
 // to the reduce dtype when the reduction's input is prepared; the reduced result is added into the fp32 gradient
 // shard. Every narrowing cast rounds to nearest even (core/float16.hpp), every widening is exact: the same bits on
 // every backend.
@@ -39,6 +43,13 @@ struct gather_type_of<P> {
   using type = typename P::gather_type;
 };
 
+/// Elements per scale of a scaled gather: P::gather_block where the policy names one, else 0 (no scales).
+template <class P>
+inline constexpr int gather_block_of = 0;
+template <class P>
+  requires requires { P::gather_block; }
+inline constexpr int gather_block_of<P> = P::gather_block;
+
 /// Whether parameters may be gathered in `gather` and computed in `compute`: the same dtype, or a narrower one that
 /// is widened exactly after the gather (a gather of the same width in another dtype would round twice; a wider one
 /// would move more bytes than casting first).
@@ -50,10 +61,17 @@ constexpr bool gathers_into(dtype gather, dtype compute) noexcept {
 /// scale beside them (not fp8: core/dtype.hpp's `scaled`).
 constexpr bool plain_precision(dtype t) noexcept { return is_dtype(t) && !is_scaled(t); }
 
+/// Whether `block` elements per scale suit a gather in `gather`: none (0) for a plain dtype; for a scaled one, a
+/// positive multiple of 4 (so that each rank's scales, after its values in the wire slot, stay 4-byte aligned).
+constexpr bool gather_block_fits(dtype gather, int block) noexcept {
+  return is_scaled(gather) ? block > 0 && block % 4 == 0 : block == 0;
+}
+
 /// A precision policy opts in with `using precision_concept = fsdp::precision_tag;` and names three element
 /// types (each with a dtype: float, fsdp::bfloat16, fsdp::float16, or CUDA's __nv_bfloat16 / __half), and
 /// optionally a fourth, `gather_type`, narrower than the compute type. The master type must be float: the library
-/// keeps fp32 master shards and fp32 gradient shards.
+/// keeps fp32 master shards and fp32 gradient shards. A gather type whose values need scales (fp8) comes with
+/// `static constexpr int gather_block`, the elements per scale (precision::scaled).
 template <class P>
 concept PrecisionPolicy = requires {
   typename P::precision_concept;
@@ -66,7 +84,8 @@ concept PrecisionPolicy = requires {
   requires std::same_as<typename P::master_type, float>;
   requires ElementType<typename gather_type_of<P>::type>;
   requires plain_precision(dtype_of_v<typename P::compute_type>) && plain_precision(dtype_of_v<typename P::reduce_type>) &&
-           plain_precision(dtype_of_v<typename gather_type_of<P>::type>);
+           is_dtype(dtype_of_v<typename gather_type_of<P>::type>);
+  requires gather_block_fits(dtype_of_v<typename gather_type_of<P>::type>, gather_block_of<P>);
   requires gathers_into(dtype_of_v<typename gather_type_of<P>::type>, dtype_of_v<typename P::compute_type>);
 };
 
@@ -77,6 +96,7 @@ struct precision_facts {
   dtype reduce = dtype::f32;   ///< what the reduction moves
   dtype gather = compute;      ///< what the all-gather moves: the compute dtype, or a narrower one (gathers_into)
                                ///< widened into the compute views after the gather
+  int gather_block = 0;        ///< a scaled gather dtype (fp8): elements per fp32 scale; else 0
   /// Whether gathered parameters are widened from the gather dtype into the compute dtype (a wire slot exists).
   constexpr bool widens() const noexcept { return gather != compute; }
   friend constexpr bool operator==(const precision_facts&, const precision_facts&) = default;
@@ -85,7 +105,7 @@ struct precision_facts {
 template <PrecisionPolicy P>
 constexpr precision_facts facts_of_precision() noexcept {
   return {dtype_of_v<typename P::compute_type>, dtype::f32, dtype_of_v<typename P::reduce_type>,
-          dtype_of_v<typename gather_type_of<P>::type>};
+          dtype_of_v<typename gather_type_of<P>::type>, gather_block_of<P>};
 }
 
 namespace precision {
@@ -105,7 +125,7 @@ struct mixed {
   static_assert(plain_precision(dtype_of_v<Compute>) && plain_precision(dtype_of_v<Reduce>) &&
                     plain_precision(dtype_of_v<Gather>),
                 "fsdp::precision::mixed: fp8 values need a scale beside them (their range ends at 448 or 57344), "
-                "which a plain precision policy does not keep: scaled fp8 gathers and reductions are not built yet");
+                "which a plain precision policy does not keep: gather in fp8 with precision::scaled");
   static_assert(gathers_into(dtype_of_v<Gather>, dtype_of_v<Compute>),
                 "fsdp::precision::mixed: the gather type must be the compute type or narrower than it (a gather of "
                 "the same width in another dtype rounds twice; a wider one moves more bytes than casting first)");
@@ -123,6 +143,29 @@ using full = mixed<float, float, float>;
 /// after the gather, gradients reduced in `Reduce`.
 template <class Gather, class Reduce = float>
 using wire = mixed<float, float, Reduce, Gather>;
+
+/// Parameters gathered in the 8-bit `Scaled` (fsdp::float8_e4m3 or fsdp::float8_e5m2) with one fp32 scale per block
+/// of `Block` elements: each rank quantizes its master shard block by block (scale = the block's largest magnitude
+/// over the format's largest value; each element divided by it and rounded to the format, saturating), gathers
+/// values and scales, and dequantizes every element (its value times its block's scale, rounded to `Compute`) into
+/// the compute views. Blocks never cross a shard: model_options::layout.align must be a multiple of `Block`.
+template <class Scaled, int Block, class Compute = bfloat16, class Reduce = float>
+struct scaled {
+  static_assert(ElementType<Scaled> && is_scaled(dtype_of_v<Scaled>),
+                "fsdp::precision::scaled: the gather type must be an 8-bit float (fsdp::float8_e4m3 or float8_e5m2); "
+                "for a plain narrower gather use precision::mixed or precision::wire");
+  static_assert(Block > 0 && Block % 4 == 0, "fsdp::precision::scaled: the block must be a positive multiple of 4 "
+                                             "elements (each rank's scales stay 4-byte aligned after its values)");
+  static_assert(ElementType<Compute> && plain_precision(dtype_of_v<Compute>) && ElementType<Reduce> &&
+                    plain_precision(dtype_of_v<Reduce>),
+                "fsdp::precision::scaled: compute and reduce types are float, fsdp::bfloat16 or fsdp::float16");
+  using precision_concept = precision_tag;
+  using compute_type = Compute;
+  using master_type = float;
+  using reduce_type = Reduce;
+  using gather_type = Scaled;
+  static constexpr int gather_block = Block;
+};
 
 }  // namespace precision
 }  // namespace fsdp
