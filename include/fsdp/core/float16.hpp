@@ -4,7 +4,7 @@
 // inside CUDA kernels (FSDP_HD), so a cast gives the same bits on both backends whatever the GPU's conversion
 // instructions do with NaN payloads. fsdp::bfloat16 and fsdp::float16 are the element types a trainer names. The
 // 8-bit formats' conversions are core/float8.hpp's; their element types, fsdp::float8_e4m3 and fsdp::float8_e5m2,
-// are below.
+// are the same template below (basic_float).
 //
 // The bit moves are __builtin_bit_cast, not std::bit_cast: std::bit_cast is a constexpr __host__ function, which
 // plain nvcc (without --expt-relaxed-constexpr) only warns about calling from device code (#20013-D) and then
@@ -121,59 +121,36 @@ FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
 
 namespace fsdp {
 
-/// A 16-bit floating-point value as a trainer's own code sees it (unit.param<fsdp::bfloat16>(...), a precision
-/// policy's compute type): 16 bits of storage, converted with the functions above. `float(x)` widens exactly;
-/// `T(f)` rounds to nearest even. Layout-compatible with CUDA's __nv_bfloat16 / __half (2 bytes, same bits).
+/// A narrow floating-point value as a trainer's own code sees it (unit.param<fsdp::bfloat16>(...), a precision
+/// policy's compute type): the dtype's storage bits (16 or 8), converted with the functions above. `float(x)` widens
+/// exactly; `T(f)` rounds to nearest even (the 8-bit formats saturate: core/float8.hpp). Layout-compatible with
+/// CUDA's __nv_bfloat16 / __half / __nv_fp8_e4m3 / __nv_fp8_e5m2 (the same width, the same bits).
 template <dtype D>
-struct basic_float16 {
-  static_assert(D == dtype::bf16 || D == dtype::f16, "fsdp::basic_float16: bf16 or f16 only");
-  std::uint16_t bits = 0;
-  basic_float16() = default;
-  FSDP_HD constexpr explicit basic_float16(float f) noexcept : bits(f16::from_float<D>(f)) {}
+struct basic_float {
+  static_assert(D != dtype::f32, "fsdp::basic_float: a narrow dtype (fp32 is float itself)");
+  using storage = f16::storage_t<D>;
+  storage bits = 0;
+  basic_float() = default;
+  FSDP_HD constexpr explicit basic_float(float f) noexcept : bits(f16::from_float<D>(f)) {}
   FSDP_HD constexpr explicit operator float() const noexcept { return f16::to_float<D>(bits); }
-  FSDP_HD static constexpr basic_float16 from_bits(std::uint16_t b) noexcept {
-    basic_float16 x;
+  FSDP_HD static constexpr basic_float from_bits(storage b) noexcept {
+    basic_float x;
     x.bits = b;
     return x;
   }
-  friend constexpr bool operator==(basic_float16, basic_float16) = default;  ///< bit equality
+  friend constexpr bool operator==(basic_float, basic_float) = default;  ///< bit equality
 };
 
-using bfloat16 = basic_float16<dtype::bf16>;  ///< bfloat16: 8 exponent bits, 7 mantissa bits
-using float16 = basic_float16<dtype::f16>;    ///< IEEE binary16: 5 exponent bits, 10 mantissa bits
+using bfloat16 = basic_float<dtype::bf16>;       ///< bfloat16: 8 exponent bits, 7 mantissa bits
+using float16 = basic_float<dtype::f16>;         ///< IEEE binary16: 5 exponent bits, 10 mantissa bits
+using float8_e4m3 = basic_float<dtype::f8e4m3>;  ///< OCP E4M3: 4 exponent bits, 3 mantissa bits, no infinity
+using float8_e5m2 = basic_float<dtype::f8e5m2>;  ///< OCP E5M2: 5 exponent bits, 2 mantissa bits
 
-static_assert(sizeof(bfloat16) == 2 && sizeof(float16) == 2 && std::is_trivially_copyable_v<bfloat16> &&
-              std::is_trivially_copyable_v<float16>);
-
-template <dtype D>
-struct dtype_of<basic_float16<D>> {
-  static constexpr dtype value = D;
-};
-
-/// An 8-bit floating-point value (core/float8.hpp): 8 bits of storage. `float(x)` widens exactly; `T(f)` rounds to
-/// nearest even and saturates. Layout-compatible with CUDA's __nv_fp8_e4m3 / __nv_fp8_e5m2 (1 byte, same bits).
-template <dtype D>
-struct basic_float8 {
-  static_assert(D == dtype::f8e4m3 || D == dtype::f8e5m2, "fsdp::basic_float8: f8e4m3 or f8e5m2 only");
-  std::uint8_t bits = 0;
-  basic_float8() = default;
-  FSDP_HD constexpr explicit basic_float8(float f) noexcept : bits(f16::from_float<D>(f)) {}
-  FSDP_HD constexpr explicit operator float() const noexcept { return f16::to_float<D>(bits); }
-  FSDP_HD static constexpr basic_float8 from_bits(std::uint8_t b) noexcept {
-    basic_float8 x;
-    x.bits = b;
-    return x;
-  }
-  friend constexpr bool operator==(basic_float8, basic_float8) = default;  ///< bit equality
-};
-
-using float8_e4m3 = basic_float8<dtype::f8e4m3>;  ///< OCP E4M3: 4 exponent bits, 3 mantissa bits, no infinity
-using float8_e5m2 = basic_float8<dtype::f8e5m2>;  ///< OCP E5M2: 5 exponent bits, 2 mantissa bits
-
-static_assert(sizeof(float8_e4m3) == 1 && sizeof(float8_e5m2) == 1 && std::is_trivially_copyable_v<float8_e4m3>);
+static_assert(sizeof(bfloat16) == 2 && sizeof(float16) == 2 && sizeof(float8_e4m3) == 1 && sizeof(float8_e5m2) == 1 &&
+              std::is_trivially_copyable_v<bfloat16> && std::is_trivially_copyable_v<float8_e4m3>);
 
 template <dtype D>
-struct dtype_of<basic_float8<D>> {
+struct dtype_of<basic_float<D>> {
   static constexpr dtype value = D;
 };
 
