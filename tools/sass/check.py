@@ -4,8 +4,8 @@
 Usage: check.py DTYPE_HPP SASS RES_USAGE   (the outputs of cuobjdump -sass and cuobjdump -res-usage, demangled)
 
 Rules, for each kernel named below (every one must be present):
-  convert_kernel<D, S>          a vector load of four S (LDG.E.128 for fp32, LDG.E.64 for 16-bit) and a vector
-                                store of four D
+  convert_kernel<D, S>          a vector load of four S (LDG.E.128 for fp32, LDG.E.64 for 16-bit, LDG.E for
+                                8-bit: SASS writes a 32-bit access without a width) and a vector store of four D
   accumulate_kernel<S>          a vector load of four S, LDG.E.128 (the fp32 gradient shard) and STG.E.128
   for_each_arrays_kernel<F>     LDG.E.128 and STG.E.128, for the optimizers' updates F = adamw, sgd and lion
 and, for all of them, no local memory (no spills) and an occupancy of at least 75% at 256 threads per block on
@@ -78,8 +78,9 @@ def main():
     dtype_hpp, sass, res = sys.argv[1:4]
     width, dname = dtype_bytes(dtype_hpp)
 
-    def vec(prefix, d):  # four elements of dtype d in one access
-        return f"{prefix}.E.{32 * width[d]}"
+    def vec(prefix, d):  # four elements of dtype d in one access (32 bits: SASS names no width, the scalar 8-bit
+        bits = 32 * width[d]  # path's accesses are .U8)
+        return f"{prefix}.E" if bits == 32 else f"{prefix}.E.{bits}"
 
     wanted = {}  # short name -> (pattern, required accesses)
     for d in width:
