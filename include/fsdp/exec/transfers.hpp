@@ -43,7 +43,8 @@ class transfers {
     if (c.gather_block) {  // block-scaled: this rank's values and scales into its slice, then the slices gathered
       const std::int64_t slice_bytes = c.gather_count();
       const int rank = st_.facts().shards_params ? st_.shard_rank() : 0;
-      auto* slice = static_cast<std::uint8_t*>(out) + static_cast<std::size_t>(rank) * static_cast<std::size_t>(slice_bytes);
+      auto* slice =
+          static_cast<std::uint8_t*>(out) + static_cast<std::size_t>(rank) * static_cast<std::size_t>(slice_bytes);
       kernels::dispatch(wire, [&](auto q) {
         if constexpr (is_scaled(q()))
           be_.for_each(S / c.gather_block,
@@ -87,7 +88,7 @@ class transfers {
           be_.for_each(c.padded_numel,
                        kernels::block_dequantize<d(), q()>{static_cast<const std::uint8_t*>(wire),
                                                            static_cast<f16::storage_t<d()>*>(st_.buffers(u).params),
-                                                           c.shard_numel, c.gather_block},
+                                                           c.shard_numel, c.gather_block, c.gather_count()},
                        s);
       });
     });

@@ -3,8 +3,8 @@
 // so the host and a GPU give the same bits.
 //
 // A rank's slice of the wire slot holds its shard's S values (one byte each) and then its S / B fp32 scales; the
-// all-gather moves the slices whole (S + 4 S / B bytes each), so after it rank r's values start at r x slice and
-// its scales at r x slice + S.
+// all-gather moves the slices whole (plan::unit_costs::gather_count: S + 4 S / B bytes each), so after it rank r's
+// values start at r x slice and its scales at r x slice + S.
 //
 //   quantize (one call per block of B master elements):  m = the block's largest magnitude (NaN elements aside);
 //       scale = m / top (top: the format's largest finite value, 448 or 57344), 0 when m is 0;
@@ -31,11 +31,6 @@ FSDP_HD constexpr float scaled_top() noexcept {
   return Q == dtype::f8e4m3 ? 448.0f : 57344.0f;
 }
 
-/// Bytes of one rank's slice of a scaled gather: S values and S / B scales.
-FSDP_HD constexpr std::int64_t scaled_slice_bytes(std::int64_t shard, std::int64_t block) noexcept {
-  return shard + shard / block * static_cast<std::int64_t>(sizeof(float));
-}
-
 /// f(b): block b of `master` (B elements) into `values` (one byte each, at b x B) and `scales[b]`.
 template <dtype Q>
 struct block_quantize {
@@ -58,18 +53,20 @@ struct block_quantize {
   }
 };
 
-/// f(i): gathered element i (of `shard` per rank, in blocks of `block`) from the wire slot into `out` in dtype D.
+/// f(i): gathered element i (of `shard` per rank, in blocks of `block`, each rank's slice `slice` bytes) from the
+/// wire slot into `out` in dtype D.
 template <dtype D, dtype Q>
 struct block_dequantize {
   const std::uint8_t* wire;
   f16::storage_t<D>* out;
   std::int64_t shard;
   std::int64_t block;
+  std::int64_t slice;
   FSDP_HD void operator()(std::int64_t i) const {
     const std::int64_t r = i / shard, j = i - r * shard;
-    const std::uint8_t* slice = wire + r * scaled_slice_bytes(shard, block);
-    const float* scales = reinterpret_cast<const float*>(slice + shard);
-    out[i] = f16::from_float<D>(rn::mul(f16::to_float<Q>(slice[j]), scales[j / block]));
+    const std::uint8_t* values = wire + r * slice;  // rank r's values, then its scales
+    const float* scales = reinterpret_cast<const float*>(values + shard);
+    out[i] = f16::from_float<D>(rn::mul(f16::to_float<Q>(values[j]), scales[j / block]));
   }
 };
 

@@ -105,7 +105,7 @@ struct unit_costs {
   /// The dtype an all-gather of the unit moves: the wire buffer's when there is one, else the compute dtype.
   dtype gather_type() const noexcept { return wire ? wire.type : gathered.type; }
   /// Elements of the gather dtype one rank contributes to an all-gather: its shard, and its scales (as bytes) when
-  /// the gather is scaled.
+  /// the gather is scaled. The wire slot holds one such slice per rank of the shard group (kernels/quantize.hpp).
   std::int64_t gather_count() const noexcept {
     return gather_block ? shard_numel + shard_numel / gather_block * 4 : shard_numel;
   }
@@ -134,8 +134,7 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
                          "model_options::layout.align to a multiple of ", p.gather_block, " (it is ", l.align(), ")");
     c.gather_block = p.gather_block;
   }
-  c.wire = {mem::gathered_params, p.gather,
-            gathers && p.widens() ? (p.gather_block ? P + P / p.gather_block * 4 : P) : 0};
+  c.wire = {mem::gathered_params, p.gather, gathers && p.widens() ? l.world() * c.gather_count() : 0};
   c.grad = {mem::comm_buffers, p.compute, P};
   c.accumulator = {mem::comm_buffers, dtype::f32, f.accumulates_locally ? P : 0};
   const dtype reduce_source = f.accumulates_locally ? c.accumulator.type : c.grad.type;  // what is reduced from

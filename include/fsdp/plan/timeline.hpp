@@ -210,9 +210,9 @@ class time_reading {
       durations coll{};  // the collective part of each job
       coll[idx(plan::job::gather)] =
           shards_ ? tm.link.duration(collective::all_gather, c.gather_bytes(), shard_group_).count() : 0;
-      const std::int64_t scales = c.gather_block ? 4 * (shards_ ? S : P) / c.gather_block : 0;  // a scaled gather
+      const std::int64_t scales = (c.gather_count() - S) * gs;  // a scaled gather's scale bytes, else 0
       d[idx(plan::job::gather)] = mem(cast_elems * (f + gs) + scales) + coll[idx(plan::job::gather)];
-      d[idx(plan::job::widen)] = c.wire ? mem(P * (gs + cs) + (c.gather_block ? 4 * P / c.gather_block : 0)) : 0;
+      d[idx(plan::job::widen)] = c.wire ? mem(c.wire.bytes() + P * cs) : 0;  // read the wire, write the views
       d[idx(plan::job::upload_master)] = bytes_over(c.upload.bytes(), tm.pcie_bytes_per_second);
       d[idx(plan::job::zero_grad)] = mem(c.grad.bytes());
       d[idx(plan::job::compute)] = 0;  // per pass: below
