@@ -1,6 +1,7 @@
 // Mixed precision and gradient accumulation on the host backend:
 //   - the gathered parameters are the fp32 masters rounded to the compute dtype, bit for bit; with a narrower
-//     gather dtype (precision::wire), the fp32 views hold the masters rounded to the gather dtype, widened;
+//     gather dtype (precision::wire), the fp32 views hold the masters rounded to the gather dtype, widened; with fp8
+//     gathers in blocks (precision::scaled), the views are the blocks dequantized, the same bits at every world size;
 //   - collective counts and bytes per step are exact for every precision, strategy and accumulation mode (a bf16
 //     gather moves half the bytes of an fp32 one; no-sync reduces once per step; kept units gather once);
 //   - the reduced gradient shards are exact for every precision and division mode (values chosen so that every

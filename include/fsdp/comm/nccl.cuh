@@ -50,7 +50,6 @@ struct nccl_options {
 };
 
 namespace nccl_detail {
-/// The NCCL type of `t`: its row's code (core/dtype.hpp), which nccl.h's enumerators must match.
 /// NCCL has the fp8 types from 2.24 (reductions in them on sm_90 and later GPUs only: NCCL refuses the others).
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
 inline constexpr bool has_fp8 = true;
@@ -59,9 +58,10 @@ static_assert(row_of(dtype::f8e4m3).nccl == ncclFloat8e4m3 && row_of(dtype::f8e5
 #else
 inline constexpr bool has_fp8 = false;
 #endif
+/// The NCCL type of `t`: its row's code (core/dtype.hpp), which nccl.h's enumerators must match.
 inline ncclDataType_t type_of(dtype t) {
   if (!is_dtype(t)) fsdp::detail::fail_usage("no NCCL type for dtype ", static_cast<int>(t));
-  if (size_of(t) == 1 && !has_fp8)
+  if ((t == dtype::f8e4m3 || t == dtype::f8e5m2) && !has_fp8)
     fsdp::detail::fail_usage("comm::nccl: dtype ", name_of(t), " needs NCCL 2.24 or later; this nccl.h is ",
                              NCCL_MAJOR, ".", NCCL_MINOR);
   return static_cast<ncclDataType_t>(row_of(t).nccl);

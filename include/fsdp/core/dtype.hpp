@@ -62,7 +62,8 @@ static_assert([] {
 }(), "fsdp: dtype_rows must list the dtypes in the order of their enumerators");
 
 /// The dtype of a C++ element type: float, fsdp::bfloat16, fsdp::float16, fsdp::float8_e4m3 and fsdp::float8_e5m2
-/// (core/float16.hpp), and CUDA's __nv_bfloat16 and __half under nvcc (cuda/types.cuh). No specialisation: the type is not an element type.
+/// (core/float16.hpp), and CUDA's __nv_bfloat16, __half, __nv_fp8_e4m3 and __nv_fp8_e5m2 under nvcc
+/// (cuda/types.cuh). No specialisation: the type is not an element type.
 template <class T>
 struct dtype_of;
 template <>

@@ -69,7 +69,9 @@ constexpr const char* name_of(lane l) noexcept {
 }
 
 /// The executor's slot rings (exec/slot_ring.hpp).
-enum class ring : std::uint8_t { gathered, grad, reduce_input, reduce_output, upload, download, stage_grad, stage_state, wire };
+enum class ring : std::uint8_t {
+  gathered, grad, reduce_input, reduce_output, upload, download, stage_grad, stage_state, wire
+};
 inline constexpr std::size_t rings = 9;
 
 /// The executor's per-unit events (unit/unit_buffers.hpp).

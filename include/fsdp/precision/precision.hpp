@@ -18,10 +18,10 @@
 // of the gather buffer; when the gather dtype is narrower than the compute dtype, the gathered parameters are
 // widened into the compute views after the all-gather (a second buffer, the wire slot: fsdp/memory/cost.hpp), so a
 // view holds exactly the gather dtype's values; a scaled gather (fp8) quantizes each block of the shard with its own
-// scale into the wire slot and dequantizes into the views after the gather (kernels/quantize.hpp); the cast from the compute dtype (or the fp32 no-sync accumulator)
-// to the reduce dtype when the reduction's input is prepared; the reduced result is added into the fp32 gradient
-// shard. Every narrowing cast rounds to nearest even (core/float16.hpp), every widening is exact: the same bits on
-// every backend.
+// scale into the wire slot and dequantizes into the views after the gather (kernels/quantize.hpp). The cast from the
+// compute dtype (or the fp32 no-sync accumulator) to the reduce dtype happens when the reduction's input is
+// prepared; the reduced result is added into the fp32 gradient shard. Every narrowing cast rounds to nearest even
+// (core/float16.hpp), every widening is exact: the same bits on every backend.
 #include <concepts>
 #include <type_traits>
 
@@ -83,8 +83,9 @@ concept PrecisionPolicy = requires {
   requires ElementType<typename P::reduce_type>;
   requires std::same_as<typename P::master_type, float>;
   requires ElementType<typename gather_type_of<P>::type>;
-  requires plain_precision(dtype_of_v<typename P::compute_type>) && plain_precision(dtype_of_v<typename P::reduce_type>) &&
-           is_dtype(dtype_of_v<typename gather_type_of<P>::type>);
+  requires plain_precision(dtype_of_v<typename P::compute_type>);
+  requires plain_precision(dtype_of_v<typename P::reduce_type>);
+  requires is_dtype(dtype_of_v<typename gather_type_of<P>::type>);
   requires gather_block_fits(dtype_of_v<typename gather_type_of<P>::type>, gather_block_of<P>);
   requires gathers_into(dtype_of_v<typename gather_type_of<P>::type>, dtype_of_v<typename P::compute_type>);
 };
