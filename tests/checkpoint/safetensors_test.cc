@@ -199,7 +199,7 @@ TEST_CASE(
   expect(file_with(reshaped), ": tensor 'h.1.w' is [1, 3] in the file but [3] in the model");
   expect(file_with(stored, "I64"),
          ": tensor 'emb' is I64, which an fp32 master parameter cannot hold exactly (F32, "
-         "BF16, F16, F8_E4M3 and F8_E5M2 can)");
+         "BF16, F16, F8_E4M3, F8_E5M2 and I8 can)");
   expect("hello", " has 5 bytes: too short for a header");
   std::string huge(8, '\0');
   huge[5] = 1;  // 2^40
@@ -246,10 +246,10 @@ TEST_CASE(
     for (float v : values) REQUIRE(v == 0.0f);
 }
 
-TEST_CASE("F8_E4M3 and F8_E5M2 files load exactly at any world size; a save in fp8 is refused, named") {
+TEST_CASE("F8_E4M3, F8_E5M2 and I8 files load exactly at any world size; a save in fp8 or int8 is refused, named") {
   fsdp_test::scratch_dir dir("st-fp8");
   const std::string path = dir / "m.safetensors";
-  for (const char* type : {"F8_E4M3", "F8_E5M2"}) {
+  for (const char* type : {"F8_E4M3", "F8_E5M2", "I8"}) {
     CAPTURE(type);
     std::string bytes = file_with(stored, type);
     const std::size_t data = bytes.size() - 554;  // five_units stores 185 + 81 + 9 + 3 + 272 + 4 elements, a byte each
@@ -281,6 +281,9 @@ TEST_CASE("F8_E4M3 and F8_E5M2 files load exactly at any world size; a save in f
     fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, 1});
     CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { st::save(m, path + ".2", {.type = fsdp::dtype::f8e4m3}); }) ==
           "fsdp: safetensors::save: save_options::type is f8e4m3, whose values need a scale beside them, which the "
+          "file would not hold; save in f32, bf16 or f16");
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { st::save(m, path + ".3", {.type = fsdp::dtype::i8}); }) ==
+          "fsdp: safetensors::save: save_options::type is i8, whose values need a scale beside them, which the "
           "file would not hold; save in f32, bf16 or f16");
   });
 }

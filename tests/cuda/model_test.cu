@@ -449,6 +449,9 @@ TEST_CASE("comm::local on one GPU: mixed precision and accumulation equal the ho
   SUBCASE("bf16 compute over fp8 gathers in blocks of 16 (quantized and dequantized by for_each kernels), 4 ranks") {
     compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>(4, true);
   }
+  SUBCASE("bf16 compute over int8 gathers in blocks of 16 (ZeRO++'s qwZ scheme), SGD, 3 ranks") {
+    compare_local<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>(3, false);
+  }
   SUBCASE("CUDA's own types name the precision: __nv_bfloat16") {
     compare_local<full_shard, fsdp::prefetch::next, mixed<__nv_bfloat16, float, __nv_bfloat16>>(2, false);
   }

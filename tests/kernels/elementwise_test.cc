@@ -8,6 +8,8 @@
 #include <fsdp/kernels/elementwise.hpp>
 #include <fsdp/optim/detail/pieces.hpp>
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <set>
@@ -350,6 +352,49 @@ TEST_CASE("fp8 is not a plain precision: a policy naming it is refused until its
   CHECK(!fsdp::is_scaled(fsdp::dtype::bf16));
 }
 
+TEST_CASE("int8 from float: nearest, ties to even, saturating at -128 and 127, NaN to 0; back to float exactly") {
+  using fsdp::f16::int8_from_float;
+  using fsdp::f16::int8_to_float;
+  const auto q = [](float x) { return static_cast<int>(static_cast<std::int8_t>(int8_from_float(x))); };
+  CHECK(q(0.5f) == 0);
+  CHECK(q(1.5f) == 2);
+  CHECK(q(2.5f) == 2);
+  CHECK(q(-0.5f) == 0);
+  CHECK(q(-1.5f) == -2);
+  CHECK(q(-2.5f) == -2);
+  CHECK(q(std::nextafter(0.5f, 1.0f)) == 1);
+  CHECK(q(126.5f) == 126);
+  CHECK(q(127.49f) == 127);
+  CHECK(q(127.5f) == 127);
+  CHECK(q(-127.5f) == -128);
+  CHECK(q(-128.5f) == -128);
+  CHECK(q(1e30f) == 127);
+  CHECK(q(-1e30f) == -128);
+  CHECK(q(std::numeric_limits<float>::infinity()) == 127);
+  CHECK(q(-std::numeric_limits<float>::infinity()) == -128);
+  CHECK(q(std::numeric_limits<float>::quiet_NaN()) == 0);
+  CHECK(q(-0.0f) == 0);
+  for (int b = 0; b < 256; ++b)  // every pattern: two's complement, exact in float
+    CHECK(int8_to_float(static_cast<std::uint8_t>(b)) == static_cast<float>(static_cast<std::int8_t>(b)));
+  // Every float from 0.5 to 2^8 in magnitude (where rounding and saturation happen: 151 million inputs), and every
+  // 4099th pattern elsewhere, against the C library's nearest-even rounding, clamped
+  const auto reference = [](float x) {
+    if (std::isnan(x)) return 0;
+    return static_cast<int>(std::clamp(std::nearbyint(x), -128.0f, 127.0f));
+  };
+  std::uint64_t compared = 0, wrong = 0;
+  const auto check = [&](std::uint32_t bits) {
+    const float x = fsdp::f8::from_bits(bits);
+    wrong += q(x) != reference(x) ? 1 : 0;
+    ++compared;
+  };
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t b = 0x3f000000u; b < 0x43800000u; ++b) check(sign | b);
+  for (std::uint64_t b = 0; b < (1ull << 32); b += 4099) check(static_cast<std::uint32_t>(b));
+  CHECK(wrong == 0);
+  CHECK(compared > 150'000'000);
+}
+
 TEST_CASE("every row of the dtype table: its width is its storage's, its names and codes are its own, its values "
           "round-trip through float and through the backend") {
   std::set<std::string_view> names, st_names;
@@ -367,8 +412,11 @@ TEST_CASE("every row of the dtype table: its width is its storage's, its names a
     fsdp::kernels::dispatch(row.tag, [&](auto d) {
       using bits = fsdp::f16::storage_t<d()>;
       CHECK(sizeof(bits) == row.bytes);
-      // 1.5, -2 and 0.25 are exact in every floating type the library has: through float and back, bit for bit
-      for (float x : {1.5f, -2.0f, 0.25f, 0.0f}) {
+      // 1.5, -2 and 0.25 are exact in every floating type the library has, 3, -2, -128 and 0 in int8: through
+      // float and back, bit for bit
+      const std::array<float, 4> exact = row.tag == fsdp::dtype::i8 ? std::array{3.0f, -2.0f, -128.0f, 0.0f}
+                                                                     : std::array{1.5f, -2.0f, 0.25f, 0.0f};
+      for (float x : exact) {
         const bits b = fsdp::f16::from_float<d()>(x);
         CHECK(fsdp::f16::to_float<d()>(b) == x);
         // and through the host backend's convert, from f32 and back
@@ -382,7 +430,7 @@ TEST_CASE("every row of the dtype table: its width is its storage's, its names a
       }
     });
   }
-  CHECK(fsdp::dtype_count == 5);
+  CHECK(fsdp::dtype_count == 6);
   CHECK(!fsdp::dtype_of_safetensors("F64"));
   CHECK(fsdp::name_of(static_cast<fsdp::dtype>(200)) == "?");
   CHECK(!fsdp::is_dtype(static_cast<fsdp::dtype>(200)));

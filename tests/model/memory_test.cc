@@ -136,10 +136,11 @@ TEST_CASE("planned equals measured for every precision and accumulation mode, wi
     check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(mo);
     check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::none, fsdp::precision::wire<float16, float16>>(mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(mo);
-    // fp8 gathers in blocks with a scale each: the wire slot holds values and scales
+    // fp8 or int8 gathers in blocks with a scale each: the wire slot holds values and scales
     check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>(mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next,
                        fsdp::precision::scaled<fsdp::float8_e5m2, 16, float, bfloat16>>(mo);
+    check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>(mo);
   }
   // gradient inspection adds one rows x units buffer at the step: a row, or one per rank when locating
   fsdp::model_options pre_post;

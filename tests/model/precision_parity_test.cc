@@ -44,18 +44,27 @@ float to_reduce(float x) {
   return float(R(x));
 }
 
-/// A parameter's values through a block-scaled fp8 gather of G in blocks of B (each block scaled by its largest
+/// x rounded to the 8-bit G and back: fp8 by its element type, int8 by the C library (nearest even; |x| <= 127 here)
+template <class G>
+float round_to(float x) {
+  if constexpr (std::is_same_v<G, std::int8_t>) return float(static_cast<std::int8_t>(std::nearbyint(x)));
+  else return float(G(x));
+}
+
+/// A parameter's values through a block-scaled 8-bit gather of G in blocks of B (each block scaled by its largest
 /// magnitude over G's largest value; the last block padded with zeros, which change no scale), rounded to W.
 template <class G, class W, int B>
 std::vector<W> scaled_blocks(const std::vector<float>& v) {
-  const float top = std::is_same_v<G, fsdp::float8_e4m3> ? 448.0f : 57344.0f;
+  const float top = std::is_same_v<G, fsdp::float8_e4m3> ? 448.0f
+                    : std::is_same_v<G, std::int8_t>     ? 127.0f
+                                                         : 57344.0f;
   std::vector<W> out;
   for (std::size_t b = 0; b < v.size(); b += B) {
     const std::size_t e = std::min(v.size(), b + B);
     float m = 0.0f;
     for (std::size_t k = b; k < e; ++k) m = std::max(m, std::fabs(v[k]));
     const float scale = m / top;
-    for (std::size_t k = b; k < e; ++k) out.push_back(W(m == 0.0f ? 0.0f : float(G(v[k] / scale)) * scale));
+    for (std::size_t k = b; k < e; ++k) out.push_back(W(m == 0.0f ? 0.0f : round_to<G>(v[k] / scale) * scale));
   }
   return out;
 }
@@ -82,7 +91,7 @@ run reference(const mlp::config& c, int world, int shards = 0) {
       if constexpr (Block == 0) {
         for (float v : w[l]) wc[l].push_back(W(float(G(v))));
         for (float v : b[l]) bc[l].push_back(W(float(G(v))));
-      } else {  // fp8 in blocks of Block elements (each parameter starts a block: the layout aligns to Block)
+      } else {  // fp8 or int8 in blocks of Block elements (each parameter starts a block: the layout aligns to Block)
         wc[l] = scaled_blocks<G, W, Block>(w[l]);
         bc[l] = scaled_blocks<G, W, Block>(b[l]);
       }
@@ -220,24 +229,29 @@ TEST_CASE("fp32 compute over bf16 gathers: equals the single-process run that wi
   }
 }
 
-TEST_CASE("bf16 compute over fp8 gathers in blocks of 16: equals the single-process run that quantizes the same "
-          "blocks, bit for bit") {
-  for (const char* optimizer : {"adamw", "sgd"}) {
-    const mlp::config c = config(optimizer);
-    for (int world : {1, 3, 4, 7}) {
-      CAPTURE(world);
-      CAPTURE(optimizer);
-      const run want = reference<bfloat16, float, fsdp::float8_e4m3, 16>(c, world);
-      CHECK(want.losses.back() < 0.9f * want.losses.front());
-      using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
-                             fsdp::precision::scaled<fsdp::float8_e4m3, 16>>;
-      std::vector<mlp::result> out(static_cast<std::size_t>(world));
-      fsdp_test::run_ranks(world, [&](local_communicator& comm) { out[comm.rank()] = mlp::train<P>(comm, c); });
-      check_same({out[0].losses, out[0].params}, want);
-      // not the bf16 run: the quantization shows in the losses
-      CHECK_FALSE(same_bits(want.losses, reference<bfloat16, float>(c, world).losses));
+TEST_CASE("bf16 compute over fp8 or int8 gathers in blocks of 16: equals the single-process run that quantizes the "
+          "same blocks, bit for bit") {
+  auto check = [](auto g_tag, auto block_tag) {
+    using G = decltype(g_tag);
+    constexpr int B = decltype(block_tag)::value;
+    for (const char* optimizer : {"adamw", "sgd"}) {
+      const mlp::config c = config(optimizer);
+      for (int world : {1, 3, 4, 7}) {
+        CAPTURE(world);
+        CAPTURE(optimizer);
+        const run want = reference<bfloat16, float, G, B>(c, world);
+        CHECK(want.losses.back() < 0.9f * want.losses.front());
+        using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<G, B>>;
+        std::vector<mlp::result> out(static_cast<std::size_t>(world));
+        fsdp_test::run_ranks(world, [&](local_communicator& comm) { out[comm.rank()] = mlp::train<P>(comm, c); });
+        check_same({out[0].losses, out[0].params}, want);
+        // not the bf16 run: the quantization shows in the losses
+        CHECK_FALSE(same_bits(want.losses, reference<bfloat16, float>(c, world).losses));
+      }
     }
-  }
+  };
+  check(fsdp::float8_e4m3{}, std::integral_constant<int, 16>{});
+  check(std::int8_t{}, std::integral_constant<int, 16>{});
 }
 
 TEST_CASE("fp32 reference of the same emulation equals the fp32 library run (the emulation itself is right)") {

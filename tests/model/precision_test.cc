@@ -103,9 +103,16 @@ TEST_CASE("gathered in bf16 or fp16, computed in fp32: each fp32 view holds its 
 }
 
 namespace {
-/// The reference of a block-scaled fp8 gather, written here apart from kernels/quantize.hpp: the unit's flat fp32
+/// x rounded to the 8-bit Q and back: fp8 by its element type, int8 by the C library (nearest even; |x| <= 127 here)
+template <class Q>
+float round_to(float x) {
+  if constexpr (std::is_same_v<Q, std::int8_t>) return float(static_cast<std::int8_t>(std::nearbyint(x)));
+  else return float(Q(x));
+}
+
+/// The reference of a block-scaled 8-bit gather, written here apart from kernels/quantize.hpp: the unit's flat fp32
 /// buffer (parameters at their offsets, zeros between) in blocks of B, each scaled by its largest magnitude over the
-/// format's largest value, each element divided by the scale, rounded to fp8, multiplied back and rounded to T.
+/// format's largest value, each element divided by the scale, rounded to Q, multiplied back and rounded to T.
 template <class Q, class T>
 std::vector<T> scaled_reference(const std::vector<float>& flat, std::int64_t block, float top) {
   std::vector<T> out;
@@ -114,19 +121,21 @@ std::vector<T> scaled_reference(const std::vector<float>& flat, std::int64_t blo
     for (std::size_t k = b; k < b + std::size_t(block); ++k) m = std::max(m, std::fabs(flat[k]));
     const float scale = m / top;
     for (std::size_t k = b; k < b + std::size_t(block); ++k)
-      out.push_back(T(m == 0.0f ? 0.0f : float(Q(flat[k] / scale)) * scale));
+      out.push_back(T(m == 0.0f ? 0.0f : round_to<Q>(flat[k] / scale) * scale));
   }
   return out;
 }
 }  // namespace
 
-TEST_CASE("gathered in fp8 blocks with a scale each: the views are the blocks dequantized, the same bits at every "
-          "world size") {
+TEST_CASE("gathered in fp8 or int8 blocks with a scale each: the views are the blocks dequantized, the same bits at "
+          "every world size") {
   auto check = [](auto q_tag, auto block_tag, int world, auto strategy) {
     using Q = decltype(q_tag);
     constexpr int B = decltype(block_tag)::value;
     using P = fsdp::policy<decltype(strategy), fsdp::prefetch::next, fsdp::precision::scaled<Q, B>>;
-    const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f : 57344.0f;
+    const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f
+                      : std::is_same_v<Q, std::int8_t>     ? 127.0f
+                                                           : 57344.0f;
     fsdp::model_options mo;
     mo.layout.align = B;
     run_ranks(world, [&](local_communicator& c) {
@@ -147,7 +156,7 @@ TEST_CASE("gathered in fp8 blocks with a scale each: the views are the blocks de
         }
       }
       CHECK(checked == 185 + 81 + 9 + 3 + 272 + 4);
-      CHECK(exact < checked);  // fp8 is not bf16: the quantization shows
+      CHECK(exact < checked);  // 8 bits are not bf16: the quantization shows
     });
   };
   for (int world : {1, 3, 4, 7}) {
@@ -156,6 +165,8 @@ TEST_CASE("gathered in fp8 blocks with a scale each: the views are the blocks de
     check(fsdp::float8_e5m2{}, std::integral_constant<int, 32>{}, world, fsdp::sharding::full_shard{});
     check(fsdp::float8_e4m3{}, std::integral_constant<int, 64>{}, world, fsdp::sharding::shard_grad_op{});
     check(fsdp::float8_e4m3{}, std::integral_constant<int, 16>{}, world, fsdp::sharding::no_shard{});
+    check(std::int8_t{}, std::integral_constant<int, 16>{}, world, fsdp::sharding::full_shard{});
+    check(std::int8_t{}, std::integral_constant<int, 32>{}, world, fsdp::sharding::shard_grad_op{});
   }
 }
 

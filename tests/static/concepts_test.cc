@@ -198,6 +198,9 @@ static_assert(std::is_same_v<fsdp::precision::wire<fsdp::bfloat16>,
 static_assert(fsdp::PrecisionPolicy<fsdp::precision::scaled<fsdp::float8_e4m3, 128>>);
 static_assert(fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e5m2, 32, float>>() ==
               fsdp::precision_facts{fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::f8e5m2, 32});
+static_assert(fsdp::facts_of_precision<fsdp::precision::scaled<std::int8_t, 64>>() ==
+              fsdp::precision_facts{fsdp::dtype::bf16, fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::i8, 64});
+static_assert(fsdp::dtype_of_v<std::int8_t> == fsdp::dtype::i8 && !fsdp::ElementType<std::uint8_t>);
 /// An fp8 gather without a block, and a block without an fp8 gather: both refused.
 struct fp8_without_block {
   using precision_concept = fsdp::precision_tag;

@@ -67,7 +67,7 @@ inline ncclDataType_t type_of(dtype t) {
   return static_cast<ncclDataType_t>(row_of(t).nccl);
 }
 static_assert(row_of(dtype::f32).nccl == ncclFloat32 && row_of(dtype::bf16).nccl == ncclBfloat16 &&
-                  row_of(dtype::f16).nccl == ncclFloat16,
+                  row_of(dtype::f16).nccl == ncclFloat16 && row_of(dtype::i8).nccl == ncclInt8,
               "fsdp: core/dtype.hpp's NCCL codes differ from this nccl.h's");
 inline ncclRedOp_t op_of(reduce_op op) { return op == reduce_op::avg ? ncclAvg : ncclSum; }
 }  // namespace nccl_detail

@@ -16,7 +16,7 @@
 
 namespace fsdp {
 
-enum class dtype : std::uint8_t { f32, bf16, f16, f8e4m3, f8e5m2 };
+enum class dtype : std::uint8_t { f32, bf16, f16, f8e4m3, f8e5m2, i8 };
 
 /// One dtype's facts.
 struct dtype_row {
@@ -25,9 +25,10 @@ struct dtype_row {
   std::size_t bytes;             ///< storage width
   std::string_view safetensors;  ///< the safetensors format's name: "BF16"
   int nccl;                      ///< ncclDataType_t's value (nccl.h: ncclFloat16 6, ncclFloat32 7, ncclBfloat16 9,
-                                 ///< ncclFloat8e4m3 10, ncclFloat8e5m2 11)
-  bool scaled;                   ///< its range needs a scale beside the values (fp8: 448 or 57344 at most), so a
-                                 ///< precision policy cannot name it as a plain compute, gather or reduce type
+                                 ///< ncclFloat8e4m3 10, ncclFloat8e5m2 11, ncclInt8 0)
+  bool scaled;                   ///< its range needs a scale beside the values (fp8: 448 or 57344 at most; int8:
+                                 ///< the integers -128 to 127), so a precision policy cannot name it as a plain
+                                 ///< compute, gather or reduce type
 };
 
 inline constexpr dtype_row dtype_rows[] = {
@@ -36,6 +37,7 @@ inline constexpr dtype_row dtype_rows[] = {
     {dtype::f16, "f16", 2, "F16", 6, false},
     {dtype::f8e4m3, "f8e4m3", 1, "F8_E4M3", 10, true},  // OCP E4M3 (core/float8.hpp)
     {dtype::f8e5m2, "f8e5m2", 1, "F8_E5M2", 11, true},  // OCP E5M2
+    {dtype::i8, "i8", 1, "I8", 0, true},                // signed 8-bit integers (core/float16.hpp: int8_of)
 };
 inline constexpr std::size_t dtype_count = std::size(dtype_rows);
 
@@ -61,14 +63,18 @@ static_assert([] {
   return true;
 }(), "fsdp: dtype_rows must list the dtypes in the order of their enumerators");
 
-/// The dtype of a C++ element type: float, fsdp::bfloat16, fsdp::float16, fsdp::float8_e4m3 and fsdp::float8_e5m2
-/// (core/float16.hpp), and CUDA's __nv_bfloat16, __half, __nv_fp8_e4m3 and __nv_fp8_e5m2 under nvcc
+/// The dtype of a C++ element type: float, std::int8_t, fsdp::bfloat16, fsdp::float16, fsdp::float8_e4m3 and
+/// fsdp::float8_e5m2 (core/float16.hpp), and CUDA's __nv_bfloat16, __half, __nv_fp8_e4m3 and __nv_fp8_e5m2 under nvcc
 /// (cuda/types.cuh). No specialisation: the type is not an element type.
 template <class T>
 struct dtype_of;
 template <>
 struct dtype_of<float> {
   static constexpr dtype value = dtype::f32;
+};
+template <>
+struct dtype_of<std::int8_t> {
+  static constexpr dtype value = dtype::i8;
 };
 template <class T>
 inline constexpr dtype dtype_of_v = dtype_of<T>::value;

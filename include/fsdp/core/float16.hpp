@@ -4,7 +4,9 @@
 // inside CUDA kernels (FSDP_HD), so a cast gives the same bits on both backends whatever the GPU's conversion
 // instructions do with NaN payloads. fsdp::bfloat16 and fsdp::float16 are the element types a trainer names. The
 // 8-bit formats' conversions are core/float8.hpp's; their element types, fsdp::float8_e4m3 and fsdp::float8_e5m2,
-// are the same template below (basic_float).
+// are the same template below (basic_float). Signed 8-bit integers (dtype::i8, element type std::int8_t) convert
+// here too: int8_from_float rounds to nearest even and saturates to -128..127; a NaN becomes 0 (an integer has no
+// NaN: a block-scaled gather keeps it in the block's scale instead, kernels/quantize.hpp).
 //
 // The bit moves are __builtin_bit_cast, not std::bit_cast: std::bit_cast is a constexpr __host__ function, which
 // plain nvcc (without --expt-relaxed-constexpr) only warns about calling from device code (#20013-D) and then
@@ -70,6 +72,23 @@ FSDP_HD constexpr float half_to_float(std::uint16_t h) noexcept {
   return from_bits(sign | (exp << 23) | ((m & 0x3ffu) << 13));
 }
 
+/// An int8's bits (two's complement) as float: exact.
+FSDP_HD constexpr float int8_to_float(std::uint8_t b) noexcept {
+  return static_cast<float>(static_cast<int>(b) - (b >= 0x80u ? 256 : 0));
+}
+/// x rounded to the nearest integer, ties to even, saturated to -128..127, as int8 bits; NaN gives 0. Each step is
+/// exact (|x| < 2^23 once clamped), so host and device give the same bits.
+FSDP_HD constexpr std::uint8_t int8_from_float(float x) noexcept {
+  if (!(x == x)) return 0;  // NaN
+  if (x >= 127.0f) return 127;
+  if (x <= -128.0f) return 0x80u;
+  int t = static_cast<int>(x);  // toward zero, exact
+  const float f = x - static_cast<float>(t);  // the fraction, exact: -1 < f < 1
+  if (f > 0.5f || (f == 0.5f && (t & 1) != 0)) ++t;
+  else if (f < -0.5f || (f == -0.5f && (t & 1) != 0)) --t;
+  return static_cast<std::uint8_t>(t & 0xff);
+}
+
 namespace detail {
 template <std::size_t Bytes>
 struct bits_of_width;
@@ -105,6 +124,7 @@ FSDP_HD constexpr float to_float(storage_t<D> x) noexcept {
   else if constexpr (D == dtype::f16) return half_to_float(x);
   else if constexpr (D == dtype::f8e4m3) return f8::to_float<f8::e4m3>(x);
   else if constexpr (D == dtype::f8e5m2) return f8::to_float<f8::e5m2>(x);
+  else if constexpr (D == dtype::i8) return int8_to_float(x);
   else static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion to float (float16.hpp)");
 }
 template <dtype D>
@@ -114,6 +134,7 @@ FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
   else if constexpr (D == dtype::f16) return half_from_float(x);
   else if constexpr (D == dtype::f8e4m3) return f8::from_float<f8::e4m3>(x);
   else if constexpr (D == dtype::f8e5m2) return f8::from_float<f8::e5m2>(x);
+  else if constexpr (D == dtype::i8) return int8_from_float(x);
   else static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion from float (float16.hpp)");
 }
 
@@ -127,7 +148,8 @@ namespace fsdp {
 /// CUDA's __nv_bfloat16 / __half / __nv_fp8_e4m3 / __nv_fp8_e5m2 (the same width, the same bits).
 template <dtype D>
 struct basic_float {
-  static_assert(D != dtype::f32, "fsdp::basic_float: a narrow dtype (fp32 is float itself)");
+  static_assert(D != dtype::f32 && D != dtype::i8,
+                "fsdp::basic_float: a narrow float dtype (fp32 is float itself, int8 is std::int8_t)");
   using storage = f16::storage_t<D>;
   storage bits = 0;
   basic_float() = default;

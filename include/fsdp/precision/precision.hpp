@@ -13,11 +13,12 @@
 //   fsdp::precision::scaled<fsdp::float8_e4m3, 128>     fp8 on the wire with one fp32 scale per block of 128
 //                                                       elements (symmetric absmax), bf16 views: a quarter of fp32's
 //                                                       gather bytes, plus the scales
+//   fsdp::precision::scaled<std::int8_t, 128>           int8 on the wire, the same way (ZeRO++'s qwZ scheme)
 //
 // The cast from the fp32 master shard to the gather dtype happens while the shard is copied into this rank's slice
 // of the gather buffer; when the gather dtype is narrower than the compute dtype, the gathered parameters are
 // widened into the compute views after the all-gather (a second buffer, the wire slot: fsdp/memory/cost.hpp), so a
-// view holds exactly the gather dtype's values; a scaled gather (fp8) quantizes each block of the shard with its own
+// view holds exactly the gather dtype's values; a scaled gather (fp8 or int8) quantizes each block of the shard with its own
 // scale into the wire slot and dequantizes into the views after the gather (kernels/quantize.hpp). The cast from the
 // compute dtype (or the fp32 no-sync accumulator) to the reduce dtype happens when the reduction's input is
 // prepared; the reduced result is added into the fp32 gradient shard. Every narrowing cast rounds to nearest even
@@ -145,15 +146,17 @@ using full = mixed<float, float, float>;
 template <class Gather, class Reduce = float>
 using wire = mixed<float, float, Reduce, Gather>;
 
-/// Parameters gathered in the 8-bit `Scaled` (fsdp::float8_e4m3 or fsdp::float8_e5m2) with one fp32 scale per block
-/// of `Block` elements: each rank quantizes its master shard block by block (scale = the block's largest magnitude
-/// over the format's largest value; each element divided by it and rounded to the format, saturating), gathers
+/// Parameters gathered in the 8-bit `Scaled` (fsdp::float8_e4m3, fsdp::float8_e5m2 or std::int8_t) with one fp32
+/// scale per block of `Block` elements: each rank quantizes its master shard block by block (scale = the block's
+/// largest magnitude over the format's largest value, 448, 57344 or 127; each element divided by it and rounded to
+/// the format, saturating), gathers
 /// values and scales, and dequantizes every element (its value times its block's scale, rounded to `Compute`) into
 /// the compute views. Blocks never cross a shard: model_options::layout.align must be a multiple of `Block`.
 template <class Scaled, int Block, class Compute = bfloat16, class Reduce = float>
 struct scaled {
   static_assert(ElementType<Scaled> && is_scaled(dtype_of_v<Scaled>),
-                "fsdp::precision::scaled: the gather type must be an 8-bit float (fsdp::float8_e4m3 or float8_e5m2); "
+                "fsdp::precision::scaled: the gather type must be 8 bits wide and scaled (fsdp::float8_e4m3, "
+                "fsdp::float8_e5m2 or std::int8_t); "
                 "for a plain narrower gather use precision::mixed or precision::wire");
   static_assert(Block > 0 && Block % 4 == 0, "fsdp::precision::scaled: the block must be a positive multiple of 4 "
                                              "elements (each rank's scales stay 4-byte aligned after its values)");
