@@ -69,14 +69,32 @@ void reduce_in_rank_order(dtype type, reduce_op op, int world, std::size_t n, Sr
     constexpr std::size_t block = 2048;
     float acc[block];
     elem* out = static_cast<elem*>(dst);
+    // The same operations for every element as a loop of reduce_add over the ranks from 0.0f; the loops differ only
+    // in what the compiler knows: whether premul is 1 there (reduce_add's test of it leaves the loop), and, for the
+    // first rank, that the running value is 0 (no zeroing pass; a world of one writes the result at once).
+    const auto pass = [&](auto unit, auto first, auto last, float* acc_, const elem* in,
+                          elem* out_, std::size_t m) {
+      for (std::size_t i = 0; i < m; ++i) {
+        const float v = fsdp::kernels::reduce_add<t()>(decltype(first)::value ? 0.0f : acc_[i], in[i],
+                                                       decltype(unit)::value ? 1.0f : premul);
+        if constexpr (decltype(last)::value) out_[i] = f16::from_float<t()>(v);
+        else acc_[i] = v;
+      }
+    };
+    const auto rank_pass = [&](auto first, auto last, const elem* in, std::size_t b, std::size_t m) {
+      if (premul == 1.0f) pass(std::true_type{}, first, last, acc, in, out + b, m);
+      else pass(std::false_type{}, first, last, acc, in, out + b, m);
+    };
     for (std::size_t b = 0; b < n; b += block) {
       const std::size_t m = n - b < block ? n - b : block;
-      for (std::size_t i = 0; i < m; ++i) acc[i] = 0.0f;
-      for (int q = 0; q < world; ++q) {
-        const elem* in = static_cast<const elem*>(static_cast<const void*>(src(q))) + b;
-        for (std::size_t i = 0; i < m; ++i) acc[i] = fsdp::kernels::reduce_add<t()>(acc[i], in[i], premul);
+      const auto in = [&](int q) { return static_cast<const elem*>(static_cast<const void*>(src(q))) + b; };
+      if (world == 1) {
+        rank_pass(std::true_type{}, std::true_type{}, in(0), b, m);
+        continue;
       }
-      for (std::size_t i = 0; i < m; ++i) out[b + i] = f16::from_float<t()>(acc[i]);
+      rank_pass(std::true_type{}, std::false_type{}, in(0), b, m);
+      for (int q = 1; q + 1 < world; ++q) rank_pass(std::false_type{}, std::false_type{}, in(q), b, m);
+      rank_pass(std::false_type{}, std::true_type{}, in(world - 1), b, m);
     }
   });
 }
