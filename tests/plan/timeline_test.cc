@@ -108,20 +108,23 @@ TEST_CASE("fp32 views over bf16 gathers: half the gather's link time, and the wi
         "  compute    optimizer u                           10.667 -     11.167 ms\n");
 }
 
-TEST_CASE("fp8 gathers in blocks of 16: the link carries the values and the scales") {
-  // precision::scaled<float8_e4m3, 16>: 1024 one-byte values and 64 fp32 scales, 1280 bytes x 3/4 = 960 bytes, 0.3125
-  // ms; memory-bound work free. Gather 0-0.3125, forward to 2.3125, gather to 2.625, backward to 5.625, the bf16
-  // gradient cast to fp32 and reduce-scattered (3072 bytes) to 6.625.
+TEST_CASE("fp8 or int8 gathers in blocks of 16: the link carries the values and the scales") {
+  // precision::scaled<float8_e4m3, 16> or <std::int8_t, 16>: 1024 one-byte values and 64 fp32 scales, 1280 bytes x
+  // 3/4 = 960 bytes, 0.3125 ms; memory-bound work free. Gather 0-0.3125, forward to 2.3125, gather to 2.625, backward
+  // to 5.625, the bf16 gradient cast to fp32 and reduce-scattered (3072 bytes) to 6.625. int8 moves fp8's bytes.
   const auto u = units_of({"u"});
-  const fsdp::precision_facts fp8 = fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 16>>();
-  fsdp::memory_plan_inputs in;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
-                                          none, fp8, {}, {});
-  in.costs = fsdp::plan::make_cost_facts(fp8, true, {}, {});
-  const auto tl = predict(u, in, timing(1, 2, 3));
-  REQUIRE(tl.feasible());
-  CHECK(tl.by_unit[0].gather_ns == ms(0.625));
-  CHECK(tl.step_ns == ms(6.625));
+  for (const fsdp::precision_facts q : {fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 16>>(),
+                                        fsdp::facts_of_precision<fsdp::precision::scaled<std::int8_t, 16>>()}) {
+    CAPTURE(fsdp::name_of(q.gather));
+    fsdp::memory_plan_inputs in;
+    in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
+                                            none, q, {}, {});
+    in.costs = fsdp::plan::make_cost_facts(q, true, {}, {});
+    const auto tl = predict(u, in, timing(1, 2, 3));
+    REQUIRE(tl.feasible());
+    CHECK(tl.by_unit[0].gather_ns == ms(0.625));
+    CHECK(tl.step_ns == ms(6.625));
+  }
 }
 
 TEST_CASE("hybrid sharding: shard groups of one rank gather in no time; the replicas' all-reduce is the communication") {
