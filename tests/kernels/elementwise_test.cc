@@ -6,6 +6,7 @@
 
 #include <fsdp/fsdp.hpp>
 #include <fsdp/kernels/elementwise.hpp>
+#include <fsdp/kernels/quantize.hpp>
 #include <fsdp/optim/detail/pieces.hpp>
 
 #include <algorithm>
@@ -393,6 +394,47 @@ TEST_CASE("int8 from float: nearest, ties to even, saturating at -128 and 127, N
   for (std::uint64_t b = 0; b < (1ull << 32); b += 4099) check(static_cast<std::uint32_t>(b));
   CHECK(wrong == 0);
   CHECK(compared > 150'000'000);
+}
+
+TEST_CASE("block-scaled 8 bits: a block's scale is its largest magnitude over the format's top; a non-finite weight "
+          "is never hidden (fp8 keeps a NaN in place, int8 in the block's scale)") {
+  using fsdp::dtype;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // four blocks of 4: plain, with a NaN, with an infinity, all zero
+  const std::vector<float> master = {1.0f, -0.5f, 0.25f, 0.0f, 2.0f, nan, -1.0f, 0.5f,
+                                     3.0f, inf, 1.0f, 0.0f, 0.0f, -0.0f, 0.0f, 0.0f};
+  auto run = [&](auto q) {
+    constexpr dtype Q = decltype(q)::value;
+    std::vector<std::uint8_t> wire(16 + 4 * 4);
+    float* scales = reinterpret_cast<float*>(wire.data() + 16);
+    const fsdp::kernels::block_quantize<Q> quantize{master.data(), wire.data(), scales, 4};
+    for (std::int64_t b = 0; b < 4; ++b) quantize(b);
+    std::vector<float> out(16);
+    const fsdp::kernels::block_dequantize<dtype::f32, Q> dequantize{wire.data(), out.data(), 16, 4, 32};
+    for (std::int64_t i = 0; i < 16; ++i) dequantize(i);
+    return std::pair{std::vector<float>(scales, scales + 4), out};
+  };
+  const auto [s8, v8] = run(std::integral_constant<dtype, dtype::f8e4m3>{});
+  CHECK(s8[0] == 1.0f / 448.0f);
+  CHECK(s8[1] == 2.0f / 448.0f);  // the NaN left out of the scale ...
+  CHECK(std::isnan(v8[5]));       // ... and kept in place; the block's other elements within E4M3's half step
+  for (int i : {0, 1, 2, 3, 4, 6, 7})
+    CHECK(std::fabs(v8[std::size_t(i)] - master[std::size_t(i)]) <= std::fabs(master[std::size_t(i)]) * 0x1.01p-4f);
+  CHECK(s8[2] == inf);
+  for (int i = 8; i < 12; ++i) CHECK(std::isnan(v8[std::size_t(i)]));  // the infinity's block, all of it
+  CHECK(s8[3] == 0.0f);
+  for (int i = 12; i < 16; ++i) CHECK(v8[std::size_t(i)] == 0.0f);
+  const auto [si, vi] = run(std::integral_constant<dtype, dtype::i8>{});
+  CHECK(si[0] == 1.0f / 127.0f);
+  for (int i : {0, 1, 2, 3})  // within half a step of the block's scale
+    CHECK(std::fabs(vi[std::size_t(i)] - master[std::size_t(i)]) <= si[0] * 0.5001f);
+  CHECK(vi[1] == -64.0f * si[0]);  // -0.5 x 127 = -63.5: to even, -64
+  CHECK(std::isnan(si[1]));  // int8 has no NaN: the scale carries it, and the whole block is NaN
+  for (int i = 4; i < 8; ++i) CHECK(std::isnan(vi[std::size_t(i)]));
+  CHECK(si[2] == inf);
+  for (int i = 8; i < 12; ++i) CHECK(std::isnan(vi[std::size_t(i)]));
+  CHECK(si[3] == 0.0f);
+  for (int i = 12; i < 16; ++i) CHECK(vi[std::size_t(i)] == 0.0f);
 }
 
 TEST_CASE("every row of the dtype table: its width is its storage's, its names and codes are its own, its values "
