@@ -116,6 +116,38 @@ void check_16bit(int world) {
 }
 }  // namespace
 
+TEST_CASE("all_to_all: block q of rank r's send lands as block r of rank q's receive, at every world size and dtype") {
+  for (int world = 1; world <= 5; ++world) {
+    CAPTURE(world);
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::backend::host be(c.rank());
+      auto& s = be.reduce_stream();
+      const int r = c.rank(), n = 5;
+      // fp32: element i of the block for rank q is 1000 r + 100 q + i
+      std::vector<float> send(std::size_t(n * world)), recv(std::size_t(n * world), -1.0f);
+      for (int q = 0; q < world; ++q)
+        for (int i = 0; i < n; ++i) send[std::size_t(q * n + i)] = float(1000 * r + 100 * q + i);
+      c.all_to_all(send.data(), recv.data(), n, dtype::f32, s);
+      // one-byte elements (int8 values with their block scales travel as bytes): 16 r + q, one per pair
+      std::vector<std::int8_t> send8(static_cast<std::size_t>(world)), recv8(static_cast<std::size_t>(world), -1);
+      for (int q = 0; q < world; ++q) send8[std::size_t(q)] = static_cast<std::int8_t>(16 * r + q);
+      c.all_to_all(send8.data(), recv8.data(), 1, dtype::i8, s);
+      c.all_to_all(send8.data(), recv8.data(), 0, dtype::i8, s);  // nothing moves, the collective still runs
+      be.synchronize(s);
+      for (int q = 0; q < world; ++q) {
+        for (int i = 0; i < n; ++i) CHECK(recv[std::size_t(q * n + i)] == float(1000 * q + 100 * r + i));
+        CHECK(recv8[std::size_t(q)] == 16 * q + r);
+      }
+      const auto st = c.stats();
+      CHECK(st[fsdp::collective::all_to_all] == 3);
+      CHECK(st.bytes[std::size_t(fsdp::collective::all_to_all)] == std::uint64_t(n * world * 4 + world));
+      CHECK(error_of<fsdp::usage_error>([&] { c.all_to_all(send.data(), send.data() + 1, n, dtype::f32, s); }) ==
+            "fsdp: all_to_all(count=5, f32): the send and receive buffers overlap; give it two buffers of " +
+                std::to_string(n * world * 4) + " bytes each");
+    });
+  }
+}
+
 TEST_CASE("bf16 and fp16 reductions: rank order, rounded after every addition, averages pre-multiplied") {
   for (int world = 1; world <= 5; ++world) {
     CAPTURE(world);

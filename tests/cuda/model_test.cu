@@ -646,6 +646,30 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   CHECK(comm.stats()[fsdp::collective::all_reduce] == 2);  // the barrier and the grouped all-reduce above
 }
 
+TEST_CASE("comm::local on one GPU: all_to_all puts block q of rank r's send at block r of rank q's receive") {
+  FSDP_REQUIRE_GPU();
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    fsdp::comm::run_local_cuda(world, [&](fsdp::comm::local_cuda_communicator& c) {
+      fsdp::backend::cuda be(0, c.backend_options());
+      const int r = c.rank(), n = 3;
+      const std::int64_t bytes = std::int64_t{n} * world * 4;
+      auto send = be.allocate(bytes, fsdp::mem::comm_buffers, be.reduce_stream());
+      auto recv = be.allocate(bytes, fsdp::mem::comm_buffers, be.reduce_stream());
+      std::vector<float> mine(std::size_t(n * world)), back(std::size_t(n * world), -1.0f);
+      for (int q = 0; q < world; ++q)
+        for (int i = 0; i < n; ++i) mine[std::size_t(q * n + i)] = float(1000 * r + 100 * q + i);
+      be.upload(send.data(), mine.data(), bytes, be.reduce_stream());
+      c.all_to_all(send.data(), recv.data(), n, fsdp::dtype::f32, be.reduce_stream());
+      be.download(back.data(), recv.data(), bytes, be.reduce_stream());
+      be.synchronize(be.reduce_stream());
+      for (int q = 0; q < world; ++q)
+        for (int i = 0; i < n; ++i) CHECK(back[std::size_t(q * n + i)] == float(1000 * q + 100 * r + i));
+      CHECK(c.stats()[fsdp::collective::all_to_all] == 1);
+    });
+  }
+}
+
 TEST_CASE("comm::local on one GPU: a rank that returns without issuing a collective fails the others at once, named") {
   FSDP_REQUIRE_GPU();
   fsdp::comm::local_cuda_options opt;

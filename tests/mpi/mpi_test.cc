@@ -92,8 +92,8 @@ std::vector<unsigned char> run_one(Comm& comm, fsdp::backend::host& be, fsdp::ba
                                    int salt) {
   const int world = comm.size(), rank = comm.rank();
   const std::size_t es = fsdp::size_of(o.type), n = static_cast<std::size_t>(o.count);
-  const std::size_t send_n = o.kind == collective::reduce_scatter ? n * world : n;
-  const std::size_t recv_n = o.kind == collective::all_gather ? n * world : n;
+  const std::size_t send_n = o.kind == collective::reduce_scatter || o.kind == collective::all_to_all ? n * world : n;
+  const std::size_t recv_n = o.kind == collective::all_gather || o.kind == collective::all_to_all ? n * world : n;
   std::vector<unsigned char> send = input(o.type, rank, salt, send_n);
   std::vector<unsigned char> recv(std::max(recv_n, send_n) * es, 0xAB);  // room for in-place reduce-scatter
   const void* sp = send.data();
@@ -112,6 +112,8 @@ std::vector<unsigned char> run_one(Comm& comm, fsdp::backend::host& be, fsdp::ba
         std::memcpy(recv.data(), send.data(), send.size());
         sp = recv.data();
         break;
+      case collective::all_to_all:  // never in place (AllToAllCollective)
+        break;
     }
   }
   void* rp = o.in_place && o.kind == collective::reduce_scatter ? recv.data() + rank * n * es : recv.data();
@@ -127,6 +129,9 @@ std::vector<unsigned char> run_one(Comm& comm, fsdp::backend::host& be, fsdp::ba
       break;
     case collective::broadcast:
       comm.broadcast(sp, rp, o.count, o.type, o.root, s);
+      break;
+    case collective::all_to_all:
+      comm.all_to_all(sp, rp, o.count, o.type, s);
       break;
   }
   be.synchronize(s);
@@ -149,6 +154,7 @@ std::vector<op> every_op() {
         }
         for (int root : {0, 3}) ops.push_back({collective::broadcast, t, reduce_op::sum, n, root, in_place});
       }
+      ops.push_back({collective::all_to_all, t, reduce_op::sum, n, 0, false});
     }
   }
   return ops;
@@ -198,7 +204,7 @@ TEST_CASE("every collective, dtype and op gives comm::local's bits at world 4, i
     }
     ++compared;
   }
-  CHECK(compared == fsdp::dtype_count * 6 * 2 * 7);
+  CHECK(compared == fsdp::dtype_count * 6 * (2 * 7 + 1));
 
   // Not vacuous: on these inputs the order of the additions changes the bits. Rank order reversed gives another
   // f32 sum for some elements of the large all_reduce.

@@ -17,8 +17,8 @@ enum class reduce_op : std::uint8_t { sum, avg };
 
 constexpr std::string_view name_of(reduce_op op) noexcept { return op == reduce_op::sum ? "sum" : "avg"; }
 
-enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast };
-inline constexpr std::size_t collective_kinds = 4;
+enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, all_to_all };
+inline constexpr std::size_t collective_kinds = 5;
 
 constexpr std::string_view name_of(collective c) noexcept {
   switch (c) {
@@ -26,6 +26,7 @@ constexpr std::string_view name_of(collective c) noexcept {
     case collective::reduce_scatter: return "reduce_scatter";
     case collective::all_reduce: return "all_reduce";
     case collective::broadcast: return "broadcast";
+    case collective::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -54,6 +55,16 @@ concept CollectivePolicy = requires(C& c, const C& cc, const void* send, void* r
   c.broadcast(send, recv, count, t, root, s);
   c.barrier();
   { cc.stats() } -> std::same_as<collective_stats>;
+};
+
+/// A communicator that also has all_to_all (comm::local on the host or one GPU, comm::mpi; not comm::nccl, whose
+/// library has no such collective: it would be grouped sends and receives, not built). `count` is in elements per
+/// pair of ranks: `send` holds size() blocks of `count`, block q for rank q; `recv` receives size() blocks, block q
+/// from rank q. The two buffers must not overlap.
+template <class C>
+concept AllToAllCollective = CollectivePolicy<C> && requires(C& c, const void* send, void* recv, std::int64_t count,
+                                                             dtype t, typename C::backend_type::stream& s) {
+  c.all_to_all(send, recv, count, t, s);
 };
 
 }  // namespace fsdp

@@ -11,7 +11,7 @@
 namespace fsdp::comm {
 
 /// Once every rank has issued a collective, it takes latency + bytes * factor / bytes_per_second, where bytes is
-/// the unsharded size and factor is (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce (ring) and
+/// the unsharded size and factor is (n-1)/n for all-gather, reduce-scatter and all-to-all, 2(n-1)/n for all-reduce (ring) and
 /// 1 for broadcast (n = group size; a group of one takes no time). Concurrent collectives on different streams do
 /// not share the bandwidth in this model.
 struct link_model {

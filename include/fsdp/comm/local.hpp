@@ -107,7 +107,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
   detail::stats_tally stats_;
 };
 
-static_assert(CollectivePolicy<local_communicator>);
+static_assert(CollectivePolicy<local_communicator> && AllToAllCollective<local_communicator>);
 
 /// Policy tag: ranks as threads in one process. The nested `communicator` is the per-rank handle.
 template <class Backend = backend::host>

@@ -129,6 +129,14 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
               FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, peer(q)->send, bytes, cudaMemcpyDeviceToDevice, s.get()));
           }
           break;
+        case collective::all_to_all:  // block `rank` of every rank's send, in rank order
+          for (int q = 0; q < world; ++q)
+            if (bytes)
+              FSDP_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(recv) + bytes * static_cast<std::size_t>(q),
+                                              static_cast<const char*>(peer(q)->send) +
+                                                  bytes * static_cast<std::size_t>(rank_),
+                                              bytes, cudaMemcpyDeviceToDevice, s.get()));
+          break;
         case collective::broadcast:
           if (bytes && recv != peer(d.root)->send)
             FSDP_CUDA_CHECK(cudaMemcpyAsync(recv, peer(d.root)->send, bytes, cudaMemcpyDeviceToDevice, s.get()));
@@ -230,7 +238,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   detail::stats_tally stats_;
 };
 
-static_assert(CollectivePolicy<local_cuda_communicator>);
+static_assert(CollectivePolicy<local_cuda_communicator> && AllToAllCollective<local_cuda_communicator>);
 
 /// Policy tag: ranks as threads in one process, on one GPU.
 template <>

@@ -297,6 +297,11 @@ class group {
         wait(req, deadline, what, "");
         return;
       }
+      case collective::all_to_all: {
+        check(MPI_Ialltoall(send, count, type, recv, count, type, c, &req), "MPI_Ialltoall");
+        wait(req, deadline, what, "");
+        return;
+      }
       case collective::broadcast: {
         if (rank_ == d.root && send != recv && n) std::memcpy(recv, send, n * esize);
         check(MPI_Ibcast(recv, count, type, d.root, c, &req), "MPI_Ibcast");
@@ -589,7 +594,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
   comm::detail::stats_tally stats_;
 };
 
-static_assert(CollectivePolicy<mpi_communicator>);
+static_assert(CollectivePolicy<mpi_communicator> && AllToAllCollective<mpi_communicator>);
 
 /// Policy tag: ranks as MPI processes. The nested `communicator` is the per-process handle.
 template <class Backend = backend::host>

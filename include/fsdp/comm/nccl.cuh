@@ -319,7 +319,7 @@ class nccl_communicator {
   void* barrier_buf_ = nullptr;
 };
 
-static_assert(CollectivePolicy<nccl_communicator>);
+static_assert(CollectivePolicy<nccl_communicator> && !AllToAllCollective<nccl_communicator>);  // not built: see concept.hpp
 
 /// Policy tag: NCCL between processes (one GPU each). from_env() builds this process's communicator.
 struct nccl {

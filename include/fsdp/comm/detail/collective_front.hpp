@@ -1,5 +1,5 @@
 #pragma once
-// The four collectives of the CollectivePolicy concept, written once for the communicators that turn each into an
+// The four collectives of the CollectivePolicy concept and all_to_all (AllToAllCollective), written once for the communicators that turn each into an
 // op_desc request (comm::local, comm::local on one GPU, comm::mpi): Derived provides size() and
 // issue(desc, send, recv, stream, unsharded_elements), and befriends this class.
 #include <cstdint>
@@ -31,6 +31,18 @@ class collective_front {
     if (root < 0 || root >= self().size())
       fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", self().size());
     self().issue({int(collective::broadcast), count, t, reduce_op::sum, root}, send, recv, s, count);
+  }
+  /// recv[q * count ...] = rank q's send[rank * count ...]; `count` elements per pair of ranks. The buffers must not
+  /// overlap.
+  void all_to_all(const void* send, void* recv, std::int64_t count, dtype t, Stream& s) {
+    const std::int64_t total = count * self().size();
+    const auto* a = static_cast<const unsigned char*>(send);
+    const auto* b = static_cast<const unsigned char*>(recv);
+    const std::size_t span = static_cast<std::size_t>(total > 0 ? total : 0) * size_of(t);
+    if (span && a < b + span && b < a + span)
+      fsdp::detail::fail_usage("all_to_all(count=", count, ", ", name_of(t), "): the send and receive buffers overlap; ",
+                               "give it two buffers of ", span, " bytes each");
+    self().issue({int(collective::all_to_all), count, t, reduce_op::sum, 0}, send, recv, s, total);
   }
 
  private:

@@ -308,8 +308,10 @@ class local_group {
     const auto kind = static_cast<collective>(d.kind);
     const std::size_t esize = size_of(d.type);
     const std::size_t bytes = static_cast<std::size_t>(d.count) * esize;
-    const std::int64_t unsharded = static_cast<std::int64_t>(bytes) *
-                                   (kind == collective::all_gather || kind == collective::reduce_scatter ? world_ : 1);
+    const std::int64_t unsharded =
+        static_cast<std::int64_t>(bytes) *
+        (kind == collective::all_gather || kind == collective::reduce_scatter || kind == collective::all_to_all ? world_
+                                                                                                                : 1);
     const link_model& link = r.link;
     const bool modelled = link.bytes_per_second > 0;  // else no clock is read
     const auto modelled_end = r.start + link.duration(kind, unsharded, world_);
@@ -334,6 +336,12 @@ class local_group {
         break;
       case collective::all_reduce:
         tmp = reduce(r, d, 0);
+        break;
+      case collective::all_to_all:  // block `rank` of every rank's send, in rank order
+        tmp.resize(bytes * static_cast<std::size_t>(world_));
+        for (int q = 0; q < world_ && bytes; ++q)
+          std::memcpy(tmp.data() + bytes * static_cast<std::size_t>(q),
+                      static_cast<const char*>(r.send[q]) + bytes * static_cast<std::size_t>(rank), bytes);
         break;
     }
     // Send buffers may alias receive buffers (in-place collectives): write results only once every rank has
@@ -455,7 +463,7 @@ class local_group {
     if (d.kind < 0 || !move_data) return;  // a modelled link that moves no data leaves buffers alone
     const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
     const auto kind = static_cast<collective>(d.kind);
-    if (kind == collective::all_gather || kind == collective::broadcast) {
+    if (kind == collective::all_gather || kind == collective::broadcast || kind == collective::all_to_all) {
       if (bytes && recv != send) std::memcpy(recv, send, bytes);
       return;
     }
