@@ -67,24 +67,30 @@ class pool_model {
     f_.in_use -= bytes;
     chunk c{bytes, s, 0, nullptr};
     if (s != any) {
-      c.seq = ++issued_[static_cast<std::size_t>(s)];
+      c.seq = issued_[static_cast<std::size_t>(s)].fetch_add(1, std::memory_order_relaxed) + 1;
       c.done = std::make_shared<std::atomic<bool>>(false);
     }
     free_.push_back(c);
     return c.done;
   }
-  /// What an event recorded now on stream `s` carries.
+  /// What an event recorded now on stream `s` carries. Lock-free, as wait() is (an event is recorded and waited on
+  /// several times per unit and step): the clocks are atomics that only grow, so a record made while another thread
+  /// issues a wait on the same stream sees each entry before or after that wait, never a torn value.
   clock record(int s) const {
-    std::lock_guard lk(mu_);
-    clock c = seen_[static_cast<std::size_t>(s)];
-    c[static_cast<std::size_t>(s)] = issued_[static_cast<std::size_t>(s)];
+    clock c;
+    const auto& mine = seen_[static_cast<std::size_t>(s)];
+    for (std::size_t t = 0; t < c.size(); ++t) c[t] = mine[t].load(std::memory_order_relaxed);
+    c[static_cast<std::size_t>(s)] = issued_[static_cast<std::size_t>(s)].load(std::memory_order_relaxed);
     return c;
   }
   /// Stream `s` waits for an event that carries `c`.
   void wait(int s, const clock& c) {
-    std::lock_guard lk(mu_);
-    clock& mine = seen_[static_cast<std::size_t>(s)];
-    for (std::size_t t = 0; t < c.size(); ++t) mine[t] = std::max(mine[t], c[t]);
+    auto& mine = seen_[static_cast<std::size_t>(s)];
+    for (std::size_t t = 0; t < c.size(); ++t) {
+      std::uint64_t seen = mine[t].load(std::memory_order_relaxed);
+      while (seen < c[t] && !mine[t].compare_exchange_weak(seen, c[t], std::memory_order_relaxed)) {
+      }
+    }
   }
   figures stats() const {
     std::lock_guard lk(mu_);
@@ -100,15 +106,18 @@ class pool_model {
   };
   bool reusable(const chunk& c, int s) const {
     if (c.stream == any || c.stream == s) return true;
-    if (seen_[static_cast<std::size_t>(s)][static_cast<std::size_t>(c.stream)] >= c.seq) return true;
+    if (seen_[static_cast<std::size_t>(s)][static_cast<std::size_t>(c.stream)].load(std::memory_order_relaxed) >= c.seq)
+      return true;
     return c.done->load(std::memory_order_acquire);
   }
 
   mutable std::mutex mu_;
   figures f_;
   std::vector<chunk> free_;
-  clock issued_{};
-  std::array<clock, streams> seen_{};
+  // Per stream: its frees issued so far, and the frees of each stream it has been made to wait for (atomics: record()
+  // and wait() read and raise them without the mutex, which guards the free list and the figures)
+  std::array<std::atomic<std::uint64_t>, streams> issued_{};
+  std::array<std::array<std::atomic<std::uint64_t>, streams>, streams> seen_{};
 };
 
 }  // namespace fsdp::backend::host_detail
