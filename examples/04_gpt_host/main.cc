@@ -1,9 +1,9 @@
 // Trains a GPT-2-style decoder (gpt_model.hpp) with N thread ranks on the host backend: one FSDP unit per block,
 // the root unit (embeddings, final norm, tied head) kept gathered, AdamW with warm-up and cosine schedule and
-// global-norm clipping, bf16 compute with fp32 master weights (--precision fp8 or int8: gathered as fp8 E4M3 or int8
-// in blocks of 16 with a scale each, precision::scaled, computed in bf16). Prints per step the loss, learning rate, gradient
-// norm and tokens/s, and at the end every rank's peak memory by category next to the planner's prediction and the
-// activations the trainer kept.
+// global-norm clipping, bf16 compute with fp32 master weights (--precision fp8 or int8: gathered as fp8 E4M3 or
+// int8 in blocks of 16 with a scale each, precision::scaled, computed in bf16). Prints per step the loss, learning
+// rate, gradient norm and tokens/s, and at the end every rank's peak memory by category next to the planner's
+// prediction and the activations the trainer kept.
 //   bazel run //examples/04_gpt_host -- --ranks 4 [--steps 50] [--precision bf16|fp32|fp8|int8]
 //       [--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations]
 //       [--layers L] [--width C] [--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W]

@@ -142,7 +142,8 @@ TEST_CASE("all_to_all: block q of rank r's send lands as block r of rank q's rec
       CHECK(st[fsdp::collective::all_to_all] == 3);
       CHECK(st.bytes[std::size_t(fsdp::collective::all_to_all)] == std::uint64_t(n * world * 4 + world));
       CHECK(error_of<fsdp::usage_error>([&] { c.all_to_all(send.data(), send.data() + 1, n, dtype::f32, s); }) ==
-            "fsdp: all_to_all(count=5, f32): the send and receive buffers overlap; give it two buffers of " +
+            "fsdp: all_to_all(count=5, f32) on rank " + std::to_string(r) +
+                ": the send and receive buffers overlap; give it two buffers of " +
                 std::to_string(n * world * 4) + " bytes each");
     });
   }

@@ -319,7 +319,8 @@ class nccl_communicator {
   void* barrier_buf_ = nullptr;
 };
 
-static_assert(CollectivePolicy<nccl_communicator> && !AllToAllCollective<nccl_communicator>);  // not built: see concept.hpp
+// No all_to_all: NCCL has no such collective, and grouped sends and receives are not built (comm/concept.hpp).
+static_assert(CollectivePolicy<nccl_communicator> && !AllToAllCollective<nccl_communicator>);
 
 /// Policy tag: NCCL between processes (one GPU each). from_env() builds this process's communicator.
 struct nccl {

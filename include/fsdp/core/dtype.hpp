@@ -37,7 +37,7 @@ inline constexpr dtype_row dtype_rows[] = {
     {dtype::f16, "f16", 2, "F16", 6, false},
     {dtype::f8e4m3, "f8e4m3", 1, "F8_E4M3", 10, true},  // OCP E4M3 (core/float8.hpp)
     {dtype::f8e5m2, "f8e5m2", 1, "F8_E5M2", 11, true},  // OCP E5M2
-    {dtype::i8, "i8", 1, "I8", 0, true},                // signed 8-bit integers (core/float16.hpp: int8_of)
+    {dtype::i8, "i8", 1, "I8", 0, true},                // signed 8-bit integers (core/float16.hpp: int8_from_float)
 };
 inline constexpr std::size_t dtype_count = std::size(dtype_rows);
 

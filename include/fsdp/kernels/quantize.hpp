@@ -1,6 +1,6 @@
 #pragma once
-// Block-scaled 8-bit gathers (precision::scaled, in fp8 or int8): the element functions Backend::for_each runs on both backends,
-// so the host and a GPU give the same bits.
+// Block-scaled 8-bit gathers (precision::scaled, in fp8 or int8): the element functions Backend::for_each runs on
+// both backends, so the host and a GPU give the same bits.
 //
 // A rank's slice of the wire slot holds its shard's S values (one byte each) and then its S / B fp32 scales; the
 // all-gather moves the slices whole (plan::unit_costs::gather_count: S + 4 S / B bytes each), so after it rank r's

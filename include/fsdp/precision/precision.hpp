@@ -18,9 +18,9 @@
 // The cast from the fp32 master shard to the gather dtype happens while the shard is copied into this rank's slice
 // of the gather buffer; when the gather dtype is narrower than the compute dtype, the gathered parameters are
 // widened into the compute views after the all-gather (a second buffer, the wire slot: fsdp/memory/cost.hpp), so a
-// view holds exactly the gather dtype's values; a scaled gather (fp8 or int8) quantizes each block of the shard with its own
-// scale into the wire slot and dequantizes into the views after the gather (kernels/quantize.hpp). The cast from the
-// compute dtype (or the fp32 no-sync accumulator) to the reduce dtype happens when the reduction's input is
+// view holds exactly the gather dtype's values; a scaled gather (fp8 or int8) quantizes each block of the shard
+// with its own scale into the wire slot and dequantizes into the views after the gather (kernels/quantize.hpp). The
+// cast from the compute dtype (or the fp32 no-sync accumulator) to the reduce dtype happens when the reduction's input is
 // prepared; the reduced result is added into the fp32 gradient shard. Every narrowing cast rounds to nearest even
 // (core/float16.hpp), every widening is exact: the same bits on every backend.
 #include <concepts>
@@ -149,9 +149,8 @@ using wire = mixed<float, float, Reduce, Gather>;
 /// Parameters gathered in the 8-bit `Scaled` (fsdp::float8_e4m3, fsdp::float8_e5m2 or std::int8_t) with one fp32
 /// scale per block of `Block` elements: each rank quantizes its master shard block by block (scale = the block's
 /// largest magnitude over the format's largest value, 448, 57344 or 127; each element divided by it and rounded to
-/// the format, saturating), gathers
-/// values and scales, and dequantizes every element (its value times its block's scale, rounded to `Compute`) into
-/// the compute views. Blocks never cross a shard: model_options::layout.align must be a multiple of `Block`.
+/// the format, saturating), gathers values and scales, and dequantizes every element (its value times its block's
+/// scale, rounded to `Compute`) into the compute views. Blocks never cross a shard: model_options::layout.align must be a multiple of `Block`.
 template <class Scaled, int Block, class Compute = bfloat16, class Reduce = float>
 struct scaled {
   static_assert(ElementType<Scaled> && is_scaled(dtype_of_v<Scaled>),

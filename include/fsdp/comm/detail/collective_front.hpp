@@ -1,7 +1,7 @@
 #pragma once
-// The four collectives of the CollectivePolicy concept and all_to_all (AllToAllCollective), written once for the communicators that turn each into an
-// op_desc request (comm::local, comm::local on one GPU, comm::mpi): Derived provides size() and
-// issue(desc, send, recv, stream, unsharded_elements), and befriends this class.
+// The four collectives of the CollectivePolicy concept and all_to_all (AllToAllCollective), written once for the
+// communicators that turn each into an op_desc request (comm::local, comm::local on one GPU, comm::mpi): Derived
+// provides rank(), size() and issue(desc, send, recv, stream, unsharded_elements), and befriends this class.
 #include <cstdint>
 
 #include "fsdp/comm/concept.hpp"
@@ -40,8 +40,8 @@ class collective_front {
     const auto* b = static_cast<const unsigned char*>(recv);
     const std::size_t span = static_cast<std::size_t>(total > 0 ? total : 0) * size_of(t);
     if (span && a < b + span && b < a + span)
-      fsdp::detail::fail_usage("all_to_all(count=", count, ", ", name_of(t), "): the send and receive buffers overlap; ",
-                               "give it two buffers of ", span, " bytes each");
+      fsdp::detail::fail_usage("all_to_all(count=", count, ", ", name_of(t), ") on rank ", self().rank(),
+                               ": the send and receive buffers overlap; give it two buffers of ", span, " bytes each");
     self().issue({int(collective::all_to_all), count, t, reduce_op::sum, 0}, send, recv, s, total);
   }
 
