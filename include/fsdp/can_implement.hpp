@@ -116,6 +116,25 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
                                            "make the shard and replicate groups; this policy's communicator has none "
                                            "(comm::local on the host, comm::mpi and comm::nccl do)")});
 
+  if (const precision_facts pf = facts_of_precision<typename Policy::precision>(); pf.quantizes_reduction()) {
+    // qgZ: the quantized slices go through all_to_all into shards, and the sum is this rank's shard
+    const std::string what = fsdp::detail::cat("the precision reduces gradients quantized to ", name_of(pf.reduce),
+                                               " in blocks of ", pf.reduce_block, " (all_to_all, then a sum in fp32)");
+    if (!strategy::shards_params)
+      out.refusals.push_back({"precision", fsdp::detail::cat(what, ", which reduces into shards; sharding strategy ",
+                                                             strategy::name, " keeps whole replicas: reduce in a "
+                                                             "plain dtype (float or fsdp::bfloat16) or shard")});
+    else if (strat.empty() && sf.splits_world())
+      out.refusals.push_back(
+          {"precision", fsdp::detail::cat(what, ", within one shard group; sharding strategy ", strategy::name,
+                                          " also all-reduces across ", mesh.replicas, " replicas, which a quantized "
+                                          "reduction does not do: reduce in a plain dtype, or shard over the world")});
+    if constexpr (!AllToAllCollective<communicator>)
+      out.refusals.push_back({"communicator", fsdp::detail::cat(what, ", and this policy's communicator has no "
+                                                                "all_to_all (fsdp::AllToAllCollective: comm::local "
+                                                                "and comm::mpi have it, comm::nccl has not)")});
+  }
+
   const dtype compute = dtype_of_v<compute_type>;
   for (const ParamSpec& p : spec.params())
     if (p.compute_dtype && *p.compute_dtype != compute)
@@ -129,6 +148,12 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
   refuse("wrapping", wrapping);
   problems layout;
   if (opt.layout.align <= 0) layout.add("layout alignment must be positive, got ", opt.layout.align);
+  if (const int block = facts_of_precision<typename Policy::precision>().reduce_block;
+      block > 0 && block != facts_of_precision<typename Policy::precision>().gather_block && opt.layout.align > 0 &&
+      opt.layout.align % block != 0)
+    layout.add("the precision reduces gradients in blocks of ", block, " elements with a scale each, and a block must "
+               "not cross a shard: shards are multiples of model_options::layout.align, which is ", opt.layout.align,
+               "; set it to a multiple of ", block);
   if (const int block = facts_of_precision<typename Policy::precision>().gather_block;
       block > 0 && opt.layout.align > 0 && opt.layout.align % block != 0)
     layout.add("the precision gathers in blocks of ", block, " elements with a scale each, and a block must not "

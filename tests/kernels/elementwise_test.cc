@@ -407,7 +407,7 @@ TEST_CASE("block-scaled 8 bits: a block's scale is its largest magnitude over th
     constexpr dtype Q = decltype(q)::value;
     std::vector<std::uint8_t> wire(16 + 4 * 4);
     float* scales = reinterpret_cast<float*>(wire.data() + 16);
-    const fsdp::kernels::block_quantize<Q> quantize{master.data(), wire.data(), scales, 4};
+    const fsdp::kernels::block_quantize<dtype::f32, Q> quantize{master.data(), wire.data(), 16, 4, 32};
     for (std::int64_t b = 0; b < 4; ++b) quantize(b);
     std::vector<float> out(16);
     const fsdp::kernels::block_dequantize<dtype::f32, Q> dequantize{wire.data(), out.data(), 16, 4, 32};
@@ -435,6 +435,57 @@ TEST_CASE("block-scaled 8 bits: a block's scale is its largest magnitude over th
   for (int i = 8; i < 12; ++i) CHECK(std::isnan(vi[std::size_t(i)]));
   CHECK(si[3] == 0.0f);
   for (int i = 12; i < 16; ++i) CHECK(vi[std::size_t(i)] == 0.0f);
+}
+
+TEST_CASE("a quantized reduction's element functions: the gradient quantized into one slice per destination rank, "
+          "then each rank's received slices dequantized and summed in fp32 in rank order") {
+  using fsdp::dtype;
+  namespace k = fsdp::kernels;
+  // two ranks, a padded gradient of 8 elements in blocks of 2: shards of 4, slices of 4 values + 2 scales = 12 bytes
+  const std::vector<float> g0 = {1.0f, -2.0f, 0.5f, 0.25f, 3.0f, 0.0f, -1.0f, 1.0f};
+  const std::vector<float> g1 = {-1.0f, 1.0f, 0.0f, 0.0f, 2.0f, -0.5f, 4.0f, 2.0f};
+  auto quantize = [](const std::vector<float>& g, float pre) {
+    std::vector<std::uint8_t> out(2 * 12);
+    const k::block_quantize<dtype::f32, dtype::i8> q{g.data(), out.data(), 4, 2, 12, pre};
+    for (std::int64_t b = 0; b < 4; ++b) q(b);
+    return out;
+  };
+  auto scale_at = [](const std::vector<std::uint8_t>& v, int slice, int block) {
+    float f;
+    std::memcpy(&f, v.data() + slice * 12 + 4 + block * 4, 4);
+    return f;
+  };
+  const auto s0 = quantize(g0, 1.0f);
+  // slice 0 (rank 0's shard: elements 0..3), slice 1 (rank 1's: 4..7); each slice's values, then its scales
+  CHECK(scale_at(s0, 0, 0) == 2.0f / 127.0f);
+  CHECK(scale_at(s0, 0, 1) == 0.5f / 127.0f);
+  CHECK(scale_at(s0, 1, 0) == 3.0f / 127.0f);
+  CHECK(scale_at(s0, 1, 1) == 1.0f / 127.0f);
+  CHECK(std::int8_t(s0[1]) == -127);  // -2 at the top of its block
+  CHECK(std::int8_t(s0[0]) == 64);    // 1 / (2 / 127) = 63.5: to even
+  CHECK(std::int8_t(s0[12 + 0]) == 127);
+  CHECK(std::int8_t(s0[12 + 1]) == 0);
+  // pre-divided by 4 first: the scales are a quarter, the values the same
+  const auto p0 = quantize(g0, 0.25f);
+  CHECK(scale_at(p0, 0, 0) == 0.5f / 127.0f);
+  CHECK(std::equal(p0.begin(), p0.begin() + 4, s0.begin()));
+  // the all_to_all: rank 0 receives slice 0 of each rank, in rank order
+  const auto s1 = quantize(g1, 1.0f);
+  std::vector<std::uint8_t> received(s0.begin(), s0.begin() + 12);
+  received.insert(received.end(), s1.begin(), s1.begin() + 12);
+  std::vector<float> shard = {10.0f, 0.0f, 0.0f, 0.0f};  // the sum adds into what the shard holds
+  const float half = k::average_factor<dtype::f32>(2);
+  const k::block_dequantize_sum<dtype::i8> sum{received.data(), shard.data(), 4, 2, 12, 2, half, 1.0f};
+  for (std::int64_t i = 0; i < 4; ++i) sum(i);
+  auto deq = [&](const std::vector<std::uint8_t>& s, int i) {
+    return float(std::int8_t(s[std::size_t(i)])) * scale_at(s, 0, i / 2);
+  };
+  for (int i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    const float want = (i == 0 ? 10.0f : 0.0f) + (0.0f + deq(s0, i) * half + deq(s1, i) * half);
+    CHECK(shard[std::size_t(i)] == want);
+  }
+  CHECK(shard[1] == -0.5f);  // -2 and 1 are their blocks' tops: exact, (-2 + 1) / 2
 }
 
 TEST_CASE("every row of the dtype table: its width is its storage's, its names and codes are its own, its values "

@@ -159,6 +159,18 @@ TEST_CASE("another sharding strategy or precision on one rank") {
                                  }),
                   "fsdp: ranks disagree on the model: the policy: the precision is compute f32, master f32, reduce f32, "
                   "gather f32 on rank 0 but compute bf16, master f32, reduce f32, gather bf16 on rank 1" + fix);
+  // int8 gathers, with gradients reduced in int8 blocks on one rank only
+  using Qw = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>;
+  using Qg = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                          fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>;
+  every_rank_says(errors_by_rank(2,
+                                 [](local_communicator& c) {
+                                   if (c.rank() == 0) fsdp::Model<Qw> m(c, two_units(), by_letter());
+                                   else fsdp::Model<Qg> m(c, two_units(), by_letter());
+                                 }),
+                  "fsdp: ranks disagree on the model: the policy: the precision is compute bf16, master f32, reduce "
+                  "f32, gather i8 in blocks of 16 on rank 0 but compute bf16, master f32, reduce i8 in blocks of 16, "
+                  "gather i8 in blocks of 16 on rank 1" + fix);
 }
 
 TEST_CASE("an option set on one rank of four: rank 0 and the first rank that differs are named") {

@@ -141,6 +141,11 @@ TEST_CASE("planned equals measured for every precision and accumulation mode, wi
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next,
                        fsdp::precision::scaled<fsdp::float8_e5m2, 16, float, bfloat16>>(mo);
     check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>(mo);
+    // gradients reduced quantized: the reduce input and output slots of values and scales
+    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                       fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>>(mo);
+    check_plan_matches<fsdp::sharding::zero1, fsdp::prefetch::none,
+                       fsdp::precision::scaled<fsdp::float8_e4m3, 16, float, fsdp::float8_e4m3>>(mo);
   }
   // gradient inspection adds one rows x units buffer at the step: a row, or one per rank when locating
   fsdp::model_options pre_post;
@@ -216,6 +221,21 @@ TEST_CASE("bf16 views over fp8 gathers in blocks of 16, by hand for 4 ranks: a b
   CHECK(r.planned[mem::gathered_params] == r.memory.peak[mem::gathered_params]);
   // the gradient side is mixed<bfloat16>'s: two bf16 gradient slots, the fp32 cast and the fp32 output shard
   CHECK(r.memory.peak[mem::comm_buffers] == 2 * 4224 * 2 + 4224 * 4 + 1056 * 4);
+}
+
+TEST_CASE("gradients reduced in int8 blocks of 16, by hand for 4 ranks: a reduce input and output of four slices "
+          "each") {
+  using F = fsdp::sharding::full_shard;
+  const auto r =
+      train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>>(
+          4, "adamw")[3];
+  // the largest unit (4224 elements, shards of 1056): two bf16 gradient slots; the input quantized per destination
+  // rank and the output received from every rank, each 4 slices of 1056 values and 1056 / 16 fp32 scales
+  CHECK(r.memory.peak[mem::comm_buffers] == 2 * 4224 * 2 + 2 * 4 * (1056 + 1056 / 16 * 4));
+  CHECK(r.planned[mem::comm_buffers] == r.memory.peak[mem::comm_buffers]);
+  // against mixed<bfloat16>'s fp32 cast (4224 x 4) and fp32 output shard (1056 x 4): 10560 bytes instead of 21120
+  const auto m = train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::scaled<std::int8_t, 16>>>(4, "adamw")[3];
+  CHECK(m.memory.peak[mem::comm_buffers] - r.memory.peak[mem::comm_buffers] == 4224 * 4 + 1056 * 4 - 2 * 5280);
 }
 
 TEST_CASE("planned equals measured for a declared order other than the wrapping order") {

@@ -110,6 +110,12 @@ TEST_CASE("every offload option trains bit for bit like no offload, with the sam
   check_parity<sharding::no_shard, fsdp::precision::mixed<bfloat16, float, bfloat16>>(4, "adamw");
 }
 
+TEST_CASE("every offload option trains bit for bit like no offload: gradients reduced in int8 blocks (the host "
+          "dequantizes and sums the downloaded slices)") {
+  using q = fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>;
+  for (int world : {1, 3}) check_parity<sharding::full_shard, q>(world, "adamw");
+}
+
 TEST_CASE("delays on the copy streams change no bit: every wait on an upload, a download and a host update is in place") {
   const mlp::config c = config("adamw");
   using bf16 = fsdp::precision::mixed<bfloat16>;

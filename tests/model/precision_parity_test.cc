@@ -73,7 +73,7 @@ std::vector<W> scaled_blocks(const std::vector<float>& v) {
 /// reduction over `world` simulated ranks, sharded in groups of `shards` consecutive ranks (the world: one group;
 /// fewer: hybrid sharding, whose reduction sums each group's ranks in order, then the groups' results in order,
 /// each an average of its own).
-template <class W, class R, class G = W, int Block = 0>
+template <class W, class R, class G = W, int Block = 0, class QR = void>
 run reference(const mlp::config& c, int world, int shards = 0) {
   if (shards == 0) shards = world;
   const int replicas = world / shards;
@@ -137,9 +137,21 @@ run reference(const mlp::config& c, int world, int shards = 0) {
       }
       return 0.0f + total;
     };
-    mlp_reference::step(
-        c, step, st, [&](std::size_t l, std::size_t i) { return reduce(gw, l, i); },
-        [&](std::size_t l, std::size_t i) { return reduce(gb, l, i); });
+    if constexpr (std::is_void_v<QR>) {
+      mlp_reference::step(
+          c, step, st, [&](std::size_t l, std::size_t i) { return reduce(gw, l, i); },
+          [&](std::size_t l, std::size_t i) { return reduce(gb, l, i); });
+    } else {  // a quantized reduction: each rank's gradient through QR blocks of Block, then the fp32 reduction
+      std::vector<std::vector<std::vector<float>>> qw(world, std::vector<std::vector<float>>(layers)), qb = qw;
+      for (int rank = 0; rank < world; ++rank)
+        for (std::size_t l = 0; l < layers; ++l) {
+          qw[rank][l] = scaled_blocks<QR, float, Block>(std::vector<float>(gw[rank][l].begin(), gw[rank][l].end()));
+          qb[rank][l] = scaled_blocks<QR, float, Block>(std::vector<float>(gb[rank][l].begin(), gb[rank][l].end()));
+        }
+      mlp_reference::step(
+          c, step, st, [&](std::size_t l, std::size_t i) { return reduce(qw, l, i); },
+          [&](std::size_t l, std::size_t i) { return reduce(qb, l, i); });
+    }
   }
   r.params = st.params();
   return r;
@@ -252,6 +264,32 @@ TEST_CASE("bf16 compute over fp8 or int8 gathers in blocks of 16: equals the sin
   };
   check(fsdp::float8_e4m3{}, std::integral_constant<int, 16>{});
   check(std::int8_t{}, std::integral_constant<int, 16>{});
+}
+
+TEST_CASE("gradients reduced in fp8 or int8 blocks of 16 (all_to_all, then an fp32 sum): equals the single-process "
+          "run that quantizes each rank's gradient in the same blocks, bit for bit") {
+  auto check = [](auto g_tag) {
+    using G = decltype(g_tag);
+    for (const char* optimizer : {"adamw", "sgd"}) {
+      const mlp::config c = config(optimizer);
+      for (int world : {1, 3, 4, 7}) {
+        CAPTURE(world);
+        CAPTURE(optimizer);
+        const run want = reference<bfloat16, float, G, 16, G>(c, world);
+        CHECK(want.losses.back() < 0.9f * want.losses.front());
+        using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                               fsdp::precision::scaled<G, 16, bfloat16, G>>;
+        std::vector<mlp::result> out(static_cast<std::size_t>(world));
+        fsdp_test::run_ranks(world, [&](local_communicator& comm) { out[comm.rank()] = mlp::train<P>(comm, c); });
+        for (int r = 1; r < world; ++r) CHECK(out[r].params == out[0].params);
+        check_same({out[0].losses, out[0].params}, want);
+        // not the run with an fp32 reduction: the gradients' quantization shows in the parameters
+        CHECK_FALSE(same_bits(want.params.begin()->second, reference<bfloat16, float, G, 16>(c, world).params.begin()->second));
+      }
+    }
+  };
+  check(fsdp::float8_e4m3{});
+  check(std::int8_t{});
 }
 
 TEST_CASE("fp32 reference of the same emulation equals the fp32 library run (the emulation itself is right)") {

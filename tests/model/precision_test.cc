@@ -12,6 +12,7 @@
 #include "tests/support/instances.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -380,6 +381,237 @@ TEST_CASE("reduced gradients are exact for every precision, division and accumul
       check_reduced<policy<float16, float16, fsdp::sharding::no_shard>>(mo, average);
     });
   }
+}
+
+namespace {
+/// What rank r writes at element i of a parameter in micro-batch mb for the quantized reductions: sixteenths from
+/// -29/16 to 29/16 (exact in bf16, and their sums over micro-batches exact in fp32), mixed across ranks so that
+/// blocks differ in scale from rank to rank, and with more bits than fp8 keeps.
+float written_q(std::int64_t i, int rank, int mb) { return float((i * 37 + rank * 11 + mb * 5) % 59 - 29) / 16.0f; }
+
+/// The quantized reduction written out for unit `u`'s flat gradient, element by element: each rank's gradient as
+/// the reduction reads it (one micro-batch's, or under no-sync their fp32 sum), pre-divided, through Q blocks of B
+/// (scaled_reference), each value times the average's factor, summed over the ranks in order in fp32, and added
+/// into the shard times the post-division factor; once per reduction.
+template <class Q>
+std::vector<float> quantized_reference(const fsdp::FlatLayout& l, int world, int micro_batches, bool no_sync,
+                                       const fsdp::exec::reduce_facts& f, int B) {
+  const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f : 127.0f;
+  const std::size_t P = std::size_t(l.padded_numel());
+  auto flat = [&](int rank, int mb) {
+    std::vector<float> g(P, 0.0f);
+    for (const auto& e : l.entries())
+      for (std::int64_t i = 0; i < e.numel; ++i) g[std::size_t(e.offset + i)] = written_q(i, rank, mb);
+    return g;
+  };
+  const float premul = f.op == fsdp::reduce_op::avg && world > 1 ? float(1.0 / world) : 1.0f;
+  std::vector<float> shard(P, 0.0f);
+  auto reduce = [&](const std::vector<std::vector<float>>& per_rank) {
+    std::vector<float> acc(P, 0.0f);
+    for (int r = 0; r < world; ++r) {
+      std::vector<float> g = per_rank[std::size_t(r)];
+      if (f.prescale != 1.0f)
+        for (float& x : g) x *= f.prescale;
+      const std::vector<float> d = scaled_reference<Q, float>(g, B, top);
+      for (std::size_t i = 0; i < P; ++i) acc[i] += premul == 1.0f ? d[i] : d[i] * premul;
+    }
+    for (std::size_t i = 0; i < P; ++i) shard[i] += f.postscale == 1.0f ? acc[i] : acc[i] * f.postscale;
+  };
+  std::vector<std::vector<float>> per_rank(std::size_t(world), std::vector<float>(P, 0.0f));
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    for (int r = 0; r < world; ++r) {
+      const std::vector<float> g = flat(r, mb);
+      for (std::size_t i = 0; i < P; ++i) per_rank[std::size_t(r)][i] = no_sync ? per_rank[std::size_t(r)][i] + g[i] : g[i];
+    }
+    if (!no_sync || mb + 1 == micro_batches) reduce(per_rank);
+  }
+  return shard;
+}
+
+/// Two micro-batches of written_q gradients on `world` ranks under policy P (blocks of B), then every element of
+/// every gradient shard, padding included, against quantized_reference, bit for bit.
+template <class P, class Q>
+void check_quantized(int world, fsdp::model_options mo, int B) {
+  std::atomic<std::size_t> inexact{0};
+  const fsdp::exec::reduce_facts f = fsdp::exec::division_facts(mo.division, world);
+  const bool no_sync = mo.accumulation.sync == fsdp::grad_sync::last_micro_batch;
+  run_ranks(world, [&](local_communicator& c) {
+    fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
+    for (int mb = 0; mb < mo.accumulation.micro_batches; ++mb) {
+      for (auto& u : m.forward()) (void)u;
+      for (auto& u : m.backward())
+        for (const auto& e : u.layout().entries()) {
+          auto g = u.grad(e.name);
+          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = bfloat16(written_q(i, c.rank(), mb));
+        }
+    }
+    m.synchronize();
+    std::size_t checked = 0;
+    for (std::size_t ui = 0; ui < m.size(); ++ui) {
+      const fsdp::FlatLayout l = m.layouts()[ui];
+      const std::vector<float> want = quantized_reference<Q>(l, world, mo.accumulation.micro_batches, no_sync, f, B);
+      const std::int64_t S = l.shard_numel();
+      const float* got = m.unit(ui).grad_shard();
+      for (std::int64_t k = 0; k < S; ++k, ++checked) {
+        const float w = want[std::size_t(c.rank() * S + k)];
+        CAPTURE(ui);
+        CAPTURE(k);
+        REQUIRE(bits_of(got[k]) == bits_of(w));
+      }
+      // the quantization shows: not every element is the exact reduction of what the ranks wrote
+      for (std::int64_t k = 0; k < S; ++k) {
+        const std::int64_t flat = c.rank() * S + k;
+        float exact = 0.0f;
+        for (const auto& e : l.entries())
+          if (flat >= e.offset && flat < e.offset + e.numel)
+            for (int r = 0; r < world; ++r)
+              for (int mb = 0; mb < mo.accumulation.micro_batches; ++mb) exact += written_q(flat - e.offset, r, mb);
+        const float scale = mo.division.how == fsdp::grad_division::mode::sum ? 1.0f : float(world);
+        inexact += std::fabs(got[k] * scale - exact) > 1e-6f;
+      }
+    }
+    std::int64_t shard_total = 0;
+    for (const auto& l : m.layouts()) shard_total += l.shard_numel();
+    CHECK(checked == std::size_t(shard_total));
+  });
+  CHECK(inexact > 0);
+}
+}  // namespace
+
+TEST_CASE("gradients reduced in int8 or fp8 blocks (all_to_all, dequantized, summed in fp32): the same bits as the "
+          "reference at every world size, strategy, accumulation mode and division") {
+  using I8 = fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>;
+  using F8 = fsdp::precision::scaled<fsdp::float8_e4m3, 32, bfloat16, fsdp::float8_e4m3>;
+  auto all_modes = [](int world, fsdp::model_options mo) {
+    for (const mode& md : modes) {
+      CAPTURE(md.name);
+      mo.accumulation = {.micro_batches = 2, .sync = md.sync, .keep_gathered = md.keep};
+      mo.layout.align = 16;
+      check_quantized<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, I8>, std::int8_t>(world, mo, 16);
+      check_quantized<fsdp::policy<fsdp::sharding::zero1, fsdp::prefetch::next, I8>, std::int8_t>(world, mo, 16);
+      mo.layout.align = 32;
+      check_quantized<fsdp::policy<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, F8>, fsdp::float8_e4m3>(world,
+                                                                                                             mo, 32);
+    }
+  };
+  for (int world : {1, 3, 4, 7}) {
+    CAPTURE(world);
+    all_modes(world, {});
+  }
+  fsdp::model_options sum;
+  sum.division.how = fsdp::grad_division::mode::sum;
+  all_modes(3, sum);
+  fsdp::model_options pp;
+  pp.division.how = fsdp::grad_division::mode::pre_post;
+  all_modes(4, pp);  // divided by 2 in the quantization's input, by 4 / 2 after the sum
+}
+
+TEST_CASE("a quantized reduction's error: within half a step of each rank's block scale, summed over the ranks") {
+  // int8 (blocks of 16) and fp8 E4M3 (blocks of 32) against the exact average of what the ranks wrote, at 7 ranks:
+  // per rank and element the quantization errs by at most half a step: int8, its block's absmax / 254; E4M3, 2^-4
+  // of the value (3 mantissa bits, to nearest) or half its smallest subnormal step, 2^-10 of the scale; then each
+  // error is divided by the ranks like the value, and the fp32 sum adds a rounding per addition.
+  auto check = [](auto q_tag) {
+    using Q = decltype(q_tag);
+    using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<Q, 16, bfloat16, Q>>;
+    constexpr bool int8 = std::is_same_v<Q, std::int8_t>;
+    const int world = 7;
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
+      for (auto& u : m.forward()) (void)u;
+      for (auto& u : m.backward())
+        for (const auto& e : u.layout().entries()) {
+          auto g = u.grad(e.name);
+          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = bfloat16(written_q(i, c.rank(), 0));
+        }
+      m.synchronize();
+      double worst = 0.0;  // the largest error as a fraction of its bound
+      for (std::size_t ui = 0; ui < m.size(); ++ui) {
+        const fsdp::FlatLayout l = m.layouts()[ui];
+        const std::int64_t S = l.shard_numel();
+        std::vector<std::vector<float>> flat(world, std::vector<float>(std::size_t(l.padded_numel()), 0.0f));
+        for (int r = 0; r < world; ++r)
+          for (const auto& e : l.entries())
+            for (std::int64_t i = 0; i < e.numel; ++i) flat[std::size_t(r)][std::size_t(e.offset + i)] = written_q(i, r, 0);
+        for (std::int64_t k = 0; k < S; ++k) {
+          const std::int64_t i = c.rank() * S + k, b0 = i / 16 * 16;
+          double exact = 0.0, bound = 0.0, magnitude = 0.0;
+          for (int r = 0; r < world; ++r) {
+            const std::vector<float>& g = flat[std::size_t(r)];
+            float absmax = 0.0f;
+            for (std::int64_t j = b0; j < b0 + 16; ++j) absmax = std::max(absmax, std::fabs(g[std::size_t(j)]));
+            const double x = g[std::size_t(i)];
+            exact += x / world;
+            magnitude += std::fabs(x) / world;
+            bound += (int8 ? absmax / 254.0 : std::max(std::fabs(x) / 16.0, absmax / 448.0 / 1024.0)) / world;
+          }
+          bound += (magnitude + bound) * world * 0x1p-24;  // the fp32 sum's roundings
+          const double err = std::fabs(double(m.unit(ui).grad_shard()[k]) - exact);
+          CAPTURE(i);
+          REQUIRE(err <= bound);
+          if (bound > 0) worst = std::max(worst, err / bound);
+        }
+      }
+      if (c.rank() == 0)
+        MESSAGE(std::string(int8 ? "int8" : "fp8 e4m3"), ", rank 0: the largest error is ", worst, " of its bound");
+      CHECK(worst > 0.0);  // the quantization shows; the bound is not met by an exact reduction alone
+    });
+  };
+  check(std::int8_t{});
+  check(fsdp::float8_e4m3{});
+}
+
+TEST_CASE("a quantized reduction moves one all_to_all per reduction: each rank's slices of values and scales, a "
+          "quarter of fp32's bytes plus the scales, and no reduce-scatter") {
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                         fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>>;
+  for (const mode& md : modes)
+    for (int world : {1, 4}) {
+      CAPTURE(md.name);
+      CAPTURE(world);
+      fsdp::model_options mo;
+      mo.accumulation = {.micro_batches = 3, .sync = md.sync, .keep_gathered = md.keep};
+      run_ranks(world, [&](local_communicator& c) {
+        std::vector<std::int64_t> padded;
+        const fsdp::collective_stats s = one_step<P>(c, mo, padded);
+        const std::uint64_t n = padded.size(), k = 3;
+        std::uint64_t sum_p = 0;
+        for (auto p : padded) sum_p += std::uint64_t(p);
+        const std::uint64_t reductions = md.sync == fsdp::grad_sync::every_micro_batch ? n * k : n;
+        const auto a2a = std::size_t(collective::all_to_all);
+        CHECK(s.count[a2a] == reductions);
+        CHECK(s.bytes[a2a] == reductions / n * (sum_p + sum_p / 16 * 4));  // values, then a scale per 16
+        CHECK(s.count[std::size_t(collective::reduce_scatter)] == 0);
+        CHECK(s.count[std::size_t(collective::all_reduce)] == 0);
+      });
+    }
+}
+
+TEST_CASE("a quantized reduction is refused where it cannot be what it says: replicated parameters, replicas across "
+          "groups, a shard that splits a block") {
+  using Q = fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>;
+  run_ranks(4, [](local_communicator& c) {
+    CHECK(error_of<fsdp::usage_error>([&] {
+            fsdp::Model<fsdp::policy<fsdp::sharding::no_shard, fsdp::prefetch::next, Q>> m(c, five_units(),
+                                                                                          fsdp::wrap::by_prefix{"h."});
+          }) == "fsdp: the precision reduces gradients quantized to i8 in blocks of 16 (all_to_all, then a sum in "
+                "fp32), which reduces into shards; sharding strategy no_shard keeps whole replicas: reduce in a plain "
+                "dtype (float or fsdp::bfloat16) or shard");
+    CHECK(error_of<fsdp::usage_error>([&] {
+            fsdp::Model<fsdp::policy<fsdp::sharding::hybrid_shard<2>, fsdp::prefetch::next, Q>> m(
+                c, five_units(), fsdp::wrap::by_prefix{"h."});
+          }) == "fsdp: the precision reduces gradients quantized to i8 in blocks of 16 (all_to_all, then a sum in "
+                "fp32), within one shard group; sharding strategy hybrid_shard also all-reduces across 2 replicas, "
+                "which a quantized reduction does not do: reduce in a plain dtype, or shard over the world");
+    fsdp::model_options mo;
+    mo.layout.align = 8;
+    CHECK(error_of<fsdp::usage_error>([&] {
+            fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                                     fsdp::precision::scaled<fsdp::float8_e4m3, 16, float, fsdp::float8_e4m3>>>
+                m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
+          }) == "fsdp: the precision gathers in blocks of 16 elements with a scale each, and a block must not cross a "
+                "shard: shards are multiples of model_options::layout.align, which is 8; set it to a multiple of 16");
+  });
 }
 
 TEST_CASE("the pre-division factor: picked as PyTorch FSDP picks it, or given; never <= 0") {

@@ -127,6 +127,52 @@ TEST_CASE("fp8 or int8 gathers in blocks of 16: the link carries the values and 
   }
 }
 
+TEST_CASE("gradients reduced in int8 blocks of 16: an all_to_all of the quantized slices instead of the fp32 "
+          "reduce-scatter") {
+  // precision::scaled<std::int8_t, 16, bf16, std::int8_t>: the gathers as above (0.3125 ms each); the reduction sends
+  // 4 slices of 256 values and 16 scales, 1280 bytes x 3/4 = 960 bytes, 0.3125 ms instead of the fp32
+  // reduce-scatter's 1 ms: gather 0-0.3125, forward to 2.3125, gather to 2.625, backward to 5.625, all_to_all to
+  // 5.9375 (the quantization before it and the sum after it are memory-bound: free here).
+  const auto u = units_of({"u"});
+  const fsdp::precision_facts q =
+      fsdp::facts_of_precision<fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>();
+  fsdp::memory_plan_inputs in;
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
+                                          none, q, {}, {});
+  in.costs = fsdp::plan::make_cost_facts(q, true, {}, {});
+  auto tl = predict(u, in, timing(1, 2, 3));
+  REQUIRE(tl.feasible());
+  CHECK(tl.by_unit[0].reduce_ns == ms(0.3125));
+  CHECK(tl.step_ns == ms(5.9375));
+  CHECK(tl.critical_path_text() ==
+        "  all_gather all_gather u forward                   0.000 -      0.312 ms\n"
+        "  compute    compute u forward                      0.312 -      2.312 ms\n"
+        "  all_gather all_gather u backward                  2.312 -      2.625 ms\n"
+        "  compute    compute u backward                     2.625 -      5.625 ms\n"
+        "  reduce     reduction u backward                   5.625 -      5.938 ms\n");
+  // With device memory at 6.144 MB/s (6144 bytes a ms): each gather casts 256 elements (256 x (4 + 1) bytes) and
+  // writes 16 scales (64 bytes), 0.219 ms before its 0.3125 on the link; each dequantization reads the 1280-byte wire
+  // and writes 1024 bf16 views, 0.542 ms; zeroing the bf16 gradient 0.333 ms; the quantization reads the bf16
+  // gradient and writes the slices (2048 + 1280 bytes), the sum reads the slices and reads and writes the fp32 shard
+  // (1280 + 2 x 1024 bytes), 0.542 ms each; SGD 0.5 ms.
+  fsdp::time_model t = timing(1, 2, 3);
+  t.memory_bytes_per_second = 6.144e6;
+  tl = predict(u, in, t);
+  REQUIRE(tl.feasible());
+  CHECK(tl.critical_path_text() ==
+        "  all_gather all_gather u forward                   0.000 -      0.531 ms\n"
+        "  all_gather widen u forward                        0.531 -      1.073 ms\n"
+        "  compute    compute u forward                      1.073 -      3.073 ms\n"
+        "  all_gather all_gather u backward                  3.073 -      3.604 ms\n"
+        "  all_gather widen u backward                       3.604 -      4.146 ms\n"
+        "  compute    zero grad u backward                   4.146 -      4.479 ms\n"
+        "  compute    compute u backward                     4.479 -      7.479 ms\n"
+        "  reduce     cast for reduction u backward          7.479 -      8.021 ms\n"
+        "  reduce     reduction u backward                   8.021 -      8.333 ms\n"
+        "  reduce     add into shard u backward              8.333 -      8.875 ms\n"
+        "  compute    optimizer u                            8.875 -      9.375 ms\n");
+}
+
 TEST_CASE("hybrid sharding: shard groups of one rank gather in no time; the replicas' all-reduce is the communication") {
   // hybrid_shard<1> at 4 ranks: the layout is one rank's (a 1024-element shard), gathers and reduce-scatters run in
   // groups of one (no time), and the reduced shard is all-reduced across the 4 replicas on the replica link:

@@ -222,6 +222,27 @@ struct block_of_six : fp8_without_block {
 };
 static_assert(!fsdp::PrecisionPolicy<fp8_without_block> && !fsdp::PrecisionPolicy<block_without_fp8> &&
               !fsdp::PrecisionPolicy<block_of_six>);
+/// The same for the reduction: an 8-bit reduce type without its block, and a reduce block over a plain type.
+struct int8_reduce_without_block : fp8_without_block {
+  using reduce_type = std::int8_t;
+  static constexpr int gather_block = 16;
+};
+struct reduce_block_without_int8 : fp8_without_block {
+  static constexpr int gather_block = 16;
+  static constexpr int reduce_block = 16;
+};
+struct int8_reduce_block_of_six : int8_reduce_without_block {
+  static constexpr int reduce_block = 6;
+};
+static_assert(!fsdp::PrecisionPolicy<int8_reduce_without_block> && !fsdp::PrecisionPolicy<reduce_block_without_int8> &&
+              !fsdp::PrecisionPolicy<int8_reduce_block_of_six>);
+static_assert(fsdp::PrecisionPolicy<fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>);
+static_assert(fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 32, float, fsdp::float8_e5m2>>() ==
+              fsdp::precision_facts{fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::f8e5m2, fsdp::dtype::f8e4m3, 32,
+                                    32});
+static_assert(fsdp::facts_of_precision<fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>()
+                  .quantizes_reduction() &&
+              !fsdp::facts_of_precision<fsdp::precision::scaled<std::int8_t, 16>>().quantizes_reduction());
 static_assert(fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>() ==
               fsdp::precision_facts{fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::f32, fsdp::dtype::bf16});
 static_assert(fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>().widens() &&
@@ -330,5 +351,21 @@ TEST_CASE("a strategy whose shard group is neither one rank nor the world: hybri
   fsdp_test::run_ranks(1, [&](fsdp::comm::local_communicator& c) {  // at one rank it is full_shard
     fsdp::Model<fsdp::policy<archetype::half_world>> m(c, spec, fsdp::wrap::by_size{8});
     CHECK(m.shard_group_size() == 1);
+  });
+}
+
+TEST_CASE("a quantized reduction on a communicator without all_to_all is refused, naming the ones that have it") {
+  static_assert(!fsdp::AllToAllCollective<archetype::unsplittable>);
+  fsdp::ModelSpec spec;
+  spec.add("a.w", {5, 3}).add("b.w", {7});
+  fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& c) {
+    archetype::unsplittable u{&c};
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
+            fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                                     fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>,
+                                     archetype::unsplittable_comm>>(u, spec, fsdp::wrap::by_size{8});
+          }) == "fsdp: the precision reduces gradients quantized to i8 in blocks of 16 (all_to_all, then a sum in "
+                "fp32), and this policy's communicator has no all_to_all (fsdp::AllToAllCollective: comm::local and "
+                "comm::mpi have it, comm::nccl has not)");
   });
 }

@@ -201,7 +201,9 @@ inline fingerprint model_fingerprint(const ModelSpec& spec, const init::rule& de
                      prefetch.post_backward ? ", post-backward" : "", prefetch.by_schedule ? ", by schedule" : ""));
   fp.add("the policy", "the precision",
          detail::cat("compute ", name_of(precision.compute), ", master ", name_of(precision.master), ", reduce ",
-                     name_of(precision.reduce), ", gather ", name_of(precision.gather),
+                     name_of(precision.reduce),
+                     precision.reduce_block ? detail::cat(" in blocks of ", precision.reduce_block) : std::string(),
+                     ", gather ", name_of(precision.gather),
                      precision.gather_block ? detail::cat(" in blocks of ", precision.gather_block) : std::string()));
   fp.add("the policy", "the offload", describe(offload));
   fp.add("model_options", "layout.align", std::to_string(opt.layout.align));

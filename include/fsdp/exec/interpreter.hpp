@@ -118,8 +118,12 @@ class interpreter {
       case plan::job::reduce_collective: transfers_.reduce(u, s); return;
       case plan::job::replica_reduce: transfers_.reduce_across_replicas(u, s); return;
       case plan::job::add_into_shard:
-        be_.accumulate(st_.buffers(u).grad_shard.template as<float>(), transfers_.result(u),
-                       st_.cost(u).reduce_output.type, transfers_.reduced_count(u), reduce_.postscale, s);
+        if (st_.cost(u).reduce_block)  // a quantized reduction: the received slices dequantized and summed
+          transfers_.add_dequantized(u, transfers_.result(u), st_.buffers(u).grad_shard.template as<float>(),
+                                     [&](std::int64_t n, const auto& f) { be_.for_each(n, f, s); });
+        else
+          be_.accumulate(st_.buffers(u).grad_shard.template as<float>(), transfers_.result(u),
+                         st_.cost(u).reduce_output.type, transfers_.reduced_count(u), reduce_.postscale, s);
         return;
       case plan::job::optimizer_device: {
         update_site<B> site = update_site<B>::device(be_, staged_.empty() ? nullptr : &staged_);
@@ -150,6 +154,10 @@ class interpreter {
         }
         break;
       case plan::job::cast_reduce_input: {
+        if (c.reduce_block) {  // a quantized reduction: the source quantized per destination rank
+          transfers_.quantize_reduce_input(u, s);
+          break;
+        }
         dtype t;
         const void* src = transfers_.source(u, &t);
         be_.convert(slot(u, plan::ring::reduce_input), c.reduce_input.type, src, t, P, reduce_.prescale, s);
@@ -165,6 +173,13 @@ class interpreter {
         be_.download(slot(u, plan::ring::download), transfers_.result(u), c.download.bytes(), s);
         break;
       case plan::job::host_add:
+        if (c.reduce_block) {  // a quantized reduction's slices, dequantized and summed on the host
+          transfers_.add_dequantized(u, slot(u, plan::ring::download), b.grad_shard.template as<float>(),
+                                     [&](std::int64_t n, const auto& f) {
+                                       be_.host_callback(s, [n, f, pool = &pool_] { pool->for_each(n, f); });
+                                     });
+          break;
+        }
         be_.host_callback(s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
                               t = c.reduce_output.type, n = transfers_.reduced_count(u), post = reduce_.postscale,
                               pool = &pool_] {

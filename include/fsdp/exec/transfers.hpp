@@ -48,8 +48,8 @@ class transfers {
       kernels::dispatch(wire, [&](auto q) {
         if constexpr (is_scaled(q()))
           be_.for_each(S / c.gather_block,
-                       kernels::block_quantize<q()>{static_cast<const float*>(master_shard), slice,
-                                                    reinterpret_cast<float*>(slice + S), c.gather_block},
+                       kernels::block_quantize<dtype::f32, q()>{static_cast<const float*>(master_shard), slice, S,
+                                                                c.gather_block, slice_bytes},
                        s);
       });
       if (st_.facts().shards_params) {
@@ -95,7 +95,8 @@ class transfers {
   }
 
   /// The reduction of unit u in its shard group: a reduce-scatter into its reduce output, or (replicated
-  /// parameters) an all-reduce in place.
+  /// parameters) an all-reduce in place, or (a quantized reduction) the all_to_all of its quantized slices into its
+  /// reduce output.
   void reduce(std::size_t u, stream& s) {
     const plan::unit_costs& c = st_.cost(u);
     g_.label(diag_.units().name(u));
@@ -103,11 +104,53 @@ class transfers {
     dtype operand_type;
     void* src = operand(u, &operand_type);
     const collective kind = reduction_kind();
-    diag_.check_next(g_.world(), be_, kind, reduced_count(u), t, u);
-    if (kind == collective::reduce_scatter)
+    diag_.check_next(g_.world(), be_, kind, kind == collective::all_to_all ? c.reduce_count() : reduced_count(u), t,
+                     u);
+    if (kind == collective::reduce_scatter) {
       g_.shard().reduce_scatter(src, slots_.held(u, plan::ring::reduce_output), c.shard_numel, t, reduce_.op, s);
-    else
+    } else if (kind == collective::all_to_all) {
+      if constexpr (AllToAllCollective<C>)
+        g_.shard().all_to_all(src, slots_.held(u, plan::ring::reduce_output), c.reduce_count(), t, s);
+      else  // fsdp/can_implement.hpp refuses the model first
+        detail::fail_usage("a quantized reduction needs a communicator with all_to_all (fsdp::AllToAllCollective)");
+    } else {
       g_.shard().all_reduce(src, src, c.padded_numel, t, reduce_.op, s);
+    }
+  }
+
+  /// A quantized reduction's input: unit u's source (the gradient or the no-sync accumulator), pre-divided where the
+  /// division says so, quantized block by block into one slice per destination rank of its reduce input.
+  void quantize_reduce_input(std::size_t u, stream& s) {
+    const plan::unit_costs& c = st_.cost(u);
+    dtype t;
+    const void* src = source(u, &t);
+    auto* out = static_cast<std::uint8_t*>(slots_.held(u, plan::ring::reduce_input));
+    kernels::dispatch(t, [&](auto d) {
+      kernels::dispatch(c.reduce_input.type, [&](auto q) {
+        if constexpr (is_scaled(q()) && !is_scaled(d()))
+          be_.for_each(c.padded_numel / c.reduce_block,
+                       kernels::block_quantize<d(), q()>{static_cast<const f16::storage_t<d()>*>(src), out,
+                                                         c.shard_numel, c.reduce_block, c.reduce_count(),
+                                                         reduce_.prescale},
+                       s);
+      });
+    });
+  }
+
+  /// A quantized reduction's end: the slices in `received` (the reduce output, or its host copy) dequantized,
+  /// summed and added into `shard`, unit u's fp32 gradient shard, by run(n, f): f(i) for i < n
+  /// (kernels::block_dequantize_sum).
+  template <class Run>
+  void add_dequantized(std::size_t u, const void* received, float* shard, Run&& run) const {
+    const plan::unit_costs& c = st_.cost(u);
+    const int ranks = static_cast<int>(c.reduce_output.numel / c.reduce_count());
+    const float premul = reduce_.op == reduce_op::avg ? kernels::average_factor<dtype::f32>(ranks) : 1.0f;
+    kernels::dispatch(c.reduce_output.type, [&](auto q) {
+      if constexpr (is_scaled(q()))
+        run(c.shard_numel,
+            kernels::block_dequantize_sum<q()>{static_cast<const std::uint8_t*>(received), shard, c.shard_numel,
+                                               c.reduce_block, c.reduce_count(), ranks, premul, reduce_.postscale});
+    });
   }
 
   /// Hybrid sharding: unit u's reduced shard all-reduced in place across the replicate group (nothing without one).
@@ -120,10 +163,9 @@ class transfers {
     replicas->all_reduce(out, out, c.shard_numel, c.reduce_output.type, reduce_.op, s);
   }
 
-  /// A reduction's collective: a reduce-scatter when parameters are sharded, else an all-reduce.
-  collective reduction_kind() const noexcept {
-    return st_.facts().shards_params ? collective::reduce_scatter : collective::all_reduce;
-  }
+  /// A reduction's collective: a reduce-scatter when parameters are sharded, else an all-reduce; an all_to_all when
+  /// the reduction is quantized.
+  collective reduction_kind() const noexcept { return plan::reduction_of(st_.facts()); }
   /// Elements a reduction leaves this rank: its shard, or (replicated) the whole buffer.
   std::int64_t reduced_count(std::size_t u) const {
     const plan::unit_costs& c = st_.cost(u);

@@ -25,6 +25,10 @@
 //                                                         is reduced, scaled in place if it must be)
 //   reduce output   comm buffers      reduce    S         during a reduce-scatter; none for an all-reduce (in place)
 //
+// A quantized reduction (precision_facts::quantizes_reduction: int8 or fp8 in blocks of B) has both, each one slice
+// of S + 4 S / B one-byte elements per rank of the shard group (kernels/quantize.hpp): the input the gradient
+// quantized per destination rank, the output what the all_to_all brought from every rank.
+//
 // Offloading (fsdp/offload/offload.hpp) moves buffers to the host domain and adds two:
 //
 //   master          host when params are offloaded; grad shard: host when grads are; optimizer state: host when it is
@@ -33,6 +37,8 @@
 //                                                         happens then, no_shard in fp32 too)
 //   download        comm buffers      reduce    S (P for  grads offloaded: a reduced gradient on the host, from its
 //                   (host)                      all-reduce) copy to its addition into the host gradient shard
+//                                                         (a quantized reduction: the reduce output's slices, which
+//                                                         the host dequantizes and sums)
 //
 // A reduction allocates its input, then its output, and frees them in reverse order before it frees the grad and
 // the accumulator (the reduction's takes and gives in fsdp/plan/program.hpp, which the executor and the memory
@@ -44,6 +50,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "fsdp/comm/concept.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/layout/flat_layout.hpp"
@@ -90,6 +97,13 @@ inline cost_facts make_cost_facts(const precision_facts& precision, bool shards_
           accumulation.sync == grad_sync::last_micro_batch && accumulation.micro_batches > 1, offload, prescales};
 }
 
+/// The collective a reduction issues under these facts: a reduce-scatter into shards, an all-reduce of replicas, or
+/// (a quantized reduction) an all_to_all of the quantized slices.
+inline collective reduction_of(const cost_facts& f) noexcept {
+  if (f.precision.quantizes_reduction()) return collective::all_to_all;
+  return f.shards_params ? collective::reduce_scatter : collective::all_reduce;
+}
+
 /// `f` with unit u's offload facts (model_options::offload_units; sched::config::offload).
 inline cost_facts for_unit(cost_facts f, const std::vector<offload_facts>& per_unit, std::size_t u) {
   if (u < per_unit.size()) f.offload = per_unit[u];
@@ -102,6 +116,7 @@ struct unit_costs {
   std::int64_t shard_numel = 0;      ///< S: elements of the master and gradient shards
   std::int64_t padded_numel = 0;     ///< P: elements of the unsharded flat buffer
   std::int64_t gather_block = 0;     ///< a scaled gather: elements per scale (B); else 0
+  std::int64_t reduce_block = 0;     ///< a quantized reduction: elements per scale (B); else 0
   /// The dtype an all-gather of the unit moves: the wire buffer's when there is one, else the compute dtype.
   dtype gather_type() const noexcept { return wire ? wire.type : gathered.type; }
   /// Elements of the gather dtype one rank contributes to an all-gather: its shard, and its scales (as bytes) when
@@ -109,11 +124,19 @@ struct unit_costs {
   std::int64_t gather_count() const noexcept {
     return gather_block ? shard_numel + shard_numel / gather_block * 4 : shard_numel;
   }
-  /// Unsharded bytes an all-gather of the unit moves, and a reduction (as nccl-tests count, for traces).
+  /// Elements of the reduce dtype a quantized reduction's all_to_all sends to each rank (and receives from each): a
+  /// shard's values and its scales (as bytes); a plain reduction's shard otherwise.
+  std::int64_t reduce_count() const noexcept {
+    return reduce_block ? shard_numel + shard_numel / reduce_block * 4 : shard_numel;
+  }
+  /// Unsharded bytes an all-gather of the unit moves, and a reduction (as nccl-tests count, for traces; a quantized
+  /// reduction's all_to_all: its whole send buffer).
   std::int64_t gather_bytes() const noexcept {
     return wire ? wire.bytes() : padded_numel * static_cast<std::int64_t>(size_of(gathered.type));
   }
-  std::int64_t reduce_bytes() const noexcept { return padded_numel * static_cast<std::int64_t>(size_of(reduce_output.type)); }
+  std::int64_t reduce_bytes() const noexcept {
+    return reduce_block ? reduce_input.bytes() : padded_numel * static_cast<std::int64_t>(size_of(reduce_output.type));
+  }
 };
 
 inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
@@ -142,6 +165,19 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   c.reduce_output = {mem::comm_buffers, p.reduce, f.shards_params ? S : 0};
   c.upload = {mem::sharded_params, p.master, o.params ? S : 0};
   c.download = {mem::comm_buffers, p.reduce, o.grads ? (f.shards_params ? S : P) : 0, domain::host};
+  if (p.reduce_block) {  // quantized: an all_to_all of one slice per rank each way (kernels/quantize.hpp)
+    if (!f.shards_params)
+      detail::fail_usage("precision: a reduction quantized in blocks goes through all_to_all into shards, and needs "
+                         "a sharding strategy that shards parameters");
+    if (S % p.reduce_block != 0)
+      detail::fail_usage("precision: a reduction quantized in blocks of ", p.reduce_block, " elements needs shards "
+                         "that are multiples of the block, but a unit's shard has ", S, " elements: set "
+                         "model_options::layout.align to a multiple of ", p.reduce_block, " (it is ", l.align(), ")");
+    c.reduce_block = p.reduce_block;
+    const std::int64_t slices = l.world() * c.reduce_count();
+    c.reduce_input.numel = c.reduce_output.numel = slices;
+    c.download.numel = o.grads ? slices : 0;
+  }
   return c;
 }
 

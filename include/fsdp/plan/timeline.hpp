@@ -197,6 +197,7 @@ class time_reading {
     const std::size_t n = prog.size();
     shard_group_ = n ? layouts[0].world() : 1;
     shards_ = facts.shards_params;
+    reduction_ = plan::reduction_of(facts);
     replicas_ = replicas_of(tm.world, layouts, facts);
     for (std::size_t u = 0; u < n; ++u) {
       const plan::unit_costs& c = prog.costs(u);
@@ -218,19 +219,22 @@ class time_reading {
       d[idx(plan::job::compute)] = 0;  // per pass: below
       d[idx(plan::job::accumulate)] = mem(P * (2 * f + cs));
       const std::int64_t src = static_cast<std::int64_t>(size_of(c.accumulator ? c.accumulator.type : c.grad.type));
-      d[idx(plan::job::cast_reduce_input)] = mem(P * (src + rs));
+      // a quantized reduction writes its slices (values and scales) and reads them back after the all_to_all
+      const bool quantized = c.reduce_block > 0;
+      d[idx(plan::job::cast_reduce_input)] = mem(P * src + (quantized ? c.reduce_input.bytes() : P * rs));
       d[idx(plan::job::prescale)] = mem(P * 2 * src);
       d[idx(plan::job::reduce_collective)] =
-          shards_ ? tm.link.duration(collective::reduce_scatter, c.reduce_bytes(), shard_group_).count()
-                  : tm.link.duration(collective::all_reduce, c.reduce_bytes(), tm.world).count();
+          shards_ ? tm.link.duration(reduction_, c.reduce_bytes(), shard_group_).count()
+                  : tm.link.duration(reduction_, c.reduce_bytes(), tm.world).count();
       d[idx(plan::job::replica_reduce)] = tm.replica_link.duration(collective::all_reduce, S * rs, replicas_).count();
       coll[idx(plan::job::reduce_collective)] = d[idx(plan::job::reduce_collective)];
       coll[idx(plan::job::replica_reduce)] = d[idx(plan::job::replica_reduce)];
       coll_.push_back(coll);
       const std::int64_t count = shards_ ? S : P;
-      d[idx(plan::job::add_into_shard)] = mem(count * (2 * f + rs));
+      const std::int64_t add_bytes = count * 2 * f + (quantized ? c.reduce_output.bytes() : count * rs);
+      d[idx(plan::job::add_into_shard)] = mem(add_bytes);
       d[idx(plan::job::download_grad)] = bytes_over(c.download.bytes(), tm.pcie_bytes_per_second);
-      d[idx(plan::job::host_add)] = bytes_over(count * (2 * f + rs), tm.host_bytes_per_second);
+      d[idx(plan::job::host_add)] = bytes_over(add_bytes, tm.host_bytes_per_second);
       const std::int64_t states = prog.optimizer_states();
       const std::int64_t step_bytes = S * f * (3 + 2 * states);  // read master, grad, states; write master, states
       d[idx(plan::job::optimizer_device)] = mem(step_bytes);
@@ -296,7 +300,7 @@ class time_reading {
       if (gather) e.bytes = c.gather_bytes();
       if (reduce) {
         e.bytes = c.reduce_bytes();
-        e.coll = shards_ ? collective::reduce_scatter : collective::all_reduce;
+        e.coll = reduction_;
       }
     }
     events_.push_back(e);
@@ -359,6 +363,7 @@ class time_reading {
   const time_model& tm_;
   int shard_group_ = 1, replicas_ = 1;
   bool shards_ = true;
+  collective reduction_ = collective::reduce_scatter;  // what a reduction issues (plan::reduction_of)
   std::vector<durations> dur_;
   std::vector<durations> coll_;  ///< the collective part of each duration
   at shard_link_{}, replica_link_{};  ///< serial_collectives: where each group's last collective ended

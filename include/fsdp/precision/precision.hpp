@@ -14,6 +14,11 @@
 //                                                       elements (symmetric absmax), bf16 views: a quarter of fp32's
 //                                                       gather bytes, plus the scales
 //   fsdp::precision::scaled<std::int8_t, 128>           int8 on the wire, the same way (ZeRO++'s qwZ scheme)
+//   fsdp::precision::scaled<std::int8_t, 128, fsdp::bfloat16, std::int8_t>
+//                                                       gradients reduced in int8 blocks too (ZeRO++'s qgZ scheme):
+//                                                       each rank quantizes its gradient per destination shard,
+//                                                       an all_to_all moves the blocks, and each rank dequantizes
+//                                                       what it received and sums it in fp32 (kernels/quantize.hpp)
 //
 // The cast from the fp32 master shard to the gather dtype happens while the shard is copied into this rank's slice
 // of the gather buffer; when the gather dtype is narrower than the compute dtype, the gathered parameters are
@@ -21,7 +26,10 @@
 // view holds exactly the gather dtype's values; a scaled gather (fp8 or int8) quantizes each block of the shard
 // with its own scale into the wire slot and dequantizes into the views after the gather (kernels/quantize.hpp). The
 // cast from the compute dtype (or the fp32 no-sync accumulator) to the reduce dtype happens when the reduction's input is
-// prepared; the reduced result is added into the fp32 gradient shard. Every narrowing cast rounds to nearest even
+// prepared; the reduced result is added into the fp32 gradient shard. A scaled reduce dtype quantizes that input in
+// blocks instead, one slice per rank of the shard group, and the all_to_all and the fp32 sum replace the
+// reduce-scatter (it needs sharded parameters without replicas, and a communicator with all_to_all:
+// fsdp/can_implement.hpp refuses the rest). Every narrowing cast rounds to nearest even
 // (core/float16.hpp), every widening is exact: the same bits on every backend.
 #include <concepts>
 #include <type_traits>
@@ -51,6 +59,14 @@ template <class P>
   requires requires { P::gather_block; }
 inline constexpr int gather_block_of<P> = P::gather_block;
 
+/// Elements per scale of a quantized reduction: P::reduce_block where the policy names one, else 0 (a plain
+/// reduce dtype).
+template <class P>
+inline constexpr int reduce_block_of = 0;
+template <class P>
+  requires requires { P::reduce_block; }
+inline constexpr int reduce_block_of<P> = P::reduce_block;
+
 /// Whether parameters may be gathered in `gather` and computed in `compute`: the same dtype, or a narrower one that
 /// is widened exactly after the gather (a gather of the same width in another dtype would round twice; a wider one
 /// would move more bytes than casting first).
@@ -72,7 +88,8 @@ constexpr bool gather_block_fits(dtype gather, int block) noexcept {
 /// types (each with a dtype: float, fsdp::bfloat16, fsdp::float16, or CUDA's __nv_bfloat16 / __half), and
 /// optionally a fourth, `gather_type`, narrower than the compute type. The master type must be float: the library
 /// keeps fp32 master shards and fp32 gradient shards. A gather type whose values need scales (fp8) comes with
-/// `static constexpr int gather_block`, the elements per scale (precision::scaled).
+/// `static constexpr int gather_block`, the elements per scale (precision::scaled); a scaled reduce type with
+/// `static constexpr int reduce_block`.
 template <class P>
 concept PrecisionPolicy = requires {
   typename P::precision_concept;
@@ -85,7 +102,8 @@ concept PrecisionPolicy = requires {
   requires std::same_as<typename P::master_type, float>;
   requires ElementType<typename gather_type_of<P>::type>;
   requires plain_precision(dtype_of_v<typename P::compute_type>);
-  requires plain_precision(dtype_of_v<typename P::reduce_type>);
+  requires is_dtype(dtype_of_v<typename P::reduce_type>);
+  requires gather_block_fits(dtype_of_v<typename P::reduce_type>, reduce_block_of<P>);
   requires is_dtype(dtype_of_v<typename gather_type_of<P>::type>);
   requires gather_block_fits(dtype_of_v<typename gather_type_of<P>::type>, gather_block_of<P>);
   requires gathers_into(dtype_of_v<typename gather_type_of<P>::type>, dtype_of_v<typename P::compute_type>);
@@ -98,16 +116,19 @@ struct precision_facts {
   dtype reduce = dtype::f32;   ///< what the reduction moves
   dtype gather = compute;      ///< what the all-gather moves: the compute dtype, or a narrower one (gathers_into)
                                ///< widened into the compute views after the gather
-  int gather_block = 0;        ///< a scaled gather dtype (fp8): elements per fp32 scale; else 0
+  int gather_block = 0;        ///< a scaled gather dtype (fp8 or int8): elements per fp32 scale; else 0
+  int reduce_block = 0;        ///< a scaled reduce dtype (a quantized reduction): elements per fp32 scale; else 0
   /// Whether gathered parameters are widened from the gather dtype into the compute dtype (a wire slot exists).
   constexpr bool widens() const noexcept { return gather != compute; }
+  /// Whether gradients are reduced quantized in blocks (all_to_all, then an fp32 sum) rather than reduce-scattered.
+  constexpr bool quantizes_reduction() const noexcept { return reduce_block > 0; }
   friend constexpr bool operator==(const precision_facts&, const precision_facts&) = default;
 };
 
 template <PrecisionPolicy P>
 constexpr precision_facts facts_of_precision() noexcept {
   return {dtype_of_v<typename P::compute_type>, dtype::f32, dtype_of_v<typename P::reduce_type>,
-          dtype_of_v<typename gather_type_of<P>::type>, gather_block_of<P>};
+          dtype_of_v<typename gather_type_of<P>::type>, gather_block_of<P>, reduce_block_of<P>};
 }
 
 namespace precision {
@@ -150,7 +171,17 @@ using wire = mixed<float, float, Reduce, Gather>;
 /// scale per block of `Block` elements: each rank quantizes its master shard block by block (scale = the block's
 /// largest magnitude over the format's largest value, 448, 57344 or 127; each element divided by it and rounded to
 /// the format, saturating), gathers values and scales, and dequantizes every element (its value times its block's
-/// scale, rounded to `Compute`) into the compute views. Blocks never cross a shard: model_options::layout.align must be a multiple of `Block`.
+/// scale, rounded to `Compute`) into the compute views. Blocks never cross a shard: model_options::layout.align
+/// must be a multiple of `Block`.
+///
+/// A scaled `Reduce` (the same three types) reduces gradients quantized in blocks of `Block` too, ZeRO++'s qgZ:
+/// each rank quantizes its unsharded gradient (pre-divided where the division says so) block by block, into one
+/// slice per destination rank (the elements of that rank's shard); an all_to_all gives each rank its shard from
+/// every rank; each rank dequantizes them and sums them in fp32 in rank order (an average multiplying each by
+/// float(1 / ranks) first, as the fp32 reduce-scatter does) and adds the sum into its fp32 gradient shard. The
+/// result is the fp32 reduce-scatter of the ranks' dequantized gradients, bit for bit; its error against the exact
+/// one is the quantization's, per rank and element at most half a step of the block's scale (int8: absmax / 254)
+/// or half an fp8 unit in the last place, summed over the ranks (docs/policies.md).
 template <class Scaled, int Block, class Compute = bfloat16, class Reduce = float>
 struct scaled {
   static_assert(ElementType<Scaled> && is_scaled(dtype_of_v<Scaled>),
@@ -159,15 +190,17 @@ struct scaled {
                 "for a plain narrower gather use precision::mixed or precision::wire");
   static_assert(Block > 0 && Block % 4 == 0, "fsdp::precision::scaled: the block must be a positive multiple of 4 "
                                              "elements (each rank's scales stay 4-byte aligned after its values)");
-  static_assert(ElementType<Compute> && plain_precision(dtype_of_v<Compute>) && ElementType<Reduce> &&
-                    plain_precision(dtype_of_v<Reduce>),
-                "fsdp::precision::scaled: compute and reduce types are float, fsdp::bfloat16 or fsdp::float16");
+  static_assert(ElementType<Compute> && plain_precision(dtype_of_v<Compute>),
+                "fsdp::precision::scaled: the compute type is float, fsdp::bfloat16 or fsdp::float16");
+  static_assert(ElementType<Reduce>, "fsdp::precision::scaled: the reduce type is float, fsdp::bfloat16 or "
+                                     "fsdp::float16, or a scaled 8-bit type (a quantized reduction)");
   using precision_concept = precision_tag;
   using compute_type = Compute;
   using master_type = float;
   using reduce_type = Reduce;
   using gather_type = Scaled;
   static constexpr int gather_block = Block;
+  static constexpr int reduce_block = is_scaled(dtype_of_v<Reduce>) ? Block : 0;
 };
 
 }  // namespace precision
