@@ -181,7 +181,9 @@ int main() {
                     {"bf16/bf16", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>()},
                     {"fp8x16/fp32", fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 16>>()},
                     {"fp8x16/bf16", fsdp::facts_of_precision<
-                                        fsdp::precision::scaled<fsdp::float8_e4m3, 16, fsdp::bfloat16, fsdp::bfloat16>>()}};
+                                        fsdp::precision::scaled<fsdp::float8_e4m3, 16, fsdp::bfloat16, fsdp::bfloat16>>()},
+                    {"i8x16/i8x16", fsdp::facts_of_precision<
+                                        fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>()}};
   constexpr int precision_count = static_cast<int>(std::size(precisions));
   std::vector<fsdp::time_variant> variants;  // the prefetch policies, for rank_by_time (precision set per group)
   auto one_slot = [&](const fsdp::prefetch_facts& pf) {
@@ -214,6 +216,7 @@ int main() {
     one(fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>{}, 2);
     one(fsdp::precision::scaled<fsdp::float8_e4m3, 16>{}, 3);
     one(fsdp::precision::scaled<fsdp::float8_e4m3, 16, fsdp::bfloat16, fsdp::bfloat16>{}, 4);
+    one(fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>{}, 5);
   };
   bench("none", fsdp::prefetch::none{});
   bench("forward<1>", fsdp::prefetch::forward<1>{});

@@ -1,10 +1,11 @@
 // Trains a GPT-2-style decoder (gpt_model.hpp) with N thread ranks on the host backend: one FSDP unit per block,
 // the root unit (embeddings, final norm, tied head) kept gathered, AdamW with warm-up and cosine schedule and
 // global-norm clipping, bf16 compute with fp32 master weights (--precision fp8 or int8: gathered as fp8 E4M3 or
-// int8 in blocks of 16 with a scale each, precision::scaled, computed in bf16). Prints per step the loss, learning
+// int8 in blocks of 16 with a scale each, precision::scaled, computed in bf16; int8-qgz: gradients reduced in int8
+// blocks of 16 too, through all_to_all). Prints per step the loss, learning
 // rate, gradient norm and tokens/s, and at the end every rank's peak memory by category next to the planner's
 // prediction and the activations the trainer kept.
-//   bazel run //examples/04_gpt_host -- --ranks 4 [--steps 50] [--precision bf16|fp32|fp8|int8]
+//   bazel run //examples/04_gpt_host -- --ranks 4 [--steps 50] [--precision bf16|fp32|fp8|int8|int8-qgz]
 //       [--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations]
 //       [--layers L] [--width C] [--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W]
 //       [--export-init FILE.safetensors] [--losses FILE] [--pack]
@@ -27,7 +28,7 @@ namespace {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "error: %s\nusage: gpt_host [--ranks N] [--steps S] [--precision bf16|fp32|fp8|int8] "
+               "error: %s\nusage: gpt_host [--ranks N] [--steps S] [--precision bf16|fp32|fp8|int8|int8-qgz] "
                "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
                "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
                "[--export-init FILE] [--losses FILE] [--pack]\n",
@@ -152,7 +153,8 @@ int main(int argc, char** argv) {
         strategy, precision,
         [&](auto s, auto p) { return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, cfg, out); },
         fsdp::named<fsdp::precision::scaled<fsdp::float8_e4m3, 16>>{"fp8"},
-        fsdp::named<fsdp::precision::scaled<std::int8_t, 16>>{"int8"});
+        fsdp::named<fsdp::precision::scaled<std::int8_t, 16>>{"int8"},
+        fsdp::named<fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>{"int8-qgz"});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

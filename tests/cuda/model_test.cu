@@ -452,6 +452,11 @@ TEST_CASE("comm::local on one GPU: mixed precision and accumulation equal the ho
   SUBCASE("bf16 compute over int8 gathers in blocks of 16 (ZeRO++'s qwZ scheme), SGD, 3 ranks") {
     compare_local<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>(3, false);
   }
+  SUBCASE("gradients reduced in int8 blocks of 16 (ZeRO++'s qgZ: quantized per destination, all_to_all, "
+          "dequantized and summed by for_each kernels), no-sync, AdamW, 3 ranks") {
+    compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>>(
+        3, true, nosync);
+  }
   SUBCASE("CUDA's own types name the precision: __nv_bfloat16") {
     compare_local<full_shard, fsdp::prefetch::next, mixed<__nv_bfloat16, float, __nv_bfloat16>>(2, false);
   }

@@ -357,6 +357,9 @@ TEST_CASE("a Model on comm::mpi trains the MLP exactly as on comm::run_local at 
     check_mlp_parity<fsdp::sharding::full_shard, mixed<bfloat16, float, bfloat16>>();
   }
   SUBCASE("no_shard (all_reduce), fp32") { check_mlp_parity<fsdp::sharding::no_shard, fsdp::precision::full>(); }
+  SUBCASE("full_shard, int8 gathers and gradients reduced in int8 blocks (MPI_Ialltoall)") {
+    check_mlp_parity<fsdp::sharding::full_shard, fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>>();
+  }
   // Hybrid sharding split into 2 x 2: both strategies in every precision mode.
   SUBCASE("hybrid_shard<2>, fp32") { check_mlp_parity<fsdp::sharding::hybrid_shard<2>, fsdp::precision::full>(); }
   SUBCASE("hybrid_shard<2>, bf16 compute, fp32 reduction") {

@@ -26,11 +26,11 @@ fsdp::planned_units units_of(const std::vector<std::string>& names, int ranks = 
 }
 
 fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::prefetch_facts pf, fsdp::model_options opt = {},
-                                fsdp::offload_facts off = {}) {
+                                fsdp::offload_facts off = {}, fsdp::precision_facts precision = {}) {
   fsdp::memory_plan_inputs in;
   in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4), pf,
-                                          fsdp::precision_facts{}, opt, off);
-  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, opt.accumulation, off);
+                                          precision, opt, off);
+  in.costs = fsdp::plan::make_cost_facts(precision, true, opt.accumulation, off);
   return in;
 }
 
@@ -85,10 +85,7 @@ TEST_CASE("fp32 views over bf16 gathers: half the gather's link time, and the wi
   // shard (256 x (4 + 4 + 4) bytes) 0.5 ms, SGD's update (256 x 3 x 4 bytes) 0.5 ms; the fp32 reduce-scatter 1 ms.
   const auto u = units_of({"u"});
   const fsdp::precision_facts wire = fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>();
-  fsdp::memory_plan_inputs in;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
-                                          none, wire, {}, {});
-  in.costs = fsdp::plan::make_cost_facts(wire, true, {}, {});
+  const fsdp::memory_plan_inputs in = inputs(u, none, {}, {}, wire);
   fsdp::time_model t = timing(1, 2, 3);
   t.memory_bytes_per_second = 6.144e6;
   const auto tl = predict(u, in, t);
@@ -116,10 +113,7 @@ TEST_CASE("fp8 or int8 gathers in blocks of 16: the link carries the values and 
   for (const fsdp::precision_facts q : {fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 16>>(),
                                         fsdp::facts_of_precision<fsdp::precision::scaled<std::int8_t, 16>>()}) {
     CAPTURE(fsdp::name_of(q.gather));
-    fsdp::memory_plan_inputs in;
-    in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
-                                            none, q, {}, {});
-    in.costs = fsdp::plan::make_cost_facts(q, true, {}, {});
+    const fsdp::memory_plan_inputs in = inputs(u, none, {}, {}, q);
     const auto tl = predict(u, in, timing(1, 2, 3));
     REQUIRE(tl.feasible());
     CHECK(tl.by_unit[0].gather_ns == ms(0.625));
@@ -136,10 +130,7 @@ TEST_CASE("gradients reduced in int8 blocks of 16: an all_to_all of the quantize
   const auto u = units_of({"u"});
   const fsdp::precision_facts q =
       fsdp::facts_of_precision<fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>();
-  fsdp::memory_plan_inputs in;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
-                                          none, q, {}, {});
-  in.costs = fsdp::plan::make_cost_facts(q, true, {}, {});
+  const fsdp::memory_plan_inputs in = inputs(u, none, {}, {}, q);
   auto tl = predict(u, in, timing(1, 2, 3));
   REQUIRE(tl.feasible());
   CHECK(tl.by_unit[0].reduce_ns == ms(0.3125));
