@@ -131,8 +131,8 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
                                           "reduction does not do: reduce in a plain dtype, or shard over the world")});
     if constexpr (!AllToAllCollective<communicator>)
       out.refusals.push_back({"communicator", fsdp::detail::cat(what, ", and this policy's communicator has no "
-                                                                "all_to_all (fsdp::AllToAllCollective: comm::local "
-                                                                "and comm::mpi have it, comm::nccl has not)")});
+                                                                "all_to_all (fsdp::AllToAllCollective: comm::local, "
+                                                                "comm::mpi and comm::nccl have it)")});
   }
 
   const dtype compute = dtype_of_v<compute_type>;

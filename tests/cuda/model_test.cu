@@ -8,7 +8,8 @@
 //     per-element code); no-sync and kept-gathered accumulation; pre/post division;
 //   - gradient inspection on the GPU (CUB squared norms, one all-reduce): the same parameters, a norm within
 //     1e-5 of the host's (CUB sums in another order), and an inf uploaded into one rank's shard skipped by all;
-//   - comm::nccl at world size 1 (RANK/WORLD_SIZE/LOCAL_RANK set in-process) against the host at world 1;
+//   - comm::nccl at world size 1 (RANK/WORLD_SIZE/LOCAL_RANK set in-process) against the host at world 1 (its
+//     all_to_all and a quantized reduction through it too);
 //   - checkpoints (where nlohmann-json and xxhash.h are found): a resume at 4 ranks on one GPU equals a run without
 //     a stop, and the files load on 2 host ranks, bit for bit;
 //   - comm::local at 1, 2, 3, 4 and 5 ranks (uneven shards), every sharding strategy and prefetch policy; hybrid
@@ -649,6 +650,22 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   sub.barrier();
   CHECK(sub.stats()[fsdp::collective::all_reduce] == 2);
   CHECK(comm.stats()[fsdp::collective::all_reduce] == 2);  // the barrier and the grouped all-reduce above
+  // all_to_all as grouped ncclSend / ncclRecv: at world 1 a copy to this rank itself
+  auto to = be.allocate(8, fsdp::mem::comm_buffers, be.reduce_stream());
+  comm.all_to_all(buf.data(), to.data(), 2, fsdp::dtype::f32, be.reduce_stream());
+  be.download(back, to.data(), 8, be.reduce_stream());
+  be.synchronize(be.reduce_stream());
+  CHECK(back[0] == 2.5f);
+  CHECK(back[1] == -1.0f);
+  CHECK(comm.stats()[fsdp::collective::all_to_all] == 1);
+  // gradients reduced in int8 blocks (qgZ) through that all_to_all: the host run's bits
+  using Q = fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>;
+  const run_result gq = train<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, Q, fsdp::comm::nccl>>(comm, true);
+  run_result hq;
+  fsdp::comm::run_local(1, [&](fsdp::comm::local_communicator& c) {
+    hq = train<host_policy<fsdp::sharding::full_shard, fsdp::prefetch::next, Q>>(c, true);
+  });
+  check_same(gq.params, hq.params);
 }
 
 TEST_CASE("comm::local on one GPU: all_to_all puts block q of rank r's send at block r of rank q's receive") {

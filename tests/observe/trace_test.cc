@@ -697,6 +697,37 @@ TEST_CASE("a Model on a backend with timing marks and profiler ranges: the same 
   }
 }
 
+TEST_CASE("a quantized reduction shows as an all_to_all: its profiler ranges, its trace events and their bytes") {
+  using Q = fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>;
+  using Timed = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, Q, timed_local>;
+  constexpr int ranks = 2;
+  {
+    std::lock_guard lk(hooks_mu);
+    hooks_by_rank.clear();
+  }
+  fsdp::trace::recorder rec;
+  fsdp_test::run_ranks(ranks, [&](local_communicator& c) { train_units<Timed>(c, &rec, 1); });
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    std::map<std::string, int> names;
+    for (const auto& range : hooks_by_rank.at(r).ranges) ++names[range.first];
+    for (const char* u : {"l0", "l1", "l2"}) {
+      CHECK(names[std::string("all_to_all ") + u] == 1);
+      CHECK(names.count(std::string("reduce_scatter ") + u) == 0);
+    }
+    int reduce_events = 0;
+    for (const auto& e : rec.events(r))
+      if (e.what == kind::reduce_begin) {
+        ++reduce_events;
+        CHECK(e.coll == fsdp::collective::all_to_all);
+        // the whole send buffer, P one-byte values and a 4-byte scale per 16: at 2 ranks and alignment 16, l0 (24
+        // elements) and l2 (16) pad to 32, l1 (35) to 64
+        CHECK(e.bytes == (e.unit == 1 ? 64 + 16 : 32 + 8));
+      }
+    CHECK(reduce_events == 3);
+  }
+}
+
 TEST_CASE("a unit's profiler range ends when the user's code abandons the pass") {
   using Timed = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full, timed_local>;
   hooks_log log;

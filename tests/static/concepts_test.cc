@@ -365,7 +365,7 @@ TEST_CASE("a quantized reduction on a communicator without all_to_all is refused
                                      fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>,
                                      archetype::unsplittable_comm>>(u, spec, fsdp::wrap::by_size{8});
           }) == "fsdp: the precision reduces gradients quantized to i8 in blocks of 16 (all_to_all, then a sum in "
-                "fp32), and this policy's communicator has no all_to_all (fsdp::AllToAllCollective: comm::local and "
-                "comm::mpi have it, comm::nccl has not)");
+                "fp32), and this policy's communicator has no all_to_all (fsdp::AllToAllCollective: comm::local, "
+                "comm::mpi and comm::nccl have it)");
   });
 }

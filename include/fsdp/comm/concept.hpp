@@ -1,7 +1,7 @@
 #pragma once
 // The CollectivePolicy concept: what the unit executor and the optimizers need from a communicator.
 // Implementations: comm::local (ranks as threads of one process, over host memory: comm/local.hpp, or one GPU:
-// comm/local_cuda.cuh) and comm::nccl (comm/nccl.cuh). Buffers are the backend's memory; every collective is
+// comm/local_cuda.cuh), comm::mpi (comm/mpi.hpp) and comm::nccl (comm/nccl.cuh). Buffers are the backend's memory; every collective is
 // issued on a stream of the backend and runs in that stream's order. Reductions of f32, bf16 and f16 are
 // supported; an average is NCCL's (each value pre-multiplied by 1 / ranks rounded to the element dtype, then
 // summed).
@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
 
 namespace fsdp {
 
@@ -57,14 +58,28 @@ concept CollectivePolicy = requires(C& c, const C& cc, const void* send, void* r
   { cc.stats() } -> std::same_as<collective_stats>;
 };
 
-/// A communicator that also has all_to_all (comm::local on the host or one GPU, comm::mpi; not comm::nccl, whose
-/// library has no such collective: it would be grouped sends and receives, not built). `count` is in elements per
-/// pair of ranks: `send` holds size() blocks of `count`, block q for rank q; `recv` receives size() blocks, block q
-/// from rank q. The two buffers must not overlap.
+/// A communicator that also has all_to_all (comm::local on the host or one GPU, comm::mpi, and comm::nccl as grouped
+/// ncclSend / ncclRecv, NCCL having no all-to-all of its own). `count` is in elements per pair of ranks: `send`
+/// holds size() blocks of `count`, block q for rank q; `recv` receives size() blocks, block q from rank q. The two
+/// buffers must not overlap (require_apart refuses them, naming the rank and the sizes).
 template <class C>
 concept AllToAllCollective = CollectivePolicy<C> && requires(C& c, const void* send, void* recv, std::int64_t count,
                                                              dtype t, typename C::backend_type::stream& s) {
   c.all_to_all(send, recv, count, t, s);
 };
+
+namespace comm::detail {
+/// The buffers of an all_to_all of `count` elements of `t` per pair among `ranks` ranks, on rank `rank`, must not
+/// overlap: a usage_error says so otherwise.
+inline void require_apart(const void* send, const void* recv, std::int64_t count, dtype t, int rank, int ranks) {
+  const std::int64_t total = count * ranks;
+  const auto* a = static_cast<const unsigned char*>(send);
+  const auto* b = static_cast<const unsigned char*>(recv);
+  const std::size_t span = static_cast<std::size_t>(total > 0 ? total : 0) * size_of(t);
+  if (span && a < b + span && b < a + span)
+    fsdp::detail::fail_usage("all_to_all(count=", count, ", ", name_of(t), ") on rank ", rank,
+                             ": the send and receive buffers overlap; give it two buffers of ", span, " bytes each");
+}
+}  // namespace comm::detail
 
 }  // namespace fsdp

@@ -234,6 +234,27 @@ class nccl_communicator {
   void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
     all_reduce_on(send, recv, count, t, op, s, s.name());
   }
+  /// recv block q = rank q's send block rank() (`count` elements per pair of ranks): NCCL has no all-to-all, so
+  /// it is a group of one ncclSend and one ncclRecv per rank (this one included), issued and settled as one
+  /// collective. The buffers must not overlap.
+  void all_to_all(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
+    detail::require_apart(send, recv, count, t, rank(), size());
+    const std::size_t block = static_cast<std::size_t>(count) * size_of(t);
+    core_.issue(collective::all_to_all, count, t, count * size(), s.get(), s.name(), [&](ncclComm_t c) {
+      ncclResult_t rc = ncclGroupStart();
+      if (rc != ncclSuccess) return rc;
+      auto ok = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
+      for (int q = 0; q < size() && ok(rc); ++q) {
+        rc = ncclSend(static_cast<const char*>(send) + q * block, static_cast<std::size_t>(count),
+                      nccl_detail::type_of(t), q, c, s.get());
+        if (ok(rc))
+          rc = ncclRecv(static_cast<char*>(recv) + q * block, static_cast<std::size_t>(count), nccl_detail::type_of(t),
+                        q, c, s.get());
+      }
+      const ncclResult_t end = ncclGroupEnd();  // always closed: a failed call inside fails the group as a whole
+      return ok(rc) ? end : rc;
+    });
+  }
   void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
     if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
     core_.issue(collective::broadcast, count, t, count, s.get(), s.name(), [&](ncclComm_t c) {
@@ -319,8 +340,7 @@ class nccl_communicator {
   void* barrier_buf_ = nullptr;
 };
 
-// No all_to_all: NCCL has no such collective, and grouped sends and receives are not built (comm/concept.hpp).
-static_assert(CollectivePolicy<nccl_communicator> && !AllToAllCollective<nccl_communicator>);
+static_assert(CollectivePolicy<nccl_communicator> && AllToAllCollective<nccl_communicator>);
 
 /// Policy tag: NCCL between processes (one GPU each). from_env() builds this process's communicator.
 struct nccl {

@@ -87,10 +87,14 @@ class unit_executor {
   void operator()(sched::op o, std::size_t u, bool ahead, pass_kind pass) {
     std::optional<typename trace::ranges<B>::scope> range;
     if (o == sched::op::gather) range.emplace(ranges_, *be_, trace::range_kind::all_gather, static_cast<int>(u));
-    if (o == sched::op::reduce)
+    if (o == sched::op::reduce) {
+      const collective c = plan::reduction_of(st_.facts());
       range.emplace(ranges_, *be_,
-                    st_.facts().shards_params ? trace::range_kind::reduce_scatter : trace::range_kind::all_reduce,
+                    c == collective::reduce_scatter ? trace::range_kind::reduce_scatter
+                    : c == collective::all_reduce   ? trace::range_kind::all_reduce
+                                                    : trace::range_kind::all_to_all,
                     static_cast<int>(u));
+    }
     prog_.op(o, u, ahead, pass, in_);
   }
   /// The trainer's work for unit u begins / ends (Model entering and leaving the unit).

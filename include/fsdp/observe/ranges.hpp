@@ -1,7 +1,8 @@
 #pragma once
 // Named ranges for a profiler around the library's host-side work, so that a timeline (Nsight Systems) shows it:
 // each unit's forward and backward ("forward layers.3", "backward layers.3"), the issue of each collective of the
-// schedule ("all_gather layers.3", "reduce_scatter layers.3" or "all_reduce layers.3") and the optimizer step
+// schedule ("all_gather layers.3", "reduce_scatter layers.3", "all_reduce layers.3" or, for a quantized reduction,
+// "all_to_all layers.3") and the optimizer step
 // ("optimizer"). backend::cuda implements the hook with NVTX in the domain "fsdp" (fsdp/cuda/nvtx.cuh); a backend
 // without it (backend::host) gets no ranges and pays nothing. Ranges are always on where the hook exists: with no
 // profiler attached, NVTX calls return at once. They do not depend on the trace recorder.
@@ -34,8 +35,9 @@ concept ProfilerRanges = requires(B& b, const char* name, std::uint32_t argb, st
   b.range_end(id);
 };
 
-enum class range_kind : std::uint8_t { forward, backward, all_gather, reduce_scatter, all_reduce, optimizer };
-inline constexpr int range_kinds = 6;
+/// The optimizer's comes last (ranges keeps one name for it, after every other kind's per unit).
+enum class range_kind : std::uint8_t { forward, backward, all_gather, reduce_scatter, all_reduce, all_to_all, optimizer };
+inline constexpr int range_kinds = 7;
 
 constexpr std::string_view name_of(range_kind k) noexcept {
   switch (k) {
@@ -45,6 +47,7 @@ constexpr std::string_view name_of(range_kind k) noexcept {
     case range_kind::reduce_scatter: return "reduce_scatter";
     case range_kind::all_reduce: return "all_reduce";
     case range_kind::optimizer: return "optimizer";
+    case range_kind::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -58,6 +61,7 @@ constexpr std::uint32_t colour_of(range_kind k) noexcept {
     case range_kind::reduce_scatter: return 0xffff9800u;
     case range_kind::all_reduce: return 0xfff44336u;
     case range_kind::optimizer: return 0xff9c27b0u;
+    case range_kind::all_to_all: return 0xffff5722u;
   }
   return 0xff9e9e9eu;
 }

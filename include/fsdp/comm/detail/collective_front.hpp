@@ -35,14 +35,8 @@ class collective_front {
   /// recv[q * count ...] = rank q's send[rank * count ...]; `count` elements per pair of ranks. The buffers must not
   /// overlap.
   void all_to_all(const void* send, void* recv, std::int64_t count, dtype t, Stream& s) {
-    const std::int64_t total = count * self().size();
-    const auto* a = static_cast<const unsigned char*>(send);
-    const auto* b = static_cast<const unsigned char*>(recv);
-    const std::size_t span = static_cast<std::size_t>(total > 0 ? total : 0) * size_of(t);
-    if (span && a < b + span && b < a + span)
-      fsdp::detail::fail_usage("all_to_all(count=", count, ", ", name_of(t), ") on rank ", self().rank(),
-                               ": the send and receive buffers overlap; give it two buffers of ", span, " bytes each");
-    self().issue({int(collective::all_to_all), count, t, reduce_op::sum, 0}, send, recv, s, total);
+    require_apart(send, recv, count, t, self().rank(), self().size());
+    self().issue({int(collective::all_to_all), count, t, reduce_op::sum, 0}, send, recv, s, count * self().size());
   }
 
  private:
