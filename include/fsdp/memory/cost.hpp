@@ -50,7 +50,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "fsdp/comm/concept.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/layout/flat_layout.hpp"
@@ -95,13 +94,6 @@ inline cost_facts make_cost_facts(const precision_facts& precision, bool shards_
                                   bool prescales = false) {
   return {precision, shards_params,
           accumulation.sync == grad_sync::last_micro_batch && accumulation.micro_batches > 1, offload, prescales};
-}
-
-/// The collective a reduction issues under these facts: a reduce-scatter into shards, an all-reduce of replicas, or
-/// (a quantized reduction) an all_to_all of the quantized slices.
-inline collective reduction_of(const cost_facts& f) noexcept {
-  if (f.precision.quantizes_reduction()) return collective::all_to_all;
-  return f.shards_params ? collective::reduce_scatter : collective::all_reduce;
 }
 
 /// `f` with unit u's offload facts (model_options::offload_units; sched::config::offload).

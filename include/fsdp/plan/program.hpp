@@ -40,6 +40,7 @@
 #include <optional>
 #include <vector>
 
+#include "fsdp/comm/concept.hpp"
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/offload/offload.hpp"
 #include "fsdp/memory/cost.hpp"
@@ -48,6 +49,14 @@
 #include "fsdp/core/unit_state.hpp"
 
 namespace fsdp::plan {
+
+/// The collective a reduction issues under these facts: a reduce-scatter into shards, an all-reduce of replicas, or
+/// (a quantized reduction) an all_to_all of the quantized slices. The executor, the time reading and the traces ask
+/// this.
+inline collective reduction_of(const cost_facts& f) noexcept {
+  if (f.precision.quantizes_reduction()) return collective::all_to_all;
+  return f.shards_params ? collective::reduce_scatter : collective::all_reduce;
+}
 
 /// Where an action happens: the issuing thread or one of the backend's streams. host_work carries offloading's
 /// host functions (host gradient additions, the host optimizer, host zeroing) and nothing else, so that the copy
