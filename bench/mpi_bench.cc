@@ -1,7 +1,8 @@
 // comm::mpi's all_gather and reduce_scatter (f32, sum) next to raw MPI_Allgather and MPI_Reduce_scatter_block
 // (MPI_FLOAT, MPI_SUM) on the same sizes, in the same run, in nccl-tests' table form:
 //   bazel build -c opt //bench:mpi_bench   (a manual target: `bazel test //...` does not build it)
-//   mpirun --allow-run-as-root --oversubscribe -np 4 bazel-bin/bench/mpi_bench [--max-mib 64]
+//   mpirun --allow-run-as-root --oversubscribe -np 4 bazel-bin/bench/mpi_bench [--max-mib 64] [--spin-us N]
+// (--spin-us: the host backend's host_options::spin for the stream the collectives are issued on; 0: no spin)
 //
 // size is the unsharded buffer (the all-gather's output, the reduce-scatter's input), count its f32 elements.
 // time: each rank's mean over `iters` back-to-back collectives (ours: issued on a host stream, then one
@@ -78,15 +79,18 @@ void print_table(const char* name, const std::vector<row>& rows, int world) {
 int main(int argc, char** argv) {
   fsdp::comm::mpi_session mpi(argc, argv);
   int max_mib = 64;
+  fsdp::backend::host_options host_opt;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--max-mib" && i + 1 < argc) max_mib = std::atoi(argv[++i]);
+    if (std::string(argv[i]) == "--spin-us" && i + 1 < argc)
+      host_opt.spin = std::chrono::microseconds(std::atoi(argv[++i]));
   }
   try {
     fsdp::comm::mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(300000)});
     const int rank = comm.rank(), world = comm.size();
     MPI_Comm raw = MPI_COMM_NULL;  // raw MPI on its own communicator
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-    fsdp::backend::host be(rank);
+    fsdp::backend::host be(rank, host_opt);
     auto& s = be.gather_stream();
 
     if (rank == 0) {
@@ -98,8 +102,10 @@ int main(int argc, char** argv) {
       std::string v(version);
       if (const auto nl = v.find('\n'); nl != std::string::npos) v.resize(nl);
       if (const auto comma = v.find(','); comma != std::string::npos) v.resize(comma);
-      std::printf("# mpi_bench on %s: %s, %u hardware threads; %d processes (mpirun --oversubscribe); %s\n", host,
-                  cpu_model().c_str(), std::thread::hardware_concurrency(), world, v.c_str());
+      std::printf("# mpi_bench on %s: %s, %u hardware threads; %d processes (mpirun --oversubscribe); %s; the "
+                  "stream's worker spins %lld us before it sleeps\n",
+                  host, cpu_model().c_str(), std::thread::hardware_concurrency(), world, v.c_str(),
+                  static_cast<long long>(host_opt.spin.count()));
     }
 
     std::vector<row> gather_rows, scatter_rows;

@@ -5,7 +5,9 @@
 // step written by hand without the library: zero a gradient buffer, accumulate it into the gradient shard and
 // update the shard with the same SGD kernel, unit by unit. Two host-backend settings: threaded streams (gathers
 // and reductions handed to worker threads, as a GPU backend hands them to streams) and inline streams (no
-// hand-off: the scheduler's decisions and bookkeeping alone). `overhead --inline` measures the inline rows only.
+// hand-off: the scheduler's decisions and bookkeeping alone). The threaded rows twice: with the host backend's
+// default spin before a worker or a waiter sleeps (host_options::spin), and without it (0), in the same run.
+// `overhead --inline` measures the inline rows only.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,11 +29,17 @@ fsdp::ModelSpec spec() {
   return s;
 }
 
+/// `spin`: host_options::spin (-1: the default); ignored by a library without it (tools/overhead-compare builds this
+/// source against older headers too).
 template <class Prefetch>
-double library_us_per_step(bool threaded) {
+double library_us_per_step(bool threaded, std::chrono::microseconds spin = std::chrono::microseconds(-1)) {
   double best = 1e300;
   fsdp::comm::local_options lo;
   lo.backend.threaded_streams = threaded;
+  [&](auto& backend) {  // generic: a library without the option compiles the test as false
+    if constexpr (requires { backend.spin = spin; })
+      if (spin.count() >= 0) backend.spin = spin;
+  }(lo.backend);
   fsdp::comm::run_local(
       1,
       [&](fsdp::comm::local_communicator& c) {
@@ -97,8 +105,12 @@ int main(int argc, char** argv) {
     warmup = std::max(2, steps / 10);
     const double base = baseline_us_per_step();
     if (!inline_only) {
+      using std::chrono::microseconds;
       rows.push_back({n, "prefetch::none, threaded streams", library_us_per_step<fsdp::prefetch::none>(true), base});
       rows.push_back({n, "prefetch::next, threaded streams", library_us_per_step<fsdp::prefetch::next>(true), base});
+      // the hand-off without spinning (host_options::spin = 0: every idle worker and waiter sleeps at once)
+      rows.push_back({n, "prefetch::none, threaded, no spin", library_us_per_step<fsdp::prefetch::none>(true, microseconds(0)), base});
+      rows.push_back({n, "prefetch::next, threaded, no spin", library_us_per_step<fsdp::prefetch::next>(true, microseconds(0)), base});
     }
     rows.push_back({n, "prefetch::none, inline streams", library_us_per_step<fsdp::prefetch::none>(false), base});
     rows.push_back({n, "prefetch::next, inline streams", library_us_per_step<fsdp::prefetch::next>(false), base});

@@ -58,25 +58,54 @@ TEST_CASE("an event orders one stream after another") {
 }
 
 TEST_CASE("a wait and the completion it waits for may meet in any order: none is missed, none returns early") {
-  // The wait of the inline compute stream checks the event's marker without a lock and sleeps only when it is not
-  // reached; the worker's completion notifies only while someone sleeps. 3000 rounds of a record on the gather
-  // worker raced against the wait on the calling thread: a missed wake-up is a timeout (comm_error) here, and an
-  // early return a stale count.
-  fsdp::backend::host_options opt;
-  opt.wait_timeout = std::chrono::milliseconds(5000);
-  fsdp::backend::host be(0, opt);
-  fsdp::backend::host::event ev;
-  int count = 0;  // written by the gather worker, read by the calling thread after each wait
-  for (int i = 1; i <= 3000; ++i) {
-    be.gather_stream().submit([&count, i] {
-      if (i % 3 == 0) std::this_thread::yield();  // some completions land after the wait began, some before
-      count = i;
-    });
-    be.record(ev, be.gather_stream());
-    if (i % 2 == 0) std::this_thread::yield();
-    be.wait(be.compute_stream(), ev);
-    REQUIRE(count == i);
+  // The wait of the inline compute stream checks the event's marker without a lock, spins for host_options::spin,
+  // and sleeps only when it is still not reached; the worker's completion notifies only while someone sleeps. The
+  // worker itself spins for new work before it sleeps, and a submit notifies only a sleeping worker. 3000 rounds of
+  // a record on the gather worker raced against the wait on the calling thread, with no spin (every hand-off a
+  // sleep), the default spin, and a spin longer than any round: a missed wake-up is a timeout (comm_error) here,
+  // and an early return a stale count.
+  for (const auto spin : {std::chrono::microseconds(0), fsdp::backend::host_options{}.spin, std::chrono::microseconds(20000)}) {
+    CAPTURE(spin.count());
+    fsdp::backend::host_options opt;
+    opt.wait_timeout = std::chrono::milliseconds(5000);
+    opt.spin = spin;
+    fsdp::backend::host be(0, opt);
+    fsdp::backend::host::event ev;
+    int count = 0;  // written by the gather worker, read by the calling thread after each wait
+    for (int i = 1; i <= 3000; ++i) {
+      if (i % 500 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // past the default spin
+      be.gather_stream().submit([&count, i] {
+        if (i % 3 == 0) std::this_thread::yield();  // some completions land after the wait began, some before
+        count = i;
+      });
+      be.record(ev, be.gather_stream());
+      if (i % 2 == 0) std::this_thread::yield();
+      be.wait(be.compute_stream(), ev);
+      REQUIRE(count == i);
+    }
   }
+}
+
+TEST_CASE("a spinning worker stops at once when its backend goes, and hands work on between two workers") {
+  fsdp::backend::host_options opt;
+  opt.spin = std::chrono::microseconds(10'000'000);  // ten seconds: no round below may wait for a spin to end
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    fsdp::backend::host be(0, opt);
+    fsdp::backend::host::event a, b;
+    std::atomic<int> hops{0};
+    for (int i = 0; i < 200; ++i) {  // gather -> reduce -> gather ..., each waiting for the other's event
+      be.gather_stream().submit([&] { hops.fetch_add(1); });
+      be.record(a, be.gather_stream());
+      be.wait(be.reduce_stream(), a);
+      be.reduce_stream().submit([&] { hops.fetch_add(1); });
+      be.record(b, be.reduce_stream());
+      be.wait(be.gather_stream(), b);
+    }
+    be.synchronize(be.gather_stream());
+    CHECK(hops.load() == 400);
+  }  // every worker is spinning here: the destructor must not wait out the ten seconds
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
 TEST_CASE("a failed task poisons its stream and reaches whoever waits on it") {

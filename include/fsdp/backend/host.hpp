@@ -38,6 +38,10 @@ struct host_options {
   /// such as bench/overlap_bench.cc); code that reads param() or writes grad() directly on the host needs the
   /// default inline compute stream.
   bool threaded_compute = false;
+  /// How long a stream's idle worker keeps checking for new work, and a thread waiting on an event or in
+  /// synchronize() keeps checking, before sleeping (yielding the CPU between checks): a hand-off within that time
+  /// costs no thread wake-up. 0: sleep at once (for ranks that share cores: docs/benchmarks.md).
+  std::chrono::microseconds spin{50};
   /// Delay injection: how long each library kernel ("accumulate", "for_each": an optimizer's update) sleeps on its
   /// stream before it runs. Results must not change: tests use it to prove that every wait is in place.
   std::function<std::chrono::microseconds(std::string_view kernel)> kernel_delay;
@@ -115,12 +119,12 @@ class host {
   explicit host(int rank = 0, host_options opt = {})
       : opt_(opt),
         rank_(rank),
-        compute_("rank" + std::to_string(rank) + ".compute", opt.threaded_compute),
-        gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams),
-        reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams),
-        upload_("rank" + std::to_string(rank) + ".upload", opt.threaded_streams),
-        download_("rank" + std::to_string(rank) + ".download", opt.threaded_streams),
-        host_work_("rank" + std::to_string(rank) + ".host_work", opt.threaded_streams) {}
+        compute_("rank" + std::to_string(rank) + ".compute", opt.threaded_compute, opt.spin),
+        gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams, opt.spin),
+        reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams, opt.spin),
+        upload_("rank" + std::to_string(rank) + ".upload", opt.threaded_streams, opt.spin),
+        download_("rank" + std::to_string(rank) + ".download", opt.threaded_streams, opt.spin),
+        host_work_("rank" + std::to_string(rank) + ".host_work", opt.threaded_streams, opt.spin) {}
   host(const host&) = delete;
   host& operator=(const host&) = delete;
 
@@ -151,13 +155,14 @@ class host {
     if (target == 0) return;
     pool_.wait(index_of(s), e.frees_);
     const auto timeout = opt_.wait_timeout;
+    const auto spin = opt_.spin;
     if (!s.threaded()) {
-      if (auto err = e.s_->wait(target, timeout, s.name())) std::rethrow_exception(err);
+      if (auto err = e.s_->wait(target, timeout, s.name(), spin)) std::rethrow_exception(err);
       return;
     }
     s.submit(
-        [st = e.s_, target, timeout, &s] {
-          if (auto err = st->wait(target, timeout, s.name())) s.set_error(err);
+        [st = e.s_, target, timeout, spin, &s] {
+          if (auto err = st->wait(target, timeout, s.name(), spin)) s.set_error(err);
         },
         /*always=*/true);
   }

@@ -4,6 +4,13 @@
 // the stream in an error state (like a sticky CUDA error): later tasks are skipped, except those marked
 // `always` (event completions and deferred frees), which still run so that nothing waits forever and no
 // memory leaks; waiting on an event recorded after the failure rethrows the error.
+//
+// Spin, then park: a worker whose queue is empty, and a thread waiting on an event, first keep checking for `spin`
+// (yielding the CPU between checks, so that a runnable thread on the same core goes first), and only then sleep on
+// a condition variable; so does a thread in drain() (a stream's synchronize). Work that arrives, or an event
+// reached, within that time is picked up without a thread wake-up; a submit notifies only a worker that sleeps, and
+// the worker wakes a sleeping drain() only once one of the targets waited for is reached, not after every task.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -28,8 +35,10 @@ class work_queue {
     bool always = false;  ///< runs even after an earlier task failed
   };
 
-  /// `threaded == false` makes an inline queue: submit runs the task on the caller's thread.
-  explicit work_queue(std::string name, bool threaded) : name_(std::move(name)), threaded_(threaded) {
+  /// `threaded == false` makes an inline queue: submit runs the task on the caller's thread. `spin`: how long an
+  /// idle worker checks for work before it sleeps (0: it sleeps at once).
+  explicit work_queue(std::string name, bool threaded, std::chrono::microseconds spin = {})
+      : name_(std::move(name)), threaded_(threaded), spin_(spin) {
     if (threaded_) worker_ = std::thread([this] { loop(); });
   }
   work_queue(const work_queue&) = delete;
@@ -40,6 +49,7 @@ class work_queue {
     {
       std::lock_guard lk(mu_);
       stop_ = true;
+      stopping_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     worker_.join();  // drains the queue first: deferred frees still run
@@ -61,11 +71,7 @@ class work_queue {
       }
       return;
     }
-    {
-      std::lock_guard lk(mu_);
-      q_.push_back(task{std::function<void()>(std::forward<F>(fn)), always});
-    }
-    cv_.notify_all();
+    enqueue(task{std::function<void()>(std::forward<F>(fn)), always});
   }
 
   /// Whether a task of this queue threw (or a waited-on event carried an error): a lock-free check.
@@ -88,23 +94,52 @@ class work_queue {
   bool wait_idle(std::chrono::milliseconds timeout) {
     if (!threaded_) return true;
     std::unique_lock lk(mu_);
-    const std::uint64_t target = submitted_locked();
-    return cv_.wait_for(lk, timeout, [&] { return done_ >= target; });
+    return wait_done(lk, submitted_locked(), timeout);
   }
 
   /// Blocks until every task submitted so far has run; rethrows the queue's error.
   void drain(std::chrono::milliseconds timeout) {
     if (threaded_) {
       std::unique_lock lk(mu_);
-      const std::uint64_t target = submitted_locked();
-      if (!cv_.wait_for(lk, timeout, [&] { return done_ >= target; }))
+      if (!wait_done(lk, submitted_locked(), timeout))
         throw comm_error(detail::cat("stream '", name_, "' did not drain within ", timeout.count(), " ms"));
     }
     if (auto e = error()) std::rethrow_exception(e);
   }
 
  private:
-  std::uint64_t submitted_locked() const { return done_ + q_.size() + (busy_ ? 1 : 0); }
+  std::uint64_t submitted_locked() const { return done_.load() + q_.size() + (busy_ ? 1 : 0); }
+
+  /// With mu_ held in `lk`: until `target` tasks have run (spinning first, then asleep until the worker says the
+  /// target is reached), at most `timeout`; false past it.
+  bool wait_done(std::unique_lock<std::mutex>& lk, std::uint64_t target, std::chrono::milliseconds timeout) {
+    if (done_.load() >= target) return true;
+    if (spin_.count() > 0) {
+      lk.unlock();
+      const auto until = std::chrono::steady_clock::now() + spin_;
+      while (done_.load(std::memory_order_acquire) < target && std::chrono::steady_clock::now() < until)
+        std::this_thread::yield();
+      lk.lock();
+      if (done_.load() >= target) return true;
+    }
+    ++drainers_;  // the worker wakes the drainers only once one of their targets is reached, not after every task
+    wake_at_ = std::min(wake_at_, target);
+    const bool reached = cv_.wait_for(lk, timeout, [&] { return done_.load() >= target; });
+    if (--drainers_ == 0) wake_at_ = no_target;
+    return reached;
+  }
+
+  /// A threaded queue's submit, out of line so that the inline queue's stays small.
+  [[gnu::noinline]] void enqueue(task t) {
+    bool sleeping;
+    {
+      std::lock_guard lk(mu_);
+      q_.push_back(std::move(t));
+      queued_.store(q_.size(), std::memory_order_release);
+      sleeping = parked_;
+    }
+    if (sleeping) cv_.notify_all();  // a spinning worker sees queued_ without a wake-up
+  }
 
   void run_one(task t) {
     if (!t.always && failed()) return;
@@ -118,26 +153,44 @@ class work_queue {
   void loop() {
     std::unique_lock lk(mu_);
     for (;;) {
+      if (q_.empty() && !stop_ && spin_.count() > 0) {  // spin a while before sleeping
+        lk.unlock();
+        const auto until = std::chrono::steady_clock::now() + spin_;
+        while (queued_.load(std::memory_order_acquire) == 0 && !stopping_.load(std::memory_order_acquire) &&
+               std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+        lk.lock();
+      }
+      parked_ = true;  // under mu_: a submit after this point sees it and notifies
       cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+      parked_ = false;
       if (q_.empty()) return;  // stop_ and drained
       task t = std::move(q_.front());
       q_.pop_front();
+      queued_.store(q_.size(), std::memory_order_release);
       busy_ = true;
       lk.unlock();
       run_one(std::move(t));
       lk.lock();
       busy_ = false;
-      ++done_;
-      cv_.notify_all();
+      const std::uint64_t done = done_.fetch_add(1) + 1;
+      if (drainers_ > 0 && done >= wake_at_) cv_.notify_all();
     }
   }
 
   std::string name_;
   bool threaded_;
+  std::chrono::microseconds spin_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<task> q_;
-  std::uint64_t done_ = 0;
+  std::atomic<std::size_t> queued_{0};  // q_.size(), for the spinning worker to read without mu_
+  std::atomic<bool> stopping_{false};   // stop_, likewise
+  bool parked_ = false;                 // the worker sleeps on cv_ (or is about to): a submit must notify
+  static constexpr std::uint64_t no_target = ~std::uint64_t{0};
+  std::atomic<std::uint64_t> done_{0};  // tasks run; written under mu_, read without it by a spinning drainer
+  int drainers_ = 0;                    // threads asleep in wait_done
+  std::uint64_t wake_at_ = no_target;   // the smallest target among them (no_target: none)
   bool busy_ = false;
   bool stop_ = false;
   std::exception_ptr error_;
@@ -180,8 +233,21 @@ struct event_state {
   }
   /// Blocks until marker `target` is reached; returns the error carried by the event, if any. Past `timeout`,
   /// a comm_error names the waiting stream.
-  std::exception_ptr wait(std::uint64_t target, std::chrono::milliseconds timeout, const std::string& stream_name) {
-    if (completed.load() >= target && !failed.load()) return nullptr;
+  /// `spin`: how long to keep checking (yielding between checks) before sleeping.
+  std::exception_ptr wait(std::uint64_t target, std::chrono::milliseconds timeout, const std::string& stream_name,
+                          std::chrono::microseconds spin = {}) {
+    if (completed.load() >= target && !failed.load()) return nullptr;  // the common case, inline
+    return wait_slow(target, timeout, stream_name, spin);
+  }
+
+ private:
+  [[gnu::noinline]] std::exception_ptr wait_slow(std::uint64_t target, std::chrono::milliseconds timeout,
+                                                 const std::string& stream_name, std::chrono::microseconds spin) {
+    if (spin.count() > 0) {
+      const auto until = std::chrono::steady_clock::now() + spin;
+      while (completed.load() < target && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      if (completed.load() >= target && !failed.load()) return nullptr;
+    }
     std::unique_lock lk(mu);
     sleepers.fetch_add(1);
     const bool reached = cv.wait_for(lk, timeout, [&] { return completed.load() >= target; });
