@@ -21,16 +21,17 @@
 
 namespace fsdp::kernels {
 
+/// f * scale, rounded once; f itself when the scale is 1 or f is a NaN. A NaN is not multiplied: a GPU's multiply
+/// returns its canonical NaN (0x7fffffff), an x86 host's the input NaN quieted, so the NaN passes as it is and both
+/// backends give the same bits (an H200 showed the difference).
+FSDP_HD inline float scaled_value(float f, float scale) { return scale != 1.0f && f == f ? rn::mul(f, scale) : f; }
+
 template <dtype D, dtype S>
 FSDP_HD inline f16::storage_t<D> convert_one(f16::storage_t<S> x, float scale) {
   if constexpr (D == S) {
     if (scale == 1.0f) return x;  // a plain copy keeps every bit, NaN payloads included
   }
-  float f = f16::to_float<S>(x);
-  // A NaN is not multiplied: a GPU's multiply returns its canonical NaN (0x7fffffff), an x86 host's the input NaN
-  // quieted, so the NaN passes as it is and both backends give the same bits (an H200 showed the difference).
-  if (scale != 1.0f && f == f) f = rn::mul(f, scale);
-  return f16::from_float<D>(f);
+  return f16::from_float<D>(scaled_value(f16::to_float<S>(x), scale));
 }
 
 template <dtype S>

@@ -37,11 +37,10 @@ FSDP_HD constexpr float scaled_top() noexcept {
   return Q == dtype::f8e4m3 ? 448.0f : Q == dtype::f8e5m2 ? 57344.0f : 127.0f;
 }
 
-/// f(b): block b of `source` (B elements of dtype S, each multiplied by `scale_by` first unless it is 1 or the element
-/// a NaN, as kernels::convert_one does) into `out`: slices of `slice` bytes, one per `shard` source elements, each
-/// the shard's values (one byte each) and then its fp32 scales. A gather quantizes this rank's master shard into its
-/// own slice (one slice); a quantized reduction quantizes the unsharded gradient into one slice per destination
-/// rank.
+/// f(b): block b of `source` (B elements of dtype S, each multiplied by `scale_by` first: kernels::scaled_value) into
+/// `out`: slices of `slice` bytes, one per `shard` source elements, each the shard's values (one byte each) and then
+/// its fp32 scales. A gather quantizes this rank's master shard into its own slice (one slice); a quantized
+/// reduction quantizes the unsharded gradient into one slice per destination rank.
 template <dtype S, dtype Q>
 struct block_quantize {
   const f16::storage_t<S>* source;
@@ -50,10 +49,7 @@ struct block_quantize {
   std::int64_t block;
   std::int64_t slice;
   float scale_by = 1.0f;
-  FSDP_HD float element(std::int64_t i) const {
-    const float x = f16::to_float<S>(source[i]);
-    return scale_by != 1.0f && x == x ? rn::mul(x, scale_by) : x;
-  }
+  FSDP_HD float element(std::int64_t i) const { return scaled_value(f16::to_float<S>(source[i]), scale_by); }
   FSDP_HD void operator()(std::int64_t b) const {
     const std::int64_t first = b * block, r = first / shard, j = first - r * shard;
     std::uint8_t* q = out + r * slice + j;
