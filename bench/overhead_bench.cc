@@ -105,12 +105,14 @@ int main(int argc, char** argv) {
     warmup = std::max(2, steps / 10);
     const double base = baseline_us_per_step();
     if (!inline_only) {
-      using std::chrono::microseconds;
+      const std::chrono::microseconds no_spin(0);
       rows.push_back({n, "prefetch::none, threaded streams", library_us_per_step<fsdp::prefetch::none>(true), base});
       rows.push_back({n, "prefetch::next, threaded streams", library_us_per_step<fsdp::prefetch::next>(true), base});
       // the hand-off without spinning (host_options::spin = 0: every idle worker and waiter sleeps at once)
-      rows.push_back({n, "prefetch::none, threaded, no spin", library_us_per_step<fsdp::prefetch::none>(true, microseconds(0)), base});
-      rows.push_back({n, "prefetch::next, threaded, no spin", library_us_per_step<fsdp::prefetch::next>(true, microseconds(0)), base});
+      rows.push_back(
+          {n, "prefetch::none, threaded, no spin", library_us_per_step<fsdp::prefetch::none>(true, no_spin), base});
+      rows.push_back(
+          {n, "prefetch::next, threaded, no spin", library_us_per_step<fsdp::prefetch::next>(true, no_spin), base});
     }
     rows.push_back({n, "prefetch::none, inline streams", library_us_per_step<fsdp::prefetch::none>(false), base});
     rows.push_back({n, "prefetch::next, inline streams", library_us_per_step<fsdp::prefetch::next>(false), base});

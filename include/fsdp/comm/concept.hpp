@@ -1,8 +1,8 @@
 #pragma once
 // The CollectivePolicy concept: what the unit executor and the optimizers need from a communicator.
 // Implementations: comm::local (ranks as threads of one process, over host memory: comm/local.hpp, or one GPU:
-// comm/local_cuda.cuh), comm::mpi (comm/mpi.hpp) and comm::nccl (comm/nccl.cuh). Buffers are the backend's memory; every collective is
-// issued on a stream of the backend and runs in that stream's order. Reductions of f32, bf16 and f16 are
+// comm/local_cuda.cuh), comm::mpi (comm/mpi.hpp) and comm::nccl (comm/nccl.cuh). Buffers are the backend's memory;
+// every collective is issued on a stream of the backend and runs in that stream's order. Reductions of f32, bf16 and f16 are
 // supported; an average is NCCL's (each value pre-multiplied by 1 / ranks rounded to the element dtype, then
 // summed).
 #include <concepts>

@@ -12,8 +12,8 @@ namespace fsdp::comm {
 
 /// Once every rank has issued a collective, it takes latency + bytes * factor / bytes_per_second, where bytes is
 /// the unsharded size and factor is (n-1)/n for all-gather, reduce-scatter and all-to-all, 2(n-1)/n for all-reduce
-/// (ring) and 1 for broadcast (n = group size; a group of one takes no time). Concurrent collectives on different streams do
-/// not share the bandwidth in this model.
+/// (ring) and 1 for broadcast (n = group size; a group of one takes no time). Concurrent collectives on different
+/// streams do not share the bandwidth in this model.
 struct link_model {
   double bytes_per_second = 0;  ///< 0: no model; a collective takes as long as its copies (the planner: no time)
   std::chrono::nanoseconds latency{0};

@@ -112,7 +112,8 @@ class transfers {
       if constexpr (AllToAllCollective<C>)
         g_.shard().all_to_all(src, slots_.held(u, plan::ring::reduce_output), c.reduce_count(), t, s);
       else  // fsdp/can_implement.hpp refuses the model first
-        detail::fail_usage("a quantized reduction needs a communicator with all_to_all (fsdp::AllToAllCollective)");
+        detail::fail_usage("unit '", diag_.units().name(u), "': a quantized reduction needs a communicator with "
+                           "all_to_all (fsdp::AllToAllCollective)");
     } else {
       g_.shard().all_reduce(src, src, c.padded_numel, t, reduce_.op, s);
     }

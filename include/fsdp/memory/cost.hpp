@@ -142,11 +142,16 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   c.grad_shard = {mem::grads, dtype::f32, S, o.grads ? domain::host : domain::device};
   const bool gathers = units_gather(f.shards_params, p, o);
   c.gathered = {mem::gathered_params, p.compute, gathers ? P : 0};
-  if (p.gather_block) {  // a scaled gather: blocks of a shard, with an fp32 scale each (kernels/quantize.hpp)
-    if (S % p.gather_block != 0)
-      detail::fail_usage("precision: a gather scaled in blocks of ", p.gather_block, " elements needs shards that are "
-                         "multiples of the block, but a unit's shard has ", S, " elements: set "
-                         "model_options::layout.align to a multiple of ", p.gather_block, " (it is ", l.align(), ")");
+  // blocks of a shard, with an fp32 scale each (kernels/quantize.hpp): a block must not cross a shard
+  // (fsdp/can_implement.hpp refuses such an alignment first, naming the option)
+  auto require_blocks = [&](const char* what, int block) {
+    if (S % block != 0)
+      detail::fail_usage("precision: ", what, " in blocks of ", block, " elements needs shards that are multiples of "
+                         "the block, but a unit's shard has ", S, " elements: set model_options::layout.align to a "
+                         "multiple of ", block, " (it is ", l.align(), ")");
+  };
+  if (p.gather_block) {  // a scaled gather
+    require_blocks("a gather scaled", p.gather_block);
     c.gather_block = p.gather_block;
   }
   c.wire = {mem::gathered_params, p.gather, gathers && p.widens() ? l.world() * c.gather_count() : 0};
@@ -161,10 +166,7 @@ inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
     if (!f.shards_params)
       detail::fail_usage("precision: a reduction quantized in blocks goes through all_to_all into shards, and needs "
                          "a sharding strategy that shards parameters");
-    if (S % p.reduce_block != 0)
-      detail::fail_usage("precision: a reduction quantized in blocks of ", p.reduce_block, " elements needs shards "
-                         "that are multiples of the block, but a unit's shard has ", S, " elements: set "
-                         "model_options::layout.align to a multiple of ", p.reduce_block, " (it is ", l.align(), ")");
+    require_blocks("a reduction quantized", p.reduce_block);
     c.reduce_block = p.reduce_block;
     const std::int64_t slices = l.world() * c.reduce_count();
     c.reduce_input.numel = c.reduce_output.numel = slices;

@@ -36,7 +36,9 @@ concept ProfilerRanges = requires(B& b, const char* name, std::uint32_t argb, st
 };
 
 /// The optimizer's comes last (ranges keeps one name for it, after every other kind's per unit).
-enum class range_kind : std::uint8_t { forward, backward, all_gather, reduce_scatter, all_reduce, all_to_all, optimizer };
+enum class range_kind : std::uint8_t {
+  forward, backward, all_gather, reduce_scatter, all_reduce, all_to_all, optimizer
+};
 inline constexpr int range_kinds = 7;
 
 constexpr std::string_view name_of(range_kind k) noexcept {
