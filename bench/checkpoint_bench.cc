@@ -11,9 +11,10 @@
 //                files are evicted the same way before each load); and "kept": the same reads into one buffer of the
 //                file's size, as a loader whose bytes must all land in memory does (a first touch of every page).
 // save = checkpoint::save (download, checksums, write, fsync, manifest, rename); load = checkpoint::load at W
-// ranks (the same layout) and at W / 2 ranks (resharding), every block's checksum verified. Each figure is the
-// median of R repeats (default 5; the plain write and the save alternate which goes first). Goal: save and load at >=
-// 0.8 of the plain figures. Closes with one JSON line.
+// ranks (the same layout) and at W / 2 ranks (resharding), every block's checksum verified: staged (the whole
+// shards in host memory first, then uploaded) and in place (load_options::in_place: read straight into the
+// shards). Each figure is the median of R repeats (default 5; the plain write and the save alternate which goes
+// first, and so do the two loads). Goal: save and load at >= 0.8 of the plain figures. Closes with one JSON line.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -102,7 +103,7 @@ double save_once(int world, std::int64_t mib, const std::string& dir) {
   });
   return secs;
 }
-double load_once(int world, std::int64_t mib, const std::string& dir) {
+double load_once(int world, std::int64_t mib, const std::string& dir, bool in_place) {
   double secs = 0;
   fsdp::comm::run_local(world, [&](fsdp::comm::local_communicator& c) {
     fsdp::Model<policy> m(c, spec(mib), fsdp::wrap::by_prefix{"u"});
@@ -111,7 +112,7 @@ double load_once(int world, std::int64_t mib, const std::string& dir) {
     if (c.rank() == 0) evict_tree(dir);
     c.barrier();
     const auto t = clock_type::now();
-    fsdp::checkpoint::load(m, opt, dir);
+    fsdp::checkpoint::load(m, opt, dir, {.in_place = in_place});
     c.barrier();
     if (c.rank() == 0) secs = seconds_since(t);
   });
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
       "ranks; %s; median of %d\n",
       static_cast<long long>(mib), kUnits, gb, world, dir.c_str(), repeats);
 
-  std::vector<double> pw, pr, pk, sv, ld, lr;
+  std::vector<double> pw, pr, pk, sv, ld, lr, li, lri;
   for (int r = 0; r < repeats; ++r) {
     const std::string plain = dir + "/plain.bin", ck = dir + "/ck-" + std::to_string(r);
     // The order alternates, so that neither side always meets the page cache the other left.
@@ -158,16 +159,20 @@ int main(int argc, char** argv) {
     pk.push_back(plain_read(plain, bytes, true));
     std::filesystem::remove(plain);
     if (r % 2 == 0) sv.push_back(save_once(world, mib, ck));
-    ld.push_back(load_once(world, mib, ck));
-    lr.push_back(load_once(std::max(1, world / 2), mib, ck));
+    // Staged and in place alternate which goes first.
+    if (r % 2 == 1) li.push_back(load_once(world, mib, ck, true));
+    ld.push_back(load_once(world, mib, ck, false));
+    if (r % 2 == 0) li.push_back(load_once(world, mib, ck, true));
+    lr.push_back(load_once(std::max(1, world / 2), mib, ck, false));
+    lri.push_back(load_once(std::max(1, world / 2), mib, ck, true));
     std::filesystem::remove_all(ck);
   }
   const double kept = gb / median(pk);
   const double w = gb / median(pw), rd = gb / median(pr), s = gb / median(sv), l = gb / median(ld),
-               l2 = gb / median(lr);
+               l2 = gb / median(lr), lp = gb / median(li), lp2 = gb / median(lri);
   // Each repeat's own ratios (the save and the plain write ran next to each other): their spread says how much the
   // file system's speed moved during the run.
-  std::vector<double> rs, rl;
+  std::vector<double> rs, rl, rp;
   std::printf("per repeat, save / plain write:");
   for (int r = 0; r < repeats; ++r) {
     rs.push_back(pw[r] / sv[r]);
@@ -177,6 +182,11 @@ int main(int argc, char** argv) {
   for (int r = 0; r < repeats; ++r) {
     rl.push_back(pr[r] / ld[r]);
     std::printf(" %.2f", rl.back());
+  }
+  std::printf("\nper repeat, load in place / plain read: ");
+  for (int r = 0; r < repeats; ++r) {
+    rp.push_back(pr[r] / li[r]);
+    std::printf(" %.2f", rp.back());
   }
   std::printf("\n");
   std::printf("%-44s %9s %9s %9s\n", "", "GB/s", "vs plain", "vs kept");
@@ -189,11 +199,18 @@ int main(int argc, char** argv) {
   std::printf("%-44s %9.3f %9.2f %9.2f\n",
               ("checkpoint::load at " + std::to_string(std::max(1, world / 2)) + " ranks (resharding)").c_str(), l2,
               l2 / rd, l2 / kept);
+  std::printf("%-44s %9.3f %9.2f %9.2f\n", ("checkpoint::load in place at " + std::to_string(world) + " ranks").c_str(),
+              lp, lp / rd, lp / kept);
+  const std::string reshard_in_place =
+      "checkpoint::load in place at " + std::to_string(std::max(1, world / 2)) + " ranks (resharding)";
+  std::printf("%-44s %9.3f %9.2f %9.2f\n", reshard_in_place.c_str(), lp2, lp2 / rd, lp2 / kept);
   std::printf(
       "{\"bench\":\"checkpoint\",\"bytes\":%llu,\"world\":%d,\"plain_write_gbps\":%.4f,"
       "\"save_gbps\":%.4f,\"plain_read_gbps\":%.4f,\"plain_read_kept_gbps\":%.4f,\"load_gbps\":%.4f,"
-      "\"load_reshard_gbps\":%.4f,\"save_ratio_median\":%.3f,\"load_ratio_median\":%.3f}\n",
-      static_cast<unsigned long long>(bytes), world, w, s, rd, kept, l, l2, median(rs), median(rl));
+      "\"load_reshard_gbps\":%.4f,\"load_in_place_gbps\":%.4f,\"load_in_place_reshard_gbps\":%.4f,"
+      "\"save_ratio_median\":%.3f,\"load_ratio_median\":%.3f,\"load_in_place_ratio_median\":%.3f}\n",
+      static_cast<unsigned long long>(bytes), world, w, s, rd, kept, l, l2, lp, lp2, median(rs), median(rl),
+      median(rp));
   std::filesystem::remove_all(dir);
   return 0;
 }

@@ -283,8 +283,11 @@ class Model {
 
   /// usage_error unless the model is between optimizer steps: no pass in progress and no gradient reduced (or
   /// accumulated) since the last step. `what` names the operation in the message ("a checkpoint save").
-  void require_between_steps(const char* what) const {
-    cursor_.require_idle(what);
+  void require_between_steps(const char* what) const { require_between_steps(what, sched::restores::nothing); }
+  /// The same for an operation that overwrites what `r` says: a model that a failed load left torn accepts it when
+  /// it restores all that was torn (pass_cursor::require_idle).
+  void require_between_steps(const char* what, sched::restores r) const {
+    cursor_.require_idle(what, r);
     sched_.check_between_steps(what);
   }
   /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
@@ -411,9 +414,11 @@ class Model {
   /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute
   /// stream, after every pending reduction and with every unit released (gathered copies would be stale); later
   /// gathers wait for it. Gradient shards are zeroed and no-sync accumulators freed, as by zero_grad().
+  /// `r`: a load that restores every master shard (and the optimizer's state) may repair a torn model
+  /// (tear_shards, mend_shards).
   template <class F>
-  void replace_shards(const char* what, F&& write) {
-    require_between_steps(what);
+  void replace_shards(const char* what, F&& write, sched::restores r = sched::restores::nothing) {
+    require_between_steps(what, r);
     exec_.before_shards_replaced();  // reductions, host updates and copies back of offloaded masters and state
     sched_.before_step(executor());
     std::forward<F>(write)();
@@ -421,6 +426,11 @@ class Model {
     exec_.zero_grads();
     sched_.restart_window();
   }
+  /// A load that wrote into the shards (and the optimizer's state, `with_state`) failed part way: every later use
+  /// but a restoring load reports `what` (pass_cursor::tear).
+  void tear_shards(const std::string& what, bool with_state) noexcept { cursor_.tear(what, with_state); }
+  /// A restoring load succeeded.
+  void mend_shards() noexcept { cursor_.mend(); }
   /// A checkpoint's step count (step_count()) replaces this model's, between steps.
   void restore_step_count(std::uint64_t step) {
     require_between_steps("restore_step_count()");

@@ -237,20 +237,30 @@ full_tensors save_trained(const std::string& path, const mlp::config& c) {
   return truth;
 }
 
-/// Loads `path` at `world` ranks under Loaded (wrapped by `wrap`) and compares every tensor with `truth`.
+void compare_tensors(const full_tensors& got, const full_tensors& truth);
+
+/// Loads `path` at `world` ranks under Loaded (wrapped by `wrap`), staged and in place, and compares every tensor
+/// with `truth`.
 template <class Loaded, class Wrap>
 void load_and_compare(const std::string& path, const mlp::config& c, int world, const Wrap& wrap,
                       const full_tensors& truth) {
-  full_tensors got;
-  std::mutex mu;
-  run_ranks(world, [&](local_communicator& comm) {
-    fsdp::Model<Loaded> m(comm, mlp::make_spec(c), wrap, fsdp::init::normal{}, c.model);
-    fsdp::optim::adamw opt(m, {});
-    ckpt::load(m, opt, path);
-    CHECK(opt.steps() == 3);
-    CHECK(m.step_count() == 3);
-    collect(m, opt, got, mu);
-  });
+  for (const bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    full_tensors got;
+    std::mutex mu;
+    run_ranks(world, [&](local_communicator& comm) {
+      fsdp::Model<Loaded> m(comm, mlp::make_spec(c), wrap, fsdp::init::normal{}, c.model);
+      fsdp::optim::adamw opt(m, {});
+      ckpt::load(m, opt, path, {.in_place = in_place});
+      CHECK(opt.steps() == 3);
+      CHECK(m.step_count() == 3);
+      collect(m, opt, got, mu);
+    });
+    compare_tensors(got, truth);
+  }
+}
+
+void compare_tensors(const full_tensors& got, const full_tensors& truth) {
   REQUIRE(got.size() == truth.size());
   // not a structured binding: Clang 14 cannot capture one, and CAPTURE / INFO are lambdas
   for (const auto& entry : truth) {
@@ -265,7 +275,9 @@ void load_and_compare(const std::string& path, const mlp::config& c, int world, 
 }
 }  // namespace
 
-TEST_CASE("a checkpoint saved at world 4 loads at worlds 2, 3 and 1, across strategies and wrappings, bit for bit") {
+TEST_CASE(
+    "a checkpoint saved at world 4 loads at worlds 2, 3 and 1, across strategies and wrappings, bit for bit, "
+    "staged or in place") {
   fsdp_test::scratch_dir dir("ckpt-reshard");
   const mlp::config c = small();
   const fsdp::wrap::by_prefix layers{"layers."};
@@ -319,7 +331,7 @@ struct failed_load {
   std::vector<std::string> messages;
   bool untouched = true;
 };
-failed_load load_expecting_failure(const std::string& path) {
+failed_load load_expecting_failure(const std::string& path, const ckpt::load_options& lo = {}) {
   const mlp::config c = small();
   failed_load out;
   out.messages.resize(2);
@@ -330,7 +342,7 @@ failed_load load_expecting_failure(const std::string& path) {
     mlp::result res;
     mlp::run_steps(m, opt, c, 0, 1, res);
     const auto before = local_state(m, opt);
-    const std::string msg = error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, path); });
+    const std::string msg = error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, path, lo); });
     const bool same = same_bits(before, local_state(m, opt)) && opt.steps() == 1 && m.step_count() == 1;
     std::lock_guard lock(mu);
     out.messages[comm.rank()] = msg;
@@ -451,6 +463,176 @@ TEST_CASE(
                dir / "absent" + "/manifest.json': No such file or directory";
     CHECK(f.messages == std::vector<std::string>{expected, expected});
   }
+}
+
+TEST_CASE(
+    "a load in place: what can refuse it is asked before the first write (a truncated or deleted file, a tensor "
+    "that does not fit: nothing modified)") {
+  fsdp_test::scratch_dir dir("ckpt-in-place-refused");
+  train_and_save(dir / "good", 2, 2);
+  const ckpt::manifest man = ckpt::read_manifest(dir / "good");
+  const std::string failed = "fsdp: checkpoint load from '";
+  std::filesystem::copy(dir / "good", dir / "truncated", std::filesystem::copy_options::recursive);
+  const std::string cut = dir / "truncated" + "/shard-00000-of-00002.bin";
+  std::filesystem::resize_file(cut, 1000);
+  failed_load f = load_expecting_failure(dir / "truncated", {.in_place = true});
+  std::string expected = failed + dir / "truncated" + "' failed (no parameter was modified): rank 0: '" + cut +
+                         "' has 1000 bytes; the manifest says " + std::to_string(man.files[0].bytes) +
+                         ": the file is truncated";
+  CHECK(f.messages == std::vector<std::string>{expected, expected});
+  CHECK(f.untouched);
+  std::filesystem::copy(dir / "good", dir / "deleted", std::filesystem::copy_options::recursive);
+  const std::string gone = dir / "deleted" + "/shard-00001-of-00002.bin";
+  std::filesystem::remove(gone);
+  f = load_expecting_failure(dir / "deleted", {.in_place = true});
+  expected = failed + dir / "deleted" + "' failed (no parameter was modified): rank 1: could not open '" + gone +
+             "': No such file or directory";
+  CHECK(f.messages == std::vector<std::string>{expected, expected});
+  CHECK(f.untouched);
+  std::vector<std::string> reshaped(2);
+  run_ranks(2, [&](local_communicator& comm) {
+    const fsdp::ModelSpec saved = mlp::make_spec(small());
+    fsdp::ModelSpec spec;
+    for (const auto& p : saved.params())
+      spec.add(p.name, p.name == "layers.1.w" ? std::vector<std::int64_t>{40, 24} : p.shape);
+    fsdp::Model<full_shard> m(comm, spec, fsdp::wrap::by_prefix{"layers."});
+    fsdp::optim::adamw opt(m, {});
+    reshaped[comm.rank()] =
+        error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, dir / "good", {.in_place = true}); });
+    for (auto& u : m.forward()) (void)u;  // not torn
+  });
+  expected = failed + dir / "good" + "' failed (no parameter was modified): ranks 0, 1: checkpoint '" + dir / "good" +
+             "': parameter 'layers.1.w' is [24, 40] in the checkpoint but [40, 24] in the model";
+  CHECK(reshaped == std::vector<std::string>{expected, expected});
+}
+
+TEST_CASE(
+    "a load in place that fails part way (a flipped byte) tears the model on every rank: every use but a load with "
+    "the optimizer refuses, naming the load; a load that succeeds mends it and training goes on as after any load") {
+  fsdp_test::scratch_dir dir("ckpt-in-place-torn");
+  train_and_save(dir / "good", 2, 2);
+  const ckpt::manifest man = ckpt::read_manifest(dir / "good");
+  std::filesystem::copy(dir / "good", dir / "flipped", std::filesystem::copy_options::recursive);
+  const std::string file = dir / "flipped" + "/shard-00001-of-00002.bin";
+  std::string bytes = fsdp_test::read_file_bytes(file);
+  bytes[100] = static_cast<char>(bytes[100] ^ 0x10);
+  fsdp_test::write_file_bytes(file, bytes);
+  const std::string corrupted = "rank 1: '" + file + "': block 0 (bytes [0, " + std::to_string(bytes.size()) +
+                                ")) does not match its checksum in the manifest (xxh3 " +
+                                ckpt::hex64(ckpt::xxh3(bytes.data(), bytes.size())) + ", expected " +
+                                ckpt::hex64(man.files[1].blocks[0]) + "): the file is corrupted";
+  const std::string torn = "a checkpoint load from '" + dir / "flipped" +
+                           "' that failed part way, in place (the parameters and the optimizer's state are torn): " +
+                           corrupted;
+  const mlp::config c = small();
+  std::vector<std::string> load_error(2), step_error(2), save_error(2), params_only(2), weights_error(2);
+  std::vector<std::vector<std::vector<float>>> mended(2), fresh(2);
+  std::vector<int> trained(2, 0);
+  run_ranks(2, [&](local_communicator& comm) {
+    const int r = comm.rank();
+    {
+      auto m = mlp::make_model<full_shard>(comm, c);
+      fsdp::optim::adamw opt(m, {});
+      mlp::result res;
+      mlp::run_steps(m, opt, c, 0, 1, res);
+      load_error[r] =
+          error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, dir / "flipped", {.in_place = true}); });
+      step_error[r] = error_of<fsdp::usage_error>([&] { mlp::run_steps(m, opt, c, 1, 1, res); });
+      save_error[r] = error_of<fsdp::usage_error>([&] { ckpt::save(m, opt, dir / "never"); });
+      params_only[r] = error_of<fsdp::usage_error>([&] { ckpt::load(m, dir / "good"); });
+      weights_error[r] = error_of<fsdp::usage_error>([&] { (void)m.gather_full_params(); });
+      ckpt::load(m, opt, dir / "good", {.in_place = true});  // mends
+      mended[r] = local_state(m, opt);
+      mlp::run_steps(m, opt, c, 2, 1, res);
+      trained[r] = m.step_count() == 3 ? 1 : 0;
+    }
+    auto m = mlp::make_model<full_shard>(comm, c);
+    fsdp::optim::adamw opt(m, {});
+    ckpt::load(m, opt, dir / "good");
+    fresh[r] = local_state(m, opt);
+  });
+  const std::string load_msg = "fsdp: checkpoint load from '" + dir / "flipped" +
+                               "' failed part way, in place (the parameters and the optimizer's state are torn: load "
+                               "a checkpoint before using the model): " +
+                               corrupted;
+  CHECK(load_error == std::vector<std::string>{load_msg, load_msg});
+  const std::string step_msg =
+      "fsdp: model.forward() after " + torn + "; load a checkpoint first (checkpoint::load, with the optimizer)";
+  CHECK(step_error == std::vector<std::string>{step_msg, step_msg});
+  const std::string save_msg =
+      "fsdp: a checkpoint save after " + torn + "; load a checkpoint first (checkpoint::load, with the optimizer)";
+  CHECK(save_error == std::vector<std::string>{save_msg, save_msg});
+  const std::string params_msg = "fsdp: a checkpoint load without the optimizer after " + torn +
+                                 "; the optimizer's state is torn too: load a checkpoint with the optimizer";
+  CHECK(params_only == std::vector<std::string>{params_msg, params_msg});
+  const std::string gather_msg =
+      "fsdp: gather_full_params() after " + torn + "; load a checkpoint first (checkpoint::load, with the optimizer)";
+  CHECK(weights_error == std::vector<std::string>{gather_msg, gather_msg});
+  CHECK(same_bits(mended[0], fresh[0]));
+  CHECK(same_bits(mended[1], fresh[1]));
+  CHECK(trained == std::vector<int>{1, 1});
+}
+
+TEST_CASE(
+    "upload_sink, a load in place into memory the host cannot address: chunks read into two reused buffers, each "
+    "uploaded once verified, while the next is read; a corrupted block uploads no byte of its chunk") {
+  fsdp_test::scratch_dir dir("ckpt-upload-sink");
+  constexpr std::uint64_t block = 4096, chunk = 2 * block, blocks = 64;
+  std::string bytes(blocks * block, '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 2654435761u) >> 13);
+  std::vector<std::uint64_t> sums;
+  for (std::uint64_t b = 0; b < blocks; ++b) sums.push_back(ckpt::xxh3(bytes.data() + b * block, block));
+  const std::string path = dir / "data.bin";
+  fsdp_test::write_file_bytes(path, bytes);
+  // Pieces of the file in three destinations, out of order, some inside one chunk, some across several.
+  struct piece {
+    std::uint64_t offset, bytes;
+    int dest;
+    std::uint64_t at;
+  };
+  const std::vector<piece> pieces = {{70000, 50000, 1, 0}, {100, 3000, 0, 0},  {5000, 20000, 0, 3000},
+                                     {130000, 4096, 2, 0}, {200000, 60000, 2, 4096}};
+  auto run = [&](const std::string& file_bytes, std::uint64_t* failed_at) {
+    fsdp_test::write_file_bytes(path, file_bytes);
+    fsdp::backend::host be(0);
+    std::vector<std::vector<char>> dest(3, std::vector<char>(70000, '#'));
+    std::vector<ckpt::read_op> ops;
+    for (const piece& p : pieces) ops.push_back({p.offset, p.bytes, dest[p.dest].data() + p.at});
+    const ckpt::block_sums check{block, &sums};
+    ckpt::upload_sink<fsdp::backend::host> sink(be);
+    const ckpt::io::file f = ckpt::io::open_read(path);
+    try {
+      ckpt::read_ranges(f, file_bytes.size(), ops, sink, &check, chunk, 1024);
+      sink.finish();
+    } catch (const fsdp::checkpoint_error& e) {
+      be.synchronize(be.compute_stream());
+      *failed_at = 1;
+      CHECK(std::string(e.what()) == "fsdp: '" + path + "': block 50 (bytes [204800, 208896)) does not match its "
+                                     "checksum in the manifest (xxh3 " +
+                                         ckpt::hex64(ckpt::xxh3(file_bytes.data() + 204800, block)) + ", expected " +
+                                         ckpt::hex64(sums[50]) + "): the file is corrupted");
+    }
+    return dest;
+  };
+  std::uint64_t failed = 0;
+  const auto got = run(bytes, &failed);
+  CHECK(failed == 0);
+  for (const piece& p : pieces) {
+    CAPTURE(p.offset);
+    CHECK(std::memcmp(got[p.dest].data() + p.at, bytes.data() + p.offset, p.bytes) == 0);
+  }
+  CHECK(got[0][23000] == '#');  // beyond every piece: untouched
+  std::string bad = bytes;
+  bad[50 * block + 7] = static_cast<char>(bad[50 * block + 7] ^ 1);  // in the chunk [204800, 212992)
+  const auto torn = run(bad, &failed);
+  CHECK(failed == 1);
+  // Delivered: every piece before the bad chunk, and of the piece at 200000 the chunk [196608, 204800) before it.
+  CHECK(std::memcmp(torn[0].data(), bytes.data() + 100, 3000) == 0);
+  CHECK(std::memcmp(torn[0].data() + 3000, bytes.data() + 5000, 20000) == 0);
+  CHECK(std::memcmp(torn[1].data(), bytes.data() + 70000, 50000) == 0);
+  CHECK(std::memcmp(torn[2].data(), bytes.data() + 130000, 4096) == 0);
+  CHECK(std::memcmp(torn[2].data() + 4096, bytes.data() + 200000, 4800) == 0);
+  CHECK(std::all_of(torn[2].begin() + 8896, torn[2].end(), [](char x) { return x == '#'; }));
 }
 
 TEST_CASE("a checkpoint that does not fit the model: a missing, unexpected or reshaped tensor, another optimizer") {

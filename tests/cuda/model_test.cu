@@ -11,7 +11,8 @@
 //   - comm::nccl at world size 1 (RANK/WORLD_SIZE/LOCAL_RANK set in-process) against the host at world 1 (its
 //     all_to_all and a quantized reduction through it too);
 //   - checkpoints (where nlohmann-json and xxhash.h are found): a resume at 4 ranks on one GPU equals a run without
-//     a stop, and the files load on 2 host ranks, bit for bit;
+//     a stop, staged or in place (a corrupted file tears the model, a good load mends it), and the files load on 2
+//     host ranks, bit for bit;
 //   - comm::local at 1, 2, 3, 4 and 5 ranks (uneven shards), every sharding strategy and prefetch policy; hybrid
 //     sharding through comm::local's split, shard groups of one rank (2 ranks) and of two (2 x 2);
 //   - on a real GPU only: the pool does not grow after the first step, for units larger than its 2 MiB
@@ -48,6 +49,7 @@ extern "C" int (*InitializeInjectionNvtx2_fnptr)(const void* (*get_export_table)
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <cstdio>
 #include <mutex>
@@ -548,8 +550,9 @@ TEST_CASE("comm::local on one GPU: an inf uploaded into one rank's gradient shar
 }
 
 #if FSDP_TEST_CHECKPOINTS
-TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equals 4 steps without a stop; the "
-          "files load on 2 host ranks, bit for bit") {
+TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equals 4 steps without a stop, staged "
+          "or in place (where a failed load tears the model until a load mends it); the files load on 2 host ranks, "
+          "bit for bit") {
   FSDP_REQUIRE_GPU();
   using gpu = gpu_policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
   std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/cuda-ckpt-XXXXXX";
@@ -591,6 +594,41 @@ TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equal
     }
   }, lo);
   check_same(resumed, straight);
+  // In place (load_options::in_place: read through upload_sink's two host buffers into device memory): a copy with
+  // a flipped byte in rank 3's file fails part way and tears the model on every rank; the good checkpoint, loaded
+  // in place, mends it, and the resume equals the run without a stop.
+  std::filesystem::copy(dir + "/step-2", dir + "/flipped", std::filesystem::copy_options::recursive);
+  {
+    std::fstream f(dir + "/flipped/shard-00003-of-00004.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    f.seekp(100);
+    f.write(&byte, 1);
+  }
+  params_t in_place;
+  std::vector<int> torn(4, 0);
+  fsdp::comm::run_local_cuda(4, [&](fsdp::comm::local_cuda_communicator& c) {
+    fsdp::Model<gpu> m(c, spec(), units, fsdp::init::normal{0.5f, 99});
+    fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.1f});
+    try {
+      fsdp::checkpoint::load(m, opt, dir + "/flipped", {.in_place = true});
+    } catch (const fsdp::checkpoint_error& e) {
+      const std::string what = e.what();
+      const std::string file = dir + "/flipped/shard-00003-of-00004.bin";
+      torn[c.rank()] = what.find("failed part way, in place") != std::string::npos &&
+                       what.find("rank 3: '" + file + "': block 0") != std::string::npos;
+    }
+    fsdp::checkpoint::load(m, opt, dir + "/step-2", {.in_place = true});
+    CHECK(opt.steps() == 2);
+    for (int step = 0; step < 2; ++step) train_step(m, opt, 1);
+    params_t p = m.gather_full_params();
+    std::lock_guard lk(mu);
+    if (c.rank() == 0) in_place = std::move(p);
+  }, lo);
+  CHECK(torn == std::vector<int>{1, 1, 1, 1});
+  check_same(in_place, straight);
   fsdp::comm::run_local(2, [&](fsdp::comm::local_communicator& c) {
     fsdp::Model<host_policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> m(c, spec(), units, init);
     fsdp::checkpoint::load(m, dir + "/step-2");

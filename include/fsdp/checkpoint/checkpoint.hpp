@@ -15,7 +15,8 @@
 // save of <dir> replaces. A load verifies every block it reads. Every failure (a write, a missing, truncated or
 // corrupted file, a manifest that does not parse, a tensor missing, unexpected or of another shape, ranks that
 // disagree on the directory or step) is a checkpoint_error (usage_error for misuse) thrown on every rank
-// together; a load that throws has modified nothing.
+// together; a load that throws has modified nothing, unless load_options::in_place let it write before its last
+// read (then the model refuses every use but a load until one succeeds).
 //
 // Saved: master parameters, optimizer state and update count, Model::step_count(), the loss scaler (when given),
 // the user's metadata strings. Not saved: gradients (save and load happen between steps; a load zeroes them), the
@@ -71,6 +72,14 @@ struct load_options {
   /// Restored from the checkpoint. A resume (a load with an optimizer) requires it exactly when the checkpoint
   /// holds a scaler's state; a parameters-only load ignores the checkpoint's scaler unless one is given.
   grad::loss_scaler* loss_scaler = nullptr;
+  /// Reads straight into the model's memory where the backend's is host memory (backend::host), otherwise (CUDA)
+  /// through two reused 4 MiB host buffers uploaded while the next is read: no host copy of the shards, at the
+  /// speed of the reads. The price: a read or checksum that fails after the first byte was written leaves the
+  /// parameters (and the optimizer's state) torn, and the model then refuses every use but another
+  /// checkpoint::load (with the optimizer, if this one had it) until one succeeds. Everything else that can refuse
+  /// a load (the manifest, the model's fit, the files' presence and sizes) is still checked before any write.
+  /// Without it, a load stages the rank's whole shards in host memory first and a failed load modifies nothing.
+  bool in_place = false;
 };
 
 /// A checkpoint directory found by scan().
@@ -538,13 +547,17 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   require_success_removing(m, mine, partial, what, "; earlier checkpoints are untouched");
 }
 
-/// Every rank's elements of every kind, read from the checkpoint into host staging (per unit, per kind: the
-/// shard's shard_numel values, padding zero).
-/// Per unit, per kind: shard_numel fp32 values.
-using staging_shards = std::vector<std::vector<std::unique_ptr<float[]>>>;
+/// Where this rank's elements of every kind come from and go: per checkpoint file, the reads; and the byte ranges
+/// of the destinations no piece covers (a shard's padding), which a load zeroes (`offset` unused).
+struct shard_reads {
+  std::vector<std::vector<read_op>> per_file;
+  std::vector<read_op> zeros;
+};
 
-template <class M, class O>
-staging_shards read_shards(M& m, const O* opt, const std::string& dir, const manifest& man) {
+/// The reads that fill, for every unit u and kind k, the shard_numel fp32 values at dest(u, k) (a host or backend
+/// address: nothing is written here).
+template <class M, class O, class Dest>
+shard_reads plan_shard_reads(M& m, const O* opt, const manifest& man, Dest&& dest) {
   const std::vector<std::string> kinds = kinds_of(opt);
   // The checkpoint's pieces by (tensor, kind), sorted: where each element range lies.
   std::map<std::pair<std::string, std::string>, std::vector<extent>, std::less<>> where;
@@ -554,39 +567,79 @@ staging_shards read_shards(M& m, const O* opt, const std::string& dir, const man
   for (auto& [key, ex] : where)
     std::sort(ex.begin(), ex.end(), [](const extent& a, const extent& b) { return a.begin < b.begin; });
 
+  shard_reads out;
+  out.per_file.resize(man.files.size());
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    const std::int64_t n = m.unit(u).layout().shard_numel();
+    const std::vector<ShardedTensor> views = m.unit(u).shard_views();
+    for (std::size_t k = 0; k < kinds.size(); ++k) {
+      char* shard = reinterpret_cast<char*>(dest(u, k));
+      auto zero = [&](std::int64_t from, std::int64_t to) {
+        if (from < to)
+          out.zeros.push_back({0, static_cast<std::uint64_t>(to - from) * sizeof(float), shard + from * sizeof(float)});
+      };
+      std::int64_t covered = 0;  // views are in layout order: the gaps between them and the tail are zeroed
+      for (const ShardedTensor& v : views) {
+        if (v.empty()) continue;
+        zero(covered, v.shard_offset);
+        covered = v.shard_offset + v.local_numel();
+        plan_reads(where.at({v.name, kinds[k]}), v.begin, v.end, sizeof(float),
+                   shard + static_cast<std::uint64_t>(v.shard_offset) * sizeof(float), out.per_file);
+      }
+      zero(covered, n);
+    }
+  }
+  return out;
+}
+
+/// The checkpoint files this rank reads (`per_file` not empty), opened, their sizes checked.
+inline std::vector<io::file> open_files(const std::string& dir, const manifest& man,
+                                        const std::vector<std::vector<read_op>>& per_file) {
+  std::vector<io::file> files(man.files.size());
+  for (std::size_t f = 0; f < man.files.size(); ++f) {
+    if (per_file[f].empty()) continue;
+    files[f] = io::open_read(dir + "/" + man.files[f].name);
+    check_size(files[f], man.files[f]);
+  }
+  return files;
+}
+
+/// Performs every read of `plan` into `sink`, verifying every block read.
+template <class Sink>
+void read_files(const manifest& man, const std::vector<io::file>& files, shard_reads& plan, Sink& sink) {
+  for (std::size_t f = 0; f < man.files.size(); ++f) {
+    if (plan.per_file[f].empty()) continue;
+    const file_record& rec = man.files[f];
+    const block_sums sums{rec.block_bytes, &rec.blocks};
+    read_ranges(files[f], rec.bytes, std::move(plan.per_file[f]), sink, &sums);
+  }
+}
+
+/// Every rank's elements of every kind, read from the checkpoint into host staging.
+/// Per unit, per kind: shard_numel fp32 values.
+using staging_shards = std::vector<std::vector<std::unique_ptr<float[]>>>;
+
+template <class M, class O>
+staging_shards read_shards(M& m, const O* opt, const std::string& dir, const manifest& man) {
+  const std::size_t kinds = kinds_of(opt).size();
   staging_shards staging(m.size());
-  std::vector<std::vector<read_op>> per_file(man.files.size());
   for (std::size_t u = 0; u < m.size(); ++u) {
     const std::size_t n = static_cast<std::size_t>(m.unit(u).layout().shard_numel());
-    const std::vector<ShardedTensor> views = m.unit(u).shard_views();
-    staging[u].resize(kinds.size());
-    for (std::size_t k = 0; k < kinds.size(); ++k) {
+    staging[u].resize(kinds);
+    for (std::size_t k = 0; k < kinds; ++k) {
       try {
         staging[u][k].reset(new float[n]);  // the reads fill the pieces; the rest is zeroed below
       } catch (const std::bad_alloc&) {
         throw memory_error(detail::cat("could not allocate ", n * sizeof(float), " bytes of host staging for unit '",
-                                       m.unit(u).name(), "' (", kinds[k], ")"));
+                                       m.unit(u).name(), "' (", kinds_of(opt)[k], ")"));
       }
-      float* shard = staging[u][k].get();
-      std::int64_t covered = 0;  // views are in layout order: zero the gaps between them and the tail
-      for (const ShardedTensor& v : views) {
-        if (v.empty()) continue;
-        std::fill(shard + covered, shard + v.shard_offset, 0.0f);
-        covered = v.shard_offset + v.local_numel();
-        plan_reads(where.at({v.name, kinds[k]}), v.begin, v.end, sizeof(float),
-                   reinterpret_cast<char*>(shard + v.shard_offset), per_file);
-      }
-      std::fill(shard + covered, shard + n, 0.0f);
     }
   }
-  for (std::size_t f = 0; f < man.files.size(); ++f) {
-    if (per_file[f].empty()) continue;
-    const file_record& rec = man.files[f];
-    const io::file file = io::open_read(dir + "/" + rec.name);
-    check_size(file, rec);
-    const block_sums sums{rec.block_bytes, &rec.blocks};
-    read_ranges(file, rec.bytes, std::move(per_file[f]), &sums);
-  }
+  shard_reads plan = plan_shard_reads(m, opt, man, [&](std::size_t u, std::size_t k) { return staging[u][k].get(); });
+  for (const read_op& z : plan.zeros) std::memset(z.dest, 0, static_cast<std::size_t>(z.bytes));
+  const std::vector<io::file> files = open_files(dir, man, plan.per_file);
+  host_sink sink;
+  read_files(man, files, plan, sink);
   return staging;
 }
 
@@ -634,33 +687,89 @@ void check_fits(const M& m, const O* opt, const manifest& man, const load_option
     io::fail(detail::cat(at, "load_options::loss_scaler is given but the checkpoint holds no loss scaler's state"));
 }
 
+/// A load in place, once nothing can refuse it any more: zeroes the shards' padding and reads every piece straight
+/// into the backend's memory where the host can address it, otherwise through upload_sink's two chunk buffers.
+template <class M>
+void write_in_place(M& m, const manifest& man, const std::vector<io::file>& files, shard_reads& plan) {
+  auto& be = m.backend();
+  using B = typename M::backend_type;
+  for (const read_op& z : plan.zeros) be.fill_zero(z.dest, static_cast<std::int64_t>(z.bytes), be.compute_stream());
+  if constexpr (host_addressable<B>) {
+    be.synchronize(be.compute_stream());  // no stream touches the shards any more: the reads write them from here
+    host_sink sink;
+    read_files(man, files, plan, sink);
+  } else {
+    upload_sink<B> sink(be);
+    try {
+      read_files(man, files, plan, sink);
+      sink.finish();
+    } catch (...) {
+      m.synchronize_quietly();  // uploads from the sink's buffers may be in flight
+      throw;
+    }
+  }
+}
+
 template <class M, class O>
 manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
-  m.require_between_steps("a checkpoint load");
+  const sched::restores covers = opt ? sched::restores::shards_and_state : sched::restores::shards;
+  model_access::require_restorable(m, "a checkpoint load", covers);
   dir = normalised(std::move(dir));
   fingerprint fp;
   fp.add("checkpoint::load", "directory", dir);
   fp.add("checkpoint::load", "optimizer", opt ? std::string(opt->name()) : std::string("none"));
+  fp.add("checkpoint::load", "in_place", lo.in_place ? "true" : "false");
   agree::require_agreement(m.comm(), m.backend(), fp, "a checkpoint load",
-                           "Every rank must call checkpoint::load with the same directory");
+                           "Every rank must call checkpoint::load with the same directory and load_options::in_place");
   m.synchronize();
   manifest man;
-  staging_shards staging;
-  const std::optional<std::string> mine = outcome([&] {
-    man = read_manifest(dir);
-    check_fits(m, opt, man, lo, dir);
-    staging = read_shards(m, opt, dir, man);
-  });
-  require_success(m, mine, detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)"));
-
-  model_access::replace_shards(m, "a checkpoint load", [&] {
-    auto& be = m.backend();
-    for (std::size_t u = 0; u < m.size(); ++u)
-      for (std::size_t k = 0; k < staging[u].size(); ++k)
-        be.upload(buffer_of(m, opt, u, k), staging[u][k].get(),
-                  m.unit(u).layout().shard_numel() * std::int64_t{sizeof(float)}, be.compute_stream());
-    be.synchronize(be.compute_stream());  // the staging goes when this function returns
-  });
+  const std::string untouched = detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)");
+  if (!lo.in_place) {
+    staging_shards staging;
+    const std::optional<std::string> mine = outcome([&] {
+      man = read_manifest(dir);
+      check_fits(m, opt, man, lo, dir);
+      staging = read_shards(m, opt, dir, man);
+    });
+    require_success(m, mine, untouched);
+    model_access::replace_shards(
+        m, "a checkpoint load",
+        [&] {
+          auto& be = m.backend();
+          for (std::size_t u = 0; u < m.size(); ++u)
+            for (std::size_t k = 0; k < staging[u].size(); ++k)
+              be.upload(buffer_of(m, opt, u, k), staging[u][k].get(),
+                        m.unit(u).layout().shard_numel() * std::int64_t{sizeof(float)}, be.compute_stream());
+          be.synchronize(be.compute_stream());  // the staging goes when this function returns
+        },
+        covers);
+  } else {
+    // Everything that can refuse the load is asked before the first byte is written: then a failure modifies
+    // nothing. Only a read or a checksum can fail after that, and the model is torn.
+    shard_reads plan;
+    std::vector<io::file> files;
+    const std::optional<std::string> mine = outcome([&] {
+      man = read_manifest(dir);
+      check_fits(m, opt, man, lo, dir);
+      plan = plan_shard_reads(m, opt, man, [&](std::size_t u, std::size_t k) { return buffer_of(m, opt, u, k); });
+      files = open_files(dir, man, plan.per_file);
+    });
+    require_success(m, mine, untouched);
+    std::optional<std::string> torn;
+    model_access::replace_shards(
+        m, "a checkpoint load", [&] { torn = outcome([&] { write_in_place(m, man, files, plan); }); }, covers);
+    const auto failed = agree::failures(m.comm(), m.backend(), torn);
+    if (!failed.empty()) {
+      const std::string text = agree::failure_text(failed);
+      const char* what = opt ? "the parameters and the optimizer's state are" : "the parameters are";
+      model_access::tear_shards(
+          m, detail::cat("a checkpoint load from '", dir, "' that failed part way, in place (", what, " torn): ", text),
+          opt != nullptr);
+      throw checkpoint_error(detail::cat("checkpoint load from '", dir, "' failed part way, in place (", what,
+                                         " torn: load a checkpoint before using the model): ", text));
+    }
+  }
+  model_access::mend_shards(m);
   if (opt) {
     model_access::restore_step_count(m, man.step);
     opt->restore_steps(static_cast<long>(man.optimizer->steps));
@@ -668,7 +777,6 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
   if (lo.loss_scaler && man.loss_scaler) lo.loss_scaler->restore(man.loss_scaler->scale, man.loss_scaler->good_steps);
   return man;
 }
-
 /// Stands for "no optimizer" in the parameters-only overloads.
 struct no_optimizer {
   std::string_view name() const noexcept { return "none"; }

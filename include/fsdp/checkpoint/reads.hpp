@@ -2,11 +2,14 @@
 // Reading only what a rank needs: given where a tensor's elements lie in files (extents), the byte ranges that
 // fill one rank's elements [begin, end) (plan_reads), and the reads of one file (read_ranges): nearby ranges are
 // read together in chunks of at most chunk_bytes, and, when the file has block checksums, every block a read
-// touches is read whole and verified before any byte of it is used. Shared by checkpoint loads and safetensors
-// imports.
+// touches is read whole and verified before any byte of it is copied on. Where the bytes go is a sink's: host
+// memory (host_sink), into which a chunk that lies inside one destination is read straight, or a backend's memory
+// that the host cannot address, which receives verified chunks only (upload_sink). Shared by checkpoint loads
+// and safetensors imports.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,18 +64,83 @@ inline void check_block(const std::string& path, std::uint64_t index, std::uint6
                          hex64(want), "): the file is corrupted"));
 }
 
-/// Performs `ops` on the open file `f` of `file_bytes` bytes (its size was checked). Reads merge ranges less than
-/// `gap` bytes apart; with `check`, they grow to whole blocks, each verified against its checksum. A read is at most
-/// `chunk_bytes` (4 MiB: a chunk is checksummed while it is still in the CPU's cache, which made loads twice as
-/// fast as 64 MiB chunks on the development machine).
-inline void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector<read_op> ops,
-                        const block_sums* check = nullptr, std::uint64_t chunk_bytes = std::uint64_t{4} << 20,
-                        std::uint64_t gap = std::uint64_t{1} << 20) {
+/// read_ranges' sink for destinations in host memory: a chunk that lies inside one destination is read straight
+/// into it (`direct`); other chunks go through one reused buffer and are copied out.
+class host_sink {
+ public:
+  static constexpr bool direct = true;
+  /// A buffer for the next chunk of `n` bytes (valid until the next call).
+  char* chunk(std::uint64_t n) {
+    if (n > held_) {
+      buf_.reset();
+      buf_.reset(new char[static_cast<std::size_t>(n)]);
+      held_ = n;
+    }
+    return buf_.get();
+  }
+  /// `n` verified bytes for `dest`.
+  void deliver(char* dest, const char* src, std::uint64_t n) { std::memcpy(dest, src, static_cast<std::size_t>(n)); }
+  /// Every byte of the chunk was delivered.
+  void chunk_done() {}
+
+ private:
+  std::unique_ptr<char[]> buf_;
+  std::uint64_t held_ = 0;
+};
+
+/// read_ranges' sink for a Backend's memory that the host cannot address (a checkpoint load in place on
+/// backend::cuda): a chunk is read into one of two reused host buffers, verified, and uploaded on the compute stream
+/// while the next chunk is read into the other. A buffer is reused once its uploads finished. The caller
+/// synchronizes the compute stream before the sink goes (finish(), or after a failure).
+template <class B>
+class upload_sink {
+ public:
+  static constexpr bool direct = false;
+  explicit upload_sink(B& be) : be_(be) {}
+  char* chunk(std::uint64_t n) {
+    cur_ ^= 1;
+    if (n > held_[cur_]) {
+      buf_[cur_].reset();
+      buf_[cur_].reset(new char[static_cast<std::size_t>(n)]);
+      held_[cur_] = n;
+    }
+    return buf_[cur_].get();
+  }
+  void deliver(char* dest, const char* src, std::uint64_t n) { pending_.push_back({dest, src, n}); }
+  void chunk_done() {
+    be_.synchronize(be_.compute_stream());  // the other buffer's uploads, issued a chunk ago, have finished
+    for (const upload& u : pending_)
+      be_.upload(u.dest, u.src, static_cast<std::int64_t>(u.bytes), be_.compute_stream());
+    pending_.clear();
+  }
+  void finish() { be_.synchronize(be_.compute_stream()); }
+
+ private:
+  struct upload {
+    char* dest;
+    const char* src;
+    std::uint64_t bytes;
+  };
+  B& be_;
+  std::unique_ptr<char[]> buf_[2];
+  std::uint64_t held_[2] = {0, 0};
+  int cur_ = 1;
+  std::vector<upload> pending_;
+};
+
+/// Performs `ops` on the open file `f` of `file_bytes` bytes (its size was checked), handing the bytes to `sink`
+/// (host_sink's interface). Reads merge ranges less than `gap` bytes apart; with `check`, they grow to whole
+/// blocks, each verified against its checksum before the sink receives a byte of it (a direct read lands in the
+/// destination first). A read is at most `chunk_bytes` (4 MiB: a chunk is checksummed while it is still in the
+/// CPU's cache, which made loads twice as fast as 64 MiB chunks on the development machine).
+template <class Sink>
+void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector<read_op> ops, Sink& sink,
+                 const block_sums* check = nullptr, std::uint64_t chunk_bytes = std::uint64_t{4} << 20,
+                 std::uint64_t gap = std::uint64_t{1} << 20) {
   if (ops.empty()) return;
   std::sort(ops.begin(), ops.end(), [](const read_op& a, const read_op& b) { return a.offset < b.offset; });
   const std::uint64_t align = check ? check->block_bytes : 1;
   chunk_bytes = std::max(chunk_bytes / align * align, align);
-  std::vector<char> buf;
   auto run = [&](std::uint64_t lo, std::uint64_t hi, std::size_t first, std::size_t last) {  // ops [first, last)
     std::size_t from = first;  // ops ending before the chunk are done
     for (std::uint64_t at = lo; at < hi; at += chunk_bytes) {
@@ -81,16 +149,17 @@ inline void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector
       // A chunk inside one op is read straight into its destination; otherwise through the buffer.
       const char* data = nullptr;
       std::size_t direct = last;
-      for (std::size_t i = from; i < last && ops[i].offset <= at; ++i)
-        if (ops[i].offset + ops[i].bytes >= at + n) direct = i;
+      if constexpr (Sink::direct)
+        for (std::size_t i = from; i < last && ops[i].offset <= at; ++i)
+          if (ops[i].offset + ops[i].bytes >= at + n) direct = i;
       if (direct < last) {
         char* d = ops[direct].dest + (at - ops[direct].offset);
         f.read_at(d, n, at);
         data = d;
       } else {
-        buf.resize(static_cast<std::size_t>(n));
-        f.read_at(buf.data(), n, at);
-        data = buf.data();
+        char* b = sink.chunk(n);
+        f.read_at(b, n, at);
+        data = b;
       }
       if (check)
         for (std::uint64_t b = at; b < at + n; b += align)
@@ -99,8 +168,9 @@ inline void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector
         if (i == direct) continue;
         const read_op& o = ops[i];
         const std::uint64_t s = std::max(o.offset, at), e = std::min(o.offset + o.bytes, at + n);
-        if (s < e) std::memcpy(o.dest + (s - o.offset), data + (s - at), static_cast<std::size_t>(e - s));
+        if (s < e) sink.deliver(o.dest + (s - o.offset), data + (s - at), e - s);
       }
+      sink.chunk_done();
     }
   };
   std::size_t first = 0;
@@ -117,6 +187,13 @@ inline void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector
     hi = std::max(hi, e);
   }
   run(lo, hi, first, ops.size());
+}
+
+/// read_ranges into host memory.
+inline void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector<read_op> ops,
+                        const block_sums* check = nullptr) {
+  host_sink sink;
+  read_ranges(f, file_bytes, std::move(ops), sink, check);
 }
 
 }  // namespace fsdp::checkpoint

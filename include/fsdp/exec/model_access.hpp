@@ -11,11 +11,19 @@
 //   replace_shards(model, what, write)  between steps, write() overwrites master shards (and optimizer state) on the
 //                                       compute stream, after every pending reduction and copy back; gradients are
 //                                       zeroed (a checkpoint load, a weight import)
+//                                       (with `restores`, a load that overwrites every master shard, and the
+//                                       optimizer's state, and so may repair a model that a failed load tore)
+//   require_restorable(model, what, r)  the model is between steps, or torn and `r` restores what was torn
+//   tear_shards(model, what, state)     a load failed after writing part of the shards (and the optimizer's
+//                                       state): every later use but a restoring load reports `what`
+//   mend_shards(model)                  a restoring load succeeded
 //   restore_step_count(model, step)     a checkpoint's step count replaces the model's
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "fsdp/exec/update_site.hpp"
+#include "fsdp/schedule/pass_cursor.hpp"
 
 namespace fsdp {
 
@@ -29,8 +37,20 @@ struct model_access {
     m.reserve_memory(optimizer_states, norm_rows);
   }
   template <class M, class F>
-  static void replace_shards(M& m, const char* what, F&& write) {
-    m.replace_shards(what, std::forward<F>(write));
+  static void replace_shards(M& m, const char* what, F&& write, sched::restores r = sched::restores::nothing) {
+    m.replace_shards(what, std::forward<F>(write), r);
+  }
+  template <class M>
+  static void require_restorable(const M& m, const char* what, sched::restores r) {
+    m.require_between_steps(what, r);
+  }
+  template <class M>
+  static void tear_shards(M& m, const std::string& what, bool with_state) noexcept {
+    m.tear_shards(what, with_state);
+  }
+  template <class M>
+  static void mend_shards(M& m) noexcept {
+    m.mend_shards();
   }
   template <class M>
   static void restore_step_count(M& m, std::uint64_t step) {

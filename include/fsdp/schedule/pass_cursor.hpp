@@ -5,8 +5,9 @@
 // the first forward pass (model_options::record_order); backward runs it in reverse. A pass begins, advances one
 // unit at a time (range iteration, or a unit entered by name, checked against the order or recorded), and
 // finishes once every unit was visited. A pass left early is abandoned: the model then refuses every later use,
-// naming where it was left. The cursor decides nothing about memory or collectives (the scheduler does) and keeps
-// no unit state (the scheduler does): only which unit of which pass is current.
+// naming where it was left; so does a model whose shards a load left torn (a checkpoint load in place that failed
+// part way), until a load restores them. The cursor decides nothing about memory or collectives (the scheduler
+// does) and keeps no unit state (the scheduler does): only which unit of which pass is current.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -20,6 +21,10 @@
 #include "fsdp/core/unit_index.hpp"
 
 namespace fsdp::sched {
+
+/// What an operation overwrites, for pass_cursor::require_idle: nothing (it reads the model or trains it), every
+/// master shard, or every master shard and the optimizer's state.
+enum class restores : std::uint8_t { nothing, shards, shards_and_state };
 
 class pass_cursor {
  public:
@@ -83,8 +88,18 @@ class pass_cursor {
   std::size_t current() const { return scheduler::unit_at(pass_, order_, pos_); }
   bool at_last() const noexcept { return pos_ + 1 >= units_->size(); }
 
-  /// usage_error unless no pass is in progress and none was abandoned (nor an optimizer step failed).
-  void require_idle(const char* what) const {
+  /// usage_error unless no pass is in progress and none was abandoned (nor an optimizer step failed, nor a load
+  /// left the shards torn). `restoring`: the caller overwrites every master shard (and, with
+  /// restores::shards_and_state, the optimizer's state), which a torn model accepts when it covers what was torn.
+  void require_idle(const char* what, restores restoring = restores::nothing) const {
+    if (!torn_.empty()) {
+      if (restoring == restores::nothing)
+        detail::fail_usage(what, " after ", torn_, "; load a checkpoint first (checkpoint::load",
+                           torn_state_ ? ", with the optimizer)" : ")");
+      if (torn_state_ && restoring == restores::shards)
+        detail::fail_usage(what, " without the optimizer after ", torn_,
+                           "; the optimizer's state is torn too: load a checkpoint with the optimizer");
+    }
     if (!failed_step_.empty()) detail::fail_usage(what, " after a failed optimizer step: ", failed_step_);
     if (!broken_.empty()) detail::fail_usage(what, " after an abandoned pass: ", broken_);
     if (pass_ != pass_kind::none)
@@ -168,6 +183,22 @@ class pass_cursor {
     }
   }
 
+  /// A load wrote part of the shards (and of the optimizer's state, `with_state`) and failed: `what` says which
+  /// ("a checkpoint load from 'ck' that failed part way (...)"); every later use but a restoring load reports it.
+  void tear(const std::string& what, bool with_state) noexcept {
+    try {
+      torn_ = what;
+    } catch (...) {
+      torn_ = "a failed load";  // fits the small-string buffer: no allocation
+    }
+    torn_state_ = with_state;
+  }
+  /// A restoring load succeeded: the shards are whole again.
+  void mend() noexcept {
+    torn_.clear();
+    torn_state_ = false;
+  }
+
   /// The pass in progress cannot go on, for the reason `why`; every later use of the model reports it.
   void abandon_with(const std::string& why) {
     broken_ = detail::cat("model.", name_of(pass_), "() stopped at unit '", units_->name(current()), "': ", why);
@@ -240,6 +271,8 @@ class pass_cursor {
   std::size_t pos_ = 0;
   std::string broken_;
   std::string failed_step_;
+  std::string torn_;
+  bool torn_state_ = false;
 };
 
 }  // namespace fsdp::sched
