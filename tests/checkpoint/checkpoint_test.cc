@@ -9,12 +9,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fsdp/checkpoint/checkpoint.hpp>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <thread>
 
 #include "examples/01_mlp_host/mlp.hpp"
 #include "tests/support/support.hpp"
@@ -573,9 +578,62 @@ TEST_CASE(
   CHECK(trained == std::vector<int>{1, 1});
 }
 
+namespace {
+/// What upload_sink needs of a backend, with uploads that run on a thread of their own, each 2 ms after the one
+/// before: a chunk buffer reused before its uploads finished would be read after it was overwritten.
+class late_uploads {
+ public:
+  struct stream {};
+  late_uploads() : worker_([this] { run(); }) {}
+  ~late_uploads() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  stream& compute_stream() { return stream_; }
+  void upload(void* dest, const void* src, std::int64_t n, stream&) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back([=] { std::memcpy(dest, src, static_cast<std::size_t>(n)); });
+    }
+    cv_.notify_all();
+  }
+  void synchronize(stream&) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty(); });
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      const std::function<void()> copy = queue_.front();
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      copy();
+      lock.lock();
+      queue_.pop_front();
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  stream stream_;
+  std::thread worker_;
+};
+}  // namespace
+
 TEST_CASE(
     "upload_sink, a load in place into memory the host cannot address: chunks read into two reused buffers, each "
-    "uploaded once verified, while the next is read; a corrupted block uploads no byte of its chunk") {
+    "uploaded once verified while the next is read, and reused once its uploads finished; a corrupted block uploads "
+    "no byte of its chunk") {
   fsdp_test::scratch_dir dir("ckpt-upload-sink");
   constexpr std::uint64_t block = 4096, chunk = 2 * block, blocks = 64;
   std::string bytes(blocks * block, '\0');
@@ -594,12 +652,12 @@ TEST_CASE(
                                      {130000, 4096, 2, 0}, {200000, 60000, 2, 4096}};
   auto run = [&](const std::string& file_bytes, std::uint64_t* failed_at) {
     fsdp_test::write_file_bytes(path, file_bytes);
-    fsdp::backend::host be(0);
+    late_uploads be;
     std::vector<std::vector<char>> dest(3, std::vector<char>(70000, '#'));
     std::vector<ckpt::read_op> ops;
     for (const piece& p : pieces) ops.push_back({p.offset, p.bytes, dest[p.dest].data() + p.at});
     const ckpt::block_sums check{block, &sums};
-    ckpt::upload_sink<fsdp::backend::host> sink(be);
+    ckpt::upload_sink<late_uploads> sink(be);
     const ckpt::io::file f = ckpt::io::open_read(path);
     try {
       ckpt::read_ranges(f, file_bytes.size(), ops, sink, &check, chunk, 1024);
