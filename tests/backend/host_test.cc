@@ -4,7 +4,9 @@
 #include <atomic>
 #include <future>
 #include <chrono>
+#include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "tests/support/support.hpp"
 
@@ -28,6 +30,49 @@ TEST_CASE("a worker stream runs its tasks in order, off the calling thread") {
   std::thread::id inline_id;
   be.compute_stream().submit([&] { inline_id = std::this_thread::get_id(); });
   CHECK(inline_id == std::this_thread::get_id());
+}
+
+TEST_CASE(
+    "run_if_idle: on an idle worker stream the task runs at once on the calling thread; on a busy one it does not "
+    "run, and the worker takes nothing queued while such a task runs; its failure is the stream's") {
+  fsdp::backend::host be;
+  auto& s = be.gather_stream();
+  std::thread::id ran_on;
+  CHECK(s.run_if_idle([&] { ran_on = std::this_thread::get_id(); }));
+  CHECK(ran_on == std::this_thread::get_id());
+  // busy: a task runs on the worker until released
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> started{false};
+  s.submit([&, released] {
+    started = true;
+    released.wait();
+  });
+  while (!started) std::this_thread::yield();
+  bool ran = false;
+  CHECK_FALSE(s.run_if_idle([&] { ran = true; }));
+  release.set_value();
+  be.synchronize(s);
+  CHECK_FALSE(ran);
+  // while a task runs inline, a task another thread submits waits for it, in order
+  std::vector<int> order;
+  std::atomic<bool> inline_running{false};
+  std::thread other;
+  CHECK(s.run_if_idle([&] {
+    inline_running = true;
+    other = std::thread([&] { s.submit([&] { order.push_back(2); }); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the worker could take it now, were it allowed
+    order.push_back(1);
+  }));
+  other.join();
+  be.synchronize(s);
+  CHECK(order == std::vector<int>{1, 2});
+  // a throw puts the stream in its error state: later tasks are skipped, synchronize rethrows
+  CHECK(s.run_if_idle([] { throw std::runtime_error("collective failed"); }));
+  bool skipped = true;
+  CHECK(s.run_if_idle([&] { skipped = false; }));
+  CHECK(skipped);
+  CHECK(error_of<std::runtime_error>([&] { be.synchronize(s); }) == "collective failed");
 }
 
 TEST_CASE("an event orders one stream after another") {

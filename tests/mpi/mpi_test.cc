@@ -527,7 +527,9 @@ void report(const std::string& what, double seconds) {
 TEST_CASE("failure: a rank that returns without issuing a collective makes the others fail within the timeout" *
           doctest::test_suite("failure") * doctest::skip()) {
   const auto timeout = std::chrono::milliseconds(2000);
-  mpi_communicator a(MPI_COMM_WORLD, {.timeout = timeout});
+  // a hands every collective to its stream's worker; b runs its small ones on the issuing thread when the stream
+  // is idle (mpi_options::inline_max_bytes): both wait out the timeout and report it at the synchronize.
+  mpi_communicator a(MPI_COMM_WORLD, {.timeout = timeout, .inline_max_bytes = 0});
   mpi_communicator b(MPI_COMM_WORLD, {.timeout = timeout});
   const int rank = a.rank();
   fsdp::backend::host be(rank);
@@ -538,8 +540,9 @@ TEST_CASE("failure: a rank that returns without issuing a collective makes the o
   CHECK(recv[31] == 3.0f);
   if (rank == 3) return;  // rank 3 leaves: it issues neither a's #1 nor anything on b
 
-  a.all_gather(send.data(), recv.data(), 8, dtype::f32, be.gather_stream());  // #1: rank 3 never issues it
+  // Timed from the issue, which returns at once here (a's worker waits) and waits out the timeout for b.
   auto t0 = clock_type::now();
+  a.all_gather(send.data(), recv.data(), 8, dtype::f32, be.gather_stream());  // #1: rank 3 never issues it
   const std::string first = fsdp_test::error_of<fsdp::comm_error>([&] { be.synchronize(be.gather_stream()); });
   double s = std::chrono::duration<double>(clock_type::now() - t0).count();
   report(first, s);
@@ -550,16 +553,16 @@ TEST_CASE("failure: a rank that returns without issuing a collective makes the o
 
   // The communicator is aborted: its next collective fails at once, quoting the first failure.
   fsdp::backend::host be2(rank);
-  a.reduce_scatter(send.data(), recv.data(), 2, dtype::f32, reduce_op::sum, be2.reduce_stream());
   t0 = clock_type::now();
+  a.reduce_scatter(send.data(), recv.data(), 2, dtype::f32, reduce_op::sum, be2.reduce_stream());
   const std::string after = fsdp_test::error_of<fsdp::comm_error>([&] { be2.synchronize(be2.reduce_stream()); });
   CHECK(after == "fsdp: mpi reduce_scatter(count=2, f32, sum) #2 for unit 'probe' on rank " + std::to_string(rank) +
                      " of 4 aborted: " + first.substr(std::string("fsdp: ").size()));
   CHECK(std::chrono::duration<double>(clock_type::now() - t0).count() < 0.5);
 
   // A stream first used after rank 3 left: its communicator cannot even be set up.
-  b.all_reduce(send.data(), send.data(), 8, dtype::f32, reduce_op::avg, be.reduce_stream());
   t0 = clock_type::now();
+  b.all_reduce(send.data(), send.data(), 8, dtype::f32, reduce_op::avg, be.reduce_stream());
   const std::string setup = fsdp_test::error_of<fsdp::comm_error>([&] { be.synchronize(be.reduce_stream()); });
   s = std::chrono::duration<double>(clock_type::now() - t0).count();
   report(setup, s);

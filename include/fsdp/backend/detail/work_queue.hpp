@@ -10,6 +10,8 @@
 // a condition variable; so does a thread in drain() (a stream's synchronize). Work that arrives, or an event
 // reached, within that time is picked up without a thread wake-up; a submit notifies only a worker that sleeps, and
 // the worker wakes a sleeping drain() only once one of the targets waited for is reached, not after every task.
+//
+// run_if_idle runs a task on the calling thread instead when nothing is queued or running, as the worker would.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -72,6 +74,36 @@ class work_queue {
       return;
     }
     enqueue(task{std::function<void()>(std::forward<F>(fn)), always});
+  }
+
+  /// Runs `fn` at once on the calling thread when the queue is idle (nothing queued, nothing running: every task
+  /// submitted so far has run, so running it now keeps the queue's order), as its worker would (a throw puts the
+  /// queue in its error state; after an earlier failure it is skipped) and returns true; returns false, running
+  /// nothing, when the queue is busy. While it runs, the worker takes no task. For work that costs less than a
+  /// hand-off to the worker (comm::mpi's small collectives): the caller blocks for as long as `fn` runs.
+  template <class F>
+  bool run_if_idle(F&& fn) {
+    if (!threaded_) {
+      submit(std::forward<F>(fn));
+      return true;
+    }
+    {
+      std::lock_guard lk(mu_);
+      if (!q_.empty() || busy_) return false;
+      busy_ = true;
+    }
+    if (!failed()) {
+      try {
+        std::forward<F>(fn)();
+      } catch (...) {
+        set_error(std::current_exception());
+      }
+    }
+    std::lock_guard lk(mu_);
+    busy_ = false;
+    const std::uint64_t done = done_.fetch_add(1) + 1;
+    if ((drainers_ > 0 && done >= wake_at_) || (parked_ && !q_.empty())) cv_.notify_all();
+    return true;
   }
 
   /// Whether a task of this queue threw (or a waited-on event carried an error): a lock-free check.
@@ -162,7 +194,7 @@ class work_queue {
         lk.lock();
       }
       parked_ = true;  // under mu_: a submit after this point sees it and notifies
-      cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+      cv_.wait(lk, [&] { return stop_ || (!q_.empty() && !busy_); });  // busy_ here: run_if_idle's task runs
       parked_ = false;
       if (q_.empty()) return;  // stop_ and drained
       task t = std::move(q_.front());
