@@ -735,6 +735,11 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
     model_access::replace_shards(
         m, "a checkpoint load",
         [&] {
+          // Everything was read and verified: only the backend can fail now (a CUDA stream's error), and then the
+          // shards are torn.
+          model_access::tear_shards(
+              m, detail::cat("a checkpoint load from '", dir, "' that did not finish (its uploads into the shards failed)"),
+              opt != nullptr);
           auto& be = m.backend();
           for (std::size_t u = 0; u < m.size(); ++u)
             for (std::size_t k = 0; k < staging[u].size(); ++k)
@@ -755,13 +760,22 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
       files = open_files(dir, man, plan.per_file);
     });
     require_success(m, mine, untouched);
+    // Torn from the first write until every rank agrees that every rank's writes succeeded: an exception that
+    // escapes in between (the stream's own error after the writes, a peer lost during the agreement) leaves it so.
+    const char* what = opt ? "the parameters and the optimizer's state are" : "the parameters are";
     std::optional<std::string> torn;
     model_access::replace_shards(
-        m, "a checkpoint load", [&] { torn = outcome([&] { write_in_place(m, man, files, plan); }); }, covers);
+        m, "a checkpoint load",
+        [&] {
+          model_access::tear_shards(
+              m, detail::cat("a checkpoint load from '", dir, "' that did not finish, in place (", what, " torn)"),
+              opt != nullptr);
+          torn = outcome([&] { write_in_place(m, man, files, plan); });
+        },
+        covers);
     const auto failed = agree::failures(m.comm(), m.backend(), torn);
     if (!failed.empty()) {
       const std::string text = agree::failure_text(failed);
-      const char* what = opt ? "the parameters and the optimizer's state are" : "the parameters are";
       model_access::tear_shards(
           m, detail::cat("a checkpoint load from '", dir, "' that failed part way, in place (", what, " torn): ", text),
           opt != nullptr);

@@ -12,12 +12,15 @@
 //   mpirun -np 4 ./trainer
 //
 // Stream order. A collective is issued on a host stream and runs when the stream reaches it, on the stream's worker
-// thread (on the calling thread for the inline compute stream). A small one (mpi_options::inline_max_bytes, 64 KiB)
-// issued on a stream with nothing queued or running runs at once on the calling thread instead, which blocks until
-// it completes: the stream's order is the same, and the hand-off to the worker, which costs more than the
-// collective, is saved; its failure is the stream's, reported where the worker's would be. issue() counts it in stats() on the calling
+// thread (on the calling thread for the inline compute stream). issue() counts it in stats() on the calling
 // thread, as comm::local does; the worker starts non-blocking MPI operations and polls MPI_Test until they complete
-// or the timeout passes.
+// or the timeout passes. A small collective (mpi_options::inline_max_bytes, 64 KiB) issued on a stream with nothing
+// queued or running, once every stream's communicator this rank started is set up (group::settled), runs at once
+// on the calling thread instead, which blocks until it completes: the stream's order is the same, the hand-off to
+// the worker, which costs more than the collective, is saved, and its failure is the stream's, reported where the
+// worker's would be. Since issue() may then wait for the peers, every rank must issue the collectives of its
+// streams in one order (the Model does): ranks that issued on two streams in different orders would each wait
+// inline for a collective the other has not issued.
 //
 // One MPI communicator per stream. MPI matches the collectives of one communicator by the order in which each rank
 // starts them, so two streams must not share one: the gather and reduce streams run concurrently, and their
@@ -193,6 +196,11 @@ class group {
   const std::string& members() const noexcept { return members_; }
 
   bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
+  /// Whether every stream's duplicate this rank started has been set up. Until then no collective runs on the
+  /// issuing thread: blocked there, this rank would not start the next stream's MPI_Comm_idup, which the other
+  /// ranks may have started, and Open MPI completes the duplications of one communicator only together (a run of
+  /// mpi_test hung so, the gather and reduce streams' first collectives inline on some ranks and not on others).
+  bool settled() const noexcept { return setting_up_.load(std::memory_order_acquire) == 0; }
   std::string reason() const {
     std::lock_guard lk(mu_);
     return reason_;
@@ -222,6 +230,7 @@ class group {
       if (rc != MPI_SUCCESS)
         fsdp::detail::fail_usage("comm::mpi on rank ", rank_, " of ", world_, ": MPI_Comm_idup for stream '", name,
                                  "' failed: ", error_string(rc));
+      setting_up_.fetch_add(1, std::memory_order_acq_rel);
     }
     streams_.push_back(s);
     return s;
@@ -286,6 +295,7 @@ class group {
       if (sc.setup == MPI_REQUEST_NULL) throw comm_error(what() + " aborted: " + reason());
       wait(sc.setup, deadline, what, "while setting up this stream's communicator (MPI_Comm_idup)");
       sc.ready = true;
+      setting_up_.fetch_sub(1, std::memory_order_acq_rel);
     }
     MPI_Comm c = sc.comm;
     const auto kind = static_cast<collective>(d.kind);
@@ -407,6 +417,7 @@ class group {
   const std::string members_;
   mutable std::mutex mu_;
   std::atomic<bool> failed_{false};
+  std::atomic<int> setting_up_{0};  // duplicates started by stream_for and not yet set up (settled())
   std::string reason_;
   std::vector<std::shared_ptr<stream_comm>> streams_;
 };
@@ -598,7 +609,8 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
     stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
     auto sc = g_->stream_for(s.name());  // the stream's communicator, started here when the stream is new
     auto run = [g = g_, sc, d, seq, unit = label_, send, recv] { g->run(*sc, d, seq, unit, send, recv); };
-    if (total_elems * static_cast<std::int64_t>(size_of(d.type)) <= opt_.inline_max_bytes && s.run_if_idle(run)) return;
+    const std::int64_t bytes = total_elems * static_cast<std::int64_t>(size_of(d.type));
+    if (opt_.inline_max_bytes > 0 && bytes <= opt_.inline_max_bytes && g_->settled() && s.run_if_idle(run)) return;
     s.submit(std::move(run));
   }
 

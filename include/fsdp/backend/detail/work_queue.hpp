@@ -194,7 +194,7 @@ class work_queue {
         lk.lock();
       }
       parked_ = true;  // under mu_: a submit after this point sees it and notifies
-      cv_.wait(lk, [&] { return stop_ || (!q_.empty() && !busy_); });  // busy_ here: run_if_idle's task runs
+      cv_.wait(lk, [&] { return !busy_ && (stop_ || !q_.empty()); });  // busy_ here: run_if_idle's task runs
       parked_ = false;
       if (q_.empty()) return;  // stop_ and drained
       task t = std::move(q_.front());
