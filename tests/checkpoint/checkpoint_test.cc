@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
@@ -576,6 +577,53 @@ TEST_CASE(
   CHECK(same_bits(mended[0], fresh[0]));
   CHECK(same_bits(mended[1], fresh[1]));
   CHECK(trained == std::vector<int>{1, 1});
+}
+
+TEST_CASE(
+    "a load in place whose ranks cannot agree after their writes (rank 1's part of the last collective fails): the "
+    "model stays torn on every rank, and says that the load did not finish") {
+  fsdp_test::scratch_dir dir("ckpt-in-place-unfinished");
+  train_and_save(dir / "good", 2, 2);
+  const mlp::config c = small();
+  // The first load counts its collectives; the second issues the same ones, and rank 1 fails its part of the last
+  // (the agreement after the writes), so that rank 0 waits for it in vain.
+  std::atomic<int> counted{0}, armed{0}, second{0};
+  fsdp::comm::local_options lo;
+  lo.timeout = std::chrono::milliseconds(2000);
+  lo.delay = [&](fsdp::collective, std::uint64_t, int rank) {
+    if (rank != 1) return std::chrono::microseconds(0);
+    if (armed == 1) ++counted;
+    if (armed == 2 && ++second == counted) throw std::runtime_error("injected: rank 1 lost");
+    return std::chrono::microseconds(0);
+  };
+  std::vector<std::string> escaped(2), refused(2);
+  fsdp::comm::run_local(
+      2,
+      [&](local_communicator& comm) {
+        auto m = mlp::make_model<full_shard>(comm, c);
+        fsdp::optim::adamw opt(m, {});
+        comm.barrier();
+        if (comm.rank() == 1) armed = 1;
+        comm.barrier();
+        ckpt::load(m, opt, dir / "good", {.in_place = true});
+        comm.barrier();
+        if (comm.rank() == 1) armed = 2;
+        comm.barrier();
+        try {
+          ckpt::load(m, opt, dir / "good", {.in_place = true});
+        } catch (const std::exception& e) {
+          escaped[comm.rank()] = e.what();
+        }
+        refused[comm.rank()] = error_of<fsdp::usage_error>([&] { (void)m.gather_full_params(); });
+      },
+      lo);
+  REQUIRE(counted > 0);
+  CHECK(escaped[0].find("rank(s) 1 returned without issuing it") != std::string::npos);
+  CHECK(escaped[1].find("injected: rank 1 lost") != std::string::npos);
+  const std::string refusal = "fsdp: gather_full_params() after a checkpoint load from '" + dir / "good" +
+                              "' that did not finish, in place (the parameters and the optimizer's state are torn); "
+                              "load a checkpoint first (checkpoint::load, with the optimizer)";
+  CHECK(refused == std::vector<std::string>{refusal, refusal});
 }
 
 namespace {
