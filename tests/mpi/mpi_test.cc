@@ -527,20 +527,23 @@ void report(const std::string& what, double seconds) {
 TEST_CASE("failure: a rank that returns without issuing a collective makes the others fail within the timeout" *
           doctest::test_suite("failure") * doctest::skip()) {
   const auto timeout = std::chrono::milliseconds(2000);
-  // a hands every collective to its stream's worker; b runs its small ones on the issuing thread when the stream
-  // is idle (mpi_options::inline_max_bytes): both wait out the timeout and report it at the synchronize.
+  // a hands every collective to its stream's worker (inline_max_bytes = 0); c runs a small one on the issuing
+  // thread once its stream's communicator is set up (the default); b's first collective comes after rank 3 left.
   mpi_communicator a(MPI_COMM_WORLD, {.timeout = timeout, .inline_max_bytes = 0});
   mpi_communicator b(MPI_COMM_WORLD, {.timeout = timeout});
+  mpi_communicator c(MPI_COMM_WORLD, {.timeout = timeout});
   const int rank = a.rank();
-  fsdp::backend::host be(rank);
+  fsdp::backend::host be(rank), bc(rank);
   std::vector<float> send(8, float(rank)), recv(32);
   a.label("probe");
   a.all_gather(send.data(), recv.data(), 8, dtype::f32, be.gather_stream());  // #0: every rank
   be.synchronize(be.gather_stream());
   CHECK(recv[31] == 3.0f);
-  if (rank == 3) return;  // rank 3 leaves: it issues neither a's #1 nor anything on b
+  c.all_gather(send.data(), recv.data(), 8, dtype::f32, bc.gather_stream());  // c's #0: its stream is set up
+  bc.synchronize(bc.gather_stream());
+  if (rank == 3) return;  // rank 3 leaves: it issues neither a's #1 nor c's #1 nor anything on b
 
-  // Timed from the issue, which returns at once here (a's worker waits) and waits out the timeout for b.
+  // Timed from the issue, which returns at once (a's worker waits the timeout out).
   auto t0 = clock_type::now();
   a.all_gather(send.data(), recv.data(), 8, dtype::f32, be.gather_stream());  // #1: rank 3 never issues it
   const std::string first = fsdp_test::error_of<fsdp::comm_error>([&] { be.synchronize(be.gather_stream()); });
@@ -559,6 +562,17 @@ TEST_CASE("failure: a rank that returns without issuing a collective makes the o
   CHECK(after == "fsdp: mpi reduce_scatter(count=2, f32, sum) #2 for unit 'probe' on rank " + std::to_string(rank) +
                      " of 4 aborted: " + first.substr(std::string("fsdp: ").size()));
   CHECK(std::chrono::duration<double>(clock_type::now() - t0).count() < 0.5);
+
+  // Inline: c's #1 runs on this thread, which waits the timeout out in the issue itself; the synchronize reports it.
+  t0 = clock_type::now();
+  c.all_gather(send.data(), recv.data(), 8, dtype::f32, bc.gather_stream());  // #1: rank 3 never issues it
+  const double in_issue = std::chrono::duration<double>(clock_type::now() - t0).count();
+  const std::string inline_failure =
+      fsdp_test::error_of<fsdp::comm_error>([&] { bc.synchronize(bc.gather_stream()); });
+  CHECK(inline_failure == "fsdp: mpi all_gather(count=8, f32) #1 on rank " + std::to_string(rank) +
+                              " of 4 timed out after 2000 ms" + kWhy);
+  CHECK(in_issue >= 1.9);
+  CHECK(in_issue < 4.0);
 
   // A stream first used after rank 3 left: its communicator cannot even be set up.
   t0 = clock_type::now();
