@@ -496,6 +496,7 @@ TEST_CASE(
   CHECK(f.messages == std::vector<std::string>{expected, expected});
   CHECK(f.untouched);
   std::vector<std::string> reshaped(2);
+  std::vector<int> kept(2, 0);
   run_ranks(2, [&](local_communicator& comm) {
     const fsdp::ModelSpec saved = mlp::make_spec(small());
     fsdp::ModelSpec spec;
@@ -503,10 +504,13 @@ TEST_CASE(
       spec.add(p.name, p.name == "layers.1.w" ? std::vector<std::int64_t>{40, 24} : p.shape);
     fsdp::Model<full_shard> m(comm, spec, fsdp::wrap::by_prefix{"layers."});
     fsdp::optim::adamw opt(m, {});
+    const auto before = local_state(m, opt);
     reshaped[comm.rank()] =
         error_of<fsdp::checkpoint_error>([&] { ckpt::load(m, opt, dir / "good", {.in_place = true}); });
+    kept[comm.rank()] = same_bits(before, local_state(m, opt)) ? 1 : 0;
     for (auto& u : m.forward()) (void)u;  // not torn
   });
+  CHECK(kept == std::vector<int>{1, 1});
   expected = failed + dir / "good" + "' failed (no parameter was modified): ranks 0, 1: checkpoint '" + dir / "good" +
              "': parameter 'layers.1.w' is [24, 40] in the checkpoint but [40, 24] in the model";
   CHECK(reshaped == std::vector<std::string>{expected, expected});
