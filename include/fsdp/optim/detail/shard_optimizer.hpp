@@ -120,23 +120,9 @@ class shard_optimizer {
   template <class Update>
   grad::report run_step(Update&& update) {
     grad::report r;
-    exec::optimizer_work<backend_type> work;
-    work.state_count = states_;
-    work.inspect = [&] {
-      if (grad_.inspects()) {
-        std::vector<std::size_t> backward = model_.forward_order();
-        std::reverse(backward.begin(), backward.end());
-        r = grad::inspect(model_, grad_, backward);
-      }
-      return !r.skipped;
-    };
+    exec::optimizer_work<backend_type> work = work_for(r);
     work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
       for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
-    };
-    work.states = [&](std::size_t u) {
-      std::vector<float*> out;
-      for (auto& b : state_[u]) out.push_back(b.template as<float>());
-      return out;
     };
     model_access::step(model_, work);
     if (!r.skipped) ++steps_;
@@ -147,6 +133,27 @@ class shard_optimizer {
   ModelT& model_;
 
  private:
+  /// A step's work but its update: the inspection (into `r`) and the state buffers. Apart from run_step, so that
+  /// these two std::function targets are compiled once per model type, not once per optimizer rule as well.
+  exec::optimizer_work<backend_type> work_for(grad::report& r) {
+    exec::optimizer_work<backend_type> work;
+    work.state_count = states_;
+    work.inspect = [this, &r] {
+      if (grad_.inspects()) {
+        std::vector<std::size_t> backward = model_.forward_order();
+        std::reverse(backward.begin(), backward.end());
+        r = grad::inspect(model_, grad_, backward);
+      }
+      return !r.skipped;
+    };
+    work.states = [this](std::size_t u) {
+      std::vector<float*> out;
+      for (auto& b : state_[u]) out.push_back(b.template as<float>());
+      return out;
+    };
+    return work;
+  }
+
   /// The inspection's norms over offloaded gradient shards read them in place: a backend whose device addresses
   /// its host memory (every device with unified addressing; not the simulated GPU).
   static void require_device_access(ModelT& model, const grad::options& g) {
