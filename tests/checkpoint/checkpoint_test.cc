@@ -357,6 +357,17 @@ failed_load load_expecting_failure(const std::string& path, const ckpt::load_opt
   return out;
 }
 
+/// Flips one bit of byte 100 of checkpoint file `file`, whose block 0 holds all of it and has checksum `sum` in the
+/// manifest; returns what a load reports for it.
+std::string flip_byte(const std::string& file, std::uint64_t sum) {
+  std::string bytes = fsdp_test::read_file_bytes(file);
+  bytes[100] = static_cast<char>(bytes[100] ^ 0x10);
+  fsdp_test::write_file_bytes(file, bytes);
+  return "'" + file + "': block 0 (bytes [0, " + std::to_string(bytes.size()) +
+         ")) does not match its checksum in the manifest (xxh3 " + ckpt::hex64(ckpt::xxh3(bytes.data(), bytes.size())) +
+         ", expected " + ckpt::hex64(sum) + "): the file is corrupted";
+}
+
 }  // namespace
 
 TEST_CASE("every byte of a checkpoint's manifest changed in turn: no load succeeds, every rank refuses, nothing modified") {
@@ -411,39 +422,40 @@ TEST_CASE(
   };
   const std::string failed = "fsdp: checkpoint load from '";
   SUBCASE("a flipped byte") {
-    const std::string ck = copy("flipped"), file = ck + "/shard-00001-of-00002.bin";
-    std::string bytes = fsdp_test::read_file_bytes(file);
-    bytes[100] = static_cast<char>(bytes[100] ^ 0x10);
-    fsdp_test::write_file_bytes(file, bytes);
+    const std::string ck = copy("flipped");
+    const std::string corrupted = flip_byte(ck + "/shard-00001-of-00002.bin", man.files[1].blocks[0]);
     const failed_load f = load_expecting_failure(ck);
-    const std::string expected = failed + ck + "' failed (no parameter was modified): rank 1: '" + file +
-                                 "': block 0 (bytes [0, " + std::to_string(bytes.size()) +
-                                 ")) does not match its checksum in the manifest (xxh3 " +
-                                 ckpt::hex64(ckpt::xxh3(bytes.data(), bytes.size())) + ", expected " +
-                                 ckpt::hex64(man.files[1].blocks[0]) + "): the file is corrupted";
+    const std::string expected = failed + ck + "' failed (no parameter was modified): rank 1: " + corrupted;
     CHECK(f.messages[0] == expected);
     CHECK(f.messages[1] == expected);
     CHECK(f.untouched);
-    CHECK(ckpt::verify(ck) == std::vector<std::string>{expected.substr(expected.find("'" + file))});
+    CHECK(ckpt::verify(ck) == std::vector<std::string>{corrupted});
   }
-  SUBCASE("a truncated file") {
+  // A load in place asks these before its first write: it refuses them alike, with the model untouched.
+  SUBCASE("a truncated file, staged and in place") {
     const std::string ck = copy("truncated"), file = ck + "/shard-00000-of-00002.bin";
     std::filesystem::resize_file(file, 1000);
-    const failed_load f = load_expecting_failure(ck);
     const std::string expected = failed + ck + "' failed (no parameter was modified): rank 0: '" + file +
                                  "' has 1000 bytes; the manifest says " + std::to_string(man.files[0].bytes) +
                                  ": the file is truncated";
-    CHECK(f.messages == std::vector<std::string>{expected, expected});
-    CHECK(f.untouched);
+    for (const bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      const failed_load f = load_expecting_failure(ck, {.in_place = in_place});
+      CHECK(f.messages == std::vector<std::string>{expected, expected});
+      CHECK(f.untouched);
+    }
   }
-  SUBCASE("a deleted file") {
+  SUBCASE("a deleted file, staged and in place") {
     const std::string ck = copy("deleted"), file = ck + "/shard-00001-of-00002.bin";
     std::filesystem::remove(file);
-    const failed_load f = load_expecting_failure(ck);
     const std::string expected = failed + ck + "' failed (no parameter was modified): rank 1: could not open '" + file +
                                  "': No such file or directory";
-    CHECK(f.messages == std::vector<std::string>{expected, expected});
-    CHECK(f.untouched);
+    for (const bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      const failed_load f = load_expecting_failure(ck, {.in_place = in_place});
+      CHECK(f.messages == std::vector<std::string>{expected, expected});
+      CHECK(f.untouched);
+    }
   }
   SUBCASE("a manifest cut short, one sealed again over a cut, and a missing one") {
     const std::string ck = copy("garbled");
@@ -472,29 +484,10 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a load in place: what can refuse it is asked before the first write (a truncated or deleted file, a tensor "
-    "that does not fit: nothing modified)") {
+    "a load in place into a model the checkpoint does not fit refuses before the first write: the model's bits as "
+    "they were, and not torn") {
   fsdp_test::scratch_dir dir("ckpt-in-place-refused");
   train_and_save(dir / "good", 2, 2);
-  const ckpt::manifest man = ckpt::read_manifest(dir / "good");
-  const std::string failed = "fsdp: checkpoint load from '";
-  std::filesystem::copy(dir / "good", dir / "truncated", std::filesystem::copy_options::recursive);
-  const std::string cut = dir / "truncated" + "/shard-00000-of-00002.bin";
-  std::filesystem::resize_file(cut, 1000);
-  failed_load f = load_expecting_failure(dir / "truncated", {.in_place = true});
-  std::string expected = failed + dir / "truncated" + "' failed (no parameter was modified): rank 0: '" + cut +
-                         "' has 1000 bytes; the manifest says " + std::to_string(man.files[0].bytes) +
-                         ": the file is truncated";
-  CHECK(f.messages == std::vector<std::string>{expected, expected});
-  CHECK(f.untouched);
-  std::filesystem::copy(dir / "good", dir / "deleted", std::filesystem::copy_options::recursive);
-  const std::string gone = dir / "deleted" + "/shard-00001-of-00002.bin";
-  std::filesystem::remove(gone);
-  f = load_expecting_failure(dir / "deleted", {.in_place = true});
-  expected = failed + dir / "deleted" + "' failed (no parameter was modified): rank 1: could not open '" + gone +
-             "': No such file or directory";
-  CHECK(f.messages == std::vector<std::string>{expected, expected});
-  CHECK(f.untouched);
   std::vector<std::string> reshaped(2);
   std::vector<int> kept(2, 0);
   run_ranks(2, [&](local_communicator& comm) {
@@ -511,8 +504,9 @@ TEST_CASE(
     for (auto& u : m.forward()) (void)u;  // not torn
   });
   CHECK(kept == std::vector<int>{1, 1});
-  expected = failed + dir / "good" + "' failed (no parameter was modified): ranks 0, 1: checkpoint '" + dir / "good" +
-             "': parameter 'layers.1.w' is [24, 40] in the checkpoint but [40, 24] in the model";
+  const std::string expected = "fsdp: checkpoint load from '" + dir / "good" +
+                               "' failed (no parameter was modified): ranks 0, 1: checkpoint '" + dir / "good" +
+                               "': parameter 'layers.1.w' is [24, 40] in the checkpoint but [40, 24] in the model";
   CHECK(reshaped == std::vector<std::string>{expected, expected});
 }
 
@@ -523,14 +517,8 @@ TEST_CASE(
   train_and_save(dir / "good", 2, 2);
   const ckpt::manifest man = ckpt::read_manifest(dir / "good");
   std::filesystem::copy(dir / "good", dir / "flipped", std::filesystem::copy_options::recursive);
-  const std::string file = dir / "flipped" + "/shard-00001-of-00002.bin";
-  std::string bytes = fsdp_test::read_file_bytes(file);
-  bytes[100] = static_cast<char>(bytes[100] ^ 0x10);
-  fsdp_test::write_file_bytes(file, bytes);
-  const std::string corrupted = "rank 1: '" + file + "': block 0 (bytes [0, " + std::to_string(bytes.size()) +
-                                ")) does not match its checksum in the manifest (xxh3 " +
-                                ckpt::hex64(ckpt::xxh3(bytes.data(), bytes.size())) + ", expected " +
-                                ckpt::hex64(man.files[1].blocks[0]) + "): the file is corrupted";
+  const std::string corrupted =
+      "rank 1: " + flip_byte(dir / "flipped" + "/shard-00001-of-00002.bin", man.files[1].blocks[0]);
   const std::string torn = "a checkpoint load from '" + dir / "flipped" +
                            "' that failed part way, in place (the parameters and the optimizer's state are torn): " +
                            corrupted;
