@@ -338,21 +338,16 @@ class host_reader {
     if constexpr (host_addressable<B>) {
       return src;
     } else {
-      if (n > held_) {
-        staging_.reset();
-        staging_.reset(new float[static_cast<std::size_t>(n)]);
-        held_ = n;
-      }
-      be_.download(staging_.get(), src, n * std::int64_t{sizeof(float)}, be_.compute_stream());
+      float* staging = staging_.at_least(static_cast<std::uint64_t>(n));
+      be_.download(staging, src, n * std::int64_t{sizeof(float)}, be_.compute_stream());
       be_.synchronize(be_.compute_stream());
-      return staging_.get();
+      return staging;
     }
   }
 
  private:
   B& be_;
-  std::unique_ptr<float[]> staging_;
-  std::int64_t held_ = 0;
+  reused_buffer<float> staging_;
 };
 
 /// Every rank throws `what: <failures>` after rank 0 removed the partial output `partial` (collective): the message

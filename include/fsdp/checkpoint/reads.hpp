@@ -64,28 +64,39 @@ inline void check_block(const std::string& path, std::uint64_t index, std::uint6
                          hex64(want), "): the file is corrupted"));
 }
 
+/// A host buffer reused from call to call, reallocated only to grow (its contents are not kept).
+template <class T>
+class reused_buffer {
+ public:
+  /// At least `n` elements, valid until the next call.
+  T* at_least(std::uint64_t n) {
+    if (n > held_) {
+      buf_.reset();  // the old one goes first: at most one is held
+      buf_.reset(new T[static_cast<std::size_t>(n)]);
+      held_ = n;
+    }
+    return buf_.get();
+  }
+
+ private:
+  std::unique_ptr<T[]> buf_;
+  std::uint64_t held_ = 0;
+};
+
 /// read_ranges' sink for destinations in host memory: a chunk that lies inside one destination is read straight
 /// into it (`direct`); other chunks go through one reused buffer and are copied out.
 class host_sink {
  public:
   static constexpr bool direct = true;
   /// A buffer for the next chunk of `n` bytes (valid until the next call).
-  char* chunk(std::uint64_t n) {
-    if (n > held_) {
-      buf_.reset();
-      buf_.reset(new char[static_cast<std::size_t>(n)]);
-      held_ = n;
-    }
-    return buf_.get();
-  }
+  char* chunk(std::uint64_t n) { return buf_.at_least(n); }
   /// `n` verified bytes for `dest`.
   void deliver(char* dest, const char* src, std::uint64_t n) { std::memcpy(dest, src, static_cast<std::size_t>(n)); }
   /// Every byte of the chunk was delivered.
   void chunk_done() {}
 
  private:
-  std::unique_ptr<char[]> buf_;
-  std::uint64_t held_ = 0;
+  reused_buffer<char> buf_;
 };
 
 /// read_ranges' sink for a Backend's memory that the host cannot address (a checkpoint load in place on
@@ -99,12 +110,7 @@ class upload_sink {
   explicit upload_sink(B& be) : be_(be) {}
   char* chunk(std::uint64_t n) {
     cur_ ^= 1;
-    if (n > held_[cur_]) {
-      buf_[cur_].reset();
-      buf_[cur_].reset(new char[static_cast<std::size_t>(n)]);
-      held_[cur_] = n;
-    }
-    return buf_[cur_].get();
+    return buf_[cur_].at_least(n);
   }
   void deliver(char* dest, const char* src, std::uint64_t n) { pending_.push_back({dest, src, n}); }
   void chunk_done() {
@@ -122,8 +128,7 @@ class upload_sink {
     std::uint64_t bytes;
   };
   B& be_;
-  std::unique_ptr<char[]> buf_[2];
-  std::uint64_t held_[2] = {0, 0};
+  reused_buffer<char> buf_[2];
   int cur_ = 1;
   std::vector<upload> pending_;
 };
