@@ -35,6 +35,7 @@
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/policy_facts.hpp"
 #include "fsdp/schedule/config.hpp"
 #include "fsdp/schedule/pass_cursor.hpp"
 #include "fsdp/sharding/sharding.hpp"
@@ -90,52 +91,71 @@ inline constexpr bool splittable = requires(C& c) {
 };
 }  // namespace detail
 
-/// Every refusal Model<Policy>(comm, spec, wrap, init, opt) would make on a communicator of `world` ranks.
-template <class Policy, WrappingPolicy W>
-implementability can_implement(const ModelSpec& spec, const W& wrap, const model_options& opt, int world,
-                               const implementation_limits& limits = {}) {
-  using strategy = typename Policy::sharding;
-  using communicator = typename Policy::communicator;
-  using backend_type = typename Policy::backend_type;
-  using compute_type = typename Policy::precision::compute_type;
+namespace detail {
+/// What can_implement asks of a policy's types, as values, so that its checks compile once rather than per policy.
+struct policy_shape {
+  policy_facts facts;       ///< over the world (a world of 1 when it is not positive)
+  device_mesh mesh;         ///< the strategy's mesh over the world ({1, 1} when it has problems)
+  problems mesh_problems;   ///< why the strategy's groups do not tile the world
+  bool splittable;          ///< the communicator has split(color, key)
+  bool all_to_all;          ///< the communicator is an AllToAllCollective
+  bool offload_backend;     ///< the backend is an OffloadBackend
+  dtype compute;            ///< the compute dtype
+};
+
+template <class Policy>
+policy_shape shape_of(int world) {
+  policy_shape s{facts_of_policy<Policy>(world > 0 ? world : 1), {}, {},
+                 splittable<typename Policy::communicator>, AllToAllCollective<typename Policy::communicator>,
+                 OffloadBackend<typename Policy::backend_type>, dtype_of_v<typename Policy::precision::compute_type>};
+  s.mesh = mesh_of<typename Policy::sharding>(world, s.mesh_problems);
+  return s;
+}
+
+/// can_implement's checks, given the policy's shape and the wrapping's units (and their problems).
+inline implementability can_implement(const policy_shape& shape, const ModelSpec& spec,
+                                      const std::vector<unit_plan>& plans, const problems& wrapping,
+                                      const model_options& opt, int world, const implementation_limits& limits) {
+  const strategy_facts& sf = shape.facts.strategy;
+  const precision_facts& pf = shape.facts.precision;
+  const std::string_view strategy_name = sf.name;
   implementability out;
   auto refuse = [&](std::string_view part, const problems& p) {
     for (const std::string& s : p.list()) out.refusals.push_back({std::string(part), s});
   };
 
-  problems strat;
-  const device_mesh mesh = mesh_of<strategy>(world, strat);
+  const problems& strat = shape.mesh_problems;
+  const device_mesh mesh = shape.mesh;
   refuse("strategy", strat);
   out.blueprint.mesh = mesh;
-  const strategy_facts sf = facts_of<strategy>(world > 0 ? world : 1);
-  if (strat.empty() && !detail::splittable<communicator> && sf.splits_world())
+  if (strat.empty() && !shape.splittable && sf.splits_world())
     out.refusals.push_back(
-        {"communicator", fsdp::detail::cat("sharding strategy ", strategy::name, " shards over ", mesh.shards, " of ",
+        {"communicator", fsdp::detail::cat("sharding strategy ", strategy_name, " shards over ", mesh.shards, " of ",
                                            world, " ranks and replicates over ", mesh.replicas,
                                            " (hybrid sharding), which needs a communicator with split(color, key) to "
                                            "make the shard and replicate groups; this policy's communicator has none "
                                            "(comm::local on the host, comm::mpi and comm::nccl do)")});
 
-  if (const precision_facts pf = facts_of_precision<typename Policy::precision>(); pf.quantizes_reduction()) {
+  if (pf.quantizes_reduction()) {
     // qgZ: the quantized slices go through all_to_all into shards, and the sum is this rank's shard
     const std::string what = fsdp::detail::cat("the precision reduces gradients quantized to ", name_of(pf.reduce),
                                                " in blocks of ", pf.reduce_block, " (all_to_all, then a sum in fp32)");
-    if (!strategy::shards_params)
+    if (!sf.shards_params)
       out.refusals.push_back({"precision", fsdp::detail::cat(what, ", which reduces into shards; sharding strategy ",
-                                                             strategy::name, " keeps whole replicas: reduce in a "
+                                                             strategy_name, " keeps whole replicas: reduce in a "
                                                              "plain dtype (float or fsdp::bfloat16) or shard")});
     else if (strat.empty() && sf.splits_world())
       out.refusals.push_back(
-          {"precision", fsdp::detail::cat(what, ", within one shard group; sharding strategy ", strategy::name,
+          {"precision", fsdp::detail::cat(what, ", within one shard group; sharding strategy ", strategy_name,
                                           " also all-reduces across ", mesh.replicas, " replicas, which a quantized "
                                           "reduction does not do: reduce in a plain dtype, or shard over the world")});
-    if constexpr (!AllToAllCollective<communicator>)
+    if (!shape.all_to_all)
       out.refusals.push_back({"communicator", fsdp::detail::cat(what, ", and this policy's communicator has no "
                                                                 "all_to_all (fsdp::AllToAllCollective: comm::local, "
                                                                 "comm::mpi and comm::nccl have it)")});
   }
 
-  const dtype compute = dtype_of_v<compute_type>;
+  const dtype compute = shape.compute;
   for (const ParamSpec& p : spec.params())
     if (p.compute_dtype && *p.compute_dtype != compute)
       out.refusals.push_back({"precision", fsdp::detail::cat("parameter '", p.name, "' asks for compute dtype ",
@@ -143,19 +163,15 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
                                                              " but the precision policy computes in ",
                                                              name_of(compute))});
 
-  problems wrapping;
-  const std::vector<unit_plan> plans = make_units(spec, wrap, wrapping);
   refuse("wrapping", wrapping);
   problems layout;
   if (opt.layout.align <= 0) layout.add("layout alignment must be positive, got ", opt.layout.align);
-  if (const int block = facts_of_precision<typename Policy::precision>().reduce_block;
-      block > 0 && block != facts_of_precision<typename Policy::precision>().gather_block && opt.layout.align > 0 &&
-      opt.layout.align % block != 0)
+  if (const int block = pf.reduce_block;
+      block > 0 && block != pf.gather_block && opt.layout.align > 0 && opt.layout.align % block != 0)
     layout.add("the precision reduces gradients in blocks of ", block, " elements with a scale each, and a block must "
                "not cross a shard: shards are multiples of model_options::layout.align, which is ", opt.layout.align,
                "; set it to a multiple of ", block);
-  if (const int block = facts_of_precision<typename Policy::precision>().gather_block;
-      block > 0 && opt.layout.align > 0 && opt.layout.align % block != 0)
+  if (const int block = pf.gather_block; block > 0 && opt.layout.align > 0 && opt.layout.align % block != 0)
     layout.add("the precision gathers in blocks of ", block, " elements with a scale each, and a block must not "
                "cross a shard: shards are multiples of model_options::layout.align, which is ", opt.layout.align,
                "; set it to a multiple of ", block);
@@ -173,13 +189,11 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
   problems options;
   const std::vector<std::size_t> order = sched::pass_cursor::declared_order(units, opt.forward_order, opt.record_order,
                                                                             options);
-  const offload_facts policy_offload = facts_of_offload<typename Policy::offload>();
-  sched::config cfg = sched::build_config(units, sf, facts_of_prefetch<typename Policy::prefetch>(),
-                                          facts_of_precision<typename Policy::precision>(), opt, policy_offload,
-                                          options);
+  const offload_facts policy_offload = shape.facts.offload;
+  sched::config cfg = sched::build_config(units, sf, shape.facts.prefetch, pf, opt, policy_offload, options);
   const exec::reduce_facts division = exec::division_facts(opt.division, world, options);
   refuse("options", options);
-  if constexpr (!OffloadBackend<backend_type>)
+  if (!shape.offload_backend)
     for (std::size_t u = 0; u < units.size(); ++u)
       if (cfg.offload[u].any())
         out.refusals.push_back(
@@ -191,8 +205,7 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
   memory_plan_inputs in;
   in.schedule = cfg;
   in.order = order;
-  in.costs = plan::make_cost_facts(facts_of_precision<typename Policy::precision>(), strategy::shards_params,
-                                   opt.accumulation, policy_offload, division.prescale != 1.0f);
+  in.costs = plan::make_cost_facts(pf, sf.shards_params, opt.accumulation, policy_offload, division.prescale != 1.0f);
   in.optimizer_states = limits.optimizer_states;
   in.norm_rows = limits.norm_rows;
   out.plan = plan_memory(names, out.blueprint.layouts, in);
@@ -210,6 +223,16 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
                                                         " bytes per rank passes the host budget of ",
                                                         limits.host_budget, " bytes")});
   return out;
+}
+}  // namespace detail
+
+/// Every refusal Model<Policy>(comm, spec, wrap, init, opt) would make on a communicator of `world` ranks.
+template <class Policy, WrappingPolicy W>
+implementability can_implement(const ModelSpec& spec, const W& wrap, const model_options& opt, int world,
+                               const implementation_limits& limits = {}) {
+  problems wrapping;
+  const std::vector<unit_plan> plans = make_units(spec, wrap, wrapping);
+  return detail::can_implement(detail::shape_of<Policy>(world), spec, plans, wrapping, opt, world, limits);
 }
 
 /// can_implement on a given mesh: also refused when it is not the strategy's mesh over its world.

@@ -59,65 +59,54 @@
 
 namespace fsdp {
 
-template <class Policy>
-class Model {
+/// The part of every Model<Policy> that depends on the policy's types only through its backend, its communicator
+/// and its compute dtype: the strategy, prefetch, precision and offload reach it as values (policy_facts). Every
+/// Model whose policies share those three types shares this code, so a file with many policies (a trainer that
+/// picks its strategy from a flag) compiles it once per backend, communicator and compute dtype rather than once
+/// per policy. A trainer names Model<Policy>; optimizers (fsdp/optim/) are over the core.
+template <class B, class C, class Compute>
+class model_core {
  public:
-  using policy_type = Policy;
-  using strategy = typename Policy::sharding;
-  using prefetch = typename Policy::prefetch;
-  using precision = typename Policy::precision;
-  using offload_policy = typename Policy::offload;
-  using compute_type = typename precision::compute_type;
-  using communicator = typename Policy::communicator;
-  using backend_type = typename Policy::backend_type;
+  using core_type = model_core;
+  using compute_type = Compute;
+  using communicator = C;
+  using backend_type = B;
   using unit_type = FsdpUnit<backend_type, compute_type>;
   using stream = typename backend_type::stream;
   static_assert(CollectivePolicy<communicator>, "fsdp::Model: the policy's communicator is not a CollectivePolicy");
   static_assert(Backend<backend_type>, "fsdp::Model: the policy's backend does not model fsdp::Backend (backend/concept.hpp)");
 
-  /// Builds this rank's units. Everything that could refuse the model is asked first, before any memory or
-  /// collective (fsdp/can_implement.hpp, whose first refusal is thrown as a usage_error); then the ranks compare
-  /// what they built (fsdp/agree/agree.hpp); then the master shards are materialised from the init rule.
-  template <WrappingPolicy W>
-  Model(communicator& comm, const ModelSpec& spec, const W& wrap, init::rule default_init = init::normal{},
-        model_options opt = {})
-      : Model(comm, spec, std::move(default_init), opt, required(can_implement<Policy>(spec, wrap, opt, comm.size()))) {}
+  model_core(const model_core&) = delete;
+  model_core& operator=(const model_core&) = delete;
 
-  Model(const Model&) = delete;
-  Model& operator=(const Model&) = delete;
-
- private:
-  static model_blueprint required(implementability r) {
-    if (!r) throw usage_error(r.refusals.front().sentence);
-    return std::move(r.blueprint);
-  }
-
-  Model(communicator& comm, const ModelSpec& spec, init::rule default_init, const model_options& opt,
-        model_blueprint bp)
+ protected:
+  /// Builds this rank's units from `bp`, the blueprint of can_implement's checks, which passed.
+  model_core(communicator& comm, const ModelSpec& spec, init::rule default_init, const model_options& opt,
+             const policy_facts& pf, model_blueprint bp)
       : comm_(&comm),
         spec_(spec),
         opt_(opt),
+        facts_(pf),
         mesh_(bp.mesh),
         stamp_(opt_.recorder, comm.rank()),
         units_{std::move(bp.units), std::move(bp.layouts)},
         cursor_(units_.index, opt_.forward_order, opt_.record_order),
         sched_(units_.index, std::move(*bp.schedule)),
         exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
-              plan::make_cost_facts(facts_of_precision<precision>(), strategy::shards_params, opt_.accumulation,
-                                    offload_of(), exec::division_facts(opt_.division, comm.size()).prescale != 1.0f),
+              plan::make_cost_facts(pf.precision, pf.strategy.shards_params, opt_.accumulation, pf.offload,
+                                    exec::division_facts(opt_.division, comm.size()).prescale != 1.0f),
               exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
               opt_.check_collectives, sched_.facts().offload) {
     // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
     agree::require_agreement(comm, backend(),
-                             model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(),
-                                               facts_of<strategy>(comm.size()), facts_of_prefetch<prefetch>(),
-                                               facts_of_precision<precision>(), opt_, offload_of()),
+                             model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(), pf.strategy,
+                                               pf.prefetch, pf.precision, opt_, pf.offload),
                              "the model",
                              "Every rank must construct its Model from the same ModelSpec, wrapping policy, "
                              "fsdp::policy, default init rule and model_options");
     backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
     if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
-    if (facts_of<strategy>(comm.size()).splits_world()) make_groups();
+    if (pf.strategy.splits_world()) make_groups();
     if (auto* rec = opt_.recorder) {
       rec->set_unit_names(units_.index.names());
       const int rank = comm.rank();
@@ -133,8 +122,7 @@ class Model {
   }
 
  public:
-
-  ~Model() {
+  ~model_core() {
     exec_.synchronize_quietly();  // streams may still use unit buffers; errors were reported to whoever waited
     end_unit_range();
     // Timed stream events still pending are recorded now; marks of a stream that never finished cannot be.
@@ -156,6 +144,10 @@ class Model {
   pass_range backward() { return pass_range(this, pass_kind::backward); }
 
   // ---- access ------------------------------------------------------------------------------------------------
+  /// This model as its core: the type whose code every policy with the same backend, communicator and compute
+  /// dtype shares. A trainer that builds models of several policies (chosen at run time: fsdp/select.hpp) writes its
+  /// loop over the core, and so compiles the loop once per compute dtype instead of once per policy.
+  core_type& core() noexcept { return *this; }
   std::size_t size() const noexcept { return units_.index.size(); }
   unit_type& unit(std::size_t i) {
     if (i >= size()) detail::fail_usage("unit index ", i, " is out of range: the model has ", size(), " units");
@@ -183,9 +175,10 @@ class Model {
   /// null unless the world is split.
   communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
   const model_options& options() const noexcept { return opt_; }
-  static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
-  /// The offload policy's parts; unit_offload(u): unit u's (model_options::offload_units may override them).
-  static constexpr offload_facts offload_of() noexcept { return facts_of_offload<offload_policy>(); }
+  /// The policy's choices as values (strategy over this world, prefetch, precision, offload); Model<Policy> also
+  /// has them at compile time (precision_of(), offload_of()).
+  const policy_facts& facts() const noexcept { return facts_; }
+  /// Unit u's offloaded parts (the policy's, unless model_options::offload_units overrides them).
   const offload_facts& unit_offload(std::size_t u) const { return exec_.offload(u); }
   /// Steps begun so far: a forward pass after an optimizer step (or the first one) begins the next.
   std::uint64_t step_count() const noexcept { return sched_.step(); }
@@ -318,8 +311,8 @@ class Model {
 
      private:
       friend class pass_range;
-      iterator(Model* m, std::size_t pos) : m_(m), pos_(pos) {}
-      Model* m_;
+      iterator(model_core* m, std::size_t pos) : m_(m), pos_(pos) {}
+      model_core* m_;
       std::size_t pos_;
     };
 
@@ -366,10 +359,10 @@ class Model {
     }
 
    private:
-    friend class Model;
+    friend class model_core;
     enum class mode : std::uint8_t { unused, iterated, named, finished };
-    pass_range(Model* m, pass_kind k) : m_(m), kind_(k) {}
-    Model* m_;
+    pass_range(model_core* m, pass_kind k) : m_(m), kind_(k) {}
+    model_core* m_;
     pass_kind kind_;
     mode mode_ = mode::unused;
     bool owns_pass_ = false;
@@ -557,6 +550,7 @@ class Model {
   std::unique_ptr<communicator> shard_comm_, replicate_comm_;  // hybrid sharding only; outlive the executor
   ModelSpec spec_;
   model_options opt_;
+  policy_facts facts_;
   device_mesh mesh_;
   trace::stamper<backend_type> stamp_;
   built_units units_;
@@ -565,6 +559,45 @@ class Model {
   exec::unit_executor<backend_type, communicator> exec_;
   std::vector<unit_type> views_;
   std::optional<std::uint64_t> unit_range_;  // the current unit's profiler range, while one is open
+};
+
+/// One rank's model under `Policy` (the header's top says what it is made of). Its code is model_core's, shared by
+/// every policy with the same backend, communicator and compute dtype; what is the policy's own is here: its types
+/// and facts, and the checks of can_implement<Policy>.
+template <class Policy>
+class Model : public model_core<typename Policy::backend_type, typename Policy::communicator,
+                                typename Policy::precision::compute_type> {
+  using base = model_core<typename Policy::backend_type, typename Policy::communicator,
+                          typename Policy::precision::compute_type>;
+
+ public:
+  using policy_type = Policy;
+  using strategy = typename Policy::sharding;
+  using prefetch = typename Policy::prefetch;
+  using precision = typename Policy::precision;
+  using offload_policy = typename Policy::offload;
+  using typename base::communicator;
+
+  /// Builds this rank's units. Everything that could refuse the model is asked first, before any memory or
+  /// collective (fsdp/can_implement.hpp, whose first refusal is thrown as a usage_error); then the ranks compare
+  /// what they built (fsdp/agree/agree.hpp); then the master shards are materialised from the init rule.
+  template <WrappingPolicy W>
+  Model(communicator& comm, const ModelSpec& spec, const W& wrap, init::rule default_init = init::normal{},
+        model_options opt = {})
+      : Model(comm, spec, std::move(default_init), opt, required(can_implement<Policy>(spec, wrap, opt, comm.size()))) {}
+
+  static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
+  /// The offload policy's parts; unit_offload(u): unit u's (model_options::offload_units may override them).
+  static constexpr offload_facts offload_of() noexcept { return facts_of_offload<offload_policy>(); }
+
+ private:
+  static model_blueprint required(implementability r) {
+    if (!r) throw usage_error(r.refusals.front().sentence);
+    return std::move(r.blueprint);
+  }
+  Model(communicator& comm, const ModelSpec& spec, init::rule default_init, const model_options& opt,
+        model_blueprint bp)
+      : base(comm, spec, std::move(default_init), opt, facts_of_policy<Policy>(comm.size()), std::move(bp)) {}
 };
 
 }  // namespace fsdp

@@ -6,6 +6,7 @@
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/local.hpp"
 #include "fsdp/offload/offload.hpp"
+#include "fsdp/policy_facts.hpp"
 #include "fsdp/precision/precision.hpp"
 #include "fsdp/prefetch/prefetch.hpp"
 #include "fsdp/sharding/sharding.hpp"

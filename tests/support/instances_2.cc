@@ -1,4 +1,4 @@
-// Compiles the second pair of tests/support/instances.hpp's common models, once for every test.
+// Compiles the second of tests/support/instances.hpp's common model cores, once for every test.
 #define FSDP_TEST_INSTANTIATING
 #include "tests/support/instances.hpp"
 

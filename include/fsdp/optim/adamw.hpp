@@ -101,7 +101,9 @@ class adamw : public elementwise<ModelT> {
   adamw_options opt_;
 };
 
+/// `adamw opt(model, ...)` is over the model's core (fsdp::model_core): one optimizer type, and its code compiled
+/// once, for every policy with the same backend, communicator and compute dtype.
 template <class ModelT>
-adamw(ModelT&, adamw_options) -> adamw<ModelT>;
+adamw(ModelT&, adamw_options) -> adamw<detail::core_of_t<ModelT>>;
 
 }  // namespace fsdp::optim

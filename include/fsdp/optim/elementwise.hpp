@@ -139,4 +139,8 @@ class elementwise : public detail::shard_optimizer<ModelT> {
   }
 };
 
+/// Over the model's core (fsdp::model_core), as the library's optimizers are.
+template <class ModelT>
+elementwise(ModelT&, std::string, std::vector<std::string>, grad::options = {}) -> elementwise<detail::core_of_t<ModelT>>;
+
 }  // namespace fsdp::optim

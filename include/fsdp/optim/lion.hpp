@@ -93,7 +93,9 @@ class lion : public elementwise<ModelT> {
   lion_options opt_;
 };
 
+/// `lion opt(model, ...)` is over the model's core (fsdp::model_core): one optimizer type, and its code compiled
+/// once, for every policy with the same backend, communicator and compute dtype.
 template <class ModelT>
-lion(ModelT&, lion_options) -> lion<ModelT>;
+lion(ModelT&, lion_options) -> lion<detail::core_of_t<ModelT>>;
 
 }  // namespace fsdp::optim

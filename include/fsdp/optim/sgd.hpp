@@ -98,7 +98,9 @@ class sgd : public elementwise<ModelT> {
   sgd_options opt_;
 };
 
+/// `sgd opt(model, ...)` is over the model's core (fsdp::model_core): one optimizer type, and its code compiled
+/// once, for every policy with the same backend, communicator and compute dtype.
 template <class ModelT>
-sgd(ModelT&, sgd_options) -> sgd<ModelT>;
+sgd(ModelT&, sgd_options) -> sgd<detail::core_of_t<ModelT>>;
 
 }  // namespace fsdp::optim

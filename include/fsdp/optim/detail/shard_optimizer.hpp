@@ -36,6 +36,20 @@
 
 namespace fsdp::optim::detail {
 
+/// The type an optimizer is over: a Model's core (fsdp::model_core, whose code every policy with the same backend,
+/// communicator and compute dtype shares), or the type itself when it has none.
+template <class M>
+struct core_of {
+  using type = M;
+};
+template <class M>
+  requires requires { typename M::core_type; }
+struct core_of<M> {
+  using type = typename M::core_type;
+};
+template <class M>
+using core_of_t = typename core_of<M>::type;
+
 template <class ModelT>
 class shard_optimizer {
  public:

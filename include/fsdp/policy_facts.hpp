@@ -1,0 +1,26 @@
+#pragma once
+// A policy's choices as values (fsdp::policy's strategy, prefetch, precision and offload): what the parts of a
+// Model that do not depend on the policy's types decide from (fsdp::model_core, can_implement's checks).
+#include "fsdp/offload/offload.hpp"
+#include "fsdp/precision/precision.hpp"
+#include "fsdp/prefetch/prefetch.hpp"
+#include "fsdp/sharding/sharding.hpp"
+
+namespace fsdp {
+
+/// A policy's choices as values, over a world of ranks: what the parts of a Model that do not depend on the
+/// policy's types (fsdp::model_core, can_implement's checks) decide from.
+struct policy_facts {
+  strategy_facts strategy;
+  prefetch_facts prefetch;
+  precision_facts precision;
+  offload_facts offload;
+};
+
+template <class Policy>
+constexpr policy_facts facts_of_policy(int world) {
+  return {facts_of<typename Policy::sharding>(world), facts_of_prefetch<typename Policy::prefetch>(),
+          facts_of_precision<typename Policy::precision>(), facts_of_offload<typename Policy::offload>()};
+}
+
+}  // namespace fsdp

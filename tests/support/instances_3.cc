@@ -1,5 +1,0 @@
-// Compiles the third pair of tests/support/instances.hpp's common models, once for every test.
-#define FSDP_TEST_INSTANTIATING
-#include "tests/support/instances.hpp"
-
-FSDP_TEST_INSTANCES_3(FSDP_INSTANTIATE_MODEL);
