@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -125,8 +126,10 @@ namespace detail {
 /// returns is marked so: a collective still waiting for it fails at once, naming it. When a rank's thread
 /// cannot be started (a thread or address-space limit), the ranks already started are aborted and joined, and a
 /// comm_error says which rank and why.
-template <class Make, class F>
-void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make, F&& fn) {
+///
+/// `rank(r)` runs rank r. Not a template over it: the threads' code compiles once, whatever the trainer's function
+/// (a program that runs many policies instantiates run_local once per policy).
+inline void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank) {
   std::mutex mu;
   std::exception_ptr first;
   bool first_is_abort = true;
@@ -136,8 +139,7 @@ void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make
     try {
       threads.emplace_back([&, r] {
         try {
-          auto c = make(r);
-          fn(c);
+          rank(r);
           group->rank_returned(r);  // anything still waiting for this rank fails now, naming it
         } catch (const std::exception& e) {
           const bool aborted_before = group->aborted();
@@ -166,6 +168,14 @@ void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make
   }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+/// Runs fn(make(r)) for every rank r (above).
+template <class Make, class F>
+void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make, F&& fn) {
+  run_ranks(world, group, std::function<void(int)>([&](int r) {
+              auto c = make(r);
+              fn(c);
+            }));
 }
 }  // namespace detail
 
