@@ -35,18 +35,13 @@ int to_int(const char* s, const char* flag) {
   return static_cast<int>(v);
 }
 
-template <class Strategy, class Precision>
-int run(int ranks, mlp::config cfg, const std::string& trace_path) {
-  fsdp::trace::recorder rec;
-  if (!trace_path.empty()) cfg.model.recorder = &rec;
-  using Policy = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
-  std::vector<mlp::result> results(static_cast<std::size_t>(ranks));
+/// The run's first line. Apart from run(), as print_results: these compile once, not once per policy.
+void print_header(int ranks, const mlp::config& cfg, std::string_view strategy, const fsdp::precision_facts& pf,
+                  const fsdp::device_mesh& mesh) {
   std::printf("MLP %d", cfg.dims[0]);
   for (std::size_t i = 1; i < cfg.dims.size(); ++i) std::printf("-%d", cfg.dims[i]);
-  const auto pf = fsdp::facts_of_precision<Precision>();
   const auto& acc = cfg.model.accumulation;
-  const fsdp::device_mesh mesh = fsdp::mesh_of<Strategy>(ranks);
-  std::printf(", %s, %d thread ranks", std::string(Strategy::name).c_str(), ranks);
+  std::printf(", %s, %d thread ranks", std::string(strategy).c_str(), ranks);
   if (mesh.hybrid()) std::printf(" (%d replicas x %d shards)", mesh.replicas, mesh.shards);
   std::printf(", global batch %d, %s, %s compute, %s reduction", cfg.global_batch, cfg.optimizer.c_str(), std::string(fsdp::name_of(pf.compute)).c_str(),
               std::string(fsdp::name_of(pf.reduce)).c_str());
@@ -56,9 +51,11 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
                 acc.keep_gathered ? ", kept gathered" : "");
   if (cfg.grad.max_norm > 0) std::printf(", clipped at %g", cfg.grad.max_norm);
   std::printf("\n");
-  fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& comm) {
-    results[static_cast<std::size_t>(comm.rank())] = mlp::train<Policy>(comm, cfg);
-  });
+}
+
+/// The losses, the memory table and the trace's summary.
+int print_results(const mlp::config& cfg, const std::vector<mlp::result>& results, const fsdp::trace::recorder& rec,
+                  const std::string& trace_path) {
   const auto& r0 = results[0];
   std::printf("trained %d steps in %.3f s: loss %.6f -> %.6f\n", cfg.steps, r0.seconds, r0.losses.front(),
               r0.losses.back());
@@ -82,6 +79,19 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
     std::printf("trace written to %s (open it in https://ui.perfetto.dev)\n", trace_path.c_str());
   }
   return 0;
+}
+
+template <class Strategy, class Precision>
+int run(int ranks, mlp::config cfg, const std::string& trace_path) {
+  fsdp::trace::recorder rec;
+  if (!trace_path.empty()) cfg.model.recorder = &rec;
+  using Policy = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
+  print_header(ranks, cfg, Strategy::name, fsdp::facts_of_precision<Precision>(), fsdp::mesh_of<Strategy>(ranks));
+  std::vector<mlp::result> results(static_cast<std::size_t>(ranks));
+  fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& comm) {
+    results[static_cast<std::size_t>(comm.rank())] = mlp::train<Policy>(comm, cfg);
+  });
+  return print_results(cfg, results, rec, trace_path);
 }
 
 /// A hybrid strategy family whose shard group --shard-group chooses (2 or 4).

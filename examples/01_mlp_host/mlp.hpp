@@ -217,10 +217,11 @@ fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config
   return fsdp::Model<Policy>(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
 }
 
-/// Trains on this rank's slice of every global batch for c.steps steps; all ranks call it together.
-template <class Policy>
-result train(typename Policy::communicator& comm, const config& c) {
-  fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
+/// Trains `model` for c.steps steps (train() below). Written over the model's core (fsdp::model_core, whose code
+/// every policy with the same backend, communicator and compute dtype shares), so that a program of many policies
+/// compiles it once per compute dtype, not once per policy.
+template <class Core>
+result train_model(Core& model, const config& c) {
   auto run = [&](auto& opt) {
     result r;
     const fsdp::memory_plan plan = model.plan_memory(opt);
@@ -241,6 +242,13 @@ result train(typename Policy::communicator& comm, const config& c) {
     return r;
   };
   return with_optimizer(model, c, run);
+}
+
+/// Trains on this rank's slice of every global batch for c.steps steps; all ranks call it together.
+template <class Policy>
+result train(typename Policy::communicator& comm, const config& c) {
+  fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
+  return train_model(model.core(), c);
 }
 
 }  // namespace mlp
