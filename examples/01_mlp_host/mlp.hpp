@@ -217,11 +217,11 @@ fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config
   return fsdp::Model<Policy>(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
 }
 
-/// Trains `model` for c.steps steps (train() below). Written over the model's core (fsdp::model_core, whose code
-/// every policy with the same backend, communicator and compute dtype shares), so that a program of many policies
-/// compiles it once per compute dtype, not once per policy.
-template <class Core>
-result train_model(Core& model, const config& c) {
+/// Trains `model` for c.steps steps (train() below). Written over fsdp::basic_model (what a Model<P> is apart from
+/// its policy's strategy, prefetch and offload), so that a program of many policies compiles it once per compute
+/// dtype, not once per policy.
+template <class B, class C, class T>
+result train_model(fsdp::basic_model<B, C, T>& model, const config& c) {
   auto run = [&](auto& opt) {
     result r;
     const fsdp::memory_plan plan = model.plan_memory(opt);
@@ -248,7 +248,7 @@ result train_model(Core& model, const config& c) {
 template <class Policy>
 result train(typename Policy::communicator& comm, const config& c) {
   fsdp::Model<Policy> model(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
-  return train_model(model.core(), c);
+  return train_model(model, c);
 }
 
 }  // namespace mlp

@@ -59,19 +59,18 @@
 
 namespace fsdp {
 
-/// The part of every Model<Policy> that depends on the policy's types only through its backend, its communicator
-/// and its compute dtype: the strategy, prefetch, precision and offload reach it as values (policy_facts). Every
-/// Model whose policies share those three types shares this code, so a file with many policies (a trainer that
-/// picks its strategy from a flag) compiles it once per backend, communicator and compute dtype rather than once
-/// per policy. A trainer names Model<Policy>; optimizers (fsdp/optim/) are over the core.
-template <class B, class C, class Compute>
+/// The part of every Model<Policy> that depends on the policy's types only through its backend and its
+/// communicator: the strategy, prefetch, precision and offload reach it as values (policy_facts), and the compute
+/// dtype only in the units' typed views (basic_model, below). Every Model whose policies share those two types
+/// shares this code, so a file with many policies (a trainer that picks its strategy and precision from flags)
+/// compiles it once per backend and communicator rather than once per policy. A trainer names Model<Policy>;
+/// optimizers (fsdp/optim/) and fsdp/instances.hpp are over the core.
+template <class B, class C>
 class model_core {
  public:
   using core_type = model_core;
-  using compute_type = Compute;
   using communicator = C;
   using backend_type = B;
-  using unit_type = FsdpUnit<backend_type, compute_type>;
   using stream = typename backend_type::stream;
   static_assert(CollectivePolicy<communicator>, "fsdp::Model: the policy's communicator is not a CollectivePolicy");
   static_assert(Backend<backend_type>, "fsdp::Model: the policy's backend does not model fsdp::Backend (backend/concept.hpp)");
@@ -116,9 +115,9 @@ class model_core {
     reserve_memory(0);
     const bool master_serves = !sched_.facts().gathers;
     for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves);
-    views_.reserve(size());
+    units_view_.reserve(size());
     for (std::size_t u = 0; u < size(); ++u)
-      views_.emplace_back(u, exec_.layout(u), exec_.shard_rank(), sched_, exec_.buffers(u));
+      units_view_.emplace_back(u, exec_.layout(u), exec_.shard_rank(), sched_, exec_.buffers(u));
   }
 
  public:
@@ -134,26 +133,11 @@ class model_core {
     backend().memory().set_listener({});
   }
 
-  // ---- iteration ---------------------------------------------------------------------------------------------
-  class pass_range;
-  /// The forward pass: iterate it (units in the forward order, each gathered while it is current), or enter the
-  /// units by name with enter() and close it with finish().
-  pass_range forward() { return pass_range(this, pass_kind::forward); }
-  /// The backward pass, in reverse forward order: each unit gathered and with a zeroed gradient buffer while it
-  /// is current; a unit's gradient is reduced into its shard (or kept, under no-sync) as the pass moves past it.
-  pass_range backward() { return pass_range(this, pass_kind::backward); }
-
   // ---- access ------------------------------------------------------------------------------------------------
-  /// This model as its core: the type whose code every policy with the same backend, communicator and compute
-  /// dtype shares. A trainer that builds models of several policies (chosen at run time: fsdp/select.hpp) writes its
-  /// loop over the core, and so compiles the loop once per compute dtype instead of once per policy.
-  core_type& core() noexcept { return *this; }
   std::size_t size() const noexcept { return units_.index.size(); }
-  unit_type& unit(std::size_t i) {
-    if (i >= size()) detail::fail_usage("unit index ", i, " is out of range: the model has ", size(), " units");
-    return views_[i];
-  }
-  unit_type& unit(std::string_view name) { return views_[units_.index.at(name)]; }
+  /// Unit i (or `name`) apart from its compute dtype (basic_model's unit() gives the typed view).
+  basic_unit<backend_type>& unit(std::size_t i) { return units_view_[checked_unit(i)]; }
+  basic_unit<backend_type>& unit(std::string_view name) { return units_view_[units_.index.at(name)]; }
   const ModelSpec& spec() const noexcept { return spec_; }
   communicator& comm() noexcept { return *comm_; }
   backend_type& backend() noexcept { return exec_.backend(); }
@@ -294,80 +278,6 @@ class model_core {
     stamp_.flush(backend());
   }
 
-  // ---- the range returned by forward() / backward() ------------------------------------------------------------
-  class pass_range {
-   public:
-    struct sentinel {};
-    class iterator {
-     public:
-      unit_type& operator*() const { return m_->current(); }
-      unit_type* operator->() const { return &**this; }
-      iterator& operator++() {
-        m_->advance(nullptr);
-        ++pos_;
-        return *this;
-      }
-      bool operator==(sentinel) const noexcept { return pos_ >= m_->size(); }
-
-     private:
-      friend class pass_range;
-      iterator(model_core* m, std::size_t pos) : m_(m), pos_(pos) {}
-      model_core* m_;
-      std::size_t pos_;
-    };
-
-    /// Range iteration: the units in the pass order.
-    iterator begin() {
-      if (mode_ != mode::unused) detail::fail_usage("a model.", name_of(kind_), "() range can be iterated once");
-      m_->begin_pass(kind_, nullptr);
-      mode_ = mode::iterated;
-      owns_pass_ = true;  // only a range whose pass began may abandon it
-      return iterator(m_, 0);
-    }
-    sentinel end() const noexcept { return {}; }
-
-    /// Explicit entry: leaves the current unit (if any) and enters `name`, which must be the next unit of the
-    /// pass order (declared, wrapping or recorded); while the order is being recorded, any unit not yet entered.
-    unit_type& enter(std::string_view name) {
-      if (mode_ == mode::iterated)
-        detail::fail_usage("model.", name_of(kind_), "(): enter('", name, "') on a range that is being iterated");
-      if (mode_ == mode::finished) detail::fail_usage("model.", name_of(kind_), "(): enter('", name, "') after finish()");
-      if (mode_ == mode::unused) {
-        m_->begin_pass(kind_, &name);
-        mode_ = mode::named;
-        owns_pass_ = true;
-      } else {
-        m_->advance(&name);
-      }
-      return m_->current();
-    }
-    /// Leaves the last unit and ends the pass; every unit must have been entered.
-    void finish() {
-      if (mode_ != mode::named)
-        detail::fail_usage("model.", name_of(kind_), "(): finish() ends a pass whose units were entered by name");
-      m_->finish_pass();
-      mode_ = mode::finished;
-    }
-
-    pass_range(const pass_range&) = delete;
-    pass_range& operator=(const pass_range&) = delete;
-    ~pass_range() {
-      if (owns_pass_ && m_->cursor_.pass() == kind_) {
-        m_->end_unit_range();
-        m_->cursor_.abandon(mode_ == mode::named);
-      }
-    }
-
-   private:
-    friend class model_core;
-    enum class mode : std::uint8_t { unused, iterated, named, finished };
-    pass_range(model_core* m, pass_kind k) : m_(m), kind_(k) {}
-    model_core* m_;
-    pass_kind kind_;
-    mode mode_ = mode::unused;
-    bool owns_pass_ = false;
-  };
-
  private:
   friend struct model_access;  // the optimizers' and checkpoints' protocol (fsdp/exec/model_access.hpp)
 
@@ -469,8 +379,21 @@ class model_core {
       return std::make_unique<backend_type>(comm.rank());
   }
 
-  // ---- passes ------------------------------------------------------------------------------------------------
-  unit_type& current() { return views_[cursor_.current()]; }
+ protected:
+  // ---- passes (for basic_model's pass ranges) -------------------------------------------------------------------
+  std::size_t checked_unit(std::size_t i) const {
+    if (i >= size()) detail::fail_usage("unit index ", i, " is out of range: the model has ", size(), " units");
+    return i;
+  }
+  /// The unit at the cursor.
+  std::size_t current_unit() const { return cursor_.current(); }
+  /// A range whose pass began is destroyed while its pass is still the cursor's: the pass is abandoned (entered by
+  /// name or iterated).
+  void abandon_pass(pass_kind k, bool named) {
+    if (cursor_.pass() != k) return;
+    end_unit_range();
+    cursor_.abandon(named);
+  }
 
   void begin_pass(pass_kind k, const std::string_view* name) {
     cursor_.require_idle(k == pass_kind::forward ? "model.forward()" : "model.backward()");
@@ -500,6 +423,7 @@ class model_core {
     sched_.end_pass(k);
   }
 
+ private:
   /// Enters the unit at the cursor. A shortage of gather slots, or a failure of the backend or communicator
   /// (an allocation, an aborted collective), abandons the pass with the reason: what was scheduled before cannot be
   /// undone, and every later use of the model says why.
@@ -557,18 +481,126 @@ class model_core {
   sched::pass_cursor cursor_;
   sched::scheduler sched_;
   exec::unit_executor<backend_type, communicator> exec_;
-  std::vector<unit_type> views_;
+  std::vector<basic_unit<backend_type>> units_view_;
   std::optional<std::uint64_t> unit_range_;  // the current unit's profiler range, while one is open
 };
 
+/// A model as its trainer's loop sees it: model_core's work, and the units typed in the compute dtype (FsdpUnit's
+/// param() and grad()) in the passes. Every Model whose policy has this backend, communicator and compute dtype is
+/// one; a loop written over it (template <class B, class C, class T> void run(fsdp::basic_model<B, C, T>& model),
+/// which a Model<P> argument deduces) compiles once per compute dtype in a program of many policies.
+template <class B, class C, class Compute>
+class basic_model : public model_core<B, C> {
+  using core = model_core<B, C>;
+
+ public:
+  using compute_type = Compute;
+  using unit_type = FsdpUnit<B, compute_type>;
+
+  // ---- iteration ---------------------------------------------------------------------------------------------
+  class pass_range;
+  /// The forward pass: iterate it (units in the forward order, each gathered while it is current), or enter the
+  /// units by name with enter() and close it with finish().
+  pass_range forward() { return pass_range(this, pass_kind::forward); }
+  /// The backward pass, in reverse forward order: each unit gathered and with a zeroed gradient buffer while it
+  /// is current; a unit's gradient is reduced into its shard (or kept, under no-sync) as the pass moves past it.
+  pass_range backward() { return pass_range(this, pass_kind::backward); }
+
+  unit_type& unit(std::size_t i) { return views_[this->checked_unit(i)]; }
+  unit_type& unit(std::string_view name) { return views_[core::unit(name).index()]; }
+
+  // ---- the range returned by forward() / backward() ------------------------------------------------------------
+  class pass_range {
+   public:
+    struct sentinel {};
+    class iterator {
+     public:
+      unit_type& operator*() const { return m_->current(); }
+      unit_type* operator->() const { return &**this; }
+      iterator& operator++() {
+        m_->advance(nullptr);
+        ++pos_;
+        return *this;
+      }
+      bool operator==(sentinel) const noexcept { return pos_ >= m_->size(); }
+
+     private:
+      friend class pass_range;
+      iterator(basic_model* m, std::size_t pos) : m_(m), pos_(pos) {}
+      basic_model* m_;
+      std::size_t pos_;
+    };
+
+    /// Range iteration: the units in the pass order.
+    iterator begin() {
+      if (mode_ != mode::unused) detail::fail_usage("a model.", name_of(kind_), "() range can be iterated once");
+      m_->begin_pass(kind_, nullptr);
+      mode_ = mode::iterated;
+      owns_pass_ = true;  // only a range whose pass began may abandon it
+      return iterator(m_, 0);
+    }
+    sentinel end() const noexcept { return {}; }
+
+    /// Explicit entry: leaves the current unit (if any) and enters `name`, which must be the next unit of the
+    /// pass order (declared, wrapping or recorded); while the order is being recorded, any unit not yet entered.
+    unit_type& enter(std::string_view name) {
+      if (mode_ == mode::iterated)
+        detail::fail_usage("model.", name_of(kind_), "(): enter('", name, "') on a range that is being iterated");
+      if (mode_ == mode::finished) detail::fail_usage("model.", name_of(kind_), "(): enter('", name, "') after finish()");
+      if (mode_ == mode::unused) {
+        m_->begin_pass(kind_, &name);
+        mode_ = mode::named;
+        owns_pass_ = true;
+      } else {
+        m_->advance(&name);
+      }
+      return m_->current();
+    }
+    /// Leaves the last unit and ends the pass; every unit must have been entered.
+    void finish() {
+      if (mode_ != mode::named)
+        detail::fail_usage("model.", name_of(kind_), "(): finish() ends a pass whose units were entered by name");
+      m_->finish_pass();
+      mode_ = mode::finished;
+    }
+
+    pass_range(const pass_range&) = delete;
+    pass_range& operator=(const pass_range&) = delete;
+    ~pass_range() {
+      if (owns_pass_) m_->abandon_pass(kind_, mode_ == mode::named);
+    }
+
+   private:
+    friend class basic_model;
+    enum class mode : std::uint8_t { unused, iterated, named, finished };
+    pass_range(basic_model* m, pass_kind k) : m_(m), kind_(k) {}
+    basic_model* m_;
+    pass_kind kind_;
+    mode mode_ = mode::unused;
+    bool owns_pass_ = false;
+  };
+
+ protected:
+  template <class... Args>
+  explicit basic_model(Args&&... args) : core(std::forward<Args>(args)...) {
+    views_.reserve(this->size());
+    for (std::size_t u = 0; u < this->size(); ++u) views_.emplace_back(core::unit(u));
+  }
+
+ private:
+  unit_type& current() { return views_[this->current_unit()]; }
+
+  std::vector<unit_type> views_;
+};
+
 /// One rank's model under `Policy` (the header's top says what it is made of). Its code is model_core's, shared by
-/// every policy with the same backend, communicator and compute dtype; what is the policy's own is here: its types
-/// and facts, and the checks of can_implement<Policy>.
+/// every policy with the same backend and communicator, and basic_model's (the typed units), shared by those with
+/// the same compute dtype too; what is the policy's own is here: its types and facts, and can_implement<Policy>.
 template <class Policy>
-class Model : public model_core<typename Policy::backend_type, typename Policy::communicator,
-                                typename Policy::precision::compute_type> {
-  using base = model_core<typename Policy::backend_type, typename Policy::communicator,
-                          typename Policy::precision::compute_type>;
+class Model : public basic_model<typename Policy::backend_type, typename Policy::communicator,
+                                 typename Policy::precision::compute_type> {
+  using base = basic_model<typename Policy::backend_type, typename Policy::communicator,
+                           typename Policy::precision::compute_type>;
 
  public:
   using policy_type = Policy;

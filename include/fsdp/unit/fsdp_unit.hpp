@@ -25,15 +25,16 @@
 
 namespace fsdp {
 
-template <class Backend, class Compute = float>
-class FsdpUnit {
+/// What a unit is apart from its compute dtype: its name, state, layout and shards. The optimizers and checkpoints
+/// see units as this (fsdp::model_core); a trainer sees FsdpUnit, which adds the typed views.
+template <class Backend>
+class basic_unit {
  public:
   using backend_type = Backend;
-  using compute_type = Compute;
 
   /// Made by Model, one per unit; `sched` and `bufs` must outlive the view.
-  FsdpUnit(std::size_t index, const FlatLayout& layout, int shard_rank, const sched::scheduler& sched,
-           const unit_buffers<Backend>& bufs)
+  basic_unit(std::size_t index, const FlatLayout& layout, int shard_rank, const sched::scheduler& sched,
+             const unit_buffers<Backend>& bufs)
       : index_(index), layout_(&layout), shard_rank_(shard_rank), sched_(&sched), bufs_(&bufs) {}
 
   const std::string& name() const { return sched_->units().name(index_); }
@@ -44,6 +45,41 @@ class FsdpUnit {
   const FlatLayout& layout() const noexcept { return *layout_; }
   /// This rank's parts of the unit's parameters (global shapes, local ranges).
   std::vector<ShardedTensor> shard_views() const { return layout_->shard_views(shard_rank_); }
+
+  /// This rank's fp32 master shard and gradient shard (shard_numel elements each).
+  float* master_shard() const noexcept { return bufs_->master.template as<float>(); }
+  float* grad_shard() const noexcept { return bufs_->grad_shard.template as<float>(); }
+
+ protected:
+  /// A view's check under model_options::check_views (none otherwise): stale once the streams pass a hand-over
+  /// issued after now.
+  view_check checked(const handover_count* h, const flat_entry& e, bool grad) const {
+    if (!h) return {};
+    return {&h->passed, h->issued, &name(), &e.name, grad};
+  }
+  std::size_t index_;
+  const FlatLayout* layout_;
+  int shard_rank_;
+  const sched::scheduler* sched_;
+  const unit_buffers<Backend>* bufs_;
+};
+
+template <class Backend, class Compute = float>
+class FsdpUnit : public basic_unit<Backend> {
+  using base = basic_unit<Backend>;
+  using base::bufs_;
+  using base::checked;
+  using base::index_;
+  using base::layout_;
+
+ public:
+  using compute_type = Compute;
+  using base::active;
+  using base::name;
+  using base::state;
+
+  /// The typed view of a unit (fsdp::basic_model makes one per unit).
+  explicit FsdpUnit(const base& b) : base(b) {}
 
   /// The gathered parameter `pname`, in the compute dtype. The unit must be gathered.
   template <class T = Compute>
@@ -73,23 +109,6 @@ class FsdpUnit {
     return tensor_view<T>(static_cast<T*>(bufs_->grad) + e.offset, &e.shape, e.numel,
                           checked(bufs_->grad_handovers, e, true));
   }
-
-  /// This rank's fp32 master shard and gradient shard (shard_numel elements each).
-  float* master_shard() const noexcept { return bufs_->master.template as<float>(); }
-  float* grad_shard() const noexcept { return bufs_->grad_shard.template as<float>(); }
-
- private:
-  /// A view's check under model_options::check_views (none otherwise): stale once the streams pass a hand-over
-  /// issued after now.
-  view_check checked(const handover_count* h, const flat_entry& e, bool grad) const {
-    if (!h) return {};
-    return {&h->passed, h->issued, &name(), &e.name, grad};
-  }
-  std::size_t index_;
-  const FlatLayout* layout_;
-  int shard_rank_;
-  const sched::scheduler* sched_;
-  const unit_buffers<Backend>* bufs_;
 };
 
 }  // namespace fsdp
