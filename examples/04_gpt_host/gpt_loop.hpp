@@ -189,13 +189,13 @@ fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config
 /// AdamW as GPT-2 trains: decay on the blocks' matrices only (the spec's no_decay flags: biases, norms and both
 /// embeddings are not decayed), betas (0.9, 0.95), clipping.
 template <class ModelT>
-fsdp::optim::adamw<ModelT> make_optimizer(ModelT& model, const config& c) {
-  return fsdp::optim::adamw<ModelT>(model, {.lr = lr_at(c.opt, 0),
-                                            .beta1 = c.opt.beta1,
-                                            .beta2 = c.opt.beta2,
-                                            .eps = c.opt.eps,
-                                            .weight_decay = c.opt.weight_decay,
-                                            .grad = {.max_norm = c.opt.max_norm}});
+auto make_optimizer(ModelT& model, const config& c) {
+  return fsdp::optim::adamw(model, {.lr = lr_at(c.opt, 0),
+                                    .beta1 = c.opt.beta1,
+                                    .beta2 = c.opt.beta2,
+                                    .eps = c.opt.eps,
+                                    .weight_decay = c.opt.weight_decay,
+                                    .grad = {.max_norm = c.opt.max_norm}});
 }
 
 /// Runs steps [first, first + count) on `model` with `opt` and the trainer `tr` (made for this rank's batch of
@@ -329,12 +329,22 @@ inline throughput mean_throughput(const config& c, const result& r, int warmup =
 /// Builds the model, its optimizer and (with make_trainer(model, shape, batch per rank)) the trainer, trains
 /// c.steps steps and returns what happened on this rank. `before` sees the model before the first step (to export
 /// the initial weights, for instance).
+template <class B, class C, class T, class MakeTrainer>
+result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrainer& make_trainer);
+
 template <class Policy, class MakeTrainer, class Before>
 result train(typename Policy::communicator& comm, const config& c, MakeTrainer&& make_trainer, Before&& before) {
   auto model = make_model<Policy>(comm, c);
-  auto opt = make_optimizer(model, c);
-  auto tr = make_trainer(model, c.model, batch_per_rank(c, comm.size()));
   before(model);
+  return train_model(model, c, make_trainer);
+}
+
+/// train()'s steps, over fsdp::basic_model (a Model<P> apart from its strategy, prefetch and offload): compiled once
+/// per compute dtype, not once per policy.
+template <class B, class C, class T, class MakeTrainer>
+result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrainer& make_trainer) {
+  auto opt = make_optimizer(model, c);
+  auto tr = make_trainer(model, c.model, batch_per_rank(c, model.comm().size()));
   result r;
   r.planned = model.plan_memory(opt).peak;
   const auto t0 = std::chrono::steady_clock::now();
