@@ -266,10 +266,59 @@ using B = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::p
 static_assert(std::is_same_v<fsdp::Model<B>::unit_type, fsdp::FsdpUnit<fsdp::backend::host, fsdp::bfloat16>>);
 static_assert(fsdp::same_dtype<fsdp::bfloat16, B::precision::compute_type>() && !fsdp::same_dtype<float, fsdp::bfloat16>());
 
+// A Model<P> is its core's code (fsdp/model.hpp): every policy of one backend and communicator has the same
+// model_core, whatever its strategy, prefetch, precision or offload; basic_model adds the compute dtype's views. The
+// optimizers deduce to the core, so their code is shared too (compile time: docs/build.md).
+using host_core = fsdp::model_core<fsdp::backend::host, fsdp::comm::local_communicator>;
+using H = fsdp::policy<fsdp::sharding::hybrid_shard<2>, fsdp::prefetch::none, fsdp::precision::mixed<fsdp::bfloat16>,
+                       fsdp::comm::local<>, fsdp::offload::cpu<fsdp::offload::params>>;
+static_assert(std::is_same_v<fsdp::Model<P>::core_type, host_core> && std::is_same_v<fsdp::Model<B>::core_type, host_core> &&
+              std::is_same_v<fsdp::Model<H>::core_type, host_core>);
+static_assert(std::is_base_of_v<host_core, fsdp::Model<P>> && std::is_base_of_v<host_core, fsdp::Model<H>>);
+static_assert(std::is_base_of_v<fsdp::basic_model<fsdp::backend::host, fsdp::comm::local_communicator, fsdp::bfloat16>,
+                                fsdp::Model<B>>);
+static_assert(std::is_base_of_v<fsdp::basic_model<fsdp::backend::host, fsdp::comm::local_communicator, fsdp::bfloat16>,
+                                fsdp::Model<H>>);
+static_assert(std::is_same_v<decltype(fsdp::optim::adamw(std::declval<fsdp::Model<P>&>(), fsdp::optim::adamw_options{})),
+                             fsdp::optim::adamw<host_core>>);
+static_assert(std::is_same_v<decltype(fsdp::optim::sgd(std::declval<fsdp::Model<H>&>(), fsdp::optim::sgd_options{})),
+                             fsdp::optim::sgd<host_core>>);
+static_assert(std::is_same_v<decltype(fsdp::optim::elementwise(std::declval<fsdp::Model<B>&>(), "rule",
+                                                               std::vector<std::string>{})),
+                             fsdp::optim::elementwise<host_core>>);
+// An optimizer over the policy's own Model type, named so, is still one (and compiles for that policy alone).
+static_assert(std::is_base_of_v<fsdp::optim::elementwise<fsdp::Model<P>>, fsdp::optim::adamw<fsdp::Model<P>>>);
+
 // Host buffers and events are move-only / shared handles as the scheduler expects.
 static_assert(std::is_nothrow_move_constructible_v<fsdp::backend::host::buffer>);
 static_assert(!std::is_copy_constructible_v<fsdp::backend::host::buffer>);
 static_assert(!std::is_copy_constructible_v<fsdp::Model<P>>);
+
+/// A trainer's loop over basic_model, as a program of many policies writes it (examples/01_mlp_host): a Model<P>
+/// argument deduces it, and its units are typed in the compute dtype.
+template <class Backend, class C, class T>
+std::vector<std::string> pass_order(fsdp::basic_model<Backend, C, T>& model) {
+  std::vector<std::string> seen;
+  for (auto& u : model.forward()) {
+    static_assert(std::is_same_v<decltype(u.param("")), fsdp::tensor_view<T>>);
+    seen.push_back("forward " + u.name() + " " + std::to_string(u.param(u.name() + ".w").numel()));
+  }
+  for (auto& u : model.backward()) seen.push_back("backward " + u.name() + " " + std::to_string(u.grad(u.name() + ".w").numel()));
+  return seen;
+}
+
+TEST_CASE("a loop over basic_model runs the passes of models of different policies") {
+  fsdp::ModelSpec spec;
+  spec.add("a.w", {5, 3}).add("b.w", {7});
+  const fsdp::wrap::by_function by_letter{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }};
+  const std::vector<std::string> expected{"forward a 15", "forward b 7", "backward b 7", "backward a 15"};
+  fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& c) {
+    fsdp::Model<P> fp32(c, spec, by_letter);
+    fsdp::Model<B> bf16(c, spec, by_letter);
+    CHECK(pass_order(fp32) == expected);
+    CHECK(pass_order(bf16) == expected);
+  });
+}
 
 TEST_CASE("a user-defined strategy plugs into the scheduler through its facts alone") {
   fsdp::ModelSpec spec;
