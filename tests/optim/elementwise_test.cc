@@ -43,7 +43,8 @@ amsgrad_rule rule_at(long t) { return {1e-2f / float(t), 0.9f, 0.99f, 1e-8f, 0.1
 
 template <class M>
 auto make_amsgrad(M& m) {
-  return std::make_unique<fsdp::optim::elementwise<M>>(m, "amsgrad", std::vector<std::string>{"m", "v", "v_max"});
+  return std::make_unique<fsdp::optim::elementwise<typename M::core_type>>(m, "amsgrad",
+                                                                           std::vector<std::string>{"m", "v", "v_max"});
 }
 
 /// The rule applied to whole arrays, element by element, from the model's initial values (a rank-1 run's record).
@@ -70,7 +71,7 @@ trajectory reference(const trajectory& from) {
 /// An optimizer pointer whose step() runs the rule (the trajectory helper calls step() and zero_grad()).
 template <class M>
 struct stepping {
-  std::unique_ptr<fsdp::optim::elementwise<M>> opt;
+  std::unique_ptr<fsdp::optim::elementwise<typename M::core_type>> opt;
   void step() { opt->step(rule_at); }
   void zero_grad() { opt->zero_grad(); }
   stepping* operator->() { return this; }
@@ -90,11 +91,13 @@ TEST_CASE("a user's three-state rule trains as the same rule over whole arrays, 
 
 TEST_CASE("the library's AdamW written as a rule from outside is optim::adamw, bit for bit") {
   const fsdp::optim::adamw_options o{.lr = 3e-3f, .beta1 = 0.8f, .beta2 = 0.95f, .eps = 1e-6f, .weight_decay = 0.2f};
-  auto library = [&](auto& m) { return std::make_unique<fsdp::optim::adamw<std::remove_reference_t<decltype(m)>>>(m, o); };
+  auto library = [&](auto& m) {
+    return std::make_unique<fsdp::optim::adamw<typename std::remove_reference_t<decltype(m)>::core_type>>(m, o);
+  };
   auto mine = [&](auto& m) {
     using M = std::remove_reference_t<decltype(m)>;
     struct opt_t {
-      std::unique_ptr<fsdp::optim::elementwise<M>> e;
+      std::unique_ptr<fsdp::optim::elementwise<typename M::core_type>> e;
       fsdp::optim::adamw_options o;
       void step() {
         e->step([&](long t) {
@@ -105,7 +108,9 @@ TEST_CASE("the library's AdamW written as a rule from outside is optim::adamw, b
       void zero_grad() { e->zero_grad(); }
       opt_t* operator->() { return this; }
     };
-    return opt_t{std::make_unique<fsdp::optim::elementwise<M>>(m, "adamw", std::vector<std::string>{"exp_avg", "exp_avg_sq"}), o};
+    return opt_t{std::make_unique<fsdp::optim::elementwise<typename M::core_type>>(
+                     m, "adamw", std::vector<std::string>{"exp_avg", "exp_avg_sq"}),
+                 o};
   };
   CHECK(same_bits(run(2, mine), run(2, library)));
 }

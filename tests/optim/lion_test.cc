@@ -24,7 +24,7 @@ struct lion_hp {
 
 template <class M>
 auto make_lion(M& m, const lion_hp& h) {
-  return std::make_unique<fsdp::optim::lion<M>>(
+  return std::make_unique<fsdp::optim::lion<typename M::core_type>>(
       m, fsdp::optim::lion_options{.lr = h.lr, .beta1 = h.beta1, .beta2 = h.beta2, .weight_decay = h.wd});
 }
 

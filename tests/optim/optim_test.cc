@@ -83,7 +83,7 @@ TEST_CASE("AdamW follows PyTorch's documented algorithm within 1e-6 of each elem
     CAPTURE(beta2);
     const adamw_hp h{1e-2f, 0.9f, beta2, 1e-8f, 0.1f};
     auto make = [&](auto& m) {
-      return std::make_unique<fsdp::optim::adamw<std::remove_reference_t<decltype(m)>>>(
+      return std::make_unique<fsdp::optim::adamw<typename std::remove_reference_t<decltype(m)>::core_type>>(
           m, fsdp::optim::adamw_options{.lr = h.lr, .beta1 = h.beta1, .beta2 = h.beta2, .eps = h.eps, .weight_decay = h.wd});
     };
     const trajectory one = run(1, make);
@@ -111,7 +111,7 @@ TEST_CASE("SGD with momentum follows PyTorch's documented algorithm within 1e-6 
   for (float mu : {0.0f, 0.9f, 0.99f}) {
     CAPTURE(mu);
     auto make = [&](auto& m) {
-      return std::make_unique<fsdp::optim::sgd<std::remove_reference_t<decltype(m)>>>(
+      return std::make_unique<fsdp::optim::sgd<typename std::remove_reference_t<decltype(m)>::core_type>>(
           m, fsdp::optim::sgd_options{.lr = 0.05f, .momentum = mu, .weight_decay = 0.01f});
     };
     const trajectory one = run(1, make);

@@ -272,14 +272,16 @@ static_assert(fsdp::same_dtype<fsdp::bfloat16, B::precision::compute_type>() && 
 using host_core = fsdp::model_core<fsdp::backend::host, fsdp::comm::local_communicator>;
 using H = fsdp::policy<fsdp::sharding::hybrid_shard<2>, fsdp::prefetch::none, fsdp::precision::mixed<fsdp::bfloat16>,
                        fsdp::comm::local<>, fsdp::offload::cpu<fsdp::offload::params>>;
-static_assert(std::is_same_v<fsdp::Model<P>::core_type, host_core> && std::is_same_v<fsdp::Model<B>::core_type, host_core> &&
-              std::is_same_v<fsdp::Model<H>::core_type, host_core>);
+static_assert(std::is_same_v<fsdp::Model<P>::core_type, host_core>);
+static_assert(std::is_same_v<fsdp::Model<B>::core_type, host_core>);
+static_assert(std::is_same_v<fsdp::Model<H>::core_type, host_core>);
 static_assert(std::is_base_of_v<host_core, fsdp::Model<P>> && std::is_base_of_v<host_core, fsdp::Model<H>>);
 static_assert(std::is_base_of_v<fsdp::basic_model<fsdp::backend::host, fsdp::comm::local_communicator, fsdp::bfloat16>,
                                 fsdp::Model<B>>);
 static_assert(std::is_base_of_v<fsdp::basic_model<fsdp::backend::host, fsdp::comm::local_communicator, fsdp::bfloat16>,
                                 fsdp::Model<H>>);
-static_assert(std::is_same_v<decltype(fsdp::optim::adamw(std::declval<fsdp::Model<P>&>(), fsdp::optim::adamw_options{})),
+static_assert(std::is_same_v<decltype(fsdp::optim::adamw(std::declval<fsdp::Model<P>&>(),
+                                                         fsdp::optim::adamw_options{})),
                              fsdp::optim::adamw<host_core>>);
 static_assert(std::is_same_v<decltype(fsdp::optim::sgd(std::declval<fsdp::Model<H>&>(), fsdp::optim::sgd_options{})),
                              fsdp::optim::sgd<host_core>>);
@@ -303,7 +305,8 @@ std::vector<std::string> pass_order(fsdp::basic_model<Backend, C, T>& model) {
     static_assert(std::is_same_v<decltype(u.param("")), fsdp::tensor_view<T>>);
     seen.push_back("forward " + u.name() + " " + std::to_string(u.param(u.name() + ".w").numel()));
   }
-  for (auto& u : model.backward()) seen.push_back("backward " + u.name() + " " + std::to_string(u.grad(u.name() + ".w").numel()));
+  for (auto& u : model.backward())
+    seen.push_back("backward " + u.name() + " " + std::to_string(u.grad(u.name() + ".w").numel()));
   return seen;
 }
 
