@@ -217,9 +217,9 @@ fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config
   return fsdp::Model<Policy>(comm, make_spec(c), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{}, c.model);
 }
 
-/// Trains `model` for c.steps steps (train() below). Written over fsdp::basic_model (what a Model<P> is apart from
-/// its policy's strategy, prefetch and offload), so that a program of many policies compiles it once per compute
-/// dtype, not once per policy.
+/// Trains `model` for c.steps steps (train() below). Written over fsdp::basic_model (what a Model<P> is to its
+/// trainer's loop: its backend, communicator and compute dtype, without the rest of its policy), so that a program
+/// of many policies compiles it once per compute dtype, not once per policy.
 template <class B, class C, class T>
 result train_model(fsdp::basic_model<B, C, T>& model, const config& c) {
   auto run = [&](auto& opt) {

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -330,21 +331,24 @@ inline throughput mean_throughput(const config& c, const result& r, int warmup =
 /// c.steps steps and returns what happened on this rank. `before` sees the model before the first step (to export
 /// the initial weights, for instance).
 template <class B, class C, class T, class MakeTrainer>
-result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrainer& make_trainer);
+result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrainer& make_trainer,
+                   const std::function<void()>& before);
 
 template <class Policy, class MakeTrainer, class Before>
 result train(typename Policy::communicator& comm, const config& c, MakeTrainer&& make_trainer, Before&& before) {
   auto model = make_model<Policy>(comm, c);
-  before(model);
-  return train_model(model, c, make_trainer);
+  return train_model(model, c, make_trainer, [&] { before(model); });
 }
 
-/// train()'s steps, over fsdp::basic_model (a Model<P> apart from its strategy, prefetch and offload): compiled once
-/// per compute dtype, not once per policy.
+/// train()'s work once the model is built, over fsdp::basic_model (what a Model<P> is to its trainer's loop: its
+/// backend, communicator and compute dtype, without the rest of its policy), so that it compiles once per compute
+/// dtype, not once per policy. `before` runs once the optimizer and the trainer are made.
 template <class B, class C, class T, class MakeTrainer>
-result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrainer& make_trainer) {
+result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrainer& make_trainer,
+                   const std::function<void()>& before) {
   auto opt = make_optimizer(model, c);
   auto tr = make_trainer(model, c.model, batch_per_rank(c, model.comm().size()));
+  before();
   result r;
   r.planned = model.plan_memory(opt).peak;
   const auto t0 = std::chrono::steady_clock::now();

@@ -133,7 +133,10 @@ TEST_CASE("a resume equals training without a stop, bit for bit: parameters, opt
         mlp::with_optimizer(m, cfg, [&](auto& opt) {
           mlp::result res;
           mlp::run_steps(m, opt, cfg, 0, first, res);
-          ckpt::save(m, opt, path, {.metadata = {{"data.next_step", std::to_string(first)}}});
+          // saved through the model's core, as a loop written over it would (fsdp/model.hpp): the manifest records
+          // the policy's strategy and compute dtype all the same
+          auto& core = static_cast<typename decltype(m)::core_type&>(m);
+          ckpt::save(core, opt, path, {.metadata = {{"data.next_step", std::to_string(first)}}});
           return res;
         });
       }
@@ -141,6 +144,8 @@ TEST_CASE("a resume equals training without a stop, bit for bit: parameters, opt
       mlp::with_optimizer(m, cfg, [&](auto& opt) {
         const ckpt::manifest man = ckpt::load(m, opt, path);
         CHECK(man.metadata.at("data.next_step") == "3");
+        CHECK(man.strategy == std::string(full_shard::sharding::name));
+        CHECK(man.compute_dtype == std::string(fsdp::name_of(fsdp::dtype::f32)));
         CHECK(m.step_count() == std::uint64_t{first});
         CHECK(opt.steps() == first);
         mlp::result res = {};

@@ -1,8 +1,9 @@
 #pragma once
 // The model core the host tests use, compiled once (tests/support/instances.cc) instead of in each test file
 // (fsdp/instances.hpp). A test includes this first, before anything else uses a Model. A core (fsdp::model_core,
-// with its executor and optimizers) serves every policy with its backend and communicator: this one, the host
-// backend on comm::local, serves every host test policy, whatever its strategy, prefetch, precision or offload.
+// with its executor and optimizers) serves every policy with its backend and communicator: this one serves every
+// test policy of the host backend on comm::local, whatever its strategy, prefetch, precision or offload (a test
+// with a backend or communicator of its own, such as trace_test's timed backend, compiles its core itself).
 #include <fsdp/instances.hpp>
 
 /// X(a policy of the common core); instances.cc instantiates it.

@@ -421,11 +421,6 @@ std::vector<tensor_record> tensors_of(const M& m, std::map<std::string, std::str
   return out;
 }
 
-template <class M>
-std::string strategy_name() {
-  return std::string(M::strategy::name);
-}
-
 /// Throws checkpoint_error on every rank when any rank failed (collective).
 template <class M>
 void require_success(M& m, const std::optional<std::string>& mine, std::string_view what) {
@@ -523,8 +518,8 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
       man.world = comm.size();
       man.replicas = mesh.replicas;
       man.shards = mesh.shards;
-      man.strategy = strategy_name<M>();
-      man.compute_dtype = std::string(name_of(M::precision_of().compute));
+      man.strategy = std::string(m.facts().strategy.name);  // any layer of a model: Model<P>, basic_model, model_core
+      man.compute_dtype = std::string(name_of(m.facts().precision.compute));
       man.tensors = tensors_of(m, man.ties);
       for (const std::string& r : records)
         if (!r.empty()) man.files.push_back(decode(r));

@@ -102,7 +102,7 @@ class adamw : public elementwise<ModelT> {
 };
 
 /// `adamw opt(model, ...)` is over the model's core (fsdp::model_core): one optimizer type, and its code compiled
-/// once, for every policy with the same backend, communicator and compute dtype.
+/// once, for every policy with the same backend and communicator.
 template <class ModelT>
 adamw(ModelT&, adamw_options) -> adamw<detail::core_of_t<ModelT>>;
 

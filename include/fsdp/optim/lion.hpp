@@ -94,7 +94,7 @@ class lion : public elementwise<ModelT> {
 };
 
 /// `lion opt(model, ...)` is over the model's core (fsdp::model_core): one optimizer type, and its code compiled
-/// once, for every policy with the same backend, communicator and compute dtype.
+/// once, for every policy with the same backend and communicator.
 template <class ModelT>
 lion(ModelT&, lion_options) -> lion<detail::core_of_t<ModelT>>;
 

@@ -99,7 +99,7 @@ class sgd : public elementwise<ModelT> {
 };
 
 /// `sgd opt(model, ...)` is over the model's core (fsdp::model_core): one optimizer type, and its code compiled
-/// once, for every policy with the same backend, communicator and compute dtype.
+/// once, for every policy with the same backend and communicator.
 template <class ModelT>
 sgd(ModelT&, sgd_options) -> sgd<detail::core_of_t<ModelT>>;
 

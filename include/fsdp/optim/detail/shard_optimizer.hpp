@@ -36,8 +36,8 @@
 
 namespace fsdp::optim::detail {
 
-/// The type an optimizer is over: a Model's core (fsdp::model_core, whose code every policy with the same backend,
-/// communicator and compute dtype shares), or the type itself when it has none.
+/// The type an optimizer is over: a Model's core (fsdp::model_core, whose code every policy with the same backend
+/// and communicator shares), or the type itself when it has none.
 template <class M>
 struct core_of {
   using type = M;
