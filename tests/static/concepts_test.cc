@@ -295,6 +295,8 @@ static_assert(std::is_base_of_v<fsdp::optim::elementwise<fsdp::Model<P>>, fsdp::
 static_assert(std::is_nothrow_move_constructible_v<fsdp::backend::host::buffer>);
 static_assert(!std::is_copy_constructible_v<fsdp::backend::host::buffer>);
 static_assert(!std::is_copy_constructible_v<fsdp::Model<P>>);
+// Nor movable: units, views and the streams' callbacks hold its address.
+static_assert(!std::is_move_constructible_v<fsdp::Model<P>> && !std::is_move_constructible_v<fsdp::Model<H>>);
 
 /// A trainer's loop over basic_model, as a program of many policies writes it (examples/01_mlp_host): a Model<P>
 /// argument deduces it, and its units are typed in the compute dtype.
