@@ -37,6 +37,8 @@ extern "C" int (*InitializeInjectionNvtx2_fnptr)(const void* (*get_export_table)
 #include <nvtx3/nvToolsExt.h>
 
 #include <fsdp/fsdp.cuh>
+// Its model cores are compiled once, in model_instances.cu (declared extern here, before any use).
+#include "model_instances.hpp"
 #if __has_include(<nlohmann/json.hpp>) && __has_include(<xxhash.h>)  // the GPU machine has no nlohmann-json
 #define FSDP_TEST_CHECKPOINTS 1
 #include <fsdp/checkpoint/checkpoint.hpp>
