@@ -22,10 +22,10 @@
 // with its own rule, a wrapping policy's constructor, checkpoint::save/load, the trainer's code. FSDP_EXTERN_MODEL
 // may be repeated, and must come before the first use of the model in a file. FSDP_INSTANTIATE_MODEL instantiates
 // a core once in a program: every policy with the same backend and communicator shares one (all the host policies
-// on comm::local, whatever their strategy, precision or offload), so instantiate one of them. The policy may be a type alias or the type itself (commas in it are
-// fine). With the CUDA backend, instantiate in a .cu file compiled by nvcc, as the model's other users are
-// (tests/cuda/model_instances.cu does, for comm::local and comm::nccl). Nothing
-// changes in what the code does: the instance is the same code, compiled elsewhere.
+// on comm::local, whatever their strategy, precision or offload), so instantiate one of them. The policy may be a
+// type alias or the type itself (commas in it are fine). With the CUDA backend, instantiate in a .cu file compiled
+// by nvcc, as the model's other users are (tests/cuda/model_instances.cu does, for comm::local and comm::nccl).
+// Nothing changes in what the code does: the instance is the same code, compiled elsewhere.
 #include "fsdp/model.hpp"
 #include "fsdp/optim/adamw.hpp"
 #include "fsdp/optim/elementwise.hpp"
