@@ -437,30 +437,28 @@ TEST_CASE(
     CHECK(ckpt::verify(ck) == std::vector<std::string>{corrupted});
   }
   // A load in place asks these before its first write: it refuses them alike, with the model untouched.
+  auto refused_staged_and_in_place = [&](const std::string& ck, const std::string& expected) {
+    for (const bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      const failed_load f = load_expecting_failure(ck, {.in_place = in_place});
+      CHECK(f.messages == std::vector<std::string>{expected, expected});
+      CHECK(f.untouched);
+    }
+  };
   SUBCASE("a truncated file, staged and in place") {
     const std::string ck = copy("truncated"), file = ck + "/shard-00000-of-00002.bin";
     std::filesystem::resize_file(file, 1000);
     const std::string expected = failed + ck + "' failed (no parameter was modified): rank 0: '" + file +
                                  "' has 1000 bytes; the manifest says " + std::to_string(man.files[0].bytes) +
                                  ": the file is truncated";
-    for (const bool in_place : {false, true}) {
-      CAPTURE(in_place);
-      const failed_load f = load_expecting_failure(ck, {.in_place = in_place});
-      CHECK(f.messages == std::vector<std::string>{expected, expected});
-      CHECK(f.untouched);
-    }
+    refused_staged_and_in_place(ck, expected);
   }
   SUBCASE("a deleted file, staged and in place") {
     const std::string ck = copy("deleted"), file = ck + "/shard-00001-of-00002.bin";
     std::filesystem::remove(file);
     const std::string expected = failed + ck + "' failed (no parameter was modified): rank 1: could not open '" + file +
                                  "': No such file or directory";
-    for (const bool in_place : {false, true}) {
-      CAPTURE(in_place);
-      const failed_load f = load_expecting_failure(ck, {.in_place = in_place});
-      CHECK(f.messages == std::vector<std::string>{expected, expected});
-      CHECK(f.untouched);
-    }
+    refused_staged_and_in_place(ck, expected);
   }
   SUBCASE("a manifest cut short, one sealed again over a cut, and a missing one") {
     const std::string ck = copy("garbled");
