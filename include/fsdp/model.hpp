@@ -15,6 +15,10 @@
 // Model wires them: a pass moves the cursor and hands each unit's entry and exit to the scheduler, whose
 // decisions the executor carries out; an optimizer step (Model::step) closes the accumulation window.
 //
+// In three layers, so that the code compiles once per backend and communicator, not once per policy
+// (docs/architecture.md): model_core<B, C> does the work, basic_model<B, C, T> adds the units typed in the compute
+// dtype and the pass ranges, Model<Policy> the policy's types and its constructor.
+//
 // Observability (fsdp/observe/): the trace stamper notes and stamps what happens when a recorder is given, and
 // flushes events timed with the backend's timing marks in synchronize(), before a pass once many are pending, and
 // in the destructor; a backend with profiler ranges (NVTX on backend::cuda) gets a range per unit per pass and one

@@ -8,8 +8,7 @@
 
 namespace fsdp {
 
-/// A policy's choices as values, over a world of ranks: what the parts of a Model that do not depend on the
-/// policy's types (fsdp::model_core, can_implement's checks) decide from.
+/// The facts of a policy over a world of ranks (the strategy's groups depend on it).
 struct policy_facts {
   strategy_facts strategy;
   prefetch_facts prefetch;
