@@ -1,0 +1,343 @@
+#pragma once
+// The timeline planner's definitions (fsdp/plan/timeline.hpp): included by that header, or compiled once by
+// fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
+#include <algorithm>
+#include <array>
+#include <iomanip>
+#include <sstream>
+#include <utility>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/unit_index.hpp"
+#include "fsdp/plan/timeline.hpp"
+#include "fsdp/schedule/scheduler.hpp"
+
+namespace fsdp {
+
+namespace plan_detail {
+/// `ns` as integer nanoseconds; usage_error beyond what an int64 holds (about 292 years), naming `what`.
+FSDP_DECL std::int64_t checked_ns(double ns, const char* what) {
+  if (!(ns < 9.2e18)) detail::fail_usage("timeline plan: ", what, " would take ", ns * 1e-9, " s, more than the planner counts in nanoseconds; check the rates in time_model / flops_model");
+  return static_cast<std::int64_t>(ns);
+}
+}  // namespace plan_detail
+
+FSDP_DECL unit_time flops_model::operator()(const FlatLayout& l) const {
+  if (!(flops_per_second > 0)) detail::fail_usage("flops_model: flops_per_second must be > 0, got ", flops_per_second);
+  if (!(tokens >= 0)) detail::fail_usage("flops_model: tokens must be >= 0, got ", tokens);
+  double params = 0;
+  for (const flat_entry& e : l.entries())
+    if (std::find(lookups.begin(), lookups.end(), e.name) == lookups.end()) params += double(e.numel);
+  auto ns = [&](double per) {
+    return std::chrono::nanoseconds(plan_detail::checked_ns(per * params * tokens / flops_per_second * 1e9, "a unit's compute"));
+  };
+  return {ns(forward_flops), ns(backward_flops)};
+}
+
+FSDP_DECL std::string timeline::critical_path_text() const {
+  std::ostringstream os;
+  for (const path_step& p : critical_path) {
+    std::string what = plan::name_of(p.what);
+    if (!p.unit.empty()) what += " " + p.unit;
+    if (p.pass != pass_kind::none) what += " " + std::string(fsdp::name_of(p.pass));
+    os << "  " << std::left << std::setw(11) << plan::name_of(p.lane) << std::setw(34) << what << std::right
+       << std::fixed << std::setprecision(3) << std::setw(10) << double(p.begin_ns) * 1e-6 << " - " << std::setw(10)
+       << double(p.end_ns) * 1e-6 << " ms\n";
+  }
+  return os.str();
+}
+
+FSDP_DECL std::string timeline::report() const {
+  std::ostringstream os;
+  auto ms = [](std::int64_t ns) { return double(ns) * 1e-6; };
+  os << std::fixed << std::setprecision(3);
+  if (!feasible()) {
+    os << "predicted step: not feasible: " << infeasible << "\n";
+    return os.str();
+  }
+  os << "predicted step " << ms(step_ns) << " ms: compute " << ms(compute_ns) << " ms, communication "
+     << ms(comm_ns) << " ms, exposed " << ms(exposed_ns) << " ms (" << std::setprecision(1)
+     << 100.0 * exposed_fraction() << "% of the step)\n"
+     << std::setprecision(3);
+  os << "  " << std::left << std::setw(16) << "unit" << std::right << std::setw(14) << "all_gather ms"
+     << std::setw(12) << "reduce ms" << std::setw(13) << "exposed ms\n";
+  for (const unit_exposure& u : by_unit)
+    os << "  " << std::left << std::setw(16) << u.unit << std::right << std::setw(14) << ms(u.gather_ns)
+       << std::setw(12) << ms(u.reduce_ns) << std::setw(12) << ms(u.exposed_ns) << "\n";
+  os << "critical path:\n" << critical_path_text();
+  return os.str();
+}
+
+namespace plan_detail {
+
+/// The program's time reading (see the top of the file).
+class time_reading {
+ public:
+  /// A time, and the work that ended there.
+  struct at {
+    std::int64_t t = 0;
+    int node = -1;  ///< -1: none
+  };
+
+  time_reading(const plan::step_program& prog, const time_model& tm, const std::vector<FlatLayout>& layouts,
+               const plan::cost_facts& facts)
+      : prog_(prog), tm_(tm), signal_(prog.size()) {
+    const std::size_t n = prog.size();
+    shard_group_ = n ? layouts[0].world() : 1;
+    shards_ = facts.shards_params;
+    reduction_ = plan::reduction_of(facts);
+    replicas_ = replicas_of(tm.world, layouts, facts);
+    for (std::size_t u = 0; u < n; ++u) {
+      const plan::unit_costs& c = prog.costs(u);
+      durations d;
+      const std::int64_t S = c.shard_numel, P = c.padded_numel;
+      const std::int64_t cs = static_cast<std::int64_t>(size_of(facts.precision.compute));
+      const std::int64_t gs = static_cast<std::int64_t>(size_of(c.gather_type()));
+      const std::int64_t rs = static_cast<std::int64_t>(size_of(facts.precision.reduce));
+      const std::int64_t f = 4;
+      const std::int64_t cast_elems = shards_ ? (c.gather_type() != facts.precision.master ? S : 0) : P;
+      durations coll{};  // the collective part of each job
+      coll[idx(plan::job::gather)] =
+          shards_ ? tm.link.duration(collective::all_gather, c.gather_bytes(), shard_group_).count() : 0;
+      const std::int64_t scales = (c.gather_count() - S) * gs;  // a scaled gather's scale bytes, else 0
+      d[idx(plan::job::gather)] = mem(cast_elems * (f + gs) + scales) + coll[idx(plan::job::gather)];
+      d[idx(plan::job::widen)] = c.wire ? mem(c.wire.bytes() + P * cs) : 0;  // read the wire, write the views
+      d[idx(plan::job::upload_master)] = bytes_over(c.upload.bytes(), tm.pcie_bytes_per_second);
+      d[idx(plan::job::zero_grad)] = mem(c.grad.bytes());
+      d[idx(plan::job::compute)] = 0;  // per pass: below
+      d[idx(plan::job::accumulate)] = mem(P * (2 * f + cs));
+      const std::int64_t src = static_cast<std::int64_t>(size_of(c.accumulator ? c.accumulator.type : c.grad.type));
+      // a quantized reduction writes its slices (values and scales) and reads them back after the all_to_all
+      const bool quantized = c.reduce_block > 0;
+      d[idx(plan::job::cast_reduce_input)] = mem(P * src + (quantized ? c.reduce_input.bytes() : P * rs));
+      d[idx(plan::job::prescale)] = mem(P * 2 * src);
+      d[idx(plan::job::reduce_collective)] =
+          shards_ ? tm.link.duration(reduction_, c.reduce_bytes(), shard_group_).count()
+                  : tm.link.duration(reduction_, c.reduce_bytes(), tm.world).count();
+      d[idx(plan::job::replica_reduce)] = tm.replica_link.duration(collective::all_reduce, S * rs, replicas_).count();
+      coll[idx(plan::job::reduce_collective)] = d[idx(plan::job::reduce_collective)];
+      coll[idx(plan::job::replica_reduce)] = d[idx(plan::job::replica_reduce)];
+      coll_.push_back(coll);
+      const std::int64_t count = shards_ ? S : P;
+      const std::int64_t add_bytes = count * 2 * f + (quantized ? c.reduce_output.bytes() : count * rs);
+      d[idx(plan::job::add_into_shard)] = mem(add_bytes);
+      d[idx(plan::job::download_grad)] = bytes_over(c.download.bytes(), tm.pcie_bytes_per_second);
+      d[idx(plan::job::host_add)] = bytes_over(add_bytes, tm.host_bytes_per_second);
+      const std::int64_t states = prog.optimizer_states();
+      const std::int64_t step_bytes = S * f * (3 + 2 * states);  // read master, grad, states; write master, states
+      d[idx(plan::job::optimizer_device)] = mem(step_bytes);
+      d[idx(plan::job::optimizer_host)] = bytes_over(step_bytes, tm.host_bytes_per_second);
+      d[idx(plan::job::stage_master)] = d[idx(plan::job::unstage_master)] = bytes_over(S * f, tm.pcie_bytes_per_second);
+      d[idx(plan::job::stage_grad)] = bytes_over(S * f, tm.pcie_bytes_per_second);
+      d[idx(plan::job::stage_state)] = d[idx(plan::job::unstage_state)] =
+          bytes_over(S * f * states, tm.pcie_bytes_per_second);
+      d[idx(plan::job::zero_shard)] = mem(S * f);
+      d[idx(plan::job::zero_shard_host)] = bytes_over(S * f, tm.host_bytes_per_second);
+      dur_.push_back(d);
+    }
+  }
+
+  // ---- the interpreter ---------------------------------------------------------------------------------------
+  void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t) {
+    std::vector<at>& given = given_[static_cast<std::size_t>(r)];
+    if (given.size() <= static_cast<std::size_t>(p.slot)) given.resize(static_cast<std::size_t>(p.slot) + 1);
+    if (!p.fresh) advance(lane_of(l), given[static_cast<std::size_t>(p.slot)]);
+  }
+  void give(plan::lane l, plan::ring r, int slot, std::size_t) {
+    std::vector<at>& given = given_[static_cast<std::size_t>(r)];
+    if (given.size() <= static_cast<std::size_t>(slot)) given.resize(static_cast<std::size_t>(slot) + 1);
+    given[static_cast<std::size_t>(slot)] = lane_of(l);
+  }
+  void buffer(plan::lane, const plan::buffer_cost&, bool, std::size_t) {}
+  void views_end(plan::lane, plan::views, std::size_t) {}
+  void wait(plan::lane l, plan::signal s, std::size_t u) { advance(lane_of(l), signal_[u][static_cast<std::size_t>(s)]); }
+  void record(plan::lane l, plan::signal s, std::size_t u) { signal_[u][static_cast<std::size_t>(s)] = lane_of(l); }
+  void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
+    std::int64_t d = dur_[u][idx(j)];
+    if (j == plan::job::compute)
+      d = (pass == pass_kind::forward ? tm_.compute[u].forward : tm_.compute[u].backward).count();
+    if (d <= 0) return;
+    at& a = lane_of(l);
+    std::int64_t begin = a.t;
+    int pred = a.node;
+    const std::int64_t c = coll_[u][idx(j)];
+    at* group = nullptr;  // serial_collectives: the group whose collectives run one at a time
+    if (tm_.serial_collectives && c > 0) group = j == plan::job::replica_reduce ? &replica_link_ : &shard_link_;
+    if (group && group->t - (d - c) > begin) {  // the group's last collective ends first; the cast just before
+      begin = group->t - (d - c);
+      pred = group->node;
+    }
+    nodes_.push_back({l, j, u, pass, begin, begin + d, pred});
+    a = {begin + d, static_cast<int>(nodes_.size()) - 1};
+    if (group) *group = a;
+  }
+  void stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead = false) {
+    if (!keep_) return;
+    trace::event e;
+    e.t_ns = lane_of(l).t - origin_;
+    e.seq = events_.size();
+    e.what = k;
+    e.pass = pass;
+    e.unit = u == plan::step_program::npos ? -1 : static_cast<int>(u);
+    e.step = 1;
+    e.ahead = ahead;
+    if (u != plan::step_program::npos) {
+      const plan::unit_costs& c = prog_.costs(u);
+      const bool reduce = k == trace::kind::reduce_issued || k == trace::kind::reduce_begin || k == trace::kind::reduce_end;
+      const bool gather = k == trace::kind::gather_issued || k == trace::kind::gather_begin || k == trace::kind::gather_end;
+      if (gather) e.bytes = c.gather_bytes();
+      if (reduce) {
+        e.bytes = c.reduce_bytes();
+        e.coll = reduction_;
+      }
+    }
+    events_.push_back(e);
+  }
+
+  // ---- steps -------------------------------------------------------------------------------------------------
+  /// The next step begins where the last one's synchronize ended; `keep`: record its events and critical path.
+  void begin_step(bool keep) {
+    keep_ = keep;
+    origin_ = lane_of(plan::lane::host).t;
+    first_node_ = nodes_.size();
+  }
+  /// The synchronize at the end of a step: every stream and the host meet at the latest.
+  at synchronize() {
+    at last = lane_[0];
+    for (const at& a : lane_)
+      if (a.t > last.t) last = a;
+    for (at& a : lane_) a = last;
+    return last;
+  }
+
+  std::int64_t origin() const noexcept { return origin_; }
+  std::vector<trace::event>& events() noexcept { return events_; }
+
+  /// The chain of work that ended at `last`, first to last, within the kept step.
+  std::vector<path_step> path_to(const at& last, const std::vector<std::string>& names) const {
+    std::vector<path_step> out;
+    for (int i = last.node; i >= 0 && static_cast<std::size_t>(i) >= first_node_; i = nodes_[static_cast<std::size_t>(i)].pred) {
+      const node& n = nodes_[static_cast<std::size_t>(i)];
+      out.push_back({n.lane, n.what, n.unit < names.size() ? names[n.unit] : std::string(), n.pass, n.begin - origin_,
+                     n.end - origin_});
+    }
+    std::reverse(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  using durations = std::array<std::int64_t, plan::jobs>;
+  struct node {
+    plan::lane lane;
+    plan::job what;
+    std::size_t unit;
+    pass_kind pass;
+    std::int64_t begin, end;
+    int pred;  ///< the work whose end this one started after (-1: none)
+  };
+
+  static std::size_t idx(plan::job j) noexcept { return static_cast<std::size_t>(j); }
+  static std::int64_t bytes_over(std::int64_t bytes, double per_second) {
+    if (per_second <= 0 || bytes <= 0) return 0;
+    return plan_detail::checked_ns(double(bytes) / per_second * 1e9, "a copy or memory-bound piece of work");
+  }
+  std::int64_t mem(std::int64_t bytes) const noexcept { return bytes_over(bytes, tm_.memory_bytes_per_second); }
+  at& lane_of(plan::lane l) noexcept { return lane_[static_cast<std::size_t>(l)]; }
+  static void advance(at& a, const at& b) noexcept {
+    if (b.t > a.t) a = b;
+  }
+
+  const plan::step_program& prog_;
+  const time_model& tm_;
+  int shard_group_ = 1, replicas_ = 1;
+  bool shards_ = true;
+  collective reduction_ = collective::reduce_scatter;  // what a reduction issues (plan::reduction_of)
+  std::vector<durations> dur_;
+  std::vector<durations> coll_;  ///< the collective part of each duration
+  at shard_link_{}, replica_link_{};  ///< serial_collectives: where each group's last collective ended
+  std::array<at, plan::lanes> lane_{};
+  std::vector<std::array<at, plan::signals>> signal_;
+  std::array<std::vector<at>, plan::rings> given_{};
+  std::vector<node> nodes_;
+  std::vector<trace::event> events_;
+  bool keep_ = false;
+  std::int64_t origin_ = 0;
+  std::size_t first_node_ = 0;
+};
+
+}  // namespace plan_detail
+
+FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
+                              const memory_plan_inputs& in, const time_model& t) {
+  const std::size_t n = layouts.size();
+  if (t.compute.size() != n)
+    detail::fail_usage("timeline plan: time_model::compute has ", t.compute.size(), " entries for ", n,
+                       " units; give each unit's forward and backward time in unit-index order (or use flops_model)");
+  for (std::size_t u = 0; u < n; ++u)
+    if (t.compute[u].forward.count() < 0 || t.compute[u].backward.count() < 0)
+      detail::fail_usage("timeline plan: unit '", names[u], "' has a negative compute time");
+  const struct {
+    const char* name;
+    double v;
+  } rates[] = {{"link.bytes_per_second", t.link.bytes_per_second},
+               {"replica_link.bytes_per_second", t.replica_link.bytes_per_second},
+               {"memory_bytes_per_second", t.memory_bytes_per_second},
+               {"host_bytes_per_second", t.host_bytes_per_second},
+               {"pcie_bytes_per_second", t.pcie_bytes_per_second}};
+  for (const auto& r : rates)
+    if (!(r.v >= 0)) detail::fail_usage("timeline plan: time_model::", r.name, " must be >= 0 (0: free), got ", r.v);
+  for (const auto& [name, l] : {std::pair<const char*, const comm::link_model*>{"link", &t.link}, {"replica_link", &t.replica_link}})
+    if (l->latency.count() < 0)
+      detail::fail_usage("timeline plan: time_model::", name, ".latency must be >= 0, got ", l->latency.count(), " ns");
+  const int group = n ? layouts[0].world() : 1;
+  if (t.world < 1 || (in.costs.shards_params && t.world % group != 0))
+    detail::fail_usage("timeline plan: time_model::world is ", t.world, ", which the shard group of ", group,
+                       " ranks (the layouts') does not divide; set it to the data-parallel world size");
+
+  timeline out;
+  out.units = names;
+  plan_detail::prepared p = plan_detail::prepare(names, layouts, in, "timeline plan");
+  const std::vector<std::size_t>& order = p.order;
+  const std::vector<plan::unit_costs>& cost = p.cost;
+
+  // comm::link_model::duration converts to integer nanoseconds itself: bound the largest collective first (an
+  // all-reduce's factor is below 2)
+  std::int64_t largest = 0;
+  for (const plan::unit_costs& c : cost) largest = std::max({largest, c.gather_bytes(), c.reduce_bytes()});
+  for (const comm::link_model* l : {&t.link, &t.replica_link})
+    if (l->bytes_per_second > 0) plan_detail::checked_ns(2.0 * double(largest) / l->bytes_per_second * 1e9, "a collective");
+
+  const unit_index units(names);
+  sched::scheduler s(units, in.schedule);
+  plan::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
+  plan_detail::time_reading r(prog, t, layouts, in.costs);
+  plan_detail::time_reading::at end;
+  for (int step = 0; step < 2; ++step) {
+    r.begin_step(step == 1);
+    if (auto short_of = plan::run_step(s, order, prog, r, [] {})) {
+      out.infeasible = short_of->message(units);
+      return out;
+    }
+    end = r.synchronize();
+  }
+  out.events = std::move(r.events());
+  out.step_ns = end.t - r.origin();
+  const trace::step_intervals iv = trace::intervals_of(out.events, 0, 1);
+  out.compute_ns = trace::detail::length(iv.compute);
+  out.comm_ns = trace::detail::length(iv.comm);
+  out.exposed_ns = iv.exposed_ns();
+  out.by_unit.resize(n);
+  for (std::size_t u = 0; u < n; ++u) {
+    out.by_unit[u].unit = names[u];
+    out.by_unit[u].exposed_ns = iv.exposed_ns(static_cast<int>(u));
+  }
+  for (const trace::collective_timing& c : iv.collectives) {
+    if (c.unit < 0) continue;
+    unit_exposure& e = out.by_unit[static_cast<std::size_t>(c.unit)];
+    (c.coll == collective::all_gather ? e.gather_ns : e.reduce_ns) += c.end_ns - c.begin_ns;
+  }
+  out.critical_path = r.path_to(end, names);
+  return out;
+}
+
+}  // namespace fsdp
