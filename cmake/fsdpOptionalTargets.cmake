@@ -2,6 +2,11 @@
 # tree (CMakeLists.txt) and the installed package (fsdpConfig.cmake), so the two cannot drift apart. Needs
 # fsdp::fsdp to exist.
 #
+#   fsdp::separate      fsdp::fsdp in separate-compilation mode (fsdp/core/config.hpp): a static library, compiled
+#                       here with the consumer's compiler, holding the library's non-template definitions
+#                       (fsdp/src.hpp), and FSDP_SEPARATE_COMPILATION for every target that links it. Link it
+#                       instead of fsdp::fsdp, never beside it: code built without the definition must not include
+#                       the headers into the same program. Always made (it needs nothing beyond fsdp::fsdp).
 #   fsdp::chrome_trace  fsdp::fsdp + nlohmann_json::nlohmann_json (fsdp/observe/chrome_trace.hpp)
 #   fsdp::checkpoint    fsdp::fsdp + nlohmann_json::nlohmann_json + xxHash's header (fsdp/checkpoint/: sharded
 #                       checkpoints and safetensors files; xxhash.h is used header-only, nothing is linked)
@@ -22,6 +27,14 @@
 # fsdp_missing_parts: one "target: reason" entry per part not made.
 macro(fsdp_optional_targets)
   set(fsdp_missing_parts "")
+
+  if(NOT TARGET fsdp::separate)
+    file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/fsdp_separate.cc" "#include <fsdp/src.hpp>\n")
+    add_library(fsdp_separate STATIC "${CMAKE_CURRENT_BINARY_DIR}/fsdp_separate.cc")
+    target_compile_definitions(fsdp_separate PUBLIC FSDP_SEPARATE_COMPILATION)
+    target_link_libraries(fsdp_separate PUBLIC fsdp::fsdp)
+    add_library(fsdp::separate ALIAS fsdp_separate)
+  endif()
 
   if(NOT TARGET fsdp::chrome_trace)
     find_package(nlohmann_json 3 CONFIG QUIET)
@@ -101,7 +114,7 @@ macro(fsdp_optional_targets)
     endif()
   endif()
 
-  foreach(_fsdp_part IN ITEMS chrome_trace cuda nccl mpi)
+  foreach(_fsdp_part IN ITEMS separate chrome_trace cuda nccl mpi)
     if(TARGET fsdp::${_fsdp_part})
       set(fsdp_${_fsdp_part}_FOUND TRUE)
     else()

@@ -21,23 +21,20 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
-#include <utility>
 #include <vector>
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
 #include "fsdp/core/problems.hpp"
 #include "fsdp/core/unit_index.hpp"
-#include "fsdp/exec/reduction.hpp"
 #include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/memory/cost.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/policy_facts.hpp"
 #include "fsdp/schedule/config.hpp"
-#include "fsdp/schedule/pass_cursor.hpp"
 #include "fsdp/sharding/sharding.hpp"
 #include "fsdp/spec/model_spec.hpp"
 #include "fsdp/wrap/wrap.hpp"
@@ -77,11 +74,7 @@ struct implementability {
 
   explicit operator bool() const noexcept { return refusals.empty(); }
   /// Every refusal's sentence, one per line.
-  std::string text() const {
-    std::string out;
-    for (const refusal& r : refusals) out += r.sentence + "\n";
-    return out;
-  }
+  std::string text() const;
 };
 
 namespace detail {
@@ -113,117 +106,9 @@ policy_shape shape_of(int world) {
 }
 
 /// can_implement's checks, given the policy's shape and the wrapping's units (and their problems).
-inline implementability can_implement(const policy_shape& shape, const ModelSpec& spec,
-                                      const std::vector<unit_plan>& plans, const problems& wrapping,
-                                      const model_options& opt, int world, const implementation_limits& limits) {
-  const strategy_facts& sf = shape.facts.strategy;
-  const precision_facts& pf = shape.facts.precision;
-  const std::string_view strategy_name = sf.name;
-  implementability out;
-  auto refuse = [&](std::string_view part, const problems& p) {
-    for (const std::string& s : p.list()) out.refusals.push_back({std::string(part), s});
-  };
-
-  const problems& strat = shape.mesh_problems;
-  const device_mesh mesh = shape.mesh;
-  refuse("strategy", strat);
-  out.blueprint.mesh = mesh;
-  if (strat.empty() && !shape.splittable && sf.splits_world())
-    out.refusals.push_back(
-        {"communicator", fsdp::detail::cat("sharding strategy ", strategy_name, " shards over ", mesh.shards, " of ",
-                                           world, " ranks and replicates over ", mesh.replicas,
-                                           " (hybrid sharding), which needs a communicator with split(color, key) to "
-                                           "make the shard and replicate groups; this policy's communicator has none "
-                                           "(comm::local on the host, comm::mpi and comm::nccl do)")});
-
-  if (pf.quantizes_reduction()) {
-    // qgZ: the quantized slices go through all_to_all into shards, and the sum is this rank's shard
-    const std::string what = fsdp::detail::cat("the precision reduces gradients quantized to ", name_of(pf.reduce),
-                                               " in blocks of ", pf.reduce_block, " (all_to_all, then a sum in fp32)");
-    if (!sf.shards_params)
-      out.refusals.push_back({"precision", fsdp::detail::cat(what, ", which reduces into shards; sharding strategy ",
-                                                             strategy_name, " keeps whole replicas: reduce in a "
-                                                             "plain dtype (float or fsdp::bfloat16) or shard")});
-    else if (strat.empty() && sf.splits_world())
-      out.refusals.push_back(
-          {"precision", fsdp::detail::cat(what, ", within one shard group; sharding strategy ", strategy_name,
-                                          " also all-reduces across ", mesh.replicas, " replicas, which a quantized "
-                                          "reduction does not do: reduce in a plain dtype, or shard over the world")});
-    if (!shape.all_to_all)
-      out.refusals.push_back({"communicator", fsdp::detail::cat(what, ", and this policy's communicator has no "
-                                                                "all_to_all (fsdp::AllToAllCollective: comm::local, "
-                                                                "comm::mpi and comm::nccl have it)")});
-  }
-
-  const dtype compute = shape.compute;
-  for (const ParamSpec& p : spec.params())
-    if (p.compute_dtype && *p.compute_dtype != compute)
-      out.refusals.push_back({"precision", fsdp::detail::cat("parameter '", p.name, "' asks for compute dtype ",
-                                                             name_of(*p.compute_dtype),
-                                                             " but the precision policy computes in ",
-                                                             name_of(compute))});
-
-  refuse("wrapping", wrapping);
-  problems layout;
-  if (opt.layout.align <= 0) layout.add("layout alignment must be positive, got ", opt.layout.align);
-  if (const int block = pf.reduce_block;
-      block > 0 && block != pf.gather_block && opt.layout.align > 0 && opt.layout.align % block != 0)
-    layout.add("the precision reduces gradients in blocks of ", block, " elements with a scale each, and a block must "
-               "not cross a shard: shards are multiples of model_options::layout.align, which is ", opt.layout.align,
-               "; set it to a multiple of ", block);
-  if (const int block = pf.gather_block; block > 0 && opt.layout.align > 0 && opt.layout.align % block != 0)
-    layout.add("the precision gathers in blocks of ", block, " elements with a scale each, and a block must not "
-               "cross a shard: shards are multiples of model_options::layout.align, which is ", opt.layout.align,
-               "; set it to a multiple of ", block);
-  refuse("layout", layout);
-  if (!strat.empty() || !wrapping.empty() || !layout.empty()) return out;  // nothing to lay out
-
-  std::vector<std::string> names;
-  for (const unit_plan& p : plans) {
-    names.push_back(p.name);
-    out.blueprint.layouts.push_back(FlatLayout::build(spec, p, mesh.shards, opt.layout));
-  }
-  out.blueprint.units = unit_index(names);
-  const unit_index& units = out.blueprint.units;
-
-  problems options;
-  const std::vector<std::size_t> order = sched::pass_cursor::declared_order(units, opt.forward_order, opt.record_order,
-                                                                            options);
-  const offload_facts policy_offload = shape.facts.offload;
-  sched::config cfg = sched::build_config(units, sf, shape.facts.prefetch, pf, opt, policy_offload, options);
-  const exec::reduce_facts division = exec::division_facts(opt.division, world, options);
-  refuse("options", options);
-  if (!shape.offload_backend)
-    for (std::size_t u = 0; u < units.size(); ++u)
-      if (cfg.offload[u].any())
-        out.refusals.push_back(
-            {"offload", fsdp::detail::cat("model_options::offload_units keeps parts of unit '", units.name(u),
-                                          "' in host memory, but the policy's backend has no host memory domain or "
-                                          "copy streams (it does not model fsdp::OffloadBackend)")});
-  if (!out.refusals.empty()) return out;
-
-  memory_plan_inputs in;
-  in.schedule = cfg;
-  in.order = order;
-  in.costs = plan::make_cost_facts(pf, sf.shards_params, opt.accumulation, policy_offload, division.prescale != 1.0f);
-  in.optimizer_states = limits.optimizer_states;
-  in.norm_rows = limits.norm_rows;
-  out.plan = plan_memory(names, out.blueprint.layouts, in);
-  out.blueprint.schedule = std::move(cfg);
-  const memory_plan& plan = *out.plan;
-  if (opt.gather_slots > 0 && !plan.feasible())
-    out.refusals.push_back({"slots", fsdp::detail::cat("model_options::gather_slots = ", opt.gather_slots,
-                                                       " is too few for this policy: ", plan.infeasible)});
-  if (limits.device_budget > 0 && plan.peak.total > limits.device_budget)
-    out.refusals.push_back({"budget", fsdp::detail::cat("the planned device peak of ", plan.peak.total,
-                                                        " bytes per rank passes the budget of ", limits.device_budget,
-                                                        " bytes")});
-  if (limits.host_budget > 0 && plan.host_peak.total > limits.host_budget)
-    out.refusals.push_back({"budget", fsdp::detail::cat("the planned host peak of ", plan.host_peak.total,
-                                                        " bytes per rank passes the host budget of ",
-                                                        limits.host_budget, " bytes")});
-  return out;
-}
+FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelSpec& spec,
+                                         const std::vector<unit_plan>& plans, const problems& wrapping,
+                                         const model_options& opt, int world, const implementation_limits& limits);
 }  // namespace detail
 
 /// Every refusal Model<Policy>(comm, spec, wrap, init, opt) would make on a communicator of `world` ranks.
@@ -252,3 +137,7 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
 }
 
 }  // namespace fsdp
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/can_implement.ipp"
+#endif

@@ -49,3 +49,10 @@
 #include "fsdp/weights/weights.hpp"
 #include "fsdp/core/unit_index.hpp"
 #include "fsdp/wrap/wrap.hpp"
+
+#if defined(FSDP_SEPARATE_COMPILATION)
+// Separate compilation (fsdp/core/config.hpp): the host backend's model core on comm::local, with its executor and
+// optimizers, is compiled once too, by fsdp/src.hpp. A program in this mode does not instantiate it itself.
+#include "fsdp/instances.hpp"
+FSDP_EXTERN_MODEL(fsdp::policy<fsdp::sharding::full_shard>);
+#endif

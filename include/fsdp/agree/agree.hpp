@@ -23,7 +23,9 @@
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/bytes.hpp"
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/hash.hpp"
 
 namespace fsdp::agree {
 
@@ -90,22 +92,7 @@ std::vector<std::pair<int, std::string>> failures(C& comm, B& be, const std::opt
 
 /// "rank 2: <message>" per failure, ranks with the same message listed together ("ranks 0, 1, 3: <message>"),
 /// in the order of the lowest rank of each message, joined by "; ".
-inline std::string failure_text(const std::vector<std::pair<int, std::string>>& failed) {
-  std::vector<std::pair<std::string, std::vector<int>>> by_message;
-  for (const auto& f : failed) {  // not a structured binding: clang 14 cannot capture one in a lambda
-    auto it = std::find_if(by_message.begin(), by_message.end(), [&](const auto& m) { return m.first == f.second; });
-    if (it == by_message.end()) by_message.push_back({f.second, {f.first}});
-    else it->second.push_back(f.first);
-  }
-  std::string out;
-  for (const auto& [message, ranks] : by_message) {
-    if (!out.empty()) out += "; ";
-    out += ranks.size() == 1 ? "rank " : "ranks ";
-    for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-    out += ": " + message;
-  }
-  return out;
-}
+FSDP_DECL std::string failure_text(const std::vector<std::pair<int, std::string>>& failed);
 
 /// Compares `mine` with every other rank's (collective: every rank of `comm` calls it). Throws usage_error
 /// "ranks disagree on <what>: <first difference>. <fix>" on every rank when they differ.
@@ -144,3 +131,7 @@ void require_agreement(C& comm, B& be, const fingerprint& mine, std::string_view
 }
 
 }  // namespace fsdp::agree
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/agree/agree.ipp"
+#endif

@@ -6,21 +6,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
-#include <new>
-#include <string>
 #include <string_view>
 #include <thread>
-#include <utility>
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/backend/detail/accounted_buffer.hpp"
 #include "fsdp/backend/detail/pinned_blocks.hpp"
 #include "fsdp/backend/detail/pool_model.hpp"
 #include "fsdp/backend/detail/work_queue.hpp"
-#include "fsdp/core/error.hpp"
+#include "fsdp/core/config.hpp"
 #include "fsdp/kernels/elementwise.hpp"
 #include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/memory/memory.hpp"
@@ -96,11 +92,7 @@ class host {
     static constexpr std::size_t alignment = 256;
     host_detail::pool_model* pool = nullptr;           // the pool model it was counted in (device memory), or none
     host_detail::pinned_blocks* pinned = nullptr;      // allocate_host's blocks, where it is one
-    void operator()(void* p, std::int64_t bytes) const noexcept {
-      if (pool) (void)pool->free(host_detail::pool_model::any, bytes);  // destroyed outside stream order
-      if (pinned) pinned->remove(p);
-      if (p) ::operator delete(p, std::align_val_t{alignment});
-    }
+    void operator()(void* p, std::int64_t bytes) const noexcept;
   };
   /// An owning allocation, accounted to one memory category from allocation to release.
   using buffer = buffer_detail::accounted_buffer<buffer_free, host>;
@@ -108,7 +100,7 @@ class host {
   /// A completion marker recorded on a stream.
   class event {
    public:
-    event() : s_(std::make_shared<host_detail::event_state>()) {}
+    event();
 
    private:
     friend class host;
@@ -116,15 +108,7 @@ class host {
     host_detail::pool_model::clock frees_{};  // the pool model's frees ordered before the last record
   };
 
-  explicit host(int rank = 0, host_options opt = {})
-      : opt_(opt),
-        rank_(rank),
-        compute_("rank" + std::to_string(rank) + ".compute", opt.threaded_compute, opt.spin),
-        gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams, opt.spin),
-        reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams, opt.spin),
-        upload_("rank" + std::to_string(rank) + ".upload", opt.threaded_streams, opt.spin),
-        download_("rank" + std::to_string(rank) + ".download", opt.threaded_streams, opt.spin),
-        host_work_("rank" + std::to_string(rank) + ".host_work", opt.threaded_streams, opt.spin) {}
+  explicit host(int rank = 0, host_options opt = {});
   host(const host&) = delete;
   host& operator=(const host&) = delete;
 
@@ -138,106 +122,27 @@ class host {
   /// Offloading's host functions (host gradient additions, the host optimizer), apart from the copies.
   stream& host_work_stream() noexcept { return host_work_; }
 
-  void record(event& e, stream& s) {
-    count(s, &atomic_counts::records);
-    e.frees_ = pool_.record(index_of(s));
-    const std::uint64_t target = e.s_->next_target();
-    if (!s.threaded()) {  // an inline stream has reached this point already
-      e.s_->complete(target, s.error());
-      return;
-    }
-    s.submit([st = e.s_, target, &s] { st->complete(target, s.error()); }, /*always=*/true);
-  }
+  void record(event& e, stream& s);
   /// Later work on `s` waits for the last record of `e` made before this call.
-  void wait(stream& s, const event& e) {
-    count(s, &atomic_counts::waits);
-    const std::uint64_t target = e.s_->snapshot();
-    if (target == 0) return;
-    pool_.wait(index_of(s), e.frees_);
-    const auto timeout = opt_.wait_timeout;
-    const auto spin = opt_.spin;
-    if (!s.threaded()) {
-      if (auto err = e.s_->wait(target, timeout, s.name(), spin)) std::rethrow_exception(err);
-      return;
-    }
-    s.submit(
-        [st = e.s_, target, timeout, spin, &s] {
-          if (auto err = st->wait(target, timeout, s.name(), spin)) s.set_error(err);
-        },
-        /*always=*/true);
-  }
+  void wait(stream& s, const event& e);
   /// Runs `fn` on the host when `s` reaches this point (cudaLaunchHostFunc on the CUDA backend). Skipped when
   /// the stream has failed.
-  void host_callback(stream& s, std::function<void()> fn) {
-    count(s, &atomic_counts::host_functions);
-    const auto d = copy_delay(s, 0);
-    if (d.count() > 0)
-      s.submit([d, fn = std::move(fn)] {
-        std::this_thread::sleep_for(d);
-        fn();
-      });
-    else
-      s.submit(std::move(fn));
-  }
+  void host_callback(stream& s, std::function<void()> fn);
   /// Blocks the calling thread until all work submitted to `s` has run; rethrows its error.
-  void synchronize(stream& s) {
-    count(s, &atomic_counts::synchronizes);
-    s.drain(opt_.wait_timeout);
-  }
+  void synchronize(stream& s);
   /// What has been issued on `s` so far (see issue_counts), or on every stream.
   issue_counts issued(const stream& s) const { return issued_[static_cast<std::size_t>(index_of(s))].get(); }
-  issue_counts issued() const {
-    issue_counts all;
-    for (const auto& c : issued_) all = all + c.get();
-    return all;
-  }
+  issue_counts issued() const;
 
   // ---- memory -------------------------------------------------------------------------------------------------
   /// `first_use` is the stream that uses the buffer first: host memory is ready at once, but the pool model
   /// (pool()) counts the allocation as a stream-ordered one on that stream, as the CUDA backend makes it.
-  buffer allocate(std::int64_t bytes, mem category, stream& first_use) {
-    if (bytes < 0) detail::fail_usage("backend::host::allocate: negative size ", bytes, " bytes for ", name_of(category));
-    buffer b = take(bytes, category);  // nothing is counted when it fails
-    pool_.allocate(index_of(first_use), bytes);
-    count(first_use, &atomic_counts::allocations);
-    return b;
-  }
+  buffer allocate(std::int64_t bytes, mem category, stream& first_use);
   /// Host memory for offloaded buffers (fsdp/offload/offload.hpp), accounted to `category` in host_memory(), not
   /// memory(); pinned on the CUDA backend. Ready at once; released like any buffer.
-  buffer allocate_host(std::int64_t bytes, mem category) {
-    if (bytes < 0)
-      detail::fail_usage("backend::host::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
-    try {
-      void* p = take_bytes(bytes);
-      if (p) pinned_.add(p, bytes);  // cannot throw past a taken block: see pinned_blocks::add
-      return buffer(p, bytes, category, &host_memory_, buffer_free{nullptr, p ? &pinned_ : nullptr});
-    } catch (const std::bad_alloc&) {
-      throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes,
-                                     " bytes of host memory for ", name_of(category), " (std::bad_alloc; ",
-                                     host_memory_.stats().current.total, " bytes of host memory held now)"));
-    }
-  }
+  buffer allocate_host(std::int64_t bytes, mem category);
   /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.
-  void release_after(buffer&& b, stream& s) {
-    if (!b) return;
-    count(s, &atomic_counts::frees);
-    const bool modelled = b.free_.pool != nullptr;
-    b.stop_accounting();
-    b.free_.pool = nullptr;  // the pool model's free is the stream's, below
-    auto reached = modelled ? pool_.free(index_of(s), b.bytes()) : nullptr;
-    if (!s.threaded()) {  // an inline stream has reached this point already
-      if (reached) reached->store(true, std::memory_order_release);
-      b.reset();
-      return;
-    }
-    auto holder = std::make_shared<buffer>(std::move(b));
-    s.submit(
-        [holder, reached]() mutable {
-          holder->reset();
-          if (reached) reached->store(true, std::memory_order_release);
-        },
-        /*always=*/true);
-  }
+  void release_after(buffer&& b, stream& s);
   /// What a stream-ordered pool (the CUDA backend's) would hold for the same allocations, frees and event waits:
   /// `reserved` is the memory it would have taken from the device (see backend/detail/pool_model.hpp).
   host_detail::pool_model::figures pool() const { return pool_.stats(); }
@@ -249,75 +154,29 @@ class host {
 
   // ---- copies -------------------------------------------------------------------------------------------------
  private:
-  static void* take_bytes(std::int64_t bytes) {
-    return bytes > 0 ? ::operator new(static_cast<std::size_t>(bytes), std::align_val_t{buffer_free::alignment})
-                     : nullptr;
-  }
-  buffer take(std::int64_t bytes, mem category) {
-    try {
-      return buffer(take_bytes(bytes), bytes, category, &memory_, buffer_free{&pool_});
-    } catch (const std::bad_alloc&) {
-      throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes, " bytes of ",
-                                     name_of(category), " (std::bad_alloc: more than this process can have; ",
-                                     memory_.stats().current.total, " bytes held now)"));
-    }
-  }
+  static void* take_bytes(std::int64_t bytes);
+  buffer take(std::int64_t bytes, mem category);
 
  public:
-  void fill_zero(void* dst, std::int64_t bytes, stream& s) {
-    if (bytes <= 0) return;
-    count(s, &atomic_counts::memory_ops);
-    s.submit([=] { std::memset(dst, 0, static_cast<std::size_t>(bytes)); });
-  }
-  void copy(void* dst, const void* src, std::int64_t bytes, stream& s) {
-    if (bytes <= 0 || dst == src) return;
-    count(s, &atomic_counts::memory_ops);
-    s.submit([=, d = copy_delay(s, bytes)] {
-      std::this_thread::sleep_for(d);
-      std::memcpy(dst, src, static_cast<std::size_t>(bytes));
-    });
-  }
+  void fill_zero(void* dst, std::int64_t bytes, stream& s);
+  void copy(void* dst, const void* src, std::int64_t bytes, stream& s);
   /// Host memory in, backend memory out (the same thing here; a transfer on the CUDA backend). As on the CUDA
   /// backend, a copy from or to pageable memory (anything but allocate_host()'s blocks) returns only once `s` has
   /// run it: see pageable_wait.
-  void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) {
-    copy(dst, host_src, bytes, s);  // counted there
-    if (bytes > 0 && !pinned_.contains(host_src)) pageable_wait(s, "an upload from");
-  }
-  void download(void* host_dst, const void* src, std::int64_t bytes, stream& s) {
-    copy(host_dst, src, bytes, s);
-    if (bytes > 0 && !pinned_.contains(host_dst)) pageable_wait(s, "a download to");
-  }
+  void upload(void* dst, const void* host_src, std::int64_t bytes, stream& s);
+  void download(void* host_dst, const void* src, std::int64_t bytes, stream& s);
 
   // ---- kernels ------------------------------------------------------------------------------------------------
   // The per-element logic is fsdp/kernels/elementwise.hpp and the element functions for_each runs, shared with
   // the CUDA backend's kernels: both backends give the same bits.
 
   /// dst[i] = dst_type(float(src[i]) * scale): copy-in with cast, reduce-scatter input preparation.
-  void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
-    if (n <= 0) return;
-    count(s, &atomic_counts::kernels);
-    s.submit([=] { kernels::host_loops::convert(dst, dst_type, src, src_type, n, scale); });
-  }
+  void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale, stream& s);
   /// dst[i] += float(src[i]) * scale: a reduction's result accumulated into an fp32 gradient shard (scale 1: a
   /// plain sum; else the post-division of grad_division::pre_post).
-  void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
-    if (n <= 0) return;
-    count(s, &atomic_counts::kernels);
-    s.submit([=, d = delay("accumulate")] {
-      std::this_thread::sleep_for(d);
-      kernels::host_loops::accumulate(dst, src, src_type, n, scale);
-    });
-  }
+  void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale, stream& s);
   /// *out = sum of x[i]^2 (accumulated in double, rounded to float once).
-  void squared_norm(const float* x, std::int64_t n, float* out, stream& s) {
-    count(s, &atomic_counts::kernels);
-    s.submit([=] {
-      double acc = 0;
-      for (std::int64_t i = 0; i < n; ++i) acc += double(x[i]) * double(x[i]);
-      *out = static_cast<float>(acc);
-    });
-  }
+  void squared_norm(const float* x, std::int64_t n, float* out, stream& s);
   /// f(i) for every i in [0, n), in order, on `s` (an optimizer's update over a shard piece).
   template <ElementFunction F>
   void for_each(std::int64_t n, const F& f, stream& s) {
@@ -340,23 +199,10 @@ class host {
   /// it says so instead of waiting on, so that a test can show the unwatched wait that would hang on a GPU. The
   /// stream then fails with the same error: the copy still queued is skipped, never run on memory its caller has
   /// given back.
-  void pageable_wait(stream& s, const char* what) {
-    if (s.wait_idle(opt_.wait_timeout)) return;
-    const comm_error e(detail::cat("backend::host: ", what, " pageable host memory on stream '", s.name(),
-                                 "' waited ", opt_.wait_timeout.count(),
-                                 " ms for the stream's earlier work and still waits: on a GPU this copy blocks the "
-                                 "host with no watchdog (cudaMemcpyAsync from or to pageable memory returns only once "
-                                 "the stream reaches it). Synchronize the stream first (a watched wait), or copy "
-                                 "through allocate_host() memory"));
-    s.set_error(std::make_exception_ptr(e));
-    throw e;
-  }
+  void pageable_wait(stream& s, const char* what);
 
   /// The copy-stream delay of work issued on `s` (0 on the other streams).
-  std::chrono::microseconds copy_delay(const stream& s, std::int64_t bytes) const {
-    if (!opt_.copy_delay || (&s != &upload_ && &s != &download_ && &s != &host_work_)) return std::chrono::microseconds{0};
-    return opt_.copy_delay(&s == &upload_ ? "upload" : &s == &download_ ? "download" : "host_work", bytes);
-  }
+  std::chrono::microseconds copy_delay(const stream& s, std::int64_t bytes) const;
 
   /// issue_counts as relaxed atomics: only the issuing thread counts, but a trainer may read them from another.
   struct atomic_counts {
@@ -372,15 +218,7 @@ class host {
     (issued_[static_cast<std::size_t>(index_of(s))].*field).fetch_add(1, std::memory_order_relaxed);
   }
 
-  int index_of(const stream& s) const {
-    if (&s == &compute_) return 0;
-    if (&s == &gather_) return 1;
-    if (&s == &reduce_) return 2;
-    if (&s == &upload_) return 3;
-    if (&s == &download_) return 4;
-    if (&s == &host_work_) return 5;
-    detail::fail_usage("backend::host: stream '", s.name(), "' is not one of this backend's streams");
-  }
+  int index_of(const stream& s) const;
 
   host_options opt_;
   int rank_;
@@ -399,3 +237,7 @@ class host {
 };
 
 }  // namespace fsdp::backend
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/backend/host.ipp"
+#endif

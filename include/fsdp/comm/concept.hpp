@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -71,15 +72,11 @@ concept AllToAllCollective = CollectivePolicy<C> && requires(C& c, const void* s
 namespace comm::detail {
 /// The buffers of an all_to_all of `count` elements of `t` per pair among `ranks` ranks, on rank `rank`, must not
 /// overlap: a usage_error says so otherwise.
-inline void require_apart(const void* send, const void* recv, std::int64_t count, dtype t, int rank, int ranks) {
-  const std::int64_t total = count * ranks;
-  const auto* a = static_cast<const unsigned char*>(send);
-  const auto* b = static_cast<const unsigned char*>(recv);
-  const std::size_t span = static_cast<std::size_t>(total > 0 ? total : 0) * size_of(t);
-  if (span && a < b + span && b < a + span)
-    fsdp::detail::fail_usage("all_to_all(count=", count, ", ", name_of(t), ") on rank ", rank,
-                             ": the send and receive buffers overlap; give it two buffers of ", span, " bytes each");
-}
+FSDP_DECL void require_apart(const void* send, const void* recv, std::int64_t count, dtype t, int rank, int ranks);
 }  // namespace comm::detail
 
 }  // namespace fsdp
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/comm/concept.ipp"
+#endif

@@ -4,21 +4,18 @@
 // and timeouts. `comm::run_local(world, fn)` starts one thread per rank and joins them.
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <type_traits>
-#include <vector>
+#include <utility>
 
 #include "fsdp/backend/host.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
 #include "fsdp/comm/detail/stats_tally.hpp"
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::comm {
@@ -42,11 +39,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
   using backend_type = backend::host;
   using stream = backend_type::stream;
 
-  local_communicator(std::shared_ptr<detail::local_group> g, int rank, backend::host_options backend = {})
-      : g_(std::move(g)), rank_(rank), backend_opt_(std::move(backend)) {
-    if (rank < 0 || rank >= g_->size())
-      fsdp::detail::fail_usage("rank ", rank, " is outside the local group of size ", g_->size());
-  }
+  local_communicator(std::shared_ptr<detail::local_group> g, int rank, backend::host_options backend = {});
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
@@ -62,17 +55,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
   /// calling thread and is not counted in stats(). The new group shares the timeout, link model and delay
   /// injection (whose rank is then the rank in the new group); an abort of this group, or a rank of it returning,
   /// reaches it.
-  local_communicator split(int color, int key) {
-    if (color < 0) fsdp::detail::fail_usage("split on rank ", rank_, ": color must be >= 0, got ", color);
-    const std::int32_t mine[2] = {color, key};
-    std::vector<std::int32_t> all(static_cast<std::size_t>(2 * size()));
-    // an all_gather of 2 x 4 bytes per rank, on this thread (the count is in f32 elements of the same size)
-    g_->run(seq_++, rank_, detail::op_desc{int(collective::all_gather), 2, dtype::f32, reduce_op::sum, 0}, mine, all.data());
-    std::vector<std::pair<int, int>> pairs;
-    for (int q = 0; q < size(); ++q) pairs.emplace_back(all[2 * q], all[2 * q + 1]);
-    auto [group, place] = g_->sub_group(splits_++, rank_, pairs);
-    return local_communicator(std::move(group), place, backend_opt_);
-  }
+  local_communicator split(int color, int key);
 
   /// The modelled link (fsdp/comm/link.hpp) of this rank's group and its sub-groups, for every collective whose
   /// first rank arrives from now on. For timing studies that make a Model on a link that moves data (its
@@ -91,14 +74,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
 
  private:
   friend class detail::collective_front<local_communicator, backend::host::stream>;
-  void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
-    if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
-    const std::uint64_t seq = seq_++;
-    stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
-    auto g = g_;
-    const int rank = rank_;
-    s.submit([g, seq, rank, d, send, recv] { g->run(seq, rank, d, send, recv); });
-  }
+  void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems);
 
   std::shared_ptr<detail::local_group> g_;
   int rank_;
@@ -129,46 +105,7 @@ namespace detail {
 ///
 /// `rank(r)` runs rank r. Not a template over it: the threads' code compiles once, whatever the trainer's function
 /// (a program that runs many policies instantiates run_local once per policy).
-inline void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank) {
-  std::mutex mu;
-  std::exception_ptr first;
-  bool first_is_abort = true;
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    try {
-      threads.emplace_back([&, r] {
-        try {
-          rank(r);
-          group->rank_returned(r);  // anything still waiting for this rank fails now, naming it
-        } catch (const std::exception& e) {
-          const bool aborted_before = group->aborted();
-          group->abort("rank " + std::to_string(r) + " failed: " + e.what());
-          std::lock_guard lk(mu);
-          // Prefer the root cause over errors of ranks that only saw the abort.
-          if (!first || (first_is_abort && !aborted_before)) {
-            first = std::current_exception();
-            first_is_abort = aborted_before;
-          }
-        } catch (...) {
-          group->abort("rank " + std::to_string(r) + " failed with a non-standard exception");
-          std::lock_guard lk(mu);
-          if (!first) first = std::current_exception();
-        }
-      });
-    } catch (const std::system_error& e) {  // no thread for rank r: stop the ranks started, then say why
-      const std::string why = fsdp::detail::cat(
-          "could not start the thread of rank ", r, " of ", world, " (", e.what(), "); the ", r,
-          " rank(s) already started were stopped. Lower the world size or raise the process's thread or address-space "
-          "limit (ulimit -u / -v)");
-      group->abort(why);
-      for (auto& t : threads) t.join();
-      throw comm_error(why);
-    }
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
-}
+FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank);
 /// Runs fn(make(r)) for every rank r (above).
 template <class Make, class F>
 void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make, F&& fn) {
@@ -190,3 +127,7 @@ void run_local(int world, F&& fn, local_options opt = {}) {
 }
 
 }  // namespace fsdp::comm
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/comm/local.ipp"
+#endif

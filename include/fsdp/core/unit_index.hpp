@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdp/core/error.hpp"
+#include "fsdp/core/config.hpp"
 
 namespace fsdp {
 
@@ -16,31 +16,17 @@ class unit_index {
  public:
   unit_index() = default;
   /// Names in unit-index order; they must be unique (make_units guarantees it).
-  explicit unit_index(std::vector<std::string> names) : names_(std::move(names)) {
-    for (std::size_t i = 0; i < names_.size(); ++i)
-      if (!by_name_.emplace(names_[i], i).second) detail::fail_usage("two units are named '", names_[i], "'");
-  }
+  explicit unit_index(std::vector<std::string> names);
 
   std::size_t size() const noexcept { return names_.size(); }
   const std::vector<std::string>& names() const noexcept { return names_; }
   const std::string& name(std::size_t i) const { return names_.at(i); }
 
-  std::optional<std::size_t> find(std::string_view name) const {
-    auto it = by_name_.find(name);
-    if (it == by_name_.end()) return std::nullopt;
-    return it->second;
-  }
+  std::optional<std::size_t> find(std::string_view name) const;
   /// The index of `name`; usage_error "no unit named 'x' (units: a, b)" when there is none.
-  std::size_t at(std::string_view name) const {
-    if (auto i = find(name)) return *i;
-    detail::fail_usage("no unit named '", name, "' (units: ", list(), ")");
-  }
+  std::size_t at(std::string_view name) const;
   /// "a, b, c": the units in index order, for messages.
-  std::string list() const {
-    std::string s;
-    for (const auto& n : names_) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  }
+  std::string list() const;
 
  private:
   std::vector<std::string> names_;
@@ -48,3 +34,7 @@ class unit_index {
 };
 
 }  // namespace fsdp
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/core/unit_index.ipp"
+#endif

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
 #include "fsdp/memory/cost.hpp"
@@ -49,10 +50,7 @@ struct options {
   int rows(int world) const noexcept { return !inspects() ? 0 : locate_nonfinite ? world : 1; }
 };
 
-inline void check(const options& o) {
-  if (!(o.max_norm >= 0.0f) || !std::isfinite(o.max_norm))
-    detail::fail_usage("grad::options::max_norm must be finite and >= 0 (0 = no clipping), got ", o.max_norm);
-}
+FSDP_DECL void check(const options& o);
 
 /// Where a non-finite gradient was found.
 struct location {
@@ -73,17 +71,7 @@ struct report {
   bool located = false;     ///< the inspection had one row per rank (options::locate_nonfinite)
   std::optional<location> nonfinite;  ///< located and skipped: the first non-finite unit shard
 
-  std::string message() const {
-    if (!skipped) return detail::cat("gradient norm ", norm, (clip_coef < 1.0f ? ", clipped" : ""));
-    if (!nonfinite)
-      return detail::cat("non-finite gradients (", located ? "every shard's squared norm is finite, their sum overflows"
-                                                           : "the global squared norm is not finite",
-                         "): the step was skipped on every rank",
-                         located ? "" : "; set grad::options::locate_nonfinite to name the rank and unit");
-    return detail::cat("non-finite gradient on rank ", nonfinite->rank, " in unit '", nonfinite->unit_name, "' (index ",
-                       nonfinite->unit, "; first in backward order, ", nonfinite->count,
-                       " unit shard(s) non-finite in all): the step was skipped on every rank");
-  }
+  std::string message() const;
 };
 
 /// Inspects the gradients of `model` (inside Model::step, after every reduction was waited for). `backward`: the
@@ -146,3 +134,7 @@ report inspect(ModelT& model, const options& o, const std::vector<std::size_t>& 
 }
 
 }  // namespace fsdp::grad
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/grad/inspect.ipp"
+#endif

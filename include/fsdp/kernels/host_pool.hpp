@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/kernels/host_loops.hpp"
 
 namespace fsdp::kernels {
@@ -30,26 +31,13 @@ class host_pool {
       : threads_(std::max(1, threads)), grain_(std::max<std::int64_t>(1, grain)) {}
   host_pool(const host_pool&) = delete;
   host_pool& operator=(const host_pool&) = delete;
-  ~host_pool() {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : workers_) t.join();
-  }
+  ~host_pool();
 
   /// Up to 8 threads, no more than the machine has.
-  static int default_threads() {
-    const unsigned hw = std::thread::hardware_concurrency();
-    return static_cast<int>(std::clamp(hw, 1u, 8u));
-  }
+  static int default_threads();
   int threads() const noexcept { return threads_; }
   /// Threads started so far besides callers (0 until a loop was large enough to split).
-  int started() const {
-    std::lock_guard lk(mu_);
-    return static_cast<int>(workers_.size());
-  }
+  int started() const;
 
   /// f(i) for every i in [0, n), each once, in contiguous chunks on the pool's threads and the caller.
   template <class F>
@@ -88,53 +76,12 @@ class host_pool {
     std::int64_t chunks = 0;
   };
 
-  void start_workers() {
-    std::lock_guard lk(mu_);
-    while (static_cast<int>(workers_.size()) < threads_ - 1)
-      workers_.emplace_back([this, seen = generation_]() mutable { loop(seen); });
-  }
+  void start_workers();
 
-  void loop(std::uint64_t seen) {
-    for (;;) {
-      job j;
-      {
-        std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        j = job_;
-        if (!j.body) continue;
-        ++active_;
-      }
-      work_on(j);
-      std::lock_guard lk(mu_);
-      if (--active_ == 0) finished_.notify_all();
-    }
-  }
+  void loop(std::uint64_t seen);
 
   /// Takes chunks of `j` until none is left.
-  void work_on(const job& j) {
-    for (;;) {
-      const std::int64_t k = next_.fetch_add(1, std::memory_order_relaxed);
-      if (k >= j.chunks) return;
-      const std::int64_t b = j.n * k / j.chunks, e = j.n * (k + 1) / j.chunks;
-      std::exception_ptr err;
-      {
-        std::lock_guard lk(mu_);
-        err = error_;
-      }
-      if (!err) {
-        try {
-          (*j.body)(b, e);
-        } catch (...) {
-          err = std::current_exception();
-        }
-      }
-      std::lock_guard lk(mu_);
-      if (err && !error_) error_ = err;
-      if (++done_ == j.chunks) finished_.notify_all();
-    }
-  }
+  void work_on(const job& j);
 
   int threads_;
   std::int64_t grain_;
@@ -152,3 +99,7 @@ class host_pool {
 };
 
 }  // namespace fsdp::kernels
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/kernels/host_pool.ipp"
+#endif

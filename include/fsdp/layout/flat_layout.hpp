@@ -3,12 +3,12 @@
 // buffer is padded so that it splits into `world` equal shards whose size is a multiple of the alignment.
 // Rank r owns elements [r * shard_numel, (r + 1) * shard_numel). Alignment gaps and the tail padding hold
 // zeros. Parameters may straddle shards; a shard may hold no parameter at all (an empty shard).
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
 #include "fsdp/spec/model_spec.hpp"
@@ -26,12 +26,7 @@ namespace layout {
 constexpr std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept { return (n + m - 1) / m * m; }
 
 /// Elements per shard for a flat buffer of `numel` elements split over `world` ranks.
-inline std::int64_t shard_numel(std::int64_t numel, int world, std::int64_t align = 1) {
-  if (world <= 0) detail::fail_usage("world size must be positive, got ", world);
-  if (align <= 0) detail::fail_usage("layout alignment must be positive, got ", align);
-  if (numel < 0) detail::fail_usage("flat buffer size must not be negative, got ", numel);
-  return round_up((numel + world - 1) / world, align);
-}
+FSDP_DECL std::int64_t shard_numel(std::int64_t numel, int world, std::int64_t align = 1);
 }  // namespace layout
 
 /// One stored parameter placed in a unit's flat buffer.
@@ -50,33 +45,7 @@ class FlatLayout {
 
   /// Places the parameters of `unit` (spec indices) for a shard group of `world` ranks. Tied aliases share
   /// the offset of the parameter they are tied to.
-  static FlatLayout build(const ModelSpec& spec, const unit_plan& unit, int world, layout_options opt = {}) {
-    if (world <= 0) detail::fail_usage("world size must be positive, got ", world, " (unit '", unit.name, "')");
-    FlatLayout l;
-    l.world_ = world;
-    l.align_ = opt.align;
-    std::int64_t cursor = 0;
-    for (std::size_t i : unit.params) {
-      const ParamSpec& p = spec.params()[i];
-      if (p.is_tied()) continue;
-      cursor = layout::round_up(cursor, opt.align);
-      l.by_name_.emplace(p.name, l.entries_.size());
-      l.entries_.push_back(flat_entry{i, p.name, p.shape, p.numel(), cursor, p.flags});
-      cursor += p.numel();
-    }
-    for (std::size_t i : unit.params) {
-      const ParamSpec& p = spec.params()[i];
-      if (!p.is_tied()) continue;
-      auto it = l.by_name_.find(p.tied_to);
-      if (it == l.by_name_.end())
-        detail::fail_usage("tied parameter '", p.name, "' is in unit '", unit.name, "' but '", p.tied_to,
-                           "' is not");
-      l.by_name_.emplace(p.name, it->second);
-    }
-    l.numel_ = cursor;
-    l.shard_numel_ = layout::shard_numel(cursor, world, opt.align);
-    return l;
-  }
+  static FlatLayout build(const ModelSpec& spec, const unit_plan& unit, int world, layout_options opt = {});
 
   int world() const noexcept { return world_; }
   std::int64_t align() const noexcept { return align_; }
@@ -88,12 +57,7 @@ class FlatLayout {
   const std::vector<flat_entry>& entries() const noexcept { return entries_; }
 
   /// The entry that stores `name` (an alias resolves to its target). Throws usage_error when absent.
-  const flat_entry& entry(const std::string& name, const std::string& unit_name = {}) const {
-    auto it = by_name_.find(name);
-    if (it == by_name_.end())
-      detail::fail_usage("no parameter named '", name, "' in unit '", unit_name, "'");
-    return entries_[it->second];
-  }
+  const flat_entry& entry(const std::string& name, const std::string& unit_name = {}) const;
   bool contains(const std::string& name) const { return by_name_.count(name) != 0; }
 
   /// [first, last) of the unsharded buffer owned by `rank`.
@@ -101,23 +65,10 @@ class FlatLayout {
   std::int64_t shard_end(int rank) const { return shard_begin(rank) + shard_numel_; }
 
   /// Every stored parameter's part of `rank`'s shard, in layout order (empty parts included).
-  std::vector<ShardedTensor> shard_views(int rank) const {
-    const std::int64_t lo = shard_begin(rank), hi = shard_end(rank);
-    std::vector<ShardedTensor> out;
-    out.reserve(entries_.size());
-    for (const auto& e : entries_) {
-      const std::int64_t b = std::clamp(lo - e.offset, std::int64_t{0}, e.numel);
-      const std::int64_t en = std::clamp(hi - e.offset, std::int64_t{0}, e.numel);
-      out.push_back(ShardedTensor{e.name, e.shape, e.numel, b, en, en > b ? e.offset + b - lo : 0, e.flags});
-    }
-    return out;
-  }
+  std::vector<ShardedTensor> shard_views(int rank) const;
 
  private:
-  std::int64_t check_rank(int rank) const {
-    if (rank < 0 || rank >= world_) detail::fail_usage("rank ", rank, " is outside the shard group of ", world_);
-    return rank;
-  }
+  std::int64_t check_rank(int rank) const;
 
   int world_ = 1;
   std::int64_t align_ = 1;
@@ -128,3 +79,7 @@ class FlatLayout {
 };
 
 }  // namespace fsdp
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/layout/flat_layout.ipp"
+#endif

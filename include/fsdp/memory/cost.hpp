@@ -50,8 +50,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
-#include "fsdp/core/error.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/options/model_options.hpp"
@@ -131,49 +131,7 @@ struct unit_costs {
   }
 };
 
-inline unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
-  const precision_facts& p = f.precision;
-  const std::int64_t S = l.shard_numel(), P = l.padded_numel();
-  unit_costs c;
-  c.shard_numel = S;
-  c.padded_numel = P;
-  const offload_facts& o = f.offload;
-  c.master = {mem::sharded_params, p.master, S, o.params ? domain::host : domain::device};
-  c.grad_shard = {mem::grads, dtype::f32, S, o.grads ? domain::host : domain::device};
-  const bool gathers = units_gather(f.shards_params, p, o);
-  c.gathered = {mem::gathered_params, p.compute, gathers ? P : 0};
-  // blocks of a shard, with an fp32 scale each (kernels/quantize.hpp): a block must not cross a shard
-  // (fsdp/can_implement.hpp refuses such an alignment first, naming the option)
-  auto require_blocks = [&](const char* what, int block) {
-    if (S % block != 0)
-      detail::fail_usage("precision: ", what, " in blocks of ", block, " elements needs shards that are multiples of "
-                         "the block, but a unit's shard has ", S, " elements: set model_options::layout.align to a "
-                         "multiple of ", block, " (it is ", l.align(), ")");
-  };
-  if (p.gather_block) {  // a scaled gather
-    require_blocks("a gather scaled", p.gather_block);
-    c.gather_block = p.gather_block;
-  }
-  c.wire = {mem::gathered_params, p.gather, gathers && p.widens() ? l.world() * c.gather_count() : 0};
-  c.grad = {mem::comm_buffers, p.compute, P};
-  c.accumulator = {mem::comm_buffers, dtype::f32, f.accumulates_locally ? P : 0};
-  const dtype reduce_source = f.accumulates_locally ? c.accumulator.type : c.grad.type;  // what is reduced from
-  c.reduce_input = {mem::comm_buffers, p.reduce, reduce_source != p.reduce ? P : 0};
-  c.reduce_output = {mem::comm_buffers, p.reduce, f.shards_params ? S : 0};
-  c.upload = {mem::sharded_params, p.master, o.params ? S : 0};
-  c.download = {mem::comm_buffers, p.reduce, o.grads ? (f.shards_params ? S : P) : 0, domain::host};
-  if (p.reduce_block) {  // quantized: an all_to_all of one slice per rank each way (kernels/quantize.hpp)
-    if (!f.shards_params)
-      detail::fail_usage("precision: a reduction quantized in blocks goes through all_to_all into shards, and needs "
-                         "a sharding strategy that shards parameters");
-    require_blocks("a reduction quantized", p.reduce_block);
-    c.reduce_block = p.reduce_block;
-    const std::int64_t slices = l.world() * c.reduce_count();
-    c.reduce_input.numel = c.reduce_output.numel = slices;
-    c.download.numel = o.grads ? slices : 0;
-  }
-  return c;
-}
+FSDP_DECL unit_costs costs_of(const FlatLayout& l, const cost_facts& f);
 
 /// The size of one slot of each ring: the largest buffer of that purpose over the units (numel 0: no ring).
 struct slot_costs {
@@ -185,19 +143,7 @@ inline void widen(buffer_cost& slot, const buffer_cost& b) {
   if (b.numel > slot.numel) slot = b;
 }
 
-inline slot_costs slot_costs_of(const std::vector<unit_costs>& units) {
-  slot_costs s;
-  for (const unit_costs& c : units) {
-    widen(s.gathered, c.gathered);
-    widen(s.grad, c.grad);
-    widen(s.reduce_input, c.reduce_input);
-    widen(s.reduce_output, c.reduce_output);
-    widen(s.upload, c.upload);
-    widen(s.download, c.download);
-    widen(s.wire, c.wire);
-  }
-  return s;
-}
+FSDP_DECL slot_costs slot_costs_of(const std::vector<unit_costs>& units);
 
 /// Slots of the offload rings made before one is reused: two, so that one unit's copy overlaps the last one's use.
 inline constexpr int offload_slots = 2;
@@ -217,28 +163,11 @@ struct staging_costs {
   buffer_cost master, grad, state;
 };
 
-inline staging_costs staging_costs_of(const unit_costs& c, const offload_facts& o, int states) {
-  staging_costs s;
-  if (!o.any() || o.host_step()) return s;
-  const std::int64_t S = c.shard_numel;
-  s.master = {mem::sharded_params, dtype::f32, o.params ? S : 0};
-  s.grad = {mem::grads, dtype::f32, o.grads ? S : 0};
-  s.state = {mem::optimizer_state, dtype::f32, o.optimizer_state ? S * states : 0};
-  return s;
-}
+FSDP_DECL staging_costs staging_costs_of(const unit_costs& c, const offload_facts& o, int states);
 
 /// One staging slot of each part: the largest unit's (`offload`: each unit's facts).
-inline staging_costs staging_slots_of(const std::vector<unit_costs>& units, const std::vector<offload_facts>& offload,
-                                      int states) {
-  staging_costs s;
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    const staging_costs u = staging_costs_of(units[i], offload[i], states);
-    widen(s.master, u.master);
-    widen(s.grad, u.grad);
-    widen(s.state, u.state);
-  }
-  return s;
-}
+FSDP_DECL staging_costs staging_slots_of(const std::vector<unit_costs>& units,
+                                         const std::vector<offload_facts>& offload, int states);
 
 /// Bytes moved over the host link (PCIe), each way.
 struct link_bytes {
@@ -257,18 +186,7 @@ struct link_bytes {
 /// the host, only the inspection's read of the host gradient (when `inspects`); otherwise each host-resident fp32
 /// value goes to the device (the master, the gradient and each of `states` states, staged; the gradient once more,
 /// read in place, for the inspection's norm when `inspects`) and the master and the states come back.
-inline link_bytes optimizer_link_bytes(const unit_costs& c, const offload_facts& o, int states, bool inspects) {
-  link_bytes b;
-  const std::int64_t S = c.shard_numel, f = static_cast<std::int64_t>(sizeof(float));
-  if (o.host_step()) {  // nothing staged; the inspection's norms still read the host gradients in place
-    if (inspects) b.to_device += S * f;
-    return b;
-  }
-  if (o.params) b.to_device += S * f, b.to_host += S * f;
-  if (o.grads) b.to_device += S * f * (inspects ? 2 : 1);
-  if (o.optimizer_state) b.to_device += S * f * states, b.to_host += S * f * states;
-  return b;
-}
+FSDP_DECL link_bytes optimizer_link_bytes(const unit_costs& c, const offload_facts& o, int states, bool inspects);
 
 /// The per-step buffer of gradient inspection (clipping, non-finite checks): `rows` x `units` fp32 squared norms,
 /// all-reduced once (fsdp/grad/inspect.hpp).
@@ -277,3 +195,7 @@ inline buffer_cost norm_buffer_cost(std::size_t units, int rows) {
 }
 
 }  // namespace fsdp::plan
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/memory/cost.ipp"
+#endif

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::trace {
@@ -69,14 +70,7 @@ constexpr std::uint32_t colour_of(range_kind k) noexcept {
 }
 
 /// A range's name: "<kind> <unit>", or the kind alone for no unit ("optimizer").
-inline std::string range_name(range_kind k, std::string_view unit) {
-  std::string s(name_of(k));
-  if (!unit.empty()) {
-    s += ' ';
-    s += unit;
-  }
-  return s;
-}
+FSDP_DECL std::string range_name(range_kind k, std::string_view unit);
 
 /// One rank's ranges over a backend: the names made once per unit (no allocation per range) and the calls to the
 /// backend's hook; without the hook every call is a no-op.
@@ -136,3 +130,7 @@ class ranges {
 };
 
 }  // namespace fsdp::trace
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/observe/ranges.ipp"
+#endif

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/core/config.hpp"
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/offload/offload.hpp"
 #include "fsdp/memory/cost.hpp"
@@ -183,13 +184,7 @@ constexpr const char* name_of(signal s) noexcept {
 class step_program {
  public:
   step_program(std::vector<unit_costs> costs, std::vector<offload_facts> offload, int grad_slots, int optimizer_states,
-               bool prescales = false)
-      : cost_(std::move(costs)), offload_(std::move(offload)), states_(optimizer_states), prescales_(prescales),
-        slots_(slot_costs_of(cost_)), staging_(staging_slots_of(cost_, offload_, optimizer_states)),
-        ledger_{sched::slot_ledger(1), sched::slot_ledger(grad_slots), sched::slot_ledger(1), sched::slot_ledger(1),
-                sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots),
-                sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots), sched::slot_ledger(1)},
-        held_(cost_.size()), accumulating_(cost_.size(), false), ready_(cost_.size(), false) {}
+               bool prescales = false);
 
   std::size_t size() const noexcept { return cost_.size(); }
   const unit_costs& costs(std::size_t u) const { return cost_.at(u); }
@@ -198,11 +193,7 @@ class step_program {
   /// An optimizer with `states` fp32 values per element: the staging slots of a device step over host-resident
   /// state are sized for it. Only while no staging slot is held (between steps, after a synchronize: the
   /// executor's rings are made again).
-  void set_optimizer_states(int states) {
-    states_ = states;
-    staging_ = staging_slots_of(cost_, offload_, states);
-    ledger_[static_cast<std::size_t>(ring::stage_state)] = sched::slot_ledger(offload_slots);
-  }
+  void set_optimizer_states(int states);
   /// The slot unit u (< size()) holds in ring r (-1: none).
   int held(std::size_t u, ring r) const noexcept { return held_[u].slot[static_cast<std::size_t>(r)]; }
   /// Whether unit u's (< size()) no-sync accumulator exists.
@@ -535,3 +526,7 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
 }
 
 }  // namespace fsdp::plan
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/plan/program.ipp"
+#endif

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/schedule/config.hpp"
 #include "fsdp/core/unit_state.hpp"
@@ -70,28 +71,13 @@ struct shortage {
   int slots = 0;
   std::string holders;  ///< the units holding the slots: "'l0', 'l1'"
 
-  std::string message(const unit_index& units) const {
-    return detail::cat("gather slots exhausted: unit '", units.name(unit), "' (index ", unit, ") must be gathered for its ",
-                       name_of(pass), " but all ", slots, " slots are held by ", holders,
-                       "; raise model_options::gather_slots or let those units reshard after forward");
-  }
+  std::string message(const unit_index& units) const;
 };
 
 class scheduler {
  public:
   /// `units` must outlive the scheduler.
-  scheduler(const unit_index& units, config c) : units_(&units), c_(std::move(c)), u_(units.size()) {
-    const std::size_t n = units.size();
-    if (c_.reshard_after_forward.size() != n)
-      detail::fail_usage("scheduler: reshard_after_forward has ", c_.reshard_after_forward.size(), " entries for ", n,
-                         " units");
-    if (c_.by_schedule && (c_.forward_schedule.size() != n || c_.backward_schedule.size() != n))
-      detail::fail_usage("scheduler: an explicit prefetch schedule needs one list per unit");
-    if (c_.gather_slots < 0) detail::fail_usage("gather_slots must be >= 0 (0 = no limit), got ", c_.gather_slots);
-    if (c_.micro_batches < 1) detail::fail_usage("micro_batches must be >= 1, got ", c_.micro_batches);
-    if (!c_.gathers)
-      for (auto& s : u_) s.params = unit_state::gathered;  // the master is the full parameter
-  }
+  scheduler(const unit_index& units, config c);
 
   std::size_t size() const noexcept { return u_.size(); }
   const config& facts() const noexcept { return c_; }
@@ -118,17 +104,7 @@ class scheduler {
 
   // ---- passes ----------------------------------------------------------------------------------------------
   /// Checks that a pass of kind `k` may begin (usage_error otherwise; nothing changes then).
-  void check_begin(pass_kind k) const {
-    if (k != pass_kind::backward) return;
-    for (std::size_t u = 0; u < u_.size(); ++u)
-      if (!u_[u].forward_done)
-        detail::fail_usage("backward before forward: unit '", units_->name(u), "' (index ", u,
-                           ") has not run forward since its last backward");
-    if (!c_.sync_each_micro_batch && micro_batches_done_ == c_.micro_batches)
-      detail::fail_usage("model.backward() would begin micro-batch ", micro_batches_done_ + 1, " of ", c_.micro_batches,
-                         " (model_options::accumulation: gradients are reduced in the last micro-batch); run the "
-                         "optimizer step first");
-  }
+  void check_begin(pass_kind k) const;
   /// A pass of kind `k` begins (after check_begin).
   void begin_pass(pass_kind k) {
     if (k == pass_kind::forward && !step_open_) {
@@ -185,17 +161,7 @@ class scheduler {
 
   // ---- optimizer steps -------------------------------------------------------------------------------------
   /// usage_error naming the first unit whose gradient was not reduced since the last step.
-  void check_step() const {
-    for (std::size_t u = 0; u < u_.size(); ++u) {
-      if (u_[u].reduced) continue;
-      std::string why;
-      if (!c_.sync_each_micro_batch && micro_batches_done_ > 0)
-        why = detail::cat(" (gradient accumulation: ", micro_batches_done_, " of ", c_.micro_batches,
-                          " micro-batches done; gradients are reduced in the last)");
-      detail::fail_usage("optimizer step before gradients are reduced: unit '", units_->name(u), "' (index ", u,
-                         ") has no gradient reduced since the last step", why, "; run model.backward() to the end first");
-    }
-  }
+  void check_step() const;
   /// Releases every unit still gathered (waiting first for gathers in flight): after an optimizer step their
   /// gathered copies would be stale.
   template <class Emit>
@@ -222,16 +188,7 @@ class scheduler {
   }
   /// usage_error unless the model is between optimizer steps with no gradient waiting for one (no unit reduced
   /// and no micro-batch done since the last step): `what` ("a checkpoint save") would lose those gradients.
-  void check_between_steps(std::string_view what) const {
-    const std::string fix = detail::cat(", which ", what, " does not keep; run the optimizer step (and zero_grad()) first");
-    for (std::size_t u = 0; u < u_.size(); ++u)
-      if (u_[u].reduced)
-        detail::fail_usage(what, " between a backward pass and its optimizer step: unit '", units_->name(u),
-                           "' (index ", u, ") has a gradient reduced since the last step", fix);
-    if (micro_batches_done_ > 0)
-      detail::fail_usage(what, " between a backward pass and its optimizer step: ", micro_batches_done_, " of ",
-                         c_.micro_batches, " micro-batches have accumulated gradients since the last step", fix);
-  }
+  void check_between_steps(std::string_view what) const;
   /// A checkpoint's step count replaces this one (between steps).
   void restore_step(std::uint64_t step) noexcept {
     step_ = step;
@@ -250,12 +207,7 @@ class scheduler {
 
   bool slot_free() const noexcept { return c_.gather_slots == 0 || held_ < c_.gather_slots; }
 
-  std::string held_list() const {
-    std::string s;
-    for (std::size_t u = 0; u < u_.size(); ++u)
-      if (u_[u].params != unit_state::sharded) s += (s.empty() ? "'" : ", '") + units_->name(u) + "'";
-    return s;
-  }
+  std::string held_list() const;
 
   template <class Emit>
   void prefetch(pass_kind k, const std::vector<std::size_t>& order, std::size_t pos, std::size_t u, Emit& emit) {
@@ -308,3 +260,7 @@ class scheduler {
 };
 
 }  // namespace fsdp::sched
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/schedule/scheduler.ipp"
+#endif

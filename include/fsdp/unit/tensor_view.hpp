@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/core/error.hpp"
+#include "fsdp/core/config.hpp"
 
 namespace fsdp {
 
@@ -36,17 +36,7 @@ struct view_check {
   void require() const {
     if (passed && passed->load(std::memory_order_acquire) > born) stale();
   }
-  [[noreturn]] void stale() const {
-    if (grad)
-      detail::fail_usage("a gradient view of '", *param, "' of unit '", *unit,
-                         "' was used after the unit's backward ended (model_options::check_views): its gradient went "
-                         "to the reduction and its memory to another unit. Write the gradient while the unit is "
-                         "current in model.backward(), through a view asked for there");
-    detail::fail_usage("a view of parameter '", *param, "' of unit '", *unit,
-                       "' was used after the unit released its gathered parameters (model_options::check_views): its "
-                       "memory now holds another unit's parameters. Ask unit.param(\"", *param,
-                       "\") again while the unit is gathered, inside model.forward() or model.backward()");
-  }
+  [[noreturn]] void stale() const;
 };
 
 template <class T>
@@ -78,3 +68,7 @@ class tensor_view {
 };
 
 }  // namespace fsdp
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/unit/tensor_view.ipp"
+#endif

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/problems.hpp"
 #include "fsdp/core/text.hpp"
@@ -36,20 +37,7 @@ struct by_prefix {
   std::string prefix;
   std::string rest = "root";
 
-  std::vector<std::string> assign(const ModelSpec& spec) const {
-    if (prefix.empty()) detail::fail_usage("wrap::by_prefix needs a non-empty prefix");
-    std::vector<std::string> out;
-    out.reserve(spec.size());
-    for (const auto& p : spec.params()) {
-      if (p.name.size() > prefix.size() && p.name.compare(0, prefix.size(), prefix) == 0) {
-        const auto dot = p.name.find('.', prefix.size());
-        out.push_back(p.name.substr(0, dot));
-      } else {
-        out.push_back(rest);
-      }
-    }
-    return out;
-  }
+  std::vector<std::string> assign(const ModelSpec& spec) const;
 };
 
 /// Consecutive parameters (spec order) are packed into one unit until it holds at least `min_numel`
@@ -57,42 +45,14 @@ struct by_prefix {
 struct by_size {
   std::int64_t min_numel = 1 << 20;
 
-  std::vector<std::string> assign(const ModelSpec& spec) const {
-    if (min_numel <= 0) detail::fail_usage("wrap::by_size needs min_numel > 0, got ", min_numel);
-    std::vector<std::string> out(spec.size());
-    std::int64_t filled = 0;
-    int unit = 0;
-    for (std::size_t i = 0; i < spec.size(); ++i) {
-      const auto& p = spec.params()[i];
-      if (p.is_tied()) {
-        out[i] = out[spec.index_of(p.tied_to)];
-        continue;
-      }
-      if (filled >= min_numel) {
-        ++unit;
-        filled = 0;
-      }
-      out[i] = "unit" + std::to_string(unit);
-      filled += p.numel();
-    }
-    return out;
-  }
+  std::vector<std::string> assign(const ModelSpec& spec) const;
 };
 
 /// The user names the unit of each parameter.
 struct by_function {
   std::function<std::string(const ParamSpec&)> fn;
 
-  std::vector<std::string> assign(const ModelSpec& spec) const {
-    if (!fn) detail::fail_usage("wrap::by_function has no function");
-    std::vector<std::string> out;
-    out.reserve(spec.size());
-    for (const auto& p : spec.params()) {
-      out.push_back(fn(p));
-      if (out.back().empty()) detail::fail_usage("wrap::by_function gave parameter '", p.name, "' an empty unit name");
-    }
-    return out;
-  }
+  std::vector<std::string> assign(const ModelSpec& spec) const;
 };
 
 }  // namespace wrap
@@ -146,3 +106,7 @@ std::vector<unit_plan> make_units(const ModelSpec& spec, const W& policy) {
 }
 
 }  // namespace fsdp
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/wrap/wrap.ipp"
+#endif

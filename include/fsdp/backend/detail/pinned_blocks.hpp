@@ -3,9 +3,10 @@
 // pinned memory from pageable memory as CUDA does (backend::host::upload / download). Blocks are added by the
 // issuing thread and removed wherever their buffer is freed (a stream's worker, for a stream-ordered release).
 #include <cstdint>
-#include <iterator>
 #include <map>
 #include <mutex>
+
+#include "fsdp/core/config.hpp"
 
 namespace fsdp::backend::host_detail {
 
@@ -13,25 +14,10 @@ class pinned_blocks {
  public:
   /// Records [p, p + bytes). A failure to record (std::bad_alloc) is swallowed: the block then counts as
   /// pageable, which only makes copies through it wait as a pageable copy does.
-  void add(const void* p, std::int64_t bytes) noexcept {
-    try {
-      std::lock_guard lk(mu_);
-      blocks_[key(p)] = bytes;
-    } catch (...) {
-    }
-  }
-  void remove(const void* p) noexcept {
-    std::lock_guard lk(mu_);
-    blocks_.erase(key(p));
-  }
+  void add(const void* p, std::int64_t bytes) noexcept;
+  void remove(const void* p) noexcept;
   /// Whether `p` lies inside a recorded block.
-  bool contains(const void* p) const {
-    std::lock_guard lk(mu_);
-    auto it = blocks_.upper_bound(key(p));
-    if (it == blocks_.begin()) return false;
-    --it;
-    return key(p) < it->first + static_cast<std::uintptr_t>(it->second);
-  }
+  bool contains(const void* p) const;
 
  private:
   static std::uintptr_t key(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
@@ -40,3 +26,7 @@ class pinned_blocks {
 };
 
 }  // namespace fsdp::backend::host_detail
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/backend/detail/pinned_blocks.ipp"
+#endif

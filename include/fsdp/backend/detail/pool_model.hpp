@@ -18,13 +18,14 @@
 // device's timing, not the host's). Within a step the executor's slots (fsdp/exec/slot_ring.hpp) reuse blocks of
 // one size per purpose, so the persistent buffers and the no-sync accumulators are where the two can differ;
 // on a lent GPU, tests/cuda/model_test checks that a real pool stops growing after the first step (never run yet).
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "fsdp/core/config.hpp"
 
 namespace fsdp::backend::host_detail {
 
@@ -42,60 +43,17 @@ class pool_model {
   };
 
   /// An allocation of `bytes` issued on stream `s`: reuses what the rules allow, takes fresh memory for the rest.
-  void allocate(int s, std::int64_t bytes) {
-    if (bytes <= 0) return;
-    std::lock_guard lk(mu_);
-    std::int64_t need = bytes;
-    for (auto it = free_.begin(); it != free_.end() && need > 0;) {
-      if (!reusable(*it, s)) {
-        ++it;
-        continue;
-      }
-      const std::int64_t take = std::min(need, it->bytes);
-      need -= take;
-      it->bytes -= take;
-      it = it->bytes == 0 ? free_.erase(it) : it + 1;
-    }
-    f_.reserved += need;
-    f_.in_use += bytes;
-  }
+  void allocate(int s, std::int64_t bytes);
   /// A free of `bytes` issued on stream `s` (or `any`: done now). Returns the flag the stream sets when it reaches
   /// the free (null for `any`).
-  std::shared_ptr<std::atomic<bool>> free(int s, std::int64_t bytes) {
-    if (bytes <= 0) return nullptr;
-    std::lock_guard lk(mu_);
-    f_.in_use -= bytes;
-    chunk c{bytes, s, 0, nullptr};
-    if (s != any) {
-      c.seq = issued_[static_cast<std::size_t>(s)].fetch_add(1, std::memory_order_relaxed) + 1;
-      c.done = std::make_shared<std::atomic<bool>>(false);
-    }
-    free_.push_back(c);
-    return c.done;
-  }
+  std::shared_ptr<std::atomic<bool>> free(int s, std::int64_t bytes);
   /// What an event recorded now on stream `s` carries. Lock-free, as wait() is (an event is recorded and waited on
   /// several times per unit and step): the clocks are atomics that only grow, so a record made while another thread
   /// issues a wait on the same stream sees each entry before or after that wait, never a torn value.
-  clock record(int s) const {
-    clock c;
-    const auto& mine = seen_[static_cast<std::size_t>(s)];
-    for (std::size_t t = 0; t < c.size(); ++t) c[t] = mine[t].load(std::memory_order_relaxed);
-    c[static_cast<std::size_t>(s)] = issued_[static_cast<std::size_t>(s)].load(std::memory_order_relaxed);
-    return c;
-  }
+  clock record(int s) const;
   /// Stream `s` waits for an event that carries `c`.
-  void wait(int s, const clock& c) {
-    auto& mine = seen_[static_cast<std::size_t>(s)];
-    for (std::size_t t = 0; t < c.size(); ++t) {
-      std::uint64_t seen = mine[t].load(std::memory_order_relaxed);
-      while (seen < c[t] && !mine[t].compare_exchange_weak(seen, c[t], std::memory_order_relaxed)) {
-      }
-    }
-  }
-  figures stats() const {
-    std::lock_guard lk(mu_);
-    return f_;
-  }
+  void wait(int s, const clock& c);
+  figures stats() const;
 
  private:
   struct chunk {
@@ -104,12 +62,7 @@ class pool_model {
     std::uint64_t seq;                        ///< the free's number among its stream's frees
     std::shared_ptr<std::atomic<bool>> done;  ///< the stream reached the free
   };
-  bool reusable(const chunk& c, int s) const {
-    if (c.stream == any || c.stream == s) return true;
-    if (seen_[static_cast<std::size_t>(s)][static_cast<std::size_t>(c.stream)].load(std::memory_order_relaxed) >= c.seq)
-      return true;
-    return c.done->load(std::memory_order_acquire);
-  }
+  bool reusable(const chunk& c, int s) const;
 
   mutable std::mutex mu_;
   figures f_;
@@ -121,3 +74,7 @@ class pool_model {
 };
 
 }  // namespace fsdp::backend::host_detail
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/backend/detail/pool_model.ipp"
+#endif

@@ -12,7 +12,6 @@
 // the worker wakes a sleeping drain() only once one of the targets waited for is reached, not after every task.
 //
 // run_if_idle runs a task on the calling thread instead when nothing is queued or running, as the worker would.
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -26,7 +25,7 @@
 #include <thread>
 #include <utility>
 
-#include "fsdp/core/error.hpp"
+#include "fsdp/core/config.hpp"
 
 namespace fsdp::backend::host_detail {
 
@@ -39,23 +38,11 @@ class work_queue {
 
   /// `threaded == false` makes an inline queue: submit runs the task on the caller's thread. `spin`: how long an
   /// idle worker checks for work before it sleeps (0: it sleeps at once).
-  explicit work_queue(std::string name, bool threaded, std::chrono::microseconds spin = {})
-      : name_(std::move(name)), threaded_(threaded), spin_(spin) {
-    if (threaded_) worker_ = std::thread([this] { loop(); });
-  }
+  explicit work_queue(std::string name, bool threaded, std::chrono::microseconds spin = {});
   work_queue(const work_queue&) = delete;
   work_queue& operator=(const work_queue&) = delete;
 
-  ~work_queue() {
-    if (!threaded_) return;
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-      stopping_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-    worker_.join();  // drains the queue first: deferred frees still run
-  }
+  ~work_queue();
 
   const std::string& name() const noexcept { return name_; }
   bool threaded() const noexcept { return threaded_; }
@@ -109,106 +96,30 @@ class work_queue {
   /// Whether a task of this queue threw (or a waited-on event carried an error): a lock-free check.
   bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
   /// The first error a task of this queue threw, or null.
-  std::exception_ptr error() const {
-    if (!failed()) return nullptr;
-    std::lock_guard lk(mu_);
-    return error_;
-  }
+  std::exception_ptr error() const;
   /// Puts the queue in the error state (used when a waited-on event carries another stream's error).
-  void set_error(std::exception_ptr e) {
-    std::lock_guard lk(mu_);
-    if (!error_) error_ = std::move(e);
-    failed_.store(true, std::memory_order_release);
-  }
+  void set_error(std::exception_ptr e);
 
   /// Blocks until every task submitted so far has run, at most `timeout`: false when it has not (the queue's
   /// error is not rethrown).
-  bool wait_idle(std::chrono::milliseconds timeout) {
-    if (!threaded_) return true;
-    std::unique_lock lk(mu_);
-    return wait_done(lk, submitted_locked(), timeout);
-  }
+  bool wait_idle(std::chrono::milliseconds timeout);
 
   /// Blocks until every task submitted so far has run; rethrows the queue's error.
-  void drain(std::chrono::milliseconds timeout) {
-    if (threaded_) {
-      std::unique_lock lk(mu_);
-      if (!wait_done(lk, submitted_locked(), timeout))
-        throw comm_error(detail::cat("stream '", name_, "' did not drain within ", timeout.count(), " ms"));
-    }
-    if (auto e = error()) std::rethrow_exception(e);
-  }
+  void drain(std::chrono::milliseconds timeout);
 
  private:
   std::uint64_t submitted_locked() const { return done_.load() + q_.size() + (busy_ ? 1 : 0); }
 
   /// With mu_ held in `lk`: until `target` tasks have run (spinning first, then asleep until the worker says the
   /// target is reached), at most `timeout`; false past it.
-  bool wait_done(std::unique_lock<std::mutex>& lk, std::uint64_t target, std::chrono::milliseconds timeout) {
-    if (done_.load() >= target) return true;
-    if (spin_.count() > 0) {
-      lk.unlock();
-      const auto until = std::chrono::steady_clock::now() + spin_;
-      while (done_.load(std::memory_order_acquire) < target && std::chrono::steady_clock::now() < until)
-        std::this_thread::yield();
-      lk.lock();
-      if (done_.load() >= target) return true;
-    }
-    ++drainers_;  // the worker wakes the drainers only once one of their targets is reached, not after every task
-    wake_at_ = std::min(wake_at_, target);
-    const bool reached = cv_.wait_for(lk, timeout, [&] { return done_.load() >= target; });
-    if (--drainers_ == 0) wake_at_ = no_target;
-    return reached;
-  }
+  bool wait_done(std::unique_lock<std::mutex>& lk, std::uint64_t target, std::chrono::milliseconds timeout);
 
   /// A threaded queue's submit, out of line so that the inline queue's stays small.
-  [[gnu::noinline]] void enqueue(task t) {
-    bool sleeping;
-    {
-      std::lock_guard lk(mu_);
-      q_.push_back(std::move(t));
-      queued_.store(q_.size(), std::memory_order_release);
-      sleeping = parked_;
-    }
-    if (sleeping) cv_.notify_all();  // a spinning worker sees queued_ without a wake-up
-  }
+  void enqueue(task t);
 
-  void run_one(task t) {
-    if (!t.always && failed()) return;
-    try {
-      t.fn();
-    } catch (...) {
-      set_error(std::current_exception());
-    }
-  }
+  void run_one(task t);
 
-  void loop() {
-    std::unique_lock lk(mu_);
-    for (;;) {
-      if (q_.empty() && !stop_ && spin_.count() > 0) {  // spin a while before sleeping
-        lk.unlock();
-        const auto until = std::chrono::steady_clock::now() + spin_;
-        while (queued_.load(std::memory_order_acquire) == 0 && !stopping_.load(std::memory_order_acquire) &&
-               std::chrono::steady_clock::now() < until)
-          std::this_thread::yield();
-        lk.lock();
-      }
-      parked_ = true;  // under mu_: a submit after this point sees it and notifies
-      cv_.wait(lk, [&] { return !busy_ && (stop_ || !q_.empty()); });  // busy_ here: run_if_idle's task runs
-      parked_ = false;
-      if (q_.empty()) return;  // stop_ and drained
-      task t = std::move(q_.front());
-      q_.pop_front();
-      queued_.store(q_.size(), std::memory_order_release);
-      busy_ = true;
-      lk.unlock();
-      run_one(std::move(t));
-      lk.lock();
-      busy_ = false;
-      const std::uint64_t done = done_.fetch_add(1) + 1;
-      if (drainers_ > 0 && done >= wake_at_) cv_.notify_all();
-    }
-  }
+  void loop();
 
   std::string name_;
   bool threaded_;
@@ -249,20 +160,7 @@ struct event_state {
 
   std::uint64_t next_target() { return recorded.fetch_add(1) + 1; }
   std::uint64_t snapshot() const { return recorded.load(); }
-  void complete(std::uint64_t target, std::exception_ptr e) {
-    if (e) {
-      std::lock_guard lk(mu);
-      if (!error) error = std::move(e);
-      failed.store(true);
-    }
-    std::uint64_t seen = completed.load();
-    while (seen < target && !completed.compare_exchange_weak(seen, target)) {
-    }
-    if (sleepers.load() > 0) {
-      { std::lock_guard lk(mu); }  // a sleeper between its check and its sleep holds mu: wait until it sleeps
-      cv.notify_all();
-    }
-  }
+  void complete(std::uint64_t target, std::exception_ptr e);
   /// Blocks until marker `target` is reached; returns the error carried by the event, if any. Past `timeout`,
   /// a comm_error names the waiting stream.
   /// `spin`: how long to keep checking (yielding between checks) before sleeping.
@@ -273,22 +171,12 @@ struct event_state {
   }
 
  private:
-  [[gnu::noinline]] std::exception_ptr wait_slow(std::uint64_t target, std::chrono::milliseconds timeout,
-                                                 const std::string& stream_name, std::chrono::microseconds spin) {
-    if (spin.count() > 0) {
-      const auto until = std::chrono::steady_clock::now() + spin;
-      while (completed.load() < target && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-      if (completed.load() >= target && !failed.load()) return nullptr;
-    }
-    std::unique_lock lk(mu);
-    sleepers.fetch_add(1);
-    const bool reached = cv.wait_for(lk, timeout, [&] { return completed.load() >= target; });
-    sleepers.fetch_sub(1);
-    if (!reached)
-      throw comm_error(detail::cat("stream '", stream_name, "' waiting on an event: event not reached within ",
-                                   timeout.count(), " ms (a collective or stream upstream of it is stuck)"));
-    return error;
-  }
+  std::exception_ptr wait_slow(std::uint64_t target, std::chrono::milliseconds timeout, const std::string& stream_name,
+                               std::chrono::microseconds spin);
 };
 
 }  // namespace fsdp::backend::host_detail
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/backend/detail/work_queue.ipp"
+#endif

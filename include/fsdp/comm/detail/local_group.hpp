@@ -7,22 +7,20 @@
 // two streams' collectives overlap each other only on two communicators.
 // Every wait has a deadline: a rank that never arrives, or arrives with a different collective, makes every
 // rank fail with an error that names the collective, its sequence number and the ranks at fault.
-#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/comm/link.hpp"
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/float16.hpp"
@@ -39,15 +37,7 @@ struct op_desc {
   int root = 0;
   friend bool operator==(const op_desc&, const op_desc&) = default;
 
-  std::string str() const {
-    if (kind < 0) return "barrier";
-    std::string s = std::string(name_of(static_cast<collective>(kind))) + "(count=" + std::to_string(count) +
-                    ", " + std::string(name_of(type));
-    if (kind == int(collective::reduce_scatter) || kind == int(collective::all_reduce))
-      s += ", " + std::string(name_of(op));
-    if (kind == int(collective::broadcast)) s += ", root=" + std::to_string(root);
-    return s + ")";
-  }
+  std::string str() const;
 };
 
 /// The modelled link (fsdp/comm/link.hpp): the rule the timeline planner uses too.
@@ -101,114 +91,42 @@ void reduce_in_rank_order(dtype type, reduce_op op, int world, std::size_t n, Sr
 
 /// The sub-group a split makes for the ranks that pass `color`, as MPI_Comm_split forms it: every rank q whose
 /// (color, key) in `all` (in rank order) has that color, ordered by (key, q). Used by comm::local and comm::mpi.
-inline std::vector<int> split_members(const std::vector<std::pair<int, int>>& all, int color) {
-  std::vector<int> members;
-  for (std::size_t q = 0; q < all.size(); ++q)
-    if (all[q].first == color) members.push_back(static_cast<int>(q));
-  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-    return all[static_cast<std::size_t>(a)].second < all[static_cast<std::size_t>(b)].second;
-  });
-  return members;
-}
+FSDP_DECL std::vector<int> split_members(const std::vector<std::pair<int, int>>& all, int color);
 
 /// How a sub-group's messages name its members in the group it was split from: "[ranks 2, 3]".
-inline std::string members_label(const std::vector<int>& members) {
-  std::string s = "[ranks ";
-  for (std::size_t i = 0; i < members.size(); ++i) s += (i ? ", " : "") + std::to_string(members[i]);
-  return s + "]";
-}
+FSDP_DECL std::string members_label(const std::vector<int>& members);
 
 class local_group {
  public:
-  local_group(int world, std::chrono::milliseconds timeout, link_model link = {}, collective_delay delay = {})
-      : world_(world), timeout_(timeout), link_(link), delay_(std::move(delay)) {
-    if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
-    if (link_.bytes_per_second < 0) fsdp::detail::fail_usage("link bandwidth must be >= 0, got ", link_.bytes_per_second);
-    returned_.assign(static_cast<std::size_t>(world), false);
-  }
+  local_group(int world, std::chrono::milliseconds timeout, link_model link = {}, collective_delay delay = {});
 
   int size() const noexcept { return world_; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
   /// The link of every collective whose first rank arrives from now on, in this group and its sub-groups (a
   /// collective in flight keeps the link it began with, on every rank).
-  void set_link(const link_model& link) {
-    if (link.bytes_per_second < 0) fsdp::detail::fail_usage("link bandwidth must be >= 0, got ", link.bytes_per_second);
-    {
-      std::lock_guard lk(mu_);
-      link_ = link;
-    }
-    for (const auto& c : children()) c.group->set_link(link);
-  }
+  void set_link(const link_model& link);
 
   /// Makes every current and future wait of the group, and of its sub-groups, fail with `reason` (first reason
   /// wins).
-  void abort(const std::string& reason) noexcept {
-    {
-      std::lock_guard lk(mu_);
-      if (!aborted_) {
-        aborted_ = true;
-        reason_ = reason;
-      }
-    }
-    cv_.notify_all();
-    for (const auto& c : children()) c.group->abort(reason);
-  }
-  bool aborted() const {
-    std::lock_guard lk(mu_);
-    return aborted_;
-  }
+  void abort(const std::string& reason) noexcept;
+  bool aborted() const;
 
   /// Rank `rank`'s function has returned (run_local): it will issue nothing more. A collective that still waits
   /// for it fails at once, naming it, instead of waiting out the timeout.
-  void rank_returned(int rank) {
-    {
-      std::lock_guard lk(mu_);
-      if (!returned_.at(static_cast<std::size_t>(rank))) ++returned_count_;
-      returned_[static_cast<std::size_t>(rank)] = true;
-    }
-    cv_.notify_all();
-    for (const auto& c : children())  // the sub-groups it belongs to learn it too
-      for (std::size_t i = 0; i < c.members.size(); ++i)
-        if (c.members[i] == rank) c.group->rank_returned(static_cast<int>(i));
-  }
+  void rank_returned(int rank);
 
   /// Rank `rank`'s part of a split (comm::local_communicator::split): the ranks that pass the same `color` form a
   /// sub-group, ordered by (key, rank); returns it and this rank's place in it. `all` holds every rank's
   /// (color, key), in rank order, as the caller gathered them (the same on every rank); `split` numbers the split
   /// (the caller's count of splits, the same on every rank). Aborts and returned ranks reach the sub-groups.
   std::pair<std::shared_ptr<local_group>, int> sub_group(std::uint64_t split, int rank,
-                                                         const std::vector<std::pair<int, int>>& all) {
-    const int color = all.at(static_cast<std::size_t>(rank)).first;
-    const std::vector<int> members = split_members(all, color);
-    const int place = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
-    std::lock_guard lk(mu_);
-    pending_split& p = splits_[{split, color}];
-    if (!p.group) {
-      p.group = std::make_shared<local_group>(static_cast<int>(members.size()), timeout_, link_, delay_);
-      p.group->label_ = members_label(members);
-      children_.push_back({p.group, members});
-      for (std::size_t i = 0; i < members.size(); ++i)  // what happened before the split holds in it too
-        if (returned_[static_cast<std::size_t>(members[i])]) {
-          p.group->returned_[i] = true;
-          ++p.group->returned_count_;
-        }
-      if (aborted_) {
-        p.group->aborted_ = true;
-        p.group->reason_ = reason_;
-      }
-    }
-    std::shared_ptr<local_group> g = p.group;
-    if (++p.taken == static_cast<int>(members.size())) splits_.erase({split, color});
-    return {g, place};
-  }
+                                                         const std::vector<std::pair<int, int>>& all);
 
   /// How messages name rank `rank`'s collective #seq: "local all_gather(count=8, f32) #3 on rank 1".
   /// A sub-group (split) says which ranks of the group it was split from it holds: "local[ranks 2, 3]
   /// all_gather(count=8, f32) #0 on rank 1" is rank 3's.
-  std::string describe(const op_desc& d, std::uint64_t seq, int rank) const {
-    return "local" + label_ + " " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
-  }
+  std::string describe(const op_desc& d, std::uint64_t seq, int rank) const;
 
   /// Rendezvous for communicators whose ranks read each other's memory asynchronously (comm::local on one GPU,
   /// local_cuda.cuh), in three steps per round:
@@ -226,130 +144,15 @@ class local_group {
   /// published, passes what was published to on_abort(tokens), and throws. Every wait is bounded by the timeout.
   using token_fn = std::function<void(const std::vector<const void*>&)>;
 
-  std::vector<const void*> meet(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
-    const who what{*this, d, seq, rank};
-    if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
-    round& r = arrive(seq, rank, d, token, nullptr, what);
-    return r.send;  // complete: no rank writes it again in this round
-  }
+  std::vector<const void*> meet(std::uint64_t seq, int rank, const op_desc& d, const void* token);
 
   void part(std::uint64_t seq, int rank, const op_desc& d, const void* token, const token_fn& before_leaving = {},
-            const token_fn& on_abort = {}) {
-    const who what{*this, d, seq, rank};
-    std::unique_lock lk(mu_);
-    round& r = rounds_.at(seq);
-    publish(r, rank, token);
-    // Step 1: every rank has enqueued its reads and published the mark of their end.
-    switch (wait_until(lk, [&] { return r.done == world_; }, std::chrono::steady_clock::now() + timeout_)) {
-      case outcome::done: break;
-      case outcome::aborted: leave_failed(lk, seq, r, on_abort, what.str() + " aborted: " + reason_, /*drain=*/true);
-      case outcome::timed_out: {
-        const std::string msg = what.str() + " timed out after " + std::to_string(timeout_.count()) +
-                                " ms waiting for the other ranks to finish: rank(s) " + unpublished(r) +
-                                " never finished it";
-        abort_locked(msg);
-        leave_failed(lk, seq, r, on_abort, msg, /*drain=*/false);  // the ranks that did not publish are stuck
-      }
-    }
-    // Step 2: this rank's stream waits for the others' marks.
-    if (before_leaving) {
-      const std::vector<const void*> tokens = r.parting;
-      lk.unlock();
-      try {
-        before_leaving(tokens);
-      } catch (const std::exception& e) {
-        lk.lock();
-        const std::string msg = what.str() + " failed: " + e.what();
-        abort_locked(msg);
-        leave_failed(lk, seq, r, on_abort, msg, /*drain=*/true, /*rethrow=*/true);
-      }
-      lk.lock();
-    }
-    ++r.ran;
-    cv_.notify_all();
-    // Step 3: every rank's stream waits for the others' marks; only now may anyone reuse or destroy its tokens.
-    switch (wait_until(lk, [&] { return r.ran == world_; }, std::chrono::steady_clock::now() + timeout_)) {
-      case outcome::done: break;
-      case outcome::aborted: leave_failed(lk, seq, r, on_abort, what.str() + " aborted: " + reason_, /*drain=*/true);
-      case outcome::timed_out: {
-        const std::string msg = what.str() + " timed out after " + std::to_string(timeout_.count()) +
-                                " ms waiting for the other ranks to leave it";
-        abort_locked(msg);
-        leave_failed(lk, seq, r, on_abort, msg, /*drain=*/true);
-      }
-    }
-    leave(seq, r);
-  }
+            const token_fn& on_abort = {});
 
-  std::vector<const void*> abandon(std::uint64_t seq, int rank, const void* token, const std::string& reason) {
-    std::unique_lock lk(mu_);
-    abort_locked(reason);
-    round& r = rounds_.at(seq);
-    publish(r, rank, token);
-    (void)wait_until(lk, [&] { return r.done == world_; }, std::chrono::steady_clock::now() + timeout_, false);
-    std::vector<const void*> tokens = r.parting;
-    leave(seq, r);
-    return tokens;
-  }
+  std::vector<const void*> abandon(std::uint64_t seq, int rank, const void* token, const std::string& reason);
 
   /// Runs rank `rank`'s part of collective number `seq`.
-  void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
-    const who what{*this, d, seq, rank};
-    if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
-    if (world_ == 1) {  // nobody to meet: the same result, without the rendezvous
-      run_alone(d, send, recv, what);
-      return;
-    }
-    round& r = arrive(seq, rank, d, send, recv, what);
-    if (d.kind < 0) {
-      depart(seq, rank, nullptr, what);
-      return;
-    }
-    const auto kind = static_cast<collective>(d.kind);
-    const std::size_t esize = size_of(d.type);
-    const std::size_t bytes = static_cast<std::size_t>(d.count) * esize;
-    const std::int64_t unsharded =
-        static_cast<std::int64_t>(bytes) *
-        (kind == collective::all_gather || kind == collective::reduce_scatter || kind == collective::all_to_all ? world_
-                                                                                                                : 1);
-    const link_model& link = r.link;
-    const bool modelled = link.bytes_per_second > 0;  // else no clock is read
-    const auto modelled_end = r.start + link.duration(kind, unsharded, world_);
-    std::vector<unsigned char> tmp;
-    if (!link.move_data) {
-      if (modelled) std::this_thread::sleep_until(modelled_end);
-      depart(seq, rank, nullptr, what);
-      return;
-    }
-    switch (kind) {
-      case collective::all_gather:
-        for (int q = 0; q < world_; ++q) {
-          char* dst = static_cast<char*>(recv) + bytes * static_cast<std::size_t>(q);
-          if (dst != r.send[q] && bytes) std::memcpy(dst, r.send[q], bytes);
-        }
-        break;
-      case collective::broadcast:  // the root's recv too, when it is not its send (as NCCL)
-        if (bytes && recv != r.send[d.root]) std::memcpy(recv, r.send[d.root], bytes);
-        break;
-      case collective::reduce_scatter:
-        tmp = reduce(r, d, static_cast<std::size_t>(rank) * static_cast<std::size_t>(d.count));
-        break;
-      case collective::all_reduce:
-        tmp = reduce(r, d, 0);
-        break;
-      case collective::all_to_all:  // block `rank` of every rank's send, in rank order
-        tmp.resize(bytes * static_cast<std::size_t>(world_));
-        for (int q = 0; q < world_ && bytes; ++q)
-          std::memcpy(tmp.data() + bytes * static_cast<std::size_t>(q),
-                      static_cast<const char*>(r.send[q]) + bytes * static_cast<std::size_t>(rank), bytes);
-        break;
-    }
-    // Send buffers may alias receive buffers (in-place collectives): write results only once every rank has
-    // finished reading the inputs.
-    if (modelled) std::this_thread::sleep_until(modelled_end);
-    depart(seq, rank, nullptr, what);
-    if (!tmp.empty()) std::memcpy(recv, tmp.data(), tmp.size());
-  }
+  void run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv);
 
  private:
   struct child {
@@ -361,10 +164,7 @@ class local_group {
     int taken = 0;
   };
   /// The sub-groups made so far (a copy: their calls must not run under this group's lock).
-  std::vector<child> children() const {
-    std::lock_guard lk(mu_);
-    return children_;
-  }
+  std::vector<child> children() const;
 
   /// Names rank `rank`'s collective #seq in a message; formatted only when a message is made.
   struct who {
@@ -404,100 +204,32 @@ class local_group {
     return outcome::done;
   }
 
-  void abort_locked(const std::string& reason) {
-    if (!aborted_) {
-      aborted_ = true;
-      reason_ = reason;
-    }
-    cv_.notify_all();
-  }
+  void abort_locked(const std::string& reason);
 
-  void publish(round& r, int rank, const void* token) {
-    r.parting[rank] = token;
-    r.published[rank] = true;
-    ++r.done;
-    cv_.notify_all();
-  }
+  void publish(round& r, int rank, const void* token);
 
-  std::string unpublished(const round& r) const {
-    std::string s;
-    for (int q = 0; q < world_; ++q)
-      if (!r.published[q]) s += (s.empty() ? "" : ", ") + std::to_string(q);
-    return s;
-  }
+  std::string unpublished(const round& r) const;
 
   /// This rank's last touch of round #seq; the last rank to leave erases it.
-  void leave(std::uint64_t seq, round& r) {
-    if (++r.left == world_) rounds_.erase(seq);
-  }
+  void leave(std::uint64_t seq, round& r);
 
   /// part() failed: waits (when `drain`) until every rank that met has published, leaves the round, hands the
   /// published tokens to on_abort and throws `failure` (or rethrows the exception being handled).
   [[noreturn]] void leave_failed(std::unique_lock<std::mutex>& lk, std::uint64_t seq, round& r, const token_fn& on_abort,
-                    std::string failure, bool drain, bool rethrow = false) {
-    if (drain && wait_until(lk, [&] { return r.done == world_; }, std::chrono::steady_clock::now() + timeout_, false) ==
-                     outcome::timed_out)
-      failure += "; rank(s) " + unpublished(r) + " did not finish their part within " + std::to_string(timeout_.count()) +
-                 " ms after that, so their reads of this rank's memory may still be running";
-    const std::vector<const void*> tokens = r.parting;
-    leave(seq, r);
-    lk.unlock();
-    if (on_abort) on_abort(tokens);
-    if (rethrow) throw;
-    throw comm_error(failure);
-  }
+                                 std::string failure, bool drain, bool rethrow = false);
 
   /// A group of one: the collective's result from this rank's input alone (a reduction still applies the
   /// reduction rule to it, element by element, in place when recv is send, as the general path would).
-  void run_alone(const op_desc& d, const void* send, void* recv, const who& what) {
-    bool move_data = true;
-    {
-      std::unique_lock lk(mu_);
-      if (aborted_) {
-        const std::string why = reason_;
-        lk.unlock();
-        throw comm_error(what.str() + " aborted: " + why);
-      }
-      move_data = link_.move_data;
-    }
-    if (d.kind < 0 || !move_data) return;  // a modelled link that moves no data leaves buffers alone
-    const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
-    const auto kind = static_cast<collective>(d.kind);
-    if (kind == collective::all_gather || kind == collective::broadcast || kind == collective::all_to_all) {
-      if (bytes && recv != send) std::memcpy(recv, send, bytes);
-      return;
-    }
-    reduce_in_rank_order(d.type, d.op, 1, static_cast<std::size_t>(d.count), [&](int) { return send; }, recv);
-  }
+  void run_alone(const op_desc& d, const void* send, void* recv, const who& what);
 
   /// The reduction of every rank's input at element `offset` on, by kernels::reduce_add (rank order, rounded to
   /// the dtype after every addition; an average pre-multiplied by NCCL's scalar): every rank gets the same bits, and
   /// the CUDA local communicator's kernel does the same operations.
-  std::vector<unsigned char> reduce(const round& r, const op_desc& d, std::size_t offset) const {
-    const std::size_t n = static_cast<std::size_t>(d.count);
-    const std::size_t skip = offset * size_of(d.type);
-    std::vector<unsigned char> out(n * size_of(d.type));
-    reduce_in_rank_order(d.type, d.op, world_, n,
-                         [&](int q) { return static_cast<const unsigned char*>(r.send[q]) + skip; }, out.data());
-    return out;
-  }
+  std::vector<unsigned char> reduce(const round& r, const op_desc& d, std::size_t offset) const;
 
-  [[noreturn]] void fail(std::unique_lock<std::mutex>& lk, const std::string& msg) {
-    if (!aborted_) {
-      aborted_ = true;
-      reason_ = msg;
-    }
-    lk.unlock();
-    cv_.notify_all();
-    throw comm_error(msg);
-  }
+  [[noreturn]] void fail(std::unique_lock<std::mutex>& lk, const std::string& msg);
 
-  std::string missing(const round& r) const {
-    std::string s;
-    for (int q = 0; q < world_; ++q)
-      if (!r.present[q]) s += (s.empty() ? "" : ", ") + std::to_string(q);
-    return s;
-  }
+  std::string missing(const round& r) const;
 
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lk, Pred done, const who& what, const char* phase,
@@ -524,46 +256,10 @@ class local_group {
     }
   }
 
-  round& arrive(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* /*recv*/,
-                const who& what) {
-    std::unique_lock lk(mu_);
-    if (aborted_) {
-      const std::string why = reason_;
-      lk.unlock();
-      throw comm_error(what.str() + " aborted: " + why);
-    }
-    round& r = rounds_[seq];
-    if (r.first_rank < 0) {
-      r.desc = d;
-      r.first_rank = rank;
-      r.send.assign(world_, nullptr);
-      r.parting.assign(world_, nullptr);
-      r.present.assign(world_, false);
-      r.published.assign(world_, false);
-      r.link = link_;
-    } else if (!(r.desc == d)) {
-      fail(lk, "collective mismatch at #" + std::to_string(seq) + ": rank " + std::to_string(r.first_rank) +
-                   " issued " + r.desc.str() + " but rank " + std::to_string(rank) + " issued " + d.str());
-    }
-    r.send[rank] = send;
-    r.present[rank] = true;
-    if (++r.arrived == world_ && r.link.bytes_per_second > 0) r.start = std::chrono::steady_clock::now();
-    cv_.notify_all();
-    wait(lk, [&] { return r.arrived == world_; }, what, "waiting for the other ranks", r);
-    return r;  // std::map nodes are stable; the round lives until every rank has left it
-  }
+  round& arrive(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* /*recv*/, const who& what);
 
   void depart(std::uint64_t seq, int rank, const void* token, const who& what,
-              std::vector<const void*>* tokens = nullptr) {
-    std::unique_lock lk(mu_);
-    round& r = rounds_.at(seq);
-    r.parting[rank] = token;
-    ++r.done;
-    cv_.notify_all();
-    wait(lk, [&] { return r.done == world_; }, what, "waiting for the other ranks to finish", r);
-    if (tokens) *tokens = r.parting;
-    if (++r.left == world_) rounds_.erase(seq);
-  }
+              std::vector<const void*>* tokens = nullptr);
 
   const int world_;
   const std::chrono::milliseconds timeout_;
@@ -582,3 +278,7 @@ class local_group {
 };
 
 }  // namespace fsdp::comm::detail
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/comm/detail/local_group.ipp"
+#endif

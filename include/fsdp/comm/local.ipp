@@ -1,0 +1,87 @@
+#pragma once
+// comm::local's definitions (fsdp/comm/local.hpp): included by that header, or compiled once by fsdp/src.hpp under
+// FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
+#include <exception>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fsdp/comm/local.hpp"
+
+namespace fsdp::comm {
+
+FSDP_DECL local_communicator::local_communicator(std::shared_ptr<detail::local_group> g, int rank,
+                                                 backend::host_options backend)
+    : g_(std::move(g)), rank_(rank), backend_opt_(std::move(backend)) {
+  if (rank < 0 || rank >= g_->size())
+    fsdp::detail::fail_usage("rank ", rank, " is outside the local group of size ", g_->size());
+}
+
+FSDP_DECL local_communicator local_communicator::split(int color, int key) {
+  if (color < 0) fsdp::detail::fail_usage("split on rank ", rank_, ": color must be >= 0, got ", color);
+  const std::int32_t mine[2] = {color, key};
+  std::vector<std::int32_t> all(static_cast<std::size_t>(2 * size()));
+  // an all_gather of 2 x 4 bytes per rank, on this thread (the count is in f32 elements of the same size)
+  g_->run(seq_++, rank_, detail::op_desc{int(collective::all_gather), 2, dtype::f32, reduce_op::sum, 0}, mine, all.data());
+  std::vector<std::pair<int, int>> pairs;
+  for (int q = 0; q < size(); ++q) pairs.emplace_back(all[2 * q], all[2 * q + 1]);
+  auto [group, place] = g_->sub_group(splits_++, rank_, pairs);
+  return local_communicator(std::move(group), place, backend_opt_);
+}
+
+FSDP_DECL void local_communicator::issue(const detail::op_desc& d, const void* send, void* recv, stream& s,
+                                        std::int64_t total_elems) {
+  if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
+  const std::uint64_t seq = seq_++;
+  stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
+  auto g = g_;
+  const int rank = rank_;
+  s.submit([g, seq, rank, d, send, recv] { g->run(seq, rank, d, send, recv); });
+}
+
+namespace detail {
+FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank) {
+  std::mutex mu;
+  std::exception_ptr first;
+  bool first_is_abort = true;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    try {
+      threads.emplace_back([&, r] {
+        try {
+          rank(r);
+          group->rank_returned(r);  // anything still waiting for this rank fails now, naming it
+        } catch (const std::exception& e) {
+          const bool aborted_before = group->aborted();
+          group->abort("rank " + std::to_string(r) + " failed: " + e.what());
+          std::lock_guard lk(mu);
+          // Prefer the root cause over errors of ranks that only saw the abort.
+          if (!first || (first_is_abort && !aborted_before)) {
+            first = std::current_exception();
+            first_is_abort = aborted_before;
+          }
+        } catch (...) {
+          group->abort("rank " + std::to_string(r) + " failed with a non-standard exception");
+          std::lock_guard lk(mu);
+          if (!first) first = std::current_exception();
+        }
+      });
+    } catch (const std::system_error& e) {  // no thread for rank r: stop the ranks started, then say why
+      const std::string why = fsdp::detail::cat(
+          "could not start the thread of rank ", r, " of ", world, " (", e.what(), "); the ", r,
+          " rank(s) already started were stopped. Lower the world size or raise the process's thread or address-space "
+          "limit (ulimit -u / -v)");
+      group->abort(why);
+      for (auto& t : threads) t.join();
+      throw comm_error(why);
+    }
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+}  // namespace detail
+
+}  // namespace fsdp::comm

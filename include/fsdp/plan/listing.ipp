@@ -1,0 +1,120 @@
+#pragma once
+// The step listing's definitions (fsdp/plan/listing.hpp): included by that header, or compiled once by
+// fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
+#include <sstream>
+#include <utility>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/unit_index.hpp"
+#include "fsdp/observe/trace.hpp"
+#include "fsdp/plan/listing.hpp"
+#include "fsdp/schedule/scheduler.hpp"
+
+namespace fsdp {
+
+FSDP_DECL std::string step_listing::str(std::string_view unit) const {
+  std::size_t only = plan::step_program::npos;
+  if (!unit.empty()) {
+    for (std::size_t u = 0; u < units.size(); ++u)
+      if (units[u] == unit) only = u;
+    if (only == plan::step_program::npos) {
+      std::string known;
+      for (const std::string& n : units) known += (known.empty() ? "" : ", ") + n;
+      detail::fail_usage("step_listing: '", unit, "' is not a unit (units: ", known, ")");
+    }
+  }
+  std::ostringstream os;
+  if (!infeasible.empty()) {
+    os << "the step cannot run: " << infeasible << "\n";
+    return os.str();
+  }
+  os << (unit.empty() ? std::string("every unit") : "unit '" + std::string(unit) + "'")
+     << ": one step, per stream, in issue order\n";
+  for (std::size_t l = 0; l < plan::lanes; ++l) {
+    bool any = false;
+    for (const action& a : actions) {
+      if (static_cast<std::size_t>(a.lane) != l) continue;
+      if (!unit.empty() && a.unit != only) continue;
+      if (!any) os << plan::name_of(a.lane) << "\n";
+      any = true;
+      os << "  " << a.seq << ". " << a.what;
+      if (unit.empty() && a.unit != plan::step_program::npos) os << "  [" << units[a.unit] << "]";
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
+namespace plan_detail {
+/// The listing's interpreter of the program (fsdp/plan/program.hpp's interface).
+class listing_reading {
+ public:
+  /// `replicas`: hybrid sharding's replicate group size (1: none, 0: not known).
+  listing_reading(std::vector<step_listing::action>& out, int replicas) : out_(out), replicas_(replicas) {}
+  /// Actions are written down only while on.
+  void listing(bool on) { on_ = on; }
+
+  void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t u) {
+    note(l, u, "take " + std::string(plan::name_of(r)) + " slot " + std::to_string(p.slot) + (p.fresh ? " (made)" : ""));
+  }
+  void give(plan::lane l, plan::ring r, int slot, std::size_t u) {
+    note(l, u, "give " + std::string(plan::name_of(r)) + " slot " + std::to_string(slot));
+  }
+  void buffer(plan::lane l, const plan::buffer_cost&, bool made, std::size_t u) {
+    note(l, u, made ? "make accumulator" : "free accumulator");
+  }
+  void wait(plan::lane l, plan::signal s, std::size_t u) { note(l, u, "wait " + std::string(plan::name_of(s))); }
+  void record(plan::lane l, plan::signal s, std::size_t u) { note(l, u, "record " + std::string(plan::name_of(s))); }
+  void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
+    if (j == plan::job::replica_reduce && replicas_ == 1) return;  // no replicate group: the executor skips it too
+    std::string what = plan::name_of(j);
+    if (pass != pass_kind::none) what += " (" + std::string(name_of(pass)) + ")";
+    if (j == plan::job::replica_reduce && replicas_ == 0) what += ", hybrid sharding only";
+    note(l, u, std::move(what));
+  }
+  void stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead = false) {
+    if (l != plan::lane::host) return;  // a stream's stamps mark times, not actions
+    std::string what(trace::name_of(k));
+    if (pass != pass_kind::none) what += " (" + std::string(name_of(pass)) + (ahead ? ", ahead" : "") + ")";
+    note(l, u, std::move(what));
+  }
+  void views_end(plan::lane l, plan::views v, std::size_t u) {
+    note(l, u, v == plan::views::params ? "views of params end" : "views of grad end");
+  }
+
+ private:
+  void note(plan::lane l, std::size_t u, std::string what) {
+    if (on_) out_.push_back({out_.size() + 1, l, u, std::move(what)});
+  }
+  std::vector<step_listing::action>& out_;
+  int replicas_;
+  bool on_ = false;
+};
+}  // namespace plan_detail
+
+FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
+                                 const memory_plan_inputs& in, int world) {
+  step_listing out;
+  out.units = names;
+  const plan_detail::prepared p = plan_detail::prepare(names, layouts, in, "step listing");
+  const unit_index units(names);
+  sched::scheduler s(units, in.schedule);
+  plan::step_program prog(p.cost, p.offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
+  const int group = layouts.empty() ? 1 : layouts[0].world();
+  if (world < 0 || (world > 0 && world % group != 0))
+    detail::fail_usage("step listing: a world of ", world, " ranks, which the shard group of ", group,
+                       " ranks (the layouts') does not divide; give the data-parallel world size (0: not known)");
+  const int replicas = world == 0 ? 0 : plan_detail::replicas_of(world, layouts, in.costs);
+  plan_detail::listing_reading r(out.actions, replicas);
+  for (int step = 0; step < 2; ++step) {
+    r.listing(step == 1);
+    if (auto short_of = plan::run_step(s, p.order, prog, r, [] {})) {
+      out.infeasible = short_of->message(units);
+      out.actions.clear();
+      return out;
+    }
+  }
+  return out;
+}
+
+}  // namespace fsdp

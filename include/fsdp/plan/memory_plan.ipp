@@ -1,0 +1,163 @@
+#pragma once
+// The memory planner's definitions (fsdp/plan/memory_plan.hpp): included by that header, or compiled once by
+// fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
+#include <algorithm>
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+#include <string_view>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/unit_index.hpp"
+#include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/plan/program.hpp"
+#include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/schedule/slot_ledger.hpp"
+
+namespace fsdp {
+
+FSDP_DECL std::string memory_plan::table() const {
+  std::ostringstream os;
+  auto row = [&](std::string_view what, std::int64_t b) {
+    os << "  " << std::left << std::setw(18) << what << std::right << std::setw(14) << b << " B  "
+       << std::setw(10) << std::fixed << std::setprecision(3) << double(b) / (1024.0 * 1024.0) << " MiB\n";
+  };
+  os << "planned peak memory per rank (" << units.size() << " units, at most " << max_units_gathered
+     << " gathered at once)\n";
+  if (!feasible()) os << "  not feasible: " << infeasible << "\n";
+  const bool host = host_peak.total > 0;
+  if (host) os << "  device\n";
+  for (std::size_t k = 0; k < mem_categories; ++k) row(name_of(static_cast<mem>(k)), peak.bytes[k]);
+  row("total (at once)", peak.total);
+  if (outside_plan_bytes > 0) {
+    row("NCCL (measured)", outside_plan_bytes);
+    row("total with NCCL", peak.total + outside_plan_bytes);
+  }
+  if (host) {
+    os << "  host (offloaded)\n";
+    for (std::size_t k = 0; k < mem_categories; ++k) row(name_of(static_cast<mem>(k)), host_peak.bytes[k]);
+    row("total (at once)", host_peak.total);
+    os << "  link per step: " << link.to_device << " B to the device, " << link.to_host << " B to the host\n";
+  }
+  return os.str();
+}
+
+namespace plan_detail {
+/// A MemoryTracker without locks or listeners per memory domain, for simulation.
+struct counter {
+  memory_figures cur, peak, host_cur, host_peak;
+  void add(const plan::buffer_cost& b, int sign = 1) {
+    const bool host = b.where == domain::host;
+    memory_figures& c = host ? host_cur : cur;
+    memory_figures& p = host ? host_peak : peak;
+    const std::int64_t bytes = sign * b.bytes();
+    c[b.category] += bytes;
+    c.total += bytes;
+    p[b.category] = std::max(p[b.category], c[b.category]);
+    p.total = std::max(p.total, c.total);
+  }
+  void sub(const plan::buffer_cost& b) { add(b, -1); }
+};
+
+/// The program's memory reading: a slot's bytes count from the take that makes it (for good); the accumulator
+/// from its making to its freeing; the copies of the passes count as link bytes.
+struct memory_reading {
+  counter& m;
+  const plan::step_program& prog;
+  plan::link_bytes link;
+  int gathered = 0, max_gathered = 0;
+
+  void take(plan::lane, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost& each, std::size_t) {
+    if (p.fresh) m.add(each);
+    if (r == plan::ring::gathered) max_gathered = std::max(max_gathered, ++gathered);
+  }
+  void give(plan::lane, plan::ring r, int, std::size_t) {
+    if (r == plan::ring::gathered) --gathered;
+  }
+  void buffer(plan::lane, const plan::buffer_cost& b, bool made, std::size_t) { m.add(b, made ? 1 : -1); }
+  void wait(plan::lane, plan::signal, std::size_t) {}
+  void record(plan::lane, plan::signal, std::size_t) {}
+  void stamp(plan::lane, trace::kind, pass_kind, std::size_t, bool = false) {}
+  void views_end(plan::lane, plan::views, std::size_t) {}
+  void work(plan::lane, plan::job j, std::size_t u, pass_kind) {
+    if (j == plan::job::upload_master) link.to_device += prog.costs(u).upload.bytes();
+    if (j == plan::job::download_grad) link.to_host += prog.costs(u).download.bytes();
+  }
+};
+
+FSDP_DECL prepared prepare(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
+                           const memory_plan_inputs& in, const char* who) {
+  const std::size_t n = layouts.size();
+  if (names.size() != n) detail::fail_usage(who, ": ", names.size(), " unit names for ", n, " layouts");
+  if (in.optimizer_states < 0) detail::fail_usage(who, ": optimizer_states must be >= 0, got ", in.optimizer_states);
+  if (in.norm_rows < 0) detail::fail_usage(who, ": norm_rows must be >= 0, got ", in.norm_rows);
+  prepared p;
+  p.order = in.order;
+  if (p.order.empty()) {
+    p.order.resize(n);
+    std::iota(p.order.begin(), p.order.end(), std::size_t{0});
+  }
+  if (p.order.size() != n) detail::fail_usage(who, ": the order names ", p.order.size(), " units of ", n);
+  p.offload = in.schedule.offload;
+  if (p.offload.size() != n) p.offload.assign(n, in.costs.offload);
+  p.cost.reserve(n);
+  for (std::size_t u = 0; u < n; ++u) p.cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, p.offload, u)));
+  return p;
+}
+
+FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts) {
+  const int group = layouts.empty() ? 1 : layouts[0].world();
+  return facts.shards_params ? world / group : 1;
+}
+
+}  // namespace plan_detail
+
+FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
+                                  const memory_plan_inputs& in) {
+  const plan_detail::prepared p = plan_detail::prepare(names, layouts, in, "memory plan");
+  const std::size_t n = layouts.size();
+  const std::vector<std::size_t>& order = p.order;
+  const std::vector<offload_facts>& offload = p.offload;
+  const std::vector<plan::unit_costs>& cost = p.cost;
+  const unit_index units(names);
+  memory_plan out;
+  out.units = names;
+
+  plan_detail::counter m;
+  for (const auto& c : cost) {
+    m.add(c.master);
+    m.add(c.grad_shard);
+  }
+  for (std::size_t u = 0; u < n; ++u) m.add(plan::optimizer_state_cost(layouts[u], in.optimizer_states, offload[u]));
+
+  sched::scheduler s(units, in.schedule);
+  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
+  plan_detail::memory_reading r{m, prog, {}, 0, 0};
+  // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
+  for (int step = 0; step < 2; ++step) {
+    r.link = {};
+    const auto short_of = plan::run_step(s, order, prog, r, [&] {
+      const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
+      m.add(norms);
+      m.sub(norms);
+    });
+    if (short_of) {
+      out.infeasible = short_of->message(units);
+      out.max_units_gathered = r.max_gathered;
+      out.peak = m.peak;
+      out.host_peak = m.host_peak;
+      return out;
+    }
+    for (std::size_t u = 0; u < n; ++u)
+      r.link += plan::optimizer_link_bytes(cost[u], offload[u], in.optimizer_states, in.norm_rows > 0);
+  }
+  out.max_units_gathered = r.max_gathered;
+  out.link = r.link;
+  out.peak = m.peak;
+  out.between_steps = m.cur;
+  out.host_peak = m.host_peak;
+  out.host_between_steps = m.host_cur;
+  return out;
+}
+
+}  // namespace fsdp
