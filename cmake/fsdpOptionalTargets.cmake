@@ -10,6 +10,8 @@
 #   fsdp::chrome_trace  fsdp::fsdp + nlohmann_json::nlohmann_json (fsdp/observe/chrome_trace.hpp)
 #   fsdp::checkpoint    fsdp::fsdp + nlohmann_json::nlohmann_json + xxHash's header (fsdp/checkpoint/: sharded
 #                       checkpoints and safetensors files; xxhash.h is used header-only, nothing is linked)
+#   fsdp::checkpoint_separate  the same over fsdp::separate: a static library of fsdp/checkpoint/src.hpp, compiled
+#                       here; link it instead of fsdp::checkpoint in separate-compilation mode
 #   fsdp::cuda          fsdp::fsdp + C++20 under nvcc: link it from targets with .cu sources. The headers need
 #                       no other nvcc flag (no --expt-relaxed-constexpr, no --extended-lambda), so none is
 #                       imposed on the consumer's own code. Made only where the CUDA language is enabled (enable it before
@@ -52,6 +54,11 @@ macro(fsdp_optional_targets)
       add_library(fsdp::checkpoint INTERFACE IMPORTED GLOBAL)
       target_link_libraries(fsdp::checkpoint INTERFACE fsdp::fsdp nlohmann_json::nlohmann_json)
       target_include_directories(fsdp::checkpoint SYSTEM INTERFACE ${FSDP_XXHASH_INCLUDE_DIR})
+      file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/fsdp_checkpoint_separate.cc" "#include <fsdp/checkpoint/src.hpp>\n")
+      add_library(fsdp_checkpoint_separate STATIC "${CMAKE_CURRENT_BINARY_DIR}/fsdp_checkpoint_separate.cc")
+      target_link_libraries(fsdp_checkpoint_separate PUBLIC fsdp::separate nlohmann_json::nlohmann_json)
+      target_include_directories(fsdp_checkpoint_separate SYSTEM PUBLIC ${FSDP_XXHASH_INCLUDE_DIR})
+      add_library(fsdp::checkpoint_separate ALIAS fsdp_checkpoint_separate)
     else()
       list(APPEND fsdp_missing_parts
            "fsdp::checkpoint: needs nlohmann_json and xxhash.h (Debian: nlohmann-json3-dev, libxxhash-dev)")

@@ -13,10 +13,6 @@
 
 #include <fsdp/observe/chrome_trace.hpp>
 
-#include <fsdp/instances.hpp>
-// The model core of every policy below (the host backend on comm::local) is compiled once, in core.cc.
-FSDP_EXTERN_MODEL(fsdp::policy<fsdp::sharding::full_shard>);
-
 #include "examples/01_mlp_host/mlp.hpp"
 
 namespace {

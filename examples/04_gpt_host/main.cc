@@ -22,10 +22,6 @@
 
 #include <fsdp/checkpoint/safetensors.hpp>
 
-#include <fsdp/instances.hpp>
-// The model core of every policy below (the host backend on comm::local) is compiled once, in core.cc.
-FSDP_EXTERN_MODEL(fsdp::policy<fsdp::sharding::full_shard>);
-
 #include "examples/04_gpt_host/gpt_host.hpp"
 
 namespace {

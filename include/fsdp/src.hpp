@@ -2,7 +2,8 @@
 // The library's non-template definitions, for separate-compilation mode (fsdp/core/config.hpp, docs/build.md):
 // compile this file in exactly one translation unit of a program whose every file that includes a library header
 // defines FSDP_SEPARATE_COMPILATION (Bazel: depend on //:fsdp_separate; CMake: link fsdp::separate; both do it).
-// By default, the header-only mode, each header includes its own .ipp and this file is not used.
+// By default, the header-only mode, each header includes its own .ipp and this file is not used. fsdp/checkpoint/
+// has its own (fsdp/checkpoint/src.hpp), since it needs nlohmann-json and xxHash.
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #error "fsdp/src.hpp is for separate-compilation mode: define FSDP_SEPARATE_COMPILATION for this file and for every file that includes a library header (docs/build.md)"
 #endif

@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -39,7 +38,7 @@
 #include "fsdp/checkpoint/io.hpp"
 #include "fsdp/checkpoint/manifest.hpp"
 #include "fsdp/checkpoint/reads.hpp"
-#include "fsdp/core/bytes.hpp"
+#include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
@@ -91,165 +90,44 @@ struct entry {
 };
 
 /// Reads and checks `dir`/manifest.json (no rank-collective: any process may call it).
-inline manifest read_manifest(const std::string& dir) {
-  const std::string path = dir + "/manifest.json";
-  const io::file f = io::open_read(path);
-  const std::uint64_t n = f.size();
-  if (n > (std::uint64_t{1} << 30)) io::fail(detail::cat("'", path, "' has ", n, " bytes: too large to be a manifest"));
-  std::string text(static_cast<std::size_t>(n), '\0');
-  f.read_at(text.data(), n, 0);
-  return parse_manifest(text, detail::cat("the manifest '", path, "'"));
-}
+FSDP_DECL manifest read_manifest(const std::string& dir);
 
 /// The checkpoint directories under `root`, by name: complete (a manifest that parses), partial (a save that did
 /// not commit: the name ends in ".partial") or unreadable (with the reason).
-inline std::vector<entry> scan(const std::string& root) {
-  std::vector<entry> out;
-  std::error_code ec;
-  for (const auto& d : std::filesystem::directory_iterator(root, ec)) {
-    if (!d.is_directory()) continue;
-    entry e;
-    e.path = d.path().string();
-    if (e.path.ends_with(".partial")) {
-      e.state = entry::status::partial;
-    } else if (!std::filesystem::exists(d.path() / "manifest.json")) {
-      continue;  // not a checkpoint
-    } else {
-      try {
-        e.step = read_manifest(e.path).step;
-        e.state = entry::status::complete;
-      } catch (const checkpoint_error& err) {
-        e.state = entry::status::unreadable;
-        e.problem = std::string(detail::unprefixed(err));
-      }
-    }
-    out.push_back(std::move(e));
-  }
-  if (ec) io::fail(detail::cat("could not list the checkpoints in '", root, "': ", ec.message()));
-  std::sort(out.begin(), out.end(), [](const entry& a, const entry& b) { return a.path < b.path; });
-  return out;
-}
+FSDP_DECL std::vector<entry> scan(const std::string& root);
 
 /// The complete checkpoint under `root` with the highest step (the last by name among equal steps), or nothing.
 /// Partial saves are ignored; so are unreadable ones (scan() lists them with the reason).
-inline std::optional<std::string> latest(const std::string& root) {
-  std::optional<entry> best;
-  for (entry& e : scan(root))
-    if (e.state == entry::status::complete && (!best || e.step >= best->step)) best = std::move(e);
-  if (!best) return std::nullopt;
-  return best->path;
-}
+FSDP_DECL std::optional<std::string> latest(const std::string& root);
 
 /// The open checkpoint file `f` has the size its record says.
-inline void check_size(const io::file& f, const file_record& rec) {
-  if (const std::uint64_t n = f.size(); n != rec.bytes)
-    io::fail(detail::cat("'", f.path(), "' has ", n, " bytes; the manifest says ", rec.bytes, ": the file is ",
-                         n < rec.bytes ? "truncated" : "longer than written"));
-}
+FSDP_DECL void check_size(const io::file& f, const file_record& rec);
 
 /// Reads every file of the checkpoint `dir` whole and checks its size, whole-file and block checksums (a tool, for
 /// one process: a load checks only the blocks it reads). Returns the problems found, empty when there are none.
-inline std::vector<std::string> verify(const std::string& dir) {
-  std::vector<std::string> problems;
-  manifest m;
-  try {
-    m = read_manifest(dir);
-  } catch (const checkpoint_error& e) {
-    return {std::string(detail::unprefixed(e))};
-  }
-  for (const file_record& rec : m.files) {
-    const std::string path = dir + "/" + rec.name;
-    try {
-      const io::file f = io::open_read(path);
-      check_size(f, rec);
-      std::vector<char> buf;
-      for (std::uint64_t at = 0, b = 0; at < rec.bytes; at += rec.block_bytes, ++b) {
-        const std::uint64_t len = std::min(rec.block_bytes, rec.bytes - at);
-        buf.resize(static_cast<std::size_t>(len));
-        f.read_at(buf.data(), len, at);
-        check_block(path, b, at, buf.data(), len, rec.blocks);
-      }
-      if (const std::uint64_t whole = file_checksum(rec.blocks); whole != rec.xxh3)
-        io::fail(detail::cat("the manifest's checksum of '", path, "' (xxh3 ", hex64(rec.xxh3),
-                             ") is not that of its block checksums (", hex64(whole), "): the manifest is corrupted"));
-    } catch (const checkpoint_error& e) {
-      problems.emplace_back(detail::unprefixed(e));
-    }
-  }
-  return problems;
-}
+FSDP_DECL std::vector<std::string> verify(const std::string& dir);
 
 namespace impl {
 
-inline std::string shard_file_name(int index, int count) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "shard-%05d-of-%05d.bin", index, count);
-  return buf;
-}
+FSDP_DECL std::string shard_file_name(int index, int count);
 
 /// "run/ckpt/" -> "run/ckpt": the directory as every message names it.
-inline std::string normalised(std::string dir) {
-  if (dir.empty()) detail::fail_usage("checkpoint directory: the path is empty");
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
+FSDP_DECL std::string normalised(std::string dir);
 
 /// Appends bytes to a new file, checksumming every block: small pieces gather in a buffer (written 16 MiB at a
 /// time), whole blocks of a large piece go to the file straight from the caller's memory.
 class block_writer {
  public:
-  block_writer(io::file f, std::uint64_t block_bytes, const fault_hook& fault, int rank)
-      : f_(std::move(f)),
-        block_(block_bytes),
-        flush_at_(std::max(block_bytes, std::uint64_t{16} << 20) / block_bytes * block_bytes),
-        fault_(fault),
-        rank_(rank) {}
+  block_writer(io::file f, std::uint64_t block_bytes, const fault_hook& fault, int rank);
 
-  void append(const void* data, std::uint64_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      if (buf_.empty() && n >= block_) {
-        const std::uint64_t whole = n / block_ * block_;
-        write_blocks(p, whole);
-        p += whole;
-        n -= whole;
-        continue;
-      }
-      // Fill the buffer; when a large piece follows, only up to the next block boundary, then write it.
-      const std::uint64_t cap = n >= block_ ? (buf_.size() / block_ + 1) * block_ : flush_at_;
-      const std::uint64_t take = std::min(n, cap - buf_.size());
-      buf_.insert(buf_.end(), p, p + take);
-      p += take;
-      n -= take;
-      if (buf_.size() == cap) {
-        write_blocks(buf_.data(), buf_.size());
-        buf_.clear();
-      }
-    }
-  }
+  void append(const void* data, std::uint64_t n);
   /// Writes what is left, flushes the file to storage and closes it; fills in its size and checksums (the
   /// whole file's: XXH3 of its blocks' checksums, 8 little-endian bytes each).
-  void finish(file_record& rec) {
-    write_blocks(buf_.data(), buf_.size());
-    buf_.clear();
-    if (fault_) fault_({rank_, "fsync", f_.path()});
-    f_.sync();
-    f_.close();
-    rec.bytes = written_;
-    rec.xxh3 = file_checksum(blocks_);
-    rec.block_bytes = block_;
-    rec.blocks = std::move(blocks_);
-  }
+  void finish(file_record& rec);
 
  private:
   /// `n` bytes at the file's end: whole blocks (the last block of the file may be shorter).
-  void write_blocks(const char* p, std::uint64_t n) {
-    if (n == 0) return;
-    for (std::uint64_t at = 0; at < n; at += block_) blocks_.push_back(xxh3(p + at, std::min(block_, n - at)));
-    if (fault_) fault_({rank_, "write", f_.path()});
-    f_.write_at(p, n, written_);
-    written_ += n;
-  }
+  void write_blocks(const char* p, std::uint64_t n);
 
   io::file f_;
   std::uint64_t block_, flush_at_;
@@ -261,59 +139,9 @@ class block_writer {
 };
 
 // A file record on the wire from a writing rank to rank 0 (little-endian integers, strings with their length).
-inline void put_str(std::string& out, std::string_view s) {
-  detail::put_u64le(out, s.size());
-  out += s;
-}
-inline std::string encode(const file_record& r) {
-  std::string out;
-  put_str(out, r.name);
-  for (std::uint64_t v : {static_cast<std::uint64_t>(r.rank), r.bytes, r.xxh3, r.block_bytes,
-                          static_cast<std::uint64_t>(r.blocks.size()), static_cast<std::uint64_t>(r.pieces.size())})
-    detail::put_u64le(out, v);
-  for (std::uint64_t b : r.blocks) detail::put_u64le(out, b);
-  for (const piece_record& p : r.pieces) {
-    put_str(out, p.tensor);
-    put_str(out, p.kind);
-    detail::put_u64le(out, static_cast<std::uint64_t>(p.begin));
-    detail::put_u64le(out, static_cast<std::uint64_t>(p.end));
-    detail::put_u64le(out, p.offset);
-  }
-  return out;
-}
+FSDP_DECL std::string encode(const file_record& r);
 /// Reads what encode() wrote (on the same library: the ranks agreed on it at construction).
-inline file_record decode(std::string_view in) {
-  std::size_t at = 0;
-  auto u64 = [&] {
-    const std::uint64_t v = detail::get_u64le(in, at);
-    at += 8;
-    return v;
-  };
-  auto str = [&] {
-    const std::size_t n = static_cast<std::size_t>(u64());
-    std::string s(in.substr(at, n));
-    at += n;
-    return s;
-  };
-  file_record r;
-  r.name = str();
-  r.rank = static_cast<int>(u64());
-  r.bytes = u64();
-  r.xxh3 = u64();
-  r.block_bytes = u64();
-  const std::uint64_t blocks = u64(), pieces = u64();
-  for (std::uint64_t b = 0; b < blocks; ++b) r.blocks.push_back(u64());
-  for (std::uint64_t k = 0; k < pieces; ++k) {
-    piece_record p;
-    p.tensor = str();
-    p.kind = str();
-    p.begin = static_cast<std::int64_t>(u64());
-    p.end = static_cast<std::int64_t>(u64());
-    p.offset = u64();
-    r.pieces.push_back(std::move(p));
-  }
-  return r;
-}
+FSDP_DECL file_record decode(std::string_view in);
 
 /// The kinds a model (and optimizer) holds per parameter: "param", then the optimizer's state names.
 template <class O>
@@ -583,16 +411,8 @@ shard_reads plan_shard_reads(M& m, const O* opt, const manifest& man, Dest&& des
 }
 
 /// The checkpoint files this rank reads (`per_file` not empty), opened, their sizes checked.
-inline std::vector<io::file> open_files(const std::string& dir, const manifest& man,
-                                        const std::vector<std::vector<read_op>>& per_file) {
-  std::vector<io::file> files(man.files.size());
-  for (std::size_t f = 0; f < man.files.size(); ++f) {
-    if (per_file[f].empty()) continue;
-    files[f] = io::open_read(dir + "/" + man.files[f].name);
-    check_size(files[f], man.files[f]);
-  }
-  return files;
-}
+FSDP_DECL std::vector<io::file> open_files(const std::string& dir, const manifest& man,
+                                           const std::vector<std::vector<read_op>>& per_file);
 
 /// Performs every read of `plan` into `sink`, verifying every block read.
 template <class Sink>
@@ -633,11 +453,7 @@ staging_shards read_shards(M& m, const O* opt, const std::string& dir, const man
   return staging;
 }
 
-inline std::string names_text(const std::vector<std::string>& names) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
-  return s + "]";
-}
+FSDP_DECL std::string names_text(const std::vector<std::string>& names);
 
 /// The checkpoint fits the model (and optimizer): the same stored tensors with the same shapes, the same
 /// optimizer states, a loss scaler where one is expected. Throws checkpoint_error naming the first mismatch.
@@ -821,3 +637,7 @@ manifest load(M& model, const std::string& dir, const load_options& options = {}
 }
 
 }  // namespace fsdp::checkpoint
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/checkpoint/checkpoint.ipp"
+#endif

@@ -3,7 +3,8 @@
 // is looked up with its path ("files[2].pieces[0].end") and its expected type, and anything else is a
 // checkpoint_error naming the document and that path. A member name that appears twice in one object is refused
 // (nlohmann-json, like many readers, would keep the last one silently: two readers could then see two different
-// documents). Used by the parsers the fuzz targets run.
+// documents). Used by the parsers the fuzz targets run. An internal header: only the .ipp files of manifest.hpp and
+// safetensors_header.hpp include it, so that no public checkpoint header includes nlohmann/json.hpp.
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>

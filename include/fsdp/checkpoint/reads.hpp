@@ -13,9 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/checkpoint/checksum.hpp"
 #include "fsdp/checkpoint/io.hpp"
-#include "fsdp/core/error.hpp"
+#include "fsdp/core/config.hpp"
 
 namespace fsdp::checkpoint {
 
@@ -34,19 +33,8 @@ struct read_op {
 
 /// Appends to per_file[file] the reads that fill elements [begin, end) of a tensor stored as `extents` (sorted by
 /// begin, covering the tensor once: the manifest or header parser checked it), `elem_bytes` each, into `dest`.
-inline void plan_reads(const std::vector<extent>& extents, std::int64_t begin, std::int64_t end,
-                       std::uint64_t elem_bytes, char* dest, std::vector<std::vector<read_op>>& per_file) {
-  auto it = std::upper_bound(extents.begin(), extents.end(), begin,
-                             [](std::int64_t v, const extent& e) { return v < e.begin; });
-  if (it != extents.begin()) --it;
-  for (; it != extents.end() && it->begin < end; ++it) {
-    const std::int64_t lo = std::max(begin, it->begin), hi = std::min(end, it->end);
-    if (lo >= hi) continue;
-    per_file[it->file].push_back({it->offset + static_cast<std::uint64_t>(lo - it->begin) * elem_bytes,
-                                  static_cast<std::uint64_t>(hi - lo) * elem_bytes,
-                                  dest + static_cast<std::uint64_t>(lo - begin) * elem_bytes});
-  }
-}
+FSDP_DECL void plan_reads(const std::vector<extent>& extents, std::int64_t begin, std::int64_t end,
+                          std::uint64_t elem_bytes, char* dest, std::vector<std::vector<read_op>>& per_file);
 
 /// Block checksums of a file: the loader verifies every block it reads.
 struct block_sums {
@@ -55,14 +43,8 @@ struct block_sums {
 };
 
 /// Checks block `index` (`len` bytes at byte `at` of the file `path`) against its checksum in `sums`.
-inline void check_block(const std::string& path, std::uint64_t index, std::uint64_t at, const char* data,
-                        std::uint64_t len, const std::vector<std::uint64_t>& sums) {
-  const std::uint64_t found = xxh3(data, len), want = sums[index];
-  if (found != want)
-    io::fail(detail::cat("'", path, "': block ", index, " (bytes [", at, ", ", at + len,
-                         ")) does not match its checksum in the manifest (xxh3 ", hex64(found), ", expected ",
-                         hex64(want), "): the file is corrupted"));
-}
+FSDP_DECL void check_block(const std::string& path, std::uint64_t index, std::uint64_t at, const char* data,
+                           std::uint64_t len, const std::vector<std::uint64_t>& sums);
 
 /// A host buffer reused from call to call, reallocated only to grow (its contents are not kept).
 template <class T>
@@ -195,10 +177,11 @@ void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector<read_o
 }
 
 /// read_ranges into host memory.
-inline void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector<read_op> ops,
-                        const block_sums* check = nullptr) {
-  host_sink sink;
-  read_ranges(f, file_bytes, std::move(ops), sink, check);
-}
+FSDP_DECL void read_ranges(const io::file& f, std::uint64_t file_bytes, std::vector<read_op> ops,
+                           const block_sums* check = nullptr);
 
 }  // namespace fsdp::checkpoint
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/checkpoint/reads.ipp"
+#endif

@@ -14,9 +14,7 @@
 // exactly (F32, BF16, F16) and that the file holds no other tensor (unless options.allow_unused), then reads only
 // the bytes of its own shards. Every failure is a checkpoint_error on every rank together, before any parameter
 // changes; optimizer state and step counts are left alone (a fine-tuning start), gradients are zeroed.
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -28,9 +26,9 @@
 #include "fsdp/checkpoint/io.hpp"
 #include "fsdp/checkpoint/reads.hpp"
 #include "fsdp/checkpoint/safetensors_header.hpp"
+#include "fsdp/core/config.hpp"
+#include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/core/float16.hpp"
-#include "fsdp/kernels/elementwise.hpp"
 #include "fsdp/core/text.hpp"
 #include "fsdp/exec/model_access.hpp"
 
@@ -55,17 +53,7 @@ struct load_options {
 
 /// Reads and checks the header of a safetensors file (no rank-collective). `data_start` receives the byte where
 /// the data section begins.
-inline header read_header(const checkpoint::io::file& f, std::uint64_t* data_start = nullptr) {
-  const std::uint64_t size = f.size();
-  const std::string doc = detail::cat("the safetensors file '", f.path(), "'");
-  std::string len(static_cast<std::size_t>(std::min<std::uint64_t>(size, 8)), '\0');
-  f.read_at(len.data(), len.size(), 0);
-  const std::uint64_t n = header_length(len, size, doc);
-  std::string text(static_cast<std::size_t>(n), '\0');
-  f.read_at(text.data(), n, 8);
-  if (data_start) *data_start = 8 + n;
-  return parse_header(text, size - 8 - n, doc);
-}
+FSDP_DECL header read_header(const checkpoint::io::file& f, std::uint64_t* data_start = nullptr);
 
 namespace impl {
 
@@ -74,12 +62,7 @@ inline std::string mapped(const name_map& fn, const std::string& name) { return 
 inline std::string_view st_dtype(dtype t) { return row_of(t).safetensors; }
 
 /// The safetensors names of the library's dtypes, as a sentence lists them: "F32, BF16 and F16".
-inline std::string st_dtypes_text() {
-  std::string out;
-  for (std::size_t i = 0; i < dtype_count; ++i)
-    out += std::string(i == 0 ? "" : i + 1 == dtype_count ? " and " : ", ") + std::string(dtype_rows[i].safetensors);
-  return out;
-}
+FSDP_DECL std::string st_dtypes_text();
 
 /// The file's tensors, in spec order, with their offsets: every rank computes the same.
 template <class M>
@@ -109,26 +92,10 @@ std::vector<tensor_info> layout_of(const M& m, const save_options& so) {
 }
 
 /// Converts `n` fp32 values into `type`'s bytes at `out` (rounded once).
-inline void encode(const float* in, std::size_t n, dtype type, std::vector<char>& out) {
-  out.resize(n * size_of(type));
-  kernels::dispatch(type, [&](auto d) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const f16::storage_t<d()> x = f16::from_float<d()>(in[i]);
-      std::memcpy(out.data() + sizeof(x) * i, &x, sizeof(x));
-    }
-  });
-}
+FSDP_DECL void encode(const float* in, std::size_t n, dtype type, std::vector<char>& out);
 
 /// fp32 values of `n` elements of the library's dtype `type` (exact).
-inline void decode(const char* in, std::size_t n, dtype type, float* out) {
-  kernels::dispatch(type, [&](auto d) {
-    for (std::size_t i = 0; i < n; ++i) {
-      f16::storage_t<d()> x;
-      std::memcpy(&x, in + sizeof(x) * i, sizeof(x));
-      out[i] = f16::to_float<d()>(x);
-    }
-  });
-}
+FSDP_DECL void decode(const char* in, std::size_t n, dtype type, float* out);
 
 }  // namespace impl
 
@@ -288,3 +255,7 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
 }
 
 }  // namespace fsdp::safetensors
+
+#if !defined(FSDP_SEPARATE_COMPILATION)
+#include "fsdp/checkpoint/safetensors.ipp"
+#endif
