@@ -25,7 +25,9 @@
 // on comm::local, whatever their strategy, precision or offload), so instantiate one of them. The policy may be a
 // type alias or the type itself (commas in it are fine). With the CUDA backend, instantiate in a .cu file compiled
 // by nvcc, as the model's other users are (tests/cuda/model_instances.cu does, for comm::local and comm::nccl).
-// Nothing changes in what the code does: the instance is the same code, compiled elsewhere.
+// Nothing changes in what the code does: the instance is the same code, compiled elsewhere. In separate-compilation
+// mode (fsdp/core/config.hpp) fsdp/fsdp.hpp declares the host core on comm::local extern and fsdp/src.hpp
+// instantiates it: do not instantiate that one again; other backends and communicators are as above.
 #include "fsdp/model.hpp"
 #include "fsdp/optim/adamw.hpp"
 #include "fsdp/optim/elementwise.hpp"
