@@ -3,7 +3,8 @@
 # fsdp::fsdp to exist.
 #
 #   fsdp::separate      fsdp::fsdp in separate-compilation mode (fsdp/core/config.hpp): a static library, compiled
-#                       here with the consumer's compiler, holding the library's non-template definitions
+#                       here with the consumer's compiler (and build type), only when a target links it,
+#                       holding the library's non-template definitions
 #                       (fsdp/src.hpp), and FSDP_SEPARATE_COMPILATION for every target that links it. Link it
 #                       instead of fsdp::fsdp, never beside it: code built without the definition must not include
 #                       the headers into the same program. Always made (it needs nothing beyond fsdp::fsdp).
@@ -30,9 +31,15 @@
 macro(fsdp_optional_targets)
   set(fsdp_missing_parts "")
 
+  # The separate-compilation libraries are built only for a target that links them (EXCLUDE_FROM_ALL): a
+  # header-only consumer compiles nothing of the library. Their source is rewritten only when it changes
+  # (file(CONFIGURE)), so a reconfigure does not rebuild them. -ffp-contract=off: the library's arithmetic rounds
+  # once per operation (fsdp/core/rounding.hpp), and here it is compiled apart from the consumer's own flags.
   if(NOT TARGET fsdp::separate)
-    file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/fsdp_separate.cc" "#include <fsdp/src.hpp>\n")
-    add_library(fsdp_separate STATIC "${CMAKE_CURRENT_BINARY_DIR}/fsdp_separate.cc")
+    file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/fsdp_separate.cc" CONTENT "#include <fsdp/src.hpp>\n")
+    add_library(fsdp_separate STATIC EXCLUDE_FROM_ALL "${CMAKE_CURRENT_BINARY_DIR}/fsdp_separate.cc")
+    set_target_properties(fsdp_separate PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    target_compile_options(fsdp_separate PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang,AppleClang>:-ffp-contract=off>)
     target_compile_definitions(fsdp_separate PUBLIC FSDP_SEPARATE_COMPILATION)
     target_link_libraries(fsdp_separate PUBLIC fsdp::fsdp)
     add_library(fsdp::separate ALIAS fsdp_separate)
@@ -54,8 +61,13 @@ macro(fsdp_optional_targets)
       add_library(fsdp::checkpoint INTERFACE IMPORTED GLOBAL)
       target_link_libraries(fsdp::checkpoint INTERFACE fsdp::fsdp nlohmann_json::nlohmann_json)
       target_include_directories(fsdp::checkpoint SYSTEM INTERFACE ${FSDP_XXHASH_INCLUDE_DIR})
-      file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/fsdp_checkpoint_separate.cc" "#include <fsdp/checkpoint/src.hpp>\n")
-      add_library(fsdp_checkpoint_separate STATIC "${CMAKE_CURRENT_BINARY_DIR}/fsdp_checkpoint_separate.cc")
+      file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/fsdp_checkpoint_separate.cc"
+           CONTENT "#include <fsdp/checkpoint/src.hpp>\n")
+      add_library(fsdp_checkpoint_separate STATIC EXCLUDE_FROM_ALL
+                  "${CMAKE_CURRENT_BINARY_DIR}/fsdp_checkpoint_separate.cc")
+      set_target_properties(fsdp_checkpoint_separate PROPERTIES POSITION_INDEPENDENT_CODE ON)
+      target_compile_options(fsdp_checkpoint_separate PRIVATE
+                             $<$<CXX_COMPILER_ID:GNU,Clang,AppleClang>:-ffp-contract=off>)
       target_link_libraries(fsdp_checkpoint_separate PUBLIC fsdp::separate nlohmann_json::nlohmann_json)
       target_include_directories(fsdp_checkpoint_separate SYSTEM PUBLIC ${FSDP_XXHASH_INCLUDE_DIR})
       add_library(fsdp::checkpoint_separate ALIAS fsdp_checkpoint_separate)

@@ -63,7 +63,8 @@ struct flops_model {
   double backward_flops = 4;
   std::vector<std::string> lookups;
 
-  unit_time operator()(const FlatLayout& l) const;};
+  unit_time operator()(const FlatLayout& l) const;
+};
 
 /// What time each piece of a step takes (see the top of this file).
 struct time_model {

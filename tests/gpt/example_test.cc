@@ -1,0 +1,88 @@
+// examples/04_gpt_host is built in separate-compilation mode (docs/build.md, "Separate compilation": the library's
+// and the checkpoints' non-template code compiled once, in //:fsdp_separate and //:checkpoint_separate). This test
+// runs that program as its users do and trains the same configuration in-process, header-only: the exported
+// initial weights (safetensors, written by the checkpoint code) and the losses, learning rates and gradient norms
+// of every step must be the same bytes.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <fsdp/checkpoint/safetensors.hpp>
+
+#include "examples/04_gpt_host/gpt_host.hpp"
+
+namespace {
+
+const std::string example = [] {
+  const char* set = std::getenv("FSDP_GPT_EXAMPLE");  // CMake says where it built it; Bazel: the runfile
+  return std::string(set != nullptr ? set : "examples/04_gpt_host/04_gpt_host");
+}();
+
+std::string scratch(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE_MESSAGE(f.good(), "cannot read " << path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+int execute(const std::string& command, std::string& out) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  REQUIRE_MESSAGE(p != nullptr, "could not start: " << command);
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int s = pclose(p);
+  return WIFEXITED(s) ? WEXITSTATUS(s) : 128;
+}
+
+}  // namespace
+
+TEST_CASE("the example built in separate mode exports and trains as the same code built header-only, byte for byte") {
+  using policy = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full>;
+  for (const int ranks : {1, 2}) {
+    CAPTURE(ranks);
+    const std::string r = std::to_string(ranks);
+    std::string out;
+    const int status = execute(example + " --ranks " + r + " --steps 3 --layers 1 --precision fp32 --strategy full_shard" +
+                                   " --export-init " + scratch("separate" + r + ".safetensors") + " --losses " +
+                                   scratch("separate" + r + ".losses"),
+                               out);
+    REQUIRE_MESSAGE(status == 0, out);
+
+    // main.cc's configuration for those flags
+    gpt::config cfg;
+    cfg.global_batch = 16;
+    cfg.steps = 3;
+    cfg.model.layers = 1;
+    cfg.opt.total = cfg.steps;
+    std::vector<gpt::result> results(static_cast<std::size_t>(ranks));
+    const std::string exported = scratch("header_only" + r + ".safetensors");
+    fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& comm) {
+      auto before = [&](auto& model) { fsdp::safetensors::save(model, exported, {.overwrite = true}); };
+      results[static_cast<std::size_t>(comm.rank())] = gpt::train<policy>(comm, cfg, before);
+    });
+    std::string losses;
+    const gpt::result& r0 = results[0];
+    REQUIRE(r0.losses.size() == 3);
+    for (std::size_t i = 0; i < r0.losses.size(); ++i) {
+      char line[128];
+      std::snprintf(line, sizeof line, "%zu %.9g %.9g %.9g\n", i, r0.losses[i], r0.lrs[i], r0.norms[i]);
+      losses += line;
+    }
+    CHECK(file_bytes(scratch("separate" + r + ".losses")) == losses);
+    const std::string a = file_bytes(scratch("separate" + r + ".safetensors")), b = file_bytes(exported);
+    CHECK(a.size() > 56256 * 4);  // every parameter in fp32, and the header
+    CHECK(a == b);
+  }
+}
