@@ -6,45 +6,22 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include <fsdp/checkpoint/safetensors.hpp>
 
 #include "examples/04_gpt_host/gpt_host.hpp"
+#include "tests/support/programs.hpp"
 
 namespace {
 
-const std::string example = [] {
-  const char* set = std::getenv("FSDP_GPT_EXAMPLE");  // CMake says where it built it; Bazel: the runfile
-  return std::string(set != nullptr ? set : "examples/04_gpt_host/04_gpt_host");
-}();
+using fsdp_tests::execute;
+using fsdp_tests::file_bytes;
+using fsdp_tests::scratch;
 
-std::string scratch(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), "cannot read " << path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-int execute(const std::string& command, std::string& out) {
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  REQUIRE_MESSAGE(p != nullptr, "could not start: " << command);
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int s = pclose(p);
-  return WIFEXITED(s) ? WEXITSTATUS(s) : 128;
-}
+const std::string example = fsdp_tests::program("FSDP_GPT_EXAMPLE", "examples/04_gpt_host/04_gpt_host");
 
 }  // namespace
 
@@ -53,12 +30,11 @@ TEST_CASE("the example built in separate mode exports and trains as the same cod
   for (const int ranks : {1, 2}) {
     CAPTURE(ranks);
     const std::string r = std::to_string(ranks);
-    std::string out;
-    const int status = execute(example + " --ranks " + r + " --steps 3 --layers 1 --precision fp32 --strategy full_shard" +
-                                   " --export-init " + scratch("separate" + r + ".safetensors") + " --losses " +
-                                   scratch("separate" + r + ".losses"),
-                               out);
-    REQUIRE_MESSAGE(status == 0, out);
+    const fsdp_tests::run ran =
+        execute(example + " --ranks " + r + " --steps 3 --layers 1 --precision fp32 --strategy full_shard" +
+                " --export-init " + scratch("separate" + r + ".safetensors") + " --losses " +
+                scratch("separate" + r + ".losses"));
+    REQUIRE_MESSAGE(ran.status == 0, ran.out);
 
     // main.cc's configuration for those flags
     gpt::config cfg;

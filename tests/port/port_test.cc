@@ -7,8 +7,6 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,33 +18,19 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/programs.hpp"
+
 namespace {
 
-// Bazel runs a test in its runfiles tree, where the data targets keep their workspace paths; CMake says where it
-// built them (tests/CMakeLists.txt).
-std::string program(const char* variable, const char* runfile) {
-  const char* set = std::getenv(variable);
-  return set != nullptr ? set : runfile;
-}
+using fsdp_tests::execute;
+using fsdp_tests::file_bytes;
+using fsdp_tests::program;
+using fsdp_tests::run;
+using fsdp_tests::scratch;
+
 const std::string original = program("FSDP_PORT_ORIGINAL", "examples/06_port/original");
 const std::string port = program("FSDP_PORT_PORT", "examples/06_port/port");
 const std::string port_separate = program("FSDP_PORT_SEPARATE", "examples/06_port/port_separate");
-
-struct run {
-  int status = -1;
-  std::string out;  // stdout and stderr
-};
-
-run execute(const std::string& command) {
-  run r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  REQUIRE_MESSAGE(p != nullptr, "could not start: " << command);
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
-  const int s = pclose(p);
-  r.status = WIFEXITED(s) ? WEXITSTATUS(s) : 128;
-  return r;
-}
 
 std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
   std::vector<std::string> out;
@@ -63,24 +47,11 @@ std::vector<float> losses(const std::string& text) {
 }
 
 std::vector<float> read_floats(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), "cannot read " << path);
-  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string bytes = file_bytes(path);
   REQUIRE(bytes.size() % sizeof(float) == 0);
   std::vector<float> v(bytes.size() / sizeof(float));
   std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(v.data()));
   return v;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), "cannot read " << path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-std::string scratch(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
 }
 
 }  // namespace
