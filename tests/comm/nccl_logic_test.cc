@@ -36,12 +36,19 @@ struct script {
   int call = 0;   ///< what a collective call returns
   int split = 1;  ///< what ncclCommSplit returns (in_progress: non-blocking; the parent's state then settles it)
   bool split_fills = true;  ///< whether the settled split gave a communicator
+  /// As NCCL does: the communicator is filled in once the parent's state has settled (a read of it that answers
+  /// success), not at the call.
+  bool split_fills_when_settled = false;
+  int* split_out = nullptr;  ///< where that split writes its communicator
+  int split_made = 0;
   int next_comm = 2;
   std::set<int> complete;
   int next_event = 1;
   std::chrono::steady_clock::time_point now{};
   std::vector<std::string> logs;
   std::deque<std::int64_t> free_bytes;  ///< successive answers of cudaMemGetInfo's free bytes; 80 GB once empty
+  int next_stream = 100;  ///< streams cudaStreamCreate makes: s100, s101, ...
+  std::uintptr_t next_buffer = 0x1000;  ///< what cudaMalloc answers: 0x1000, 0x2000, ...
 };
 
 struct fake_api {
@@ -49,7 +56,14 @@ struct fake_api {
   using stream = int;
   using event = int;
   using comm = int;
+  using data_type = int;
   script* sc;
+
+  /// As nccl.cuh's: every dtype but fp8 E5M2, which this fake's NCCL lacks (as an NCCL before 2.24 lacks both).
+  data_type type_of(dtype t) const {
+    if (t == dtype::f8e5m2) fsdp::detail::fail_usage("comm::nccl: dtype f8e5m2 needs NCCL 2.24 or later");
+    return static_cast<int>(t);
+  }
 
   result get_async_error(comm c, result& state) {
     note("ncclCommGetAsyncError", c);
@@ -59,11 +73,20 @@ struct fake_api {
       state = static_cast<result>(q.front());
       q.pop_front();
     }
+    if (state == success && sc->split_out) {  // the parent's split job has ended: its communicator appears
+      *sc->split_out = sc->split_made;
+      sc->split_out = nullptr;
+    }
     return success;
   }
   result split(comm parent, int color, int key, comm& out) {
     const int made = sc->next_comm++;
-    if (sc->split_fills) out = made;  // real NCCL fills it in the background, once the parent's job has settled
+    if (sc->split_fills_when_settled) {
+      sc->split_out = &out;
+      sc->split_made = made;
+    } else if (sc->split_fills) {
+      out = made;
+    }
     sc->calls.push_back("ncclCommSplit(c" + std::to_string(parent) + ", color=" + std::to_string(color) +
                         ", key=" + std::to_string(key) + ") -> " + (sc->split_fills ? "c" + std::to_string(made) : "null"));
     return static_cast<result>(sc->split);
@@ -86,6 +109,24 @@ struct fake_api {
   }
   event new_event() { return sc->next_event++; }
   void record(event e, stream s) { sc->calls.push_back("cudaEventRecord(e" + std::to_string(e) + ", s" + std::to_string(s) + ")"); }
+  void wait(stream s, event e) {
+    sc->calls.push_back("cudaStreamWaitEvent(s" + std::to_string(s) + ", e" + std::to_string(e) + ")");
+  }
+  stream new_stream() {
+    const int s = sc->next_stream++;
+    sc->calls.push_back("cudaStreamCreate -> s" + std::to_string(s));
+    return s;
+  }
+  void destroy_stream(stream s) noexcept { sc->calls.push_back("cudaStreamDestroy(s" + std::to_string(s) + ")"); }
+  void* device_alloc(std::size_t bytes) {
+    const std::uintptr_t p = sc->next_buffer;
+    sc->next_buffer += 0x1000;
+    sc->calls.push_back("cudaMalloc(" + std::to_string(bytes) + ") -> " + std::to_string(p / 0x1000));
+    return reinterpret_cast<void*>(p);
+  }
+  void device_free(void* p) noexcept {
+    sc->calls.push_back("cudaFree(" + std::to_string(reinterpret_cast<std::uintptr_t>(p) / 0x1000) + ")");
+  }
   bool complete(event e) { return sc->complete.count(e) != 0; }
   void destroy_event(event) noexcept {}
   /// A virtual clock: every reading advances it by 1 us, a sleep by its length.
@@ -115,19 +156,44 @@ using fsdp::comm::nccl_channels;
 /// A base communicator (c1) set up as nccl.cuh does (ncclCommInitRankConfig answered success).
 void init(core& c) { c.init(1, fake_api::success, "ncclCommInitRankConfig", "communicator set-up"); }
 
+/// An NCCL call as the fake records it: its name, then its communicator unless the base one ("(c2)"), then its stream
+/// unless the one it was issued for (" on s100": the family's stream).
+std::string nccl_call(const char* name, int comm, int on, int issued_on) {
+  std::string s = name;
+  if (comm != 1) s += "(c" + std::to_string(comm) + ")";
+  if (on != issued_on) s += " on s" + std::to_string(on);
+  return s;
+}
+
 /// A collective as nccl.cuh issues it, the NCCL call recorded under its name and communicator. `key` is the
 /// stream's name (empty: the base communicator, as barrier() issues).
-void all_gather(core& c, script& sc, std::int64_t count, int stream, std::string_view key = {}) {
-  c.issue(collective::all_gather, count, dtype::f32, count * c.size(), stream, key, [&](int comm) {
-    sc.calls.push_back(comm == 1 ? "ncclAllGather" : "ncclAllGather(c" + std::to_string(comm) + ")");
+void all_gather(core& c, script& sc, std::int64_t count, int stream, std::string_view key = {}, dtype t = dtype::f32) {
+  c.issue(collective::all_gather, count, t, count * c.size(), stream, key, [&](int comm, int on, int) {
+    sc.calls.push_back(nccl_call("ncclAllGather", comm, on, stream));
     return static_cast<fake_api::result>(sc.call);
   });
 }
 void reduce_scatter(core& c, script& sc, std::int64_t count, int stream, std::string_view key = {}) {
-  c.issue(collective::reduce_scatter, count, dtype::bf16, count * c.size(), stream, key, [&](int comm) {
-    sc.calls.push_back(comm == 1 ? "ncclReduceScatter" : "ncclReduceScatter(c" + std::to_string(comm) + ")");
+  c.issue(collective::reduce_scatter, count, dtype::bf16, count * c.size(), stream, key, [&](int comm, int on, int) {
+    sc.calls.push_back(nccl_call("ncclReduceScatter", comm, on, stream));
     return static_cast<fake_api::result>(sc.call);
   });
+}
+void all_reduce(core& c, script& sc, std::int64_t count, int stream, std::string_view key = {}) {
+  c.issue(collective::all_reduce, count, dtype::f32, count, stream, key, [&](int comm, int on, int) {
+    sc.calls.push_back(nccl_call("ncclAllReduce", comm, on, stream));
+    return static_cast<fake_api::result>(sc.call);
+  });
+}
+/// nccl.cuh's all_to_all: a send and a receive per rank, recorded with the peer ("ncclSend(1)").
+void all_to_all(core& c, script& sc, std::int64_t count, int stream, dtype t = dtype::i8) {
+  auto pair = [&](const char* name) {
+    return [&sc, name, stream](int comm, int on, int, int q) {
+      sc.calls.push_back(nccl_call(name, comm, on, stream) + "(" + std::to_string(q) + ")");
+      return static_cast<fake_api::result>(sc.call);
+    };
+  };
+  c.all_to_all(count, t, stream, {}, pair("ncclSend"), pair("ncclRecv"));
 }
 
 using calls = std::vector<std::string>;
@@ -491,7 +557,9 @@ TEST_CASE("nccl split groups: a failure in either a world or its split group abo
   all_gather(world, sc, 8, 7, "rank1.all_gather");  // c3
   group->label("h.0");
   reduce_scatter(*group, sc, 4, 8, "rank1.reduce");  // c4, split from c2
-  CHECK(sc.calls[sc.calls.size() - 4] == "ncclCommSplit(c2, color=0, key=0) -> c4");
+  // the stream's split, the parent's state read at its answer (ncclSuccess does not mean settled), the new one's
+  CHECK(sc.calls[sc.calls.size() - 5] == "ncclCommSplit(c2, color=0, key=0) -> c4");
+  CHECK(sc.calls[sc.calls.size() - 4] == "ncclCommGetAsyncError(c2)");
   sc.now += 12ms;
 
   SUBCASE("an asynchronous error in the split group, seen by the world's check() (the CUDA backend's poll)") {
@@ -541,7 +609,8 @@ TEST_CASE("nccl split: a split that settles without a communicator is an error, 
           "fsdp: NCCL reported ncclInternalError (internal error) on rank 1 of 4 during ncclCommSplit for split(color=1, "
           "key=1) (it settled, but gave no communicator); pending: no collective pending; comm::nccl on rank 1 of 4 "
           "aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
-    CHECK(seq(sc.calls) == seq(calls{"ncclCommSplit(c1, color=1, key=1) -> null", "ncclCommAbort"}));
+    // the parent's state is read first (the call's ncclSuccess does not mean the split has settled)
+    CHECK(seq(sc.calls) == seq(calls{"ncclCommSplit(c1, color=1, key=1) -> null", "ncclCommGetAsyncError", "ncclCommAbort"}));
   }
   SUBCASE("inside grouped()") {
     const std::string msg = error_of<fsdp::comm_error>([&] { c.grouped([&] { (void)c.split(1, 1); }); });
@@ -581,4 +650,207 @@ TEST_CASE("nccl groups: a family member that fails inside a group is aborted wit
                                    "ncclCommAbort(c4)", "ncclCommAbort(c2)"}));
   CHECK(world.live_communicators() == 0);
   CHECK(group.live_communicators() == 0);
+}
+
+TEST_CASE("nccl hybrid groups (one communicator each): once the world is split, every collective of every group runs "
+          "on one stream of the family's, in the order the host issued them") {
+  // NCCL orders one communicator's collectives, not two communicators': the shard group's reduce-scatter on the
+  // reduce stream, its prefetched gather on the gather stream and the world's loss all-reduce on the compute stream
+  // could run in a different order on each rank. Through one stream, the order is the host's, which every rank shares.
+  script sc;
+  {
+    core world(fake_api{&sc}, 1, 4, 1000ms);
+    init(world);
+    world.label("h.0");
+    all_gather(world, sc, 8, 7, "rank1.all_gather");  // e1 on s7, still running at the split
+    sc.split = fake_api::success;
+    core group(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)");
+    group.init(world.split(1, 1), fake_api::success, "ncclCommSplit", "a split group");  // c2
+    CHECK_FALSE(world.ordered());
+    sc.calls.clear();
+    group.join_family(world);
+    CHECK(world.ordered());
+    CHECK(group.ordered());
+    // The family's stream is made at the join and first waits for what is still pending: the gather before the split.
+    CHECK(seq(sc.calls) == seq(calls{"cudaStreamCreate -> s100", "cudaStreamWaitEvent(s100, e1)"}));
+
+    sc.calls.clear();
+    group.label("h.1");
+    reduce_scatter(group, sc, 4, 8, "rank1.reduce");
+    all_gather(group, sc, 8, 7, "rank1.all_gather");
+    all_reduce(world, sc, 1, 9, "rank1.compute");
+    // Each collective: the issuing stream's work so far (an event, e2 for the group and e5 for the world, reused),
+    // the collective on s100, its completion event there, and the issuing stream waits for that.
+    CHECK(seq(sc.calls) ==
+          seq(calls{"cudaEventRecord(e2, s8)", "cudaStreamWaitEvent(s100, e2)", "ncclReduceScatter(c2) on s100",
+                    "cudaEventRecord(e3, s100)", "cudaStreamWaitEvent(s8, e3)",
+                    "cudaEventRecord(e2, s7)", "cudaStreamWaitEvent(s100, e2)", "ncclAllGather(c2) on s100",
+                    "cudaEventRecord(e4, s100)", "cudaStreamWaitEvent(s7, e4)",
+                    "cudaEventRecord(e5, s9)", "cudaStreamWaitEvent(s100, e5)", "ncclAllReduce on s100",
+                    "cudaEventRecord(e6, s100)", "cudaStreamWaitEvent(s9, e6)"}));
+    CHECK(group.stats()[collective::reduce_scatter] == 1);
+    CHECK(world.stats()[collective::all_reduce] == 1);
+
+    // Grouped: every call on s100 inside the group; the completions recorded once it is launched.
+    sc.calls.clear();
+    world.grouped([&] {
+      all_gather(world, sc, 8, 7, "rank1.all_gather");
+      reduce_scatter(group, sc, 4, 8, "rank1.reduce");
+    });
+    CHECK(seq(sc.calls) ==
+          seq(calls{"ncclGroupStart", "cudaEventRecord(e5, s7)", "cudaStreamWaitEvent(s100, e5)",
+                    "ncclAllGather on s100", "cudaEventRecord(e2, s8)", "cudaStreamWaitEvent(s100, e2)",
+                    "ncclReduceScatter(c2) on s100", "ncclGroupEnd", "cudaEventRecord(e7, s100)",
+                    "cudaStreamWaitEvent(s7, e7)", "cudaEventRecord(e8, s100)", "cudaStreamWaitEvent(s8, e8)"}));
+    sc.complete = {1, 2, 3, 4, 5, 6, 7, 8};
+    group.shutdown();
+    world.shutdown();
+    sc.calls.clear();
+  }
+  // The family's stream ends with its last member.
+  CHECK(seq(sc.calls) == seq(calls{"cudaStreamDestroy(s100)"}));
+}
+
+TEST_CASE("nccl hybrid groups under per_stream: no family stream (NCCL_LAUNCH_ORDER_IMPLICIT=1 orders the launches)") {
+  script sc;
+  core world(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);
+  init(world);
+  sc.split = fake_api::success;
+  core group(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)", nccl_channels::per_stream);
+  group.init(world.split(1, 1), fake_api::success, "ncclCommSplit", "a split group");
+  sc.calls.clear();
+  group.join_family(world);
+  CHECK_FALSE(world.ordered());
+  CHECK(sc.calls.empty());
+}
+
+TEST_CASE("nccl all_to_all: one group of a send and a receive per rank; a dtype this NCCL lacks is refused before the "
+          "group opens") {
+  script sc;
+  core c(fake_api{&sc}, 1, 3, 1000ms);
+  init(c);
+  c.label("h.1");
+  all_to_all(c, sc, 4, 8);
+  CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclSend(0)", "ncclRecv(0)", "ncclSend(1)", "ncclRecv(1)",
+                                   "ncclSend(2)", "ncclRecv(2)", "ncclGroupEnd", "cudaEventRecord(e1, s8)"}));
+  CHECK(c.stats()[collective::all_to_all] == 1);
+
+  // The NCCL type is resolved first: nothing is called, no group is left open on this thread (it would capture every
+  // later NCCL call), the communicator is not aborted, and no sequence number is spent.
+  sc.calls.clear();
+  CHECK(error_of<fsdp::usage_error>([&] { all_to_all(c, sc, 4, 8, dtype::f8e5m2); }) ==
+        "fsdp: comm::nccl: dtype f8e5m2 needs NCCL 2.24 or later");
+  CHECK(error_of<fsdp::usage_error>([&] { all_gather(c, sc, 4, 7, {}, dtype::f8e5m2); }) ==
+        "fsdp: comm::nccl: dtype f8e5m2 needs NCCL 2.24 or later");
+  CHECK(sc.calls.empty());
+  CHECK_FALSE(c.aborted());
+  CHECK(c.issued() == 1);
+
+  // A send NCCL rejects: the group is still closed, then the communicator aborted.
+  sc.complete = {1};
+  sc.call = fake_api::invalid_argument;
+  CHECK(error_of<fsdp::comm_error>([&] { all_to_all(c, sc, 4, 8); }) ==
+        "fsdp: NCCL reported ncclInvalidArgument (invalid argument) on rank 1 of 3 during ncclSend/ncclRecv for "
+        "all_to_all(count=4, i8) #1 for unit 'h.1'; pending: no collective pending; comm::nccl on rank 1 of 3 aborted "
+        "(restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+  CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclSend(0)", "ncclGroupEnd", "ncclCommAbort"}));
+}
+
+namespace {
+/// Issues `u` as nccl.cuh's connect() does (its own collective methods), recorded with its count and dtype.
+void issue_use(core& c, script& sc, const fsdp::collective_use& u, int stream) {
+  if (u.kind == collective::all_to_all) return all_to_all(c, sc, u.count, stream, u.type);
+  const std::string name = std::string(fsdp::comm::detail::nccl_function(u.kind)) + "(count=" +
+                           std::to_string(u.count) + ", " + std::string(fsdp::name_of(u.type)) + ")";
+  c.issue(u.kind, u.count, u.type, u.count * c.size(), stream, {}, [&](int comm, int on, int) {
+    sc.calls.push_back(nccl_call(name.c_str(), comm, on, stream));
+    return static_cast<fake_api::result>(sc.call);
+  });
+}
+const std::vector<fsdp::collective_use> plan_uses = {{collective::all_gather, 1000, dtype::bf16},
+                                                     {collective::reduce_scatter, 1000, dtype::f32},
+                                                     {collective::all_to_all, 64, dtype::i8}};
+}  // namespace
+
+TEST_CASE("nccl connect: each collective of the plan runs once over scratch before the reservation; what NCCL took is "
+          "measured, and none of it is counted") {
+  // NCCL 2.28 connects an algorithm's buffers at its first collective (NCCL_RUNTIME_CONNECT=1, its default where cuMem
+  // is), and a peer's at the first send to it: made here, they are measured beside the plan instead of taken in step 1.
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 1000ms);
+  sc.free_bytes = {10'000'000, 10'000'000, 9'000'000};  // after set-up; before connect(); after it, scratch freed
+  c.init(1, fake_api::success, "ncclCommInitRankConfig", "communicator set-up", 12'000'000);
+  c.label("h.3");
+  sc.complete = {1, 2, 3};
+  c.connect(plan_uses, [&](const fsdp::collective_use& u, void*, void*) { issue_use(c, sc, u, 9); });
+  // scratch for the largest: the reduce-scatter sends 4 x 1000 f32 (16000 B), the gather receives 4 x 1000 bf16
+  CHECK(seq(sc.calls) == seq(calls{"cudaMalloc(16000) -> 1", "cudaMalloc(8000) -> 2", "ncclAllGather(count=1000, bf16)",
+                                   "cudaEventRecord(e1, s9)", "ncclReduceScatter(count=1000, f32)",
+                                   "cudaEventRecord(e2, s9)", "ncclGroupStart", "ncclSend(0)", "ncclRecv(0)",
+                                   "ncclSend(1)", "ncclRecv(1)", "ncclSend(2)", "ncclRecv(2)", "ncclSend(3)",
+                                   "ncclRecv(3)", "ncclGroupEnd", "cudaEventRecord(e3, s9)", "ncclCommGetAsyncError",
+                                   "cudaFree(2)", "cudaFree(1)"}));
+  CHECK(c.connect_bytes() == 1'000'000);
+  CHECK(c.device_bytes() == 2'000'000 + 1'000'000);
+  CHECK(c.connected() == 3);
+  for (std::size_t k = 0; k < fsdp::collective_kinds; ++k) CHECK(c.stats().count[k] == 0);
+  CHECK(c.issued() == 3);  // numbered like any collective, so a failure among them is named
+  // nothing to connect: nothing called
+  sc.calls.clear();
+  c.connect({}, [&](const fsdp::collective_use&, void*, void*) { FAIL("no use to issue"); });
+  CHECK(sc.calls.empty());
+  // the trainer's label is back
+  sc.call = fake_api::invalid_argument;
+  CHECK(error_of<fsdp::comm_error>([&] { all_gather(c, sc, 8, 7); }).find("#3 for unit 'h.3'") != std::string::npos);
+}
+
+TEST_CASE("nccl connect: a connection that never completes is named, aborts the family, and leaves the scratch alone") {
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 5ms);
+  init(c);
+  c.label("h.3");
+  const std::string msg = error_of<fsdp::comm_error>([&] {
+    c.connect(plan_uses, [&](const fsdp::collective_use& u, void*, void*) { issue_use(c, sc, u, 9); });
+  });
+  CHECK(msg == "fsdp: connecting 3 collectives of the plan on rank 1 did not complete within 5 ms; pending: "
+               "all_gather(count=1000, bf16) #0 for unit '(connections for the plan's collectives)', issued 5 ms ago "
+               "and not complete; reduce_scatter(count=1000, f32) #1 for unit '(connections for the plan's "
+               "collectives)', issued 5 ms ago and not complete; all_to_all(count=64, i8) #2 for unit '(connections "
+               "for the plan's collectives)', issued 5 ms ago and not complete; comm::nccl on rank 1 of 4 aborted (a "
+               "rank that died or issued a different collective sequence leaves the others waiting)");
+  CHECK(sc.calls.back() == "ncclCommAbort");
+  for (const std::string& call : sc.calls) CHECK(call.rfind("cudaFree", 0) != 0);  // a collective may still hold it
+}
+
+TEST_CASE("nccl split: ncclCommSplit answers ncclSuccess while the split still runs; the parent's state says when it "
+          "has settled, and only then is the new communicator read") {
+  // NCCL 2.28 (2.28.3 on the H200, 2.28.9 here): a non-blocking split returns ncclSuccess from the call, sets the
+  // parent's state to ncclInProgress, and fills the new communicator from a job of the parent. Reading it at the
+  // call's answer found it null on the H200 ("it settled, but gave no communicator"), and the abort that followed
+  // ended the running job ("ncclAsyncJobComplete: job ... failed, job error 3").
+  script sc;
+  core c(fake_api{&sc}, 0, 1, 1000ms);
+  init(c);
+  sc.split = fake_api::success;
+  sc.split_fills_when_settled = true;
+  sc.async = {fake_api::in_progress, fake_api::in_progress};  // the parent's job runs for two more reads
+  const int sub = c.split(3, 0);
+  CHECK(sub == 2);
+  CHECK(seq(sc.calls) == seq(calls{"ncclCommSplit(c1, color=3, key=0) -> c2", "ncclCommGetAsyncError", "sleep",
+                                   "ncclCommGetAsyncError", "sleep", "ncclCommGetAsyncError",
+                                   "ncclCommGetAsyncError(c2)"}));
+  CHECK_FALSE(c.aborted());
+  // the parent's state reports the job's failure: named, and nothing is left half made
+  script sc2;
+  core d(fake_api{&sc2}, 0, 1, 1000ms);
+  init(d);
+  sc2.split = fake_api::success;
+  sc2.split_fills_when_settled = true;
+  sc2.async = {fake_api::in_progress, fake_api::internal_error};
+  CHECK(error_of<fsdp::comm_error>([&] { (void)d.split(3, 0); }) ==
+        "fsdp: NCCL reported ncclInternalError (internal error) on rank 0 of 1 during ncclCommSplit for split(color=3, "
+        "key=0); pending: no collective pending; comm::nccl on rank 0 of 1 aborted (restart every rank; "
+        "NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+  CHECK(seq(sc2.calls) == seq(calls{"ncclCommSplit(c1, color=3, key=0) -> c2", "ncclCommGetAsyncError", "sleep",
+                                    "ncclCommGetAsyncError", "ncclCommAbort"}));
 }

@@ -515,14 +515,17 @@ class cuda {
     return timing_mark(e);
   }
 
-  /// The device's most urgent stream priority: the gather, reduce and copy streams run at it, so that their
-  /// collectives, casts and copies take SMs ahead of the compute kernels queued at the default priority (the
-  /// trainer's compute stream keeps the default).
+ public:
+  /// The device's most urgent stream priority: the gather, reduce and copy streams run at it (and comm::nccl's
+  /// collective stream), so that their collectives, casts and copies take SMs ahead of the compute kernels queued
+  /// at the default priority (the trainer's compute stream keeps the default).
   static int most_urgent_priority() {
     int least = 0, greatest = 0;
     FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     return greatest;
   }
+
+ private:
 
   /// The compute stream: the trainer's (cuda_options::compute_stream), or one of the backend's own.
   static stream make_compute(int rank, cudaStream_t trainers) {

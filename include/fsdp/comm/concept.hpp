@@ -40,6 +40,19 @@ struct collective_stats {
   std::uint64_t operator[](collective c) const noexcept { return count[static_cast<std::size_t>(c)]; }
 };
 
+/// One collective a plan will issue, known before the first step: its kind, its `count` (as the collective's own
+/// argument: per rank for all_gather and reduce_scatter, per pair for all_to_all, the whole buffer otherwise) and
+/// its dtype. A communicator with connect() (comm::nccl) is handed the list of its group before the memory plan is
+/// reserved, to make what those collectives need first (fsdp/plan/collectives.hpp).
+struct collective_use {
+  collective kind = collective::all_gather;
+  std::int64_t count = 0;
+  dtype type = dtype::f32;
+
+  friend constexpr bool operator==(const collective_use&, const collective_use&) noexcept = default;
+  friend constexpr auto operator<=>(const collective_use&, const collective_use&) noexcept = default;
+};
+
 /// Requirements on a communicator. `count` is in elements: per rank for all_gather (send count) and
 /// reduce_scatter (receive count), whole buffer for all_reduce and broadcast. Two aliasings must work, as they do
 /// in NCCL (MPI needs MPI_IN_PLACE for them): an in-place all_gather whose send buffer is this rank's slice of the

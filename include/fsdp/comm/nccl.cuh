@@ -81,10 +81,15 @@ struct nccl_api {
   using stream = cudaStream_t;
   using event = cudaEvent_t;
   using comm = ncclComm_t;
+  using data_type = ncclDataType_t;
+
+  data_type type_of(dtype t) const { return nccl_detail::type_of(t); }
 
   result get_async_error(comm c, result& state) { return ncclCommGetAsyncError(c, &state); }
   /// The new communicator is non-blocking like every communicator here, and shares no resources with its parent
-  /// (splitShare 0), so that collectives on the two run side by side.
+  /// (splitShare 0; NCCL 2.28 reads both from the parent's config, src/init.cc's ncclCommInitChildComm, which the
+  /// constructor sets alike, and this config says the same). A non-blocking split answers ncclSuccess while it
+  /// still runs: nccl_core polls the parent's state before it reads `out`.
   result split(comm parent, int color, int key, comm& out) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -112,6 +117,19 @@ struct nccl_api {
     return e;
   }
   void record(event e, stream s) { FSDP_CUDA_CHECK(cudaEventRecord(e, s)); }
+  void wait(stream s, event e) { FSDP_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0)); }
+  stream new_stream() {
+    cudaStream_t s = nullptr;
+    FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, backend::cuda::most_urgent_priority()));
+    return s;
+  }
+  void destroy_stream(stream s) noexcept { FSDP_CUDA_LOG(cudaStreamDestroy(s)); }
+  void* device_alloc(std::size_t bytes) {
+    void* p = nullptr;
+    FSDP_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+  }
+  void device_free(void* p) noexcept { FSDP_CUDA_LOG(cudaFree(p)); }
   bool complete(event e) {
     const cudaError_t rc = cudaEventQuery(e);
     if (rc == cudaErrorNotReady) return false;
@@ -169,6 +187,7 @@ class nccl_communicator {
     FSDP_CUDA_CHECK(cudaSetDevice(opt_.backend.device));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    config.splitShare = 0;  // what its splits inherit (NCCL reads a split's splitShare from the parent's config)
     ncclComm_t c = nullptr;
     const std::int64_t free_before = core_.free_device_bytes();
     const ncclResult_t rc = ncclCommInitRankConfig(&c, world, id, rank, &config);
@@ -221,46 +240,63 @@ class nccl_communicator {
   void label(std::string_view unit) { core_.label(unit); }
 
   void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
-    core_.issue(collective::all_gather, count, t, count * size(), s.get(), s.name(), [&](ncclComm_t c) {
-      return ncclAllGather(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), c, s.get());
-    });
+    core_.issue(collective::all_gather, count, t, count * size(), s.get(), s.name(),
+                [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
+                  return ncclAllGather(send, recv, static_cast<std::size_t>(count), nt, c, on);
+                });
   }
   void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    core_.issue(collective::reduce_scatter, count, t, count * size(), s.get(), s.name(), [&](ncclComm_t c) {
-      return ncclReduceScatter(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t),
-                               nccl_detail::op_of(op), c, s.get());
-    });
+    core_.issue(collective::reduce_scatter, count, t, count * size(), s.get(), s.name(),
+                [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
+                  return ncclReduceScatter(send, recv, static_cast<std::size_t>(count), nt, nccl_detail::op_of(op), c, on);
+                });
   }
   void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
     all_reduce_on(send, recv, count, t, op, s, s.name());
   }
   /// recv block q = rank q's send block rank() (`count` elements per pair of ranks): NCCL has no all-to-all, so
   /// it is a group of one ncclSend and one ncclRecv per rank (this one included), issued and settled as one
-  /// collective. The buffers must not overlap.
+  /// collective (detail::nccl_core::all_to_all). The buffers must not overlap.
   void all_to_all(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
     detail::require_apart(send, recv, count, t, rank(), size());
     const std::size_t block = static_cast<std::size_t>(count) * size_of(t);
-    core_.issue(collective::all_to_all, count, t, count * size(), s.get(), s.name(), [&](ncclComm_t c) {
-      ncclResult_t rc = ncclGroupStart();
-      if (rc != ncclSuccess) return rc;
-      auto ok = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
-      for (int q = 0; q < size() && ok(rc); ++q) {
-        rc = ncclSend(static_cast<const char*>(send) + q * block, static_cast<std::size_t>(count),
-                      nccl_detail::type_of(t), q, c, s.get());
-        if (ok(rc))
-          rc = ncclRecv(static_cast<char*>(recv) + q * block, static_cast<std::size_t>(count), nccl_detail::type_of(t),
-                        q, c, s.get());
-      }
-      const ncclResult_t end = ncclGroupEnd();  // always closed: a failed call inside fails the group as a whole
-      return ok(rc) ? end : rc;
-    });
+    core_.all_to_all(
+        count, t, s.get(), s.name(),
+        [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt, int q) {
+          return ncclSend(static_cast<const char*>(send) + q * block, static_cast<std::size_t>(count), nt, q, c, on);
+        },
+        [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt, int q) {
+          return ncclRecv(static_cast<char*>(recv) + q * block, static_cast<std::size_t>(count), nt, q, c, on);
+        });
   }
   void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
     if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
-    core_.issue(collective::broadcast, count, t, count, s.get(), s.name(), [&](ncclComm_t c) {
-      return ncclBroadcast(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), root, c, s.get());
+    core_.issue(collective::broadcast, count, t, count, s.get(), s.name(),
+                [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
+                  return ncclBroadcast(send, recv, static_cast<std::size_t>(count), nt, root, c, on);
+                });
+  }
+
+  /// Makes what these collectives need on this group's communicator before they are first issued (NCCL's
+  /// lazily connected ring, tree and NVLS buffers, and the per-peer buffers of an all-to-all; see
+  /// detail::nccl_core::connect): each runs once, over scratch buffers, on the base communicator, and what that
+  /// took from the device is added to device_bytes() (connect_bytes()). A Model calls it with its plan's
+  /// collectives (fsdp/plan/collectives.hpp) before it reserves the plan's memory. Collective: every rank of the
+  /// group, with the same uses.
+  void connect(const std::vector<collective_use>& uses) {
+    core_.connect(uses, [&](const collective_use& u, void* send, void* recv) {
+      switch (u.kind) {
+        case collective::all_gather: all_gather(send, recv, u.count, u.type, *barrier_stream_); break;
+        case collective::reduce_scatter: reduce_scatter(send, recv, u.count, u.type, reduce_op::sum, *barrier_stream_); break;
+        case collective::all_reduce: all_reduce_on(send, recv, u.count, u.type, reduce_op::sum, *barrier_stream_, {}); break;
+        case collective::broadcast: broadcast(send, recv, u.count, u.type, 0, *barrier_stream_); break;
+        case collective::all_to_all: all_to_all(send, recv, u.count, u.type, *barrier_stream_); break;
+      }
     });
   }
+  /// Of device_bytes(), what connect() took (measured).
+  std::int64_t connect_bytes() const noexcept { return core_.connect_bytes(); }
+
   /// Blocks until every rank has reached its barrier (a one-element all-reduce on the base communicator), under
   /// the timeout.
   void barrier() {
@@ -328,9 +364,8 @@ class nccl_communicator {
 
   void all_reduce_on(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s,
                      std::string_view key) {
-    core_.issue(collective::all_reduce, count, t, count, s.get(), key, [&](ncclComm_t c) {
-      return ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_detail::type_of(t), nccl_detail::op_of(op),
-                           c, s.get());
+    core_.issue(collective::all_reduce, count, t, count, s.get(), key, [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
+      return ncclAllReduce(send, recv, static_cast<std::size_t>(count), nt, nccl_detail::op_of(op), c, on);
     });
   }
 

@@ -9,6 +9,8 @@
 //   using result = ...;  static constexpr result success, in_progress, internal_error;
 //                                                     ncclResult_t: ncclSuccess, ncclInProgress, ncclInternalError
 //   using stream = ...;  using event = ...;  using comm = ...;              cudaStream_t, cudaEvent_t, ncclComm_t
+//   using data_type = ...;  data_type type_of(dtype)  ncclDataType_t; a usage_error for a dtype this NCCL lacks
+//                                                (resolved before any NCCL call of the collective is made)
 //   result get_async_error(comm, result& state)  ncclCommGetAsyncError
 //   result split(comm, int color, int key, comm& out)  ncclCommSplit, non-blocking like its parent
 //   result comm_abort(comm)                      ncclCommAbort (the communicator is gone afterwards)
@@ -17,6 +19,12 @@
 //   result fail_group(comm)                      a call NCCL rejects inside the open group (see grouped())
 //   std::string describe(result, comm)           "ncclRemoteError (remote process exited or ...)"; comm{} allowed
 //   event new_event();  void record(event, stream);  bool complete(event);  void destroy_event(event) noexcept
+//   void wait(stream, event)                     cudaStreamWaitEvent
+//   stream new_stream();  void destroy_stream(stream) noexcept
+//                                                a non-blocking stream at the device's most urgent priority (the
+//                                                family's collective stream: see join_family)
+//   void* device_alloc(std::size_t);  void device_free(void*) noexcept
+//                                                cudaMalloc (throws when it fails) and cudaFree: connect()'s scratch
 //   std::chrono::steady_clock::time_point now();  void sleep(std::chrono::microseconds)
 //   void log(const std::string&) noexcept        one line on stderr (destructors only log)
 //   std::int64_t free_device_bytes()             cudaMemGetInfo's free bytes (what a communicator's creation takes
@@ -136,7 +144,7 @@ class nccl_core {
   nccl_core(Api api, int rank, int world, std::chrono::milliseconds timeout, std::string name = "comm::nccl",
             nccl_channels channels = nccl_channels::one)
       : api_(std::move(api)), rank_(rank), world_(world), timeout_(timeout), name_(std::move(name)),
-        channels_mode_(channels), family_(std::make_shared<family>()) {
+        channels_mode_(channels), family_(std::make_shared<family>(api_)) {
     family_->members.push_back(this);
   }
   nccl_core(const nccl_core&) = delete;
@@ -177,22 +185,45 @@ class nccl_core {
   }
   /// The device's free memory now (cudaMemGetInfo), for init()'s `free_before`.
   std::int64_t free_device_bytes() { return api_.free_device_bytes(); }
-  /// What the creation of this core's communicators took from the device, measured as the drop in free memory
-  /// across each (other allocations at the same moment would count too).
+  /// What the creation of this core's communicators, and connect(), took from the device, measured as the drop in
+  /// free memory across each (other allocations at the same moment would count too).
   std::int64_t device_bytes() const noexcept {
-    std::int64_t n = 0;
+    std::int64_t n = connect_bytes_;
     for (const channel& ch : channels_) n += ch.device_bytes;
     return n;
   }
   nccl_channels channels() const noexcept { return channels_mode_; }
 
   /// Joins `parent`'s family: from now on a failure of either aborts both, and a check() of either looks at both.
+  ///
+  /// One order for every communicator of the family. NCCL runs one communicator's collectives in the order they
+  /// were issued, whatever the stream, but nothing orders two communicators' (NCCL's guide, "Using multiple NCCL
+  /// communicators concurrently": operations on different communicators must be ordered the same on every rank, or
+  /// they may deadlock). Hybrid sharding's groups issue on up to three at once: the shard group's gathers on the
+  /// gather stream, its reductions and the replicas' all-reduce on the reduce stream, the world's loss and norm
+  /// all-reduces on the compute stream. So once a family has a second communicator under nccl_channels::one,
+  /// every collective of every member is issued on one stream of the family's, in the order the host issues them,
+  /// which every rank shares (route()): the issuing stream's work so far is waited for (an event), the collective
+  /// runs on the family's stream, and the issuing stream waits for it. At the join, that stream first waits for
+  /// every collective still pending on any member, so the ones issued before the split come first too. Under
+  /// nccl_channels::per_stream, NCCL_LAUNCH_ORDER_IMPLICIT=1 (which it requires) orders the launches of every
+  /// communicator of the device by their host order already, and nothing is added.
   void join_family(nccl_core& parent) {
     leave_family();
     family_ = parent.family_;
     std::lock_guard lk(family_->mu);
     family_->members.push_back(this);
+    if (channels_mode_ == nccl_channels::one && parent.channels_mode_ == nccl_channels::one && !family_->ordered) {
+      family_->serial = api_.new_stream();
+      family_->ordered = true;
+      for (nccl_core* m : family_->members) {
+        std::lock_guard pk(m->mu_);
+        for (const pending_op& p : m->pending_) api_.wait(family_->serial, p.done);
+      }
+    }
   }
+  /// Whether the family's collectives go through one stream (see join_family).
+  bool ordered() const noexcept { return family_->ordered; }
 
   /// A new communicator of the ranks that pass the same `color`, ranked by `key` (ncclCommSplit on the base, a
   /// collective of the base's ranks), settled. The caller owns it (a nccl_core of its own, usually joined to this
@@ -206,29 +237,107 @@ class nccl_core {
 
   collective_stats stats() const { return stats_.get(); }
 
-  /// Issues one collective: `call(c)` makes the NCCL call on communicator `c` and stream `s`, and returns its
-  /// result. `c` is the communicator of stream name `key` (split from the base on the name's first collective),
-  /// or the base when `key` is empty. Once NCCL has accepted the call, an event recorded on `s` tracks its
-  /// completion (inside grouped(): once the group is launched).
+  /// Issues one collective: `call(c, on, type)` makes the NCCL call on communicator `c` and stream `on` with the
+  /// NCCL data type of `t` (Api::type_of, resolved first: a dtype this NCCL lacks is a usage_error before anything
+  /// is issued), and returns its result. `c` is the communicator of stream name `key` (split from the base on the
+  /// name's first collective), or the base when `key` is empty. `on` is `s`, or the family's collective stream once
+  /// the family has several communicators (see join_family): `s`'s work so far comes first, and `s` waits for the
+  /// collective. Once NCCL has accepted the call, an event recorded on `on` tracks its completion (inside
+  /// grouped(): once the group is launched).
   template <class Call>
   void issue(collective kind, std::int64_t count, dtype t, std::int64_t total_elems, stream s, std::string_view key,
              Call&& call) {
     if (count < 0) fsdp::detail::fail_usage(name_of(kind), " on rank ", rank_, ": negative count ", count);
     if (aborted_)
       throw comm_error(fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after ", name_, " was aborted: ", reason_));
+    const auto type = api_.type_of(t);
     const comm c = channel_for(key);
+    const stream on = route(s);
     nccl_op op{seq_++, kind, count, t, label_, api_.now()};
     const std::string where = op.str();
-    settle(call(c), c, nccl_function(kind), where);
-    if (in_group_) {
-      group_.push_back({std::move(op), s, total_elems});
+    settle(call(c, on, type), c, nccl_function(kind), where);
+    if (group_owner_) {  // this thread's group (this core's, or another member's): recorded once it is launched
+      group_owner_->group_.push_back({std::move(op), s, on, total_elems, this});
       return;
     }
-    record({std::move(op), s, total_elems});
+    record({std::move(op), s, on, total_elems, this});
   }
 
+  /// An all-to-all of `count` elements of `t` per pair of ranks: NCCL has none of its own, so one group of a send
+  /// and a receive per rank (this one included), `send(c, on, type, q)` and `recv(c, on, type, q)` making the NCCL
+  /// calls for rank q, issued, settled and tracked as one collective. The group is always closed: a failed call
+  /// inside it fails it as a whole (ncclGroupEnd launches none of it). Inside grouped() it joins the enclosing
+  /// launch.
+  template <class Send, class Recv>
+  void all_to_all(std::int64_t count, dtype t, stream s, std::string_view key, Send&& send, Recv&& recv) {
+    issue(collective::all_to_all, count, t, count * world_, s, key, [&](comm c, stream on, auto type) {
+      result rc = api_.group_start();
+      if (rc != Api::success) return rc;
+      auto ok = [](result r) { return r == Api::success || r == Api::in_progress; };
+      for (int q = 0; q < world_ && ok(rc); ++q) {
+        rc = send(c, on, type, q);
+        if (ok(rc)) rc = recv(c, on, type, q);
+      }
+      const result end = api_.group_end();
+      return ok(rc) ? end : rc;
+    });
+  }
+
+  /// Makes what the collectives `uses` need before they are first issued, so that it is taken from the device
+  /// now rather than inside a step: NCCL 2.28 connects an algorithm's ring, tree or NVLS buffers at the first
+  /// collective that uses the algorithm (NCCL_RUNTIME_CONNECT, on by default wherever cuMem is: src/init.cc, and
+  /// src/enqueue.cc's algoNeedConnect), which depends on the collective's kind and size, and a peer's send and
+  /// receive buffers at the first ncclSend / ncclRecv with it (every peer, for an all-to-all). Each use runs once,
+  /// in order, on the base communicator through `issue_one(use, send, recv)` (the caller's collective calls, on a
+  /// stream of its own) over scratch buffers made for the largest (Api::device_alloc), not counted in stats() nor named as
+  /// any unit's; all are waited for under the timeout, the scratch is freed, and the drop in free device memory
+  /// across it all is added to connect_bytes() and device_bytes(). Every rank of the group calls it with the same
+  /// uses (they are the plan's). A failure aborts the family, as any collective's does; the scratch is then left
+  /// to the process (a collective may still hold it).
+  template <class Issue>
+  void connect(const std::vector<collective_use>& uses, Issue&& issue_one) {
+    if (uses.empty()) return;
+    if (aborted_)
+      throw comm_error(fsdp::detail::cat("connect() on rank ", rank_, " after ", name_, " was aborted: ", reason_));
+    std::size_t send_bytes = 0, recv_bytes = 0;
+    for (const collective_use& u : uses) {
+      const scratch_bytes b = scratch_of(u);
+      send_bytes = std::max(send_bytes, b.send);
+      recv_bytes = std::max(recv_bytes, b.recv);
+    }
+    const std::int64_t before = api_.free_device_bytes();
+    void* send = api_.device_alloc(std::max<std::size_t>(send_bytes, 1));
+    void* recv = nullptr;
+    try {
+      recv = api_.device_alloc(std::max<std::size_t>(recv_bytes, 1));
+    } catch (...) {
+      api_.device_free(send);
+      throw;
+    }
+    const std::string label = std::exchange(label_, "(connections for the plan's collectives)");
+    connecting_ = true;
+    try {
+      for (const collective_use& u : uses) issue_one(u, send, recv);
+      drain(fsdp::detail::cat("connecting ", uses.size(), " collective", uses.size() == 1 ? "" : "s", " of the plan"));
+    } catch (...) {
+      connecting_ = false;
+      label_ = label;
+      throw;  // the scratch stays: a collective may still use it
+    }
+    connecting_ = false;
+    label_ = label;
+    api_.device_free(recv);
+    api_.device_free(send);
+    connect_bytes_ += taken_since(before);
+    connected_ += uses.size();
+  }
+  /// What connect() took from the device (measured), and how many collectives it ran.
+  std::int64_t connect_bytes() const noexcept { return connect_bytes_; }
+  std::size_t connected() const noexcept { return connected_; }
+
   /// Runs fn() with its collectives grouped into one NCCL launch. Completion events are recorded only once
-  /// ncclGroupEnd has launched the group. If fn throws, the group is abandoned: nothing of it is launched (a call
+  /// ncclGroupEnd has launched the group, those of every core this thread issues on inside fn (NCCL's group is
+  /// the thread's: another member of the family joins it). If fn throws, the group is abandoned: nothing of it is launched (a call
   /// that NCCL rejects inside the group makes ncclGroupEnd discard the whole group) and the communicator is aborted,
   /// because this rank's collective sequence no longer matches the other ranks'. ncclCommAbort is called only
   /// once the group is closed: inside an open group NCCL would merely queue it until ncclGroupEnd, which would then
@@ -238,14 +347,14 @@ class nccl_core {
   void grouped(F&& fn) {
     if (aborted_)
       throw comm_error(fsdp::detail::cat("grouped() on rank ", rank_, " after ", name_, " was aborted: ", reason_));
-    if (in_group_) {  // nested: part of the enclosing group
+    if (group_owner_) {  // nested (in this core's group or another's): part of the enclosing group
       std::forward<F>(fn)();
       return;
     }
     const std::uint64_t first = seq_;
     const result rc = api_.group_start();
     if (rc != Api::success) fail_nccl(rc, base(), "ncclGroupStart");
-    in_group_ = true;
+    group_owner_ = this;
     ++open_groups_;
     group_.clear();
     try {
@@ -253,7 +362,7 @@ class nccl_core {
     } catch (...) {
       abandon_group(std::current_exception());
     }
-    in_group_ = false;
+    group_owner_ = nullptr;
     std::vector<grouped_op> launched = std::move(group_);
     group_.clear();
     const result end = api_.group_end();
@@ -261,7 +370,7 @@ class nccl_core {
     settle_all(end, "ncclGroupEnd",
                first == seq_ ? std::string("an empty group")
                              : fsdp::detail::cat("grouped collectives #", first, " to #", seq_ - 1));
-    for (grouped_op& g : launched) record(std::move(g));
+    for (grouped_op& g : launched) g.owner->record(std::move(g));
   }
 
   /// Throws (after aborting the family) if NCCL reports an asynchronous error on any communicator of the family;
@@ -350,8 +459,17 @@ class nccl_core {
 
  private:
   struct family {
+    explicit family(const Api& a) : api(a) {}
+    family(const family&) = delete;
+    family& operator=(const family&) = delete;
+    ~family() {
+      if (ordered) api.destroy_stream(serial);
+    }
+    Api api;
     std::recursive_mutex mu;  ///< a member's failure inside check() aborts the family from the same thread
     std::vector<nccl_core*> members;
+    bool ordered = false;  ///< every member's collectives go through `serial` (join_family)
+    stream serial{};
   };
   struct channel {
     std::string key;  ///< the stream name; empty for the base
@@ -361,9 +479,55 @@ class nccl_core {
   };
   struct grouped_op {
     nccl_op op;
-    stream s;
+    stream s;   ///< the issuing stream
+    stream on;  ///< where the collective runs: `s`, or the family's stream
     std::int64_t total_elems;
+    nccl_core* owner;  ///< the core that issued it, which tracks its completion
   };
+  /// The scratch connect() needs for one use.
+  struct scratch_bytes {
+    std::size_t send = 0, recv = 0;
+  };
+  scratch_bytes scratch_of(const collective_use& u) const {
+    const std::size_t one = static_cast<std::size_t>(std::max<std::int64_t>(u.count, 0)) * size_of(u.type);
+    const std::size_t all = one * static_cast<std::size_t>(world_);
+    switch (u.kind) {
+      case collective::all_gather: return {one, all};
+      case collective::reduce_scatter: return {all, one};
+      case collective::all_to_all: return {all, all};
+      case collective::all_reduce:
+      case collective::broadcast: return {one, one};
+    }
+    return {all, all};
+  }
+
+  /// The stream a collective issued on `s` runs on: `s`, or the family's (see join_family), which first waits for
+  /// `s`'s work so far.
+  stream route(stream s) {
+    if (!family_->ordered) return s;
+    if (!has_handoff_) {
+      handoff_ = api_.new_event();
+      has_handoff_ = true;
+    }
+    api_.record(handoff_, s);
+    api_.wait(family_->serial, handoff_);
+    return family_->serial;
+  }
+
+  /// Waits until every collective this core issued has completed, watching the family's errors, under the timeout.
+  void drain(std::string_view what) {
+    const auto deadline = api_.now() + timeout_;
+    for (;;) {
+      check();
+      {
+        std::lock_guard lk(mu_);
+        if (pending_.empty()) return;
+      }
+      if (api_.now() > deadline)
+        fail_timeout(fsdp::detail::cat(what, " on rank ", rank_, " did not complete within ", timeout_.count(), " ms"));
+      api_.sleep(poll_interval);
+    }
+  }
   struct pending_op {
     nccl_op op;
     event done;
@@ -426,9 +590,15 @@ class nccl_core {
     comm out{};
     const result rc = api_.split(parent, color, key, out);
     try {
-      // A non-blocking split answers in_progress and runs as a job of the parent, whose state says when it has
-      // settled; NCCL fills `out` (it is null until then). The new communicator's own state is then settled too.
-      settle(rc, parent, "ncclCommSplit", what);
+      // A non-blocking split runs as a job of the parent, whose state says when it has settled; NCCL fills `out`
+      // from that job (it is null until then). The call's own answer does not say it has settled: NCCL 2.28's
+      // ncclCommSplit returns ncclSuccess while the job still runs (src/init.cc returns its own result after
+      // NCCLCHECK(ncclGroupEndInternal()), which lets the group's ncclInProgress pass, and src/group.cc has set the
+      // parent's state to ncclInProgress). So after a success the parent's state is read, and polled while it is
+      // in progress (ncclCommGetAsyncError on the parent then joins the job); only then is `out` read. Reading it at
+      // once found it null on the H200 (2026-11-26: "it settled, but gave no communicator"), and the abort that
+      // followed ended the running job ("job error 3"). The new communicator's own state is then settled too.
+      settle(rc == Api::success ? async_state(parent) : rc, parent, "ncclCommSplit", what);
       if (out == comm{})
         fail_nccl(Api::internal_error, parent, fsdp::detail::cat("ncclCommSplit for ", what, " (it settled, but gave no communicator)"));
       settle(async_state(out), out, "ncclCommSplit", what);
@@ -563,7 +733,7 @@ class nccl_core {
     // state is per thread and would capture every later NCCL call of this thread.
     (void)api_.fail_group(base());
     (void)api_.group_end();
-    in_group_ = false;
+    group_owner_ = nullptr;
     --open_groups_;
     const std::string msg = fsdp::detail::cat(
         name_, " on rank ", rank_, " of ", world_, ": grouped() abandoned after ", n, " queued collective",
@@ -593,13 +763,14 @@ class nccl_core {
   void record(grouped_op g) {
     event e = take_event();
     try {
-      api_.record(e, g.s);
+      api_.record(e, g.on);
+      if (g.on != g.s) api_.wait(g.s, e);  // the issuing stream goes on once the collective is done
     } catch (...) {
       std::lock_guard lk(mu_);
       spare_.push_back(e);
       throw;
     }
-    stats_.add(static_cast<std::size_t>(g.op.kind), g.op.type, g.total_elems);
+    if (!connecting_) stats_.add(static_cast<std::size_t>(g.op.kind), g.op.type, g.total_elems);
     std::lock_guard lk(mu_);
     pending_.push_back({std::move(g.op), e});
     if (pending_.size() > 64) retire_completed_locked();
@@ -634,6 +805,8 @@ class nccl_core {
     for (event e : spare_) api_.destroy_event(e);
     pending_.clear();
     spare_.clear();
+    if (has_handoff_) api_.destroy_event(handoff_);
+    has_handoff_ = false;
   }
 
   Api api_;
@@ -645,17 +818,24 @@ class nccl_core {
   std::shared_ptr<family> family_;
   std::vector<channel> channels_;  ///< [0]: the base communicator; then one per stream name, in first-use order
   bool aborted_ = false;
-  bool in_group_ = false;  ///< this core's grouped() is running (its collectives are queued in group_)
+  /// The core whose grouped() this thread is inside (NCCL's group state is per thread): every collective issued
+  /// meanwhile, on any core, is queued in its group_ and recorded once the group is launched. Null outside.
+  static inline thread_local nccl_core* group_owner_ = nullptr;
   /// Groups open on this thread, over every core: NCCL's group state (ncclGroupStart / ncclGroupEnd) is per thread.
   static inline thread_local int open_groups_ = 0;
   std::string reason_;
   std::string label_ = "(none)";
   std::uint64_t seq_ = 0;
-  std::vector<grouped_op> group_;  ///< issued inside grouped(), recorded once the group is launched
+  std::vector<grouped_op> group_;  ///< issued inside this core's grouped(), recorded once the group is launched
   mutable std::mutex mu_;
   std::deque<pending_op> pending_;
   std::vector<event> spare_;
   stats_tally stats_;
+  event handoff_{};  ///< route(): the issuing stream's work so far, for the family's stream to wait on
+  bool has_handoff_ = false;
+  bool connecting_ = false;  ///< connect() is issuing: not counted in stats_
+  std::int64_t connect_bytes_ = 0;
+  std::size_t connected_ = 0;
 };
 
 }  // namespace detail
