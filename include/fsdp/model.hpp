@@ -49,6 +49,7 @@
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/memory/cost.hpp"
+#include "fsdp/plan/collectives.hpp"
 #include "fsdp/plan/listing.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/plan/timeline.hpp"
@@ -197,6 +198,13 @@ class model_core {
       for (const auto* g : {shard_comm_.get(), replicate_comm_.get()})
         if (g) p.outside_plan_bytes += g->device_bytes();
     }
+    if constexpr (requires(const communicator& c) {
+                    { c.connect_bytes() } -> std::convertible_to<std::int64_t>;
+                  }) {  // comm::nccl: of that, the connections made before the reservation
+      p.outside_plan_connect_bytes = comm_->connect_bytes();
+      for (const auto* g : {shard_comm_.get(), replicate_comm_.get()})
+        if (g) p.outside_plan_connect_bytes += g->connect_bytes();
+    }
     return p;
   }
   /// The plan with an optimizer's state and gradient inspection.
@@ -288,10 +296,37 @@ class model_core {
   // ---- for fsdp/exec/model_access.hpp --------------------------------------------------------------------------
   /// Reserves the planned peak in the backend's memory pool, so that no step allocates from the device (CUDA
   /// backend); nothing to do on the host backend. The constructor reserves for parameters, gradients and
-  /// gathers; the optimizers call it with their state count and inspection rows.
+  /// gathers; the optimizers call it with their state count and inspection rows. First, what the collectives of
+  /// the step need is made (connect_collectives), so that the pool, which never gives memory back, is taken
+  /// after it and not before.
   void reserve_memory(int optimizer_states, int norm_rows = 0) {
+    connect_collectives(norm_rows);
     if constexpr (requires(backend_type& b) { b.reserve(std::int64_t{}); })
       backend().reserve(plan_memory(optimizer_states, norm_rows).peak.total);
+  }
+
+  /// Hands each group's collectives (fsdp/plan/collectives.hpp: the units' gathers and reductions, the replicas'
+  /// all-reduces, the world's one-element all-reduce and, with `norm_rows`, the gradient norms' all-reduce) to a
+  /// communicator with connect() (comm::nccl), each list once and only what was not handed over before: NCCL
+  /// connects what a collective needs at its first use, which would otherwise be inside step 1, after the
+  /// reservation. Collective: every rank calls it at the same point (construction, an optimizer's construction).
+  void connect_collectives(int norm_rows) {
+    if constexpr (requires(communicator& c, const std::vector<collective_use>& u) { c.connect(u); }) {
+      std::vector<plan::unit_costs> costs;
+      for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
+      const plan::group_collectives g =
+          plan::step_collectives(costs, exec_.facts(), replicate_comm_ != nullptr,
+                                 norm_rows > 0 ? plan::norm_buffer_cost(size(), norm_rows) : plan::buffer_cost{});
+      if (shard_comm_) {
+        comm_->connect(plan::not_yet(g.world, connected_.world));
+        shard_comm_->connect(plan::not_yet(g.shard, connected_.shard));
+        if (replicate_comm_) replicate_comm_->connect(plan::not_yet(g.replicas, connected_.replicas));
+      } else {  // the shard group is the world
+        std::vector<collective_use> all = g.world;
+        all.insert(all.end(), g.shard.begin(), g.shard.end());
+        comm_->connect(plan::not_yet(plan::distinct(std::move(all)), connected_.world));
+      }
+    }
   }
 
   /// An optimizer step (through fsdp/exec/model_access.hpp: the optimizers' protocol): once every unit's gradient
@@ -487,6 +522,7 @@ class model_core {
   exec::unit_executor<backend_type, communicator> exec_;
   std::vector<basic_unit<backend_type>> units_view_;
   std::optional<std::uint64_t> unit_range_;  // the current unit's profiler range, while one is open
+  plan::group_collectives connected_;         // what connect_collectives handed over so far, per group
 };
 
 /// A model as its trainer's loop sees it: model_core's work, and the units typed in the compute dtype (FsdpUnit's

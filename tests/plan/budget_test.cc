@@ -94,6 +94,14 @@ TEST_CASE("the plan's table shows memory outside the plan beside the device's to
         "  total (at once)            46080 B       0.044 MiB\n"
         "  NCCL (measured)          3145728 B       3.000 MiB\n"
         "  total with NCCL          3191808 B       3.044 MiB\n");
+  // Of it, what connecting the plan's collectives took before the reservation (comm::nccl's connect()): a row of
+  // its own, inside the NCCL figure.
+  p.outside_plan_connect_bytes = 1 << 20;
+  const std::string table = p.table();
+  CHECK(table.substr(table.find("  NCCL")) ==
+        "  NCCL (measured)          3145728 B       3.000 MiB\n"
+        "    of it, connect         1048576 B       1.000 MiB\n"
+        "  total with NCCL          3191808 B       3.044 MiB\n");
 }
 
 TEST_CASE("gather slots cap the useful depth") {

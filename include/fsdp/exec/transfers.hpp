@@ -2,8 +2,10 @@
 // The data of a unit's gather and reduction within a step: which buffers they read and write (the master or its
 // upload; the gradient slot, the no-sync accumulator or the reduce input; the reduce output, or the operand itself
 // for an all-reduce in place), and the collectives on the unit's groups (exec/groups.hpp), each compared first under
-// model_options::check_collectives (exec/diagnostics.hpp). The interpreter (exec/interpreter.hpp) calls them for
-// the step program's gather and reduction work; which slot a unit holds is the program's.
+// model_options::check_collectives (exec/diagnostics.hpp). Which collective each is, with what count and dtype, is
+// fsdp/plan/collectives.hpp's (what a Model hands a communicator's connect() too). The interpreter
+// (exec/interpreter.hpp) calls them for the step program's gather and reduction work; which slot a unit holds is the
+// program's.
 #include <cstdint>
 
 #include "fsdp/backend/concept.hpp"
@@ -14,6 +16,7 @@
 #include "fsdp/exec/unit_storage.hpp"
 #include "fsdp/kernels/elementwise.hpp"
 #include "fsdp/kernels/quantize.hpp"
+#include "fsdp/plan/collectives.hpp"
 #include "fsdp/plan/program.hpp"
 
 namespace fsdp::exec {
@@ -40,6 +43,7 @@ class transfers {
     void* out = c.wire ? slots_.held(u, plan::ring::wire) : b.params;
     const dtype wire = c.gather_type(), master = c.master.type;
     const std::int64_t S = c.shard_numel;
+    const std::optional<collective_use> use = plan::gather_use(c, st_.facts());  // none: a shard group of one rank
     if (c.gather_block) {  // block-scaled: this rank's values and scales into its slice, then the slices gathered
       const std::int64_t slice_bytes = c.gather_count();
       const int rank = st_.facts().shards_params ? st_.shard_rank() : 0;
@@ -52,21 +56,21 @@ class transfers {
                                                                 c.gather_block, slice_bytes},
                        s);
       });
-      if (st_.facts().shards_params) {
-        diag_.check_next(g_.world(), be_, collective::all_gather, slice_bytes, wire, u);
-        g_.shard().all_gather(slice, out, slice_bytes, wire, s);
+      if (use) {
+        diag_.check_next(g_.world(), be_, use->kind, use->count, use->type, u);
+        g_.shard().all_gather(slice, out, use->count, use->type, s);
       }
       return;
     }
-    if (st_.facts().shards_params) {
-      diag_.check_next(g_.world(), be_, collective::all_gather, S, wire, u);
+    if (use) {
+      diag_.check_next(g_.world(), be_, use->kind, use->count, use->type, u);
       if (wire == master) {
-        g_.shard().all_gather(master_shard, out, S, wire, s);
+        g_.shard().all_gather(master_shard, out, use->count, use->type, s);
       } else {  // cast into this rank's slice, then gather in place
         void* slice = static_cast<char*>(out) +
                       static_cast<std::size_t>(st_.shard_rank()) * static_cast<std::size_t>(S) * size_of(wire);
         be_.convert(slice, wire, master_shard, master, S, 1.0f, s);
-        g_.shard().all_gather(slice, out, S, wire, s);
+        g_.shard().all_gather(slice, out, use->count, use->type, s);
       }
     } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
       be_.convert(out, wire, master_shard, master, S, 1.0f, s);
@@ -100,22 +104,20 @@ class transfers {
   void reduce(std::size_t u, stream& s) {
     const plan::unit_costs& c = st_.cost(u);
     g_.label(diag_.units().name(u));
-    const dtype t = c.reduce_output.type;
+    const collective_use use = plan::reduction_use(c, st_.facts());
     dtype operand_type;
     void* src = operand(u, &operand_type);
-    const collective kind = reduction_kind();
-    diag_.check_next(g_.world(), be_, kind, kind == collective::all_to_all ? c.reduce_count() : reduced_count(u), t,
-                     u);
-    if (kind == collective::reduce_scatter) {
-      g_.shard().reduce_scatter(src, slots_.held(u, plan::ring::reduce_output), c.shard_numel, t, reduce_.op, s);
-    } else if (kind == collective::all_to_all) {
+    diag_.check_next(g_.world(), be_, use.kind, use.count, use.type, u);
+    if (use.kind == collective::reduce_scatter) {
+      g_.shard().reduce_scatter(src, slots_.held(u, plan::ring::reduce_output), use.count, use.type, reduce_.op, s);
+    } else if (use.kind == collective::all_to_all) {
       if constexpr (AllToAllCollective<C>)
-        g_.shard().all_to_all(src, slots_.held(u, plan::ring::reduce_output), c.reduce_count(), t, s);
+        g_.shard().all_to_all(src, slots_.held(u, plan::ring::reduce_output), use.count, use.type, s);
       else  // fsdp/can_implement.hpp refuses the model first
         detail::fail_usage("unit '", diag_.units().name(u), "': a quantized reduction needs a communicator with "
                            "all_to_all (fsdp::AllToAllCollective)");
     } else {
-      g_.shard().all_reduce(src, src, c.padded_numel, t, reduce_.op, s);
+      g_.shard().all_reduce(src, src, use.count, use.type, reduce_.op, s);
     }
   }
 
@@ -158,10 +160,11 @@ class transfers {
   void reduce_across_replicas(std::size_t u, stream& s) {
     C* replicas = g_.replicas();
     if (!replicas) return;
-    const plan::unit_costs& c = st_.cost(u);
+    const std::optional<collective_use> use = plan::replica_use(st_.cost(u));
+    if (!use) return;  // the step program has no replica all-reduce without a reduce output
     void* out = slots_.held(u, plan::ring::reduce_output);
-    diag_.check_next(g_.world(), be_, collective::all_reduce, c.shard_numel, c.reduce_output.type, u);
-    replicas->all_reduce(out, out, c.shard_numel, c.reduce_output.type, reduce_.op, s);
+    diag_.check_next(g_.world(), be_, use->kind, use->count, use->type, u);
+    replicas->all_reduce(out, out, use->count, use->type, reduce_.op, s);
   }
 
   /// A reduction's collective: a reduce-scatter when parameters are sharded, else an all-reduce; an all_to_all when

@@ -51,9 +51,12 @@ struct memory_plan {
   /// and `peak` covers only what ran before that point.
   std::string infeasible;
   /// Device memory beside the plan that no plan holds, as measured: a Model on comm::nccl sets it to what its NCCL
-  /// communicators' creation took (nccl_communicator::device_bytes(), its shard and replicate groups' included);
-  /// 0 elsewhere. Not in `peak`; the table shows it beside the device's total.
+  /// communicators' creation and the connections of its collectives took (nccl_communicator::device_bytes(), its
+  /// shard and replicate groups' included); 0 elsewhere. Not in `peak`; the table shows it beside the device's total.
   std::int64_t outside_plan_bytes = 0;
+  /// Of outside_plan_bytes, what making the connections of the plan's collectives took before the reservation
+  /// (nccl_communicator::connect_bytes(), over the world and its groups); shown on a row of its own.
+  std::int64_t outside_plan_connect_bytes = 0;
 
   bool feasible() const noexcept { return infeasible.empty(); }
 

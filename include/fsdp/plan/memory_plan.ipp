@@ -31,6 +31,7 @@ FSDP_DECL std::string memory_plan::table() const {
   row("total (at once)", peak.total);
   if (outside_plan_bytes > 0) {
     row("NCCL (measured)", outside_plan_bytes);
+    if (outside_plan_connect_bytes > 0) row("  of it, connect", outside_plan_connect_bytes);
     row("total with NCCL", peak.total + outside_plan_bytes);
   }
   if (host) {

@@ -1,0 +1,98 @@
+#pragma once
+// The collectives a model issues, written once: which collective a unit's gather, reduction and (hybrid sharding)
+// replica all-reduce issue, with what count and dtype. The executor's transfers (exec/transfers.hpp) issue exactly
+// these, and before the memory plan is reserved a Model hands each group's list to a communicator that can make
+// what they need ahead of time (comm::nccl's connect(): NCCL connects an algorithm's buffers, and a peer's, at the
+// first collective that uses them).
+//
+//   gather_use(c, f)       unit c's all-gather in its shard group: its shard (or its scaled slice, as bytes) in the
+//                          gather dtype; none when parameters are not sharded (the gather is a cast alone)
+//   reduction_use(c, f)    its reduction in the shard group: a reduce-scatter of its shard in the reduce dtype, an
+//                          all_to_all of its quantized slices, or an all-reduce of the whole buffer (no_shard)
+//   replica_use(c)         under hybrid sharding, the all-reduce of its reduced shard across the replicate group
+//   step_collectives(...)  every group's distinct uses, sorted (the same list on every rank of a group), with the
+//                          world's one-element all-reduce (barrier(), a trainer's loss) and, for an optimizer that
+//                          inspects gradients, its norms' all-reduce
+//
+// Not listed: the agreement's all-gathers at construction (they run before any list is handed over, and connect
+// what they need themselves), model_options::check_collectives' comparisons, gather_full_params and a checkpoint's
+// collectives (outside the step), and a trainer's own collectives beyond the one-element all-reduce.
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <vector>
+
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/memory/cost.hpp"
+
+namespace fsdp::plan {
+
+/// Unit c's all-gather under facts f; none when parameters are not sharded.
+inline std::optional<collective_use> gather_use(const unit_costs& c, const cost_facts& f) {
+  if (!f.shards_params) return std::nullopt;
+  return collective_use{collective::all_gather, c.gather_count(), c.gather_type()};
+}
+
+/// Unit c's reduction in its shard group under facts f.
+inline collective_use reduction_use(const unit_costs& c, const cost_facts& f) {
+  const dtype t = c.reduce_output.type;
+  if (f.precision.quantizes_reduction()) return {collective::all_to_all, c.reduce_count(), t};
+  if (f.shards_params) return {collective::reduce_scatter, c.shard_numel, t};
+  return {collective::all_reduce, c.padded_numel, t};
+}
+
+/// Unit c's all-reduce across the replicate group (hybrid sharding: a reduced shard to all-reduce); none when the
+/// reduction leaves no shard (an all-reduce in place already covered the whole world).
+inline std::optional<collective_use> replica_use(const unit_costs& c) {
+  if (!c.reduce_output) return std::nullopt;
+  return collective_use{collective::all_reduce, c.shard_numel, c.reduce_output.type};
+}
+
+/// The distinct collectives of each group of a model.
+struct group_collectives {
+  std::vector<collective_use> world;     ///< the world communicator's own
+  std::vector<collective_use> shard;     ///< the shard group's (the world's when it is not split)
+  std::vector<collective_use> replicas;  ///< the replicate group's (hybrid sharding); empty otherwise
+};
+
+/// Sorted, without duplicates: the same list on every rank that has the same uses.
+inline std::vector<collective_use> distinct(std::vector<collective_use> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+/// Every group's collectives for units with these costs (unit-index order) under facts f. `replicas`: hybrid
+/// sharding's replicate group exists. `norms`: the gradient inspection's buffer (numel 0: none), all-reduced over
+/// the world.
+inline group_collectives step_collectives(const std::vector<unit_costs>& units, const cost_facts& f, bool replicas,
+                                          const buffer_cost& norms = {}) {
+  group_collectives g;
+  g.world.push_back({collective::all_reduce, 1, dtype::f32});
+  if (norms) g.world.push_back({collective::all_reduce, norms.numel, norms.type});
+  for (const unit_costs& c : units) {
+    if (auto u = gather_use(c, f)) g.shard.push_back(*u);
+    g.shard.push_back(reduction_use(c, f));
+    if (replicas)
+      if (auto u = replica_use(c)) g.replicas.push_back(*u);
+  }
+  g.world = distinct(std::move(g.world));
+  g.shard = distinct(std::move(g.shard));
+  g.replicas = distinct(std::move(g.replicas));
+  return g;
+}
+
+/// The uses in `want` not in `have` (both sorted, as distinct() makes them), which are then added to `have`.
+inline std::vector<collective_use> not_yet(const std::vector<collective_use>& want, std::vector<collective_use>& have) {
+  std::vector<collective_use> out;
+  std::set_difference(want.begin(), want.end(), have.begin(), have.end(), std::back_inserter(out));
+  have = distinct([&] {
+    std::vector<collective_use> all = have;
+    all.insert(all.end(), out.begin(), out.end());
+    return all;
+  }());
+  return out;
+}
+
+}  // namespace fsdp::plan
