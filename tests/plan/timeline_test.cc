@@ -508,3 +508,41 @@ TEST_CASE("a time model that does not fit the units is refused, naming what is w
         "gather slots exhausted: unit 'b' (index 1) must be gathered for its forward but all 1 slots are held by 'a'; "
         "raise model_options::gather_slots or let those units reshard after forward");
 }
+
+TEST_CASE("serial collectives under hybrid sharding: the replicas' all-reduce and the shard group's gathers one at a "
+          "time, in issue order") {
+  // hybrid_shard<2> at 4 ranks: shard groups of 2 (a 512-element shard of each 1024-element unit), 2 replicas. On a
+  // link of 2.048 MB/s a gather or reduce-scatter in the shard group moves 4096 x 1/2 = 2048 bytes (1 ms); the
+  // all-reduce of a 2048-byte shard across 2 replicas 2048 x 2 x 1/2 = 2048 bytes (1 ms) on the replica link;
+  // compute 0.5 ms per pass, prefetch next. comm::nccl issues every collective of every group on one stream, in
+  // the host's order (nccl_core::join_family): gathers a, b, c 0-3; c's backward gather 3-4; b's, prefetched while c
+  // computes (4-4.5), 4-5; c's reduce-scatter, issued after it, 5-6, then c's replica all-reduce 6-7; a's backward
+  // gather, issued as b is entered, waits for that: 7-8 (unordered, it would run beside it on its own link, 6-7);
+  // b's reduction 8-9 and replica all-reduce 9-10, a's 10-11 and 11-12.
+  const auto u = units_of({"a", "b", "c"}, 2);
+  fsdp::memory_plan_inputs in;
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
+                                          next, fsdp::precision_facts{}, {}, {});
+  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
+  fsdp::time_model t = timing(3, 0.5, 0.5);
+  t.link.bytes_per_second = 2.048e6;
+  t.replica_link = t.link;
+  const auto concurrent = predict(u, in, t);
+  t.serial_collectives = true;
+  const auto tl = predict(u, in, t);
+  CHECK(concurrent.step_ns == ms(10.5));
+  CHECK(tl.step_ns == ms(12));
+  CHECK(tl.critical_path_text() ==
+        "  all_gather all_gather a forward                   0.000 -      1.000 ms\n"
+        "  all_gather all_gather b forward                   1.000 -      2.000 ms\n"
+        "  all_gather all_gather c forward                   2.000 -      3.000 ms\n"
+        "  all_gather all_gather c backward                  3.000 -      4.000 ms\n"
+        "  all_gather all_gather b backward                  4.000 -      5.000 ms\n"
+        "  reduce     reduction c backward                   5.000 -      6.000 ms\n"
+        "  reduce     replica all_reduce c backward          6.000 -      7.000 ms\n"
+        "  all_gather all_gather a backward                  7.000 -      8.000 ms\n"
+        "  reduce     reduction b backward                   8.000 -      9.000 ms\n"
+        "  reduce     replica all_reduce b backward          9.000 -     10.000 ms\n"
+        "  reduce     reduction a backward                  10.000 -     11.000 ms\n"
+        "  reduce     replica all_reduce a backward         11.000 -     12.000 ms\n");
+}

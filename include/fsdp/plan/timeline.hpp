@@ -13,11 +13,12 @@
 //                 + unsharded bytes x the ring factor / bandwidth, in the shard group (the layouts' world; the
 //                 whole world for no_shard's all-reduce) and, under hybrid sharding, across the replicas on their
 //                 own link. Concurrent collectives on the gather and reduce streams do not share bandwidth.
-//                 time_model::serial_collectives: a group's collectives run one at a time in the order they were
-//                 issued, whatever their stream (comm::nccl's default: one NCCL communicator per group), so a
-//                 prefetched all-gather waits for a reduce-scatter issued before it, and the other way round; its
-//                 cast runs just before it. Off: each stream's collectives run when their stream gets there
-//                 (comm::local, comm::nccl with nccl_channels::per_stream).
+//                 time_model::serial_collectives: every collective, of every group, runs one at a time in the order
+//                 it was issued, whatever its stream (comm::nccl's default: one NCCL communicator per group, and
+//                 under hybrid sharding the groups' collectives on one stream), so a prefetched all-gather waits for
+//                 a reduce-scatter issued before it, a replica all-reduce for a shard group's gather, and the other
+//                 way round; its cast runs just before it. Off: each stream's collectives run when their stream gets
+//                 there (comm::local, comm::nccl with nccl_channels::per_stream).
 //   memory-bound  casts, zeroing, accumulation, the addition into the shard and the optimizer's kernels: bytes
 //                 read and written / the device's memory bandwidth (0: free); host functions / the host's
 //   copies        offload uploads, downloads and staging: bytes / the host link's bandwidth (0: free)
@@ -78,7 +79,7 @@ struct time_model {
   double memory_bytes_per_second = 0;  ///< device memory (0: memory-bound work takes no time)
   double host_bytes_per_second = 0;    ///< host memory: host functions of offloading (0: free)
   double pcie_bytes_per_second = 0;    ///< the host link: offload copies (0: free)
-  /// A group's collectives one at a time in issue order, whatever their stream (comm::nccl's default,
+  /// Every collective (of every group) one at a time in issue order, whatever its stream (comm::nccl's default,
   /// nccl_channels::one); false: each stream's when the stream gets there (comm::local; nccl_channels::per_stream).
   bool serial_collectives = false;
 };

@@ -161,8 +161,8 @@ class time_reading {
     std::int64_t begin = a.t;
     int pred = a.node;
     const std::int64_t c = coll_[u][idx(j)];
-    at* group = nullptr;  // serial_collectives: the group whose collectives run one at a time
-    if (tm_.serial_collectives && c > 0) group = j == plan::job::replica_reduce ? &replica_link_ : &shard_link_;
+    at* group = nullptr;  // serial_collectives: every collective, of every group, one at a time in issue order
+    if (tm_.serial_collectives && c > 0) group = &link_;
     if (group && group->t - (d - c) > begin) {  // the group's last collective ends first; the cast just before
       begin = group->t - (d - c);
       pred = group->node;
@@ -254,7 +254,7 @@ class time_reading {
   collective reduction_ = collective::reduce_scatter;  // what a reduction issues (plan::reduction_of)
   std::vector<durations> dur_;
   std::vector<durations> coll_;  ///< the collective part of each duration
-  at shard_link_{}, replica_link_{};  ///< serial_collectives: where each group's last collective ended
+  at link_{};  ///< serial_collectives: where the last collective (of any group) ended
   std::array<at, plan::lanes> lane_{};
   std::vector<std::array<at, plan::signals>> signal_;
   std::array<std::vector<at>, plan::rings> given_{};
