@@ -292,3 +292,38 @@ TEST_CASE("file rendezvous: files of another job or world size, truncated files 
   CHECK(usage([&] { fsdp::comm::file_rendezvous(path, 2, 2, "j"); }) == "fsdp: file rendezvous: rank 2 is outside a world of 2");
   remove_files(path);
 }
+
+TEST_CASE("file rendezvous: waits read the files less and less often (5 ms, doubling, at most 500 ms)") {
+  using std::chrono::milliseconds;
+  const auto t0 = std::chrono::steady_clock::time_point{};
+  fsdp::comm::poll_backoff b;
+  std::vector<long> waits;
+  for (int i = 0; i < 10; ++i) waits.push_back(b.next(t0, t0 + std::chrono::hours(1)).count());
+  CHECK(waits == std::vector<long>{5, 10, 20, 40, 80, 160, 320, 500, 500, 500});
+  // never past the deadline (but at least 1 ms)
+  fsdp::comm::poll_backoff c;
+  CHECK(c.next(t0, t0 + milliseconds(3)).count() == 3);
+  CHECK(c.next(t0, t0).count() == 1);
+}
+
+TEST_CASE("file rendezvous: rank 0 waiting 600 ms for two late ranks reads their files about ten times, not 240") {
+  // At 5 ms a pass rank 0 would read both missing acknowledgements 120 times each; with the backoff the passes come
+  // at 5, 15, 35, 75, 155, 315 and 635 ms: about 8 passes, 16 reads, and one confirmation written.
+  const auto path = rendezvous_path();
+  remove_files(path);
+  const std::vector<char> id{'n', 'c', 'c', 'l', '-', 'i', 'd', '!'};
+  fsdp::comm::file_rendezvous zero(path, 3, 0, "job-b");
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    std::thread two([&] { (void)fsdp::comm::file_rendezvous(path, 3, 2, "job-b").fetch(id.size(), std::chrono::milliseconds(5000)); });
+    fsdp::comm::file_rendezvous one(path, 3, 1, "job-b");
+    CHECK(text(one.fetch(id.size(), std::chrono::milliseconds(5000))) == text(id));
+    CHECK(one.files_read() <= 20);
+    two.join();
+  });
+  zero.publish(id, std::chrono::milliseconds(5000));
+  late.join();
+  CHECK(zero.files_read() >= 2);
+  CHECK(zero.files_read() <= 2 * 10);
+  zero.remove();
+}

@@ -10,7 +10,9 @@
 // choose_device picks a rank's GPU from the local rank and the devices visible to it. file_rendezvous publishes
 // rank 0's bytes (the NCCL unique id) through files on a path every rank sees, never trusting a file left by an
 // earlier launch.
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -81,6 +83,28 @@ FSDP_DECL std::string mpi_launch_mismatch(int mpi_world,
 FSDP_DECL int choose_device(int rank, int explicit_device, int local_rank, std::string_view local_rank_from,
                             int visible, const char* cuda_visible_devices);
 
+/// How long a file rendezvous waits between two passes over its files: 5 ms at first, twice as long after each pass,
+/// at most 500 ms. A rank that arrives early finds the others within a few passes; a rank that waits long (rank 0
+/// reading up to world - 1 acknowledgements a pass, every other rank two files) does not read them every 5 ms: at
+/// 1024 ranks on a shared filesystem that was about 200,000 file opens a second, for as long as the slowest rank
+/// took to start; with this, at most about 4,000 once every wait has reached 500 ms.
+class poll_backoff {
+ public:
+  static constexpr std::chrono::milliseconds first{5};
+  static constexpr std::chrono::milliseconds longest{500};
+  /// The wait before the next pass (at least 1 ms), never past `deadline` by more than that.
+  std::chrono::milliseconds next(std::chrono::steady_clock::time_point now,
+                                 std::chrono::steady_clock::time_point deadline) noexcept {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    const std::chrono::milliseconds d = std::max(std::chrono::milliseconds(1), std::min(delay_, left));
+    delay_ = std::min(delay_ * 2, longest);
+    return d;
+  }
+
+ private:
+  std::chrono::milliseconds delay_ = first;
+};
+
 /// Rank 0 publishes a small blob (the NCCL unique id) through files on a path every rank sees; the others fetch it.
 ///
 /// A file is trusted only once rank 0 of this launch has confirmed it to the reader, so that a file left by an
@@ -97,7 +121,8 @@ FSDP_DECL int choose_device(int rank, int explicit_device, int local_rank, std::
 /// No clock, process id or launcher variable is compared, so clock skew between nodes and job ids that repeat
 /// (torchrun's default run id, an unset FSDP_RUN_ID) do not matter. The job id still keeps apart two jobs that
 /// share a path one after the other; two launches that use one path at the same time are not supported.
-/// Rank 0 removes the files once every rank has joined (remove()); all waits are bounded by a timeout.
+/// Rank 0 removes the files once every rank has joined (remove()); all waits are bounded by a timeout, and each
+/// rank reads its files less and less often while it waits (poll_backoff).
 class file_rendezvous {
  public:
   /// `rank` of `world` ranks; `job` identifies the job (FSDP_RUN_ID, SLURM_JOB_ID or TORCHELASTIC_RUN_ID by
@@ -118,6 +143,9 @@ class file_rendezvous {
   void remove() const noexcept;
 
   const std::filesystem::path& path() const noexcept { return path_; }
+  /// Files this rank has read so far (each pass reads the id file, the acknowledgements still missing, or the
+  /// confirmation): what a shared filesystem serves it.
+  std::size_t files_read() const noexcept { return reads_; }
 
  private:
   std::string id_header(std::string_view token) const;
@@ -129,8 +157,8 @@ class file_rendezvous {
   /// 128 random bits in hex: a token (rank 0) or a nonce (other ranks), new in every launch.
   static std::string random_hex();
 
-  /// The whole file, or "" when it does not exist (yet).
-  static std::string read_file(const std::filesystem::path& p);
+  /// The whole file, or "" when it does not exist (yet); counted in files_read().
+  std::string read_file(const std::filesystem::path& p) const;
 
   /// Writes a temporary file next to `p` and renames it over `p`, so that a reader sees all of it or nothing.
   static void write_atomically(const std::filesystem::path& p, const std::string& content);
@@ -139,6 +167,7 @@ class file_rendezvous {
   int world_;
   int rank_;
   std::string job_;
+  mutable std::size_t reads_ = 0;
 };
 
 }  // namespace fsdp::comm

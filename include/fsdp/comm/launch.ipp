@@ -129,6 +129,7 @@ FSDP_DECL void file_rendezvous::publish(const std::vector<char>& blob, std::chro
   write_atomically(path_, content);
   if (world_ == 1) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  poll_backoff backoff;
   std::vector<std::string> nonce(static_cast<std::size_t>(world_));
   int missing = world_ - 1;
   for (;;) {
@@ -152,7 +153,7 @@ FSDP_DECL void file_rendezvous::publish(const std::vector<char>& blob, std::chro
                                          " ms (job '", job_, "'); are they running with the same job id, and does "
                                          "every rank see the same path?"));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(backoff.next(std::chrono::steady_clock::now(), deadline));
   }
   std::string go = go_header(token) + '\n';
   for (int q = 1; q < world_; ++q) go += fsdp::detail::cat(q, ' ', nonce[static_cast<std::size_t>(q)], '\n');
@@ -162,6 +163,7 @@ FSDP_DECL void file_rendezvous::publish(const std::vector<char>& blob, std::chro
 FSDP_DECL std::vector<char> file_rendezvous::fetch(std::size_t size, std::chrono::milliseconds timeout) const {
   if (rank_ == 0) fsdp::detail::fail_usage("file rendezvous: fetch() is for the ranks other than 0");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  poll_backoff backoff;
   const std::string nonce = random_hex();
   const std::string id_prefix = id_header("");
   std::string acked;  // the token this rank acknowledged
@@ -196,7 +198,7 @@ FSDP_DECL std::vector<char> file_rendezvous::fetch(std::size_t size, std::chrono
       throw comm_error(fsdp::detail::cat("file rendezvous: '", path_.string(), "' had no id from rank 0 of this job after ",
                                          timeout.count(), " ms (found ", seen,
                                          "); is rank 0 running, and does every rank see the same path?"));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(backoff.next(std::chrono::steady_clock::now(), deadline));
   }
 }
 
@@ -238,7 +240,8 @@ FSDP_DECL std::string file_rendezvous::random_hex() {
   return buf;
 }
 
-FSDP_DECL std::string file_rendezvous::read_file(const std::filesystem::path& p) {
+FSDP_DECL std::string file_rendezvous::read_file(const std::filesystem::path& p) const {
+  ++reads_;
   std::ifstream in(p, std::ios::binary);
   if (!in) return {};
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
