@@ -1,10 +1,18 @@
 #pragma once
 // GPU test cases call FSDP_REQUIRE_GPU() first: without a usable CUDA device they print one "skipped:" line
 // with the reason and return (never fail, never pass silently). Either way the case is counted (gpu_cases.hpp).
+//
+// Bounded: every wait a GPU test makes (a stream, a collective) gives up within fsdp_test::wait_limit (60 s), so
+// that a hang fails its case with the library's own message well inside tools/gpu-check's limit for the program,
+// and each case's name is printed as it starts ("[case] NAME", stdout, flushed), so that a program killed at that
+// limit still says which case was running.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include <fsdp/backend/cuda.cuh>
+#include <fsdp/comm/local_cuda.cuh>
 #include <fsdp/cuda/device.cuh>
 
 #include "gpu_cases.hpp"
@@ -24,6 +32,24 @@
   } while (0)
 
 namespace fsdp_test {
+/// The longest any wait in a GPU test may take: a stream's (backend::cuda_options::wait_timeout, 300 s by default)
+/// or a collective's.
+inline constexpr std::chrono::milliseconds wait_limit{60000};
+
+/// A backend's options with waits bounded by wait_limit.
+inline fsdp::backend::cuda_options backend_options(fsdp::backend::cuda_options o = {}) {
+  o.wait_timeout = wait_limit;
+  return o;
+}
+
+/// comm::local on one GPU: collectives bounded by `collective` (10 s), each rank's backend by wait_limit.
+inline fsdp::comm::local_cuda_options local_options(std::chrono::milliseconds collective = std::chrono::milliseconds(10000)) {
+  fsdp::comm::local_cuda_options o;
+  o.timeout = collective;
+  o.backend = backend_options(o.backend);
+  return o;
+}
+
 /// Says, once in the doctest report and once on stdout (where tools/sim-check counts "needs a real GPU:" lines),
 /// that the current case cannot show its point on this device: the caller then returns. For the simulated GPU.
 inline void needs_real_gpu(const std::string& why) {
@@ -46,3 +72,28 @@ inline bool simulated_gpu() {
   return std::strncmp(prop.name, "GPGPU-Sim", 9) == 0;
 }
 }  // namespace fsdp_test
+
+#if defined(DOCTEST_CONFIG_IMPLEMENT)  // once per program: the file that has doctest's main
+namespace fsdp_test {
+/// Prints "[case] NAME" as each test case starts (tools/gpu-check names the running case from it on a timeout).
+struct case_names : doctest::IReporter {
+  explicit case_names(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_start(const doctest::TestCaseData& tc) override {
+    std::printf("[case] %s\n", tc.m_name);
+    std::fflush(stdout);
+  }
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+REGISTER_LISTENER("fsdp_case_names", 1, case_names);
+}  // namespace fsdp_test
+#endif

@@ -120,7 +120,7 @@ TEST_CASE("CUDA's fp8 types name the library's dtypes, and their saturating conv
 
 TEST_CASE("convert: every dtype pair, scales 1 and 1/4, any size and alignment, bit-exact with the host") {
   FSDP_REQUIRE_GPU();
-  fsdp::backend::cuda gpu;
+  fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
   fsdp::backend::host cpu;
   const std::vector<std::int64_t> sizes = sizes_for(1 << 20);
   for (const fsdp::dtype_row& src_row : fsdp::dtype_rows)  // every row: the fp8 formats' saturation too
@@ -151,7 +151,7 @@ TEST_CASE("convert: every dtype pair, scales 1 and 1/4, any size and alignment, 
 
 TEST_CASE("accumulate into fp32 from every dtype, scales 1 and 3/8: bit-exact with the host") {
   FSDP_REQUIRE_GPU();
-  fsdp::backend::cuda gpu;
+  fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
   fsdp::backend::host cpu;
   const std::vector<std::int64_t> sizes = sizes_for(1 << 20);
   for (const fsdp::dtype_row& src_row : fsdp::dtype_rows)
@@ -190,7 +190,7 @@ TEST_CASE("the optimizers' element functions (SGD with and without momentum, Ada
           "decay masks and gradient scales, 128-bit and scalar (a parameter array 4 bytes off 16): 0 ULP from the host "
           "over 5 steps") {
   FSDP_REQUIRE_GPU();
-  fsdp::backend::cuda gpu;
+  fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
   fsdp::backend::host cpu;
   fsdp::optim::detail::decay_mask mask;
   mask.count = 2;
@@ -262,7 +262,7 @@ TEST_CASE("the optimizers' element functions (SGD with and without momentum, Ada
 
 TEST_CASE("squared norm with CUB: within 1e-5 relative of the host's double sum; empty gives 0") {
   FSDP_REQUIRE_GPU();
-  fsdp::backend::cuda gpu;
+  fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
   fsdp::backend::host cpu;
   std::vector<std::int64_t> norm_sizes = {0, 1, 12345};
   norm_sizes.push_back(fsdp_test::simulated_gpu() ? 1 << 16 : 1 << 22);
@@ -285,7 +285,7 @@ TEST_CASE("squared norm with CUB: within 1e-5 relative of the host's double sum;
 
 TEST_CASE("squared norm's scratch lives on one stream: a second stream is refused, not raced") {
   FSDP_REQUIRE_GPU();
-  fsdp::backend::cuda gpu;
+  fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
   const std::vector<float> x(300, 0.5f);
   device_bytes dx(gpu, x.data(), x.size() * 4, 0);
   float init = -1;
@@ -310,7 +310,7 @@ TEST_CASE("the gather, reduce and copy streams run at the device's most urgent p
   FSDP_REQUIRE_GPU();
   int least = 0, greatest = 0;
   FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  fsdp::backend::cuda gpu;
+  fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
   CHECK(gpu.compute_stream().priority() == 0);
   for (auto* s : {&gpu.gather_stream(), &gpu.reduce_stream(), &gpu.upload_stream(), &gpu.download_stream()}) {
     CAPTURE(s->name());

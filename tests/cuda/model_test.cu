@@ -9,7 +9,8 @@
 //   - gradient inspection on the GPU (CUB squared norms, one all-reduce): the same parameters, a norm within
 //     1e-5 of the host's (CUB sums in another order), and an inf uploaded into one rank's shard skipped by all;
 //   - comm::nccl at world size 1 (RANK/WORLD_SIZE/LOCAL_RANK set in-process) against the host at world 1 (its
-//     all_to_all and a quantized reduction through it too);
+//     all_to_all and a quantized reduction through it too); a split group, and hybrid sharding over NCCL, on a
+//     world of their own (a split that fails aborts only that one);
 //   - checkpoints (where nlohmann-json and xxhash.h are found): a resume at 4 ranks on one GPU equals a run without
 //     a stop, staged or in place (a corrupted file tears the model, a good load mends it), and the files load on 2
 //     host ranks, bit for bit;
@@ -266,7 +267,7 @@ void compare_local(int world, bool adam, fsdp::model_options mo = {}, fsdp::grad
     std::lock_guard lk(mu);
     host[c.rank()] = std::move(r);
   });
-  fsdp::comm::local_cuda_options opt;
+  fsdp::comm::local_cuda_options opt = fsdp_test::local_options();
   opt.timeout = std::chrono::milliseconds(10000);
   fsdp::comm::run_local_cuda(world, [&](fsdp::comm::local_cuda_communicator& c) {
     auto r = train<gpu_policy<Sharding, Prefetch, Precision, Offload>>(c, adam, 4, mo, g);
@@ -341,7 +342,7 @@ TEST_CASE("fsdp::weights on one GPU, 3 ranks: the trainer's tensors into the dev
       return {v.data(), std::int64_t(v.size())};
     });
     CHECK(back == given);
-  });
+  }, fsdp_test::local_options());
 }
 
 TEST_CASE("hybrid sharding on one GPU (comm::local splits): groups of one rank and of two equal the host run bit for bit") {
@@ -402,7 +403,7 @@ TEST_CASE("CPU offload on one GPU: pinned host shards and state, copy streams, t
     fsdp::Model<gpu_policy<full_shard, fsdp::prefetch::next, fsdp::precision::full, offload::all>> m(
         c, spec(), fsdp::wrap::by_prefix{"layers."});
     mapped = m.backend().host_memory_on_device();
-  });
+  }, fsdp_test::local_options());
   if (!mapped) {  // what such a policy gets here: a sentence at the optimizer's construction, naming the fix
     std::string what;
     fsdp::comm::run_local_cuda(1, [&](fsdp::comm::local_cuda_communicator& c) {
@@ -413,7 +414,7 @@ TEST_CASE("CPU offload on one GPU: pinned host shards and state, copy streams, t
       } catch (const fsdp::usage_error& e) {
         what = e.what();
       }
-    });
+    }, fsdp_test::local_options());
     CHECK(what ==
           "fsdp: unit 'layers.0' offloads grads: the gradient inspection's norms run on the device and read the "
           "offloaded gradient shards in place, but this device cannot address pinned host memory (no unified "
@@ -509,7 +510,7 @@ TEST_CASE("on a real GPU, the pool does not grow after the first step: units bey
     first[c.rank()] = f;
     last[c.rank()] = l;
     planned[c.rank()] = m.plan_memory(opt).peak.total;
-  });
+  }, fsdp_test::local_options());
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
     CHECK(last[r] == first[r]);
@@ -540,7 +541,7 @@ TEST_CASE("comm::local on one GPU: an inf uploaded into one rank's gradient shar
     std::lock_guard lk(mu);
     reports[c.rank()] = r;
     unchanged[c.rank()] = before == after && opt.steps() == 0;
-  });
+  }, fsdp_test::local_options());
   for (int r = 0; r < 3; ++r) {
     CAPTURE(r);
     CHECK(reports[r].skipped);
@@ -561,7 +562,7 @@ TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equal
   REQUIRE(mkdtemp(dir.data()) != nullptr);
   const fsdp::wrap::by_prefix units{"layers."};
   const fsdp::init::normal init{0.5f, 3};
-  fsdp::comm::local_cuda_options lo;
+  fsdp::comm::local_cuda_options lo = fsdp_test::local_options();
   lo.timeout = std::chrono::milliseconds(10000);
   std::mutex mu;
   params_t straight, resumed, saved, on_host;
@@ -680,15 +681,6 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   CHECK(back[0] == 2.5f);
   CHECK(back[1] == -1.0f);
   CHECK(comm.stats()[fsdp::collective::broadcast] == 1);
-  // A split group (ncclCommSplit; hybrid sharding's shard and replicate groups) of the one rank: its own
-  // communicators, its own counts, a barrier on its base communicator.
-  fsdp::comm::nccl_communicator sub = comm.split(3, 0);
-  CHECK(sub.rank() == 0);
-  CHECK(sub.size() == 1);
-  CHECK(sub.native() != comm.native());
-  sub.all_reduce(buf.data(), buf.data(), 1, fsdp::dtype::f32, fsdp::reduce_op::sum, be.reduce_stream());
-  sub.barrier();
-  CHECK(sub.stats()[fsdp::collective::all_reduce] == 2);
   CHECK(comm.stats()[fsdp::collective::all_reduce] == 2);  // the barrier and the grouped all-reduce above
   // all_to_all as grouped ncclSend / ncclRecv: at world 1 a copy to this rank itself
   auto to = be.allocate(8, fsdp::mem::comm_buffers, be.reduce_stream());
@@ -706,6 +698,49 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
     hq = train<host_policy<fsdp::sharding::full_shard, fsdp::prefetch::next, Q>>(c, true);
   });
   check_same(gq.params, hq.params);
+}
+
+TEST_CASE("comm::nccl at world size 1: a split group of the one rank (ncclCommSplit), then hybrid sharding over it") {
+  // A world of its own: on the H200 with NCCL 2.28.3 the split failed (ncclInternalError, no communicator) and
+  // aborted its world, which the case above no longer shares. tools/gpu-check's split probe asks NCCL alone.
+  FSDP_REQUIRE_GPU();
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "1", 1);
+  ::setenv("LOCAL_RANK", "0", 1);
+  fsdp::comm::nccl_options opt;
+  opt.timeout = std::chrono::milliseconds(10000);
+  auto comm = fsdp::comm::nccl::from_env(opt);
+  fsdp::backend::cuda be(0, comm.backend_options());
+  auto buf = be.allocate(8, fsdp::mem::comm_buffers, be.reduce_stream());
+  const float two[2] = {2.5f, -1.0f};
+  be.upload(buf.data(), two, 8, be.reduce_stream());
+  // The split group: its own communicators, its own counts, a barrier on its base communicator.
+  fsdp::comm::nccl_communicator sub = comm.split(3, 0);
+  CHECK(sub.rank() == 0);
+  CHECK(sub.size() == 1);
+  CHECK(sub.native() != comm.native());
+  sub.all_reduce(buf.data(), buf.data(), 1, fsdp::dtype::f32, fsdp::reduce_op::sum, be.reduce_stream());
+  sub.barrier();
+  CHECK(sub.stats()[fsdp::collective::all_reduce] == 2);
+  // From the split on, the family's collectives run on one stream in issue order (the world's too): at world 1
+  // the values stay, and the issuing stream waits for each.
+  comm.all_reduce(buf.data(), buf.data(), 2, fsdp::dtype::f32, fsdp::reduce_op::sum, be.reduce_stream());
+  float back[2] = {0, 0};
+  be.download(back, buf.data(), 8, be.reduce_stream());
+  be.synchronize(be.reduce_stream());
+  CHECK(back[0] == 2.5f);
+  CHECK(back[1] == -1.0f);
+  CHECK(comm.stats()[fsdp::collective::all_reduce] == 1);
+  // Hybrid sharding over NCCL (the Model splits the world twice: a shard group and a replicate group of one rank,
+  // each handed its collectives to connect before the reservation) trains as the host does.
+  using H = fsdp::policy<fsdp::sharding::hybrid_shard<1>, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::nccl>;
+  const run_result gpu = train<H>(comm, true);
+  run_result host;
+  fsdp::comm::run_local(1, [&](fsdp::comm::local_communicator& c) {
+    host = train<host_policy<fsdp::sharding::hybrid_shard<1>, fsdp::prefetch::next>>(c, true);
+  });
+  check_same(gpu.params, host.params);
+  CHECK(gpu.memory.peak == gpu.planned);
 }
 
 TEST_CASE("comm::local on one GPU: all_to_all puts block q of rank r's send at block r of rank q's receive") {
@@ -728,13 +763,13 @@ TEST_CASE("comm::local on one GPU: all_to_all puts block q of rank r's send at b
       for (int q = 0; q < world; ++q)
         for (int i = 0; i < n; ++i) CHECK(back[std::size_t(q * n + i)] == float(1000 * q + 100 * r + i));
       CHECK(c.stats()[fsdp::collective::all_to_all] == 1);
-    });
+    }, fsdp_test::local_options());
   }
 }
 
 TEST_CASE("comm::local on one GPU: a rank that returns without issuing a collective fails the others at once, named") {
   FSDP_REQUIRE_GPU();
-  fsdp::comm::local_cuda_options opt;
+  fsdp::comm::local_cuda_options opt = fsdp_test::local_options();
   opt.timeout = std::chrono::seconds(30);
   const auto t0 = std::chrono::steady_clock::now();
   std::string what;
@@ -853,7 +888,7 @@ void compare_trace(int world, int steps) {
     std::lock_guard lk(mu);
     host[c.rank()] = std::move(r);
   });
-  fsdp::comm::local_cuda_options opt;
+  fsdp::comm::local_cuda_options opt = fsdp_test::local_options();
   opt.timeout = std::chrono::milliseconds(10000);
   nvtx_log::clear();
   std::map<std::thread::id, int> rank_of_thread;

@@ -79,7 +79,7 @@ std::uint32_t bits(float f) {
 
 TEST_CASE("under plain nvcc, the device casts equal the host functions bit for bit (bf16 and fp16, both ways)") {
   FSDP_REQUIRE_GPU();
-  fsdp::backend::cuda be;
+  fsdp::backend::cuda be(0, fsdp_test::backend_options());
   const std::vector<float> in = inputs(1027);
   for (float scale : {1.0f, 0.5f, 3.0f}) {
     CAPTURE(scale);
