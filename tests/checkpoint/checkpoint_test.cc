@@ -736,6 +736,40 @@ TEST_CASE(
   CHECK(std::all_of(torn[2].begin() + 8896, torn[2].end(), [](char x) { return x == '#'; }));
 }
 
+TEST_CASE("upload_sink on a backend with pinned memory and an upload stream (backend::cuda's shape): pinned chunk "
+          "buffers, uploads on the upload stream, and the compute stream never synchronized") {
+  // On a GPU an upload from pageable memory returns only once its stream has run it, so the double buffer overlapped
+  // nothing, and the sink synchronized the compute stream once a chunk. backend::host keeps both rules (a pageable
+  // copy waits for its stream; every synchronize is counted), so the counts below are the GPU's.
+  fsdp_test::scratch_dir dir("ckpt-upload-sink-pinned");
+  constexpr std::uint64_t chunk = 8192, total = 20 * chunk;
+  std::string bytes(total, '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 2654435761u) >> 11);
+  const std::string path = dir / "data.bin";
+  fsdp_test::write_file_bytes(path, bytes);
+  fsdp::backend::host be;
+  std::vector<char> dest(total - 1000, '#');
+  const std::vector<ckpt::read_op> ops = {{1000, total - 1000, dest.data()}};
+  static_assert(ckpt::upload_sink<fsdp::backend::host>::pinned);
+  const fsdp::backend::issue_counts compute0 = be.issued(be.compute_stream()), upload0 = be.issued(be.upload_stream());
+  {
+    ckpt::upload_sink<fsdp::backend::host> sink(be);
+    const ckpt::io::file f = ckpt::io::open_read(path);
+    ckpt::read_ranges(f, total, ops, sink, nullptr, chunk, 1024);
+    CHECK(be.host_memory().stats().current[fsdp::mem::comm_buffers] == 2 * std::int64_t{chunk});  // two pinned buffers
+    sink.finish();
+  }
+  const fsdp::backend::issue_counts compute = be.issued(be.compute_stream()) - compute0;
+  const fsdp::backend::issue_counts upload = be.issued(be.upload_stream()) - upload0;
+  CHECK(compute.synchronizes == 0);  // 20 (one a chunk) and one at the end before
+  CHECK(compute.records == 1);       // what the uploads wait for first: the compute stream's work so far
+  CHECK(compute.waits == 1);         // and what the compute stream waits for at the end: the uploads
+  CHECK(upload.memory_ops == 20);    // the chunks' uploads, each from a pinned buffer
+  CHECK(upload.synchronizes == 21);  // before each chunk's uploads (the other buffer's, a chunk old) and at the end
+  CHECK(be.host_memory().stats().current[fsdp::mem::comm_buffers] == 0);
+  CHECK(std::memcmp(dest.data(), bytes.data() + 1000, dest.size()) == 0);
+}
+
 TEST_CASE("a checkpoint that does not fit the model: a missing, unexpected or reshaped tensor, another optimizer") {
   fsdp_test::scratch_dir dir("ckpt-mismatch");
   train_and_save(dir / "ck", 2, 1);

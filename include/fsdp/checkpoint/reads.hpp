@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/backend/concept.hpp"
 #include "fsdp/checkpoint/io.hpp"
 #include "fsdp/core/config.hpp"
+#include "fsdp/memory/memory.hpp"
 
 namespace fsdp::checkpoint {
 
@@ -81,36 +83,87 @@ class host_sink {
   reused_buffer<char> buf_;
 };
 
+namespace reads_detail {
+/// upload_sink's pinned buffers and events, on a backend that has them (none otherwise).
+template <class B, bool Pinned>
+struct pinned_parts {
+  struct nothing {};
+  nothing buffer[2], ready, done;
+};
+template <class B>
+struct pinned_parts<B, true> {
+  typename B::buffer buffer[2];
+  typename B::event ready, done;
+};
+}  // namespace reads_detail
+
 /// read_ranges' sink for a Backend's memory that the host cannot address (a checkpoint load in place on
-/// backend::cuda): a chunk is read into one of two reused host buffers, verified, and uploaded on the compute stream
-/// while the next chunk is read into the other. A buffer is reused once its uploads finished. The caller
-/// synchronizes the compute stream before the sink goes (finish(), or after a failure).
+/// backend::cuda): a chunk is read into one of two reused host buffers, verified, and uploaded while the next chunk
+/// is read into the other.
+///
+/// On a backend with pinned host memory and an upload stream (OffloadBackend: backend::cuda), the buffers are
+/// pinned (allocate_host, accounted to the host domain's comm buffers while the load runs) and the uploads are
+/// issued on the upload stream, so they run while the host reads the next chunk: before a buffer is refilled the
+/// host waits for the upload stream, which by then has had a whole chunk's read to finish that buffer's uploads;
+/// the compute stream is never synchronized. The upload stream first waits for the compute stream's work so far
+/// (what touched the shards last), and finish() makes the compute stream wait for the uploads (later gathers wait
+/// on the compute stream) and waits for the upload stream, so that the buffers may go. From pageable memory
+/// (new[]) a copy returns only once its stream has run it, so nothing overlapped, and the compute stream was
+/// synchronized once a chunk (checkpoint_test counts both). Elsewhere: pageable buffers and the compute stream.
+/// After a failure the caller synchronizes every stream before the sink goes (the uploads may be in flight).
 template <class B>
 class upload_sink {
  public:
   static constexpr bool direct = false;
-  explicit upload_sink(B& be) : be_(be) {}
+  /// Pinned buffers and the upload stream.
+  static constexpr bool pinned = OffloadBackend<B>;
+
+  explicit upload_sink(B& be) : be_(be) {
+    if constexpr (pinned) {
+      be_.record(p_.ready, be_.compute_stream());
+      be_.wait(be_.upload_stream(), p_.ready);
+    }
+  }
   char* chunk(std::uint64_t n) {
     cur_ ^= 1;
-    return buf_[cur_].at_least(n);
+    if constexpr (pinned) {
+      typename B::buffer& b = p_.buffer[cur_];
+      if (static_cast<std::uint64_t>(b.bytes()) < n) {
+        be_.release_after(std::move(b), stream());  // waits for its uploads (a pinned buffer's release blocks)
+        b = be_.allocate_host(static_cast<std::int64_t>(n), mem::comm_buffers);
+      }
+      return static_cast<char*>(b.data());
+    } else {
+      return buf_[cur_].at_least(n);
+    }
   }
   void deliver(char* dest, const char* src, std::uint64_t n) { pending_.push_back({dest, src, n}); }
   void chunk_done() {
-    be_.synchronize(be_.compute_stream());  // the other buffer's uploads, issued a chunk ago, have finished
-    for (const upload& u : pending_)
-      be_.upload(u.dest, u.src, static_cast<std::int64_t>(u.bytes), be_.compute_stream());
+    be_.synchronize(stream());  // the other buffer's uploads, issued a chunk ago, have finished
+    for (const upload& u : pending_) be_.upload(u.dest, u.src, static_cast<std::int64_t>(u.bytes), stream());
     pending_.clear();
   }
-  void finish() { be_.synchronize(be_.compute_stream()); }
+  void finish() {
+    if constexpr (pinned) {
+      be_.record(p_.done, be_.upload_stream());
+      be_.wait(be_.compute_stream(), p_.done);
+    }
+    be_.synchronize(stream());
+  }
 
  private:
+  typename B::stream& stream() {
+    if constexpr (pinned) return be_.upload_stream();
+    else return be_.compute_stream();
+  }
   struct upload {
     char* dest;
     const char* src;
     std::uint64_t bytes;
   };
   B& be_;
-  reused_buffer<char> buf_[2];
+  reused_buffer<char> buf_[2];  // pageable (no pinned memory)
+  reads_detail::pinned_parts<B, pinned> p_;
   int cur_ = 1;
   std::vector<upload> pending_;
 };
