@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -258,6 +259,136 @@ TEST_CASE("the optimizers' element functions (SGD with and without momentum, Ada
       CHECK(same_bits(dm.read(m.size() * 4), bytes_of(m)));
       if (opt == optimizer::adamw) CHECK(same_bits(dv.read(v.size() * 4), bytes_of(v)));
     }
+}
+
+TEST_CASE("block quantization and its dequantizations (fp8 and int8 gathers and reductions): a warp's lanes per "
+          "block and four elements a thread, bit for bit with the host's loops, NaN and infinity included") {
+  // kernels/quantize.hpp through for_each: block_quantize as a BlockFunction (lanes of a warp share a block),
+  // block_dequantize and block_dequantize_sum as QuadFunctions (four elements a thread where aligned; `misalign`
+  // moves the outputs off their alignment, which takes the one-element path). inputs() puts NaN, infinity,
+  // subnormals and signed zeros among the values, so blocks with a NaN (int8: a NaN scale) and with an infinite
+  // scale (every element NaN, 0 x infinity) are in every case. Blocks of 5 (no quads), 16, 32 and 128.
+  FSDP_REQUIRE_GPU();
+  namespace k = fsdp::kernels;
+  fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
+  fsdp::backend::host cpu;
+  auto on_both = [&](auto tag_s, auto tag_q, std::int64_t block, int ranks, std::size_t misalign) {
+    constexpr dtype S = decltype(tag_s)::value, Q = decltype(tag_q)::value;
+    using storage = fsdp::f16::storage_t<S>;
+    const std::int64_t shard = 3 * block, slice = shard + shard / block * 4, n = shard * ranks;
+    const std::vector<float> f = inputs(static_cast<std::size_t>(n), 11);
+    std::vector<storage> src(f.size());
+    for (std::size_t i = 0; i < f.size(); ++i) src[i] = fsdp::f16::from_float<S>(f[i]);
+    // quantize: one slice per rank, pre-divided by 1/4
+    std::vector<std::uint8_t> host_q(static_cast<std::size_t>(slice * ranks), 0);
+    cpu.for_each(n / block, k::block_quantize<S, Q>{src.data(), host_q.data(), shard, block, slice, 0.25f}, cpu.compute_stream());
+    device_bytes d_src(gpu, src.data(), src.size() * sizeof(storage), 0);
+    std::vector<std::uint8_t> zero(host_q.size(), 0);
+    device_bytes d_q(gpu, zero.data(), zero.size(), 0);
+    gpu.for_each(n / block,
+                 k::block_quantize<S, Q>{reinterpret_cast<const storage*>(d_src.ptr()), reinterpret_cast<std::uint8_t*>(d_q.ptr()),
+                                         shard, block, slice, 0.25f},
+                 gpu.compute_stream());
+    std::vector<char> want(host_q.size());
+    std::memcpy(want.data(), host_q.data(), want.size());
+    CHECK(same_bits(d_q.read(want.size()), want));
+    // dequantize the gathered slices into fp32 and bf16
+    auto dequantize = [&](auto tag_d) {
+      constexpr dtype D = decltype(tag_d)::value;
+      using out_t = fsdp::f16::storage_t<D>;
+      CAPTURE(fsdp::name_of(D));
+      std::vector<out_t> host_out(static_cast<std::size_t>(n));
+      cpu.for_each(n, k::block_dequantize<D, Q>{host_q.data(), host_out.data(), shard, block, slice}, cpu.compute_stream());
+      std::vector<out_t> init(host_out.size(), out_t{});
+      device_bytes d_out(gpu, init.data(), init.size() * sizeof(out_t), misalign);
+      device_bytes d_in(gpu, host_q.data(), host_q.size(), 0);
+      gpu.for_each(n, k::block_dequantize<D, Q>{reinterpret_cast<const std::uint8_t*>(d_in.ptr()),
+                                                reinterpret_cast<out_t*>(d_out.ptr()), shard, block, slice},
+                   gpu.compute_stream());
+      std::vector<char> w(host_out.size() * sizeof(out_t));
+      std::memcpy(w.data(), host_out.data(), w.size());
+      CHECK(same_bits(d_out.read(w.size()), w));
+    };
+    dequantize(std::integral_constant<dtype, dtype::f32>{});
+    dequantize(std::integral_constant<dtype, dtype::bf16>{});
+    // a quantized reduction's end: the ranks' slices (here: the slices above, as if each came from another rank)
+    // dequantized, averaged and added into a shard, post-divided by 2
+    std::vector<float> host_shard = inputs(static_cast<std::size_t>(shard), 12);
+    device_bytes d_shard(gpu, host_shard.data(), host_shard.size() * 4, misalign);
+    device_bytes d_recv(gpu, host_q.data(), host_q.size(), 0);
+    const float premul = k::average_factor<dtype::f32>(ranks);
+    cpu.for_each(shard, k::block_dequantize_sum<Q>{host_q.data(), host_shard.data(), shard, block, slice, ranks, premul, 0.5f},
+                 cpu.compute_stream());
+    gpu.for_each(shard,
+                 k::block_dequantize_sum<Q>{reinterpret_cast<const std::uint8_t*>(d_recv.ptr()),
+                                            reinterpret_cast<float*>(d_shard.ptr()), shard, block, slice, ranks, premul, 0.5f},
+                 gpu.compute_stream());
+    std::vector<char> ws(host_shard.size() * 4);
+    std::memcpy(ws.data(), host_shard.data(), ws.size());
+    CHECK(same_bits(d_shard.read(ws.size()), ws));
+  };
+  using f32 = std::integral_constant<dtype, dtype::f32>;
+  using bf16 = std::integral_constant<dtype, dtype::bf16>;
+  using e4m3 = std::integral_constant<dtype, dtype::f8e4m3>;
+  using e5m2 = std::integral_constant<dtype, dtype::f8e5m2>;
+  using i8 = std::integral_constant<dtype, dtype::i8>;
+  for (std::int64_t block : {5, 16, 32, 128})
+    for (int ranks : {1, 3})
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{4}}) {
+        CAPTURE(block);
+        CAPTURE(ranks);
+        CAPTURE(misalign);
+        on_both(f32{}, e4m3{}, block, ranks, misalign);
+        on_both(f32{}, i8{}, block, ranks, misalign);
+        on_both(bf16{}, e5m2{}, block, ranks, misalign);
+        on_both(bf16{}, i8{}, block, ranks, misalign);
+      }
+}
+
+TEST_CASE("comm::local's reduction over one GPU's ranks: four elements a thread where aligned, bit for bit with the "
+          "host's loop, sums and averages") {
+  FSDP_REQUIRE_GPU();
+  namespace ck = fsdp::cuda::kernels;
+  fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
+  auto run = [&](auto tag, std::int64_t n, std::size_t misalign, bool average) {
+    constexpr dtype D = decltype(tag)::value;
+    using T = fsdp::f16::storage_t<D>;
+    constexpr int world = 3;
+    std::vector<std::vector<T>> src(world);
+    std::vector<std::unique_ptr<device_bytes>> d;
+    ck::reduce_ranks_params<D> a{};
+    for (int q = 0; q < world; ++q) {
+      const std::vector<float> f = inputs(static_cast<std::size_t>(n), 20 + q);
+      for (float x : f) src[q].push_back(fsdp::f16::from_float<D>(x));
+      d.push_back(std::make_unique<device_bytes>(gpu, src[q].data(), src[q].size() * sizeof(T), q == 1 ? misalign : 0));
+      a.src[q] = reinterpret_cast<const T*>(d.back()->ptr());
+    }
+    std::vector<T> zero(static_cast<std::size_t>(n));
+    device_bytes out(gpu, zero.data(), zero.size() * sizeof(T), 0);
+    a.dst = reinterpret_cast<T*>(out.ptr());
+    a.n = n;
+    a.world = world;
+    a.premul = average ? fsdp::kernels::average_factor<D>(world) : 1.0f;
+    ck::reduce_ranks(a, gpu.compute_stream().get());
+    std::vector<T> want(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      float acc = 0.0f;
+      for (int q = 0; q < world; ++q) acc = fsdp::kernels::reduce_add<D>(acc, src[q][i], a.premul);
+      want[i] = fsdp::f16::from_float<D>(acc);
+    }
+    std::vector<char> w(want.size() * sizeof(T));
+    std::memcpy(w.data(), want.data(), w.size());
+    CHECK(same_bits(out.read(w.size()), w));
+  };
+  for (std::int64_t n : sizes_for(1 << 18))
+    for (std::size_t misalign : {std::size_t{0}, std::size_t{4}})
+      for (bool average : {false, true}) {
+        CAPTURE(n);
+        CAPTURE(misalign);
+        CAPTURE(average);
+        run(std::integral_constant<dtype, dtype::f32>{}, n, misalign, average);
+        run(std::integral_constant<dtype, dtype::bf16>{}, n, misalign, average);
+      }
 }
 
 TEST_CASE("squared norm with CUB: within 1e-5 relative of the host's double sum; empty gives 0") {

@@ -488,6 +488,96 @@ TEST_CASE("a quantized reduction's element functions: the gradient quantized int
   CHECK(shard[1] == -0.5f);  // -2 and 1 are their blocks' tops: exact, (-2 + 1) / 2
 }
 
+TEST_CASE("dequantization never multiplies a NaN: a NaN value or scale passes bit for bit, 0 x infinity is fp32's "
+          "quiet NaN, on every backend") {
+  // A GPU's multiply returns its canonical NaN (0x7fffffff), an x86 host's the input NaN quieted, and 0 x infinity
+  // gives 0xffc00000 on x86: neither is the other's, so the dequantization writes the non-finite cases out.
+  namespace k = fsdp::kernels;
+  const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
+  const float signalling = std::bit_cast<float>(0x7fa00001u), inf = std::numeric_limits<float>::infinity();
+  CHECK(bits(k::dequantized(3.0f, signalling)) == 0x7fa00001u);  // unquieted: not multiplied
+  CHECK(bits(k::dequantized(signalling, 2.0f)) == 0x7fa00001u);
+  CHECK(bits(k::dequantized(0.0f, inf)) == 0x7fc00000u);  // x86's 0 x inf is 0xffc00000
+  CHECK(bits(k::dequantized(-0.0f, inf)) == 0x7fc00000u);
+  CHECK(bits(k::dequantized(inf, 0.0f)) == 0x7fc00000u);
+  CHECK(k::dequantized(-3.0f, inf) == -inf);
+  CHECK(k::dequantized(3.0f, 0.5f) == 1.5f);
+  // through the element functions: an int8 block whose scale is a NaN (written as a signalling one here)
+  std::vector<std::uint8_t> wire(4 + 4, 0);
+  wire[0] = 5;
+  std::memcpy(wire.data() + 4, &signalling, 4);
+  std::vector<float> out(4);
+  const k::block_dequantize<fsdp::dtype::f32, fsdp::dtype::i8> deq{wire.data(), out.data(), 4, 4, 8};
+  for (std::int64_t i = 0; i < 4; ++i) deq(i);
+  for (float x : out) CHECK(bits(x) == 0x7fa00001u);
+}
+
+TEST_CASE("the GPU's shapes of the block functions give the host loop's bits: a block shared among 1 to 32 lanes "
+          "merged in a butterfly, four dequantized elements at a time") {
+  // fsdp/cuda/kernels.cuh runs block_quantize with a warp's lanes per block (each lane's elements lane, lane + L,
+  // ..., extents merged by __shfl_xor over L/2, ..., 1) and the dequantizations four elements a thread; here the same
+  // protocol on the host, against f(b) and f(i).
+  using fsdp::dtype;
+  namespace k = fsdp::kernels;
+  std::mt19937 gen(9);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (std::int64_t block : {4, 5, 16, 64}) {
+    CAPTURE(block);
+    const std::int64_t shard = 2 * block, slice = shard + 2 * 4, n = 2 * shard;  // two slices of two blocks
+    std::vector<float> src(static_cast<std::size_t>(n));
+    for (auto& x : src) x = std::uniform_real_distribution<float>(-3, 3)(gen);
+    src[3] = nan;  // block 0 holds a NaN, block 2 an infinity
+    src[static_cast<std::size_t>(2 * block + 1)] = inf;
+    std::vector<std::uint8_t> serial(static_cast<std::size_t>(2 * slice), 0);
+    const k::block_quantize<dtype::f32, dtype::f8e4m3> q{src.data(), serial.data(), shard, block, slice, 0.5f};
+    for (std::int64_t b = 0; b < n / block; ++b) q(b);
+    for (int lanes = 1; lanes <= 32 && lanes <= block; lanes *= 2) {
+      CAPTURE(lanes);
+      std::vector<std::uint8_t> shared(serial.size(), 0);
+      const k::block_quantize<dtype::f32, dtype::f8e4m3> f{src.data(), shared.data(), shard, block, slice, 0.5f};
+      for (std::int64_t b = 0; b < n / block; ++b) {
+        const auto p = f.place(b);
+        std::vector<k::block_extent> e(static_cast<std::size_t>(lanes));
+        for (int l = 0; l < lanes; ++l)
+          for (int i = l; i < block; i += lanes) e[std::size_t(l)] = e[std::size_t(l)].merge(f.extent_of(p, i));
+        for (int off = lanes / 2; off > 0; off /= 2) {  // __shfl_xor_sync's butterfly
+          const std::vector<k::block_extent> before = e;
+          for (int l = 0; l < lanes; ++l) e[std::size_t(l)] = before[std::size_t(l)].merge(before[std::size_t(l ^ off)]);
+        }
+        for (int l = 0; l < lanes; ++l) CHECK(e[std::size_t(l)].max == e[0].max);
+        const float scale = f.scale_of(e[0]);
+        f.write_scale(p, scale);
+        for (int l = lanes - 1; l >= 0; --l)
+          for (int i = l; i < block; i += lanes) f.emit(p, i, scale);
+      }
+      CHECK(shared == serial);
+    }
+    if (block % 4 != 0) continue;
+    // four at a time: dequantize into fp32 and bf16, and the reduction's dequantize-sum
+    std::vector<float> one(static_cast<std::size_t>(n)), four(one.size());
+    const k::block_dequantize<dtype::f32, dtype::f8e4m3> d1{serial.data(), one.data(), shard, block, slice};
+    const k::block_dequantize<dtype::f32, dtype::f8e4m3> d4{serial.data(), four.data(), shard, block, slice};
+    REQUIRE(d4.quads());
+    for (std::int64_t i = 0; i < n; ++i) d1(i);
+    for (std::int64_t qd = 0; qd < n / 4; ++qd) d4.quad(qd);
+    CHECK(std::memcmp(one.data(), four.data(), one.size() * 4) == 0);
+    std::vector<std::uint16_t> h1(one.size()), h4(one.size());
+    const k::block_dequantize<dtype::bf16, dtype::f8e4m3> b1{serial.data(), h1.data(), shard, block, slice};
+    const k::block_dequantize<dtype::bf16, dtype::f8e4m3> b4{serial.data(), h4.data(), shard, block, slice};
+    for (std::int64_t i = 0; i < n; ++i) b1(i);
+    for (std::int64_t qd = 0; qd < n / 4; ++qd) b4.quad(qd);
+    CHECK(h1 == h4);
+    alignas(16) float g1[64 * 2] = {}, g4[64 * 2] = {};
+    const float third = k::average_factor<dtype::f32>(2);
+    const k::block_dequantize_sum<dtype::f8e4m3> s1{serial.data(), g1, shard, block, slice, 2, third, 0.5f};
+    const k::block_dequantize_sum<dtype::f8e4m3> s4{serial.data(), g4, shard, block, slice, 2, third, 0.5f};
+    REQUIRE(s4.quads());
+    for (std::int64_t i = 0; i < shard; ++i) s1(i);
+    for (std::int64_t qd = 0; qd < shard / 4; ++qd) s4.quad(qd);
+    CHECK(std::memcmp(g1, g4, sizeof g1) == 0);
+  }
+}
+
 TEST_CASE("every row of the dtype table: its width is its storage's, its names and codes are its own, its values "
           "round-trip through float and through the backend") {
   std::set<std::string_view> names, st_names;

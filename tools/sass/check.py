@@ -9,11 +9,22 @@ Rules, for each kernel named below (every one must be present):
   accumulate_kernel<S>          a vector load of four S, LDG.E.128 (the fp32 gradient shard) and STG.E.128 (for an
                                 8-bit S the shard's accesses only: see main())
   for_each_arrays_kernel<F>     LDG.E.128 and STG.E.128, for the optimizers' updates F = adamw, sgd and lion
+  for_each_block_kernel<block_quantize<S, Q>>
+                                SHFL.BFLY: a warp's lanes share a block (neighbouring lanes, neighbouring elements)
+                                and merge its extent across lanes (f32 -> f8e4m3 for a gather, bf16 -> i8 for a
+                                reduction's input); before, one thread took a whole block, B elements apart from its
+                                neighbour's, so that every warp load touched 32 sectors
+  for_each_quads_kernel<block_dequantize<D, f8e4m3>>
+                                a vector store of four D (STG.E.128 for fp32, STG.E.64 for bf16)
+  for_each_quads_kernel<block_dequantize_sum<i8>>
+                                LDG.E.128 and STG.E.128 (the fp32 gradient shard, four elements a thread)
+  reduce_ranks_kernel<D>        a vector load and store of four D (comm::local's reduction on one GPU; f32, bf16)
 and, for all of them, no local memory (no spills) and an occupancy of at least 75% at 256 threads per block on
 sm_90 (65536 registers and 2048 threads per SM, registers allocated in multiples of 8 per thread).
 
-Negative controls: the scalar for_each_kernel<F> of the same optimizers must break the for_each_arrays rule (if
-one passes it, the check cannot tell a scalar kernel from a vector one and fails itself).
+Negative controls: the scalar for_each_kernel<F> of the same optimizers must break the for_each_arrays rule, and
+the scalar for_each_kernel of the block quantization and the dequantizations must break theirs (if one passes,
+the check cannot tell the kernels apart and fails itself).
 
 Prints one line per kernel and closes with "sass: P passed, F failed, 0 skipped"; exit status 1 on any failure.
 """
@@ -61,9 +72,13 @@ def resources(res):
 
 
 def accesses(lines):
+    """The kernel's global accesses by width (LDG.E, LDG.E.128, ...) and its cross-lane shuffles (SHFL.BFLY)."""
     found = set()
     for line in lines:
         m = re.search(r"\b((?:LDG|STG)\.E(?:\.\w+)?)\b", line)
+        if m:
+            found.add(m.group(1))
+        m = re.search(r"\b(SHFL\.BFLY)\b", line)
         if m:
             found.add(m.group(1))
     return found
@@ -101,6 +116,23 @@ def main():
         wanted[f"for_each_arrays<{f}>"] = (rf"for_each_arrays_kernel<{elements[f]}", {"LDG.E.128", "STG.E.128"})
     controls = {f"for_each<{f}> (scalar, control)": (rf"for_each_kernel<{elements[f]}", {"LDG.E.128", "STG.E.128"})
                 for f in rules}
+    # block-scaled 8-bit gathers and reductions (kernels/quantize.hpp, kernels/cooperative.hpp)
+    idx = {n: i for i, n in dname.items()}
+    dt = lambda n: rf"\(fsdp::dtype\){idx[n]}"
+    quantize = {"f32 -> f8e4m3": dt("f32") + ", " + dt("f8e4m3"), "bf16 -> i8": dt("bf16") + ", " + dt("i8")}
+    for short, args in quantize.items():
+        pattern = rf"fsdp::kernels::block_quantize<{args}>"
+        wanted[f"block_quantize {short}"] = (rf"for_each_block_kernel<{pattern}", {"SHFL.BFLY"})
+        controls[f"block_quantize {short} (one thread a block, control)"] = (rf"for_each_kernel<{pattern}", {"SHFL.BFLY"})
+    for d in ("f32", "bf16"):
+        pattern = rf"fsdp::kernels::block_dequantize<{dt(d)}, {dt('f8e4m3')}>"
+        wanted[f"block_dequantize f8e4m3 -> {d}"] = (rf"for_each_quads_kernel<{pattern}", {vec("STG", idx[d])})
+        controls[f"block_dequantize f8e4m3 -> {d} (scalar, control)"] = (rf"for_each_kernel<{pattern}", {vec("STG", idx[d])})
+    pattern = rf"fsdp::kernels::block_dequantize_sum<{dt('i8')}>"
+    wanted["block_dequantize_sum i8"] = (rf"for_each_quads_kernel<{pattern}", {"LDG.E.128", "STG.E.128"})
+    controls["block_dequantize_sum i8 (scalar, control)"] = (rf"for_each_kernel<{pattern}", {"LDG.E.128", "STG.E.128"})
+    for d in ("f32", "bf16"):
+        wanted[f"reduce_ranks<{d}>"] = (rf"reduce_ranks_kernel<{dt(d)}>", {vec("LDG", idx[d]), vec("STG", idx[d])})
 
     fns, usage = functions(sass), resources(res)
     passed = failed = 0

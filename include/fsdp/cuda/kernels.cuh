@@ -7,8 +7,10 @@
 // inline launchers, never explicitly instantiated; their parameters are trivially copyable structs.
 // Data-movement kernels use 16-byte (fp32) / 8-byte (16-bit) vector loads and stores when both pointers allow
 // it, and a scalar path otherwise: any alignment and size is correct, empty ranges launch nothing. for_each does
-// the same for an ArrayFunction (the optimizers' updates: fsdp/kernels/array_function.hpp). tools/sass-check
-// fails when one of these kernels loses its 128-bit global accesses or its occupancy.
+// the same for an ArrayFunction (the optimizers' updates: fsdp/kernels/array_function.hpp) and a QuadFunction (the
+// block dequantizations), and runs a BlockFunction (the block quantization) a warp's lanes per block
+// (fsdp/kernels/cooperative.hpp). tools/sass-check fails when one of these kernels loses its 128-bit global
+// accesses, its lanes' shuffles or its occupancy.
 #include <cuda_runtime_api.h>
 
 #include <cub/device/device_reduce.cuh>
@@ -22,6 +24,7 @@
 #include "fsdp/core/float16.hpp"
 #include "fsdp/cuda/error.cuh"
 #include "fsdp/kernels/array_function.hpp"
+#include "fsdp/kernels/cooperative.hpp"
 #include "fsdp/kernels/elementwise.hpp"
 
 #define FSDP_KERNEL __global__ __attribute__((visibility("hidden")))
@@ -188,10 +191,77 @@ FSDP_KERNEL void for_each_arrays_kernel(std::int64_t n, F f) {
   for (std::int64_t i = nv * W + tid; i < n; i += stride) f(i);
 }
 
+/// A QuadFunction whose quads() holds: elements 4q .. 4q + 3 by f.quad(q), the remainder by f(i).
+template <class F>
+FSDP_KERNEL void for_each_quads_kernel(std::int64_t n, F f) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  const std::int64_t tid = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t nq = n / 4;
+  for (std::int64_t q = tid; q < nq; q += stride) f.quad(q);
+  for (std::int64_t i = nq * 4 + tid; i < n; i += stride) f(i);
+}
+
+/// A BlockFunction over `blocks` blocks: `lanes` consecutive lanes of a warp per block (a power of two, at most
+/// 32, at most the block's size); lane l takes the block's elements l, l + lanes, ..., their extents are merged
+/// across the lanes with shuffles, and each lane emits its own elements under the block's scale (lane 0 writes
+/// it). Every lane of a warp runs the same iterations, so that the shuffles see the whole warp.
+template <class F>
+FSDP_KERNEL void __launch_bounds__(launch_tuning::threads, 6)  // 40 registers: 75% occupancy (tools/sass-check)
+    for_each_block_kernel(std::int64_t blocks, F f, int lanes) {
+  const int in_warp = static_cast<int>(threadIdx.x & 31u);
+  const int lane = in_warp & (lanes - 1);
+  const std::int64_t thread = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t groups = std::int64_t(gridDim.x) * blockDim.x / lanes;  // blocks taken per pass of the grid
+  const std::int64_t warp_first = (thread - in_warp) / lanes;                 // this warp's first block per pass
+  const int block = static_cast<int>(f.block);
+  for (std::int64_t base = warp_first; base < blocks; base += groups) {
+    const std::int64_t b = base + in_warp / lanes;
+    const bool live = b < blocks;
+    fsdp::kernels::block_extent e;
+    const auto p = f.place(live ? b : base);
+    if (live)
+      for (int k = lane; k < block; k += lanes) e = e.merge(f.extent_of(p, k));
+    for (int off = lanes / 2; off > 0; off /= 2) {
+      fsdp::kernels::block_extent o;
+      o.max = __shfl_xor_sync(0xffffffffu, e.max, off);
+      o.nan = __shfl_xor_sync(0xffffffffu, e.nan ? 1 : 0, off) != 0;
+      e = e.merge(o);
+    }
+    if (live) {
+      const float scale = f.scale_of(e);
+      if (lane == 0) f.write_scale(p, scale);
+      for (int k = lane; k < block; k += lanes) f.emit(p, k, scale);
+    }
+  }
+}
+
+/// The lanes a BlockFunction's block of `block` elements gets: the largest power of two up to 32 and the block.
+inline int lanes_for(std::int64_t block) {
+  int lanes = 1;
+  while (lanes < 32 && lanes * 2 <= block) lanes *= 2;
+  return lanes;
+}
+
 template <class F>
 void for_each(std::int64_t n, const F& f, cudaStream_t s) {
   static_assert(std::is_trivially_copyable_v<F>, "kernel parameters must be trivially copyable");
   if (n <= 0) return;
+  if constexpr (fsdp::kernels::BlockFunction<F>) {
+    if (f.block > 0) {
+      const int lanes = lanes_for(f.block);
+      const std::int64_t threads = n * lanes;  // a warp per 32 / lanes blocks
+      for_each_block_kernel<F><<<blocks_for((threads + 31) / 32 * 32), launch_tuning::threads, 0, s>>>(n, f, lanes);
+      FSDP_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
+  if constexpr (fsdp::kernels::QuadFunction<F>) {
+    if (f.quads()) {
+      for_each_quads_kernel<F><<<blocks_for(n / 4 + 1), launch_tuning::threads, 0, s>>>(n, f);
+      FSDP_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   if constexpr (fsdp::kernels::ArrayFunction<F>) {
     constexpr int W = launch_tuning::vector_width;
     const auto a = f.arrays();
@@ -220,11 +290,33 @@ struct reduce_ranks_params {
 inline constexpr int max_local_ranks = reduce_ranks_params<dtype::f32>::max_ranks;
 
 /// dst[i] = the reduction of src[q][i] over ranks q by kernels::reduce_add: the same operations, in the same
-/// order, as the host local communicator.
+/// order, as the host local communicator. `vectorised`: every pointer is aligned for four elements, which each
+/// thread then takes at once (16 bytes of fp32, 8 of a 16-bit type), the remainder one by one.
 template <dtype D>
-FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params<D> a) {
+FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params<D> a, bool vectorised) {
+  constexpr int W = launch_tuning::vector_width;
+  using T = f16::storage_t<D>;
+  using v4 = vec<T, W>;
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += stride) {
+  const std::int64_t tid = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::int64_t done = 0;
+  if (vectorised) {
+    const std::int64_t nv = a.n / W;
+    for (std::int64_t i = tid; i < nv; i += stride) {
+      float acc[W] = {};
+      for (int q = 0; q < a.world; ++q) {
+        const v4 x = reinterpret_cast<const v4*>(a.src[q])[i];
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] = fsdp::kernels::reduce_add<D>(acc[k], x.v[k], a.premul);
+      }
+      v4 y;
+#pragma unroll
+      for (int k = 0; k < W; ++k) y.v[k] = f16::from_float<D>(acc[k]);
+      reinterpret_cast<v4*>(a.dst)[i] = y;
+    }
+    done = nv * W;
+  }
+  for (std::int64_t i = done + tid; i < a.n; i += stride) {
     float acc = 0.0f;
     for (int q = 0; q < a.world; ++q) acc = fsdp::kernels::reduce_add<D>(acc, a.src[q][i], a.premul);
     a.dst[i] = f16::from_float<D>(acc);
@@ -235,7 +327,11 @@ template <dtype D>
 void reduce_ranks(const reduce_ranks_params<D>& a, cudaStream_t s) {
   static_assert(std::is_trivially_copyable_v<reduce_ranks_params<D>>, "kernel parameters must be trivially copyable");
   if (a.n <= 0) return;
-  reduce_ranks_kernel<D><<<blocks_for(a.n), launch_tuning::threads, 0, s>>>(a);
+  constexpr int W = launch_tuning::vector_width;
+  constexpr std::size_t bytes = sizeof(f16::storage_t<D>) * W;
+  bool v = aligned(a.dst, bytes);
+  for (int q = 0; q < a.world; ++q) v = v && aligned(a.src[q], bytes);
+  reduce_ranks_kernel<D><<<blocks_for(v ? a.n / W + 1 : a.n), launch_tuning::threads, 0, s>>>(a, v);
   FSDP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -46,10 +46,11 @@ FSDP_HD inline void accumulate_one(float& dst, f16::storage_t<S> x, float scale 
 /// at 3 or more ranks may differ from NCCL's in the last bits); an average pre-multiplies each value by 1/world
 /// rounded to D (NCCL's ncclAvg is its PreMulSum with that scalar), so a 16-bit sum stays as far from overflow as
 /// the average itself. `premul`: average_factor<D>(world) for an average, 1 for a sum.
+/// A NaN is not multiplied by `premul` (scaled_value): it passes as it is.
 template <dtype D>
 FSDP_HD inline float reduce_add(float acc, f16::storage_t<D> x, float premul) {
   float v = f16::to_float<D>(x);
-  if (premul != 1.0f) v = f16::to_float<D>(f16::from_float<D>(rn::mul(v, premul)));
+  if (premul != 1.0f) v = f16::to_float<D>(f16::from_float<D>(scaled_value(v, premul)));
   return f16::to_float<D>(f16::from_float<D>(rn::add(acc, v)));
 }
 /// 1/world as an element of D, as a float (NCCL computes float(1.0 / nRanks) and converts it to D).
