@@ -282,9 +282,10 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       tr.block_backward(unit, b, x, caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(b)], dx, dnext);
       std::swap(dx, dnext);
     }
-    const fsdp::grad::report rep = opt.step();
+    const fsdp::grad::step_report stepped = opt.step();  // decided on the device: nothing waits here
     opt.zero_grad();
-    const float loss = tr.global_loss(model);
+    const float loss = tr.global_loss(model);  // the loss read back: the step's report has arrived with it
+    const fsdp::grad::report& rep = stepped;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     r.step_seconds.push_back(s);
     r.step_tokens.push_back(tokens);

@@ -315,8 +315,7 @@ class model_core {
       std::vector<plan::unit_costs> costs;
       for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
       const plan::group_collectives g =
-          plan::step_collectives(costs, exec_.facts(), replicate_comm_ != nullptr,
-                                 norm_rows > 0 ? plan::norm_buffer_cost(size(), norm_rows) : plan::buffer_cost{});
+          plan::step_collectives(costs, exec_.facts(), replicate_comm_ != nullptr, plan::norm_count(size(), norm_rows));
       if (shard_comm_) {
         comm_->connect(plan::not_yet(g.world, connected_.world));
         shard_comm_->connect(plan::not_yet(g.shard, connected_.shard));
@@ -346,6 +345,7 @@ class model_core {
       const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
       const bool apply = work.inspect ? work.inspect() : true;
       exec_.optimizer_step(work, apply);
+      if (work.finish) work.finish();
     } catch (const std::exception& e) {  // the update may be partly applied: a retry would apply it twice
       cursor_.fail_step(std::string(detail::unprefixed(e)));
       throw;

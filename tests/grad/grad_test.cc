@@ -285,7 +285,7 @@ TEST_CASE("fp16 with dynamic loss scaling: an overflowing step is skipped and ba
       before.clear();
       for (std::size_t u = 0; u < m.size(); ++u)
         before.emplace_back(m.unit(u).master_shard(), m.unit(u).master_shard() + m.unit(u).layout().shard_numel());
-      const auto r = opt.step();
+      const fsdp::grad::report r = opt.step();
       opt.zero_grad();  // after every step, skipped or not: a skipped step leaves its non-finite gradients
       m.synchronize();
       if (step == 0) {

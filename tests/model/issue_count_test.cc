@@ -6,6 +6,7 @@
 // First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
 #include "tests/support/instances.hpp"
 
+#include <cmath>
 #include <mutex>
 #include <string>
 
@@ -110,4 +111,45 @@ TEST_CASE("no-sync accumulation over two micro-batches: each unit's accumulator 
   CHECK(three.issued.frees == 3);
   CHECK(six.issued.synchronizes == 0);
   CHECK(six.collectives[fsdp::collective::reduce_scatter] == 6);  // once per step, in the last micro-batch
+}
+
+TEST_CASE("clipping by the global norm: the step decides on the compute stream and synchronizes nothing; the host "
+          "learns the decision when its stream passes it") {
+  // grad::options::max_norm: the squared norms (one per unit), their all-reduce, the decision (one element
+  // function: the clip coefficient, the skip, the gradient scale, in double as the host computed them), its copy to
+  // pinned host memory and an event; the updates read the decision on the compute stream. Until 2026-11-28 the
+  // host read the norms back inside the step: two synchronizes of the compute stream a step.
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
+  auto clipping = [](auto& m) { return fsdp::optim::adamw(m, {.grad = {.max_norm = 1.0f}}); };
+  const counted six = second_step<P>(6, clipping), plain = second_step<P>(6, adamw);
+  const issue_counts d = six.issued - plain.issued;
+  CHECK(six.issued.synchronizes == 0);
+  // 6 squared norms and the decision; zeroing the buffer and copying it to the host; its event
+  CHECK(str(d) == "7 kernels, 2 memory operations, 0 host functions, 1 event records, 0 stream waits, 0 synchronizes");
+  CHECK(six.collectives[fsdp::collective::all_reduce] == 1);  // the norms
+  CHECK(d.allocations == 1);  // the inspection's buffer, from the pool, given back once the updates are issued
+  CHECK(d.frees == 1);
+}
+
+TEST_CASE("a step's report is learned at a synchronize the trainer makes anyway: ready once the compute stream "
+          "passed the decision, the same report as when waited for") {
+  fsdp::ModelSpec spec;
+  spec.add("u0.w", {64, 8}).add("u1.w", {64, 8});
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
+  fsdp_test::run_ranks(2, [&](local_communicator& c) {
+    fsdp::Model<P> m(c, spec, fsdp::wrap::by_prefix{"u"});
+    fsdp::optim::adamw opt(m, {.grad = {.max_norm = 1.0f}});
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) u.grad(u.name() + ".w")[0] = 3.0f;
+    const fsdp::grad::step_report r = opt.step();
+    m.synchronize();  // the trainer reading its loss
+    const issue_counts before = m.backend().issued(m.backend().compute_stream());
+    CHECK(r.ready());
+    const fsdp::grad::report& got = r;  // no wait: the stream has passed the decision
+    CHECK((m.backend().issued(m.backend().compute_stream()) - before).synchronizes == 0);
+    CHECK_FALSE(got.skipped);
+    CHECK(got.norm > 1.0);  // a 3 in each unit's gradient on each rank
+    CHECK(got.clip_coef == static_cast<float>(1.0 / (got.norm + 1e-6)));
+    CHECK(opt.steps() == 1);
+  });
 }

@@ -77,7 +77,7 @@ TEST_CASE("every group's list: distinct and sorted, the world's one-element all-
   const auto mixed = fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>();
   const fsdp::plan::cost_facts f = fsdp::plan::make_cost_facts(mixed, true, {});
   const auto c = costs(4, mixed);  // shards of 256 (a) and 16 (b: 24 elements padded to 64)
-  const fsdp::plan::group_collectives g = fsdp::plan::step_collectives(c, f, true, fsdp::plan::norm_buffer_cost(2, 1));
+  const fsdp::plan::group_collectives g = fsdp::plan::step_collectives(c, f, true, fsdp::plan::norm_count(2, 1));
   CHECK(str(g.world) == "all_reduce(1, f32), all_reduce(2, f32)");
   CHECK(str(g.shard) ==
         "all_gather(16, bf16), all_gather(256, bf16), reduce_scatter(16, f32), reduce_scatter(256, f32)");

@@ -16,7 +16,8 @@
 //
 // Optional hooks, detected where they are used and not required here: host_addressable (a static constexpr bool:
 // the buffers are host memory, which checkpoint saves write from without a staging copy), reserve(bytes)
-// (Model::reserve_memory),
+// (Model::reserve_memory), done(event) (whether a stream has passed an event's record, without waiting: the
+// optimizers learn their gradient inspection's decision through it, fsdp/grad/inspect.hpp),
 // timing marks (trace::TimingMarks, fsdp/observe/stamp.hpp: the trace times stream events with them instead of
 // host callbacks) and profiler ranges (trace::ProfilerRanges, fsdp/observe/ranges.hpp). backend::cuda has all
 // three; backend::host none.

@@ -205,6 +205,14 @@ class cuda {
   void record(event& e, stream& s) { FSDP_CUDA_CHECK(cudaEventRecord(e.get(), s.get())); }
   /// Later work on `s` waits for the last record of `e` made before this call (none: no wait).
   void wait(stream& s, const event& e) { FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
+  /// Whether the stream of the last record of `e` has passed it (cudaEventQuery; true when never recorded). Never
+  /// waits; a device error it reports is thrown (cuda_error).
+  bool done(const event& e) const {
+    const cudaError_t rc = cudaEventQuery(e.get());
+    if (rc == cudaErrorNotReady) return false;
+    FSDP_CUDA_CHECK(rc);
+    return true;
+  }
   /// Runs `fn` on a CUDA runtime thread when `s` reaches this point (cudaLaunchHostFunc); fn must not call CUDA.
   void host_callback(stream& s, std::function<void()> fn) {
     auto* f = new std::function<void()>(std::move(fn));

@@ -125,6 +125,9 @@ class host {
   void record(event& e, stream& s);
   /// Later work on `s` waits for the last record of `e` made before this call.
   void wait(stream& s, const event& e);
+  /// Whether the stream of the last record of `e` has passed it (true when it was never recorded). Never waits;
+  /// rethrows the error of a stream that failed before it got there.
+  bool done(const event& e) const;
   /// Runs `fn` on the host when `s` reaches this point (cudaLaunchHostFunc on the CUDA backend). Skipped when
   /// the stream has failed.
   void host_callback(stream& s, std::function<void()> fn);

@@ -47,6 +47,19 @@ FSDP_DECL void host::record(event& e, stream& s) {
   s.submit([st = e.s_, target, &s] { st->complete(target, s.error()); }, /*always=*/true);
 }
 
+FSDP_DECL bool host::done(const event& e) const {
+  if (e.s_->completed.load() < e.s_->snapshot()) return false;
+  if (e.s_->failed.load()) {  // the stream failed before it got there: its error, as a wait would give it
+    std::exception_ptr err;
+    {
+      std::lock_guard lk(e.s_->mu);
+      err = e.s_->error;
+    }
+    if (err) std::rethrow_exception(err);
+  }
+  return true;
+}
+
 FSDP_DECL void host::wait(stream& s, const event& e) {
   count(s, &atomic_counts::waits);
   const std::uint64_t target = e.s_->snapshot();

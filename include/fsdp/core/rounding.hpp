@@ -51,4 +51,27 @@ FSDP_HD inline float sqrt(float a) {
 #endif
 }
 
+// The same in double (the gradient inspection's decision: fsdp/grad/inspect.hpp).
+FSDP_HD inline double add(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+FSDP_HD inline double div(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+FSDP_HD inline double sqrt(double a) {
+#if defined(__CUDA_ARCH__)
+  return __dsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
 }  // namespace fsdp::rn

@@ -191,6 +191,7 @@ class interpreter {
         std::vector<std::function<void()>> updates;
         update_site<B> site = update_site<B>::host(updates, pool_);
         optimizer().update(u, site);
+        if (optimizer().decided) be_.wait(s, *optimizer().decided);  // the decision it reads, in host memory
         be_.host_callback(s, [updates = std::move(updates)] {
           for (const auto& w : updates) w();
         });

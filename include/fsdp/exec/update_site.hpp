@@ -96,6 +96,12 @@ struct optimizer_work {
   std::function<std::vector<float*>(std::size_t u)> states;
   /// State buffers per unit (fp32 values per shard element).
   int state_count = 0;
+  /// Recorded by inspect() on the compute stream once the inspection's decision is in host memory: an update on the
+  /// host (a host function) reads it there, so it waits for this first. Null: the updates need nothing of it.
+  const typename B::event* decided = nullptr;
+  /// Once every update is issued, before the scheduler's after_step (the inspection's buffer, which the device
+  /// updates read, is given back here).
+  std::function<void()> finish;
 };
 
 }  // namespace fsdp::exec

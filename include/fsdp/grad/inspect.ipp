@@ -13,6 +13,30 @@ FSDP_DECL void check(const options& o) {
     detail::fail_usage("grad::options::max_norm must be finite and >= 0 (0 = no clipping), got ", o.max_norm);
 }
 
+FSDP_DECL report report_of(const verdict& v, float loss_scale, const float* table, int rows, int world, std::size_t units,
+                           const std::vector<std::size_t>& backward, const std::vector<std::string>& names) {
+  report r;
+  r.inspected = true;
+  r.located = rows == world;
+  r.loss_scale = loss_scale;
+  r.norm = v.norm;
+  r.skipped = v.skipped != 0;
+  r.clip_coef = v.clip_coef;
+  r.grad_scale = v.grad_scale;
+  if (r.skipped && r.located) {
+    for (int q = 0; q < world && !r.nonfinite; ++q)
+      for (std::size_t u : backward)
+        if (!std::isfinite(table[static_cast<std::size_t>(q) * units + u])) {
+          r.nonfinite = location{q, u, names[u], 0};
+          break;
+        }
+    if (r.nonfinite)
+      for (std::size_t i = 0; i < static_cast<std::size_t>(rows) * units; ++i)
+        r.nonfinite->count += std::isfinite(table[i]) ? 0 : 1;
+  }
+  return r;
+}
+
 FSDP_DECL std::string report::message() const {
   if (!skipped) return detail::cat("gradient norm ", norm, (clip_coef < 1.0f ? ", clipped" : ""));
   if (!nonfinite)

@@ -2,7 +2,11 @@
 // Dynamic loss scaling for fp16 training: the trainer multiplies its loss by scale(); the optimizer divides the
 // gradients by it (inside its fused update) and, when any rank's gradients hold an inf or a NaN, skips the step
 // on every rank and backs the scale off. After growth_interval steps in a row without one, the scale grows.
-// The rule is torch.cuda.amp.GradScaler's.
+// The rule is torch.cuda.amp.GradScaler's. The optimizer decides a step on the device and learns the decision
+// later (fsdp/grad/inspect.hpp): scale() and good_steps() learn the last step's first (waiting for it if the
+// compute stream has not passed it; a trainer that read its loss has made it pass).
+#include <functional>
+
 #include "fsdp/core/config.hpp"
 
 namespace fsdp::grad {
@@ -19,18 +23,36 @@ class loss_scaler {
   explicit loss_scaler(loss_scaler_options o = {});
 
   /// What the loss is multiplied by this step.
-  float scale() const noexcept { return scale_; }
+  float scale() const {
+    learn();
+    return scale_;
+  }
   /// Steps in a row without a non-finite gradient since the scale last changed.
-  int good_steps() const noexcept { return good_; }
+  int good_steps() const {
+    learn();
+    return good_;
+  }
   const loss_scaler_options& options() const noexcept { return o_; }
 
-  /// A checkpoint's state replaces this one: the scale and the good steps counted since it last changed.
+  /// A checkpoint's state replaces this one: the scale and the good steps counted since it last changed (after the
+  /// last step's decision is learned).
   void restore(float scale, int good_steps);
 
   /// After a step: `skipped` (non-finite gradients) backs the scale off; growth_interval good steps in a row grow it.
   void update(bool skipped) noexcept;
 
+  /// The optimizer's: `learn` resolves its last step's decision (which then calls update()); scale() and
+  /// good_steps() call it first. Empty: nothing pending.
+  void await(std::function<void()> learn) { pending_ = std::move(learn); }
+
  private:
+  void learn() const {
+    if (!pending_) return;
+    const std::function<void()> f = std::move(pending_);
+    pending_ = {};
+    f();
+  }
+  mutable std::function<void()> pending_;
   loss_scaler_options o_;
   float scale_;
   int good_ = 0;

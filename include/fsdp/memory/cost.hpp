@@ -188,10 +188,27 @@ struct link_bytes {
 /// read in place, for the inspection's norm when `inspects`) and the master and the states come back.
 FSDP_DECL link_bytes optimizer_link_bytes(const unit_costs& c, const offload_facts& o, int states, bool inspects);
 
-/// The per-step buffer of gradient inspection (clipping, non-finite checks): `rows` x `units` fp32 squared norms,
-/// all-reduced once (fsdp/grad/inspect.hpp).
+/// fp32 slots at the start of the gradient inspection's buffer for its decision (grad::verdict: 32 bytes, which
+/// the update kernels read), before the norms.
+inline constexpr std::int64_t verdict_slots = 8;
+
+/// The squared norms a gradient inspection all-reduces: `rows` x `units` fp32 values (0 rows: no inspection).
+inline std::int64_t norm_count(std::size_t units, int rows) { return static_cast<std::int64_t>(units) * rows; }
+
+/// The per-step buffer of gradient inspection (clipping, non-finite checks), from the inspection to the last update
+/// of the step: its decision (verdict_slots), then `rows` x `units` fp32 squared norms, all-reduced once
+/// (fsdp/grad/inspect.hpp). None without inspection.
 inline buffer_cost norm_buffer_cost(std::size_t units, int rows) {
-  return {mem::comm_buffers, dtype::f32, static_cast<std::int64_t>(units) * rows};
+  const std::int64_t n = norm_count(units, rows);
+  return {mem::comm_buffers, dtype::f32, n > 0 ? verdict_slots + n : 0};
+}
+
+/// The host's pinned copy of that buffer, where the host learns the decision (and, locating, who holds a non-finite
+/// gradient) once the compute stream has passed it: an inspecting optimizer's, for its whole life.
+inline buffer_cost decision_copy_cost(std::size_t units, int rows) {
+  buffer_cost c = norm_buffer_cost(units, rows);
+  c.where = domain::host;
+  return c;
 }
 
 }  // namespace fsdp::plan

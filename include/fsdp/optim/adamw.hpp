@@ -81,8 +81,9 @@ class adamw : public elementwise<ModelT> {
 
   const adamw_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
-  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients.
-  grad::report step() {
+  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
+  /// without waiting for the step (grad::step_report).
+  grad::step_report step() {
     return base::step([&](long t) {
       const float bc1 = detail::adamw_bias_correction(opt_.beta1, t);
       const float bc2 = detail::adamw_bias_correction(opt_.beta2, t);

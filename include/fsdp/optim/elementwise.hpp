@@ -59,6 +59,9 @@ struct rule_elements {
   R rule;
   decay_mask mask;
   float grad_scale = 1.0f;
+  /// The gradient inspection's decision, where this update runs (null: grad_scale): a skipped step changes
+  /// nothing; otherwise its gradient scale replaces grad_scale (fsdp/grad/inspect.hpp).
+  const grad::verdict* decided = nullptr;
   static constexpr int array_count = 2 + S;
   FSDP_HD kernels::fp32_arrays<array_count> arrays() const {
     kernels::fp32_arrays<array_count> a{};
@@ -69,7 +72,12 @@ struct rule_elements {
     return a;
   }
   FSDP_HD void update(float* x, std::int64_t i) const {
-    const float g_scaled = grad_scale != 1.0f ? rn::mul(x[1], grad_scale) : x[1];
+    float scale = grad_scale;
+    if (decided) {
+      if (decided->skipped) return;
+      scale = decided->grad_scale;
+    }
+    const float g_scaled = scale != 1.0f ? rn::mul(x[1], scale) : x[1];
     rule(x[0], g_scaled, x + 2, !mask.no_decay(i));
   }
   FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
@@ -92,9 +100,10 @@ class elementwise : public detail::shard_optimizer<ModelT> {
 
   /// One step over every local shard: make(t) gives the rule for update number t (from 1: the bias corrections
   /// and schedules need it). usage_error, before any update, when the rule's state count is not the number of
-  /// names given at construction. Returns what the step did with the gradients (inspection, skip, scale).
+  /// names given at construction. Returns what the step did with the gradients (inspection, skip, scale), learned
+  /// without waiting for the step (grad::step_report).
   template <class Make>
-  grad::report step(Make&& make) {
+  grad::step_report step(Make&& make) {
     using R = std::remove_cvref_t<decltype(make(long{1}))>;
     static_assert(ElementRule<R>, "fsdp::optim::elementwise::step: make(t) must return an ElementRule (see "
                                   "fsdp/optim/elementwise.hpp): trivially copyable, with static constexpr int states "
@@ -104,7 +113,7 @@ class elementwise : public detail::shard_optimizer<ModelT> {
                                " state value(s) per element, but it was made with ", this->states_per_element(),
                                " state name(s)", names_text(this->state_names()), "; give one name per state");
     const R rule = make(this->steps() + 1);
-    return this->run_step([&](auto& unit, const detail::shard_piece& piece, float grad_scale, auto& site) {
+    return this->run_step([&](auto& unit, const detail::shard_piece& piece, const auto& scale, auto& site) {
       const auto off = piece.offset;
       detail::rule_elements<R> f{};
       f.p = site.at(unit.master_shard() + off);
@@ -112,7 +121,8 @@ class elementwise : public detail::shard_optimizer<ModelT> {
       for (int k = 0; k < R::states; ++k) f.s[k] = site.at(this->state(unit.index(), k) + off);
       f.rule = rule;
       f.mask = piece.mask;
-      f.grad_scale = grad_scale;
+      f.grad_scale = scale.value;
+      f.decided = site.on_host() ? scale.host : scale.device;
       site.run(piece.numel, f);
     });
   }

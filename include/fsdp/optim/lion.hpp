@@ -77,8 +77,9 @@ class lion : public elementwise<ModelT> {
 
   const lion_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
-  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients.
-  grad::report step() {
+  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
+  /// without waiting for the step (grad::step_report).
+  grad::step_report step() {
     return base::step([&](long) { return detail::lion_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.weight_decay}}; });
   }
 

@@ -80,8 +80,9 @@ class sgd : public elementwise<ModelT> {
   const sgd_options& options() const noexcept { return opt_; }
   void set_lr(float lr) noexcept { opt_.lr = lr; }
 
-  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients.
-  grad::report step() {
+  /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
+  /// without waiting for the step (grad::step_report).
+  grad::step_report step() {
     const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay};
     if (this->states_per_element() == 0) return base::step([&](long) { return detail::sgd_rule{c}; });
     return base::step([&](long) { return detail::sgd_momentum_rule{c}; });

@@ -64,13 +64,13 @@ inline std::vector<collective_use> distinct(std::vector<collective_use> v) {
 }
 
 /// Every group's collectives for units with these costs (unit-index order) under facts f. `replicas`: hybrid
-/// sharding's replicate group exists. `norms`: the gradient inspection's buffer (numel 0: none), all-reduced over
-/// the world.
+/// sharding's replicate group exists. `norms`: the gradient inspection's squared norms (plan::norm_count; 0: none),
+/// all-reduced over the world in fp32.
 inline group_collectives step_collectives(const std::vector<unit_costs>& units, const cost_facts& f, bool replicas,
-                                          const buffer_cost& norms = {}) {
+                                          std::int64_t norms = 0) {
   group_collectives g;
   g.world.push_back({collective::all_reduce, 1, dtype::f32});
-  if (norms) g.world.push_back({collective::all_reduce, norms.numel, norms.type});
+  if (norms > 0) g.world.push_back({collective::all_reduce, norms, dtype::f32});
   for (const unit_costs& c : units) {
     if (auto u = gather_use(c, f)) g.shard.push_back(*u);
     g.shard.push_back(reduction_use(c, f));

@@ -130,6 +130,7 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
     m.add(c.grad_shard);
   }
   for (std::size_t u = 0; u < n; ++u) m.add(plan::optimizer_state_cost(layouts[u], in.optimizer_states, offload[u]));
+  m.add(plan::decision_copy_cost(n, in.norm_rows));  // an inspecting optimizer's pinned copy of its decision
 
   sched::scheduler s(units, in.schedule);
   plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
@@ -137,11 +138,8 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
   // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
   for (int step = 0; step < 2; ++step) {
     r.link = {};
-    const auto short_of = plan::run_step(s, order, prog, r, [&] {
-      const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
-      m.add(norms);
-      m.sub(norms);
-    });
+    const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
+    const auto short_of = plan::run_step(s, order, prog, r, [&] { m.add(norms); }, [&] { m.sub(norms); });
     if (short_of) {
       out.infeasible = short_of->message(units);
       out.max_units_gathered = r.max_gathered;

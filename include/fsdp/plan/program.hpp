@@ -506,10 +506,11 @@ std::optional<sched::shortage> walk_passes(sched::scheduler& s, const std::vecto
 
 /// One training step through the program: the passes, then Model::step's order (wait for the reductions, the
 /// scheduler's before_step, the step's begin stamp, `between` (what the optimizer does before its updates: the
-/// gradient inspection), the updates, the scheduler's after_step: ZeRO-1's gathers).
-template <class I, class Between>
+/// gradient inspection), the updates, `after` (what the optimizer does once its updates are issued: the inspection's
+/// buffer, which the updates read, given back), the scheduler's after_step: ZeRO-1's gathers).
+template <class I, class Between, class After>
 std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<std::size_t>& order, step_program& prog,
-                                        I& in, Between&& between) {
+                                        I& in, Between&& between, After&& after) {
   auto on_op = [&](sched::op o, std::size_t u, bool ahead, pass_kind k) { prog.op(o, u, ahead, k, in); };
   auto on_compute = [&](pass_kind k, std::size_t u) {
     prog.compute_begin(k, u, in);
@@ -521,6 +522,7 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
   prog.optimizer_begin(in);
   between();
   prog.optimizer_step(in);
+  after();
   s.after_step(order, [&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); });
   return std::nullopt;
 }

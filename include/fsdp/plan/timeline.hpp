@@ -31,7 +31,7 @@
 // every machine with IEEE-754 double arithmetic (x86-64's SSE2, AArch64; not x87, not -ffast-math).
 //
 // Left out (time a real step spends that this model does not): the gradient inspection (norms, their all-reduce
-// and a host synchronize: clipping, non-finite checks, loss scaling), zero_grad(), check_collectives' comparisons
+// and the decision's kernel and copy: clipping, non-finite checks, loss scaling), zero_grad(), check_collectives' comparisons
 // and check_views' fills, kernel launch and host issue overheads, and contention: concurrent
 // collectives on the gather and reduce streams each get the whole link, and compute does not slow while they run.
 #include <chrono>

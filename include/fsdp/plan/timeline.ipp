@@ -314,7 +314,7 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
   plan_detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {
     r.begin_step(step == 1);
-    if (auto short_of = plan::run_step(s, order, prog, r, [] {})) {
+    if (auto short_of = plan::run_step(s, order, prog, r, [] {}, [] {})) {
       out.infeasible = short_of->message(units);
       return out;
     }

@@ -3,10 +3,14 @@
 // each, with its no-decay mask), state buffers costed by fsdp/memory/cost.hpp and reserved with the model's plan,
 // and the step itself:
 //
-//   inside Model::step (after every reduction): inspect the gradients when asked (fsdp/grad/inspect.hpp); on a
-//   non-finite gradient skip the update on every rank (parameters and state bit-unchanged); otherwise run the
-//   optimizer's fused update over every piece with the gradient scale (clipping, loss-scale removal);
-//   afterwards tell the loss scaler whether the step was skipped.
+//   inside Model::step (after every reduction): inspect the gradients when asked (fsdp/grad/inspect.hpp), the
+//   decision made on the compute stream; run the optimizer's fused update over every piece, which reads the
+//   decision there: on a non-finite gradient it changes nothing on any rank (parameters and state bit-unchanged),
+//   otherwise it multiplies each gradient by the step's scale (clipping, loss-scale removal). The host learns the
+//   decision later (grad::step_report), at the latest before the next step: then the step is counted or not (the
+//   update number t of the next one), and the loss scaler is told whether it was skipped. No host synchronize
+//   inside the step, on a backend with pinned host memory and done(event); elsewhere the decision is read back
+//   in the step (one synchronize).
 //
 // Where the update runs, per unit, is the step program's choice (fsdp/plan/program.hpp, fsdp/offload/offload.hpp):
 // on the compute stream (Backend::for_each); for a unit with params, grads and optimizer state offloaded, on the
@@ -16,7 +20,9 @@
 // site.at(p)). State buffers live in host memory when the unit's optimizer state is offloaded.
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -68,8 +74,12 @@ class shard_optimizer {
   std::string_view name() const noexcept { return name_; }
   /// The states' names, in state order ("exp_avg", "exp_avg_sq" for adamw; "momentum_buffer" for sgd with momentum).
   const std::vector<std::string>& state_names() const noexcept { return names_; }
-  /// Updates applied so far (steps the gradient inspection skipped are not counted).
-  long steps() const noexcept { return steps_; }
+  /// Updates applied so far (steps the gradient inspection skipped are not counted). The last step's decision is
+  /// learned first (waiting for it when the compute stream has not passed it yet).
+  long steps() const {
+    settle_pending();
+    return steps_;
+  }
   /// State buffer k of unit u: backend memory of the unit's shard_numel fp32 values, laid out as the master shard
   /// (model.unit(u).shard_views() says which elements of which parameter sit where; padding stays zero).
   const float* state(std::size_t u, int k) const { return state_[checked(u, k)][static_cast<std::size_t>(k)].template as<float>(); }
@@ -96,6 +106,7 @@ class shard_optimizer {
   /// A checkpoint's update count replaces this optimizer's (the loader also writes the state buffers).
   void restore_steps(long steps) {
     if (steps < 0) fsdp::detail::fail_usage(name_, ": restore_steps(", steps, "): the count must be >= 0");
+    settle_pending();
     steps_ = steps;
   }
   void zero_grad() { model_.zero_grad(); }
@@ -108,6 +119,12 @@ class shard_optimizer {
     grad::check(g);
     model_access::reserve_memory(model, states_, norm_rows());
     auto& be = model.backend();
+    if constexpr (deferred) {
+      if (grad_.inspects()) {
+        const plan::buffer_cost c = plan::decision_copy_cost(model.size(), norm_rows());
+        decision_copy_ = be.allocate_host(c.bytes(), c.category);
+      }
+    }
     for (std::size_t u = 0; u < model.size(); ++u) {
       pieces_.push_back(masked_pieces(model.unit(u).shard_views(), model.unit(u).layout().shard_numel()));
       const plan::buffer_cost c = plan::optimizer_state_cost(model.unit(u).layout(), 1, model.unit_offload(u));
@@ -121,45 +138,140 @@ class shard_optimizer {
     require_device_access(model, g);
   }
   /// Waits for every stream of the model before its state buffers go: the compute stream may be asynchronous,
-  /// and offloaded state is used on the copy streams after step() returns. The model must outlive the optimizer.
-  ~shard_optimizer() { model_.synchronize_quietly(); }
+  /// and offloaded state is used on the copy streams after step() returns. A step_report still waiting gets its
+  /// report now (its host copy goes with the optimizer). The model must outlive the optimizer.
+  ~shard_optimizer() {
+    model_.synchronize_quietly();
+    try {
+      settle_pending();
+    } catch (...) {  // the streams failed: the report says nothing more than their errors did
+    }
+  }
   shard_optimizer(const shard_optimizer&) = delete;
   shard_optimizer& operator=(const shard_optimizer&) = delete;
 
 
-  /// One step: update(unit, piece, grad_scale, site) for every piece of every unit, unless the inspection skips
-  /// it. `site` (exec::update_site: on the device, at staged copies of host-resident parts, or on the host, as the
-  /// step program puts the unit) runs the optimizer's element function: site.run(n, f), its pointers through
-  /// site.at(p).
+  /// Where an update finds the step's gradient scale: a value (no inspection, or a decision read back on the host),
+  /// or the decision itself (grad::verdict), in the backend's memory for the device and in its pinned host copy for
+  /// a host step, which the update functions read (and do nothing when it skipped the step).
+  struct gradient_scale {
+    float value = 1.0f;
+    const grad::verdict* device = nullptr;
+    const grad::verdict* host = nullptr;
+  };
+
+  /// One step: update(unit, piece, scale, site) for every piece of every unit, unless the inspection skips it. `site`
+  /// (exec::update_site: on the device, at staged copies of host-resident parts, or on the host, as the step program
+  /// puts the unit) runs the optimizer's element function: site.run(n, f), its pointers through site.at(p). The
+  /// last step's decision is learned first: its count (the t this step's make() gets) and the loss scaler's scale.
   template <class Update>
-  grad::report run_step(Update&& update) {
-    grad::report r;
-    exec::optimizer_work<backend_type> work = work_for(r);
-    work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
-      for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, r.grad_scale, site);
-    };
-    model_access::step(model_, work);
-    if (!r.skipped) ++steps_;
-    if (grad_.scaler) grad_.scaler->update(r.skipped);
-    return r;
+  grad::step_report run_step(Update&& update) {
+    settle_pending();
+    if (!grad_.inspects()) {
+      exec::optimizer_work<backend_type> work = work_for();
+      work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
+        for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, gradient_scale{}, site);
+      };
+      model_access::step(model_, work);
+      ++steps_;
+      return grad::step_report(grad::report{});
+    }
+    if constexpr (deferred) {
+      return deferred_step(std::forward<Update>(update));
+    } else {
+      grad::report r;
+      exec::optimizer_work<backend_type> work = work_for();
+      work.inspect = [this, &r] {
+        r = grad::inspect(model_, grad_, backward_order());
+        return !r.skipped;
+      };
+      work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
+        for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, gradient_scale{r.grad_scale}, site);
+      };
+      model_access::step(model_, work);
+      if (!r.skipped) ++steps_;
+      if (grad_.scaler) grad_.scaler->update(r.skipped);
+      return grad::step_report(std::move(r));
+    }
   }
 
   ModelT& model_;
 
  private:
-  /// A step's work but its update: the inspection (into `r`) and the state buffers. Apart from run_step, so that
-  /// these two std::function targets are compiled once per model type, not once per optimizer rule as well.
-  exec::optimizer_work<backend_type> work_for(grad::report& r) {
+  /// Decides on the device and learns later: a backend with pinned host memory and done(event).
+  static constexpr bool deferred = OffloadBackend<backend_type> && requires(backend_type& b, const typename backend_type::event& e) {
+    { b.done(e) } -> std::convertible_to<bool>;
+  };
+
+  std::vector<std::size_t> backward_order() const {
+    std::vector<std::size_t> backward = model_.forward_order();
+    std::reverse(backward.begin(), backward.end());
+    return backward;
+  }
+
+  /// The step with its decision made on the compute stream (grad::issue_inspection) into the inspection's buffer,
+  /// which the updates read and which is given back once they are issued; the decision copied to the pinned host
+  /// copy, and an event recorded after it (a host step's updates wait for it; the host learns from it).
+  template <class Update>
+  grad::step_report deferred_step(Update&& update) {
+    auto& be = model_.backend();
+    auto& cs = be.compute_stream();
+    const plan::buffer_cost cost = plan::norm_buffer_cost(model_.size(), norm_rows());
+    buffer buf;
+    const float loss_scale = grad_.scaler ? grad_.scaler->scale() : 1.0f;
+    exec::optimizer_work<backend_type> work = work_for();
+    work.inspect = [&] {
+      buf = be.allocate(cost.bytes(), cost.category, cs);
+      grad::issue_inspection(model_, grad_, buf.data());
+      be.download(decision_copy_.data(), buf.data(), cost.bytes(), cs);  // pinned: asynchronous
+      be.record(decided_, cs);
+      // A failure the stream already knows (its collective aborted, on a stream that runs as it is issued) fails
+      // the step here, as a wait would have; done() never waits.
+      (void)be.done(decided_);
+      return true;  // every update runs, and reads the decision
+    };
+    work.decided = &decided_;
+    work.finish = [&] { be.release_after(std::move(buf), cs); };  // after every update that reads it, in cs's order
+    work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
+      const gradient_scale g{1.0f, buf.template as<grad::verdict>(), decision_copy_.template as<grad::verdict>()};
+      for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, g, site);
+    };
+    model_access::step(model_, work);
+    auto p = std::make_shared<grad::pending_decision>();
+    p->arrived = [this] { return model_.backend().done(decided_); };
+    p->wait = [this] { model_.backend().synchronize(model_.backend().compute_stream()); };
+    p->read = [this, loss_scale, n = model_.size(), rows = norm_rows(), world = model_.comm().size(),
+               backward = backward_order()] {
+      grad::verdict v;
+      std::memcpy(&v, decision_copy_.data(), sizeof v);
+      std::vector<std::string> names;
+      for (std::size_t u = 0; u < n; ++u) names.push_back(model_.unit(u).name());
+      return grad::report_of(v, loss_scale, decision_copy_.template as<float>() + plan::verdict_slots, rows, world, n,
+                             backward, names);
+    };
+    p->settled = [this](const grad::report& r) {
+      if (!r.skipped) ++steps_;
+      if (grad_.scaler) grad_.scaler->update(r.skipped);
+    };
+    pending_ = p;
+    if (grad_.scaler) grad_.scaler->await([p] { p->resolve(); });
+    return grad::step_report(std::move(p));
+  }
+
+  /// Learns the last step's decision (waiting for it when it has not arrived) and lets it go.
+  void settle_pending() const {
+    if (!pending_) return;
+    const std::shared_ptr<grad::pending_decision> p = std::move(pending_);
+    pending_.reset();
+    if (grad_.scaler) grad_.scaler->await({});
+    p->resolve();
+  }
+
+  /// A step's work but its inspection and update: the state buffers. Apart from run_step, so that this
+  /// std::function target is compiled once per model type, not once per optimizer rule as well.
+  exec::optimizer_work<backend_type> work_for() {
     exec::optimizer_work<backend_type> work;
     work.state_count = states_;
-    work.inspect = [this, &r] {
-      if (grad_.inspects()) {
-        std::vector<std::size_t> backward = model_.forward_order();
-        std::reverse(backward.begin(), backward.end());
-        r = grad::inspect(model_, grad_, backward);
-      }
-      return !r.skipped;
-    };
     work.states = [this](std::size_t u) {
       std::vector<float*> out;
       for (auto& b : state_[u]) out.push_back(b.template as<float>());
@@ -202,6 +314,9 @@ class shard_optimizer {
   long steps_ = 0;
   std::vector<std::vector<shard_piece>> pieces_;  // per unit: one fused launch each
   std::vector<std::vector<buffer>> state_;        // per unit: states_ buffers of shard_numel fp32 values
+  buffer decision_copy_;                          // pinned: the host's copy of the inspection's buffer
+  typename backend_type::event decided_;          // on the compute stream, after that copy
+  mutable std::shared_ptr<grad::pending_decision> pending_;  // the last step's decision, until it is learned
 };
 
 }  // namespace fsdp::optim::detail
