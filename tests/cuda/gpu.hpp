@@ -15,6 +15,7 @@
 #include <fsdp/comm/local_cuda.cuh>
 #include <fsdp/cuda/device.cuh>
 
+#include "../support/listener.hpp"
 #include "gpu_cases.hpp"
 
 #define FSDP_REQUIRE_GPU()                                                                    \
@@ -76,23 +77,12 @@ inline bool simulated_gpu() {
 #if defined(DOCTEST_CONFIG_IMPLEMENT)  // once per program: the file that has doctest's main
 namespace fsdp_test {
 /// Prints "[case] NAME" as each test case starts (tools/gpu-check names the running case from it on a timeout).
-struct case_names : doctest::IReporter {
-  explicit case_names(const doctest::ContextOptions&) {}
-  void report_query(const doctest::QueryData&) override {}
-  void test_run_start() override {}
-  void test_run_end(const doctest::TestRunStats&) override {}
+struct case_names : quiet_listener {
+  using quiet_listener::quiet_listener;
   void test_case_start(const doctest::TestCaseData& tc) override {
     std::printf("[case] %s\n", tc.m_name);
     std::fflush(stdout);
   }
-  void test_case_reenter(const doctest::TestCaseData&) override {}
-  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
-  void test_case_exception(const doctest::TestCaseException&) override {}
-  void subcase_start(const doctest::SubcaseSignature&) override {}
-  void subcase_end() override {}
-  void log_assert(const doctest::AssertData&) override {}
-  void log_message(const doctest::MessageData&) override {}
-  void test_case_skipped(const doctest::TestCaseData&) override {}
 };
 REGISTER_LISTENER("fsdp_case_names", 1, case_names);
 }  // namespace fsdp_test

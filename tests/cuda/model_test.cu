@@ -644,14 +644,20 @@ TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equal
 }
 #endif
 
-TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run bit for bit") {
-  FSDP_REQUIRE_GPU();
+/// comm::nccl at world size 1, from the environment a launcher would leave (RANK, WORLD_SIZE, LOCAL_RANK), its waits
+/// bounded at 10 s.
+fsdp::comm::nccl_communicator nccl_world_of_one() {
   ::setenv("RANK", "0", 1);
   ::setenv("WORLD_SIZE", "1", 1);
   ::setenv("LOCAL_RANK", "0", 1);
   fsdp::comm::nccl_options opt;
   opt.timeout = std::chrono::milliseconds(10000);
-  auto comm = fsdp::comm::nccl::from_env(opt);
+  return fsdp::comm::nccl::from_env(opt);
+}
+
+TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run bit for bit") {
+  FSDP_REQUIRE_GPU();
+  auto comm = nccl_world_of_one();
   CHECK(comm.rank() == 0);
   CHECK(comm.size() == 1);
   using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::backward_pre<1>, fsdp::precision::full, fsdp::comm::nccl>;
@@ -704,12 +710,7 @@ TEST_CASE("comm::nccl at world size 1: a split group of the one rank (ncclCommSp
   // A world of its own: on the H200 with NCCL 2.28.3 the split failed (ncclInternalError, no communicator) and
   // aborted its world, which the case above no longer shares. tools/gpu-check's split probe asks NCCL alone.
   FSDP_REQUIRE_GPU();
-  ::setenv("RANK", "0", 1);
-  ::setenv("WORLD_SIZE", "1", 1);
-  ::setenv("LOCAL_RANK", "0", 1);
-  fsdp::comm::nccl_options opt;
-  opt.timeout = std::chrono::milliseconds(10000);
-  auto comm = fsdp::comm::nccl::from_env(opt);
+  auto comm = nccl_world_of_one();
   fsdp::backend::cuda be(0, comm.backend_options());
   auto buf = be.allocate(8, fsdp::mem::comm_buffers, be.reduce_stream());
   const float two[2] = {2.5f, -1.0f};

@@ -30,23 +30,13 @@
 #include <string>
 #include <thread>
 
+#include <fsdp/cuda/error.cuh>  // nccl_result_name: the enumerators' names, nothing between the probe and NCCL
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-const char* result_name(ncclResult_t r) {
-  switch (r) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    case ncclInProgress: return "ncclInProgress";
-    default: return "ncclResult?";
-  }
-}
+const char* result_name(ncclResult_t r) { return fsdp::detail::nccl_result_name(r); }
 
 /// Polls `c`'s asynchronous state until it leaves ncclInProgress, at most `limit`.
 ncclResult_t settle(ncclComm_t c, ncclResult_t rc, std::chrono::milliseconds limit) {

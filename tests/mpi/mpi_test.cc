@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fsdp/comm/mpi.hpp>
+#include "tests/support/listener.hpp"
 #if __has_include(<nlohmann/json.hpp>) && __has_include(<xxhash.h>)  // the GPU machine has no nlohmann-json
 #define FSDP_TEST_CHECKPOINTS 1
 #include <fsdp/checkpoint/checkpoint.hpp>
@@ -704,10 +705,8 @@ TEST_CASE("a process started by srun without PMI support is refused, naming srun
 namespace {
 /// One line per process at the end of the run, for run_mpi_test.sh to count: "rank 0 of 4: 5 test cases, 0 failed,
 /// 123 assertions, 0 failed".
-struct summary : doctest::IReporter {
-  explicit summary(const doctest::ContextOptions&) {}
-  void report_query(const doctest::QueryData&) override {}
-  void test_run_start() override {}
+struct summary : fsdp_test::quiet_listener {
+  using quiet_listener::quiet_listener;
   void test_run_end(const doctest::TestRunStats& s) override {
     int rank = 0, world = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -716,15 +715,6 @@ struct summary : doctest::IReporter {
                 s.numTestCasesPassingFilters, s.numTestCasesFailed, s.numAsserts, s.numAssertsFailed);
     std::fflush(stdout);
   }
-  void test_case_start(const doctest::TestCaseData&) override {}
-  void test_case_reenter(const doctest::TestCaseData&) override {}
-  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
-  void test_case_exception(const doctest::TestCaseException&) override {}
-  void subcase_start(const doctest::SubcaseSignature&) override {}
-  void subcase_end() override {}
-  void log_assert(const doctest::AssertData&) override {}
-  void log_message(const doctest::MessageData&) override {}
-  void test_case_skipped(const doctest::TestCaseData&) override {}
 };
 REGISTER_LISTENER("mpi_summary", 1, summary);
 }  // namespace

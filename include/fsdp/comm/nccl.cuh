@@ -5,9 +5,10 @@
 //   fsdp::Model<Policy> model(comm, spec, wrap); // Policy's communicator: fsdp::comm::nccl
 //
 // The unique id travels through a file rendezvous (from_env) or MPI (nccl_mpi.cuh); the device is chosen by
-// choose_device (launch.hpp). The communicator is created non-blocking, so no NCCL call can hang the host: every
-// call that reports ncclInProgress, and every synchronize() of the backend, polls ncclCommGetAsyncError under a
-// timeout; on an asynchronous error or a timeout the communicator is aborted (ncclCommAbort) and the comm_error
+// choose_device (launch.hpp). The communicator is created non-blocking, so no NCCL call that waits on other ranks
+// can hang the host (ncclCommAbort and ncclCommDestroy block, as NCCL runs them blocking whatever the config, but
+// wait on no other rank): every call that reports ncclInProgress, and every synchronize() of the backend, polls
+// ncclCommGetAsyncError under a timeout; on an asynchronous error or a timeout the communicator is aborted (ncclCommAbort) and the comm_error
 // names the pending collectives, the units they were issued for and their sequence numbers. The decisions
 // (settling, messages, groups, shutdown) are made by detail::nccl_core (detail/nccl_logic.hpp), tested on the host.
 #include <cuda_runtime_api.h>
