@@ -306,8 +306,8 @@ TEST_CASE("file rendezvous: waits read the files less and less often (5 ms, doub
   CHECK(c.next(t0, t0).count() == 1);
 }
 
-TEST_CASE("file rendezvous: rank 0 waiting 600 ms for two late ranks reads their files about ten times, not 240") {
-  // At 5 ms a pass rank 0 would read both missing acknowledgements 120 times each; with the backoff the passes come
+TEST_CASE("file rendezvous: rank 0 waiting 600 ms for two late ranks reads their files about ten times, not 230") {
+  // At 5 ms a pass rank 0 read the two missing acknowledgements 230 times in all (tried); with the backoff the passes come
   // at 5, 15, 35, 75, 155, 315 and 635 ms: about 8 passes, 16 reads, and one confirmation written.
   const auto path = rendezvous_path();
   remove_files(path);
