@@ -8,8 +8,9 @@
 // choose_device (launch.hpp). The communicator is created non-blocking, so no NCCL call that waits on other ranks
 // can hang the host (ncclCommAbort and ncclCommDestroy block, as NCCL runs them blocking whatever the config, but
 // wait on no other rank): every call that reports ncclInProgress, and every synchronize() of the backend, polls
-// ncclCommGetAsyncError under a timeout; on an asynchronous error or a timeout the communicator is aborted (ncclCommAbort) and the comm_error
-// names the pending collectives, the units they were issued for and their sequence numbers. The decisions
+// ncclCommGetAsyncError under a timeout; on an asynchronous error or a timeout the communicator is aborted
+// (ncclCommAbort) and the comm_error names the pending collectives, the units they were issued for and their sequence
+// numbers. The decisions
 // (settling, messages, groups, shutdown) are made by detail::nccl_core (detail/nccl_logic.hpp), tested on the host.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
