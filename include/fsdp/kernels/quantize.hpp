@@ -68,7 +68,8 @@ struct block_quantize {
   std::int64_t slice;
   float scale_by = 1.0f;
   /// Where block b's elements come from and go: its first source element, its values and its scale's slot (a block
-  /// never crosses a slice: `block` divides `shard`).
+  /// never crosses a slice: `block` divides `shard`; and `block` is a multiple of 4, precision::gather_block_fits,
+  /// so each slice's scales are 4-byte aligned).
   struct place_of {
     const f16::storage_t<S>* from;
     std::uint8_t* values;
