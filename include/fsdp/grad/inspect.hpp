@@ -164,6 +164,14 @@ struct pending_decision {
     }
     return *result;
   }
+  /// The optimizer that made it is gone without a report (its streams failed first): from now on, asking throws
+  /// `why` instead of reaching the optimizer.
+  void orphan(std::string why) {
+    arrived = [] { return true; };
+    wait = [] {};
+    read = [why = std::move(why)]() -> report { throw comm_error(why); };
+    settled = nullptr;
+  }
 };
 
 /// What an optimizer step did with the gradients, learned without waiting for the step: ready() once the compute

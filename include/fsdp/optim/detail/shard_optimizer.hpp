@@ -142,9 +142,17 @@ class shard_optimizer {
   /// report now (its host copy goes with the optimizer). The model must outlive the optimizer.
   ~shard_optimizer() {
     model_.synchronize_quietly();
+    const std::shared_ptr<grad::pending_decision> p = pending_;
     try {
       settle_pending();
-    } catch (...) {  // the streams failed: the report says nothing more than their errors did
+    } catch (const std::exception& e) {  // the streams failed: the report says nothing more than their errors did
+      if (p && !p->result)
+        p->orphan(fsdp::detail::cat("optimizer '", name_, "' was destroyed before its last step's decision could be "
+                                    "read (", e.what(), ")"));
+    } catch (...) {
+      if (p && !p->result)
+        p->orphan(fsdp::detail::cat("optimizer '", name_, "' was destroyed before its last step's decision could be "
+                                    "read"));
     }
   }
   shard_optimizer(const shard_optimizer&) = delete;
@@ -218,6 +226,20 @@ class shard_optimizer {
     auto& cs = be.compute_stream();
     const plan::buffer_cost cost = plan::norm_buffer_cost(model_.size(), norm_rows());
     buffer buf;
+    // The inspection and the updates queued on cs read buf: a step that throws before work.finish gives it back
+    // in cs's order too, never at once under work still queued (the host backend's release_after always runs).
+    struct in_stream_order {
+      backend_type& be;
+      typename backend_type::stream& cs;
+      buffer& buf;
+      ~in_stream_order() {
+        if (!buf) return;
+        try {
+          be.release_after(std::move(buf), cs);
+        } catch (...) {  // nothing more to do while another error unwinds
+        }
+      }
+    } give_back{be, cs, buf};
     const float loss_scale = grad_.scaler ? grad_.scaler->scale() : 1.0f;
     exec::optimizer_work<backend_type> work = work_for();
     work.inspect = [&] {
