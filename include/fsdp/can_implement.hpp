@@ -78,13 +78,6 @@ struct implementability {
 };
 
 namespace detail {
-template <class C>
-inline constexpr bool splittable = requires(C& c) {
-  { c.split(0, 0) } -> std::same_as<C>;
-};
-}  // namespace detail
-
-namespace detail {
 /// What can_implement asks of a policy's types, as values, so that its checks compile once rather than per policy.
 struct policy_shape {
   policy_facts facts;       ///< over the world (a world of 1 when it is not positive)
@@ -99,7 +92,7 @@ struct policy_shape {
 template <class Policy>
 policy_shape shape_of(int world) {
   policy_shape s{facts_of_policy<Policy>(world > 0 ? world : 1), {}, {},
-                 splittable<typename Policy::communicator>, AllToAllCollective<typename Policy::communicator>,
+                 SplittableCollective<typename Policy::communicator>, AllToAllCollective<typename Policy::communicator>,
                  OffloadBackend<typename Policy::backend_type>, dtype_of_v<typename Policy::precision::compute_type>};
   s.mesh = mesh_of<typename Policy::sharding>(world, s.mesh_problems);
   return s;

@@ -191,20 +191,11 @@ class model_core {
   /// states_per_element()); `norm_rows`: its gradient inspection rows (its norm_rows(), 0 without inspection).
   memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const {
     memory_plan p = fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
-    if constexpr (requires(const communicator& c) {
-                    { c.device_bytes() } -> std::convertible_to<std::int64_t>;
-                  }) {  // comm::nccl: what its communicators took from the device, beside the plan
-      p.outside_plan_bytes = comm_->device_bytes();
-      for (const auto* g : {shard_comm_.get(), replicate_comm_.get()})
-        if (g) p.outside_plan_bytes += g->device_bytes();
-    }
-    if constexpr (requires(const communicator& c) {
-                    { c.connect_bytes() } -> std::convertible_to<std::int64_t>;
-                  }) {  // comm::nccl: of that, the connections made before the reservation
-      p.outside_plan_connect_bytes = comm_->connect_bytes();
-      for (const auto* g : {shard_comm_.get(), replicate_comm_.get()})
-        if (g) p.outside_plan_connect_bytes += g->connect_bytes();
-    }
+    for (const communicator* c : {comm_.get(), shard_comm_.get(), replicate_comm_.get()})
+      if (c) {  // comm::nccl: what its communicators took from the device beside the plan, and of that, connecting
+        p.outside_plan_bytes += comm::device_bytes(*c);
+        p.outside_plan_connect_bytes += comm::connect_bytes(*c);
+      }
     return p;
   }
   /// The plan with an optimizer's state and gradient inspection.
@@ -223,10 +214,7 @@ class model_core {
   /// `optimizer_states` as for plan_memory.
   timeline plan_timeline(time_model t, int optimizer_states) const {
     t.world = comm_->size();
-    if constexpr (requires(const communicator& c) {
-                    { c.serial_collectives() } -> std::convertible_to<bool>;
-                  })
-      t.serial_collectives = comm_->serial_collectives();
+    if constexpr (SerialCollective<communicator>) t.serial_collectives = comm_->serial_collectives();
     return fsdp::plan_timeline(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), t);
   }
   /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
@@ -301,7 +289,7 @@ class model_core {
   /// after it and not before.
   void reserve_memory(int optimizer_states, int norm_rows = 0) {
     connect_collectives(norm_rows);
-    if constexpr (requires(backend_type& b) { b.reserve(std::int64_t{}); })
+    if constexpr (ReservingBackend<backend_type>)
       backend().reserve(plan_memory(optimizer_states, norm_rows).peak.total);
   }
 
@@ -311,7 +299,7 @@ class model_core {
   /// connects what a collective needs at its first use, which would otherwise be inside step 1, after the
   /// reservation. Collective: every rank calls it at the same point (construction, an optimizer's construction).
   void connect_collectives(int norm_rows) {
-    if constexpr (requires(communicator& c, const std::vector<collective_use>& u) { c.connect(u); }) {
+    if constexpr (ConnectingCollective<communicator>) {
       std::vector<plan::unit_costs> costs;
       for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
       const plan::group_collectives g =
@@ -397,13 +385,11 @@ class model_core {
   }
 
   // ---- set-up ------------------------------------------------------------------------------------------------
-  static constexpr bool splittable = detail::splittable<communicator>;
-
   /// Hybrid sharding (a shard group smaller than the world, of one rank included): the shard group (ranks of this
   /// replica) and the replicate group (ranks at this shard position), split from the world in that order on every
   /// rank; the executor issues on them from now on.
   void make_groups() {
-    if constexpr (splittable) {
+    if constexpr (SplittableCollective<communicator>) {
       const int r = comm_->rank();
       shard_comm_.reset(new communicator(comm_->split(mesh_.replica(r), r)));
       replicate_comm_.reset(new communicator(comm_->split(mesh_.shard_rank(r), r)));
@@ -412,7 +398,7 @@ class model_core {
   }
 
   static std::unique_ptr<backend_type> make_backend(communicator& comm) {
-    if constexpr (requires { comm.backend_options(); })
+    if constexpr (ConfiguringCollective<communicator>)
       return std::make_unique<backend_type>(comm.rank(), comm.backend_options());
     else
       return std::make_unique<backend_type>(comm.rank());

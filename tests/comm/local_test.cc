@@ -353,6 +353,11 @@ TEST_CASE("barrier and bad arguments") {
     std::vector<float> x(1);
     CHECK(error_of<fsdp::usage_error>([&] { c.broadcast(x.data(), x.data(), 1, dtype::f32, 4, be.gather_stream()); }) ==
           "fsdp: broadcast root 4 is outside the group of 4");
+    // The checks every communicator shares (comm::detail::require_count, require_color), in comm::local's words.
+    CHECK(error_of<fsdp::usage_error>([&] { c.all_gather(x.data(), x.data(), -1, dtype::f32, be.gather_stream()); }) ==
+          "fsdp: all_gather(count=-1, f32) on rank " + std::to_string(c.rank()) + ": negative count");
+    CHECK(error_of<fsdp::usage_error>([&] { c.split(-1, 0); }) ==
+          "fsdp: split on rank " + std::to_string(c.rank()) + ": color must be >= 0, got -1");
   });
   auto g = std::make_shared<fsdp::comm::detail::local_group>(2, std::chrono::milliseconds(100));
   CHECK(error_of<fsdp::usage_error>([&] { local_communicator(g, 2); }) == "fsdp: rank 2 is outside the local group of size 2");

@@ -742,6 +742,9 @@ TEST_CASE("nccl all_to_all: one group of a send and a receive per rank; a dtype 
         "fsdp: comm::nccl: dtype f8e5m2 needs NCCL 2.24 or later");
   CHECK(error_of<fsdp::usage_error>([&] { all_gather(c, sc, 4, 7, {}, dtype::f8e5m2); }) ==
         "fsdp: comm::nccl: dtype f8e5m2 needs NCCL 2.24 or later");
+  // A negative count likewise (comm::detail::require_count, every communicator's check).
+  CHECK(error_of<fsdp::usage_error>([&] { all_gather(c, sc, -1, 7); }) ==
+        "fsdp: all_gather(count=-1, f32) on rank 1: negative count");
   CHECK(sc.calls.empty());
   CHECK_FALSE(c.aborted());
   CHECK(c.issued() == 1);

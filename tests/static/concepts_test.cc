@@ -69,6 +69,39 @@ static_assert(fsdp::CollectivePolicy<archetype::communicator>);
 static_assert(!fsdp::CollectivePolicy<archetype::no_broadcast>);
 static_assert(fsdp::CollectivePolicy<fsdp::comm::local_communicator>);
 
+// The optional capabilities (fsdp/comm/concept.hpp): the least communicator has none, and the library's calls give
+// what the list says in its place; comm::local has split, backend options and says its collectives overlap.
+static_assert(!fsdp::LabelledCollective<archetype::communicator> &&
+              !fsdp::SplittableCollective<archetype::communicator> &&
+              !fsdp::ConfiguringCollective<archetype::communicator> &&
+              !fsdp::SerialCollective<archetype::communicator> &&
+              !fsdp::DeviceMeasuredCollective<archetype::communicator> &&
+              !fsdp::ConnectingCollective<archetype::communicator>);
+static_assert(fsdp::SplittableCollective<fsdp::comm::local_communicator> &&
+              fsdp::ConfiguringCollective<fsdp::comm::local_communicator> &&
+              fsdp::SerialCollective<fsdp::comm::local_communicator> &&
+              !fsdp::LabelledCollective<fsdp::comm::local_communicator> &&
+              !fsdp::DeviceMeasuredCollective<fsdp::comm::local_communicator> &&
+              !fsdp::ConnectingCollective<fsdp::comm::local_communicator>);
+namespace archetype {
+/// Each capability with a signature a step away from the list's: none of them counts.
+struct near_capabilities : basic_communicator<fsdp::backend::host> {
+  void label(int) {}                                       // not a string_view
+  basic_communicator<fsdp::backend::host> split(int, int);  // not the same communicator
+  int backend_options() { return 0; }                      // the backend is not made from it
+  void serial_collectives() const {}                       // not a bool
+  std::int64_t device_bytes() const { return 0; }          // without connect_bytes()
+  void connect(int) {}                                     // not a list of collective_use
+};
+}  // namespace archetype
+static_assert(fsdp::CollectivePolicy<archetype::near_capabilities> &&
+              !fsdp::LabelledCollective<archetype::near_capabilities> &&
+              !fsdp::SplittableCollective<archetype::near_capabilities> &&
+              !fsdp::ConfiguringCollective<archetype::near_capabilities> &&
+              !fsdp::SerialCollective<archetype::near_capabilities> &&
+              !fsdp::DeviceMeasuredCollective<archetype::near_capabilities> &&
+              !fsdp::ConnectingCollective<archetype::near_capabilities>);
+
 static_assert(fsdp::ShardingStrategy<archetype::strategy>);
 static_assert(!fsdp::ShardingStrategy<archetype::untagged_strategy>);
 static_assert(fsdp::ShardingStrategy<fsdp::sharding::full_shard>);
@@ -181,6 +214,11 @@ static_assert(!fsdp::Backend<archetype::backend_t<false>>);
 static_assert(fsdp::CollectivePolicy<archetype::basic_communicator<archetype::backend_t<true>>>);
 template class fsdp::exec::unit_executor<archetype::backend_t<true>, archetype::basic_communicator<archetype::backend_t<true>>>;
 static_assert(fsdp::Backend<fsdp::backend::host>);
+// Of the backend's optional hooks (fsdp/backend/concept.hpp), the host backend has done(event) alone; the least
+// backend none.
+static_assert(fsdp::PollingBackend<fsdp::backend::host> && !fsdp::ReservingBackend<fsdp::backend::host> &&
+              !fsdp::HostMappingBackend<fsdp::backend::host>);
+static_assert(!fsdp::PollingBackend<archetype::backend_t<true>> && !fsdp::ReservingBackend<archetype::backend_t<true>>);
 static_assert(fsdp::ElementType<float> && fsdp::ElementType<fsdp::bfloat16> && fsdp::ElementType<fsdp::float16>);
 static_assert(!fsdp::ElementType<double> && !fsdp::ElementType<std::uint16_t>);
 static_assert(fsdp::PrecisionPolicy<fsdp::precision::mixed<fsdp::bfloat16>>);
@@ -310,6 +348,18 @@ std::vector<std::string> pass_order(fsdp::basic_model<Backend, C, T>& model) {
   for (auto& u : model.backward())
     seen.push_back("backward " + u.name() + " " + std::to_string(u.grad(u.name() + ".w").numel()));
   return seen;
+}
+
+TEST_CASE("a communicator without an optional capability gets what the list gives in its place") {
+  archetype::communicator c;
+  fsdp::comm::label_next(c, "unit 0");  // no label(): nothing to do
+  CHECK_FALSE(fsdp::comm::serial_collectives(c));
+  CHECK(fsdp::comm::device_bytes(c) == 0);
+  CHECK(fsdp::comm::connect_bytes(c) == 0);
+  fsdp_test::run_ranks(1, [](fsdp::comm::local_communicator& l) {
+    CHECK_FALSE(fsdp::comm::serial_collectives(l));  // its own answer: comm::local's collectives overlap
+    CHECK(fsdp::comm::device_bytes(l) == 0);
+  });
 }
 
 TEST_CASE("a loop over basic_model runs the passes of models of different policies") {

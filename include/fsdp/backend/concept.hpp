@@ -14,13 +14,16 @@
 //               for every i in [0, n), on the stream, for any ElementFunction f (the optimizers' updates are such
 //               functions: a backend knows no optimizer)
 //
-// Optional hooks, detected where they are used and not required here: host_addressable (a static constexpr bool:
-// the buffers are host memory, which checkpoint saves write from without a staging copy), reserve(bytes)
-// (Model::reserve_memory), done(event) (whether a stream has passed an event's record, without waiting: the
-// optimizers learn their gradient inspection's decision through it, fsdp/grad/inspect.hpp),
-// timing marks (trace::TimingMarks, fsdp/observe/stamp.hpp: the trace times stream events with them instead of
-// host callbacks) and profiler ranges (trace::ProfilerRanges, fsdp/observe/ranges.hpp). backend::cuda has all
-// three; backend::host none.
+// Optional hooks, each a concept below (a backend has any of them or none; those without get what the brackets
+// say): host_addressable (a static constexpr bool: the buffers are host memory, which checkpoint saves write from
+// without a staging copy) [a staging copy]; ReservingBackend, reserve(bytes) (Model::reserve_memory takes the
+// plan's peak at once) [memory taken as used]; PollingBackend, done(event) (whether a stream has passed an event's
+// record, without waiting: with OffloadBackend's pinned memory the optimizers learn their gradient inspection's
+// decision through it, fsdp/grad/inspect.hpp) [the decision read back inside the step]; HostMappingBackend,
+// host_memory_on_device() (whether the device addresses pinned host memory: the inspection reads offloaded
+// gradients in place) [assumed]; timing marks (trace::TimingMarks, fsdp/observe/stamp.hpp: the trace times stream
+// events with them instead of host callbacks) and profiler ranges (trace::ProfilerRanges, fsdp/observe/ranges.hpp).
+// backend::cuda has them all; backend::host is host_addressable and has done(event).
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -94,6 +97,23 @@ concept OffloadBackend = Backend<B> && requires(B& b, std::int64_t n, mem c) {
   { b.upload_stream() } -> std::same_as<typename B::stream&>;
   { b.download_stream() } -> std::same_as<typename B::stream&>;
   { b.host_work_stream() } -> std::same_as<typename B::stream&>;
+};
+
+/// Optional: reserve(bytes) takes what the memory plan's peak needs up front (backend::cuda's pool).
+template <class B>
+concept ReservingBackend = Backend<B> && requires(B& b, std::int64_t bytes) { b.reserve(bytes); };
+
+/// Optional: done(event) says, without waiting, whether the event's stream has passed its record (and rethrows the
+/// stream's error where it failed).
+template <class B>
+concept PollingBackend = Backend<B> && requires(const B& b, const typename B::event& e) {
+  { b.done(e) } -> std::convertible_to<bool>;
+};
+
+/// Optional: host_memory_on_device() says whether the device addresses the pinned host memory allocate_host gives.
+template <class B>
+concept HostMappingBackend = OffloadBackend<B> && requires(const B& b) {
+  { b.host_memory_on_device() } -> std::convertible_to<bool>;
 };
 
 }  // namespace fsdp

@@ -597,5 +597,7 @@ class cuda {
 
 static_assert(Backend<cuda>, "backend::cuda must model fsdp::Backend (backend/concept.hpp)");
 static_assert(OffloadBackend<cuda>, "backend::cuda must model fsdp::OffloadBackend (backend/concept.hpp)");
+static_assert(ReservingBackend<cuda> && PollingBackend<cuda> && HostMappingBackend<cuda>,
+              "backend::cuda has every optional hook of backend/concept.hpp");
 
 }  // namespace fsdp::backend

@@ -8,6 +8,7 @@
 #include <concepts>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
@@ -82,10 +83,95 @@ concept AllToAllCollective = CollectivePolicy<C> && requires(C& c, const void* s
   c.all_to_all(send, recv, count, t, s);
 };
 
+/// Optional capabilities: a communicator has any of them or none, and the library asks for each where the list
+/// says (those without it get the behaviour in brackets). "Add a communicator" is CollectivePolicy, then whichever
+/// of these it can offer; tests/static/concepts_test.cc holds which the library's communicators have.
+///
+///   LabelledCollective      label(unit): names the unit the next collectives are for, so that a timeout or an
+///                           error names it (exec::groups, the gradient inspection) [errors name no unit]
+///   SplittableCollective    split(color, key) -> C: the ranks of one color as a group (Model makes hybrid
+///                           sharding's groups with it) [can_implement refuses a strategy whose groups split the
+///                           world]
+///   ConfiguringCollective   backend_options(): what the Model's backend is made with, B(rank, options) (its waits
+///                           bounded as the communicator's are) [B(rank)]
+///   SerialCollective        serial_collectives(): whether all its groups' collectives run one at a time (the
+///                           timeline planner models it: Model::plan_timeline) [false]
+///   DeviceMeasuredCollective device_bytes(), connect_bytes(): the device memory it took and, of that, its
+///                           connections', beside the plan (Model::plan_memory's NCCL rows) [0 and 0]
+///   ConnectingCollective    connect(uses): makes what the listed collectives need before they first run, handed
+///                           each group's list before the memory reservation (Model, fsdp/plan/collectives.hpp)
+///                           [nothing made ahead]
+template <class C>
+concept LabelledCollective = CollectivePolicy<C> && requires(C& c, std::string_view unit) { c.label(unit); };
+
+template <class C>
+concept SplittableCollective = CollectivePolicy<C> && requires(C& c, int color, int key) {
+  { c.split(color, key) } -> std::same_as<C>;
+};
+
+template <class C>
+concept ConfiguringCollective = CollectivePolicy<C> && requires(C& c) {
+  requires std::constructible_from<typename C::backend_type, int, decltype(c.backend_options())>;
+};
+
+template <class C>
+concept SerialCollective = CollectivePolicy<C> && requires(const C& c) {
+  { c.serial_collectives() } -> std::convertible_to<bool>;
+};
+
+template <class C>
+concept DeviceMeasuredCollective = CollectivePolicy<C> && requires(const C& c) {
+  { c.device_bytes() } -> std::convertible_to<std::int64_t>;
+  { c.connect_bytes() } -> std::convertible_to<std::int64_t>;
+};
+
+template <class C>
+concept ConnectingCollective = CollectivePolicy<C> && requires(C& c, const std::vector<collective_use>& uses) {
+  c.connect(uses);
+};
+
+namespace comm {
+/// The capabilities above as calls that do what brackets say where the communicator lacks one.
+template <CollectivePolicy C>
+void label_next(C& c, std::string_view unit) {
+  if constexpr (LabelledCollective<C>) c.label(unit);
+}
+template <CollectivePolicy C>
+bool serial_collectives(const C& c) {
+  if constexpr (SerialCollective<C>)
+    return c.serial_collectives();
+  else
+    return false;
+}
+template <CollectivePolicy C>
+std::int64_t device_bytes(const C& c) {
+  if constexpr (DeviceMeasuredCollective<C>)
+    return c.device_bytes();
+  else
+    return 0;
+}
+template <CollectivePolicy C>
+std::int64_t connect_bytes(const C& c) {
+  if constexpr (DeviceMeasuredCollective<C>)
+    return c.connect_bytes();
+  else
+    return 0;
+}
+}  // namespace comm
+
 namespace comm::detail {
 /// The buffers of an all_to_all of `count` elements of `t` per pair among `ranks` ranks, on rank `rank`, must not
 /// overlap: a usage_error says so otherwise.
 FSDP_DECL void require_apart(const void* send, const void* recv, std::int64_t count, dtype t, int rank, int ranks);
+/// A split's color must not be negative (MPI's and NCCL's negative colors mean "in no group"): a usage_error
+/// naming the rank otherwise. Every communicator's split asks it first.
+FSDP_DECL void require_color(int color, int rank);
+/// A collective's count must not be negative: a usage_error otherwise, what() naming the collective and the rank
+/// (each communicator as its other errors do). Every communicator's collectives ask it first.
+template <class What>
+void require_count(std::int64_t count, What&& what) {
+  if (count < 0) fsdp::detail::fail_usage(what(), ": negative count");
+}
 }  // namespace comm::detail
 
 }  // namespace fsdp

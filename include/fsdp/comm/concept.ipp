@@ -15,4 +15,8 @@ FSDP_DECL void require_apart(const void* send, const void* recv, std::int64_t co
                              ": the send and receive buffers overlap; give it two buffers of ", span, " bytes each");
 }
 
+FSDP_DECL void require_color(int color, int rank) {
+  if (color < 0) fsdp::detail::fail_usage("split on rank ", rank, ": color must be >= 0, got ", color);
+}
+
 }  // namespace fsdp::comm::detail

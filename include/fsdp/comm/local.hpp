@@ -85,6 +85,13 @@ class local_communicator : public detail::collective_front<local_communicator, b
 };
 
 static_assert(CollectivePolicy<local_communicator> && AllToAllCollective<local_communicator>);
+// Which of the optional capabilities (fsdp/comm/concept.hpp) it has, and which not.
+static_assert(SplittableCollective<local_communicator> &&
+              ConfiguringCollective<local_communicator> &&
+              SerialCollective<local_communicator> &&
+              !LabelledCollective<local_communicator> &&
+              !DeviceMeasuredCollective<local_communicator> &&
+              !ConnectingCollective<local_communicator>);
 
 /// Policy tag: ranks as threads in one process. The nested `communicator` is the per-rank handle.
 template <class Backend = backend::host>

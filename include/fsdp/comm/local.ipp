@@ -20,7 +20,7 @@ FSDP_DECL local_communicator::local_communicator(std::shared_ptr<detail::local_g
 }
 
 FSDP_DECL local_communicator local_communicator::split(int color, int key) {
-  if (color < 0) fsdp::detail::fail_usage("split on rank ", rank_, ": color must be >= 0, got ", color);
+  detail::require_color(color, rank_);
   const std::int32_t mine[2] = {color, key};
   std::vector<std::int32_t> all(static_cast<std::size_t>(2 * size()));
   // an all_gather of 2 x 4 bytes per rank, on this thread (the count is in f32 elements of the same size)
@@ -33,7 +33,7 @@ FSDP_DECL local_communicator local_communicator::split(int color, int key) {
 
 FSDP_DECL void local_communicator::issue(const detail::op_desc& d, const void* send, void* recv, stream& s,
                                         std::int64_t total_elems) {
-  if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
+  detail::require_count(d.count, [&] { return fsdp::detail::cat(d.str(), " on rank ", rank_); });
   const std::uint64_t seq = seq_++;
   stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
   auto g = g_;

@@ -72,7 +72,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   /// place between meeting and parting; not counted in stats(). The new group shares the timeout; an abort of this
   /// group, or a rank of it returning, reaches it.
   local_cuda_communicator split(int color, int key) {
-    if (color < 0) fsdp::detail::fail_usage("split on rank ", rank_, ": color must be >= 0, got ", color);
+    detail::require_color(color, rank_);
     const std::int32_t mine[2] = {color, key};
     const detail::op_desc d{int(collective::all_gather), 2, dtype::f32, reduce_op::sum, 0};
     const std::uint64_t seq = seq_++;
@@ -105,7 +105,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   };
 
   void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
-    if (d.count < 0) fsdp::detail::fail_usage(d.str(), " on rank ", rank_, ": negative count");
+    detail::require_count(d.count, [&] { return fsdp::detail::cat(d.str(), " on rank ", rank_); });
     const auto kind = static_cast<collective>(d.kind);
     const std::uint64_t seq = seq_++;
     stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
@@ -239,6 +239,13 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
 };
 
 static_assert(CollectivePolicy<local_cuda_communicator> && AllToAllCollective<local_cuda_communicator>);
+// Which of the optional capabilities (fsdp/comm/concept.hpp) it has, and which not.
+static_assert(SplittableCollective<local_cuda_communicator> &&
+              ConfiguringCollective<local_cuda_communicator> &&
+              SerialCollective<local_cuda_communicator> &&
+              !LabelledCollective<local_cuda_communicator> &&
+              !DeviceMeasuredCollective<local_cuda_communicator> &&
+              !ConnectingCollective<local_cuda_communicator>);
 
 /// Policy tag: ranks as threads in one process, on one GPU.
 template <>

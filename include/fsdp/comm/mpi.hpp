@@ -551,7 +551,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
   /// thread and is not counted in stats(). The ranks first meet in an all-gather of (color, key) under the timeout
   /// (so a missing peer is a named comm_error, not a hang), then MPI_Comm_split makes the group.
   mpi_communicator split(int color, int key) {
-    if (color < 0) fsdp::detail::fail_usage("split on rank ", rank(), ": color must be >= 0, got ", color);
+    comm::detail::require_color(color, rank());
     const std::uint64_t seq = seq_++;
     const auto what = [&] { return g_->describe("split(color=" + std::to_string(color) + ")", seq, {}); };
     if (g_->failed()) throw comm_error(what() + " aborted: " + g_->reason());
@@ -601,7 +601,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
   }
 
   void issue(const comm::detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
-    if (d.count < 0) fsdp::detail::fail_usage(g_->describe(d.str(), seq_, label_), ": negative count");
+    comm::detail::require_count(d.count, [&] { return g_->describe(d.str(), seq_, label_); });
     if (d.count > INT_MAX)
       fsdp::detail::fail_usage(g_->describe(d.str(), seq_, label_), ": ", d.count,
                                " elements exceed MPI's int counts (", INT_MAX, "); split the unit into smaller ones");
@@ -622,6 +622,13 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
 };
 
 static_assert(CollectivePolicy<mpi_communicator> && AllToAllCollective<mpi_communicator>);
+// Which of the optional capabilities (fsdp/comm/concept.hpp) it has, and which not.
+static_assert(LabelledCollective<mpi_communicator> &&
+              SplittableCollective<mpi_communicator> &&
+              ConfiguringCollective<mpi_communicator> &&
+              !SerialCollective<mpi_communicator> &&
+              !DeviceMeasuredCollective<mpi_communicator> &&
+              !ConnectingCollective<mpi_communicator>);
 
 /// Policy tag: ranks as MPI processes. The nested `communicator` is the per-process handle.
 template <class Backend = backend::host>

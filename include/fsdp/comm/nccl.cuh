@@ -30,6 +30,7 @@
 
 #include "fsdp/backend/cuda.cuh"
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/nccl_logic.hpp"
 #include "fsdp/comm/launch.hpp"
 #include "fsdp/core/error.hpp"
@@ -166,7 +167,7 @@ struct nccl_api {
 /// split(color, key) makes the communicator of a sub-group (hybrid sharding's shard and replicate groups). The
 /// sub-group belongs to this communicator's family: the CUDA backend's waits, which watch this communicator, see
 /// its errors too, and a failure of either aborts both.
-class nccl_communicator {
+class nccl_communicator : public detail::collective_front<nccl_communicator, backend::cuda::stream> {
  public:
   using backend_type = backend::cuda;
   using stream = backend_type::stream;
@@ -215,7 +216,7 @@ class nccl_communicator {
   /// does: ncclCommSplit on the base communicator, a collective of every rank of this one, settled under the
   /// timeout. The new communicator uses this one's device and options and belongs to its family (see above).
   nccl_communicator split(int color, int key) {
-    if (color < 0) fsdp::detail::fail_usage("split on rank ", rank(), ": color must be >= 0, got ", color);
+    detail::require_color(color, rank());
     const std::int64_t free_before = core_.free_device_bytes();
     return nccl_communicator(*this, core_.split(color, key), color, key, free_before);
   }
@@ -241,43 +242,10 @@ class nccl_communicator {
   /// Names the unit the next collectives are for (Model calls it), so that an error can say so.
   void label(std::string_view unit) { core_.label(unit); }
 
-  void all_gather(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
-    core_.issue(collective::all_gather, count, t, count * size(), s.get(), s.name(),
-                [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
-                  return ncclAllGather(send, recv, static_cast<std::size_t>(count), nt, c, on);
-                });
-  }
-  void reduce_scatter(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    core_.issue(collective::reduce_scatter, count, t, count * size(), s.get(), s.name(),
-                [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
-                  return ncclReduceScatter(send, recv, static_cast<std::size_t>(count), nt, nccl_detail::op_of(op), c, on);
-                });
-  }
-  void all_reduce(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s) {
-    all_reduce_on(send, recv, count, t, op, s, s.name());
-  }
-  /// recv block q = rank q's send block rank() (`count` elements per pair of ranks): NCCL has no all-to-all, so
-  /// it is a group of one ncclSend and one ncclRecv per rank (this one included), issued and settled as one
-  /// collective (detail::nccl_core::all_to_all). The buffers must not overlap.
-  void all_to_all(const void* send, void* recv, std::int64_t count, dtype t, stream& s) {
-    detail::require_apart(send, recv, count, t, rank(), size());
-    const std::size_t block = static_cast<std::size_t>(count) * size_of(t);
-    core_.all_to_all(
-        count, t, s.get(), s.name(),
-        [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt, int q) {
-          return ncclSend(static_cast<const char*>(send) + q * block, static_cast<std::size_t>(count), nt, q, c, on);
-        },
-        [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt, int q) {
-          return ncclRecv(static_cast<char*>(recv) + q * block, static_cast<std::size_t>(count), nt, q, c, on);
-        });
-  }
-  void broadcast(const void* send, void* recv, std::int64_t count, dtype t, int root, stream& s) {
-    if (root < 0 || root >= size()) fsdp::detail::fail_usage("broadcast root ", root, " is outside the group of ", size());
-    core_.issue(collective::broadcast, count, t, count, s.get(), s.name(),
-                [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
-                  return ncclBroadcast(send, recv, static_cast<std::size_t>(count), nt, root, c, on);
-                });
-  }
+  // all_gather, reduce_scatter, all_reduce, broadcast and all_to_all: detail::collective_front's (its checks, the
+  // broadcast root and all_to_all's apart buffers, written once for every communicator), issued by issue() below.
+  // NCCL has no all-to-all: it is a group of one ncclSend and one ncclRecv per rank (this one included), issued and
+  // settled as one collective (detail::nccl_core::all_to_all).
 
   /// Makes what these collectives need on this group's communicator before they are first issued (NCCL's
   /// lazily connected ring, tree and NVLS buffers, and the per-peer buffers of an all-to-all; see
@@ -287,13 +255,12 @@ class nccl_communicator {
   /// group, with the same uses.
   void connect(const std::vector<collective_use>& uses) {
     core_.connect(uses, [&](const collective_use& u, void* send, void* recv) {
-      switch (u.kind) {
-        case collective::all_gather: all_gather(send, recv, u.count, u.type, *barrier_stream_); break;
-        case collective::reduce_scatter: reduce_scatter(send, recv, u.count, u.type, reduce_op::sum, *barrier_stream_); break;
-        case collective::all_reduce: all_reduce_on(send, recv, u.count, u.type, reduce_op::sum, *barrier_stream_, {}); break;
-        case collective::broadcast: broadcast(send, recv, u.count, u.type, 0, *barrier_stream_); break;
-        case collective::all_to_all: all_to_all(send, recv, u.count, u.type, *barrier_stream_); break;
-      }
+      if (u.kind == collective::all_to_all) detail::require_apart(send, recv, u.count, u.type, rank(), size());
+      const std::int64_t whole = u.kind == collective::all_gather || u.kind == collective::reduce_scatter ||
+                                         u.kind == collective::all_to_all
+                                     ? u.count * size()
+                                     : u.count;
+      issue_on({int(u.kind), u.count, u.type, reduce_op::sum, 0}, send, recv, *barrier_stream_, {}, whole);
     });
   }
   /// Of device_bytes(), what connect() took (measured).
@@ -303,7 +270,8 @@ class nccl_communicator {
   /// the timeout.
   void barrier() {
     label("(barrier)");
-    all_reduce_on(barrier_buf_, barrier_buf_, 1, dtype::f32, reduce_op::sum, *barrier_stream_, {});
+    const detail::op_desc one{int(collective::all_reduce), 1, dtype::f32, reduce_op::sum, 0};
+    issue_on(one, barrier_buf_, barrier_buf_, *barrier_stream_, {}, 1);
     wait(*barrier_stream_, "barrier");
   }
 
@@ -364,11 +332,37 @@ class nccl_communicator {
     return {r, n};
   }
 
-  void all_reduce_on(const void* send, void* recv, std::int64_t count, dtype t, reduce_op op, stream& s,
-                     std::string_view key) {
-    core_.issue(collective::all_reduce, count, t, count, s.get(), key, [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
-      return ncclAllReduce(send, recv, static_cast<std::size_t>(count), nt, nccl_detail::op_of(op), c, on);
-    });
+  friend class detail::collective_front<nccl_communicator, stream>;
+  /// A collective of collective_front's on `s`, on the channel of its stream's name.
+  void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
+    issue_on(d, send, recv, s, s.name(), total_elems);
+  }
+  /// ... on the channel of `key` (empty: the base communicator, as barrier() and connect() use).
+  void issue_on(const detail::op_desc& d, const void* send, void* recv, stream& s, std::string_view key,
+                std::int64_t total_elems) {
+    const auto kind = static_cast<collective>(d.kind);
+    const auto n = static_cast<std::size_t>(d.count);
+    if (kind == collective::all_to_all) {
+      const std::size_t block = n * size_of(d.type);
+      core_.all_to_all(
+          d.count, d.type, s.get(), key,
+          [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt, int q) {
+            return ncclSend(static_cast<const char*>(send) + q * block, n, nt, q, c, on);
+          },
+          [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt, int q) {
+            return ncclRecv(static_cast<char*>(recv) + q * block, n, nt, q, c, on);
+          });
+      return;
+    }
+    const auto call = [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
+      switch (kind) {
+        case collective::all_gather: return ncclAllGather(send, recv, n, nt, c, on);
+        case collective::reduce_scatter: return ncclReduceScatter(send, recv, n, nt, nccl_detail::op_of(d.op), c, on);
+        case collective::broadcast: return ncclBroadcast(send, recv, n, nt, d.root, c, on);
+        default: return ncclAllReduce(send, recv, n, nt, nccl_detail::op_of(d.op), c, on);  // all_to_all: above
+      }
+    };
+    core_.issue(kind, d.count, d.type, total_elems, s.get(), key, call);
   }
 
   nccl_options opt_;
@@ -378,6 +372,13 @@ class nccl_communicator {
 };
 
 static_assert(CollectivePolicy<nccl_communicator> && AllToAllCollective<nccl_communicator>);
+// Which of the optional capabilities (fsdp/comm/concept.hpp) it has, and which not.
+static_assert(LabelledCollective<nccl_communicator> &&
+              SplittableCollective<nccl_communicator> &&
+              ConfiguringCollective<nccl_communicator> &&
+              SerialCollective<nccl_communicator> &&
+              DeviceMeasuredCollective<nccl_communicator> &&
+              ConnectingCollective<nccl_communicator>);
 
 /// Policy tag: NCCL between processes (one GPU each). from_env() builds this process's communicator.
 struct nccl {

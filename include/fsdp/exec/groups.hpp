@@ -30,10 +30,8 @@ class groups {
   /// Tells communicators that keep one (comm::nccl, comm::mpi) which unit the next collective is for, so that a
   /// timeout names it.
   void label(std::string_view unit) const {
-    if constexpr (requires(C& c) { c.label(std::string_view{}); }) {
-      shard_->label(unit);
-      if (replicas_) replicas_->label(unit);
-    }
+    comm::label_next(*shard_, unit);
+    if (replicas_) comm::label_next(*replicas_, unit);
   }
 
  private:

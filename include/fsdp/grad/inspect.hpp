@@ -211,7 +211,7 @@ void issue_inspection(ModelT& model, const options& o, void* buf) {
   be.fill_zero(slots, cost.bytes(), cs);
   float* row = table + (rows == 1 ? 0 : static_cast<std::size_t>(comm.rank()) * n);
   for (std::size_t u = 0; u < n; ++u) be.squared_norm(model.unit(u).grad_shard(), model.costs(u).shard_numel, row + u, cs);
-  if constexpr (requires { comm.label(std::string_view{}); }) comm.label("(gradient norms)");  // names it in errors
+  comm::label_next(comm, "(gradient norms)");  // names it in errors
   comm.all_reduce(table, table, plan::norm_count(n, rows), dtype::f32, reduce_op::sum, cs);
   be.for_each(1, decide{table, plan::norm_count(n, rows), model.replicate_group_size(), o.max_norm,
                         o.scaler ? o.scaler->scale() : 1.0f, reinterpret_cast<verdict*>(slots)},

@@ -1,7 +1,7 @@
 #pragma once
 // The four collectives of the CollectivePolicy concept and all_to_all (AllToAllCollective), written once for the
-// communicators that turn each into an op_desc request (comm::local, comm::local on one GPU, comm::mpi): Derived
-// provides rank(), size() and issue(desc, send, recv, stream, unsharded_elements), and befriends this class.
+// communicators that turn each into an op_desc request (comm::local, comm::local on one GPU, comm::mpi, comm::nccl):
+// Derived provides rank(), size() and issue(desc, send, recv, stream, unsharded_elements), and befriends this class.
 #include <cstdint>
 
 #include "fsdp/comm/concept.hpp"

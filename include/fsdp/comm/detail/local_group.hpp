@@ -204,6 +204,8 @@ class local_group {
     return outcome::done;
   }
 
+  /// Marks the group aborted for `reason` and wakes its waiters, mu_ held: the first reason wins (abort() and
+  /// fail() come here too).
   void abort_locked(const std::string& reason);
 
   void publish(round& r, int rank, const void* token);

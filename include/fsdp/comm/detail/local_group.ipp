@@ -55,12 +55,8 @@ FSDP_DECL void local_group::set_link(const link_model& link) {
 FSDP_DECL void local_group::abort(const std::string& reason) noexcept {
   {
     std::lock_guard lk(mu_);
-    if (!aborted_) {
-      aborted_ = true;
-      reason_ = reason;
-    }
+    abort_locked(reason);
   }
-  cv_.notify_all();
   for (const auto& c : children()) c.group->abort(reason);
 }
 
@@ -312,12 +308,8 @@ FSDP_DECL std::vector<unsigned char> local_group::reduce(const round& r, const o
 }
 
 FSDP_DECL void local_group::fail(std::unique_lock<std::mutex>& lk, const std::string& msg) {
-  if (!aborted_) {
-    aborted_ = true;
-    reason_ = msg;
-  }
+  abort_locked(msg);
   lk.unlock();
-  cv_.notify_all();
   throw comm_error(msg);
 }
 

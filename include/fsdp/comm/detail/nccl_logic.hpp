@@ -247,7 +247,9 @@ class nccl_core {
   template <class Call>
   void issue(collective kind, std::int64_t count, dtype t, std::int64_t total_elems, stream s, std::string_view key,
              Call&& call) {
-    if (count < 0) fsdp::detail::fail_usage(name_of(kind), " on rank ", rank_, ": negative count ", count);
+    require_count(count, [&] {
+      return fsdp::detail::cat(name_of(kind), "(count=", count, ", ", name_of(t), ") on rank ", rank_);
+    });
     if (aborted_)
       throw comm_error(fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after ", name_, " was aborted: ", reason_));
     const auto type = api_.type_of(t);

@@ -207,9 +207,7 @@ class shard_optimizer {
 
  private:
   /// Decides on the device and learns later: a backend with pinned host memory and done(event).
-  static constexpr bool deferred = OffloadBackend<backend_type> && requires(backend_type& b, const typename backend_type::event& e) {
-    { b.done(e) } -> std::convertible_to<bool>;
-  };
+  static constexpr bool deferred = OffloadBackend<backend_type> && PollingBackend<backend_type>;
 
   std::vector<std::size_t> backward_order() const {
     std::vector<std::size_t> backward = model_.forward_order();
@@ -305,7 +303,7 @@ class shard_optimizer {
   /// The inspection's norms over offloaded gradient shards read them in place: a backend whose device addresses
   /// its host memory (every device with unified addressing; not the simulated GPU).
   static void require_device_access(ModelT& model, const grad::options& g) {
-    if constexpr (requires { model.backend().host_memory_on_device(); }) {
+    if constexpr (HostMappingBackend<backend_type>) {
       for (std::size_t u = 0; u < model.size(); ++u)
         if (model.unit_offload(u).grads && g.inspects() && !model.backend().host_memory_on_device())
           fsdp::detail::fail_usage("unit '", model.unit(u).name(), "' offloads ", describe(model.unit_offload(u)),
