@@ -6,7 +6,7 @@
 //   backward_depth   units gathered ahead, in backward order, in a unit's backward
 //   post_backward    false: the backward prefetch is issued when a unit's backward starts (before its compute);
 //                    true: when it ends (after its compute, its parameters released, before its reduction)
-//   by_schedule      true: the units to prefetch are named per unit in model_options::prefetch_schedule
+//   by_schedule      true: the units to prefetch are named per unit in model_options::prefetch (a prefetch_schedule)
 #include <concepts>
 #include <map>
 #include <string>
@@ -84,7 +84,7 @@ struct backward_post {
   static constexpr bool by_schedule = false;
 };
 
-/// The user names which units to prefetch when, in model_options::prefetch_schedule.
+/// The user names which units to prefetch when, in model_options::prefetch (a prefetch_schedule).
 struct explicit_schedule {
   using prefetch_concept = prefetch_tag;
   static constexpr int forward_depth = 0;

@@ -4,9 +4,11 @@
 // limit), when the compute stream must wait, which units to release, when a unit's gradient buffer is allocated,
 // kept for a later micro-batch or reduced. It touches no memory, stream or communicator.
 //
-// Two executors run the same decisions: the unit executor (fsdp/exec/unit_executor.hpp) on a backend and a
-// communicator, for Model; the memory planner (fsdp/plan/memory_plan.hpp) on byte counters. So the planner
-// predicts exactly what the model allocates, for every policy, without a second copy of the scheduling rules.
+// The step program (fsdp/plan/program.hpp) records these decisions once, and four readers interpret it: the
+// executor (fsdp/exec/interpreter.hpp) on a backend and a communicator, for Model; the memory planner
+// (fsdp/plan/memory_plan.hpp) on byte counters; the timeline planner (fsdp/plan/timeline.hpp) on durations; the
+// listing (fsdp/plan/listing.hpp) as text. So the planners predict exactly what the model allocates and issues,
+// for every policy, without a second copy of the scheduling rules.
 //
 //   forward, entering unit u:   gather u if it is not gathered; prefetch the forward window; wait for u's gather
 //   forward, leaving u:         release u if it reshards after forward (and units are not kept gathered)

@@ -97,8 +97,8 @@ struct no_shard {
 
 /// The group facts both hybrid strategies share: sharded over `ShardGroup` consecutive ranks (a node), replicated
 /// across world / ShardGroup groups. Gradients are reduce-scattered inside the shard group, then all-reduced
-/// across the replicas. Needs a communicator with split(color, key) (comm::local, comm::mpi); one without it is
-/// refused when the Model is built.
+/// across the replicas. Needs a SplittableCollective (split(color, key): comm::local, comm::mpi, comm::nccl); one
+/// without it is refused when the Model is built.
 template <int ShardGroup>
 struct hybrid_groups {
   static_assert(ShardGroup >= 1, "fsdp::sharding: a hybrid strategy's shard group must have at least one rank");
