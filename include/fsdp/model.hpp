@@ -191,7 +191,8 @@ class model_core {
   /// states_per_element()); `norm_rows`: its gradient inspection rows (its norm_rows(), 0 without inspection).
   memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const {
     memory_plan p = fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
-    for (const communicator* c : {comm_.get(), shard_comm_.get(), replicate_comm_.get()})
+    const communicator* const all[] = {comm_, shard_comm_.get(), replicate_comm_.get()};
+    for (const communicator* c : all)
       if (c) {  // comm::nccl: what its communicators took from the device beside the plan, and of that, connecting
         p.outside_plan_bytes += comm::device_bytes(*c);
         p.outside_plan_connect_bytes += comm::connect_bytes(*c);
