@@ -142,17 +142,9 @@ class shard_optimizer {
   /// report now (its host copy goes with the optimizer). The model must outlive the optimizer.
   ~shard_optimizer() {
     model_.synchronize_quietly();
-    const std::shared_ptr<grad::pending_decision> p = pending_;
     try {
       settle_pending();
-    } catch (const std::exception& e) {  // the streams failed: the report says nothing more than their errors did
-      if (p && !p->result)
-        p->orphan(fsdp::detail::cat("optimizer '", name_, "' was destroyed before its last step's decision could be "
-                                    "read (", e.what(), ")"));
-    } catch (...) {
-      if (p && !p->result)
-        p->orphan(fsdp::detail::cat("optimizer '", name_, "' was destroyed before its last step's decision could be "
-                                    "read"));
+    } catch (...) {  // the streams failed: the report says nothing more than their errors did (settle_pending)
     }
   }
   shard_optimizer(const shard_optimizer&) = delete;
@@ -278,13 +270,23 @@ class shard_optimizer {
     return grad::step_report(std::move(p));
   }
 
-  /// Learns the last step's decision (waiting for it when it has not arrived) and lets it go.
+  /// Learns the last step's decision (waiting for it when it has not arrived) and lets it go. When it cannot (the
+  /// stream failed first), a step_report still held is orphaned before the error goes on: asking it throws what
+  /// happened, and it never reaches this optimizer again, which may be gone by then.
   void settle_pending() const {
     if (!pending_) return;
     const std::shared_ptr<grad::pending_decision> p = std::move(pending_);
     pending_.reset();
     if (grad_.scaler) grad_.scaler->await({});
-    p->resolve();
+    try {
+      p->resolve();
+    } catch (const std::exception& e) {
+      p->orphan(fsdp::detail::cat("optimizer '", name_, "': its step's decision was never read (", e.what(), ")"));
+      throw;
+    } catch (...) {
+      p->orphan(fsdp::detail::cat("optimizer '", name_, "': its step's decision was never read"));
+      throw;
+    }
   }
 
   /// A step's work but its inspection and update: the state buffers. Apart from run_step, so that this
