@@ -175,7 +175,10 @@ TEST_CASE("a report held past its optimizer, whose compute stream failed before 
             fsdp::optim::adamw opt(m, {.grad = {.max_norm = 1.0f}});
             for (int step = 0; step < 2; ++step) {  // the first step with an optimizer synchronizes (its staging)
               for (auto& u : m.forward()) (void)u;
-              for (auto& u : m.backward()) u.grad(u.name() + ".w")[0] = 3.0f;
+              for (auto& u : m.backward()) {  // the trainer's backward, on the (threaded) compute stream
+                float* g = u.grad(u.name() + ".w").data();
+                m.backend().host_callback(m.backend().compute_stream(), [g] { g[0] = 3.0f; });
+              }
               if (step == 0) (void)opt.step().get();
             }
             m.backend().host_callback(m.backend().compute_stream(), [] {
