@@ -399,6 +399,10 @@ class model_core {
   }
 
   static std::unique_ptr<backend_type> make_backend(communicator& comm) {
+    static_assert(ConfiguringCollective<communicator> || !requires { comm.backend_options(); },
+                  "fsdp::Model: the communicator's backend_options() gives what its backend_type cannot be made from "
+                  "(backend_type(rank, options)): return that backend's options, or no backend_options() at all "
+                  "(fsdp/comm/concept.hpp's optional capabilities)");
     if constexpr (ConfiguringCollective<communicator>)
       return std::make_unique<backend_type>(comm.rank(), comm.backend_options());
     else

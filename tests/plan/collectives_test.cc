@@ -150,6 +150,7 @@ class recording_communicator {
   void connect(const std::vector<collective_use>& uses) {
     for (const collective_use& u : uses) log_->add(group_, true, u);
   }
+  std::int64_t connect_bytes() const { return 0; }  // it records; nothing is taken
 
  private:
   void note(collective k, std::int64_t n, dtype t) { log_->add(group_, false, {k, n, t}); }
@@ -159,6 +160,8 @@ class recording_communicator {
   std::shared_ptr<record_log> log_;
   int splits_ = 0;
 };
+// The Model hands its lists only to a ConnectingCollective: were this one not, the test below would see no list.
+static_assert(fsdp::ConnectingCollective<recording_communicator>);
 static_assert(fsdp::CollectivePolicy<recording_communicator>);
 
 struct recording {

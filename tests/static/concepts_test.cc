@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "tests/support/support.hpp"
 
@@ -90,10 +91,16 @@ struct near_capabilities : basic_communicator<fsdp::backend::host> {
   basic_communicator<fsdp::backend::host> split(int, int);  // not the same communicator
   int backend_options() { return 0; }                      // the backend is not made from it
   void serial_collectives() const {}                       // not a bool
-  std::int64_t device_bytes() const { return 0; }          // without connect_bytes()
-  void connect(int) {}                                     // not a list of collective_use
+  void device_bytes() const {}                             // not a byte count
+  void connect(const std::vector<fsdp::collective_use>&) {}  // without connect_bytes()
+};
+/// Device bytes alone: measured, and its device_bytes() counted, without connecting anything.
+struct measured_only : basic_communicator<fsdp::backend::host> {
+  std::int64_t device_bytes() const { return 1 << 20; }
 };
 }  // namespace archetype
+static_assert(fsdp::DeviceMeasuredCollective<archetype::measured_only> &&
+              !fsdp::ConnectingCollective<archetype::measured_only>);
 static_assert(fsdp::CollectivePolicy<archetype::near_capabilities> &&
               !fsdp::LabelledCollective<archetype::near_capabilities> &&
               !fsdp::SplittableCollective<archetype::near_capabilities> &&
@@ -356,6 +363,9 @@ TEST_CASE("a communicator without an optional capability gets what the list give
   CHECK_FALSE(fsdp::comm::serial_collectives(c));
   CHECK(fsdp::comm::device_bytes(c) == 0);
   CHECK(fsdp::comm::connect_bytes(c) == 0);
+  const archetype::measured_only m;
+  CHECK(fsdp::comm::device_bytes(m) == (1 << 20));
+  CHECK(fsdp::comm::connect_bytes(m) == 0);
   fsdp_test::run_ranks(1, [](fsdp::comm::local_communicator& l) {
     CHECK_FALSE(fsdp::comm::serial_collectives(l));  // its own answer: comm::local's collectives overlap
     CHECK(fsdp::comm::device_bytes(l) == 0);

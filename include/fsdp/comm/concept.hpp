@@ -85,7 +85,7 @@ concept AllToAllCollective = CollectivePolicy<C> && requires(C& c, const void* s
 
 /// Optional capabilities: a communicator has any of them or none, and the library asks for each where the list
 /// says (those without it get the behaviour in brackets). "Add a communicator" is CollectivePolicy, then whichever
-/// of these it can offer; tests/static/concepts_test.cc holds which the library's communicators have.
+/// of these it can offer; each of the library's communicators asserts in its header which it has.
 ///
 ///   LabelledCollective      label(unit): names the unit the next collectives are for, so that a timeout or an
 ///                           error names it (exec::groups, the gradient inspection) [errors name no unit]
@@ -96,11 +96,12 @@ concept AllToAllCollective = CollectivePolicy<C> && requires(C& c, const void* s
 ///                           bounded as the communicator's are) [B(rank)]
 ///   SerialCollective        serial_collectives(): whether all its groups' collectives run one at a time (the
 ///                           timeline planner models it: Model::plan_timeline) [false]
-///   DeviceMeasuredCollective device_bytes(), connect_bytes(): the device memory it took and, of that, its
-///                           connections', beside the plan (Model::plan_memory's NCCL rows) [0 and 0]
-///   ConnectingCollective    connect(uses): makes what the listed collectives need before they first run, handed
-///                           each group's list before the memory reservation (Model, fsdp/plan/collectives.hpp)
-///                           [nothing made ahead]
+///   DeviceMeasuredCollective device_bytes(): the device memory it took, beside the plan (Model::plan_memory's
+///                           NCCL row) [0]
+///   ConnectingCollective    connect(uses), connect_bytes(): makes what the listed collectives need before they
+///                           first run, handed each group's list before the memory reservation (Model,
+///                           fsdp/plan/collectives.hpp), and says what that took (the NCCL row's "of it, connect")
+///                           [nothing made ahead, 0]
 template <class C>
 concept LabelledCollective = CollectivePolicy<C> && requires(C& c, std::string_view unit) { c.label(unit); };
 
@@ -122,12 +123,12 @@ concept SerialCollective = CollectivePolicy<C> && requires(const C& c) {
 template <class C>
 concept DeviceMeasuredCollective = CollectivePolicy<C> && requires(const C& c) {
   { c.device_bytes() } -> std::convertible_to<std::int64_t>;
-  { c.connect_bytes() } -> std::convertible_to<std::int64_t>;
 };
 
 template <class C>
-concept ConnectingCollective = CollectivePolicy<C> && requires(C& c, const std::vector<collective_use>& uses) {
+concept ConnectingCollective = CollectivePolicy<C> && requires(C& c, const C& cc, const std::vector<collective_use>& uses) {
   c.connect(uses);
+  { cc.connect_bytes() } -> std::convertible_to<std::int64_t>;
 };
 
 namespace comm {
@@ -152,7 +153,7 @@ std::int64_t device_bytes(const C& c) {
 }
 template <CollectivePolicy C>
 std::int64_t connect_bytes(const C& c) {
-  if constexpr (DeviceMeasuredCollective<C>)
+  if constexpr (ConnectingCollective<C>)
     return c.connect_bytes();
   else
     return 0;
