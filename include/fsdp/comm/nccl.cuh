@@ -127,9 +127,18 @@ struct nccl_api {
     return s;
   }
   void destroy_stream(stream s) noexcept { FSDP_CUDA_LOG(cudaStreamDestroy(s)); }
+  /// Zeroed, so that no collective reads memory nothing wrote: at world size 1 NCCL copies an all-gather's input
+  /// with cudaMemcpy, which compute-sanitizer's initcheck counted as reads of uninitialized memory (H200,
+  /// 2026-11-28).
   void* device_alloc(std::size_t bytes) {
     void* p = nullptr;
     FSDP_CUDA_CHECK(cudaMalloc(&p, bytes));
+    try {
+      FSDP_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    } catch (...) {
+      FSDP_CUDA_LOG(cudaFree(p));
+      throw;
+    }
     return p;
   }
   void device_free(void* p) noexcept { FSDP_CUDA_LOG(cudaFree(p)); }

@@ -24,7 +24,8 @@
 //                                                a non-blocking stream at the device's most urgent priority (the
 //                                                family's collective stream: see join_family)
 //   void* device_alloc(std::size_t);  void device_free(void*) noexcept
-//                                                cudaMalloc (throws when it fails) and cudaFree: connect()'s scratch
+//                                                cudaMalloc, zeroed (throws when either fails), and cudaFree:
+//                                                connect()'s scratch
 //   std::chrono::steady_clock::time_point now();  void sleep(std::chrono::microseconds)
 //   void log(const std::string&) noexcept        one line on stderr (destructors only log)
 //   std::int64_t free_device_bytes()             cudaMemGetInfo's free bytes (what a communicator's creation takes
