@@ -17,7 +17,8 @@
 //
 // Both name the same things: the policy's model_core, the executor's classes over its backend and communicator
 // (exec::unit_executor, interpreter, transfers), and optim::elementwise, sgd, adamw and lion over the core (with
-// their common base). What stays in each file is the policy's own part, which is small (Model<P>'s constructor,
+// their common base; a built-in optimizer added to fsdp/optim/ gets a row in FSDP_DETAIL_MODEL_CLASSES below, and
+// docs/optimizers.md says so). What stays in each file is the policy's own part, which is small (Model<P>'s constructor,
 // can_implement<P>'s shell, the typed units of basic_model), and what a file instantiates for itself: a step(make)
 // with its own rule, a wrapping policy's constructor, checkpoint::save/load, the trainer's code. FSDP_EXTERN_MODEL
 // may be repeated, and must come before the first use of the model in a file. FSDP_INSTANTIATE_MODEL instantiates

@@ -238,27 +238,27 @@ TEST_CASE("the optimizers' element functions (SGD with and without momentum, Ada
         switch (opt) {
           case optimizer::adamw: {
             const od::adamw_coeffs c{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, od::adamw_bias_correction(0.9f, t),
-                                     od::adamw_bias_correction(0.999f, t), grad_scale};
-            cpu.for_each(n, od::adamw_elements{p.data(), g.data(), m.data(), v.data(), c, mask}, cpu.compute_stream());
-            gpu.for_each(n, od::adamw_elements{P, G, M, V, c, mask}, gpu.compute_stream());
+                                     od::adamw_bias_correction(0.999f, t)};
+            cpu.for_each(n, od::adamw_elements{p.data(), g.data(), m.data(), v.data(), c, mask, grad_scale}, cpu.compute_stream());
+            gpu.for_each(n, od::adamw_elements{P, G, M, V, c, mask, grad_scale}, gpu.compute_stream());
             break;
           }
           case optimizer::sgd: {
-            const od::sgd_coeffs c{0.05f, 0.9f, 0.01f, grad_scale};
-            cpu.for_each(n, od::sgd_elements{p.data(), g.data(), m.data(), c, mask}, cpu.compute_stream());
-            gpu.for_each(n, od::sgd_elements{P, G, M, c, mask}, gpu.compute_stream());
+            const od::sgd_coeffs c{0.05f, 0.9f, 0.01f};
+            cpu.for_each(n, od::sgd_elements{p.data(), g.data(), m.data(), c, mask, grad_scale}, cpu.compute_stream());
+            gpu.for_each(n, od::sgd_elements{P, G, M, c, mask, grad_scale}, gpu.compute_stream());
             break;
           }
           case optimizer::sgd_no_momentum: {
-            const od::sgd_coeffs c{0.05f, 0.0f, 0.01f, grad_scale};
-            cpu.for_each(n, od::sgd_elements{p.data(), g.data(), nullptr, c, mask}, cpu.compute_stream());
-            gpu.for_each(n, od::sgd_elements{P, G, nullptr, c, mask}, gpu.compute_stream());
+            const od::sgd_coeffs c{0.05f, 0.0f, 0.01f};
+            cpu.for_each(n, od::sgd_elements{p.data(), g.data(), nullptr, c, mask, grad_scale}, cpu.compute_stream());
+            gpu.for_each(n, od::sgd_elements{P, G, nullptr, c, mask, grad_scale}, gpu.compute_stream());
             break;
           }
           case optimizer::lion: {
-            const od::lion_coeffs c{1e-3f, 0.9f, 0.99f, 0.5f, grad_scale};
-            cpu.for_each(n, od::lion_elements{p.data(), g.data(), m.data(), c, mask}, cpu.compute_stream());
-            gpu.for_each(n, od::lion_elements{P, G, M, c, mask}, gpu.compute_stream());
+            const od::lion_coeffs c{1e-3f, 0.9f, 0.99f, 0.5f};
+            cpu.for_each(n, od::lion_elements{p.data(), g.data(), m.data(), c, mask, grad_scale}, cpu.compute_stream());
+            gpu.for_each(n, od::lion_elements{P, G, M, c, mask, grad_scale}, gpu.compute_stream());
             break;
           }
         }

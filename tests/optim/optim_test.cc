@@ -121,3 +121,28 @@ TEST_CASE("SGD with momentum follows PyTorch's documented algorithm within 1e-6 
     CHECK(same_bits(run(3, make), one));
   }
 }
+
+TEST_CASE("every built-in optimizer checks its lr at construction and in set_lr, naming itself; a refused set_lr "
+          "keeps the lr it had") {
+  fsdp_test::run_ranks(1, [](local_communicator& c) {
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard>> m(c, spec(), fsdp::wrap::by_prefix{"a."});
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { fsdp::optim::sgd o(m, {.lr = -1.0f}); }) ==
+          "fsdp: sgd: lr must be finite and >= 0, got -1");
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { fsdp::optim::adamw o(m, {.lr = INFINITY}); }) ==
+          "fsdp: adamw: lr must be finite and >= 0, got inf");
+    fsdp::optim::sgd sgd(m, {.lr = 0.5f});
+    fsdp::optim::adamw adamw(m, {.lr = 0.25f});
+    fsdp::optim::lion lion(m, {.lr = 0.125f});
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { sgd.set_lr(NAN); }) ==
+          "fsdp: sgd: lr must be finite and >= 0, got nan");
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { adamw.set_lr(-0.5f); }) ==
+          "fsdp: adamw: lr must be finite and >= 0, got -0.5");
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { lion.set_lr(-INFINITY); }) ==
+          "fsdp: lion: lr must be finite and >= 0, got -inf");
+    CHECK(sgd.options().lr == 0.5f);
+    CHECK(adamw.options().lr == 0.25f);
+    CHECK(lion.options().lr == 0.125f);
+    sgd.set_lr(0.0f);
+    CHECK(sgd.options().lr == 0.0f);
+  });
+}

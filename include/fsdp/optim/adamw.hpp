@@ -27,7 +27,6 @@ struct adamw_coeffs {
   float weight_decay;       ///< for parameters not masked out (see decay_mask)
   float bias_correction1;   ///< 1 - beta1^t, computed in double and rounded once (adamw_bias_correction)
   float bias_correction2;   ///< 1 - beta2^t, likewise
-  float grad_scale = 1.0f;  ///< the gradient is multiplied by this first (clipping, loss-scale removal)
 };
 
 /// 1 - beta^t for step t >= 1, evaluated in double and rounded to fp32 once. Rounding beta^t to fp32 first and
@@ -36,8 +35,8 @@ inline float adamw_bias_correction(float beta, long t) {
   return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), static_cast<double>(t)));
 }
 
+/// One element's update from its gradient g, already scaled (rule_elements applies the step's gradient scale).
 FSDP_HD inline void adamw_update(float& p, float g, float& m, float& v, const adamw_coeffs& c, float weight_decay) {
-  if (c.grad_scale != 1.0f) g = rn::mul(g, c.grad_scale);
   p = rn::mul(p, rn::sub(1.0f, rn::mul(c.lr, weight_decay)));
   m = rn::add(rn::mul(c.beta1, m), rn::mul(rn::sub(1.0f, c.beta1), g));
   v = rn::add(rn::mul(c.beta2, v), rn::mul(rn::mul(rn::sub(1.0f, c.beta2), g), g));
@@ -46,9 +45,7 @@ FSDP_HD inline void adamw_update(float& p, float g, float& m, float& v, const ad
   p = rn::sub(p, rn::div(rn::mul(c.lr, mhat), rn::add(rn::sqrt(vhat), c.eps)));
 }
 
-/// AdamW as an element rule (fsdp/optim/elementwise.hpp): states exp_avg and exp_avg_sq. Its coefficients carry
-/// their own gradient scale (1 inside optim::adamw, whose scale the rule's elements apply), so that its element
-/// function stands alone.
+/// AdamW as an element rule (fsdp/optim/elementwise.hpp): states exp_avg and exp_avg_sq.
 struct adamw_rule {
   static constexpr int states = 2;
   adamw_coeffs c;
@@ -56,8 +53,8 @@ struct adamw_rule {
     adamw_update(p, g, s[0], s[1], c, decay ? c.weight_decay : 0.0f);
   }
 };
-/// One AdamW step over a shard piece: {p, g, exp_avg, exp_avg_sq, coefficients, mask} (a kernels::ArrayFunction:
-/// 128-bit accesses in a kernel).
+/// One AdamW step over a shard piece: {p, g, exp_avg, exp_avg_sq, coefficients, mask, gradient scale} (a
+/// kernels::ArrayFunction: 128-bit accesses in a kernel).
 using adamw_elements = rule_elements<adamw_rule>;
 }  // namespace detail
 
@@ -80,7 +77,8 @@ class adamw : public elementwise<ModelT> {
       : base(model, (check(opt), "adamw"), {"exp_avg", "exp_avg_sq"}, opt.grad), opt_(opt) {}
 
   const adamw_options& options() const noexcept { return opt_; }
-  void set_lr(float lr) noexcept { opt_.lr = lr; }
+  /// usage_error for an lr that is negative or not finite (the step keeps the one it had).
+  void set_lr(float lr) { opt_.lr = detail::checked_lr("adamw", lr); }
   /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
   /// without waiting for the step (grad::step_report).
   grad::step_report step() {
@@ -93,7 +91,7 @@ class adamw : public elementwise<ModelT> {
 
  private:
   static void check(const adamw_options& opt) {
-    if (!(opt.lr >= 0.0f) || !std::isfinite(opt.lr)) fsdp::detail::fail_usage("adamw: lr must be finite and >= 0, got ", opt.lr);
+    detail::checked_lr("adamw", opt.lr);
     if (!(opt.beta1 >= 0.0f && opt.beta1 < 1.0f)) fsdp::detail::fail_usage("adamw: beta1 must be in [0, 1), got ", opt.beta1);
     if (!(opt.beta2 >= 0.0f && opt.beta2 < 1.0f)) fsdp::detail::fail_usage("adamw: beta2 must be in [0, 1), got ", opt.beta2);
     if (!(opt.eps > 0.0f)) fsdp::detail::fail_usage("adamw: eps must be > 0, got ", opt.eps);

@@ -21,6 +21,7 @@
 // and it gives the same bits on the host backend and in a CUDA kernel; mark it FSDP_HD and include
 // <fsdp/fsdp.cuh> in a .cu file for the CUDA backend. A step the inspection skips leaves parameters and states
 // bit-unchanged and does not count (t stays).
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <string>
@@ -47,6 +48,13 @@ concept ElementRule = std::is_trivially_copyable_v<R> && requires(const R& r, fl
 };
 
 namespace detail {
+
+/// A learning rate as every built-in optimizer takes it, at construction and in set_lr: finite and >= 0, or a
+/// usage_error naming the optimizer.
+inline float checked_lr(const char* optimizer, float lr) {
+  if (!(lr >= 0.0f) || !std::isfinite(lr)) fsdp::detail::fail_usage(optimizer, ": lr must be finite and >= 0, got ", lr);
+  return lr;
+}
 
 /// A rule over one shard piece, as a kernels::ArrayFunction over p, g and the S states (128-bit accesses in a
 /// kernel). A null state array is neither read nor written and reads as 0. `grad_scale` multiplies g first.

@@ -31,22 +31,20 @@ struct lion_coeffs {
   float lr;
   float beta1;
   float beta2;
-  float weight_decay;       ///< for parameters not masked out (see decay_mask)
-  float grad_scale = 1.0f;  ///< the gradient is multiplied by this first (clipping, loss-scale removal)
+  float weight_decay;  ///< for parameters not masked out (see decay_mask)
 };
 
 FSDP_HD inline float lion_sign(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : x; }  // 0 and NaN as they are
 
+/// One element's update from its gradient g, already scaled (rule_elements applies the step's gradient scale).
 FSDP_HD inline void lion_update(float& p, float g, float& m, const lion_coeffs& c, float weight_decay) {
-  if (c.grad_scale != 1.0f) g = rn::mul(g, c.grad_scale);
   const float u = rn::add(rn::mul(c.beta1, m), rn::mul(rn::sub(1.0f, c.beta1), g));
   p = rn::mul(p, rn::sub(1.0f, rn::mul(c.lr, weight_decay)));
   p = rn::sub(p, rn::mul(c.lr, lion_sign(u)));
   m = rn::add(rn::mul(c.beta2, m), rn::mul(rn::sub(1.0f, c.beta2), g));
 }
 
-/// Lion as an element rule (fsdp/optim/elementwise.hpp): state exp_avg. Its coefficients carry their own gradient
-/// scale (1 inside optim::lion, whose scale the rule's elements apply).
+/// Lion as an element rule (fsdp/optim/elementwise.hpp): state exp_avg.
 struct lion_rule {
   static constexpr int states = 1;
   lion_coeffs c;
@@ -54,8 +52,8 @@ struct lion_rule {
     lion_update(p, g, s[0], c, decay ? c.weight_decay : 0.0f);
   }
 };
-/// One Lion step over a shard piece: {p, g, exp_avg, coefficients, mask} (a kernels::ArrayFunction: 128-bit
-/// accesses in a kernel).
+/// One Lion step over a shard piece: {p, g, exp_avg, coefficients, mask, gradient scale} (a kernels::ArrayFunction:
+/// 128-bit accesses in a kernel).
 using lion_elements = rule_elements<lion_rule>;
 }  // namespace detail
 
@@ -76,7 +74,8 @@ class lion : public elementwise<ModelT> {
   lion(ModelT& model, lion_options opt) : base(model, (check(opt), "lion"), {"exp_avg"}, opt.grad), opt_(opt) {}
 
   const lion_options& options() const noexcept { return opt_; }
-  void set_lr(float lr) noexcept { opt_.lr = lr; }
+  /// usage_error for an lr that is negative or not finite (the step keeps the one it had).
+  void set_lr(float lr) { opt_.lr = detail::checked_lr("lion", lr); }
   /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
   /// without waiting for the step (grad::step_report).
   grad::step_report step() {
@@ -85,7 +84,7 @@ class lion : public elementwise<ModelT> {
 
  private:
   static void check(const lion_options& opt) {
-    if (!(opt.lr >= 0.0f) || !std::isfinite(opt.lr)) fsdp::detail::fail_usage("lion: lr must be finite and >= 0, got ", opt.lr);
+    detail::checked_lr("lion", opt.lr);
     if (!(opt.beta1 >= 0.0f && opt.beta1 <= 1.0f)) fsdp::detail::fail_usage("lion: beta1 must be in [0, 1], got ", opt.beta1);
     if (!(opt.beta2 >= 0.0f && opt.beta2 <= 1.0f)) fsdp::detail::fail_usage("lion: beta2 must be in [0, 1], got ", opt.beta2);
     if (!std::isfinite(opt.weight_decay)) fsdp::detail::fail_usage("lion: weight_decay must be finite, got ", opt.weight_decay);

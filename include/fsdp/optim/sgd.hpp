@@ -22,12 +22,11 @@ namespace detail {
 struct sgd_coeffs {
   float lr;
   float momentum;
-  float weight_decay;       ///< for parameters not masked out (see decay_mask)
-  float grad_scale = 1.0f;  ///< the gradient is multiplied by this first (clipping, loss-scale removal)
+  float weight_decay;  ///< for parameters not masked out (see decay_mask)
 };
 
+/// One element's update from its gradient g, already scaled (rule_elements applies the step's gradient scale).
 FSDP_HD inline void sgd_update(float& p, float g, float* buf, const sgd_coeffs& c, float weight_decay) {
-  if (c.grad_scale != 1.0f) g = rn::mul(g, c.grad_scale);
   g = rn::add(g, rn::mul(weight_decay, p));
   if (buf) {
     *buf = rn::add(rn::mul(c.momentum, *buf), g);
@@ -37,8 +36,7 @@ FSDP_HD inline void sgd_update(float& p, float g, float* buf, const sgd_coeffs& 
 }
 
 /// SGD as element rules (fsdp/optim/elementwise.hpp): with momentum, one state (the momentum buffer), used when
-/// c.momentum is not 0 (sgd_elements with a null buffer and momentum 0 is plain SGD); without, no state. Their
-/// coefficients carry their own gradient scale (1 inside optim::sgd, whose scale the rule's elements apply).
+/// c.momentum is not 0 (sgd_elements with a null buffer and momentum 0 is plain SGD); without, no state.
 struct sgd_momentum_rule {
   static constexpr int states = 1;
   sgd_coeffs c;
@@ -53,7 +51,7 @@ struct sgd_rule {
     sgd_update(p, g, nullptr, c, decay ? c.weight_decay : 0.0f);
   }
 };
-/// One SGD step over a shard piece: {p, g, momentum buffer (or null), coefficients, mask} (a
+/// One SGD step over a shard piece: {p, g, momentum buffer (or null), coefficients, mask, gradient scale} (a
 /// kernels::ArrayFunction: 128-bit accesses in a kernel).
 using sgd_elements = rule_elements<sgd_momentum_rule>;
 }  // namespace detail
@@ -78,7 +76,8 @@ class sgd : public elementwise<ModelT> {
         opt_(opt) {}
 
   const sgd_options& options() const noexcept { return opt_; }
-  void set_lr(float lr) noexcept { opt_.lr = lr; }
+  /// usage_error for an lr that is negative or not finite (the step keeps the one it had).
+  void set_lr(float lr) { opt_.lr = detail::checked_lr("sgd", lr); }
 
   /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
   /// without waiting for the step (grad::step_report).
@@ -90,7 +89,7 @@ class sgd : public elementwise<ModelT> {
 
  private:
   static const sgd_options& checked(const sgd_options& opt) {
-    if (!(opt.lr >= 0.0f) || !std::isfinite(opt.lr)) fsdp::detail::fail_usage("sgd: lr must be finite and >= 0, got ", opt.lr);
+    detail::checked_lr("sgd", opt.lr);
     if (!(opt.momentum >= 0.0f && opt.momentum < 1.0f))
       fsdp::detail::fail_usage("sgd: momentum must be in [0, 1), got ", opt.momentum);
     return opt;

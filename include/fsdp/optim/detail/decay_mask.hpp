@@ -24,7 +24,6 @@ struct decay_mask {
       if (i < end[k]) return i >= begin[k];
     return false;
   }
-  FSDP_HD float weight_decay(std::int64_t i, float wd) const { return no_decay(i) ? 0.0f : wd; }
 };
 
 }  // namespace fsdp::optim::detail
