@@ -78,7 +78,7 @@ void planned() {
   std::printf("  %-18s %14s %14s %16s %16s\n", "offload", "device MiB", "host MiB", "to device MiB", "to host MiB");
   for (const option& o : options) {
     q.offload = o.facts;
-    const fsdp::memory_plan p = fsdp::plan_detail::plan_at(blocks, q, 1);
+    const fsdp::memory_plan p = fsdp::detail::plan_at(blocks, q, 1);
     std::printf("  %-18s %14.1f %14.1f %16.1f %16.1f\n", o.name, mib(p.peak.total), mib(p.host_peak.total),
                 mib(p.link.to_device), mib(p.link.to_host));
   }

@@ -37,7 +37,7 @@ constexpr std::tuple<named<T>...> by_name() {
   return {named<T>{T::name}...};
 }
 
-namespace select_detail {
+namespace detail {
 template <class... T>
 std::string known(const named<T>&... alts) {
   std::string out;
@@ -54,7 +54,7 @@ decltype(auto) pick(std::string_view what, std::string_view name, F& fn, const s
   else
     return pick(what, name, fn, known, rest...);
 }
-}  // namespace select_detail
+}  // namespace detail
 
 /// Calls fn(named<T>{name}) for the alternative named `name` and returns what it returns (every alternative's call
 /// must return the same type). usage_error, naming `what` (the flag or setting), `name` and the known names, when
@@ -62,7 +62,7 @@ decltype(auto) pick(std::string_view what, std::string_view name, F& fn, const s
 template <class F, class... T>
   requires(sizeof...(T) > 0)
 decltype(auto) select(std::string_view what, std::string_view name, F&& fn, const named<T>&... alternatives) {
-  return select_detail::pick(what, name, fn, select_detail::known(alternatives...), alternatives...);
+  return detail::pick(what, name, fn, detail::known(alternatives...), alternatives...);
 }
 /// The same with the alternatives as a tuple (by_name<...>()).
 template <class F, class... T>

@@ -110,7 +110,7 @@ TEST_CASE("bf16 and f16 exports round each value once to nearest even") {
         std::uint16_t got;
         std::memcpy(&got, bytes.data() + data + t.begin + 2 * i, 2);
         const std::uint16_t rounded =
-            type == fsdp::dtype::bf16 ? fsdp::f16::bf16_from_float(want[i]) : fsdp::f16::half_from_float(want[i]);
+            type == fsdp::dtype::bf16 ? fsdp::lowp::bf16_from_float(want[i]) : fsdp::lowp::half_from_float(want[i]);
         REQUIRE(got == rounded);
       }
     }
@@ -119,8 +119,8 @@ TEST_CASE("bf16 and f16 exports round each value once to nearest even") {
     for (const auto& [name, values] : full) {
       for (std::size_t i = 0; i < values.size(); ++i) {
         const float rounded = type == fsdp::dtype::bf16
-                                  ? fsdp::f16::bf16_to_float(fsdp::f16::bf16_from_float(values[i]))
-                                  : fsdp::f16::half_to_float(fsdp::f16::half_from_float(values[i]));
+                                  ? fsdp::lowp::bf16_to_float(fsdp::lowp::bf16_from_float(values[i]))
+                                  : fsdp::lowp::half_to_float(fsdp::lowp::half_from_float(values[i]));
         REQUIRE(std::memcmp(&back.at(name)[i], &rounded, 4) == 0);
       }
     }
@@ -266,8 +266,8 @@ TEST_CASE("F8_E4M3, F8_E5M2 and I8 files load exactly at any world size; a save 
           float want = 0;
           const char b = bytes[at++];
           fsdp::kernels::dispatch(t, [&](auto d) {
-            if constexpr (sizeof(fsdp::f16::storage_t<d()>) == 1)
-              want = fsdp::f16::to_float<d()>(static_cast<std::uint8_t>(b));
+            if constexpr (sizeof(fsdp::lowp::storage_t<d()>) == 1)
+              want = fsdp::lowp::to_float<d()>(static_cast<std::uint8_t>(b));
           });
           CHECK(x == want);
           ++checked;

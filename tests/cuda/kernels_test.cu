@@ -288,11 +288,11 @@ TEST_CASE("block quantization and its dequantizations (fp8 and int8 gathers and 
   fsdp::backend::host cpu;
   auto on_both = [&](auto tag_s, auto tag_q, std::int64_t block, int ranks, std::size_t misalign) {
     constexpr dtype S = decltype(tag_s)::value, Q = decltype(tag_q)::value;
-    using storage = fsdp::f16::storage_t<S>;
+    using storage = fsdp::lowp::storage_t<S>;
     const std::int64_t shard = 3 * block, slice = shard + shard / block * 4, n = shard * ranks;
     const std::vector<float> f = inputs(static_cast<std::size_t>(n), 11);
     std::vector<storage> src(f.size());
-    for (std::size_t i = 0; i < f.size(); ++i) src[i] = fsdp::f16::from_float<S>(f[i]);
+    for (std::size_t i = 0; i < f.size(); ++i) src[i] = fsdp::lowp::from_float<S>(f[i]);
     // quantize: one slice per rank, pre-divided by 1/4
     std::vector<std::uint8_t> host_q(static_cast<std::size_t>(slice * ranks), 0);
     cpu.for_each(n / block, k::block_quantize<S, Q>{src.data(), host_q.data(), shard, block, slice, 0.25f}, cpu.compute_stream());
@@ -309,7 +309,7 @@ TEST_CASE("block quantization and its dequantizations (fp8 and int8 gathers and 
     // dequantize the gathered slices into fp32 and bf16
     auto dequantize = [&](auto tag_d) {
       constexpr dtype D = decltype(tag_d)::value;
-      using out_t = fsdp::f16::storage_t<D>;
+      using out_t = fsdp::lowp::storage_t<D>;
       CAPTURE(fsdp::name_of(D));
       std::vector<out_t> host_out(static_cast<std::size_t>(n));
       cpu.for_each(n, k::block_dequantize<D, Q>{host_q.data(), host_out.data(), shard, block, slice}, cpu.compute_stream());
@@ -368,14 +368,14 @@ TEST_CASE("comm::local's reduction over one GPU's ranks: four elements a thread 
   fsdp::backend::cuda gpu(0, fsdp_test::backend_options());
   auto run = [&](auto tag, std::int64_t n, std::size_t misalign, bool average) {
     constexpr dtype D = decltype(tag)::value;
-    using T = fsdp::f16::storage_t<D>;
+    using T = fsdp::lowp::storage_t<D>;
     constexpr int world = 3;
     std::vector<std::vector<T>> src(world);
     std::vector<std::unique_ptr<device_bytes>> d;
     ck::reduce_ranks_params<D> a{};
     for (int q = 0; q < world; ++q) {
       const std::vector<float> f = inputs(static_cast<std::size_t>(n), 20 + q);
-      for (float x : f) src[q].push_back(fsdp::f16::from_float<D>(x));
+      for (float x : f) src[q].push_back(fsdp::lowp::from_float<D>(x));
       d.push_back(std::make_unique<device_bytes>(gpu, src[q].data(), src[q].size() * sizeof(T), q == 1 ? misalign : 0));
       a.src[q] = reinterpret_cast<const T*>(d.back()->ptr());
     }
@@ -390,7 +390,7 @@ TEST_CASE("comm::local's reduction over one GPU's ranks: four elements a thread 
     for (std::size_t i = 0; i < want.size(); ++i) {
       float acc = 0.0f;
       for (int q = 0; q < world; ++q) acc = fsdp::kernels::reduce_add<D>(acc, src[q][i], a.premul);
-      want[i] = fsdp::f16::from_float<D>(acc);
+      want[i] = fsdp::lowp::from_float<D>(acc);
     }
     std::vector<char> w(want.size() * sizeof(T));
     std::memcpy(w.data(), want.data(), w.size());

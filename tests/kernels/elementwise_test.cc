@@ -24,10 +24,10 @@
 
 namespace {
 
-using fsdp::f16::bf16_from_float;
-using fsdp::f16::bf16_to_float;
-using fsdp::f16::half_from_float;
-using fsdp::f16::half_to_float;
+using fsdp::lowp::bf16_from_float;
+using fsdp::lowp::bf16_to_float;
+using fsdp::lowp::half_from_float;
+using fsdp::lowp::half_to_float;
 
 // Reference: the value of a binary16 pattern computed with ldexp (independent of the bit manipulation).
 double half_value(std::uint16_t h) {
@@ -354,8 +354,8 @@ TEST_CASE("fp8 is not a plain precision: a policy naming it is refused until its
 }
 
 TEST_CASE("int8 from float: nearest, ties to even, saturating at -128 and 127, NaN to 0; back to float exactly") {
-  using fsdp::f16::int8_from_float;
-  using fsdp::f16::int8_to_float;
+  using fsdp::lowp::int8_from_float;
+  using fsdp::lowp::int8_to_float;
   const auto q = [](float x) { return static_cast<int>(static_cast<std::int8_t>(int8_from_float(x))); };
   CHECK(q(0.5f) == 0);
   CHECK(q(1.5f) == 2);
@@ -593,15 +593,15 @@ TEST_CASE("every row of the dtype table: its width is its storage's, its names a
     CHECK(st_names.insert(row.safetensors).second);
     CHECK(nccl_codes.insert(row.nccl).second);
     fsdp::kernels::dispatch(row.tag, [&](auto d) {
-      using bits = fsdp::f16::storage_t<d()>;
+      using bits = fsdp::lowp::storage_t<d()>;
       CHECK(sizeof(bits) == row.bytes);
       // 1.5, -2 and 0.25 are exact in every floating type the library has, 3, -2, -128 and 0 in int8: through
       // float and back, bit for bit
       const std::array<float, 4> exact = row.tag == fsdp::dtype::i8 ? std::array{3.0f, -2.0f, -128.0f, 0.0f}
                                                                      : std::array{1.5f, -2.0f, 0.25f, 0.0f};
       for (float x : exact) {
-        const bits b = fsdp::f16::from_float<d()>(x);
-        CHECK(fsdp::f16::to_float<d()>(b) == x);
+        const bits b = fsdp::lowp::from_float<d()>(x);
+        CHECK(fsdp::lowp::to_float<d()>(b) == x);
         // and through the host backend's convert, from f32 and back
         fsdp::backend::host be;
         bits out{};

@@ -66,8 +66,8 @@ float value(int rank, int salt, std::size_t i) {
 std::vector<unsigned char> input(dtype t, int rank, int salt, std::size_t n) {
   std::vector<unsigned char> out(n * fsdp::size_of(t));
   fsdp::kernels::dispatch(t, [&](auto d) {
-    auto* p = reinterpret_cast<fsdp::f16::storage_t<d()>*>(out.data());
-    for (std::size_t i = 0; i < n; ++i) p[i] = fsdp::f16::from_float<d()>(value(rank, salt, i));
+    auto* p = reinterpret_cast<fsdp::lowp::storage_t<d()>*>(out.data());
+    for (std::size_t i = 0; i < n; ++i) p[i] = fsdp::lowp::from_float<d()>(value(rank, salt, i));
   });
   return out;
 }

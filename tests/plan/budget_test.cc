@@ -77,7 +77,7 @@ TEST_CASE("memory outside the plan (NCCL's communicators) comes off the budget b
 
 TEST_CASE("the plan's table shows memory outside the plan beside the device's total, when there is some") {
   const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
-  fsdp::memory_plan p = fsdp::plan_detail::plan_at(units, query(), 0);
+  fsdp::memory_plan p = fsdp::detail::plan_at(units, query(), 0);
   const std::string without = p.table();
   CHECK(without.find("NCCL") == std::string::npos);
   p.outside_plan_bytes = 3 << 20;  // a Model on comm::nccl sets it from its communicators
@@ -152,14 +152,14 @@ TEST_CASE("a schedule that cannot run is a plan that says why, and the helpers s
   q.strategy = fsdp::facts_of<fsdp::sharding::shard_grad_op>(4);  // every unit stays gathered to its backward
   q.gather_slots = 3;
   CHECK(!fsdp::largest_prefetch_depth(units, q, 1 << 30));
-  const fsdp::memory_plan p = fsdp::plan_detail::plan_at(units, q, 0);
+  const fsdp::memory_plan p = fsdp::detail::plan_at(units, q, 0);
   CHECK(!p.feasible());
   CHECK(p.infeasible == "gather slots exhausted: unit 'g3' (index 3) must be gathered for its forward but all 3 slots "
                         "are held by 'g0', 'g1', 'g2'; raise model_options::gather_slots or let those units reshard "
                         "after forward");
   CHECK(p.table().find("  not feasible: gather slots exhausted") != std::string::npos);
   q.gather_slots = 8;
-  CHECK(fsdp::plan_detail::plan_at(units, q, 0).feasible());
+  CHECK(fsdp::detail::plan_at(units, q, 0).feasible());
 }
 
 TEST_CASE("bf16 gathers and reductions: the same budget holds a deeper prefetch") {

@@ -107,7 +107,7 @@ FSDP_DECL void check_size(const io::file& f, const file_record& rec);
 /// one process: a load checks only the blocks it reads). Returns the problems found, empty when there are none.
 FSDP_DECL std::vector<std::string> verify(const std::string& dir);
 
-namespace impl {
+namespace detail {
 
 FSDP_DECL std::string shard_file_name(int index, int count);
 
@@ -190,12 +190,12 @@ template <class M>
     if (!std::filesystem::exists(partial, ec) && !ec)
       cleanup.clear();
     else
-      cleanup = io::remove_all(partial, &why) ? detail::cat("; '", partial, "' was removed")
-                                              : detail::cat("; '", partial, "' could not be removed (", why, ")");
+      cleanup = io::remove_all(partial, &why) ? fsdp::detail::cat("; '", partial, "' was removed")
+                                              : fsdp::detail::cat("; '", partial, "' could not be removed (", why, ")");
   }
   // every rank names the same cleanup outcome: rank 0's, told through one more exchange
   const std::vector<std::string> told = agree::all_gather_strings(m.comm(), m.backend(), cleanup);
-  throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed), told[0], tail));
+  throw checkpoint_error(fsdp::detail::cat(what, ": ", agree::failure_text(failed), told[0], tail));
 }
 
 /// Backend memory of kind k of unit u: the master shard, or optimizer state k - 1.
@@ -253,7 +253,7 @@ std::vector<tensor_record> tensors_of(const M& m, std::map<std::string, std::str
 template <class M>
 void require_success(M& m, const std::optional<std::string>& mine, std::string_view what) {
   const auto failed = agree::failures(m.comm(), m.backend(), mine);
-  if (!failed.empty()) throw checkpoint_error(detail::cat(what, ": ", agree::failure_text(failed)));
+  if (!failed.empty()) throw checkpoint_error(fsdp::detail::cat(what, ": ", agree::failure_text(failed)));
 }
 
 /// require_success for a step that writes into the partial output `partial`: on any rank's failure, rank 0 removes
@@ -271,7 +271,7 @@ std::optional<std::string> outcome(F&& f) {
   try {
     std::forward<F>(f)();
   } catch (const std::exception& e) {
-    return std::string(detail::unprefixed(e));
+    return std::string(fsdp::detail::unprefixed(e));
   }
   return std::nullopt;
 }
@@ -281,12 +281,12 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   m.require_between_steps("a checkpoint save");
   dir = normalised(std::move(dir));
   if (so.block_bytes < 4096 || so.block_bytes > (std::uint64_t{1} << 30) || !std::has_single_bit(so.block_bytes))
-    detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ", so.block_bytes);
+    fsdp::detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ", so.block_bytes);
   for (const auto& [k, v] : so.metadata) {
-    if (detail::utf8_error(k) != std::string_view::npos)
-      detail::fail_usage(detail::utf8_problem("checkpoint metadata key", k));
-    if (detail::utf8_error(v) != std::string_view::npos)
-      detail::fail_usage(detail::utf8_problem(detail::cat("checkpoint metadata value of '", k, "'"), v));
+    if (fsdp::detail::utf8_error(k) != std::string_view::npos)
+      fsdp::detail::fail_usage(fsdp::detail::utf8_problem("checkpoint metadata key", k));
+    if (fsdp::detail::utf8_error(v) != std::string_view::npos)
+      fsdp::detail::fail_usage(fsdp::detail::utf8_problem(fsdp::detail::cat("checkpoint metadata value of '", k, "'"), v));
   }
   auto& comm = m.comm();
   const int rank = comm.rank();
@@ -297,14 +297,14 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   agree::require_agreement(comm, m.backend(), fp, "a checkpoint save",
                            "Every rank must call checkpoint::save with the same directory, after the same step");
   m.synchronize();
-  const std::string partial = dir + ".partial", what = detail::cat("checkpoint save to '", dir, "' failed");
+  const std::string partial = dir + ".partial", what = fsdp::detail::cat("checkpoint save to '", dir, "' failed");
 
   // 1. Rank 0 makes the partial directory (replacing one a crashed save left); <dir> itself must not exist.
   std::optional<std::string> mine;
   if (rank == 0)
     mine = outcome([&] {
       if (io::exists(dir))
-        io::fail(detail::cat("'", dir,
+        io::fail(fsdp::detail::cat("'", dir,
                              "' already exists; a checkpoint is never overwritten: save to a new directory "
                              "or remove it first"));
       if (io::exists(partial)) {
@@ -312,7 +312,7 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
         std::string why;
         if (!io::remove_all(partial, &why))
           io::fail(
-              detail::cat("could not remove '", partial, "' (left by an earlier save that did not finish): ", why));
+              fsdp::detail::cat("could not remove '", partial, "' (left by an earlier save that did not finish): ", why));
       }
       if (so.fault) so.fault({rank, "create", partial});
       io::make_dir(partial);
@@ -440,7 +440,7 @@ staging_shards read_shards(M& m, const O* opt, const std::string& dir, const man
       try {
         staging[u][k].reset(new float[n]);  // the reads fill the pieces; the rest is zeroed below
       } catch (const std::bad_alloc&) {
-        throw memory_error(detail::cat("could not allocate ", n * sizeof(float), " bytes of host staging for unit '",
+        throw memory_error(fsdp::detail::cat("could not allocate ", n * sizeof(float), " bytes of host staging for unit '",
                                        m.unit(u).name(), "' (", kinds_of(opt)[k], ")"));
       }
     }
@@ -459,38 +459,38 @@ FSDP_DECL std::string names_text(const std::vector<std::string>& names);
 /// optimizer states, a loss scaler where one is expected. Throws checkpoint_error naming the first mismatch.
 template <class M, class O>
 void check_fits(const M& m, const O* opt, const manifest& man, const load_options& lo, const std::string& dir) {
-  const std::string at = detail::cat("checkpoint '", dir, "': ");
+  const std::string at = fsdp::detail::cat("checkpoint '", dir, "': ");
   std::map<std::string, std::string> ties;
   const std::vector<tensor_record> mine = tensors_of(m, ties);
   for (const tensor_record& t : mine) {
     const tensor_record* saved = man.tensor(t.name);
     if (!saved)
-      io::fail(detail::cat(at, "the model's parameter '", t.name, "' ", detail::shape_text(t.shape),
+      io::fail(fsdp::detail::cat(at, "the model's parameter '", t.name, "' ", fsdp::detail::shape_text(t.shape),
                            " is not in the checkpoint"));
     if (saved->shape != t.shape)
-      io::fail(detail::cat(at, "parameter '", t.name, "' is ", detail::shape_text(saved->shape),
-                           " in the checkpoint but ", detail::shape_text(t.shape), " in the model"));
+      io::fail(fsdp::detail::cat(at, "parameter '", t.name, "' is ", fsdp::detail::shape_text(saved->shape),
+                           " in the checkpoint but ", fsdp::detail::shape_text(t.shape), " in the model"));
   }
   for (const tensor_record& t : man.tensors)
     if (std::none_of(mine.begin(), mine.end(), [&](const tensor_record& x) { return x.name == t.name; }))
-      io::fail(detail::cat(
-          at, "the checkpoint holds tensor '", t.name, "' ", detail::shape_text(t.shape), ", which ",
+      io::fail(fsdp::detail::cat(
+          at, "the checkpoint holds tensor '", t.name, "' ", fsdp::detail::shape_text(t.shape), ", which ",
           ties.count(t.name) ? "the model ties to '" + ties[t.name] + "'" : std::string("the model does not have")));
   if (opt) {
     if (!man.optimizer)
-      io::fail(detail::cat(at,
+      io::fail(fsdp::detail::cat(at,
                            "it holds no optimizer state (saved without an optimizer); load the parameters alone "
                            "with checkpoint::load(model, dir)"));
     if (man.optimizer->name != opt->name() || man.optimizer->states != opt->state_names())
-      io::fail(detail::cat(at, "saved by ", man.optimizer->name, " with states ", names_text(man.optimizer->states),
+      io::fail(fsdp::detail::cat(at, "saved by ", man.optimizer->name, " with states ", names_text(man.optimizer->states),
                            "; this optimizer is ", opt->name(), " with states ", names_text(opt->state_names())));
     if (man.loss_scaler && !lo.loss_scaler)
-      io::fail(detail::cat(at, "it holds a loss scaler's state (scale ", man.loss_scaler->scale, ", ",
+      io::fail(fsdp::detail::cat(at, "it holds a loss scaler's state (scale ", man.loss_scaler->scale, ", ",
                            man.loss_scaler->good_steps,
                            " good steps); pass load_options::loss_scaler to resume with it"));
   }
   if (lo.loss_scaler && !man.loss_scaler)
-    io::fail(detail::cat(at, "load_options::loss_scaler is given but the checkpoint holds no loss scaler's state"));
+    io::fail(fsdp::detail::cat(at, "load_options::loss_scaler is given but the checkpoint holds no loss scaler's state"));
 }
 
 /// A load in place, once nothing can refuse it any more: zeroes the shards' padding and reads every piece straight
@@ -529,7 +529,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
                            "Every rank must call checkpoint::load with the same directory and load_options::in_place");
   m.synchronize();
   manifest man;
-  const std::string untouched = detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)");
+  const std::string untouched = fsdp::detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)");
   if (!lo.in_place) {
     staging_shards staging;
     const std::optional<std::string> mine = outcome([&] {
@@ -544,7 +544,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
           // Everything was read and verified: only the backend can fail now (a CUDA stream's error), and then the
           // shards are torn.
           model_access::tear_shards(
-              m, detail::cat("a checkpoint load from '", dir, "' that did not finish (its uploads into the shards failed)"),
+              m, fsdp::detail::cat("a checkpoint load from '", dir, "' that did not finish (its uploads into the shards failed)"),
               opt != nullptr);
           auto& be = m.backend();
           for (std::size_t u = 0; u < m.size(); ++u)
@@ -574,7 +574,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
         m, "a checkpoint load",
         [&] {
           model_access::tear_shards(
-              m, detail::cat("a checkpoint load from '", dir, "' that did not finish, in place (", what, " torn)"),
+              m, fsdp::detail::cat("a checkpoint load from '", dir, "' that did not finish, in place (", what, " torn)"),
               opt != nullptr);
           torn = outcome([&] { write_in_place(m, man, files, plan); });
         },
@@ -583,9 +583,9 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
     if (!failed.empty()) {
       const std::string text = agree::failure_text(failed);
       model_access::tear_shards(
-          m, detail::cat("a checkpoint load from '", dir, "' that failed part way, in place (", what, " torn): ", text),
+          m, fsdp::detail::cat("a checkpoint load from '", dir, "' that failed part way, in place (", what, " torn): ", text),
           opt != nullptr);
-      throw checkpoint_error(detail::cat("checkpoint load from '", dir, "' failed part way, in place (", what,
+      throw checkpoint_error(fsdp::detail::cat("checkpoint load from '", dir, "' failed part way, in place (", what,
                                          " torn: load a checkpoint before using the model): ", text));
     }
   }
@@ -610,30 +610,30 @@ struct no_optimizer {
   void restore_steps(long) noexcept {}
 };
 
-}  // namespace impl
+}  // namespace detail
 
 /// Collective: saves the model's master parameters and `opt`'s state into the new directory `dir` (see above).
 template <class M, StatefulOptimizer O>
 void save(M& model, const O& opt, const std::string& dir, const save_options& options = {}) {
-  impl::save(model, &opt, dir, options);
+  detail::save(model, &opt, dir, options);
 }
 /// Collective: saves the master parameters alone (no optimizer state: a load then resumes no optimizer).
 template <class M>
 void save(M& model, const std::string& dir, const save_options& options = {}) {
-  impl::save(model, static_cast<const impl::no_optimizer*>(nullptr), dir, options);
+  detail::save(model, static_cast<const detail::no_optimizer*>(nullptr), dir, options);
 }
 /// Collective: a resume. Replaces the master parameters, `opt`'s state and update count, the model's step count
 /// and (options.loss_scaler) the scaler with the checkpoint's, on any world size, mesh and strategy. Returns the
 /// manifest (its metadata, step, ...).
 template <class M, StatefulOptimizer O>
 manifest load(M& model, O& opt, const std::string& dir, const load_options& options = {}) {
-  return impl::load(model, &opt, dir, options);
+  return detail::load(model, &opt, dir, options);
 }
 /// Collective: replaces the master parameters alone (fine-tuning from a checkpoint); optimizer state, step counts
 /// and gradients stay as they are, except that gradients are zeroed.
 template <class M>
 manifest load(M& model, const std::string& dir, const load_options& options = {}) {
-  return impl::load(model, static_cast<impl::no_optimizer*>(nullptr), dir, options);
+  return detail::load(model, static_cast<detail::no_optimizer*>(nullptr), dir, options);
 }
 
 }  // namespace fsdp::checkpoint

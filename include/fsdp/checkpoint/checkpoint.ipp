@@ -25,10 +25,10 @@ FSDP_DECL manifest read_manifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   const io::file f = io::open_read(path);
   const std::uint64_t n = f.size();
-  if (n > (std::uint64_t{1} << 30)) io::fail(detail::cat("'", path, "' has ", n, " bytes: too large to be a manifest"));
+  if (n > (std::uint64_t{1} << 30)) io::fail(fsdp::detail::cat("'", path, "' has ", n, " bytes: too large to be a manifest"));
   std::string text(static_cast<std::size_t>(n), '\0');
   f.read_at(text.data(), n, 0);
-  return parse_manifest(text, detail::cat("the manifest '", path, "'"));
+  return parse_manifest(text, fsdp::detail::cat("the manifest '", path, "'"));
 }
 
 FSDP_DECL std::vector<entry> scan(const std::string& root) {
@@ -48,12 +48,12 @@ FSDP_DECL std::vector<entry> scan(const std::string& root) {
         e.state = entry::status::complete;
       } catch (const checkpoint_error& err) {
         e.state = entry::status::unreadable;
-        e.problem = std::string(detail::unprefixed(err));
+        e.problem = std::string(fsdp::detail::unprefixed(err));
       }
     }
     out.push_back(std::move(e));
   }
-  if (ec) io::fail(detail::cat("could not list the checkpoints in '", root, "': ", ec.message()));
+  if (ec) io::fail(fsdp::detail::cat("could not list the checkpoints in '", root, "': ", ec.message()));
   std::sort(out.begin(), out.end(), [](const entry& a, const entry& b) { return a.path < b.path; });
   return out;
 }
@@ -68,7 +68,7 @@ FSDP_DECL std::optional<std::string> latest(const std::string& root) {
 
 FSDP_DECL void check_size(const io::file& f, const file_record& rec) {
   if (const std::uint64_t n = f.size(); n != rec.bytes)
-    io::fail(detail::cat("'", f.path(), "' has ", n, " bytes; the manifest says ", rec.bytes, ": the file is ",
+    io::fail(fsdp::detail::cat("'", f.path(), "' has ", n, " bytes; the manifest says ", rec.bytes, ": the file is ",
                          n < rec.bytes ? "truncated" : "longer than written"));
 }
 
@@ -78,7 +78,7 @@ FSDP_DECL std::vector<std::string> verify(const std::string& dir) {
   try {
     m = read_manifest(dir);
   } catch (const checkpoint_error& e) {
-    return {std::string(detail::unprefixed(e))};
+    return {std::string(fsdp::detail::unprefixed(e))};
   }
   for (const file_record& rec : m.files) {
     const std::string path = dir + "/" + rec.name;
@@ -93,16 +93,16 @@ FSDP_DECL std::vector<std::string> verify(const std::string& dir) {
         check_block(path, b, at, buf.data(), len, rec.blocks);
       }
       if (const std::uint64_t whole = file_checksum(rec.blocks); whole != rec.xxh3)
-        io::fail(detail::cat("the manifest's checksum of '", path, "' (xxh3 ", hex64(rec.xxh3),
+        io::fail(fsdp::detail::cat("the manifest's checksum of '", path, "' (xxh3 ", hex64(rec.xxh3),
                              ") is not that of its block checksums (", hex64(whole), "): the manifest is corrupted"));
     } catch (const checkpoint_error& e) {
-      problems.emplace_back(detail::unprefixed(e));
+      problems.emplace_back(fsdp::detail::unprefixed(e));
     }
   }
   return problems;
 }
 
-namespace impl {
+namespace detail {
 
 FSDP_DECL std::string shard_file_name(int index, int count) {
   char buf[64];
@@ -111,7 +111,7 @@ FSDP_DECL std::string shard_file_name(int index, int count) {
 }
 
 FSDP_DECL std::string normalised(std::string dir) {
-  if (dir.empty()) detail::fail_usage("checkpoint directory: the path is empty");
+  if (dir.empty()) fsdp::detail::fail_usage("checkpoint directory: the path is empty");
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   return dir;
 }
@@ -167,7 +167,7 @@ FSDP_DECL void block_writer::write_blocks(const char* p, std::uint64_t n) {
 }
 
 FSDP_DECL void put_str(std::string& out, std::string_view s) {
-  detail::put_u64le(out, s.size());
+  fsdp::detail::put_u64le(out, s.size());
   out += s;
 }
 
@@ -176,14 +176,14 @@ FSDP_DECL std::string encode(const file_record& r) {
   put_str(out, r.name);
   for (std::uint64_t v : {static_cast<std::uint64_t>(r.rank), r.bytes, r.xxh3, r.block_bytes,
                           static_cast<std::uint64_t>(r.blocks.size()), static_cast<std::uint64_t>(r.pieces.size())})
-    detail::put_u64le(out, v);
-  for (std::uint64_t b : r.blocks) detail::put_u64le(out, b);
+    fsdp::detail::put_u64le(out, v);
+  for (std::uint64_t b : r.blocks) fsdp::detail::put_u64le(out, b);
   for (const piece_record& p : r.pieces) {
     put_str(out, p.tensor);
     put_str(out, p.kind);
-    detail::put_u64le(out, static_cast<std::uint64_t>(p.begin));
-    detail::put_u64le(out, static_cast<std::uint64_t>(p.end));
-    detail::put_u64le(out, p.offset);
+    fsdp::detail::put_u64le(out, static_cast<std::uint64_t>(p.begin));
+    fsdp::detail::put_u64le(out, static_cast<std::uint64_t>(p.end));
+    fsdp::detail::put_u64le(out, p.offset);
   }
   return out;
 }
@@ -191,7 +191,7 @@ FSDP_DECL std::string encode(const file_record& r) {
 FSDP_DECL file_record decode(std::string_view in) {
   std::size_t at = 0;
   auto u64 = [&] {
-    const std::uint64_t v = detail::get_u64le(in, at);
+    const std::uint64_t v = fsdp::detail::get_u64le(in, at);
     at += 8;
     return v;
   };
@@ -238,6 +238,6 @@ FSDP_DECL std::string names_text(const std::vector<std::string>& names) {
   return s + "]";
 }
 
-}  // namespace impl
+}  // namespace detail
 
 }  // namespace fsdp::checkpoint

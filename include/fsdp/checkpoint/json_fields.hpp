@@ -30,14 +30,14 @@ struct reader {
 
   [[noreturn]] void fail(std::string_view at, std::string_view problem) const {
     throw checkpoint_error(
-        detail::cat(doc, ": ", at.empty() ? std::string("the document") : std::string(at), " ", problem));
+        fsdp::detail::cat(doc, ": ", at.empty() ? std::string("the document") : std::string(at), " ", problem));
   }
 
   /// Parses `text` as JSON (UTF-8 only); a syntax error names the byte where parsing stopped, a member name
   /// repeated within one object names the first such member.
   json parse(std::string_view text) const {
-    if (const std::size_t bad = detail::utf8_error(text); bad != std::string_view::npos)
-      fail("", detail::cat("is not valid UTF-8 (byte ", bad, ")"));
+    if (const std::size_t bad = fsdp::detail::utf8_error(text); bad != std::string_view::npos)
+      fail("", fsdp::detail::cat("is not valid UTF-8 (byte ", bad, ")"));
     struct level {
       bool object;
       std::set<std::string, std::less<>> names;  // objects: the member names seen
@@ -87,7 +87,7 @@ struct reader {
   const json& member(const json& j, std::string_view key, std::string_view at) const {
     object(j, at);
     const auto it = j.find(std::string(key));
-    if (it == j.end()) fail(at, detail::cat("has no member '", key, "'"));
+    if (it == j.end()) fail(at, fsdp::detail::cat("has no member '", key, "'"));
     return *it;
   }
   std::string string(const json& j, std::string_view at) const {
@@ -101,14 +101,14 @@ struct reader {
     if (j.is_number_unsigned()) {
       const std::uint64_t u = j.get<std::uint64_t>();
       if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        fail(at, detail::cat("must be at most ", hi, ", got ", u));
+        fail(at, fsdp::detail::cat("must be at most ", hi, ", got ", u));
       v = static_cast<std::int64_t>(u);
     } else if (j.is_number_integer()) {
       v = j.get<std::int64_t>();
     } else {
       fail(at, "must be an integer");
     }
-    if (v < lo || v > hi) fail(at, detail::cat("must be in [", lo, ", ", hi, "], got ", v));
+    if (v < lo || v > hi) fail(at, fsdp::detail::cat("must be in [", lo, ", ", hi, "], got ", v));
     return v;
   }
   double number(const json& j, std::string_view at) const {
@@ -124,12 +124,12 @@ struct reader {
     std::string out;
     for (std::size_t i = 0; i < open.size(); ++i) {
       if (!open[i].object) {
-        out += detail::cat("[", open[i].index, "]");
+        out += fsdp::detail::cat("[", open[i].index, "]");
       } else if (i == 0 && !top_noun.empty() && open[i].name != "__metadata__") {
-        out = detail::cat(top_noun, " '", open[i].name, "'");
+        out = fsdp::detail::cat(top_noun, " '", open[i].name, "'");
       } else {
         const bool after_noun = i == 1 && !top_noun.empty() && !out.empty() && out.back() == '\'';
-        out += out.empty() ? open[i].name : detail::cat(after_noun ? ": " : ".", open[i].name);
+        out += out.empty() ? open[i].name : fsdp::detail::cat(after_noun ? ": " : ".", open[i].name);
       }
     }
     return out;
@@ -137,8 +137,8 @@ struct reader {
 };
 
 inline std::string at(std::string_view base, std::string_view key) {
-  return base.empty() ? std::string(key) : detail::cat(base, ".", key);
+  return base.empty() ? std::string(key) : fsdp::detail::cat(base, ".", key);
 }
-inline std::string at(std::string_view base, std::size_t index) { return detail::cat(base, "[", index, "]"); }
+inline std::string at(std::string_view base, std::size_t index) { return fsdp::detail::cat(base, "[", index, "]"); }
 
 }  // namespace fsdp::checkpoint::json_fields

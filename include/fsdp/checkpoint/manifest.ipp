@@ -37,7 +37,7 @@ FSDP_DECL const tensor_record* manifest::tensor(std::string_view name) const {
   return nullptr;
 }
 
-namespace impl {
+namespace detail {
 inline constexpr std::string_view checksum_member = "\"manifest_xxh3\"";
 
 /// Where the 16 digits of the checksum member's value start in `text` (its last occurrence), or what is wrong.
@@ -73,28 +73,28 @@ FSDP_DECL std::uint64_t checksum_with_zeros(std::string_view text, std::size_t d
   h.add(text.data() + digits + 16, text.size() - digits - 16);
   return h.value();
 }
-}  // namespace impl
+}  // namespace detail
 
 FSDP_DECL std::string seal_manifest(std::string text) {
   std::string problem;
-  const std::size_t digits = impl::checksum_digits(text, &problem);
-  if (digits == std::string_view::npos) detail::fail_usage("checkpoint::seal_manifest: the text ", problem);
-  const std::string hex = hex64(impl::checksum_with_zeros(text, digits));
+  const std::size_t digits = detail::checksum_digits(text, &problem);
+  if (digits == std::string_view::npos) fsdp::detail::fail_usage("checkpoint::seal_manifest: the text ", problem);
+  const std::string hex = hex64(detail::checksum_with_zeros(text, digits));
   text.replace(digits, 16, hex);
   return text;
 }
 
 FSDP_DECL void verify_manifest_checksum(std::string_view text, const std::string& doc) {
   std::string problem;
-  const std::size_t digits = impl::checksum_digits(text, &problem);
-  if (digits == std::string_view::npos) throw checkpoint_error(detail::cat(doc, " ", problem));
+  const std::size_t digits = detail::checksum_digits(text, &problem);
+  if (digits == std::string_view::npos) throw checkpoint_error(fsdp::detail::cat(doc, " ", problem));
   const std::optional<std::uint64_t> recorded = parse_hex64(text.substr(digits, 16));
   if (!recorded)
     throw checkpoint_error(
-        detail::cat(doc, " has a checksum (\"manifest_xxh3\") that is not 16 lowercase hexadecimal digits"));
-  const std::uint64_t actual = impl::checksum_with_zeros(text, digits);
+        fsdp::detail::cat(doc, " has a checksum (\"manifest_xxh3\") that is not 16 lowercase hexadecimal digits"));
+  const std::uint64_t actual = detail::checksum_with_zeros(text, digits);
   if (actual != *recorded)
-    throw checkpoint_error(detail::cat(doc, " does not match its own checksum (xxh3 ", hex64(actual), ", recorded ",
+    throw checkpoint_error(fsdp::detail::cat(doc, " does not match its own checksum (xxh3 ", hex64(actual), ", recorded ",
                                        hex64(*recorded), "): it was changed or damaged after it was written"));
 }
 
@@ -143,7 +143,7 @@ FSDP_DECL std::string to_json(const manifest& m) {
   return seal_manifest(j.dump(1) + "\n");
 }
 
-namespace impl {
+namespace detail {
 /// How errors name a piece: "elements [0, 8) of 'emb' (exp_avg)".
 FSDP_DECL std::string piece_text(const piece_record& p) {
   return fsdp::detail::cat("elements [", p.begin, ", ", p.end, ") of '", p.tensor, "' (", p.kind, ")");
@@ -155,7 +155,7 @@ FSDP_DECL bool plain_file_name(std::string_view n) noexcept {
   return std::all_of(n.begin(), n.end(),
                      [](char c) { return c != '/' && c != '\\' && static_cast<unsigned char>(c) >= 0x20; });
 }
-}  // namespace impl
+}  // namespace detail
 
 FSDP_DECL manifest parse_manifest(std::string_view text, const std::string& doc) {
   namespace jf = json_fields;
@@ -246,7 +246,7 @@ FSDP_DECL manifest parse_manifest(std::string_view text, const std::string& doc)
     const std::string at = jf::at("files", i);
     file_record f;
     f.name = r.string(r.member(fs[i], "name", at), jf::at(at, "name"));
-    if (!impl::plain_file_name(f.name) || fsdp::detail::utf8_error(f.name) != std::string_view::npos)
+    if (!detail::plain_file_name(f.name) || fsdp::detail::utf8_error(f.name) != std::string_view::npos)
       r.fail(jf::at(at, "name"), "must be a plain file name in the checkpoint directory");
     if (f.name == "manifest.json" || !file_names.insert(f.name).second)
       r.fail(jf::at(at, "name"), fsdp::detail::cat("repeats the file name '", f.name, "'"));
@@ -291,7 +291,7 @@ FSDP_DECL manifest parse_manifest(std::string_view text, const std::string& doc)
       p.end = r.integer(r.member(pieces[k], "end", pat), jf::at(pat, "end"), p.begin + 1, numel);
       p.offset = static_cast<std::uint64_t>(r.integer(r.member(pieces[k], "offset", pat), jf::at(pat, "offset")));
       if (p.offset > f.bytes || p.bytes() > f.bytes - p.offset)
-        r.fail(pat, fsdp::detail::cat("(", impl::piece_text(p), ") ends at byte ", p.offset + p.bytes(), ", past the file's ",
+        r.fail(pat, fsdp::detail::cat("(", detail::piece_text(p), ") ends at byte ", p.offset + p.bytes(), ", past the file's ",
                                       f.bytes, " bytes"));
       spans.push_back({p.offset, p.offset + p.bytes(), k});
       cover[{t->second, static_cast<std::size_t>(kind - kinds.begin())}].emplace_back(p.begin, p.end);
@@ -302,8 +302,8 @@ FSDP_DECL manifest parse_manifest(std::string_view text, const std::string& doc)
       if (spans[k].begin < spans[k - 1].end)
         r.fail(jf::at(at, "pieces"),
                fsdp::detail::cat("overlap in the file at byte ", spans[k].begin, ": ",
-                                 impl::piece_text(f.pieces[spans[k - 1].piece]), " and ",
-                                 impl::piece_text(f.pieces[spans[k].piece])));
+                                 detail::piece_text(f.pieces[spans[k - 1].piece]), " and ",
+                                 detail::piece_text(f.pieces[spans[k].piece])));
     m.files.push_back(std::move(f));
   }
   for (std::size_t t = 0; t < m.tensors.size(); ++t)

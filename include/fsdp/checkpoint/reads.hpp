@@ -83,7 +83,7 @@ class host_sink {
   reused_buffer<char> buf_;
 };
 
-namespace reads_detail {
+namespace detail {
 /// upload_sink's pinned buffers and events, on a backend that has them (none otherwise).
 template <class B, bool Pinned>
 struct pinned_parts {
@@ -95,7 +95,7 @@ struct pinned_parts<B, true> {
   typename B::buffer buffer[2];
   typename B::event ready, done;
 };
-}  // namespace reads_detail
+}  // namespace detail
 
 /// read_ranges' sink for a Backend's memory that the host cannot address (a checkpoint load in place on
 /// backend::cuda): a chunk is read into one of two reused host buffers, verified, and uploaded while the next chunk
@@ -163,7 +163,7 @@ class upload_sink {
   };
   B& be_;
   reused_buffer<char> buf_[2];  // pageable (no pinned memory)
-  reads_detail::pinned_parts<B, pinned> p_;
+  detail::pinned_parts<B, pinned> p_;
   int cur_ = 1;
   std::vector<upload> pending_;
 };

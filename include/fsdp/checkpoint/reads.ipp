@@ -32,7 +32,7 @@ FSDP_DECL void check_block(const std::string& path, std::uint64_t index, std::ui
                            std::uint64_t len, const std::vector<std::uint64_t>& sums) {
   const std::uint64_t found = xxh3(data, len), want = sums[index];
   if (found != want)
-    io::fail(detail::cat("'", path, "': block ", index, " (bytes [", at, ", ", at + len,
+    io::fail(fsdp::detail::cat("'", path, "': block ", index, " (bytes [", at, ", ", at + len,
                          ")) does not match its checksum in the manifest (xxh3 ", hex64(found), ", expected ",
                          hex64(want), "): the file is corrupted"));
 }

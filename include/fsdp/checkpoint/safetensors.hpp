@@ -55,7 +55,7 @@ struct load_options {
 /// the data section begins.
 FSDP_DECL header read_header(const checkpoint::io::file& f, std::uint64_t* data_start = nullptr);
 
-namespace impl {
+namespace detail {
 
 inline std::string mapped(const name_map& fn, const std::string& name) { return fn ? fn(name) : name; }
 
@@ -75,11 +75,11 @@ std::vector<tensor_info> layout_of(const M& m, const save_options& so) {
     if (p.is_tied()) continue;
     tensor_info t;
     t.name = mapped(so.name_of, p.name);
-    if (t.name.empty() || detail::utf8_error(t.name) != std::string_view::npos || t.name == "__metadata__")
-      detail::fail_usage("safetensors::save: parameter '", p.name, "' maps to the name '", detail::printable(t.name),
+    if (t.name.empty() || fsdp::detail::utf8_error(t.name) != std::string_view::npos || t.name == "__metadata__")
+      fsdp::detail::fail_usage("safetensors::save: parameter '", p.name, "' maps to the name '", fsdp::detail::printable(t.name),
                          "', which a safetensors file cannot hold (empty, not UTF-8, or \"__metadata__\")");
     if (const auto [it, fresh] = taken.emplace(t.name, p.name); !fresh)
-      detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '", t.name,
+      fsdp::detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '", t.name,
                          "'");
     t.dtype = std::string(st_dtype(so.type));
     t.shape = p.shape;
@@ -97,25 +97,25 @@ FSDP_DECL void encode(const float* in, std::size_t n, dtype type, std::vector<ch
 /// fp32 values of `n` elements of the library's dtype `type` (exact).
 FSDP_DECL void decode(const char* in, std::size_t n, dtype type, float* out);
 
-}  // namespace impl
+}  // namespace detail
 
 /// Collective: writes every parameter's value (the fp32 masters, converted to options.type) into the safetensors
 /// file `path`, each rank writing its own elements.
 template <class M>
 void save(M& m, const std::string& path, const save_options& so = {}) {
-  namespace ci = checkpoint::impl;
+  namespace ci = checkpoint::detail;
   namespace io = checkpoint::io;
   m.require_between_steps("a safetensors save");
-  if (path.empty()) detail::fail_usage("safetensors::save: the path is empty");
+  if (path.empty()) fsdp::detail::fail_usage("safetensors::save: the path is empty");
   if (!is_dtype(so.type) || is_scaled(so.type))
-    detail::fail_usage("safetensors::save: save_options::type is ", name_of(so.type),
+    fsdp::detail::fail_usage("safetensors::save: save_options::type is ", name_of(so.type),
                        is_dtype(so.type) ? ", whose values need a scale beside them, which the file would not hold"
                                          : ", not a dtype",
                        "; save in f32, bf16 or f16");
   for (const auto& [k, v] : so.metadata)
-    if (detail::utf8_error(k) != std::string_view::npos || detail::utf8_error(v) != std::string_view::npos)
-      detail::fail_usage("safetensors::save: metadata entry '", detail::printable(k), "' is not valid UTF-8");
-  const std::vector<tensor_info> tensors = impl::layout_of(m, so);
+    if (fsdp::detail::utf8_error(k) != std::string_view::npos || fsdp::detail::utf8_error(v) != std::string_view::npos)
+      fsdp::detail::fail_usage("safetensors::save: metadata entry '", fsdp::detail::printable(k), "' is not valid UTF-8");
+  const std::vector<tensor_info> tensors = detail::layout_of(m, so);
   std::map<std::string, const tensor_info*, std::less<>> by_param;  // layout_of keeps the stored parameters' order
   {
     std::size_t i = 0;
@@ -130,14 +130,14 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
   agree::require_agreement(comm, m.backend(), fp, "a safetensors save",
                            "Every rank must call safetensors::save with the same path and options");
   m.synchronize();
-  const std::string partial = path + ".partial", what = detail::cat("safetensors save to '", path, "' failed");
+  const std::string partial = path + ".partial", what = fsdp::detail::cat("safetensors save to '", path, "' failed");
   const std::uint64_t total = head.size() + (tensors.empty() ? 0 : tensors.back().end);
 
   std::optional<std::string> mine;
   if (rank == 0)
     mine = ci::outcome([&] {
       if (!so.overwrite && io::exists(path))
-        io::fail(detail::cat("'", path, "' already exists; pass save_options::overwrite to replace it"));
+        io::fail(fsdp::detail::cat("'", path, "' already exists; pass save_options::overwrite to replace it"));
       if (so.fault) so.fault({rank, "create", partial});
       io::file f = io::create(partial);
       if (so.fault) so.fault({rank, "write", partial});
@@ -160,7 +160,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
         for (const ShardedTensor& v : m.unit(u).shard_views()) {
           if (v.empty()) continue;
           const tensor_info& t = *by_param.at(v.name);
-          impl::encode(master + v.shard_offset, static_cast<std::size_t>(v.local_numel()), so.type, bytes);
+          detail::encode(master + v.shard_offset, static_cast<std::size_t>(v.local_numel()), so.type, bytes);
           if (so.fault) so.fault({rank, "write", partial});
           f.write_at(bytes.data(), bytes.size(), head.size() + t.begin + static_cast<std::uint64_t>(v.begin) * esize);
         }
@@ -180,7 +180,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
 /// Collective: sets every parameter's master shard from the safetensors file `path` (see above).
 template <class M>
 header load(M& m, const std::string& path, const load_options& lo = {}) {
-  namespace ci = checkpoint::impl;
+  namespace ci = checkpoint::detail;
   namespace io = checkpoint::io;
   m.require_between_steps("a safetensors load");
   fingerprint fp;
@@ -194,32 +194,32 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
     const io::file f = io::open_read(path);
     std::uint64_t data_start = 0;
     h = read_header(f, &data_start);
-    const std::string doc = detail::cat("the safetensors file '", path, "'");
+    const std::string doc = fsdp::detail::cat("the safetensors file '", path, "'");
     // Every stored parameter has its tensor, of its shape, in a dtype an fp32 master holds exactly.
     std::map<std::string, const tensor_info*> of_param;
     std::map<std::string, std::string> used;  // file name -> parameter
     for (const ParamSpec& p : m.spec().params()) {
       if (p.is_tied()) continue;
-      const std::string name = impl::mapped(lo.name_of, p.name);
+      const std::string name = detail::mapped(lo.name_of, p.name);
       const tensor_info* t = h.find(name);
-      const std::string which = name == p.name ? detail::cat("tensor '", name, "'")
-                                               : detail::cat("tensor '", name, "' (for parameter '", p.name, "')");
-      if (!t) io::fail(detail::cat(doc, " has no ", which, " ", detail::shape_text(p.shape)));
+      const std::string which = name == p.name ? fsdp::detail::cat("tensor '", name, "'")
+                                               : fsdp::detail::cat("tensor '", name, "' (for parameter '", p.name, "')");
+      if (!t) io::fail(fsdp::detail::cat(doc, " has no ", which, " ", fsdp::detail::shape_text(p.shape)));
       if (t->shape != p.shape)
-        io::fail(detail::cat(doc, ": ", which, " is ", detail::shape_text(t->shape), " in the file but ",
-                             detail::shape_text(p.shape), " in the model"));
+        io::fail(fsdp::detail::cat(doc, ": ", which, " is ", fsdp::detail::shape_text(t->shape), " in the file but ",
+                             fsdp::detail::shape_text(p.shape), " in the model"));
       if (!dtype_of_safetensors(t->dtype))
-        io::fail(detail::cat(doc, ": ", which, " is ", t->dtype, ", which an fp32 master parameter cannot hold exactly (",
-                             impl::st_dtypes_text(), " can)"));
+        io::fail(fsdp::detail::cat(doc, ": ", which, " is ", t->dtype, ", which an fp32 master parameter cannot hold exactly (",
+                             detail::st_dtypes_text(), " can)"));
       if (const auto [it, fresh] = used.emplace(name, p.name); !fresh)
         io::fail(
-            detail::cat(doc, ": parameters '", it->second, "' and '", p.name, "' both map to tensor '", name, "'"));
+            fsdp::detail::cat(doc, ": parameters '", it->second, "' and '", p.name, "' both map to tensor '", name, "'"));
       of_param[p.name] = t;
     }
     if (!lo.allow_unused)
       for (const tensor_info& t : h.tensors)
         if (!used.count(t.name))
-          io::fail(detail::cat(doc, " holds tensor '", t.name, "' ", detail::shape_text(t.shape),
+          io::fail(fsdp::detail::cat(doc, " holds tensor '", t.name, "' ", fsdp::detail::shape_text(t.shape),
                                ", which no parameter of the model maps to (load_options::allow_unused ignores it)"));
     // This rank's elements only: one read per piece, then the conversion to fp32.
     std::vector<std::vector<checkpoint::read_op>> ops(1);
@@ -240,10 +240,10 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
     }
     checkpoint::read_ranges(f, f.size(), std::move(ops[0]));
     for (const auto& [bytes, dest] : raw)
-      impl::decode(bytes.data(), bytes.size() / dtype_bytes(dest.first->dtype), *dtype_of_safetensors(dest.first->dtype),
+      detail::decode(bytes.data(), bytes.size() / dtype_bytes(dest.first->dtype), *dtype_of_safetensors(dest.first->dtype),
                    dest.second);
   });
-  ci::require_success(m, mine, detail::cat("safetensors load from '", path, "' failed (no parameter was modified)"));
+  ci::require_success(m, mine, fsdp::detail::cat("safetensors load from '", path, "' failed (no parameter was modified)"));
   model_access::replace_shards(m, "a safetensors load", [&] {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)

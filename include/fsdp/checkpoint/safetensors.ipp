@@ -19,7 +19,7 @@ namespace fsdp::safetensors {
 
 FSDP_DECL header read_header(const checkpoint::io::file& f, std::uint64_t* data_start) {
   const std::uint64_t size = f.size();
-  const std::string doc = detail::cat("the safetensors file '", f.path(), "'");
+  const std::string doc = fsdp::detail::cat("the safetensors file '", f.path(), "'");
   std::string len(static_cast<std::size_t>(std::min<std::uint64_t>(size, 8)), '\0');
   f.read_at(len.data(), len.size(), 0);
   const std::uint64_t n = header_length(len, size, doc);
@@ -29,7 +29,7 @@ FSDP_DECL header read_header(const checkpoint::io::file& f, std::uint64_t* data_
   return parse_header(text, size - 8 - n, doc);
 }
 
-namespace impl {
+namespace detail {
 
 FSDP_DECL std::string st_dtypes_text() {
   std::string out;
@@ -42,7 +42,7 @@ FSDP_DECL void encode(const float* in, std::size_t n, dtype type, std::vector<ch
   out.resize(n * size_of(type));
   kernels::dispatch(type, [&](auto d) {
     for (std::size_t i = 0; i < n; ++i) {
-      const f16::storage_t<d()> x = f16::from_float<d()>(in[i]);
+      const lowp::storage_t<d()> x = lowp::from_float<d()>(in[i]);
       std::memcpy(out.data() + sizeof(x) * i, &x, sizeof(x));
     }
   });
@@ -51,13 +51,13 @@ FSDP_DECL void encode(const float* in, std::size_t n, dtype type, std::vector<ch
 FSDP_DECL void decode(const char* in, std::size_t n, dtype type, float* out) {
   kernels::dispatch(type, [&](auto d) {
     for (std::size_t i = 0; i < n; ++i) {
-      f16::storage_t<d()> x;
+      lowp::storage_t<d()> x;
       std::memcpy(&x, in + sizeof(x) * i, sizeof(x));
-      out[i] = f16::to_float<d()>(x);
+      out[i] = lowp::to_float<d()>(x);
     }
   });
 }
 
-}  // namespace impl
+}  // namespace detail
 
 }  // namespace fsdp::safetensors

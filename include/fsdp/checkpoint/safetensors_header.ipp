@@ -34,13 +34,13 @@ FSDP_DECL std::uint64_t dtype_bytes(std::string_view d) noexcept {
 
 FSDP_DECL std::uint64_t header_length(std::string_view first, std::uint64_t file_size, const std::string& doc) {
   if (file_size < 8 || first.size() < 8)
-    throw checkpoint_error(detail::cat(doc, " has ", file_size, " bytes: too short for a header"));
-  const std::uint64_t n = detail::get_u64le(first, 0);
+    throw checkpoint_error(fsdp::detail::cat(doc, " has ", file_size, " bytes: too short for a header"));
+  const std::uint64_t n = fsdp::detail::get_u64le(first, 0);
   if (n > max_header_bytes || n > file_size - 8)
-    throw checkpoint_error(detail::cat(doc, ": its header length is ", n, " bytes, more than ",
+    throw checkpoint_error(fsdp::detail::cat(doc, ": its header length is ", n, " bytes, more than ",
                                        n > max_header_bytes
-                                           ? detail::cat("the limit of ", max_header_bytes)
-                                           : detail::cat("the ", file_size - 8, " bytes after the length")));
+                                           ? fsdp::detail::cat("the limit of ", max_header_bytes)
+                                           : fsdp::detail::cat("the ", file_size - 8, " bytes after the length")));
   return n;
 }
 
@@ -52,8 +52,8 @@ FSDP_DECL header parse_header(std::string_view text, std::uint64_t data_bytes, c
   header h;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
-    const std::string at = detail::cat("tensor '", name, "'");
-    auto field = [&](std::string_view key) { return detail::cat(at, ": ", key); };
+    const std::string at = fsdp::detail::cat("tensor '", name, "'");
+    auto field = [&](std::string_view key) { return fsdp::detail::cat(at, ": ", key); };
     if (name == "__metadata__") {
       const jf::json& meta = r.object(it.value(), "__metadata__");
       for (auto m = meta.begin(); m != meta.end(); ++m)
@@ -64,13 +64,13 @@ FSDP_DECL header parse_header(std::string_view text, std::uint64_t data_bytes, c
     t.name = name;
     t.dtype = r.string(r.member(it.value(), "dtype", at), field("dtype"));
     const std::uint64_t esize = dtype_bytes(t.dtype);
-    if (esize == 0) r.fail(field("dtype"), detail::cat("is '", t.dtype, "', which is not a safetensors dtype"));
+    if (esize == 0) r.fail(field("dtype"), fsdp::detail::cat("is '", t.dtype, "', which is not a safetensors dtype"));
     const jf::json& shape = r.array(r.member(it.value(), "shape", at), field("shape"));
     std::int64_t numel = 1;
     for (std::size_t d = 0; d < shape.size(); ++d) {
       const std::int64_t n = r.integer(shape[d], jf::at(field("shape"), d), 0, ModelSpec::max_numel);
       if (n > 0 && numel > ModelSpec::max_numel / n)
-        r.fail(field("shape"), detail::cat("has more than ", ModelSpec::max_numel, " elements"));
+        r.fail(field("shape"), fsdp::detail::cat("has more than ", ModelSpec::max_numel, " elements"));
       numel *= n;
       t.shape.push_back(n);
     }
@@ -79,10 +79,10 @@ FSDP_DECL header parse_header(std::string_view text, std::uint64_t data_bytes, c
     t.begin = static_cast<std::uint64_t>(r.integer(off[0], field("data_offsets[0]")));
     t.end = static_cast<std::uint64_t>(r.integer(off[1], field("data_offsets[1]")));
     if (t.end < t.begin || t.end > data_bytes)
-      r.fail(field("data_offsets"), detail::cat("are [", t.begin, ", ", t.end, "], which is not a range of the ",
+      r.fail(field("data_offsets"), fsdp::detail::cat("are [", t.begin, ", ", t.end, "], which is not a range of the ",
                                                 data_bytes, " bytes of data"));
     if (t.end - t.begin != static_cast<std::uint64_t>(numel) * esize)
-      r.fail(at, detail::cat("holds ", t.end - t.begin, " bytes, but ", numel, " elements of ", t.dtype, " take ",
+      r.fail(at, fsdp::detail::cat("holds ", t.end - t.begin, " bytes, but ", numel, " elements of ", t.dtype, " take ",
                              static_cast<std::uint64_t>(numel) * esize));
     h.tensors.push_back(std::move(t));
   }
@@ -95,18 +95,18 @@ FSDP_DECL header parse_header(std::string_view text, std::uint64_t data_bytes, c
   std::uint64_t next = 0;
   const tensor_info* before = nullptr;
   for (const tensor_info* t : by_offset) {
-    const std::string at = detail::cat("tensor '", t->name, "'");
+    const std::string at = fsdp::detail::cat("tensor '", t->name, "'");
     if (t->begin > next)
-      r.fail(at, detail::cat("begins at byte ", t->begin, " of the data, leaving bytes [", next, ", ", t->begin,
+      r.fail(at, fsdp::detail::cat("begins at byte ", t->begin, " of the data, leaving bytes [", next, ", ", t->begin,
                              ") unused; a safetensors file's tensors tile its data exactly"));
     if (t->begin < next)
-      r.fail(at, detail::cat("begins at byte ", t->begin, " of the data, inside tensor '", before->name, "' [",
+      r.fail(at, fsdp::detail::cat("begins at byte ", t->begin, " of the data, inside tensor '", before->name, "' [",
                              before->begin, ", ", before->end, ")"));
     next = t->end;
     before = t;
   }
   if (next != data_bytes)
-    r.fail("", detail::cat("ends its last tensor at byte ", next, " of its ", data_bytes,
+    r.fail("", fsdp::detail::cat("ends its last tensor at byte ", next, " of its ", data_bytes,
                            " bytes of data; a safetensors file's tensors tile its data exactly"));
   return h;
 }
@@ -123,7 +123,7 @@ FSDP_DECL std::string make_header(const std::vector<tensor_info>& tensors,
   std::string text = j.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');
   std::string out;
-  detail::put_u64le(out, text.size());
+  fsdp::detail::put_u64le(out, text.size());
   return out + text;
 }
 

@@ -144,7 +144,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
         case collective::reduce_scatter:
         case collective::all_reduce:
           fsdp::kernels::dispatch(d.type, [&](auto t) {
-            using elem = f16::storage_t<t()>;
+            using elem = lowp::storage_t<t()>;
             cuda::kernels::reduce_ranks_params<t()> p{};
             const std::int64_t offset = kind == collective::reduce_scatter ? rank_ * d.count : 0;
             for (int q = 0; q < world; ++q) p.src[q] = static_cast<const elem*>(peer(q)->send) + offset;

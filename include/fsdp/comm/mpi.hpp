@@ -91,7 +91,7 @@ struct mpi_options {
   backend::host_options backend{};
 };
 
-namespace mpi_detail {
+namespace detail {
 
 inline std::string error_string(int rc) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -440,7 +440,7 @@ inline void require_thread_multiple(const char* who) {
                              "MPI_THREAD_MULTIPLE, &provided) or an fsdp::comm::mpi_session instead of MPI_Init");
 }
 
-}  // namespace mpi_detail
+}  // namespace detail
 
 /// MPI for the length of a program: MPI_Init_thread with MPI_THREAD_MULTIPLE on construction (a usage_error when
 /// the library cannot provide it, or MPI is already initialised), MPI_Finalize on destruction. Create it first in
@@ -464,7 +464,7 @@ class mpi_session {
   }
 
   /// Whether the destructor will skip MPI_Finalize because a collective of this process failed.
-  static bool finalize_skipped() noexcept { return mpi_detail::failed_in_process().load(std::memory_order_acquire); }
+  static bool finalize_skipped() noexcept { return detail::failed_in_process().load(std::memory_order_acquire); }
 
   /// This process's rank in MPI_COMM_WORLD and the world size.
   int rank() const noexcept { return rank_; }
@@ -481,11 +481,11 @@ class mpi_session {
     int provided = MPI_THREAD_SINGLE;
     const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS)
-      fsdp::detail::fail_usage("mpi_session: MPI_Init_thread failed: ", mpi_detail::error_string(rc),
+      fsdp::detail::fail_usage("mpi_session: MPI_Init_thread failed: ", detail::error_string(rc),
                                "; start the program with mpirun");
     if (provided != MPI_THREAD_MULTIPLE) {
       MPI_Finalize();
-      fsdp::detail::fail_usage("mpi_session: this MPI library provides only ", mpi_detail::thread_level_name(provided),
+      fsdp::detail::fail_usage("mpi_session: this MPI library provides only ", detail::thread_level_name(provided),
                                ", and comm::mpi needs MPI_THREAD_MULTIPLE; use an MPI built with thread support "
                                "(Open MPI: --enable-mpi-thread-multiple, the default since 3.0; `ompi_info | grep "
                                "THREAD_MULTIPLE` shows it)");
@@ -508,7 +508,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
   /// Joins the processes of `comm` (duplicated: the caller's communicator is never used for collectives). MPI must
   /// be initialised with MPI_THREAD_MULTIPLE (mpi_session).
   explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, mpi_options opt = {}) : opt_(std::move(opt)) {
-    mpi_detail::require_thread_multiple("comm::mpi");
+    detail::require_thread_multiple("comm::mpi");
     if (comm == MPI_COMM_NULL) fsdp::detail::fail_usage("comm::mpi: the communicator is MPI_COMM_NULL");
     if (opt_.timeout.count() <= 0)
       fsdp::detail::fail_usage("comm::mpi: mpi_options::timeout must be positive, got ", opt_.timeout.count(), " ms");
@@ -521,9 +521,9 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
     const int rc = MPI_Comm_idup(comm, &base, &req);
     if (rc != MPI_SUCCESS)
       fsdp::detail::fail_usage("comm::mpi on rank ", rank, " of ", world,
-                               ": MPI_Comm_idup failed: ", mpi_detail::error_string(rc));
+                               ": MPI_Comm_idup failed: ", detail::error_string(rc));
     // A group without a communicator yet: its wait() gives the bounded, named failure.
-    auto setup = std::make_shared<mpi_detail::group>(MPI_COMM_NULL, rank, world, opt_.timeout, "");
+    auto setup = std::make_shared<detail::group>(MPI_COMM_NULL, rank, world, opt_.timeout, "");
     setup->wait(
         req, std::chrono::steady_clock::now() + opt_.timeout,
         [&] { return setup->describe("set-up (MPI_Comm_idup of the communicator)", 0, {}); }, "");
@@ -563,7 +563,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
     g_->wait(req, std::chrono::steady_clock::now() + opt_.timeout, what, "");
     MPI_Comm sub = MPI_COMM_NULL;
     const int rc = MPI_Comm_split(g_->base(), color, key, &sub);
-    if (rc != MPI_SUCCESS) throw comm_error(what() + ": MPI_Comm_split failed: " + mpi_detail::error_string(rc));
+    if (rc != MPI_SUCCESS) throw comm_error(what() + ": MPI_Comm_split failed: " + detail::error_string(rc));
     // Which ranks of this group the new one holds, in its rank order, for its messages: "[ranks 2, 3]".
     std::vector<std::pair<int, int>> colors_keys;
     for (std::size_t q = 0; q < all.size(); q += 2) colors_keys.emplace_back(all[q], all[q + 1]);
@@ -597,7 +597,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
 
   void adopt(MPI_Comm own, int rank, int world, std::string members) {
     MPI_Comm_set_errhandler(own, MPI_ERRORS_RETURN);  // errors come back as codes, and become comm_errors
-    g_ = std::make_shared<mpi_detail::group>(own, rank, world, opt_.timeout, std::move(members));
+    g_ = std::make_shared<detail::group>(own, rank, world, opt_.timeout, std::move(members));
   }
 
   void issue(const comm::detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
@@ -615,7 +615,7 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
   }
 
   mpi_options opt_;
-  std::shared_ptr<mpi_detail::group> g_;
+  std::shared_ptr<detail::group> g_;
   std::string label_;
   std::uint64_t seq_ = 0;
   comm::detail::stats_tally stats_;

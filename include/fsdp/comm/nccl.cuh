@@ -52,7 +52,7 @@ struct nccl_options {
   nccl_channels channels = nccl_channels::one;
 };
 
-namespace nccl_detail {
+namespace detail {
 /// NCCL has the fp8 types from 2.24 (reductions in them on sm_90 and later GPUs only: NCCL refuses the others).
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
 inline constexpr bool has_fp8 = true;
@@ -73,7 +73,7 @@ static_assert(row_of(dtype::f32).nccl == ncclFloat32 && row_of(dtype::bf16).nccl
                   row_of(dtype::f16).nccl == ncclFloat16 && row_of(dtype::i8).nccl == ncclInt8,
               "fsdp: core/dtype.hpp's NCCL codes differ from this nccl.h's");
 inline ncclRedOp_t op_of(reduce_op op) { return op == reduce_op::avg ? ncclAvg : ncclSum; }
-}  // namespace nccl_detail
+}  // namespace detail
 
 /// The NCCL and CUDA calls behind nccl_core (detail/nccl_logic.hpp), which makes every decision about them.
 struct nccl_api {
@@ -86,7 +86,7 @@ struct nccl_api {
   using comm = ncclComm_t;
   using data_type = ncclDataType_t;
 
-  data_type type_of(dtype t) const { return nccl_detail::type_of(t); }
+  data_type type_of(dtype t) const { return detail::type_of(t); }
 
   result get_async_error(comm c, result& state) { return ncclCommGetAsyncError(c, &state); }
   /// The new communicator is non-blocking like every communicator here, and shares no resources with its parent
@@ -366,9 +366,9 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
     const auto call = [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
       switch (kind) {
         case collective::all_gather: return ncclAllGather(send, recv, n, nt, c, on);
-        case collective::reduce_scatter: return ncclReduceScatter(send, recv, n, nt, nccl_detail::op_of(d.op), c, on);
+        case collective::reduce_scatter: return ncclReduceScatter(send, recv, n, nt, detail::op_of(d.op), c, on);
         case collective::broadcast: return ncclBroadcast(send, recv, n, nt, d.root, c, on);
-        default: return ncclAllReduce(send, recv, n, nt, nccl_detail::op_of(d.op), c, on);  // all_to_all: above
+        default: return ncclAllReduce(send, recv, n, nt, detail::op_of(d.op), c, on);  // all_to_all: above
       }
     };
     core_.issue(kind, d.count, d.type, total_elems, s.get(), key, call);

@@ -3,7 +3,7 @@
 // collectives); `dtype_of<T>` maps a C++ element type to it.
 //
 // Everything the library knows of a dtype is one row of dtype_rows: its name, its width, and its codes in NCCL and
-// the safetensors format (MPI moves it as unsigned integers of its width). The storage type (f16::storage_t), every
+// the safetensors format (MPI moves it as unsigned integers of its width). The storage type (lowp::storage_t), every
 // switch over dtypes (kernels::dispatch) and those codes come from the row. Adding a dtype is a row here, an
 // enumerator, and its conversions to and from float in core/float16.hpp, which refuse to compile for a dtype that
 // has none (a one-byte type gets one-byte storage, never two). tests/kernels/elementwise_test.cc walks every row.

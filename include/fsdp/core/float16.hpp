@@ -20,7 +20,9 @@
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/float8.hpp"
 
-namespace fsdp::f16 {
+/// The storage and conversions of every narrow dtype (bf16, fp16, and through core/float8.hpp fp8 and int8):
+/// storage_t<D>, to_float<D>, from_float<D>.
+namespace fsdp::lowp {
 
 FSDP_HD constexpr std::uint32_t bits(float f) noexcept { return __builtin_bit_cast(std::uint32_t, f); }
 FSDP_HD constexpr float from_bits(std::uint32_t u) noexcept { return __builtin_bit_cast(float, u); }
@@ -138,7 +140,7 @@ FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
   else static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion from float (float16.hpp)");
 }
 
-}  // namespace fsdp::f16
+}  // namespace fsdp::lowp
 
 namespace fsdp {
 
@@ -150,11 +152,11 @@ template <dtype D>
 struct basic_float {
   static_assert(D != dtype::f32 && D != dtype::i8,
                 "fsdp::basic_float: a narrow float dtype (fp32 is float itself, int8 is std::int8_t)");
-  using storage = f16::storage_t<D>;
+  using storage = lowp::storage_t<D>;
   storage bits = 0;
   basic_float() = default;
-  FSDP_HD constexpr explicit basic_float(float f) noexcept : bits(f16::from_float<D>(f)) {}
-  FSDP_HD constexpr explicit operator float() const noexcept { return f16::to_float<D>(bits); }
+  FSDP_HD constexpr explicit basic_float(float f) noexcept : bits(lowp::from_float<D>(f)) {}
+  FSDP_HD constexpr explicit operator float() const noexcept { return lowp::to_float<D>(bits); }
   FSDP_HD static constexpr basic_float from_bits(storage b) noexcept {
     basic_float x;
     x.bits = b;

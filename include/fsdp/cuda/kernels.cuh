@@ -53,8 +53,8 @@ inline bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<
 // ---- convert: dst = D(float(src) * scale) ----------------------------------------------------------------------
 template <dtype D, dtype S>
 struct convert_params {
-  f16::storage_t<D>* dst;
-  const f16::storage_t<S>* src;
+  lowp::storage_t<D>* dst;
+  const lowp::storage_t<S>* src;
   std::int64_t n;
   float scale;
   bool vectorised;
@@ -67,8 +67,8 @@ FSDP_KERNEL void convert_kernel(convert_params<D, S> p) {
   const std::int64_t tid = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   std::int64_t done = 0;
   if (p.vectorised) {
-    using vin = vec<f16::storage_t<S>, W>;
-    using vout = vec<f16::storage_t<D>, W>;
+    using vin = vec<lowp::storage_t<S>, W>;
+    using vout = vec<lowp::storage_t<D>, W>;
     const std::int64_t nv = p.n / W;
     const vin* in = reinterpret_cast<const vin*>(p.src);
     vout* out = reinterpret_cast<vout*>(p.dst);
@@ -85,7 +85,7 @@ FSDP_KERNEL void convert_kernel(convert_params<D, S> p) {
 }
 
 template <dtype D, dtype S>
-void convert(f16::storage_t<D>* dst, const f16::storage_t<S>* src, std::int64_t n, float scale, cudaStream_t s) {
+void convert(lowp::storage_t<D>* dst, const lowp::storage_t<S>* src, std::int64_t n, float scale, cudaStream_t s) {
   if (n <= 0) return;
   using P = convert_params<D, S>;
   static_assert(std::is_trivially_copyable_v<P>, "kernel parameters must be trivially copyable");
@@ -100,7 +100,7 @@ inline void convert(void* dst, dtype dst_type, const void* src, dtype src_type, 
                     cudaStream_t s) {
   fsdp::kernels::dispatch(dst_type, [&](auto d) {
     fsdp::kernels::dispatch(src_type, [&](auto t) {
-      convert<d(), t()>(static_cast<f16::storage_t<d()>*>(dst), static_cast<const f16::storage_t<t()>*>(src), n,
+      convert<d(), t()>(static_cast<lowp::storage_t<d()>*>(dst), static_cast<const lowp::storage_t<t()>*>(src), n,
                         scale, s);
     });
   });
@@ -110,7 +110,7 @@ inline void convert(void* dst, dtype dst_type, const void* src, dtype src_type, 
 template <dtype S>
 struct accumulate_params {
   float* dst;
-  const f16::storage_t<S>* src;
+  const lowp::storage_t<S>* src;
   std::int64_t n;
   float scale;
   bool vectorised;
@@ -123,7 +123,7 @@ FSDP_KERNEL void accumulate_kernel(accumulate_params<S> p) {
   const std::int64_t tid = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   std::int64_t done = 0;
   if (p.vectorised) {
-    using vin = vec<f16::storage_t<S>, W>;
+    using vin = vec<lowp::storage_t<S>, W>;
     using vacc = vec<float, W>;
     const std::int64_t nv = p.n / W;
     const vin* in = reinterpret_cast<const vin*>(p.src);
@@ -146,7 +146,7 @@ inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t
   fsdp::kernels::dispatch(src_type, [&](auto t) {
     using P = accumulate_params<t()>;
     static_assert(std::is_trivially_copyable_v<P>, "kernel parameters must be trivially copyable");
-    const auto* in = static_cast<const f16::storage_t<t()>*>(src);
+    const auto* in = static_cast<const lowp::storage_t<t()>*>(src);
     const bool v = aligned(dst, sizeof(float) * W) && aligned(in, sizeof(*in) * W);
     accumulate_kernel<t()><<<blocks_for(v ? n / W + 1 : n), launch_tuning::threads, 0, s>>>(P{dst, in, n, scale, v});
   });
@@ -281,8 +281,8 @@ void for_each(std::int64_t n, const F& f, cudaStream_t s) {
 template <dtype D>
 struct reduce_ranks_params {
   static constexpr int max_ranks = 64;
-  const f16::storage_t<D>* src[max_ranks];
-  f16::storage_t<D>* dst;
+  const lowp::storage_t<D>* src[max_ranks];
+  lowp::storage_t<D>* dst;
   std::int64_t n;
   int world;
   float premul;  ///< kernels::average_factor<D>(world) for an average, 1 for a sum
@@ -295,7 +295,7 @@ inline constexpr int max_local_ranks = reduce_ranks_params<dtype::f32>::max_rank
 template <dtype D>
 FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params<D> a, bool vectorised) {
   constexpr int W = launch_tuning::vector_width;
-  using T = f16::storage_t<D>;
+  using T = lowp::storage_t<D>;
   using v4 = vec<T, W>;
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   const std::int64_t tid = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -311,7 +311,7 @@ FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params<D> a, bool vectorised) 
       }
       v4 y;
 #pragma unroll
-      for (int k = 0; k < W; ++k) y.v[k] = f16::from_float<D>(acc[k]);
+      for (int k = 0; k < W; ++k) y.v[k] = lowp::from_float<D>(acc[k]);
       reinterpret_cast<v4*>(a.dst)[i] = y;
     }
     done = nv * W;
@@ -319,7 +319,7 @@ FSDP_KERNEL void reduce_ranks_kernel(reduce_ranks_params<D> a, bool vectorised) 
   for (std::int64_t i = done + tid; i < a.n; i += stride) {
     float acc = 0.0f;
     for (int q = 0; q < a.world; ++q) acc = fsdp::kernels::reduce_add<D>(acc, a.src[q][i], a.premul);
-    a.dst[i] = f16::from_float<D>(acc);
+    a.dst[i] = lowp::from_float<D>(acc);
   }
 }
 
@@ -328,7 +328,7 @@ void reduce_ranks(const reduce_ranks_params<D>& a, cudaStream_t s) {
   static_assert(std::is_trivially_copyable_v<reduce_ranks_params<D>>, "kernel parameters must be trivially copyable");
   if (a.n <= 0) return;
   constexpr int W = launch_tuning::vector_width;
-  constexpr std::size_t bytes = sizeof(f16::storage_t<D>) * W;
+  constexpr std::size_t bytes = sizeof(lowp::storage_t<D>) * W;
   bool v = aligned(a.dst, bytes);
   for (int q = 0; q < a.world; ++q) v = v && aligned(a.src[q], bytes);
   reduce_ranks_kernel<D><<<blocks_for(v ? a.n / W + 1 : a.n), launch_tuning::threads, 0, s>>>(a, v);

@@ -19,7 +19,7 @@
 
 namespace fsdp::data {
 
-namespace detail_state {
+namespace detail {
 
 inline constexpr std::string_view magic = "FSDPPACK";
 inline constexpr std::uint32_t version = 1;
@@ -77,12 +77,12 @@ class reader {
   std::size_t at_ = 0;
 };
 
-}  // namespace detail_state
+}  // namespace detail
 
 FSDP_DECL std::string to_bytes(const packing_options& o, const packer_state& s) {
-  detail_state::writer w;
-  w.out = detail_state::magic;
-  w.put(detail_state::version);
+  detail::writer w;
+  w.out = detail::magic;
+  w.put(detail::version);
   w.put(o.row_tokens), w.put(o.rows_per_step), w.put(o.lookahead), w.put(static_cast<std::uint8_t>(o.long_docs));
   w.put(o.pad);
   w.put(s.step), w.put(s.next_document), w.put<std::uint8_t>(s.stream_ended ? 1 : 0);
@@ -95,15 +95,15 @@ FSDP_DECL std::string to_bytes(const packing_options& o, const packer_state& s) 
 }
 
 FSDP_DECL packer_state from_bytes(std::string_view bytes, const packing_options& o, std::string_view what) {
-  detail_state::reader r(bytes, what);
-  if (bytes.size() < detail_state::magic.size() + sizeof(std::uint64_t) || !bytes.starts_with(detail_state::magic))
+  detail::reader r(bytes, what);
+  if (bytes.size() < detail::magic.size() + sizeof(std::uint64_t) || !bytes.starts_with(detail::magic))
     r.fail("does not start with \"FSDPPACK\": not a packer state");
   const std::size_t body = bytes.size() - sizeof(std::uint64_t);
   if (fnv1a64(bytes.substr(0, body)) != fsdp::detail::get_le<std::uint64_t>(bytes, body))
     r.fail("its checksum does not match its bytes (corrupted)");
-  detail_state::reader b(bytes.substr(0, body), what, detail_state::magic.size());
-  if (const auto v = b.get<std::uint32_t>("the version"); v != detail_state::version)
-    r.fail(fsdp::detail::cat("has version ", v, "; this library reads version ", detail_state::version));
+  detail::reader b(bytes.substr(0, body), what, detail::magic.size());
+  if (const auto v = b.get<std::uint32_t>("the version"); v != detail::version)
+    r.fail(fsdp::detail::cat("has version ", v, "; this library reads version ", detail::version));
   packing_options saved;
   saved.row_tokens = b.get<std::int64_t>("row_tokens");
   saved.rows_per_step = b.get<std::int64_t>("rows_per_step");

@@ -14,25 +14,25 @@ namespace fsdp::data {
 
 FSDP_DECL void validate(const packing_options& o) {
   auto positive = [](const char* name, std::int64_t v, const char* what) {
-    if (v <= 0) detail::fail_usage("packing: ", name, " is ", v, "; it is ", what, " and must be positive");
+    if (v <= 0) fsdp::detail::fail_usage("packing: ", name, " is ", v, "; it is ", what, " and must be positive");
   };
   positive("row_tokens", o.row_tokens, "the tokens of one row (the model's context length)");
   positive("rows_per_step", o.rows_per_step, "the rows of one step over every rank");
   positive("lookahead", o.lookahead, "the pieces of documents the packer may reorder");
   if (o.row_tokens > INT32_MAX)
-    detail::fail_usage("packing: row_tokens is ", o.row_tokens, "; position ids and cu_seqlens are 32-bit, so at most ",
+    fsdp::detail::fail_usage("packing: row_tokens is ", o.row_tokens, "; position ids and cu_seqlens are 32-bit, so at most ",
                        INT32_MAX);
 }
 
 FSDP_DECL void check_world(std::int64_t rows, int world) {
-  if (world <= 0) detail::fail_usage("packing: world size ", world, " is not positive");
+  if (world <= 0) fsdp::detail::fail_usage("packing: world size ", world, " is not positive");
   if (rows % world != 0)
-    detail::fail_usage("packing: ", rows, " rows per step do not split over ", world,
+    fsdp::detail::fail_usage("packing: ", rows, " rows per step do not split over ", world,
                        " ranks; choose rows_per_step a multiple of every world size you train at");
 }
 
 FSDP_DECL void check_rank(int world, int rank) {
-  if (rank < 0 || rank >= world) detail::fail_usage("packing: rank ", rank, " is outside a world of ", world);
+  if (rank < 0 || rank >= world) fsdp::detail::fail_usage("packing: rank ", rank, " is outside a world of ", world);
 }
 
 FSDP_DECL std::vector<std::vector<std::int64_t>> deal_rows(const std::vector<std::int64_t>& row_real_tokens,

@@ -91,7 +91,7 @@ class transfers {
         if constexpr (is_scaled(q()))
           be_.for_each(c.padded_numel,
                        kernels::block_dequantize<d(), q()>{static_cast<const std::uint8_t*>(wire),
-                                                           static_cast<f16::storage_t<d()>*>(st_.buffers(u).params),
+                                                           static_cast<lowp::storage_t<d()>*>(st_.buffers(u).params),
                                                            c.shard_numel, c.gather_block, c.gather_count()},
                        s);
       });
@@ -132,7 +132,7 @@ class transfers {
       kernels::dispatch(c.reduce_input.type, [&](auto q) {
         if constexpr (is_scaled(q()) && !is_scaled(d()))
           be_.for_each(c.padded_numel / c.reduce_block,
-                       kernels::block_quantize<d(), q()>{static_cast<const f16::storage_t<d()>*>(src), out,
+                       kernels::block_quantize<d(), q()>{static_cast<const lowp::storage_t<d()>*>(src), out,
                                                          c.shard_numel, c.reduce_block, c.reduce_count(),
                                                          reduce_.prescale},
                        s);

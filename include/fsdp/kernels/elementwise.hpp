@@ -27,16 +27,16 @@ namespace fsdp::kernels {
 FSDP_HD inline float scaled_value(float f, float scale) { return scale != 1.0f && f == f ? rn::mul(f, scale) : f; }
 
 template <dtype D, dtype S>
-FSDP_HD inline f16::storage_t<D> convert_one(f16::storage_t<S> x, float scale) {
+FSDP_HD inline lowp::storage_t<D> convert_one(lowp::storage_t<S> x, float scale) {
   if constexpr (D == S) {
     if (scale == 1.0f) return x;  // a plain copy keeps every bit, NaN payloads included
   }
-  return f16::from_float<D>(scaled_value(f16::to_float<S>(x), scale));
+  return lowp::from_float<D>(scaled_value(lowp::to_float<S>(x), scale));
 }
 
 template <dtype S>
-FSDP_HD inline void accumulate_one(float& dst, f16::storage_t<S> x, float scale = 1.0f) {
-  const float f = f16::to_float<S>(x);
+FSDP_HD inline void accumulate_one(float& dst, lowp::storage_t<S> x, float scale = 1.0f) {
+  const float f = lowp::to_float<S>(x);
   dst = rn::add(dst, scale == 1.0f ? f : rn::mul(f, scale));
 }
 
@@ -48,15 +48,15 @@ FSDP_HD inline void accumulate_one(float& dst, f16::storage_t<S> x, float scale 
 /// the average itself. `premul`: average_factor<D>(world) for an average, 1 for a sum.
 /// A NaN is not multiplied by `premul` (scaled_value): it passes as it is.
 template <dtype D>
-FSDP_HD inline float reduce_add(float acc, f16::storage_t<D> x, float premul) {
-  float v = f16::to_float<D>(x);
-  if (premul != 1.0f) v = f16::to_float<D>(f16::from_float<D>(scaled_value(v, premul)));
-  return f16::to_float<D>(f16::from_float<D>(rn::add(acc, v)));
+FSDP_HD inline float reduce_add(float acc, lowp::storage_t<D> x, float premul) {
+  float v = lowp::to_float<D>(x);
+  if (premul != 1.0f) v = lowp::to_float<D>(lowp::from_float<D>(scaled_value(v, premul)));
+  return lowp::to_float<D>(lowp::from_float<D>(rn::add(acc, v)));
 }
 /// 1/world as an element of D, as a float (NCCL computes float(1.0 / nRanks) and converts it to D).
 template <dtype D>
 inline float average_factor(int world) {
-  return f16::to_float<D>(f16::from_float<D>(static_cast<float>(1.0 / world)));
+  return lowp::to_float<D>(lowp::from_float<D>(static_cast<float>(1.0 / world)));
 }
 
 /// Calls fn(std::integral_constant<dtype, t>{}) for the runtime dtype t: one instance for each row of

@@ -20,7 +20,7 @@ FSDP_DECL void convert(void* dst, dtype dst_type, const void* src, dtype src_typ
 template <class Run>
 void accumulate_with(Run&& run, float* dst, const void* src, dtype src_type, std::int64_t n, float scale) {
   dispatch(src_type, [&](auto t) {
-    const auto* in = static_cast<const f16::storage_t<t()>*>(src);
+    const auto* in = static_cast<const lowp::storage_t<t()>*>(src);
     // accumulate_one for every element; where the scale is 1 the loop is told so, which drops accumulate_one's test
     // of it from the loop (the same operations, so the same bits)
     if (scale == 1.0f) run(n, [=](std::int64_t i) { accumulate_one<t()>(dst[i], in[i], 1.0f); });

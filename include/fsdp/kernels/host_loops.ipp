@@ -12,8 +12,8 @@ namespace fsdp::kernels::host_loops {
 FSDP_DECL void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale) {
   dispatch(dst_type, [&](auto d) {
     dispatch(src_type, [&](auto t) {
-      auto* out = static_cast<f16::storage_t<d()>*>(dst);
-      const auto* in = static_cast<const f16::storage_t<t()>*>(src);
+      auto* out = static_cast<lowp::storage_t<d()>*>(dst);
+      const auto* in = static_cast<const lowp::storage_t<t()>*>(src);
       for (std::int64_t i = 0; i < n; ++i) out[i] = convert_one<d(), t()>(in[i], scale);
     });
   });

@@ -61,7 +61,7 @@ FSDP_HD inline float dequantized(float q, float scale) {
 /// (kernels/cooperative.hpp): on a GPU the lanes of a warp share a block.
 template <dtype S, dtype Q>
 struct block_quantize {
-  const f16::storage_t<S>* source;
+  const lowp::storage_t<S>* source;
   std::uint8_t* out;
   std::int64_t shard;
   std::int64_t block;
@@ -71,7 +71,7 @@ struct block_quantize {
   /// never crosses a slice: `block` divides `shard`; and `block` is a multiple of 4, precision::gather_block_fits,
   /// so each slice's scales are 4-byte aligned).
   struct place_of {
-    const f16::storage_t<S>* from;
+    const lowp::storage_t<S>* from;
     std::uint8_t* values;
     float* scale;
   };
@@ -80,7 +80,7 @@ struct block_quantize {
     std::uint8_t* at = out + r * slice;
     return {source + first, at + j, reinterpret_cast<float*>(at + shard) + j / block};
   }
-  FSDP_HD float element(const place_of& p, int k) const { return scaled_value(f16::to_float<S>(p.from[k]), scale_by); }
+  FSDP_HD float element(const place_of& p, int k) const { return scaled_value(lowp::to_float<S>(p.from[k]), scale_by); }
   /// Element k's part of its block's extent: its magnitude, or (a NaN) none and the block's NaN flag.
   FSDP_HD block_extent extent_of(const place_of& p, int k) const {
     const float a = f8::from_bits(f8::bits(element(p, k)) & 0x7fffffffu);
@@ -96,7 +96,7 @@ struct block_quantize {
   FSDP_HD void write_scale(const place_of& p, float scale) const { *p.scale = scale; }
   /// Element k under its block's scale: a NaN stays NaN (fp8; int8's block scale carries it).
   FSDP_HD void emit(const place_of& p, int k, float scale) const {
-    p.values[k] = scale == 0.0f ? std::uint8_t{0} : f16::from_float<Q>(rn::div(element(p, k), scale));
+    p.values[k] = scale == 0.0f ? std::uint8_t{0} : lowp::from_float<Q>(rn::div(element(p, k), scale));
   }
   FSDP_HD void operator()(std::int64_t b) const {
     const place_of p = place(b);
@@ -114,12 +114,12 @@ struct block_quantize {
 template <dtype D, dtype Q>
 struct block_dequantize {
   const std::uint8_t* wire;
-  f16::storage_t<D>* out;
+  lowp::storage_t<D>* out;
   std::int64_t shard;
   std::int64_t block;
   std::int64_t slice;
-  FSDP_HD f16::storage_t<D> value(std::uint8_t q, float scale) const {
-    return f16::from_float<D>(dequantized(f16::to_float<Q>(q), scale));
+  FSDP_HD lowp::storage_t<D> value(std::uint8_t q, float scale) const {
+    return lowp::from_float<D>(dequantized(lowp::to_float<Q>(q), scale));
   }
   FSDP_HD void operator()(std::int64_t i) const {
     const std::int64_t r = i / shard, j = i - r * shard;
@@ -130,16 +130,16 @@ struct block_dequantize {
   /// Four elements of one block never cross a slice or a block, and their accesses are aligned.
   FSDP_HD bool quads() const {
     return block % 4 == 0 && shard % 4 == 0 && slice % 4 == 0 && aligned_to(wire, 4) &&
-           aligned_to(out, 4 * sizeof(f16::storage_t<D>));
+           aligned_to(out, 4 * sizeof(lowp::storage_t<D>));
   }
   FSDP_HD void quad(std::int64_t q) const {
     const std::int64_t i = 4 * q, r = i / shard, j = i - r * shard;
     const std::uint8_t* values = wire + r * slice;
     const float scale = reinterpret_cast<const float*>(values + shard)[j / block];
     const quad_of<std::uint8_t> v = *reinterpret_cast<const quad_of<std::uint8_t>*>(values + j);
-    quad_of<f16::storage_t<D>> o;
+    quad_of<lowp::storage_t<D>> o;
     for (int k = 0; k < 4; ++k) o.v[k] = value(v.v[k], scale);
-    *reinterpret_cast<quad_of<f16::storage_t<D>>*>(out + i) = o;
+    *reinterpret_cast<quad_of<lowp::storage_t<D>>*>(out + i) = o;
   }
 };
 
@@ -165,7 +165,7 @@ struct block_dequantize_sum {
     for (int r = 0; r < ranks; ++r) {
       const std::uint8_t* values = received + r * slice;
       const float* scales = reinterpret_cast<const float*>(values + shard);
-      acc = reduce_add<dtype::f32>(acc, dequantized(f16::to_float<Q>(values[i]), scales[i / block]), premul);
+      acc = reduce_add<dtype::f32>(acc, dequantized(lowp::to_float<Q>(values[i]), scales[i / block]), premul);
     }
     accumulate_one<dtype::f32>(shard_out[i], acc, postscale);
   }
@@ -181,7 +181,7 @@ struct block_dequantize_sum {
       const float scale = reinterpret_cast<const float*>(values + shard)[i / block];
       const quad_of<std::uint8_t> v = *reinterpret_cast<const quad_of<std::uint8_t>*>(values + i);
       for (int k = 0; k < 4; ++k)
-        acc[k] = reduce_add<dtype::f32>(acc[k], dequantized(f16::to_float<Q>(v.v[k]), scale), premul);
+        acc[k] = reduce_add<dtype::f32>(acc[k], dequantized(lowp::to_float<Q>(v.v[k]), scale), premul);
     }
     quad_of<float> g = *reinterpret_cast<const quad_of<float>*>(shard_out + i);
     for (int k = 0; k < 4; ++k) accumulate_one<dtype::f32>(g.v[k], acc[k], postscale);

@@ -23,10 +23,10 @@
 
 namespace fsdp::trace {
 
-namespace chrome_detail {
+namespace detail {
 enum tid : int { compute = 0, all_gather = 1, reduce = 2, scheduler = 3 };
 inline double us(std::int64_t ns) { return double(ns) / 1000.0; }
-}  // namespace chrome_detail
+}  // namespace detail
 
 /// How a trace names its processes: `process` followed by the rank ("rank 0"; "predicted rank 0" for a timeline
 /// plan's events), at process id rank + pid_offset, so that a measured and a predicted trace can share one file.
@@ -39,7 +39,7 @@ struct chrome_options {
 inline nlohmann::json chrome_trace_json(const std::vector<event>& events, const std::vector<std::string>& names,
                                         const std::vector<memory_sample>& memory = {}, const chrome_options& o = {}) {
   using nlohmann::json;
-  using namespace chrome_detail;
+  using namespace detail;
   // A Model's unit names are UTF-8 (make_units checks them); names set on a recorder by hand are written in
   // printable form, so that the JSON is always valid.
   auto unit_name = [&](int u) -> std::string {

@@ -63,7 +63,7 @@ concept TimingMarks =
       b.release_mark(m);
     };
 
-namespace stamp_detail {
+namespace detail {
 template <class B, bool = TimingMarks<B>>
 struct marks_of {
   struct timing_mark {};
@@ -74,7 +74,7 @@ struct marks_of<B, true> {
   using timing_mark = typename B::timing_mark;
   using timing_reference = typename B::timing_reference;
 };
-}  // namespace stamp_detail
+}  // namespace detail
 
 /// One rank's stamps, for the streams of one backend. Used by the rank's host thread only (the recorder it
 /// writes to may be shared).
@@ -176,8 +176,8 @@ class stamper {
   }
 
  private:
-  using timing_mark = typename stamp_detail::marks_of<Backend>::timing_mark;
-  using timing_reference = typename stamp_detail::marks_of<Backend>::timing_reference;
+  using timing_mark = typename detail::marks_of<Backend>::timing_mark;
+  using timing_reference = typename detail::marks_of<Backend>::timing_reference;
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
 
   struct entry {

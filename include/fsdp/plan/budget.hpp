@@ -75,10 +75,10 @@ struct budget_choice {
 /// schedule built by the same function a Model uses (sched::build_config).
 FSDP_DECL memory_plan_inputs planner_inputs(const planned_units& u, const budget_query& q, const prefetch_facts& pf);
 
-namespace plan_detail {
+namespace detail {
 /// The plan of `units` at prefetch depth `depth` on the query's axis.
 FSDP_DECL memory_plan plan_at(const planned_units& u, const budget_query& q, int depth);
-}  // namespace plan_detail
+}  // namespace detail
 
 /// The largest depth in [0, q.max_depth] whose plan is feasible and whose peak total, with q.outside_plan_bytes
 /// beside it, is at most `budget_bytes`, with its plan; nullopt when even depth 0 does not fit. Depths the gather

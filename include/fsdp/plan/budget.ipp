@@ -23,20 +23,20 @@ FSDP_DECL memory_plan_inputs planner_inputs(const planned_units& u, const budget
   return in;
 }
 
-namespace plan_detail {
+namespace detail {
 FSDP_DECL memory_plan plan_at(const planned_units& u, const budget_query& q, int depth) {
   const prefetch_facts pf{q.axis == depth_axis::backward ? 0 : depth, q.axis == depth_axis::forward ? 0 : depth, false,
                           false};
   return plan_memory(u.names, u.layouts, planner_inputs(u, q, pf));
 }
-}  // namespace plan_detail
+}  // namespace detail
 
 FSDP_DECL std::optional<budget_choice> largest_prefetch_depth(const planned_units& units, const budget_query& q,
                                                               std::int64_t budget_bytes) {
   if (q.max_depth < 0) detail::fail_usage("budget: max_depth must be >= 0, got ", q.max_depth);
   if (q.gather_slots < 0) detail::fail_usage("budget: gather_slots must be >= 0 (0 = no limit), got ", q.gather_slots);
   for (int d = q.max_depth; d >= 0; --d) {
-    memory_plan p = plan_detail::plan_at(units, q, d);
+    memory_plan p = detail::plan_at(units, q, d);
     if (p.feasible() && p.peak.total + q.outside_plan_bytes <= budget_bytes) return budget_choice{0, d, std::move(p)};
   }
   return std::nullopt;

@@ -45,7 +45,7 @@ FSDP_DECL std::string step_listing::str(std::string_view unit) const {
   return os.str();
 }
 
-namespace plan_detail {
+namespace detail {
 /// The listing's interpreter of the program (fsdp/plan/program.hpp's interface).
 class listing_reading {
  public:
@@ -90,13 +90,13 @@ class listing_reading {
   int replicas_;
   bool on_ = false;
 };
-}  // namespace plan_detail
+}  // namespace detail
 
 FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
                                  const memory_plan_inputs& in, int world) {
   step_listing out;
   out.units = names;
-  const plan_detail::prepared p = plan_detail::prepare(names, layouts, in, "step listing");
+  const detail::prepared p = detail::prepare(names, layouts, in, "step listing");
   const unit_index units(names);
   sched::scheduler s(units, in.schedule);
   plan::step_program prog(p.cost, p.offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
@@ -104,8 +104,8 @@ FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const st
   if (world < 0 || (world > 0 && world % group != 0))
     detail::fail_usage("step listing: a world of ", world, " ranks, which the shard group of ", group,
                        " ranks (the layouts') does not divide; give the data-parallel world size (0: not known)");
-  const int replicas = world == 0 ? 0 : plan_detail::replicas_of(world, layouts, in.costs);
-  plan_detail::listing_reading r(out.actions, replicas);
+  const int replicas = world == 0 ? 0 : detail::replicas_of(world, layouts, in.costs);
+  detail::listing_reading r(out.actions, replicas);
   for (int step = 0; step < 2; ++step) {
     r.listing(step == 1);
     if (auto short_of = plan::run_step(s, p.order, prog, r, [] {}, [] {})) {

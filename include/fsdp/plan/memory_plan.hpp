@@ -64,7 +64,7 @@ struct memory_plan {
   std::string table() const;
 };
 
-namespace plan_detail {
+namespace detail {
 /// What both planners start from: the checked inputs, the forward order (index order when none is given), each
 /// unit's offload (the schedule's: the policy's and model_options::offload_units'; else the costs' own) and costs.
 struct prepared {
@@ -81,7 +81,7 @@ FSDP_DECL prepared prepare(const std::vector<std::string>& names, const std::vec
 /// whole world in their one reduction). What the timeline's and the listing's readings of replica_reduce follow.
 FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts);
 
-}  // namespace plan_detail
+}  // namespace detail
 
 /// Plans one rank's memory for units with these names and layouts (in unit-index order).
 FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,

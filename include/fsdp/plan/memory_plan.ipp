@@ -43,7 +43,7 @@ FSDP_DECL std::string memory_plan::table() const {
   return os.str();
 }
 
-namespace plan_detail {
+namespace detail {
 /// A MemoryTracker without locks or listeners per memory domain, for simulation.
 struct counter {
   memory_figures cur, peak, host_cur, host_peak;
@@ -111,11 +111,11 @@ FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, con
   return facts.shards_params ? world / group : 1;
 }
 
-}  // namespace plan_detail
+}  // namespace detail
 
 FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
                                   const memory_plan_inputs& in) {
-  const plan_detail::prepared p = plan_detail::prepare(names, layouts, in, "memory plan");
+  const detail::prepared p = detail::prepare(names, layouts, in, "memory plan");
   const std::size_t n = layouts.size();
   const std::vector<std::size_t>& order = p.order;
   const std::vector<offload_facts>& offload = p.offload;
@@ -124,7 +124,7 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
   memory_plan out;
   out.units = names;
 
-  plan_detail::counter m;
+  detail::counter m;
   for (const auto& c : cost) {
     m.add(c.master);
     m.add(c.grad_shard);
@@ -134,7 +134,7 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
 
   sched::scheduler s(units, in.schedule);
   plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
-  plan_detail::memory_reading r{m, prog, {}, 0, 0};
+  detail::memory_reading r{m, prog, {}, 0, 0};
   // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
   for (int step = 0; step < 2; ++step) {
     r.link = {};

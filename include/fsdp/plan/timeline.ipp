@@ -14,13 +14,13 @@
 
 namespace fsdp {
 
-namespace plan_detail {
+namespace detail {
 /// `ns` as integer nanoseconds; usage_error beyond what an int64 holds (about 292 years), naming `what`.
 FSDP_DECL std::int64_t checked_ns(double ns, const char* what) {
   if (!(ns < 9.2e18)) detail::fail_usage("timeline plan: ", what, " would take ", ns * 1e-9, " s, more than the planner counts in nanoseconds; check the rates in time_model / flops_model");
   return static_cast<std::int64_t>(ns);
 }
-}  // namespace plan_detail
+}  // namespace detail
 
 FSDP_DECL unit_time flops_model::operator()(const FlatLayout& l) const {
   if (!(flops_per_second > 0)) detail::fail_usage("flops_model: flops_per_second must be > 0, got ", flops_per_second);
@@ -29,7 +29,7 @@ FSDP_DECL unit_time flops_model::operator()(const FlatLayout& l) const {
   for (const flat_entry& e : l.entries())
     if (std::find(lookups.begin(), lookups.end(), e.name) == lookups.end()) params += double(e.numel);
   auto ns = [&](double per) {
-    return std::chrono::nanoseconds(plan_detail::checked_ns(per * params * tokens / flops_per_second * 1e9, "a unit's compute"));
+    return std::chrono::nanoseconds(detail::checked_ns(per * params * tokens / flops_per_second * 1e9, "a unit's compute"));
   };
   return {ns(forward_flops), ns(backward_flops)};
 }
@@ -68,7 +68,7 @@ FSDP_DECL std::string timeline::report() const {
   return os.str();
 }
 
-namespace plan_detail {
+namespace detail {
 
 /// The program's time reading (see the top of the file).
 class time_reading {
@@ -239,7 +239,7 @@ class time_reading {
   static std::size_t idx(plan::job j) noexcept { return static_cast<std::size_t>(j); }
   static std::int64_t bytes_over(std::int64_t bytes, double per_second) {
     if (per_second <= 0 || bytes <= 0) return 0;
-    return plan_detail::checked_ns(double(bytes) / per_second * 1e9, "a copy or memory-bound piece of work");
+    return detail::checked_ns(double(bytes) / per_second * 1e9, "a copy or memory-bound piece of work");
   }
   std::int64_t mem(std::int64_t bytes) const noexcept { return bytes_over(bytes, tm_.memory_bytes_per_second); }
   at& lane_of(plan::lane l) noexcept { return lane_[static_cast<std::size_t>(l)]; }
@@ -265,7 +265,7 @@ class time_reading {
   std::size_t first_node_ = 0;
 };
 
-}  // namespace plan_detail
+}  // namespace detail
 
 FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
                               const memory_plan_inputs& in, const time_model& t) {
@@ -296,7 +296,7 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
 
   timeline out;
   out.units = names;
-  plan_detail::prepared p = plan_detail::prepare(names, layouts, in, "timeline plan");
+  detail::prepared p = detail::prepare(names, layouts, in, "timeline plan");
   const std::vector<std::size_t>& order = p.order;
   const std::vector<plan::unit_costs>& cost = p.cost;
 
@@ -305,13 +305,13 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
   std::int64_t largest = 0;
   for (const plan::unit_costs& c : cost) largest = std::max({largest, c.gather_bytes(), c.reduce_bytes()});
   for (const comm::link_model* l : {&t.link, &t.replica_link})
-    if (l->bytes_per_second > 0) plan_detail::checked_ns(2.0 * double(largest) / l->bytes_per_second * 1e9, "a collective");
+    if (l->bytes_per_second > 0) detail::checked_ns(2.0 * double(largest) / l->bytes_per_second * 1e9, "a collective");
 
   const unit_index units(names);
   sched::scheduler s(units, in.schedule);
   plan::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
-  plan_detail::time_reading r(prog, t, layouts, in.costs);
-  plan_detail::time_reading::at end;
+  detail::time_reading r(prog, t, layouts, in.costs);
+  detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {
     r.begin_step(step == 1);
     if (auto short_of = plan::run_step(s, order, prog, r, [] {}, [] {})) {

@@ -54,7 +54,7 @@ using collective_delay = std::function<std::chrono::microseconds(collective, std
 template <class Src>
 void reduce_in_rank_order(dtype type, reduce_op op, int world, std::size_t n, Src&& src, void* dst) {
   fsdp::kernels::dispatch(type, [&](auto t) {
-    using elem = f16::storage_t<t()>;
+    using elem = lowp::storage_t<t()>;
     const float premul = op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(world) : 1.0f;
     constexpr std::size_t block = 2048;
     float acc[block];
@@ -67,7 +67,7 @@ void reduce_in_rank_order(dtype type, reduce_op op, int world, std::size_t n, Sr
       for (std::size_t i = 0; i < m; ++i) {
         const float v = fsdp::kernels::reduce_add<t()>(decltype(first)::value ? 0.0f : acc_[i], in[i],
                                                        decltype(unit)::value ? 1.0f : premul);
-        if constexpr (decltype(last)::value) out_[i] = f16::from_float<t()>(v);
+        if constexpr (decltype(last)::value) out_[i] = lowp::from_float<t()>(v);
         else acc_[i] = v;
       }
     };
