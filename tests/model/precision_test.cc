@@ -332,7 +332,7 @@ void check_reduced(const fsdp::model_options& mo, float (*expect)(std::int64_t))
     auto& cs = m.backend().compute_stream();
     float t = float(checked);
     c.all_reduce(&t, &t, 1, fsdp::dtype::f32, fsdp::reduce_op::sum, cs);
-    CHECK(t == float((185 + 81 + 9 + 3 + 272 + 4) * m.replicate_group_size()));
+    CHECK(t == float((185 + 81 + 9 + 3 + 272 + 4) * m.mesh().replicas));
   });
 }
 

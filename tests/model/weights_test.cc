@@ -75,8 +75,8 @@ TEST_CASE_TEMPLATE("on a hybrid mesh of 2 replicas x 2 shards every shard group 
   std::map<int, std::vector<float>> shards;  // rank -> its master shard of h.1
   fsdp_test::run_ranks(4, [&](local_communicator& c) {
     fsdp::Model<fsdp::policy<Strategy>> m(c, spec(), by_prefix);
-    REQUIRE(m.shard_group_size() == 2);
-    REQUIRE(m.replicate_group_size() == 2);
+    REQUIRE(m.mesh().shards == 2);
+    REQUIRE(m.mesh().replicas == 2);
     fsdp::weights::load(m, given);
     {
       const auto& u = m.unit("h.1");

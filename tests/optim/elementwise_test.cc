@@ -127,7 +127,7 @@ TEST_CASE("a user's rule: its states planned as the library's, and checkpointed 
     M m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11}, mo);
     auto opt = make_amsgrad(m);
     CHECK(opt->states_per_element() == 3);
-    const fsdp::memory_figures planned = m.planned_memory(opt->states_per_element());
+    const fsdp::memory_figures planned = m.plan_memory(opt->states_per_element()).peak;
     train_steps(c, m, 1, 3, [&] {
       opt->step(rule_at);
       opt->zero_grad();

@@ -464,7 +464,7 @@ TEST_CASE("a strategy whose shard group is neither one rank nor the world: hybri
   });
   fsdp_test::run_ranks(1, [&](fsdp::comm::local_communicator& c) {  // at one rank it is full_shard
     fsdp::Model<fsdp::policy<archetype::half_world>> m(c, spec, fsdp::wrap::by_size{8});
-    CHECK(m.shard_group_size() == 1);
+    CHECK(m.mesh().shards == 1);
   });
 }
 

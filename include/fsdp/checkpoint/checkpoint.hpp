@@ -278,7 +278,7 @@ std::optional<std::string> outcome(F&& f) {
 
 template <class M, class O>
 void save(M& m, const O* opt, std::string dir, const save_options& so) {
-  m.require_between_steps("a checkpoint save");
+  model_access::require_between_steps(m, "a checkpoint save");
   dir = normalised(std::move(dir));
   if (so.block_bytes < 4096 || so.block_bytes > (std::uint64_t{1} << 30) || !std::has_single_bit(so.block_bytes))
     fsdp::detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ", so.block_bytes);
@@ -510,7 +510,7 @@ void write_in_place(M& m, const manifest& man, const std::vector<io::file>& file
       read_files(man, files, plan, sink);
       sink.finish();
     } catch (...) {
-      m.synchronize_quietly();  // uploads from the sink's buffers may be in flight
+      model_access::synchronize_quietly(m);  // uploads from the sink's buffers may be in flight
       throw;
     }
   }

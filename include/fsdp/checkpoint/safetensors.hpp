@@ -25,6 +25,7 @@
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/io.hpp"
 #include "fsdp/checkpoint/reads.hpp"
+#include "fsdp/exec/model_access.hpp"
 #include "fsdp/checkpoint/safetensors_header.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
@@ -105,7 +106,7 @@ template <class M>
 void save(M& m, const std::string& path, const save_options& so = {}) {
   namespace ci = checkpoint::detail;
   namespace io = checkpoint::io;
-  m.require_between_steps("a safetensors save");
+  model_access::require_between_steps(m, "a safetensors save");
   if (path.empty()) fsdp::detail::fail_usage("safetensors::save: the path is empty");
   if (!is_dtype(so.type) || is_scaled(so.type))
     fsdp::detail::fail_usage("safetensors::save: save_options::type is ", name_of(so.type),
@@ -182,7 +183,7 @@ template <class M>
 header load(M& m, const std::string& path, const load_options& lo = {}) {
   namespace ci = checkpoint::detail;
   namespace io = checkpoint::io;
-  m.require_between_steps("a safetensors load");
+  model_access::require_between_steps(m, "a safetensors load");
   fingerprint fp;
   fp.add("safetensors::load", "path", path);
   agree::require_agreement(m.comm(), m.backend(), fp, "a safetensors load",

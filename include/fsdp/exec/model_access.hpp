@@ -13,14 +13,19 @@
 //                                       zeroed (a checkpoint load, a weight import)
 //                                       (with `restores`, a load that overwrites every master shard, and the
 //                                       optimizer's state, and so may repair a model that a failed load tore)
+//   require_between_steps(model, what)  usage_error naming `what` unless the model is between optimizer steps
 //   require_restorable(model, what, r)  the model is between steps, or torn and `r` restores what was torn
+//   synchronize_quietly(model)          waits for every stream without throwing (an optimizer's state going away)
+//   forward_order(model)                the forward order by unit index (the wrapping order until one is recorded)
 //   tear_shards(model, what, state)     a load failed after writing part of the shards (and the optimizer's
 //                                       state): every later use but a restoring load reports `what`
 //   mend_shards(model)                  a restoring load succeeded
 //   restore_step_count(model, step)     a checkpoint's step count replaces the model's
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fsdp/exec/update_site.hpp"
 #include "fsdp/schedule/pass_cursor.hpp"
@@ -41,8 +46,20 @@ struct model_access {
     m.replace_shards(what, std::forward<F>(write), r);
   }
   template <class M>
+  static void require_between_steps(const M& m, const char* what) {
+    m.require_between_steps(what, sched::restores::nothing);
+  }
+  template <class M>
   static void require_restorable(const M& m, const char* what, sched::restores r) {
     m.require_between_steps(what, r);
+  }
+  template <class M>
+  static void synchronize_quietly(M& m) noexcept {
+    m.synchronize_quietly();
+  }
+  template <class M>
+  static std::vector<std::size_t> forward_order(const M& m) {
+    return m.forward_order();
   }
   template <class M>
   static void tear_shards(M& m, const std::string& what, bool with_state) noexcept {

@@ -213,7 +213,7 @@ void issue_inspection(ModelT& model, const options& o, void* buf) {
   for (std::size_t u = 0; u < n; ++u) be.squared_norm(model.unit(u).grad_shard(), model.costs(u).shard_numel, row + u, cs);
   comm::label_next(comm, "(gradient norms)");  // names it in errors
   comm.all_reduce(table, table, plan::norm_count(n, rows), dtype::f32, reduce_op::sum, cs);
-  be.for_each(1, decide{table, plan::norm_count(n, rows), model.replicate_group_size(), o.max_norm,
+  be.for_each(1, decide{table, plan::norm_count(n, rows), model.mesh().replicas, o.max_norm,
                         o.scaler ? o.scaler->scale() : 1.0f, reinterpret_cast<verdict*>(slots)},
               cs);
 }

@@ -141,7 +141,7 @@ class shard_optimizer {
   /// and offloaded state is used on the copy streams after step() returns. A step_report still waiting gets its
   /// report now (its host copy goes with the optimizer). The model must outlive the optimizer.
   ~shard_optimizer() {
-    model_.synchronize_quietly();
+    model_access::synchronize_quietly(model_);
     try {
       settle_pending();
     } catch (...) {  // the streams failed: the report says nothing more than their errors did (settle_pending)
@@ -202,7 +202,7 @@ class shard_optimizer {
   static constexpr bool deferred = OffloadBackend<backend_type> && PollingBackend<backend_type>;
 
   std::vector<std::size_t> backward_order() const {
-    std::vector<std::size_t> backward = model_.forward_order();
+    std::vector<std::size_t> backward = model_access::forward_order(model_);
     std::reverse(backward.begin(), backward.end());
     return backward;
   }
