@@ -169,13 +169,8 @@ class model_core {
   const offload_facts& unit_offload(std::size_t u) const { return exec_.offload(u); }
   /// Steps begun so far: a forward pass after an optimizer step (or the first one) begins the next.
   std::uint64_t step_count() const noexcept { return sched_.step(); }
-  std::vector<FlatLayout> layouts() const { return exec_.layouts(); }
-  /// What unit u's buffers cost (category, dtype, elements).
-  const plan::unit_costs& costs(std::size_t u) const { return exec_.costs(u); }
   /// The forward order by unit name: declared, wrapping, or recorded (empty while it is still to be recorded).
   std::vector<std::string> execution_order() const { return cursor_.execution_order(); }
-  /// The facts the scheduler decides from (policy and options, per unit).
-  const sched::config& schedule_config() const noexcept { return sched_.facts(); }
 
   /// The memory planner's prediction for this rank: peak bytes by category and in total, with a printable
   /// table. `optimizer_states`: fp32 values per parameter element the optimizer keeps (its
@@ -268,6 +263,10 @@ class model_core {
   /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
   /// (an optimizer's state) calls before they go.
   void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
+  /// What unit u's buffers cost (category, dtype, elements).
+  const plan::unit_costs& costs(std::size_t u) const { return exec_.costs(u); }
+  /// The facts the scheduler decides from (policy and options, per unit).
+  const sched::config& schedule_config() const noexcept { return sched_.facts(); }
   /// The forward order by unit index (the wrapping order while a recorded order is still unknown).
   std::vector<std::size_t> forward_order() const {
     if (cursor_.order_known()) return cursor_.order();

@@ -34,7 +34,7 @@ TEST_CASE("a model that can be built: no refusal, its blueprint and its memory p
   run_ranks(4, [&](local_communicator& c) {
     fsdp::Model<full> m(c, five_units(), blocks);
     CHECK(m.plan_memory(2).peak == r.plan->peak);
-    CHECK(m.layouts().size() == r.blueprint.layouts.size());
+    CHECK(m.size() == r.blueprint.layouts.size());
   });
 }
 

@@ -39,7 +39,7 @@ step_stats one_step(local_communicator& c) {
   s.shard = m.shard_comm().stats();
   if (m.replicate_comm()) s.replicate = m.replicate_comm()->stats();
   for (std::size_t u = 0; u < m.size(); ++u)
-    s.reduced_bytes += m.layouts()[u].shard_numel() *
+    s.reduced_bytes += m.unit(u).layout().shard_numel() *
                        std::int64_t(fsdp::size_of(fsdp::dtype_of_v<typename Policy::precision::reduce_type>));
   return s;
 }
@@ -195,7 +195,7 @@ TEST_CASE("the mesh: shard groups are consecutive ranks, replicate groups the ra
     CHECK(m.mesh().replicas == 2);
     CHECK(m.shard_comm().rank() == c.rank() % 4);
     CHECK(m.replicate_comm()->rank() == c.rank() / 4);
-    CHECK(m.layouts()[0].world() == 4);
+    CHECK(m.unit(0).layout().world() == 4);
   });
   run_ranks(4, [](local_communicator& c) {  // one group of the whole world: full_shard, no split, no replicas
     fsdp::Model<fsdp::policy<fsdp::sharding::hybrid_shard<4>>> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
@@ -212,7 +212,7 @@ TEST_CASE("the mesh: shard groups are consecutive ranks, replicate groups the ra
     REQUIRE(m.replicate_comm() != nullptr);
     CHECK(m.replicate_comm()->size() == 4);
     CHECK(m.replicate_comm()->rank() == c.rank());
-    CHECK(m.layouts()[0].world() == 1);
+    CHECK(m.unit(0).layout().world() == 1);
   });
 }
 

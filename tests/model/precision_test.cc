@@ -188,7 +188,7 @@ fsdp::collective_stats one_step(local_communicator& c, const fsdp::model_options
   fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
   fsdp::optim::sgd opt(m, {.lr = 0.1f});
   padded.clear();
-  for (const auto& l : m.layouts()) padded.push_back(l.padded_numel());
+  for (std::size_t u = 0; u < m.size(); ++u) padded.push_back(m.unit(u).layout().padded_numel());
   c.reset_stats();
   for (int mb = 0; mb < mo.accumulation.micro_batches; ++mb) {
     for (auto& u : m.forward()) (void)u;
@@ -448,7 +448,7 @@ void check_quantized(int world, fsdp::model_options mo, int B) {
     m.synchronize();
     std::size_t checked = 0;
     for (std::size_t ui = 0; ui < m.size(); ++ui) {
-      const fsdp::FlatLayout l = m.layouts()[ui];
+      const fsdp::FlatLayout l = m.unit(ui).layout();
       const std::vector<float> want = quantized_reference<Q>(l, world, mo.accumulation.micro_batches, no_sync, f, B);
       const std::int64_t S = l.shard_numel();
       const float* got = m.unit(ui).grad_shard();
@@ -471,7 +471,7 @@ void check_quantized(int world, fsdp::model_options mo, int B) {
       }
     }
     std::int64_t shard_total = 0;
-    for (const auto& l : m.layouts()) shard_total += l.shard_numel();
+    for (std::size_t u = 0; u < m.size(); ++u) shard_total += m.unit(u).layout().shard_numel();
     CHECK(checked == std::size_t(shard_total));
   });
   CHECK(inexact > 0);
@@ -528,7 +528,7 @@ TEST_CASE("a quantized reduction's error: within half a step of each rank's bloc
       m.synchronize();
       double worst = 0.0;  // the largest error as a fraction of its bound
       for (std::size_t ui = 0; ui < m.size(); ++ui) {
-        const fsdp::FlatLayout l = m.layouts()[ui];
+        const fsdp::FlatLayout l = m.unit(ui).layout();
         const std::int64_t S = l.shard_numel();
         std::vector<std::vector<float>> flat(world, std::vector<float>(std::size_t(l.padded_numel()), 0.0f));
         for (int r = 0; r < world; ++r)
@@ -696,7 +696,7 @@ TEST_CASE("no_shard in bf16: units are cast copies, gathered for use and release
   run_ranks(2, [](local_communicator& c) {
     fsdp::Model<policy<bfloat16, float, fsdp::sharding::no_shard>> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
     CHECK(m.unit(1).state() == fsdp::unit_state::sharded);  // not the fp32 master: a bf16 copy made on demand
-    CHECK(m.schedule_config().gathers);
+    CHECK(fsdp::model_access::schedule_config(m).gathers);
     for (auto& u : m.forward()) (void)u;
     CHECK(m.unit(1).state() == fsdp::unit_state::gathered);  // no_shard keeps it to its backward
     for (auto& u : m.backward()) (void)u;
@@ -704,7 +704,7 @@ TEST_CASE("no_shard in bf16: units are cast copies, gathered for use and release
     CHECK(c.stats()[collective::all_gather] == 1);  // the ranks' agreement at construction; no gather of a unit
     fsdp::Model<policy<float, float, fsdp::sharding::no_shard>> f(c, five_units(), fsdp::wrap::by_prefix{"h."});
     CHECK(f.unit(1).state() == fsdp::unit_state::gathered);  // fp32: the master itself
-    CHECK(!f.schedule_config().gathers);
+    CHECK(!fsdp::model_access::schedule_config(f).gathers);
   });
 }
 
@@ -724,7 +724,7 @@ TEST_CASE("zero_grad in the middle of a no-sync window discards the micro-batche
     m.zero_grad();
     m.synchronize();
     std::int64_t grad_slot = 0;  // the gradient slots have the largest unit's size
-    for (std::size_t ui = 0; ui < m.size(); ++ui) grad_slot = std::max(grad_slot, m.costs(ui).grad.bytes());
+    for (std::size_t ui = 0; ui < m.size(); ++ui) grad_slot = std::max(grad_slot, fsdp::model_access::costs(m, ui).grad.bytes());
     CHECK(m.memory().current[fsdp::mem::comm_buffers] == 2 * grad_slot);  // the accumulators are gone, the slots stay
     micro_batch(1.0f);
     micro_batch(2.0f);  // the last of the new window: reduced

@@ -82,7 +82,7 @@ TEST_CASE_TEMPLATE("on a hybrid mesh of 2 replicas x 2 shards every shard group 
       const auto& u = m.unit("h.1");
       const float* p = u.master_shard();
       std::lock_guard lock(mu);
-      shards[c.rank()].assign(p, p + m.layouts()[m.unit("h.1").index()].shard_numel());
+      shards[c.rank()].assign(p, p + m.unit("h.1").layout().shard_numel());
     }
     const auto full = m.gather_full_params();
     CHECK(full.at("emb.w") == given.emb);

@@ -17,6 +17,8 @@
 //   require_restorable(model, what, r)  the model is between steps, or torn and `r` restores what was torn
 //   synchronize_quietly(model)          waits for every stream without throwing (an optimizer's state going away)
 //   forward_order(model)                the forward order by unit index (the wrapping order until one is recorded)
+//   costs(model, u)                     what unit u's buffers cost (category, dtype, elements: plan::costs_of)
+//   schedule_config(model)              the facts the scheduler decides from (policy and options, per unit)
 //   tear_shards(model, what, state)     a load failed after writing part of the shards (and the optimizer's
 //                                       state): every later use but a restoring load reports `what`
 //   mend_shards(model)                  a restoring load succeeded
@@ -60,6 +62,14 @@ struct model_access {
   template <class M>
   static std::vector<std::size_t> forward_order(const M& m) {
     return m.forward_order();
+  }
+  template <class M>
+  static const auto& costs(const M& m, std::size_t u) {
+    return m.costs(u);
+  }
+  template <class M>
+  static const auto& schedule_config(const M& m) noexcept {
+    return m.schedule_config();
   }
   template <class M>
   static void tear_shards(M& m, const std::string& what, bool with_state) noexcept {

@@ -40,6 +40,7 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/rounding.hpp"
+#include "fsdp/exec/model_access.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
 #include "fsdp/memory/cost.hpp"
 
@@ -210,7 +211,7 @@ void issue_inspection(ModelT& model, const options& o, void* buf) {
   float* table = slots + plan::verdict_slots;
   be.fill_zero(slots, cost.bytes(), cs);
   float* row = table + (rows == 1 ? 0 : static_cast<std::size_t>(comm.rank()) * n);
-  for (std::size_t u = 0; u < n; ++u) be.squared_norm(model.unit(u).grad_shard(), model.costs(u).shard_numel, row + u, cs);
+  for (std::size_t u = 0; u < n; ++u) be.squared_norm(model.unit(u).grad_shard(), model_access::costs(model, u).shard_numel, row + u, cs);
   comm::label_next(comm, "(gradient norms)");  // names it in errors
   comm.all_reduce(table, table, plan::norm_count(n, rows), dtype::f32, reduce_op::sum, cs);
   be.for_each(1, decide{table, plan::norm_count(n, rows), model.mesh().replicas, o.max_norm,
