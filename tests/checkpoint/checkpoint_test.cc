@@ -133,7 +133,7 @@ TEST_CASE("a resume equals training without a stop, bit for bit: parameters, opt
         mlp::with_optimizer(m, cfg, [&](auto& opt) {
           mlp::result res;
           mlp::run_steps(m, opt, cfg, 0, first, res);
-          // saved through the model's core, as a loop written over it would (fsdp/model.hpp): the manifest records
+          // saved through the model's core, as a loop written over it would (fsdp/model_core.hpp): the manifest records
           // the policy's strategy and compute dtype all the same
           auto& core = static_cast<typename decltype(m)::core_type&>(m);
           ckpt::save(core, opt, path, {.metadata = {{"data.next_step", std::to_string(first)}}});

@@ -311,7 +311,7 @@ using B = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::p
 static_assert(std::is_same_v<fsdp::Model<B>::unit_type, fsdp::FsdpUnit<fsdp::backend::host, fsdp::bfloat16>>);
 static_assert(fsdp::same_dtype<fsdp::bfloat16, B::precision::compute_type>() && !fsdp::same_dtype<float, fsdp::bfloat16>());
 
-// A Model<P> is its core's code (fsdp/model.hpp): every policy of one backend and communicator has the same
+// A Model<P> is its core's code (fsdp/model_core.hpp): every policy of one backend and communicator has the same
 // model_core, whatever its strategy, prefetch, precision or offload; basic_model adds the compute dtype's views. The
 // optimizers deduce to the core, so their code is shared too (compile time: docs/build.md).
 using host_core = fsdp::model_core<fsdp::backend::host, fsdp::comm::local_communicator>;

@@ -1,0 +1,507 @@
+#pragma once
+// model_core<B, C>: the part of every Model<Policy> that does the work, compiled once per backend and
+// communicator (the layers: fsdp/model.hpp). Composed of:
+//
+//   core/unit_index.hpp        the units by index and by name
+//   schedule/config.hpp        the schedule's facts, built once from the policy and model_options
+//   schedule/pass_cursor.hpp   the execution order and where the pass in progress is
+//   schedule/scheduler.hpp     the decisions (gather, prefetch, wait, release, reduce) and every unit's state
+//   exec/unit_executor.hpp     runs the step program (plan/program.hpp) for the decisions on the backend and the
+//                              communicator; owns the buffers
+//   memory/cost.hpp            what every buffer costs, for the executor and the planners alike
+//   unit/fsdp_unit.hpp         the view a trainer gets of a unit (basic_unit here; typed in fsdp/basic_model.hpp)
+//   agree/agree.hpp            the ranks compare a fingerprint of spec, policy, options and layout at construction
+//                              (one 16-byte all_gather per rank), before anything is allocated
+//
+// The core wires them: a pass moves the cursor and hands each unit's entry and exit to the scheduler, whose
+// decisions the executor carries out; an optimizer step (model_access::step) closes the accumulation window.
+//
+// Observability (fsdp/observe/): the trace stamper notes and stamps what happens when a recorder is given, and
+// flushes events timed with the backend's timing marks in synchronize(), before a pass once many are pending, and
+// in the destructor; a backend with profiler ranges (NVTX on backend::cuda) gets a range per unit per pass and one
+// per optimizer step, whatever the recorder.
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/agree/agree.hpp"
+#include "fsdp/backend/concept.hpp"
+#include "fsdp/can_implement.hpp"
+#include "fsdp/comm/concept.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/unit_index.hpp"
+#include "fsdp/exec/model_access.hpp"
+#include "fsdp/exec/unit_executor.hpp"
+#include "fsdp/init/init.hpp"
+#include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/memory/cost.hpp"
+#include "fsdp/memory/memory.hpp"
+#include "fsdp/observe/ranges.hpp"
+#include "fsdp/observe/stamp.hpp"
+#include "fsdp/observe/trace.hpp"
+#include "fsdp/options/model_options.hpp"
+#include "fsdp/plan/collectives.hpp"
+#include "fsdp/plan/listing.hpp"
+#include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/plan/timeline.hpp"
+#include "fsdp/policy.hpp"
+#include "fsdp/schedule/config.hpp"
+#include "fsdp/schedule/pass_cursor.hpp"
+#include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/spec/model_spec.hpp"
+#include "fsdp/unit/fsdp_unit.hpp"
+
+namespace fsdp {
+
+/// The part of every Model<Policy> that depends on the policy's types only through its backend and its
+/// communicator: the strategy, prefetch, precision and offload reach it as values (policy_facts), and the compute
+/// dtype only in the units' typed views (basic_model, below). Every Model whose policies share those two types
+/// shares this code, so a file with many policies (a trainer that picks its strategy and precision from flags)
+/// compiles it once per backend and communicator rather than once per policy. A trainer names Model<Policy>;
+/// optimizers (fsdp/optim/) and fsdp/instances.hpp are over the core.
+template <class B, class C>
+class model_core {
+ public:
+  using core_type = model_core;
+  using communicator = C;
+  using backend_type = B;
+  using stream = typename backend_type::stream;
+  static_assert(CollectivePolicy<communicator>, "fsdp::Model: the policy's communicator is not a CollectivePolicy");
+  static_assert(Backend<backend_type>, "fsdp::Model: the policy's backend does not model fsdp::Backend (backend/concept.hpp)");
+
+  model_core(const model_core&) = delete;
+  model_core& operator=(const model_core&) = delete;
+
+ protected:
+  /// Builds this rank's units from `bp`, the blueprint of can_implement's checks, which passed.
+  model_core(communicator& comm, const ModelSpec& spec, init::rule default_init, const model_options& opt,
+             const policy_facts& pf, model_blueprint bp)
+      : comm_(&comm),
+        spec_(spec),
+        opt_(opt),
+        facts_(pf),
+        mesh_(bp.mesh),
+        stamp_(opt_.recorder, comm.rank()),
+        units_{std::move(bp.units), std::move(bp.layouts)},
+        cursor_(units_.index, opt_.forward_order, opt_.record_order),
+        sched_(units_.index, std::move(*bp.schedule)),
+        exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
+              plan::make_cost_facts(pf.precision, pf.strategy.shards_params, opt_.accumulation, pf.offload,
+                                    exec::division_facts(opt_.division, comm.size()).prescale != 1.0f),
+              exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
+              opt_.check_collectives, sched_.facts().offload) {
+    // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
+    agree::require_agreement(comm, backend(),
+                             model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(), pf.strategy,
+                                               pf.prefetch, pf.precision, opt_, pf.offload),
+                             "the model",
+                             "Every rank must construct its Model from the same ModelSpec, wrapping policy, "
+                             "fsdp::policy, default init rule and model_options");
+    backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
+    if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
+    if (pf.strategy.splits_world()) make_groups();
+    if (auto* rec = opt_.recorder) {
+      rec->set_unit_names(units_.index.names());
+      const int rank = comm.rank();
+      backend().memory().set_listener([rec, rank](const memory_figures& f) { rec->memory(rank, f); });
+    }
+    if (opt_.check_views) exec_.check_views();
+    reserve_memory(0);
+    const bool master_serves = !sched_.facts().gathers;
+    for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves);
+    units_view_.reserve(size());
+    for (std::size_t u = 0; u < size(); ++u)
+      units_view_.emplace_back(u, exec_.layout(u), exec_.shard_rank(), sched_, exec_.buffers(u));
+  }
+
+ public:
+  ~model_core() {
+    exec_.synchronize_quietly();  // streams may still use unit buffers; errors were reported to whoever waited
+    end_unit_range();
+    // Timed stream events still pending are recorded now; marks of a stream that never finished cannot be.
+    if (const std::size_t dropped = stamp_.close(backend()))
+      std::fprintf(stderr,
+                   "fsdp: rank %d: %zu stream-side trace events were not recorded: their streams had not reached them "
+                   "when the model was destroyed\n",
+                   comm_->rank(), dropped);
+    backend().memory().set_listener({});
+  }
+
+  // ---- access ------------------------------------------------------------------------------------------------
+  std::size_t size() const noexcept { return units_.index.size(); }
+  /// Unit i (or `name`) apart from its compute dtype (basic_model's unit() gives the typed view).
+  basic_unit<backend_type>& unit(std::size_t i) { return units_view_[checked_unit(i)]; }
+  basic_unit<backend_type>& unit(std::string_view name) { return units_view_[units_.index.at(name)]; }
+  const ModelSpec& spec() const noexcept { return spec_; }
+  communicator& comm() noexcept { return *comm_; }
+  backend_type& backend() noexcept { return exec_.backend(); }
+  memory_stats memory() const { return exec_.backend().memory().stats(); }
+  /// The host memory domain's figures: offloaded buffers (fsdp/offload/offload.hpp); zero without offload.
+  memory_stats host_memory() const {
+    if constexpr (OffloadBackend<backend_type>) return exec_.backend().host_memory().stats();
+    else return {};
+  }
+  /// Ranks a unit is sharded over (mesh().shards) and replicated over (mesh().replicas; their product is the
+  /// world), and where this rank's group sits: this rank at (mesh().replica(rank), mesh().shard_rank(rank)).
+  const device_mesh& mesh() const noexcept { return mesh_; }
+  /// The communicator of this rank's shard group (all-gathers and reduce-scatters): comm() unless the strategy
+  /// shards over fewer ranks than the world (strategy_facts::splits_world: hybrid sharding).
+  communicator& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : *comm_; }
+  /// The communicator of this rank's replicate group (the all-reduce of reduced shards under hybrid sharding);
+  /// null unless the world is split.
+  communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
+  const model_options& options() const noexcept { return opt_; }
+  /// The policy's choices as values (strategy over this world, prefetch, precision, offload); Model<Policy> also
+  /// has them at compile time (precision_of(), offload_of()).
+  const policy_facts& facts() const noexcept { return facts_; }
+  /// Unit u's offloaded parts (the policy's, unless model_options::offload_units overrides them).
+  const offload_facts& unit_offload(std::size_t u) const { return exec_.offload(u); }
+  /// Steps begun so far: a forward pass after an optimizer step (or the first one) begins the next.
+  std::uint64_t step_count() const noexcept { return sched_.step(); }
+  /// The forward order by unit name: declared, wrapping, or recorded (empty while it is still to be recorded).
+  std::vector<std::string> execution_order() const { return cursor_.execution_order(); }
+
+  /// The memory planner's prediction for this rank: peak bytes by category and in total, with a printable
+  /// table. `optimizer_states`: fp32 values per parameter element the optimizer keeps (its
+  /// states_per_element()); `norm_rows`: its gradient inspection rows (its norm_rows(), 0 without inspection).
+  memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const {
+    memory_plan p = fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
+    const communicator* const all[] = {comm_, shard_comm_.get(), replicate_comm_.get()};
+    for (const communicator* c : all)
+      if (c) {  // comm::nccl: what its communicators took from the device beside the plan, and of that, connecting
+        p.outside_plan_bytes += comm::device_bytes(*c);
+        p.outside_plan_connect_bytes += comm::connect_bytes(*c);
+      }
+    return p;
+  }
+  /// The plan with an optimizer's state and gradient inspection.
+  template <class Optimizer>
+    requires requires(const Optimizer& o) {
+      { o.states_per_element() } -> std::convertible_to<int>;
+      { o.norm_rows() } -> std::convertible_to<int>;
+    }
+  memory_plan plan_memory(const Optimizer& opt) const {
+    return plan_memory(opt.states_per_element(), opt.norm_rows());
+  }
+  /// The timeline planner's prediction of this rank's step (fsdp/plan/timeline.hpp) with the durations of `t`, whose
+  /// world this model sets (its communicator's size), and whose serial_collectives it sets where the communicator
+  /// says (comm::nccl: true under its default one communicator; comm::local: false), so that the plan models what
+  /// runs here.
+  /// `optimizer_states` as for plan_memory.
+  timeline plan_timeline(time_model t, int optimizer_states) const {
+    t.world = comm_->size();
+    if constexpr (SerialCollective<communicator>) t.serial_collectives = comm_->serial_collectives();
+    return fsdp::plan_timeline(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), t);
+  }
+  /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
+  /// executor issues, for debugging overlap. `optimizer_states` as for plan_memory.
+  step_listing list_step(int optimizer_states) const {
+    return fsdp::list_step(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), comm_->size());
+  }
+  template <class Optimizer>
+    requires requires(const Optimizer& o) {
+      { o.states_per_element() } -> std::convertible_to<int>;
+    }
+  step_listing list_step(const Optimizer& opt) const {
+    return list_step(opt.states_per_element());
+  }
+  // ---- whole-model operations --------------------------------------------------------------------------------
+  /// Collective: every rank receives the full fp32 value of every parameter (aliases included), by name.
+  std::map<std::string, std::vector<float>> gather_full_params() {
+    cursor_.require_idle("gather_full_params()");
+    std::map<std::string, std::vector<float>> out;
+    for (std::size_t u = 0; u < size(); ++u) {
+      const std::vector<float> full = exec_.gather_full(u);
+      const FlatLayout& l = exec_.layout(u);
+      for (const auto& p : spec_.params()) {
+        if (!l.contains(p.name)) continue;
+        const flat_entry& e = l.entry(p.name, units_.index.name(u));
+        out[p.name].assign(full.begin() + e.offset, full.begin() + e.offset + e.numel);
+      }
+    }
+    return out;
+  }
+
+  /// Discards every gradient accumulated since the last step: the gradient shards are set to zero (after pending
+  /// reductions finish), no-sync accumulators are freed, and the count of micro-batches starts again.
+  void zero_grad() {
+    cursor_.require_idle("zero_grad()");
+    exec_.zero_grads();
+    sched_.restart_window();
+  }
+
+  /// Blocks until all work issued by this rank has finished; rethrows stream errors. With a recorder, the
+  /// stream-side events timed with the backend's timing marks (backend::cuda) enter it here.
+  void synchronize() {
+    exec_.synchronize();
+    stamp_.flush(backend());
+  }
+
+ private:
+  friend struct model_access;  // the optimizers' and checkpoints' protocol (fsdp/exec/model_access.hpp)
+
+  // ---- for fsdp/exec/model_access.hpp --------------------------------------------------------------------------
+  /// usage_error unless the model is between optimizer steps: no pass in progress and no gradient reduced (or
+  /// accumulated) since the last step; for an operation that overwrites what `r` says, a model that a failed load
+  /// left torn is accepted when `r` restores all that was torn (pass_cursor::require_idle). `what` names the
+  /// operation in the message ("a checkpoint save").
+  void require_between_steps(const char* what, sched::restores r) const {
+    cursor_.require_idle(what, r);
+    sched_.check_between_steps(what);
+  }
+  /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
+  /// (an optimizer's state) calls before they go.
+  void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
+  /// What unit u's buffers cost (category, dtype, elements).
+  const plan::unit_costs& costs(std::size_t u) const { return exec_.costs(u); }
+  /// The facts the scheduler decides from (policy and options, per unit).
+  const sched::config& schedule_config() const noexcept { return sched_.facts(); }
+  /// The forward order by unit index (the wrapping order while a recorded order is still unknown).
+  std::vector<std::size_t> forward_order() const {
+    if (cursor_.order_known()) return cursor_.order();
+    std::vector<std::size_t> out(size());
+    for (std::size_t u = 0; u < out.size(); ++u) out[u] = u;
+    return out;
+  }
+
+  /// Reserves the planned peak in the backend's memory pool, so that no step allocates from the device (CUDA
+  /// backend); nothing to do on the host backend. The constructor reserves for parameters, gradients and
+  /// gathers; the optimizers call it with their state count and inspection rows. First, what the collectives of
+  /// the step need is made (connect_collectives), so that the pool, which never gives memory back, is taken
+  /// after it and not before.
+  void reserve_memory(int optimizer_states, int norm_rows = 0) {
+    connect_collectives(norm_rows);
+    if constexpr (ReservingBackend<backend_type>)
+      backend().reserve(plan_memory(optimizer_states, norm_rows).peak.total);
+  }
+
+  /// Hands each group's collectives (fsdp/plan/collectives.hpp: the units' gathers and reductions, the replicas'
+  /// all-reduces, the world's one-element all-reduce and, with `norm_rows`, the gradient norms' all-reduce) to a
+  /// communicator with connect() (comm::nccl), each list once and only what was not handed over before: NCCL
+  /// connects what a collective needs at its first use, which would otherwise be inside step 1, after the
+  /// reservation. Collective: every rank calls it at the same point (construction, an optimizer's construction).
+  void connect_collectives(int norm_rows) {
+    if constexpr (ConnectingCollective<communicator>) {
+      std::vector<plan::unit_costs> costs;
+      for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
+      const plan::group_collectives g =
+          plan::step_collectives(costs, exec_.facts(), replicate_comm_ != nullptr, plan::norm_count(size(), norm_rows));
+      if (shard_comm_) {
+        comm_->connect(plan::not_yet(g.world, connected_.world));
+        shard_comm_->connect(plan::not_yet(g.shard, connected_.shard));
+        if (replicate_comm_) replicate_comm_->connect(plan::not_yet(g.replicas, connected_.replicas));
+      } else {  // the shard group is the world
+        std::vector<collective_use> all = g.world;
+        all.insert(all.end(), g.shard.begin(), g.shard.end());
+        comm_->connect(plan::not_yet(plan::distinct(std::move(all)), connected_.world));
+      }
+    }
+  }
+
+  /// An optimizer step (through fsdp/exec/model_access.hpp: the optimizers' protocol): once every unit's gradient
+  /// is reduced, in the compute stream's order, the optimizer's inspection, then its update of every unit where the
+  /// step program puts it (fsdp/exec/update_site.hpp: on the device, at staged copies of host-resident parts, or in
+  /// a host function). Units still gathered are released first (their copies would be stale); under ZeRO-1 each is
+  /// gathered again right after the update. Throws usage_error if
+  /// a unit's gradient was not reduced since the last step (backward missing or unfinished, or micro-batches
+  /// missing under no-sync).
+  void step(exec::optimizer_work<backend_type>& work) {
+    cursor_.require_idle("an optimizer step");
+    sched_.check_step();
+    exec_.wait_reductions();
+    sched_.before_step(executor());
+    exec_.optimizer_begin();
+    try {
+      const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
+      const bool apply = work.inspect ? work.inspect() : true;
+      exec_.optimizer_step(work, apply);
+      if (work.finish) work.finish();
+    } catch (const std::exception& e) {  // the update may be partly applied: a retry would apply it twice
+      cursor_.fail_step(std::string(detail::unprefixed(e)));
+      throw;
+    }
+    sched_.after_step(cursor_.order(), executor());
+  }
+
+  /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute
+  /// stream, after every pending reduction and with every unit released (gathered copies would be stale); later
+  /// gathers wait for it. Gradient shards are zeroed and no-sync accumulators freed, as by zero_grad().
+  /// `r`: a load that restores every master shard (and the optimizer's state) may repair a torn model
+  /// (tear_shards, mend_shards).
+  template <class F>
+  void replace_shards(const char* what, F&& write, sched::restores r = sched::restores::nothing) {
+    require_between_steps(what, r);
+    exec_.before_shards_replaced();  // reductions, host updates and copies back of offloaded masters and state
+    sched_.before_step(executor());
+    std::forward<F>(write)();
+    exec_.shards_written();
+    exec_.zero_grads();
+    sched_.restart_window();
+  }
+  /// A load that wrote into the shards (and the optimizer's state, `with_state`) failed part way: every later use
+  /// but a restoring load reports `what` (pass_cursor::tear).
+  void tear_shards(const std::string& what, bool with_state) noexcept { cursor_.tear(what, with_state); }
+  /// A restoring load succeeded.
+  void mend_shards() noexcept { cursor_.mend(); }
+  /// A checkpoint's step count (step_count()) replaces this model's, between steps.
+  void restore_step_count(std::uint64_t step) {
+    require_between_steps("restore_step_count()", sched::restores::nothing);
+    sched_.restore_step(step);
+  }
+
+  struct built_units {
+    unit_index index;
+    std::vector<FlatLayout> layouts;
+  };
+
+  /// What the planners and the listing read of this model: its schedule, the recorded or declared order, its
+  /// costs, and the optimizer's state and inspection rows.
+  memory_plan_inputs plan_inputs(int optimizer_states, int norm_rows) const {
+    memory_plan_inputs in;
+    in.schedule = sched_.facts();
+    if (cursor_.order_known()) in.order = cursor_.order();
+    in.costs = exec_.facts();
+    in.optimizer_states = optimizer_states;
+    in.norm_rows = norm_rows;
+    return in;
+  }
+
+  // ---- set-up ------------------------------------------------------------------------------------------------
+  /// Hybrid sharding (a shard group smaller than the world, of one rank included): the shard group (ranks of this
+  /// replica) and the replicate group (ranks at this shard position), split from the world in that order on every
+  /// rank; the executor issues on them from now on.
+  void make_groups() {
+    if constexpr (SplittableCollective<communicator>) {
+      const int r = comm_->rank();
+      shard_comm_.reset(new communicator(comm_->split(mesh_.replica(r), r)));
+      replicate_comm_.reset(new communicator(comm_->split(mesh_.shard_rank(r), r)));
+      exec_.use_groups(*shard_comm_, replicate_comm_.get());
+    }
+  }
+
+  static std::unique_ptr<backend_type> make_backend(communicator& comm) {
+    static_assert(ConfiguringCollective<communicator> || !requires { comm.backend_options(); },
+                  "fsdp::Model: the communicator's backend_options() gives what its backend_type cannot be made from "
+                  "(backend_type(rank, options)): return that backend's options, or no backend_options() at all "
+                  "(fsdp/comm/concept.hpp's optional capabilities)");
+    if constexpr (ConfiguringCollective<communicator>)
+      return std::make_unique<backend_type>(comm.rank(), comm.backend_options());
+    else
+      return std::make_unique<backend_type>(comm.rank());
+  }
+
+ protected:
+  // ---- passes (for basic_model's pass ranges) -------------------------------------------------------------------
+  std::size_t checked_unit(std::size_t i) const {
+    if (i >= size()) detail::fail_usage("unit index ", i, " is out of range: the model has ", size(), " units");
+    return i;
+  }
+  /// The unit at the cursor.
+  std::size_t current_unit() const { return cursor_.current(); }
+  /// A range whose pass began is destroyed while its pass is still the cursor's: the pass is abandoned (entered by
+  /// name or iterated).
+  void abandon_pass(pass_kind k, bool named) {
+    if (cursor_.pass() != k) return;
+    end_unit_range();
+    cursor_.abandon(named);
+  }
+
+  void begin_pass(pass_kind k, const std::string_view* name) {
+    cursor_.require_idle(k == pass_kind::forward ? "model.forward()" : "model.backward()");
+    sched_.check_begin(k);
+    if (stamp_.pending() >= trace::stamper<backend_type>::flush_above) stamp_.flush(backend());  // never waits
+    cursor_.begin(k, name);  // a wrong first unit throws here: nothing has happened, the model stays usable
+    sched_.begin_pass(k);
+    stamp_.set_step(sched_.step());
+    enter_current();  // on failure the pass is abandoned with the reason (no range owns it yet)
+  }
+
+  void advance(const std::string_view* name) {
+    cursor_.check_advance(name);
+    const pass_kind k = cursor_.pass();
+    leave_current();
+    if (cursor_.next(name))
+      enter_current();
+    else
+      sched_.end_pass(k);
+  }
+
+  void finish_pass() {
+    cursor_.check_finish();
+    const pass_kind k = cursor_.pass();
+    leave_current();
+    cursor_.end();
+    sched_.end_pass(k);
+  }
+
+ private:
+  /// Enters the unit at the cursor. A shortage of gather slots, or a failure of the backend or communicator
+  /// (an allocation, an aborted collective), abandons the pass with the reason: what was scheduled before cannot be
+  /// undone, and every later use of the model says why.
+  void enter_current() {
+    const pass_kind k = cursor_.pass();
+    const std::size_t u = cursor_.current();
+    std::optional<sched::shortage> short_of;
+    try {
+      short_of = sched_.enter(k, cursor_.order(), cursor_.pos(), executor());
+    } catch (const std::exception& e) {
+      cursor_.abandon_with(std::string(detail::unprefixed(e)));
+      throw;
+    }
+    if (short_of) {
+      const std::string why = short_of->message(units_.index);
+      cursor_.abandon_with(why);
+      detail::fail_usage(why);
+    }
+    exec_.compute_begin(k, u);
+    unit_range_ = exec_.ranges().start(backend(), k == pass_kind::forward ? trace::range_kind::forward
+                                                                          : trace::range_kind::backward,
+                                       static_cast<int>(u));
+  }
+
+  void leave_current() {
+    const pass_kind k = cursor_.pass();
+    end_unit_range();
+    exec_.compute_end(k, cursor_.current());
+    try {
+      sched_.leave(k, cursor_.order(), cursor_.pos(), executor());
+    } catch (const std::exception& e) {  // a release or reduction failed: the pass cannot go on
+      cursor_.abandon_with(std::string(detail::unprefixed(e)));
+      throw;
+    }
+  }
+
+  /// Closes the current unit's profiler range, if one is open.
+  void end_unit_range() noexcept {
+    exec_.ranges().end(backend(), unit_range_);
+    unit_range_.reset();
+  }
+
+  auto executor() {
+    return [this](sched::op o, std::size_t u, bool ahead) { exec_(o, u, ahead, cursor_.pass()); };
+  }
+
+  communicator* comm_;
+  std::unique_ptr<communicator> shard_comm_, replicate_comm_;  // hybrid sharding only; outlive the executor
+  ModelSpec spec_;
+  model_options opt_;
+  policy_facts facts_;
+  device_mesh mesh_;
+  trace::stamper<backend_type> stamp_;
+  built_units units_;
+  sched::pass_cursor cursor_;
+  sched::scheduler sched_;
+  exec::unit_executor<backend_type, communicator> exec_;
+  std::vector<basic_unit<backend_type>> units_view_;
+  std::optional<std::uint64_t> unit_range_;  // the current unit's profiler range, while one is open
+  plan::group_collectives connected_;         // what connect_collectives handed over so far, per group
+};
+
+}  // namespace fsdp
