@@ -29,6 +29,8 @@
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -37,6 +39,14 @@
 #include "fsdp/memory/memory.hpp"
 
 namespace fsdp {
+
+/// A backend's stream for one role ("compute", "all_gather", "reduce", "upload", "download", "host_work"; a
+/// backend's own, such as backend::cuda's "timer") on rank `rank` is named "rank<R>.<role>": the one naming rule of
+/// both backends. Traces show the names; communicators that keep one channel per stream (comm::mpi, comm::nccl)
+/// key on them, so two streams of one rank must not share a role.
+inline std::string stream_name(int rank, std::string_view role) {
+  return "rank" + std::to_string(rank) + "." + std::string(role);
+}
 
 /// What Backend::for_each runs: a value (trivially copyable, so it travels as a CUDA kernel's parameter) called
 /// with each element's index, on the host and in device code alike (an FSDP_HD operator()). Calls for different

@@ -158,12 +158,12 @@ class cuda {
   explicit cuda(int rank = 0, cuda_options opt = {})
       : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(make_pool(device_)),
         compute_(make_compute(rank, opt_.compute_stream)),
-        gather_("rank" + std::to_string(rank) + ".all_gather", most_urgent_priority()),
-        reduce_("rank" + std::to_string(rank) + ".reduce", most_urgent_priority()),
-        upload_("rank" + std::to_string(rank) + ".upload", most_urgent_priority()),
-        download_("rank" + std::to_string(rank) + ".download", most_urgent_priority()),
-        host_work_("rank" + std::to_string(rank) + ".host_work"),
-        timer_("rank" + std::to_string(rank) + ".timer") {
+        gather_(stream_name(rank, "all_gather"), most_urgent_priority()),
+        reduce_(stream_name(rank, "reduce"), most_urgent_priority()),
+        upload_(stream_name(rank, "upload"), most_urgent_priority()),
+        download_(stream_name(rank, "download"), most_urgent_priority()),
+        host_work_(stream_name(rank, "host_work")),
+        timer_(stream_name(rank, "timer")) {
     refuse_flushing_build();
   }
   cuda(const cuda&) = delete;
@@ -537,7 +537,7 @@ class cuda {
 
   /// The compute stream: the trainer's (cuda_options::compute_stream), or one of the backend's own.
   static stream make_compute(int rank, cudaStream_t trainers) {
-    std::string name = "rank" + std::to_string(rank) + ".compute";
+    std::string name = stream_name(rank, "compute");
     if (!trainers) return stream(std::move(name));
     if (trainers == cudaStreamLegacy || trainers == cudaStreamPerThread)
       fsdp::detail::fail_usage("backend::cuda on rank ", rank, ": cuda_options::compute_stream is the ",

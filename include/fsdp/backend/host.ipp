@@ -29,12 +29,12 @@ FSDP_DECL host::event::event() : s_(std::make_shared<host_detail::event_state>()
 FSDP_DECL host::host(int rank, host_options opt)
     : opt_(opt),
       rank_(rank),
-      compute_("rank" + std::to_string(rank) + ".compute", opt.threaded_compute, opt.spin),
-      gather_("rank" + std::to_string(rank) + ".all_gather", opt.threaded_streams, opt.spin),
-      reduce_("rank" + std::to_string(rank) + ".reduce", opt.threaded_streams, opt.spin),
-      upload_("rank" + std::to_string(rank) + ".upload", opt.threaded_streams, opt.spin),
-      download_("rank" + std::to_string(rank) + ".download", opt.threaded_streams, opt.spin),
-      host_work_("rank" + std::to_string(rank) + ".host_work", opt.threaded_streams, opt.spin) {}
+      compute_(stream_name(rank, "compute"), opt.threaded_compute, opt.spin),
+      gather_(stream_name(rank, "all_gather"), opt.threaded_streams, opt.spin),
+      reduce_(stream_name(rank, "reduce"), opt.threaded_streams, opt.spin),
+      upload_(stream_name(rank, "upload"), opt.threaded_streams, opt.spin),
+      download_(stream_name(rank, "download"), opt.threaded_streams, opt.spin),
+      host_work_(stream_name(rank, "host_work"), opt.threaded_streams, opt.spin) {}
 
 FSDP_DECL void host::record(event& e, stream& s) {
   count(s, &atomic_counts::records);

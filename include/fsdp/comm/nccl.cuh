@@ -205,7 +205,7 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
     const ncclResult_t rc = ncclCommInitRankConfig(&c, world, id, rank, &config);
     core_.init(c, rc, "ncclCommInitRankConfig", "communicator set-up", free_before);
     if (rendezvous && rank == 0) rendezvous->remove();  // every rank has joined: nobody reads the files any more
-    barrier_stream_ = std::make_unique<stream>("rank" + std::to_string(rank) + ".nccl_barrier");
+    barrier_stream_ = std::make_unique<stream>(fsdp::stream_name(rank, "nccl_barrier"));
     FSDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
   }
   nccl_communicator(const nccl_communicator&) = delete;
