@@ -292,7 +292,7 @@ class model_core {
       std::vector<plan::unit_costs> costs;
       for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
       const plan::group_collectives g =
-          plan::step_collectives(costs, exec_.facts(), replicate_comm_ != nullptr, plan::norm_count(size(), norm_rows));
+          plan::step_collectives(costs, exec_.facts(), exec_.replicates(), plan::norm_count(size(), norm_rows));
       if (shard_comm_) {
         comm_->connect(plan::not_yet(g.world, connected_.world));
         shard_comm_->connect(plan::not_yet(g.shard, connected_.shard));

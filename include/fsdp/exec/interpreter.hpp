@@ -51,8 +51,7 @@ class interpreter {
   interpreter(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, trace::stamper<B>& stamp,
               const reduce_facts& reduce, const plan::step_program& prog, int grad_slots)
       : be_(be), streams_(streams_of(be)), st_(storage), diag_(diag), stamp_(stamp), reduce_(reduce), prog_(prog),
-        slots_(be, prog, grad_slots), transfers_(be, storage, g, diag, reduce, prog, slots_),
-        fresh_accumulator_(storage.size(), false) {}
+        slots_(be, prog, grad_slots), transfers_(be, storage, g, diag, reduce, prog, slots_) {}
   interpreter(const interpreter&) = delete;
   interpreter& operator=(const interpreter&) = delete;
 
@@ -66,24 +65,14 @@ class interpreter {
   void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t u) {
     diag_.allocating(u, step_slots<B>::name_of(r), [&] { slots_.take(r, p, stream_of(l)); });
     unit_buffers<B>& b = st_.buffers(u);
-    if (r == plan::ring::gathered) {
-      b.gather_slot = p.slot;
-      b.params = slots_.data(r, p.slot);
-    } else if (r == plan::ring::grad) {
-      b.grad_slot = p.slot;
-      b.grad = slots_.data(r, p.slot);
-    }
+    if (r == plan::ring::gathered) b.params = slots_.data(r, p.slot);
+    if (r == plan::ring::grad) b.grad = slots_.data(r, p.slot);
   }
   void give(plan::lane l, plan::ring r, int slot, std::size_t u) {
     slots_.give(r, slot, stream_of(l));
     unit_buffers<B>& b = st_.buffers(u);
-    if (r == plan::ring::gathered) {
-      b.gather_slot = -1;
-      b.params = nullptr;
-    } else if (r == plan::ring::grad) {
-      b.grad_slot = -1;
-      b.grad = nullptr;
-    }
+    if (r == plan::ring::gathered) b.params = nullptr;
+    if (r == plan::ring::grad) b.grad = nullptr;
   }
   /// The no-sync accumulator (the program's only buffer outside the rings).
   void buffer(plan::lane l, const plan::buffer_cost& c, bool made, std::size_t u) {
@@ -91,7 +80,6 @@ class interpreter {
     if (made) {
       diag_.allocating(u, "the gradient accumulator",
                        [&] { b.accumulator = be_.allocate(c.bytes(), c.category, stream_of(l)); });
-      fresh_accumulator_[u] = true;
     } else {
       be_.release_after(std::move(b.accumulator), stream_of(l));
     }
@@ -145,13 +133,11 @@ class interpreter {
       case plan::job::upload_master:
         be_.upload(slot(u, plan::ring::upload), b.master.data(), c.upload.bytes(), s);
         break;
+      case plan::job::start_accumulator:  // an exact copy
+        be_.convert(b.accumulator.data(), c.accumulator.type, b.grad, c.grad.type, P, 1.0f, s);
+        break;
       case plan::job::accumulate:
-        if (fresh_accumulator_[u]) {  // the first micro-batch: an exact copy
-          be_.convert(b.accumulator.data(), c.accumulator.type, b.grad, c.grad.type, P, 1.0f, s);
-          fresh_accumulator_[u] = false;
-        } else {
-          be_.accumulate(b.accumulator.template as<float>(), b.grad, c.grad.type, P, 1.0f, s);
-        }
+        be_.accumulate(b.accumulator.template as<float>(), b.grad, c.grad.type, P, 1.0f, s);
         break;
       case plan::job::cast_reduce_input: {
         if (c.reduce_block) {  // a quantized reduction: the source quantized per destination rank
@@ -233,23 +219,14 @@ class interpreter {
 
   /// A trace event, with a recorder: its bytes and collective from unit u's costs.
   void record_stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead) {
-    std::int64_t bytes = 0;
-    collective coll = collective::all_gather;
     const bool unit = u != plan::step_program::npos;
-    if (unit) {
-      const plan::unit_costs& c = st_.cost(u);
-      if (k == trace::kind::gather_issued || k == trace::kind::gather_begin || k == trace::kind::gather_end)
-        bytes = c.gather_bytes();
-      if (k == trace::kind::reduce_issued || k == trace::kind::reduce_begin || k == trace::kind::reduce_end) {
-        bytes = c.reduce_bytes();
-        coll = transfers_.reduction_kind();
-      }
-    }
+    const plan::stamp_payload p = unit ? plan::payload_of(k, st_.cost(u), transfers_.reduction_kind())
+                                       : plan::stamp_payload{};
     const int id = unit ? static_cast<int>(u) : -1;
     if (l == plan::lane::host)
-      stamp_.note(k, pass, id, bytes, ahead, coll);
+      stamp_.note(k, pass, id, p.bytes, ahead, p.coll);
     else
-      stamp_.stamp(be_, stream_of(l), k, pass, id, bytes, coll);
+      stamp_.stamp(be_, stream_of(l), k, pass, id, p.bytes, p.coll);
   }
 
   /// model_options::check_views: unit u hands its slot over on `l` (see views_end).
@@ -324,7 +301,6 @@ class interpreter {
   const plan::step_program& prog_;
   step_slots<B> slots_;                  // destroyed before the backend (the executor's member order)
   transfers<B, C> transfers_;
-  std::vector<char> fresh_accumulator_;  // per unit: its accumulator was just made (the next add is a copy)
   optimizer_work<B>* work_ = nullptr;    // during an optimizer step
   staged_parts staged_;                  // a device step over host parts: where the unit's parts are staged
   kernels::host_pool pool_;              // offloading's host functions: the host step and host additions

@@ -156,15 +156,13 @@ class transfers {
     });
   }
 
-  /// Hybrid sharding: unit u's reduced shard all-reduced in place across the replicate group (nothing without one).
+  /// Hybrid sharding: unit u's reduced shard all-reduced in place across the replicate group (the step program
+  /// issues this only with a replicate group of more than one rank, and a reduce output).
   void reduce_across_replicas(std::size_t u, stream& s) {
-    C* replicas = g_.replicas();
-    if (!replicas) return;
-    const std::optional<collective_use> use = plan::replica_use(st_.cost(u));
-    if (!use) return;  // the step program has no replica all-reduce without a reduce output
+    const collective_use use = *plan::replica_use(st_.cost(u));
     void* out = slots_.held(u, plan::ring::reduce_output);
-    diag_.check_next(g_.world(), be_, use->kind, use->count, use->type, u);
-    replicas->all_reduce(out, out, use->count, use->type, reduce_.op, s);
+    diag_.check_next(g_.world(), be_, use.kind, use.count, use.type, u);
+    g_.replicas()->all_reduce(out, out, use.count, use.type, reduce_.op, s);
   }
 
   /// A reduction's collective: a reduce-scatter when parameters are sharded, else an all-reduce; an all_to_all when

@@ -55,7 +55,7 @@ class unit_executor {
         groups_(comm),
         diag_(units, st_.layouts(), comm.rank(), check_collectives),
         ranges_(units.names()),
-        prog_(st_.costs(), st_.offload(), grad_slots, 0, facts.prescales),
+        prog_(st_.costs(), st_.offload(), grad_slots, 0, 1, facts.prescales),
         in_(*be_, st_, groups_, diag_, stamp, reduce, prog_, grad_slots) {}
   unit_executor(const unit_executor&) = delete;
   unit_executor& operator=(const unit_executor&) = delete;
@@ -67,7 +67,12 @@ class unit_executor {
   const B& backend() const noexcept { return *be_; }
   /// Hybrid sharding: gathers and reduce-scatters on `shard` from now on, each reduce-scattered shard all-reduced
   /// on `replicate` (null: no replicas). Both must outlive the executor.
-  void use_groups(C& shard, C* replicate) { groups_.use(shard, replicate); }
+  void use_groups(C& shard, C* replicate) {
+    groups_.use(shard, replicate);
+    prog_.set_replicas(replicate ? replicate->size() : 1);
+  }
+  /// Whether each reduced shard is all-reduced across a replicate group (the step program's decision).
+  bool replicates() const noexcept { return prog_.replicates(); }
   std::size_t size() const noexcept { return st_.size(); }
   const std::vector<FlatLayout>& layouts() const noexcept { return st_.layouts(); }
   const FlatLayout& layout(std::size_t u) const { return st_.layout(u); }

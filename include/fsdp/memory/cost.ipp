@@ -87,15 +87,11 @@ FSDP_DECL staging_costs staging_slots_of(const std::vector<unit_costs>& units,
 }
 
 FSDP_DECL link_bytes optimizer_link_bytes(const unit_costs& c, const offload_facts& o, int states, bool inspects) {
-  link_bytes b;
-  const std::int64_t S = c.shard_numel, f = static_cast<std::int64_t>(sizeof(float));
-  if (o.host_step()) {  // nothing staged; the inspection's norms still read the host gradients in place
-    if (inspects) b.to_device += S * f;
-    return b;
-  }
-  if (o.params) b.to_device += S * f, b.to_host += S * f;
-  if (o.grads) b.to_device += S * f * (inspects ? 2 : 1);
-  if (o.optimizer_state) b.to_device += S * f * states, b.to_host += S * f * states;
+  // What the step program stages (up: stage_master, stage_grad, stage_state; back: unstage_master, unstage_state;
+  // nothing when the step runs on the host), and the inspection's norm of a host gradient, read in place.
+  const staging_costs s = staging_costs_of(c, o, states);
+  link_bytes b{s.master.bytes() + s.grad.bytes() + s.state.bytes(), s.master.bytes() + s.state.bytes()};
+  if (inspects && o.grads) b.to_device += c.shard_numel * static_cast<std::int64_t>(sizeof(float));
   return b;
 }
 

@@ -49,8 +49,10 @@ namespace detail {
 /// The listing's interpreter of the program (fsdp/plan/program.hpp's interface).
 class listing_reading {
  public:
-  /// `replicas`: hybrid sharding's replicate group size (1: none, 0: not known).
-  listing_reading(std::vector<step_listing::action>& out, int replicas) : out_(out), replicas_(replicas) {}
+  /// `replicas_known`: the program knows the replicate group (else its replica all-reduces are marked as hybrid
+  /// sharding's only).
+  listing_reading(std::vector<step_listing::action>& out, bool replicas_known)
+      : out_(out), replicas_known_(replicas_known) {}
   /// Actions are written down only while on.
   void listing(bool on) { on_ = on; }
 
@@ -66,10 +68,9 @@ class listing_reading {
   void wait(plan::lane l, plan::signal s, std::size_t u) { note(l, u, "wait " + std::string(plan::name_of(s))); }
   void record(plan::lane l, plan::signal s, std::size_t u) { note(l, u, "record " + std::string(plan::name_of(s))); }
   void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
-    if (j == plan::job::replica_reduce && replicas_ == 1) return;  // no replicate group: the executor skips it too
     std::string what = plan::name_of(j);
     if (pass != pass_kind::none) what += " (" + std::string(name_of(pass)) + ")";
-    if (j == plan::job::replica_reduce && replicas_ == 0) what += ", hybrid sharding only";
+    if (j == plan::job::replica_reduce && !replicas_known_) what += ", hybrid sharding only";
     note(l, u, std::move(what));
   }
   void stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead = false) {
@@ -87,7 +88,7 @@ class listing_reading {
     if (on_) out_.push_back({out_.size() + 1, l, u, std::move(what)});
   }
   std::vector<step_listing::action>& out_;
-  int replicas_;
+  bool replicas_known_;
   bool on_ = false;
 };
 }  // namespace detail
@@ -99,13 +100,14 @@ FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const st
   const detail::prepared p = detail::prepare(names, layouts, in, "step listing");
   const unit_index units(names);
   sched::scheduler s(units, in.schedule);
-  plan::step_program prog(p.cost, p.offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
   const int group = layouts.empty() ? 1 : layouts[0].world();
   if (world < 0 || (world > 0 && world % group != 0))
     detail::fail_usage("step listing: a world of ", world, " ranks, which the shard group of ", group,
                        " ranks (the layouts') does not divide; give the data-parallel world size (0: not known)");
   const int replicas = world == 0 ? 0 : detail::replicas_of(world, layouts, in.costs);
-  detail::listing_reading r(out.actions, replicas);
+  plan::step_program prog(p.cost, p.offload, in.schedule.grad_slots, in.optimizer_states, replicas,
+                          in.costs.prescales);
+  detail::listing_reading r(out.actions, replicas != 0);
   for (int step = 0; step < 2; ++step) {
     r.listing(step == 1);
     if (auto short_of = plan::run_step(s, p.order, prog, r, [] {}, [] {})) {

@@ -133,7 +133,8 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
   m.add(plan::decision_copy_cost(n, in.norm_rows));  // an inspecting optimizer's pinned copy of its decision
 
   sched::scheduler s(units, in.schedule);
-  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
+  // Replicas not known (0): the replica all-reduce works in place, on no memory of its own.
+  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, 0, in.costs.prescales);
   detail::memory_reading r{m, prog, {}, 0, 0};
   // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
   for (int step = 0; step < 2; ++step) {

@@ -59,6 +59,25 @@ inline collective reduction_of(const cost_facts& f) noexcept {
   return f.shards_params ? collective::reduce_scatter : collective::all_reduce;
 }
 
+/// What a trace event of a unit with costs `c` carries: a gather's events the all-gather's bytes; a reduction's the
+/// reduction's bytes and collective (`reduction`: reduction_of the facts); the others nothing. The executor's
+/// stamps and the time reading's events both ask this.
+struct stamp_payload {
+  std::int64_t bytes = 0;
+  collective coll = collective::all_gather;
+};
+inline stamp_payload payload_of(trace::kind k, const unit_costs& c, collective reduction) noexcept {
+  switch (k) {
+    case trace::kind::gather_issued:
+    case trace::kind::gather_begin:
+    case trace::kind::gather_end: return {c.gather_bytes(), collective::all_gather};
+    case trace::kind::reduce_issued:
+    case trace::kind::reduce_begin:
+    case trace::kind::reduce_end: return {c.reduce_bytes(), reduction};
+    default: return {};
+  }
+}
+
 /// Where an action happens: the issuing thread or one of the backend's streams. host_work carries offloading's
 /// host functions (host gradient additions, the host optimizer, host zeroing) and nothing else, so that the copy
 /// streams, whose events give device slots back, never wait behind the CPU.
@@ -99,6 +118,7 @@ enum class job : std::uint8_t {
                       ///< narrower than the compute dtype)
   zero_grad,          ///< compute: the unsharded gradient slot zeroed
   compute,            ///< compute: the trainer's forward or backward of the unit
+  start_accumulator,  ///< compute (no-sync): the first micro-batch's gradient copied into the accumulator just made
   accumulate,         ///< compute (no-sync) or reduce (the last micro-batch): gradient added into the accumulator
   cast_reduce_input,  ///< reduce: the source cast (and pre-divided) into the reduce input
   prescale,           ///< reduce: the source pre-divided in place (grad_division::pre_post, no reduce input)
@@ -117,7 +137,7 @@ enum class job : std::uint8_t {
   zero_shard,         ///< compute: the fp32 gradient shard zeroed (zero_grad)
   zero_shard_host,    ///< host_work: a host gradient shard zeroed (zero_grad; a host function)
 };
-inline constexpr std::size_t jobs = 23;
+inline constexpr std::size_t jobs = 24;
 
 constexpr const char* name_of(job j) noexcept {
   switch (j) {
@@ -126,6 +146,7 @@ constexpr const char* name_of(job j) noexcept {
     case job::widen: return "widen";
     case job::zero_grad: return "zero grad";
     case job::compute: return "compute";
+    case job::start_accumulator: return "start accumulator";
     case job::accumulate: return "accumulate";
     case job::cast_reduce_input: return "cast for reduction";
     case job::prescale: return "pre-division";
@@ -179,12 +200,14 @@ constexpr const char* name_of(signal s) noexcept {
 }
 
 
-/// The step program over units with these costs and offload facts (per unit index). `prescales`: reductions are
-/// pre-divided (cost_facts::prescales).
+/// The step program over units with these costs and offload facts (per unit index). `replicas`: hybrid sharding's
+/// replicate group, whose all-reduce of each reduced shard the program issues only when it has more than one rank
+/// (1: no replicate group; 0: not known, the all-reduce issued wherever hybrid sharding would issue it: a plan made
+/// without the world's size). `prescales`: reductions are pre-divided (cost_facts::prescales).
 class step_program {
  public:
   step_program(std::vector<unit_costs> costs, std::vector<offload_facts> offload, int grad_slots, int optimizer_states,
-               bool prescales = false);
+               int replicas, bool prescales = false);
 
   std::size_t size() const noexcept { return cost_.size(); }
   const unit_costs& costs(std::size_t u) const { return cost_.at(u); }
@@ -194,6 +217,13 @@ class step_program {
   /// state are sized for it. Only while no staging slot is held (between steps, after a synchronize: the
   /// executor's rings are made again).
   void set_optimizer_states(int states);
+  /// The replicate group's size (see the constructor).
+  int replicas() const noexcept { return replicas_; }
+  /// Whether the program issues the replica all-reduce of each reduced shard (hybrid sharding, more than one
+  /// replica or not known). plan::step_collectives' `replicas` is this.
+  bool replicates() const noexcept { return replicas_ != 1; }
+  /// Hybrid sharding's groups were made (the executor's use_groups): `replicas` ranks in the replicate group.
+  void set_replicas(int replicas);
   /// The slot unit u (< size()) holds in ring r (-1: none).
   int held(std::size_t u, ring r) const noexcept { return held_[u].slot[static_cast<std::size_t>(r)]; }
   /// Whether unit u's (< size()) no-sync accumulator exists.
@@ -414,7 +444,7 @@ class step_program {
     }
     if (c.reduce_output) take(lane::reduce, ring::reduce_output, u, in);
     in.work(lane::reduce, job::reduce_collective, u, pass);
-    if (c.reduce_output) in.work(lane::reduce, job::replica_reduce, u, pass);
+    if (c.reduce_output && replicates()) in.work(lane::reduce, job::replica_reduce, u, pass);
     lane gives = lane::reduce;  // the stream that read the reduction's slots last
     if (c.download) {
       in.stamp(lane::reduce, trace::kind::reduce_end, pass, u);
@@ -447,9 +477,10 @@ class step_program {
 
   template <class I>
   void add_to_accumulator(lane l, std::size_t u, pass_kind pass, I& in) {
-    if (!accumulating_[u]) in.buffer(l, cost_[u].accumulator, true, u);
+    const bool first = !accumulating_[u];
+    if (first) in.buffer(l, cost_[u].accumulator, true, u);
     accumulating_[u] = true;
-    in.work(l, job::accumulate, u, pass);
+    in.work(l, first ? job::start_accumulator : job::accumulate, u, pass);
   }
 
   template <class I>
@@ -469,6 +500,7 @@ class step_program {
   std::vector<unit_costs> cost_;
   std::vector<offload_facts> offload_;
   int states_;
+  int replicas_;
   bool prescales_;
   slot_costs slots_;
   staging_costs staging_;

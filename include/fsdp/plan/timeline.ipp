@@ -86,7 +86,6 @@ class time_reading {
     shard_group_ = n ? layouts[0].world() : 1;
     shards_ = facts.shards_params;
     reduction_ = plan::reduction_of(facts);
-    replicas_ = replicas_of(tm.world, layouts, facts);
     for (std::size_t u = 0; u < n; ++u) {
       const plan::unit_costs& c = prog.costs(u);
       durations d;
@@ -105,6 +104,7 @@ class time_reading {
       d[idx(plan::job::upload_master)] = bytes_over(c.upload.bytes(), tm.pcie_bytes_per_second);
       d[idx(plan::job::zero_grad)] = mem(c.grad.bytes());
       d[idx(plan::job::compute)] = 0;  // per pass: below
+      d[idx(plan::job::start_accumulator)] = mem(P * (f + cs));  // read the gradient, write the accumulator
       d[idx(plan::job::accumulate)] = mem(P * (2 * f + cs));
       const std::int64_t src = static_cast<std::int64_t>(size_of(c.accumulator ? c.accumulator.type : c.grad.type));
       // a quantized reduction writes its slices (values and scales) and reads them back after the all_to_all
@@ -114,7 +114,8 @@ class time_reading {
       d[idx(plan::job::reduce_collective)] =
           shards_ ? tm.link.duration(reduction_, c.reduce_bytes(), shard_group_).count()
                   : tm.link.duration(reduction_, c.reduce_bytes(), tm.world).count();
-      d[idx(plan::job::replica_reduce)] = tm.replica_link.duration(collective::all_reduce, S * rs, replicas_).count();
+      d[idx(plan::job::replica_reduce)] =
+          tm.replica_link.duration(collective::all_reduce, S * rs, prog.replicas()).count();
       coll[idx(plan::job::reduce_collective)] = d[idx(plan::job::reduce_collective)];
       coll[idx(plan::job::replica_reduce)] = d[idx(plan::job::replica_reduce)];
       coll_.push_back(coll);
@@ -182,14 +183,9 @@ class time_reading {
     e.step = 1;
     e.ahead = ahead;
     if (u != plan::step_program::npos) {
-      const plan::unit_costs& c = prog_.costs(u);
-      const bool reduce = k == trace::kind::reduce_issued || k == trace::kind::reduce_begin || k == trace::kind::reduce_end;
-      const bool gather = k == trace::kind::gather_issued || k == trace::kind::gather_begin || k == trace::kind::gather_end;
-      if (gather) e.bytes = c.gather_bytes();
-      if (reduce) {
-        e.bytes = c.reduce_bytes();
-        e.coll = reduction_;
-      }
+      const plan::stamp_payload p = plan::payload_of(k, prog_.costs(u), reduction_);
+      e.bytes = p.bytes;
+      e.coll = p.coll;
     }
     events_.push_back(e);
   }
@@ -249,7 +245,7 @@ class time_reading {
 
   const plan::step_program& prog_;
   const time_model& tm_;
-  int shard_group_ = 1, replicas_ = 1;
+  int shard_group_ = 1;
   bool shards_ = true;
   collective reduction_ = collective::reduce_scatter;  // what a reduction issues (plan::reduction_of)
   std::vector<durations> dur_;
@@ -309,7 +305,8 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
 
   const unit_index units(names);
   sched::scheduler s(units, in.schedule);
-  plan::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states, in.costs.prescales);
+  plan::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states,
+                          detail::replicas_of(t.world, layouts, in.costs), in.costs.prescales);
   detail::time_reading r(prog, t, layouts, in.costs);
   detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {

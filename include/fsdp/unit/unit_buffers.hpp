@@ -1,6 +1,8 @@
 #pragma once
-// A unit's storage: its buffers, the slots it holds in the executor's rings (fsdp/exec/slot_ring.hpp), and the events that order their use across streams. The unit executor
-// (fsdp/exec/unit_executor.hpp) owns and fills them; FsdpUnit reads them as a view. Each buffer's category, dtype
+// A unit's storage: its buffers, where compute finds the memory of the slots it holds in the executor's rings
+// (fsdp/exec/slot_ring.hpp; which slot it holds is the step program's: plan::step_program::held), and the events
+// that order their use across streams. The unit executor (fsdp/exec/unit_executor.hpp) owns and fills them;
+// FsdpUnit reads them as a view. Each buffer's category, dtype
 // and size come from fsdp/memory/cost.hpp. The unit's state (gathered or not, current pass, ...) is not here: the
 // scheduler owns it.
 #include "fsdp/unit/tensor_view.hpp"
@@ -12,8 +14,6 @@ struct unit_buffers {
   typename Backend::buffer master;       ///< the fp32 master shard
   typename Backend::buffer grad_shard;   ///< the fp32 gradient shard
   typename Backend::buffer accumulator;  ///< no-sync: the fp32 sum of this rank's unsharded gradients so far
-  int gather_slot = -1;                  ///< the gather ring's slot holding the unsharded parameters, while gathered
-  int grad_slot = -1;                    ///< the grad ring's slot holding the unsharded gradient, during its backward
   void* params = nullptr;                ///< what compute reads: the gather slot, or the master when it serves compute
   void* grad = nullptr;                  ///< the unsharded gradient in the compute dtype (the grad slot's memory)
   /// model_options::check_views: the unit's hand-overs of its gathered parameters and of its gradient (the
