@@ -9,7 +9,7 @@ bit-identical. Runs on CPU with gloo (world size --world, one process per rank) 
   python3 bench/peer/gpt_fsdp2.py --init init.safetensors --ours ours.txt [--world 2] [--precision bf16]
 
 With --ours (the example's --losses output) it prints both loss curves side by side and the largest difference,
-and exits 1 when a step differs by more than --tolerance (relative).
+and exits 1 when a step differs by more than --tolerance (relative). --compile runs each block under torch.compile.
 """
 import argparse
 import math
@@ -177,6 +177,8 @@ def train(rank, a, losses_out):
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.precision == "bf16"
           else MixedPrecisionPolicy())
     for block in model.h:
+        if a.compile:  # each block compiled in place before it is wrapped, as torchtitan does
+            block.compile()
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("h.")]
@@ -258,6 +260,8 @@ def main():
     p.add_argument("--data-seed", type=int, default=1234)
     p.add_argument("--follow", type=float, default=0.75)
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (the first steps then include the compilation: the mean skips two)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the device's peak, for MFU (gpt_model.hpp's FLOPs)")
     a = p.parse_args()
     if a.tolerance is None:
