@@ -184,19 +184,24 @@ def train(rank, a, losses_out):
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("h.")]
     rest = [p for n, p in model.named_parameters() if not (p.ndim == 2 and n.startswith("h."))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": f32(a.weight_decay)}, {"params": rest, "weight_decay": 0.0}],
-                            lr=f32(lr_at(a, 0)), betas=(f32(0.9), f32(0.95)), eps=f32(1e-8), foreach=False)
+                            lr=f32(lr_at(a, 0)), betas=(f32(0.9), f32(0.95)), eps=f32(1e-8),
+                            foreach=a.foreach)
     perm = permutation(a.data_seed, a.vocab)
     if a.batch % world:
         sys.exit(f"error: global batch {a.batch} does not split over {world} ranks")
     B = a.batch // world
     times = []
     for step in range(a.steps):
+        # The batch is made before the step's clock starts: the generator is a Python loop (tens of ms a batch of
+        # 8 x 1024 tokens), which a PyTorch trainer's data loader would run ahead of the step.
+        seqs = [sequence(a.data_seed, a.follow, perm, a.context, step * a.batch + rank * B + b) for b in range(B)]
+        data = torch.tensor(seqs, dtype=torch.long, device=device)
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         lr = f32(lr_at(a, step))  # gpt_model.hpp's lr_at rounds to float
         for g in opt.param_groups:
             g["lr"] = lr
-        seqs = [sequence(a.data_seed, a.follow, perm, a.context, step * a.batch + rank * B + b) for b in range(B)]
-        data = torch.tensor(seqs, dtype=torch.long, device=device)
         loss = model(data[:, :-1], data[:, 1:])
         loss.backward()
         # gpt_model.hpp: max_norm 0 means no clipping (the norm is still computed and printed)
@@ -260,6 +265,9 @@ def main():
     p.add_argument("--data-seed", type=int, default=1234)
     p.add_argument("--follow", type=float, default=0.75)
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--foreach", action="store_true",
+                   help="PyTorch's multi-tensor AdamW (its default on CUDA); without it one parameter at a time, as "
+                        "the loss comparison with the example was validated")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each block (the first steps then include the compilation: the mean skips two)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the device's peak, for MFU (gpt_model.hpp's FLOPs)")
