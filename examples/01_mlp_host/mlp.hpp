@@ -237,7 +237,7 @@ result train_model(fsdp::basic_model<B, C, T>& model, const config& c) {
     r.host_memory = model.host_memory();
     r.shard_group = model.shard_comm().stats();
     if (auto* rc = model.replicate_comm()) r.replicate_group = rc->stats();
-    r.params = model.gather_full_params();
+    r.params = fsdp::weights::gather_full_params(model);
     r.exported = model.memory();
     return r;
   };

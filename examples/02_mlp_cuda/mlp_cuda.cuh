@@ -155,7 +155,7 @@ mlp::result train(typename Policy::communicator& comm, const mlp::config& c, gem
     model.synchronize();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.memory = model.memory();
-    r.params = model.gather_full_params();
+    r.params = fsdp::weights::gather_full_params(model);
     return r;
   };
   return mlp::with_optimizer(model, c, run);

@@ -358,7 +358,7 @@ result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrain
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.memory = model.memory();
   r.shard_group = model.shard_comm().stats();
-  r.params = model.gather_full_params();
+  r.params = fsdp::weights::gather_full_params(model);
   return r;
 }
 

@@ -75,7 +75,8 @@ class basic_model : public model_core<B, C> {
     unit_type& enter(std::string_view name) {
       if (mode_ == mode::iterated)
         detail::fail_usage("model.", name_of(kind_), "(): enter('", name, "') on a range that is being iterated");
-      if (mode_ == mode::finished) detail::fail_usage("model.", name_of(kind_), "(): enter('", name, "') after finish()");
+      if (mode_ == mode::finished)
+        detail::fail_usage("model.", name_of(kind_), "(): enter('", name, "') after finish()");
       if (mode_ == mode::unused) {
         m_->begin_pass(kind_, &name);
         mode_ = mode::named;

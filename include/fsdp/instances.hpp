@@ -8,8 +8,8 @@
 //
 //   // my_policy.hpp, included by every file that uses the model:
 //   #include <fsdp/instances.hpp>
-//   using my_policy = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
-//   FSDP_EXTERN_MODEL(my_policy);        // the others do not compile it
+//   using my_policy = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
+//   fsdp::precision::mixed<fsdp::bfloat16>>; FSDP_EXTERN_MODEL(my_policy);        // the others do not compile it
 //
 //   // my_policy.cc, one file, compiled once and linked in:
 //   #include "my_policy.hpp"
@@ -18,13 +18,13 @@
 // Both name the same things: the policy's model_core, the executor's classes over its backend and communicator
 // (exec::unit_executor, interpreter, transfers), and optim::elementwise, sgd, adamw and lion over the core (with
 // their common base; a built-in optimizer added to fsdp/optim/ gets a row in FSDP_DETAIL_MODEL_CLASSES below, and
-// docs/optimizers.md says so). What stays in each file is the policy's own part, which is small (Model<P>'s constructor,
-// can_implement<P>'s shell, the typed units of basic_model), and what a file instantiates for itself: a step(make)
-// with its own rule, a wrapping policy's constructor, checkpoint::save/load, the trainer's code. FSDP_EXTERN_MODEL
-// may be repeated, and must come before the first use of the model in a file. FSDP_INSTANTIATE_MODEL instantiates
-// a core once in a program: every policy with the same backend and communicator shares one (all the host policies
-// on comm::local, whatever their strategy, precision or offload), so instantiate one of them. The policy may be a
-// type alias or the type itself (commas in it are fine). With the CUDA backend, instantiate in a .cu file compiled
+// docs/optimizers.md says so). What stays in each file is the policy's own part, which is small (Model<P>'s
+// constructor, can_implement<P>'s shell, the typed units of basic_model), and what a file instantiates for itself: a
+// step(make) with its own rule, a wrapping policy's constructor, checkpoint::save/load, the trainer's code.
+// FSDP_EXTERN_MODEL may be repeated, and must come before the first use of the model in a file. FSDP_INSTANTIATE_MODEL
+// instantiates a core once in a program: every policy with the same backend and communicator shares one (all the host
+// policies on comm::local, whatever their strategy, precision or offload), so instantiate one of them. The policy may
+// be a type alias or the type itself (commas in it are fine). With the CUDA backend, instantiate in a .cu file compiled
 // by nvcc, as the model's other users are (tests/cuda/model_instances.cu does, for comm::local and comm::nccl).
 // Nothing changes in what the code does: the instance is the same code, compiled elsewhere. In separate-compilation
 // mode (fsdp/core/config.hpp) fsdp/fsdp.hpp declares the host core on comm::local extern and fsdp/src.hpp

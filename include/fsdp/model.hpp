@@ -40,7 +40,8 @@ class Model : public basic_model<typename Policy::backend_type, typename Policy:
   template <WrappingPolicy W>
   Model(communicator& comm, const ModelSpec& spec, const W& wrap, init::rule default_init = init::normal{},
         model_options opt = {})
-      : Model(comm, spec, std::move(default_init), opt, required(can_implement<Policy>(spec, wrap, opt, comm.size()))) {}
+      : Model(comm, spec, std::move(default_init), opt, required(can_implement<Policy>(spec, wrap, opt, comm.size()))) {
+  }
 
   static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
   /// The offload policy's parts; unit_offload(u): unit u's (model_options::offload_units may override them).

@@ -74,7 +74,8 @@ class model_core {
   using backend_type = B;
   using stream = typename backend_type::stream;
   static_assert(CollectivePolicy<communicator>, "fsdp::Model: the policy's communicator is not a CollectivePolicy");
-  static_assert(Backend<backend_type>, "fsdp::Model: the policy's backend does not model fsdp::Backend (backend/concept.hpp)");
+  static_assert(Backend<backend_type>,
+                "fsdp::Model: the policy's backend does not model fsdp::Backend (backend/concept.hpp)");
 
   model_core(const model_core&) = delete;
   model_core& operator=(const model_core&) = delete;
@@ -191,13 +192,13 @@ class model_core {
     return plan_memory(opt.states_per_element(), opt.norm_rows());
   }
   /// The timeline planner's prediction of this rank's step (fsdp/plan/timeline.hpp) with the durations of `t`, whose
-  /// world this model sets (its communicator's size), and whose serial_collectives it sets where the communicator
-  /// says (comm::nccl: true under its default one communicator; comm::local: false), so that the plan models what
-  /// runs here.
+  /// world this model sets (its communicator's size), and whose serial_collectives is the communicator's
+  /// (comm::serial_collectives: comm::nccl true under its default one communicator; comm::local, and a communicator
+  /// that does not say, false), so that the plan models what runs here.
   /// `optimizer_states` as for plan_memory.
   timeline plan_timeline(time_model t, int optimizer_states) const {
     t.world = comm_->size();
-    if constexpr (SerialCollective<communicator>) t.serial_collectives = comm_->serial_collectives();
+    t.serial_collectives = comm::serial_collectives(*comm_);
     return fsdp::plan_timeline(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), t);
   }
   /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
@@ -213,22 +214,6 @@ class model_core {
     return list_step(opt.states_per_element());
   }
   // ---- whole-model operations --------------------------------------------------------------------------------
-  /// Collective: every rank receives the full fp32 value of every parameter (aliases included), by name.
-  std::map<std::string, std::vector<float>> gather_full_params() {
-    cursor_.require_idle("gather_full_params()");
-    std::map<std::string, std::vector<float>> out;
-    for (std::size_t u = 0; u < size(); ++u) {
-      const std::vector<float> full = exec_.gather_full(u);
-      const FlatLayout& l = exec_.layout(u);
-      for (const auto& p : spec_.params()) {
-        if (!l.contains(p.name)) continue;
-        const flat_entry& e = l.entry(p.name, units_.index.name(u));
-        out[p.name].assign(full.begin() + e.offset, full.begin() + e.offset + e.numel);
-      }
-    }
-    return out;
-  }
-
   /// Discards every gradient accumulated since the last step: the gradient shards are set to zero (after pending
   /// reductions finish), no-sync accumulators are freed, and the count of micro-batches starts again.
   void zero_grad() {
@@ -259,6 +244,10 @@ class model_core {
   /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
   /// (an optimizer's state) calls before they go.
   void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
+  /// usage_error naming `what` while a pass is in progress (or the model is torn: pass_cursor::require_idle).
+  void require_idle(const char* what) const { cursor_.require_idle(what); }
+  /// Collective: unit u's full fp32 flat values (its master shards all-gathered), on every rank.
+  std::vector<float> gather_full(std::size_t u) { return exec_.gather_full(checked_unit(u)); }
   /// What unit u's buffers cost (category, dtype, elements).
   const plan::unit_costs& costs(std::size_t u) const { return exec_.costs(u); }
   /// The facts the scheduler decides from (policy and options, per unit).
@@ -319,7 +308,8 @@ class model_core {
     sched_.before_step(executor());
     exec_.optimizer_begin();
     try {
-      const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
+      const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer,
+                                                              -1);
       const bool apply = work.inspect ? work.inspect() : true;
       exec_.optimizer_step(work, apply);
       if (work.finish) work.finish();
@@ -379,9 +369,9 @@ class model_core {
   /// rank; the executor issues on them from now on.
   void make_groups() {
     if constexpr (SplittableCollective<communicator>) {
-      const int r = comm_->rank();
-      shard_comm_.reset(new communicator(comm_->split(mesh_.replica(r), r)));
-      replicate_comm_.reset(new communicator(comm_->split(mesh_.shard_rank(r), r)));
+      exec::split_groups<communicator> g = exec::split_world(*comm_, mesh_);
+      shard_comm_ = std::move(g.shard);
+      replicate_comm_ = std::move(g.replicate);
       exec_.use_groups(*shard_comm_, replicate_comm_.get());
     }
   }

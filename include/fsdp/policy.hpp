@@ -19,9 +19,10 @@ struct policy {
   static_assert(ShardingStrategy<Sharding>,
                 "fsdp::policy: the first argument must be a sharding strategy "
                 "(fsdp::sharding::full_shard, shard_grad_op, zero1, no_shard or a hybrid one)");
-  static_assert(PrefetchPolicy<Prefetch>,
-                "fsdp::policy: the second argument must be a prefetch policy "
-                "(fsdp::prefetch::none, forward<N>, backward_pre<N>, backward_post, depth<F, B>, next or explicit_schedule)");
+  static_assert(
+      PrefetchPolicy<Prefetch>,
+      "fsdp::policy: the second argument must be a prefetch policy "
+      "(fsdp::prefetch::none, forward<N>, backward_pre<N>, backward_post, depth<F, B>, next or explicit_schedule)");
   static_assert(PrecisionPolicy<Precision>,
                 "fsdp::policy: the third argument must be a precision policy (fsdp::precision::full or "
                 "fsdp::precision::mixed<Compute, float, Reduce>, with float, fsdp::bfloat16 or fsdp::float16; "

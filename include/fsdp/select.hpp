@@ -46,8 +46,8 @@ std::string known(const named<T>&... alts) {
 }
 
 template <class F, class T, class... Rest>
-decltype(auto) pick(std::string_view what, std::string_view name, F& fn, const std::string& known, const named<T>& first,
-                    const named<Rest>&... rest) {
+decltype(auto) pick(std::string_view what, std::string_view name, F& fn, const std::string& known,
+                    const named<T>& first, const named<Rest>&... rest) {
   if (first.name == name) return fn(named<T>{first.name});
   if constexpr (sizeof...(Rest) == 0)
     detail::fail_usage(what, " '", detail::printable(name), "' is not one of: ", known);
@@ -67,7 +67,8 @@ decltype(auto) select(std::string_view what, std::string_view name, F&& fn, cons
 /// The same with the alternatives as a tuple (by_name<...>()).
 template <class F, class... T>
   requires(sizeof...(T) > 0)
-decltype(auto) select(std::string_view what, std::string_view name, F&& fn, const std::tuple<named<T>...>& alternatives) {
+decltype(auto) select(std::string_view what, std::string_view name, F&& fn,
+                      const std::tuple<named<T>...>& alternatives) {
   return std::apply([&](const auto&... a) -> decltype(auto) { return select(what, name, fn, a...); }, alternatives);
 }
 

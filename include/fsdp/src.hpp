@@ -5,17 +5,16 @@
 // By default, the header-only mode, each header includes its own .ipp and this file is not used. fsdp/checkpoint/
 // has its own (fsdp/checkpoint/src.hpp), since it needs nlohmann-json and xxHash.
 #if !defined(FSDP_SEPARATE_COMPILATION)
-#error "fsdp/src.hpp is for separate-compilation mode: define FSDP_SEPARATE_COMPILATION for this file and for every file that includes a library header (docs/build.md)"
+#error "fsdp/src.hpp is for separate-compilation mode: define FSDP_SEPARATE_COMPILATION for this file and \
+for every file that includes a library header (docs/build.md)"
 #endif
 
-#include "fsdp/agree/agree.ipp"
 #include "fsdp/agree/fingerprint.ipp"
 #include "fsdp/backend/detail/pinned_blocks.ipp"
 #include "fsdp/backend/detail/pool_model.ipp"
 #include "fsdp/backend/detail/work_queue.ipp"
 #include "fsdp/backend/host.ipp"
 #include "fsdp/can_implement.ipp"
-#include "fsdp/comm/concept.ipp"
 #include "fsdp/comm/detail/local_group.ipp"
 #include "fsdp/comm/launch.ipp"
 #include "fsdp/comm/local.ipp"
@@ -26,25 +25,19 @@
 #include "fsdp/exec/reduction.ipp"
 #include "fsdp/grad/inspect.ipp"
 #include "fsdp/grad/loss_scaler.ipp"
-#include "fsdp/init/init.ipp"
-#include "fsdp/kernels/host_loops.ipp"
 #include "fsdp/kernels/host_pool.ipp"
 #include "fsdp/layout/flat_layout.ipp"
 #include "fsdp/memory/cost.ipp"
 #include "fsdp/memory/memory_table.ipp"
-#include "fsdp/observe/ranges.ipp"
 #include "fsdp/observe/trace.ipp"
-#include "fsdp/offload/offload.ipp"
 #include "fsdp/plan/budget.ipp"
 #include "fsdp/plan/listing.ipp"
 #include "fsdp/plan/memory_plan.ipp"
-#include "fsdp/plan/program.ipp"
 #include "fsdp/plan/timeline.ipp"
 #include "fsdp/schedule/config.ipp"
 #include "fsdp/schedule/pass_cursor.ipp"
 #include "fsdp/schedule/scheduler.ipp"
 #include "fsdp/spec/model_spec.ipp"
-#include "fsdp/unit/tensor_view.ipp"
 #include "fsdp/wrap/wrap.ipp"
 
 // The host backend's model core on comm::local, its executor and optimizers (fsdp/instances.hpp), which

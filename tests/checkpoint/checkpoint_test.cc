@@ -541,7 +541,7 @@ TEST_CASE(
       step_error[r] = error_of<fsdp::usage_error>([&] { mlp::run_steps(m, opt, c, 1, 1, res); });
       save_error[r] = error_of<fsdp::usage_error>([&] { ckpt::save(m, opt, dir / "never"); });
       params_only[r] = error_of<fsdp::usage_error>([&] { ckpt::load(m, dir / "good"); });
-      weights_error[r] = error_of<fsdp::usage_error>([&] { (void)m.gather_full_params(); });
+      weights_error[r] = error_of<fsdp::usage_error>([&] { (void)fsdp::weights::gather_full_params(m); });
       ckpt::load(m, opt, dir / "good", {.in_place = true});  // mends
       mended[r] = local_state(m, opt);
       mlp::run_steps(m, opt, c, 2, 1, res);
@@ -609,7 +609,7 @@ TEST_CASE(
         } catch (const std::exception& e) {
           escaped[comm.rank()] = e.what();
         }
-        refused[comm.rank()] = error_of<fsdp::usage_error>([&] { (void)m.gather_full_params(); });
+        refused[comm.rank()] = error_of<fsdp::usage_error>([&] { (void)fsdp::weights::gather_full_params(m); });
       },
       lo);
   REQUIRE(counted > 0);

@@ -23,7 +23,7 @@ int do_export(const std::string& file, const std::string& f16_file, const std::s
     fsdp::Model<full_shard> m(c, fsdp_test::five_units(), units, fsdp::init::normal{1.0f, 5});
     fsdp::safetensors::save(m, file);
     fsdp::safetensors::save(m, f16_file, {.type = fsdp::dtype::f16});
-    const auto full = m.gather_full_params();
+    const auto full = fsdp::weights::gather_full_params(m);
     if (c.rank() != 0) return;
     for (const auto& p : m.spec().params()) {
       if (p.is_tied()) continue;
@@ -41,7 +41,7 @@ int do_import(const std::string& file, const std::string& refdir) {
   fsdp::comm::run_local(2, [&](fsdp::comm::local_communicator& c) {
     fsdp::Model<full_shard> m(c, fsdp_test::five_units(), units, fsdp::init::normal{1.0f, 99});
     fsdp::safetensors::load(m, file);
-    const auto full = m.gather_full_params();
+    const auto full = fsdp::weights::gather_full_params(m);
     if (c.rank() != 0) return;
     for (const auto& p : m.spec().params()) {
       if (p.is_tied()) continue;

@@ -32,7 +32,7 @@ params save_model(const std::string& path, int world, std::uint64_t seed, const 
   run_ranks(world, [&](local_communicator& c) {
     fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, seed});
     st::save(m, path, so);
-    const params p = m.gather_full_params();
+    const params p = fsdp::weights::gather_full_params(m);
     if (c.rank() == 0) full = p;
   });
   return full;
@@ -44,7 +44,7 @@ params load_model(const std::string& path, int world, const st::load_options& lo
   run_ranks(world, [&](local_communicator& c) {
     fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, 99});
     st::load(m, path, lo);
-    const params p = m.gather_full_params();
+    const params p = fsdp::weights::gather_full_params(m);
     if (c.rank() == 0) full = p;
   });
   return full;
@@ -152,9 +152,9 @@ std::vector<std::string> failing_load(const std::string& path, bool& untouched) 
   untouched = true;
   run_ranks(2, [&](local_communicator& c) {
     fsdp::Model<full_shard> m(c, five_units(), units, fsdp::init::normal{1.0f, 99});
-    const params before = m.gather_full_params();
+    const params before = fsdp::weights::gather_full_params(m);
     const std::string msg = error_of<fsdp::checkpoint_error>([&] { st::load(m, path); });
-    const params after = m.gather_full_params();
+    const params after = fsdp::weights::gather_full_params(m);
     std::lock_guard lock(mu);
     out[c.rank()] = msg;
     untouched = untouched && before == after;

@@ -20,11 +20,11 @@ int main() {
     spec.add("layers.0.w", {4, 3}).add("layers.1.w", {5});
     fsdp::Model<Policy> model(comm, spec, fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{0.5f, 1});
     fsdp::optim::adamw opt(model, {.lr = 0.1f, .weight_decay = 0.5f});
-    before = model.gather_full_params().at("layers.1.w")[0];
+    before = fsdp::weights::gather_full_params(model).at("layers.1.w")[0];
     for (auto& u : model.forward()) (void)u;
     for (auto& u : model.backward()) (void)u;  // zero gradients: the weight decay alone moves the weights
     opt.step();
-    after = model.gather_full_params().at("layers.1.w")[0];
+    after = fsdp::weights::gather_full_params(model).at("layers.1.w")[0];
   });
   std::printf("cuda_trainer: layers.1.w[0] %.6f -> %.6f\n", before, after);
   if (!(std::fabs(after) < std::fabs(before))) {

@@ -191,7 +191,7 @@ run_result train(typename Policy::communicator& comm, bool adam, int steps = 4, 
     }
     model.synchronize();
     r.memory = model.memory();
-    r.params = model.gather_full_params();
+    r.params = fsdp::weights::gather_full_params(model);
     r.timing_marks = timing_marks(be);
     return r;
   };
@@ -535,9 +535,9 @@ TEST_CASE("comm::local on one GPU: an inf uploaded into one rank's gradient shar
       const float inf = std::numeric_limits<float>::infinity();
       be.upload(m.unit("layers.1").grad_shard() + 2, &inf, 4, be.compute_stream());
     }
-    const auto before = m.gather_full_params();
+    const auto before = fsdp::weights::gather_full_params(m);
     const fsdp::grad::report r = opt.step();
-    const auto after = m.gather_full_params();
+    const auto after = fsdp::weights::gather_full_params(m);
     std::lock_guard lk(mu);
     reports[c.rank()] = r;
     unchanged[c.rank()] = before == after && opt.steps() == 0;
@@ -572,14 +572,14 @@ TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equal
       fsdp::Model<gpu> m(c, spec(), units, init);
       fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.1f});
       for (int step = 0; step < 4; ++step) train_step(m, opt, 1);
-      a = m.gather_full_params();
+      a = fsdp::weights::gather_full_params(m);
     }
     {
       fsdp::Model<gpu> m(c, spec(), units, init);
       fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.1f});
       for (int step = 0; step < 2; ++step) train_step(m, opt, 1);
       fsdp::checkpoint::save(m, opt, dir + "/step-2");
-      s = m.gather_full_params();
+      s = fsdp::weights::gather_full_params(m);
     }
     {
       fsdp::Model<gpu> m(c, spec(), units, fsdp::init::normal{0.5f, 99});
@@ -587,7 +587,7 @@ TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equal
       fsdp::checkpoint::load(m, opt, dir + "/step-2");
       CHECK(opt.steps() == 2);
       for (int step = 0; step < 2; ++step) train_step(m, opt, 1);
-      b = m.gather_full_params();
+      b = fsdp::weights::gather_full_params(m);
     }
     std::lock_guard lk(mu);
     if (c.rank() == 0) {
@@ -626,7 +626,7 @@ TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equal
     fsdp::checkpoint::load(m, opt, dir + "/step-2", {.in_place = true});
     CHECK(opt.steps() == 2);
     for (int step = 0; step < 2; ++step) train_step(m, opt, 1);
-    params_t p = m.gather_full_params();
+    params_t p = fsdp::weights::gather_full_params(m);
     std::lock_guard lk(mu);
     if (c.rank() == 0) in_place = std::move(p);
   }, lo);
@@ -635,7 +635,7 @@ TEST_CASE("checkpoints on the CUDA backend: a resume at 4 ranks on one GPU equal
   fsdp::comm::run_local(2, [&](fsdp::comm::local_communicator& c) {
     fsdp::Model<host_policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> m(c, spec(), units, init);
     fsdp::checkpoint::load(m, dir + "/step-2");
-    const params_t p = m.gather_full_params();
+    const params_t p = fsdp::weights::gather_full_params(m);
     std::lock_guard lk(mu);
     if (c.rank() == 0) on_host = p;
   });

@@ -28,7 +28,7 @@ float odr_train_with(typename P::communicator& comm) {
   for (auto& u : m.forward()) (void)u;
   for (auto& u : m.backward()) (void)u;  // zero gradients: AdamW's decay alone moves the weights
   opt.step();
-  return m.gather_full_params().at("l1.w")[0];
+  return fsdp::weights::gather_full_params(m).at("l1.w")[0];
 }
 template <class CommTag>
 float odr_train(typename odr_policy<CommTag>::communicator& comm) {

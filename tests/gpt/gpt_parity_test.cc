@@ -80,7 +80,7 @@ TEST_CASE("packed training resumed from a checkpoint that holds the packer's sta
     more.packing.resume = fsdp::data::from_text(man.metadata.at("data"), gpt::packing_options(c));
     auto tr = gpt::make_host_trainer{}(model, c.model, c.global_batch / world);
     gpt::run_steps(model, opt, tr, more, first, c.steps - first, resumed[r]);
-    resumed[r].params = model.gather_full_params();
+    resumed[r].params = fsdp::weights::gather_full_params(model);
   });
   for (std::size_t r = 0; r < world; ++r) {
     CAPTURE(r);

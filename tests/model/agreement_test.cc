@@ -299,7 +299,7 @@ TEST_CASE("debug mode: ranks that agree train as without it, with one 16-byte al
           }
         opt.step();
       }
-      params[check][c.rank()] = m.gather_full_params();
+      params[check][c.rank()] = fsdp::weights::gather_full_params(m);
       m.synchronize();
       stats[check][c.rank()] = c.stats();
     });

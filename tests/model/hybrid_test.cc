@@ -120,7 +120,7 @@ std::map<std::string, std::vector<float>> trained(int world) {
       opt.step();
       opt.zero_grad();
     }
-    auto full = m.gather_full_params();
+    auto full = fsdp::weights::gather_full_params(m);
     std::lock_guard lk(mu);
     if (c.rank() == 0) out = std::move(full);
   });

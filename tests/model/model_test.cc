@@ -26,7 +26,7 @@ std::map<std::string, std::vector<float>> materialise(int world) {
   std::mutex mu;
   run_ranks(world, [&](local_communicator& c) {
     fsdp::Model<Policy> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 99});
-    auto full = m.gather_full_params();
+    auto full = fsdp::weights::gather_full_params(m);
     if (c.rank() == 0) {
       std::lock_guard lk(mu);
       out = std::move(full);
@@ -169,7 +169,7 @@ TEST_CASE("zero1: one gather per unit in the first forward, then one per unit af
         m.synchronize();
         CHECK(c.stats()[collective::all_gather] == n);  // the updated shards, right after the step
         for (std::size_t ui = 0; ui < m.size(); ++ui) CHECK(m.unit(ui).state() != fsdp::unit_state::sharded);
-        updated = m.gather_full_params();  // from the master shards, apart from the kept copies
+        updated = fsdp::weights::gather_full_params(m);  // from the master shards, apart from the kept copies
       }
     });
   }
@@ -220,7 +220,7 @@ TEST_CASE("optimizers update only their shard, honour no_decay, and agree across
         for (const auto& e : u.layout().entries())
           for (auto& x : u.grad(e.name)) x = 0.5f;
       opt.step();
-      auto full = m.gather_full_params();
+      auto full = fsdp::weights::gather_full_params(m);
       if (c.rank() == 0) out = std::move(full);
     });
     return out;

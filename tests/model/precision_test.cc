@@ -53,7 +53,7 @@ TEST_CASE("gathered parameters are the fp32 masters rounded to the compute dtype
     run_ranks(world, [&](local_communicator& c) {
       fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 7});
       static_assert(std::is_same_v<typename fsdp::Model<P>::unit_type, fsdp::FsdpUnit<fsdp::backend::host, T>>);
-      const auto full = m.gather_full_params();  // the fp32 masters
+      const auto full = fsdp::weights::gather_full_params(m);  // the fp32 masters
       std::size_t checked = 0;
       for (auto& u : m.forward())
         for (const auto& e : u.layout().entries()) {
@@ -79,7 +79,7 @@ TEST_CASE("gathered in bf16 or fp16, computed in fp32: each fp32 view holds its 
     run_ranks(world, [&](local_communicator& c) {
       fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 7});
       static_assert(std::is_same_v<typename fsdp::Model<P>::unit_type, fsdp::FsdpUnit<fsdp::backend::host, float>>);
-      const auto full = m.gather_full_params();  // the fp32 masters
+      const auto full = fsdp::weights::gather_full_params(m);  // the fp32 masters
       std::size_t checked = 0, rounded = 0;
       for (auto& u : m.forward())
         for (const auto& e : u.layout().entries()) {
@@ -141,7 +141,7 @@ TEST_CASE("gathered in fp8 or int8 blocks with a scale each: the views are the b
     mo.layout.align = B;
     run_ranks(world, [&](local_communicator& c) {
       fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 7}, mo);
-      const auto full = m.gather_full_params();  // the fp32 masters
+      const auto full = fsdp::weights::gather_full_params(m);  // the fp32 masters
       std::size_t checked = 0, exact = 0;
       for (auto& u : m.forward()) {
         std::vector<float> flat(std::size_t(u.layout().padded_numel()), 0.0f);

@@ -53,7 +53,7 @@ TEST_CASE_TEMPLATE("loaded from the trainer's buffers and stored back, bit for b
     fsdp_test::run_ranks(world, [&](local_communicator& c) {
       fsdp::Model<fsdp::policy<Strategy>> m(c, spec(), by_prefix);
       fsdp::weights::load(m, given);
-      const auto full = m.gather_full_params();
+      const auto full = fsdp::weights::gather_full_params(m);
       CHECK(full.at("emb.w") == given.emb);
       CHECK(full.at("h.2.w") == std::vector<float>(given.stacked.begin() + 2 * per_layer, given.stacked.end()));
       trainer_weights back;  // zeros
@@ -84,7 +84,7 @@ TEST_CASE_TEMPLATE("on a hybrid mesh of 2 replicas x 2 shards every shard group 
       std::lock_guard lock(mu);
       shards[c.rank()].assign(p, p + m.unit("h.1").layout().shard_numel());
     }
-    const auto full = m.gather_full_params();
+    const auto full = fsdp::weights::gather_full_params(m);
     CHECK(full.at("emb.w") == given.emb);
     for (int l = 0; l < layers; ++l)
       CHECK(full.at("h." + std::to_string(l) + ".w") ==
@@ -114,7 +114,7 @@ TEST_CASE("a missing or mis-sized tensor is refused on every rank, naming the pa
   std::mutex mu;
   fsdp_test::run_ranks(2, [&](local_communicator& c) {
     fsdp::Model<fsdp::policy<fsdp::sharding::full_shard>> m(c, spec(), by_prefix);
-    const auto before = m.gather_full_params();
+    const auto before = fsdp::weights::gather_full_params(m);
     const trainer_weights w = numbered(2.0f);
     const std::string missing = fsdp_test::error_of<fsdp::usage_error>([&] {
       fsdp::weights::load(m, [&](const std::string& name) -> fsdp::weights::tensor {
@@ -126,7 +126,7 @@ TEST_CASE("a missing or mis-sized tensor is refused on every rank, naming the pa
         return name == "emb.w" ? fsdp::weights::tensor{w.emb.data(), 27} : w(name);
       });
     });
-    CHECK(m.gather_full_params() == before);
+    CHECK(fsdp::weights::gather_full_params(m) == before);
     std::lock_guard lk(mu);
     errors[std::size_t(c.rank())] = missing + "\n" + sized;
   });

@@ -465,7 +465,7 @@ TEST_CASE("checkpoints on comm::mpi: a resume equals training without a stop; th
     mlp::result r;
     mlp::run_steps(m, opt, cfg, 0, 3, r);
     fsdp::checkpoint::save(m, opt, dir + "/step-3");
-    saved = m.gather_full_params();
+    saved = fsdp::weights::gather_full_params(m);
   }
   {
     auto m = mlp::make_model<Mpi>(comm, cfg);
@@ -483,7 +483,7 @@ TEST_CASE("checkpoints on comm::mpi: a resume equals training without a stop; th
     fsdp_test::run_ranks(2, [&](local_communicator& c) {
       auto m = mlp::make_model<fsdp::policy<fsdp::sharding::full_shard>>(c, cfg);
       fsdp::checkpoint::load(m, dir + "/step-3");
-      const auto p = m.gather_full_params();
+      const auto p = fsdp::weights::gather_full_params(m);
       if (c.rank() == 0) loaded = p;
     });
     for (const auto& [name, v] : saved) {

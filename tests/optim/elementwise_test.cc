@@ -151,7 +151,7 @@ TEST_CASE("a user's rule: its states planned as the library's, and checkpointed 
       opt->step(rule_at);
       opt->zero_grad();
     });
-    auto full = m.gather_full_params();
+    auto full = fsdp::weights::gather_full_params(m);
     if (c.rank() == 0) resumed = std::move(full);
   });
   for (const char* name : names) {

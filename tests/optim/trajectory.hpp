@@ -60,7 +60,7 @@ trajectory run(int world, MakeOpt&& make) {
     auto opt = make(m);
     trajectory mine;
     auto record = [&] {
-      for (const auto& [name, v] : m.gather_full_params()) mine[name].push_back(v);
+      for (const auto& [name, v] : fsdp::weights::gather_full_params(m)) mine[name].push_back(v);
     };
     record();
     for (int t = 1; t <= steps; ++t) {

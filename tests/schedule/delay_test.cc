@@ -167,7 +167,7 @@ std::map<std::string, std::vector<float>> train_async(bool threaded, bool delaye
           opt.step();
           opt.zero_grad();
         }
-        auto full = m.gather_full_params();
+        auto full = fsdp::weights::gather_full_params(m);
         if (c.rank() == 0) {
           std::lock_guard lk(mu);
           out = std::move(full);

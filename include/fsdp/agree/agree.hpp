@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -72,8 +73,9 @@ std::vector<std::string> all_gather_strings(C& comm, B& be, const std::string& m
   padded.resize(static_cast<std::size_t>((longest + 3) / 4 * 4), '\0');
   const std::string all = wire::all_gather_bytes(comm, be, padded);
   for (int q = 0; q < world; ++q)
-    out[static_cast<std::size_t>(q)] = all.substr(static_cast<std::size_t>(q) * padded.size(),
-                                                  static_cast<std::size_t>(fsdp::detail::get_u64le(lens, static_cast<std::size_t>(q) * 8)));
+    out[static_cast<std::size_t>(q)] =
+        all.substr(static_cast<std::size_t>(q) * padded.size(),
+                   static_cast<std::size_t>(fsdp::detail::get_u64le(lens, static_cast<std::size_t>(q) * 8)));
   return out;
 }
 
@@ -90,9 +92,27 @@ std::vector<std::pair<int, std::string>> failures(C& comm, B& be, const std::opt
   return out;
 }
 
+/// Runs `f` and returns the message of what it threw (less the library's "fsdp: " prefix), or nothing: this rank's
+/// outcome of a step that every rank must pass or fail together (failures(), require_success()).
+template <class F>
+std::optional<std::string> outcome(F&& f) {
+  try {
+    std::forward<F>(f)();
+  } catch (const std::exception& e) {
+    return std::string(fsdp::detail::unprefixed(e));
+  }
+  return std::nullopt;
+}
+
+/// Throws E("<what>: <failure_text>" + tail) on every rank when any rank failed (collective), so that every rank
+/// fails with the same message or none does.
+template <class E, Backend B, CollectivePolicy C>
+void require_success(C& comm, B& be, const std::optional<std::string>& mine, std::string_view what,
+                     std::string_view tail = {});
+
 /// "rank 2: <message>" per failure, ranks with the same message listed together ("ranks 0, 1, 3: <message>"),
 /// in the order of the lowest rank of each message, joined by "; ".
-FSDP_DECL std::string failure_text(const std::vector<std::pair<int, std::string>>& failed);
+inline std::string failure_text(const std::vector<std::pair<int, std::string>>& failed);
 
 /// Compares `mine` with every other rank's (collective: every rank of `comm` calls it). Throws usage_error
 /// "ranks disagree on <what>: <first difference>. <fix>" on every rank when they differ.
@@ -118,7 +138,8 @@ void require_agreement(C& comm, B& be, const fingerprint& mine, std::string_view
   mine_padded.resize(std::max<std::size_t>(padded, 4), '\0');
   const std::string all = wire::all_gather_bytes(comm, be, mine_padded);
   auto facts_of = [&](int q) {
-    const std::size_t n = static_cast<std::size_t>(fsdp::detail::get_u64le(digests, static_cast<std::size_t>(q) * 16 + 8));
+    const std::size_t n =
+        static_cast<std::size_t>(fsdp::detail::get_u64le(digests, static_cast<std::size_t>(q) * 16 + 8));
     return fingerprint::decode(std::string_view(all).substr(static_cast<std::size_t>(q) * mine_padded.size(), n), q);
   };
   const fingerprint first = facts_of(0), other = facts_of(differs);
@@ -130,8 +151,28 @@ void require_agreement(C& comm, B& be, const fingerprint& mine, std::string_view
                            ". ", fix);
 }
 
-}  // namespace fsdp::agree
+template <class E, Backend B, CollectivePolicy C>
+void require_success(C& comm, B& be, const std::optional<std::string>& mine, std::string_view what,
+                     std::string_view tail) {
+  const auto failed = failures(comm, be, mine);
+  if (!failed.empty()) throw E(fsdp::detail::cat(what, ": ", failure_text(failed), tail));
+}
 
-#if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/agree/agree.ipp"
-#endif
+inline std::string failure_text(const std::vector<std::pair<int, std::string>>& failed) {
+  std::vector<std::pair<std::string, std::vector<int>>> by_message;
+  for (const auto& f : failed) {  // not a structured binding: clang 14 cannot capture one in a lambda
+    auto it = std::find_if(by_message.begin(), by_message.end(), [&](const auto& m) { return m.first == f.second; });
+    if (it == by_message.end()) by_message.push_back({f.second, {f.first}});
+    else it->second.push_back(f.first);
+  }
+  std::string out;
+  for (const auto& [message, ranks] : by_message) {
+    if (!out.empty()) out += "; ";
+    out += ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+    out += ": " + message;
+  }
+  return out;
+}
+
+}  // namespace fsdp::agree

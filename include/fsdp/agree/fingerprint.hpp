@@ -7,8 +7,9 @@
 // The model's fingerprint covers the spec (parameter count, then per parameter: name, shape, compute dtype,
 // no_decay, tie, init rule), the default init rule, the policy (strategy, group sizes, prefetch, precision), every
 // model_options field that changes what ranks do (layout alignment, division, accumulation, orders, per-unit
-// resharding, slots, the prefetch schedule, the collective check) and the layout the wrapping produced (units by name, their parameters,
-// padded and shard sizes). Not covered: the recorder (a per-process observer) and the communicator's own options.
+// resharding, slots, the prefetch schedule, the collective check) and the layout the wrapping produced (units by name,
+// their parameters, padded and shard sizes). Not covered: the recorder (a per-process observer) and the communicator's
+// own options.
 #include <cstdint>
 #include <map>
 #include <optional>

@@ -74,7 +74,8 @@ concept BackendBuffer = std::is_nothrow_move_constructible_v<B> && std::is_nothr
 
 template <class B>
 concept Backend =
-    std::constructible_from<B, int> && BackendBuffer<typename B::buffer> && std::default_initializable<typename B::event> &&
+    std::constructible_from<B, int> && BackendBuffer<typename B::buffer> &&
+    std::default_initializable<typename B::event> &&
     requires(B& b, typename B::stream& s, typename B::event& e, const typename B::event& ce, typename B::buffer&& buf,
              void* p, const void* cp, float* f, const float* cf, std::int64_t n, float scale, dtype t, mem c,
              const element_function_archetype& ef, std::function<void()> fn) {

@@ -273,7 +273,8 @@ class cuda {
         detail::throw_cuda_error(q, "cudaEventQuery(reference)", __FILE__, __LINE__);
       }
       if (now > deadline) {  // the event stays with the backend: the device may still record it
-        throw comm_error(detail::cat("stream '", timer_.name(), "': the trace's timing reference did not complete within ",
+        throw comm_error(detail::cat("stream '", timer_.name(),
+                                     "': the trace's timing reference did not complete within ",
                                      opt_.wait_timeout.count(), " ms"));
       }
     }
@@ -337,7 +338,8 @@ class cuda {
   /// Stream-ordered allocation from the pool: the buffer is ready on `first_use` at once, on other streams after
   /// they wait for an event recorded on `first_use` later.
   buffer allocate(std::int64_t bytes, mem category, stream& first_use) {
-    if (bytes < 0) fsdp::detail::fail_usage("backend::cuda::allocate: negative size ", bytes, " bytes for ", name_of(category));
+    if (bytes < 0)
+      fsdp::detail::fail_usage("backend::cuda::allocate: negative size ", bytes, " bytes for ", name_of(category));
     void* p = nullptr;
     if (bytes > 0) {
       const cudaError_t rc = cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_, first_use.get());
@@ -348,8 +350,9 @@ class cuda {
         if (rc == cudaErrorMemoryAllocation)  // out of memory: the error a Model adds the unit to
           throw memory_error(detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
                                          " bytes of ", name_of(category), ": cudaErrorMemoryAllocation", held));
-        throw cuda_error(rc, "cudaMallocFromPoolAsync(&p, bytes, pool, stream)", __FILE__, __LINE__,
-                         detail::cat("allocating ", bytes, " bytes of ", name_of(category), " on device ", device_, held));
+        throw cuda_error(
+            rc, "cudaMallocFromPoolAsync(&p, bytes, pool, stream)", __FILE__, __LINE__,
+            detail::cat("allocating ", bytes, " bytes of ", name_of(category), " on device ", device_, held));
       }
     }
     return buffer(p, bytes, category, &memory_, buffer_free{first_use.get()});
@@ -368,7 +371,8 @@ class cuda {
       // at once there lost entries from it: an assertion in cudaHostGetDevicePointer).
       static std::mutex pinning;
       const std::lock_guard<std::mutex> one_at_a_time(pinning);
-      const cudaError_t rc = cudaHostAlloc(&p, static_cast<std::size_t>(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
+      const cudaError_t rc =
+          cudaHostAlloc(&p, static_cast<std::size_t>(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
       if (rc != cudaSuccess) {
         (void)cudaGetLastError();
         throw memory_error(detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
@@ -540,10 +544,11 @@ class cuda {
     std::string name = stream_name(rank, "compute");
     if (!trainers) return stream(std::move(name));
     if (trainers == cudaStreamLegacy || trainers == cudaStreamPerThread)
-      fsdp::detail::fail_usage("backend::cuda on rank ", rank, ": cuda_options::compute_stream is the ",
-                               trainers == cudaStreamLegacy ? "legacy" : "per-thread",
-                               " default stream, which synchronizes with the device's other work; pass a stream made "
-                               "with cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) (null: the backend makes one)");
+      fsdp::detail::fail_usage(
+          "backend::cuda on rank ", rank, ": cuda_options::compute_stream is the ",
+          trainers == cudaStreamLegacy ? "legacy" : "per-thread",
+          " default stream, which synchronizes with the device's other work; pass a stream made "
+          "with cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) (null: the backend makes one)");
     return stream(std::move(name), trainers);
   }
 

@@ -68,9 +68,9 @@ struct issue_counts {
   friend bool operator==(const issue_counts&, const issue_counts&) = default;
   /// a + sign * b, field by field (sign 1 or -1: counts only grow, so a difference of two readings is >= 0).
   static issue_counts combine(issue_counts a, const issue_counts& b, int sign) {
-    for (auto f : {&issue_counts::kernels, &issue_counts::memory_ops, &issue_counts::host_functions,
-                   &issue_counts::records, &issue_counts::waits, &issue_counts::synchronizes, &issue_counts::allocations,
-                   &issue_counts::frees})
+    for (auto f :
+         {&issue_counts::kernels, &issue_counts::memory_ops, &issue_counts::host_functions, &issue_counts::records,
+          &issue_counts::waits, &issue_counts::synchronizes, &issue_counts::allocations, &issue_counts::frees})
       a.*f = sign > 0 ? a.*f + b.*f : a.*f - b.*f;
     return a;
   }

@@ -222,7 +222,8 @@ FSDP_DECL void host::pageable_wait(stream& s, const char* what) {
 }
 
 FSDP_DECL std::chrono::microseconds host::copy_delay(const stream& s, std::int64_t bytes) const {
-  if (!opt_.copy_delay || (&s != &upload_ && &s != &download_ && &s != &host_work_)) return std::chrono::microseconds{0};
+  if (!opt_.copy_delay || (&s != &upload_ && &s != &download_ && &s != &host_work_))
+    return std::chrono::microseconds{0};
   return opt_.copy_delay(&s == &upload_ ? "upload" : &s == &download_ ? "download" : "host_work", bytes);
 }
 

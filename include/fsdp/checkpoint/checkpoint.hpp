@@ -181,8 +181,8 @@ class host_reader {
 /// Every rank throws `what: <failures>` after rank 0 removed the partial output `partial` (collective): the message
 /// says whether it was removed, the same on every rank (nothing, where there was nothing to remove).
 template <class M>
-[[noreturn]] void fail_removing(M& m, const std::vector<std::pair<int, std::string>>& failed, const std::string& partial,
-                                const std::string& what, std::string_view tail = {}) {
+[[noreturn]] void fail_removing(M& m, const std::vector<std::pair<int, std::string>>& failed,
+                                const std::string& partial, const std::string& what, std::string_view tail = {}) {
   std::string cleanup;
   if (m.comm().rank() == 0) {
     std::string why;
@@ -249,11 +249,10 @@ std::vector<tensor_record> tensors_of(const M& m, std::map<std::string, std::str
   return out;
 }
 
-/// Throws checkpoint_error on every rank when any rank failed (collective).
+/// Throws checkpoint_error on every rank when any rank failed (collective: agree::require_success).
 template <class M>
 void require_success(M& m, const std::optional<std::string>& mine, std::string_view what) {
-  const auto failed = agree::failures(m.comm(), m.backend(), mine);
-  if (!failed.empty()) throw checkpoint_error(fsdp::detail::cat(what, ": ", agree::failure_text(failed)));
+  agree::require_success<checkpoint_error>(m.comm(), m.backend(), mine, what);
 }
 
 /// require_success for a step that writes into the partial output `partial`: on any rank's failure, rank 0 removes
@@ -265,28 +264,19 @@ void require_success_removing(M& m, const std::optional<std::string>& mine, cons
   if (!failed.empty()) fail_removing(m, failed, partial, what, tail);
 }
 
-/// Runs `f` and returns the message of what it threw, if anything.
-template <class F>
-std::optional<std::string> outcome(F&& f) {
-  try {
-    std::forward<F>(f)();
-  } catch (const std::exception& e) {
-    return std::string(fsdp::detail::unprefixed(e));
-  }
-  return std::nullopt;
-}
-
 template <class M, class O>
 void save(M& m, const O* opt, std::string dir, const save_options& so) {
   model_access::require_between_steps(m, "a checkpoint save");
   dir = normalised(std::move(dir));
   if (so.block_bytes < 4096 || so.block_bytes > (std::uint64_t{1} << 30) || !std::has_single_bit(so.block_bytes))
-    fsdp::detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ", so.block_bytes);
+    fsdp::detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ",
+                             so.block_bytes);
   for (const auto& [k, v] : so.metadata) {
     if (fsdp::detail::utf8_error(k) != std::string_view::npos)
       fsdp::detail::fail_usage(fsdp::detail::utf8_problem("checkpoint metadata key", k));
     if (fsdp::detail::utf8_error(v) != std::string_view::npos)
-      fsdp::detail::fail_usage(fsdp::detail::utf8_problem(fsdp::detail::cat("checkpoint metadata value of '", k, "'"), v));
+      fsdp::detail::fail_usage(
+          fsdp::detail::utf8_problem(fsdp::detail::cat("checkpoint metadata value of '", k, "'"), v));
   }
   auto& comm = m.comm();
   const int rank = comm.rank();
@@ -302,7 +292,7 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   // 1. Rank 0 makes the partial directory (replacing one a crashed save left); <dir> itself must not exist.
   std::optional<std::string> mine;
   if (rank == 0)
-    mine = outcome([&] {
+    mine = agree::outcome([&] {
       if (io::exists(dir))
         io::fail(fsdp::detail::cat("'", dir,
                              "' already exists; a checkpoint is never overwritten: save to a new directory "
@@ -311,8 +301,8 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
         if (so.fault) so.fault({rank, "remove", partial});
         std::string why;
         if (!io::remove_all(partial, &why))
-          io::fail(
-              fsdp::detail::cat("could not remove '", partial, "' (left by an earlier save that did not finish): ", why));
+          io::fail(fsdp::detail::cat("could not remove '", partial,
+                                     "' (left by an earlier save that did not finish): ", why));
       }
       if (so.fault) so.fault({rank, "create", partial});
       io::make_dir(partial);
@@ -324,7 +314,7 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   std::string sent;
   if (mesh.replica(rank) == 0) {
     const std::string name = shard_file_name(mesh.shard_rank(rank), mesh.shards);
-    mine = outcome([&] { sent = encode(write_shard_file(m, opt, partial, name, so)); });
+    mine = agree::outcome([&] { sent = encode(write_shard_file(m, opt, partial, name, so)); });
     if (mine) sent = "!" + *mine;
   }
   const std::vector<std::string> records = agree::all_gather_strings(comm, m.backend(), sent);
@@ -337,7 +327,7 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
   //    partial directory; one after it (syncing the parent directory) says that the checkpoint is in place.
   mine.reset();
   if (rank == 0)
-    mine = outcome([&] {
+    mine = agree::outcome([&] {
       manifest man;
       man.step = step;
       if (opt) man.optimizer = optimizer_record{std::string(opt->name()), opt->steps(), opt->state_names()};
@@ -440,8 +430,9 @@ staging_shards read_shards(M& m, const O* opt, const std::string& dir, const man
       try {
         staging[u][k].reset(new float[n]);  // the reads fill the pieces; the rest is zeroed below
       } catch (const std::bad_alloc&) {
-        throw memory_error(fsdp::detail::cat("could not allocate ", n * sizeof(float), " bytes of host staging for unit '",
-                                       m.unit(u).name(), "' (", kinds_of(opt)[k], ")"));
+        throw memory_error(fsdp::detail::cat("could not allocate ", n * sizeof(float),
+                                             " bytes of host staging for unit '", m.unit(u).name(), "' (",
+                                             kinds_of(opt)[k], ")"));
       }
     }
   }
@@ -482,15 +473,17 @@ void check_fits(const M& m, const O* opt, const manifest& man, const load_option
                            "it holds no optimizer state (saved without an optimizer); load the parameters alone "
                            "with checkpoint::load(model, dir)"));
     if (man.optimizer->name != opt->name() || man.optimizer->states != opt->state_names())
-      io::fail(fsdp::detail::cat(at, "saved by ", man.optimizer->name, " with states ", names_text(man.optimizer->states),
-                           "; this optimizer is ", opt->name(), " with states ", names_text(opt->state_names())));
+      io::fail(fsdp::detail::cat(at, "saved by ", man.optimizer->name, " with states ",
+                                 names_text(man.optimizer->states), "; this optimizer is ", opt->name(),
+                                 " with states ", names_text(opt->state_names())));
     if (man.loss_scaler && !lo.loss_scaler)
       io::fail(fsdp::detail::cat(at, "it holds a loss scaler's state (scale ", man.loss_scaler->scale, ", ",
                            man.loss_scaler->good_steps,
                            " good steps); pass load_options::loss_scaler to resume with it"));
   }
   if (lo.loss_scaler && !man.loss_scaler)
-    io::fail(fsdp::detail::cat(at, "load_options::loss_scaler is given but the checkpoint holds no loss scaler's state"));
+    io::fail(
+        fsdp::detail::cat(at, "load_options::loss_scaler is given but the checkpoint holds no loss scaler's state"));
 }
 
 /// A load in place, once nothing can refuse it any more: zeroes the shards' padding and reads every piece straight
@@ -529,10 +522,11 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
                            "Every rank must call checkpoint::load with the same directory and load_options::in_place");
   m.synchronize();
   manifest man;
-  const std::string untouched = fsdp::detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)");
+  const std::string untouched =
+      fsdp::detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)");
   if (!lo.in_place) {
     staging_shards staging;
-    const std::optional<std::string> mine = outcome([&] {
+    const std::optional<std::string> mine = agree::outcome([&] {
       man = read_manifest(dir);
       check_fits(m, opt, man, lo, dir);
       staging = read_shards(m, opt, dir, man);
@@ -543,9 +537,10 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
         [&] {
           // Everything was read and verified: only the backend can fail now (a CUDA stream's error), and then the
           // shards are torn.
-          model_access::tear_shards(
-              m, fsdp::detail::cat("a checkpoint load from '", dir, "' that did not finish (its uploads into the shards failed)"),
-              opt != nullptr);
+          model_access::tear_shards(m,
+                                    fsdp::detail::cat("a checkpoint load from '", dir,
+                                                      "' that did not finish (its uploads into the shards failed)"),
+                                    opt != nullptr);
           auto& be = m.backend();
           for (std::size_t u = 0; u < m.size(); ++u)
             for (std::size_t k = 0; k < staging[u].size(); ++k)
@@ -559,7 +554,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
     // nothing. Only a read or a checksum can fail after that, and the model is torn.
     shard_reads plan;
     std::vector<io::file> files;
-    const std::optional<std::string> mine = outcome([&] {
+    const std::optional<std::string> mine = agree::outcome([&] {
       man = read_manifest(dir);
       check_fits(m, opt, man, lo, dir);
       plan = plan_shard_reads(m, opt, man, [&](std::size_t u, std::size_t k) { return buffer_of(m, opt, u, k); });
@@ -574,17 +569,19 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
         m, "a checkpoint load",
         [&] {
           model_access::tear_shards(
-              m, fsdp::detail::cat("a checkpoint load from '", dir, "' that did not finish, in place (", what, " torn)"),
+              m,
+              fsdp::detail::cat("a checkpoint load from '", dir, "' that did not finish, in place (", what, " torn)"),
               opt != nullptr);
-          torn = outcome([&] { write_in_place(m, man, files, plan); });
+          torn = agree::outcome([&] { write_in_place(m, man, files, plan); });
         },
         covers);
     const auto failed = agree::failures(m.comm(), m.backend(), torn);
     if (!failed.empty()) {
       const std::string text = agree::failure_text(failed);
-      model_access::tear_shards(
-          m, fsdp::detail::cat("a checkpoint load from '", dir, "' that failed part way, in place (", what, " torn): ", text),
-          opt != nullptr);
+      model_access::tear_shards(m,
+                                fsdp::detail::cat("a checkpoint load from '", dir, "' that failed part way, in place (",
+                                                  what, " torn): ", text),
+                                opt != nullptr);
       throw checkpoint_error(fsdp::detail::cat("checkpoint load from '", dir, "' failed part way, in place (", what,
                                          " torn: load a checkpoint before using the model): ", text));
     }

@@ -25,7 +25,8 @@ FSDP_DECL manifest read_manifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   const io::file f = io::open_read(path);
   const std::uint64_t n = f.size();
-  if (n > (std::uint64_t{1} << 30)) io::fail(fsdp::detail::cat("'", path, "' has ", n, " bytes: too large to be a manifest"));
+  if (n > (std::uint64_t{1} << 30))
+    io::fail(fsdp::detail::cat("'", path, "' has ", n, " bytes: too large to be a manifest"));
   std::string text(static_cast<std::size_t>(n), '\0');
   f.read_at(text.data(), n, 0);
   return parse_manifest(text, fsdp::detail::cat("the manifest '", path, "'"));

@@ -42,7 +42,8 @@ FSDP_DECL void file::read_at(void* data, std::uint64_t n, std::uint64_t at) cons
   while (done < n) {
     const ssize_t r = ::pread(fd_, p + done, static_cast<std::size_t>(n - done), static_cast<off_t>(at + done));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail(fsdp::detail::cat("could not read ", n, " bytes of '", path_, "' at byte ", at, ": ", reason(errno)));
+    if (r < 0)
+      fail(fsdp::detail::cat("could not read ", n, " bytes of '", path_, "' at byte ", at, ": ", reason(errno)));
     if (r == 0)
       fail(fsdp::detail::cat("'", path_, "' ends at byte ", at + done, ", before the ", n, " bytes at byte ", at,
                        " were read: the file is truncated"));
@@ -106,7 +107,8 @@ FSDP_DECL void rename(const std::string& from, const std::string& to) {
 }
 
 FSDP_DECL void make_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0) fail(fsdp::detail::cat("could not create the directory '", dir, "': ", reason(errno)));
+  if (::mkdir(dir.c_str(), 0755) != 0)
+    fail(fsdp::detail::cat("could not create the directory '", dir, "': ", reason(errno)));
 }
 
 FSDP_DECL bool remove_all(const std::string& path, std::string* why) noexcept {

@@ -94,8 +94,9 @@ FSDP_DECL void verify_manifest_checksum(std::string_view text, const std::string
         fsdp::detail::cat(doc, " has a checksum (\"manifest_xxh3\") that is not 16 lowercase hexadecimal digits"));
   const std::uint64_t actual = detail::checksum_with_zeros(text, digits);
   if (actual != *recorded)
-    throw checkpoint_error(fsdp::detail::cat(doc, " does not match its own checksum (xxh3 ", hex64(actual), ", recorded ",
-                                       hex64(*recorded), "): it was changed or damaged after it was written"));
+    throw checkpoint_error(fsdp::detail::cat(doc, " does not match its own checksum (xxh3 ", hex64(actual),
+                                             ", recorded ", hex64(*recorded),
+                                             "): it was changed or damaged after it was written"));
 }
 
 FSDP_DECL std::string to_json(const manifest& m) {
@@ -291,8 +292,8 @@ FSDP_DECL manifest parse_manifest(std::string_view text, const std::string& doc)
       p.end = r.integer(r.member(pieces[k], "end", pat), jf::at(pat, "end"), p.begin + 1, numel);
       p.offset = static_cast<std::uint64_t>(r.integer(r.member(pieces[k], "offset", pat), jf::at(pat, "offset")));
       if (p.offset > f.bytes || p.bytes() > f.bytes - p.offset)
-        r.fail(pat, fsdp::detail::cat("(", detail::piece_text(p), ") ends at byte ", p.offset + p.bytes(), ", past the file's ",
-                                      f.bytes, " bytes"));
+        r.fail(pat, fsdp::detail::cat("(", detail::piece_text(p), ") ends at byte ", p.offset + p.bytes(),
+                                      ", past the file's ", f.bytes, " bytes"));
       spans.push_back({p.offset, p.offset + p.bytes(), k});
       cover[{t->second, static_cast<std::size_t>(kind - kinds.begin())}].emplace_back(p.begin, p.end);
       f.pieces.push_back(std::move(p));

@@ -77,11 +77,12 @@ std::vector<tensor_info> layout_of(const M& m, const save_options& so) {
     tensor_info t;
     t.name = mapped(so.name_of, p.name);
     if (t.name.empty() || fsdp::detail::utf8_error(t.name) != std::string_view::npos || t.name == "__metadata__")
-      fsdp::detail::fail_usage("safetensors::save: parameter '", p.name, "' maps to the name '", fsdp::detail::printable(t.name),
-                         "', which a safetensors file cannot hold (empty, not UTF-8, or \"__metadata__\")");
+      fsdp::detail::fail_usage("safetensors::save: parameter '", p.name, "' maps to the name '",
+                               fsdp::detail::printable(t.name),
+                               "', which a safetensors file cannot hold (empty, not UTF-8, or \"__metadata__\")");
     if (const auto [it, fresh] = taken.emplace(t.name, p.name); !fresh)
-      fsdp::detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '", t.name,
-                         "'");
+      fsdp::detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '",
+                               t.name, "'");
     t.dtype = std::string(st_dtype(so.type));
     t.shape = p.shape;
     t.begin = at;
@@ -115,7 +116,8 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
                        "; save in f32, bf16 or f16");
   for (const auto& [k, v] : so.metadata)
     if (fsdp::detail::utf8_error(k) != std::string_view::npos || fsdp::detail::utf8_error(v) != std::string_view::npos)
-      fsdp::detail::fail_usage("safetensors::save: metadata entry '", fsdp::detail::printable(k), "' is not valid UTF-8");
+      fsdp::detail::fail_usage("safetensors::save: metadata entry '", fsdp::detail::printable(k),
+                               "' is not valid UTF-8");
   const std::vector<tensor_info> tensors = detail::layout_of(m, so);
   std::map<std::string, const tensor_info*, std::less<>> by_param;  // layout_of keeps the stored parameters' order
   {
@@ -136,7 +138,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
 
   std::optional<std::string> mine;
   if (rank == 0)
-    mine = ci::outcome([&] {
+    mine = agree::outcome([&] {
       if (!so.overwrite && io::exists(path))
         io::fail(fsdp::detail::cat("'", path, "' already exists; pass save_options::overwrite to replace it"));
       if (so.fault) so.fault({rank, "create", partial});
@@ -151,7 +153,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
   const device_mesh mesh = m.mesh();
   mine.reset();
   if (mesh.replica(rank) == 0)
-    mine = ci::outcome([&] {
+    mine = agree::outcome([&] {
       io::file f = io::open_write(partial);
       ci::host_reader<typename M::backend_type> reader(m.backend());
       std::vector<char> bytes;
@@ -174,7 +176,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
     ci::fail_removing(m, failed, partial, what);
   mine.reset();
   if (rank == 0)
-    mine = ci::outcome([&] { io::commit(partial, path, so.fault, rank); });
+    mine = agree::outcome([&] { io::commit(partial, path, so.fault, rank); });
   ci::require_success_removing(m, mine, partial, what);
 }
 
@@ -191,7 +193,7 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
   m.synchronize();
   header h;
   std::vector<std::vector<float>> staging(m.size());
-  const std::optional<std::string> mine = ci::outcome([&] {
+  const std::optional<std::string> mine = agree::outcome([&] {
     const io::file f = io::open_read(path);
     std::uint64_t data_start = 0;
     h = read_header(f, &data_start);
@@ -203,18 +205,20 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
       if (p.is_tied()) continue;
       const std::string name = detail::mapped(lo.name_of, p.name);
       const tensor_info* t = h.find(name);
-      const std::string which = name == p.name ? fsdp::detail::cat("tensor '", name, "'")
-                                               : fsdp::detail::cat("tensor '", name, "' (for parameter '", p.name, "')");
+      const std::string which = name == p.name
+                                    ? fsdp::detail::cat("tensor '", name, "'")
+                                    : fsdp::detail::cat("tensor '", name, "' (for parameter '", p.name, "')");
       if (!t) io::fail(fsdp::detail::cat(doc, " has no ", which, " ", fsdp::detail::shape_text(p.shape)));
       if (t->shape != p.shape)
         io::fail(fsdp::detail::cat(doc, ": ", which, " is ", fsdp::detail::shape_text(t->shape), " in the file but ",
                              fsdp::detail::shape_text(p.shape), " in the model"));
       if (!dtype_of_safetensors(t->dtype))
-        io::fail(fsdp::detail::cat(doc, ": ", which, " is ", t->dtype, ", which an fp32 master parameter cannot hold exactly (",
-                             detail::st_dtypes_text(), " can)"));
+        io::fail(fsdp::detail::cat(doc, ": ", which, " is ", t->dtype,
+                                   ", which an fp32 master parameter cannot hold exactly (", detail::st_dtypes_text(),
+                                   " can)"));
       if (const auto [it, fresh] = used.emplace(name, p.name); !fresh)
-        io::fail(
-            fsdp::detail::cat(doc, ": parameters '", it->second, "' and '", p.name, "' both map to tensor '", name, "'"));
+        io::fail(fsdp::detail::cat(doc, ": parameters '", it->second, "' and '", p.name, "' both map to tensor '", name,
+                                   "'"));
       of_param[p.name] = t;
     }
     if (!lo.allow_unused)
@@ -241,10 +245,11 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
     }
     checkpoint::read_ranges(f, f.size(), std::move(ops[0]));
     for (const auto& [bytes, dest] : raw)
-      detail::decode(bytes.data(), bytes.size() / dtype_bytes(dest.first->dtype), *dtype_of_safetensors(dest.first->dtype),
-                   dest.second);
+      detail::decode(bytes.data(), bytes.size() / dtype_bytes(dest.first->dtype),
+                     *dtype_of_safetensors(dest.first->dtype), dest.second);
   });
-  ci::require_success(m, mine, fsdp::detail::cat("safetensors load from '", path, "' failed (no parameter was modified)"));
+  ci::require_success(m, mine,
+                      fsdp::detail::cat("safetensors load from '", path, "' failed (no parameter was modified)"));
   model_access::replace_shards(m, "a safetensors load", [&] {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)

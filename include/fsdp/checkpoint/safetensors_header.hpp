@@ -7,8 +7,8 @@
 // (that no name appears twice, that every dtype is known, that the shape's element count times the dtype's size is
 // the byte count, that the tensors tile the data section exactly: in order of offset, the first at byte 0, each
 // beginning where the one before ends, the last ending at the section's end), so that an import never trusts an
-// unchecked number and never reads a file the package refuses; every problem names the tensor; make_header() writes one padded with spaces to a multiple of 8
-// bytes, as the package does, so that the data section stays aligned.
+// unchecked number and never reads a file the package refuses; every problem names the tensor; make_header() writes one
+// padded with spaces to a multiple of 8 bytes, as the package does, so that the data section stays aligned.
 #include <cstdint>
 #include <map>
 #include <string>

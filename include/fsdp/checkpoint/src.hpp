@@ -4,7 +4,8 @@
 // fsdp/src.hpp (Bazel: depend on //:checkpoint_separate; CMake: link fsdp::checkpoint_separate; both do it). It
 // needs nlohmann-json and xxHash's header, which in this mode no checkpoint header includes.
 #if !defined(FSDP_SEPARATE_COMPILATION)
-#error "fsdp/checkpoint/src.hpp is for separate-compilation mode: define FSDP_SEPARATE_COMPILATION for this file and for every file that includes a library header (docs/build.md)"
+#error "fsdp/checkpoint/src.hpp is for separate-compilation mode: define FSDP_SEPARATE_COMPILATION for this \
+file and for every file that includes a library header (docs/build.md)"
 #endif
 
 #include "fsdp/checkpoint/checkpoint.ipp"

@@ -2,8 +2,8 @@
 // The CollectivePolicy concept: what the unit executor and the optimizers need from a communicator.
 // Implementations: comm::local (ranks as threads of one process, over host memory: comm/local.hpp, or one GPU:
 // comm/local_cuda.cuh), comm::mpi (comm/mpi.hpp) and comm::nccl (comm/nccl.cuh). Buffers are the backend's memory;
-// every collective is issued on a stream of the backend and runs in that stream's order. Reductions of f32, bf16 and f16 are
-// supported; an average is NCCL's (each value pre-multiplied by 1 / ranks rounded to the element dtype, then
+// every collective is issued on a stream of the backend and runs in that stream's order. Reductions of f32, bf16 and
+// f16 are supported; an average is NCCL's (each value pre-multiplied by 1 / ranks rounded to the element dtype, then
 // summed).
 #include <concepts>
 #include <cstdint>
@@ -126,7 +126,8 @@ concept DeviceMeasuredCollective = CollectivePolicy<C> && requires(const C& c) {
 };
 
 template <class C>
-concept ConnectingCollective = CollectivePolicy<C> && requires(C& c, const C& cc, const std::vector<collective_use>& uses) {
+concept ConnectingCollective =
+    CollectivePolicy<C> && requires(C& c, const C& cc, const std::vector<collective_use>& uses) {
   c.connect(uses);
   { cc.connect_bytes() } -> std::convertible_to<std::int64_t>;
 };
@@ -163,10 +164,10 @@ std::int64_t connect_bytes(const C& c) {
 namespace comm::detail {
 /// The buffers of an all_to_all of `count` elements of `t` per pair among `ranks` ranks, on rank `rank`, must not
 /// overlap: a usage_error says so otherwise.
-FSDP_DECL void require_apart(const void* send, const void* recv, std::int64_t count, dtype t, int rank, int ranks);
+inline void require_apart(const void* send, const void* recv, std::int64_t count, dtype t, int rank, int ranks);
 /// A split's color must not be negative (MPI's and NCCL's negative colors mean "in no group"): a usage_error
 /// naming the rank otherwise. Every communicator's split asks it first.
-FSDP_DECL void require_color(int color, int rank);
+inline void require_color(int color, int rank);
 /// A collective's count must not be negative: a usage_error otherwise, what() naming the collective and the rank
 /// (each communicator as its other errors do). Every communicator's collectives ask it first.
 template <class What>
@@ -177,6 +178,20 @@ void require_count(std::int64_t count, What&& what) {
 
 }  // namespace fsdp
 
-#if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/comm/concept.ipp"
-#endif
+namespace fsdp::comm::detail {
+
+inline void require_apart(const void* send, const void* recv, std::int64_t count, dtype t, int rank, int ranks) {
+  const std::int64_t total = count * ranks;
+  const auto* a = static_cast<const unsigned char*>(send);
+  const auto* b = static_cast<const unsigned char*>(recv);
+  const std::size_t span = static_cast<std::size_t>(total > 0 ? total : 0) * size_of(t);
+  if (span && a < b + span && b < a + span)
+    fsdp::detail::fail_usage("all_to_all(count=", count, ", ", name_of(t), ") on rank ", rank,
+                             ": the send and receive buffers overlap; give it two buffers of ", span, " bytes each");
+}
+
+inline void require_color(int color, int rank) {
+  if (color < 0) fsdp::detail::fail_usage("split on rank ", rank, ": color must be >= 0, got ", color);
+}
+
+}  // namespace fsdp::comm::detail

@@ -45,7 +45,8 @@ FSDP_DECL std::optional<launch_env> launch_env::find(const lookup& get) {
     e.source = c.name;
     e.local_rank_var = c.local;
     e.world_var = c.world;
-    if (e.world <= 0) fsdp::detail::fail_usage("launch environment (", c.name, "): ", c.world, "=", w, " must be positive");
+    if (e.world <= 0)
+      fsdp::detail::fail_usage("launch environment (", c.name, "): ", c.world, "=", w, " must be positive");
     if (e.rank < 0 || e.rank >= e.world)
       fsdp::detail::fail_usage("launch environment (", c.name, "): ", c.rank, "=", r, " is outside [0, ", c.world, "=",
                          e.world, ")");
@@ -77,9 +78,10 @@ FSDP_DECL std::string mpi_launch_mismatch(int mpi_world, const launch_env::looku
                       "process initialised MPI alone. Start it with srun --mpi=pmix (an MPI built with PMIx support; "
                       "srun --mpi=list shows what Slurm offers), or with mpirun -np ",
                       e->world);
-  return head + fsdp::detail::cat("without MPI's launcher every process initialises MPI alone. Start the program with "
-                                  "mpirun -np ",
-                                  e->world, " (comm::mpi needs MPI's own launcher), or use comm::nccl with ", e->source);
+  return head + fsdp::detail::cat(
+                    "without MPI's launcher every process initialises MPI alone. Start the program with "
+                    "mpirun -np ",
+                    e->world, " (comm::mpi needs MPI's own launcher), or use comm::nccl with ", e->source);
 }
 
 FSDP_DECL int choose_device(int rank, int explicit_device, int local_rank, std::string_view local_rank_from,
@@ -109,7 +111,8 @@ FSDP_DECL int choose_device(int rank, int explicit_device, int local_rank, std::
 
 FSDP_DECL file_rendezvous::file_rendezvous(std::filesystem::path path, int world, int rank, std::string job)
     : path_(std::move(path)), world_(world), rank_(rank), job_(std::move(job)) {
-  if (path_.empty()) fsdp::detail::fail_usage("file rendezvous: empty path (set FSDP_RENDEZVOUS_FILE or nccl_options::rendezvous_file)");
+  if (path_.empty())
+    fsdp::detail::fail_usage("file rendezvous: empty path (set FSDP_RENDEZVOUS_FILE or nccl_options::rendezvous_file)");
   if (world_ <= 0 || rank_ < 0 || rank_ >= world_)
     fsdp::detail::fail_usage("file rendezvous: rank ", rank_, " is outside a world of ", world_);
 }
@@ -148,9 +151,10 @@ FSDP_DECL void file_rendezvous::publish(const std::vector<char>& blob, std::chro
       std::string who;
       for (int q = 1; q < world_; ++q)
         if (nonce[static_cast<std::size_t>(q)].empty()) who += (who.empty() ? "" : ", ") + std::to_string(q);
-      throw comm_error(fsdp::detail::cat("file rendezvous: rank 0 published its id on '", path_.string(), "' but rank(s) ",
-                                         who, " of ", world_, " did not acknowledge it within ", timeout.count(),
-                                         " ms (job '", job_, "'); are they running with the same job id, and does "
+      throw comm_error(fsdp::detail::cat("file rendezvous: rank 0 published its id on '", path_.string(),
+                                         "' but rank(s) ", who, " of ", world_, " did not acknowledge it within ",
+                                         timeout.count(), " ms (job '", job_,
+                                         "'); are they running with the same job id, and does "
                                          "every rank see the same path?"));
     }
     std::this_thread::sleep_for(backoff.next(std::chrono::steady_clock::now(), deadline));
@@ -182,7 +186,8 @@ FSDP_DECL std::vector<char> file_rendezvous::fetch(std::size_t size, std::chrono
           acked = token;
           blob.assign(content.begin() + static_cast<std::ptrdiff_t>(eol + 1), content.end());
         }
-        seen = fsdp::detail::cat("an id with token ", token, " that rank 0 of this launch has not confirmed (left by an "
+        seen = fsdp::detail::cat("an id with token ", token,
+                                 " that rank 0 of this launch has not confirmed (left by an "
                                  "earlier launch, or rank 0 is not running)");
       } else {
         seen = fsdp::detail::cat("a file with header '", head, "' (expected '", id_prefix, "<token>' and ", size,
@@ -195,9 +200,9 @@ FSDP_DECL std::vector<char> file_rendezvous::fetch(std::size_t size, std::chrono
       if (go.starts_with(go_header(acked) + '\n') && go.find(mine) != std::string::npos) return blob;
     }
     if (std::chrono::steady_clock::now() > deadline)
-      throw comm_error(fsdp::detail::cat("file rendezvous: '", path_.string(), "' had no id from rank 0 of this job after ",
-                                         timeout.count(), " ms (found ", seen,
-                                         "); is rank 0 running, and does every rank see the same path?"));
+      throw comm_error(fsdp::detail::cat("file rendezvous: '", path_.string(),
+                                         "' had no id from rank 0 of this job after ", timeout.count(), " ms (found ",
+                                         seen, "); is rank 0 running, and does every rank see the same path?"));
     std::this_thread::sleep_for(backoff.next(std::chrono::steady_clock::now(), deadline));
   }
 }
@@ -258,7 +263,9 @@ FSDP_DECL void file_rendezvous::write_atomically(const std::filesystem::path& p,
   }
   std::error_code ec;
   std::filesystem::rename(tmp, p, ec);
-  if (ec) fsdp::detail::fail_usage("file rendezvous: cannot rename '", tmp.string(), "' to '", p.string(), "': ", ec.message());
+  if (ec)
+    fsdp::detail::fail_usage("file rendezvous: cannot rename '", tmp.string(), "' to '", p.string(),
+                             "': ", ec.message());
 }
 
 }  // namespace fsdp::comm

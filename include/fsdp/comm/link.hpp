@@ -24,8 +24,11 @@ struct link_model {
   std::chrono::nanoseconds duration(collective c, std::int64_t unsharded_bytes, int world) const {
     if (bytes_per_second <= 0 || world <= 1) return std::chrono::nanoseconds{0};
     const double n = world;
-    const double factor = c == collective::broadcast ? 1.0 : c == collective::all_reduce ? 2.0 * (n - 1) / n : (n - 1) / n;
-    return latency + std::chrono::nanoseconds(static_cast<std::int64_t>(double(unsharded_bytes) * factor / bytes_per_second * 1e9));
+    const double factor = c == collective::broadcast    ? 1.0
+                          : c == collective::all_reduce ? 2.0 * (n - 1) / n
+                                                        : (n - 1) / n;
+    return latency + std::chrono::nanoseconds(
+                         static_cast<std::int64_t>(double(unsharded_bytes) * factor / bytes_per_second * 1e9));
   }
 };
 

@@ -24,7 +24,8 @@ FSDP_DECL local_communicator local_communicator::split(int color, int key) {
   const std::int32_t mine[2] = {color, key};
   std::vector<std::int32_t> all(static_cast<std::size_t>(2 * size()));
   // an all_gather of 2 x 4 bytes per rank, on this thread (the count is in f32 elements of the same size)
-  g_->run(seq_++, rank_, detail::op_desc{int(collective::all_gather), 2, dtype::f32, reduce_op::sum, 0}, mine, all.data());
+  g_->run(seq_++, rank_, detail::op_desc{int(collective::all_gather), 2, dtype::f32, reduce_op::sum, 0}, mine,
+          all.data());
   std::vector<std::pair<int, int>> pairs;
   for (int q = 0; q < size(); ++q) pairs.emplace_back(all[2 * q], all[2 * q + 1]);
   auto [group, place] = g_->sub_group(splits_++, rank_, pairs);

@@ -48,7 +48,7 @@ struct nccl_options {
   /// launch.hpp: device 0 when one device is visible, else the local rank).
   backend::cuda_options backend{};
   /// One communicator for every stream (the default), or one per stream name (needs NCCL 2.26+ and
-  /// NCCL_LAUNCH_ORDER_IMPLICIT=1): see nccl_channels in detail/nccl_logic.hpp.
+  /// NCCL_LAUNCH_ORDER_IMPLICIT=1): see fsdp/comm/nccl_channels.hpp.
   nccl_channels channels = nccl_channels::one;
 };
 
@@ -408,16 +408,18 @@ struct nccl {
     std::unique_ptr<file_rendezvous> rdv;
     if (env.world > 1) {
       if (path.empty())
-        fsdp::detail::fail_usage("comm::nccl::from_env: a world of ", env.world,
-                                 " needs a rendezvous file on a path every rank sees: set FSDP_RENDEZVOUS_FILE or "
-                                 "nccl_options::rendezvous_file (or use comm::nccl_from_mpi (nccl_mpi.cuh) under mpirun)");
+        fsdp::detail::fail_usage(
+            "comm::nccl::from_env: a world of ", env.world,
+            " needs a rendezvous file on a path every rank sees: set FSDP_RENDEZVOUS_FILE or "
+            "nccl_options::rendezvous_file (or use comm::nccl_from_mpi (nccl_mpi.cuh) under mpirun)");
       rdv = std::make_unique<file_rendezvous>(path, env.world, env.rank);
     }
     if (env.rank == 0) {
       FSDP_NCCL_CHECK(ncclGetUniqueId(&id));
       if (rdv)
-        rdv->publish(std::vector<char>(reinterpret_cast<const char*>(&id), reinterpret_cast<const char*>(&id) + sizeof id),
-                     opt.timeout);
+        rdv->publish(
+            std::vector<char>(reinterpret_cast<const char*>(&id), reinterpret_cast<const char*>(&id) + sizeof id),
+            opt.timeout);
     } else {
       const std::vector<char> blob = rdv->fetch(sizeof id, opt.timeout);
       std::memcpy(&id, blob.data(), sizeof id);
@@ -435,7 +437,8 @@ struct nccl {
     } else if (rc != cudaSuccess) {
       fsdp::detail::throw_cuda_error(rc, "cudaGetDeviceCount(&visible)", __FILE__, __LINE__);
     }
-    return choose_device(rank, explicit_device, local_rank, local_rank_from, visible, std::getenv("CUDA_VISIBLE_DEVICES"));
+    return choose_device(rank, explicit_device, local_rank, local_rank_from, visible,
+                         std::getenv("CUDA_VISIBLE_DEVICES"));
   }
 };
 

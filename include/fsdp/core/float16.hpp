@@ -137,7 +137,8 @@ FSDP_HD constexpr storage_t<D> from_float(float x) noexcept {
   else if constexpr (D == dtype::f8e4m3) return f8::from_float<f8::e4m3>(x);
   else if constexpr (D == dtype::f8e5m2) return f8::from_float<f8::e5m2>(x);
   else if constexpr (D == dtype::i8) return int8_from_float(x);
-  else static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion from float (float16.hpp)");
+  else
+    static_assert(detail::no_conversion<storage_t<D>>, "fsdp: a dtype without a conversion from float (float16.hpp)");
 }
 
 }  // namespace fsdp::lowp

@@ -86,9 +86,9 @@ class nccl_error : public std::runtime_error {
 
   static std::string message(ncclResult_t code, const char* expression, const char* file, int line,
                              const std::string& hint = {}) {
-    std::string m = detail::cat("fsdp: NCCL call '", expression ? expression : "", "' failed with ",
-                                detail::nccl_result_name(code), " (", ncclGetErrorString(code), ") at ", file ? file : "?",
-                                ":", line);
+    std::string m =
+        detail::cat("fsdp: NCCL call '", expression ? expression : "", "' failed with ", detail::nccl_result_name(code),
+                    " (", ncclGetErrorString(code), ") at ", file ? file : "?", ":", line);
     if (!hint.empty()) m += detail::cat(": ", hint);
     // NCCL keeps a human-readable description of the last failure (e.g. which argument was invalid).
     if (const char* last = ncclGetLastError(nullptr); last && *last) m += detail::cat(" [NCCL: ", last, "]");

@@ -81,7 +81,8 @@ FSDP_KERNEL void convert_kernel(convert_params<D, S> p) {
     }
     done = nv * W;
   }
-  for (std::int64_t i = done + tid; i < p.n; i += stride) p.dst[i] = fsdp::kernels::convert_one<D, S>(p.src[i], p.scale);
+  for (std::int64_t i = done + tid; i < p.n; i += stride)
+    p.dst[i] = fsdp::kernels::convert_one<D, S>(p.src[i], p.scale);
 }
 
 template <dtype D, dtype S>

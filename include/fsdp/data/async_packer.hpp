@@ -31,7 +31,8 @@ class async_packer {
   async_packer(packing_options o, Source source, int world, int rank, std::size_t depth = 4, packer_state state = {})
       : world_(world), rank_(rank), depth_(depth), packer_(o, std::move(source), state) {
     taken_ = packer_.snapshot();
-    if (depth_ == 0) fsdp::detail::fail_usage("packing: an async_packer's queue depth is 0; it must hold at least one step");
+    if (depth_ == 0)
+      fsdp::detail::fail_usage("packing: an async_packer's queue depth is 0; it must hold at least one step");
     check_world(o.rows_per_step, world);
     check_rank(world, rank);
     worker_ = std::thread([this] { run(); });

@@ -20,8 +20,8 @@ FSDP_DECL void validate(const packing_options& o) {
   positive("rows_per_step", o.rows_per_step, "the rows of one step over every rank");
   positive("lookahead", o.lookahead, "the pieces of documents the packer may reorder");
   if (o.row_tokens > INT32_MAX)
-    fsdp::detail::fail_usage("packing: row_tokens is ", o.row_tokens, "; position ids and cu_seqlens are 32-bit, so at most ",
-                       INT32_MAX);
+    fsdp::detail::fail_usage("packing: row_tokens is ", o.row_tokens,
+                             "; position ids and cu_seqlens are 32-bit, so at most ", INT32_MAX);
 }
 
 FSDP_DECL void check_world(std::int64_t rows, int world) {

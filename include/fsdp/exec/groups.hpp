@@ -5,11 +5,31 @@
 // all-reduce of each reduce-scattered shard). Until use_groups() the shard group is the world and there are no
 // replicas.
 #include <cstddef>
+#include <memory>
 #include <string_view>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/sharding/sharding.hpp"
 
 namespace fsdp::exec {
+
+/// Hybrid sharding's two sub-groups of the world, as `mesh` places this rank (rank order within each: the world's).
+template <class C>
+struct split_groups {
+  std::unique_ptr<C> shard;      ///< the ranks of this rank's replica (consecutive world ranks)
+  std::unique_ptr<C> replicate;  ///< the ranks at this rank's place in every shard group
+};
+
+/// Splits `world` by `mesh` (SplittableCollective: comm::local, comm::mpi, comm::nccl). Collective over the world.
+template <SplittableCollective C>
+split_groups<C> split_world(C& world, const device_mesh& mesh) {
+  const int r = world.rank();
+  split_groups<C> g;
+  // new C(prvalue): a communicator need not be movable (split returns it by value, elided)
+  g.shard.reset(new C(world.split(mesh.replica(r), r)));
+  g.replicate.reset(new C(world.split(mesh.shard_rank(r), r)));
+  return g;
+}
 
 template <class C>
 class groups {

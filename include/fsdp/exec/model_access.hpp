@@ -1,8 +1,7 @@
 #pragma once
 // The narrow interface through which optimizers and checkpoints reach a Model: what a trainer never calls is kept
-// off Model's surface (the trainer's: passes, units, views, memory, plans, gather_full_params, zero_grad,
-// synchronize). fsdp::optim's optimizers and fsdp::checkpoint use it; a user's own optimizer or weights format may
-// too:
+// off Model's surface (the trainer's: passes, units, views, memory, plans, zero_grad, synchronize). fsdp::optim's
+// optimizers and fsdp::checkpoint use it; a user's own optimizer or weights format may too:
 //
 //   step(model, work)                   an optimizer step: work's inspection, then its update of every unit where
 //                                       the step program puts it (fsdp/exec/update_site.hpp)
@@ -15,6 +14,9 @@
 //                                       optimizer's state, and so may repair a model that a failed load tore)
 //   require_between_steps(model, what)  usage_error naming `what` unless the model is between optimizer steps
 //   require_restorable(model, what, r)  the model is between steps, or torn and `r` restores what was torn
+//   require_idle(model, what)           usage_error naming `what` while a pass is in progress (or a load tore it)
+//   gather_full(model, u)               collective: unit u's full fp32 flat values on every rank
+//                                       (fsdp::weights::gather_full_params)
 //   synchronize_quietly(model)          waits for every stream without throwing (an optimizer's state going away)
 //   forward_order(model)                the forward order by unit index (the wrapping order until one is recorded)
 //   costs(model, u)                     what unit u's buffers cost (category, dtype, elements: plan::costs_of)
@@ -54,6 +56,14 @@ struct model_access {
   template <class M>
   static void require_restorable(const M& m, const char* what, sched::restores r) {
     m.require_between_steps(what, r);
+  }
+  template <class M>
+  static void require_idle(const M& m, const char* what) {
+    m.require_idle(what);
+  }
+  template <class M>
+  static std::vector<float> gather_full(M& m, std::size_t u) {
+    return m.gather_full(u);
   }
   template <class M>
   static void synchronize_quietly(M& m) noexcept {

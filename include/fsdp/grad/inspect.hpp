@@ -124,8 +124,9 @@ struct decide {
     sum = rn::div(sum, static_cast<double>(replicas));
     finite = finite && sum - sum == 0.0;
     verdict v;
-    v.norm = sum == sum ? rn::div(rn::sqrt(sum), static_cast<double>(loss_scale))
-                        : __builtin_bit_cast(double, std::uint64_t{0x7ff8000000000000u});  // one NaN, whatever the payloads
+    v.norm = sum == sum
+                 ? rn::div(rn::sqrt(sum), static_cast<double>(loss_scale))
+                 : __builtin_bit_cast(double, std::uint64_t{0x7ff8000000000000u});  // one NaN, whatever the payloads
     if (!finite) {
       v.clip_coef = 0.0f;
       v.grad_scale = 0.0f;
@@ -145,8 +146,9 @@ struct decide {
 
 /// The report of a decision `v` at loss scale `loss_scale`; `table` (rows x units, rows == world: located) names the
 /// first non-finite unit shard in backward order, when it was skipped.
-FSDP_DECL report report_of(const verdict& v, float loss_scale, const float* table, int rows, int world, std::size_t units,
-                           const std::vector<std::size_t>& backward, const std::vector<std::string>& names);
+FSDP_DECL report report_of(const verdict& v, float loss_scale, const float* table, int rows, int world,
+                           std::size_t units, const std::vector<std::size_t>& backward,
+                           const std::vector<std::string>& names);
 
 /// One optimizer step's decision on its way to the host, shared by the optimizer and the step_report it returned:
 /// resolved once, by whichever asks first (the optimizer at its next step at the latest).
@@ -211,7 +213,8 @@ void issue_inspection(ModelT& model, const options& o, void* buf) {
   float* table = slots + plan::verdict_slots;
   be.fill_zero(slots, cost.bytes(), cs);
   float* row = table + (rows == 1 ? 0 : static_cast<std::size_t>(comm.rank()) * n);
-  for (std::size_t u = 0; u < n; ++u) be.squared_norm(model.unit(u).grad_shard(), model_access::costs(model, u).shard_numel, row + u, cs);
+  for (std::size_t u = 0; u < n; ++u)
+    be.squared_norm(model.unit(u).grad_shard(), model_access::costs(model, u).shard_numel, row + u, cs);
   comm::label_next(comm, "(gradient norms)");  // names it in errors
   comm.all_reduce(table, table, plan::norm_count(n, rows), dtype::f32, reduce_op::sum, cs);
   be.for_each(1, decide{table, plan::norm_count(n, rows), model.mesh().replicas, o.max_norm,

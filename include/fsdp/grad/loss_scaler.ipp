@@ -19,7 +19,8 @@ FSDP_DECL loss_scaler::loss_scaler(loss_scaler_options o) : o_(o), scale_(o.init
 }
 
 FSDP_DECL void loss_scaler::restore(float scale, int good_steps) {
-  if (!(scale > 0.0f) || !std::isfinite(scale)) detail::fail_usage("loss_scaler::restore: scale must be finite and > 0, got ", scale);
+  if (!(scale > 0.0f) || !std::isfinite(scale))
+    detail::fail_usage("loss_scaler::restore: scale must be finite and > 0, got ", scale);
   if (good_steps < 0) detail::fail_usage("loss_scaler::restore: good_steps must be >= 0, got ", good_steps);
   learn();
   scale_ = scale;

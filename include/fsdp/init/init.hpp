@@ -69,10 +69,14 @@ inline float value(const rule& r, std::string_view name, std::uint64_t index) no
 }
 
 /// Fills out[0, count) with the values of elements [first, first + count) of parameter `name`.
-FSDP_DECL void fill(const rule& r, std::string_view name, std::uint64_t first, std::size_t count, float* out);
+inline void fill(const rule& r, std::string_view name, std::uint64_t first, std::size_t count, float* out);
+
+inline void fill(const rule& r, std::string_view name, std::uint64_t first, std::size_t count, float* out) {
+  std::visit(
+      [&](const auto& x) {
+        for (std::size_t i = 0; i < count; ++i) out[i] = value(x, name, first + i);
+      },
+      r);
+}
 
 }  // namespace fsdp::init
-
-#if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/init/init.ipp"
-#endif

@@ -14,7 +14,7 @@
 namespace fsdp::kernels::host_loops {
 
 /// dst[i] = dst_type(float(src[i]) * scale).
-FSDP_DECL void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale);
+inline void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale);
 
 /// dst[i] += float(src[i]) * scale, with the loop run(n, f) (f(i) for every i: a plain loop, or a pool's).
 template <class Run>
@@ -28,7 +28,7 @@ void accumulate_with(Run&& run, float* dst, const void* src, dtype src_type, std
   });
 }
 /// dst[i] += float(src[i]) * scale.
-FSDP_DECL void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale);
+inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale);
 
 /// f(i) for i = b .. e-1, in order. On a copy of f: the stores f makes through its pointers cannot alias a local
 /// copy, so the compiler keeps its coefficients in registers instead of reloading them after every element. An
@@ -67,8 +67,19 @@ void for_each(std::int64_t n, const F& f) {
   for_range(0, n, f);
 }
 
-}  // namespace fsdp::kernels::host_loops
+inline void convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale) {
+  dispatch(dst_type, [&](auto d) {
+    dispatch(src_type, [&](auto t) {
+      auto* out = static_cast<lowp::storage_t<d()>*>(dst);
+      const auto* in = static_cast<const lowp::storage_t<t()>*>(src);
+      for (std::int64_t i = 0; i < n; ++i) out[i] = convert_one<d(), t()>(in[i], scale);
+    });
+  });
+}
 
-#if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/kernels/host_loops.ipp"
-#endif
+inline void accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale) {
+  accumulate_with([](std::int64_t m, const auto& f) { for (std::int64_t i = 0; i < m; ++i) f(i); }, dst, src, src_type,
+                  n, scale);
+}
+
+}  // namespace fsdp::kernels::host_loops

@@ -56,7 +56,8 @@ inline nlohmann::json chrome_trace_json(const std::vector<event>& events, const 
 
   for (int r : ranks) {
     const int pid = r + o.pid_offset;
-    out.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", o.process + std::to_string(r)}}}});
+    out.push_back(
+        {{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", o.process + std::to_string(r)}}}});
     out.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
     const char* threads[] = {"compute", "all_gather", "reduce", "scheduler"};
     for (int t = 0; t < 4; ++t)
@@ -95,14 +96,26 @@ inline nlohmann::json chrome_trace_json(const std::vector<event>& events, const 
           const bool g = e.what == kind::gather_issued;
           (g ? gather_issues : reduce_issues).push_back(e);
           const std::string coll(name_of(g ? collective::all_gather : e.coll));
-          out.push_back({{"ph", "i"}, {"s", "t"}, {"name", "issue " + coll + " " + unit_name(e.unit) + (e.ahead ? " (prefetch)" : "")},
-                         {"cat", "scheduler"}, {"pid", pid}, {"tid", scheduler}, {"ts", ts},
-                         {"args", {{"unit", unit_name(e.unit)}, {"bytes", e.bytes}, {"prefetch", e.ahead}, {"step", e.step}}}});
+          out.push_back(
+              {{"ph", "i"},
+               {"s", "t"},
+               {"name", "issue " + coll + " " + unit_name(e.unit) + (e.ahead ? " (prefetch)" : "")},
+               {"cat", "scheduler"},
+               {"pid", pid},
+               {"tid", scheduler},
+               {"ts", ts},
+               {"args", {{"unit", unit_name(e.unit)}, {"bytes", e.bytes}, {"prefetch", e.ahead}, {"step", e.step}}}});
           break;
         }
         case kind::release:
-          out.push_back({{"ph", "i"}, {"s", "t"}, {"name", "release " + unit_name(e.unit)}, {"cat", "scheduler"},
-                         {"pid", pid}, {"tid", scheduler}, {"ts", ts}, {"args", {{"unit", unit_name(e.unit)}, {"step", e.step}}}});
+          out.push_back({{"ph", "i"},
+                         {"s", "t"},
+                         {"name", "release " + unit_name(e.unit)},
+                         {"cat", "scheduler"},
+                         {"pid", pid},
+                         {"tid", scheduler},
+                         {"ts", ts},
+                         {"args", {{"unit", unit_name(e.unit)}, {"step", e.step}}}});
           break;
         case kind::gather_begin: gather_begins.push_back(e); break;
         case kind::reduce_begin: reduce_begins.push_back(e); break;
@@ -131,8 +144,13 @@ inline nlohmann::json chrome_trace_json(const std::vector<event>& events, const 
   }
   for (const auto& m : memory) {
     json args = json::object();
-    for (std::size_t k = 0; k < mem_categories; ++k) args[std::string(name_of(static_cast<mem>(k)))] = m.current.bytes[k];
-    out.push_back({{"ph", "C"}, {"name", "memory (bytes)"}, {"pid", m.rank + o.pid_offset}, {"ts", us(m.t_ns)}, {"args", std::move(args)}});
+    for (std::size_t k = 0; k < mem_categories; ++k)
+      args[std::string(name_of(static_cast<mem>(k)))] = m.current.bytes[k];
+    out.push_back({{"ph", "C"},
+                   {"name", "memory (bytes)"},
+                   {"pid", m.rank + o.pid_offset},
+                   {"ts", us(m.t_ns)},
+                   {"args", std::move(args)}});
   }
   return {{"traceEvents", std::move(out)}, {"displayTimeUnit", "ms"}};
 }
@@ -154,6 +172,8 @@ inline void write_chrome_trace(const nlohmann::json& trace, const std::string& p
 }
 
 /// Writes the recorder's trace to `path` (see above).
-inline void write_chrome_trace(const recorder& rec, const std::string& path) { write_chrome_trace(chrome_trace_json(rec), path); }
+inline void write_chrome_trace(const recorder& rec, const std::string& path) {
+  write_chrome_trace(chrome_trace_json(rec), path);
+}
 
 }  // namespace fsdp::trace

@@ -70,7 +70,7 @@ constexpr std::uint32_t colour_of(range_kind k) noexcept {
 }
 
 /// A range's name: "<kind> <unit>", or the kind alone for no unit ("optimizer").
-FSDP_DECL std::string range_name(range_kind k, std::string_view unit);
+inline std::string range_name(range_kind k, std::string_view unit);
 
 /// One rank's ranges over a backend: the names made once per unit (no allocation per range) and the calls to the
 /// backend's hook; without the hook every call is a no-op.
@@ -129,8 +129,13 @@ class ranges {
   std::vector<std::string> names_;  // by kind, then unit; the optimizer's last (empty without the hook)
 };
 
-}  // namespace fsdp::trace
+inline std::string range_name(range_kind k, std::string_view unit) {
+  std::string s(name_of(k));
+  if (!unit.empty()) {
+    s += ' ';
+    s += unit;
+  }
+  return s;
+}
 
-#if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/observe/ranges.ipp"
-#endif
+}  // namespace fsdp::trace

@@ -23,9 +23,9 @@
 // time is read once the wait returns, so it is late by at most that round trip (microseconds on a GPU), and stream
 // times are never earlier than they happened (as far as the GPU's clock and the host's run at one rate). One
 // reference serves until no mark is pending (after a flush that recorded everything); the next stamp takes a new
-// one, so elapsed times stay short (cudaEventElapsedTime is a float of milliseconds: 1e-7 of the span). A new reference's time is never earlier than the last time recorded,
-// so each stream's times never decrease. A note and a stream event closer in time than the reference's round trip
-// may be recorded in either order.
+// one, so elapsed times stay short (cudaEventElapsedTime is a float of milliseconds: 1e-7 of the span). A new
+// reference's time is never earlier than the last time recorded, so each stream's times never decrease. A note and a
+// stream event closer in time than the reference's round trip may be recorded in either order.
 //
 // With no recorder nothing is recorded and nothing is submitted to any stream.
 #include <algorithm>

@@ -24,6 +24,7 @@
 // staging slots on the device (two of each part), stepped there, and the master and state copied back.
 #include <concepts>
 #include <string>
+#include <string_view>
 
 #include "fsdp/core/config.hpp"
 
@@ -41,7 +42,7 @@ struct offload_facts {
 };
 
 /// "none", or the parts on the host joined with '+' ("params+grads+optimizer_state").
-FSDP_DECL std::string describe(const offload_facts& f);
+inline std::string describe(const offload_facts& f);
 
 struct offload_tag {};
 
@@ -90,8 +91,19 @@ struct cpu {
 using all = cpu<params | grads | optimizer_state>;
 
 }  // namespace offload
-}  // namespace fsdp
 
-#if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/offload/offload.ipp"
-#endif
+inline std::string describe(const offload_facts& f) {
+  if (!f.any()) return "none";
+  std::string s;
+  auto add = [&](bool on, std::string_view what) {
+    if (!on) return;
+    if (!s.empty()) s += "+";
+    s += what;
+  };
+  add(f.params, "params");
+  add(f.grads, "grads");
+  add(f.optimizer_state, "optimizer_state");
+  return s;
+}
+
+}  // namespace fsdp

@@ -92,8 +92,10 @@ class adamw : public elementwise<ModelT> {
  private:
   static void check(const adamw_options& opt) {
     detail::checked_lr("adamw", opt.lr);
-    if (!(opt.beta1 >= 0.0f && opt.beta1 < 1.0f)) fsdp::detail::fail_usage("adamw: beta1 must be in [0, 1), got ", opt.beta1);
-    if (!(opt.beta2 >= 0.0f && opt.beta2 < 1.0f)) fsdp::detail::fail_usage("adamw: beta2 must be in [0, 1), got ", opt.beta2);
+    if (!(opt.beta1 >= 0.0f && opt.beta1 < 1.0f))
+      fsdp::detail::fail_usage("adamw: beta1 must be in [0, 1), got ", opt.beta1);
+    if (!(opt.beta2 >= 0.0f && opt.beta2 < 1.0f))
+      fsdp::detail::fail_usage("adamw: beta2 must be in [0, 1), got ", opt.beta2);
     if (!(opt.eps > 0.0f)) fsdp::detail::fail_usage("adamw: eps must be > 0, got ", opt.eps);
   }
 

@@ -52,7 +52,8 @@ namespace detail {
 /// A learning rate as every built-in optimizer takes it, at construction and in set_lr: finite and >= 0, or a
 /// usage_error naming the optimizer.
 inline float checked_lr(const char* optimizer, float lr) {
-  if (!(lr >= 0.0f) || !std::isfinite(lr)) fsdp::detail::fail_usage(optimizer, ": lr must be finite and >= 0, got ", lr);
+  if (!(lr >= 0.0f) || !std::isfinite(lr))
+    fsdp::detail::fail_usage(optimizer, ": lr must be finite and >= 0, got ", lr);
   return lr;
 }
 
@@ -159,6 +160,7 @@ class elementwise : public detail::shard_optimizer<ModelT> {
 
 /// Over the model's core (fsdp::model_core), as the library's optimizers are.
 template <class ModelT>
-elementwise(ModelT&, std::string, std::vector<std::string>, grad::options = {}) -> elementwise<detail::core_of_t<ModelT>>;
+elementwise(ModelT&, std::string, std::vector<std::string>, grad::options = {})
+    -> elementwise<detail::core_of_t<ModelT>>;
 
 }  // namespace fsdp::optim

@@ -85,9 +85,12 @@ class lion : public elementwise<ModelT> {
  private:
   static void check(const lion_options& opt) {
     detail::checked_lr("lion", opt.lr);
-    if (!(opt.beta1 >= 0.0f && opt.beta1 <= 1.0f)) fsdp::detail::fail_usage("lion: beta1 must be in [0, 1], got ", opt.beta1);
-    if (!(opt.beta2 >= 0.0f && opt.beta2 <= 1.0f)) fsdp::detail::fail_usage("lion: beta2 must be in [0, 1], got ", opt.beta2);
-    if (!std::isfinite(opt.weight_decay)) fsdp::detail::fail_usage("lion: weight_decay must be finite, got ", opt.weight_decay);
+    if (!(opt.beta1 >= 0.0f && opt.beta1 <= 1.0f))
+      fsdp::detail::fail_usage("lion: beta1 must be in [0, 1], got ", opt.beta1);
+    if (!(opt.beta2 >= 0.0f && opt.beta2 <= 1.0f))
+      fsdp::detail::fail_usage("lion: beta2 must be in [0, 1], got ", opt.beta2);
+    if (!std::isfinite(opt.weight_decay))
+      fsdp::detail::fail_usage("lion: weight_decay must be finite, got ", opt.weight_decay);
   }
 
   lion_options opt_;

@@ -55,7 +55,8 @@ FSDP_DECL std::optional<budget_choice> fit_memory_budget(const std::vector<plann
 FSDP_DECL std::optional<offload_choice> fit_device_budget(const std::vector<planned_units>& candidates,
                                                           const std::vector<offload_facts>& options, budget_query q,
                                                           std::int64_t device_budget, std::int64_t host_budget) {
-  if (options.empty()) detail::fail_usage("fit_device_budget: no offload options to choose from (list offload::none's facts too)");
+  if (options.empty())
+    detail::fail_usage("fit_device_budget: no offload options to choose from (list offload::none's facts too)");
   std::optional<offload_choice> best;
   for (std::size_t i = 0; i < candidates.size(); ++i)
     for (std::size_t o = 0; o < options.size(); ++o) {
@@ -78,9 +79,10 @@ FSDP_DECL std::string time_ranking::why() const {
     return detail::cat("no configuration fits the budget of ", mib(budget), " (", left_out.size(), " left out)");
   const timed_choice& a = ranked[0];
   const bool unbounded = budget == std::numeric_limits<std::int64_t>::max();
-  std::string s = detail::cat("'", a.label, "' wins: predicted step ", ms(a.time.step_ns), ", ", ms(a.time.exposed_ns),
-                              " of it exposed communication; peak ", mib(a.plan.peak.total),
-                              unbounded ? std::string(" (no budget)") : detail::cat(" of the ", mib(budget), " budget"));
+  std::string s =
+      detail::cat("'", a.label, "' wins: predicted step ", ms(a.time.step_ns), ", ", ms(a.time.exposed_ns),
+                  " of it exposed communication; peak ", mib(a.plan.peak.total),
+                  unbounded ? std::string(" (no budget)") : detail::cat(" of the ", mib(budget), " budget"));
   if (ranked.size() == 1) return s + "; it is the only configuration that fits";
   const timed_choice& b = ranked[1];
   s += detail::cat(". The next fastest, '", b.label, "', takes ", ms(b.time.step_ns), " (", ms(b.time.exposed_ns),

@@ -102,7 +102,8 @@ FSDP_DECL prepared prepare(const std::vector<std::string>& names, const std::vec
   p.offload = in.schedule.offload;
   if (p.offload.size() != n) p.offload.assign(n, in.costs.offload);
   p.cost.reserve(n);
-  for (std::size_t u = 0; u < n; ++u) p.cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, p.offload, u)));
+  for (std::size_t u = 0; u < n; ++u)
+    p.cost.push_back(plan::costs_of(layouts[u], plan::for_unit(in.costs, p.offload, u)));
   return p;
 }
 

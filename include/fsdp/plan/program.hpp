@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
@@ -104,7 +105,18 @@ enum class ring : std::uint8_t {
 inline constexpr std::size_t rings = 9;
 
 /// The executor's per-unit events (unit/unit_buffers.hpp).
-enum class signal : std::uint8_t { shard_ready, uploaded, gathered, grad_ready, collected, downloaded, reduced, staged, stepped, state_saved };
+enum class signal : std::uint8_t {
+  shard_ready,
+  uploaded,
+  gathered,
+  grad_ready,
+  collected,
+  downloaded,
+  reduced,
+  staged,
+  stepped,
+  state_saved
+};
 inline constexpr std::size_t signals = 10;
 
 /// What a view of the trainer's points into.
@@ -199,7 +211,6 @@ constexpr const char* name_of(signal s) noexcept {
   return "?";
 }
 
-
 /// The step program over units with these costs and offload facts (per unit index). `replicas`: hybrid sharding's
 /// replicate group, whose all-reduce of each reduced shard the program issues only when it has more than one rank
 /// (1: no replicate group; 0: not known, the all-reduce issued wherever hybrid sharding would issue it: a plan made
@@ -223,7 +234,7 @@ class step_program {
   /// replica or not known). plan::step_collectives' `replicas` is this.
   bool replicates() const noexcept { return replicas_ != 1; }
   /// Hybrid sharding's groups were made (the executor's use_groups): `replicas` ranks in the replicate group.
-  void set_replicas(int replicas);
+  void set_replicas(int replicas) { replicas_ = replicas; }
   /// The slot unit u (< size()) holds in ring r (-1: none).
   int held(std::size_t u, ring r) const noexcept { return held_[u].slot[static_cast<std::size_t>(r)]; }
   /// Whether unit u's (< size()) no-sync accumulator exists.
@@ -310,9 +321,12 @@ class step_program {
         in.wait(lane::upload, signal::shard_ready, u);
         in.wait(lane::upload, signal::reduced, u);
         in.wait(lane::upload, signal::state_saved, u);
-        if (c.master) take(lane::upload, ring::upload, u, in), in.work(lane::upload, job::stage_master, u, pass_kind::none);
-        if (c.grad) take(lane::upload, ring::stage_grad, u, in), in.work(lane::upload, job::stage_grad, u, pass_kind::none);
-        if (c.state) take(lane::upload, ring::stage_state, u, in), in.work(lane::upload, job::stage_state, u, pass_kind::none);
+        if (c.master)
+          take(lane::upload, ring::upload, u, in), in.work(lane::upload, job::stage_master, u, pass_kind::none);
+        if (c.grad)
+          take(lane::upload, ring::stage_grad, u, in), in.work(lane::upload, job::stage_grad, u, pass_kind::none);
+        if (c.state)
+          take(lane::upload, ring::stage_state, u, in), in.work(lane::upload, job::stage_state, u, pass_kind::none);
         in.record(lane::upload, signal::staged, u);
         in.wait(lane::compute, signal::staged, u);
         in.work(lane::compute, job::optimizer_device, u, pass_kind::none);
@@ -559,8 +573,20 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
   return std::nullopt;
 }
 
-}  // namespace fsdp::plan
+inline step_program::step_program(std::vector<unit_costs> costs, std::vector<offload_facts> offload, int grad_slots,
+                                  int optimizer_states, int replicas, bool prescales)
+    : cost_(std::move(costs)), offload_(std::move(offload)), states_(optimizer_states), replicas_(replicas),
+      prescales_(prescales),
+      slots_(slot_costs_of(cost_)), staging_(staging_slots_of(cost_, offload_, optimizer_states)),
+      ledger_{sched::slot_ledger(1), sched::slot_ledger(grad_slots), sched::slot_ledger(1), sched::slot_ledger(1),
+              sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots),
+              sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots), sched::slot_ledger(1)},
+      held_(cost_.size()), accumulating_(cost_.size(), false), ready_(cost_.size(), false) {}
 
-#if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/plan/program.ipp"
-#endif
+inline void step_program::set_optimizer_states(int states) {
+  states_ = states;
+  staging_ = staging_slots_of(cost_, offload_, states);
+  ledger_[static_cast<std::size_t>(ring::stage_state)] = sched::slot_ledger(offload_slots);
+}
+
+}  // namespace fsdp::plan

@@ -18,7 +18,7 @@
 //                 under hybrid sharding the groups' collectives on one stream), so a prefetched all-gather waits for
 //                 a reduce-scatter issued before it, a replica all-reduce for a shard group's gather, and the other
 //                 way round; its cast runs just before it. Off: each stream's collectives run when their stream gets
-//                 there (comm::local, comm::nccl with nccl_channels::per_stream).
+//                 there (comm::local, comm::nccl with nccl_channels::per_stream: fsdp/comm/nccl_channels.hpp).
 //   memory-bound  casts, zeroing, accumulation, the addition into the shard and the optimizer's kernels: bytes
 //                 read and written / the device's memory bandwidth (0: free); host functions / the host's
 //   copies        offload uploads, downloads and staging: bytes / the host link's bandwidth (0: free)
@@ -31,9 +31,9 @@
 // every machine with IEEE-754 double arithmetic (x86-64's SSE2, AArch64; not x87, not -ffast-math).
 //
 // Left out (time a real step spends that this model does not): the gradient inspection (norms, their all-reduce
-// and the decision's kernel and copy: clipping, non-finite checks, loss scaling), zero_grad(), check_collectives' comparisons
-// and check_views' fills, kernel launch and host issue overheads, and contention: concurrent
-// collectives on the gather and reduce streams each get the whole link, and compute does not slow while they run.
+// and the decision's kernel and copy: clipping, non-finite checks, loss scaling), zero_grad(), check_collectives'
+// comparisons and check_views' fills, kernel launch and host issue overheads, and contention: concurrent collectives on
+// the gather and reduce streams each get the whole link, and compute does not slow while they run.
 #include <chrono>
 #include <cstdint>
 #include <string>

@@ -17,7 +17,9 @@ namespace fsdp {
 namespace detail {
 /// `ns` as integer nanoseconds; usage_error beyond what an int64 holds (about 292 years), naming `what`.
 FSDP_DECL std::int64_t checked_ns(double ns, const char* what) {
-  if (!(ns < 9.2e18)) detail::fail_usage("timeline plan: ", what, " would take ", ns * 1e-9, " s, more than the planner counts in nanoseconds; check the rates in time_model / flops_model");
+  if (!(ns < 9.2e18))
+    detail::fail_usage("timeline plan: ", what, " would take ", ns * 1e-9,
+                       " s, more than the planner counts in nanoseconds; check the rates in time_model / flops_model");
   return static_cast<std::int64_t>(ns);
 }
 }  // namespace detail
@@ -29,7 +31,8 @@ FSDP_DECL unit_time flops_model::operator()(const FlatLayout& l) const {
   for (const flat_entry& e : l.entries())
     if (std::find(lookups.begin(), lookups.end(), e.name) == lookups.end()) params += double(e.numel);
   auto ns = [&](double per) {
-    return std::chrono::nanoseconds(detail::checked_ns(per * params * tokens / flops_per_second * 1e9, "a unit's compute"));
+    return std::chrono::nanoseconds(
+        detail::checked_ns(per * params * tokens / flops_per_second * 1e9, "a unit's compute"));
   };
   return {ns(forward_flops), ns(backward_flops)};
 }
@@ -151,7 +154,9 @@ class time_reading {
   }
   void buffer(plan::lane, const plan::buffer_cost&, bool, std::size_t) {}
   void views_end(plan::lane, plan::views, std::size_t) {}
-  void wait(plan::lane l, plan::signal s, std::size_t u) { advance(lane_of(l), signal_[u][static_cast<std::size_t>(s)]); }
+  void wait(plan::lane l, plan::signal s, std::size_t u) {
+    advance(lane_of(l), signal_[u][static_cast<std::size_t>(s)]);
+  }
   void record(plan::lane l, plan::signal s, std::size_t u) { signal_[u][static_cast<std::size_t>(s)] = lane_of(l); }
   void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
     std::int64_t d = dur_[u][idx(j)];
@@ -212,7 +217,8 @@ class time_reading {
   /// The chain of work that ended at `last`, first to last, within the kept step.
   std::vector<path_step> path_to(const at& last, const std::vector<std::string>& names) const {
     std::vector<path_step> out;
-    for (int i = last.node; i >= 0 && static_cast<std::size_t>(i) >= first_node_; i = nodes_[static_cast<std::size_t>(i)].pred) {
+    for (int i = last.node; i >= 0 && static_cast<std::size_t>(i) >= first_node_;
+         i = nodes_[static_cast<std::size_t>(i)].pred) {
       const node& n = nodes_[static_cast<std::size_t>(i)];
       out.push_back({n.lane, n.what, n.unit < names.size() ? names[n.unit] : std::string(), n.pass, n.begin - origin_,
                      n.end - origin_});
@@ -282,7 +288,8 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
                {"pcie_bytes_per_second", t.pcie_bytes_per_second}};
   for (const auto& r : rates)
     if (!(r.v >= 0)) detail::fail_usage("timeline plan: time_model::", r.name, " must be >= 0 (0: free), got ", r.v);
-  for (const auto& [name, l] : {std::pair<const char*, const comm::link_model*>{"link", &t.link}, {"replica_link", &t.replica_link}})
+  for (const auto& [name, l] :
+       {std::pair<const char*, const comm::link_model*>{"link", &t.link}, {"replica_link", &t.replica_link}})
     if (l->latency.count() < 0)
       detail::fail_usage("timeline plan: time_model::", name, ".latency must be >= 0, got ", l->latency.count(), " ns");
   const int group = n ? layouts[0].world() : 1;

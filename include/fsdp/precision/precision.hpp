@@ -25,8 +25,8 @@
 // widened into the compute views after the all-gather (a second buffer, the wire slot: fsdp/memory/cost.hpp), so a
 // view holds exactly the gather dtype's values; a scaled gather (fp8 or int8) quantizes each block of the shard
 // with its own scale into the wire slot and dequantizes into the views after the gather (kernels/quantize.hpp). The
-// cast from the compute dtype (or the fp32 no-sync accumulator) to the reduce dtype happens when the reduction's input is
-// prepared; the reduced result is added into the fp32 gradient shard. A scaled reduce dtype quantizes that input in
+// cast from the compute dtype (or the fp32 no-sync accumulator) to the reduce dtype happens when the reduction's input
+// is prepared; the reduced result is added into the fp32 gradient shard. A scaled reduce dtype quantizes that input in
 // blocks instead, one slice per rank of the shard group, and the all_to_all and the fp32 sum replace the
 // reduce-scatter (it needs sharded parameters without replicas, and a communicator with all_to_all:
 // fsdp/can_implement.hpp refuses the rest). Every narrowing cast rounds to nearest even

@@ -42,7 +42,8 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
       for (const auto& [at, list] : from) {
         const auto a = units.find(at);
         if (!a) {
-          p.add("model_options::prefetch.", which, "['", at, "']: no unit named '", at, "' (units: ", units.list(), ")");
+          p.add("model_options::prefetch.", which, "['", at, "']: no unit named '", at, "' (units: ", units.list(),
+                ")");
           continue;
         }
         for (const auto& target : list) {

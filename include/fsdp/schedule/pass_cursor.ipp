@@ -126,7 +126,8 @@ FSDP_DECL void pass_cursor::check_finish() const {
     detail::fail_usage("a model pass was finished after it ended or was abandoned", broken_.empty() ? "" : ": ",
                        broken_);
   if (!at_last()) {
-    const std::string missing = recording_ ? first_unrecorded() : units_->name(scheduler::unit_at(pass_, order_, pos_ + 1));
+    const std::string missing =
+        recording_ ? first_unrecorded() : units_->name(scheduler::unit_at(pass_, order_, pos_ + 1));
     detail::fail_usage("model.", name_of(pass_), "().finish() after ", pos_ + 1, " of ", units_->size(),
                        " units: unit '", missing, "' was not entered");
   }
@@ -167,8 +168,9 @@ FSDP_DECL void pass_cursor::abandon_with(const std::string& why) {
 
 FSDP_DECL void pass_cursor::abandon(bool named) noexcept {
   try {
-    broken_ = detail::cat("model.", name_of(pass_), "() was left at unit '", units_->name(current()), "' (",
-                          named ? "finish() was not called" : "the loop exited early", "); every pass must visit all units");
+    broken_ =
+        detail::cat("model.", name_of(pass_), "() was left at unit '", units_->name(current()), "' (",
+                    named ? "finish() was not called" : "the loop exited early", "); every pass must visit all units");
   } catch (...) {
   }
   if (recording_) {

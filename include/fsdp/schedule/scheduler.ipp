@@ -12,8 +12,8 @@
 namespace fsdp::sched {
 
 FSDP_DECL std::string shortage::message(const unit_index& units) const {
-  return detail::cat("gather slots exhausted: unit '", units.name(unit), "' (index ", unit, ") must be gathered for its ",
-                     name_of(pass), " but all ", slots, " slots are held by ", holders,
+  return detail::cat("gather slots exhausted: unit '", units.name(unit), "' (index ", unit,
+                     ") must be gathered for its ", name_of(pass), " but all ", slots, " slots are held by ", holders,
                      "; raise model_options::gather_slots or let those units reshard after forward");
 }
 
@@ -55,7 +55,8 @@ FSDP_DECL void scheduler::check_step() const {
 }
 
 FSDP_DECL void scheduler::check_between_steps(std::string_view what) const {
-  const std::string fix = detail::cat(", which ", what, " does not keep; run the optimizer step (and zero_grad()) first");
+  const std::string fix =
+      detail::cat(", which ", what, " does not keep; run the optimizer step (and zero_grad()) first");
   for (std::size_t u = 0; u < u_.size(); ++u)
     if (u_[u].reduced)
       detail::fail_usage(what, " between a backward pass and its optimizer step: unit '", units_->name(u),

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fsdp/core/config.hpp"
+#include "fsdp/core/error.hpp"
 
 namespace fsdp {
 
@@ -67,8 +68,16 @@ class tensor_view {
   view_check check_{};
 };
 
-}  // namespace fsdp
+inline void view_check::stale() const {
+  if (grad)
+    detail::fail_usage("a gradient view of '", *param, "' of unit '", *unit,
+                       "' was used after the unit's backward ended (model_options::check_views): its gradient went "
+                       "to the reduction and its memory to another unit. Write the gradient while the unit is "
+                       "current in model.backward(), through a view asked for there");
+  detail::fail_usage("a view of parameter '", *param, "' of unit '", *unit,
+                     "' was used after the unit released its gathered parameters (model_options::check_views): its "
+                     "memory now holds another unit's parameters. Ask unit.param(\"", *param,
+                     "\") again while the unit is gathered, inside model.forward() or model.backward()");
+}
 
-#if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/unit/tensor_view.ipp"
-#endif
+}  // namespace fsdp

@@ -8,9 +8,12 @@
 //                                        is not an alias (ModelSpec::tie) must be given, at its size: otherwise a
 //                                        usage_error on every rank that names the parameter and the rank, and no
 //                                        shard is modified. Between optimizer steps; gradients are zeroed.
+//   fsdp::weights::gather_full_params(model)
+//                                        collective: every rank receives the full fp32 value of every parameter
+//                                        (aliases included) by name, in a std::map; not during a pass
 //   fsdp::weights::store(model, sink)    collective: sink(name) gives where parameter `name`'s full fp32 value goes
 //                                        (weights::target: data and element count; {} to skip it); every rank
-//                                        receives every value (Model::gather_full_params), aliases included.
+//                                        receives every value (gather_full_params), aliases included.
 //   fsdp::weights::layer(stacked, per_layer, l)
 //                                        layer l of a stacked [L, ...] buffer, for a trainer that keeps one buffer
 //                                        for every layer: no renaming table, just the index in the name.
@@ -72,9 +75,7 @@ void load(ModelT& m, Source&& source) {
     }
     given[p.name] = t;
   }
-  const auto failed = agree::failures(m.comm(), m.backend(), mine);
-  if (!failed.empty())
-    throw usage_error(detail::cat("weights::load: ", agree::failure_text(failed), "; no parameter was modified"));
+  agree::require_success<usage_error>(m.comm(), m.backend(), mine, "weights::load", "; no parameter was modified");
   // This rank's elements of each parameter, in shard order, uploaded into the master shards between steps.
   std::vector<std::vector<float>> staging(m.size());
   for (std::size_t u = 0; u < m.size(); ++u) {
@@ -89,16 +90,33 @@ void load(ModelT& m, Source&& source) {
   model_access::replace_shards(m, "weights::load", [&] {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)
-      be.upload(m.unit(u).master_shard(), staging[u].data(), static_cast<std::int64_t>(staging[u].size() * sizeof(float)),
-                be.compute_stream());
+      be.upload(m.unit(u).master_shard(), staging[u].data(),
+                static_cast<std::int64_t>(staging[u].size() * sizeof(float)), be.compute_stream());
     be.synchronize(be.compute_stream());
   });
+}
+
+/// Every parameter's full fp32 value (aliases included), by name, on every rank. Collective; not during a pass.
+template <class ModelT>
+std::map<std::string, std::vector<float>> gather_full_params(ModelT& m) {
+  model_access::require_idle(m, "gather_full_params()");
+  std::map<std::string, std::vector<float>> out;
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    const std::vector<float> full = model_access::gather_full(m, u);
+    const auto& unit = m.unit(u);
+    for (const ParamSpec& p : m.spec().params()) {
+      if (!unit.layout().contains(p.name)) continue;
+      const flat_entry& e = unit.layout().entry(p.name, unit.name());
+      out[p.name].assign(full.begin() + e.offset, full.begin() + e.offset + e.numel);
+    }
+  }
+  return out;
 }
 
 /// Writes every parameter's full fp32 value where sink(name) -> target says (see the header). Collective.
 template <class ModelT, class Sink>
 void store(ModelT& m, Sink&& sink) {
-  const std::map<std::string, std::vector<float>> full = m.gather_full_params();
+  const std::map<std::string, std::vector<float>> full = gather_full_params(m);
   for (const ParamSpec& p : m.spec().params()) {
     const target t = sink(p.name);
     if (!t.data) continue;

@@ -217,8 +217,8 @@ class local_group {
 
   /// part() failed: waits (when `drain`) until every rank that met has published, leaves the round, hands the
   /// published tokens to on_abort and throws `failure` (or rethrows the exception being handled).
-  [[noreturn]] void leave_failed(std::unique_lock<std::mutex>& lk, std::uint64_t seq, round& r, const token_fn& on_abort,
-                                 std::string failure, bool drain, bool rethrow = false);
+  [[noreturn]] void leave_failed(std::unique_lock<std::mutex>& lk, std::uint64_t seq, round& r,
+                                 const token_fn& on_abort, std::string failure, bool drain, bool rethrow = false);
 
   /// A group of one: the collective's result from this rank's input alone (a reduction still applies the
   /// reduction rule to it, element by element, in place when recv is send, as the general path would).
@@ -247,7 +247,8 @@ class local_group {
       if (returned_count_ > 0 && r.arrived < world_) {
         std::string gone;
         for (int q = 0; q < world_; ++q)
-          if (!r.present[q] && returned_[static_cast<std::size_t>(q)]) gone += (gone.empty() ? "" : ", ") + std::to_string(q);
+          if (!r.present[q] && returned_[static_cast<std::size_t>(q)])
+            gone += (gone.empty() ? "" : ", ") + std::to_string(q);
         if (!gone.empty()) fail(lk, what.str() + " cannot complete: rank(s) " + gone + " returned without issuing it");
       }
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !done() && !aborted_) {

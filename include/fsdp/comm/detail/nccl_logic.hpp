@@ -43,28 +43,12 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/nccl_channels.hpp"
 #include "fsdp/comm/detail/stats_tally.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::comm {
-
-/// Which NCCL communicators a comm::nccl group issues its collectives on (nccl_options::channels).
-///
-///   one          every collective on the group's one communicator (the default). NCCL runs a communicator's
-///                collectives in the order they were issued, whatever the stream, and every rank issues in program
-///                order: one order on every rank, by construction. The gather and reduce streams' collectives then
-///                run one after the other (each still overlaps compute), as PyTorch FSDP2's do on its one process
-///                group. No communicator is made after construction.
-///   per_stream   one communicator per stream name, split from the group's on the stream's first collective, so that
-///                a prefetched all-gather never queues behind a reduce-scatter. NCCL's guide ("Using multiple NCCL
-///                communicators concurrently") requires operations on different communicators to be ordered the
-///                same on every rank, and each rank's GPU order here depends on its own event waits: safe only where
-///                NCCL orders the launches of one device's communicators by their host order, which NCCL 2.26 and
-///                later do with NCCL_LAUNCH_ORDER_IMPLICIT=1 (NCCL 2.28.9's environment variables,
-///                NCCL_LAUNCH_ORDER_IMPLICIT; off by default). comm::nccl refuses it otherwise (per_stream_refusal).
-///                Its communicators are split during the first step, outside the memory plan.
-enum class nccl_channels { one, per_stream };
 
 namespace detail {
 
@@ -72,17 +56,19 @@ namespace detail {
 /// and this value of $NCCL_LAUNCH_ORDER_IMPLICIT (null: unset); empty when it can.
 inline std::string per_stream_refusal(int version_code, const char* launch_order_implicit) {
   if (version_code < 22600)
-    return fsdp::detail::cat("comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT "
-                             "orders the launches of its communicators), but this NCCL is ", version_code / 10000, ".",
-                             version_code / 100 % 100, ".", version_code % 100,
-                             "; use nccl_channels::one (the default)");
+    return fsdp::detail::cat(
+        "comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT "
+        "orders the launches of its communicators), but this NCCL is ",
+        version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100,
+        "; use nccl_channels::one (the default)");
   if (!launch_order_implicit || std::string_view(launch_order_implicit) != "1")
-    return fsdp::detail::cat("comm::nccl: nccl_channels::per_stream issues collectives on several communicators at "
-                             "once, which NCCL runs in one order on every rank only with NCCL_LAUNCH_ORDER_IMPLICIT=1 "
-                             "(it is ",
-                             launch_order_implicit ? fsdp::detail::cat("'", launch_order_implicit, "'") : std::string("unset"),
-                             "): set it on every rank before the first NCCL call, or use nccl_channels::one (the "
-                             "default)");
+    return fsdp::detail::cat(
+        "comm::nccl: nccl_channels::per_stream issues collectives on several communicators at "
+        "once, which NCCL runs in one order on every rank only with NCCL_LAUNCH_ORDER_IMPLICIT=1 "
+        "(it is ",
+        launch_order_implicit ? fsdp::detail::cat("'", launch_order_implicit, "'") : std::string("unset"),
+        "): set it on every rank before the first NCCL call, or use nccl_channels::one (the "
+        "default)");
   return {};
 }
 
@@ -97,7 +83,8 @@ struct nccl_op {
 
   /// "all_gather(count=8, f32) #3 for unit 'h.1'"
   std::string str() const {
-    return fsdp::detail::cat(name_of(kind), "(count=", count, ", ", name_of(type), ") #", seq, " for unit '", unit, "'");
+    return fsdp::detail::cat(name_of(kind), "(count=", count, ", ", name_of(type), ") #", seq, " for unit '", unit,
+                             "'");
   }
 };
 
@@ -252,7 +239,8 @@ class nccl_core {
       return fsdp::detail::cat(name_of(kind), "(count=", count, ", ", name_of(t), ") on rank ", rank_);
     });
     if (aborted_)
-      throw comm_error(fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after ", name_, " was aborted: ", reason_));
+      throw comm_error(
+          fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after ", name_, " was aborted: ", reason_));
     const auto type = api_.type_of(t);
     const comm c = channel_for(key);
     const stream on = route(s);
@@ -292,8 +280,8 @@ class nccl_core {
   /// src/enqueue.cc's algoNeedConnect), which depends on the collective's kind and size, and a peer's send and
   /// receive buffers at the first ncclSend / ncclRecv with it (every peer, for an all-to-all). Each use runs once,
   /// in order, on the base communicator through `issue_one(use, send, recv)` (the caller's collective calls, on a
-  /// stream of its own) over scratch buffers made for the largest (Api::device_alloc), not counted in stats() nor named as
-  /// any unit's; all are waited for under the timeout, the scratch is freed, and the drop in free device memory
+  /// stream of its own) over scratch buffers made for the largest (Api::device_alloc), not counted in stats() nor named
+  /// as any unit's; all are waited for under the timeout, the scratch is freed, and the drop in free device memory
   /// across it all is added to connect_bytes() and device_bytes(). Every rank of the group calls it with the same
   /// uses (they are the plan's). A failure aborts the family, as any collective's does; the scratch is then left
   /// to the process (a collective may still hold it).
@@ -340,11 +328,11 @@ class nccl_core {
 
   /// Runs fn() with its collectives grouped into one NCCL launch. Completion events are recorded only once
   /// ncclGroupEnd has launched the group, those of every core this thread issues on inside fn (NCCL's group is
-  /// the thread's: another member of the family joins it). If fn throws, the group is abandoned: nothing of it is launched (a call
-  /// that NCCL rejects inside the group makes ncclGroupEnd discard the whole group) and the communicator is aborted,
-  /// because this rank's collective sequence no longer matches the other ranks'. ncclCommAbort is called only
-  /// once the group is closed: inside an open group NCCL would merely queue it until ncclGroupEnd, which would then
-  /// free the communicator before the queued collectives are prepared. A stream's first collective cannot be
+  /// the thread's: another member of the family joins it). If fn throws, the group is abandoned: nothing of it is
+  /// launched (a call that NCCL rejects inside the group makes ncclGroupEnd discard the whole group) and the
+  /// communicator is aborted, because this rank's collective sequence no longer matches the other ranks'. ncclCommAbort
+  /// is called only once the group is closed: inside an open group NCCL would merely queue it until ncclGroupEnd, which
+  /// would then free the communicator before the queued collectives are prepared. A stream's first collective cannot be
   /// grouped (its communicator is split on that collective; see channel_for).
   template <class F>
   void grouped(F&& fn) {
@@ -426,10 +414,11 @@ class nccl_core {
         }
       }
       if (st.rc == Api::in_progress) {
-        api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_,
-                                   ": ncclCommFinalize did not complete within ", timeout_.count(),
-                                   " ms at shutdown (a rank that exited without finalizing, or still has collectives "
-                                   "to run, keeps the others waiting); the communicator was aborted instead of destroyed"));
+        api_.log(
+            fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_,
+                              ": ncclCommFinalize did not complete within ", timeout_.count(),
+                              " ms at shutdown (a rank that exited without finalizing, or still has collectives "
+                              "to run, keeps the others waiting); the communicator was aborted instead of destroyed"));
         abort_now();
         return;
       }
@@ -563,7 +552,8 @@ class nccl_core {
   /// the base on the name's first collective.
   comm channel_for(std::string_view key) {
     if (channels_.empty())
-      fsdp::detail::fail_usage(name_, " on rank ", rank_, ": a collective was issued before the communicator was set up");
+      fsdp::detail::fail_usage(name_, " on rank ", rank_,
+                               ": a collective was issued before the communicator was set up");
     if (key.empty() || channels_mode_ == nccl_channels::one) return channels_.front().c;
     for (const channel& ch : channels_)
       if (ch.key == key) return ch.c;
@@ -603,7 +593,8 @@ class nccl_core {
       // followed ended the running job ("job error 3"). The new communicator's own state is then settled too.
       settle(rc == Api::success ? async_state(parent) : rc, parent, "ncclCommSplit", what);
       if (out == comm{})
-        fail_nccl(Api::internal_error, parent, fsdp::detail::cat("ncclCommSplit for ", what, " (it settled, but gave no communicator)"));
+        fail_nccl(Api::internal_error, parent,
+                  fsdp::detail::cat("ncclCommSplit for ", what, " (it settled, but gave no communicator)"));
       settle(async_state(out), out, "ncclCommSplit", what);
     } catch (...) {
       if (out != comm{}) (void)api_.comm_abort(out);
@@ -740,7 +731,8 @@ class nccl_core {
     --open_groups_;
     const std::string msg = fsdp::detail::cat(
         name_, " on rank ", rank_, " of ", world_, ": grouped() abandoned after ", n, " queued collective",
-        n == 1 ? "" : "s", n ? fsdp::detail::cat(" (", queued, ")") : std::string(), " because its function threw: ", why,
+        n == 1 ? "" : "s", n ? fsdp::detail::cat(" (", queued, ")") : std::string(),
+        " because its function threw: ", why,
         "; the group was not launched and the communicator was aborted (the other ranks fail at their timeout; "
         "restart every rank)");
     abort(msg);  // the first reason wins when a failing collective inside fn aborted already

@@ -82,7 +82,9 @@ class shard_optimizer {
   }
   /// State buffer k of unit u: backend memory of the unit's shard_numel fp32 values, laid out as the master shard
   /// (model.unit(u).shard_views() says which elements of which parameter sit where; padding stays zero).
-  const float* state(std::size_t u, int k) const { return state_[checked(u, k)][static_cast<std::size_t>(k)].template as<float>(); }
+  const float* state(std::size_t u, int k) const {
+    return state_[checked(u, k)][static_cast<std::size_t>(k)].template as<float>();
+  }
   float* state(std::size_t u, int k) { return state_[checked(u, k)][static_cast<std::size_t>(k)].template as<float>(); }
   /// This rank's part of state `state_name` of parameter `param` (an alias resolves to its target): which global
   /// elements ([view.begin, view.end), possibly none) and where they are (backend memory, view.local_numel() values).
