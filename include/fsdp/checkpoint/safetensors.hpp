@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/detail/shared.hpp"
 #include "fsdp/checkpoint/io.hpp"
 #include "fsdp/checkpoint/reads.hpp"
 #include "fsdp/exec/model_access.hpp"

@@ -8,8 +8,10 @@
 file and for every file that includes a library header (docs/build.md)"
 #endif
 
-#include "fsdp/checkpoint/checkpoint.ipp"
 #include "fsdp/checkpoint/checksum.ipp"
+#include "fsdp/checkpoint/detail/load.ipp"
+#include "fsdp/checkpoint/detail/shared.ipp"
+#include "fsdp/checkpoint/directory.ipp"
 #include "fsdp/checkpoint/io.ipp"
 #include "fsdp/checkpoint/manifest.ipp"
 #include "fsdp/checkpoint/reads.ipp"
