@@ -3,7 +3,8 @@
 // kernels on the same views, the reduction over one rank exact, the original's AdamW arithmetic as the port's
 // element rule. At 4 ranks each rank computes a quarter of the batch and the gradients are averaged by the
 // reduce-scatter, a different summation order: within the tolerances below after 40 steps. The port's memory table
-// is its plan, and what it refuses it refuses before training, as the original does.
+// is its plan, and what it refuses it refuses before training, as the original does. The same port built in
+// separate-compilation mode is port_modes_test's.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -30,7 +31,6 @@ using fsdp_tests::scratch;
 
 const std::string original = program("FSDP_PORT_ORIGINAL", "examples/06_port/original");
 const std::string port = program("FSDP_PORT_PORT", "examples/06_port/port");
-const std::string port_separate = program("FSDP_PORT_SEPARATE", "examples/06_port/port_separate");
 
 std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
   std::vector<std::string> out;
@@ -110,26 +110,6 @@ TEST_CASE("a batch that does not split over the ranks is refused before training
   const run b = execute(port + " --ranks 3");
   CHECK(b.status == 1);
   CHECK(b.out ==
-        "the batch must split evenly over the ranks\n"
-        "usage: port [--ranks N] [--steps N] [--batch B] [--lr LR] [--dump FILE]\n");
-}
-
-// Separate compilation (fsdp/core/config.hpp) moves where the library's non-template code is compiled, not what
-// it does: the same file built both ways prints the same text and ends with the same weights, byte for byte.
-TEST_CASE("built in separate-compilation mode, the port prints and trains as the header-only build, byte for byte") {
-  for (const int ranks : {1, 4}) {
-    const std::string r = std::to_string(ranks);
-    const run a = execute(port + " --ranks " + r + " --dump " + scratch("header_only" + r + ".bin"));
-    const run b = execute(port_separate + " --ranks " + r + " --dump " + scratch("separate" + r + ".bin"));
-    REQUIRE_MESSAGE(a.status == 0, a.out);
-    REQUIRE_MESSAGE(b.status == 0, b.out);
-    CHECK(lines_starting(b.out, "step ").size() == 40);
-    CHECK(b.out == a.out);
-    CHECK(file_bytes(scratch("separate" + r + ".bin")) == file_bytes(scratch("header_only" + r + ".bin")));
-  }
-  const run refused = execute(port_separate + " --ranks 3");
-  CHECK(refused.status == 1);
-  CHECK(refused.out ==
         "the batch must split evenly over the ranks\n"
         "usage: port [--ranks N] [--steps N] [--batch B] [--lr LR] [--dump FILE]\n");
 }
