@@ -30,11 +30,9 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -45,6 +43,8 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/backend/detail/accounted_buffer.hpp"
+#include "fsdp/backend/detail/device_pool.cuh"
+#include "fsdp/backend/detail/timing_marks.cuh"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/error.cuh"
 #include "fsdp/cuda/kernels.cuh"
@@ -156,7 +156,7 @@ class cuda {
   using buffer = buffer_detail::accounted_buffer<buffer_free, cuda>;
 
   explicit cuda(int rank = 0, cuda_options opt = {})
-      : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(make_pool(device_)),
+      : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(device_),
         compute_(make_compute(rank, opt_.compute_stream)),
         gather_(stream_name(rank, "all_gather"), most_urgent_priority()),
         reduce_(stream_name(rank, "reduce"), most_urgent_priority()),
@@ -178,6 +178,8 @@ class cuda {
                  opt_.poll_interval, [&] { if (opt_.poll) opt_.poll(); }, [](const std::string&) {});
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s; the backend's device memory is left to the process\n", e.what());
+        pool_.leave_to_process();
+        marks_.leave_to_process();
         return;
       }
     }
@@ -185,8 +187,6 @@ class cuda {
       FSDP_CUDA_LOG(cudaFreeAsync(scratch_, scratch_home_));
       FSDP_CUDA_LOG(cudaStreamSynchronize(scratch_home_));
     }
-    for (cudaEvent_t e : marks_) FSDP_CUDA_LOG(cudaEventDestroy(e));
-    if (pool_) FSDP_CUDA_LOG(cudaMemPoolDestroy(pool_));
   }
 
   int device() const noexcept { return device_; }
@@ -235,78 +235,28 @@ class cuda {
              });
   }
 
-  // ---- timing marks (optional hook trace::TimingMarks, fsdp/observe/stamp.hpp) ----------------------------------
-  /// A CUDA event with timing, from the backend's pool, recorded by record_mark() or record_reference(). A handle:
-  /// the backend owns the event (until the backend goes); release_mark() gives it back for reuse.
-  class timing_mark {
-   public:
-    timing_mark() = default;
-    cudaEvent_t get() const noexcept { return e_; }
-
-   private:
-    friend class cuda;
-    explicit timing_mark(cudaEvent_t e) noexcept : e_(e) {}
-    cudaEvent_t e_ = nullptr;
-  };
-  /// A mark known to have completed at host time `at` (steady clock).
-  struct timing_reference {
-    timing_mark mark;
-    std::chrono::steady_clock::time_point at;
-  };
+  // ---- timing marks (optional hook trace::TimingMarks, fsdp/observe/stamp.hpp; backend/detail/timing_marks.cuh) --
+  /// A CUDA event with timing from the backend's pool (a handle: the backend owns the event until it goes), and a
+  /// mark known to have completed at a host time.
+  using timing_mark = cuda_detail::timing_mark;
+  using timing_reference = cuda_detail::timing_reference;
   /// Records a mark on the backend's own timing stream, which has no other work, and spins until it completes;
   /// `at` is read once it has, so it is late by at most that round trip and never early. Past wait_timeout (a
   /// device that processes nothing) a comm_error names the stream.
   timing_reference record_reference() {
-    const timing_mark m = take_mark();
-    const cudaError_t rc = cudaEventRecord(m.get(), timer_.get());
-    if (rc != cudaSuccess) {
-      release_mark(m);
-      detail::throw_cuda_error(rc, "cudaEventRecord(reference, timer)", __FILE__, __LINE__);
-    }
-    const auto deadline = std::chrono::steady_clock::now() + opt_.wait_timeout;
-    for (;;) {
-      const cudaError_t q = cudaEventQuery(m.get());
-      const auto now = std::chrono::steady_clock::now();
-      if (q == cudaSuccess) return {m, now};
-      if (q != cudaErrorNotReady) {
-        release_mark(m);
-        detail::throw_cuda_error(q, "cudaEventQuery(reference)", __FILE__, __LINE__);
-      }
-      if (now > deadline) {  // the event stays with the backend: the device may still record it
-        throw comm_error(detail::cat("stream '", timer_.name(),
-                                     "': the trace's timing reference did not complete within ",
-                                     opt_.wait_timeout.count(), " ms"));
-      }
-    }
+    return marks_.record_reference(timer_.get(), timer_.name(), opt_.wait_timeout);
   }
   /// Records a mark on `s`: it completes when `s` reaches this point.
-  timing_mark record_mark(stream& s) {
-    const timing_mark m = take_mark();
-    const cudaError_t rc = cudaEventRecord(m.get(), s.get());
-    if (rc != cudaSuccess) {
-      release_mark(m);
-      (void)cudaGetLastError();
-      throw cuda_error(rc, "cudaEventRecord(mark, s)", __FILE__, __LINE__,
-                       detail::cat("recording a trace mark on stream '", s.name(), "'"));
-    }
-    return m;
-  }
+  timing_mark record_mark(stream& s) { return marks_.record_mark(s.get(), s.name()); }
   /// Time from the reference to `m` (cudaEventElapsedTime, rounded to ns), or nullopt while `m` has not completed
   /// (cudaEventQuery); never waits. A failed stream throws cuda_error.
   std::optional<std::chrono::nanoseconds> elapsed_since(const timing_reference& ref, const timing_mark& m) {
-    const cudaError_t q = cudaEventQuery(m.get());
-    if (q == cudaErrorNotReady) return std::nullopt;
-    if (q != cudaSuccess) detail::throw_cuda_error(q, "cudaEventQuery(mark)", __FILE__, __LINE__);
-    float ms = 0.0f;
-    FSDP_CUDA_CHECK(cudaEventElapsedTime(&ms, ref.mark.get(), m.get()));
-    return std::chrono::nanoseconds(std::llround(double(ms) * 1e6));
+    return cuda_detail::timing_marks::elapsed_since(ref, m);
   }
   /// Gives a mark back to the pool; a mark of no event (default-made) is ignored.
-  void release_mark(const timing_mark& m) {
-    if (m.get()) free_marks_.push_back(m.get());
-  }
+  void release_mark(const timing_mark& m) { marks_.release(m); }
   /// Events the timing pool has made (each lives until the backend goes).
-  std::size_t timing_marks_made() const noexcept { return marks_.size(); }
+  std::size_t timing_marks_made() const noexcept { return marks_.made(); }
 
   // ---- profiler ranges (optional hook trace::ProfilerRanges, fsdp/observe/ranges.hpp) ---------------------------
   /// An NVTX start/end range in the domain "fsdp".
@@ -342,7 +292,7 @@ class cuda {
       fsdp::detail::fail_usage("backend::cuda::allocate: negative size ", bytes, " bytes for ", name_of(category));
     void* p = nullptr;
     if (bytes > 0) {
-      const cudaError_t rc = cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_, first_use.get());
+      const cudaError_t rc = cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_.get(), first_use.get());
       if (rc != cudaSuccess) {
         (void)cudaGetLastError();
         const std::string held = detail::cat(" (accounted now: ", memory_.stats().current.total,
@@ -404,22 +354,10 @@ class cuda {
   /// Makes the pool hold at least `bytes` in all (buffers in use included), so that later allocations up to that
   /// total take no memory from the device. Blocks once, outside any step. Free memory is trimmed first and
   /// replaced by one block, so successive reservations (model, then optimizer) do not add up.
-  void reserve(std::int64_t bytes) {
-    if (bytes <= reserved_) return;
-    FSDP_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
-    FSDP_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
-    const std::int64_t extra = bytes - pool_used_bytes();
-    if (extra > 0) {
-      void* p = nullptr;
-      FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(extra), pool_, compute_.get()));
-      FSDP_CUDA_CHECK(cudaFreeAsync(p, compute_.get()));
-      FSDP_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
-    }
-    reserved_ = bytes;
-  }
+  void reserve(std::int64_t bytes) { pool_.reserve(bytes, compute_.get()); }
   /// Bytes of device memory the pool holds (cudaMemPoolAttrReservedMemCurrent) and hands out now.
-  std::int64_t pool_reserved_bytes() const { return pool_attr(cudaMemPoolAttrReservedMemCurrent); }
-  std::int64_t pool_used_bytes() const { return pool_attr(cudaMemPoolAttrUsedMemCurrent); }
+  std::int64_t pool_reserved_bytes() const { return pool_.reserved_bytes(); }
+  std::int64_t pool_used_bytes() const { return pool_.used_bytes(); }
   MemoryTracker& memory() noexcept { return memory_; }
   const MemoryTracker& memory() const noexcept { return memory_; }
   /// The host domain's tracker: what allocate_host() holds.
@@ -510,23 +448,6 @@ class cuda {
           "-prec-div=true and -prec-sqrt=true, nvcc's defaults)");
   }
 
-  timing_mark take_mark() {
-    if (!free_marks_.empty()) {
-      const cudaEvent_t e = free_marks_.back();
-      free_marks_.pop_back();
-      return timing_mark(e);
-    }
-    cudaEvent_t e = nullptr;
-    FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));  // timing enabled
-    try {
-      marks_.push_back(e);
-    } catch (...) {
-      FSDP_CUDA_LOG(cudaEventDestroy(e));
-      throw;
-    }
-    return timing_mark(e);
-  }
-
  public:
   /// The device's most urgent stream priority: the gather, reduce and copy streams run at it (and comm::nccl's
   /// collective stream), so that their collectives, casts and copies take SMs ahead of the compute kernels queued
@@ -559,38 +480,17 @@ class cuda {
     return current;
   }
 
-  static cudaMemPool_t make_pool(int device) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    cudaMemPool_t pool = nullptr;
-    FSDP_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
-    std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();  // never give memory back between steps
-    FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-    return pool;
-  }
-
-  std::int64_t pool_attr(cudaMemPoolAttr a) const {
-    std::uint64_t v = 0;
-    FSDP_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, a, &v));
-    return static_cast<std::int64_t>(v);
-  }
-
   cuda_options opt_;
   int device_;
-  cudaMemPool_t pool_;
+  cuda_detail::device_pool pool_;  // backend/detail/device_pool.cuh
   MemoryTracker memory_;
   MemoryTracker host_memory_;
   bool host_mapped_ = true;  // every allocate_host() buffer so far is at the same address on the device
   bool stuck_ = false;       // a synchronize() timed out: a stream may never finish
-  std::int64_t reserved_ = 0;
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   cudaStream_t scratch_home_ = nullptr;
-  std::vector<cudaEvent_t> marks_;       // every timing event made (destroyed with the backend)
-  std::vector<cudaEvent_t> free_marks_;  // those given back
+  cuda_detail::timing_marks marks_;  // backend/detail/timing_marks.cuh
   stream compute_;
   stream gather_;
   stream reduce_;

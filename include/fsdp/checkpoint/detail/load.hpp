@@ -199,6 +199,11 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
   manifest man;
   const std::string untouched =
       fsdp::detail::cat("checkpoint load from '", dir, "' failed (no parameter was modified)");
+  // The one text a model torn by this load quotes in every refusal until a load succeeds (model_core::tear_shards):
+  // "a checkpoint load from 'DIR' that HOW".
+  auto tear = [&](const std::string& how) {
+    model_access::tear_shards(m, fsdp::detail::cat("a checkpoint load from '", dir, "' that ", how), opt != nullptr);
+  };
   // What both kinds of load ask first: the manifest, and whether it fits the model (and optimizer).
   auto read_and_fit = [&] {
     man = read_manifest(dir);
@@ -216,10 +221,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
         [&] {
           // Everything was read and verified: only the backend can fail now (a CUDA stream's error), and then the
           // shards are torn.
-          model_access::tear_shards(m,
-                                    fsdp::detail::cat("a checkpoint load from '", dir,
-                                                      "' that did not finish (its uploads into the shards failed)"),
-                                    opt != nullptr);
+          tear("did not finish (its uploads into the shards failed)");
           auto& be = m.backend();
           for (std::size_t u = 0; u < m.size(); ++u)
             for (std::size_t k = 0; k < staging[u].size(); ++k)
@@ -246,20 +248,14 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
     model_access::replace_shards(
         m, "a checkpoint load",
         [&] {
-          model_access::tear_shards(
-              m,
-              fsdp::detail::cat("a checkpoint load from '", dir, "' that did not finish, in place (", what, " torn)"),
-              opt != nullptr);
+          tear(fsdp::detail::cat("did not finish, in place (", what, " torn)"));
           torn = agree::outcome([&] { write_in_place(m, man, files, plan); });
         },
         covers);
     const auto failed = agree::failures(m.comm(), m.backend(), torn);
     if (!failed.empty()) {
       const std::string text = agree::failure_text(failed);
-      model_access::tear_shards(m,
-                                fsdp::detail::cat("a checkpoint load from '", dir, "' that failed part way, in place (",
-                                                  what, " torn): ", text),
-                                opt != nullptr);
+      tear(fsdp::detail::cat("failed part way, in place (", what, " torn): ", text));
       throw checkpoint_error(fsdp::detail::cat("checkpoint load from '", dir, "' failed part way, in place (", what,
                                          " torn: load a checkpoint before using the model): ", text));
     }
