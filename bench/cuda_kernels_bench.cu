@@ -75,36 +75,50 @@ int main() {
   const od::adamw_coeffs adamw{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.001f};
   const od::sgd_coeffs sgd{1e-2f, 0.9f, 0.0f};
   std::printf("device: %s\n%10s %12s %12s %8s %12s %8s %12s %8s %12s %8s %12s %8s %12s %8s %12s %8s %12s %8s\n",
-              prop.name, "MiB(fp32)", "memcpy GB/s", "copy-in", "ratio", "rs-prep", "ratio", "copy-out", "ratio", "adamw",
-              "ratio", "sgd", "ratio", "quant", "ratio", "dq-sum", "ratio", "reduce", "ratio");
+              prop.name, "MiB(fp32)", "memcpy GB/s", "copy-in", "ratio", "rs-prep", "ratio", "copy-out", "ratio",
+              "adamw", "ratio", "sgd", "ratio", "quant", "ratio", "dq-sum", "ratio", "reduce", "ratio");
   namespace kq = fsdp::kernels;
   std::string json = "{\"bench\":\"cuda_kernels\",\"device\":\"" + std::string(prop.name) + "\",\"rows\":[";
   for (std::int64_t mib = 1; mib <= 1024; mib *= 2) {
     const std::int64_t n = mib * (1 << 20) / 4;
     const int iters = mib >= 256 ? 10 : 50;
     const double t_copy = best_ms([&] { be.copy(f32b.data(), f32a.data(), n * 4, s); }, s.get(), iters);
-    const double t_in = best_ms([&] { be.convert(h16.data(), fsdp::dtype::bf16, f32a.data(), fsdp::dtype::f32, n, 1.0f, s); }, s.get(), iters);
-    const double t_rs = best_ms([&] { be.convert(h16.data(), fsdp::dtype::bf16, f32a.data(), fsdp::dtype::f32, n, 0.125f, s); }, s.get(), iters);
-    const double t_out = best_ms([&] { be.accumulate(f32b.as<float>(), h16.data(), fsdp::dtype::bf16, n, 1.0f, s); }, s.get(), iters);
-    const double t_adamw = best_ms([&] {
-      be.for_each(n, od::adamw_elements{f32a.as<float>(), f32b.as<float>(), f32m.as<float>(), f32v.as<float>(), adamw, {}}, s);
-    }, s.get(), iters);
+    const double t_in = best_ms(
+        [&] { be.convert(h16.data(), fsdp::dtype::bf16, f32a.data(), fsdp::dtype::f32, n, 1.0f, s); }, s.get(), iters);
+    const double t_rs =
+        best_ms([&] { be.convert(h16.data(), fsdp::dtype::bf16, f32a.data(), fsdp::dtype::f32, n, 0.125f, s); },
+                s.get(), iters);
+    const double t_out =
+        best_ms([&] { be.accumulate(f32b.as<float>(), h16.data(), fsdp::dtype::bf16, n, 1.0f, s); }, s.get(), iters);
+    const double t_adamw = best_ms(
+        [&] {
+          be.for_each(
+              n, od::adamw_elements{f32a.as<float>(), f32b.as<float>(), f32m.as<float>(), f32v.as<float>(), adamw, {}},
+              s);
+        },
+        s.get(), iters);
     const double t_sgd = best_ms([&] {
       be.for_each(n, od::sgd_elements{f32a.as<float>(), f32b.as<float>(), f32m.as<float>(), sgd, {}}, s);
     }, s.get(), iters);
     // a gather's quantization: n fp32 into one slice of n values and n / 32 scales (in h16 and beyond: n * 1.125 bytes
     // fit in the n * 2 of h16)
     auto* wire = h16.as<std::uint8_t>();
-    const double t_quant = best_ms([&] {
-      be.for_each(n / 32, kq::block_quantize<fsdp::dtype::f32, fsdp::dtype::f8e4m3>{f32a.as<float>(), wire, n, 32, n + n / 8},
-                  s);
-    }, s.get(), iters);
+    const double t_quant = best_ms(
+        [&] {
+          be.for_each(
+              n / 32,
+              kq::block_quantize<fsdp::dtype::f32, fsdp::dtype::f8e4m3>{f32a.as<float>(), wire, n, 32, n + n / 8}, s);
+        },
+        s.get(), iters);
     // a quantized reduction's end: 4 ranks' slices of a shard of n / 4 (each n / 4 values and n / 128 scales)
     const std::int64_t shard = n / 4, slice = shard + shard / 8;
-    const double t_dqsum = best_ms([&] {
-      be.for_each(shard, kq::block_dequantize_sum<fsdp::dtype::i8>{wire, f32b.as<float>(), shard, 32, slice, 4, 0.25f, 1.0f},
-                  s);
-    }, s.get(), iters);
+    const double t_dqsum = best_ms(
+        [&] {
+          be.for_each(
+              shard,
+              kq::block_dequantize_sum<fsdp::dtype::i8>{wire, f32b.as<float>(), shard, 32, slice, 4, 0.25f, 1.0f}, s);
+        },
+        s.get(), iters);
     // comm::local on one GPU: 4 ranks' n / 4 fp32 elements reduced into one
     fsdp::cuda::kernels::reduce_ranks_params<fsdp::dtype::f32> red{};
     for (int q = 0; q < 4; ++q) red.src[q] = f32a.as<float>() + q * shard;
@@ -114,15 +128,17 @@ int main() {
     red.premul = 1.0f;
     const double t_reduce = best_ms([&] { fsdp::cuda::kernels::reduce_ranks(red, s.get()); }, s.get(), iters);
     auto gbs = [](double bytes, double ms) { return bytes / (ms * 1e6); };
-    const double copy = gbs(8.0 * n, t_copy), in = gbs(6.0 * n, t_in), rs = gbs(6.0 * n, t_rs), out = gbs(10.0 * n, t_out);
+    const double copy = gbs(8.0 * n, t_copy), in = gbs(6.0 * n, t_in), rs = gbs(6.0 * n, t_rs),
+                 out = gbs(10.0 * n, t_out);
     const double aw = gbs(28.0 * n, t_adamw), sg = gbs(20.0 * n, t_sgd);
     const double qt = gbs(4.0 * n + 1.125 * n, t_quant);
     const double dq = gbs(4.0 * 1.125 * double(shard) + 8.0 * double(shard), t_dqsum);
     const double rd = gbs(4.0 * 4.0 * double(shard) + 4.0 * double(shard), t_reduce);
-    std::printf("%10lld %12.1f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f "
-                "%12.1f %8.3f\n",
-                static_cast<long long>(mib), copy, in, in / copy, rs, rs / copy, out, out / copy, aw, aw / copy, sg,
-                sg / copy, qt, qt / copy, dq, dq / copy, rd, rd / copy);
+    std::printf(
+        "%10lld %12.1f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f %12.1f %8.3f "
+        "%12.1f %8.3f\n",
+        static_cast<long long>(mib), copy, in, in / copy, rs, rs / copy, out, out / copy, aw, aw / copy, sg, sg / copy,
+        qt, qt / copy, dq, dq / copy, rd, rd / copy);
     char row[400];
     std::snprintf(row, sizeof row,
                   "%s{\"mib\":%lld,\"memcpy\":%.1f,\"copy_in\":%.1f,\"rs_prep\":%.1f,\"copy_out\":%.1f,"

@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
     auto comm = fsdp::comm::nccl::from_env();
     fsdp::ModelSpec spec;
     for (int l = 0; l < L; ++l) spec.add("layers." + std::to_string(l) + ".w", {d, d}, {.init = fsdp::init::zeros});
-    using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::backward_pre<1>, fsdp::precision::full, fsdp::comm::nccl>;
+    using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::backward_pre<1>, fsdp::precision::full,
+                           fsdp::comm::nccl>;
     fsdp::trace::recorder rec;
     fsdp::model_options mo;
     mo.recorder = &rec;
@@ -212,9 +213,10 @@ int main(int argc, char** argv) {
   std::printf("%-28s %7.3f ms %7.3f ms\n", "exposed communication", measured.exposed_comm_s * 1e3,
               double(predicted.exposed_ns) * ns);
   std::printf("predicted critical path:\n%s\n%s", predicted.critical_path_text().c_str(), memory_table.c_str());
-  std::printf("{\"bench\":\"cuda_step\",\"device\":\"%s\",\"plain_ms\":%.4f,\"fsdp_ms\":%.4f,\"ratio\":%.4f,"
-              "\"trace_step_ms\":%.4f,\"predicted_step_ms\":%.4f,\"trace_exposed_ms\":%.4f,\"predicted_exposed_ms\":%.4f}\n",
-              prop.name, plain * 1e3, with_lib * 1e3, with_lib / plain, measured.wall_s * 1e3,
-              double(predicted.step_ns) * ns, measured.exposed_comm_s * 1e3, double(predicted.exposed_ns) * ns);
+  std::printf(
+      "{\"bench\":\"cuda_step\",\"device\":\"%s\",\"plain_ms\":%.4f,\"fsdp_ms\":%.4f,\"ratio\":%.4f,"
+      "\"trace_step_ms\":%.4f,\"predicted_step_ms\":%.4f,\"trace_exposed_ms\":%.4f,\"predicted_exposed_ms\":%.4f}\n",
+      prop.name, plain * 1e3, with_lib * 1e3, with_lib / plain, measured.wall_s * 1e3, double(predicted.step_ns) * ns,
+      measured.exposed_comm_s * 1e3, double(predicted.exposed_ns) * ns);
   return 0;
 }

@@ -92,8 +92,9 @@ void planned() {
                        }},
                        world),
       blocks};
-  std::printf("\nThe budget helper's pick (fewest link bytes that fit; groupings preferred in this order: two blocks per "
-              "unit, one block per unit):\n");
+  std::printf(
+      "\nThe budget helper's pick (fewest link bytes that fit; groupings preferred in this order: two blocks per "
+      "unit, one block per unit):\n");
   for (double budget_mib : {720.0, 690.0, 650.0, 600.0, 560.0, 500.0}) {
     const auto c = fsdp::fit_device_budget(groupings, facts, q, static_cast<std::int64_t>(budget_mib * 1024 * 1024));
     if (!c) {
@@ -117,7 +118,8 @@ mlp::result measure(const mlp::config& c, double bytes_per_us, int latency_us) {
     return std::chrono::microseconds(latency_us + static_cast<std::int64_t>(static_cast<double>(bytes) / bytes_per_us));
   };
   std::vector<mlp::result> out(2);
-  fsdp::comm::run_local(2, [&](fsdp::comm::local_communicator& comm) { out[comm.rank()] = mlp::train<P>(comm, c); }, lo);
+  fsdp::comm::run_local(
+      2, [&](fsdp::comm::local_communicator& comm) { out[comm.rank()] = mlp::train<P>(comm, c); }, lo);
   return out[0];
 }
 
@@ -140,10 +142,11 @@ void measured(double bytes_per_us) {
     const double link_ms = static_cast<double>(r.planned_link.total()) / bytes_per_us / 1000.0;
     std::printf("  %-18s %12.1f %12.1f %14.1f %14.2f %12.2f %7.2fx\n", name, r.planned.total / 1024.0,
                 r.planned_host.total / 1024.0, r.planned_link.total() / 1024.0, link_ms, step_ms, step_ms / base);
-    std::printf("{\"bench\":\"offload\",\"offload\":\"%s\",\"device_bytes\":%lld,\"host_bytes\":%lld,\"link_bytes\":%lld,"
-                "\"step_ms\":%.3f,\"vs_none\":%.3f}\n",
-                name, static_cast<long long>(r.planned.total), static_cast<long long>(r.planned_host.total),
-                static_cast<long long>(r.planned_link.total()), step_ms, step_ms / base);
+    std::printf(
+        "{\"bench\":\"offload\",\"offload\":\"%s\",\"device_bytes\":%lld,\"host_bytes\":%lld,\"link_bytes\":%lld,"
+        "\"step_ms\":%.3f,\"vs_none\":%.3f}\n",
+        name, static_cast<long long>(r.planned.total), static_cast<long long>(r.planned_host.total),
+        static_cast<long long>(r.planned_link.total()), step_ms, step_ms / base);
   };
   (void)measure<offload::none>(c, bytes_per_us, latency_us);  // warm-up
   row("none (baseline)", measure<offload::none>(c, bytes_per_us, latency_us));

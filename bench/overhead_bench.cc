@@ -67,8 +67,9 @@ double library_us_per_step(bool threaded, std::chrono::microseconds spin = std::
 }
 
 double baseline_us_per_step() {
-  std::vector<std::vector<float>> master(units, std::vector<float>(numel, 0.5f)), grad(units, std::vector<float>(numel)),
-      mom(units, std::vector<float>(numel)), full(units, std::vector<float>(numel));
+  std::vector<std::vector<float>> master(units, std::vector<float>(numel, 0.5f)),
+      grad(units, std::vector<float>(numel)), mom(units, std::vector<float>(numel)),
+      full(units, std::vector<float>(numel));
   const fsdp::optim::detail::sgd_coeffs co{1e-3f, 0.9f, 0.0f};
   auto step = [&] {
     for (int u = 0; u < units; ++u) {
@@ -76,7 +77,8 @@ double baseline_us_per_step() {
       for (int i = 0; i < numel; ++i) grad[u][i] += full[u][i];
     }
     for (int u = 0; u < units; ++u)
-      for (int i = 0; i < numel; ++i) fsdp::optim::detail::sgd_update(master[u][i], grad[u][i], &mom[u][i], co, co.weight_decay);
+      for (int i = 0; i < numel; ++i)
+        fsdp::optim::detail::sgd_update(master[u][i], grad[u][i], &mom[u][i], co, co.weight_decay);
   };
   double best = 1e300;
   for (int rep = 0; rep < repeats; ++rep) {
@@ -124,8 +126,10 @@ int main(int argc, char** argv) {
     std::printf("%6d  %-34s %12.1f %12.1f %16.2f\n", r.units, r.what, r.us, r.base, (r.us - r.base) / r.units);
   std::printf("\n{\"bench\":\"overhead\",\"numel\":%d,\"rows\":[", numel);
   for (std::size_t i = 0; i < rows.size(); ++i)
-    std::printf("%s{\"units\":%d,\"config\":\"%s\",\"us_per_step\":%.2f,\"baseline_us_per_step\":%.2f,"
-                "\"overhead_us_per_unit\":%.3f}",
-                i ? "," : "", rows[i].units, rows[i].what, rows[i].us, rows[i].base, (rows[i].us - rows[i].base) / rows[i].units);
+    std::printf(
+        "%s{\"units\":%d,\"config\":\"%s\",\"us_per_step\":%.2f,\"baseline_us_per_step\":%.2f,"
+        "\"overhead_us_per_unit\":%.3f}",
+        i ? "," : "", rows[i].units, rows[i].what, rows[i].us, rows[i].base,
+        (rows[i].us - rows[i].base) / rows[i].units);
   std::printf("]}\n");
 }

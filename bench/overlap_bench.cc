@@ -10,10 +10,10 @@
 // Predicted: the planner's step and exposed communication for the model as stated (an H100-class throughput),
 // in microseconds. Measured: the same model on 8 thread ranks of the host backend, with a threaded compute stream
 // (the host runs ahead of compute, as a CUDA trainer does) that sleeps each unit's compute, comm::local's modelled
-// link (the rule the planner uses) moving no data once the model is made, and every time dilated by a constant factor (F and the
-// bandwidth divided by it) so that intervals last milliseconds and the host's timing noise stays small; shown
-// divided by the dilation. Each configuration runs `repeats` times; the median of the slowest rank's mean over the
-// measured steps is shown. The baseline, measured in the same run: the same policy with communication free.
+// link (the rule the planner uses) moving no data once the model is made, and every time dilated by a constant factor
+// (F and the bandwidth divided by it) so that intervals last milliseconds and the host's timing noise stays small;
+// shown divided by the dilation. Each configuration runs `repeats` times; the median of the slowest rank's mean over
+// the measured steps is shown. The baseline, measured in the same run: the same policy with communication free.
 //
 // Then, per link and precision: the planner's pick (fsdp::rank_by_time over the prefetch policies) against the
 // fastest measured policy, and whether the predicted exposed fraction is within the stated tolerance of the
@@ -68,7 +68,9 @@ fsdp::wrap::by_function units() {
 }
 
 /// Compute at throughput flops / dilation.
-fsdp::flops_model compute_model(const setup& s, double dilation) { return {s.tokens, s.flops / dilation, 2, 4, {"emb.w"}}; }
+fsdp::flops_model compute_model(const setup& s, double dilation) {
+  return {s.tokens, s.flops / dilation, 2, 4, {"emb.w"}};
+}
 
 fsdp::time_model time_model_of(const setup& s, double link_bytes_per_s, double dilation) {
   fsdp::time_model t;
@@ -176,20 +178,22 @@ int main() {
   const struct {
     const char* name;
     fsdp::precision_facts facts;
-  } precisions[] = {{"fp32", fsdp::facts_of_precision<fsdp::precision::full>()},
-                    {"bf16/fp32", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>()},
-                    {"bf16/bf16", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>()},
-                    {"fp8x16/fp32", fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 16>>()},
-                    {"fp8x16/bf16", fsdp::facts_of_precision<
-                                        fsdp::precision::scaled<fsdp::float8_e4m3, 16, fsdp::bfloat16, fsdp::bfloat16>>()},
-                    {"i8x16/i8x16", fsdp::facts_of_precision<
-                                        fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>()}};
+  } precisions[] = {
+      {"fp32", fsdp::facts_of_precision<fsdp::precision::full>()},
+      {"bf16/fp32", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>()},
+      {"bf16/bf16", fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>()},
+      {"fp8x16/fp32", fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 16>>()},
+      {"fp8x16/bf16",
+       fsdp::facts_of_precision<fsdp::precision::scaled<fsdp::float8_e4m3, 16, fsdp::bfloat16, fsdp::bfloat16>>()},
+      {"i8x16/i8x16",
+       fsdp::facts_of_precision<fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>()}};
   constexpr int precision_count = static_cast<int>(std::size(precisions));
   std::vector<fsdp::time_variant> variants;  // the prefetch policies, for rank_by_time (precision set per group)
   auto one_slot = [&](const fsdp::prefetch_facts& pf) {
     fsdp::budget_query q;
     q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(s.world);
-    return fsdp::plan_memory(planned.names, planned.layouts, fsdp::planner_inputs(planned, q, pf)).max_units_gathered <= 1;
+    return fsdp::plan_memory(planned.names, planned.layouts, fsdp::planner_inputs(planned, q, pf)).max_units_gathered <=
+           1;
   };
   auto predict = [&](const fsdp::prefetch_facts& pf, const fsdp::precision_facts& pr, double bw) {
     fsdp::budget_query q;
@@ -208,7 +212,8 @@ int main() {
     auto one = [&](auto precision_tag, int pi) {
       using Q = decltype(precision_tag);
       for (const modelled_link& l : links)
-        rows.push_back({name, precisions[pi].name, l.name, one_slot(pf), predict(pf, precisions[pi].facts, l.bytes_per_second), base_ns,
+        rows.push_back({name, precisions[pi].name, l.name, one_slot(pf),
+                        predict(pf, precisions[pi].facts, l.bytes_per_second), base_ns,
                         run<P, Q>(s, l.bytes_per_second), base});
     };
     one(fsdp::precision::full{}, 0);
@@ -233,8 +238,8 @@ int main() {
     const double tol = r.one_slot ? s.tolerance_one_slot : s.tolerance;
     (r.one_slot ? worst_one_slot : worst) = std::max(r.one_slot ? worst_one_slot : worst, std::fabs(pf - mf));
     std::printf("%-18s %-11s %-25s | %10.1f %9.1f %7.1f%% | %10.1f %9.1f %7.1f%% | %+6.1f%s\n", r.policy.c_str(),
-                r.precision.c_str(), r.link.c_str(), double(r.predicted.step_ns) * 1e-3, double(r.predicted_base_ns) * 1e-3,
-                100 * pf, r.m.step_us, r.base.step_us, 100 * mf, 100 * (pf - mf),
+                r.precision.c_str(), r.link.c_str(), double(r.predicted.step_ns) * 1e-3,
+                double(r.predicted_base_ns) * 1e-3, 100 * pf, r.m.step_us, r.base.step_us, 100 * mf, 100 * (pf - mf),
                 std::fabs(pf - mf) <= tol ? "" : "  (outside tolerance)");
   }
   std::printf("\npredicted exposed fraction against the measured median, largest difference in points of the step:\n"
@@ -276,24 +281,28 @@ int main() {
       for (std::size_t i = 1; i < tied.size(); ++i) tie += (i > 1 ? ", " : " (tied with ") + tied[i];
       if (!tie.empty()) tie += ")";
       std::printf("%-25s %-10s planner: %s%s; measured fastest: %s %s\n  %s\n", l.name, precisions[pi].name,
-                  pick.c_str(), tie.c_str(), fastest->policy.c_str(), match ? "(match)" : "(differs)", ranking.why().c_str());
+                  pick.c_str(), tie.c_str(), fastest->policy.c_str(), match ? "(match)" : "(differs)",
+                  ranking.why().c_str());
     }
   double best_nvlink = 1;
   for (const auto& r : rows)
     if (r.link == links[0].name) best_nvlink = std::min(best_nvlink, r.predicted.exposed_fraction());
-  std::printf("\nplanner's pick (or a policy it ties with) = fastest measured (within 1%%) in %d of %d; best predicted exposed fraction at "
-              "NVLink-class: %.2f%% (goal < 5%%)\n",
-              matches, picks, 100 * best_nvlink);
+  std::printf(
+      "\nplanner's pick (or a policy it ties with) = fastest measured (within 1%%) in %d of %d; best predicted exposed "
+      "fraction at "
+      "NVLink-class: %.2f%% (goal < 5%%)\n",
+      matches, picks, 100 * best_nvlink);
 
   std::printf("\n{\"bench\":\"overlap\",\"world\":%d,\"dilation\":%.0f,\"tolerance\":%.3f,\"largest_difference\":%.4f,"
               "\"tolerance_one_slot\":%.3f,\"largest_difference_one_slot\":%.4f,\"rows\":[",
               s.world, s.dilation, s.tolerance, worst, s.tolerance_one_slot, worst_one_slot);
   for (std::size_t i = 0; i < rows.size(); ++i)
-    std::printf("%s{\"prefetch\":\"%s\",\"precision\":\"%s\",\"link\":\"%s\",\"predicted_step_us\":%.3f,"
-                "\"predicted_exposed_us\":%.3f,\"predicted_no_comm_us\":%.3f,\"measured_step_us\":%.3f,"
-                "\"measured_exposed_us\":%.3f,\"measured_no_comm_us\":%.3f}",
-                i ? "," : "", rows[i].policy.c_str(), rows[i].precision.c_str(), rows[i].link.c_str(),
-                double(rows[i].predicted.step_ns) * 1e-3, double(rows[i].predicted.exposed_ns) * 1e-3,
-                double(rows[i].predicted_base_ns) * 1e-3, rows[i].m.step_us, rows[i].m.exposed_us, rows[i].base.step_us);
+    std::printf(
+        "%s{\"prefetch\":\"%s\",\"precision\":\"%s\",\"link\":\"%s\",\"predicted_step_us\":%.3f,"
+        "\"predicted_exposed_us\":%.3f,\"predicted_no_comm_us\":%.3f,\"measured_step_us\":%.3f,"
+        "\"measured_exposed_us\":%.3f,\"measured_no_comm_us\":%.3f}",
+        i ? "," : "", rows[i].policy.c_str(), rows[i].precision.c_str(), rows[i].link.c_str(),
+        double(rows[i].predicted.step_ns) * 1e-3, double(rows[i].predicted.exposed_ns) * 1e-3,
+        double(rows[i].predicted_base_ns) * 1e-3, rows[i].m.step_us, rows[i].m.exposed_us, rows[i].base.step_us);
   std::printf("]}\n");
 }

@@ -18,13 +18,14 @@
 namespace {
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "error: %s\nusage: mlp_host [--ranks N] [--steps S] [--batch B] "
-               "[--strategy full_shard|shard_grad_op|zero1|no_shard|hybrid_shard|hybrid_shard_zero2] [--shard-group 2|4] "
-               "[--optimizer adamw|sgd] [--lr X] "
-               "[--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K] [--no-sync] [--keep-gathered] "
-               "[--clip MAX_NORM] [--trace FILE]\n",
-               why);
+  std::fprintf(
+      stderr,
+      "error: %s\nusage: mlp_host [--ranks N] [--steps S] [--batch B] "
+      "[--strategy full_shard|shard_grad_op|zero1|no_shard|hybrid_shard|hybrid_shard_zero2] [--shard-group 2|4] "
+      "[--optimizer adamw|sgd] [--lr X] "
+      "[--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K] [--no-sync] [--keep-gathered] "
+      "[--clip MAX_NORM] [--trace FILE]\n",
+      why);
   std::exit(2);
 }
 
@@ -43,8 +44,8 @@ void print_header(int ranks, const mlp::config& cfg, std::string_view strategy, 
   const auto& acc = cfg.model.accumulation;
   std::printf(", %s, %d thread ranks", std::string(strategy).c_str(), ranks);
   if (mesh.hybrid()) std::printf(" (%d replicas x %d shards)", mesh.replicas, mesh.shards);
-  std::printf(", global batch %d, %s, %s compute, %s reduction", cfg.global_batch, cfg.optimizer.c_str(), std::string(fsdp::name_of(pf.compute)).c_str(),
-              std::string(fsdp::name_of(pf.reduce)).c_str());
+  std::printf(", global batch %d, %s, %s compute, %s reduction", cfg.global_batch, cfg.optimizer.c_str(),
+              std::string(fsdp::name_of(pf.compute)).c_str(), std::string(fsdp::name_of(pf.reduce)).c_str());
   if (acc.micro_batches > 1)
     std::printf(", %d micro-batches (%s%s)", acc.micro_batches,
                 acc.sync == fsdp::grad_sync::last_micro_batch ? "no-sync" : "reduced each",

@@ -59,7 +59,8 @@ int run(int ranks, bool use_nccl, bool compare, const mlp::config& cfg, mlp_cuda
   });
   double worst = 0;
   for (std::size_t s = 0; s < host.losses.size(); ++s)
-    worst = std::max(worst, std::fabs(double(r0.losses[s]) - host.losses[s]) / std::max(1e-12, std::fabs(double(host.losses[s]))));
+    worst = std::max(
+        worst, std::fabs(double(r0.losses[s]) - host.losses[s]) / std::max(1e-12, std::fabs(double(host.losses[s]))));
   const bool ok = worst <= 1e-4;
   std::printf("compare with the host backend: largest relative loss difference %.3g over %zu steps: %s\n", worst,
               host.losses.size(), ok ? "agree" : "DIFFER");

@@ -147,11 +147,11 @@ class trainer {
     k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(att_size());
     k.atty.resize(NC), k.res1.resize(NC), k.ln2.resize(NC), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
     k.fc.resize(4 * NC), k.fc_gelu.resize(4 * NC), out.resize(NC);
-    K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(), x.data(),
-                                                      p("ln_1.w"), p("ln_1.b"), N, C);
+    K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(),
+                                                              x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
     linear_forward(k.qkv.data(), k.ln1.data(), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
-    K::attention_forward<><<<blocks(32 * rows()), 256, 0, s()>>>(k.atty.data(), k.att.data(), k.qkv.data(), starts(), B_,
-                                                           s_.context, C, s_.heads);
+    K::attention_forward<><<<blocks(32 * rows()), 256, 0, s()>>>(k.atty.data(), k.att.data(), k.qkv.data(), starts(),
+                                                                 B_, s_.context, C, s_.heads);
     linear_forward(k.res1.data(), k.atty.data(), w("attn.proj.w"), p("attn.proj.b"), N, C, C);
     K::add<><<<blocks(NC), 256, 0, s()>>>(k.res1.data(), x.data(), NC);
     K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(),

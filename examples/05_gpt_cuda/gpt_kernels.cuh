@@ -25,7 +25,9 @@ __device__ inline W from_f(float x) {
 }
 /// tanh from expf (the simulated GPU's PTX parser has no copysign, which tanhf uses): 1 - 2 / (e^2x + 1), exact
 /// at the limits (e^2x = inf gives 1, 0 gives -1), within a few ulps of 1 elsewhere in absolute terms.
-__device__ inline float tanh_exp(float x) { return __fsub_rn(1.0f, __fdiv_rn(2.0f, __fadd_rn(expf(__fmul_rn(2.0f, x)), 1.0f))); }
+__device__ inline float tanh_exp(float x) {
+  return __fsub_rn(1.0f, __fdiv_rn(2.0f, __fadd_rn(expf(__fmul_rn(2.0f, x)), 1.0f)));
+}
 
 /// The sum (max) of v over the warp's 32 lanes, every lane getting the same bits.
 __device__ inline float warp_sum(float v) {
@@ -50,9 +52,12 @@ __device__ inline float block_reduce(float v, float* part) {
   return r;
 }
 
-#define GPT_FOR(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
+#define GPT_FOR(i, n) \
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 /// One warp per row r (every lane of a warp the same r; launch rows * 32 threads, blocks of a multiple of 32).
-#define GPT_FOR_WARP(r, n) for (long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; r < (n); r += (long long)gridDim.x * blockDim.x / 32)
+#define GPT_FOR_WARP(r, n)                                                             \
+  for (long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; r < (n); \
+       r += (long long)gridDim.x * blockDim.x / 32)
 #define GPT_LANE int(threadIdx.x % 32)
 
 /// dst = float(src)

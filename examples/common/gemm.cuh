@@ -38,7 +38,8 @@ template <class T>
 __global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b,
                            int ldb, float beta, float* c, int ldc) {
   const long long count = (long long)m * n;  // 64-bit index math: m * n passes 2^31 for a large vocabulary's logits
-  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count; e += (long long)gridDim.x * blockDim.x) {
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count;
+       e += (long long)gridDim.x * blockDim.x) {
     const long long i = e % m, j = e / m;
     float acc = 0.0f;
     for (long long p = 0; p < k; ++p) {
@@ -65,7 +66,8 @@ class gemm {
       }
     }
 #else
-    if (kind_ == gemm_kind::cublas) throw std::runtime_error("built without cuBLAS (EXAMPLES_NO_CUBLAS): use --gemm plain");
+    if (kind_ == gemm_kind::cublas)
+      throw std::runtime_error("built without cuBLAS (EXAMPLES_NO_CUBLAS): use --gemm plain");
 #endif
   }
   gemm(const gemm&) = delete;
@@ -80,8 +82,8 @@ class gemm {
                   float beta, float* c, int ldc) {
 #ifndef EXAMPLES_NO_CUBLAS
     if (kind_ == gemm_kind::cublas) {
-      EXAMPLES_CUBLAS_CHECK(cublasSgemm(h_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
-                                   a, lda, b, ldb, &beta, c, ldc));
+      EXAMPLES_CUBLAS_CHECK(cublasSgemm(h_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                                        &alpha, a, lda, b, ldb, &beta, c, ldc));
       return;
     }
 #endif

@@ -109,7 +109,8 @@ TEST_CASE("a wait and the completion it waits for may meet in any order: none is
   // a record on the gather worker raced against the wait on the calling thread, with no spin (every hand-off a
   // sleep), the default spin, and a spin longer than any round: a missed wake-up is a timeout (comm_error) here,
   // and an early return a stale count.
-  for (const auto spin : {std::chrono::microseconds(0), fsdp::backend::host_options{}.spin, std::chrono::microseconds(20000)}) {
+  for (const auto spin :
+       {std::chrono::microseconds(0), fsdp::backend::host_options{}.spin, std::chrono::microseconds(20000)}) {
     CAPTURE(spin.count());
     fsdp::backend::host_options opt;
     opt.wait_timeout = std::chrono::milliseconds(5000);
@@ -313,6 +314,9 @@ TEST_CASE("kernels: accumulate and optimizer updates (element functions through 
   CHECK(p == doctest::Approx(1.0f - 0.1f * buf).epsilon(1e-7));
   // AdamW step 1 from zero moments: p = p*(1-lr*wd) - lr * g/(|g|+eps)
   float q = 2.0f, gg = -0.3f, m = 0, v = 0;
-  be.for_each(1, fsdp::optim::detail::adamw_elements{&q, &gg, &m, &v, {0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1 - 0.9f, 1 - 0.999f}, {}}, s);
+  be.for_each(1,
+              fsdp::optim::detail::adamw_elements{
+                  &q, &gg, &m, &v, {0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1 - 0.9f, 1 - 0.999f}, {}},
+              s);
   CHECK(q == doctest::Approx(2.0f * (1 - 0.001f) + 0.01f).epsilon(1e-6));
 }

@@ -375,7 +375,8 @@ std::string flip_byte(const std::string& file, std::uint64_t sum) {
 
 }  // namespace
 
-TEST_CASE("every byte of a checkpoint's manifest changed in turn: no load succeeds, every rank refuses, nothing modified") {
+TEST_CASE(
+    "every byte of a checkpoint's manifest changed in turn: no load succeeds, every rank refuses, nothing modified") {
   fsdp_test::scratch_dir dir("ckpt-manifest-flips");
   train_and_save(dir / "ck", 2, 2);
   const std::string path = dir / "ck" + "/manifest.json";
@@ -876,7 +877,8 @@ TEST_CASE("a failure while rank 0 commits (the manifest made, written, synced; t
   const std::string expected = "fsdp: checkpoint save to '" + target + "' failed: rank 0: injected: Input/output "
                                "error after the rename: '" + target + "' is complete, but a crash before the file "
                                "system writes the rename back may lose it; earlier checkpoints are untouched";
-  CHECK(save_failing("fsync", dir.root, "injected: Input/output error") == std::vector<std::string>{expected, expected});
+  CHECK(save_failing("fsync", dir.root, "injected: Input/output error") ==
+        std::vector<std::string>{expected, expected});
   CHECK(!std::filesystem::exists(partial));
   CHECK(ckpt::latest(dir.root) == target);
   CHECK(ckpt::verify(target).empty());

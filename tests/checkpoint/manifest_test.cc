@@ -72,10 +72,12 @@ TEST_CASE("a manifest written by to_json parses back to the same value, and name
 TEST_CASE("every malformed field of a manifest is named") {
   const std::string at = "fsdp: " + doc + ": ";
   const std::string sum = ", \"manifest_xxh3\": \"0000000000000000\"}";  // sealed below: the parser speaks
-  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(ckpt::seal_manifest("{\"format\": " + sum), doc); }) ==
-        at + "the document does not parse as JSON");
-  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::parse_manifest(ckpt::seal_manifest("{\"a\": \"\xff\"" + sum), doc); }) ==
-        at + "the document is not valid UTF-8 (byte 7)");
+  CHECK(error_of<fsdp::checkpoint_error>([&] {
+          ckpt::parse_manifest(ckpt::seal_manifest("{\"format\": " + sum), doc);
+        }) == at + "the document does not parse as JSON");
+  CHECK(error_of<fsdp::checkpoint_error>([&] {
+          ckpt::parse_manifest(ckpt::seal_manifest("{\"a\": \"\xff\"" + sum), doc);
+        }) == at + "the document is not valid UTF-8 (byte 7)");
   CHECK(error_after([](json& j) { j["format"] = "other"; }) ==
         at + "format must be \"fsdp-checkpoint\" (this is not a checkpoint manifest of this library)");
   CHECK(error_after([](json& j) { j["version"] = 1; }) == at + "version is 1; this library reads version 2");
@@ -184,10 +186,9 @@ TEST_CASE("a safetensors header: what make_header writes parses back; every malf
         at + "tensor 'a': dtype is 'F33', which is not a safetensors dtype");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})") ==
         at + "tensor 'a' holds 4 bytes, but 2 elements of F32 take 8");
-  CHECK(
-      error(
-          R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})") ==
-      at + "tensor 'b' begins at byte 2 of the data, inside tensor 'a' [0, 4)");
+  CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, )"
+              R"("b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})") ==
+        at + "tensor 'b' begins at byte 2 of the data, inside tensor 'a' [0, 4)");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4]}})") ==
         at + "tensor 'a': data_offsets must hold two numbers, [begin, end]");
   CHECK(error(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})") ==

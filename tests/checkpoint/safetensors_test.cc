@@ -309,7 +309,8 @@ TEST_CASE("a save that fails (the file made or its header written by rank 0, the
     const std::string removed = op == "create" ? "" : "; '" + partial + "' was removed";  // create: nothing was made
     const std::string expected =
         "fsdp: safetensors save to '" + path + "' failed: rank 0: injected: No space left on device" + removed;
-    CHECK(save_failing(op, partial, "injected: No space left on device") == std::vector<std::string>{expected, expected});
+    CHECK(save_failing(op, partial, "injected: No space left on device") ==
+          std::vector<std::string>{expected, expected});
     CHECK(!std::filesystem::exists(partial));
     CHECK(!std::filesystem::exists(path));
   }
@@ -317,7 +318,8 @@ TEST_CASE("a save that fails (the file made or its header written by rank 0, the
   const std::string expected = "fsdp: safetensors save to '" + path + "' failed: rank 0: injected: Input/output error "
                                "after the rename: '" + path + "' is complete, but a crash before the file system "
                                "writes the rename back may lose it";
-  CHECK(save_failing("fsync", dir.root, "injected: Input/output error") == std::vector<std::string>{expected, expected});
+  CHECK(save_failing("fsync", dir.root, "injected: Input/output error") ==
+        std::vector<std::string>{expected, expected});
   CHECK(!std::filesystem::exists(partial));
   CHECK(load_model(path, 1).size() == 7);
 }

@@ -57,7 +57,9 @@ TEST_CASE("launch environment: torchrun, mpirun, MPICH and srun conventions, fir
   CHECK(both.rank == 1);
 }
 
-TEST_CASE("comm::mpi's launch check: a launcher that says several processes while MPI sees one is refused, naming what to use") {
+TEST_CASE(
+    "comm::mpi's launch check: a launcher that says several processes while MPI sees one is refused, naming what to "
+    "use") {
   const auto mismatch = [](int mpi_world, std::map<std::string, std::string> env) {
     return fsdp::comm::mpi_launch_mismatch(mpi_world, [env](const char* k) -> const char* {
       auto it = env.find(k);
@@ -107,7 +109,8 @@ TEST_CASE("launch environment: bad values are errors that name the variable") {
         "program with torchrun, mpirun or srun, or set RANK, WORLD_SIZE and LOCAL_RANK");
 }
 
-TEST_CASE("device choice: one visible device is device 0, else the local rank; more local ranks than devices is an error") {
+TEST_CASE(
+    "device choice: one visible device is device 0, else the local rank; more local ranks than devices is an error") {
   using fsdp::comm::choose_device;
   auto error = [](auto&& fn) { return fsdp_test::error_of<fsdp::usage_error>(fn); };
   // srun --gpus-per-task=1 / mpirun with a CUDA_VISIBLE_DEVICES per rank: every rank sees one device, numbered 0.
@@ -119,22 +122,25 @@ TEST_CASE("device choice: one visible device is device 0, else the local rank; m
   // An explicit device wins, and must be visible.
   CHECK(choose_device(1, 1, 3, "LOCAL_RANK, torchrun", 4, nullptr) == 1);
   CHECK(choose_device(1, 0, 3, "LOCAL_RANK, torchrun", 1, "5") == 0);
-  CHECK(error([] { (void)choose_device(1, 1, 0, "LOCAL_RANK, torchrun", 1, "5"); }) ==
-        "fsdp: comm::nccl on rank 1: nccl_options::backend.device is 1 but only 1 CUDA device is visible to this process "
-        "(CUDA_VISIBLE_DEVICES='5'); CUDA numbers the visible devices from 0");
+  CHECK(
+      error([] { (void)choose_device(1, 1, 0, "LOCAL_RANK, torchrun", 1, "5"); }) ==
+      "fsdp: comm::nccl on rank 1: nccl_options::backend.device is 1 but only 1 CUDA device is visible to this process "
+      "(CUDA_VISIBLE_DEVICES='5'); CUDA numbers the visible devices from 0");
   CHECK(error([] { (void)choose_device(9, -1, 5, "LOCAL_RANK, torchrun", 4, nullptr); }) ==
         "fsdp: comm::nccl on rank 9: local rank 5 (LOCAL_RANK, torchrun) but only 4 CUDA devices are visible to this "
         "process (CUDA_VISIBLE_DEVICES is not set): more local ranks than visible devices; give each rank its own GPU "
         "(srun --gpus-per-task=1, or one CUDA_VISIBLE_DEVICES per rank), start at most 4 ranks per node, or set "
         "nccl_options::backend.device");
-  CHECK(error([] { (void)choose_device(2, -1, 2, "node-local rank from MPI_Comm_split_type", 2, "0,1"); }) ==
-        "fsdp: comm::nccl on rank 2: local rank 2 (node-local rank from MPI_Comm_split_type) but only 2 CUDA devices are "
-        "visible to this process (CUDA_VISIBLE_DEVICES='0,1'): more local ranks than visible devices; give each rank its "
-        "own GPU (srun --gpus-per-task=1, or one CUDA_VISIBLE_DEVICES per rank), start at most 2 ranks per node, or set "
-        "nccl_options::backend.device");
-  CHECK(error([] { (void)choose_device(0, -1, 0, "LOCAL_RANK, torchrun", 0, ""); }) ==
-        "fsdp: comm::nccl on rank 0: no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES=''); run it where a "
-        "GPU is, and check what the launcher puts in CUDA_VISIBLE_DEVICES");
+  CHECK(
+      error([] { (void)choose_device(2, -1, 2, "node-local rank from MPI_Comm_split_type", 2, "0,1"); }) ==
+      "fsdp: comm::nccl on rank 2: local rank 2 (node-local rank from MPI_Comm_split_type) but only 2 CUDA devices are "
+      "visible to this process (CUDA_VISIBLE_DEVICES='0,1'): more local ranks than visible devices; give each rank its "
+      "own GPU (srun --gpus-per-task=1, or one CUDA_VISIBLE_DEVICES per rank), start at most 2 ranks per node, or set "
+      "nccl_options::backend.device");
+  CHECK(
+      error([] { (void)choose_device(0, -1, 0, "LOCAL_RANK, torchrun", 0, ""); }) ==
+      "fsdp: comm::nccl on rank 0: no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES=''); run it where a "
+      "GPU is, and check what the launcher puts in CUDA_VISIBLE_DEVICES");
 }
 
 namespace {
@@ -154,8 +160,8 @@ std::string first_line(const std::filesystem::path& p) {
   std::getline(in, line);
   return line;
 }
-std::string fetch_error(const std::filesystem::path& path, int world, int rank, const std::string& job, std::size_t size,
-                        std::chrono::milliseconds timeout) {
+std::string fetch_error(const std::filesystem::path& path, int world, int rank, const std::string& job,
+                        std::size_t size, std::chrono::milliseconds timeout) {
   return fsdp_test::error_of<fsdp::comm_error>(
       [&] { (void)fsdp::comm::file_rendezvous(path, world, rank, job).fetch(size, timeout); });
 }
@@ -168,7 +174,8 @@ std::vector<std::string> launch(const std::filesystem::path& path, int world, co
   for (int r = 1; r < world; ++r)
     ranks.emplace_back([&, r] {
       try {
-        got[r] = text(fsdp::comm::file_rendezvous(path, world, r, job).fetch(id.size(), std::chrono::milliseconds(5000)));
+        got[r] =
+            text(fsdp::comm::file_rendezvous(path, world, r, job).fetch(id.size(), std::chrono::milliseconds(5000)));
       } catch (const std::exception& e) {
         got[r] = e.what();
       }
@@ -192,7 +199,8 @@ TEST_CASE("file rendezvous: rank 0 publishes, every other rank fetches the same 
   }
   SUBCASE("ranks that start after rank 0") {
     std::vector<char> got;
-    std::thread zero([&] { fsdp::comm::file_rendezvous(path, 2, 0, "job-1").publish(id, std::chrono::milliseconds(5000)); });
+    std::thread zero(
+        [&] { fsdp::comm::file_rendezvous(path, 2, 0, "job-1").publish(id, std::chrono::milliseconds(5000)); });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     got = fsdp::comm::file_rendezvous(path, 2, 1, "job-1").fetch(id.size(), std::chrono::milliseconds(5000));
     zero.join();
@@ -256,8 +264,9 @@ TEST_CASE("file rendezvous: files of another job or world size, truncated files 
           "fsdp: file rendezvous: '" + path.string() + "' had no id from rank 0 of this job after 100 ms (found a file "
           "with header 'fsdp-rendezvous v2 world=4 job=job-0 token=0123abcd' (expected 'fsdp-rendezvous v2 world=4 "
           "job=job-1 token=<token>' and 8 bytes)); is rank 0 running, and does every rank see the same path?");
-    CHECK_THROWS_AS((void)fsdp::comm::file_rendezvous(path, 2, 1, "job-0").fetch(id.size(), std::chrono::milliseconds(20)),
-                    fsdp::comm_error);
+    CHECK_THROWS_AS(
+        (void)fsdp::comm::file_rendezvous(path, 2, 1, "job-0").fetch(id.size(), std::chrono::milliseconds(20)),
+        fsdp::comm_error);
   }
   SUBCASE("no file at all") {
     CHECK(fetch_error(path, 2, 1, "j", id.size(), std::chrono::milliseconds(30)) ==
@@ -289,7 +298,8 @@ TEST_CASE("file rendezvous: files of another job or world size, truncated files 
   auto usage = [](auto&& fn) { return fsdp_test::error_of<fsdp::usage_error>(fn); };
   CHECK(usage([] { fsdp::comm::file_rendezvous("", 2, 0, "j"); }) ==
         "fsdp: file rendezvous: empty path (set FSDP_RENDEZVOUS_FILE or nccl_options::rendezvous_file)");
-  CHECK(usage([&] { fsdp::comm::file_rendezvous(path, 2, 2, "j"); }) == "fsdp: file rendezvous: rank 2 is outside a world of 2");
+  CHECK(usage([&] { fsdp::comm::file_rendezvous(path, 2, 2, "j"); }) ==
+        "fsdp: file rendezvous: rank 2 is outside a world of 2");
   remove_files(path);
 }
 
@@ -307,15 +317,17 @@ TEST_CASE("file rendezvous: waits read the files less and less often (5 ms, doub
 }
 
 TEST_CASE("file rendezvous: rank 0 waiting 600 ms for two late ranks reads their files about ten times, not 230") {
-  // At 5 ms a pass rank 0 read the two missing acknowledgements 230 times in all (tried); with the backoff the passes come
-  // at 5, 15, 35, 75, 155, 315 and 635 ms: about 8 passes, 16 reads, and one confirmation written.
+  // At 5 ms a pass rank 0 read the two missing acknowledgements 230 times in all (tried); with the backoff the passes
+  // come at 5, 15, 35, 75, 155, 315 and 635 ms: about 8 passes, 16 reads, and one confirmation written.
   const auto path = rendezvous_path();
   remove_files(path);
   const std::vector<char> id{'n', 'c', 'c', 'l', '-', 'i', 'd', '!'};
   fsdp::comm::file_rendezvous zero(path, 3, 0, "job-b");
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(600));
-    std::thread two([&] { (void)fsdp::comm::file_rendezvous(path, 3, 2, "job-b").fetch(id.size(), std::chrono::milliseconds(5000)); });
+    std::thread two([&] {
+      (void)fsdp::comm::file_rendezvous(path, 3, 2, "job-b").fetch(id.size(), std::chrono::milliseconds(5000));
+    });
     fsdp::comm::file_rendezvous one(path, 3, 1, "job-b");
     CHECK(text(one.fetch(id.size(), std::chrono::milliseconds(5000))) == text(id));
     CHECK(one.files_read() <= 20);

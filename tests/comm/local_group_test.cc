@@ -122,7 +122,8 @@ TEST_CASE("local group part(): a rank that met but never finishes makes the othe
     }
     error = fsdp_test::error_of<fsdp::comm_error>([&] { g.part(0, r, gather8, &mark[r]); });
   });
-  CHECK(error == "fsdp: local all_gather(count=8, f32) #0 on rank 0 timed out after 100 ms waiting for the other ranks to "
-                 "finish: rank(s) 1 never finished it");
+  CHECK(error ==
+        "fsdp: local all_gather(count=8, f32) #0 on rank 0 timed out after 100 ms waiting for the other ranks to "
+        "finish: rank(s) 1 never finished it");
   CHECK(names(late, mark, 2) == "m0, m1");
 }

@@ -97,7 +97,9 @@ void check_16bit(int world) {
     fsdp::backend::host be(c.rank());
     auto& s = be.reduce_stream();
     const int n = 64;
-    auto value = [](int rank, int i) { return float(T(std::ldexp(1.0f + float((i * 37 + rank * 11) % 97) / 97.0f, i % 5 - 2))); };
+    auto value = [](int rank, int i) {
+      return float(T(std::ldexp(1.0f + float((i * 37 + rank * 11) % 97) / 97.0f, i % 5 - 2)));
+    };
     std::vector<T> in(std::size_t(n) * world), rs(n), rs_avg(n), ar(std::size_t(n) * world);
     for (int i = 0; i < n * world; ++i) in[i] = ar[i] = T(value(c.rank(), i));
     c.reduce_scatter(in.data(), rs.data(), n, t, reduce_op::sum, s);
@@ -360,7 +362,8 @@ TEST_CASE("barrier and bad arguments") {
           "fsdp: split on rank " + std::to_string(c.rank()) + ": color must be >= 0, got -1");
   });
   auto g = std::make_shared<fsdp::comm::detail::local_group>(2, std::chrono::milliseconds(100));
-  CHECK(error_of<fsdp::usage_error>([&] { local_communicator(g, 2); }) == "fsdp: rank 2 is outside the local group of size 2");
+  CHECK(error_of<fsdp::usage_error>([&] { local_communicator(g, 2); }) ==
+        "fsdp: rank 2 is outside the local group of size 2");
 }
 
 TEST_CASE("a modelled link: each collective takes at least latency + bytes x factor / bandwidth") {

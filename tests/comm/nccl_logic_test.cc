@@ -29,7 +29,7 @@ using fsdp_test::error_of;
 /// makes are 2, 3, ... (recorded as "ncclCommGetAsyncError(c2)").
 struct script {
   std::vector<std::string> calls;
-  std::deque<int> async;                   ///< successive states of communicator 1 (ncclCommGetAsyncError); success once empty
+  std::deque<int> async;  ///< successive states of communicator 1 (ncclCommGetAsyncError); success once empty
   std::map<int, std::deque<int>> async_of;  ///< the same for the others
   int finalize = 1;                        ///< in_progress: what a non-blocking communicator answers
   int group_end = 0;
@@ -87,8 +87,8 @@ struct fake_api {
     } else if (sc->split_fills) {
       out = made;
     }
-    sc->calls.push_back("ncclCommSplit(c" + std::to_string(parent) + ", color=" + std::to_string(color) +
-                        ", key=" + std::to_string(key) + ") -> " + (sc->split_fills ? "c" + std::to_string(made) : "null"));
+    sc->calls.push_back("ncclCommSplit(c" + std::to_string(parent) + ", color=" + std::to_string(color) + ", key=" +
+                        std::to_string(key) + ") -> " + (sc->split_fills ? "c" + std::to_string(made) : "null"));
     return static_cast<result>(sc->split);
   }
   result comm_abort(comm c) { return note("ncclCommAbort", c); }
@@ -108,7 +108,9 @@ struct fake_api {
     return "?";
   }
   event new_event() { return sc->next_event++; }
-  void record(event e, stream s) { sc->calls.push_back("cudaEventRecord(e" + std::to_string(e) + ", s" + std::to_string(s) + ")"); }
+  void record(event e, stream s) {
+    sc->calls.push_back("cudaEventRecord(e" + std::to_string(e) + ", s" + std::to_string(s) + ")");
+  }
   void wait(stream s, event e) {
     sc->calls.push_back("cudaStreamWaitEvent(s" + std::to_string(s) + ", e" + std::to_string(e) + ")");
   }
@@ -207,14 +209,15 @@ std::string seq(const calls& c) {
 
 }  // namespace
 
-TEST_CASE("nccl shutdown: ncclCommFinalize's ncclInProgress is polled with a sleep, then destroyed, and nothing is logged") {
+TEST_CASE(
+    "nccl shutdown: ncclCommFinalize's ncclInProgress is polled with a sleep, then destroyed, and nothing is logged") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 1000ms);
   init(c);
   sc.async = {fake_api::in_progress, fake_api::in_progress, fake_api::success};
   c.shutdown();
-  CHECK(seq(sc.calls) == seq(calls{"ncclCommFinalize", "sleep", "ncclCommGetAsyncError", "sleep", "ncclCommGetAsyncError", "sleep",
-                          "ncclCommGetAsyncError", "ncclCommDestroy"}));
+  CHECK(seq(sc.calls) == seq(calls{"ncclCommFinalize", "sleep", "ncclCommGetAsyncError", "sleep",
+                                   "ncclCommGetAsyncError", "sleep", "ncclCommGetAsyncError", "ncclCommDestroy"}));
   CHECK(seq(sc.logs) == "");
   c.shutdown();  // once only
   CHECK(sc.calls.size() == 8);
@@ -227,11 +230,12 @@ TEST_CASE("nccl shutdown: failures are logged and end in ncclCommAbort") {
   SUBCASE("an error while finalizing") {
     sc.async = {fake_api::in_progress, fake_api::remote_error};
     c.shutdown();
-    CHECK(seq(sc.calls) == seq(calls{"ncclCommFinalize", "sleep", "ncclCommGetAsyncError", "sleep", "ncclCommGetAsyncError",
-                            "ncclCommAbort"}));
-    CHECK(seq(sc.logs) == seq(calls{"fsdp: comm::nccl on rank 1 of 4: ncclCommFinalize reported ncclRemoteError (remote process "
-                           "exited or there was a network error) at shutdown; the communicator was aborted instead of "
-                           "destroyed"}));
+    CHECK(seq(sc.calls) == seq(calls{"ncclCommFinalize", "sleep", "ncclCommGetAsyncError", "sleep",
+                                     "ncclCommGetAsyncError", "ncclCommAbort"}));
+    CHECK(seq(sc.logs) ==
+          seq(calls{"fsdp: comm::nccl on rank 1 of 4: ncclCommFinalize reported ncclRemoteError (remote process "
+                    "exited or there was a network error) at shutdown; the communicator was aborted instead of "
+                    "destroyed"}));
   }
   SUBCASE("finalizing never completes: bounded by the timeout, sleeping between polls") {
     sc.async.assign(1000, fake_api::in_progress);
@@ -250,9 +254,10 @@ TEST_CASE("nccl shutdown: failures are logged and end in ncclCommAbort") {
     CHECK(polls == sleeps);
     CHECK(polls >= 45);  // 1 ms apart over a 50 ms timeout
     CHECK(polls <= 51);
-    CHECK(seq(sc.logs) == seq(calls{"fsdp: comm::nccl on rank 1 of 4: ncclCommFinalize did not complete within 50 ms at shutdown (a "
-                           "rank that exited without finalizing, or still has collectives to run, keeps the others "
-                           "waiting); the communicator was aborted instead of destroyed"}));
+    CHECK(seq(sc.logs) ==
+          seq(calls{"fsdp: comm::nccl on rank 1 of 4: ncclCommFinalize did not complete within 50 ms at shutdown (a "
+                    "rank that exited without finalizing, or still has collectives to run, keeps the others "
+                    "waiting); the communicator was aborted instead of destroyed"}));
   }
   SUBCASE("an aborted communicator is not finalized") {
     c.abort("test");
@@ -313,12 +318,13 @@ TEST_CASE("nccl asynchronous errors name the pending collectives, their units an
     for (int i = 0; i < 4; ++i) all_gather(c, sc, 1, 7);
     sc.async = {fake_api::remote_error};
     const std::string msg = error_of<fsdp::comm_error>([&] { c.check(); });
-    CHECK(msg == "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 1 "
-                 "of 4; pending: " +
-                     pending +
-                     "; all_gather(count=1, f32) #2 for unit 'h.4', issued 0 ms ago and not complete; all_gather(count=1, "
-                     "f32) #3 for unit 'h.4', issued 0 ms ago and not complete; and 2 more; " +
-                     aborted);
+    CHECK(msg ==
+          "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 1 "
+          "of 4; pending: " +
+              pending +
+              "; all_gather(count=1, f32) #2 for unit 'h.4', issued 0 ms ago and not complete; all_gather(count=1, "
+              "f32) #3 for unit 'h.4', issued 0 ms ago and not complete; and 2 more; " +
+              aborted);
   }
 }
 
@@ -339,7 +345,8 @@ TEST_CASE("nccl grouped(): completion events are recorded only once ncclGroupEnd
   CHECK(c.issued() == 2);
 }
 
-TEST_CASE("nccl grouped(): an exception inside the group abandons it: nothing is launched, the communicator is aborted") {
+TEST_CASE(
+    "nccl grouped(): an exception inside the group abandons it: nothing is launched, the communicator is aborted") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 1000ms);
   init(c);
@@ -355,7 +362,8 @@ TEST_CASE("nccl grouped(): an exception inside the group abandons it: nothing is
                  "f32) #0 for unit 'h.1') because its function threw: boom; the group was not launched and the "
                  "communicator was aborted (the other ranks fail at their timeout; restart every rank)");
     // The group is made to fail (NCCL then discards it at ncclGroupEnd), closed, and only then aborted.
-    CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclAllGather", "ncclBroadcast(root=-1)", "ncclGroupEnd", "ncclCommAbort"}));
+    CHECK(seq(sc.calls) ==
+          seq(calls{"ncclGroupStart", "ncclAllGather", "ncclBroadcast(root=-1)", "ncclGroupEnd", "ncclCommAbort"}));
     CHECK(c.stats()[collective::all_gather] == 0);
     CHECK(error_of<fsdp::comm_error>([&] { all_gather(c, sc, 8, 7); }) ==
           "fsdp: all_gather on rank 1 after comm::nccl was aborted: " + msg.substr(6));
@@ -366,21 +374,24 @@ TEST_CASE("nccl grouped(): an exception inside the group abandons it: nothing is
   SUBCASE("a collective inside the group fails: ncclCommAbort waits until the group is closed") {
     sc.call = fake_api::invalid_argument;
     const std::string msg = error_of<fsdp::comm_error>([&] { c.grouped([&] { all_gather(c, sc, 8, 7); }); });
-    CHECK(msg == "fsdp: comm::nccl on rank 1 of 4: grouped() abandoned after 0 queued collectives because its function "
-                 "threw: NCCL reported ncclInvalidArgument (invalid argument) on rank 1 of 4 during ncclAllGather for "
-                 "all_gather(count=8, f32) #0 for unit 'h.1'; pending: no collective pending; comm::nccl on rank 1 of 4 "
-                 "aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed); the "
-                 "group was not launched and the communicator was aborted (the other ranks fail at their timeout; "
-                 "restart every rank)");
-    CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclAllGather", "ncclBroadcast(root=-1)", "ncclGroupEnd", "ncclCommAbort"}));
+    CHECK(msg ==
+          "fsdp: comm::nccl on rank 1 of 4: grouped() abandoned after 0 queued collectives because its function "
+          "threw: NCCL reported ncclInvalidArgument (invalid argument) on rank 1 of 4 during ncclAllGather for "
+          "all_gather(count=8, f32) #0 for unit 'h.1'; pending: no collective pending; comm::nccl on rank 1 of 4 "
+          "aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed); the "
+          "group was not launched and the communicator was aborted (the other ranks fail at their timeout; "
+          "restart every rank)");
+    CHECK(seq(sc.calls) ==
+          seq(calls{"ncclGroupStart", "ncclAllGather", "ncclBroadcast(root=-1)", "ncclGroupEnd", "ncclCommAbort"}));
   }
   SUBCASE("ncclGroupEnd itself fails: nothing is recorded, the error names the group") {
     sc.group_end = fake_api::remote_error;
     const std::string msg = error_of<fsdp::comm_error>([&] { c.grouped([&] { all_gather(c, sc, 8, 7); }); });
-    CHECK(msg == "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 1 of "
-                 "4 during ncclGroupEnd for grouped collectives #0 to #0; pending: no collective pending; comm::nccl on "
-                 "rank 1 of 4 aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource "
-                 "failed)");
+    CHECK(msg ==
+          "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 1 of "
+          "4 during ncclGroupEnd for grouped collectives #0 to #0; pending: no collective pending; comm::nccl on "
+          "rank 1 of 4 aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource "
+          "failed)");
     CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclAllGather", "ncclGroupEnd", "ncclCommAbort"}));
   }
 }
@@ -425,9 +436,10 @@ TEST_CASE("nccl streams: per_stream is refused without NCCL 2.26 and NCCL_LAUNCH
   using fsdp::comm::detail::per_stream_refusal;
   CHECK(per_stream_refusal(22809, "1") == "");
   CHECK(per_stream_refusal(22600, "1") == "");
-  CHECK(per_stream_refusal(22507, "1") ==
-        "comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT orders the launches "
-        "of its communicators), but this NCCL is 2.25.7; use nccl_channels::one (the default)");
+  CHECK(
+      per_stream_refusal(22507, "1") ==
+      "comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT orders the launches "
+      "of its communicators), but this NCCL is 2.25.7; use nccl_channels::one (the default)");
   CHECK(per_stream_refusal(22809, nullptr) ==
         "comm::nccl: nccl_channels::per_stream issues collectives on several communicators at once, which NCCL runs in "
         "one order on every rank only with NCCL_LAUNCH_ORDER_IMPLICIT=1 (it is unset): set it on every rank before the "
@@ -464,7 +476,9 @@ TEST_CASE("nccl memory: what each communicator's creation took is measured as th
   e.shutdown();
 }
 
-TEST_CASE("nccl streams, per_stream: each stream name gets its own communicator, split from the base on its first collective") {
+TEST_CASE(
+    "nccl streams, per_stream: each stream name gets its own communicator, split from the base on its first "
+    "collective") {
   script sc;
   core c(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);
   init(c);
@@ -574,7 +588,8 @@ TEST_CASE("nccl split groups: a failure in either a world or its split group abo
     CHECK(seq(sc.calls) == seq(calls{"ncclCommGetAsyncError", "ncclCommGetAsyncError(c3)", "ncclCommGetAsyncError(c2)",
                                      "ncclCommGetAsyncError(c4)", "ncclCommAbort(c3)", "ncclCommAbort",
                                      "ncclCommAbort(c4)", "ncclCommAbort(c2)"}));
-    CHECK(error_of<fsdp::comm_error>([&] { world.check(); }) == "fsdp: comm::nccl on rank 1 was aborted: " + msg.substr(6));
+    CHECK(error_of<fsdp::comm_error>([&] { world.check(); }) ==
+          "fsdp: comm::nccl on rank 1 was aborted: " + msg.substr(6));
     CHECK(error_of<fsdp::comm_error>([&] { all_gather(*group, sc, 1, 7, "rank1.all_gather"); }) ==
           "fsdp: all_gather on rank 0 after comm::nccl split(color=1, key=1) was aborted: " + msg.substr(6));
   }
@@ -605,17 +620,20 @@ TEST_CASE("nccl split: a split that settles without a communicator is an error, 
   SUBCASE("no communicator") {
     sc.split = fake_api::success;
     sc.split_fills = false;
-    CHECK(error_of<fsdp::comm_error>([&] { (void)c.split(1, 1); }) ==
-          "fsdp: NCCL reported ncclInternalError (internal error) on rank 1 of 4 during ncclCommSplit for split(color=1, "
-          "key=1) (it settled, but gave no communicator); pending: no collective pending; comm::nccl on rank 1 of 4 "
-          "aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+    CHECK(
+        error_of<fsdp::comm_error>([&] { (void)c.split(1, 1); }) ==
+        "fsdp: NCCL reported ncclInternalError (internal error) on rank 1 of 4 during ncclCommSplit for split(color=1, "
+        "key=1) (it settled, but gave no communicator); pending: no collective pending; comm::nccl on rank 1 of 4 "
+        "aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
     // the parent's state is read first (the call's ncclSuccess does not mean the split has settled)
-    CHECK(seq(sc.calls) == seq(calls{"ncclCommSplit(c1, color=1, key=1) -> null", "ncclCommGetAsyncError", "ncclCommAbort"}));
+    CHECK(seq(sc.calls) ==
+          seq(calls{"ncclCommSplit(c1, color=1, key=1) -> null", "ncclCommGetAsyncError", "ncclCommAbort"}));
   }
   SUBCASE("inside grouped()") {
     const std::string msg = error_of<fsdp::comm_error>([&] { c.grouped([&] { (void)c.split(1, 1); }); });
     CHECK(msg.find("because its function threw: comm::nccl on rank 1: ncclCommSplit for split(color=1, key=1) inside "
-                   "grouped(): a split cannot be grouped with collectives; split before grouping;") != std::string::npos);
+                   "grouped(): a split cannot be grouped with collectives; split before grouping;") !=
+          std::string::npos);
     CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclBroadcast(root=-1)", "ncclGroupEnd", "ncclCommAbort"}));
   }
 }

@@ -44,7 +44,8 @@ inline fsdp::backend::cuda_options backend_options(fsdp::backend::cuda_options o
 }
 
 /// comm::local on one GPU: collectives bounded by `collective` (10 s), each rank's backend by wait_limit.
-inline fsdp::comm::local_cuda_options local_options(std::chrono::milliseconds collective = std::chrono::milliseconds(10000)) {
+inline fsdp::comm::local_cuda_options local_options(
+    std::chrono::milliseconds collective = std::chrono::milliseconds(10000)) {
   fsdp::comm::local_cuda_options o;
   o.timeout = collective;
   o.backend = backend_options(o.backend);

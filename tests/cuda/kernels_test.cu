@@ -49,8 +49,10 @@ struct device_bytes {
   fsdp::backend::cuda::buffer buf;
   std::size_t pad, size;
   device_bytes(fsdp::backend::cuda& b, const void* src, std::size_t bytes, std::size_t pad_bytes)
-      : be(b), buf(b.allocate(std::int64_t(pad_bytes + bytes + guard_bytes), fsdp::mem::comm_buffers, b.compute_stream())),
-        pad(pad_bytes), size(bytes) {
+      : be(b),
+        buf(b.allocate(std::int64_t(pad_bytes + bytes + guard_bytes), fsdp::mem::comm_buffers, b.compute_stream())),
+        pad(pad_bytes),
+        size(bytes) {
     be.upload(ptr(), src, std::int64_t(bytes), be.compute_stream());
     const std::vector<char> guard(guard_bytes, guard_value);
     be.upload(ptr() + size, guard.data(), std::int64_t(guard_bytes), be.compute_stream());
@@ -100,7 +102,8 @@ bool same_f32_values(const std::vector<char>& got, const std::vector<char>& want
     float g, w;
     std::memcpy(&g, got.data() + i, 4);
     std::memcpy(&w, want.data() + i, 4);
-    if (std::isnan(w) ? !std::isnan(g) : std::bit_cast<std::uint32_t>(g) != std::bit_cast<std::uint32_t>(w)) return false;
+    if (std::isnan(w) ? !std::isnan(g) : std::bit_cast<std::uint32_t>(g) != std::bit_cast<std::uint32_t>(w))
+      return false;
   }
   return true;
 }
@@ -194,7 +197,8 @@ TEST_CASE("accumulate into fp32 from every dtype, scales 1 and 3/8: bit-exact wi
         for (std::size_t i = 0; i < acc.size(); ++i) {
           float g;
           std::memcpy(&g, got.data() + 4 * i, 4);
-          if (std::isnan(acc[i]) ? !std::isnan(g) : std::bit_cast<std::uint32_t>(g) != std::bit_cast<std::uint32_t>(acc[i]))
+          if (std::isnan(acc[i]) ? !std::isnan(g)
+                                 : std::bit_cast<std::uint32_t>(g) != std::bit_cast<std::uint32_t>(acc[i]))
             ++bad;
         }
         CHECK(bad == 0);
@@ -223,10 +227,12 @@ TEST_CASE("the optimizers' element functions (SGD with and without momentum, Ada
       CAPTURE(int(opt));
       CAPTURE(grad_scale);
       CAPTURE(misalign);
-      std::vector<float> p(static_cast<std::size_t>(n)), g, m(static_cast<std::size_t>(n), 0.0f), v(static_cast<std::size_t>(n), 0.0f);
+      std::vector<float> p(static_cast<std::size_t>(n)), g, m(static_cast<std::size_t>(n), 0.0f),
+          v(static_cast<std::size_t>(n), 0.0f);
       std::mt19937 gen(5);
       for (auto& x : p) x = std::uniform_real_distribution<float>(-2, 2)(gen);
-      device_bytes dp(gpu, p.data(), p.size() * 4, misalign), dm(gpu, m.data(), m.size() * 4, 0), dv(gpu, v.data(), v.size() * 4, 0);
+      device_bytes dp(gpu, p.data(), p.size() * 4, misalign), dm(gpu, m.data(), m.size() * 4, 0),
+          dv(gpu, v.data(), v.size() * 4, 0);
       for (int t = 1; t <= 5; ++t) {
         g.resize(std::size_t(n));
         for (auto& x : g) x = std::uniform_real_distribution<float>(-1, 1)(gen);
@@ -239,7 +245,8 @@ TEST_CASE("the optimizers' element functions (SGD with and without momentum, Ada
           case optimizer::adamw: {
             const od::adamw_coeffs c{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, od::adamw_bias_correction(0.9f, t),
                                      od::adamw_bias_correction(0.999f, t)};
-            cpu.for_each(n, od::adamw_elements{p.data(), g.data(), m.data(), v.data(), c, mask, grad_scale}, cpu.compute_stream());
+            cpu.for_each(n, od::adamw_elements{p.data(), g.data(), m.data(), v.data(), c, mask, grad_scale},
+                         cpu.compute_stream());
             gpu.for_each(n, od::adamw_elements{P, G, M, V, c, mask, grad_scale}, gpu.compute_stream());
             break;
           }
@@ -295,13 +302,14 @@ TEST_CASE("block quantization and its dequantizations (fp8 and int8 gathers and 
     for (std::size_t i = 0; i < f.size(); ++i) src[i] = fsdp::lowp::from_float<S>(f[i]);
     // quantize: one slice per rank, pre-divided by 1/4
     std::vector<std::uint8_t> host_q(static_cast<std::size_t>(slice * ranks), 0);
-    cpu.for_each(n / block, k::block_quantize<S, Q>{src.data(), host_q.data(), shard, block, slice, 0.25f}, cpu.compute_stream());
+    cpu.for_each(n / block, k::block_quantize<S, Q>{src.data(), host_q.data(), shard, block, slice, 0.25f},
+                 cpu.compute_stream());
     device_bytes d_src(gpu, src.data(), src.size() * sizeof(storage), 0);
     std::vector<std::uint8_t> zero(host_q.size(), 0);
     device_bytes d_q(gpu, zero.data(), zero.size(), 0);
     gpu.for_each(n / block,
-                 k::block_quantize<S, Q>{reinterpret_cast<const storage*>(d_src.ptr()), reinterpret_cast<std::uint8_t*>(d_q.ptr()),
-                                         shard, block, slice, 0.25f},
+                 k::block_quantize<S, Q>{reinterpret_cast<const storage*>(d_src.ptr()),
+                                         reinterpret_cast<std::uint8_t*>(d_q.ptr()), shard, block, slice, 0.25f},
                  gpu.compute_stream());
     std::vector<char> want(host_q.size());
     std::memcpy(want.data(), host_q.data(), want.size());
@@ -312,7 +320,8 @@ TEST_CASE("block quantization and its dequantizations (fp8 and int8 gathers and 
       using out_t = fsdp::lowp::storage_t<D>;
       CAPTURE(fsdp::name_of(D));
       std::vector<out_t> host_out(static_cast<std::size_t>(n));
-      cpu.for_each(n, k::block_dequantize<D, Q>{host_q.data(), host_out.data(), shard, block, slice}, cpu.compute_stream());
+      cpu.for_each(n, k::block_dequantize<D, Q>{host_q.data(), host_out.data(), shard, block, slice},
+                   cpu.compute_stream());
       std::vector<out_t> init(host_out.size(), out_t{});
       device_bytes d_out(gpu, init.data(), init.size() * sizeof(out_t), misalign);
       device_bytes d_in(gpu, host_q.data(), host_q.size(), 0);
@@ -331,12 +340,14 @@ TEST_CASE("block quantization and its dequantizations (fp8 and int8 gathers and 
     device_bytes d_shard(gpu, host_shard.data(), host_shard.size() * 4, misalign);
     device_bytes d_recv(gpu, host_q.data(), host_q.size(), 0);
     const float premul = k::average_factor<dtype::f32>(ranks);
-    cpu.for_each(shard, k::block_dequantize_sum<Q>{host_q.data(), host_shard.data(), shard, block, slice, ranks, premul, 0.5f},
+    cpu.for_each(shard,
+                 k::block_dequantize_sum<Q>{host_q.data(), host_shard.data(), shard, block, slice, ranks, premul, 0.5f},
                  cpu.compute_stream());
-    gpu.for_each(shard,
-                 k::block_dequantize_sum<Q>{reinterpret_cast<const std::uint8_t*>(d_recv.ptr()),
-                                            reinterpret_cast<float*>(d_shard.ptr()), shard, block, slice, ranks, premul, 0.5f},
-                 gpu.compute_stream());
+    gpu.for_each(
+        shard,
+        k::block_dequantize_sum<Q>{reinterpret_cast<const std::uint8_t*>(d_recv.ptr()),
+                                   reinterpret_cast<float*>(d_shard.ptr()), shard, block, slice, ranks, premul, 0.5f},
+        gpu.compute_stream());
     std::vector<char> ws(host_shard.size() * 4);
     std::memcpy(ws.data(), host_shard.data(), ws.size());
     CHECK(same_f32_values(d_shard.read(ws.size()), ws));  // fp32 sums: a NaN's payload is the GPU's
@@ -427,7 +438,8 @@ TEST_CASE("squared norm with CUB: within 1e-5 relative of the host's double sum;
     device_bytes dx(gpu, x.data(), x.size() * 4, 0);
     float init = -1;
     device_bytes dout(gpu, &init, 4, 0);
-    gpu.squared_norm(reinterpret_cast<const float*>(dx.ptr()), n, reinterpret_cast<float*>(dout.ptr()), gpu.compute_stream());
+    gpu.squared_norm(reinterpret_cast<const float*>(dx.ptr()), n, reinterpret_cast<float*>(dout.ptr()),
+                     gpu.compute_stream());
     float got = 0;
     std::memcpy(&got, dout.read(4).data(), 4);
     CHECK(std::fabs(double(got) - double(want)) <= 1e-5 * std::fabs(double(want)));

@@ -291,13 +291,19 @@ TEST_CASE("comm::local on one GPU, 1 to 5 ranks: parameters equal the host run b
   FSDP_REQUIRE_GPU();
   using fsdp::sharding::full_shard;
   namespace prefetch = fsdp::prefetch;
-  SUBCASE("full_shard, backward_pre<1>, AdamW, 4 ranks") { compare_local<full_shard, prefetch::backward_pre<1>>(4, true); }
+  SUBCASE("full_shard, backward_pre<1>, AdamW, 4 ranks") {
+    compare_local<full_shard, prefetch::backward_pre<1>>(4, true);
+  }
   SUBCASE("full_shard, none, SGD, 4 ranks") { compare_local<full_shard, prefetch::none>(4, false); }
-  SUBCASE("shard_grad_op, next, AdamW, 4 ranks") { compare_local<fsdp::sharding::shard_grad_op, prefetch::next>(4, true); }
+  SUBCASE("shard_grad_op, next, AdamW, 4 ranks") {
+    compare_local<fsdp::sharding::shard_grad_op, prefetch::next>(4, true);
+  }
   SUBCASE("zero1, next, AdamW, 3 ranks (full parameters kept between steps, gathered after each update)") {
     compare_local<fsdp::sharding::zero1, prefetch::next>(3, true);
   }
-  SUBCASE("no_shard, forward<2>, AdamW, 4 ranks") { compare_local<fsdp::sharding::no_shard, prefetch::forward<2>>(4, true); }
+  SUBCASE("no_shard, forward<2>, AdamW, 4 ranks") {
+    compare_local<fsdp::sharding::no_shard, prefetch::forward<2>>(4, true);
+  }
   SUBCASE("full_shard, next, AdamW, 3 ranks (uneven shards)") { compare_local<full_shard, prefetch::next>(3, true); }
   SUBCASE("full_shard, backward_post, SGD, 2 ranks") { compare_local<full_shard, prefetch::backward_post>(2, false); }
   SUBCASE("full_shard, next, AdamW, 1 rank") { compare_local<full_shard, prefetch::next>(1, true); }
@@ -345,7 +351,8 @@ TEST_CASE("fsdp::weights on one GPU, 3 ranks: the trainer's tensors into the dev
   }, fsdp_test::local_options());
 }
 
-TEST_CASE("hybrid sharding on one GPU (comm::local splits): groups of one rank and of two equal the host run bit for bit") {
+TEST_CASE(
+    "hybrid sharding on one GPU (comm::local splits): groups of one rank and of two equal the host run bit for bit") {
   FSDP_REQUIRE_GPU();
   namespace prefetch = fsdp::prefetch;
   using bf16 = fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>;
@@ -355,7 +362,9 @@ TEST_CASE("hybrid sharding on one GPU (comm::local splits): groups of one rank a
   SUBCASE("hybrid_shard_zero2<1>, 2 ranks, bf16 compute and reduction, SGD") {
     compare_local<fsdp::sharding::hybrid_shard_zero2<1>, prefetch::next, bf16>(2, false);
   }
-  SUBCASE("hybrid_shard<2>, 4 ranks (2 x 2), AdamW") { compare_local<fsdp::sharding::hybrid_shard<2>, prefetch::next>(4, true); }
+  SUBCASE("hybrid_shard<2>, 4 ranks (2 x 2), AdamW") {
+    compare_local<fsdp::sharding::hybrid_shard<2>, prefetch::next>(4, true);
+  }
 }
 
 TEST_CASE("CPU offload on one GPU: pinned host shards and state, copy streams, the host optimizer step; equal to the "
@@ -379,7 +388,8 @@ TEST_CASE("CPU offload on one GPU: pinned host shards and state, copy streams, t
     compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::full, offload::cpu<offload::params>>(4, true);
   }
   SUBCASE("optimizer state alone, SGD with momentum, 4 ranks") {
-    compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::full, offload::cpu<offload::optimizer_state>>(4, false);
+    compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::full, offload::cpu<offload::optimizer_state>>(
+        4, false);
   }
   // Offloaded gradients reach the host shard by a host function on the download stream; a device step then copies
   // them up within the same step, in stream order after that function. The simulated GPU reads the source of a
@@ -390,7 +400,8 @@ TEST_CASE("CPU offload on one GPU: pinned host shards and state, copy streams, t
                               "order (the simulated GPU does)");
   } else {
     SUBCASE("grads alone, bf16, AdamW, 3 ranks") {
-      compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>, offload::cpu<offload::grads>>(3, true);
+      compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>,
+                    offload::cpu<offload::grads>>(3, true);
     }
     SUBCASE("params and grads, no_shard, AdamW, 2 ranks") {
       compare_local<fsdp::sharding::no_shard, fsdp::prefetch::next, fsdp::precision::full,
@@ -441,14 +452,18 @@ TEST_CASE("comm::local on one GPU: mixed precision and accumulation equal the ho
   fsdp::model_options kept;
   kept.accumulation = {.micro_batches = 2, .keep_gathered = true};
   kept.division.how = fsdp::grad_division::mode::pre_post;
-  SUBCASE("bf16 compute, fp32 reduction, AdamW, 4 ranks") { compare_local<full_shard, fsdp::prefetch::next, mixed<bfloat16>>(4, true); }
+  SUBCASE("bf16 compute, fp32 reduction, AdamW, 4 ranks") {
+    compare_local<full_shard, fsdp::prefetch::next, mixed<bfloat16>>(4, true);
+  }
   SUBCASE("bf16 compute and reduction, no-sync, SGD, 3 ranks") {
     compare_local<full_shard, fsdp::prefetch::backward_pre<1>, mixed<bfloat16, float, bfloat16>>(3, false, nosync);
   }
   SUBCASE("fp16 compute and reduction, kept gathered, pre/post division, AdamW, 4 ranks") {
     compare_local<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, mixed<float16, float, float16>>(4, true, kept);
   }
-  SUBCASE("no_shard in bf16 (cast copies), AdamW, 2 ranks") { compare_local<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>(2, true); }
+  SUBCASE("no_shard in bf16 (cast copies), AdamW, 2 ranks") {
+    compare_local<fsdp::sharding::no_shard, fsdp::prefetch::next, mixed<bfloat16>>(2, true);
+  }
   SUBCASE("fp32 compute over bf16 gathers (the wire slot widened by the device's cast), AdamW, 3 ranks") {
     compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(3, true);
   }
@@ -456,7 +471,8 @@ TEST_CASE("comm::local on one GPU: mixed precision and accumulation equal the ho
     compare_local<full_shard, fsdp::prefetch::next, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>(4, true);
   }
   SUBCASE("bf16 compute over int8 gathers in blocks of 16 (ZeRO++'s qwZ scheme), SGD, 3 ranks") {
-    compare_local<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>(3, false);
+    compare_local<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>(3,
+                                                                                                                 false);
   }
   SUBCASE("gradients reduced in int8 blocks of 16 (ZeRO++'s qgZ: quantized per destination, all_to_all, "
           "dequantized and summed by for_each kernels), no-sync, AdamW, 3 ranks") {
@@ -467,7 +483,8 @@ TEST_CASE("comm::local on one GPU: mixed precision and accumulation equal the ho
     compare_local<full_shard, fsdp::prefetch::next, mixed<__nv_bfloat16, float, __nv_bfloat16>>(2, false);
   }
   SUBCASE("gradient inspection (CUB norms, one all-reduce), located, 4 ranks") {
-    compare_local<full_shard, fsdp::prefetch::next, mixed<bfloat16>>(4, true, {}, {.skip_nonfinite = true, .locate_nonfinite = true});
+    compare_local<full_shard, fsdp::prefetch::next, mixed<bfloat16>>(
+        4, true, {}, {.skip_nonfinite = true, .locate_nonfinite = true});
   }
 }
 
@@ -660,7 +677,8 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   auto comm = nccl_world_of_one();
   CHECK(comm.rank() == 0);
   CHECK(comm.size() == 1);
-  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::backward_pre<1>, fsdp::precision::full, fsdp::comm::nccl>;
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::backward_pre<1>, fsdp::precision::full,
+                         fsdp::comm::nccl>;
   const run_result gpu = train<P>(comm, true);
   run_result host;
   fsdp::comm::run_local(1, [&](fsdp::comm::local_communicator& c) {
@@ -698,7 +716,8 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   CHECK(comm.stats()[fsdp::collective::all_to_all] == 1);
   // gradients reduced in int8 blocks (qgZ) through that all_to_all: the host run's bits
   using Q = fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>;
-  const run_result gq = train<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, Q, fsdp::comm::nccl>>(comm, true);
+  const run_result gq =
+      train<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, Q, fsdp::comm::nccl>>(comm, true);
   run_result hq;
   fsdp::comm::run_local(1, [&](fsdp::comm::local_communicator& c) {
     hq = train<host_policy<fsdp::sharding::full_shard, fsdp::prefetch::next, Q>>(c, true);
@@ -734,7 +753,8 @@ TEST_CASE("comm::nccl at world size 1: a split group of the one rank (ncclCommSp
   CHECK(comm.stats()[fsdp::collective::all_reduce] == 1);
   // Hybrid sharding over NCCL (the Model splits the world twice: a shard group and a replicate group of one rank,
   // each handed its collectives to connect before the reservation) trains as the host does.
-  using H = fsdp::policy<fsdp::sharding::hybrid_shard<1>, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::nccl>;
+  using H =
+      fsdp::policy<fsdp::sharding::hybrid_shard<1>, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::nccl>;
   const run_result gpu = train<H>(comm, true);
   run_result host;
   fsdp::comm::run_local(1, [&](fsdp::comm::local_communicator& c) {
@@ -790,7 +810,8 @@ TEST_CASE("comm::local on one GPU: a rank that returns without issuing a collect
 }
 
 namespace {
-using event_key = std::tuple<fsdp::trace::kind, int, fsdp::pass_kind, std::uint64_t, std::int64_t, bool, fsdp::collective>;
+using event_key =
+    std::tuple<fsdp::trace::kind, int, fsdp::pass_kind, std::uint64_t, std::int64_t, bool, fsdp::collective>;
 std::multiset<event_key> keys(const std::vector<fsdp::trace::event>& events) {
   std::multiset<event_key> out;
   for (const auto& e : events) out.insert({e.what, e.unit, e.pass, e.step, e.bytes, e.ahead, e.coll});
@@ -817,7 +838,8 @@ int stream_of(fsdp::trace::kind k) {
 /// rank, a "forward"/"backward" range per unit compute, an "all_gather" per gather issued, a "reduce_scatter" or
 /// "all_reduce" per reduction issued, an "optimizer" per step; all in the domain "fsdp", all ended, and no range
 /// opened inside a unit's range on the same thread.
-void check_nvtx(const fsdp::trace::recorder& host_rec, const std::map<std::thread::id, int>& rank_of_thread, int world) {
+void check_nvtx(const fsdp::trace::recorder& host_rec, const std::map<std::thread::id, int>& rank_of_thread,
+                int world) {
   std::lock_guard lk(nvtx_log::mu);
   if (!nvtx_log::attached) {  // another NVTX tool (a profiler) was attached instead: it sees the ranges, not this test
     MESSAGE("NVTX ranges not checked here: another NVTX tool is attached (NVTX_INJECTION64_PATH)");
@@ -832,7 +854,8 @@ void check_nvtx(const fsdp::trace::recorder& host_rec, const std::map<std::threa
       case fsdp::trace::kind::compute_begin: name = std::string(fsdp::name_of(e.pass)) + " " + units.at(e.unit); break;
       case fsdp::trace::kind::gather_issued: name = "all_gather " + units.at(e.unit); break;
       case fsdp::trace::kind::reduce_issued:
-        name = std::string(e.coll == fsdp::collective::all_reduce ? "all_reduce " : "reduce_scatter ") + units.at(e.unit);
+        name =
+            std::string(e.coll == fsdp::collective::all_reduce ? "all_reduce " : "reduce_scatter ") + units.at(e.unit);
         break;
       case fsdp::trace::kind::optimizer_begin: name = "optimizer"; break;
       default: continue;
@@ -950,7 +973,9 @@ void compare_trace(int world, int steps) {
 
 TEST_CASE("trace recorder on the CUDA backend: CUDA-event times, the events of the host backend's run, 4 ranks") {
   FSDP_REQUIRE_GPU();
-  SUBCASE("full_shard, next: all-gathers and reduce-scatters") { compare_trace<fsdp::sharding::full_shard, fsdp::prefetch::next>(4, 3); }
+  SUBCASE("full_shard, next: all-gathers and reduce-scatters") {
+    compare_trace<fsdp::sharding::full_shard, fsdp::prefetch::next>(4, 3);
+  }
   SUBCASE("no_shard, forward<2>, bf16: cast copies and all-reduces") {
     compare_trace<fsdp::sharding::no_shard, fsdp::prefetch::forward<2>, fsdp::precision::mixed<fsdp::bfloat16>>(4, 2);
   }

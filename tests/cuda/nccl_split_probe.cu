@@ -15,8 +15,9 @@
 //   split probe: 8 of 8 combinations made a communicator (NCCL 2.28.3, /lib/x86_64-linux-gnu/libnccl.so.2) in 3.1 s
 //
 // NCCL's own messages go to stdout with them (NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET,BOOTSTRAP,GRAPH unless
-// set), cutting its lines; tools/gpu-check sends them to a file of their own (NCCL_DEBUG_FILE). At INFO, NCCL names the file and line of every failing call on its way out ("init.cc:1534 -> 3"). `--cuda-error-first` makes the probe leave a
-// failed CUDA call's error undrained on the calling thread before the first NCCL call (the pattern NCCL 2.28.7's
+// set), cutting its lines; tools/gpu-check sends them to a file of their own (NCCL_DEBUG_FILE). At INFO, NCCL names the
+// file and line of every failing call on its way out ("init.cc:1534 -> 3"). `--cuda-error-first` makes the probe leave
+// a failed CUDA call's error undrained on the calling thread before the first NCCL call (the pattern NCCL 2.28.7's
 // notes fixed). Exit status 0 when every combination made a communicator, 1 otherwise, 2 without a GPU (it prints
 // "skipped: ..."); the whole probe takes a few seconds (each world of one about 0.1 to 0.5 s after the first).
 #include <cuda_runtime_api.h>
@@ -118,7 +119,8 @@ int main(int argc, char** argv) {
   const char* lib = dladdr(reinterpret_cast<void*>(&ncclGetVersion), &where) && where.dli_fname ? where.dli_fname : "?";
   float* buf = nullptr;
   cudaStream_t s = nullptr;
-  if (cudaMalloc(&buf, sizeof(float)) != cudaSuccess || cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+  if (cudaMalloc(&buf, sizeof(float)) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
     return 1;
   if (cuda_error_first) {  // a failed call whose error stays on this thread
     void* p = nullptr;

@@ -94,7 +94,8 @@ TEST_CASE("under plain nvcc, the device casts equal the host functions bit for b
       nonzero += bf[i] != 0;
     }
     CHECK(nonzero > 1000);  // what the miscompiled kernel could never give
-    const std::vector<float> bf_back = widened_on_device(be, bf, dtype::bf16), hf_back = widened_on_device(be, hf, dtype::f16);
+    const std::vector<float> bf_back = widened_on_device(be, bf, dtype::bf16),
+                             hf_back = widened_on_device(be, hf, dtype::f16);
     for (std::size_t i = 0; i < in.size(); ++i) {
       CAPTURE(i);
       REQUIRE(bits(bf_back[i]) == bits(fsdp::kernels::convert_one<dtype::f32, dtype::bf16>(bf[i], 1.0f)));

@@ -281,7 +281,8 @@ TEST_CASE("activation checkpointing: the same bits and the same collectives, onl
   const std::size_t B = 6, T = 16, C = 32, H = 4, input = B * T * C * 4;
   CHECK(ckpt[0].activation_bytes_per_block == input);
   CHECK(plain[0].activation_bytes_per_block == input + (15 * B * T * C + B * H * T * T + 4 * B * T) * 4);
-  CHECK(plain[0].activation_bytes - ckpt[0].activation_bytes == (c.model.layers - 1) * (plain[0].activation_bytes_per_block - input));
+  CHECK(plain[0].activation_bytes - ckpt[0].activation_bytes ==
+        (c.model.layers - 1) * (plain[0].activation_bytes_per_block - input));
 }
 
 TEST_CASE("the root unit stays gathered: per step 2 L + 1 all-gathers, L + 1 reduce-scatters, 2 all-reduces") {
@@ -312,7 +313,8 @@ TEST_CASE("the planner's peak equals the measured peak, category by category, on
       }
     }
     const auto zero2 =
-        train<fsdp::policy<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::mixed<bfloat16>>>(3, c);
+        train<fsdp::policy<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::mixed<bfloat16>>>(3,
+                                                                                                                   c);
     for (const auto& r : zero2) CHECK(r.memory.peak == r.planned);
     const auto none =
         train<fsdp::policy<fsdp::sharding::no_shard, fsdp::prefetch::next, fsdp::precision::mixed<bfloat16>>>(2, c);

@@ -108,8 +108,10 @@ TEST_CASE("the global norm equals the exact norm within the stated bound, at 1, 
     const double exact = reference_norm(world);
     for (bool locate : {false, true}) {
       CAPTURE(locate);
-      const auto full = clipped_step<fsdp::sharding::full_shard>(world, {.skip_nonfinite = true, .locate_nonfinite = locate});
-      const auto repl = clipped_step<fsdp::sharding::no_shard>(world, {.skip_nonfinite = true, .locate_nonfinite = locate});
+      const auto full =
+          clipped_step<fsdp::sharding::full_shard>(world, {.skip_nonfinite = true, .locate_nonfinite = locate});
+      const auto repl =
+          clipped_step<fsdp::sharding::no_shard>(world, {.skip_nonfinite = true, .locate_nonfinite = locate});
       CHECK(full.inspected);
       CHECK(!full.skipped);
       CHECK(full.grad_scale == 1.0f);  // no clipping asked
@@ -130,7 +132,8 @@ TEST_CASE("the global norm at 7 ranks equals the world-1 computation of the same
   const double u = std::ldexp(1.0, -24);
   CHECK(std::abs(one.norm - exact) <= (bound(1) + u) * exact);
   CHECK(std::abs(seven.norm - one.norm) <= (bound(7) + bound(1) + u) * exact);
-  MESSAGE("world 7: ", seven.norm, ", world 1: ", one.norm, ", relative difference ", std::abs(seven.norm - one.norm) / exact);
+  MESSAGE("world 7: ", seven.norm, ", world 1: ", one.norm, ", relative difference ",
+          std::abs(seven.norm - one.norm) / exact);
 }
 
 TEST_CASE("a clipped step scales every gradient by min(1, max_norm / (norm + 1e-6)), exactly once") {
@@ -268,7 +271,8 @@ TEST_CASE("the loss scaler: backs off on a skipped step, grows after growth_inte
         "fsdp: loss_scaler: init_scale must be finite and > 0, got 0");
 }
 
-TEST_CASE("fp16 with dynamic loss scaling: an overflowing step is skipped and backed off, the next is unscaled exactly") {
+TEST_CASE(
+    "fp16 with dynamic loss scaling: an overflowing step is skipped and backed off, the next is unscaled exactly") {
   using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
                          fsdp::precision::mixed<fsdp::float16, float, fsdp::float16>>;
   run_ranks(2, [](local_communicator& c) {

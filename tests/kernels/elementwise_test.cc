@@ -49,7 +49,8 @@ std::uint16_t half_reference(float f) {
   if (a >= 65520.0) return sign | 0x7c00;  // halfway between 65504 and 2^16 ties to even = infinity
   std::uint16_t lo = 0;                    // largest pattern with value <= a
   for (int step = 1 << 14; step > 0; step >>= 1)
-    if (lo + step <= 0x7bff && half_value(static_cast<std::uint16_t>(lo + step)) <= a) lo = static_cast<std::uint16_t>(lo + step);
+    if (lo + step <= 0x7bff && half_value(static_cast<std::uint16_t>(lo + step)) <= a)
+      lo = static_cast<std::uint16_t>(lo + step);
   if (half_value(lo) == a) return sign | lo;
   const std::uint16_t hi = lo + 1;
   const double dlo = a - half_value(lo), dhi = half_value(hi) - a;
@@ -65,7 +66,8 @@ std::uint16_t bf16_reference(float f) {
   // Distances in double are exact here; past the largest finite bf16 the upper neighbour is infinity, which
   // round-to-nearest reaches from halfway to 2^128 (the next power of two the format would hold).
   const double x = std::fabs(double(f)), below = std::fabs(double(std::bit_cast<float>(lo)));
-  const double above = std::isinf(std::bit_cast<float>(hi)) ? std::ldexp(1.0, 128) : std::fabs(double(std::bit_cast<float>(hi)));
+  const double above =
+      std::isinf(std::bit_cast<float>(hi)) ? std::ldexp(1.0, 128) : std::fabs(double(std::bit_cast<float>(hi)));
   const double dlo = x - below, dhi = above - x;
   const std::uint32_t pick = dlo < dhi ? lo : dhi < dlo ? hi : (((lo >> 16) & 1u) ? hi : lo);
   return static_cast<std::uint16_t>(pick >> 16);
@@ -256,7 +258,8 @@ TEST_CASE("decay masks and shard pieces: no-decay ranges get no weight decay, pi
   m.count = 1;
   m.begin[0] = 1;
   m.end[0] = 3;
-  be.for_each(4, fsdp::optim::detail::sgd_elements{p.data(), g.data(), nullptr, {0.5f, 0.0f, 0.1f}, m}, be.compute_stream());
+  be.for_each(4, fsdp::optim::detail::sgd_elements{p.data(), g.data(), nullptr, {0.5f, 0.0f, 0.1f}, m},
+              be.compute_stream());
   CHECK(p == std::vector<float>{0.95f, 1.0f, 1.0f, 0.95f});
 }
 
@@ -542,7 +545,8 @@ TEST_CASE("the GPU's shapes of the block functions give the host loop's bits: a 
           for (int i = l; i < block; i += lanes) e[std::size_t(l)] = e[std::size_t(l)].merge(f.extent_of(p, i));
         for (int off = lanes / 2; off > 0; off /= 2) {  // __shfl_xor_sync's butterfly
           const std::vector<k::block_extent> before = e;
-          for (int l = 0; l < lanes; ++l) e[std::size_t(l)] = before[std::size_t(l)].merge(before[std::size_t(l ^ off)]);
+          for (int l = 0; l < lanes; ++l)
+            e[std::size_t(l)] = before[std::size_t(l)].merge(before[std::size_t(l ^ off)]);
         }
         for (int l = 0; l < lanes; ++l) CHECK(e[std::size_t(l)].max == e[0].max);
         const float scale = f.scale_of(e[0]);
@@ -617,6 +621,6 @@ TEST_CASE("every row of the dtype table: its width is its storage's, its names a
   CHECK(!fsdp::dtype_of_safetensors("F64"));
   CHECK(fsdp::name_of(static_cast<fsdp::dtype>(200)) == "?");
   CHECK(!fsdp::is_dtype(static_cast<fsdp::dtype>(200)));
-  CHECK(fsdp_test::error_of<fsdp::usage_error>([] { fsdp::kernels::dispatch(static_cast<fsdp::dtype>(200), [](auto) {}); }) ==
-        "fsdp: unknown dtype 200");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>(
+            [] { fsdp::kernels::dispatch(static_cast<fsdp::dtype>(200), [](auto) {}); }) == "fsdp: unknown dtype 200");
 }

@@ -64,7 +64,8 @@ TEST_CASE("sharded tensors cover every parameter element exactly once") {
         const auto l = fsdp::FlatLayout::build(spec, units[0], world, {.align = align});
         for (const auto& e : l.entries()) CHECK(e.offset % align == 0);
         std::vector<std::vector<int>> seen(spec.size());
-        for (std::size_t p = 0; p < spec.size(); ++p) seen[p].assign(static_cast<std::size_t>(spec.params()[p].numel()), 0);
+        for (std::size_t p = 0; p < spec.size(); ++p)
+          seen[p].assign(static_cast<std::size_t>(spec.params()[p].numel()), 0);
         for (int r = 0; r < world; ++r)
           for (const auto& v : l.shard_views(r)) {
             CHECK(v.begin <= v.end);
@@ -122,8 +123,9 @@ TEST_CASE("layout places tied aliases on their target and rejects bad sizes") {
   CHECK(l.numel() == 52);
   CHECK(l.shard_numel() == 32);
   CHECK(l.padded_numel() == 96);
-  CHECK(error_of([&] { (void)fsdp::FlatLayout::build(spec, units[0], 0); }).find("world size must be positive, got 0") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          (void)fsdp::FlatLayout::build(spec, units[0], 0);
+        }).find("world size must be positive, got 0") != std::string::npos);
   CHECK(error_of([] { (void)fsdp::layout::shard_numel(5, 0); }).find("world size must be positive, got 0") !=
         std::string::npos);
   CHECK(error_of([&] { (void)l.shard_views(3); }).find("rank 3 is outside the shard group of 3") != std::string::npos);

@@ -130,17 +130,18 @@ TEST_CASE("a different init rule for one parameter, or by default") {
 }
 
 TEST_CASE("another wrapping on one rank") {
-  every_rank_says(errors_by_rank(2,
-                                 [](local_communicator& c) {
-                                   if (c.rank() == 0) {
-                                     fsdp::Model<Full> m(c, two_units(), by_letter());
-                                   } else {
-                                     fsdp::Model<Full> m(c, two_units(), fsdp::wrap::by_function{[](const fsdp::ParamSpec&) {
-                                                           return std::string("all");
-                                                         }});
-                                   }
-                                 }),
-                  "fsdp: ranks disagree on the model: the wrapping: the unit count is 2 on rank 0 but 1 on rank 1" + fix);
+  every_rank_says(
+      errors_by_rank(2,
+                     [](local_communicator& c) {
+                       if (c.rank() == 0) {
+                         fsdp::Model<Full> m(c, two_units(), by_letter());
+                       } else {
+                         fsdp::Model<Full> m(c, two_units(), fsdp::wrap::by_function{[](const fsdp::ParamSpec&) {
+                                               return std::string("all");
+                                             }});
+                       }
+                     }),
+      "fsdp: ranks disagree on the model: the wrapping: the unit count is 2 on rank 0 but 1 on rank 1" + fix);
 }
 
 TEST_CASE("another sharding strategy or precision on one rank") {
@@ -152,13 +153,17 @@ TEST_CASE("another sharding strategy or precision on one rank") {
                   "fsdp: ranks disagree on the model: the policy: the sharding strategy is full_shard on rank 0 but "
                   "shard_grad_op on rank 1" + fix);
   using Bf16 = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
-  every_rank_says(errors_by_rank(2,
-                                 [](local_communicator& c) {
-                                   if (c.rank() == 0) fsdp::Model<Full> m(c, two_units(), by_letter());
-                                   else fsdp::Model<Bf16> m(c, two_units(), by_letter());
-                                 }),
-                  "fsdp: ranks disagree on the model: the policy: the precision is compute f32, master f32, reduce f32, "
-                  "gather f32 on rank 0 but compute bf16, master f32, reduce f32, gather bf16 on rank 1" + fix);
+  every_rank_says(
+      errors_by_rank(2,
+                     [](local_communicator& c) {
+                       if (c.rank() == 0)
+                         fsdp::Model<Full> m(c, two_units(), by_letter());
+                       else
+                         fsdp::Model<Bf16> m(c, two_units(), by_letter());
+                     }),
+      "fsdp: ranks disagree on the model: the policy: the precision is compute f32, master f32, reduce f32, "
+      "gather f32 on rank 0 but compute bf16, master f32, reduce f32, gather bf16 on rank 1" +
+          fix);
   // int8 gathers, with gradients reduced in int8 blocks on one rank only
   using Qw = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>;
   using Qg = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next,
@@ -174,13 +179,14 @@ TEST_CASE("another sharding strategy or precision on one rank") {
 }
 
 TEST_CASE("an option set on one rank of four: rank 0 and the first rank that differs are named") {
-  every_rank_says(errors_by_rank(4,
-                                 [](local_communicator& c) {
-                                   fsdp::model_options o;
-                                   if (c.rank() >= 2) o.gather_slots = 3;
-                                   fsdp::Model<Full> m(c, two_units(), by_letter(), fsdp::init::normal{}, o);
-                                 }),
-                  "fsdp: ranks disagree on the model: model_options: gather_slots is 0 on rank 0 but 3 on rank 2" + fix);
+  every_rank_says(
+      errors_by_rank(4,
+                     [](local_communicator& c) {
+                       fsdp::model_options o;
+                       if (c.rank() >= 2) o.gather_slots = 3;
+                       fsdp::Model<Full> m(c, two_units(), by_letter(), fsdp::init::normal{}, o);
+                     }),
+      "fsdp: ranks disagree on the model: model_options: gather_slots is 0 on rank 0 but 3 on rank 2" + fix);
   every_rank_says(errors_by_rank(2,
                                  [](local_communicator& c) {
                                    fsdp::model_options o;

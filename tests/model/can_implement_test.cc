@@ -38,7 +38,8 @@ TEST_CASE("a model that can be built: no refusal, its blueprint and its memory p
   });
 }
 
-TEST_CASE("every refusal at once, in the constructor's order, each with its sentence; the constructor throws the first") {
+TEST_CASE(
+    "every refusal at once, in the constructor's order, each with its sentence; the constructor throws the first") {
   fsdp::ModelSpec spec = five_units();
   spec.add("h.4.w", {4}, {.compute_dtype = fsdp::dtype::bf16});  // the policy computes in f32
   fsdp::model_options opt;
@@ -85,7 +86,8 @@ TEST_CASE("the strategy against the world and against a mesh; a split the commun
 TEST_CASE("the wrapping and the layout, every problem of them") {
   fsdp::ModelSpec spec;
   spec.add("a.w", {4}).add("b.w", {4}).tie("c.w", "a.w");
-  const fsdp::wrap::by_function split{[](const fsdp::ParamSpec& p) { return p.name == "c.w" ? std::string("c") : p.name.substr(0, 1); }};
+  const fsdp::wrap::by_function split{
+      [](const fsdp::ParamSpec& p) { return p.name == "c.w" ? std::string("c") : p.name.substr(0, 1); }};
   fsdp::model_options opt;
   opt.layout.align = 0;
   const auto r = fsdp::can_implement<full>(spec, split, opt, 2);
@@ -109,14 +111,16 @@ TEST_CASE("slots against the plan, and memory budgets, with the planned figures"
   REQUIRE(tight.plan.has_value());
   CHECK(!tight.plan->feasible());
   run_ranks(2, [&](local_communicator& c) {
-    CHECK(error_of<fsdp::usage_error>([&] { fsdp::Model<grad_op> m(c, five_units(), blocks, fsdp::init::normal{}, opt); }) ==
-          "fsdp: " + tight.refusals[0].sentence);
+    CHECK(error_of<fsdp::usage_error>([&] {
+            fsdp::Model<grad_op> m(c, five_units(), blocks, fsdp::init::normal{}, opt);
+          }) == "fsdp: " + tight.refusals[0].sentence);
   });
   const auto fits = fsdp::can_implement<full>(five_units(), blocks, {}, 2, {.optimizer_states = 2});
   REQUIRE(fits.plan.has_value());
   const std::int64_t peak = fits.plan->peak.total;
   CHECK(bool(fsdp::can_implement<full>(five_units(), blocks, {}, 2, {.optimizer_states = 2, .device_budget = peak})));
-  const auto over = fsdp::can_implement<full>(five_units(), blocks, {}, 2, {.optimizer_states = 2, .device_budget = peak - 1});
+  const auto over =
+      fsdp::can_implement<full>(five_units(), blocks, {}, 2, {.optimizer_states = 2, .device_budget = peak - 1});
   CHECK(over.refusals == std::vector<fsdp::refusal>{
                              {"budget", "the planned device peak of " + std::to_string(peak) +
                                             " bytes per rank passes the budget of " + std::to_string(peak - 1) +

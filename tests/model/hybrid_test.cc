@@ -22,7 +22,8 @@ std::size_t at(collective c) { return static_cast<std::size_t>(c); }
 /// One forward and backward of five_units; the stats of the world, shard and replicate communicators during it.
 struct step_stats {
   fsdp::collective_stats world, shard, replicate;
-  std::int64_t reduced_bytes = 0;  ///< what the replicate group's all-reduces must move: every shard, in the reduce dtype
+  std::int64_t reduced_bytes =
+      0;  ///< what the replicate group's all-reduces must move: every shard, in the reduce dtype
 };
 
 template <class Policy>
@@ -79,7 +80,8 @@ void check_groups(int replicas) {
 }
 }  // namespace
 
-TEST_CASE("collectives per group per step: the shard group's are the flat strategy's, the replicas all-reduce each shard") {
+TEST_CASE(
+    "collectives per group per step: the shard group's are the flat strategy's, the replicas all-reduce each shard") {
   using fsdp::bfloat16;
   using full = fsdp::precision::full;
   using bf16 = fsdp::precision::mixed<bfloat16, float, bfloat16>;
@@ -220,7 +222,8 @@ TEST_CASE("a shard group that does not divide the world is refused, naming both"
   run_ranks(6, [](local_communicator& c) {
     CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
             fsdp::Model<fsdp::policy<fsdp::sharding::hybrid_shard<4>>> m(c, five_units(), fsdp::wrap::by_prefix{"h."});
-          }) == "fsdp: sharding strategy hybrid_shard gives a shard group of 4 ranks, which does not divide the world of 6");
+          }) ==
+          "fsdp: sharding strategy hybrid_shard gives a shard group of 4 ranks, which does not divide the world of 6");
   });
 }
 

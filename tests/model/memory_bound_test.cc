@@ -99,7 +99,8 @@ TEST_CASE("a lagging compute stream takes no memory beyond the plan: every prefe
   }
 }
 
-TEST_CASE("bounded under mixed precision with no-sync accumulation, with one gradient slot, and with a unit kept gathered") {
+TEST_CASE(
+    "bounded under mixed precision with no-sync accumulation, with one gradient slot, and with a unit kept gathered") {
   fsdp::model_options mo;
   mo.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
   check_bounded<fsdp::sharding::full_shard, prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>(mo);

@@ -22,9 +22,11 @@ mlp::config cfg(const char* optimizer, fsdp::model_options mo = {}, fsdp::grad::
 }
 
 template <class Policy>
-std::vector<mlp::result> train(int world, const char* optimizer, fsdp::model_options mo = {}, fsdp::grad::options g = {}) {
+std::vector<mlp::result> train(int world, const char* optimizer, fsdp::model_options mo = {},
+                               fsdp::grad::options g = {}) {
   std::vector<mlp::result> out(static_cast<std::size_t>(world));
-  fsdp_test::run_ranks(world, [&](local_communicator& c) { out[c.rank()] = mlp::train<Policy>(c, cfg(optimizer, mo, g)); });
+  fsdp_test::run_ranks(world,
+                       [&](local_communicator& c) { out[c.rank()] = mlp::train<Policy>(c, cfg(optimizer, mo, g)); });
   return out;
 }
 
@@ -82,7 +84,8 @@ TEST_CASE("planned peak equals measured peak for hybrid sharding (2 x 2, 4 x 2, 
   using fsdp::sharding::hybrid_shard_zero2;
   check_plan_matches<hybrid_shard<2>, fsdp::prefetch::next>({}, {}, {4, 8});
   check_plan_matches<hybrid_shard<4>, fsdp::prefetch::backward_pre<2>, mixed<bfloat16>>({}, {}, {8});
-  check_plan_matches<hybrid_shard<2>, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>({}, {.max_norm = 1.0f}, {4});
+  check_plan_matches<hybrid_shard<2>, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>({}, {.max_norm = 1.0f},
+                                                                                              {4});
   check_plan_matches<hybrid_shard_zero2<2>, fsdp::prefetch::next, mixed<bfloat16>>({}, {}, {4});
   check_plan_matches<hybrid_shard_zero2<4>, fsdp::prefetch::next>({}, {}, {8});
   // shard groups of one rank (every rank holds everything; groups of one gather, the replicas all-reduce)
@@ -134,13 +137,16 @@ TEST_CASE("planned equals measured for every precision and accumulation mode, wi
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next>(mo);
     // fp32 compute over bf16 or fp16 gathers: the wire slot beside the gathered ones
     check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(mo);
-    check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::none, fsdp::precision::wire<float16, float16>>(mo);
+    check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::none, fsdp::precision::wire<float16, float16>>(
+        mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next, fsdp::precision::wire<bfloat16>>(mo);
     // fp8 or int8 gathers in blocks with a scale each: the wire slot holds values and scales
-    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>(mo);
+    check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next,
+                       fsdp::precision::scaled<fsdp::float8_e4m3, 16>>(mo);
     check_plan_matches<fsdp::sharding::no_shard, fsdp::prefetch::next,
                        fsdp::precision::scaled<fsdp::float8_e5m2, 16, float, bfloat16>>(mo);
-    check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>(mo);
+    check_plan_matches<fsdp::sharding::shard_grad_op, fsdp::prefetch::next, fsdp::precision::scaled<std::int8_t, 16>>(
+        mo);
     // gradients reduced quantized: the reduce input and output slots of values and scales
     check_plan_matches<fsdp::sharding::full_shard, fsdp::prefetch::next,
                        fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>>(mo);
@@ -163,7 +169,8 @@ TEST_CASE("bf16 figures worked out by hand for 4 ranks: half the gathered bytes,
   using F = fsdp::sharding::full_shard;
   const auto f32 = train<fsdp::policy<F, fsdp::prefetch::none>>(4, "adamw")[0].memory.peak;
   const auto mixed32 = train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16>>>(4, "adamw")[0].memory.peak;
-  const auto bf16 = train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>>(4, "adamw")[0].memory.peak;
+  const auto bf16 =
+      train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>>(4, "adamw")[0].memory.peak;
   CHECK(mixed32[mem::gathered_params] == 4224 * 2);
   CHECK(2 * mixed32[mem::gathered_params] == f32[mem::gathered_params]);
   CHECK(mixed32[mem::sharded_params] == f32[mem::sharded_params]);  // masters stay fp32
@@ -183,8 +190,9 @@ TEST_CASE("bf16 figures worked out by hand for 4 ranks: half the gathered bytes,
   // fp16 reduced in fp16 with pre/post division: the pre-division scales the gradient in place, no cast buffer
   fsdp::model_options pp;
   pp.division.how = fsdp::grad_division::mode::pre_post;
-  const auto f16 = train<fsdp::policy<F, fsdp::prefetch::none, mixed<fsdp::float16, float, fsdp::float16>>>(4, "adamw", pp)[1]
-                       .memory.peak;
+  const auto f16 =
+      train<fsdp::policy<F, fsdp::prefetch::none, mixed<fsdp::float16, float, fsdp::float16>>>(4, "adamw", pp)[1]
+          .memory.peak;
   CHECK(f16[mem::comm_buffers] == 2 * 4224 * 2 + 1056 * 2);
   // no_shard in bf16: unsharded units (1088, 2080, 4224, 1040 at align 16) as bf16 cast copies, every one kept from
   // its forward to its backward: four gather slots of the largest; two bf16 gradient slots and the fp32 cast,
@@ -215,7 +223,8 @@ TEST_CASE("fp32 views over bf16 gathers, worked out by hand for 4 ranks: one fp3
 TEST_CASE("bf16 views over fp8 gathers in blocks of 16, by hand for 4 ranks: a bf16 slot and a wire slot of values "
           "and scales") {
   using F = fsdp::sharding::full_shard;
-  const auto r = train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>>(4, "adamw")[1];
+  const auto r =
+      train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>>(4, "adamw")[1];
   // the largest unit: 4224 bf16 views; its wire: 4224 one-byte values and 4224 / 16 fp32 scales
   CHECK(r.memory.peak[mem::gathered_params] == 4224 * 2 + 4224 + 4224 / 16 * 4);
   CHECK(r.planned[mem::gathered_params] == r.memory.peak[mem::gathered_params]);
@@ -226,9 +235,9 @@ TEST_CASE("bf16 views over fp8 gathers in blocks of 16, by hand for 4 ranks: a b
 TEST_CASE("gradients reduced in int8 blocks of 16, by hand for 4 ranks: a reduce input and output of four slices "
           "each") {
   using F = fsdp::sharding::full_shard;
-  const auto r =
-      train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>>(
-          4, "adamw")[3];
+  const auto r = train<
+      fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>>>(
+      4, "adamw")[3];
   // the largest unit (4224 elements, shards of 1056): two bf16 gradient slots; the input quantized per destination
   // rank and the output received from every rank, each 4 slices of 1056 values and 1056 / 16 fp32 scales
   CHECK(r.memory.peak[mem::comm_buffers] == 2 * 4224 * 2 + 2 * 4 * (1056 + 1056 / 16 * 4));

@@ -90,8 +90,10 @@ void check_parity(int world, const char* optimizer) {
   check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::grads>>>(world, c), want);
   check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::optimizer_state>>>(world, c), want);
   check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::params | offload::grads>>>(world, c), want);
-  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::params | offload::optimizer_state>>>(world, c), want);
-  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::grads | offload::optimizer_state>>>(world, c), want);
+  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::params | offload::optimizer_state>>>(world, c),
+             want);
+  check_same(train<policy_of<Strategy, Precision, offload::cpu<offload::grads | offload::optimizer_state>>>(world, c),
+             want);
   check_same(train<policy_of<Strategy, Precision, offload::all>>(world, c), want);
 }
 
@@ -116,12 +118,14 @@ TEST_CASE("every offload option trains bit for bit like no offload: gradients re
   for (int world : {1, 3}) check_parity<sharding::full_shard, q>(world, "adamw");
 }
 
-TEST_CASE("delays on the copy streams change no bit: every wait on an upload, a download and a host update is in place") {
+TEST_CASE(
+    "delays on the copy streams change no bit: every wait on an upload, a download and a host update is in place") {
   const mlp::config c = config("adamw");
   using bf16 = fsdp::precision::mixed<bfloat16>;
   auto check = [&](auto policy_tag) {
     using P = typename decltype(policy_tag)::type;
-    const auto want = train<P>(3, c, {.inline_streams = true, .copy_delay = {}});  // every stream inline: no overlap at all
+    const auto want =
+        train<P>(3, c, {.inline_streams = true, .copy_delay = {}});  // every stream inline: no overlap at all
     for (unsigned seed : {1u, 2u}) {
       CAPTURE(seed);
       auto calls = std::make_shared<std::atomic<unsigned>>(0);
@@ -134,9 +138,11 @@ TEST_CASE("delays on the copy streams change no bit: every wait on an upload, a 
     }
   };
   check(std::type_identity<policy_of<sharding::full_shard, bf16, offload::all>>{});
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params | offload::grads>>>{});
+  check(std::type_identity<
+        policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params | offload::grads>>>{});
   check(std::type_identity<policy_of<sharding::no_shard, bf16, offload::cpu<offload::grads>>>{});
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
+  check(std::type_identity<
+        policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
 }
 
 TEST_CASE("a slow host does not hold backward: offloading's host functions run apart from the copies") {
@@ -180,7 +186,8 @@ TEST_CASE("a slow download stream: the next step's copies wait for the last step
     };
     check_same(train<P>(3, c, o), want);
   };
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
+  check(std::type_identity<
+        policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
   check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>{});
 }
 
@@ -195,9 +202,14 @@ TEST_CASE("the planner's peak of every category equals the measured peak in both
     }
   };
   check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::none>>{}, false);
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>{}, true);
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::cpu<offload::grads>>>{}, true);
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{}, true);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>{},
+        true);
+  check(std::type_identity<
+            policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::cpu<offload::grads>>>{},
+        true);
+  check(std::type_identity<
+            policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{},
+        true);
   check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::all>>{}, true);
   check(std::type_identity<policy_of<sharding::no_shard, fsdp::precision::full, offload::all>>{}, true);
 }
@@ -254,17 +266,26 @@ TEST_CASE("the bytes the planner says a step moves over the link are the bytes t
                                      offload::cpu<offload::params | offload::grads | offload::optimizer_state>>>{},
         true, true);
   // a device step over host parts stages them: up before its kernels, the master and the state back after
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>{}, true, true);
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::cpu<offload::grads>>>{}, true, true);
-  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{}, true, true);
-  check(std::type_identity<policy_of<sharding::no_shard, fsdp::precision::full, offload::cpu<offload::params | offload::grads>>>{}, true, true);
+  check(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::params>>>{},
+        true, true);
+  check(std::type_identity<
+            policy_of<sharding::full_shard, fsdp::precision::mixed<bfloat16>, offload::cpu<offload::grads>>>{},
+        true, true);
+  check(std::type_identity<
+            policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{},
+        true, true);
+  check(std::type_identity<
+            policy_of<sharding::no_shard, fsdp::precision::full, offload::cpu<offload::params | offload::grads>>>{},
+        true, true);
 }
 
-TEST_CASE("a device optimizer step over the offloaded state stages it: two slots on the device, both states up and back") {
+TEST_CASE(
+    "a device optimizer step over the offloaded state stages it: two slots on the device, both states up and back") {
   // The planner's figures, from memory/cost.hpp's rules: AdamW's two states go up and come back; the device holds
   // two staging slots of the largest unit's two states.
   const mlp::config c = config("adamw");
-  const auto p = train<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>(1, c)[0];
+  const auto p =
+      train<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>(1, c)[0];
   std::int64_t shards = 0, largest = 0;
   fsdp_test::run_ranks(1, [&](local_communicator& comm) {
     auto m = mlp::make_model<fsdp::policy<sharding::full_shard>>(comm, c);
@@ -314,7 +335,8 @@ TEST_CASE("per-unit offload: a unit that does not exist, and per-unit params whe
   fsdp_test::run_ranks(1, [&](local_communicator& comm) {
     mlp::config c = config("adamw");
     c.model.offload_units = {{"layers.9", offload::all::facts}};
-    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { (void)mlp::make_model<fsdp::policy<sharding::full_shard>>(comm, c); }) ==
+    CHECK(fsdp_test::error_of<fsdp::usage_error>(
+              [&] { (void)mlp::make_model<fsdp::policy<sharding::full_shard>>(comm, c); }) ==
           "fsdp: model_options::offload_units names 'layers.9', which is not a unit (units: layers.0, layers.1, "
           "layers.2, layers.3)");
     c.model.offload_units = {{"layers.1", offload::cpu<offload::params>::facts}};
@@ -322,8 +344,8 @@ TEST_CASE("per-unit offload: a unit that does not exist, and per-unit params whe
         "model_options::offload_units sets params for unit 'layers.1' unlike the policy, but under no_shard in fp32 "
         "whether a unit's master serves compute or is gathered follows the policy's params, for every unit alike; "
         "set params in the policy only, or shard the parameters";
-    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { (void)mlp::make_model<fsdp::policy<sharding::no_shard>>(comm, c); }) ==
-          "fsdp: " + unlike);
+    CHECK(fsdp_test::error_of<fsdp::usage_error>(
+              [&] { (void)mlp::make_model<fsdp::policy<sharding::no_shard>>(comm, c); }) == "fsdp: " + unlike);
     // and the other way: the policy offloads params (every unit gathers), one unit would not
     c.model.offload_units = {{"layers.1", offload::none::facts}};
     CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
@@ -358,7 +380,8 @@ TEST_CASE("an optimizer that goes before the model waits for the copy streams' w
     }, lo);
   };
   run(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::all>>{});
-  run(std::type_identity<policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
+  run(std::type_identity<
+      policy_of<sharding::full_shard, fsdp::precision::full, offload::cpu<offload::optimizer_state>>>{});
 }
 
 TEST_CASE("an offload policy describes itself by its parts (fingerprints and reports)") {

@@ -9,10 +9,10 @@
 // once, from fp32 sums), reduces the ranks' gradients the way an in-process reduction does, which is NCCL's
 // average (each reduce-dtype value multiplied by 1/ranks rounded to the reduce dtype, the products summed in rank
 // order from 0 and rounded to the reduce dtype after every addition), adds the result into a zeroed fp32
-// gradient, and steps fp32 masters with the optimizer's formulas. That is the same sequence of roundings the sharded run makes, so the stated tolerance is
-// zero: losses and parameters must equal the reference bit for bit. A cast in the wrong place (a gradient
-// reduced before its bf16 rounding, a bf16 reduction summed in fp32, a compute copy not refreshed after a step)
-// changes bits here.
+// gradient, and steps fp32 masters with the optimizer's formulas. That is the same sequence of roundings the sharded
+// run makes, so the stated tolerance is zero: losses and parameters must equal the reference bit for bit. A cast in the
+// wrong place (a gradient reduced before its bf16 rounding, a bf16 reduction summed in fp32, a compute copy not
+// refreshed after a step) changes bits here.
 //
 // What bf16 reduction costs against fp32 reduction (the same bf16 compute) is measured here too and printed;
 // docs/testing.md quotes the figures.
@@ -104,8 +104,8 @@ run reference(const mlp::config& c, int world, int shards = 0) {
       act[0] = x;
       for (std::size_t l = 0; l < layers; ++l) {
         act[l + 1].assign(static_cast<std::size_t>(n) * c.dims[l + 1], 0.0f);
-        mlp::linear_forward<W>(act[l].data(), wc[l].data(), bc[l].data(), act[l + 1].data(), n, c.dims[l], c.dims[l + 1],
-                               l + 1 < layers);
+        mlp::linear_forward<W>(act[l].data(), wc[l].data(), bc[l].data(), act[l + 1].data(), n, c.dims[l],
+                               c.dims[l + 1], l + 1 < layers);
       }
       dact[layers].assign(act[layers].size(), 0.0f);
       loss[rank] = mlp::mse(act[layers].data(), t.data(), dact[layers].data(), n, c.dims.back());
@@ -187,7 +187,8 @@ std::pair<float, float> difference(const run& a, const run& b) {
   float dp = 0, dl = 0;
   for (const auto& [name, v] : a.params)
     for (std::size_t i = 0; i < v.size(); ++i) dp = std::max(dp, std::abs(v[i] - b.params.at(name)[i]));
-  for (std::size_t i = 0; i < a.losses.size(); ++i) dl = std::max(dl, std::abs(a.losses[i] - b.losses[i]) / std::abs(b.losses[i]));
+  for (std::size_t i = 0; i < a.losses.size(); ++i)
+    dl = std::max(dl, std::abs(a.losses[i] - b.losses[i]) / std::abs(b.losses[i]));
   return {dp, dl};
 }
 
@@ -237,7 +238,8 @@ TEST_CASE("fp32 compute over bf16 gathers: equals the single-process run that wi
       // not the fp32 run: the gathers' rounding shows in the losses
       CHECK_FALSE(same_bits(want.losses, reference<float, float>(c, world).losses));
     }
-    check_same(sharded<float, float, fsdp::sharding::no_shard, bfloat16>(4, c), reference<float, float, bfloat16>(c, 4));
+    check_same(sharded<float, float, fsdp::sharding::no_shard, bfloat16>(4, c),
+               reference<float, float, bfloat16>(c, 4));
   }
 }
 
@@ -284,7 +286,8 @@ TEST_CASE("gradients reduced in fp8 or int8 blocks of 16 (all_to_all, then an fp
         for (int r = 1; r < world; ++r) CHECK(out[r].params == out[0].params);
         check_same({out[0].losses, out[0].params}, want);
         // not the run with an fp32 reduction: the gradients' quantization shows in the parameters
-        CHECK_FALSE(same_bits(want.params.begin()->second, reference<bfloat16, float, G, 16>(c, world).params.begin()->second));
+        CHECK_FALSE(
+            same_bits(want.params.begin()->second, reference<bfloat16, float, G, 16>(c, world).params.begin()->second));
       }
     }
   };

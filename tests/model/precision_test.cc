@@ -31,8 +31,8 @@ using fsdp_test::run_ranks;
 
 namespace {
 
-template <class Compute, class Reduce, class Strategy = fsdp::sharding::full_shard, class Prefetch = fsdp::prefetch::next,
-          class Gather = Compute>
+template <class Compute, class Reduce, class Strategy = fsdp::sharding::full_shard,
+          class Prefetch = fsdp::prefetch::next, class Gather = Compute>
 using policy = fsdp::policy<Strategy, Prefetch, fsdp::precision::mixed<Compute, float, Reduce, Gather>>;
 
 template <class T>
@@ -172,7 +172,8 @@ TEST_CASE("gathered in fp8 or int8 blocks with a scale each: the views are the b
 }
 
 TEST_CASE("a scaled gather's blocks must not cross a shard: an alignment that is no multiple of the block is refused") {
-  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<fsdp::float8_e4m3, 64>>;
+  using P =
+      fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<fsdp::float8_e4m3, 64>>;
   run_ranks(2, [](local_communicator& c) {
     CHECK(error_of<fsdp::usage_error>([&] { fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}); }) ==
           "fsdp: the precision gathers in blocks of 64 elements with a scale each, and a block must not cross a "
@@ -184,7 +185,8 @@ namespace {
 /// The collectives of one optimizer step of `micro` micro-batches (no gradient inspection: the step itself issues
 /// none), every rank writing gradient 1 everywhere.
 template <class P>
-fsdp::collective_stats one_step(local_communicator& c, const fsdp::model_options& mo, std::vector<std::int64_t>& padded) {
+fsdp::collective_stats one_step(local_communicator& c, const fsdp::model_options& mo,
+                                std::vector<std::int64_t>& padded) {
   fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
   fsdp::optim::sgd opt(m, {.lr = 0.1f});
   padded.clear();
@@ -421,7 +423,8 @@ std::vector<float> quantized_reference(const fsdp::FlatLayout& l, int world, int
   for (int mb = 0; mb < micro_batches; ++mb) {
     for (int r = 0; r < world; ++r) {
       const std::vector<float> g = flat(r, mb);
-      for (std::size_t i = 0; i < P; ++i) per_rank[std::size_t(r)][i] = no_sync ? per_rank[std::size_t(r)][i] + g[i] : g[i];
+      for (std::size_t i = 0; i < P; ++i)
+        per_rank[std::size_t(r)][i] = no_sync ? per_rank[std::size_t(r)][i] + g[i] : g[i];
     }
     if (!no_sync || mb + 1 == micro_batches) reduce(per_rank);
   }
@@ -514,7 +517,8 @@ TEST_CASE("a quantized reduction's error: within half a step of each rank's bloc
   // error is divided by the ranks like the value, and the fp32 sum adds a rounding per addition.
   auto check = [](auto q_tag) {
     using Q = decltype(q_tag);
-    using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<Q, 16, bfloat16, Q>>;
+    using P =
+        fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::scaled<Q, 16, bfloat16, Q>>;
     constexpr bool int8 = std::is_same_v<Q, std::int8_t>;
     const int world = 7;
     run_ranks(world, [&](local_communicator& c) {
@@ -533,7 +537,8 @@ TEST_CASE("a quantized reduction's error: within half a step of each rank's bloc
         std::vector<std::vector<float>> flat(world, std::vector<float>(std::size_t(l.padded_numel()), 0.0f));
         for (int r = 0; r < world; ++r)
           for (const auto& e : l.entries())
-            for (std::int64_t i = 0; i < e.numel; ++i) flat[std::size_t(r)][std::size_t(e.offset + i)] = written_q(i, r, 0);
+            for (std::int64_t i = 0; i < e.numel; ++i)
+              flat[std::size_t(r)][std::size_t(e.offset + i)] = written_q(i, r, 0);
         for (std::int64_t k = 0; k < S; ++k) {
           const std::int64_t i = c.rank() * S + k, b0 = i / 16 * 16;
           double exact = 0.0, bound = 0.0, magnitude = 0.0;
@@ -685,10 +690,12 @@ TEST_CASE("kept gathered: each unit is gathered once per step and released in th
     fsdp::model_options few = mo;
     few.gather_slots = 3;
     CHECK(error_of<fsdp::usage_error>([&] {
-            fsdp::Model<policy<bfloat16, float>>(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, few);
-          }) == "fsdp: model_options::gather_slots = 3 is too few for this policy: gather slots exhausted: unit 'h.2' "
-                "(index 3) must be gathered for its forward but all 3 slots are held by 'root', 'h.0', 'h.1'; raise "
-                "model_options::gather_slots or let those units reshard after forward");
+            fsdp::Model<policy<bfloat16, float>>(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{},
+                                                 few);
+          }) ==
+          "fsdp: model_options::gather_slots = 3 is too few for this policy: gather slots exhausted: unit 'h.2' "
+          "(index 3) must be gathered for its forward but all 3 slots are held by 'root', 'h.0', 'h.1'; raise "
+          "model_options::gather_slots or let those units reshard after forward");
   });
 }
 
@@ -724,7 +731,8 @@ TEST_CASE("zero_grad in the middle of a no-sync window discards the micro-batche
     m.zero_grad();
     m.synchronize();
     std::int64_t grad_slot = 0;  // the gradient slots have the largest unit's size
-    for (std::size_t ui = 0; ui < m.size(); ++ui) grad_slot = std::max(grad_slot, fsdp::model_access::costs(m, ui).grad.bytes());
+    for (std::size_t ui = 0; ui < m.size(); ++ui)
+      grad_slot = std::max(grad_slot, fsdp::model_access::costs(m, ui).grad.bytes());
     CHECK(m.memory().current[fsdp::mem::comm_buffers] == 2 * grad_slot);  // the accumulators are gone, the slots stay
     micro_batch(1.0f);
     micro_batch(2.0f);  // the last of the new window: reduced

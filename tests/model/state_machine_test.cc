@@ -40,7 +40,8 @@ TEST_CASE("a unit used before it is gathered") {
     CHECK(contains(error_of<fsdp::usage_error>([&] { u.param("layers.0.w"); }),
                    "no parameter named 'layers.0.w' in unit 'layers.1'"));
     CHECK(contains(error_of<fsdp::usage_error>([&] { m.unit("layers.9"); }), "no unit named 'layers.9'"));
-    CHECK(contains(error_of<fsdp::usage_error>([&] { m.unit(3); }), "unit index 3 is out of range: the model has 3 units"));
+    CHECK(contains(error_of<fsdp::usage_error>([&] { m.unit(3); }),
+                   "unit index 3 is out of range: the model has 3 units"));
   });
 }
 

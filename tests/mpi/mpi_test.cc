@@ -382,8 +382,9 @@ TEST_CASE("a Model on comm::mpi trains the MLP exactly as on comm::run_local at 
 
 TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on comm::run_local at world 8" *
           doctest::test_suite("world8")) {
-  // Run by run_mpi_test.sh in an mpirun of 8 processes (--test-suite=world8; the 4-process run excludes it). comm::run_local at 8 is itself checked against the
-  // single-process reference in tests/model/precision_parity_test.cc.
+  // Run by run_mpi_test.sh in an mpirun of 8 processes (--test-suite=world8; the 4-process run excludes it).
+  // comm::run_local at 8 is itself checked against the single-process reference in
+  // tests/model/precision_parity_test.cc.
   using fsdp::bfloat16;
   using fsdp::precision::mixed;
   mlp::config cfg;
@@ -393,7 +394,8 @@ TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on 
     using P = fsdp::policy<decltype(sharding), fsdp::prefetch::next, decltype(precision)>;
     using M = fsdp::policy<decltype(sharding), fsdp::prefetch::next, decltype(precision), fsdp::comm::mpi<>>;
     std::vector<mlp::result> want(8);
-    fsdp_test::run_ranks(8, [&](local_communicator& c) { want[static_cast<std::size_t>(c.rank())] = mlp::train<P>(c, cfg); });
+    fsdp_test::run_ranks(
+        8, [&](local_communicator& c) { want[static_cast<std::size_t>(c.rank())] = mlp::train<P>(c, cfg); });
     mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(30000)});
     REQUIRE(comm.size() == 8);
     const mlp::result got = mlp::train<M>(comm, cfg);
@@ -408,7 +410,9 @@ TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on 
   };
   // 2 x 4: both strategies in every precision mode.
   SUBCASE("hybrid_shard<4>, fp32") { check(fsdp::sharding::hybrid_shard<4>{}, fsdp::precision::full{}); }
-  SUBCASE("hybrid_shard<4>, bf16 compute, fp32 reduction") { check(fsdp::sharding::hybrid_shard<4>{}, mixed<bfloat16>{}); }
+  SUBCASE("hybrid_shard<4>, bf16 compute, fp32 reduction") {
+    check(fsdp::sharding::hybrid_shard<4>{}, mixed<bfloat16>{});
+  }
   SUBCASE("hybrid_shard<4>, bf16 compute and reduction") {
     check(fsdp::sharding::hybrid_shard<4>{}, mixed<bfloat16, float, bfloat16>{});
   }
@@ -419,7 +423,9 @@ TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on 
   SUBCASE("hybrid_shard_zero2<4>, bf16 compute and reduction") {
     check(fsdp::sharding::hybrid_shard_zero2<4>{}, mixed<bfloat16, float, bfloat16>{});
   }
-  SUBCASE("hybrid_shard_zero2<2> (4 x 2), fp32") { check(fsdp::sharding::hybrid_shard_zero2<2>{}, fsdp::precision::full{}); }
+  SUBCASE("hybrid_shard_zero2<2> (4 x 2), fp32") {
+    check(fsdp::sharding::hybrid_shard_zero2<2>{}, fsdp::precision::full{});
+  }
 }
 
 #if FSDP_TEST_CHECKPOINTS
@@ -430,7 +436,8 @@ TEST_CASE("checkpoints on comm::mpi: a resume equals training without a stop; th
   // One scratch directory for every process: rank 0 makes it and tells the others.
   std::string made;
   if (comm.rank() == 0) {
-    std::string tmpl = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/mpi-ckpt-XXXXXX";
+    std::string tmpl =
+        std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/mpi-ckpt-XXXXXX";
     REQUIRE(mkdtemp(tmpl.data()) != nullptr);
     made = tmpl;
   }

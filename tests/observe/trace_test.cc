@@ -48,7 +48,8 @@ run_result train(fsdp::trace::recorder& rec, fsdp::comm::local_options lo = {}) 
   lo.timeout = fsdp_test::timeout;
   run_result out;
   out.results.resize(world);
-  fsdp::comm::run_local(world, [&](local_communicator& comm) { out.results[comm.rank()] = mlp::train<Policy>(comm, c); }, lo);
+  fsdp::comm::run_local(
+      world, [&](local_communicator& comm) { out.results[comm.rank()] = mlp::train<Policy>(comm, c); }, lo);
   return out;
 }
 
@@ -131,8 +132,9 @@ TEST_CASE("the Chrome trace is valid JSON with the events of every rank, stream 
   fsdp::trace::write_chrome_trace(rec, path);
   std::ifstream f(path);
   CHECK(json::parse(f) == doc);
-  CHECK(fsdp_test::error_of<std::runtime_error>([&] { fsdp::trace::write_chrome_trace(rec, "/nonexistent/dir/t.json"); }) ==
-        "fsdp: cannot open trace file '/nonexistent/dir/t.json' for writing");
+  CHECK(fsdp_test::error_of<std::runtime_error>([&] {
+          fsdp::trace::write_chrome_trace(rec, "/nonexistent/dir/t.json");
+        }) == "fsdp: cannot open trace file '/nonexistent/dir/t.json' for writing");
 }
 
 TEST_CASE("the Chrome trace stays valid JSON when a recorder's unit names are not UTF-8 (written printably)") {
@@ -224,7 +226,8 @@ TEST_CASE("the memory timeline reproduces the measured peaks and ends at the cur
     fsdp::memory_figures last{};
     for (const auto& m : rec.memory_timeline()) {
       if (m.rank != r) continue;
-      for (std::size_t k = 0; k < fsdp::mem_categories; ++k) peak.bytes[k] = std::max(peak.bytes[k], m.current.bytes[k]);
+      for (std::size_t k = 0; k < fsdp::mem_categories; ++k)
+        peak.bytes[k] = std::max(peak.bytes[k], m.current.bytes[k]);
       peak.total = std::max(peak.total, m.current.total);
       last = m.current;
     }
@@ -456,7 +459,8 @@ TEST_CASE("stamper with timing marks: host notes wait for the flush and take the
   CHECK(rec.events().size() == 3);
 }
 
-TEST_CASE("stamper with timing marks: a failed query leaves everything pending; close() drops only what never completed") {
+TEST_CASE(
+    "stamper with timing marks: a failed query leaves everything pending; close() drops only what never completed") {
   fsdp::trace::recorder rec;
   fake_marks b;
   b.reference_at = rec.origin();

@@ -101,7 +101,8 @@ TEST_CASE("the library's AdamW written as a rule from outside is optim::adamw, b
       fsdp::optim::adamw_options o;
       void step() {
         e->step([&](long t) {
-          return my_adamw{{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, fsdp::optim::detail::adamw_bias_correction(o.beta1, t),
+          return my_adamw{{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+                           fsdp::optim::detail::adamw_bias_correction(o.beta1, t),
                            fsdp::optim::detail::adamw_bias_correction(o.beta2, t)}};
         });
       }
@@ -140,7 +141,8 @@ TEST_CASE("a user's rule: its states planned as the library's, and checkpointed 
     }());
     fsdp::checkpoint::save(m, *opt, dir / "step-3");
   });
-  CHECK(fsdp::checkpoint::read_manifest(dir / "step-3").optimizer->states == std::vector<std::string>{"m", "v", "v_max"});
+  CHECK(fsdp::checkpoint::read_manifest(dir / "step-3").optimizer->states ==
+        std::vector<std::string>{"m", "v", "v_max"});
   std::map<std::string, std::vector<float>> resumed;
   fsdp_test::run_ranks(3, [&](local_communicator& c) {
     M m(c, spec(), first_letter, fsdp::init::normal{0.5f, 99}, mo);

@@ -84,7 +84,8 @@ TEST_CASE("AdamW follows PyTorch's documented algorithm within 1e-6 of each elem
     const adamw_hp h{1e-2f, 0.9f, beta2, 1e-8f, 0.1f};
     auto make = [&](auto& m) {
       return std::make_unique<fsdp::optim::adamw<typename std::remove_reference_t<decltype(m)>::core_type>>(
-          m, fsdp::optim::adamw_options{.lr = h.lr, .beta1 = h.beta1, .beta2 = h.beta2, .eps = h.eps, .weight_decay = h.wd});
+          m, fsdp::optim::adamw_options{
+                 .lr = h.lr, .beta1 = h.beta1, .beta2 = h.beta2, .eps = h.eps, .weight_decay = h.wd});
     };
     const trajectory one = run(1, make);
     const double worst = check_adamw(one, h);
@@ -99,7 +100,8 @@ TEST_CASE("the bias correction is 1 - beta^t in double, rounded once; rounding b
   for (long t : {1L, 2L, 3L, 5L, 10L, 1000L, 1000000L}) {
     CAPTURE(t);
     const double exact = 1.0 - std::pow(double(0.9999f), double(t));
-    CHECK(std::abs(double(fsdp::optim::detail::adamw_bias_correction(0.9999f, t)) - exact) <= std::ldexp(1.0, -24) * exact);
+    CHECK(std::abs(double(fsdp::optim::detail::adamw_bias_correction(0.9999f, t)) - exact) <=
+          std::ldexp(1.0, -24) * exact);
     const float naive = 1.0f - static_cast<float>(std::pow(double(0.9999f), double(t)));
     if (t <= 10) worst_naive = std::max(worst_naive, std::abs(double(naive) - exact) / exact);
   }

@@ -23,7 +23,8 @@ inline const char* const names[] = {"a.w", "a.b", "b.w", "c.w"};
 
 /// The fp32 gradient of element i of parameter p at step t: signs and magnitudes from 1e-4 to 1.
 inline float gradient(const std::string& p, std::int64_t i, int t) {
-  const auto h = fsdp::init::detail::mix(fsdp::init::detail::name_hash(p) ^ (std::uint64_t(i) << 20) ^ std::uint64_t(t));
+  const auto h =
+      fsdp::init::detail::mix(fsdp::init::detail::name_hash(p) ^ (std::uint64_t(i) << 20) ^ std::uint64_t(t));
   const float mag = std::pow(10.0f, -4.0f * float(h % 1000) / 1000.0f);
   return (h >> 40) & 1 ? mag : -mag;
 }

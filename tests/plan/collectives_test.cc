@@ -24,7 +24,8 @@ using fsdp::dtype;
 
 /// "all_gather(256, bf16)"
 std::string str(const collective_use& u) {
-  return std::string(fsdp::name_of(u.kind)) + "(" + std::to_string(u.count) + ", " + std::string(fsdp::name_of(u.type)) + ")";
+  return std::string(fsdp::name_of(u.kind)) + "(" + std::to_string(u.count) + ", " +
+         std::string(fsdp::name_of(u.type)) + ")";
 }
 std::string str(const std::vector<collective_use>& v) {
   std::string s;
@@ -36,9 +37,8 @@ std::string str(const std::vector<collective_use>& v) {
 std::vector<fsdp::plan::unit_costs> costs(int ranks, const fsdp::precision_facts& precision, bool shards = true) {
   fsdp::ModelSpec spec;
   spec.add("a.w", {1000}).add("b.w", {24});
-  const fsdp::planned_units u =
-      fsdp::plan_units("two", spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }},
-                       ranks);
+  const fsdp::planned_units u = fsdp::plan_units(
+      "two", spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }}, ranks);
   std::vector<fsdp::plan::unit_costs> out;
   for (const fsdp::FlatLayout& l : u.layouts)
     out.push_back(fsdp::plan::costs_of(l, fsdp::plan::make_cost_facts(precision, shards, {})));
@@ -73,7 +73,8 @@ TEST_CASE("each unit's collectives: gathers in the gather dtype, reductions in t
   CHECK(str(fsdp::plan::reduction_use(qc[0], qf)) == "all_to_all(320, i8)");
 }
 
-TEST_CASE("every group's list: distinct and sorted, the world's one-element all-reduce and the norms' with inspection") {
+TEST_CASE(
+    "every group's list: distinct and sorted, the world's one-element all-reduce and the norms' with inspection") {
   const auto mixed = fsdp::facts_of_precision<fsdp::precision::mixed<fsdp::bfloat16>>();
   const fsdp::plan::cost_facts f = fsdp::plan::make_cost_facts(mixed, true, {});
   const auto c = costs(4, mixed);  // shards of 256 (a) and 16 (b: 24 elements padded to 64)
@@ -145,7 +146,8 @@ class recording_communicator {
     inner_.broadcast(send, recv, n, t, root, s);
   }
   recording_communicator split(int color, int key) {
-    return recording_communicator([&] { return inner_.split(color, key); }, splits_++ == 0 ? "shard" : "replicas", log_);
+    return recording_communicator([&] { return inner_.split(color, key); }, splits_++ == 0 ? "shard" : "replicas",
+                                  log_);
   }
   void connect(const std::vector<collective_use>& uses) {
     for (const collective_use& u : uses) log_->add(group_, true, u);
@@ -181,8 +183,10 @@ TEST_CASE("a Model hands each group its collectives before issuing any, and issu
   std::vector<std::shared_ptr<record_log>> logs(4);
   for (auto& l : logs) l = std::make_shared<record_log>();
   fsdp_test::run_ranks(4, [&](fsdp::comm::local_communicator& c) {
-    recording_communicator comm([&] { return c.split(0, c.rank()); }, "world", logs[static_cast<std::size_t>(c.rank())]);
-    fsdp::Model<P> model(comm, spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }});
+    recording_communicator comm([&] { return c.split(0, c.rank()); }, "world",
+                                logs[static_cast<std::size_t>(c.rank())]);
+    fsdp::Model<P> model(comm, spec,
+                         fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }});
     fsdp::optim::adamw opt(model, {.lr = 1e-3f, .grad = {.max_norm = 1.0f}});
     for (int step = 0; step < 2; ++step) {
       for (auto& unit : model.forward()) (void)unit;

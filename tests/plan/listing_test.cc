@@ -24,8 +24,8 @@ fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::offload_fact
   constexpr fsdp::prefetch_facts none{0, 0, false, false};
   const fsdp::model_options opt;
   fsdp::memory_plan_inputs in;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4), none,
-                                          precision, opt, off);
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
+                                          none, precision, opt, off);
   in.costs = fsdp::plan::make_cost_facts(precision, true, opt.accumulation, off);
   in.optimizer_states = states;
   return in;
@@ -91,8 +91,8 @@ TEST_CASE("one unit's step, per stream, in issue order: the second step of two, 
 
 TEST_CASE("fp32 views over bf16 gathers: the gather stream gathers into the wire slot, widens, and gives it back") {
   const auto u = two_units();
-  const fsdp::step_listing l =
-      fsdp::list_step(u.names, u.layouts, inputs(u, {}, 0, fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>()), 4);
+  const fsdp::step_listing l = fsdp::list_step(
+      u.names, u.layouts, inputs(u, {}, 0, fsdp::facts_of_precision<fsdp::precision::wire<fsdp::bfloat16>>()), 4);
   CHECK(l.infeasible.empty());
   const std::string a = l.str("a");
   const std::size_t from = a.find("all_gather\n"), to = a.find("reduce\n");
@@ -154,7 +154,8 @@ TEST_CASE("each unit's shard is ready right after its own update, not after the 
     CAPTURE(name);
     const fsdp::step_listing l = fsdp::list_step(u.names, u.layouts, inputs(u, w.off, 2), 4);
     REQUIRE(l.infeasible.empty());
-    const std::size_t update_a = seq_of(l, w.update_lane, 0, w.update), update_b = seq_of(l, w.update_lane, 1, w.update);
+    const std::size_t update_a = seq_of(l, w.update_lane, 0, w.update),
+                      update_b = seq_of(l, w.update_lane, 1, w.update);
     const std::size_t ready_a = seq_of(l, w.ready_lane, 0, "record shard_ready");
     const std::size_t ready_b = seq_of(l, w.ready_lane, 1, "record shard_ready");
     REQUIRE(update_a > 0);

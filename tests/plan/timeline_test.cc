@@ -164,7 +164,8 @@ TEST_CASE("gradients reduced in int8 blocks of 16: an all_to_all of the quantize
         "  compute    optimizer u                            8.875 -      9.375 ms\n");
 }
 
-TEST_CASE("hybrid sharding: shard groups of one rank gather in no time; the replicas' all-reduce is the communication") {
+TEST_CASE(
+    "hybrid sharding: shard groups of one rank gather in no time; the replicas' all-reduce is the communication") {
   // hybrid_shard<1> at 4 ranks: the layout is one rank's (a 1024-element shard), gathers and reduce-scatters run in
   // groups of one (no time), and the reduced shard is all-reduced across the 4 replicas on the replica link:
   // 4096 bytes x 2 x 3/4 = 6144 bytes at 3.072 MB/s, 2 ms. Forward 0-2, backward 2-5, all-reduce 5-7.
@@ -396,7 +397,8 @@ TEST_CASE("the same inputs give the same prediction, bit for bit; summarize() re
   CHECK(s.exposed_comm_s == double(a.exposed_ns) * 1e-9);
   CHECK(s.compute_s == double(a.compute_ns) * 1e-9);
   CHECK(s.comm_s == double(a.comm_ns) * 1e-9);
-  CHECK(s.collectives.size() == 2 * 8 + 8);  // a gather per unit per pass (the last forward unit regathers), a reduction each
+  CHECK(s.collectives.size() ==
+        2 * 8 + 8);  // a gather per unit per pass (the last forward unit regathers), a reduction each
   // the Chrome trace of the prediction: a "predicted rank 0" process with one slice per unit per pass
   const auto doc = fsdp::trace::chrome_trace_json(a.events, a.units, {}, {"predicted rank ", 100});
   int compute_slices = 0;
@@ -445,7 +447,8 @@ TEST_CASE("ranking groupings: three small units against one large one") {
   fsdp::ModelSpec spec;
   for (const char* n : {"a", "b", "c"}) spec.add(std::string(n) + ".w", {32, 32});
   const std::vector<fsdp::planned_units> groupings = {
-      fsdp::plan_units("1 unit", spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec&) { return std::string("all"); }}, 4),
+      fsdp::plan_units("1 unit", spec,
+                       fsdp::wrap::by_function{[](const fsdp::ParamSpec&) { return std::string("all"); }}, 4),
       units_of({"a", "b", "c"}),
   };
   fsdp::budget_query q;

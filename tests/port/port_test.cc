@@ -42,7 +42,8 @@ std::vector<std::string> lines_starting(const std::string& text, const std::stri
 
 std::vector<float> losses(const std::string& text) {
   std::vector<float> out;
-  for (const std::string& line : lines_starting(text, "step ")) out.push_back(std::stof(line.substr(line.find("loss ") + 5)));
+  for (const std::string& line : lines_starting(text, "step "))
+    out.push_back(std::stof(line.substr(line.find("loss ") + 5)));
   return out;
 }
 

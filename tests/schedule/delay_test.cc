@@ -119,7 +119,8 @@ TEST_CASE("fp16, units kept gathered over two micro-batches, divided before and 
 TEST_CASE("no_shard in bf16 (cast copies on the gather stream), no-sync") {
   fsdp::model_options mo;
   mo.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
-  check_unchanged<fsdp::policy<sharding::no_shard, prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>>("adamw", mo);
+  check_unchanged<fsdp::policy<sharding::no_shard, prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>>("adamw",
+                                                                                                            mo);
 }
 
 namespace {

@@ -103,8 +103,8 @@ void check(const std::string& expected, fsdp::model_options opt = {}, int steps 
   {
     std::istringstream is(expected);
     for (std::string t; is >> t;) {
-      const bool stream_side = (t.back() == '{' || t.back() == '}') && (t.rfind("ag", 0) == 0 || t.rfind("rs", 0) == 0 ||
-                                                                         t.rfind("ar", 0) == 0);
+      const bool stream_side = (t.back() == '{' || t.back() == '}') &&
+                               (t.rfind("ag", 0) == 0 || t.rfind("rs", 0) == 0 || t.rfind("ar", 0) == 0);
       if (!stream_side) host_expected += (host_expected.empty() ? "" : " ") + t;
     }
   }
@@ -313,7 +313,8 @@ TEST_CASE("zero1: gathered in the first forward and kept; each step releases the
 }
 
 TEST_CASE("bf16 compute and reduction: the same order of events as fp32 (the casts are inside the collectives' work)") {
-  check<fsdp::policy<sharding::full_shard, prefetch::next, fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>>(
+  check<fsdp::policy<sharding::full_shard, prefetch::next,
+                     fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>>(
       "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
       "ag2 ag2{ ag2} ag1^ ag1{ ag1} b2{ b2} rel2 rs2 rs2{ rs2} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
       "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");

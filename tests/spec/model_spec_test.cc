@@ -37,7 +37,8 @@ TEST_CASE("bad specs are rejected with the parameter named") {
   CHECK(s.size() == 2);  // nothing was added by the failed calls
 
   fsdp::ModelSpec empty;
-  CHECK(error_of<fsdp::usage_error>([&] { empty.validate(); }) == "fsdp: the model spec is empty: add at least one parameter");
+  CHECK(error_of<fsdp::usage_error>([&] { empty.validate(); }) ==
+        "fsdp: the model spec is empty: add at least one parameter");
 }
 
 TEST_CASE("element counts that overflow, or pass 2^48, are refused naming the parameter and its shape") {
@@ -50,9 +51,9 @@ TEST_CASE("element counts that overflow, or pass 2^48, are refused naming the pa
   CHECK(error_of<fsdp::usage_error>([&] { s.add("sq", {3037000500, 3037000500}); }) ==
         "fsdp: parameter 'sq' has shape [3037000500, 3037000500], whose element count exceeds 2^48 = "
         "281474976710656, the most one parameter may have (is a dimension wrong?)");
-  CHECK(error_of<fsdp::usage_error>([&] { s.add("wide", {2, std::int64_t{1} << 62, 4}); }).find("'wide' has shape [2, "
-                                                                                               "4611686018427387904, 4]") !=
-        std::string::npos);
+  CHECK(error_of<fsdp::usage_error>([&] { s.add("wide", {2, std::int64_t{1} << 62, 4}); })
+            .find("'wide' has shape [2, "
+                  "4611686018427387904, 4]") != std::string::npos);
   CHECK(s.size() == 1);  // nothing was added by the failed calls
   fsdp::ModelSpec big;
   big.add("max", {std::int64_t{1} << 47, 2});  // exactly 2^48: allowed

@@ -122,12 +122,14 @@ static_assert(fsdp::WrappingPolicy<fsdp::wrap::by_prefix> && fsdp::WrappingPolic
               fsdp::WrappingPolicy<fsdp::wrap::by_function>);
 
 static_assert(fsdp::PrefetchPolicy<fsdp::prefetch::none> && fsdp::PrefetchPolicy<fsdp::prefetch::next>);
-static_assert(fsdp::prefetch::backward_pre<2>::backward_depth == 2 && fsdp::prefetch::backward_pre<2>::forward_depth == 0);
+static_assert(fsdp::prefetch::backward_pre<2>::backward_depth == 2 &&
+              fsdp::prefetch::backward_pre<2>::forward_depth == 0);
 static_assert(fsdp::prefetch::forward<3>::forward_depth == 3 && fsdp::prefetch::forward<3>::backward_depth == 0);
 static_assert(!fsdp::PrefetchPolicy<fsdp::sharding::full_shard>);
 static_assert(fsdp::PrefetchPolicy<fsdp::prefetch::backward_post> && fsdp::prefetch::backward_post::post_backward &&
               fsdp::prefetch::backward_post::backward_depth == 1 && fsdp::prefetch::backward_post::forward_depth == 0);
-static_assert(fsdp::PrefetchPolicy<fsdp::prefetch::explicit_schedule> && fsdp::prefetch::explicit_schedule::by_schedule);
+static_assert(fsdp::PrefetchPolicy<fsdp::prefetch::explicit_schedule> &&
+              fsdp::prefetch::explicit_schedule::by_schedule);
 static_assert(!fsdp::prefetch::next::post_backward && !fsdp::prefetch::next::by_schedule);
 namespace archetype {
 struct prefetch_facts {  // the minimum a prefetch policy reports
@@ -219,7 +221,8 @@ static_assert(!fsdp::Backend<archetype::backend_t<false>>);
 // The archetype communicator over the archetype backend: with them the unit executor compiles completely (every
 // member instantiated below), so the concepts promise no less than the executor uses.
 static_assert(fsdp::CollectivePolicy<archetype::basic_communicator<archetype::backend_t<true>>>);
-template class fsdp::exec::unit_executor<archetype::backend_t<true>, archetype::basic_communicator<archetype::backend_t<true>>>;
+template class fsdp::exec::unit_executor<archetype::backend_t<true>,
+                                         archetype::basic_communicator<archetype::backend_t<true>>>;
 static_assert(fsdp::Backend<fsdp::backend::host>);
 // Of the backend's optional hooks (fsdp/backend/concept.hpp), the host backend has done(event) alone; the least
 // backend none.
@@ -299,7 +302,8 @@ static_assert(fsdp::PrecisionPolicy<fsdp::precision::full> && !fsdp::PrecisionPo
 static_assert(fsdp::facts_of<fsdp::sharding::full_shard>(8).shard_group == 8);
 static_assert(fsdp::facts_of<fsdp::sharding::no_shard>(8).shard_group == 1);
 static_assert(fsdp::facts_of<fsdp::sharding::no_shard>(8).replicate_group == 8);
-static_assert(!fsdp::sharding::shard_grad_op::reshard_after_forward && fsdp::sharding::full_shard::reshard_after_forward);
+static_assert(!fsdp::sharding::shard_grad_op::reshard_after_forward &&
+              fsdp::sharding::full_shard::reshard_after_forward);
 
 // Policy composition and defaults.
 using P = fsdp::policy<fsdp::sharding::full_shard>;
@@ -309,7 +313,8 @@ static_assert(std::is_same_v<P::backend_type, fsdp::backend::host>);
 static_assert(std::is_same_v<fsdp::Model<P>::unit_type, fsdp::FsdpUnit<fsdp::backend::host>>);
 using B = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::mixed<fsdp::bfloat16>>;
 static_assert(std::is_same_v<fsdp::Model<B>::unit_type, fsdp::FsdpUnit<fsdp::backend::host, fsdp::bfloat16>>);
-static_assert(fsdp::same_dtype<fsdp::bfloat16, B::precision::compute_type>() && !fsdp::same_dtype<float, fsdp::bfloat16>());
+static_assert(fsdp::same_dtype<fsdp::bfloat16, B::precision::compute_type>() &&
+              !fsdp::same_dtype<float, fsdp::bfloat16>());
 
 // A Model<P> is its core's code (fsdp/model_core.hpp): every policy of one backend and communicator has the same
 // model_core, whatever its strategy, prefetch, precision or offload; basic_model adds the compute dtype's views. The

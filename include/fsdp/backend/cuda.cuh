@@ -30,8 +30,8 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -156,7 +156,9 @@ class cuda {
   using buffer = buffer_detail::accounted_buffer<buffer_free, cuda>;
 
   explicit cuda(int rank = 0, cuda_options opt = {})
-      : opt_(std::move(opt)), device_(select_device(opt_.device)), pool_(device_),
+      : opt_(std::move(opt)),
+        device_(select_device(opt_.device)),
+        pool_(device_),
         compute_(make_compute(rank, opt_.compute_stream)),
         gather_(stream_name(rank, "all_gather"), most_urgent_priority()),
         reduce_(stream_name(rank, "reduce"), most_urgent_priority()),

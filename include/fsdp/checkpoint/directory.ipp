@@ -66,7 +66,7 @@ FSDP_DECL std::optional<std::string> latest(const std::string& root) {
 FSDP_DECL void check_size(const io::file& f, const file_record& rec) {
   if (const std::uint64_t n = f.size(); n != rec.bytes)
     io::fail(fsdp::detail::cat("'", f.path(), "' has ", n, " bytes; the manifest says ", rec.bytes, ": the file is ",
-                         n < rec.bytes ? "truncated" : "longer than written"));
+                               n < rec.bytes ? "truncated" : "longer than written"));
 }
 
 FSDP_DECL std::vector<std::string> verify(const std::string& dir) {
@@ -91,7 +91,8 @@ FSDP_DECL std::vector<std::string> verify(const std::string& dir) {
       }
       if (const std::uint64_t whole = file_checksum(rec.blocks); whole != rec.xxh3)
         io::fail(fsdp::detail::cat("the manifest's checksum of '", path, "' (xxh3 ", hex64(rec.xxh3),
-                             ") is not that of its block checksums (", hex64(whole), "): the manifest is corrupted"));
+                                   ") is not that of its block checksums (", hex64(whole),
+                                   "): the manifest is corrupted"));
     } catch (const checkpoint_error& e) {
       problems.emplace_back(fsdp::detail::unprefixed(e));
     }

@@ -25,7 +25,6 @@
 #include "fsdp/checkpoint/detail/shared.hpp"
 #include "fsdp/checkpoint/io.hpp"
 #include "fsdp/checkpoint/reads.hpp"
-#include "fsdp/exec/model_access.hpp"
 #include "fsdp/checkpoint/safetensors_header.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"

@@ -66,8 +66,8 @@ class timing_marks {
       }
       if (now > deadline) {  // the event stays with the pool: the device may still record it
         throw comm_error(fsdp::detail::cat("stream '", timer_name,
-                                           "': the trace's timing reference did not complete within ",
-                                           timeout.count(), " ms"));
+                                           "': the trace's timing reference did not complete within ", timeout.count(),
+                                           " ms"));
       }
     }
   }

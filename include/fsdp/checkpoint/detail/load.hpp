@@ -132,10 +132,10 @@ void check_fits(const M& m, const O* opt, const manifest& man, const load_option
     const tensor_record* saved = man.tensor(t.name);
     if (!saved)
       io::fail(fsdp::detail::cat(at, "the model's parameter '", t.name, "' ", fsdp::detail::shape_text(t.shape),
-                           " is not in the checkpoint"));
+                                 " is not in the checkpoint"));
     if (saved->shape != t.shape)
       io::fail(fsdp::detail::cat(at, "parameter '", t.name, "' is ", fsdp::detail::shape_text(saved->shape),
-                           " in the checkpoint but ", fsdp::detail::shape_text(t.shape), " in the model"));
+                                 " in the checkpoint but ", fsdp::detail::shape_text(t.shape), " in the model"));
   }
   for (const tensor_record& t : man.tensors)
     if (std::none_of(mine.begin(), mine.end(), [&](const tensor_record& x) { return x.name == t.name; }))
@@ -145,16 +145,16 @@ void check_fits(const M& m, const O* opt, const manifest& man, const load_option
   if (opt) {
     if (!man.optimizer)
       io::fail(fsdp::detail::cat(at,
-                           "it holds no optimizer state (saved without an optimizer); load the parameters alone "
-                           "with checkpoint::load(model, dir)"));
+                                 "it holds no optimizer state (saved without an optimizer); load the parameters alone "
+                                 "with checkpoint::load(model, dir)"));
     if (man.optimizer->name != opt->name() || man.optimizer->states != opt->state_names())
       io::fail(fsdp::detail::cat(at, "saved by ", man.optimizer->name, " with states ",
                                  names_text(man.optimizer->states), "; this optimizer is ", opt->name(),
                                  " with states ", names_text(opt->state_names())));
     if (man.loss_scaler && !lo.loss_scaler)
       io::fail(fsdp::detail::cat(at, "it holds a loss scaler's state (scale ", man.loss_scaler->scale, ", ",
-                           man.loss_scaler->good_steps,
-                           " good steps); pass load_options::loss_scaler to resume with it"));
+                                 man.loss_scaler->good_steps,
+                                 " good steps); pass load_options::loss_scaler to resume with it"));
   }
   if (lo.loss_scaler && !man.loss_scaler)
     io::fail(
@@ -257,7 +257,7 @@ manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
       const std::string text = agree::failure_text(failed);
       tear(fsdp::detail::cat("failed part way, in place (", what, " torn): ", text));
       throw checkpoint_error(fsdp::detail::cat("checkpoint load from '", dir, "' failed part way, in place (", what,
-                                         " torn: load a checkpoint before using the model): ", text));
+                                               " torn: load a checkpoint before using the model): ", text));
     }
   }
   model_access::mend_shards(m);

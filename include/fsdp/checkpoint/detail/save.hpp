@@ -85,8 +85,8 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
     mine = agree::outcome([&] {
       if (io::exists(dir))
         io::fail(fsdp::detail::cat("'", dir,
-                             "' already exists; a checkpoint is never overwritten: save to a new directory "
-                             "or remove it first"));
+                                   "' already exists; a checkpoint is never overwritten: save to a new directory "
+                                   "or remove it first"));
       if (io::exists(partial)) {
         if (so.fault) so.fault({rank, "remove", partial});
         std::string why;

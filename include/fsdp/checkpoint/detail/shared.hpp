@@ -64,9 +64,7 @@ std::vector<std::string> kinds_of(const O* opt) {
 
 /// Whether backend B's buffers are host memory (B::host_addressable, see fsdp/backend/concept.hpp).
 template <class B>
-inline constexpr bool host_addressable = requires {
-  requires B::host_addressable;
-};
+inline constexpr bool host_addressable = requires { requires B::host_addressable; };
 
 /// Host-readable fp32 values of backend buffers, for writers: backend memory the host can read is returned as it
 /// is (the caller synchronized the model); otherwise it is downloaded into a reused staging buffer (the download
