@@ -153,7 +153,7 @@ class cuda {
   /// Device memory from the backend's pool, accounted to one category from allocation to release. Destroying it
   /// frees it in the order of the stream it was allocated on: the owner makes sure other streams are done with it
   /// (Model synchronizes its streams before its buffers go).
-  using buffer = buffer_detail::accounted_buffer<buffer_free, cuda>;
+  using buffer = detail::accounted_buffer<buffer_free, cuda>;
 
   explicit cuda(int rank = 0, cuda_options opt = {})
       : opt_(std::move(opt)),
@@ -176,8 +176,13 @@ class cuda {
   ~cuda() {
     for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) {
       try {
-        wait_for(s->get(), detail::cat("stream '", s->name(), "' at backend::cuda teardown"), opt_.wait_timeout,
-                 opt_.poll_interval, [&] { if (opt_.poll) opt_.poll(); }, [](const std::string&) {});
+        wait_for(
+            s->get(), fsdp::detail::cat("stream '", s->name(), "' at backend::cuda teardown"), opt_.wait_timeout,
+            opt_.poll_interval,
+            [&] {
+              if (opt_.poll) opt_.poll();
+            },
+            [](const std::string&) {});
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s; the backend's device memory is left to the process\n", e.what());
         pool_.leave_to_process();
@@ -221,27 +226,28 @@ class cuda {
     const cudaError_t rc = cudaLaunchHostFunc(s.get(), &run_callback, f);
     if (rc != cudaSuccess) {
       delete f;
-      detail::throw_cuda_error(rc, "cudaLaunchHostFunc(s, fn)", __FILE__, __LINE__);
+      fsdp::detail::throw_cuda_error(rc, "cudaLaunchHostFunc(s, fn)", __FILE__, __LINE__);
     }
   }
   /// Blocks until all work submitted to `s` has run, polling: a stream that does not finish within
   /// cuda_options::wait_timeout is reported (comm_error, or the communicator's own error) instead of hanging.
   void synchronize(stream& s) {
-    wait_for(s.get(), detail::cat("stream '", s.name(), "'"), opt_.wait_timeout, opt_.poll_interval,
-             [&] {
-               if (opt_.poll) opt_.poll();
-             },
-             [&](const std::string& what) {
-               stuck_ = true;  // pinned buffers are then left to the process: freeing them would wait on the device
-               if (opt_.on_timeout) opt_.on_timeout(what);
-             });
+    wait_for(
+        s.get(), fsdp::detail::cat("stream '", s.name(), "'"), opt_.wait_timeout, opt_.poll_interval,
+        [&] {
+          if (opt_.poll) opt_.poll();
+        },
+        [&](const std::string& what) {
+          stuck_ = true;  // pinned buffers are then left to the process: freeing them would wait on the device
+          if (opt_.on_timeout) opt_.on_timeout(what);
+        });
   }
 
   // ---- timing marks (optional hook trace::TimingMarks, fsdp/observe/stamp.hpp; backend/detail/timing_marks.cuh) --
   /// A CUDA event with timing from the backend's pool (a handle: the backend owns the event until it goes), and a
   /// mark known to have completed at a host time.
-  using timing_mark = cuda_detail::timing_mark;
-  using timing_reference = cuda_detail::timing_reference;
+  using timing_mark = detail::timing_mark;
+  using timing_reference = detail::timing_reference;
   /// Records a mark on the backend's own timing stream, which has no other work, and spins until it completes;
   /// `at` is read once it has, so it is late by at most that round trip and never early. Past wait_timeout (a
   /// device that processes nothing) a comm_error names the stream.
@@ -253,7 +259,7 @@ class cuda {
   /// Time from the reference to `m` (cudaEventElapsedTime, rounded to ns), or nullopt while `m` has not completed
   /// (cudaEventQuery); never waits. A failed stream throws cuda_error.
   std::optional<std::chrono::nanoseconds> elapsed_since(const timing_reference& ref, const timing_mark& m) {
-    return cuda_detail::timing_marks::elapsed_since(ref, m);
+    return detail::timing_marks::elapsed_since(ref, m);
   }
   /// Gives a mark back to the pool; a mark of no event (default-made) is ignored.
   void release_mark(const timing_mark& m) { marks_.release(m); }
@@ -275,10 +281,10 @@ class cuda {
     for (;;) {
       const cudaError_t rc = cudaStreamQuery(s);
       if (rc == cudaSuccess) return;
-      if (rc != cudaErrorNotReady) detail::throw_cuda_error(rc, "cudaStreamQuery(s)", __FILE__, __LINE__);
+      if (rc != cudaErrorNotReady) fsdp::detail::throw_cuda_error(rc, "cudaStreamQuery(s)", __FILE__, __LINE__);
       poll();
       if (std::chrono::steady_clock::now() > deadline) {
-        const std::string what = detail::cat(subject, " did not finish within ", timeout.count(), " ms");
+        const std::string what = fsdp::detail::cat(subject, " did not finish within ", timeout.count(), " ms");
         on_timeout(what);
         throw comm_error(what);
       }
@@ -297,14 +303,14 @@ class cuda {
       const cudaError_t rc = cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_.get(), first_use.get());
       if (rc != cudaSuccess) {
         (void)cudaGetLastError();
-        const std::string held = detail::cat(" (accounted now: ", memory_.stats().current.total,
-                                             " bytes; pool reserved: ", pool_reserved_bytes(), " bytes)");
+        const std::string held = fsdp::detail::cat(" (accounted now: ", memory_.stats().current.total,
+                                                   " bytes; pool reserved: ", pool_reserved_bytes(), " bytes)");
         if (rc == cudaErrorMemoryAllocation)  // out of memory: the error a Model adds the unit to
-          throw memory_error(detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
-                                         " bytes of ", name_of(category), ": cudaErrorMemoryAllocation", held));
+          throw memory_error(fsdp::detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
+                                               " bytes of ", name_of(category), ": cudaErrorMemoryAllocation", held));
         throw cuda_error(
             rc, "cudaMallocFromPoolAsync(&p, bytes, pool, stream)", __FILE__, __LINE__,
-            detail::cat("allocating ", bytes, " bytes of ", name_of(category), " on device ", device_, held));
+            fsdp::detail::cat("allocating ", bytes, " bytes of ", name_of(category), " on device ", device_, held));
       }
     }
     return buffer(p, bytes, category, &memory_, buffer_free{first_use.get()});
@@ -327,10 +333,10 @@ class cuda {
           cudaHostAlloc(&p, static_cast<std::size_t>(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
       if (rc != cudaSuccess) {
         (void)cudaGetLastError();
-        throw memory_error(detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
-                                       " bytes of pinned host memory for ", name_of(category), ": ",
-                                       cudaGetErrorName(rc), " (host memory held now: ",
-                                       host_memory_.stats().current.total, " bytes)"));
+        throw memory_error(
+            fsdp::detail::cat("backend::cuda on device ", device_, ": could not allocate ", bytes,
+                              " bytes of pinned host memory for ", name_of(category), ": ", cudaGetErrorName(rc),
+                              " (host memory held now: ", host_memory_.stats().current.total, " bytes)"));
       }
       void* on_device = nullptr;
       if (cudaHostGetDevicePointer(&on_device, p, 0) != cudaSuccess) (void)cudaGetLastError();
@@ -484,7 +490,7 @@ class cuda {
 
   cuda_options opt_;
   int device_;
-  cuda_detail::device_pool pool_;  // backend/detail/device_pool.cuh
+  detail::device_pool pool_;  // backend/detail/device_pool.cuh
   MemoryTracker memory_;
   MemoryTracker host_memory_;
   bool host_mapped_ = true;  // every allocate_host() buffer so far is at the same address on the device
@@ -492,7 +498,7 @@ class cuda {
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   cudaStream_t scratch_home_ = nullptr;
-  cuda_detail::timing_marks marks_;  // backend/detail/timing_marks.cuh
+  detail::timing_marks marks_;  // backend/detail/timing_marks.cuh
   stream compute_;
   stream gather_;
   stream reduce_;

@@ -80,7 +80,7 @@ struct issue_counts {
 
 class host {
  public:
-  using stream = host_detail::work_queue;
+  using stream = detail::work_queue;
   static constexpr std::string_view name = "host";
   /// Its buffers are host memory: code that would stage a copy on the host (checkpoint saves) uses them directly,
   /// once the streams that write them are synchronized.
@@ -90,12 +90,12 @@ class host {
   /// pinned block.
   struct buffer_free {
     static constexpr std::size_t alignment = 256;
-    host_detail::pool_model* pool = nullptr;           // the pool model it was counted in (device memory), or none
-    host_detail::pinned_blocks* pinned = nullptr;      // allocate_host's blocks, where it is one
+    detail::pool_model* pool = nullptr;       // the pool model it was counted in (device memory), or none
+    detail::pinned_blocks* pinned = nullptr;  // allocate_host's blocks, where it is one
     void operator()(void* p, std::int64_t bytes) const noexcept;
   };
   /// An owning allocation, accounted to one memory category from allocation to release.
-  using buffer = buffer_detail::accounted_buffer<buffer_free, host>;
+  using buffer = detail::accounted_buffer<buffer_free, host>;
 
   /// A completion marker recorded on a stream.
   class event {
@@ -104,8 +104,8 @@ class host {
 
    private:
     friend class host;
-    std::shared_ptr<host_detail::event_state> s_;
-    host_detail::pool_model::clock frees_{};  // the pool model's frees ordered before the last record
+    std::shared_ptr<detail::event_state> s_;
+    detail::pool_model::clock frees_{};  // the pool model's frees ordered before the last record
   };
 
   explicit host(int rank = 0, host_options opt = {});
@@ -148,7 +148,7 @@ class host {
   void release_after(buffer&& b, stream& s);
   /// What a stream-ordered pool (the CUDA backend's) would hold for the same allocations, frees and event waits:
   /// `reserved` is the memory it would have taken from the device (see backend/detail/pool_model.hpp).
-  host_detail::pool_model::figures pool() const { return pool_.stats(); }
+  detail::pool_model::figures pool() const { return pool_.stats(); }
   MemoryTracker& memory() noexcept { return memory_; }
   const MemoryTracker& memory() const noexcept { return memory_; }
   /// The host domain's tracker: what allocate_host() holds.
@@ -227,8 +227,8 @@ class host {
   int rank_;
   MemoryTracker memory_;
   MemoryTracker host_memory_;
-  host_detail::pool_model pool_;
-  host_detail::pinned_blocks pinned_;
+  detail::pool_model pool_;
+  detail::pinned_blocks pinned_;
   atomic_counts issued_[6];
   // Streams last: they are destroyed first, so deferred frees still find the tracker alive.
   stream compute_;

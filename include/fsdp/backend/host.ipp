@@ -19,12 +19,12 @@
 namespace fsdp::backend {
 
 FSDP_DECL void host::buffer_free::operator()(void* p, std::int64_t bytes) const noexcept {
-  if (pool) (void)pool->free(host_detail::pool_model::any, bytes);  // destroyed outside stream order
+  if (pool) (void)pool->free(detail::pool_model::any, bytes);  // destroyed outside stream order
   if (pinned) pinned->remove(p);
   if (p) ::operator delete(p, std::align_val_t{alignment});
 }
 
-FSDP_DECL host::event::event() : s_(std::make_shared<host_detail::event_state>()) {}
+FSDP_DECL host::event::event() : s_(std::make_shared<detail::event_state>()) {}
 
 FSDP_DECL host::host(int rank, host_options opt)
     : opt_(opt),
@@ -102,7 +102,8 @@ FSDP_DECL issue_counts host::issued() const {
 }
 
 FSDP_DECL host::buffer host::allocate(std::int64_t bytes, mem category, stream& first_use) {
-  if (bytes < 0) detail::fail_usage("backend::host::allocate: negative size ", bytes, " bytes for ", name_of(category));
+  if (bytes < 0)
+    fsdp::detail::fail_usage("backend::host::allocate: negative size ", bytes, " bytes for ", name_of(category));
   buffer b = take(bytes, category);  // nothing is counted when it fails
   pool_.allocate(index_of(first_use), bytes);
   count(first_use, &atomic_counts::allocations);
@@ -111,15 +112,15 @@ FSDP_DECL host::buffer host::allocate(std::int64_t bytes, mem category, stream& 
 
 FSDP_DECL host::buffer host::allocate_host(std::int64_t bytes, mem category) {
   if (bytes < 0)
-    detail::fail_usage("backend::host::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
+    fsdp::detail::fail_usage("backend::host::allocate_host: negative size ", bytes, " bytes for ", name_of(category));
   try {
     void* p = take_bytes(bytes);
     if (p) pinned_.add(p, bytes);  // cannot throw past a taken block: see pinned_blocks::add
     return buffer(p, bytes, category, &host_memory_, buffer_free{nullptr, p ? &pinned_ : nullptr});
   } catch (const std::bad_alloc&) {
-    throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes,
-                                   " bytes of host memory for ", name_of(category), " (std::bad_alloc; ",
-                                   host_memory_.stats().current.total, " bytes of host memory held now)"));
+    throw memory_error(fsdp::detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes,
+                                         " bytes of host memory for ", name_of(category), " (std::bad_alloc; ",
+                                         host_memory_.stats().current.total, " bytes of host memory held now)"));
   }
 }
 
@@ -153,9 +154,9 @@ FSDP_DECL host::buffer host::take(std::int64_t bytes, mem category) {
   try {
     return buffer(take_bytes(bytes), bytes, category, &memory_, buffer_free{&pool_});
   } catch (const std::bad_alloc&) {
-    throw memory_error(detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes, " bytes of ",
-                                   name_of(category), " (std::bad_alloc: more than this process can have; ",
-                                   memory_.stats().current.total, " bytes held now)"));
+    throw memory_error(fsdp::detail::cat("backend::host on rank ", rank_, ": could not allocate ", bytes, " bytes of ",
+                                         name_of(category), " (std::bad_alloc: more than this process can have; ",
+                                         memory_.stats().current.total, " bytes held now)"));
   }
 }
 
@@ -211,12 +212,12 @@ FSDP_DECL void host::squared_norm(const float* x, std::int64_t n, float* out, st
 
 FSDP_DECL void host::pageable_wait(stream& s, const char* what) {
   if (s.wait_idle(opt_.wait_timeout)) return;
-  const comm_error e(detail::cat("backend::host: ", what, " pageable host memory on stream '", s.name(),
-                               "' waited ", opt_.wait_timeout.count(),
-                               " ms for the stream's earlier work and still waits: on a GPU this copy blocks the "
-                               "host with no watchdog (cudaMemcpyAsync from or to pageable memory returns only once "
-                               "the stream reaches it). Synchronize the stream first (a watched wait), or copy "
-                               "through allocate_host() memory"));
+  const comm_error e(fsdp::detail::cat(
+      "backend::host: ", what, " pageable host memory on stream '", s.name(), "' waited ", opt_.wait_timeout.count(),
+      " ms for the stream's earlier work and still waits: on a GPU this copy blocks the "
+      "host with no watchdog (cudaMemcpyAsync from or to pageable memory returns only once "
+      "the stream reaches it). Synchronize the stream first (a watched wait), or copy "
+      "through allocate_host() memory"));
   s.set_error(std::make_exception_ptr(e));
   throw e;
 }
@@ -234,7 +235,7 @@ FSDP_DECL int host::index_of(const stream& s) const {
   if (&s == &upload_) return 3;
   if (&s == &download_) return 4;
   if (&s == &host_work_) return 5;
-  detail::fail_usage("backend::host: stream '", s.name(), "' is not one of this backend's streams");
+  fsdp::detail::fail_usage("backend::host: stream '", s.name(), "' is not one of this backend's streams");
 }
 
 }  // namespace fsdp::backend

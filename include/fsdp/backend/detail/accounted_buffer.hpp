@@ -14,7 +14,7 @@
 
 #include "fsdp/memory/memory.hpp"
 
-namespace fsdp::backend::buffer_detail {
+namespace fsdp::backend::detail {
 
 template <class Free, class Owner>
 class accounted_buffer {
@@ -73,4 +73,4 @@ class accounted_buffer {
   Free free_{};
 };
 
-}  // namespace fsdp::backend::buffer_detail
+}  // namespace fsdp::backend::detail

@@ -11,7 +11,7 @@
 
 #include "fsdp/cuda/error.cuh"
 
-namespace fsdp::backend::cuda_detail {
+namespace fsdp::backend::detail {
 
 class device_pool {
  public:
@@ -73,4 +73,4 @@ class device_pool {
   std::int64_t reserved_ = 0;
 };
 
-}  // namespace fsdp::backend::cuda_detail
+}  // namespace fsdp::backend::detail

@@ -8,7 +8,7 @@
 
 #include "fsdp/core/config.hpp"
 
-namespace fsdp::backend::host_detail {
+namespace fsdp::backend::detail {
 
 class pinned_blocks {
  public:
@@ -25,7 +25,7 @@ class pinned_blocks {
   std::map<std::uintptr_t, std::int64_t> blocks_;
 };
 
-}  // namespace fsdp::backend::host_detail
+}  // namespace fsdp::backend::detail
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #include "fsdp/backend/detail/pinned_blocks.ipp"

@@ -8,7 +8,7 @@
 
 #include "fsdp/backend/detail/pinned_blocks.hpp"
 
-namespace fsdp::backend::host_detail {
+namespace fsdp::backend::detail {
 
 FSDP_DECL void pinned_blocks::add(const void* p, std::int64_t bytes) noexcept {
   try {
@@ -31,4 +31,4 @@ FSDP_DECL bool pinned_blocks::contains(const void* p) const {
   return key(p) < it->first + static_cast<std::uintptr_t>(it->second);
 }
 
-}  // namespace fsdp::backend::host_detail
+}  // namespace fsdp::backend::detail

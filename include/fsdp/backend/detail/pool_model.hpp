@@ -27,7 +27,7 @@
 
 #include "fsdp/core/config.hpp"
 
-namespace fsdp::backend::host_detail {
+namespace fsdp::backend::detail {
 
 class pool_model {
  public:
@@ -73,7 +73,7 @@ class pool_model {
   std::array<std::array<std::atomic<std::uint64_t>, streams>, streams> seen_{};
 };
 
-}  // namespace fsdp::backend::host_detail
+}  // namespace fsdp::backend::detail
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #include "fsdp/backend/detail/pool_model.ipp"

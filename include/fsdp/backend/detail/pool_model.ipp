@@ -9,7 +9,7 @@
 
 #include "fsdp/backend/detail/pool_model.hpp"
 
-namespace fsdp::backend::host_detail {
+namespace fsdp::backend::detail {
 
 FSDP_DECL void pool_model::allocate(int s, std::int64_t bytes) {
   if (bytes <= 0) return;
@@ -71,4 +71,4 @@ FSDP_DECL bool pool_model::reusable(const chunk& c, int s) const {
   return c.done->load(std::memory_order_acquire);
 }
 
-}  // namespace fsdp::backend::host_detail
+}  // namespace fsdp::backend::detail

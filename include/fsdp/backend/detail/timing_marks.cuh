@@ -14,7 +14,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/error.cuh"
 
-namespace fsdp::backend::cuda_detail {
+namespace fsdp::backend::detail {
 
 /// A CUDA event with timing, from a timing_marks pool, recorded by record_mark() or record_reference(). A handle:
 /// the pool owns the event (until the pool goes); release() gives it back for reuse.
@@ -133,4 +133,4 @@ class timing_marks {
   std::vector<cudaEvent_t> free_;  // those given back
 };
 
-}  // namespace fsdp::backend::cuda_detail
+}  // namespace fsdp::backend::detail

@@ -27,7 +27,7 @@
 
 #include "fsdp/core/config.hpp"
 
-namespace fsdp::backend::host_detail {
+namespace fsdp::backend::detail {
 
 class work_queue {
  public:
@@ -175,7 +175,7 @@ struct event_state {
                                std::chrono::microseconds spin);
 };
 
-}  // namespace fsdp::backend::host_detail
+}  // namespace fsdp::backend::detail
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #include "fsdp/backend/detail/work_queue.ipp"

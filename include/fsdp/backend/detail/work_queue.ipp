@@ -15,7 +15,7 @@
 #include "fsdp/backend/detail/work_queue.hpp"
 #include "fsdp/core/error.hpp"
 
-namespace fsdp::backend::host_detail {
+namespace fsdp::backend::detail {
 
 FSDP_DECL work_queue::work_queue(std::string name, bool threaded, std::chrono::microseconds spin)
     : name_(std::move(name)), threaded_(threaded), spin_(spin) {
@@ -55,7 +55,7 @@ FSDP_DECL void work_queue::drain(std::chrono::milliseconds timeout) {
   if (threaded_) {
     std::unique_lock lk(mu_);
     if (!wait_done(lk, submitted_locked(), timeout))
-      throw comm_error(detail::cat("stream '", name_, "' did not drain within ", timeout.count(), " ms"));
+      throw comm_error(fsdp::detail::cat("stream '", name_, "' did not drain within ", timeout.count(), " ms"));
   }
   if (auto e = error()) std::rethrow_exception(e);
 }
@@ -157,9 +157,9 @@ FSDP_DECL void event_state::complete(std::uint64_t target, std::exception_ptr e)
   const bool reached = cv.wait_for(lk, timeout, [&] { return completed.load() >= target; });
   sleepers.fetch_sub(1);
   if (!reached)
-    throw comm_error(detail::cat("stream '", stream_name, "' waiting on an event: event not reached within ",
-                                 timeout.count(), " ms (a collective or stream upstream of it is stuck)"));
+    throw comm_error(fsdp::detail::cat("stream '", stream_name, "' waiting on an event: event not reached within ",
+                                       timeout.count(), " ms (a collective or stream upstream of it is stuck)"));
   return error;
 }
 
-}  // namespace fsdp::backend::host_detail
+}  // namespace fsdp::backend::detail
