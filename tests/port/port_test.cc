@@ -25,20 +25,13 @@ namespace {
 
 using fsdp_tests::execute;
 using fsdp_tests::file_bytes;
+using fsdp_tests::lines_starting;
 using fsdp_tests::program;
 using fsdp_tests::run;
 using fsdp_tests::scratch;
 
 const std::string original = program("FSDP_PORT_ORIGINAL", "examples/06_port/original");
 const std::string port = program("FSDP_PORT_PORT", "examples/06_port/port");
-
-std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(prefix, 0) == 0) out.push_back(line);
-  return out;
-}
 
 std::vector<float> losses(const std::string& text) {
   std::vector<float> out;

@@ -1,7 +1,7 @@
 #pragma once
 // Running a program the way its user does, for the tests that hold an example to another build or to its original
-// (tests/port/port_test.cc, tests/gpt/example_test.cc): where it was built, its exit status and output, the bytes of
-// a file it wrote, and a scratch path for that file.
+// (tests/port/port_test.cc, port_modes_test.cc, tests/gpt/example_test.cc): where it was built, its exit status and
+// output and the lines of it that start a given way, the bytes of a file it wrote, and a scratch path for that file.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace fsdp_tests {
 
@@ -36,6 +38,15 @@ inline run execute(const std::string& command) {
   const int s = pclose(p);
   r.status = WIFEXITED(s) ? WEXITSTATUS(s) : 128;
   return r;
+}
+
+/// The lines of `text` that start with `prefix`, in order.
+inline std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) out.push_back(line);
+  return out;
 }
 
 /// The whole file; one that cannot be read fails the test, naming it.
