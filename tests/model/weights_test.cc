@@ -67,6 +67,25 @@ TEST_CASE_TEMPLATE("loaded from the trainer's buffers and stored back, bit for b
   }
 }
 
+// A C trainer keeps `float*` fields (llm.c's ParameterTensors): layer() of a writable buffer is a target, which a
+// load's source returns as its tensor.
+TEST_CASE("a load's source over a trainer's float* buffers returns layer() of them as tensors") {
+  trainer_weights given = numbered(0.5f);
+  float* emb = given.emb.data();
+  float* stacked = given.stacked.data();
+  fsdp_test::run_ranks(2, [&](local_communicator& c) {
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard>> m(c, spec(), by_prefix);
+    fsdp::weights::load(m, [&](const std::string& name) -> fsdp::weights::tensor {
+      if (name == "emb.w") return {emb, 28};
+      return fsdp::weights::layer(stacked, per_layer, std::stoi(name.substr(2)));
+    });
+    const auto full = fsdp::weights::gather_full_params(m);
+    CHECK(full.at("emb.w") == given.emb);
+    CHECK(full.at("h.1.w") ==
+          std::vector<float>(given.stacked.begin() + per_layer, given.stacked.begin() + 2 * per_layer));
+  });
+}
+
 TEST_CASE_TEMPLATE("on a hybrid mesh of 2 replicas x 2 shards every shard group holds the whole model, bit for bit",
                    Strategy, fsdp::sharding::hybrid_shard<2>, fsdp::sharding::hybrid_shard_zero2<2>,
                    fsdp::sharding::hybrid_shard_zero1<2>) {

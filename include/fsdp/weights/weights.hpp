@@ -40,10 +40,13 @@ struct tensor {
   const float* data = nullptr;
   std::int64_t numel = 0;
 };
-/// Where a full fp32 value goes in the trainer's host memory.
+/// Where a full fp32 value goes in the trainer's host memory. A writable buffer is a readable one too: a target is
+/// a tensor wherever one is asked for (a load's source over a trainer's `float*` buffers, `layer` of one included).
 struct target {
   float* data = nullptr;
   std::int64_t numel = 0;
+
+  operator tensor() const noexcept { return {data, numel}; }
 };
 
 /// Layer `l` of a stacked buffer of `per_layer` elements per layer ([L, ...] row-major).
