@@ -5,9 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "tests/support/programs.hpp"
 
