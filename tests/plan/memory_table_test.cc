@@ -38,6 +38,53 @@ TEST_CASE("the table: ranks in order, KiB measured / planned per category and in
   CHECK(fsdp::memory_table({}) == header + "no ranks\n");
 }
 
+TEST_CASE(
+    "check_collectives' scratch is outside the plan by design: allowed for in comm buffers and the total, and "
+    "said") {
+  fsdp::memory_figures planned = figures(2048, 1024, 4096), measured = planned;
+  planned[fsdp::mem::comm_buffers] = 512;
+  measured[fsdp::mem::comm_buffers] = 512 + 48;
+  measured.total = 4096 + 48;
+  const fsdp::rank_memory within{0, measured, planned, 48};
+  CHECK(fsdp::memory_table({within}).ends_with(
+      "\nevery rank within its plan and model_options::check_collectives' scratch (comm buffers outside the plan: 48 "
+      "bytes at most)\n"));
+  // without the allowance (no check_collectives) the same figures are over the plan
+  CHECK(fsdp::memory_table({{0, measured, planned, 0}})
+            .ends_with("\nover the plan: rank 0 comm buffers by 48 bytes; rank 0 total by 48 bytes\n"));
+  // beyond it, what is over is counted past the scratch, and only in comm buffers and the total
+  measured[fsdp::mem::comm_buffers] += 4;
+  measured.total += 4;
+  measured[fsdp::mem::gathered_params] += 16;
+  measured.total += 16;
+  CHECK(fsdp::memory_table({{1, measured, planned, 48}})
+            .ends_with("\nover the plan: rank 1 gathered params by 16 bytes; rank 1 comm buffers by 4 bytes beyond "
+                       "model_options::check_collectives' 48-byte scratch; rank 1 total by 20 bytes beyond "
+                       "model_options::check_collectives' 48-byte scratch\n"));
+}
+
+TEST_CASE("a model under check_collectives: its row carries the scratch, and the table finds every rank within") {
+  fsdp::model_options checked;
+  checked.check_collectives = true;
+  std::vector<fsdp::rank_memory> rows;
+  std::mutex mu;
+  fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& comm) {
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> m(
+        comm, fsdp_test::three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{}, checked);
+    fsdp::optim::adamw opt(m, {});
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward()) (void)u;
+    opt.step();
+    m.synchronize();
+    const fsdp::rank_memory row = fsdp::memory_row(m, opt);
+    CHECK(row.outside_plan == 16 * (2 + 1));  // a 16-byte digest and both ranks'
+    CHECK(row.measured[fsdp::mem::comm_buffers] - row.planned[fsdp::mem::comm_buffers] <= row.outside_plan);
+    std::lock_guard lk(mu);
+    rows.push_back(row);
+  });
+  CHECK(fsdp::memory_table(rows).find("\nevery rank within its plan") != std::string::npos);
+}
+
 TEST_CASE("a model's rows: measured equal to the plan on every rank, category by category, after a step") {
   const fsdp::ModelSpec spec = fsdp_test::three_units();
   using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;

@@ -30,6 +30,16 @@
 
 namespace fsdp::agree {
 
+/// A fingerprint's digest on the wire: its FNV-1a hash and its encoded length, 8 bytes each.
+inline constexpr std::size_t digest_bytes = 16;
+
+/// The scratch (mem::comm_buffers) one comparison holds at a time when the ranks agree: this rank's digest and every
+/// rank's, digest_bytes * (world + 1); none in a group of one. Outside the memory plan: fsdp::memory_row counts it
+/// as such under model_options::check_collectives.
+constexpr std::int64_t agreement_scratch_bytes(int world) noexcept {
+  return world <= 1 ? 0 : std::int64_t(digest_bytes) * (world + 1);
+}
+
 namespace wire {
 /// Every rank's `mine` (bytes, a multiple of 4) through one all_gather of f32 elements on `s`.
 template <Backend B, CollectivePolicy C>
@@ -127,19 +137,20 @@ void require_agreement(C& comm, B& be, const fingerprint& mine, std::string_view
   const std::string digests = wire::all_gather_bytes(comm, be, digest);
   int differs = -1;  // the lowest rank whose digest is not rank 0's
   for (int q = 1; q < world && differs < 0; ++q)
-    if (digests.compare(static_cast<std::size_t>(q) * 16, 16, digests, 0, 16) != 0) differs = q;
+    if (digests.compare(static_cast<std::size_t>(q) * digest_bytes, digest_bytes, digests, 0, digest_bytes) != 0)
+      differs = q;
   if (differs < 0) return;
 
   std::uint64_t longest = 0;
   for (int q = 0; q < world; ++q)
-    longest = std::max(longest, fsdp::detail::get_u64le(digests, static_cast<std::size_t>(q) * 16 + 8));
+    longest = std::max(longest, fsdp::detail::get_u64le(digests, static_cast<std::size_t>(q) * digest_bytes + 8));
   const std::size_t padded = static_cast<std::size_t>((longest + 3) / 4 * 4);
   std::string mine_padded = encoded;
   mine_padded.resize(std::max<std::size_t>(padded, 4), '\0');
   const std::string all = wire::all_gather_bytes(comm, be, mine_padded);
   auto facts_of = [&](int q) {
     const std::size_t n =
-        static_cast<std::size_t>(fsdp::detail::get_u64le(digests, static_cast<std::size_t>(q) * 16 + 8));
+        static_cast<std::size_t>(fsdp::detail::get_u64le(digests, static_cast<std::size_t>(q) * digest_bytes + 8));
     return fingerprint::decode(std::string_view(all).substr(static_cast<std::size_t>(q) * mine_padded.size(), n), q);
   };
   const fingerprint first = facts_of(0), other = facts_of(differs);

@@ -7,12 +7,18 @@
 //                                        and a closing line: every rank within its plan, or each category and rank
 //                                        that measured more than planned, by how many bytes
 //
+// What the plan leaves out by design is allowed for, and said: under model_options::check_collectives each rank
+// holds up to agree::agreement_scratch_bytes(world) of comm buffers beside the plan while it compares a collective
+// (fsdp/agree/agree.hpp); a row's `outside_plan` carries it, and a measured figure over the plan by no more than
+// that is within it, with the closing line saying so.
+//
 // With thread ranks (comm::run_local), gather the rows (one per rank, any order) and print the table once; with one
 // process per rank, each prints its own row's table. The measured figures are the backend's accounting (on CUDA the
 // library's pool, which the reservation holds at exactly the plan); the trainer's own buffers are not in them.
 #include <string>
 #include <vector>
 
+#include "fsdp/agree/agree.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/memory/memory.hpp"
 
@@ -23,13 +29,19 @@ struct rank_memory {
   int rank = 0;
   memory_figures measured;
   memory_figures planned;
+  /// Comm buffers the plan leaves out by design, at most this many bytes at a time: model_options::check_collectives'
+  /// scratch (0 without it). Counted in the measured comm buffers and total, not in the planned ones.
+  std::int64_t outside_plan = 0;
 };
 
-/// This rank's row: the model's measured peak (Model::memory().peak) and the plan's (Model::plan_memory(opt).peak,
-/// with the optimizer's state and inspection rows). Any model and optimizer with those calls.
+/// This rank's row: the model's measured peak (Model::memory().peak), the plan's (Model::plan_memory(opt).peak, with
+/// the optimizer's state and inspection rows), and what the plan leaves out under the model's debug options. Any
+/// model and optimizer with those calls.
 template <class ModelT, class Optimizer>
 rank_memory memory_row(ModelT& model, const Optimizer& opt) {
-  return {model.comm().rank(), model.memory().peak, model.plan_memory(opt).peak};
+  const std::int64_t scratch =
+      model.options().check_collectives ? agree::agreement_scratch_bytes(model.comm().size()) : 0;
+  return {model.comm().rank(), model.memory().peak, model.plan_memory(opt).peak, scratch};
 }
 
 /// The rows as a table, sorted by rank, then the verdict line.
