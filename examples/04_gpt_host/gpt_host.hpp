@@ -15,7 +15,8 @@
 // bits.
 //
 // The root unit (wte, wpe, ln_f, the head tied to wte) is used first and last in forward and first and last in
-// backward: it stays gathered from its forward to its backward (gpt::with_root_kept). The head's gradients are
+// backward: as the first unit of the forward pass it stays gathered from its forward to its backward (the library's
+// default for the root, model_options::reshard_after_forward). The head's gradients are
 // computed before the blocks' backward, kept in fp32 by the trainer and stored, with the embeddings' gradients,
 // when the root unit is current in backward (the last unit of the pass).
 #include <algorithm>

@@ -115,7 +115,8 @@ struct config {
   bool checkpoint_activations = false;
   bool verbose = false;       ///< rank 0 prints a line per step
   double peak_flops = 0;      ///< the device's peak FLOP/s: with verbose, each line gives the model FLOPs utilisation
-  /// Scheduling options (slots, recorder, ...); gpt::with_root_kept is applied to them.
+  /// Scheduling options (slots, recorder, ...). The root unit, first in forward, stays gathered into its backward by
+  /// default (model_options::reshard_after_forward).
   fsdp::model_options options{};
 };
 
@@ -182,7 +183,7 @@ inline void make_batch(const config& c, const std::vector<int>& perm, int step, 
 /// tokens), so the gradients are summed over the ranks, not averaged.
 template <class Policy>
 fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config& c) {
-  fsdp::model_options o = with_root_kept<typename Policy::sharding>(c.options);
+  fsdp::model_options o = c.options;
   if (c.packing.on) o.division.how = fsdp::grad_division::mode::sum;
   return fsdp::Model<Policy>(comm, make_spec(c.model, c.seed), wrapping(), fsdp::init::normal{}, o);
 }

@@ -94,16 +94,6 @@ inline fsdp::ModelSpec make_spec(const shape& s, std::uint64_t seed) {
 /// order (so first in forward, last in backward).
 inline fsdp::wrap::by_prefix wrapping() { return fsdp::wrap::by_prefix{"h."}; }
 
-/// The root unit is used first (embeddings) and last (final norm and the tied head) in forward, and first (head)
-/// and last (embeddings) in backward: it stays gathered from its forward to the end of its backward, as PyTorch
-/// FSDP keeps its root. Adds that to `o` (other settings kept) for a strategy that reshards after forward; the
-/// others keep every unit gathered from forward to backward already.
-template <class Strategy>
-fsdp::model_options with_root_kept(fsdp::model_options o) {
-  if constexpr (Strategy::shards_params && Strategy::reshard_after_forward) o.reshard_after_forward["root"] = false;
-  return o;
-}
-
 /// Parameters of the model (the tie counted once).
 inline std::int64_t parameters(const shape& s) { return make_spec(s, 0).numel(); }
 

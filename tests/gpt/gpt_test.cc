@@ -336,7 +336,7 @@ TEST_CASE("bad settings are refused with a sentence") {
   fsdp::comm::run_local(1, [&](fsdp::comm::local_communicator& comm) {
     // Built without gpt::make_model: its gradients would be averaged over the ranks.
     fsdp::Model<fp32_policy> model(comm, gpt::make_spec(c.model, c.seed), gpt::wrapping(), fsdp::init::normal{},
-                                   gpt::with_root_kept<fp32_policy::sharding>(c.options));
+                                   c.options);
     auto opt = gpt::make_optimizer(model, c);
     auto tr = gpt::make_host_trainer{}(model, c.model, c.global_batch);
     gpt::result r;

@@ -103,11 +103,12 @@ TEST_CASE("slots against the plan, and memory budgets, with the planned figures"
   opt.gather_slots = 3;
   using grad_op = fsdp::policy<fsdp::sharding::shard_grad_op>;
   const auto tight = fsdp::can_implement<grad_op>(five_units(), blocks, opt, 2);
-  CHECK(tight.refusals == std::vector<fsdp::refusal>{
-                              {"slots", "model_options::gather_slots = 3 is too few for this policy: gather slots "
-                                        "exhausted: unit 'h.2' (index 3) must be gathered for its forward but all 3 "
-                                        "slots are held by 'root', 'h.0', 'h.1'; raise model_options::gather_slots or "
-                                        "let those units reshard after forward"}});
+  CHECK(tight.refusals ==
+        std::vector<fsdp::refusal>{{"slots",
+                                    "model_options::gather_slots = 3 is too few for this policy: gather slots "
+                                    "exhausted: unit 'h.2' (index 3) must be gathered for its forward but all 3 "
+                                    "slots are held by 'root', 'h.0', 'h.1'; raise model_options::gather_slots or "
+                                    "let those units reshard after forward (model_options::reshard_after_forward)"}});
   REQUIRE(tight.plan.has_value());
   CHECK(!tight.plan->feasible());
   run_ranks(2, [&](local_communicator& c) {

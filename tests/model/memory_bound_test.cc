@@ -72,8 +72,11 @@ figures run(fsdp::model_options mo, int steps = 3) {
   return out;
 }
 
+/// Every unit reshards after forward, the root (first in forward, kept into its backward by default) too unless `mo`
+/// names it, so that one gather slot can serve.
 template <class Strategy, class Prefetch, class Precision = fsdp::precision::full>
 void check_bounded(fsdp::model_options mo = {}, std::vector<int> gather_slots = {1, 2, 3}) {
+  if (!mo.reshard_after_forward.contains("root")) mo.reshard_after_forward["root"] = true;
   for (int slots : gather_slots) {
     CAPTURE(slots);
     mo.gather_slots = slots;
@@ -108,7 +111,7 @@ TEST_CASE(
   one_grad.grad_slots = 1;  // each unit's gradient waits for the previous reduction
   check_bounded<fsdp::sharding::full_shard, prefetch::next>(one_grad);
   fsdp::model_options keep_root;
-  keep_root.reshard_after_forward["root"] = false;  // gathered from its forward to its backward: one slot held
+  keep_root.reshard_after_forward["root"] = false;  // the default: gathered from its forward to its backward
   check_bounded<fsdp::sharding::full_shard, prefetch::backward_pre<1>>(keep_root, {2, 3});
 }
 

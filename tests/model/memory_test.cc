@@ -171,7 +171,9 @@ TEST_CASE("bf16 figures worked out by hand for 4 ranks: half the gathered bytes,
   const auto mixed32 = train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16>>>(4, "adamw")[0].memory.peak;
   const auto bf16 =
       train<fsdp::policy<F, fsdp::prefetch::none, mixed<bfloat16, float, bfloat16>>>(4, "adamw")[0].memory.peak;
-  CHECK(mixed32[mem::gathered_params] == 4224 * 2);
+  // two gather slots of the largest unit's size: the first unit's, kept from its forward to its backward by
+  // default, and the one the others take in turn
+  CHECK(mixed32[mem::gathered_params] == 2 * 4224 * 2);
   CHECK(2 * mixed32[mem::gathered_params] == f32[mem::gathered_params]);
   CHECK(mixed32[mem::sharded_params] == f32[mem::sharded_params]);  // masters stay fp32
   CHECK(mixed32[mem::grads] == 2128 * 4);                            // gradient shards too
@@ -208,8 +210,9 @@ TEST_CASE("fp32 views over bf16 gathers, worked out by hand for 4 ranks: one fp3
   // The units above at 4 ranks: padded 1088 | 2112 | 4224 | 1088, shards 272 | 528 | 1056 | 272.
   using F = fsdp::sharding::full_shard;
   const auto wire = train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::wire<fsdp::bfloat16>>>(4, "adamw")[2];
-  // the gather slot holds the largest unit's fp32 views, the wire slot its bf16 gather
-  CHECK(wire.memory.peak[mem::gathered_params] == 4224 * 4 + 4224 * 2);
+  // the two gather slots (the first unit's, kept into its backward, and the others') hold the largest unit's fp32
+  // views, the wire slot its bf16 gather
+  CHECK(wire.memory.peak[mem::gathered_params] == 2 * 4224 * 4 + 4224 * 2);
   CHECK(wire.memory.peak[mem::sharded_params] == 2128 * 4);
   // fp32 gradients reduced in fp32: two gradient slots and the fp32 output shard, no cast
   CHECK(wire.memory.peak[mem::comm_buffers] == 2 * 4224 * 4 + 1056 * 4);
@@ -225,8 +228,9 @@ TEST_CASE("bf16 views over fp8 gathers in blocks of 16, by hand for 4 ranks: a b
   using F = fsdp::sharding::full_shard;
   const auto r =
       train<fsdp::policy<F, fsdp::prefetch::none, fsdp::precision::scaled<fsdp::float8_e4m3, 16>>>(4, "adamw")[1];
-  // the largest unit: 4224 bf16 views; its wire: 4224 one-byte values and 4224 / 16 fp32 scales
-  CHECK(r.memory.peak[mem::gathered_params] == 4224 * 2 + 4224 + 4224 / 16 * 4);
+  // two gather slots (the first unit's, kept into its backward, and the others') of the largest unit: 4224 bf16
+  // views; one wire slot: 4224 one-byte values and 4224 / 16 fp32 scales
+  CHECK(r.memory.peak[mem::gathered_params] == 2 * 4224 * 2 + 4224 + 4224 / 16 * 4);
   CHECK(r.planned[mem::gathered_params] == r.memory.peak[mem::gathered_params]);
   // the gradient side is mixed<bfloat16>'s: two bf16 gradient slots, the fp32 cast and the fp32 output shard
   CHECK(r.memory.peak[mem::comm_buffers] == 2 * 4224 * 2 + 4224 * 4 + 1056 * 4);
@@ -265,14 +269,15 @@ TEST_CASE("planned equals measured for a declared order other than the wrapping 
     const auto measured = m.memory().peak;
     const auto planned = m.plan_memory(opt.states_per_element()).peak;
     CHECK(measured == planned);
-    // padded sizes at 3 ranks are u0 48, u1 336, u2 48, u3 144; one unit ahead holds two neighbours at once: two
-    // gather slots of the largest unit's size, in either order
-    CHECK(planned[mem::gathered_params] == 2 * 336 * 4);
-    CHECK(m.plan_memory(opt).max_units_gathered == 2);
+    // padded sizes at 3 ranks are u0 48, u1 336, u2 48, u3 144; one unit ahead holds two neighbours at once, beside
+    // the first unit of the forward pass (u2 here, u0 in the wrapping order), kept into its backward: three gather
+    // slots of the largest unit's size, in either order
+    CHECK(planned[mem::gathered_params] == 3 * 336 * 4);
+    CHECK(m.plan_memory(opt).max_units_gathered == 3);
     fsdp::model_options wrapping_order;
     fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> w(
         c, spec, fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{}, wrapping_order);
-    CHECK(w.plan_memory(2).peak[mem::gathered_params] == 2 * 336 * 4);
+    CHECK(w.plan_memory(2).peak[mem::gathered_params] == 3 * 336 * 4);
   });
 }
 
@@ -281,20 +286,21 @@ TEST_CASE("the plan as a table, and the prediction for a model that has not run"
     fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::none>> m(
         c, mlp::make_spec(cfg("adamw")), fsdp::wrap::by_prefix{"layers."});
     const fsdp::memory_plan p = m.plan_memory(2);
-    CHECK(p.max_units_gathered == 1);
-    // persistent (params, grads, two moments) + the slots, all made by the second unit of backward: one gathered
-    // unit and two unsharded gradients of the largest unit's size, and one reduce-scatter output shard
-    CHECK(p.peak.total == (2128 * 4) * 4 + (4224 + 2 * 4224 + 1056) * 4);
+    CHECK(p.max_units_gathered == 2);
+    // persistent (params, grads, two moments) + the slots, all made by the second unit of backward: two gathered
+    // units (the first unit of the forward pass, kept into its backward by default, and the current one) and two
+    // unsharded gradients of the largest unit's size, and one reduce-scatter output shard
+    CHECK(p.peak.total == (2128 * 4) * 4 + (2 * 4224 + 2 * 4224 + 1056) * 4);
     CHECK(p.between_steps == p.peak);  // the slots stay
     if (c.rank() == 0) {
       CHECK(p.table() ==
-            "planned peak memory per rank (4 units, at most 1 gathered at once)\n"
+            "planned peak memory per rank (4 units, at most 2 gathered at once)\n"
             "  sharded params              8512 B       0.008 MiB\n"
-            "  gathered params            16896 B       0.016 MiB\n"
+            "  gathered params            33792 B       0.032 MiB\n"
             "  grads                       8512 B       0.008 MiB\n"
             "  optimizer state            17024 B       0.016 MiB\n"
             "  comm buffers               38016 B       0.036 MiB\n"
-            "  total (at once)            88960 B       0.085 MiB\n");
+            "  total (at once)           105856 B       0.101 MiB\n");
     }
   });
 }
@@ -306,10 +312,10 @@ TEST_CASE("the figures themselves, worked out by hand for 4 ranks") {
   CHECK(none[mem::sharded_params] == 2128 * 4);
   CHECK(none[mem::grads] == 2128 * 4);
   CHECK(none[mem::optimizer_state] == 2 * 2128 * 4);
-  CHECK(none[mem::gathered_params] == 4224 * 4);            // one unit at a time: the largest
+  CHECK(none[mem::gathered_params] == 2 * 4224 * 4);        // the first unit (kept into its backward) and one other
   CHECK(none[mem::comm_buffers] == (2 * 4224 + 1056) * 4);  // two gradient slots + the reduce-scatter output
   const auto next = train<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>>(4, "sgd")[0].memory.peak;
-  CHECK(next[mem::gathered_params] == 2 * 4224 * 4);  // a unit and its neighbour: two slots
+  CHECK(next[mem::gathered_params] == 3 * 4224 * 4);       // a unit and its neighbour, beside the first unit: three
   CHECK(next[mem::optimizer_state] == 2128 * 4);           // one momentum buffer
   const auto sgo = train<fsdp::policy<fsdp::sharding::shard_grad_op>>(4, "adamw")[2].memory.peak;
   CHECK(sgo[mem::gathered_params] == 4 * 4224 * 4);  // everything, kept until backward: four slots

@@ -232,16 +232,28 @@ void check_counts(int world) {
       const std::uint64_t n = padded.size();
       std::uint64_t sum_p = 0;
       for (auto p : padded) sum_p += std::uint64_t(p);
-      // gathers per step: a sharded unit is gathered for each forward and (full_shard) each backward, once per step
-      // when kept gathered; a replicated unit is never all-gathered (its cast needs no collective)
-      std::uint64_t gathers = 0;
-      if (Strategy::shards_params) gathers = md.keep ? n : (Strategy::reshard_after_forward ? 2 : 1) * n * k;
+      // gathers per step: a sharded unit is gathered for each forward and (full_shard) each backward, but for the
+      // first unit of the forward pass (unit 0), kept into its backward by default; once per step when kept
+      // gathered; a replicated unit is never all-gathered (its cast needs no collective)
+      std::uint64_t gathers = 0, gathered = 0;  // collectives, and the elements they gather
+      if (Strategy::shards_params) {
+        if (md.keep) {
+          gathers = n;
+          gathered = sum_p;
+        } else if (Strategy::reshard_after_forward) {
+          gathers = (2 * n - 1) * k;
+          gathered = (2 * sum_p - std::uint64_t(padded[0])) * k;
+        } else {
+          gathers = n * k;
+          gathered = sum_p * k;
+        }
+      }
       // reductions: every micro-batch, or once per step under no-sync
       const std::uint64_t reductions = md.sync == fsdp::grad_sync::every_micro_batch ? n * k : n;
       const auto red = Strategy::shards_params ? collective::reduce_scatter : collective::all_reduce;
       const auto other = Strategy::shards_params ? collective::all_reduce : collective::reduce_scatter;
       CHECK(s.count[std::size_t(collective::all_gather)] == gathers);
-      CHECK(s.bytes[std::size_t(collective::all_gather)] == gathers / n * sum_p * cs);
+      CHECK(s.bytes[std::size_t(collective::all_gather)] == gathered * cs);
       CHECK(s.count[std::size_t(red)] == reductions);
       CHECK(s.bytes[std::size_t(red)] == reductions / n * sum_p * rs);
       CHECK(s.count[std::size_t(other)] == 0);
@@ -296,8 +308,9 @@ TEST_CASE("a scaled gather: values and scales move in one all-gather, a quarter 
     const auto ag = std::size_t(collective::all_gather), rs = std::size_t(collective::reduce_scatter);
     std::uint64_t sum_p = 0;
     for (auto p : padded) sum_p += std::uint64_t(p);
+    const std::uint64_t gathered = 2 * sum_p - std::uint64_t(padded[0]);  // twice each, the first unit (kept) once
     CHECK(fp8.count[ag] == f32.count[ag]);
-    CHECK(fp8.bytes[ag] == fp8.count[ag] / padded.size() * (sum_p + sum_p / 16 * 4));  // values, then a scale per 16
+    CHECK(fp8.bytes[ag] == gathered + gathered / 16 * 4);  // values, then a scale per 16
     CHECK(fp8.bytes[rs] == f32.bytes[rs]);  // bf16 gradients reduced in fp32: the fp32 bytes
   });
 }
@@ -689,13 +702,13 @@ TEST_CASE("kept gathered: each unit is gathered once per step and released in th
     // too few gather slots to keep every unit is found at construction, by the planner
     fsdp::model_options few = mo;
     few.gather_slots = 3;
-    CHECK(error_of<fsdp::usage_error>([&] {
-            fsdp::Model<policy<bfloat16, float>>(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{},
-                                                 few);
-          }) ==
-          "fsdp: model_options::gather_slots = 3 is too few for this policy: gather slots exhausted: unit 'h.2' "
-          "(index 3) must be gathered for its forward but all 3 slots are held by 'root', 'h.0', 'h.1'; raise "
-          "model_options::gather_slots or let those units reshard after forward");
+    CHECK(
+        error_of<fsdp::usage_error>([&] {
+          fsdp::Model<policy<bfloat16, float>>(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, few);
+        }) ==
+        "fsdp: model_options::gather_slots = 3 is too few for this policy: gather slots exhausted: unit 'h.2' "
+        "(index 3) must be gathered for its forward but all 3 slots are held by 'root', 'h.0', 'h.1'; raise "
+        "model_options::gather_slots or let those units reshard after forward (model_options::reshard_after_forward)");
   });
 }
 

@@ -33,15 +33,86 @@ TEST_CASE("a unit used before it is gathered") {
     CHECK(error_of<fsdp::usage_error>([&] { u.param("layers.1.w"); }) ==
           "fsdp: unit 'layers.1' (index 1) is not gathered (state: sharded): param('layers.1.w') needs its parameters "
           "gathered; use it inside model.forward() or model.backward()");
-    // after a full_shard forward it is released again
+    // after a full_shard forward it is released again, and asking for it names the option that keeps it
     for (auto& x : m.forward()) (void)x;
     CHECK(u.state() == fsdp::unit_state::sharded);
-    CHECK(contains(error_of<fsdp::usage_error>([&] { u.param("layers.1.w"); }), "(state: sharded)"));
+    CHECK(error_of<fsdp::usage_error>([&] { u.param("layers.1.w"); }) ==
+          "fsdp: unit 'layers.1' (index 1) is not gathered (state: sharded): param('layers.1.w') was asked for after "
+          "the unit's forward released it (it reshards after forward). A unit used again later in the forward pass, "
+          "or before its own backward (a tied head), must stay gathered: set "
+          "model_options::reshard_after_forward[\"layers.1\"] = false");
     CHECK(contains(error_of<fsdp::usage_error>([&] { u.param("layers.0.w"); }),
                    "no parameter named 'layers.0.w' in unit 'layers.1'"));
     CHECK(contains(error_of<fsdp::usage_error>([&] { m.unit("layers.9"); }), "no unit named 'layers.9'"));
     CHECK(contains(error_of<fsdp::usage_error>([&] { m.unit(3); }),
                    "unit index 3 is out of range: the model has 3 units"));
+  });
+}
+
+namespace {
+/// A tied-embedding model in small: the root unit ("wte", the embedding and the head) first, then two blocks.
+fsdp::ModelSpec tied() {
+  fsdp::ModelSpec s;
+  s.add("wte", {4, 4}).add("h.0.w", {4, 4}).add("h.1.w", {4, 4});
+  return s;
+}
+}  // namespace
+
+TEST_CASE(
+    "the root, first in forward, stays gathered into its backward by default: a tied head reads its own "
+    "parameters at the forward's end and first in backward") {
+  fsdp::model_options checked;  // and no view is stale meanwhile
+  checked.check_views = true;
+  for (int world : {1, 2}) {
+    CAPTURE(world);
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> m(
+          c, tied(), by_prefix{"h."}, fsdp::init::normal{0.5f, 7}, checked);
+      fsdp::optim::sgd sgd(m, {.lr = 0.1f});
+      for (int step = 0; step < 2; ++step) {
+        decltype(m)::unit_type* root = nullptr;
+        fsdp::tensor_view<float> embedding;
+        const float* raw = nullptr;  // the trainer's pointer, taken while the root is current
+        std::vector<float> values;
+        for (auto& u : m.forward()) {
+          if (u.name() != "root") continue;
+          root = &u;
+          embedding = u.param("wte");
+          raw = embedding.data();
+          values.assign(embedding.begin(), embedding.end());
+        }
+        REQUIRE(root);
+        // the head, after the last block: the root is still gathered, and the pointer reads the embedding
+        CHECK(root->state() == fsdp::unit_state::gathered);
+        m.synchronize();
+        CHECK(std::vector<float>(raw, raw + 16) == values);
+        CHECK(std::vector<float>(embedding.begin(), embedding.end()) == values);
+        for (auto& u : m.backward()) {
+          if (u.name() == "h.1")  // the head's backward comes first, before the root is current again
+            CHECK(std::vector<float>(root->param("wte").begin(), root->param("wte").end()) == values);
+          for (const auto& e : u.layout().entries()) (void)u.grad(e.name);
+        }
+        CHECK(root->state() == fsdp::unit_state::sharded);  // released when its backward ended
+        m.synchronize();
+        CHECK_THROWS_AS((void)embedding[0], fsdp::usage_error);
+        sgd.step();
+        sgd.zero_grad();
+      }
+    });
+  }
+  // named with true, the root is released after its forward: a head that asks for it is told what to set
+  fsdp::model_options released;
+  released.reshard_after_forward["root"] = true;
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::Model<Full> m(c, tied(), by_prefix{"h."}, fsdp::init::normal{}, released);
+    fsdp::Model<Full>::unit_type* root = nullptr;
+    for (auto& u : m.forward())
+      if (u.name() == "root") root = &u;
+    CHECK(error_of<fsdp::usage_error>([&] { root->param("wte"); }) ==
+          "fsdp: unit 'root' (index 0) is not gathered (state: sharded): param('wte') was asked for after the unit's "
+          "forward released it (it reshards after forward). A unit used again later in the forward pass, or before "
+          "its own backward (a tied head), must stay gathered: set model_options::reshard_after_forward[\"root\"] = "
+          "false");
   });
 }
 
@@ -194,9 +265,9 @@ TEST_CASE("an optimizer step that fails part way is not retried: the model says 
 TEST_CASE("check_views: a view kept past its unit's release, or a gradient view past its backward, is refused naming "
           "both; released slots hold NaN") {
   const std::string stale_param =
-      "fsdp: a view of parameter 'layers.0.w' of unit 'layers.0' was used after the unit released its gathered "
+      "fsdp: a view of parameter 'layers.1.w' of unit 'layers.1' was used after the unit released its gathered "
       "parameters (model_options::check_views): its memory now holds another unit's parameters. Ask "
-      "unit.param(\"layers.0.w\") again while the unit is gathered, inside model.forward() or model.backward()";
+      "unit.param(\"layers.1.w\") again while the unit is gathered, inside model.forward() or model.backward()";
   const std::string stale_grad =
       "fsdp: a gradient view of 'layers.2.w' of unit 'layers.2' was used after the unit's backward ended "
       "(model_options::check_views): its gradient went to the reduction and its memory to another unit. Write the "
@@ -212,7 +283,7 @@ TEST_CASE("check_views: a view kept past its unit's release, or a gradient view 
       for (auto& u : m.forward()) {
         const auto v = u.param(u.name() + ".w");
         CHECK(std::isfinite(v[3]));  // inside its unit: fine
-        if (u.name() == "layers.0") kept = v;
+        if (u.name() == "layers.1") kept = v;  // released after its forward (layers.0, the first, is kept)
       }
       CHECK(error_of<fsdp::usage_error>([&] { (void)kept[0]; }) == stale_param);
       CHECK(error_of<fsdp::usage_error>([&] { (void)kept.data(); }) == stale_param);
@@ -254,7 +325,7 @@ TEST_CASE("without check_views a kept view is not checked (the default: no cost,
     fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
     fsdp::tensor_view<float> kept;
     for (auto& u : m.forward())
-      if (u.name() == "layers.0") kept = u.param("layers.0.w");
+      if (u.name() == "layers.1") kept = u.param("layers.1.w");
     CHECK_NOTHROW((void)kept[0]);  // reads whatever holds the slot now
   });
 }

@@ -1,8 +1,9 @@
 // The step program as text (fsdp/plan/listing.hpp): one unit's step, per stream, in issue order, and what the order
 // promises: each unit's shard is ready right after its own update.
 //
-// The cases: full_shard at 4 ranks in fp32, units "a" and "b" of one 32 x 32 parameter each, no prefetch, an
-// optimizer without state unless said.
+// The cases: full_shard at 4 ranks in fp32, units "a" and "b" of one 32 x 32 parameter each, both released after
+// their forward (a, the first unit of the forward pass, is kept into its backward by default; named here), no
+// prefetch, an optimizer without state unless said.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 // First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
 #include "tests/support/instances.hpp"
@@ -22,7 +23,8 @@ fsdp::planned_units two_units() {
 fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::offload_facts off = {}, int states = 0,
                                 fsdp::precision_facts precision = {}) {
   constexpr fsdp::prefetch_facts none{0, 0, false, false};
-  const fsdp::model_options opt;
+  fsdp::model_options opt;
+  opt.reshard_after_forward["a"] = true;
   fsdp::memory_plan_inputs in;
   in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
                                           none, precision, opt, off);

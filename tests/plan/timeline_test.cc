@@ -2,7 +2,9 @@
 //
 // Every case below: full_shard at 4 ranks in fp32, units of 1024 elements (a 256-element shard), so an all-gather
 // or a reduce-scatter moves 4096 unsharded bytes x 3/4 = 3072 bytes; on a link of 3.072 MB/s each takes exactly
-// 1 ms. Memory-bound work is free (no memory bandwidth given) and the optimizer is SGD without state.
+// 1 ms. Memory-bound work is free (no memory bandwidth given) and the optimizer is SGD without state. The library
+// keeps the first unit of the forward pass gathered into its backward by default (the root); unless a case says
+// otherwise, inputs() names it with reshard_after_forward = true, so that every unit is released after its forward.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 // First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
 #include "tests/support/instances.hpp"
@@ -28,6 +30,7 @@ fsdp::planned_units units_of(const std::vector<std::string>& names, int ranks = 
 fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::prefetch_facts pf, fsdp::model_options opt = {},
                                 fsdp::offload_facts off = {}, fsdp::precision_facts precision = {}) {
   fsdp::memory_plan_inputs in;
+  if (!opt.reshard_after_forward.contains(u.names.front())) opt.reshard_after_forward[u.names.front()] = true;
   in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4), pf,
                                           precision, opt, off);
   in.costs = fsdp::plan::make_cost_facts(precision, true, opt.accumulation, off);
@@ -76,6 +79,24 @@ TEST_CASE("one unit: gather, forward, gather again, backward, reduce; nothing ov
         "  all_gather all_gather u backward                  3.000 -      4.000 ms\n"
         "  compute    compute u backward                     4.000 -      7.000 ms\n"
         "  reduce     reduction u backward                   7.000 -      8.000 ms\n");
+}
+
+TEST_CASE("one unit by default: the first unit of the forward pass is gathered once and kept into its backward") {
+  const auto u = units_of({"u"});
+  fsdp::memory_plan_inputs in = inputs(u, none);
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
+                                          none, {}, {}, {});
+  // gather 0-1, forward 1-3, backward 3-6 (no second gather), reduce-scatter 6-7
+  const auto tl = predict(u, in, timing(1, 2, 3));
+  REQUIRE(tl.feasible());
+  CHECK(tl.step_ns == ms(7));
+  CHECK(tl.comm_ns == ms(2));
+  CHECK(tl.by_unit[0].gather_ns == ms(1));
+  CHECK(tl.critical_path_text() ==
+        "  all_gather all_gather u forward                   0.000 -      1.000 ms\n"
+        "  compute    compute u forward                      1.000 -      3.000 ms\n"
+        "  compute    compute u backward                     3.000 -      6.000 ms\n"
+        "  reduce     reduction u backward                   6.000 -      7.000 ms\n");
 }
 
 TEST_CASE("fp32 views over bf16 gathers: half the gather's link time, and the widening on the gather stream") {
@@ -251,8 +272,11 @@ TEST_CASE("a Model predicts its own step: its world set from its communicator, t
   fsdp::ModelSpec spec;
   for (const char* n : {"a.w", "b.w"}) spec.add(n, {32, 32});
   using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::depth<1, 1>>;
+  fsdp::model_options release_a;  // as inputs() does
+  release_a.reshard_after_forward["a"] = true;
   fsdp_test::run_ranks(4, [&](fsdp::comm::local_communicator& comm) {
-    fsdp::Model<P> m(comm, spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }});
+    fsdp::Model<P> m(comm, spec, fsdp::wrap::by_function{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }},
+                     fsdp::init::normal{}, release_a);
     fsdp::time_model t = timing(2, 0.5, 0.5);
     t.world = 1;
     t.serial_collectives = true;
@@ -294,15 +318,17 @@ TEST_CASE("prefetch depth limited by gather slots runs as the shallower depth") 
 
 TEST_CASE("the root unit kept gathered from its forward to its backward") {
   const auto u = units_of({"root", "b"});
-  // No prefetch, compute 1 ms per pass. Resharding both: every gather waits for the one slot (gather root 0-1,
-  // root 1-2, b 2-3, b 3-4; backward b 4-5, b 5-6, root 6-7, root 7-8, reduce root 8-9): 9 ms, nothing hidden.
+  // No prefetch, compute 1 ms per pass. Resharding both (inputs() names root with true): every gather waits for the one
+  // slot (gather root 0-1, root 1-2, b 2-3, b 3-4; backward b 4-5, b 5-6, root 6-7, root 7-8, reduce root 8-9): 9 ms,
+  // nothing hidden.
   const auto resharded = predict(u, inputs(u, none), timing(2, 1, 1));
   CHECK(resharded.step_ns == ms(9));
   CHECK(resharded.compute_ns == ms(4));
   CHECK(resharded.comm_ns == ms(5));
   CHECK(resharded.exposed_ns == ms(5));
-  // Root kept: b's gather takes a second slot at once (1-2), b 2-3; backward b's gather waits for its slot (3-4),
-  // b 4-5, reduce b 5-6 under root's backward 5-6 (no gather: still gathered), reduce root 6-7.
+  // Root kept (the library's default, named here): b's gather takes a second slot at once (1-2), b 2-3; backward b's
+  // gather waits for its slot (3-4), b 4-5, reduce b 5-6 under root's backward 5-6 (no gather: still gathered), reduce
+  // root 6-7.
   fsdp::model_options keep;
   keep.reshard_after_forward = {{"root", false}};
   const auto kept = predict(u, inputs(u, none, keep), timing(2, 1, 1));
@@ -397,8 +423,8 @@ TEST_CASE("the same inputs give the same prediction, bit for bit; summarize() re
   CHECK(s.exposed_comm_s == double(a.exposed_ns) * 1e-9);
   CHECK(s.compute_s == double(a.compute_ns) * 1e-9);
   CHECK(s.comm_s == double(a.comm_ns) * 1e-9);
-  CHECK(s.collectives.size() ==
-        2 * 8 + 8);  // a gather per unit per pass (the last forward unit regathers), a reduction each
+  // a gather per unit per pass (the last forward unit regathers; the first, kept, is gathered once), a reduction each
+  CHECK(s.collectives.size() == 2 * 8 - 1 + 8);
   // the Chrome trace of the prediction: a "predicted rank 0" process with one slice per unit per pass
   const auto doc = fsdp::trace::chrome_trace_json(a.events, a.units, {}, {"predicted rank ", 100});
   int compute_slices = 0;
@@ -415,6 +441,7 @@ TEST_CASE("ranking configurations by predicted step time, among those that fit")
   const auto u = units_of({"a", "b", "c"});
   fsdp::budget_query q;
   q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(4);
+  q.root_reshards = true;                // a too is released after its forward, as inputs() does
   fsdp::time_model t = timing(3, 0, 0);  // compute from the rule below
   const auto compute = [](const fsdp::FlatLayout&) { return fsdp::unit_time{nanoseconds(ms(1)), nanoseconds(ms(1))}; };
   const std::vector<fsdp::time_variant> variants = {
@@ -453,6 +480,7 @@ TEST_CASE("ranking groupings: three small units against one large one") {
   };
   fsdp::budget_query q;
   q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(4);
+  q.root_reshards = true;  // every unit released after its forward, the first too (as inputs() does)
   const auto compute = [](const fsdp::FlatLayout& l) {
     const nanoseconds t(ms(double(l.numel()) / 1024.0));
     return fsdp::unit_time{t, t};
@@ -509,7 +537,8 @@ TEST_CASE("a time model that does not fit the units is refused, naming what is w
   CHECK(!tl.feasible());
   CHECK(tl.infeasible ==
         "gather slots exhausted: unit 'b' (index 1) must be gathered for its forward but all 1 slots are held by 'a'; "
-        "raise model_options::gather_slots or let those units reshard after forward");
+        "raise model_options::gather_slots or let those units reshard after forward "
+        "(model_options::reshard_after_forward)");
 }
 
 TEST_CASE("serial collectives under hybrid sharding: the replicas' all-reduce and the shard group's gathers one at a "
@@ -524,8 +553,10 @@ TEST_CASE("serial collectives under hybrid sharding: the replicas' all-reduce an
   // b's reduction 8-9 and replica all-reduce 9-10, a's 10-11 and 11-12.
   const auto u = units_of({"a", "b", "c"}, 2);
   fsdp::memory_plan_inputs in;
+  fsdp::model_options release_a;  // a too is released after its forward (as inputs() does)
+  release_a.reshard_after_forward["a"] = true;
   in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
-                                          next, fsdp::precision_facts{}, {}, {});
+                                          next, fsdp::precision_facts{}, release_a, {});
   in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
   fsdp::time_model t = timing(3, 0.5, 0.5);
   t.link.bytes_per_second = 2.048e6;

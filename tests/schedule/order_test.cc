@@ -168,37 +168,32 @@ void check(const std::string& expected, fsdp::model_options opt = {}, int steps 
 
 TEST_CASE("prefetch::none: every gather on demand, exposed") {
   check<fsdp::policy<sharding::full_shard, prefetch::none>>(
-      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
-      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
-      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 ag2 ag2{ ag2} b2{ b2} rel2 rs2 "
+      "rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
 }
 
 TEST_CASE("prefetch::forward<1>: the next unit's gather is issued before the current unit computes") {
   check<fsdp::policy<sharding::full_shard, prefetch::forward<1>>>(
-      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
-      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
-      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 ag2 ag2{ ag2} b2{ b2} rel2 "
+      "rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
 }
 
 TEST_CASE("prefetch::backward_pre<1>: the next backward unit is gathered when a unit's backward starts") {
   check<fsdp::policy<sharding::full_shard, prefetch::backward_pre<1>>>(
-      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
-      "ag2 ag2{ ag2} ag1^ ag1{ ag1} b2{ b2} rel2 rs2 rs2{ rs2} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
-      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 ag2 ag2{ ag2} ag1^ ag1{ ag1} "
+      "b2{ b2} rel2 rs2 rs2{ rs2} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
 }
 
 TEST_CASE("prefetch::backward_post: the next backward unit is gathered after the current one is released") {
   check<fsdp::policy<sharding::full_shard, prefetch::backward_post>>(
-      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
-      "ag2 ag2{ ag2} b2{ b2} rel2 ag1^ ag1{ ag1} rs2 rs2{ rs2} b1{ b1} rel1 ag0^ ag0{ ag0} rs1 rs1{ rs1} "
-      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 ag2 ag2{ ag2} b2{ b2} rel2 ag1^ "
+      "ag1{ ag1} rs2 rs2{ rs2} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
 }
 
 TEST_CASE("prefetch::next: one unit ahead in both passes") {
   check<fsdp::policy<sharding::full_shard, prefetch::next>>(
-      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
-      "ag2 ag2{ ag2} ag1^ ag1{ ag1} b2{ b2} rel2 rs2 rs2{ rs2} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
-      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 ag2 ag2{ ag2} ag1^ ag1{ ag1} "
+      "b2{ b2} rel2 rs2 rs2{ rs2} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
 }
 
 TEST_CASE("prefetch::explicit_schedule: the units named for each unit, in the order listed") {
@@ -206,15 +201,15 @@ TEST_CASE("prefetch::explicit_schedule: the units named for each unit, in the or
   opt.prefetch.forward["l0"] = {"l2", "l1"};
   opt.prefetch.backward["l1"] = {"l0"};
   check<fsdp::policy<sharding::full_shard, prefetch::explicit_schedule>>(
-      "ag0 ag0{ ag0} ag2^ ag2{ ag2} ag1^ ag1{ ag1} f0{ f0} rel0 f1{ f1} rel1 f2{ f2} rel2 "
-      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
-      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      "ag0 ag0{ ag0} ag2^ ag2{ ag2} ag1^ ag1{ ag1} f0{ f0} f1{ f1} rel1 f2{ f2} rel2 ag2 ag2{ ag2} b2{ b2} rel2 rs2 "
+      "rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
       opt);
 }
 
 TEST_CASE("gather slots rate-limit prefetch: forward<2> with two slots") {
   fsdp::model_options opt;
   opt.gather_slots = 2;
+  opt.reshard_after_forward["l0"] = true;  // the first unit, kept into its backward by default, released here
   // entering l0 takes a slot and prefetches l1 into the second; l2 waits until l0 is released
   check<fsdp::policy<sharding::full_shard, prefetch::forward<2>>>(
       "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
@@ -228,11 +223,26 @@ TEST_CASE("gather slots rate-limit prefetch: forward<2> with two slots") {
       "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
       "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
       opt);
+  // by default the first unit holds one of two slots from its forward to its backward: the others take turns in
+  // the second, each gathered on demand
+  fsdp::model_options kept;
+  kept.gather_slots = 2;
+  check<fsdp::policy<sharding::full_shard, prefetch::forward<2>>>(
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
+      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      kept);
 }
 
-TEST_CASE("reshard_after_forward off for the root unit: it stays gathered into its backward") {
+TEST_CASE("reshard_after_forward: false keeps a unit gathered into its backward, true releases the first unit") {
   fsdp::model_options opt;
   opt.reshard_after_forward["l2"] = false;
+  check<fsdp::policy<sharding::full_shard, prefetch::none>>(
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} "
+      "b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      opt);
+  // naming the first unit with true releases it after its forward, and its backward gathers it again
+  opt.reshard_after_forward["l0"] = true;
   check<fsdp::policy<sharding::full_shard, prefetch::none>>(
       "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} "
       "b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
@@ -257,9 +267,8 @@ TEST_CASE("a unit still gathered at the optimizer step is released first: its co
   fsdp::model_options opt;
   opt.prefetch.backward["l0"] = {"l2"};  // gathers l2 again at the end of backward: useless, but legal
   check<fsdp::policy<sharding::full_shard, prefetch::explicit_schedule>>(
-      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
-      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
-      "ag0 ag0{ ag0} ag2^ ag2{ ag2} b0{ b0} rel0 rs0 rs0{ rs0} rel2 opt{ opt}",
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 ag2 ag2{ ag2} b2{ b2} rel2 rs2 "
+      "rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} ag2^ ag2{ ag2} b0{ b0} rel0 rs0 rs0{ rs0} rel2 opt{ opt}",
       opt);
 }
 
@@ -267,11 +276,10 @@ TEST_CASE("no-sync over two micro-batches: the first keeps its gradients, the se
   fsdp::model_options opt;
   opt.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
   check<fsdp::policy<sharding::full_shard, prefetch::none>>(
-      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
-      "ag2 ag2{ ag2} b2{ b2} rel2 ag1 ag1{ ag1} b1{ b1} rel1 ag0 ag0{ ag0} b0{ b0} rel0 "
-      "ag0 ag0{ ag0} f0{ f0} rel0 ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
-      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} "
-      "ag0 ag0{ ag0} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}",
+      "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 ag2 ag2{ ag2} b2{ b2} rel2 ag1 "
+      "ag1{ ag1} b1{ b1} rel1 b0{ b0} rel0 ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} rel1 ag2 ag2{ ag2} f2{ f2} rel2 "
+      "ag2 ag2{ ag2} b2{ b2} rel2 rs2 rs2{ rs2} ag1 ag1{ ag1} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} "
+      "opt{ opt}",
       opt);
 }
 
@@ -315,9 +323,8 @@ TEST_CASE("zero1: gathered in the first forward and kept; each step releases the
 TEST_CASE("bf16 compute and reduction: the same order of events as fp32 (the casts are inside the collectives' work)") {
   check<fsdp::policy<sharding::full_shard, prefetch::next,
                      fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>>>(
-      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} rel0 ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 "
-      "ag2 ag2{ ag2} ag1^ ag1{ ag1} b2{ b2} rel2 rs2 rs2{ rs2} ag0^ ag0{ ag0} b1{ b1} rel1 rs1 rs1{ rs1} "
-      "b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
+      "ag0 ag0{ ag0} ag1^ ag1{ ag1} f0{ f0} ag2^ ag2{ ag2} f1{ f1} rel1 f2{ f2} rel2 ag2 ag2{ ag2} ag1^ ag1{ ag1} "
+      "b2{ b2} rel2 rs2 rs2{ rs2} b1{ b1} rel1 rs1 rs1{ rs1} b0{ b0} rel0 rs0 rs0{ rs0} opt{ opt}");
   // no_shard in bf16: each unit's cast copy is made on the gather stream for forward and kept to its backward
   check<fsdp::policy<sharding::no_shard, prefetch::none, fsdp::precision::mixed<fsdp::bfloat16>>>(
       "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} ag2 ag2{ ag2} f2{ f2} "

@@ -60,7 +60,10 @@ struct model_options {
   /// check every later pass against it. Not together with forward_order.
   bool record_order = false;
   /// Per unit name: override the strategy's reshard_after_forward (false keeps the unit gathered from its
-  /// forward to its backward; the root unit, last in forward and first in backward, usually should).
+  /// forward to its backward; true releases it when its forward ends). A unit the forward pass uses again after
+  /// leaving it must stay gathered. By default the first unit of the forward pass (the root: embeddings first, the
+  /// tied head last in forward, then first in backward) stays gathered into its backward whatever the strategy, as
+  /// PyTorch FSDP2 keeps its root; naming it here with true releases it after its forward.
   std::map<std::string, bool> reshard_after_forward;
   /// Per unit name: the parts this unit keeps in host memory, instead of the offload policy's
   /// (fsdp/offload/offload.hpp), e.g. {"root", fsdp::offload::none::facts} to keep the embeddings on the device, or

@@ -59,6 +59,10 @@ struct budget_query {
   accumulation_options accumulation{};
   int norm_rows = 0;  ///< the optimizer's gradient inspection rows (0: none)
   offload_facts offload{};  ///< what lives in host memory (fit_device_budget varies it)
+  /// Under a strategy that reshards after forward, each candidate's first unit in forward (its wrapping order's
+  /// first) is released after its forward too, as model_options::reshard_after_forward[its name] = true does. By
+  /// default it is kept from its forward to its backward, as a Model keeps its root.
+  bool root_reshards = false;
   /// Device memory a step needs that no plan holds, left beside every plan's peak: NCCL's communicators
   /// (comm::nccl's device_bytes(), measured at construction: add each group's, a hybrid Model's shard and replicate
   /// groups included), the CUDA context's and libraries' workspaces (cuBLAS). 0 by default: the plans alone.

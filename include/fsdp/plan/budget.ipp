@@ -15,6 +15,8 @@ FSDP_DECL memory_plan_inputs planner_inputs(const planned_units& u, const budget
   opt.gather_slots = q.gather_slots;
   opt.grad_slots = q.grad_slots;
   opt.accumulation = q.accumulation;
+  if (q.root_reshards && q.strategy.reshard_after_forward && !u.names.empty())
+    opt.reshard_after_forward[u.names.front()] = true;
   memory_plan_inputs in;
   in.schedule = sched::build_config(unit_index(u.names), q.strategy, pf, q.precision, opt, q.offload);
   in.costs = plan::make_cost_facts(q.precision, q.strategy.shards_params, q.accumulation, q.offload);

@@ -23,8 +23,13 @@ struct config {
   /// the master's (a cast copy), or the master is on the host (offloaded). false: the fp32 master is the full
   /// parameter (no_shard in fp32) and every unit is always gathered.
   bool gathers = true;
-  /// Per unit index: released when its forward ends (else kept gathered until its backward ends).
+  /// Per unit index: released when its forward ends (else kept gathered until its backward ends): the strategy's
+  /// reshard_after_forward, or model_options::reshard_after_forward's value for the unit. The scheduler keeps the
+  /// first unit of the forward pass (the root) gathered into its backward all the same, unless `reshard_named`.
   std::vector<bool> reshard_after_forward;
+  /// Per unit index: model_options::reshard_after_forward names the unit, so its value holds for it even as the
+  /// first unit of the forward pass.
+  std::vector<bool> reshard_named;
   int forward_depth = 0;
   int backward_depth = 0;
   bool post_backward = false;

@@ -18,6 +18,7 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
   config c;
   c.gathers = plan::units_gather(strategy.shards_params, precision, offload);
   c.reshard_after_forward.assign(n, strategy.reshard_after_forward);
+  c.reshard_named.assign(n, false);
   for (const auto& [name, value] : opt.reshard_after_forward) {
     const auto u = units.find(name);
     if (!u)
@@ -25,8 +26,10 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
     else if (!strategy.shards_params)
       p.add("model_options::reshard_after_forward is set for unit '", name, "', but ", strategy.name,
             " never gathers or reshards parameters");
-    else
+    else {
       c.reshard_after_forward[*u] = value;
+      c.reshard_named[*u] = true;
+    }
   }
   c.forward_depth = prefetch.forward_depth;
   c.backward_depth = prefetch.backward_depth;

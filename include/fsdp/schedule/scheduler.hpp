@@ -11,7 +11,10 @@
 // for every policy, without a second copy of the scheduling rules.
 //
 //   forward, entering unit u:   gather u if it is not gathered; prefetch the forward window; wait for u's gather
-//   forward, leaving u:         release u if it reshards after forward (and units are not kept gathered)
+//   forward, leaving u:         release u if it reshards after forward (and units are not kept gathered); the
+//                               first unit of the pass (the root) does only where model_options names it: a
+//                               tied-embedding model uses its root again at the forward's end (the head) and
+//                               first in backward, so it stays gathered into its backward (as PyTorch FSDP2's root)
 //   backward, entering u:       gather u if needed; prefetch the backward window (unless post_backward);
 //                               wait for u's gather; allocate u's zeroed unsharded gradient
 //   backward, leaving u:        release u (in the last micro-batch only, when units are kept gathered; never
@@ -144,7 +147,7 @@ class scheduler {
     u_[u].active = pass_kind::none;
     if (k == pass_kind::forward) {
       u_[u].forward_done = true;
-      if (c_.gathers && c_.reshard_after_forward[u] && !c_.keep_gathered && !c_.keep_between_steps) release(u, emit);
+      if (c_.gathers && reshards_after_forward(u, pos) && !c_.keep_gathered && !c_.keep_between_steps) release(u, emit);
       return;
     }
     u_[u].forward_done = false;
@@ -159,6 +162,12 @@ class scheduler {
     } else {
       emit(op::accumulate, u, false);
     }
+  }
+
+  /// Whether unit `u`, leaving position `pos` of a forward pass, is released there (units being gathered and not
+  /// kept): its reshard_after_forward, but for the first unit of the pass (the root) only where model_options names it.
+  bool reshards_after_forward(std::size_t u, std::size_t pos) const {
+    return c_.reshard_after_forward[u] && (pos != 0 || c_.reshard_named[u]);
   }
 
   // ---- optimizer steps -------------------------------------------------------------------------------------

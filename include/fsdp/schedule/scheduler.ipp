@@ -14,14 +14,15 @@ namespace fsdp::sched {
 FSDP_DECL std::string shortage::message(const unit_index& units) const {
   return detail::cat("gather slots exhausted: unit '", units.name(unit), "' (index ", unit,
                      ") must be gathered for its ", name_of(pass), " but all ", slots, " slots are held by ", holders,
-                     "; raise model_options::gather_slots or let those units reshard after forward");
+                     "; raise model_options::gather_slots or let those units reshard after forward "
+                     "(model_options::reshard_after_forward)");
 }
 
 FSDP_DECL scheduler::scheduler(const unit_index& units, config c) : units_(&units), c_(std::move(c)), u_(units.size()) {
   const std::size_t n = units.size();
-  if (c_.reshard_after_forward.size() != n)
-    detail::fail_usage("scheduler: reshard_after_forward has ", c_.reshard_after_forward.size(), " entries for ", n,
-                       " units");
+  if (c_.reshard_after_forward.size() != n || c_.reshard_named.size() != n)
+    detail::fail_usage("scheduler: reshard_after_forward and reshard_named have ", c_.reshard_after_forward.size(),
+                       " and ", c_.reshard_named.size(), " entries for ", n, " units");
   if (c_.by_schedule && (c_.forward_schedule.size() != n || c_.backward_schedule.size() != n))
     detail::fail_usage("scheduler: an explicit prefetch schedule needs one list per unit");
   if (c_.gather_slots < 0) detail::fail_usage("gather_slots must be >= 0 (0 = no limit), got ", c_.gather_slots);

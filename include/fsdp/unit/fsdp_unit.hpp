@@ -87,10 +87,7 @@ class FsdpUnit : public basic_unit<Backend> {
     static_assert(same_dtype<T, Compute>(),
                   "FsdpUnit::param<T>: T must have the precision policy's compute dtype");
     const flat_entry& e = layout_->entry(pname, name());
-    if (state() != unit_state::gathered)
-      detail::fail_usage("unit '", name(), "' (index ", index_, ") is not gathered (state: ", name_of(state()),
-                         "): param('", pname, "') needs its parameters gathered; use it inside model.forward() or "
-                         "model.backward()");
+    if (state() != unit_state::gathered) not_gathered(pname);
     return tensor_view<T>(static_cast<T*>(bufs_->params) + e.offset, &e.shape, e.numel,
                           checked(bufs_->param_handovers, e, false));
   }
@@ -108,6 +105,19 @@ class FsdpUnit : public basic_unit<Backend> {
                          active() == pass_kind::none ? "not current" : "current in forward", ")");
     return tensor_view<T>(static_cast<T*>(bufs_->grad) + e.offset, &e.shape, e.numel,
                           checked(bufs_->grad_handovers, e, true));
+  }
+
+ private:
+  [[noreturn]] void not_gathered(const std::string& pname) const {
+    const std::string what = detail::cat("unit '", name(), "' (index ", index_,
+                                         ") is not gathered (state: ", name_of(state()), "): param('", pname, "') ");
+    if (state() == unit_state::sharded && active() == pass_kind::none && this->sched_->forward_done(index_))
+      detail::fail_usage(what,
+                         "was asked for after the unit's forward released it (it reshards after forward). A "
+                         "unit used again later in the forward pass, or before its own backward (a tied head), must "
+                         "stay gathered: set model_options::reshard_after_forward[\"",
+                         name(), "\"] = false");
+    detail::fail_usage(what, "needs its parameters gathered; use it inside model.forward() or model.backward()");
   }
 };
 
