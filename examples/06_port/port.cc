@@ -304,10 +304,8 @@ static fsdp::rank_memory train(fsdp::comm::local_communicator& comm, ParameterTe
                                const float* teacher, int steps, int global_B, float lr) {
   const int rank = comm.rank(), B = global_B / comm.size();
   Model model(comm, make_spec(c), fsdp::wrap::by_function{unit_of});
-  fsdp::weights::load(model, [&](const std::string& name) {
-    const fsdp::weights::target t = slice_of(params, c, name);
-    return fsdp::weights::tensor{t.data, t.numel};
-  });
+  fsdp::weights::load(model,
+                      [&](const std::string& name) -> fsdp::weights::tensor { return slice_of(params, c, name); });
   fsdp::optim::elementwise opt(model, "adamw", {"m", "v"});
   Activations acts;
   float* acts_memory = malloc_activations(&acts, c, B);

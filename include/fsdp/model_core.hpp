@@ -66,6 +66,11 @@ namespace fsdp {
 /// shares this code, so a file with many policies (a trainer that picks its strategy and precision from flags)
 /// compiles it once per backend and communicator rather than once per policy. A trainer names Model<Policy>;
 /// optimizers (fsdp/optim/) and fsdp/instances.hpp are over the core.
+///
+/// Its destructor is virtual, so a trainer that picks its policy at run time (fsdp::select) can own the model as
+/// std::unique_ptr<basic_model<B, C, T>> (any Model<P> with that backend, communicator and compute dtype) beside an
+/// optimizer of the core's type (optim::adamw<model_core<B, C>>: what `optim::adamw opt(model, ...)` deduces from
+/// it), declared after the model so that it goes first (docs/porting.md, step 3).
 template <class B, class C>
 class model_core {
  public:
@@ -123,7 +128,7 @@ class model_core {
   }
 
  public:
-  ~model_core() {
+  virtual ~model_core() {
     exec_.synchronize_quietly();  // streams may still use unit buffers; errors were reported to whoever waited
     end_unit_range();
     // Timed stream events still pending are recorded now; marks of a stream that never finished cannot be.

@@ -116,13 +116,59 @@ TEST_CASE(
   });
 }
 
+TEST_CASE(
+    "model_options::early_grads: the root's gradient from the start of backward, for the tied head's part; "
+    "reduced with the rest, the memory as planned") {
+  fsdp::model_options early;
+  early.early_grads = {"root"};
+  early.check_views = true;  // the head's view stays good until the root's backward ends
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> m(c, tied(), by_prefix{"h."},
+                                                                                  fsdp::init::normal{}, early);
+    fsdp::optim::sgd sgd(m, {.lr = 0.0f});
+    const float r = float(c.rank() + 1);
+    for (auto& u : m.forward()) (void)u;
+    auto& root = m.unit("root");
+    fsdp::tensor_view<float> head;
+    for (auto& u : m.backward()) {
+      if (u.name() == "h.1") {  // first in backward: the head's gradient, before the root is current
+        head = root.grad("wte");
+        for (float& g : head) g = r;
+      }
+      if (u.name() == "root")
+        for (std::int64_t i = 0; i < head.numel(); ++i) head[i] += 10.0f * r;  // the embedding's part
+    }
+    m.synchronize();
+    // averaged over the ranks: 11 x (1 + 2) / 2 in every element this rank holds
+    for (const auto& v : root.shard_views())
+      for (std::int64_t i = v.begin; i < v.end; ++i) CHECK(root.grad_shard()[v.shard_offset + (i - v.begin)] == 16.5f);
+    sgd.step();
+    sgd.zero_grad();
+    m.synchronize();
+    CHECK(m.memory().peak == m.plan_memory(sgd).peak);
+  });
+  // without it, the head's write is refused, naming the option
+  run_ranks(1, [&](local_communicator& c) {
+    fsdp::Model<Full> m(c, tied(), by_prefix{"h."});
+    for (auto& u : m.forward()) (void)u;
+    for (auto& u : m.backward())
+      if (u.name() == "h.1")
+        CHECK(error_of<fsdp::usage_error>([&] { m.unit("root").grad("wte"); }) ==
+              "fsdp: unit 'root' (index 0): grad('wte') is only available while the unit is current in "
+              "model.backward() (now: not current); to write it earlier in the backward pass (a tied head's "
+              "gradient), name the unit in model_options::early_grads");
+  });
+}
+
 TEST_CASE("gradients are only reachable inside backward") {
   run_ranks(2, [](local_communicator& c) {
     fsdp::Model<Full> m(c, three_layers(), by_prefix{"layers."});
     for (auto& u : m.forward())
       CHECK(error_of<fsdp::usage_error>([&] { u.grad(u.name() + ".w"); }) ==
             "fsdp: unit '" + u.name() + "' (index " + std::to_string(u.index()) + "): grad('" + u.name() +
-                ".w') is only available while the unit is current in model.backward() (now: current in forward)");
+                ".w') is only available while the unit is current in model.backward() (now: current in forward); "
+                "to write it earlier in the backward pass (a tied head's gradient), name the unit in "
+                "model_options::early_grads");
     for (auto& u : m.backward()) (void)u.grad(u.name() + ".w");
   });
 }

@@ -205,6 +205,12 @@ TEST_CASE("option errors name the option and the unit") {
   }
   {
     fsdp::model_options o;
+    o.early_grads = {"l1", "l9"};
+    CHECK(construction_error(o) ==
+          "fsdp: model_options::early_grads names 'l9', which is not a unit (units: l0, l1, l2)");
+  }
+  {
+    fsdp::model_options o;
     o.reshard_after_forward["l9"] = false;
     CHECK(construction_error(o) ==
           "fsdp: model_options::reshard_after_forward names 'l9', which is not a unit (units: l0, l1, l2)");

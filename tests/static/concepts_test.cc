@@ -6,6 +6,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tests/support/support.hpp"
@@ -387,6 +391,45 @@ TEST_CASE("a loop over basic_model runs the passes of models of different polici
     fsdp::Model<B> bf16(c, spec, by_letter);
     CHECK(pass_order(fp32) == expected);
     CHECK(pass_order(bf16) == expected);
+  });
+}
+
+TEST_CASE(
+    "a trainer's struct keeps a model chosen at run time: std::unique_ptr<basic_model<B, C, T>>, and its "
+    "optimizer as adamw<model_core<B, C>>") {
+  using host = fsdp::backend::host;
+  using local = fsdp::comm::local_communicator;
+  static_assert(std::has_virtual_destructor_v<fsdp::basic_model<host, local, float>>);
+  struct trainer {  // as a C trainer's struct owns its parameters: the optimizer after the model, so it goes first
+    std::unique_ptr<fsdp::basic_model<host, local, float>> model;
+    std::optional<fsdp::optim::adamw<fsdp::model_core<host, local>>> opt;
+  };
+  fsdp::ModelSpec spec;
+  spec.add("a.w", {5, 3}).add("b.w", {7});
+  const fsdp::wrap::by_function by_letter{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }};
+  fsdp_test::run_ranks(2, [&](local& c) {
+    for (const char* name : {"full_shard", "shard_grad_op", "no_shard"}) {
+      CAPTURE(name);
+      trainer t;
+      t.model = fsdp::select(
+          "--strategy", name,
+          [&](auto s) -> std::unique_ptr<fsdp::basic_model<host, local, float>> {
+            return std::make_unique<fsdp::Model<fsdp::policy<typename decltype(s)::type>>>(c, spec, by_letter);
+          },
+          fsdp::by_name<fsdp::sharding::full_shard, fsdp::sharding::shard_grad_op, fsdp::sharding::no_shard>());
+      t.opt.emplace(*t.model, fsdp::optim::adamw_options{.lr = 0.1f});
+      c.reset_stats();
+      for (auto& u : t.model->forward()) (void)u.param(u.name() + ".w");
+      for (auto& u : t.model->backward()) u.grad(u.name() + ".w")[0] = 1.0f;
+      t.opt->step();
+      t.opt->zero_grad();
+      t.model->synchronize();
+      // the strategy named at run time is the one that ran: b gathered twice under full_shard (a, the first unit,
+      // kept into its backward), each unit once under shard_grad_op, none under no_shard (all-reduced instead)
+      const std::string n = name;
+      CHECK(c.stats()[fsdp::collective::all_gather] == (n == "full_shard" ? 3u : n == "shard_grad_op" ? 2u : 0u));
+      CHECK(c.stats()[fsdp::collective::all_reduce] == (n == "no_shard" ? 2u : 0u));
+    }  // the trainer goes: its optimizer, then its model through the base pointer
   });
 }
 

@@ -186,6 +186,7 @@ FSDP_DECL fingerprint model_fingerprint(const ModelSpec& spec, const init::rule&
   fp.add("model_options", "offload_units", offload_units + "}");
   fp.add("model_options", "gather_slots", std::to_string(opt.gather_slots));
   fp.add("model_options", "grad_slots", std::to_string(opt.grad_slots));
+  fp.add("model_options", "early_grads", list(opt.early_grads));
   fp.add("model_options", "check_collectives", flag(opt.check_collectives));
   fp.add("model_options", "prefetch.forward", describe(opt.prefetch.forward));
   fp.add("model_options", "prefetch.backward", describe(opt.prefetch.backward));

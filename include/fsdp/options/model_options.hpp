@@ -65,6 +65,13 @@ struct model_options {
   /// tied head last in forward, then first in backward) stays gathered into its backward whatever the strategy, as
   /// PyTorch FSDP2 keeps its root; naming it here with true releases it after its forward.
   std::map<std::string, bool> reshard_after_forward;
+  /// Units whose unsharded gradient exists from the start of every backward pass (zeroed there), not only while
+  /// the unit is current: the trainer may write it through grad() before the unit's own backward, as a tied
+  /// head's gradient is computed first in backward and belongs to the root, whose backward comes last. It is
+  /// reduced with the rest of the unit's gradient when its backward ends. Each holds a gradient slot for the
+  /// whole backward pass, so with grad_slots = 2 the other units' backward waits for the previous reduction; 3
+  /// keeps one reduction overlapping. The memory planner counts it.
+  std::vector<std::string> early_grads;
   /// Per unit name: the parts this unit keeps in host memory, instead of the offload policy's
   /// (fsdp/offload/offload.hpp), e.g. {"root", fsdp::offload::none::facts} to keep the embeddings on the device, or
   /// {"h.0", fsdp::offload::all::facts} to offload one unit. A unit with all three on the host steps its optimizer

@@ -39,6 +39,8 @@ struct config {
   std::vector<std::vector<std::size_t>> backward_schedule;
   /// Units held gathered (or gathering) at once; 0 = no limit.
   int gather_slots = 0;
+  /// Per unit index: its unsharded gradient is made when the backward pass begins (model_options::early_grads).
+  std::vector<bool> early_grad;
   /// Unsharded gradient buffers made before one is reused (model_options::grad_slots).
   int grad_slots = 2;
   /// Backward passes per optimizer step (accumulation_options::micro_batches).

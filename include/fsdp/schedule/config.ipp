@@ -65,6 +65,14 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
     p.add("model_options::prefetch names units to prefetch, but the policy's prefetch is not "
           "prefetch::explicit_schedule (it would be ignored)");
   }
+  c.early_grad.assign(n, false);
+  for (const auto& name : opt.early_grads) {
+    const auto u = units.find(name);
+    if (!u)
+      p.add("model_options::early_grads names '", name, "', which is not a unit (units: ", units.list(), ")");
+    else
+      c.early_grad[*u] = true;
+  }
   c.gather_slots = opt.gather_slots;
   if (c.gather_slots < 0) p.add("model_options::gather_slots must be >= 0 (0 = no limit), got ", c.gather_slots);
   c.grad_slots = opt.grad_slots;

@@ -16,7 +16,8 @@
 //                               tied-embedding model uses its root again at the forward's end (the head) and
 //                               first in backward, so it stays gathered into its backward (as PyTorch FSDP2's root)
 //   backward, entering u:       gather u if needed; prefetch the backward window (unless post_backward);
-//                               wait for u's gather; allocate u's zeroed unsharded gradient
+//                               wait for u's gather; allocate u's zeroed unsharded gradient (entering the first
+//                               unit of the pass: every early-gradient unit's too, model_options::early_grads)
 //   backward, leaving u:        release u (in the last micro-batch only, when units are kept gathered; never
 //                               under ZeRO-1); prefetch the backward window (post_backward only); then reduce u's
 //                               gradient, or, under no-sync before the last micro-batch, accumulate it locally
@@ -97,6 +98,9 @@ class scheduler {
   bool reduced(std::size_t u) const { return u_.at(u).reduced; }
   /// Units currently gathering or gathered (when units are gathered at all).
   int held() const noexcept { return held_; }
+  /// Unit u's unsharded gradient exists (from its backward's start, or from the pass's for an early-gradient unit)
+  /// and has not gone to its reduction yet.
+  bool grad_open(std::size_t u) const { return u_.at(u).grad_open; }
   /// Backward passes completed since the last optimizer step.
   int micro_batches_done() const noexcept { return micro_batches_done_; }
   /// Steps begun so far: a forward pass after an optimizer step (or the first one) begins the next.
@@ -136,7 +140,12 @@ class scheduler {
       if (k == pass_kind::forward || !c_.post_backward) prefetch(k, order, pos, u, emit);
       if (u_[u].params == unit_state::gathering) wait(u, emit);
     }
-    if (k == pass_kind::backward) emit(op::alloc_grad, u, false);
+    if (k == pass_kind::backward) {
+      if (pos == 0)
+        for (std::size_t e = 0; e < u_.size(); ++e)
+          if (c_.early_grad[e] && e != u) alloc_grad(e, emit);
+      if (!u_[u].grad_open) alloc_grad(u, emit);
+    }
     return std::nullopt;
   }
 
@@ -156,6 +165,7 @@ class scheduler {
       if (!c_.keep_between_steps && (!c_.keep_gathered || last)) release(u, emit);
       if (c_.post_backward) prefetch(k, order, pos, u, emit);
     }
+    u_[u].grad_open = false;
     if (c_.sync_each_micro_batch || last) {
       emit(op::reduce, u, false);
       u_[u].reduced = true;
@@ -214,6 +224,7 @@ class scheduler {
     pass_kind active = pass_kind::none;
     bool forward_done = false;
     bool reduced = false;
+    bool grad_open = false;
   };
 
   bool slot_free() const noexcept { return c_.gather_slots == 0 || held_ < c_.gather_slots; }
@@ -253,6 +264,11 @@ class scheduler {
   void wait(std::size_t u, Emit& emit) {
     u_[u].params = unit_state::gathered;
     emit(op::wait, u, false);
+  }
+  template <class Emit>
+  void alloc_grad(std::size_t u, Emit& emit) {
+    u_[u].grad_open = true;
+    emit(op::alloc_grad, u, false);
   }
   template <class Emit>
   void release(std::size_t u, Emit& emit) {

@@ -23,6 +23,8 @@ FSDP_DECL scheduler::scheduler(const unit_index& units, config c) : units_(&unit
   if (c_.reshard_after_forward.size() != n || c_.reshard_named.size() != n)
     detail::fail_usage("scheduler: reshard_after_forward and reshard_named have ", c_.reshard_after_forward.size(),
                        " and ", c_.reshard_named.size(), " entries for ", n, " units");
+  if (c_.early_grad.size() != n)
+    detail::fail_usage("scheduler: early_grad has ", c_.early_grad.size(), " entries for ", n, " units");
   if (c_.by_schedule && (c_.forward_schedule.size() != n || c_.backward_schedule.size() != n))
     detail::fail_usage("scheduler: an explicit prefetch schedule needs one list per unit");
   if (c_.gather_slots < 0) detail::fail_usage("gather_slots must be >= 0 (0 = no limit), got ", c_.gather_slots);

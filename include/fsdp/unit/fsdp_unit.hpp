@@ -99,10 +99,12 @@ class FsdpUnit : public basic_unit<Backend> {
     static_assert(same_dtype<T, Compute>(),
                   "FsdpUnit::grad<T>: T must have the precision policy's compute dtype");
     const flat_entry& e = layout_->entry(pname, name());
-    if (active() != pass_kind::backward)
+    if (active() != pass_kind::backward && !this->sched_->grad_open(index_))
       detail::fail_usage("unit '", name(), "' (index ", index_, "): grad('", pname,
                          "') is only available while the unit is current in model.backward() (now: ",
-                         active() == pass_kind::none ? "not current" : "current in forward", ")");
+                         active() == pass_kind::none ? "not current" : "current in forward",
+                         "); to write it earlier in the backward pass (a tied head's gradient), name the unit in "
+                         "model_options::early_grads");
     return tensor_view<T>(static_cast<T*>(bufs_->grad) + e.offset, &e.shape, e.numel,
                           checked(bufs_->grad_handovers, e, true));
   }
