@@ -687,7 +687,8 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   check_same(gpu.params, host.params);
   CHECK(gpu.memory.peak == gpu.planned);
   const fsdp::collective_stats st = comm.stats();
-  CHECK(st[fsdp::collective::all_gather] == 4 * (3 + 3) + 3);  // forward + backward per step, then gather_full_params
+  // forward + backward per step (the first unit, kept into its backward, once), then gather_full_params
+  CHECK(st[fsdp::collective::all_gather] == 4 * (3 + 2) + 3);
   CHECK(st[fsdp::collective::reduce_scatter] == 4 * 3);
   comm.barrier();
   // Grouped calls: one NCCL launch for both; at world 1 an all-reduce and a broadcast leave the value as it is.
