@@ -63,35 +63,14 @@ TEST_CASE(
                        "model_options::check_collectives' 48-byte scratch\n"));
 }
 
-TEST_CASE("a model under check_collectives: its row carries the scratch, and the table finds every rank within") {
-  fsdp::model_options checked;
-  checked.check_collectives = true;
+namespace {
+/// Every rank's row of a 2-rank model of three units after one AdamW step under `o`.
+std::vector<fsdp::rank_memory> rows_after_a_step(const fsdp::model_options& o) {
   std::vector<fsdp::rank_memory> rows;
   std::mutex mu;
   fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& comm) {
     fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> m(
-        comm, fsdp_test::three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{}, checked);
-    fsdp::optim::adamw opt(m, {});
-    for (auto& u : m.forward()) (void)u;
-    for (auto& u : m.backward()) (void)u;
-    opt.step();
-    m.synchronize();
-    const fsdp::rank_memory row = fsdp::memory_row(m, opt);
-    CHECK(row.outside_plan == 16 * (2 + 1));  // a 16-byte digest and both ranks'
-    CHECK(row.measured[fsdp::mem::comm_buffers] - row.planned[fsdp::mem::comm_buffers] <= row.outside_plan);
-    std::lock_guard lk(mu);
-    rows.push_back(row);
-  });
-  CHECK(fsdp::memory_table(rows).find("\nevery rank within its plan") != std::string::npos);
-}
-
-TEST_CASE("a model's rows: measured equal to the plan on every rank, category by category, after a step") {
-  const fsdp::ModelSpec spec = fsdp_test::three_units();
-  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
-  std::vector<fsdp::rank_memory> rows;
-  std::mutex mu;
-  fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& comm) {
-    fsdp::Model<P> m(comm, spec, fsdp::wrap::by_prefix{"l"});
+        comm, fsdp_test::three_units(), fsdp::wrap::by_prefix{"l"}, fsdp::init::normal{}, o);
     fsdp::optim::adamw opt(m, {});
     for (auto& u : m.forward()) (void)u;
     for (auto& u : m.backward()) (void)u;
@@ -99,11 +78,32 @@ TEST_CASE("a model's rows: measured equal to the plan on every rank, category by
     m.synchronize();
     const fsdp::rank_memory row = fsdp::memory_row(m, opt);
     CHECK(row.rank == comm.rank());
-    CHECK(row.measured == row.planned);
-    CHECK(row.measured.total > 0);
     std::lock_guard lk(mu);
     rows.push_back(row);
   });
+  return rows;
+}
+}  // namespace
+
+TEST_CASE("a model under check_collectives: its row carries the scratch, and the table finds every rank within") {
+  fsdp::model_options checked;
+  checked.check_collectives = true;
+  const std::vector<fsdp::rank_memory> rows = rows_after_a_step(checked);
   REQUIRE(rows.size() == 2);
+  for (const fsdp::rank_memory& row : rows) {
+    CHECK(row.outside_plan == 16 * (2 + 1));  // a 16-byte digest and both ranks'
+    CHECK(row.measured[fsdp::mem::comm_buffers] - row.planned[fsdp::mem::comm_buffers] <= row.outside_plan);
+  }
+  CHECK(fsdp::memory_table(rows).find("\nevery rank within its plan") != std::string::npos);
+}
+
+TEST_CASE("a model's rows: measured equal to the plan on every rank, category by category, after a step") {
+  const std::vector<fsdp::rank_memory> rows = rows_after_a_step({});
+  REQUIRE(rows.size() == 2);
+  for (const fsdp::rank_memory& row : rows) {
+    CHECK(row.measured == row.planned);
+    CHECK(row.measured.total > 0);
+    CHECK(row.outside_plan == 0);
+  }
   CHECK(fsdp::memory_table(rows).ends_with("\nevery rank within its plan\n"));
 }
