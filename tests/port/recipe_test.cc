@@ -90,8 +90,7 @@ using local = fsdp::comm::local_communicator;
 }  // namespace
 
 TEST_CASE("every block of the porting recipe is compiled here, verbatim and in order") {
-  const std::string doc =
-      fsdp_tests::file_bytes(fsdp_tests::program("FSDP_PORTING_MD", "docs/porting.md"));
+  const std::string doc = fsdp_tests::file_bytes(fsdp_tests::program("FSDP_PORTING_MD", "docs/porting.md"));
   const std::string self =
       fsdp_tests::file_bytes(fsdp_tests::program("FSDP_RECIPE_SOURCE", "tests/port/recipe_test.cc"));
   const std::vector<std::string> blocks = doc_blocks(doc), regions = source_regions(self);

@@ -30,16 +30,6 @@
 
 namespace fsdp::agree {
 
-/// A fingerprint's digest on the wire: its FNV-1a hash and its encoded length, 8 bytes each.
-inline constexpr std::size_t digest_bytes = 16;
-
-/// The scratch (mem::comm_buffers) one comparison holds at a time when the ranks agree: this rank's digest and every
-/// rank's, digest_bytes * (world + 1); none in a group of one. Outside the memory plan: fsdp::memory_row counts it
-/// as such under model_options::check_collectives.
-constexpr std::int64_t agreement_scratch_bytes(int world) noexcept {
-  return world <= 1 ? 0 : std::int64_t(digest_bytes) * (world + 1);
-}
-
 namespace wire {
 /// Every rank's `mine` (bytes, a multiple of 4) through one all_gather of f32 elements on `s`.
 template <Backend B, CollectivePolicy C>

@@ -8,9 +8,9 @@
 //                                        that measured more than planned, by how many bytes
 //
 // What the plan leaves out by design is allowed for, and said: under model_options::check_collectives each rank
-// holds up to agree::agreement_scratch_bytes(world) of comm buffers beside the plan while it compares a collective
-// (fsdp/agree/agree.hpp); a row's `outside_plan` carries it, and a measured figure over the plan by no more than
-// that is within it, with the closing line saying so.
+// holds up to agree::agreement_scratch_bytes(world) (fsdp/core/hash.hpp) of comm buffers beside the plan while it
+// compares a collective (fsdp/agree/agree.hpp); a row's `outside_plan` carries it, and a measured figure over the plan
+// by no more than that is within it, with the closing line saying so.
 //
 // With thread ranks (comm::run_local), gather the rows (one per rank, any order) and print the table once; with one
 // process per rank, each prints its own row's table. The measured figures are the backend's accounting (on CUDA the
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/agree/agree.hpp"
 #include "fsdp/core/config.hpp"
+#include "fsdp/core/hash.hpp"
 #include "fsdp/memory/memory.hpp"
 
 namespace fsdp {
