@@ -62,8 +62,8 @@ class interpreter {
   void use_optimizer(optimizer_work<B>* w) noexcept { work_ = w; }
 
   // ---- the program's actions ----------------------------------------------------------------------------------
-  void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t u) {
-    diag_.allocating(u, step_slots<B>::name_of(r), [&] { slots_.take(r, p, stream_of(l)); });
+  void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost& each, std::size_t u) {
+    diag_.allocating(u, step_slots<B>::name_of(r), [&] { slots_.take(r, p, each, stream_of(l)); });
     unit_buffers<B>& b = st_.buffers(u);
     if (r == plan::ring::gathered) b.params = slots_.data(r, p.slot);
     if (r == plan::ring::grad) b.grad = slots_.data(r, p.slot);

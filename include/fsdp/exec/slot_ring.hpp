@@ -1,10 +1,11 @@
 #pragma once
 // One purpose's reusable buffers on a backend: the slots the step program's sched::slot_ledger picks
-// (fsdp/plan/program.hpp), each `each` bytes, made on first use and kept until the ring goes; the event recorded
-// where each was last given back. Taking a slot that existed makes the taking stream wait for that event first
-// (the rate limit of FSDP, with GPU events and no host synchronisation), so no stream writes a slot another stream
-// still reads, and no allocator is asked for memory within a step. A slot taken again on the stream that gave it
-// back needs no wait (the stream's own order holds), and none is issued.
+// (fsdp/plan/program.hpp), each made at the size the ledger gives it on first use and kept until the ring goes; the
+// event recorded where each was last given back. Taking a slot that existed makes the taking stream wait for that
+// event first (the rate limit of FSDP, with GPU events and no host synchronisation), so no stream writes a slot
+// another stream still reads. A slot the ledger makes larger is freed and made again after that wait, in the taking
+// stream's order (the first steps only: the ledger settles). A slot taken again on the stream that gave it back
+// needs no wait (the stream's own order holds), and none is issued.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -45,22 +46,27 @@ class slot_ring {
   using stream = typename B::stream;
 
   slot_ring() = default;
-  /// Slots of `each`, of which the ledger makes `keep` before it reuses one.
-  slot_ring(const plan::buffer_cost& each, int keep) : each_(each), keep_(keep) {}
+  /// Slots of which the ledger makes `keep` before it reuses one; `ahead`: the size of those make_all() makes.
+  slot_ring(const plan::buffer_cost& ahead, int keep) : ahead_(ahead), keep_(keep) {}
 
-  /// Makes every slot the ledger will make, before they are first taken (host memory: pinning it may synchronise
-  /// the device, which must not happen within a step). The ledger still counts them as made at their first take,
-  /// as the planner does.
+  /// Makes every slot the ledger will make, at the ring's one size, before they are first taken (host memory:
+  /// pinning it may synchronise the device, which must not happen within a step). The ledger still counts them as
+  /// made at their first take, as the planner does.
   void make_all(B& be, stream& s) {
-    if (each_.numel <= 0) return;
-    while (bufs_.size() < static_cast<std::size_t>(keep_)) make(be, s);
+    if (ahead_.numel <= 0) return;
+    while (bufs_.size() < static_cast<std::size_t>(keep_)) make(be, ahead_, s);
   }
-  /// The slot `p` picks, for use on `s`, ready there.
-  void take(const sched::slot_ledger::pick& p, B& be, stream& s) {
+  /// The slot `p` picks for a buffer `each`, for use on `s`, ready there.
+  void take(const sched::slot_ledger::pick& p, const plan::buffer_cost& each, B& be, stream& s) {
+    const auto i = static_cast<std::size_t>(p.slot);
     if (p.fresh) {
-      while (static_cast<std::size_t>(p.slot) >= bufs_.size()) make(be, s);  // not made ahead
-    } else if (giver_[static_cast<std::size_t>(p.slot)] != &s) {
-      be.wait(s, given_back_[static_cast<std::size_t>(p.slot)]);
+      while (i >= bufs_.size()) make(be, each, s);  // not made ahead
+      return;
+    }
+    if (giver_[i] != &s) be.wait(s, given_back_[i]);
+    if (p.grows) {  // after the wait: no stream reads the old memory any more
+      be.release_after(std::move(bufs_[i]), s);
+      bufs_[i] = allocate(be, each, s);
     }
   }
   /// Slot i is free again once `s` reaches this point.
@@ -71,13 +77,13 @@ class slot_ring {
   void* data(int i) const { return bufs_[static_cast<std::size_t>(i)].data(); }
 
  private:
-  void make(B& be, stream& s) {
-    bufs_.push_back(allocate(be, each_, s));
+  void make(B& be, const plan::buffer_cost& each, stream& s) {
+    bufs_.push_back(allocate(be, each, s));
     given_back_.emplace_back();
     giver_.push_back(nullptr);
   }
 
-  plan::buffer_cost each_{};
+  plan::buffer_cost ahead_{};
   int keep_ = 1;
   std::vector<typename B::buffer> bufs_;
   std::vector<typename B::event> given_back_;

@@ -1,10 +1,9 @@
 #pragma once
 // The slots of a step on a backend: one ring (exec/slot_ring.hpp) per purpose of the step program (plan::ring), each
-// slot as large as the program's slot cost of that ring, made before reuse as many times as the program's ledger
-// keeps (gathered, reduce input and output, wire: 1; grad: model_options::grad_slots; the offload and staging rings:
-// 2).
-// The program's ledgers pick which slot a take gets and know which slot each unit holds; these rings add the memory
-// and the events.
+// slot as large as the program's ledger makes it (the download ring's, made ahead: the program's slot cost of that
+// ring), made before reuse as many times as the program's ledger keeps (gathered, reduce input and output, wire: 1;
+// grad: model_options::grad_slots; the offload and staging rings: 2). The program's ledgers pick which slot a take gets
+// and know which slot each unit holds; these rings add the memory and the events.
 #include <cstddef>
 #include <string_view>
 
@@ -36,7 +35,9 @@ class step_slots {
   }
 
   /// The slot `p` of ring r, for use on `s`: made, or waited for (the event of its last give).
-  void take(plan::ring r, const sched::slot_ledger::pick& p, stream& s) { ring(r).take(p, be_, s); }
+  void take(plan::ring r, const sched::slot_ledger::pick& p, const plan::buffer_cost& each, stream& s) {
+    ring(r).take(p, each, be_, s);
+  }
   void give(plan::ring r, int slot, stream& s) { ring(r).give(be_, slot, s); }
   void* data(plan::ring r, int slot) const { return rings_[static_cast<std::size_t>(r)].data(slot); }
   /// The memory of the slot unit u holds in ring r.

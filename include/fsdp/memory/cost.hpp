@@ -46,7 +46,8 @@
 //
 // The buffers that come and go within a step (gathered, grad, reduce input and output) do not come from the
 // allocator one by one: they live in slots the library owns (fsdp/exec/slot_ring.hpp), one ring per purpose, each
-// slot as large as the largest unit's buffer (slot_costs_of). A slot, once made, stays until the model goes.
+// slot as large as the largest unit's buffer it served (fsdp/schedule/slot_ledger.hpp: at most slot_costs_of's). A
+// slot, once made, stays until the model goes.
 #include <cstdint>
 #include <vector>
 
@@ -133,12 +134,13 @@ struct unit_costs {
 
 FSDP_DECL unit_costs costs_of(const FlatLayout& l, const cost_facts& f);
 
-/// The size of one slot of each ring: the largest buffer of that purpose over the units (numel 0: no ring).
+/// The largest buffer of each purpose over the units (numel 0: no ring): the most a slot of that ring grows to,
+/// and the download slots' one size.
 struct slot_costs {
   buffer_cost gathered, grad, reduce_input, reduce_output, upload, download, wire;
 };
 
-/// `slot` becomes `b` when `b` is larger: a slot holds the largest buffer of its purpose.
+/// `slot` becomes `b` when `b` is larger.
 inline void widen(buffer_cost& slot, const buffer_cost& b) {
   if (b.numel > slot.numel) slot = b;
 }
@@ -165,7 +167,7 @@ struct staging_costs {
 
 FSDP_DECL staging_costs staging_costs_of(const unit_costs& c, const offload_facts& o, int states);
 
-/// One staging slot of each part: the largest unit's (`offload`: each unit's facts).
+/// The largest staging buffer of each part over the units (`offload`: each unit's facts).
 FSDP_DECL staging_costs staging_slots_of(const std::vector<unit_costs>& units,
                                          const std::vector<offload_facts>& offload, int states);
 

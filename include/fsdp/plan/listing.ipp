@@ -58,7 +58,10 @@ class listing_reading {
 
   void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t u) {
     note(l, u,
-         "take " + std::string(plan::name_of(r)) + " slot " + std::to_string(p.slot) + (p.fresh ? " (made)" : ""));
+         "take " + std::string(plan::name_of(r)) + " slot " + std::to_string(p.slot) +
+             (p.fresh   ? " (made)"
+              : p.grows ? " (made larger)"
+                        : ""));
   }
   void give(plan::lane l, plan::ring r, int slot, std::size_t u) {
     note(l, u, "give " + std::string(plan::name_of(r)) + " slot " + std::to_string(slot));

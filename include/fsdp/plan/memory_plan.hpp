@@ -1,12 +1,13 @@
 #pragma once
 // Memory planner: the per-rank peak of every memory category, and of their sum, known before the first step.
-// It runs the scheduler's own decisions (fsdp/schedule/scheduler.hpp) through two training steps of every
-// micro-batch on byte counters, with each buffer's cost from fsdp/memory/cost.hpp, in the order the unit executor
-// allocates and releases (fsdp/plan/program.hpp, the step program the executor interprets and the timeline
-// planner reads too), and with the executor's slot ledgers (fsdp/schedule/slot_ledger.hpp) for what lives in slots. So
-// every policy the scheduler knows (prefetch depth or schedule, gather and grad slots, per-unit resharding, recorded
-// order, precision, gradient accumulation) is planned by the code that schedules it. The figures hold on the device
-// too: within a step the executor takes no memory but its slots, and reuses a slot only after an event
+// It runs the scheduler's own decisions (fsdp/schedule/scheduler.hpp) through training steps of every micro-batch
+// on byte counters (two, or more until the slot ledgers settle), with each buffer's cost from
+// fsdp/memory/cost.hpp, in the order the unit executor allocates and releases (fsdp/plan/program.hpp, the step
+// program the executor interprets and the timeline planner reads too), and with the executor's slot ledgers
+// (fsdp/schedule/slot_ledger.hpp) for what lives in slots. So every policy the scheduler knows (prefetch depth or
+// schedule, gather and grad slots, per-unit resharding, recorded order, precision, gradient accumulation) is planned
+// by the code that schedules it. The figures hold on the device too: within a step the executor takes no memory but
+// its slots (made, or made larger, where the ledgers say), and reuses a slot only after an event
 // (tests/model/memory_bound_test.cc checks this against a model of a stream-ordered pool).
 //
 // A schedule that cannot run (a unit needed for compute while every gather slot is held) is a plan that is not

@@ -60,16 +60,28 @@ struct counter {
   void sub(const plan::buffer_cost& b) { add(b, -1); }
 };
 
-/// The program's memory reading: a slot's bytes count from the take that makes it (for good); the accumulator
-/// from its making to its freeing; the copies of the passes count as link bytes.
+/// The program's memory reading: a slot's bytes count from the take that makes it (for good; a take that makes it
+/// larger frees the old and counts the new); the accumulator from its making to its freeing; the copies of the
+/// passes count as link bytes.
 struct memory_reading {
   counter& m;
   const plan::step_program& prog;
   plan::link_bytes link;
   int gathered = 0, max_gathered = 0;
+  std::vector<plan::buffer_cost> made[plan::rings];  // per ring and slot: what it was made as
 
   void take(plan::lane, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost& each, std::size_t) {
-    if (p.fresh) m.add(each);
+    std::vector<plan::buffer_cost>& slots = made[static_cast<std::size_t>(r)];
+    const auto i = static_cast<std::size_t>(p.slot);
+    if (p.fresh) {
+      slots.resize(std::max(slots.size(), i + 1));
+      slots[i] = each;
+      m.add(each);
+    } else if (p.grows) {
+      m.sub(slots[i]);
+      slots[i] = each;
+      m.add(each);
+    }
     if (r == plan::ring::gathered) max_gathered = std::max(max_gathered, ++gathered);
   }
   void give(plan::lane, plan::ring r, int, std::size_t) {
@@ -136,9 +148,23 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
   sched::scheduler s(units, in.schedule);
   // Replicas not known (0): the replica all-reduce works in place, on no memory of its own.
   plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, 0, in.costs.prescales);
-  detail::memory_reading r{m, prog, {}, 0, 0};
-  // Two steps: the second starts from the state the first leaves (all sharded after a step's release).
-  for (int step = 0; step < 2; ++step) {
+  detail::memory_reading r{m, prog, {}, 0, 0, {}};
+  // The second step starts from the state the first leaves (all sharded after a step's release), and every later
+  // one as the second, but for the slots: the slot ledgers' state (slots, sizes, the order of slots given back)
+  // decides which slot each take gets. Steps run until a step leaves the ledgers in a state an earlier step (not
+  // the first) left them in: from there the steps repeat ones already counted. A ledger's slots only grow, up to the
+  // largest unit's buffer, so that comes within a few steps (most models: the second).
+  auto ledgers = [&] {
+    std::vector<sched::slot_ledger> l;
+    for (std::size_t k = 0; k < plan::rings; ++k) l.push_back(prog.ledger(plan::ring(k)));
+    return l;
+  };
+  std::vector<std::vector<sched::slot_ledger>> seen;
+  for (int step = 0;; ++step) {
+    if (step >= 1) {  // the state the last step left
+      seen.push_back(ledgers());
+      if (step >= 2 && std::find(seen.begin(), seen.end() - 1, seen.back()) != seen.end() - 1) break;
+    }
     r.link = {};
     const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
     const auto short_of = plan::run_step(s, order, prog, r, [&] { m.add(norms); }, [&] { m.sub(norms); });

@@ -7,7 +7,8 @@
 //
 //   the unit executor (fsdp/exec/interpreter.hpp)      the backend's memory, streams, events, kernels and copies,
 //                                                      the communicator's collectives: the step itself
-//   the memory planner (fsdp/plan/memory_plan.hpp)     a slot's bytes count from the take that makes it
+//   the memory planner (fsdp/plan/memory_plan.hpp)     a slot's bytes count from the take that makes it (or
+//                                                      makes it larger)
 //   the timeline planner (fsdp/plan/timeline.hpp)      streams advance through waits and work in modelled time
 //
 // and a fourth writes it down as text (fsdp/plan/listing.hpp: one step, action by action, per stream).
@@ -25,8 +26,10 @@
 // its buffer in run_step's `between`).
 //
 // An interpreter `I` provides:
-//   take(lane, ring, slot_ledger::pick, const buffer_cost& each, unit)   a slot taken on `lane` (a reused slot:
-//                                                                        after the event of its give)
+//   take(lane, ring, slot_ledger::pick, const buffer_cost& each, unit)   a slot taken on `lane` for the unit's
+//                                                                        buffer `each` (a reused slot: after the
+//                                                                        event of its give; a fresh one, or one
+//                                                                        that grows, is made at `each`)
 //   give(lane, ring, slot, unit)                                         the slot may be taken again after this point
 //   buffer(lane, const buffer_cost&, bool made, unit)                    a buffer made (or freed) outside the rings
 //   wait(lane, signal, unit) / record(lane, signal, unit)                the events between streams
@@ -252,7 +255,7 @@ class step_program {
         give(lane::compute, ring::gathered, u, in);
         break;
       case sched::op::alloc_grad:
-        take(lane::compute, ring::grad, u, in);
+        take(lane::compute, ring::grad, u, pass, in);
         in.work(lane::compute, job::zero_grad, u, pass);
         break;
       case sched::op::accumulate:
@@ -322,11 +325,14 @@ class step_program {
         in.wait(lane::upload, signal::reduced, u);
         in.wait(lane::upload, signal::state_saved, u);
         if (c.master)
-          take(lane::upload, ring::upload, u, in), in.work(lane::upload, job::stage_master, u, pass_kind::none);
+          take(lane::upload, ring::upload, u, pass_kind::none, in),
+              in.work(lane::upload, job::stage_master, u, pass_kind::none);
         if (c.grad)
-          take(lane::upload, ring::stage_grad, u, in), in.work(lane::upload, job::stage_grad, u, pass_kind::none);
+          take(lane::upload, ring::stage_grad, u, pass_kind::none, in),
+              in.work(lane::upload, job::stage_grad, u, pass_kind::none);
         if (c.state)
-          take(lane::upload, ring::stage_state, u, in), in.work(lane::upload, job::stage_state, u, pass_kind::none);
+          take(lane::upload, ring::stage_state, u, pass_kind::none, in),
+              in.work(lane::upload, job::stage_state, u, pass_kind::none);
         in.record(lane::upload, signal::staged, u);
         in.wait(lane::compute, signal::staged, u);
         in.work(lane::compute, job::optimizer_device, u, pass_kind::none);
@@ -392,7 +398,25 @@ class step_program {
     }
   }
 
-  /// The slot size of a ring: its largest buffer.
+  /// What unit u (< size()) takes of ring r: its own buffer of that purpose (the slot ledger finds it a slot of that
+  /// size, or makes one). The download ring, pinned host memory made before the first step, has one size, its
+  /// largest buffer.
+  buffer_cost need(std::size_t u, ring r) const {
+    const unit_costs& c = cost_[u];
+    switch (r) {
+      case ring::gathered: return c.gathered;
+      case ring::grad: return c.grad;
+      case ring::reduce_input: return c.reduce_input;
+      case ring::reduce_output: return c.reduce_output;
+      case ring::upload: return c.upload;  // a staged step's master shard: the same buffer (staging_costs_of)
+      case ring::download: return slots_.download;
+      case ring::stage_grad: return staging_costs_of(c, offload_[u], states_).grad;
+      case ring::stage_state: return staging_costs_of(c, offload_[u], states_).state;
+      case ring::wire: return c.wire;
+    }
+    return c.gathered;
+  }
+  /// The largest buffer of a ring: the download ring's slot size, and the most any slot of the others grows to.
   const buffer_cost& slot_cost(ring r) const noexcept {
     switch (r) {
       case ring::gathered: return slots_.gathered;
@@ -408,6 +432,10 @@ class step_program {
     return slots_.gathered;
   }
 
+  /// The slot ledger of ring r: which slots exist, their sizes, the order of those given back, each use's last slot
+  /// (the memory planner runs steps until a step leaves them as an earlier one did).
+  const sched::slot_ledger& ledger(ring r) const noexcept { return ledger_[static_cast<std::size_t>(r)]; }
+
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
  private:
@@ -417,15 +445,15 @@ class step_program {
     in.stamp(lane::host, trace::kind::gather_issued, pass, u, ahead);
     if (c.upload) {  // offloaded params: the host master shard to the device first
       in.wait(lane::upload, signal::shard_ready, u);
-      take(lane::upload, ring::upload, u, in);
+      take(lane::upload, ring::upload, u, pass, in);
       in.work(lane::upload, job::upload_master, u, pass);
       in.record(lane::upload, signal::uploaded, u);
       in.wait(lane::gather, signal::uploaded, u);
     } else {
       in.wait(lane::gather, signal::shard_ready, u);
     }
-    take(lane::gather, ring::gathered, u, in);
-    if (c.wire) take(lane::gather, ring::wire, u, in);  // the all-gather's buffer, in the narrower gather dtype
+    take(lane::gather, ring::gathered, u, pass, in);
+    if (c.wire) take(lane::gather, ring::wire, u, pass, in);  // the all-gather's buffer, in the narrower gather dtype
     in.stamp(lane::gather, trace::kind::gather_begin, pass, u);
     in.work(lane::gather, job::gather, u, pass);
     if (c.upload) give(lane::gather, ring::upload, u, in);
@@ -451,12 +479,12 @@ class step_program {
       give(lane::reduce, ring::grad, u, in);
     }
     if (c.reduce_input) {
-      take(lane::reduce, ring::reduce_input, u, in);
+      take(lane::reduce, ring::reduce_input, u, pass, in);
       in.work(lane::reduce, job::cast_reduce_input, u, pass);
     } else if (prescales_) {
       in.work(lane::reduce, job::prescale, u, pass);
     }
-    if (c.reduce_output) take(lane::reduce, ring::reduce_output, u, in);
+    if (c.reduce_output) take(lane::reduce, ring::reduce_output, u, pass, in);
     in.work(lane::reduce, job::reduce_collective, u, pass);
     if (c.reduce_output && replicates()) in.work(lane::reduce, job::replica_reduce, u, pass);
     lane gives = lane::reduce;  // the stream that read the reduction's slots last
@@ -464,7 +492,7 @@ class step_program {
       in.stamp(lane::reduce, trace::kind::reduce_end, pass, u);
       in.record(lane::reduce, signal::collected, u);
       in.wait(lane::download, signal::collected, u);
-      take(lane::download, ring::download, u, in);
+      take(lane::download, ring::download, u, pass, in);
       in.work(lane::download, job::download_grad, u, pass);
       gives = lane::download;
     } else {
@@ -498,10 +526,13 @@ class step_program {
   }
 
   template <class I>
-  void take(lane l, ring r, std::size_t u, I& in) {
-    const sched::slot_ledger::pick p = ledger_[static_cast<std::size_t>(r)].take();
+  void take(lane l, ring r, std::size_t u, pass_kind pass, I& in) {
+    const buffer_cost each = need(u, r);
+    // a use: the unit in a pass (its forward's, its backward's, the step's)
+    const std::size_t use = u * 3 + static_cast<std::size_t>(pass);
+    const sched::slot_ledger::pick p = ledger_[static_cast<std::size_t>(r)].take(each.bytes(), use);
     held_[u][static_cast<std::size_t>(r)] = p.slot;
-    in.take(l, r, p, slot_cost(r), u);
+    in.take(l, r, p, each, u);
   }
   template <class I>
   void give(lane l, ring r, std::size_t u, I& in) {
