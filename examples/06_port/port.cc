@@ -65,50 +65,41 @@ static float* malloc_and_point_parameters(ParameterTensors* p, const size_t* siz
   return memory;
 }
 
-// one block's tensors: its views in the gathered unit "h.<l>", or its gradient buffers there (grad = true)
+// one block's slices of the stacked tensors
 typedef struct {
   float *w1, *b1, *w2, *b2;
 } BlockParams;
 
-template <class Unit>
-static BlockParams block_params(Unit& unit, int l, bool grad) {
-  const std::string p = "h." + std::to_string(l) + ".";
-  auto at = [&](const char* name) { return grad ? unit.grad(p + name).data() : unit.param(p + name).data(); };
-  BlockParams b = {at("w1"), at("b1"), at("w2"), at("b2")};
+static BlockParams block_params(const ParameterTensors* p, Config c, int l) {
+  BlockParams b = {p->w1 + (size_t)l * c.H * c.C, p->b1 + (size_t)l * c.H, p->w2 + (size_t)l * c.C * c.H,
+                   p->b2 + (size_t)l * c.C};
   return b;
 }
 
-// the same tensors as the library sees them: one name per layer of each stacked kind
+// the stacked tensors as the library sees them, declared once: layer l of each is parameter "h.<l>.<kind>" of
+// unit "h.<l>"
+static fsdp::weights::stacked<ParameterTensors> blocks_of(Config c) {
+  return {"h.",
+          c.L,
+          {{"w1", &ParameterTensors::w1, {c.H, c.C}},
+           {"b1", &ParameterTensors::b1, {c.H}},
+           {"w2", &ParameterTensors::w2, {c.C, c.H}},
+           {"b2", &ParameterTensors::b2, {c.C}}}};
+}
+
 static fsdp::ModelSpec make_spec(Config c) {
   fsdp::ModelSpec spec;
   spec.add("win", {c.C, c.D});
-  for (int l = 0; l < c.L; l++) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    spec.add(p + "w1", {c.H, c.C}).add(p + "b1", {c.H}).add(p + "w2", {c.C, c.H}).add(p + "b2", {c.C});
-  }
+  blocks_of(c).add_to(spec);
   spec.add("wout", {c.K, c.C});
   return spec;
 }
 
-// the FSDP units: one per block ("h.<l>"), one for the input projection ("win"), one for the head ("wout")
-static std::string unit_of(const fsdp::ParamSpec& p) {
-  return p.name.rfind("h.", 0) == 0 ? p.name.substr(0, p.name.find('.', 2)) : p.name;
-}
-static int layer_of(const std::string& unit) { return atoi(unit.c_str() + 2); }  // "h.3" -> 3
-
-// where parameter `name` lives in the stacked tensors: layer l of [L, ...] for "h.<l>.<kind>"
+// where parameter `name` lives: a stacked tensor's layer, or win or wout
 static fsdp::weights::target slice_of(const ParameterTensors* p, Config c, const std::string& name) {
-  int l = 0;
-  char kind[4] = {0};
   if (name == "win") return {p->win, (int64_t)c.C * c.D};
   if (name == "wout") return {p->wout, (int64_t)c.K * c.C};
-  if (sscanf(name.c_str(), "h.%d.%3s", &l, kind) == 2) {
-    if (strcmp(kind, "w1") == 0) return fsdp::weights::layer(p->w1, (int64_t)c.H * c.C, l);
-    if (strcmp(kind, "b1") == 0) return fsdp::weights::layer(p->b1, c.H, l);
-    if (strcmp(kind, "w2") == 0) return fsdp::weights::layer(p->w2, (int64_t)c.C * c.H, l);
-    if (strcmp(kind, "b2") == 0) return fsdp::weights::layer(p->b2, c.C, l);
-  }
-  return {};
+  return blocks_of(c).slice(*p, name);
 }
 
 // ----------------------------------------------------------------------------
@@ -303,7 +294,12 @@ using Model = fsdp::Model<fsdp::policy<fsdp::sharding::full_shard>>;
 static fsdp::rank_memory train(fsdp::comm::local_communicator& comm, ParameterTensors* params, Config c,
                                const float* teacher, int steps, int global_B, float lr) {
   const int rank = comm.rank(), B = global_B / comm.size();
-  Model model(comm, make_spec(c), fsdp::wrap::by_function{unit_of});
+  const fsdp::weights::stacked<ParameterTensors> blocks = blocks_of(c);
+  // the FSDP units: one per block ("h.<l>"), one for the input projection ("win"), one for the head ("wout")
+  Model model(comm, make_spec(c), fsdp::wrap::by_function{[&](const fsdp::ParamSpec& p) {
+                const std::string unit = blocks.unit_of(p.name);
+                return unit.empty() ? p.name : unit;
+              }});
   fsdp::weights::load(model,
                       [&](const std::string& name) -> fsdp::weights::tensor { return slice_of(params, c, name); });
   fsdp::optim::elementwise opt(model, "adamw", {"m", "v"});
@@ -324,7 +320,8 @@ static fsdp::rank_memory train(fsdp::comm::local_communicator& comm, ParameterTe
         matmul_forward(acts.logits, xL, unit.param("wout").data(), NULL, B, c.C, c.K);
         loss = crossentropy_forward(acts.probs, acts.logits, targets, B, c.K);
       } else {
-        block_forward(&acts, block_params(unit, layer_of(unit.name()), false), c, layer_of(unit.name()), B);
+        const ParameterTensors lp = blocks.params(unit);  // the unit's layer alone: its layer 0
+        block_forward(&acts, block_params(&lp, c, 0), c, blocks.layer_of(unit.name()), B);
       }
     }
 
@@ -338,8 +335,8 @@ static fsdp::rank_memory train(fsdp::comm::local_communicator& comm, ParameterTe
       } else if (unit.name() == "win") {
         matmul_backward(NULL, unit.grad("win").data(), NULL, acts.dx, inputs, unit.param("win").data(), B, c.D, c.C);
       } else {
-        const int l = layer_of(unit.name());
-        block_backward(&acts, block_params(unit, l, false), block_params(unit, l, true), c, l, B);
+        const ParameterTensors lp = blocks.params(unit), lg = blocks.grads(unit);
+        block_backward(&acts, block_params(&lp, c, 0), block_params(&lg, c, 0), c, blocks.layer_of(unit.name()), B);
       }
     }
 

@@ -170,3 +170,116 @@ TEST_CASE("store refuses a buffer of another size, naming the parameter") {
                "(rank 0)");
   });
 }
+
+namespace {
+/// A C trainer's parameters: an embedding and two stacked kinds of layer tensor, [3, 5, 4] and [3, 5].
+struct parameter_tensors {
+  float* emb = nullptr;  // [7, 4]
+  float* w = nullptr;    // [L, 5, 4]
+  float* b = nullptr;    // [L, 5]
+};
+fsdp::weights::stacked<parameter_tensors> layer_stack() {
+  return {"h.", layers, {{"w", &parameter_tensors::w, {5, 4}}, {"b", &parameter_tensors::b, {5}}}};
+}
+}  // namespace
+
+TEST_CASE("stacked: one declaration of [L, ...] buffers gives the spec, a unit per layer, the slices and the views") {
+  const auto stack = layer_stack();
+  fsdp::ModelSpec spec;
+  spec.add("emb.w", {7, 4});
+  stack.add_to(spec);
+  std::vector<std::string> names;
+  for (const auto& p : spec.params()) names.push_back(p.name + " " + fsdp::detail::shape_text(p.shape));
+  CHECK(names == std::vector<std::string>{"emb.w [7, 4]", "h.0.w [5, 4]", "h.0.b [5]", "h.1.w [5, 4]", "h.1.b [5]",
+                                          "h.2.w [5, 4]", "h.2.b [5]"});
+  CHECK(stack.unit_of("h.2.b") == "h.2");
+  CHECK(stack.layer_of("h.2") == 2);
+  for (const char* other : {"emb.w", "h.3.w", "h.01.w", "h.1.x", "h.1", "h..w", "h.-1.w", "g.1.w"}) {
+    CAPTURE(other);
+    CHECK(stack.unit_of(other).empty());
+  }
+  for (const char* other : {"emb", "h.", "h.3", "h.1.w", "h.01", "h"}) {
+    CAPTURE(other);
+    CHECK(stack.layer_of(other) == -1);
+  }
+
+  std::vector<float> emb(28), w(layers * per_layer), b(layers * 5);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.25f * float(i);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = -1.0f - float(i);
+  for (std::size_t i = 0; i < emb.size(); ++i) emb[i] = 100.0f + float(i);
+  const parameter_tensors given{emb.data(), w.data(), b.data()};
+  const fsdp::weights::target s = stack.slice(given, "h.1.b");
+  CHECK(s.data == b.data() + 5);
+  CHECK(s.numel == 5);
+  CHECK(stack.slice(given, "emb.w").data == nullptr);
+
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    fsdp_test::run_ranks(world, [&](local_communicator& c) {
+      auto unit_of = [&](const fsdp::ParamSpec& p) {
+        const std::string u = stack.unit_of(p.name);
+        return u.empty() ? std::string("emb") : u;
+      };
+      fsdp::Model<fsdp::policy<fsdp::sharding::full_shard>> m(c, spec, fsdp::wrap::by_function{unit_of});
+      fsdp::weights::load(m, [&](const std::string& name) -> fsdp::weights::tensor {
+        return name == "emb.w" ? fsdp::weights::tensor{emb.data(), 28} : stack.slice(given, name);
+      });
+      int layers_seen = 0;
+      for (auto& u : m.forward()) {
+        if (u.name() == "emb") continue;
+        const int l = stack.layer_of(u.name());
+        const parameter_tensors v = stack.params(u);
+        CHECK(v.emb == nullptr);
+        CHECK(v.w == u.param(u.name() + ".w").data());
+        CHECK(v.b == u.param(u.name() + ".b").data());
+        CHECK(std::vector<float>(v.w, v.w + per_layer) ==
+              std::vector<float>(w.begin() + l * per_layer, w.begin() + (l + 1) * per_layer));
+        CHECK(std::vector<float>(v.b, v.b + 5) == std::vector<float>(b.begin() + l * 5, b.begin() + (l + 1) * 5));
+        ++layers_seen;
+      }
+      CHECK(layers_seen == layers);
+      for (auto& u : m.backward()) {
+        if (u.name() == "emb") continue;
+        const parameter_tensors g = stack.grads(u);
+        CHECK(g.w == u.grad(u.name() + ".w").data());
+        CHECK(g.b == u.grad(u.name() + ".b").data());
+        CHECK(g.emb == nullptr);
+      }
+      // stored back through the same slices: the stacked buffers, bit for bit
+      std::vector<float> w2(w.size()), b2(b.size());
+      const parameter_tensors back{nullptr, w2.data(), b2.data()};
+      fsdp::weights::store(m, [&](const std::string& name) { return stack.slice(back, name); });
+      CHECK(w2 == w);
+      CHECK(b2 == b);
+    });
+  }
+}
+
+TEST_CASE("stacked: misuse is refused, naming the part of the declaration at fault") {
+  using stack_t = fsdp::weights::stacked<parameter_tensors>;
+  auto error = [](auto&& f) { return fsdp_test::error_of<fsdp::usage_error>(f); };
+  CHECK(error([] { stack_t("h.", 0, {{"w", &parameter_tensors::w, {5, 4}}}); }) ==
+        "fsdp: stacked 'h.': 0 layers; at least 1");
+  CHECK(error([] { stack_t("", 2, {{"w", &parameter_tensors::w, {5, 4}}}); }) ==
+        "fsdp: stacked: the unit prefix is empty (\"h.\" names units h.0, h.1, ...)");
+  CHECK(error([] { stack_t("h.", 2, {}); }) == "fsdp: stacked 'h.': no tensor kinds declared");
+  CHECK(error([] { stack_t("h.", 2, {{"", &parameter_tensors::w, {5, 4}}}); }) ==
+        "fsdp: stacked 'h.': kind 0 has no name");
+  CHECK(error([] { stack_t("h.", 2, {{"w", &parameter_tensors::w, {5, 0}}}); }) ==
+        "fsdp: stacked 'h.': kind 'w' has a dimension of 0 in its layer shape; each is at least 1");
+  CHECK(error([] { stack_t("h.", 2, {{"w", &parameter_tensors::w, {5}}, {"w", &parameter_tensors::b, {5}}}); }) ==
+        "fsdp: stacked 'h.': two kinds named 'w'");
+  CHECK(error([] { stack_t("h.", 2, {{"w", &parameter_tensors::w, {5}}, {"b", &parameter_tensors::w, {5}}}); }) ==
+        "fsdp: stacked 'h.': kinds 'w' and 'b' name the same member");
+  CHECK(error([] { stack_t("h.", 2, {{"w", nullptr, {5}}}); }) == "fsdp: stacked 'h.': kind 'w' names no member");
+  const auto stack = layer_stack();
+  CHECK(error([&] { (void)stack.slice(parameter_tensors{}, "h.2.b"); }) ==
+        "fsdp: stacked 'h.': the trainer's buffer of 'b' is null (asked for 'h.2.b')");
+  fsdp_test::run_ranks(1, [&](local_communicator& c) {
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard>> m(c, spec(), by_prefix);
+    for (auto& u : m.forward())
+      if (u.name() == "emb.w")
+        CHECK(error([&] { (void)stack.params(u); }) ==
+              "fsdp: stacked 'h.': unit 'emb.w' is not one of the stack's units (h.0 .. h.2)");
+  });
+}

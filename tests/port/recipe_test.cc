@@ -172,6 +172,54 @@ TEST_CASE("the recipe runs: a tied-embedding model chosen by name, its stacked w
   });
 }
 
+TEST_CASE("the recipe's stacked layers: one declaration gives the spec, the weights handed in and the views") {
+  parameters storage;
+  for (std::size_t i = 0; i < storage.attn_w.size(); ++i) storage.attn_w[i] = 0.001f * float(i % 89);
+  for (std::size_t i = 0; i < storage.ln1w.size(); ++i) storage.ln1w[i] = 1.0f + float(i);
+  trainer_params params{storage.wte.data(), storage.wpe.data(), storage.ln1w.data(), storage.attn_w.data()};
+  fsdp_test::run_ranks(2, [&](local& comm) {
+    float x = 0.0f;
+    // clang-format off
+    // recipe: 6. layers stacked in [L, ...] buffers
+    const fsdp::weights::stacked<trainer_params> layers{"h.", L, {
+        {"ln1.w", &trainer_params::ln1w, {C}, {.flags = {.no_decay = true}}},
+        {"attn.w", &trainer_params::attn_w, {3 * C, C}}}};
+    fsdp::ModelSpec spec;
+    spec.add("wte", {V, C}).add("wpe", {T, C});
+    layers.add_to(spec);  // h.0.ln1.w, h.0.attn.w, h.1.ln1.w, ...
+    spec.tie("lm_head.w", "wte");
+    fsdp::Model<fsdp::policy<fsdp::sharding::full_shard>> model(comm, spec, fsdp::wrap::by_prefix{"h."});
+    fsdp::weights::load(model, [&](const std::string& name) -> fsdp::weights::tensor {
+      if (name == "wte") return {params.wte, V * C};
+      if (name == "wpe") return {params.wpe, T * C};
+      return layers.slice(params, name);  // layer l of the stacked buffer; {} for a name not the stack's
+    });
+    for (auto& u : model.forward())
+      if (u.name() != "root") {
+        const trainer_params lp = layers.params(u);  // lp.attn_w: where params.attn_w + l * 3 * C * C was
+        block_forward(lp.attn_w, x);
+      }
+    for (auto& u : model.backward())
+      if (u.name() != "root") {
+        const trainer_params lp = layers.params(u), lg = layers.grads(u);
+        block_backward(lp.attn_w, lg.attn_w, x);
+      }
+    // end of recipe block
+    // clang-format on
+    // the spec the declaration wrote, with the kind's flags: what the recipe's section 1 writes by hand
+    std::vector<std::string> names;
+    for (const auto& p : spec.params()) names.push_back(p.name + (p.flags.no_decay ? " no_decay" : ""));
+    CHECK(names == std::vector<std::string>{"wte", "wpe", "h.0.ln1.w no_decay", "h.0.attn.w", "h.1.ln1.w no_decay",
+                                            "h.1.attn.w", "h.2.ln1.w no_decay", "h.2.attn.w", "lm_head.w"});
+    // the loop read every layer's slice of the stacked buffer, and wrote its gradients into the unit's buffers
+    float expected = 0.0f;
+    for (int l = 0; l < L; ++l) expected += checksum(params.attn_w + l * 3 * C * C, 3 * C * C);
+    CHECK(x == expected);
+    const auto full = fsdp::weights::gather_full_params(model);
+    CHECK(full.at("h.2.ln1.w") == std::vector<float>(storage.ln1w.begin() + 2 * C, storage.ln1w.end()));
+  });
+}
+
 TEST_CASE("the recipe's early gradient: the head's part of the root's gradient written first in backward") {
   fsdp_test::run_ranks(2, [&](local& comm) {
     fsdp::ModelSpec spec;

@@ -17,6 +17,8 @@
 //   fsdp::weights::layer(stacked, per_layer, l)
 //                                        layer l of a stacked [L, ...] buffer, for a trainer that keeps one buffer
 //                                        for every layer: no renaming table, just the index in the name.
+//   fsdp::weights::stacked<T>            (fsdp/weights/stacked.hpp) a trainer's stacked buffers declared once: the
+//                                        spec's per-layer names, a unit per layer, each layer's slice, the views.
 //
 // Works on every backend and world size, and on a hybrid mesh (each shard group holds the whole model).
 #include <cstdint>
