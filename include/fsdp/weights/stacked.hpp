@@ -44,7 +44,7 @@ class stacked {
   /// and the options of each layer's parameter (flags such as no_decay, an initializer: ModelSpec::add's).
   struct kind {
     std::string name;
-    float* T::*member = nullptr;
+    float* T::* member = nullptr;
     std::vector<std::int64_t> shape;
     param_options options{};
   };
