@@ -1,5 +1,6 @@
 // The exact order of scheduler events (gather issued / begun / complete, compute start / end, release,
-// reduction issued / begun / complete, optimizer) for every prefetch policy.
+// reduction issued / begun / complete, optimizer) for every prefetch policy; and the slot ledger's picks (which
+// reusable buffer a use takes, and its size).
 //
 // With host_options::threaded_streams = false every stream runs inline, so each rank's events happen in program
 // order and the whole sequence is exact. With threaded streams and random delays on every collective, the events
@@ -329,4 +330,65 @@ TEST_CASE("bf16 compute and reduction: the same order of events as fp32 (the cas
   check<fsdp::policy<sharding::no_shard, prefetch::none, fsdp::precision::mixed<fsdp::bfloat16>>>(
       "ag0 ag0{ ag0} f0{ f0} ag1 ag1{ ag1} f1{ f1} ag2 ag2{ ag2} f2{ f2} "
       "b2{ b2} rel2 ar2 ar2{ ar2} b1{ b1} rel1 ar1 ar1{ ar1} b0{ b0} rel0 ar0 ar0{ ar0} opt{ opt}");
+}
+
+TEST_CASE("slot_ledger: a use takes its last slot, else the smallest that holds it, else the largest made larger") {
+  using fsdp::sched::slot_ledger;
+  auto text = [](slot_ledger::pick p) {
+    return std::to_string(p.slot) + (p.fresh ? " made" : p.grows ? " made larger" : " reused");
+  };
+  slot_ledger l(1);
+  CHECK(text(l.take(100, 0)) == "0 made");  // nothing given back: a new slot, of the use's size
+  CHECK(text(l.take(400, 1)) == "1 made");
+  l.give(1);
+  l.give(0);
+  // both hold 50: the smallest, slot 0, though slot 1 was given back first
+  CHECK(text(l.take(50, 2)) == "0 reused");
+  l.give(0);
+  // none given back holds 500: the largest (slot 1) is made larger; no new slot
+  CHECK(text(l.take(500, 3)) == "1 made larger");
+  CHECK(l.size(1) == 500);
+  CHECK(l.size(0) == 100);
+  CHECK(l.count() == 2);
+  CHECK(text(l.take(50, 4)) == "0 reused");  // slot 1 is held: use 4 takes slot 0
+  l.give(1);
+  l.give(0);
+  // use 4 (50) took slot 0 last and takes it again; use 2 also took slot 0 last, now held: the smallest given back
+  // that holds it, slot 1
+  CHECK(text(l.take(50, 4)) == "0 reused");
+  CHECK(text(l.take(50, 2)) == "1 reused");
+  l.give(1);
+  l.give(0);
+  // now use 2's last slot is slot 1 (500): taken again over the smaller slot 0 (100), given back after it, so a step
+  // takes the slots the step before took
+  CHECK(text(l.take(50, 2)) == "1 reused");
+  // a use whose last slot is too small now takes the smallest that holds it instead
+  slot_ledger m(1);
+  (void)m.take(10, 0);
+  (void)m.take(50, 1);
+  (void)m.take(60, 2);
+  m.give(0);
+  m.give(2);
+  m.give(1);
+  CHECK(text(m.take(40, 0)) == "1 reused");
+  CHECK(m.size(0) == 10);
+}
+
+TEST_CASE("slot_ledger: with keep = 2 a second slot is made before one is reused, and equal ledgers pick alike") {
+  using fsdp::sched::slot_ledger;
+  slot_ledger l(2);
+  CHECK(l.take(100, 0).fresh);
+  l.give(0);
+  const slot_ledger::pick second = l.take(100, 1);  // one given back, but fewer than keep exist: a new one
+  CHECK(second.fresh);
+  CHECK(second.slot == 1);
+  l.give(1);
+  const slot_ledger copy = l;
+  CHECK(copy == l);
+  const slot_ledger::pick third = l.take(100, 2);  // equal sizes: the one given back longest ago
+  CHECK_FALSE(third.fresh);
+  CHECK(third.slot == 0);
+  CHECK_FALSE(copy == l);
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([] { slot_ledger bad(0); }) ==
+        "fsdp: slot_ledger: keep must be >= 1, got 0");
 }
