@@ -138,6 +138,8 @@ struct result {
 };
 
 /// What one block's forward keeps for its backward, in a trainer's buffer type (anything with size() in floats).
+/// `att` is what attention keeps: the host trainer's [B, heads, T, T] probabilities, the CUDA trainer's [B, heads,
+/// T] log-sum-exp of each query row (its backward recomputes the probabilities from it).
 template <class Buffer>
 struct block_cache_of {
   Buffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;

@@ -22,6 +22,7 @@
 #include <fsdp/fsdp.cuh>
 
 #include "examples/04_gpt_host/gpt_loop.hpp"
+#include "examples/05_gpt_cuda/attention.cuh"
 #include "examples/05_gpt_cuda/gpt_kernels.cuh"
 #include "examples/common/gemm.cuh"
 
@@ -92,6 +93,17 @@ class dbuf {
 
 using block_cache = gpt::block_cache_of<dbuf>;
 
+/// The trainer's choice of kernels: the matrix products' (cuBLAS or the plain kernel) and attention's tile product
+/// (tensor cores or their twin).
+struct kernel_choice {
+  gemm_kind gemm = gemm_kind::cublas;
+  attention::product attention = attention::product::twin;
+};
+/// The default attention product for a compute type: tensor cores in bf16 where built, the twin otherwise.
+inline attention::product default_product(bool bf16) {
+  return bf16 && attention::have_tensor_cores ? attention::product::tensor : attention::product::twin;
+}
+
 /// The Trainer of gpt_loop.hpp on a CUDA model: every kernel on the model's compute stream.
 template <class ModelT>
 class trainer {
@@ -104,9 +116,18 @@ class trainer {
   using cache = block_cache;
   static std::size_t bytes(const buffer& b) { return b.size() * sizeof(float); }
 
-  trainer(ModelT& model, const gpt::shape& s, int batch, gemm_kind kind)
-      : s_(s), B_(batch), N_(batch * s.context), be_(&model.backend()), cs_(&model.backend().compute_stream()),
-        mm_(std::make_unique<gemm>(kind, cs_->get())) {}
+  trainer(ModelT& model, const gpt::shape& s, int batch, kernel_choice k)
+      : s_(s),
+        B_(batch),
+        N_(batch * s.context),
+        be_(&model.backend()),
+        cs_(&model.backend().compute_stream()),
+        mm_(std::make_unique<gemm>(k.gemm, cs_->get())),
+        product_(k.attention) {
+    if (const std::string why = attention::refusal(s.width / s.heads, std::is_same_v<DW, fsdp::bfloat16>, k.attention);
+        !why.empty())
+      throw fsdp::usage_error("gpt_cuda::trainer: " + why);
+  }
 
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
     next_step();
@@ -144,14 +165,13 @@ class trainer {
     auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
     auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
     const std::size_t NC = nc();
-    k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(att_size());
+    k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(rows());
     k.atty.resize(NC), k.res1.resize(NC), k.ln2.resize(NC), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
     k.fc.resize(4 * NC), k.fc_gelu.resize(4 * NC), out.resize(NC);
     K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(),
                                                               x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
     linear_forward(k.qkv.data(), k.ln1.data(), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
-    K::attention_forward<><<<blocks(32 * rows()), 256, 0, s()>>>(k.atty.data(), k.att.data(), k.qkv.data(), starts(),
-                                                                 B_, s_.context, C, s_.heads);
+    attend([&](auto run) { run.forward(k.atty.data(), k.att.data(), k.qkv.data(), att_dims(), s()); });
     linear_forward(k.res1.data(), k.atty.data(), w("attn.proj.w"), p("attn.proj.b"), N, C, C);
     K::add<><<<blocks(NC), 256, 0, s()>>>(k.res1.data(), x.data(), NC);
     K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(),
@@ -190,12 +210,10 @@ class trainer {
     float* datty = zeroed(tnc_b_, NC);
     linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), k.atty.data(), w("attn.proj.w"), N, C, C);
     float* dqkv = zeroed(t3nc_, 3 * NC);
-    dpre_.resize(att_size());
-    K::attention_backward_query<><<<blocks(32 * rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
-                                                                  k.att.data(), starts(), B_, s_.context, C,
-                                                                  s_.heads);
-    K::attention_backward_key<><<<blocks(32 * rows()), 256, 0, s()>>>(dqkv, dpre_.data(), datty, k.qkv.data(),
-                                                                k.att.data(), starts(), B_, s_.context, C, s_.heads);
+    rowdots_.resize(rows());
+    attend([&](auto run) {
+      run.backward(dqkv, rowdots_.data(), datty, k.atty.data(), k.qkv.data(), k.att.data(), att_dims(), s());
+    });
     float* dln1 = zeroed(tnc_a_, NC);
     linear_backward(dln1, g_qkvw, g_qkvb, dqkv, k.ln1.data(), w("attn.qkv.w"), N, C, 3 * C);
     layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
@@ -273,7 +291,15 @@ class trainer {
   }
   std::size_t nc() const { return static_cast<std::size_t>(N_) * s_.width; }
   long long rows() const { return static_cast<long long>(B_) * s_.heads * s_.context; }
-  std::size_t att_size() const { return static_cast<std::size_t>(rows()) * s_.context; }
+  attention::dims att_dims() const { return {B_, s_.context, s_.width, s_.heads, starts()}; }
+  /// f(attention::launch<DW, P>{}) for the trainer's product P.
+  template <class F>
+  void attend(F&& f) const {
+    if constexpr (std::is_same_v<DW, fsdp::bfloat16> && attention::have_tensor_cores) {
+      if (product_ == attention::product::tensor) return f(attention::launch<DW, attention::product::tensor>{});
+    }
+    f(attention::launch<DW, attention::product::twin>{});
+  }
   const int* tok() const { return ints(tokens_); }
   const int* pos() const { return ints(positions_d_); }
   const int* starts() const { return packed_ ? ints(starts_d_) : nullptr; }
@@ -368,6 +394,7 @@ class trainer {
   typename ModelT::backend_type* be_;
   typename ModelT::backend_type::stream* cs_;
   std::unique_ptr<gemm> mm_;
+  attention::product product_;
   int steps_ = 0;
   std::size_t allocations_ = 0;  // dbuf::allocations() when the second step began
   bool packed_ = false;
@@ -375,22 +402,22 @@ class trainer {
   std::vector<int> inputs_, targets_, positions_, mask_, starts_;
   dbuf positions_d_, starts_d_, mask_d_;
   dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
-  dbuf g_wpe_, dres1_, dpre_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
+  dbuf g_wpe_, dres1_, rowdots_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
   dbuf hin_, hout_, colpart_;  // a GEMM's bf16 operands (unused in fp32), column sums' partials
   std::map<std::string, dbuf> wscratch_, gscratch_;
 };
 
 /// gpt::train with the CUDA trainer; Policy's backend is CUDA.
 template <class Policy, class Before>
-gpt::result train(typename Policy::communicator& comm, const gpt::config& c, gemm_kind kind, Before&& before) {
-  auto make = [kind](auto& model, const gpt::shape& s, int batch) {
-    return trainer<std::remove_reference_t<decltype(model)>>(model, s, batch, kind);
+gpt::result train(typename Policy::communicator& comm, const gpt::config& c, kernel_choice k, Before&& before) {
+  auto make = [k](auto& model, const gpt::shape& s, int batch) {
+    return trainer<std::remove_reference_t<decltype(model)>>(model, s, batch, k);
   };
   return gpt::train<Policy>(comm, c, make, before);
 }
 template <class Policy>
-gpt::result train(typename Policy::communicator& comm, const gpt::config& c, gemm_kind kind) {
-  return gpt_cuda::train<Policy>(comm, c, kind, [](auto&) {});  // qualified: not gpt::train by ADL
+gpt::result train(typename Policy::communicator& comm, const gpt::config& c, kernel_choice k) {
+  return gpt_cuda::train<Policy>(comm, c, k, [](auto&) {});  // qualified: not gpt::train by ADL
 }
 
 }  // namespace gpt_cuda

@@ -1,14 +1,14 @@
 #pragma once
-// The CUDA GPT trainer's own kernels: embeddings, layernorm, causal attention, GELU, cross-entropy, bias and
-// residual adds, and the casts between the compute type W (float or fsdp::bfloat16) and fp32. Laid out as a CUDA
-// engineer writes them: a row's reductions (layernorm, attention's scores and softmax, cross-entropy) by one warp
+// The CUDA GPT trainer's own kernels: embeddings, layernorm, GELU, cross-entropy, bias and residual adds, and the
+// casts between the compute type W (float or fsdp::bfloat16) and fp32 (attention is attention.cuh's). Laid out as a
+// CUDA engineer writes them: a row's reductions (layernorm, cross-entropy) by one warp
 // (32 lanes a stride of 32 elements apart, so that a warp's loads are coalesced) or one block (cross-entropy over
 // the vocabulary); a column's sums over rows (bias and layernorm parameter gradients) in two passes, 64-row
 // partials then their sum, so that thousands of threads share the rows. Every reduction has a fixed order
 // (shuffles in a butterfly, whose lanes all end with the same bits since addition commutes; partials summed in
 // chunk order; no atomics): a step's bits do not depend on scheduling, so activation checkpointing changes none.
 // The order is not the host trainer's row order: the comparison with the host holds within a tolerance
-// (main.cu). Attention is one warp per query row, not a flash-attention: it keeps the [B, NH, T, T] probabilities.
+// (main.cu).
 #include <cuda_runtime_api.h>
 
 namespace gpt_cuda::kernels {
@@ -188,113 +188,6 @@ __global__ void layernorm_param_partials(float* pw, float* pb, const float* dout
     }
     pw[e] = gw;
     pb[e] = gb;
-  }
-}
-
-/// One warp per (b, h, t) query row: att[b, h, t, :] and out[b, t, h-th head]. Query t attends to keys
-/// [starts[b, t], t] (its document, with sequence packing; starts may be null: the whole row). Each score is a
-/// warp's dot product over the head (lanes along it), the softmax has lanes along the keys, and the output lanes
-/// along the head again.
-template <int = 0>
-__global__ void attention_forward(float* out, float* att, const float* qkv, const int* starts, int B, int T, int C,
-                                  int NH) {
-  const int hs = C / NH, lane = GPT_LANE;
-  const float scale = __fdiv_rn(1.0f, __fsqrt_rn(float(hs)));
-  const long long C3 = 3LL * C;
-  GPT_FOR_WARP(e, (long long)B * NH * T) {
-    const int t = int(e % T), h = int(e / T % NH), b = int(e / T / NH);
-    const float* q = qkv + ((long long)b * T + t) * C3 + h * hs;
-    float* a = att + e * T;
-    const int t0 = starts ? starts[(long long)b * T + t] : 0;
-    for (int t2 = t0; t2 <= t; ++t2) {
-      const float* k = qkv + ((long long)b * T + t2) * C3 + C + h * hs;
-      float s = 0;
-      for (int i = lane; i < hs; i += 32) s = __fadd_rn(s, __fmul_rn(q[i], k[i]));
-      s = warp_sum(s);
-      if (lane == ((t2 - t0) & 31)) a[t2] = __fmul_rn(s, scale);  // read back below by this same lane
-    }
-    float maxv = -INFINITY;
-    for (int t2 = t0 + lane; t2 <= t; t2 += 32) maxv = fmaxf(maxv, a[t2]);
-    maxv = warp_max(maxv);
-    float sum = 0;
-    for (int t2 = t0 + lane; t2 <= t; t2 += 32) {
-      const float x = expf(__fsub_rn(a[t2], maxv));
-      a[t2] = x;
-      sum = __fadd_rn(sum, x);
-    }
-    sum = warp_sum(sum);
-    for (int t2 = t0 + lane; t2 <= t; t2 += 32) a[t2] = __fdiv_rn(a[t2], sum);
-    for (int t2 = lane; t2 < T; t2 += 32)
-      if (t2 < t0 || t2 > t) a[t2] = 0.0f;
-    __syncwarp();  // the lanes' probabilities, to every lane
-    float* o = out + ((long long)b * T + t) * C + h * hs;
-    for (int i = lane; i < hs; i += 32) {
-      float acc = 0;
-      for (int t2 = t0; t2 <= t; ++t2)
-        acc = __fadd_rn(acc, __fmul_rn(a[t2], qkv[((long long)b * T + t2) * C3 + 2 * C + h * hs + i]));
-      o[i] = acc;
-    }
-    __syncwarp();  // the next row's writes after this row's reads
-  }
-}
-/// First half of the attention backward, one warp per query row (b, h, t): dpre[b, h, t, :] (the gradient of the
-/// scaled scores, times the scale) and dq.
-template <int = 0>
-__global__ void attention_backward_query(float* dqkv, float* dpre, const float* dout, const float* qkv,
-                                         const float* att, const int* starts, int B, int T, int C, int NH) {
-  const int hs = C / NH, lane = GPT_LANE;
-  const float scale = __fdiv_rn(1.0f, __fsqrt_rn(float(hs)));
-  const long long C3 = 3LL * C;
-  GPT_FOR_WARP(e, (long long)B * NH * T) {
-    const int t = int(e % T), h = int(e / T % NH), b = int(e / T / NH);
-    const float* a = att + e * T;
-    float* dp = dpre + e * T;
-    const float* d = dout + ((long long)b * T + t) * C + h * hs;
-    const int t0 = starts ? starts[(long long)b * T + t] : 0;
-    for (int t2 = t0; t2 <= t; ++t2) {
-      const float* v = qkv + ((long long)b * T + t2) * C3 + 2 * C + h * hs;
-      float s = 0;
-      for (int i = lane; i < hs; i += 32) s = __fadd_rn(s, __fmul_rn(d[i], v[i]));
-      s = warp_sum(s);
-      if (lane == ((t2 - t0) & 31)) dp[t2] = s;  // datt, for now; read back below by this same lane
-    }
-    float dot = 0;
-    for (int t2 = t0 + lane; t2 <= t; t2 += 32) dot = __fadd_rn(dot, __fmul_rn(a[t2], dp[t2]));
-    dot = warp_sum(dot);
-    for (int t2 = t0 + lane; t2 <= t; t2 += 32) dp[t2] = __fmul_rn(__fmul_rn(a[t2], __fsub_rn(dp[t2], dot)), scale);
-    __syncwarp();  // the lanes' dpre, to every lane
-    float* dq = dqkv + ((long long)b * T + t) * C3 + h * hs;
-    for (int i = lane; i < hs; i += 32) {
-      float acc = dq[i];
-      for (int t2 = t0; t2 <= t; ++t2)
-        acc = __fadd_rn(acc, __fmul_rn(dp[t2], qkv[((long long)b * T + t2) * C3 + C + h * hs + i]));
-      dq[i] = acc;
-    }
-    __syncwarp();
-  }
-}
-/// Second half, one warp per key row (b, h, t2), lanes along the head: dk and dv summed over the queries t >= t2
-/// that attend to it (starts[b, t] <= t2), in order.
-template <int = 0>
-__global__ void attention_backward_key(float* dqkv, const float* dpre, const float* dout, const float* qkv,
-                                       const float* att, const int* starts, int B, int T, int C, int NH) {
-  const int hs = C / NH, lane = GPT_LANE;
-  const long long C3 = 3LL * C;
-  GPT_FOR_WARP(e, (long long)B * NH * T) {
-    const int t2 = int(e % T), h = int(e / T % NH), b = int(e / T / NH);
-    float* dk = dqkv + ((long long)b * T + t2) * C3 + C + h * hs;
-    float* dv = dk + C;
-    for (int i = lane; i < hs; i += 32) {
-      float gk = dk[i], gv = dv[i];
-      for (int t = t2; t < T; ++t) {
-        if (starts && starts[(long long)b * T + t] > t2) continue;  // another document's query
-        const long long row = ((long long)b * NH + h) * T + t;
-        gk = __fadd_rn(gk, __fmul_rn(dpre[row * T + t2], qkv[((long long)b * T + t) * C3 + h * hs + i]));
-        gv = __fadd_rn(gv, __fmul_rn(att[row * T + t2], dout[((long long)b * T + t) * C + h * hs + i]));
-      }
-      dk[i] = gk;
-      dv[i] = gv;
-    }
   }
 }
 

@@ -6,7 +6,9 @@
 //                            rendezvous file is a path every rank sees; without it comm::nccl::from_env refuses a
 //                            world of more than one (docs/errors.md).
 // Options as 04_gpt_host's (--layers, --width, --heads, --context, --vocab, --batch, --lr, --warmup, --seed,
-// --precision bf16|fp32, --strategy, --checkpoint-activations, --pack), and --gemm cublas|plain, --peak-tflops X (the
+// --precision bf16|fp32, --strategy, --checkpoint-activations, --pack), and --gemm cublas|plain, --attention
+// tensor|twin (attention's tile products on tensor cores, bf16 only, the default there; or their twin from the
+// warp's lanes, the default in fp32 and the only one on the simulated GPU: attention.cuh), --peak-tflops X (the
 // device's peak, for the MFU column; 989 for an H100's dense bf16 by default). --compare-host also trains the host
 // trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative in fp32, 5e-3
 // in bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the device's exp, tanh and log round
@@ -29,7 +31,7 @@ int usage(const std::string& why) {
                "error: %s\nusage: 05_gpt_cuda [--ranks N | --nccl] [--steps S] [--precision bf16|fp32] "
                "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
                "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-               "[--pack] [--gemm cublas|plain] [--peak-tflops X] [--compare-host]\n",
+               "[--pack] [--gemm cublas|plain] [--attention tensor|twin] [--peak-tflops X] [--compare-host]\n",
                why.c_str());
   return 1;
 }
@@ -38,19 +40,20 @@ template <class Sharding, class Precision, class Comm>
 using policy = fsdp::policy<Sharding, fsdp::prefetch::backward_pre<1>, Precision, Comm>;
 
 template <class Sharding, class Precision>
-int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, examples::gemm_kind kind) {
+int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda::kernel_choice kind) {
   gpt::result r0;
   std::vector<fsdp::rank_memory> table;  // every local rank's (NCCL: this process's rank 0 only)
   std::mutex mu;
   const auto& s = cfg.model;
   const auto pf = fsdp::facts_of_precision<Precision>();
   auto header = [&](int world) {
-    std::printf("GPT on CUDA: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d "
-                "rank(s), %s compute, global batch %d %s%s\n",
-                s.layers, s.width, s.heads, s.context, s.vocab, static_cast<long long>(gpt::parameters(s)),
-                std::string(Sharding::name).c_str(), world, std::string(fsdp::name_of(pf.compute)).c_str(),
-                cfg.global_batch, cfg.packing.on ? "packed rows of documents" : "sequences",
-                cfg.checkpoint_activations ? ", activation checkpointing" : "");
+    std::printf(
+        "GPT on CUDA: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d "
+        "rank(s), %s compute, global batch %d %s%s; attention on %s\n",
+        s.layers, s.width, s.heads, s.context, s.vocab, static_cast<long long>(gpt::parameters(s)),
+        std::string(Sharding::name).c_str(), world, std::string(fsdp::name_of(pf.compute)).c_str(), cfg.global_batch,
+        cfg.packing.on ? "packed rows of documents" : "sequences",
+        cfg.checkpoint_activations ? ", activation checkpointing" : "", gpt_cuda::attention::name_of(kind.attention));
   };
   if (use_nccl) {
     auto comm = fsdp::comm::nccl::from_env();
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
 #else
   examples::gemm_kind kind = examples::gemm_kind::cublas;
 #endif
+  std::string attention = "default";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -154,6 +158,8 @@ int main(int argc, char** argv) {
     else if (a == "--precision" && (v = value())) precision = v;
     else if (a == "--gemm" && (v = value()) && (std::string(v) == "cublas" || std::string(v) == "plain"))
       kind = std::string(v) == "plain" ? examples::gemm_kind::plain : examples::gemm_kind::cublas;
+    else if (a == "--attention" && (v = value()) && (std::string(v) == "tensor" || std::string(v) == "twin"))
+      attention = v;
     else return usage("unknown, incomplete or non-positive argument '" + a + "'");
   }
   if (use_nccl && ranks_given) return usage("--ranks is for local ranks; under --nccl the launcher's WORLD_SIZE says");
@@ -169,7 +175,12 @@ int main(int argc, char** argv) {
   try {
     gpt::validate(cfg.model);
     return gpt::with_policy_flags(strategy, precision, [&](auto s, auto p) {
-      return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, use_nccl, compare, cfg, kind);
+      using Precision = typename decltype(p)::type;
+      const bool bf16 = fsdp::facts_of_precision<Precision>().compute == fsdp::dtype::bf16;
+      const gpt_cuda::kernel_choice k{kind, attention == "default"  ? gpt_cuda::default_product(bf16)
+                                            : attention == "tensor" ? gpt_cuda::attention::product::tensor
+                                                                    : gpt_cuda::attention::product::twin};
+      return run<typename decltype(s)::type, Precision>(ranks, use_nccl, compare, cfg, k);
     });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
