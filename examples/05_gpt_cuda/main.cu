@@ -9,11 +9,13 @@
 // --precision bf16|fp32, --strategy, --checkpoint-activations, --pack), and --gemm cublas|plain, --attention
 // tensor|twin (attention's tile products on tensor cores, bf16 only, the default there; or their twin from the
 // warp's lanes, the default in fp32 and the only one on the simulated GPU: attention.cuh), --peak-tflops X (the
-// device's peak, for the MFU column; 989 for an H100's dense bf16 by default). --compare-host also trains the host
-// trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative in fp32, 5e-3
-// in bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the device's exp, tanh and log round
-// otherwise than the host's).
-// Without a GPU it prints why and exits with status 2.
+// device's peak, for the MFU column; 989 for an H100's dense bf16 by default), --plan (prints the trainer's buffers
+// for one rank, buffer_plan.hpp, and exits: no GPU needed). Before step 1 the same table is printed, and at the end
+// the trainers' measured peak is checked against it (equal to the byte, or the run fails). --compare-host also
+// trains the host trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative
+// in fp32, 5e-3 in bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the device's exp, tanh and
+// log round otherwise than the host's).
+// Without a GPU it prints why and exits with status 2 (but --plan).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include <string>
 
 #include "examples/04_gpt_host/gpt_host.hpp"
+#include "examples/05_gpt_cuda/buffer_plan.hpp"
 #include "examples/05_gpt_cuda/gpt_cuda.cuh"
 
 namespace {
@@ -31,9 +34,21 @@ int usage(const std::string& why) {
                "error: %s\nusage: 05_gpt_cuda [--ranks N | --nccl] [--steps S] [--precision bf16|fp32] "
                "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
                "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-               "[--pack] [--gemm cublas|plain] [--attention tensor|twin] [--peak-tflops X] [--compare-host]\n",
+               "[--pack] [--gemm cublas|plain] [--attention tensor|twin] [--peak-tflops X] [--compare-host] [--plan]\n",
                why.c_str());
   return 1;
+}
+
+/// The trainer's buffers for one rank of `world` (gpt_cuda::buffer_plan), or none when the batch does not split.
+std::vector<gpt_cuda::planned_buffer> plan_for(const gpt::config& cfg, int world, bool bf16) {
+  if (world <= 0 || cfg.global_batch % world != 0) return {};
+  return gpt_cuda::buffer_plan(
+      cfg.model, cfg.global_batch / world,
+      {.bf16 = bf16, .checkpoint_activations = cfg.checkpoint_activations, .packed = cfg.packing.on});
+}
+void print_plan(const std::vector<gpt_cuda::planned_buffer>& plan, int batch) {
+  std::printf("the trainer's buffers, planned for one rank (%d sequences):\n%s", batch,
+              gpt_cuda::buffer_table(plan).c_str());
 }
 
 template <class Sharding, class Precision, class Comm>
@@ -46,6 +61,7 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
   std::mutex mu;
   const auto& s = cfg.model;
   const auto pf = fsdp::facts_of_precision<Precision>();
+  const bool bf16 = pf.compute == fsdp::dtype::bf16;
   auto header = [&](int world) {
     std::printf(
         "GPT on CUDA: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d "
@@ -54,7 +70,9 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
         std::string(Sharding::name).c_str(), world, std::string(fsdp::name_of(pf.compute)).c_str(), cfg.global_batch,
         cfg.packing.on ? "packed rows of documents" : "sequences",
         cfg.checkpoint_activations ? ", activation checkpointing" : "", gpt_cuda::attention::name_of(kind.attention));
+    if (const auto plan = plan_for(cfg, world, bf16); !plan.empty()) print_plan(plan, cfg.global_batch / world);
   };
+  int ranks_here = ranks;  // the ranks whose trainers this process holds
   if (use_nccl) {
     auto comm = fsdp::comm::nccl::from_env();
     if (comm.rank() == 0) header(comm.size());
@@ -62,6 +80,7 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
     if (comm.rank() != 0) return 0;
     table.push_back({comm.rank(), r0.memory.peak, r0.planned});
     ranks = comm.size();
+    ranks_here = 1;
   } else {
     header(ranks);
     table.resize(static_cast<std::size_t>(ranks));
@@ -89,6 +108,12 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
               lib + mine, lib, planned, mine, table.size() > 1 ? ", all local ranks together" : "");
   std::printf("\n%s", fsdp::memory_table(table).c_str());
   std::printf("activations held by the trainer at the end of forward: %.1f MiB\n", r0.activation_bytes / 1048576.0);
+  // The trainers' measured peak against their plan: equal to the byte, or the plan (buffer_plan.hpp) is wrong.
+  const std::size_t want = gpt_cuda::total_bytes(plan_for(cfg, ranks, bf16)) * static_cast<std::size_t>(ranks_here),
+                    got = gpt_cuda::dbuf::peak_bytes();
+  std::printf("trainer buffers: planned %zu bytes (%d rank(s) here), measured peak %zu bytes: %s\n", want, ranks_here,
+              got, want == got ? "equal" : "DIFFER");
+  if (want != got) return 1;
   if (!compare) return 0;
   gpt::config host_cfg = cfg;
   host_cfg.verbose = false;
@@ -121,7 +146,7 @@ int main(int argc, char** argv) {
   gpt::config cfg;
   cfg.global_batch = 16;
   int ranks = 4;
-  bool use_nccl = false, compare = false, ranks_given = false;
+  bool use_nccl = false, compare = false, ranks_given = false, plan_only = false;
   double peak_tflops = 989.0;
   std::string strategy = "full_shard", precision = "bf16";
 #ifdef EXAMPLES_NO_CUBLAS
@@ -139,6 +164,8 @@ int main(int argc, char** argv) {
     };
     const char* v = nullptr;
     if (a == "--nccl") use_nccl = true;
+    else if (a == "--plan")
+      plan_only = true;
     else if (a == "--compare-host") compare = true;
     else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;
     else if (a == "--pack") cfg.packing.on = true;
@@ -166,6 +193,19 @@ int main(int argc, char** argv) {
   cfg.opt.total = cfg.steps;
   cfg.verbose = true;
   cfg.peak_flops = peak_tflops * 1e12;
+  if (plan_only) {  // the trainer's buffers for one of --ranks ranks, without a GPU
+    try {
+      gpt::validate(cfg.model);
+      if (precision != "bf16" && precision != "fp32") return usage("--precision is bf16 or fp32");
+      const auto plan = plan_for(cfg, ranks, precision == "bf16");
+      if (plan.empty()) return usage("--batch must split evenly over --ranks");
+      print_plan(plan, cfg.global_batch / ranks);
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
   const fsdp::cuda::device_probe p = fsdp::cuda::device_status();
   if (p.count == 0) {
     std::printf("skipped: no CUDA device (%s); the host trainer runs everywhere: bazel run //examples/04_gpt_host\n",

@@ -1,0 +1,91 @@
+#pragma once
+// The CUDA GPT trainer's own device memory, planned: every buffer it and the training loop (gpt_loop.hpp) hold after
+// the first step, by name and size, for a shape, a batch per rank and the trainer's settings. The trainer allocates
+// each buffer in its first step at the size it keeps (a later allocation is an error: gpt_cuda::trainer), so its
+// peak is the sum of these rows; 05_gpt_cuda prints the table before step 1 and checks the measured peak against it
+// at the end (on the simulated GPU in CI, where they must be equal to the byte). Plain C++: no GPU needed to plan.
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "examples/04_gpt_host/gpt_model.hpp"
+
+namespace gpt_cuda {
+
+/// One buffer: its name, how many there are, and the floats of each.
+struct planned_buffer {
+  std::string name;
+  std::size_t count, floats;
+  std::size_t bytes() const { return count * floats * sizeof(float); }
+};
+
+/// What shapes the trainer's buffers besides the model's shape and the batch.
+struct buffer_settings {
+  bool bf16 = true;                     ///< bf16 compute: the GEMMs' operands are rounded into scratch buffers
+  bool checkpoint_activations = false;  ///< one block cache and a recomputed output instead of a cache per block
+  bool packed = false;                  ///< packed rows: document starts and the loss mask on the device
+};
+
+/// The rows, in the order the table prints them. N = batch * T tokens, C the width, V the vocabulary.
+inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, buffer_settings o) {
+  const std::size_t B = std::size_t(batch), T = std::size_t(s.context), C = std::size_t(s.width),
+                    V = std::size_t(s.vocab), H = std::size_t(s.heads), L = std::size_t(s.layers);
+  const std::size_t N = B * T, NC = N * C, K = (N + 63) / 64;   // K: 64-row partials of a column sum
+  const std::size_t cache = 15 * NC + 4 * N + B * H * T;        // gpt::block_cache_of: see "block cache" below
+  const auto half = [](std::size_t n) { return (n + 1) / 2; };  // bf16 elements, two to a float
+  std::vector<planned_buffer> p = {
+      {"block inputs x_0 .. x_L [N, C]", L + 1, NC},
+      {"block cache (ln1, qkv, attention out, res1, ln2, fc, fc_gelu: 15 NC; 4 row statistics; row log-sum-exp)",
+       o.checkpoint_activations ? 1 : L, cache},
+      {"recomputed block output (checkpointing) [N, C]", o.checkpoint_activations ? 1u : 0u, NC},
+      {"gradient of the block input and of the next [N, C]", 2, NC},
+      {"tokens, targets, positions [N]", 3, N},
+      {"document starts, loss mask [N] (packed rows)", o.packed ? 2u : 0u, N},
+      {"final layernorm output [N, C]", 1, NC},
+      {"final layernorm mean, rstd [N]", 2, N},
+      {"logits and their gradient [N, V]", 2, N * V},
+      {"row losses [N]", 1, N},
+      {"loss", 1, 1},
+      {"wte gradient (fp32) [V, C]", 1, V * C},
+      {"ln_f weight and bias gradients [C]", 2, C},
+      {"wpe gradient (fp32) [T, C]", 1, T * C},
+      {"backward scratch: residual gradient, dln2, datty [N, C]", 3, NC},
+      {"backward scratch: dfc_gelu, dfc [N, 4C]", 2, 4 * NC},
+      {"backward scratch: dqkv [N, 3C]", 1, 3 * NC},
+      {"attention backward: dO . O per row [B, heads, T]", 1, B * H * T},
+      {"column-sum partials [ceil(N / 64), 4C]", 1, K * 4 * C},
+      // The GEMMs' bf16 operands: the widest input (fc_gelu, N x 4C) and the widest output gradient (the logits',
+      // N x V, or dfc's N x 4C), two bf16 to a float; fp32 GEMMs take the fp32 buffers themselves.
+      {"bf16 GEMM input operand", o.bf16 ? 1u : 0u, half(4 * NC)},
+      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u, std::max(half(N * V), half(4 * NC))},
+      // fp32 copies of the gathered small parameters, one per name (shared by the blocks in stream order).
+      {"fp32 copies: ln_1, ln_2, ln_f weights and biases, the four linear biases", 1, 15 * C},
+      // fp32 gradient sums of one block's parameters, stored once into the compute-type gradient buffers.
+      {"fp32 block gradient sums [12 C^2 + 13 C]", 1, 12 * C * C + 13 * C},
+  };
+  return p;
+}
+
+inline std::size_t total_bytes(const std::vector<planned_buffer>& p) {
+  std::size_t n = 0;
+  for (const auto& b : p) n += b.bytes();
+  return n;
+}
+
+/// The table: one line a buffer (count x size), and the total.
+inline std::string buffer_table(const std::vector<planned_buffer>& p) {
+  std::string out;
+  char line[320];
+  for (const auto& b : p) {
+    if (b.count == 0) continue;
+    std::snprintf(line, sizeof line, "  %10.3f MiB  %3zu x %12zu floats  %s\n", b.bytes() / 1048576.0, b.count,
+                  b.floats, b.name.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %10.3f MiB  in all (%zu bytes)\n", total_bytes(p) / 1048576.0, total_bytes(p));
+  return out + line;
+}
+
+}  // namespace gpt_cuda
