@@ -21,18 +21,29 @@ struct planned_buffer {
   std::size_t bytes() const { return count * floats * sizeof(float); }
 };
 
+/// Rows of the classifier and cross-entropy at a time: `requested` when positive, else the rows whose fp32 logits fit
+/// in 256 MiB; at least 1, at most the batch's tokens. The logits of one chunk are made, turned into their gradient in
+/// place and used for the head's backward products before the next chunk's (never the whole batch's [N, V] at once).
+inline int head_rows(const gpt::shape& s, int batch, int requested) {
+  const long long tokens = static_cast<long long>(batch) * s.context;
+  const long long r = requested > 0 ? requested : (256LL << 20) / (4LL * s.vocab);
+  return static_cast<int>(std::clamp<long long>(r, 1, tokens));
+}
+
 /// What shapes the trainer's buffers besides the model's shape and the batch.
 struct buffer_settings {
   bool bf16 = true;                     ///< bf16 compute: the GEMMs' operands are rounded into scratch buffers
   bool checkpoint_activations = false;  ///< one block cache and a recomputed output instead of a cache per block
   bool packed = false;                  ///< packed rows: document starts and the loss mask on the device
+  int head_rows = 0;                    ///< the classifier's rows at a time as asked (head_rows())
 };
 
 /// The rows, in the order the table prints them. N = batch * T tokens, C the width, V the vocabulary.
 inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, buffer_settings o) {
   const std::size_t B = std::size_t(batch), T = std::size_t(s.context), C = std::size_t(s.width),
                     V = std::size_t(s.vocab), H = std::size_t(s.heads), L = std::size_t(s.layers);
-  const std::size_t N = B * T, NC = N * C, K = (N + 63) / 64;   // K: 64-row partials of a column sum
+  const std::size_t N = B * T, NC = N * C, K = (N + 63) / 64;  // K: 64-row partials of a column sum
+  const std::size_t R = std::size_t(head_rows(s, batch, o.head_rows));
   const std::size_t cache = 15 * NC + 4 * N + B * H * T;        // gpt::block_cache_of: see "block cache" below
   const auto half = [](std::size_t n) { return (n + 1) / 2; };  // bf16 elements, two to a float
   std::vector<planned_buffer> p = {
@@ -45,7 +56,7 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
       {"document starts, loss mask [N] (packed rows)", o.packed ? 2u : 0u, N},
       {"final layernorm output [N, C]", 1, NC},
       {"final layernorm mean, rstd [N]", 2, N},
-      {"logits and their gradient [N, V]", 2, N * V},
+      {"logits of a chunk of rows, then their gradient in place [head rows, V]", 1, R * V},
       {"row losses [N]", 1, N},
       {"loss", 1, 1},
       {"wte gradient (fp32) [V, C]", 1, V * C},
@@ -56,10 +67,10 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
       {"backward scratch: dqkv [N, 3C]", 1, 3 * NC},
       {"attention backward: dO . O per row [B, heads, T]", 1, B * H * T},
       {"column-sum partials [ceil(N / 64), 4C]", 1, K * 4 * C},
-      // The GEMMs' bf16 operands: the widest input (fc_gelu, N x 4C) and the widest output gradient (the logits',
-      // N x V, or dfc's N x 4C), two bf16 to a float; fp32 GEMMs take the fp32 buffers themselves.
+      // The GEMMs' bf16 operands: the widest input (fc_gelu, N x 4C) and the widest output gradient (a chunk's
+      // logits', head rows x V, or dfc's N x 4C), two bf16 to a float; fp32 GEMMs take the fp32 buffers themselves.
       {"bf16 GEMM input operand", o.bf16 ? 1u : 0u, half(4 * NC)},
-      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u, std::max(half(N * V), half(4 * NC))},
+      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u, std::max(half(R * V), half(4 * NC))},
       // fp32 copies of the gathered small parameters, one per name (shared by the blocks in stream order).
       {"fp32 copies: ln_1, ln_2, ln_f weights and biases, the four linear biases", 1, 15 * C},
       // fp32 gradient sums of one block's parameters, stored once into the compute-type gradient buffers.

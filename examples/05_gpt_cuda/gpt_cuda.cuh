@@ -10,6 +10,7 @@
 // cudaFree, each a device-wide synchronisation.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -23,6 +24,7 @@
 
 #include "examples/04_gpt_host/gpt_loop.hpp"
 #include "examples/05_gpt_cuda/attention.cuh"
+#include "examples/05_gpt_cuda/buffer_plan.hpp"
 #include "examples/05_gpt_cuda/gpt_kernels.cuh"
 #include "examples/common/gemm.cuh"
 
@@ -93,11 +95,12 @@ class dbuf {
 
 using block_cache = gpt::block_cache_of<dbuf>;
 
-/// The trainer's choice of kernels: the matrix products' (cuBLAS or the plain kernel) and attention's tile product
-/// (tensor cores or their twin).
+/// The trainer's choice of kernels: the matrix products' (cuBLAS or the plain kernel), attention's tile product
+/// (tensor cores or their twin), and the classifier's rows at a time (0: buffer_plan.hpp's head_rows decides).
 struct kernel_choice {
   gemm_kind gemm = gemm_kind::cublas;
   attention::product attention = attention::product::twin;
+  int head_rows = 0;
 };
 /// The default attention product for a compute type: tensor cores in bf16 where built, the twin otherwise.
 inline attention::product default_product(bool bf16) {
@@ -120,6 +123,7 @@ class trainer {
       : s_(s),
         B_(batch),
         N_(batch * s.context),
+        R_(head_rows(s, batch, k.head_rows)),
         be_(&model.backend()),
         cs_(&model.backend().compute_stream()),
         mm_(std::make_unique<gemm>(k.gemm, cs_->get())),
@@ -231,19 +235,26 @@ class trainer {
     const float *lnfw = weight(root, "ln_f.w", "ln_f.w"),
                 *lnfb = weight(root, "ln_f.b", "ln_f.b");
     lnf_.resize(nc()), lnf_mean_.resize(N), lnf_rstd_.resize(N);
-    logits_.resize(static_cast<std::size_t>(N) * V), dlogits_.resize(logits_.size()), row_loss_.resize(N);
+    logits_.resize(static_cast<std::size_t>(R_) * V), row_loss_.resize(N);
     loss_.resize(1);
     K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(),
-                                                      lnfw, lnfb, N, C);
-    linear_forward(logits_.data(), lnf_.data(), wte, nullptr, N, C, V);
-    K::cross_entropy<><<<row_blocks(N), 256, 0, s()>>>(dlogits_.data(), row_loss_.data(), logits_.data(),
-                                                  reinterpret_cast<const int*>(targets_d_.data()),
-                                                  packed_ ? ints(mask_d_) : nullptr, N, V,
-                                                  1.0f / static_cast<float>(denominator_));
-    K::mean_loss<><<<1, 1, 0, s()>>>(loss_.data(), row_loss_.data(), N, denominator_);
+                                                              lnfw, lnfb, N, C);
     float* g_wte = zeroed(g_wte_, static_cast<std::size_t>(V) * C);
     float* dlnf = zeroed(tnc_a_, nc());
-    linear_backward(dlnf, g_wte, nullptr, dlogits_.data(), lnf_.data(), wte, N, C, V);
+    // The classifier, the cross-entropy and the head's backward products R_ rows at a time (buffer_plan.hpp's
+    // head_rows): one chunk's logits at once, turned into their gradient in place.
+    const int* targets = ints(targets_d_);
+    const int* mask = packed_ ? ints(mask_d_) : nullptr;
+    for (int r0 = 0; r0 < N; r0 += R_) {
+      const int R = std::min(R_, N - r0);
+      const float* in = lnf_.data() + static_cast<std::size_t>(r0) * C;
+      linear_forward(logits_.data(), in, wte, nullptr, R, C, V);
+      K::cross_entropy<><<<row_blocks(R), 256, 0, s()>>>(logits_.data(), row_loss_.data() + r0, logits_.data(),
+                                                         targets + r0, mask ? mask + r0 : nullptr, R, V,
+                                                         1.0f / static_cast<float>(denominator_));
+      linear_backward(dlnf + static_cast<std::size_t>(r0) * C, g_wte, nullptr, logits_.data(), in, wte, R, C, V);
+    }
+    K::mean_loss<><<<1, 1, 0, s()>>>(loss_.data(), row_loss_.data(), N, denominator_);
     zeroed(dx, nc());
     layernorm_backward(dx.data(), zeroed(g_lnfw_, C), zeroed(g_lnfb_, C), dlnf, x.data(), lnfw, lnf_mean_.data(),
                        lnf_rstd_.data());
@@ -274,7 +285,7 @@ class trainer {
   }
 
   std::size_t head_bytes() const {
-    return (lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() + dlogits_.size()) * sizeof(float);
+    return (lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size()) * sizeof(float);
   }
 
  private:
@@ -390,7 +401,7 @@ class trainer {
   }
 
   gpt::shape s_;
-  int B_, N_;
+  int B_, N_, R_;  // sequences, tokens, and the head's rows at a time
   typename ModelT::backend_type* be_;
   typename ModelT::backend_type::stream* cs_;
   std::unique_ptr<gemm> mm_;
@@ -401,7 +412,7 @@ class trainer {
   double denominator_ = 1;  // of the loss: this rank's tokens, or the step's loss tokens when packed
   std::vector<int> inputs_, targets_, positions_, mask_, starts_;
   dbuf positions_d_, starts_d_, mask_d_;
-  dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
+  dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
   dbuf g_wpe_, dres1_, rowdots_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
   dbuf hin_, hout_, colpart_;  // a GEMM's bf16 operands (unused in fp32), column sums' partials
   std::map<std::string, dbuf> wscratch_, gscratch_;

@@ -213,8 +213,9 @@ __global__ void gelu_backward(float* dx, const float* x, const float* dout, long
 }
 
 /// One block of 256 threads per row: row_loss[n] = logsumexp - logit of the target; dlogits = (softmax - onehot) *
-/// dscale. Rows the mask leaves out (mask may be null: none) get a loss and a gradient of 0. Launch with
-/// row_blocks(N).
+/// dscale. Rows the mask leaves out (mask may be null: none) get a loss and a gradient of 0. dlogits may be logits
+/// (in place: each thread writes only what it has read, and the target's logit is read before the barriers). Launch
+/// with row_blocks(N).
 template <int = 0>
 __global__ void cross_entropy(float* dlogits, float* row_loss, const float* logits, const int* targets,
                               const int* mask, int N, int V, float dscale) {
@@ -227,6 +228,8 @@ __global__ void cross_entropy(float* dlogits, float* row_loss, const float* logi
       for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = 0.0f;
       continue;
     }
+    const int target = targets[n];
+    const float target_logit = l[target];  // before the reductions' barriers: no thread has written yet
     float maxv = -INFINITY;
     for (int v = threadIdx.x; v < V; v += blockDim.x) maxv = fmaxf(maxv, l[v]);
     maxv = block_reduce<true>(maxv, part);
@@ -234,8 +237,7 @@ __global__ void cross_entropy(float* dlogits, float* row_loss, const float* logi
     for (int v = threadIdx.x; v < V; v += blockDim.x) sum = __fadd_rn(sum, expf(__fsub_rn(l[v], maxv)));
     sum = block_reduce<false>(sum, part);
     const float logsum = __fadd_rn(logf(sum), maxv);
-    const int target = targets[n];
-    if (threadIdx.x == 0) row_loss[n] = __fsub_rn(logsum, l[target]);
+    if (threadIdx.x == 0) row_loss[n] = __fsub_rn(logsum, target_logit);
     for (int v = threadIdx.x; v < V; v += blockDim.x)
       d[v] = __fmul_rn(__fsub_rn(expf(__fsub_rn(l[v], logsum)), v == target ? 1.0f : 0.0f), dscale);
   }

@@ -8,7 +8,9 @@
 // Options as 04_gpt_host's (--layers, --width, --heads, --context, --vocab, --batch, --lr, --warmup, --seed,
 // --precision bf16|fp32, --strategy, --checkpoint-activations, --pack), and --gemm cublas|plain, --attention
 // tensor|twin (attention's tile products on tensor cores, bf16 only, the default there; or their twin from the
-// warp's lanes, the default in fp32 and the only one on the simulated GPU: attention.cuh), --peak-tflops X (the
+// warp's lanes, the default in fp32 and the only one on the simulated GPU: attention.cuh), --head-rows R (the
+// classifier and cross-entropy R token rows at a time; by default the rows whose fp32 logits fit 256 MiB:
+// buffer_plan.hpp's head_rows), --peak-tflops X (the
 // device's peak, for the MFU column; 989 for an H100's dense bf16 by default), --plan (prints the trainer's buffers
 // for one rank, buffer_plan.hpp, and exits: no GPU needed). Before step 1 the same table is printed, and at the end
 // the trainers' measured peak is checked against it (equal to the byte, or the run fails). --compare-host also
@@ -30,21 +32,25 @@
 namespace {
 
 int usage(const std::string& why) {
-  std::fprintf(stderr,
-               "error: %s\nusage: 05_gpt_cuda [--ranks N | --nccl] [--steps S] [--precision bf16|fp32] "
-               "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
-               "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-               "[--pack] [--gemm cublas|plain] [--attention tensor|twin] [--peak-tflops X] [--compare-host] [--plan]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "error: %s\nusage: 05_gpt_cuda [--ranks N | --nccl] [--steps S] [--precision bf16|fp32] "
+      "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
+      "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
+      "[--pack] [--gemm cublas|plain] [--attention tensor|twin] [--head-rows R] [--peak-tflops X] [--compare-host] "
+      "[--plan]\n",
+      why.c_str());
   return 1;
 }
 
 /// The trainer's buffers for one rank of `world` (gpt_cuda::buffer_plan), or none when the batch does not split.
-std::vector<gpt_cuda::planned_buffer> plan_for(const gpt::config& cfg, int world, bool bf16) {
+std::vector<gpt_cuda::planned_buffer> plan_for(const gpt::config& cfg, int world, bool bf16, int head_rows) {
   if (world <= 0 || cfg.global_batch % world != 0) return {};
-  return gpt_cuda::buffer_plan(
-      cfg.model, cfg.global_batch / world,
-      {.bf16 = bf16, .checkpoint_activations = cfg.checkpoint_activations, .packed = cfg.packing.on});
+  return gpt_cuda::buffer_plan(cfg.model, cfg.global_batch / world,
+                               {.bf16 = bf16,
+                                .checkpoint_activations = cfg.checkpoint_activations,
+                                .packed = cfg.packing.on,
+                                .head_rows = head_rows});
 }
 void print_plan(const std::vector<gpt_cuda::planned_buffer>& plan, int batch) {
   std::printf("the trainer's buffers, planned for one rank (%d sequences):\n%s", batch,
@@ -70,7 +76,8 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
         std::string(Sharding::name).c_str(), world, std::string(fsdp::name_of(pf.compute)).c_str(), cfg.global_batch,
         cfg.packing.on ? "packed rows of documents" : "sequences",
         cfg.checkpoint_activations ? ", activation checkpointing" : "", gpt_cuda::attention::name_of(kind.attention));
-    if (const auto plan = plan_for(cfg, world, bf16); !plan.empty()) print_plan(plan, cfg.global_batch / world);
+    if (const auto plan = plan_for(cfg, world, bf16, kind.head_rows); !plan.empty())
+      print_plan(plan, cfg.global_batch / world);
   };
   int ranks_here = ranks;  // the ranks whose trainers this process holds
   if (use_nccl) {
@@ -109,7 +116,8 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
   std::printf("\n%s", fsdp::memory_table(table).c_str());
   std::printf("activations held by the trainer at the end of forward: %.1f MiB\n", r0.activation_bytes / 1048576.0);
   // The trainers' measured peak against their plan: equal to the byte, or the plan (buffer_plan.hpp) is wrong.
-  const std::size_t want = gpt_cuda::total_bytes(plan_for(cfg, ranks, bf16)) * static_cast<std::size_t>(ranks_here),
+  const std::size_t want = gpt_cuda::total_bytes(plan_for(cfg, ranks, bf16, kind.head_rows)) *
+                           static_cast<std::size_t>(ranks_here),
                     got = gpt_cuda::dbuf::peak_bytes();
   std::printf("trainer buffers: planned %zu bytes (%d rank(s) here), measured peak %zu bytes: %s\n", want, ranks_here,
               got, want == got ? "equal" : "DIFFER");
@@ -155,6 +163,7 @@ int main(int argc, char** argv) {
   examples::gemm_kind kind = examples::gemm_kind::cublas;
 #endif
   std::string attention = "default";
+  int head_rows = 0;  // 0: buffer_plan.hpp's head_rows decides
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -172,6 +181,8 @@ int main(int argc, char** argv) {
     else if (a == "--ranks" && positive(ranks)) ranks_given = true;
     else if (a == "--steps" && positive(cfg.steps)) continue;
     else if (a == "--batch" && positive(cfg.global_batch)) continue;
+    else if (a == "--head-rows" && positive(head_rows))
+      continue;
     else if (a == "--layers" && positive(cfg.model.layers)) continue;
     else if (a == "--width" && positive(cfg.model.width)) continue;
     else if (a == "--heads" && positive(cfg.model.heads)) continue;
@@ -197,7 +208,7 @@ int main(int argc, char** argv) {
     try {
       gpt::validate(cfg.model);
       if (precision != "bf16" && precision != "fp32") return usage("--precision is bf16 or fp32");
-      const auto plan = plan_for(cfg, ranks, precision == "bf16");
+      const auto plan = plan_for(cfg, ranks, precision == "bf16", head_rows);
       if (plan.empty()) return usage("--batch must split evenly over --ranks");
       print_plan(plan, cfg.global_batch / ranks);
       return 0;
@@ -217,9 +228,11 @@ int main(int argc, char** argv) {
     return gpt::with_policy_flags(strategy, precision, [&](auto s, auto p) {
       using Precision = typename decltype(p)::type;
       const bool bf16 = fsdp::facts_of_precision<Precision>().compute == fsdp::dtype::bf16;
-      const gpt_cuda::kernel_choice k{kind, attention == "default"  ? gpt_cuda::default_product(bf16)
-                                            : attention == "tensor" ? gpt_cuda::attention::product::tensor
-                                                                    : gpt_cuda::attention::product::twin};
+      const gpt_cuda::kernel_choice k{kind,
+                                      attention == "default"  ? gpt_cuda::default_product(bf16)
+                                      : attention == "tensor" ? gpt_cuda::attention::product::tensor
+                                                              : gpt_cuda::attention::product::twin,
+                                      head_rows};
       return run<typename decltype(s)::type, Precision>(ranks, use_nccl, compare, cfg, k);
     });
   } catch (const std::exception& e) {
