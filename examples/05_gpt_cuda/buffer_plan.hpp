@@ -53,6 +53,7 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
       {"recomputed block output (checkpointing) [N, C]", o.checkpoint_activations ? 1u : 0u, NC},
       {"gradient of the block input and of the next [N, C]", 2, NC},
       {"tokens, targets, positions [N]", 3, N},
+      {"row groups of the tokens and of the positions, for the embeddings' gradients [3N + 1] ints", 2, 3 * N + 1},
       {"document starts, loss mask [N] (packed rows)", o.packed ? 2u : 0u, N},
       {"final layernorm output [N, C]", 1, NC},
       {"final layernorm mean, rstd [N]", 2, N},

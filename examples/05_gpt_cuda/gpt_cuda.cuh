@@ -264,8 +264,14 @@ class trainer {
   template <class Unit>
   void root_backward(const Unit& root, const dbuf& dx0) {
     float* g_wpe = zeroed(g_wpe_, static_cast<std::size_t>(s_.context) * s_.width);
-    kernels::embed_backward<><<<blocks(s_.width), 256, 0, s()>>>(g_wte_.data(), g_wpe, dx0.data(), tok(), pos(), N_,
-                                                                s_.width);
+    // One block a distinct token (position), its rows in order: the groups made on the host with the batch.
+    const int* grouped = ints(groups_d_);
+    for (int which = 0; which < 2; ++which) {
+      const int G = group_count_[which];
+      const int* base = grouped + static_cast<std::size_t>(which) * (3 * static_cast<std::size_t>(N_) + 1);
+      kernels::grouped_row_sum<><<<std::min(G, 1024), 256, 0, s()>>>(which == 0 ? g_wte_.data() : g_wpe, dx0.data(),
+                                                                     base, base + N_, base + 2 * N_ + 1, G, s_.width);
+    }
     store(root, "wte", g_wte_.data());
     store(root, "wpe", g_wpe);
     store(root, "ln_f.w", g_lnfw_.data());
@@ -325,6 +331,28 @@ class trainer {
     to_device(tokens_, inputs_);
     to_device(targets_d_, targets_);
     to_device(positions_d_, positions_);
+    groups_.clear();
+    group_count_[0] = row_groups(inputs_, groups_);
+    group_count_[1] = row_groups(positions_, groups_);
+    to_device(groups_d_, groups_);
+  }
+  /// Appends the row groups of keys (N of them) to out, 3N + 1 ints: order (the rows sorted by key, each key's rows
+  /// in increasing n), first (G + 1 offsets into order, then N to fill N + 1) and key (G keys, then 0 to fill N);
+  /// returns G, the distinct keys. A fixed size, so that the device copy is made once.
+  static int row_groups(const std::vector<int>& keys, std::vector<int>& out) {
+    const std::size_t N = keys.size(), at = out.size();
+    out.resize(at + 3 * N + 1);
+    int* order = out.data() + at;
+    int *first = order + N, *key = first + N + 1;
+    for (std::size_t n = 0; n < N; ++n) order[n] = static_cast<int>(n);
+    std::stable_sort(order, order + N, [&](int a, int b) { return keys[std::size_t(a)] < keys[std::size_t(b)]; });
+    int G = 0;
+    for (std::size_t i = 0; i < N; ++i)
+      if (i == 0 || keys[std::size_t(order[i])] != keys[std::size_t(order[i - 1])])
+        first[G] = static_cast<int>(i), key[G] = keys[std::size_t(order[i])], ++G;
+    std::fill(first + G, first + N + 1, static_cast<int>(N));
+    std::fill(key + G, key + N, 0);
+    return G;
   }
   void check() const { FSDP_CUDA_CHECK(cudaGetLastError()); }
 
@@ -411,7 +439,9 @@ class trainer {
   bool packed_ = false;
   double denominator_ = 1;  // of the loss: this rank's tokens, or the step's loss tokens when packed
   std::vector<int> inputs_, targets_, positions_, mask_, starts_;
-  dbuf positions_d_, starts_d_, mask_d_;
+  dbuf positions_d_, starts_d_, mask_d_, groups_d_;
+  std::vector<int> groups_;  // row_groups of the tokens, then of the positions (kept: the copy may be in flight)
+  int group_count_[2] = {0, 0};
   dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
   dbuf g_wpe_, dres1_, rowdots_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
   dbuf hin_, hout_, colpart_;  // a GEMM's bf16 operands (unused in fp32), column sums' partials

@@ -83,15 +83,19 @@ __global__ void embed(float* x, const W* wte, const W* wpe, const int* tok, cons
     x[e] = __fadd_rn(to_f(wte[(long long)tok[n] * C + c]), to_f(wpe[(long long)pos[n] * C + c]));
   }
 }
-/// g_wte[tok[n], c] += dx[n, c] over n in order (one thread per channel); g_wpe[t, c] = sum over n with pos[n] == t.
+/// The embeddings' gradients, a row of the table per group of tokens that share it (row_groups: the rows n of one
+/// token id, or one position, in increasing n): g[key[j], c] += dx[n, c] over the group's n in order. One block a
+/// group, threads along the channels (coalesced), so every distinct token and position sums in parallel; each
+/// element adds its rows in n order, as one thread walking every token did before: the same bits.
 template <int = 0>
-__global__ void embed_backward(float* g_wte, float* g_wpe, const float* dx, const int* tok, const int* pos, int N,
-                               int C) {
-  GPT_FOR(c, C) {
-    for (int n = 0; n < N; ++n) {
-      const float d = dx[(long long)n * C + c];
-      g_wte[(long long)tok[n] * C + c] = __fadd_rn(g_wte[(long long)tok[n] * C + c], d);
-      g_wpe[(long long)pos[n] * C + c] = __fadd_rn(g_wpe[(long long)pos[n] * C + c], d);
+__global__ void grouped_row_sum(float* g, const float* dx, const int* order, const int* first, const int* key, int G,
+                                int C) {
+  for (int j = blockIdx.x; j < G; j += gridDim.x) {
+    float* out = g + (long long)key[j] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float acc = out[c];
+      for (int i = first[j]; i < first[j + 1]; ++i) acc = __fadd_rn(acc, dx[(long long)order[i] * C + c]);
+      out[c] = acc;
     }
   }
 }
