@@ -176,14 +176,16 @@ class trainer {
                                                               x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
     linear_forward(k.qkv.data(), k.ln1.data(), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
     attend([&](auto run) { run.forward(k.atty.data(), k.att.data(), k.qkv.data(), att_dims(), s()); });
-    linear_forward(k.res1.data(), k.atty.data(), w("attn.proj.w"), p("attn.proj.b"), N, C, C);
-    K::add<><<<blocks(NC), 256, 0, s()>>>(k.res1.data(), x.data(), NC);
-    K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(),
-                                                      k.res1.data(), p("ln_2.w"), p("ln_2.b"), N, C);
-    linear_forward(k.fc.data(), k.ln2.data(), w("mlp.fc.w"), p("mlp.fc.b"), N, C, 4 * C);
-    K::gelu_forward<><<<blocks(4 * NC), 256, 0, s()>>>(k.fc_gelu.data(), k.fc.data(), 4 * NC);
-    linear_forward(out.data(), k.fc_gelu.data(), w("mlp.proj.w"), p("mlp.proj.b"), N, 4 * C, C);
-    K::add<><<<blocks(NC), 256, 0, s()>>>(out.data(), k.res1.data(), NC);
+    // Each linear layer's bias is added by the kernel after its product: with the residual add and the next
+    // layernorm, with GELU, with the residual add.
+    linear_forward(k.res1.data(), k.atty.data(), w("attn.proj.w"), nullptr, N, C, C);
+    K::bias_residual_layernorm<><<<blocks(32LL * N), 256, 0, s()>>>(k.res1.data(), k.ln2.data(), k.ln2_mean.data(),
+                                                                    k.ln2_rstd.data(), p("attn.proj.b"), x.data(),
+                                                                    p("ln_2.w"), p("ln_2.b"), N, C);
+    linear_forward(k.fc.data(), k.ln2.data(), w("mlp.fc.w"), nullptr, N, C, 4 * C);
+    K::bias_gelu<><<<blocks(4 * NC), 256, 0, s()>>>(k.fc_gelu.data(), k.fc.data(), p("mlp.fc.b"), N, 4 * C);
+    linear_forward(out.data(), k.fc_gelu.data(), w("mlp.proj.w"), nullptr, N, 4 * C, C);
+    K::bias_residual<><<<blocks(NC), 256, 0, s()>>>(out.data(), p("mlp.proj.b"), k.res1.data(), N, C);
     check();
   }
 

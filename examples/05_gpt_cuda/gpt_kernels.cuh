@@ -126,31 +126,46 @@ __global__ void column_total(float* db, const float* part, int K, int O) {
     db[o] = __fadd_rn(db[o], acc);
   }
 }
-/// y += x
-template <int = 0>
-__global__ void add(float* y, const float* x, long long n) {
-  GPT_FOR(k, n) y[k] = __fadd_rn(y[k], x[k]);
-}
 
 constexpr float ln_eps = 1e-5f;
+/// Layernorm of row n (x: the row), by the warp's lanes (lane c reads and writes columns c, c + 32, ...).
+__device__ __forceinline__ void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* w,
+                                              const float* b, long long n, int C, int lane) {
+  float m = 0;
+  for (int c = lane; c < C; c += 32) m = __fadd_rn(m, x[c]);
+  m = __fdiv_rn(warp_sum(m), float(C));
+  float v = 0;
+  for (int c = lane; c < C; c += 32) v = __fadd_rn(v, __fmul_rn(__fsub_rn(x[c], m), __fsub_rn(x[c], m)));
+  v = __fdiv_rn(warp_sum(v), float(C));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, ln_eps)));
+  for (int c = lane; c < C; c += 32)
+    out[n * C + c] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[c], m), r), w[c]), b[c]);
+  if (lane == 0) mean[n] = m, rstd[n] = r;
+}
 /// One warp per row.
 template <int = 0>
 __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                                   const float* b, int N, int C) {
   const int lane = GPT_LANE;
+  GPT_FOR_WARP(n, N) layernorm_row(out, mean, rstd, inp + n * C, w, b, n, C, lane);
+}
+/// y = (y + bias) + res, then out = layernorm(y), one warp per row: a linear layer's bias, the residual add and the
+/// next layernorm in one pass (the same operations in the same order as the three kernels they replace: the same
+/// bits). Each lane reads back only the columns it wrote.
+template <int = 0>
+__global__ void bias_residual_layernorm(float* y, float* out, float* mean, float* rstd, const float* bias,
+                                        const float* res, const float* w, const float* b, int N, int C) {
+  const int lane = GPT_LANE;
   GPT_FOR_WARP(n, N) {
-    const float* x = inp + n * C;
-    float m = 0;
-    for (int c = lane; c < C; c += 32) m = __fadd_rn(m, x[c]);
-    m = __fdiv_rn(warp_sum(m), float(C));
-    float v = 0;
-    for (int c = lane; c < C; c += 32) v = __fadd_rn(v, __fmul_rn(__fsub_rn(x[c], m), __fsub_rn(x[c], m)));
-    v = __fdiv_rn(warp_sum(v), float(C));
-    const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, ln_eps)));
-    for (int c = lane; c < C; c += 32)
-      out[n * C + c] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[c], m), r), w[c]), b[c]);
-    if (lane == 0) mean[n] = m, rstd[n] = r;
+    float* row = y + n * C;
+    for (int c = lane; c < C; c += 32) row[c] = __fadd_rn(__fadd_rn(row[c], bias[c]), res[n * C + c]);
+    layernorm_row(out, mean, rstd, row, w, b, n, C, lane);
   }
+}
+/// y[n, o] = (y[n, o] + bias[o]) + res[n, o]: a linear layer's bias and the residual add in one pass.
+template <int = 0>
+__global__ void bias_residual(float* y, const float* bias, const float* res, int N, int O) {
+  GPT_FOR(e, (long long)N * O) y[e] = __fadd_rn(__fadd_rn(y[e], bias[e % O]), res[e]);
 }
 /// dinp += ... (one warp per row)
 template <int = 0>
@@ -196,12 +211,16 @@ __global__ void layernorm_param_partials(float* pw, float* pb, const float* dout
 }
 
 constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi)
+/// x[n, o] += bias[o], then out = gelu(x): the MLP's first bias and its activation in one pass (x, with its bias, is
+/// what the backward reads).
 template <int = 0>
-__global__ void gelu_forward(float* out, const float* x, long long n) {
-  GPT_FOR(i, n) {
-    const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x[i]), x[i]), x[i]);
-    const float t = tanh_exp(__fmul_rn(gelu_k, __fadd_rn(x[i], x3)));
-    out[i] = __fmul_rn(__fmul_rn(0.5f, x[i]), __fadd_rn(1.0f, t));
+__global__ void bias_gelu(float* out, float* x, const float* bias, int N, int O) {
+  GPT_FOR(i, (long long)N * O) {
+    const float v = __fadd_rn(x[i], bias[i % O]);
+    x[i] = v;
+    const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, v), v), v);
+    const float t = tanh_exp(__fmul_rn(gelu_k, __fadd_rn(v, x3)));
+    out[i] = __fmul_rn(__fmul_rn(0.5f, v), __fadd_rn(1.0f, t));
   }
 }
 template <int = 0>
