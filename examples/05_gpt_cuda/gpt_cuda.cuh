@@ -128,6 +128,10 @@ class trainer {
         cs_(&model.backend().compute_stream()),
         mm_(std::make_unique<gemm>(k.gemm, cs_->get())),
         product_(k.attention) {
+    if (s.width % 4 != 0)
+      throw fsdp::usage_error("gpt_cuda::trainer: width " + std::to_string(s.width) +
+                              " is not a multiple of 4 (the element-wise kernels take four columns a thread, in "
+                              "128-bit accesses)");
     if (const std::string why = attention::refusal(s.width / s.heads, std::is_same_v<DW, fsdp::bfloat16>, k.attention);
         !why.empty())
       throw fsdp::usage_error("gpt_cuda::trainer: " + why);

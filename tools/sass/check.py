@@ -22,11 +22,14 @@ Rules, for each kernel named below (every one must be present):
 and, for all of them, no local memory (no spills) and an occupancy of at least 75% at 256 threads per block on
 sm_90 (65536 registers and 2048 threads per SM, registers allocated in multiples of 8 per thread).
 
-The GPT example's attention (tools/sass/attention.cu, its SASS appended to the same files), head width 64, bf16:
+The GPT example's kernels (tools/sass/gpt.cu, its SASS appended to the same files). The attention, head width 64,
+bf16:
   forward, backward_query, backward_key <..., product::tensor>
                                 HMMA (mma.sync on tensor cores) and no local memory; no occupancy rule (a block of
                                 128 threads keeps its rows' fragments and sums in registers, FlashAttention's way)
   forward<..., product::twin>   the control: the same algorithm by the warp's lanes must have no HMMA
+and the element-wise kernels bias_gelu, gelu_backward, bias_residual: LDG.E.128 and STG.E.128 (four floats a
+thread), no spills, 75% occupancy.
 
 Negative controls: the scalar for_each_kernel<F> of the same optimizers must break the for_each_arrays rule, and
 the scalar for_each_kernel of the block quantization and the dequantizations must break theirs (if one passes,
@@ -149,6 +152,8 @@ def main():
         wanted[f"attention {kernel} (tensor cores)"] = (attention.format(kernel, 0), {"HMMA"})
         heavy.add(f"attention {kernel} (tensor cores)")
     controls["attention forward (twin, control)"] = (attention.format("forward", 1), {"HMMA"})
+    for kernel in ("bias_gelu", "gelu_backward", "bias_residual"):
+        wanted[f"gpt {kernel}"] = (rf"gpt_cuda::kernels::{kernel}<0>", {"LDG.E.128", "STG.E.128"})
     heavy.add("attention forward (twin, control)")
 
     fns, usage = functions(sass), resources(res)
