@@ -29,6 +29,8 @@
 
 #include <fsdp/fsdp.cuh>
 
+#include "examples/05_gpt_cuda/gpt_kernels.cuh"
+
 namespace gpt_cuda::attention {
 
 /// How a warp's 16 x 8 x 16 tile products are made.
@@ -67,14 +69,8 @@ struct cfrag {
   float x[4] = {0, 0, 0, 0};
 };
 
-template <class E>
-__device__ __forceinline__ float to_f(E v) {
-  return static_cast<float>(v);
-}
-template <class E>
-__device__ __forceinline__ E from_f(float v) {
-  return E(v);
-}
+using kernels::from_f;  // the trainer's casts (gpt_kernels.cuh): the library's element types, the host's bits
+using kernels::to_f;
 
 #ifndef EXAMPLES_NO_MMA
 __device__ __forceinline__ std::uint32_t pack(fsdp::bfloat16 lo, fsdp::bfloat16 hi) {
@@ -173,6 +169,42 @@ __device__ __forceinline__ float quad_sum(float v) {
   return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/// f(r, c, n, i) for each element a lane holds of a warp's 16 x 8N product (element x[i] of fragment n): its row r
+/// (0: g, 1: g + 8) and its column c.
+template <int N, class F>
+__device__ __forceinline__ void each_element(F&& f) {
+  const int t = int(threadIdx.x % 4);
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f(i / 2, 8 * n + 2 * t + i % 2, n, i);
+}
+/// acc[n] += a b_n^T, where a is the warp's 16 rows over the head (D / 16 fragments) and b_n the tile's rows 8n ..
+/// 8n + 7 over the head: a 16 x 32 product against the tile (scores against keys, dP against values, ...). Column
+/// groups that live(8n, 8) says the warp's rows cannot see are skipped (their results are masked to 0).
+template <product P, class E, int D, class Live>
+__device__ __forceinline__ void against_tile(cfrag (&acc)[tile / 8], const afrag<E> (&a)[D / 16], const E (*b)[D + pad],
+                                             Live&& live) {
+#pragma unroll
+  for (int n = 0; n < tile / 8; ++n)
+    if (live(8 * n, 8))
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) mma<P>(acc[n], a[k], b_rows_n<E, D>(b, 8 * n, 16 * k));
+}
+/// acc += s b, where s is a 16 x 32 product against a tile (its outputs reused as A fragments, rounded to E) and b
+/// the tile's 32 rows over the head; the 16-row steps that live(16k, 16) says are all 0 are skipped.
+template <product P, class E, int D, class Live>
+__device__ __forceinline__ void through_tile(cfrag (&acc)[D / 8], const cfrag (&s)[tile / 8], const E (*b)[D + pad],
+                                             Live&& live) {
+#pragma unroll
+  for (int k = 0; k < tile / 16; ++k) {
+    if (!live(16 * k, 16)) continue;
+    const afrag<E> a = to_a<E>(s[2 * k], s[2 * k + 1]);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) mma<P>(acc[n], a, b_rows_k<E, D>(b, 16 * k, 8 * n));
+  }
+}
+
 /// A thread's two rows' values (rows g and g + 8 of its warp's 16), chosen by a select: a two-element array indexed
 /// in a loop the compiler keeps rolled would be local memory.
 template <class T>
@@ -234,21 +266,14 @@ __global__ void __launch_bounds__(threads, 1) forward(float* out, float* lse, co
     load_tile<E, tile, D>(ks, rows + d.C + h * hs, ld, j0, T, hs);
     load_tile<E, tile, D>(vs, rows + 2 * d.C + h * hs, ld, j0, T, hs);
     __syncthreads();
+    const auto live = [&](int c, int w) { return keys.meets(j0 + c, w); };
     cfrag s[tile / 8];
-#pragma unroll
-    for (int n = 0; n < tile / 8; ++n)
-      if (keys.meets(j0 + 8 * n, 8))
-#pragma unroll
-        for (int k = 0; k < D / 16; ++k) mma<P>(s[n], qf[k], b_rows_n<E, D>(ks, 8 * n, 16 * k));
+    against_tile<P, E, D>(s, qf, ks, live);
     float top[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < tile / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = i / 2, key = j0 + 8 * n + 2 * t + i % 2;
-        s[n].x[i] = d.sees(b, q[r], key, first[r]) ? __fmul_rn(s[n].x[i], scale) : -INFINITY;
-        top[r] = fmaxf(top[r], s[n].x[i]);
-      }
+    each_element<tile / 8>([&](int r, int c, int n, int i) {
+      s[n].x[i] = d.sees(b, q[r], j0 + c, first[r]) ? __fmul_rn(s[n].x[i], scale) : -INFINITY;
+      top[r] = fmaxf(top[r], s[n].x[i]);
+    });
     float use[2], rescale[2], sum[2] = {0, 0};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -257,35 +282,19 @@ __global__ void __launch_bounds__(threads, 1) forward(float* out, float* lse, co
       rescale[r] = expf(__fsub_rn(m[r], use[r]));
       m[r] = next;
     }
-#pragma unroll
-    for (int n = 0; n < tile / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float x = s[n].x[i];
-        s[n].x[i] = x == -INFINITY ? 0.0f : expf(__fsub_rn(x, use[i / 2]));
-        sum[i / 2] = __fadd_rn(sum[i / 2], s[n].x[i]);
-      }
+    each_element<tile / 8>([&](int r, int, int n, int i) {
+      const float x = s[n].x[i];
+      s[n].x[i] = x == -INFINITY ? 0.0f : expf(__fsub_rn(x, use[r]));
+      sum[r] = __fadd_rn(sum[r], s[n].x[i]);
+    });
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = __fadd_rn(__fmul_rn(l[r], rescale[r]), quad_sum(sum[r]));
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[n].x[i] = __fmul_rn(o[n].x[i], rescale[i / 2]);
-#pragma unroll
-    for (int k = 0; k < tile / 16; ++k) {
-      if (!keys.meets(j0 + 16 * k, 16)) continue;
-      const afrag<E> p = to_a<E>(s[2 * k], s[2 * k + 1]);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) mma<P>(o[n], p, b_rows_k<E, D>(vs, 16 * k, 8 * n));
-    }
+    each_element<D / 8>([&](int r, int, int n, int i) { o[n].x[i] = __fmul_rn(o[n].x[i], rescale[r]); });
+    through_tile<P, E, D>(o, s, vs, live);
   }
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = i / 2, c = 8 * n + 2 * t + i % 2;
-      if (q[r] < T && c < hs) out[((long long)b * T + q[r]) * d.C + h * hs + c] = __fdiv_rn(o[n].x[i], l[r]);
-    }
+  each_element<D / 8>([&](int r, int c, int n, int i) {
+    if (q[r] < T && c < hs) out[((long long)b * T + q[r]) * d.C + h * hs + c] = __fdiv_rn(o[n].x[i], l[r]);
+  });
   if (t == 0)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
@@ -315,7 +324,7 @@ __global__ void __launch_bounds__(threads, 1)
     backward_query(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dd, dims d) {
   __shared__ E ks[tile][D + pad], vs[tile][D + pad];
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * rows_per_block;
-  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4;
   const int hs = d.hs(), T = d.T;
   const long long ld = d.row3();
   const float* rows = qkv + (long long)b * T * ld;
@@ -339,42 +348,23 @@ __global__ void __launch_bounds__(threads, 1)
     load_tile<E, tile, D>(ks, rows + d.C + h * hs, ld, j0, T, hs);
     load_tile<E, tile, D>(vs, rows + 2 * d.C + h * hs, ld, j0, T, hs);
     __syncthreads();
+    const auto live = [&](int c, int w) { return keys.meets(j0 + c, w); };
     cfrag s[tile / 8], dp[tile / 8];
-#pragma unroll
-    for (int n = 0; n < tile / 8; ++n)
-      if (keys.meets(j0 + 8 * n, 8))
-#pragma unroll
-        for (int k = 0; k < D / 16; ++k) {
-          mma<P>(s[n], qf[k], b_rows_n<E, D>(ks, 8 * n, 16 * k));
-          mma<P>(dp[n], df[k], b_rows_n<E, D>(vs, 8 * n, 16 * k));
-        }
-#pragma unroll
-    for (int n = 0; n < tile / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = i / 2, key = j0 + 8 * n + 2 * t + i % 2;
-        const float p =
-            d.sees(b, q[r], key, first[r]) ? expf(__fsub_rn(__fmul_rn(s[n].x[i], scale), row_lse[r])) : 0.0f;
-        s[n].x[i] = __fmul_rn(p, __fsub_rn(dp[n].x[i], row_dd[r]));  // dS
-      }
-#pragma unroll
-    for (int k = 0; k < tile / 16; ++k) {
-      if (!keys.meets(j0 + 16 * k, 16)) continue;
-      const afrag<E> ds = to_a<E>(s[2 * k], s[2 * k + 1]);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) mma<P>(dq[n], ds, b_rows_k<E, D>(ks, 16 * k, 8 * n));
-    }
+    against_tile<P, E, D>(s, qf, ks, live);
+    against_tile<P, E, D>(dp, df, vs, live);
+    each_element<tile / 8>([&](int r, int c, int n, int i) {
+      const float p =
+          d.sees(b, q[r], j0 + c, first[r]) ? expf(__fsub_rn(__fmul_rn(s[n].x[i], scale), row_lse[r])) : 0.0f;
+      s[n].x[i] = __fmul_rn(p, __fsub_rn(dp[n].x[i], row_dd[r]));  // dS
+    });
+    through_tile<P, E, D>(dq, s, ks, live);
   }
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = i / 2, c = 8 * n + 2 * t + i % 2;
-      if (q[r] < T && c < hs) {
-        float& g_q = dqkv[((long long)b * T + q[r]) * ld + h * hs + c];
-        g_q = __fadd_rn(g_q, __fmul_rn(dq[n].x[i], scale));
-      }
+  each_element<D / 8>([&](int r, int c, int n, int i) {
+    if (q[r] < T && c < hs) {
+      float& g_q = dqkv[((long long)b * T + q[r]) * ld + h * hs + c];
+      g_q = __fadd_rn(g_q, __fmul_rn(dq[n].x[i], scale));
     }
+  });
 }
 
 /// dK += dS^T Q / sqrt(hs) and dV += P^T dO for 64 keys a block (16 a warp), walking the query tiles that can see
@@ -386,7 +376,7 @@ __global__ void __launch_bounds__(threads, 1)
   __shared__ float tile_lse[tile], tile_dd[tile];
   __shared__ int tile_first[tile];
   const int b = int(blockIdx.z), h = int(blockIdx.y), k0 = int(blockIdx.x) * rows_per_block;
-  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4;
   const int hs = d.hs(), T = d.T;
   const long long ld = d.row3();
   const float* rows = qkv + (long long)b * T * ld;
@@ -420,46 +410,24 @@ __global__ void __launch_bounds__(threads, 1)
     // probabilities would all be masked to 0).
     auto meets = [&](int c, int w) { return r0 < T && i0 + c < T && i0 + c + w - 1 >= r0 && tile_first[c] <= key_hi; };
     cfrag s[tile / 8], dp[tile / 8];  // transposed: rows are this warp's keys, columns the tile's queries
-#pragma unroll
-    for (int n = 0; n < tile / 8; ++n)
-      if (meets(8 * n, 8))
-#pragma unroll
-        for (int k = 0; k < D / 16; ++k) {
-          mma<P>(s[n], kf[k], b_rows_n<E, D>(qs, 8 * n, 16 * k));
-          mma<P>(dp[n], vf[k], b_rows_n<E, D>(ds_, 8 * n, 16 * k));
-        }
-#pragma unroll
-    for (int n = 0; n < tile / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = 8 * n + 2 * t + i % 2, q = i0 + c;
-        const bool seen = key[i / 2] < T && d.sees(b, q, key[i / 2], tile_first[c]);
-        const float p = seen ? expf(__fsub_rn(__fmul_rn(s[n].x[i], scale), tile_lse[c])) : 0.0f;
-        s[n].x[i] = p;                                                 // P^T
-        dp[n].x[i] = __fmul_rn(p, __fsub_rn(dp[n].x[i], tile_dd[c]));  // dS^T
-      }
-#pragma unroll
-    for (int k = 0; k < tile / 16; ++k) {
-      if (!meets(16 * k, 16)) continue;
-      const afrag<E> pt = to_a<E>(s[2 * k], s[2 * k + 1]), dst = to_a<E>(dp[2 * k], dp[2 * k + 1]);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        mma<P>(dv[n], pt, b_rows_k<E, D>(ds_, 16 * k, 8 * n));
-        mma<P>(dk[n], dst, b_rows_k<E, D>(qs, 16 * k, 8 * n));
-      }
-    }
+    against_tile<P, E, D>(s, kf, qs, meets);
+    against_tile<P, E, D>(dp, vf, ds_, meets);
+    each_element<tile / 8>([&](int r, int c, int n, int i) {
+      const bool seen = key[r] < T && d.sees(b, i0 + c, key[r], tile_first[c]);
+      const float p = seen ? expf(__fsub_rn(__fmul_rn(s[n].x[i], scale), tile_lse[c])) : 0.0f;
+      s[n].x[i] = p;                                                 // P^T
+      dp[n].x[i] = __fmul_rn(p, __fsub_rn(dp[n].x[i], tile_dd[c]));  // dS^T
+    });
+    through_tile<P, E, D>(dv, s, ds_, meets);
+    through_tile<P, E, D>(dk, dp, qs, meets);
   }
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = i / 2, c = 8 * n + 2 * t + i % 2;
-      if (key[r] < T && c < hs) {
-        float* g_k = dqkv + ((long long)b * T + key[r]) * ld + d.C + h * hs + c;
-        *g_k = __fadd_rn(*g_k, __fmul_rn(dk[n].x[i], scale));
-        g_k[d.C] = __fadd_rn(g_k[d.C], dv[n].x[i]);
-      }
+  each_element<D / 8>([&](int r, int c, int n, int i) {
+    if (key[r] < T && c < hs) {
+      float* g_k = dqkv + ((long long)b * T + key[r]) * ld + d.C + h * hs + c;
+      *g_k = __fadd_rn(*g_k, __fmul_rn(dk[n].x[i], scale));
+      g_k[d.C] = __fadd_rn(g_k[d.C], dv[n].x[i]);
     }
+  });
 }
 
 /// The padded head width the kernels are built for: 16 or 64 (a head of width 4 pads to 16; a head wider than 64

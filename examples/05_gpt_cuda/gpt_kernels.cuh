@@ -16,11 +16,11 @@ namespace gpt_cuda::kernels {
 // Casts through the library's element types (fsdp::bfloat16's conversions are FSDP_HD bit operations): the same
 // bits as the host trainer's casts, and no bf16 conversion instruction (which the simulated GPU lacks).
 template <class W>
-__device__ inline float to_f(W x) {
+__device__ __forceinline__ float to_f(W x) {
   return static_cast<float>(x);
 }
 template <class W>
-__device__ inline W from_f(float x) {
+__device__ __forceinline__ W from_f(float x) {
   return W(x);
 }
 /// tanh from expf (the simulated GPU's PTX parser has no copysign, which tanhf uses): 1 - 2 / (e^2x + 1), exact
