@@ -242,8 +242,8 @@ struct key_span {
 
 /// out = softmax(mask(Q K^T / sqrt(hs))) V, lse = each row's log-sum-exp of the scaled scores. Grid (ceil(T / 64),
 /// NH, B), 128 threads; D = hs rounded up (16 or 64).
-template <class E, int D, product P>
-__global__ void __launch_bounds__(threads, 1) forward(float* out, float* lse, const float* qkv, dims d) {
+template <class E, int D, product P, class O = float>
+__global__ void __launch_bounds__(threads, 1) forward(O* out, float* lse, const float* qkv, dims d) {
   __shared__ E ks[tile][D + pad], vs[tile][D + pad];
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * rows_per_block;
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
@@ -293,7 +293,8 @@ __global__ void __launch_bounds__(threads, 1) forward(float* out, float* lse, co
     through_tile<P, E, D>(o, s, vs, live);
   }
   each_element<D / 8>([&](int r, int c, int n, int i) {
-    if (q[r] < T && c < hs) out[((long long)b * T + q[r]) * d.C + h * hs + c] = __fdiv_rn(o[n].x[i], l[r]);
+    if (q[r] < T && c < hs)
+      out[((long long)b * T + q[r]) * d.C + h * hs + c] = kernels::from_f<O>(__fdiv_rn(o[n].x[i], l[r]));
   });
   if (t == 0)
 #pragma unroll
@@ -302,8 +303,8 @@ __global__ void __launch_bounds__(threads, 1) forward(float* out, float* lse, co
 }
 
 /// dd[b, h, t] = dO[b, t, head h] . O[b, t, head h], one warp per row (lanes along the head, a butterfly sum).
-template <int = 0>
-__global__ void row_dots(float* dd, const float* dout, const float* out, dims d) {
+template <class O = float>
+__global__ void row_dots(float* dd, const float* dout, const O* out, dims d) {
   const int lane = int(threadIdx.x % 32), hs = d.hs();
   const long long rows = (long long)d.B * d.NH * d.T;
   for (long long e = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; e < rows;
@@ -311,7 +312,7 @@ __global__ void row_dots(float* dd, const float* dout, const float* out, dims d)
     const int t = int(e % d.T), h = int(e / d.T % d.NH), b = int(e / d.T / d.NH);
     const long long at = ((long long)b * d.T + t) * d.C + h * hs;
     float v = 0;
-    for (int i = lane; i < hs; i += 32) v = __fadd_rn(v, __fmul_rn(dout[at + i], out[at + i]));
+    for (int i = lane; i < hs; i += 32) v = __fadd_rn(v, __fmul_rn(dout[at + i], kernels::to_f(out[at + i])));
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
     if (lane == 0) dd[e] = v;
   }
@@ -459,15 +460,18 @@ struct launch {
     else
       f(std::integral_constant<int, 64>{});
   }
-  static void forward(float* out, float* lse, const float* qkv, const dims& d, cudaStream_t s) {
+  /// out in O: fp32, or the compute type (the trainer's: only a matrix product and row_dots read it).
+  template <class O>
+  static void forward(O* out, float* lse, const float* qkv, const dims& d, cudaStream_t s) {
     by_width(d.hs(), [&](auto w) {
-      attention::forward<E, decltype(w)::value, P><<<grid(d), threads, 0, s>>>(out, lse, qkv, d);
+      attention::forward<E, decltype(w)::value, P, O><<<grid(d), threads, 0, s>>>(out, lse, qkv, d);
     });
   }
-  static void backward(float* dqkv, float* dd, const float* dout, const float* out, const float* qkv, const float* lse,
+  template <class O>
+  static void backward(float* dqkv, float* dd, const float* dout, const O* out, const float* qkv, const float* lse,
                        const dims& d, cudaStream_t s) {
     const long long warps_blocks = ((long long)d.B * d.NH * d.T * 32 + 255) / 256;  // a warp a row, 256 threads
-    row_dots<><<<int(warps_blocks < 1024 ? warps_blocks : 1024), 256, 0, s>>>(dd, dout, out, d);
+    row_dots<O><<<int(warps_blocks < 1024 ? warps_blocks : 1024), 256, 0, s>>>(dd, dout, out, d);
     by_width(d.hs(), [&](auto w) {
       backward_key<E, decltype(w)::value, P><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
       backward_query<E, decltype(w)::value, P><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);

@@ -44,18 +44,21 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
                     V = std::size_t(s.vocab), H = std::size_t(s.heads), L = std::size_t(s.layers);
   const std::size_t N = B * T, NC = N * C, K = (N + 63) / 64;  // K: 64-row partials of a column sum
   const std::size_t R = std::size_t(head_rows(s, batch, o.head_rows));
-  const std::size_t cache = 15 * NC + 4 * N + B * H * T;        // gpt::block_cache_of: see "block cache" below
-  const auto half = [](std::size_t n) { return (n + 1) / 2; };  // bf16 elements, two to a float
+  const auto half = [](std::size_t n) { return (n + 1) / 2; };           // bf16 elements, two to a float
+  const auto act = [&](std::size_t n) { return o.bf16 ? half(n) : n; };  // activations kept in the compute type
+  // gpt::block_cache_of (see "block cache" below): qkv, res1, fc in fp32; ln1, atty, ln2, fc_gelu in the compute type
+  const std::size_t cache = 8 * NC + 3 * act(NC) + act(4 * NC) + 4 * N + B * H * T;
   std::vector<planned_buffer> p = {
       {"block inputs x_0 .. x_L [N, C]", L + 1, NC},
-      {"block cache (ln1, qkv, attention out, res1, ln2, fc, fc_gelu: 15 NC; 4 row statistics; row log-sum-exp)",
+      {"block cache (qkv, res1, fc: 8 NC fp32; ln1, attention out, ln2, fc_gelu: 7 NC in the compute type; 4 row "
+       "statistics; row log-sum-exp)",
        o.checkpoint_activations ? 1 : L, cache},
       {"recomputed block output (checkpointing) [N, C]", o.checkpoint_activations ? 1u : 0u, NC},
       {"gradient of the block input and of the next [N, C]", 2, NC},
       {"tokens, targets, positions [N]", 3, N},
       {"row groups of the tokens and of the positions, for the embeddings' gradients [3N + 1] ints", 2, 3 * N + 1},
       {"document starts, loss mask [N] (packed rows)", o.packed ? 2u : 0u, N},
-      {"final layernorm output [N, C]", 1, NC},
+      {"final layernorm output [N, C] in the compute type", 1, act(NC)},
       {"final layernorm mean, rstd [N]", 2, N},
       {"logits of a chunk of rows, then their gradient in place [head rows, V]", 1, R * V},
       {"row losses [N]", 1, N},
@@ -68,9 +71,8 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
       {"backward scratch: dqkv [N, 3C]", 1, 3 * NC},
       {"attention backward: dO . O per row [B, heads, T]", 1, B * H * T},
       {"column-sum partials [ceil(N / 64), 4C]", 1, K * 4 * C},
-      // The GEMMs' bf16 operands: the widest input (fc_gelu, N x 4C) and the widest output gradient (a chunk's
-      // logits', head rows x V, or dfc's N x 4C), two bf16 to a float; fp32 GEMMs take the fp32 buffers themselves.
-      {"bf16 GEMM input operand", o.bf16 ? 1u : 0u, half(4 * NC)},
+      // The GEMMs' bf16 output-gradient operand: the widest (a chunk's logits', head rows x V, or dfc's N x 4C), two
+      // bf16 to a float; fp32 GEMMs take the fp32 buffers themselves (their inputs are kept in bf16 already).
       {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u, std::max(half(R * V), half(4 * NC))},
       // fp32 copies of the gathered small parameters, one per name (shared by the blocks in stream order).
       {"fp32 copies: ln_1, ln_2, ln_f weights and biases, the four linear biases", 1, 15 * C},

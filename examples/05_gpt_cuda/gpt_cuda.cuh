@@ -2,8 +2,11 @@
 // The GPT example's trainer on the CUDA backend: the user's own kernels (gpt_kernels.cuh) for embeddings,
 // layernorm, attention, GELU and cross-entropy, cuBLAS (or the examples' plain GEMM, for the simulated GPU) for the
 // matrix products, and the training loop of examples/04_gpt_host/gpt_loop.hpp, the same code the host trainer
-// runs. The matrix products run in the compute type: in bf16, on the gathered bf16 weights and activations rounded
-// to bf16, accumulated in fp32 into fp32 outputs (PyTorch's bf16 autocast); in fp32, fp32 throughout. The other
+// runs. The matrix products run in the compute type: in bf16, on the gathered bf16 weights and bf16 activations,
+// accumulated in fp32 into fp32 outputs (PyTorch's bf16 autocast); in fp32, fp32 throughout. The activations that
+// only products read (each layernorm's output, attention's output, GELU's) are written in bf16 by the kernels that
+// make them and kept so; the products' outputs, the residual stream, the MLP's pre-activation, the layernorm
+// statistics, every gradient and the loss stay fp32 (output gradients are rounded to bf16 for the products). The other
 // parameters (layernorm, biases) are widened into fp32 scratch copies; each gradient is summed in fp32 and stored
 // once into the compute-type gradient buffer. The trainer's buffers are made in the first step and reused: a later
 // step that would allocate one is an error (trainer::begin_step), so no step after the first calls cudaMalloc or
@@ -17,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -26,6 +30,7 @@
 #include "examples/05_gpt_cuda/attention.cuh"
 #include "examples/05_gpt_cuda/buffer_plan.hpp"
 #include "examples/05_gpt_cuda/gpt_kernels.cuh"
+#include "examples/05_gpt_cuda/step_work.hpp"
 #include "examples/common/gemm.cuh"
 
 namespace gpt_cuda {
@@ -95,6 +100,13 @@ class dbuf {
 
 using block_cache = gpt::block_cache_of<dbuf>;
 
+/// The launches this thread's trainer made in its current (after a run: its last) step, by step_work.hpp's
+/// launch_names (keyed by their addresses): what 05_gpt_cuda compares with step_work's rows.
+inline std::unordered_map<const char*, std::size_t>& launch_tally() {
+  thread_local std::unordered_map<const char*, std::size_t> tally;
+  return tally;
+}
+
 /// The trainer's choice of kernels: the matrix products' (cuBLAS or the plain kernel), attention's tile product
 /// (tensor cores or their twin), and the classifier's rows at a time (0: buffer_plan.hpp's head_rows decides).
 struct kernel_choice {
@@ -160,9 +172,8 @@ class trainer {
   template <class Unit>
   void embed(const Unit& root, dbuf& x) {
     x.resize(nc());
-    kernels::embed<DW><<<blocks(nc()), 256, 0, s()>>>(x.data(), root.template param<DW>("wte").data(),
-                                                      root.template param<DW>("wpe").data(), tok(), pos(), N_,
-                                                      s_.width);
+    go(launch_names::embed, blocks(nc()), kernels::embed<DW>, x.data(), root.template param<DW>("wte").data(),
+       root.template param<DW>("wpe").data(), tok(), pos(), N_, s_.width);
     check();
   }
 
@@ -173,23 +184,26 @@ class trainer {
     auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
     auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
     const std::size_t NC = nc();
-    k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(rows());
-    k.atty.resize(NC), k.res1.resize(NC), k.ln2.resize(NC), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
-    k.fc.resize(4 * NC), k.fc_gelu.resize(4 * NC), out.resize(NC);
-    K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(),
-                                                              x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
-    linear_forward(k.qkv.data(), k.ln1.data(), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
-    attend([&](auto run) { run.forward(k.atty.data(), k.att.data(), k.qkv.data(), att_dims(), s()); });
+    // ln1, atty, ln2 and fc_gelu are read only by matrix products (and atty by attention's row_dots): kept in the
+    // compute type, as the kernels that make them write them (the products' operands, no cast in between).
+    k.ln1.resize(act(NC)), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(rows());
+    k.atty.resize(act(NC)), k.res1.resize(NC), k.ln2.resize(act(NC)), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
+    k.fc.resize(4 * NC), k.fc_gelu.resize(act(4 * NC)), out.resize(NC);
+    go(launch_names::layernorm_forward, blocks(32LL * N), K::layernorm_forward<DW>, as_dw(k.ln1), k.ln1_mean.data(),
+       k.ln1_rstd.data(), x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
+    linear_forward(k.qkv.data(), as_dw(k.ln1), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
+    ++launch_tally()[launch_names::attention_forward];
+    attend([&](auto run) { run.forward(as_dw(k.atty), k.att.data(), k.qkv.data(), att_dims(), s()); });
     // Each linear layer's bias is added by the kernel after its product: with the residual add and the next
     // layernorm, with GELU, with the residual add.
-    linear_forward(k.res1.data(), k.atty.data(), w("attn.proj.w"), nullptr, N, C, C);
-    K::bias_residual_layernorm<><<<blocks(32LL * N), 256, 0, s()>>>(k.res1.data(), k.ln2.data(), k.ln2_mean.data(),
-                                                                    k.ln2_rstd.data(), p("attn.proj.b"), x.data(),
-                                                                    p("ln_2.w"), p("ln_2.b"), N, C);
-    linear_forward(k.fc.data(), k.ln2.data(), w("mlp.fc.w"), nullptr, N, C, 4 * C);
-    K::bias_gelu<><<<blocks(4 * NC), 256, 0, s()>>>(k.fc_gelu.data(), k.fc.data(), p("mlp.fc.b"), N, 4 * C);
-    linear_forward(out.data(), k.fc_gelu.data(), w("mlp.proj.w"), nullptr, N, 4 * C, C);
-    K::bias_residual<><<<blocks(NC), 256, 0, s()>>>(out.data(), p("mlp.proj.b"), k.res1.data(), N, C);
+    linear_forward(k.res1.data(), as_dw(k.atty), w("attn.proj.w"), nullptr, N, C, C);
+    go(launch_names::bias_residual_layernorm, blocks(32LL * N), K::bias_residual_layernorm<DW>, k.res1.data(),
+       as_dw(k.ln2), k.ln2_mean.data(), k.ln2_rstd.data(), p("attn.proj.b"), x.data(), p("ln_2.w"), p("ln_2.b"), N, C);
+    linear_forward(k.fc.data(), as_dw(k.ln2), w("mlp.fc.w"), nullptr, N, C, 4 * C);
+    go(launch_names::bias_gelu, blocks(4 * NC), K::bias_gelu<DW>, as_dw(k.fc_gelu), k.fc.data(), p("mlp.fc.b"), N,
+       4 * C);
+    linear_forward(out.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), nullptr, N, 4 * C, C);
+    go(launch_names::bias_residual, blocks(NC), K::bias_residual<>, out.data(), p("mlp.proj.b"), k.res1.data(), N, C);
     check();
   }
 
@@ -208,24 +222,26 @@ class trainer {
     dres1_.resize(NC);
     copy(dres1_, dout);
     float* dfc_gelu = zeroed(t4a_, 4 * NC);
-    linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), k.fc_gelu.data(), w("mlp.proj.w"), N, 4 * C, C);
+    linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, 4 * C, C);
     t4b_.resize(4 * NC);
-    K::gelu_backward<><<<blocks(4 * NC), 256, 0, s()>>>(t4b_.data(), k.fc.data(), dfc_gelu, 4 * NC);
+    go(launch_names::gelu_backward, blocks(4 * NC), K::gelu_backward<>, t4b_.data(), k.fc.data(), dfc_gelu, 4 * NC);
     float* dln2 = zeroed(tnc_a_, NC);
-    linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), k.ln2.data(), w("mlp.fc.w"), N, C, 4 * C);
+    linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), as_dw(k.ln2), w("mlp.fc.w"), N, C, 4 * C);
     layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
                        k.ln2_rstd.data());
     dx.resize(NC);
     copy(dx, dres1_);
     float* datty = zeroed(tnc_b_, NC);
-    linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), k.atty.data(), w("attn.proj.w"), N, C, C);
+    linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), as_dw(k.atty), w("attn.proj.w"), N, C, C);
     float* dqkv = zeroed(t3nc_, 3 * NC);
     rowdots_.resize(rows());
+    for (const char* name : {launch_names::row_dots, launch_names::backward_key, launch_names::backward_query})
+      ++launch_tally()[name];  // attention::launch::backward's three kernels
     attend([&](auto run) {
-      run.backward(dqkv, rowdots_.data(), datty, k.atty.data(), k.qkv.data(), k.att.data(), att_dims(), s());
+      run.backward(dqkv, rowdots_.data(), datty, as_dw(k.atty), k.qkv.data(), k.att.data(), att_dims(), s());
     });
     float* dln1 = zeroed(tnc_a_, NC);
-    linear_backward(dln1, g_qkvw, g_qkvb, dqkv, k.ln1.data(), w("attn.qkv.w"), N, C, 3 * C);
+    linear_backward(dln1, g_qkvw, g_qkvb, dqkv, as_dw(k.ln1), w("attn.qkv.w"), N, C, 3 * C);
     layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
     for (const char* leaf : {"ln_1.w", "ln_1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b", "ln_2.w",
                              "ln_2.b", "mlp.fc.w", "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"})
@@ -240,11 +256,11 @@ class trainer {
     const DW* wte = matrix(root, "wte");
     const float *lnfw = weight(root, "ln_f.w", "ln_f.w"),
                 *lnfb = weight(root, "ln_f.b", "ln_f.b");
-    lnf_.resize(nc()), lnf_mean_.resize(N), lnf_rstd_.resize(N);
+    lnf_.resize(act(nc())), lnf_mean_.resize(N), lnf_rstd_.resize(N);  // read only by the classifier's products
     logits_.resize(static_cast<std::size_t>(R_) * V), row_loss_.resize(N);
     loss_.resize(1);
-    K::layernorm_forward<><<<blocks(32LL * N), 256, 0, s()>>>(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(),
-                                                              lnfw, lnfb, N, C);
+    go(launch_names::layernorm_forward, blocks(32LL * N), K::layernorm_forward<DW>, as_dw(lnf_), lnf_mean_.data(),
+       lnf_rstd_.data(), x.data(), lnfw, lnfb, N, C);
     float* g_wte = zeroed(g_wte_, static_cast<std::size_t>(V) * C);
     float* dlnf = zeroed(tnc_a_, nc());
     // The classifier, the cross-entropy and the head's backward products R_ rows at a time (buffer_plan.hpp's
@@ -253,14 +269,13 @@ class trainer {
     const int* mask = packed_ ? ints(mask_d_) : nullptr;
     for (int r0 = 0; r0 < N; r0 += R_) {
       const int R = std::min(R_, N - r0);
-      const float* in = lnf_.data() + static_cast<std::size_t>(r0) * C;
+      const DW* in = as_dw(lnf_) + static_cast<std::size_t>(r0) * C;
       linear_forward(logits_.data(), in, wte, nullptr, R, C, V);
-      K::cross_entropy<><<<row_blocks(R), 256, 0, s()>>>(logits_.data(), row_loss_.data() + r0, logits_.data(),
-                                                         targets + r0, mask ? mask + r0 : nullptr, R, V,
-                                                         1.0f / static_cast<float>(denominator_));
+      go(launch_names::cross_entropy, row_blocks(R), K::cross_entropy<>, logits_.data(), row_loss_.data() + r0,
+         logits_.data(), targets + r0, mask ? mask + r0 : nullptr, R, V, 1.0f / static_cast<float>(denominator_));
       linear_backward(dlnf + static_cast<std::size_t>(r0) * C, g_wte, nullptr, logits_.data(), in, wte, R, C, V);
     }
-    K::mean_loss<><<<1, 1, 0, s()>>>(loss_.data(), row_loss_.data(), N, denominator_);
+    go(launch_names::mean_loss, 1, K::mean_loss<>, loss_.data(), row_loss_.data(), N, denominator_);
     zeroed(dx, nc());
     layernorm_backward(dx.data(), zeroed(g_lnfw_, C), zeroed(g_lnfb_, C), dlnf, x.data(), lnfw, lnf_mean_.data(),
                        lnf_rstd_.data());
@@ -275,8 +290,8 @@ class trainer {
     for (int which = 0; which < 2; ++which) {
       const int G = group_count_[which];
       const int* base = grouped + static_cast<std::size_t>(which) * (3 * static_cast<std::size_t>(N_) + 1);
-      kernels::grouped_row_sum<><<<std::min(G, 1024), 256, 0, s()>>>(which == 0 ? g_wte_.data() : g_wpe, dx0.data(),
-                                                                     base, base + N_, base + 2 * N_ + 1, G, s_.width);
+      go(launch_names::grouped_row_sum, std::min(G, 1024), kernels::grouped_row_sum<>,
+         which == 0 ? g_wte_.data() : g_wpe, dx0.data(), base, base + N_, base + 2 * N_ + 1, G, s_.width);
     }
     store(root, "wte", g_wte_.data());
     store(root, "wpe", g_wpe);
@@ -306,6 +321,7 @@ class trainer {
   static int row_blocks(int rows) { return rows < 1024 ? rows : 1024; }
   /// Counts the steps; from the second on, a buffer the trainer (re)allocated since the second began is an error.
   void next_step() {
+    launch_tally().clear();
     if (++steps_ == 2) allocations_ = dbuf::allocations();
     if (steps_ > 2 && dbuf::allocations() != allocations_)
       throw std::logic_error("gpt_cuda::trainer allocated " + std::to_string(dbuf::allocations() - allocations_) +
@@ -313,6 +329,10 @@ class trainer {
                              "cudaMalloc and cudaFree synchronise the device)");
   }
   std::size_t nc() const { return static_cast<std::size_t>(N_) * s_.width; }
+  /// Floats that hold n activations in the compute type (two bf16 to a float).
+  static std::size_t act(std::size_t n) { return std::is_same_v<DW, float> ? n : (n + 1) / 2; }
+  /// A buffer of activations kept in the compute type (act()).
+  static DW* as_dw(const dbuf& b) { return reinterpret_cast<DW*>(b.data()); }
   long long rows() const { return static_cast<long long>(B_) * s_.heads * s_.context; }
   attention::dims att_dims() const { return {B_, s_.context, s_.width, s_.heads, starts()}; }
   /// f(attention::launch<DW, P>{}) for the trainer's product P.
@@ -361,6 +381,18 @@ class trainer {
     return G;
   }
   void check() const { FSDP_CUDA_CHECK(cudaGetLastError()); }
+  /// Launches kernel k over `grid` blocks of 256 threads on the compute stream, counted under `name`.
+  template <class... P, class... A>
+  void go(const char* name, long long grid, void (*k)(P...), A&&... a) {
+    ++launch_tally()[name];
+    k<<<static_cast<unsigned>(grid), 256, 0, s()>>>(static_cast<P>(a)...);
+  }
+  /// The matrix product (one cuBLAS call, or the plain kernel), counted.
+  template <class... A>
+  void product(A&&... a) {
+    ++launch_tally()[launch_names::product];
+    (*mm_)(std::forward<A>(a)...);
+  }
 
   /// fp32 copy of a gathered parameter, in the scratch buffer `key` (shared by the blocks: stream order).
   template <class Unit>
@@ -368,7 +400,7 @@ class trainer {
     const auto v = u.template param<DW>(name);
     dbuf& d = wscratch_[key];
     d.resize(static_cast<std::size_t>(v.numel()));
-    kernels::widen<DW><<<blocks(v.numel()), 256, 0, s()>>>(d.data(), v.data(), v.numel());
+    go(launch_names::widen, blocks(v.numel()), kernels::widen<DW>, d.data(), v.data(), v.numel());
     check();
     return d.data();
   }
@@ -381,14 +413,16 @@ class trainer {
   template <class Unit>
   void store(const Unit& u, const std::string& name, const float* g) {
     const auto v = u.template grad<DW>(name);
-    kernels::store<DW><<<blocks(v.numel()), 256, 0, s()>>>(v.data(), g, v.numel());
+    go(launch_names::store, blocks(v.numel()), kernels::store<DW>, v.data(), g, v.numel());
   }
   float* zeroed(dbuf& b, std::size_t n) {
     b.resize(n);
+    ++launch_tally()[launch_names::memset];
     FSDP_CUDA_CHECK(cudaMemsetAsync(b.data(), 0, n * sizeof(float), s()));
     return b.data();
   }
   void copy(dbuf& dst, const dbuf& src) {
+    ++launch_tally()[launch_names::memcpy];
     FSDP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(float), cudaMemcpyDeviceToDevice, s()));
   }
   /// x rounded to bf16 in `scratch` (fp32: x itself), the GEMMs' other operand.
@@ -398,40 +432,43 @@ class trainer {
     } else {
       scratch.grow((n + 1) / 2);  // floats hold two bf16 each
       auto* h = reinterpret_cast<DW*>(scratch.data());
-      kernels::narrow<DW><<<blocks(static_cast<long long>(n)), 256, 0, s()>>>(h, x, static_cast<long long>(n));
+      go(launch_names::narrow, blocks(static_cast<long long>(n)), kernels::narrow<DW>, h, x, static_cast<long long>(n));
       return h;
     }
   }
-  void linear_forward(float* out, const float* inp, const DW* w, const float* b, int N, int I, int O) {
-    const DW* x = operand(inp, static_cast<std::size_t>(N) * I, hin_);
-    (*mm_)(true, false, O, N, I, 1.0f, w, I, x, I, 0.0f, out, O);  // out[N, O] = inp[N, I] w[O, I]^T
-    if (b) kernels::add_bias<><<<blocks(static_cast<long long>(N) * O), 256, 0, s()>>>(out, b, N, O);
+  /// out[N, O] = x[N, I] w[O, I]^T (+ b): x in the compute type, as the kernels before the products write it.
+  void linear_forward(float* out, const DW* x, const DW* w, const float* b, int N, int I, int O) {
+    product(true, false, O, N, I, 1.0f, w, I, x, I, 0.0f, out, O);
+    if (b) go(launch_names::add_bias, blocks(static_cast<long long>(N) * O / 4), kernels::add_bias<>, out, b, N, O);
   }
-  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const DW* w, int N,
-                       int I, int O) {
+  /// dinp[N, I] += dout[N, O] w[O, I]; dw[O, I] += dout^T x; db += the columns of dout. dout (fp32) is rounded to
+  /// the compute type for the products.
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const DW* x, const DW* w, int N, int I,
+                       int O) {
     const DW* dy = operand(dout, static_cast<std::size_t>(N) * O, hout_);
-    const DW* x = operand(inp, static_cast<std::size_t>(N) * I, hin_);
-    (*mm_)(false, false, I, N, O, 1.0f, w, I, dy, O, 1.0f, dinp, I);  // dinp[N, I] += dout[N, O] w[O, I]
-    (*mm_)(false, true, I, O, N, 1.0f, x, I, dy, O, 1.0f, dw, I);     // dw[O, I] += dout^T inp
+    product(false, false, I, N, O, 1.0f, w, I, dy, O, 1.0f, dinp, I);
+    product(false, true, I, O, N, 1.0f, x, I, dy, O, 1.0f, dw, I);
     if (db) column_sum(db, dout, N, O);
   }
   /// db[o] += the sum of dy[n, o] over the N rows: 64-row partials, then their sum.
   void column_sum(float* db, const float* dy, int N, int O) {
     const int K = kernels::column_chunks(N);
     colpart_.resize(static_cast<std::size_t>(K) * 4 * s_.width);  // the widest: the MLP's 4C
-    kernels::column_partials<><<<blocks(static_cast<long long>(K) * O), 256, 0, s()>>>(colpart_.data(), dy, N, O);
-    kernels::column_total<><<<blocks(O), 256, 0, s()>>>(db, colpart_.data(), K, O);
+    go(launch_names::column_partials, blocks(static_cast<long long>(K) * O / 4), kernels::column_partials<>,
+       colpart_.data(), dy, N, O);
+    go(launch_names::column_total, blocks(O), kernels::column_total<>, db, colpart_.data(), K, O);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd) {
     const int C = s_.width, K = kernels::column_chunks(N_);
-    kernels::layernorm_backward_input<><<<blocks(32LL * N_), 256, 0, s()>>>(dinp, dout, inp, w, mean, rstd, N_, C);
+    go(launch_names::layernorm_backward_input, blocks(32LL * N_), kernels::layernorm_backward_input<>, dinp, dout, inp,
+       w, mean, rstd, N_, C);
     colpart_.resize(static_cast<std::size_t>(K) * 4 * C);  // two partials of C: within column_sum's size
     float *pw = colpart_.data(), *pb = pw + static_cast<std::size_t>(K) * C;
-    kernels::layernorm_param_partials<><<<blocks(static_cast<long long>(K) * C), 256, 0, s()>>>(pw, pb, dout, inp,
-                                                                                             mean, rstd, N_, C);
-    kernels::column_total<><<<blocks(C), 256, 0, s()>>>(dw, pw, K, C);
-    kernels::column_total<><<<blocks(C), 256, 0, s()>>>(db, pb, K, C);
+    go(launch_names::layernorm_param_partials, blocks(static_cast<long long>(K) * C / 4),
+       kernels::layernorm_param_partials<>, pw, pb, dout, inp, mean, rstd, N_, C);
+    go(launch_names::column_total, blocks(C), kernels::column_total<>, dw, pw, K, C);
+    go(launch_names::column_total, blocks(C), kernels::column_total<>, db, pb, K, C);
   }
 
   gpt::shape s_;
@@ -450,7 +487,7 @@ class trainer {
   int group_count_[2] = {0, 0};
   dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
   dbuf g_wpe_, dres1_, rowdots_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
-  dbuf hin_, hout_, colpart_;  // a GEMM's bf16 operands (unused in fp32), column sums' partials
+  dbuf hout_, colpart_;  // the products' bf16 output-gradient operand (unused in fp32), column sums' partials
   std::map<std::string, dbuf> wscratch_, gscratch_;
 };
 

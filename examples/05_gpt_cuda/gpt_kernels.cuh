@@ -11,6 +11,8 @@
 // (main.cu).
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 namespace gpt_cuda::kernels {
 
 // Casts through the library's element types (fsdp::bfloat16's conversions are FSDP_HD bit operations): the same
@@ -54,10 +56,11 @@ __device__ inline float block_reduce(float v, float* part) {
 
 #define GPT_FOR(i, n) \
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
-/// One warp per row r (every lane of a warp the same r; launch rows * 32 threads, blocks of a multiple of 32).
-#define GPT_FOR_WARP(r, n)                                                             \
-  for (long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; r < (n); \
-       r += (long long)gridDim.x * blockDim.x / 32)
+/// One warp per row r of n < 2^31 (every lane of a warp the same r; launch rows * 32 threads, blocks of a multiple
+/// of 32). An int: offsets are (long long)r * width.
+#define GPT_FOR_WARP(r, n)                                                            \
+  for (int r = int((blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32); r < (n); \
+       r += int((long long)gridDim.x * blockDim.x / 32))
 #define GPT_LANE int(threadIdx.x % 32)
 
 /// dst = float(src)
@@ -99,22 +102,31 @@ __global__ void grouped_row_sum(float* g, const float* dx, const int* order, con
     }
   }
 }
-/// y[n, o] += b[o]
+/// y[n, o] += b[o], four columns a thread in 128-bit accesses (O % 4 == 0).
 template <int = 0>
 __global__ void add_bias(float* y, const float* b, int N, int O) {
-  GPT_FOR(e, (long long)N * O) y[e] = __fadd_rn(y[e], b[e % O]);
+  auto* y4 = reinterpret_cast<float4*>(y);
+  GPT_FOR(i, (long long)N * O / 4) {
+    const float4 v = y4[i], c = reinterpret_cast<const float4*>(b)[i % (O / 4)];
+    y4[i] = {__fadd_rn(v.x, c.x), __fadd_rn(v.y, c.y), __fadd_rn(v.z, c.z), __fadd_rn(v.w, c.w)};
+  }
 }
 /// Rows per partial of a column sum.
 constexpr int column_chunk = 64;
 __host__ __device__ inline int column_chunks(int N) { return (N + column_chunk - 1) / column_chunk; }
-/// part[k, o] = the sum of dy[n, o] over the k-th 64 rows, in row order (a thread per (k, o): coalesced over o).
+/// part[k, o] = the sum of dy[n, o] over the k-th 64 rows, in row order (a thread per k and four columns, in
+/// 128-bit accesses: coalesced over o; O % 4 == 0).
 template <int = 0>
 __global__ void column_partials(float* part, const float* dy, int N, int O) {
-  GPT_FOR(e, (long long)column_chunks(N) * O) {
-    const int k = int(e / O), o = int(e % O), end = min(N, (k + 1) * column_chunk);
-    float acc = 0;
-    for (int n = k * column_chunk; n < end; ++n) acc = __fadd_rn(acc, dy[(long long)n * O + o]);
-    part[e] = acc;
+  const int O4 = O / 4;
+  GPT_FOR(e, (long long)column_chunks(N) * O4) {
+    const int k = int(e / O4), o4 = int(e % O4), end = min(N, (k + 1) * column_chunk);
+    float4 acc = {0, 0, 0, 0};
+    for (int n = k * column_chunk; n < end; ++n) {
+      const float4 d = reinterpret_cast<const float4*>(dy + (long long)n * O)[o4];
+      acc = {__fadd_rn(acc.x, d.x), __fadd_rn(acc.y, d.y), __fadd_rn(acc.z, d.z), __fadd_rn(acc.w, d.w)};
+    }
+    reinterpret_cast<float4*>(part)[e] = acc;
   }
 }
 /// db[o] += the sum of part[k, o] over the K partials, in order.
@@ -128,38 +140,75 @@ __global__ void column_total(float* db, const float* part, int K, int O) {
 }
 
 constexpr float ln_eps = 1e-5f;
-/// Layernorm of row n (x: the row), by the warp's lanes (lane c reads and writes columns c, c + 32, ...).
-__device__ __forceinline__ void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* w,
+/// v stored as out[4j .. 4j + 3] in O: one 128-bit store for fp32, one 64-bit store of four for a 16-bit O (the
+/// activations the matrix products read, kept in the compute type). out starts on 16 bytes.
+template <class O>
+__device__ __forceinline__ void store4(O* out, long long j, float4 v) {
+  if constexpr (std::is_same_v<O, float>) {
+    reinterpret_cast<float4*>(out)[j] = v;
+  } else {
+    struct alignas(4 * sizeof(O)) quad {
+      O x, y, z, w;
+    };
+    reinterpret_cast<quad*>(out)[j] = {from_f<O>(v.x), from_f<O>(v.y), from_f<O>(v.z), from_f<O>(v.w)};
+  }
+}
+/// The sum of a float4's lanes in order, after acc.
+__device__ __forceinline__ float add4(float acc, float4 v) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
+}
+/// Layernorm of row n (x: the row), by the warp's lanes, four columns at a time in 128-bit accesses (lane i reads and
+/// writes columns 4i .. 4i + 3, then 4(i + 32) ..., so that a warp's loads are coalesced; C % 4 == 0 and rows start on
+/// 16 bytes: the trainer's widths and buffers).
+template <class O>
+__device__ __forceinline__ void layernorm_row(O* out, float* mean, float* rstd, const float* x, const float* w,
                                               const float* b, long long n, int C, int lane) {
+  const auto *x4 = reinterpret_cast<const float4*>(x), *w4 = reinterpret_cast<const float4*>(w),
+             *b4 = reinterpret_cast<const float4*>(b);
+  const int C4 = C / 4;
   float m = 0;
-  for (int c = lane; c < C; c += 32) m = __fadd_rn(m, x[c]);
+  for (int j = lane; j < C4; j += 32) m = add4(m, x4[j]);
   m = __fdiv_rn(warp_sum(m), float(C));
   float v = 0;
-  for (int c = lane; c < C; c += 32) v = __fadd_rn(v, __fmul_rn(__fsub_rn(x[c], m), __fsub_rn(x[c], m)));
+  for (int j = lane; j < C4; j += 32) {
+    const float4 q = x4[j];
+    v = add4(v, {__fmul_rn(__fsub_rn(q.x, m), __fsub_rn(q.x, m)), __fmul_rn(__fsub_rn(q.y, m), __fsub_rn(q.y, m)),
+                 __fmul_rn(__fsub_rn(q.z, m), __fsub_rn(q.z, m)), __fmul_rn(__fsub_rn(q.w, m), __fsub_rn(q.w, m))});
+  }
   v = __fdiv_rn(warp_sum(v), float(C));
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, ln_eps)));
-  for (int c = lane; c < C; c += 32)
-    out[n * C + c] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[c], m), r), w[c]), b[c]);
+  O* row = out + n * C;
+  auto norm = [&](float q, float wc, float bc) { return __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(q, m), r), wc), bc); };
+  for (int j = lane; j < C4; j += 32) {
+    const float4 q = x4[j], wj = w4[j], bj = b4[j];
+    store4(row, j, {norm(q.x, wj.x, bj.x), norm(q.y, wj.y, bj.y), norm(q.z, wj.z, bj.z), norm(q.w, wj.w, bj.w)});
+  }
   if (lane == 0) mean[n] = m, rstd[n] = r;
 }
-/// One warp per row.
-template <int = 0>
-__global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                  const float* b, int N, int C) {
+/// One warp per row; out in O (fp32, or the compute type when only matrix products read it).
+template <class O = float>
+__global__ void layernorm_forward(O* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                                  int N, int C) {
   const int lane = GPT_LANE;
-  GPT_FOR_WARP(n, N) layernorm_row(out, mean, rstd, inp + n * C, w, b, n, C, lane);
+  GPT_FOR_WARP(n, N) layernorm_row(out, mean, rstd, inp + (long long)n * C, w, b, n, C, lane);
 }
 /// y = (y + bias) + res, then out = layernorm(y), one warp per row: a linear layer's bias, the residual add and the
-/// next layernorm in one pass (the same operations in the same order as the three kernels they replace: the same
-/// bits). Each lane reads back only the columns it wrote.
-template <int = 0>
-__global__ void bias_residual_layernorm(float* y, float* out, float* mean, float* rstd, const float* bias,
-                                        const float* res, const float* w, const float* b, int N, int C) {
+/// next layernorm in one pass (out in O, as layernorm_forward's). Each lane reads back only the columns it wrote.
+template <class O = float>
+__global__ void bias_residual_layernorm(float* y, O* out, float* mean, float* rstd, const float* bias, const float* res,
+                                        const float* w, const float* b, int N, int C) {
   const int lane = GPT_LANE;
   GPT_FOR_WARP(n, N) {
-    float* row = y + n * C;
-    for (int c = lane; c < C; c += 32) row[c] = __fadd_rn(__fadd_rn(row[c], bias[c]), res[n * C + c]);
-    layernorm_row(out, mean, rstd, row, w, b, n, C, lane);
+    float* row = y + (long long)n * C;
+    auto* row4 = reinterpret_cast<float4*>(row);
+    const auto *bias4 = reinterpret_cast<const float4*>(bias),
+               *res4 = reinterpret_cast<const float4*>(res + (long long)n * C);
+    for (int j = lane; j < C / 4; j += 32) {
+      const float4 v = row4[j], bj = bias4[j], rj = res4[j];
+      row4[j] = {__fadd_rn(__fadd_rn(v.x, bj.x), rj.x), __fadd_rn(__fadd_rn(v.y, bj.y), rj.y),
+                 __fadd_rn(__fadd_rn(v.z, bj.z), rj.z), __fadd_rn(__fadd_rn(v.w, bj.w), rj.w)};
+    }
+    layernorm_row(out, mean, rstd, row, w, b, n, C, lane);  // the same lane reads back the columns it wrote
   }
 }
 /// y[n, o] = (y[n, o] + bias[o]) + res[n, o]: a linear layer's bias and the residual add in one pass. O % 4 == 0:
@@ -174,46 +223,64 @@ __global__ void bias_residual(float* y, const float* bias, const float* res, int
              __fadd_rn(__fadd_rn(v.z, b.z), r.z), __fadd_rn(__fadd_rn(v.w, b.w), r.w)};
   }
 }
-/// dinp += ... (one warp per row)
+/// dinp += the gradient of layernorm's input, one warp per row, four columns a lane in 128-bit accesses (as
+/// layernorm_row).
 template <int = 0>
 __global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* w,
                                          const float* mean, const float* rstd, int N, int C) {
-  const int lane = GPT_LANE;
+  const int lane = GPT_LANE, C4 = C / 4;
+  const auto* w4 = reinterpret_cast<const float4*>(w);
   GPT_FOR_WARP(n, N) {
-    const float* x = inp + n * C;
-    const float* d = dout + n * C;
+    const auto *x4 = reinterpret_cast<const float4*>(inp + (long long)n * C),
+               *d4 = reinterpret_cast<const float4*>(dout + (long long)n * C);
     const float m = mean[n], r = rstd[n];
     float dmean = 0, dnorm_mean = 0;
-    for (int c = lane; c < C; c += 32) {
-      const float norm = __fmul_rn(__fsub_rn(x[c], m), r), dnorm = __fmul_rn(w[c], d[c]);
-      dmean = __fadd_rn(dmean, dnorm);
-      dnorm_mean = __fadd_rn(dnorm_mean, __fmul_rn(dnorm, norm));
+    for (int j = lane; j < C4; j += 32) {
+      const float4 x = x4[j], d = d4[j], wj = w4[j];
+      const float4 dn = {__fmul_rn(wj.x, d.x), __fmul_rn(wj.y, d.y), __fmul_rn(wj.z, d.z), __fmul_rn(wj.w, d.w)};
+      dmean = add4(dmean, dn);
+      dnorm_mean =
+          add4(dnorm_mean,
+               {__fmul_rn(dn.x, __fmul_rn(__fsub_rn(x.x, m), r)), __fmul_rn(dn.y, __fmul_rn(__fsub_rn(x.y, m), r)),
+                __fmul_rn(dn.z, __fmul_rn(__fsub_rn(x.z, m), r)), __fmul_rn(dn.w, __fmul_rn(__fsub_rn(x.w, m), r))});
     }
     dmean = __fdiv_rn(warp_sum(dmean), float(C));
     dnorm_mean = __fdiv_rn(warp_sum(dnorm_mean), float(C));
-    for (int c = lane; c < C; c += 32) {
-      const float norm = __fmul_rn(__fsub_rn(x[c], m), r), dnorm = __fmul_rn(w[c], d[c]);
-      const float g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, dmean), __fmul_rn(norm, dnorm_mean)), r);
-      dinp[n * C + c] = __fadd_rn(dinp[n * C + c], g);
+    auto g = [&](float x, float d, float wc, float acc) {
+      const float norm = __fmul_rn(__fsub_rn(x, m), r), dnorm = __fmul_rn(wc, d);
+      return __fadd_rn(acc, __fmul_rn(__fsub_rn(__fsub_rn(dnorm, dmean), __fmul_rn(norm, dnorm_mean)), r));
+    };
+    auto* o4 = reinterpret_cast<float4*>(dinp + (long long)n * C);
+// Not unrolled: unrolled, the loads of two iterations in flight take 48 registers, under 75% occupancy (sass-check).
+#pragma unroll 1
+    for (int j = lane; j < C4; j += 32) {
+      const float4 x = x4[j], d = d4[j], wj = w4[j], o = o4[j];
+      o4[j] = {g(x.x, d.x, wj.x, o.x), g(x.y, d.y, wj.y, o.y), g(x.z, d.z, wj.z, o.z), g(x.w, d.w, wj.w, o.w)};
     }
   }
 }
 /// The partials of dw and db (column_partials' layout, two arrays): the k-th 64 rows' sums of norm * dout and of
-/// dout; column_total adds them into dw and db.
+/// dout, four columns a thread in 128-bit accesses (C % 4 == 0); column_total adds them into dw and db.
 template <int = 0>
 __global__ void layernorm_param_partials(float* pw, float* pb, const float* dout, const float* inp,
                                          const float* mean, const float* rstd, int N, int C) {
-  GPT_FOR(e, (long long)column_chunks(N) * C) {
-    const int k = int(e / C), c = int(e % C), end = min(N, (k + 1) * column_chunk);
-    float gw = 0, gb = 0;
-    for (int n = k * column_chunk; n < end; ++n) {
-      const float d = dout[(long long)n * C + c];
-      const float norm = __fmul_rn(__fsub_rn(inp[(long long)n * C + c], mean[n]), rstd[n]);
-      gb = __fadd_rn(gb, d);
-      gw = __fadd_rn(gw, __fmul_rn(norm, d));
+  const int C4 = C / 4;
+  GPT_FOR(e, (long long)column_chunks(N) * C4) {
+    const int n0 = int(e / C4) * column_chunk, end = min(N, n0 + column_chunk);
+    const auto* d4 = reinterpret_cast<const float4*>(dout) + (long long)n0 * C4 + e % C4;  // row n0, the thread's 4
+    const auto* x4 = reinterpret_cast<const float4*>(inp) + (long long)n0 * C4 + e % C4;
+    float4 gw = {0, 0, 0, 0}, gb = {0, 0, 0, 0};
+    for (int n = n0; n < end; ++n, d4 += C4, x4 += C4) {
+      const float4 d = *d4, x = *x4;
+      const float m = mean[n], r = rstd[n];
+      gb = {__fadd_rn(gb.x, d.x), __fadd_rn(gb.y, d.y), __fadd_rn(gb.z, d.z), __fadd_rn(gb.w, d.w)};
+      gw = {__fadd_rn(gw.x, __fmul_rn(__fmul_rn(__fsub_rn(x.x, m), r), d.x)),
+            __fadd_rn(gw.y, __fmul_rn(__fmul_rn(__fsub_rn(x.y, m), r), d.y)),
+            __fadd_rn(gw.z, __fmul_rn(__fmul_rn(__fsub_rn(x.z, m), r), d.z)),
+            __fadd_rn(gw.w, __fmul_rn(__fmul_rn(__fsub_rn(x.w, m), r), d.w))};
     }
-    pw[e] = gw;
-    pb[e] = gb;
+    reinterpret_cast<float4*>(pw)[e] = gw;
+    reinterpret_cast<float4*>(pb)[e] = gb;
   }
 }
 
@@ -237,9 +304,9 @@ __device__ __forceinline__ float gelu_grad(float x, float d) {
 // buffers start 256-byte aligned, so every [N, 4C] or [N, C] row and bias starts on 16 bytes.
 
 /// x[n, o] += bias[o], then out = gelu(x): the MLP's first bias and its activation in one pass (x, with its bias, is
-/// what the backward reads). O % 4 == 0.
-template <int = 0>
-__global__ void bias_gelu(float* out, float* x, const float* bias, int N, int O) {
+/// what the backward reads; out in Out, as layernorm_forward's). O % 4 == 0.
+template <class Out = float>
+__global__ void bias_gelu(Out* out, float* x, const float* bias, int N, int O) {
   auto* x4 = reinterpret_cast<float4*>(x);
   const auto* b4 = reinterpret_cast<const float4*>(bias);
   GPT_FOR(i, (long long)N * O / 4) {
@@ -247,7 +314,7 @@ __global__ void bias_gelu(float* out, float* x, const float* bias, int N, int O)
     const float4 b = b4[i % (O / 4)];
     v = {__fadd_rn(v.x, b.x), __fadd_rn(v.y, b.y), __fadd_rn(v.z, b.z), __fadd_rn(v.w, b.w)};
     x4[i] = v;
-    reinterpret_cast<float4*>(out)[i] = {gelu_of(v.x), gelu_of(v.y), gelu_of(v.z), gelu_of(v.w)};
+    store4(out, i, {gelu_of(v.x), gelu_of(v.y), gelu_of(v.z), gelu_of(v.w)});
   }
 }
 /// dx = gelu'(x) * dout, n % 4 == 0.
@@ -260,10 +327,51 @@ __global__ void gelu_backward(float* dx, const float* x, const float* dout, long
   }
 }
 
+/// The floats of a row of V split for 128-bit accesses: `head` single floats up to the first 16-byte boundary, then
+/// `body` float4s, then single floats to V.
+struct row_split {
+  int head, body;
+  __device__ explicit row_split(const float* row, int V)
+      : head(min(V, int((16 - (reinterpret_cast<unsigned long long>(row) & 15)) & 15) / 4)), body((V - head) / 4) {}
+};
+/// f(v, row[v]) for every v of the row by the block's threads (each a fixed set of v, in a fixed order), the row's
+/// 16-byte-aligned middle in 128-bit loads.
+template <class F>
+__device__ __forceinline__ void each_in_row(const float* row, int V, F&& f) {
+  const row_split p(row, V);
+  for (int v = int(threadIdx.x); v < p.head; v += int(blockDim.x)) f(v, row[v]);
+  const auto* r4 = reinterpret_cast<const float4*>(row + p.head);
+  for (int j = int(threadIdx.x); j < p.body; j += int(blockDim.x)) {
+    const float4 q = r4[j];
+    const int v = p.head + 4 * j;
+    f(v, q.x), f(v + 1, q.y), f(v + 2, q.z), f(v + 3, q.w);
+  }
+  for (int v = p.head + 4 * p.body + int(threadIdx.x); v < V; v += int(blockDim.x)) f(v, row[v]);
+}
+/// out[v] = g(v, row[v]) for every v of the row (out may be row: each thread writes only what it read), in 128-bit
+/// loads and stores where out and row are equally aligned (the trainer's in-place use), single floats otherwise.
+template <class G>
+__device__ __forceinline__ void map_row(float* out, const float* row, int V, G&& g) {
+  if (((reinterpret_cast<unsigned long long>(out) ^ reinterpret_cast<unsigned long long>(row)) & 15) != 0) {
+    for (int v = int(threadIdx.x); v < V; v += int(blockDim.x)) out[v] = g(v, row[v]);
+    return;
+  }
+  const row_split p(row, V);
+  for (int v = int(threadIdx.x); v < p.head; v += int(blockDim.x)) out[v] = g(v, row[v]);
+  const auto* r4 = reinterpret_cast<const float4*>(row + p.head);
+  auto* o4 = reinterpret_cast<float4*>(out + p.head);
+  for (int j = int(threadIdx.x); j < p.body; j += int(blockDim.x)) {
+    const float4 q = r4[j];
+    const int v = p.head + 4 * j;
+    o4[j] = {g(v, q.x), g(v + 1, q.y), g(v + 2, q.z), g(v + 3, q.w)};
+  }
+  for (int v = p.head + 4 * p.body + int(threadIdx.x); v < V; v += int(blockDim.x)) out[v] = g(v, row[v]);
+}
+
 /// One block of 256 threads per row: row_loss[n] = logsumexp - logit of the target; dlogits = (softmax - onehot) *
 /// dscale. Rows the mask leaves out (mask may be null: none) get a loss and a gradient of 0. dlogits may be logits
-/// (in place: each thread writes only what it has read, and the target's logit is read before the barriers). Launch
-/// with row_blocks(N).
+/// (in place: each thread writes only what it has read, and the target's logit is read before the barriers). The
+/// row's aligned middle in 128-bit accesses (each_in_row, map_row). Launch with row_blocks(N).
 template <int = 0>
 __global__ void cross_entropy(float* dlogits, float* row_loss, const float* logits, const int* targets,
                               const int* mask, int N, int V, float dscale) {
@@ -279,15 +387,16 @@ __global__ void cross_entropy(float* dlogits, float* row_loss, const float* logi
     const int target = targets[n];
     const float target_logit = l[target];  // before the reductions' barriers: no thread has written yet
     float maxv = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) maxv = fmaxf(maxv, l[v]);
+    each_in_row(l, V, [&](int, float x) { maxv = fmaxf(maxv, x); });
     maxv = block_reduce<true>(maxv, part);
     float sum = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) sum = __fadd_rn(sum, expf(__fsub_rn(l[v], maxv)));
+    each_in_row(l, V, [&](int, float x) { sum = __fadd_rn(sum, expf(__fsub_rn(x, maxv))); });
     sum = block_reduce<false>(sum, part);
     const float logsum = __fadd_rn(logf(sum), maxv);
     if (threadIdx.x == 0) row_loss[n] = __fsub_rn(logsum, target_logit);
-    for (int v = threadIdx.x; v < V; v += blockDim.x)
-      d[v] = __fmul_rn(__fsub_rn(expf(__fsub_rn(l[v], logsum)), v == target ? 1.0f : 0.0f), dscale);
+    map_row(d, l, V, [&](int v, float x) {
+      return __fmul_rn(__fsub_rn(expf(__fsub_rn(x, logsum)), v == target ? 1.0f : 0.0f), dscale);
+    });
   }
 }
 /// *loss = the sum of row_loss over `denominator`, summed in double in row order by one thread (N is a batch's

@@ -10,24 +10,31 @@
 // tensor|twin (attention's tile products on tensor cores, bf16 only, the default there; or their twin from the
 // warp's lanes, the default in fp32 and the only one on the simulated GPU: attention.cuh), --head-rows R (the
 // classifier and cross-entropy R token rows at a time; by default the rows whose fp32 logits fit 256 MiB:
-// buffer_plan.hpp's head_rows), --peak-tflops X (the
-// device's peak, for the MFU column; 989 for an H100's dense bf16 by default), --plan (prints the trainer's buffers
-// for one rank, buffer_plan.hpp, and exits: no GPU needed). Before step 1 the same table is printed, and at the end
-// the trainers' measured peak is checked against it (equal to the byte, or the run fails). --compare-host also
-// trains the host trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative
-// in fp32, 5e-3 in bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the device's exp, tanh and
-// log round otherwise than the host's).
-// Without a GPU it prints why and exits with status 2 (but --plan).
+// buffer_plan.hpp's head_rows), --peak-tflops X (the device's peak, for the MFU column; 989 for an H100's dense bf16
+// by default), --plan (prints the trainer's buffers for one rank, buffer_plan.hpp, and exits: no GPU needed; before
+// step 1 the same table is printed, and at the end the trainers' measured peak is checked against it: equal to the
+// byte, or the run fails), --floor (prints the step's floor for one rank, step_work.hpp: every launch of a step, its
+// matrix FLOPs and its bytes over a matrix rate and a copy rate, and exits: no GPU needed; after a run the same table
+// is printed beside the measured mean step, and the trainer's launches in its last step are checked against its
+// rows, kernel by kernel, or the run fails), --matrix-tflops X --copy-gbs Y (the floor's two ceilings; by default
+// measured after the run where cuBLAS is built, else an H200's recorded ones). --compare-host also trains the host
+// trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative in fp32, 5e-3 in
+// bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the device's exp, tanh and log round
+// otherwise than the host's). Without a GPU it prints why and exits with status 2 (but --plan and --floor).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "examples/04_gpt_host/gpt_host.hpp"
 #include "examples/05_gpt_cuda/buffer_plan.hpp"
 #include "examples/05_gpt_cuda/gpt_cuda.cuh"
+#include "examples/05_gpt_cuda/step_work.hpp"
 
 namespace {
 
@@ -38,7 +45,7 @@ int usage(const std::string& why) {
       "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
       "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
       "[--pack] [--gemm cublas|plain] [--attention tensor|twin] [--head-rows R] [--peak-tflops X] [--compare-host] "
-      "[--plan]\n",
+      "[--plan] [--floor] [--matrix-tflops X --copy-gbs Y]\n",
       why.c_str());
   return 1;
 }
@@ -52,6 +59,112 @@ std::vector<gpt_cuda::planned_buffer> plan_for(const gpt::config& cfg, int world
                                 .packed = cfg.packing.on,
                                 .head_rows = head_rows});
 }
+/// The trainer's step for one rank of `world` (gpt_cuda::step_work), or none when the batch does not split.
+std::vector<gpt_cuda::kernel_work> work_for(const gpt::config& cfg, int world, bool bf16, int head_rows) {
+  if (world <= 0 || cfg.global_batch % world != 0) return {};
+  return gpt_cuda::step_work(cfg.model, cfg.global_batch / world,
+                             {.bf16 = bf16,
+                              .checkpoint_activations = cfg.checkpoint_activations,
+                              .packed = cfg.packing.on,
+                              .head_rows = head_rows},
+                             world);
+}
+
+/// The ceilings an H200 of this project's GPU machine gave (docs/benchmarks.md): the floor's reference where none is
+/// measured (a run without cuBLAS, or --floor without a GPU).
+gpt_cuda::ceilings recorded_ceilings() {
+  return {788e12, 4231e9,
+          "recorded on an H200: a bf16 8192^3 product at 788 TFLOP/s, a 1 GiB device copy at 4231 GB/s; not measured "
+          "in this run"};
+}
+
+#ifndef EXAMPLES_NO_CUBLAS
+/// The two ceilings measured on this GPU: a 1 GiB device-to-device copy (bytes read plus written) and an 8192^3
+/// product through the trainer's own matrix product (cuBLAS, in the compute type W, random operands), each the
+/// median of 10 timed runs after 3 warm-ups, timed with events.
+template <class W>
+__global__ void fill_random(W* x, long long n, unsigned seed) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+    x[i] = W(static_cast<float>(h % 2001u) / 1000.0f - 1.0f);
+  }
+}
+template <class W>
+gpt_cuda::ceilings measure_ceilings() {
+  cudaStream_t st;
+  FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t a, b;
+  FSDP_CUDA_CHECK(cudaEventCreate(&a));
+  FSDP_CUDA_CHECK(cudaEventCreate(&b));
+  auto median_ms = [&](auto&& work) {
+    std::vector<float> ms;
+    for (int i = 0; i < 13; ++i) {
+      FSDP_CUDA_CHECK(cudaEventRecord(a, st));
+      work();
+      FSDP_CUDA_CHECK(cudaEventRecord(b, st));
+      FSDP_CUDA_CHECK(cudaEventSynchronize(b));
+      float t = 0;
+      FSDP_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+      if (i >= 3) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  const std::size_t copy_bytes = std::size_t(1) << 30;
+  void *src = nullptr, *dst = nullptr;
+  FSDP_CUDA_CHECK(cudaMalloc(&src, copy_bytes));
+  FSDP_CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
+  fill_random<float><<<1024, 256, 0, st>>>(static_cast<float*>(src), copy_bytes / 4, 1u);
+  const double copy_ms =
+      median_ms([&] { FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, st)); });
+  FSDP_CUDA_CHECK(cudaFree(src));
+  FSDP_CUDA_CHECK(cudaFree(dst));
+  const int n = 8192;
+  const std::size_t nn = std::size_t(n) * n;
+  W *x = nullptr, *y = nullptr;
+  float* z = nullptr;
+  FSDP_CUDA_CHECK(cudaMalloc(&x, nn * sizeof(W)));
+  FSDP_CUDA_CHECK(cudaMalloc(&y, nn * sizeof(W)));
+  FSDP_CUDA_CHECK(cudaMalloc(&z, nn * sizeof(float)));
+  fill_random<W><<<1024, 256, 0, st>>>(x, static_cast<long long>(nn), 2u);
+  fill_random<W><<<1024, 256, 0, st>>>(y, static_cast<long long>(nn), 3u);
+  FSDP_CUDA_CHECK(cudaGetLastError());
+  examples::gemm mm(examples::gemm_kind::cublas, st);
+  const double product_ms = median_ms([&] { mm(true, false, n, n, n, 1.0f, x, n, y, n, 0.0f, z, n); });
+  FSDP_CUDA_CHECK(cudaFree(x));
+  FSDP_CUDA_CHECK(cudaFree(y));
+  FSDP_CUDA_CHECK(cudaFree(z));
+  FSDP_CUDA_CHECK(cudaEventDestroy(a));
+  FSDP_CUDA_CHECK(cudaEventDestroy(b));
+  FSDP_CUDA_CHECK(cudaStreamDestroy(st));
+  const double flops = 2.0 * n * n * n / (product_ms / 1e3), bytes = 2.0 * copy_bytes / (copy_ms / 1e3);
+  char source[200];
+  std::snprintf(source, sizeof source, "measured in this run: a %s 8192^3 product, a 1 GiB device copy",
+                sizeof(W) == 2 ? "bf16" : "fp32");
+  return {flops, bytes, source};
+}
+#endif
+
+/// Equal, kernel by kernel, or the lines that differ: the trainer's counted launches in its last step against
+/// step_work's rows.
+std::string launches_differ(const std::vector<gpt_cuda::kernel_work>& work,
+                            const std::unordered_map<const char*, std::size_t>& tally) {
+  std::map<std::string, std::size_t> counted;
+  for (const auto& [name, n] : tally) counted[name] += n;
+  std::string out;
+  for (const auto& k : work) {
+    if (k.library) continue;
+    const auto it = counted.find(k.name);
+    const std::size_t got = it == counted.end() ? 0 : it->second;
+    if (got != k.launches)
+      out += "  " + k.name + ": planned " + std::to_string(k.launches) + ", counted " + std::to_string(got) + "\n";
+    if (it != counted.end()) counted.erase(it);
+  }
+  for (const auto& [name, n] : counted) out += "  " + name + ": planned 0, counted " + std::to_string(n) + "\n";
+  return out;
+}
+
 void print_plan(const std::vector<gpt_cuda::planned_buffer>& plan, int batch) {
   std::printf("the trainer's buffers, planned for one rank (%d sequences):\n%s", batch,
               gpt_cuda::buffer_table(plan).c_str());
@@ -61,10 +174,12 @@ template <class Sharding, class Precision, class Comm>
 using policy = fsdp::policy<Sharding, fsdp::prefetch::backward_pre<1>, Precision, Comm>;
 
 template <class Sharding, class Precision>
-int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda::kernel_choice kind) {
+int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda::kernel_choice kind,
+        const gpt_cuda::ceilings& given) {
   gpt::result r0;
   std::vector<fsdp::rank_memory> table;  // every local rank's (NCCL: this process's rank 0 only)
   std::mutex mu;
+  std::unordered_map<const char*, std::size_t> tally;  // rank 0's trainer's launches in its last step
   const auto& s = cfg.model;
   const auto pf = fsdp::facts_of_precision<Precision>();
   const bool bf16 = pf.compute == fsdp::dtype::bf16;
@@ -84,6 +199,7 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
     auto comm = fsdp::comm::nccl::from_env();
     if (comm.rank() == 0) header(comm.size());
     r0 = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(comm, cfg, kind);
+    tally = gpt_cuda::launch_tally();
     if (comm.rank() != 0) return 0;
     table.push_back({comm.rank(), r0.memory.peak, r0.planned});
     ranks = comm.size();
@@ -95,7 +211,7 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
       auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::local<fsdp::backend::cuda>>>(c, cfg, kind);
       std::lock_guard lk(mu);
       table[static_cast<std::size_t>(c.rank())] = {c.rank(), r.memory.peak, r.planned};
-      if (c.rank() == 0) r0 = std::move(r);
+      if (c.rank() == 0) r0 = std::move(r), tally = gpt_cuda::launch_tally();  // rank 0's thread
     });
   }
   double tokens = 0;
@@ -122,6 +238,22 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
   std::printf("trainer buffers: planned %zu bytes (%d rank(s) here), measured peak %zu bytes: %s\n", want, ranks_here,
               got, want == got ? "equal" : "DIFFER");
   if (want != got) return 1;
+  // The step's floor (step_work.hpp) against the measured mean step, and its launches against the trainer's.
+  const auto work = work_for(cfg, ranks, bf16, kind.head_rows);
+  gpt_cuda::ceilings ceil = given.flops_per_s > 0 ? given : recorded_ceilings();
+#ifndef EXAMPLES_NO_CUBLAS
+  if (given.flops_per_s <= 0) ceil = bf16 ? measure_ceilings<fsdp::bfloat16>() : measure_ceilings<float>();
+#endif
+  const double floor_s = gpt_cuda::floor_seconds(work, ceil);
+  std::printf("\n%s", gpt_cuda::floor_table(work, ceil).c_str());
+  std::printf("measured mean step %.3f ms, floor %.3f ms: the step is %.2f times its floor\n", 1e3 * t.step_s,
+              1e3 * floor_s, t.step_s / floor_s);
+  const std::string differ = launches_differ(work, tally);
+  std::size_t planned_launches = 0;
+  for (const auto& k : work) planned_launches += k.launches;
+  std::printf("trainer launches in the last step: planned %zu, by kernel: %s\n%s", planned_launches,
+              differ.empty() ? "equal to those counted" : "DIFFER", differ.c_str());
+  if (!differ.empty()) return 1;
   if (!compare) return 0;
   gpt::config host_cfg = cfg;
   host_cfg.verbose = false;
@@ -154,8 +286,8 @@ int main(int argc, char** argv) {
   gpt::config cfg;
   cfg.global_batch = 16;
   int ranks = 4;
-  bool use_nccl = false, compare = false, ranks_given = false, plan_only = false;
-  double peak_tflops = 989.0;
+  bool use_nccl = false, compare = false, ranks_given = false, plan_only = false, floor_only = false;
+  double peak_tflops = 989.0, matrix_tflops = 0, copy_gbs = 0;
   std::string strategy = "full_shard", precision = "bf16";
 #ifdef EXAMPLES_NO_CUBLAS
   examples::gemm_kind kind = examples::gemm_kind::plain;
@@ -175,6 +307,8 @@ int main(int argc, char** argv) {
     if (a == "--nccl") use_nccl = true;
     else if (a == "--plan")
       plan_only = true;
+    else if (a == "--floor")
+      floor_only = true;
     else if (a == "--compare-host") compare = true;
     else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;
     else if (a == "--pack") cfg.packing.on = true;
@@ -192,6 +326,10 @@ int main(int argc, char** argv) {
     else if (a == "--seed" && (v = value()) && to_int(v) > 0) cfg.seed = static_cast<std::uint64_t>(to_int(v));
     else if (a == "--lr" && (v = value()) && (cfg.opt.lr = std::strtof(v, nullptr)) > 0) continue;
     else if (a == "--peak-tflops" && (v = value()) && (peak_tflops = std::strtod(v, nullptr)) > 0) continue;
+    else if (a == "--matrix-tflops" && (v = value()) && (matrix_tflops = std::strtod(v, nullptr)) > 0)
+      continue;
+    else if (a == "--copy-gbs" && (v = value()) && (copy_gbs = std::strtod(v, nullptr)) > 0)
+      continue;
     else if (a == "--strategy" && (v = value())) strategy = v;
     else if (a == "--precision" && (v = value())) precision = v;
     else if (a == "--gemm" && (v = value()) && (std::string(v) == "cublas" || std::string(v) == "plain"))
@@ -204,13 +342,20 @@ int main(int argc, char** argv) {
   cfg.opt.total = cfg.steps;
   cfg.verbose = true;
   cfg.peak_flops = peak_tflops * 1e12;
-  if (plan_only) {  // the trainer's buffers for one of --ranks ranks, without a GPU
+  if ((matrix_tflops > 0) != (copy_gbs > 0))
+    return usage("--matrix-tflops and --copy-gbs go together (the floor's two ceilings)");
+  const gpt_cuda::ceilings given{matrix_tflops * 1e12, copy_gbs * 1e9, "given: --matrix-tflops, --copy-gbs"};
+  if (plan_only || floor_only) {  // the trainer's buffers or its step's floor for one of --ranks ranks, without a GPU
     try {
       gpt::validate(cfg.model);
       if (precision != "bf16" && precision != "fp32") return usage("--precision is bf16 or fp32");
       const auto plan = plan_for(cfg, ranks, precision == "bf16", head_rows);
       if (plan.empty()) return usage("--batch must split evenly over --ranks");
-      print_plan(plan, cfg.global_batch / ranks);
+      if (plan_only) print_plan(plan, cfg.global_batch / ranks);
+      if (floor_only)
+        std::printf("%s", gpt_cuda::floor_table(work_for(cfg, ranks, precision == "bf16", head_rows),
+                                                given.flops_per_s > 0 ? given : recorded_ceilings())
+                              .c_str());
       return 0;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
@@ -233,7 +378,7 @@ int main(int argc, char** argv) {
                                       : attention == "tensor" ? gpt_cuda::attention::product::tensor
                                                               : gpt_cuda::attention::product::twin,
                                       head_rows};
-      return run<typename decltype(s)::type, Precision>(ranks, use_nccl, compare, cfg, k);
+      return run<typename decltype(s)::type, Precision>(ranks, use_nccl, compare, cfg, k, given);
     });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

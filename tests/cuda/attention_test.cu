@@ -7,7 +7,8 @@
 // Every output buffer has guard floats on both sides that must come back untouched (the simulated GPU checks no
 // bounds), and a second run gives the same bits (no atomics: activation checkpointing changes nothing). The
 // tensor-core product runs where it was built (not with EXAMPLES_NO_MMA, the simulated GPU's build) on a device of
-// compute capability 8.0 or later.
+// compute capability 8.0 or later. The output kept in bf16 (the trainer's) is the fp32 output rounded, bit for bit,
+// and the backward reads it so.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -222,4 +223,44 @@ TEST_CASE("attention in bf16 on tensor cores equals the plain attention on bf16 
   }
   every_shape<fsdp::bfloat16, att::product::tensor>(2e-2);
 #endif
+}
+
+TEST_CASE(
+    "attention's output kept in bf16 (as the trainer keeps it) is its fp32 output rounded, and the backward "
+    "reads it so") {
+  FSDP_REQUIRE_GPU();
+  using bf16 = fsdp::bfloat16;
+  const problem p{2, 70, 16, 2, packed(70, {{3, 30, 37}, {70}})};
+  const std::size_t nqkv = std::size_t(p.B) * p.T * 3 * p.C, nout = std::size_t(p.B) * p.T * p.C,
+                    nrow = std::size_t(p.B) * p.NH * p.T;
+  const std::vector<float> qkv = uniform(nqkv, 4), dout = uniform(nout, 5), dqkv0 = uniform(nqkv, 6);
+  guarded d_qkv(nqkv, qkv), d_dout(nout, dout), d_starts(std::size_t(p.B) * p.T);
+  REQUIRE(cudaMemcpy(d_starts.data(), p.starts.data(), p.starts.size() * sizeof(int), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+  const att::dims d{p.B, p.T, p.C, p.NH, reinterpret_cast<const int*>(d_starts.data())};
+  using run = att::launch<bf16, att::product::twin>;
+  // The output both ways: in fp32, and in bf16 (two to a float of the guarded buffer).
+  guarded out32(nout), out16((nout + 1) / 2), lse32(nrow), lse16(nrow);
+  run::forward(out32.data(), lse32.data(), d_qkv.data(), d, nullptr);
+  run::forward(reinterpret_cast<bf16*>(out16.data()), lse16.data(), d_qkv.data(), d, nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<float> o32 = out32.read("out (fp32)"), o16 = out16.read("out (bf16)");
+  CHECK(lse32.read("lse (fp32 out)") == lse16.read("lse (bf16 out)"));
+  std::vector<bf16> halves(nout);
+  std::memcpy(halves.data(), o16.data(), nout * sizeof(bf16));
+  std::vector<float> rounded(nout);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < nout; ++i) {
+    rounded[i] = static_cast<float>(halves[i]);
+    differ += rounded[i] != round_bf16(o32[i]);
+  }
+  CHECK(differ == 0);
+  // The backward from the bf16 output, and from the fp32 one holding the same rounded values: the same bits.
+  guarded held(nout, rounded), dd_a(nrow), dd_b(nrow), dqkv_a(nqkv, dqkv0), dqkv_b(nqkv, dqkv0);
+  run::backward(dqkv_a.data(), dd_a.data(), d_dout.data(), reinterpret_cast<const bf16*>(out16.data()), d_qkv.data(),
+                lse16.data(), d, nullptr);
+  run::backward(dqkv_b.data(), dd_b.data(), d_dout.data(), held.data(), d_qkv.data(), lse32.data(), d, nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(dd_a.read("dd (bf16 out)") == dd_b.read("dd (fp32 out)"));
+  CHECK(dqkv_a.read("dqkv (bf16 out)") == dqkv_b.read("dqkv (fp32 out)"));
 }

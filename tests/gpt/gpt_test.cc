@@ -1,6 +1,8 @@
 // The GPT example (examples/04_gpt_host) as a specification: its kernels' gradients, its data, and what training
 // it on the library shows: activation checkpointing that changes no bit and no collective, the planner's peak
-// equal to the measured one, the root unit kept gathered. The losses across world sizes: gpt_parity_test.cc.
+// equal to the measured one, the root unit kept gathered; and the CUDA trainer's step as work (its floor, plain
+// C++: examples/05_gpt_cuda/step_work.hpp, whose launches the simulated GPU checks against the trainer's). The
+// losses across world sizes: gpt_parity_test.cc.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 // First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
 #include "tests/support/instances.hpp"
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/05_gpt_cuda/step_work.hpp"
 #include "tests/gpt/gpt_cases.hpp"
 
 namespace {
@@ -346,4 +349,70 @@ TEST_CASE("bad settings are refused with a sentence") {
                          "model_options::division.how = grad_division::mode::sum",
                          fsdp::usage_error);
   });
+}
+
+// ---- the CUDA trainer's step as work (examples/05_gpt_cuda/step_work.hpp) ---------------------------------------
+namespace {
+const gpt_cuda::kernel_work& row(const std::vector<gpt_cuda::kernel_work>& w, const std::string& name) {
+  const auto it = std::find_if(w.begin(), w.end(), [&](const auto& k) { return k.name == name; });
+  REQUIRE_MESSAGE(it != w.end(), name);
+  return *it;
+}
+}  // namespace
+
+TEST_CASE("the CUDA step's matrix products: 6 N FLOPs a matrix parameter, 12 L + 3 per head chunk, any chunking") {
+  const gpt::shape s{.vocab = 37, .context = 8, .width = 16, .heads = 2, .layers = 3};
+  const int batch = 5;  // N = 40 tokens
+  const double N = 40, matrix_params = 3 * 12.0 * 16 * 16 + 37.0 * 16;
+  for (const int rows : {0, 1, 7, 40}) {
+    CAPTURE(rows);
+    const auto w = gpt_cuda::step_work(s, batch, {.head_rows = rows});
+    const auto& p = row(w, gpt_cuda::launch_names::product);
+    const int chunks = (40 + gpt_cuda::head_rows(s, batch, rows) - 1) / gpt_cuda::head_rows(s, batch, rows);
+    CHECK(p.flops == 6 * N * matrix_params);
+    CHECK(p.launches == std::size_t(12 * 3 + 3 * chunks));
+    CHECK(row(w, gpt_cuda::launch_names::cross_entropy).launches == std::size_t(chunks));
+  }
+}
+
+TEST_CASE("the CUDA step's attention: 9 products over the causal half, forward 2, backward_key 4, backward_query 3") {
+  const gpt::shape s{.vocab = 11, .context = 5, .width = 12, .heads = 3, .layers = 2};
+  const double one = 2.0 * 3 /*batch*/ * 3 /*heads*/ * (5 * 6 / 2) /*pairs*/ * 4 /*head width*/;
+  const auto w = gpt_cuda::step_work(s, 3, {});
+  CHECK(row(w, gpt_cuda::launch_names::attention_forward).flops == 2 * 2 * one);
+  CHECK(row(w, gpt_cuda::launch_names::backward_key).flops == 2 * 4 * one);
+  CHECK(row(w, gpt_cuda::launch_names::backward_query).flops == 2 * 3 * one);
+  CHECK(row(w, gpt_cuda::launch_names::row_dots).launches == 2);
+}
+
+TEST_CASE("the CUDA step: checkpointing runs each block's forward twice; fp32 rounds no operand") {
+  const gpt::shape s{.vocab = 16, .context = 8, .width = 16, .heads = 2, .layers = 4};
+  const auto plain = gpt_cuda::step_work(s, 2, {}), again = gpt_cuda::step_work(s, 2, {.checkpoint_activations = true});
+  for (const char* k : {gpt_cuda::launch_names::layernorm_forward, gpt_cuda::launch_names::attention_forward,
+                        gpt_cuda::launch_names::bias_gelu, gpt_cuda::launch_names::bias_residual_layernorm}) {
+    CAPTURE(k);
+    CHECK(row(again, k).launches - row(plain, k).launches == 4);
+  }
+  CHECK(row(again, gpt_cuda::launch_names::backward_key).launches ==
+        row(plain, gpt_cuda::launch_names::backward_key).launches);
+  const auto fp32 = gpt_cuda::step_work(s, 2, {.bf16 = false});
+  CHECK(std::none_of(fp32.begin(), fp32.end(), [](const auto& k) { return k.name == gpt_cuda::launch_names::narrow; }));
+  CHECK(row(plain, gpt_cuda::launch_names::narrow).launches > 0);
+}
+
+TEST_CASE(
+    "a kernel's floor is the larger of its FLOPs at the matrix rate and its bytes at the copy rate; the step's "
+    "is their sum") {
+  const gpt_cuda::ceilings c{1e12, 1e9, "test"};
+  const std::vector<gpt_cuda::kernel_work> w = {{"products", 1, 2e12, 1e9}, {"copies", 1, 1e12, 4e9}};
+  CHECK(gpt_cuda::floor_seconds(w[0], c) == 2.0);
+  CHECK(gpt_cuda::floor_seconds(w[1], c) == 4.0);
+  CHECK(gpt_cuda::floor_seconds(w, c) == 6.0);
+  CHECK(
+      gpt_cuda::floor_table(w, c) ==
+      "the step's floor: 1 TFLOP/s for matrix products, 1 GB/s for bytes read and written (test)\n"
+      "  kernel                                     launches      GFLOP         GB   ms FLOPs   ms bytes   floor ms\n"
+      "  products                                          1   2000.000      1.000   2000.000   1000.000   2000.000\n"
+      "  copies                                            1   1000.000      4.000   1000.000   4000.000   4000.000\n"
+      "  the step                                          2   3000.000      5.000   3000.000   5000.000   6000.000\n");
 }

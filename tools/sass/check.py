@@ -28,8 +28,11 @@ bf16:
                                 HMMA (mma.sync on tensor cores) and no local memory; no occupancy rule (a block of
                                 128 threads keeps its rows' fragments and sums in registers, FlashAttention's way)
   forward<..., product::twin>   the control: the same algorithm by the warp's lanes must have no HMMA
-and the element-wise kernels bias_gelu, gelu_backward, bias_residual: LDG.E.128 and STG.E.128 (four floats a
-thread), no spills, 75% occupancy.
+and the kernels that take four floats a thread, element-wise (bias_gelu, gelu_backward, bias_residual, add_bias),
+by rows (layernorm_forward, bias_residual_layernorm, layernorm_backward_input: a warp a row; cross_entropy: a block
+a row, the row's 16-byte-aligned middle) and by columns (column_partials, layernorm_param_partials): LDG.E.128 and
+STG.E.128, no spills, 75% occupancy; bias_gelu, layernorm_forward and bias_residual_layernorm also with a bf16
+output (what the matrix products read): LDG.E.128 and STG.E.64 (four bf16 a store).
 
 Negative controls: the scalar for_each_kernel<F> of the same optimizers must break the for_each_arrays rule, and
 the scalar for_each_kernel of the block quantization and the dequantizations must break theirs (if one passes,
@@ -146,14 +149,20 @@ def main():
         wanted[f"reduce_ranks<{d}>"] = (rf"reduce_ranks_kernel<{dt(d)}>", {vec("LDG", idx[d]), vec("STG", idx[d])})
 
     # the GPT example's attention (no occupancy rule: see above)
-    attention = r"gpt_cuda::attention::{}<fsdp::basic_float<\(fsdp::dtype\)" + idx["bf16"] + r">, 64, \(gpt_cuda::attention::product\){}>"
+    # (forward has a fourth argument, its output's type: the trainer's, bf16)
+    attention = r"gpt_cuda::attention::{}<fsdp::basic_float<\(fsdp::dtype\)" + idx["bf16"] + r">, 64, \(gpt_cuda::attention::product\){}[,>]"
     heavy = set()
     for kernel in ("forward", "backward_query", "backward_key"):
         wanted[f"attention {kernel} (tensor cores)"] = (attention.format(kernel, 0), {"HMMA"})
         heavy.add(f"attention {kernel} (tensor cores)")
     controls["attention forward (twin, control)"] = (attention.format("forward", 1), {"HMMA"})
-    for kernel in ("bias_gelu", "gelu_backward", "bias_residual"):
+    for kernel in ("gelu_backward", "bias_residual", "add_bias", "column_partials", "layernorm_backward_input",
+                   "layernorm_param_partials", "cross_entropy"):
         wanted[f"gpt {kernel}"] = (rf"gpt_cuda::kernels::{kernel}<0>", {"LDG.E.128", "STG.E.128"})
+    # the kernels whose output a matrix product reads: fp32, or four bf16 in one 64-bit store
+    for kernel in ("bias_gelu", "layernorm_forward", "bias_residual_layernorm"):
+        wanted[f"gpt {kernel}<f32>"] = (rf"gpt_cuda::kernels::{kernel}<float>", {"LDG.E.128", "STG.E.128"})
+        wanted[f"gpt {kernel}<bf16>"] = (rf"gpt_cuda::kernels::{kernel}<fsdp::basic_float<{dt('bf16')}>", {"LDG.E.128", "STG.E.64"})
     heavy.add("attention forward (twin, control)")
 
     fns, usage = functions(sass), resources(res)

@@ -1,0 +1,211 @@
+#pragma once
+// The CUDA GPT trainer's step as work: every launch the trainer (gpt_cuda.cuh) makes in one training step, by kernel,
+// with the floating-point operations of its matrix products and the fewest bytes it must move through device memory
+// (each input read once, each output written once, as the kernel is written: compute-type weights, activations that
+// only products read in the compute type, the rest fp32). Over two measured ceilings, a matrix product's rate and a
+// device-to-device copy's, each kernel's larger time is its floor, the time no version of that kernel beats; their sum
+// is the step's floor on one stream. 05_gpt_cuda prints the table after a run beside the measured step, and checks that
+// the trainer's launches in its last step equal these rows', kernel by kernel (on the simulated GPU in CI): the rows
+// are the trainer's step, not a model of it. `--floor` prints the table without a GPU. Plain C++.
+//
+// What the rows leave out, so that the floor stays a floor: FLOPs other than the matrix products' (element-wise and
+// row arithmetic runs far under its bytes here), the rows of the embedding tables the gradient touches (data-
+// dependent), and of the library's step only its casts into the gathered parameters and AdamW (rows marked
+// "library": no launch count, collectives not counted). Attention's products are counted over the causal half of
+// whole rows (packed rows of several documents do less), as the kernels compute them: 2 in the forward, 4 in
+// backward_key (scores, dP, dV, dK) and 3 in backward_query (scores, dP, dQ).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "examples/04_gpt_host/gpt_model.hpp"
+#include "examples/05_gpt_cuda/buffer_plan.hpp"
+
+namespace gpt_cuda {
+
+/// One kernel's share of a step: its launches, its matrix FLOPs and its bytes, summed over the step.
+struct kernel_work {
+  std::string name;
+  std::size_t launches = 0;
+  double flops = 0, bytes = 0;
+  bool library = false;  ///< the library's, not the trainer's: not counted by the trainer's launch tally
+};
+
+/// The names the trainer counts its launches under (gpt_cuda::trainer's tally): one per kernel, the matrix product
+/// (one cuBLAS call, or the plain kernel), and the memory operations it queues.
+namespace launch_names {
+inline constexpr const char *embed = "embed", *widen = "widen", *narrow = "narrow", *store = "store",
+                            *product = "matrix product", *add_bias = "add_bias",
+                            *layernorm_forward = "layernorm_forward",
+                            *bias_residual_layernorm = "bias_residual_layernorm", *bias_gelu = "bias_gelu",
+                            *bias_residual = "bias_residual", *attention_forward = "attention forward",
+                            *row_dots = "attention row_dots", *backward_key = "attention backward_key",
+                            *backward_query = "attention backward_query", *gelu_backward = "gelu_backward",
+                            *layernorm_backward_input = "layernorm_backward_input",
+                            *layernorm_param_partials = "layernorm_param_partials",
+                            *column_partials = "column_partials", *column_total = "column_total",
+                            *cross_entropy = "cross_entropy", *mean_loss = "mean_loss",
+                            *grouped_row_sum = "grouped_row_sum", *memset = "cudaMemsetAsync",
+                            *memcpy = "cudaMemcpyAsync (device to device)";
+}  // namespace launch_names
+
+/// The rows of one step of one rank (`batch` sequences) of `world`, in the order of their first launch.
+inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer_settings o, int world = 1) {
+  namespace n = launch_names;
+  const double B = batch, T = s.context, C = s.width, V = s.vocab, H = s.heads, D = C / H, N = B * T, NC = N * C,
+               CC = C * C, w = o.bf16 ? 2 : 4, f = 4, K = (N + 63) / 64;  // K: 64-row partials of a column sum
+  std::vector<kernel_work> rows;
+  auto add = [&](const char* name, double launches, double flops, double bytes) {
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const kernel_work& r) { return r.name == name; });
+    if (it == rows.end()) it = rows.insert(rows.end(), kernel_work{name});
+    it->launches += static_cast<std::size_t>(launches), it->flops += flops, it->bytes += bytes;
+  };
+  auto widen = [&](double count) { add(n::widen, 1, 0, count * (w + f)); };
+  auto store = [&](double count) { add(n::store, 1, 0, count * (2 * w + f)); };
+  auto memset = [&](double floats) { add(n::memset, 1, 0, floats * f); };
+  auto narrow = [&](double count) {
+    if (o.bf16) add(n::narrow, 1, 0, count * (f + w));
+  };
+  // out[R, O] = x[R, I] W[O, I]^T (+ bias): x kept in the compute type by the kernel that made it.
+  auto linear_forward = [&](double R, double I, double O, bool bias) {
+    add(n::product, 1, 2 * R * I * O, (R * I + O * I) * w + R * O * f);
+    if (bias) add(n::add_bias, 1, 0, (2 * R * O + O) * f);
+  };
+  auto column_sum = [&](double R, double O) {
+    add(n::column_partials, 1, 0, (R * O + K * O) * f);
+    add(n::column_total, 1, 0, (K * O + 2 * O) * f);
+  };
+  // dinp[R, I] += dy W; dW[O, I] += dy^T x; db += the columns of dy. dy (fp32) rounded first in bf16.
+  auto linear_backward = [&](double R, double I, double O, bool bias) {
+    narrow(R * O);
+    add(n::product, 1, 2 * R * I * O, (R * O + O * I) * w + 2 * R * I * f);
+    add(n::product, 1, 2 * R * I * O, (R * I + R * O) * w + 2 * O * I * f);
+    if (bias) column_sum(R, O);
+  };
+  auto layernorm_forward = [&] { add(n::layernorm_forward, 1, 0, NC * w + (NC + 2 * N + 2 * C) * f); };
+  auto layernorm_backward = [&] {
+    add(n::layernorm_backward_input, 1, 0, (4 * NC + 2 * N + C) * f);
+    add(n::layernorm_param_partials, 1, 0, (2 * NC + 2 * N + 2 * K * C) * f);
+    add(n::column_total, 2, 0, 2 * (K * C + 2 * C) * f);
+  };
+  const double pairs = B * H * T * (T + 1) / 2, tile_product = 2 * pairs * D;  // one product over the causal half
+  auto block_forward = [&] {
+    widen(C), widen(C);  // ln_1
+    layernorm_forward();
+    widen(3 * C);
+    linear_forward(N, C, 3 * C, true);
+    add(n::attention_forward, 1, 2 * tile_product, NC * w + (3 * NC + B * H * T) * f);
+    linear_forward(N, C, C, false);
+    widen(C), widen(C), widen(C);  // attn.proj.b, ln_2
+    add(n::bias_residual_layernorm, 1, 0, NC * w + (3 * NC + 2 * N + 3 * C) * f);
+    linear_forward(N, C, 4 * C, false);
+    widen(4 * C);
+    add(n::bias_gelu, 1, 0, 4 * NC * w + (8 * NC + 4 * C) * f);
+    linear_forward(N, 4 * C, C, false);
+    widen(C);
+    add(n::bias_residual, 1, 0, (3 * NC + C) * f);
+  };
+  auto block_backward = [&] {
+    for (double g : {C, C, 3 * CC, 3 * C, CC, C, C, C, 4 * CC, 4 * C, 4 * CC, C}) memset(g);  // the 12 gradients
+    add(n::memcpy, 1, 0, 2 * NC * f);
+    memset(4 * NC);
+    linear_backward(N, 4 * C, C, true);
+    add(n::gelu_backward, 1, 0, 12 * NC * f);
+    memset(NC);
+    linear_backward(N, C, 4 * C, true);
+    widen(C);  // ln_2.w
+    layernorm_backward();
+    add(n::memcpy, 1, 0, 2 * NC * f);
+    memset(NC);
+    linear_backward(N, C, C, true);
+    memset(3 * NC);
+    add(n::row_dots, 1, 0, NC * w + (NC + B * H * T) * f);
+    add(n::backward_key, 1, 4 * tile_product, (3 * NC + NC + 2 * B * H * T + 2 * NC) * f);
+    add(n::backward_query, 1, 3 * tile_product, (3 * NC + NC + 2 * B * H * T + 2 * NC) * f);
+    memset(NC);
+    linear_backward(N, C, 3 * C, true);
+    widen(C);  // ln_1.w
+    layernorm_backward();
+    for (double g : {C, C, 3 * CC, 3 * C, CC, C, C, C, 4 * CC, 4 * C, 4 * CC, C}) store(g);
+  };
+  // The step, in the trainer's order: embed, the blocks, the head, the blocks' backward, the root's.
+  add(n::embed, 1, 0, NC * f + 2 * NC * w + 2 * N * f);
+  const int L = s.layers;
+  for (int l = 0; l < L; ++l) block_forward();
+  widen(C), widen(C);  // ln_f
+  layernorm_forward();
+  memset(V * C), memset(NC);
+  const double R = head_rows(s, batch, o.head_rows);
+  for (double r0 = 0; r0 < N; r0 += R) {
+    const double r = std::min(R, N - r0);
+    linear_forward(r, C, V, false);
+    add(n::cross_entropy, 1, 0, (2 * r * V + 3 * r) * f);
+    linear_backward(r, C, V, false);
+  }
+  add(n::mean_loss, 1, 0, (N + 1) * f);
+  memset(NC), memset(C), memset(C);
+  layernorm_backward();
+  for (int l = 0; l < L; ++l) {
+    if (o.checkpoint_activations) block_forward();
+    block_backward();
+  }
+  memset(T * C);
+  add(n::grouped_row_sum, 2, 0, 2 * (NC + 3 * N) * f);
+  store(V * C), store(T * C), store(C), store(C);
+  // The library's step on this rank's shard (mixed precision, AdamW): the cast of the fp32 shard into the gathered
+  // compute type, and AdamW's 28 bytes a parameter (p, g, m, v read; p, m, v written).
+  const double shard = std::ceil(static_cast<double>(gpt::parameters(s)) / world);
+  rows.push_back({"library: the shard cast into the gather", 0, 0, shard * (f + w), true});
+  rows.push_back({"library: AdamW", 0, 0, shard * 28, true});
+  return rows;
+}
+
+/// The two ceilings the floor is measured against, and where they come from.
+struct ceilings {
+  double flops_per_s = 0;  ///< a large matrix product's rate in the compute type
+  double bytes_per_s = 0;  ///< a large device-to-device copy's, bytes read plus bytes written
+  std::string source;
+};
+
+/// A kernel's floor: the larger of its FLOPs at the matrix rate and its bytes at the copy rate.
+inline double floor_seconds(const kernel_work& k, const ceilings& c) {
+  return std::max(k.flops / c.flops_per_s, k.bytes / c.bytes_per_s);
+}
+/// The step's floor: its kernels' floors, one after another on one stream.
+inline double floor_seconds(const std::vector<kernel_work>& rows, const ceilings& c) {
+  double t = 0;
+  for (const auto& k : rows) t += floor_seconds(k, c);
+  return t;
+}
+
+/// The table: a line a kernel (launches, GFLOP, GB, the two times, the floor and which bound it), then the step.
+inline std::string floor_table(const std::vector<kernel_work>& rows, const ceilings& c) {
+  std::string out;
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "the step's floor: %.0f TFLOP/s for matrix products, %.0f GB/s for bytes read and written (%s)\n"
+                "  %-42s %8s %10s %10s %10s %10s %10s\n",
+                c.flops_per_s / 1e12, c.bytes_per_s / 1e9, c.source.c_str(), "kernel", "launches", "GFLOP", "GB",
+                "ms FLOPs", "ms bytes", "floor ms");
+  out += line;
+  double flops = 0, bytes = 0;
+  std::size_t launches = 0;
+  for (const auto& k : rows) {
+    char count[24] = "-";
+    if (!k.library) std::snprintf(count, sizeof count, "%zu", k.launches);
+    std::snprintf(line, sizeof line, "  %-42s %8s %10.3f %10.3f %10.3f %10.3f %10.3f\n", k.name.c_str(), count,
+                  k.flops / 1e9, k.bytes / 1e9, 1e3 * k.flops / c.flops_per_s, 1e3 * k.bytes / c.bytes_per_s,
+                  1e3 * floor_seconds(k, c));
+    out += line;
+    flops += k.flops, bytes += k.bytes, launches += k.launches;
+  }
+  std::snprintf(line, sizeof line, "  %-42s %8zu %10.3f %10.3f %10.3f %10.3f %10.3f\n", "the step", launches,
+                flops / 1e9, bytes / 1e9, 1e3 * flops / c.flops_per_s, 1e3 * bytes / c.bytes_per_s,
+                1e3 * floor_seconds(rows, c));
+  return out + line;
+}
+
+}  // namespace gpt_cuda
