@@ -214,24 +214,27 @@ class trainer {
     const std::size_t NC = nc(), CC = static_cast<std::size_t>(C) * C;
     auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
     auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
+    // Sums by columns (layernorm and bias gradients) add into zeroed buffers; the weight gradients and the products'
+    // input gradients are written by one product each (beta 0): no memset.
     auto g = [&](const char* leaf, std::size_t n) { return zeroed(gscratch_[leaf], n); };
-    float *g_ln1w = g("ln_1.w", C), *g_ln1b = g("ln_1.b", C), *g_qkvw = g("attn.qkv.w", 3 * CC),
-          *g_qkvb = g("attn.qkv.b", 3 * C), *g_aprojw = g("attn.proj.w", CC), *g_aprojb = g("attn.proj.b", C),
-          *g_ln2w = g("ln_2.w", C), *g_ln2b = g("ln_2.b", C), *g_fcw = g("mlp.fc.w", 4 * CC),
-          *g_fcb = g("mlp.fc.b", 4 * C), *g_mprojw = g("mlp.proj.w", 4 * CC), *g_mprojb = g("mlp.proj.b", C);
+    auto gw = [&](const char* leaf, std::size_t n) { return sized(gscratch_[leaf], n); };
+    float *g_ln1w = g("ln_1.w", C), *g_ln1b = g("ln_1.b", C), *g_qkvw = gw("attn.qkv.w", 3 * CC),
+          *g_qkvb = g("attn.qkv.b", 3 * C), *g_aprojw = gw("attn.proj.w", CC), *g_aprojb = g("attn.proj.b", C),
+          *g_ln2w = g("ln_2.w", C), *g_ln2b = g("ln_2.b", C), *g_fcw = gw("mlp.fc.w", 4 * CC),
+          *g_fcb = g("mlp.fc.b", 4 * C), *g_mprojw = gw("mlp.proj.w", 4 * CC), *g_mprojb = g("mlp.proj.b", C);
     dres1_.resize(NC);
     copy(dres1_, dout);
-    float* dfc_gelu = zeroed(t4a_, 4 * NC);
+    float* dfc_gelu = sized(t4a_, 4 * NC);
     linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, 4 * C, C);
     t4b_.resize(4 * NC);
     go(launch_names::gelu_backward, blocks(4 * NC), K::gelu_backward<>, t4b_.data(), k.fc.data(), dfc_gelu, 4 * NC);
-    float* dln2 = zeroed(tnc_a_, NC);
+    float* dln2 = sized(tnc_a_, NC);
     linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), as_dw(k.ln2), w("mlp.fc.w"), N, C, 4 * C);
     layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
                        k.ln2_rstd.data());
     dx.resize(NC);
     copy(dx, dres1_);
-    float* datty = zeroed(tnc_b_, NC);
+    float* datty = sized(tnc_b_, NC);
     linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), as_dw(k.atty), w("attn.proj.w"), N, C, C);
     float* dqkv = zeroed(t3nc_, 3 * NC);
     rowdots_.resize(rows());
@@ -240,7 +243,7 @@ class trainer {
     attend([&](auto run) {
       run.backward(dqkv, rowdots_.data(), datty, as_dw(k.atty), k.qkv.data(), k.att.data(), att_dims(), s());
     });
-    float* dln1 = zeroed(tnc_a_, NC);
+    float* dln1 = sized(tnc_a_, NC);
     linear_backward(dln1, g_qkvw, g_qkvb, dqkv, as_dw(k.ln1), w("attn.qkv.w"), N, C, 3 * C);
     layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
     for (const char* leaf : {"ln_1.w", "ln_1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b", "ln_2.w",
@@ -261,8 +264,8 @@ class trainer {
     loss_.resize(1);
     go(launch_names::layernorm_forward, blocks(32LL * N), K::layernorm_forward<DW>, as_dw(lnf_), lnf_mean_.data(),
        lnf_rstd_.data(), x.data(), lnfw, lnfb, N, C);
-    float* g_wte = zeroed(g_wte_, static_cast<std::size_t>(V) * C);
-    float* dlnf = zeroed(tnc_a_, nc());
+    float* g_wte = sized(g_wte_, static_cast<std::size_t>(V) * C);  // written by the first chunk's product
+    float* dlnf = sized(tnc_a_, nc());                              // each chunk's rows written by its product
     // The classifier, the cross-entropy and the head's backward products R_ rows at a time (buffer_plan.hpp's
     // head_rows): one chunk's logits at once, turned into their gradient in place.
     const int* targets = ints(targets_d_);
@@ -273,7 +276,8 @@ class trainer {
       linear_forward(logits_.data(), in, wte, nullptr, R, C, V);
       go(launch_names::cross_entropy, row_blocks(R), K::cross_entropy<>, logits_.data(), row_loss_.data() + r0,
          logits_.data(), targets + r0, mask ? mask + r0 : nullptr, R, V, 1.0f / static_cast<float>(denominator_));
-      linear_backward(dlnf + static_cast<std::size_t>(r0) * C, g_wte, nullptr, logits_.data(), in, wte, R, C, V);
+      linear_backward(dlnf + static_cast<std::size_t>(r0) * C, g_wte, nullptr, logits_.data(), in, wte, R, C, V,
+                      /*add_dw=*/r0 > 0);
     }
     go(launch_names::mean_loss, 1, K::mean_loss<>, loss_.data(), row_loss_.data(), N, denominator_);
     zeroed(dx, nc());
@@ -415,6 +419,11 @@ class trainer {
     const auto v = u.template grad<DW>(name);
     go(launch_names::store, blocks(v.numel()), kernels::store<DW>, v.data(), g, v.numel());
   }
+  /// b at n floats, its contents left as they are (what a product with beta 0 writes whole).
+  static float* sized(dbuf& b, std::size_t n) {
+    b.resize(n);
+    return b.data();
+  }
   float* zeroed(dbuf& b, std::size_t n) {
     b.resize(n);
     ++launch_tally()[launch_names::memset];
@@ -441,13 +450,13 @@ class trainer {
     product(true, false, O, N, I, 1.0f, w, I, x, I, 0.0f, out, O);
     if (b) go(launch_names::add_bias, blocks(static_cast<long long>(N) * O / 4), kernels::add_bias<>, out, b, N, O);
   }
-  /// dinp[N, I] += dout[N, O] w[O, I]; dw[O, I] += dout^T x; db += the columns of dout. dout (fp32) is rounded to
-  /// the compute type for the products.
+  /// dinp[N, I] = dout[N, O] w[O, I]; dw[O, I] = dout^T x (+= with add_dw); db += the columns of dout. dout (fp32)
+  /// is rounded to the compute type for the products. dinp and dw (unless add_dw) need no zeroing: beta 0.
   void linear_backward(float* dinp, float* dw, float* db, const float* dout, const DW* x, const DW* w, int N, int I,
-                       int O) {
+                       int O, bool add_dw = false) {
     const DW* dy = operand(dout, static_cast<std::size_t>(N) * O, hout_);
-    product(false, false, I, N, O, 1.0f, w, I, dy, O, 1.0f, dinp, I);
-    product(false, true, I, O, N, 1.0f, x, I, dy, O, 1.0f, dw, I);
+    product(false, false, I, N, O, 1.0f, w, I, dy, O, 0.0f, dinp, I);
+    product(false, true, I, O, N, 1.0f, x, I, dy, O, add_dw ? 1.0f : 0.0f, dw, I);
     if (db) column_sum(db, dout, N, O);
   }
   /// db[o] += the sum of dy[n, o] over the N rows: 64-row partials, then their sum.

@@ -78,11 +78,11 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     add(n::column_partials, 1, 0, (R * O + K * O) * f);
     add(n::column_total, 1, 0, (K * O + 2 * O) * f);
   };
-  // dinp[R, I] += dy W; dW[O, I] += dy^T x; db += the columns of dy. dy (fp32) rounded first in bf16.
-  auto linear_backward = [&](double R, double I, double O, bool bias) {
+  // dinp[R, I] = dy W; dW[O, I] = dy^T x (+= with add_dw); db += the columns of dy. dy (fp32) rounded first in bf16.
+  auto linear_backward = [&](double R, double I, double O, bool bias, bool add_dw = false) {
     narrow(R * O);
-    add(n::product, 1, 2 * R * I * O, (R * O + O * I) * w + 2 * R * I * f);
-    add(n::product, 1, 2 * R * I * O, (R * I + R * O) * w + 2 * O * I * f);
+    add(n::product, 1, 2 * R * I * O, (R * O + O * I) * w + R * I * f);
+    add(n::product, 1, 2 * R * I * O, (R * I + R * O) * w + (add_dw ? 2 : 1) * O * I * f);
     if (bias) column_sum(R, O);
   };
   auto layernorm_forward = [&] { add(n::layernorm_forward, 1, 0, NC * w + (NC + 2 * N + 2 * C) * f); };
@@ -109,23 +109,19 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     add(n::bias_residual, 1, 0, (3 * NC + C) * f);
   };
   auto block_backward = [&] {
-    for (double g : {C, C, 3 * CC, 3 * C, CC, C, C, C, 4 * CC, 4 * C, 4 * CC, C}) memset(g);  // the 12 gradients
+    for (double g : {C, C, 3 * C, C, C, C, 4 * C, C}) memset(g);  // the gradients summed by columns
     add(n::memcpy, 1, 0, 2 * NC * f);
-    memset(4 * NC);
     linear_backward(N, 4 * C, C, true);
     add(n::gelu_backward, 1, 0, 12 * NC * f);
-    memset(NC);
     linear_backward(N, C, 4 * C, true);
     widen(C);  // ln_2.w
     layernorm_backward();
     add(n::memcpy, 1, 0, 2 * NC * f);
-    memset(NC);
     linear_backward(N, C, C, true);
     memset(3 * NC);
     add(n::row_dots, 1, 0, NC * w + (NC + B * H * T) * f);
     add(n::backward_key, 1, 4 * tile_product, (3 * NC + NC + 2 * B * H * T + 2 * NC) * f);
     add(n::backward_query, 1, 3 * tile_product, (3 * NC + NC + 2 * B * H * T + 2 * NC) * f);
-    memset(NC);
     linear_backward(N, C, 3 * C, true);
     widen(C);  // ln_1.w
     layernorm_backward();
@@ -137,13 +133,12 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
   for (int l = 0; l < L; ++l) block_forward();
   widen(C), widen(C);  // ln_f
   layernorm_forward();
-  memset(V * C), memset(NC);
   const double R = head_rows(s, batch, o.head_rows);
   for (double r0 = 0; r0 < N; r0 += R) {
     const double r = std::min(R, N - r0);
     linear_forward(r, C, V, false);
     add(n::cross_entropy, 1, 0, (2 * r * V + 3 * r) * f);
-    linear_backward(r, C, V, false);
+    linear_backward(r, C, V, false, r0 > 0);
   }
   add(n::mean_loss, 1, 0, (N + 1) * f);
   memset(NC), memset(C), memset(C);
