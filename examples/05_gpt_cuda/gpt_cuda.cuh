@@ -3,10 +3,12 @@
 // layernorm, attention, GELU and cross-entropy, cuBLAS (or the examples' plain GEMM, for the simulated GPU) for the
 // matrix products, and the training loop of examples/04_gpt_host/gpt_loop.hpp, the same code the host trainer
 // runs. The matrix products run in the compute type: in bf16, on the gathered bf16 weights and bf16 activations,
-// accumulated in fp32 into fp32 outputs (PyTorch's bf16 autocast); in fp32, fp32 throughout. The activations that
-// only products read (each layernorm's output, attention's output, GELU's) are written in bf16 by the kernels that
-// make them and kept so; the products' outputs, the residual stream, the MLP's pre-activation, the layernorm
-// statistics, every gradient and the loss stay fp32 (output gradients are rounded to bf16 for the products). The other
+// accumulated in fp32 (PyTorch's bf16 autocast); in fp32, fp32 throughout. The activations that only products read
+// (each layernorm's output, attention's output, GELU's) are written in bf16 by the kernels that make them and kept
+// so, and so is the MLP's first product (written by cuBLAS in bf16, its bias added and GELU taken in bf16, as
+// autocast keeps them); the other products' outputs (QKV, the projections into the residual stream, the logits),
+// the residual stream, the layernorm statistics, every gradient and the loss stay fp32 (output gradients are
+// rounded to bf16 for the products). The other
 // parameters (layernorm, biases) are widened into fp32 scratch copies; each gradient is summed in fp32 and stored
 // once into the compute-type gradient buffer. The trainer's buffers are made in the first step and reused: a later
 // step that would allocate one is an error (trainer::begin_step), so no step after the first calls cudaMalloc or
@@ -185,10 +187,11 @@ class trainer {
     auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
     const std::size_t NC = nc();
     // ln1, atty, ln2 and fc_gelu are read only by matrix products (and atty by attention's row_dots): kept in the
-    // compute type, as the kernels that make them write them (the products' operands, no cast in between).
+    // compute type, as the kernels that make them write them (the products' operands, no cast in between); so is fc,
+    // the MLP's product (its bias added and GELU taken in the compute type, as autocast keeps them).
     k.ln1.resize(act(NC)), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(rows());
     k.atty.resize(act(NC)), k.res1.resize(NC), k.ln2.resize(act(NC)), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
-    k.fc.resize(4 * NC), k.fc_gelu.resize(act(4 * NC)), out.resize(NC);
+    k.fc.resize(act(4 * NC)), k.fc_gelu.resize(act(4 * NC)), out.resize(NC);
     go(launch_names::layernorm_forward, blocks(32LL * N), K::layernorm_forward<DW>, as_dw(k.ln1), k.ln1_mean.data(),
        k.ln1_rstd.data(), x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
     linear_forward(k.qkv.data(), as_dw(k.ln1), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
@@ -199,8 +202,8 @@ class trainer {
     linear_forward(k.res1.data(), as_dw(k.atty), w("attn.proj.w"), nullptr, N, C, C);
     go(launch_names::bias_residual_layernorm, blocks(32LL * N), K::bias_residual_layernorm<DW>, k.res1.data(),
        as_dw(k.ln2), k.ln2_mean.data(), k.ln2_rstd.data(), p("attn.proj.b"), x.data(), p("ln_2.w"), p("ln_2.b"), N, C);
-    linear_forward(k.fc.data(), as_dw(k.ln2), w("mlp.fc.w"), nullptr, N, C, 4 * C);
-    go(launch_names::bias_gelu, blocks(4 * NC), K::bias_gelu<DW>, as_dw(k.fc_gelu), k.fc.data(), p("mlp.fc.b"), N,
+    linear_forward(as_dw(k.fc), as_dw(k.ln2), w("mlp.fc.w"), nullptr, N, C, 4 * C);
+    go(launch_names::bias_gelu, blocks(4 * NC), K::bias_gelu<DW>, as_dw(k.fc_gelu), as_dw(k.fc), p("mlp.fc.b"), N,
        4 * C);
     linear_forward(out.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), nullptr, N, 4 * C, C);
     go(launch_names::bias_residual, blocks(NC), K::bias_residual<>, out.data(), p("mlp.proj.b"), k.res1.data(), N, C);
@@ -227,7 +230,7 @@ class trainer {
     float* dfc_gelu = sized(t4a_, 4 * NC);
     linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, 4 * C, C);
     t4b_.resize(4 * NC);
-    go(launch_names::gelu_backward, blocks(4 * NC), K::gelu_backward<>, t4b_.data(), k.fc.data(), dfc_gelu, 4 * NC);
+    go(launch_names::gelu_backward, blocks(4 * NC), K::gelu_backward<DW>, t4b_.data(), as_dw(k.fc), dfc_gelu, 4 * NC);
     float* dln2 = sized(tnc_a_, NC);
     linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), as_dw(k.ln2), w("mlp.fc.w"), N, C, 4 * C);
     layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
@@ -445,10 +448,16 @@ class trainer {
       return h;
     }
   }
-  /// out[N, O] = x[N, I] w[O, I]^T (+ b): x in the compute type, as the kernels before the products write it.
-  void linear_forward(float* out, const DW* x, const DW* w, const float* b, int N, int I, int O) {
+  /// out[N, O] = x[N, I] w[O, I]^T (+ b): x in the compute type, as the kernels before the products write it; out
+  /// in fp32, or in the compute type (Y = DW: no bias here, the next kernel adds it).
+  template <class Y>
+  void linear_forward(Y* out, const DW* x, const DW* w, const float* b, int N, int I, int O) {
     product(true, false, O, N, I, 1.0f, w, I, x, I, 0.0f, out, O);
-    if (b) go(launch_names::add_bias, blocks(static_cast<long long>(N) * O / 4), kernels::add_bias<>, out, b, N, O);
+    if constexpr (std::is_same_v<Y, float>) {
+      if (b) go(launch_names::add_bias, blocks(static_cast<long long>(N) * O / 4), kernels::add_bias<>, out, b, N, O);
+    } else if (b) {
+      throw std::logic_error("gpt_cuda::trainer: a bias after a product with a compute-type output");
+    }
   }
   /// dinp[N, I] = dout[N, O] w[O, I]; dw[O, I] = dout^T x (+= with add_dw); db += the columns of dout. dout (fp32)
   /// is rounded to the compute type for the products. dinp and dw (unless add_dw) need no zeroing: beta 0.

@@ -140,17 +140,28 @@ __global__ void column_total(float* db, const float* part, int K, int O) {
 }
 
 constexpr float ln_eps = 1e-5f;
+/// Four consecutive elements of a 16-bit type, for one 64-bit access.
+template <class X>
+struct alignas(4 * sizeof(X)) quad_of {
+  X x, y, z, w;
+};
 /// v stored as out[4j .. 4j + 3] in O: one 128-bit store for fp32, one 64-bit store of four for a 16-bit O (the
-/// activations the matrix products read, kept in the compute type). out starts on 16 bytes.
+/// activations kept in the compute type). out starts on 16 bytes.
 template <class O>
 __device__ __forceinline__ void store4(O* out, long long j, float4 v) {
-  if constexpr (std::is_same_v<O, float>) {
+  if constexpr (std::is_same_v<O, float>)
     reinterpret_cast<float4*>(out)[j] = v;
+  else
+    reinterpret_cast<quad_of<O>*>(out)[j] = {from_f<O>(v.x), from_f<O>(v.y), from_f<O>(v.z), from_f<O>(v.w)};
+}
+/// x[4j .. 4j + 3] as floats: one 128-bit load for fp32, one 64-bit load of four for a 16-bit X.
+template <class X>
+__device__ __forceinline__ float4 load4(const X* x, long long j) {
+  if constexpr (std::is_same_v<X, float>) {
+    return reinterpret_cast<const float4*>(x)[j];
   } else {
-    struct alignas(4 * sizeof(O)) quad {
-      O x, y, z, w;
-    };
-    reinterpret_cast<quad*>(out)[j] = {from_f<O>(v.x), from_f<O>(v.y), from_f<O>(v.z), from_f<O>(v.w)};
+    const quad_of<X> q = reinterpret_cast<const quad_of<X>*>(x)[j];
+    return {to_f(q.x), to_f(q.y), to_f(q.z), to_f(q.w)};
   }
 }
 /// The sum of a float4's lanes in order, after acc.
@@ -303,25 +314,27 @@ __device__ __forceinline__ float gelu_grad(float x, float d) {
 // SASS by tools/sass-check): the trainer's widths are multiples of 4 (its constructor refuses others) and its
 // buffers start 256-byte aligned, so every [N, 4C] or [N, C] row and bias starts on 16 bytes.
 
-/// x[n, o] += bias[o], then out = gelu(x): the MLP's first bias and its activation in one pass (x, with its bias, is
-/// what the backward reads; out in Out, as layernorm_forward's). O % 4 == 0.
-template <class Out = float>
-__global__ void bias_gelu(Out* out, float* x, const float* bias, int N, int O) {
-  auto* x4 = reinterpret_cast<float4*>(x);
+/// x[n, o] += bias[o], then out = gelu(x): the MLP's first bias and its activation in one pass, both in W (fp32, or
+/// the compute type: the product's output and GELU's, as PyTorch's autocast keeps them). x with its bias, rounded to
+/// W once, is what GELU reads here and what the backward reads. O % 4 == 0.
+template <class W = float>
+__global__ void bias_gelu(W* out, W* x, const float* bias, int N, int O) {
   const auto* b4 = reinterpret_cast<const float4*>(bias);
   GPT_FOR(i, (long long)N * O / 4) {
-    float4 v = x4[i];
+    float4 v = load4(x, i);
     const float4 b = b4[i % (O / 4)];
     v = {__fadd_rn(v.x, b.x), __fadd_rn(v.y, b.y), __fadd_rn(v.z, b.z), __fadd_rn(v.w, b.w)};
-    x4[i] = v;
+    if constexpr (!std::is_same_v<W, float>)
+      v = {to_f(from_f<W>(v.x)), to_f(from_f<W>(v.y)), to_f(from_f<W>(v.z)), to_f(from_f<W>(v.w))};
+    store4(x, i, v);
     store4(out, i, {gelu_of(v.x), gelu_of(v.y), gelu_of(v.z), gelu_of(v.w)});
   }
 }
-/// dx = gelu'(x) * dout, n % 4 == 0.
-template <int = 0>
-__global__ void gelu_backward(float* dx, const float* x, const float* dout, long long n) {
+/// dx = gelu'(x) * dout, x in W (bias_gelu's), n % 4 == 0.
+template <class W = float>
+__global__ void gelu_backward(float* dx, const W* x, const float* dout, long long n) {
   GPT_FOR(i, n / 4) {
-    const float4 v = reinterpret_cast<const float4*>(x)[i], d = reinterpret_cast<const float4*>(dout)[i];
+    const float4 v = load4(x, i), d = reinterpret_cast<const float4*>(dout)[i];
     reinterpret_cast<float4*>(dx)[i] = {gelu_grad(v.x, d.x), gelu_grad(v.y, d.y), gelu_grad(v.z, d.z),
                                         gelu_grad(v.w, d.w)};
   }

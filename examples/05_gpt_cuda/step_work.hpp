@@ -69,9 +69,10 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
   auto narrow = [&](double count) {
     if (o.bf16) add(n::narrow, 1, 0, count * (f + w));
   };
-  // out[R, O] = x[R, I] W[O, I]^T (+ bias): x kept in the compute type by the kernel that made it.
-  auto linear_forward = [&](double R, double I, double O, bool bias) {
-    add(n::product, 1, 2 * R * I * O, (R * I + O * I) * w + R * O * f);
+  // out[R, O] = x[R, I] W[O, I]^T (+ bias): x kept in the compute type by the kernel that made it; out in fp32, or
+  // in the compute type (y = w: the MLP's first product).
+  auto linear_forward = [&](double R, double I, double O, bool bias, double y = 4) {
+    add(n::product, 1, 2 * R * I * O, (R * I + O * I) * w + R * O * y);
     if (bias) add(n::add_bias, 1, 0, (2 * R * O + O) * f);
   };
   auto column_sum = [&](double R, double O) {
@@ -101,9 +102,9 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     linear_forward(N, C, C, false);
     widen(C), widen(C), widen(C);  // attn.proj.b, ln_2
     add(n::bias_residual_layernorm, 1, 0, NC * w + (3 * NC + 2 * N + 3 * C) * f);
-    linear_forward(N, C, 4 * C, false);
+    linear_forward(N, C, 4 * C, false, w);
     widen(4 * C);
-    add(n::bias_gelu, 1, 0, 4 * NC * w + (8 * NC + 4 * C) * f);
+    add(n::bias_gelu, 1, 0, 12 * NC * w + 4 * C * f);
     linear_forward(N, 4 * C, C, false);
     widen(C);
     add(n::bias_residual, 1, 0, (3 * NC + C) * f);
@@ -112,7 +113,7 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     for (double g : {C, C, 3 * C, C, C, C, 4 * C, C}) memset(g);  // the gradients summed by columns
     add(n::memcpy, 1, 0, 2 * NC * f);
     linear_backward(N, 4 * C, C, true);
-    add(n::gelu_backward, 1, 0, 12 * NC * f);
+    add(n::gelu_backward, 1, 0, 4 * NC * w + 8 * NC * f);
     linear_backward(N, C, 4 * C, true);
     widen(C);  // ln_2.w
     layernorm_backward();

@@ -1,7 +1,7 @@
 #pragma once
-// The CUDA examples' matrix products: cuBLAS (cublasSgemm in fp32; cublasGemmEx with bf16 inputs, an fp32 output
-// and fp32 accumulation, on tensor cores), or (gemm_kind::plain) a plain GEMM kernel of the examples' own with the
-// same meaning, which lets a whole step run where cuBLAS cannot: on the simulated GPU (tools/sim-check builds the
+// The CUDA examples' matrix products: cuBLAS (cublasSgemm in fp32; cublasGemmEx with bf16 inputs, an fp32 or bf16
+// output and fp32 accumulation, on tensor cores), or (gemm_kind::plain) a plain GEMM kernel of the examples' own with
+// the same meaning, which lets a whole step run where cuBLAS cannot: on the simulated GPU (tools/sim-check builds the
 // examples with -DEXAMPLES_NO_CUBLAS, without cuBLAS at all).
 #ifndef EXAMPLES_NO_CUBLAS
 #include <cublas_v2.h>
@@ -32,11 +32,11 @@ enum class gemm_kind { cublas, plain };
 inline int blocks(long long work) { return (work + 255) / 256 < 1024 ? int((work + 255) / 256) : 1024; }
 
 /// C = alpha op(A) op(B) + beta C, column-major with cuBLAS's arguments, A and B in T (float or fsdp::bfloat16), C
-/// in fp32: one thread per element of C, the sum in fp32 in index order, each operation rounded once (no fused
-/// multiply-add).
-template <class T>
-__global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b,
-                           int ldb, float beta, float* c, int ldc) {
+/// in CT (fp32, or T): one thread per element of C, the sum in fp32 in index order, each operation rounded once (no
+/// fused multiply-add), the result rounded to CT once.
+template <class T, class CT = float>
+__global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b, int ldb,
+                           float beta, CT* c, int ldc) {
   const long long count = (long long)m * n;  // 64-bit index math: m * n passes 2^31 for a large vocabulary's logits
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count;
        e += (long long)gridDim.x * blockDim.x) {
@@ -48,7 +48,7 @@ __global__ void plain_gemm(bool ta, bool tb, int m, int n, int k, float alpha, c
       acc = __fadd_rn(acc, __fmul_rn(x, y));
     }
     const float r = __fmul_rn(alpha, acc);
-    c[i + j * ldc] = beta == 0.0f ? r : __fadd_rn(r, __fmul_rn(beta, c[i + j * ldc]));
+    c[i + j * ldc] = CT(beta == 0.0f ? r : __fadd_rn(r, __fmul_rn(beta, static_cast<float>(c[i + j * ldc]))));
   }
 }
 
@@ -103,12 +103,26 @@ class gemm {
 #endif
     plain(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  /// The same with C in bf16 too (accumulated in fp32, rounded once): a linear layer's output as PyTorch's bf16
+  /// autocast keeps it.
+  void operator()(bool ta, bool tb, int m, int n, int k, float alpha, const fsdp::bfloat16* a, int lda,
+                  const fsdp::bfloat16* b, int ldb, float beta, fsdp::bfloat16* c, int ldc) {
+#ifndef EXAMPLES_NO_CUBLAS
+    if (kind_ == gemm_kind::cublas) {
+      EXAMPLES_CUBLAS_CHECK(cublasGemmEx(h_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                                         &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, c, CUDA_R_16BF, ldc,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      return;
+    }
+#endif
+    plain(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
 
  private:
-  template <class T>
+  template <class T, class CT>
   void plain(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b, int ldb, float beta,
-             float* c, int ldc) {
-    plain_gemm<T><<<blocks((long long)m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+             CT* c, int ldc) {
+    plain_gemm<T, CT><<<blocks((long long)m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     FSDP_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -16,8 +16,9 @@ template __global__ void a::backward_key<bf16, 64, a::product::tensor>(float*, c
                                                                        const float*, const float*, a::dims);
 template __global__ void a::forward<bf16, 64, a::product::twin, bf16>(bf16*, float*, const float*, a::dims);
 template __global__ void k::bias_gelu<float>(float*, float*, const float*, int, int);
-template __global__ void k::bias_gelu<bf16>(bf16*, float*, const float*, int, int);
-template __global__ void k::gelu_backward<0>(float*, const float*, const float*, long long);
+template __global__ void k::bias_gelu<bf16>(bf16*, bf16*, const float*, int, int);
+template __global__ void k::gelu_backward<float>(float*, const float*, const float*, long long);
+template __global__ void k::gelu_backward<bf16>(float*, const bf16*, const float*, long long);
 template __global__ void k::bias_residual<0>(float*, const float*, const float*, int, int);
 template __global__ void k::add_bias<0>(float*, const float*, int, int);
 template __global__ void k::column_partials<0>(float*, const float*, int, int);
