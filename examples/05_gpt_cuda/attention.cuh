@@ -118,26 +118,26 @@ __device__ __forceinline__ void mma(cfrag& c, const afrag<E>& a, const bfrag<E>&
   }
 }
 
-/// The A fragment of rows [row0, row0 + 16) and columns [col0, col0 + 16) of a row-major fp32 matrix (row r at
-/// m + r * ld), rounded to E; rows from `rows` on and columns from `cols` on read as 0.
-template <class E>
-__device__ __forceinline__ afrag<E> load_a(const float* m, long long ld, int row0, int rows, int col0, int cols) {
+/// The A fragment of rows [row0, row0 + 16) and columns [col0, col0 + 16) of a row-major matrix of X (fp32 or the
+/// compute type; row r at m + r * ld), rounded to E; rows from `rows` on and columns from `cols` on read as 0.
+template <class E, class X>
+__device__ __forceinline__ afrag<E> load_a(const X* m, long long ld, int row0, int rows, int col0, int cols) {
   const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
   afrag<E> a;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = row0 + g + 8 * ((i / 2) % 2), c = col0 + 2 * t + i % 2 + 8 * (i / 4);
-    a.x[i] = from_f<E>(r < rows && c < cols ? m[r * ld + c] : 0.0f);
+    a.x[i] = from_f<E>(r < rows && c < cols ? to_f(m[r * ld + c]) : 0.0f);
   }
   return a;
 }
-/// Rows [row0, row0 + R) of a row-major fp32 matrix into a shared tile of R rows of D (+ pad), rounded to E; rows
+/// Rows [row0, row0 + R) of a row-major matrix of X into a shared tile of R rows of D (+ pad), rounded to E; rows
 /// from `rows` on and columns from `cols` on as 0. Every thread of the block calls it.
-template <class E, int R, int D>
-__device__ __forceinline__ void load_tile(E (*s)[D + pad], const float* m, long long ld, int row0, int rows, int cols) {
+template <class E, int R, int D, class X>
+__device__ __forceinline__ void load_tile(E (*s)[D + pad], const X* m, long long ld, int row0, int rows, int cols) {
   for (int e = int(threadIdx.x); e < R * D; e += threads) {
     const int r = e / D, c = e % D;
-    s[r][c] = from_f<E>(row0 + r < rows && c < cols ? m[(row0 + r) * ld + c] : 0.0f);
+    s[r][c] = from_f<E>(row0 + r < rows && c < cols ? to_f(m[(row0 + r) * ld + c]) : 0.0f);
   }
 }
 /// The B fragment b[k, n] = s[n0 + n][k0 + k] (the tile's rows are the product's columns: K for Q K^T).
@@ -214,7 +214,8 @@ struct two {
 };
 
 /// The problem: qkv [B, T, 3C] (q, k, v of head h at columns h * hs, C + h * hs, 2C + h * hs), the output and its
-/// gradient [B, T, C], the log-sum-exp and dO . O [B, NH, T].
+/// gradient [B, T, C], the log-sum-exp and dO . O [B, NH, T]. qkv and the output are in the kernels' O (fp32, or the
+/// compute type), the rest fp32.
 struct dims {
   int B, T, C, NH;
   const int* starts;  ///< [B * T] first key of each query's document, or null
@@ -243,13 +244,13 @@ struct key_span {
 /// out = softmax(mask(Q K^T / sqrt(hs))) V, lse = each row's log-sum-exp of the scaled scores. Grid (ceil(T / 64),
 /// NH, B), 128 threads; D = hs rounded up (16 or 64).
 template <class E, int D, product P, class O = float>
-__global__ void __launch_bounds__(threads, 1) forward(O* out, float* lse, const float* qkv, dims d) {
+__global__ void __launch_bounds__(threads, 1) forward(O* out, float* lse, const O* qkv, dims d) {
   __shared__ E ks[tile][D + pad], vs[tile][D + pad];
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * rows_per_block;
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
   const int hs = d.hs(), T = d.T;
   const long long ld = d.row3();
-  const float* rows = qkv + (long long)b * T * ld;
+  const O* rows = qkv + (long long)b * T * ld;
   const int r0 = q0 + 16 * warp;
   const two<int> q{r0 + g, r0 + g + 8}, first{d.start(b, r0 + g), d.start(b, r0 + g + 8)};
   const key_span keys(d, b, r0);
@@ -320,15 +321,15 @@ __global__ void row_dots(float* dd, const float* dout, const O* out, dims d) {
 
 /// dQ += dS K / sqrt(hs) for 64 query rows a block, walking the key tiles as the forward does; dS = P * (dP - dd),
 /// P recomputed from lse, dP = dO V^T. Grid and threads as forward.
-template <class E, int D, product P>
+template <class E, int D, product P, class O = float>
 __global__ void __launch_bounds__(threads, 1)
-    backward_query(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dd, dims d) {
+    backward_query(float* dqkv, const float* dout, const O* qkv, const float* lse, const float* dd, dims d) {
   __shared__ E ks[tile][D + pad], vs[tile][D + pad];
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * rows_per_block;
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4;
   const int hs = d.hs(), T = d.T;
   const long long ld = d.row3();
-  const float* rows = qkv + (long long)b * T * ld;
+  const O* rows = qkv + (long long)b * T * ld;
   const int r0 = q0 + 16 * warp;
   const two<int> q{r0 + g, r0 + g + 8}, first{d.start(b, r0 + g), d.start(b, r0 + g + 8)};
   const long long stat = ((long long)b * d.NH + h) * T;
@@ -370,9 +371,9 @@ __global__ void __launch_bounds__(threads, 1)
 
 /// dK += dS^T Q / sqrt(hs) and dV += P^T dO for 64 keys a block (16 a warp), walking the query tiles that can see
 /// them. Grid (ceil(T / 64), NH, B), 128 threads.
-template <class E, int D, product P>
+template <class E, int D, product P, class O = float>
 __global__ void __launch_bounds__(threads, 1)
-    backward_key(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dd, dims d) {
+    backward_key(float* dqkv, const float* dout, const O* qkv, const float* lse, const float* dd, dims d) {
   __shared__ E qs[tile][D + pad], ds_[tile][D + pad];
   __shared__ float tile_lse[tile], tile_dd[tile];
   __shared__ int tile_first[tile];
@@ -380,7 +381,7 @@ __global__ void __launch_bounds__(threads, 1)
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4;
   const int hs = d.hs(), T = d.T;
   const long long ld = d.row3();
-  const float* rows = qkv + (long long)b * T * ld;
+  const O* rows = qkv + (long long)b * T * ld;
   const float* drows = dout + (long long)b * T * d.C;
   const long long stat = ((long long)b * d.NH + h) * T;
   const int r0 = k0 + 16 * warp, key_hi = min(r0 + 15, T - 1);
@@ -460,21 +461,22 @@ struct launch {
     else
       f(std::integral_constant<int, 64>{});
   }
-  /// out in O: fp32, or the compute type (the trainer's: only a matrix product and row_dots read it).
+  /// qkv and out in O: fp32, or the compute type (the trainer's: a product makes qkv; only a product and row_dots
+  /// read out).
   template <class O>
-  static void forward(O* out, float* lse, const float* qkv, const dims& d, cudaStream_t s) {
+  static void forward(O* out, float* lse, const O* qkv, const dims& d, cudaStream_t s) {
     by_width(d.hs(), [&](auto w) {
       attention::forward<E, decltype(w)::value, P, O><<<grid(d), threads, 0, s>>>(out, lse, qkv, d);
     });
   }
   template <class O>
-  static void backward(float* dqkv, float* dd, const float* dout, const O* out, const float* qkv, const float* lse,
+  static void backward(float* dqkv, float* dd, const float* dout, const O* out, const O* qkv, const float* lse,
                        const dims& d, cudaStream_t s) {
     const long long warps_blocks = ((long long)d.B * d.NH * d.T * 32 + 255) / 256;  // a warp a row, 256 threads
     row_dots<O><<<int(warps_blocks < 1024 ? warps_blocks : 1024), 256, 0, s>>>(dd, dout, out, d);
     by_width(d.hs(), [&](auto w) {
-      backward_key<E, decltype(w)::value, P><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
-      backward_query<E, decltype(w)::value, P><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
+      backward_key<E, decltype(w)::value, P, O><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
+      backward_query<E, decltype(w)::value, P, O><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
     });
   }
 };

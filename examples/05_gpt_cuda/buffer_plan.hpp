@@ -46,11 +46,11 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
   const std::size_t R = std::size_t(head_rows(s, batch, o.head_rows));
   const auto half = [](std::size_t n) { return (n + 1) / 2; };           // bf16 elements, two to a float
   const auto act = [&](std::size_t n) { return o.bf16 ? half(n) : n; };  // activations kept in the compute type
-  // gpt::block_cache_of (see "block cache" below): qkv, res1 in fp32; ln1, atty, ln2, fc, fc_gelu in the compute type
-  const std::size_t cache = 4 * NC + 3 * act(NC) + 2 * act(4 * NC) + 4 * N + B * H * T;
+  // gpt::block_cache_of (see "block cache" below): res1 in fp32; ln1, qkv, atty, ln2, fc, fc_gelu in the compute type
+  const std::size_t cache = NC + 3 * act(NC) + act(3 * NC) + 2 * act(4 * NC) + 4 * N + B * H * T;
   std::vector<planned_buffer> p = {
       {"block inputs x_0 .. x_L [N, C]", L + 1, NC},
-      {"block cache (qkv, res1: 4 NC fp32; ln1, attention out, ln2, fc, fc_gelu: 11 NC in the compute type; 4 row "
+      {"block cache (res1: NC fp32; ln1, qkv, attention out, ln2, fc, fc_gelu: 14 NC in the compute type; 4 row "
        "statistics; row log-sum-exp)",
        o.checkpoint_activations ? 1 : L, cache},
       {"recomputed block output (checkpointing) [N, C]", o.checkpoint_activations ? 1u : 0u, NC},

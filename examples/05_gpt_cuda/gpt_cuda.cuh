@@ -5,14 +5,13 @@
 // runs. The matrix products run in the compute type: in bf16, on the gathered bf16 weights and bf16 activations,
 // accumulated in fp32 (PyTorch's bf16 autocast); in fp32, fp32 throughout. The activations that only products read
 // (each layernorm's output, attention's output, GELU's) are written in bf16 by the kernels that make them and kept
-// so, and so is the MLP's first product (written by cuBLAS in bf16, its bias added and GELU taken in bf16, as
-// autocast keeps them); the other products' outputs (QKV, the projections into the residual stream, the logits),
-// the residual stream, the layernorm statistics, every gradient and the loss stay fp32 (output gradients are
-// rounded to bf16 for the products). The other
-// parameters (layernorm, biases) are widened into fp32 scratch copies; each gradient is summed in fp32 and stored
-// once into the compute-type gradient buffer. The trainer's buffers are made in the first step and reused: a later
-// step that would allocate one is an error (trainer::begin_step), so no step after the first calls cudaMalloc or
-// cudaFree, each a device-wide synchronisation.
+// so, and so are the QKV product and the MLP's first (written by cuBLAS in bf16, their biases added in bf16, as
+// autocast keeps them; attention and GELU read them so). The projections into the residual stream, the residual
+// stream, the logits, the layernorm statistics, every gradient and the loss stay fp32 (output gradients are rounded
+// to bf16 for the products). The other parameters (layernorm, biases) are widened into fp32 scratch copies; each
+// gradient is summed in fp32 and stored once into the compute-type gradient buffer. The trainer's buffers are made
+// in the first step and reused: a later step that would allocate one is an error (trainer::begin_step), so no step
+// after the first calls cudaMalloc or cudaFree, each a device-wide synchronisation.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -187,16 +186,17 @@ class trainer {
     auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
     const std::size_t NC = nc();
     // ln1, atty, ln2 and fc_gelu are read only by matrix products (and atty by attention's row_dots): kept in the
-    // compute type, as the kernels that make them write them (the products' operands, no cast in between); so is fc,
-    // the MLP's product (its bias added and GELU taken in the compute type, as autocast keeps them).
-    k.ln1.resize(act(NC)), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC), k.att.resize(rows());
+    // compute type, as the kernels that make them write them (the products' operands, no cast in between); so are
+    // qkv and fc, products read by attention and by GELU (their biases added in the compute type, as autocast keeps
+    // a linear layer's output).
+    k.ln1.resize(act(NC)), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(act(3 * NC)), k.att.resize(rows());
     k.atty.resize(act(NC)), k.res1.resize(NC), k.ln2.resize(act(NC)), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
     k.fc.resize(act(4 * NC)), k.fc_gelu.resize(act(4 * NC)), out.resize(NC);
     go(launch_names::layernorm_forward, blocks(32LL * N), K::layernorm_forward<DW>, as_dw(k.ln1), k.ln1_mean.data(),
        k.ln1_rstd.data(), x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
-    linear_forward(k.qkv.data(), as_dw(k.ln1), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
+    linear_forward(as_dw(k.qkv), as_dw(k.ln1), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
     ++launch_tally()[launch_names::attention_forward];
-    attend([&](auto run) { run.forward(as_dw(k.atty), k.att.data(), k.qkv.data(), att_dims(), s()); });
+    attend([&](auto run) { run.forward(as_dw(k.atty), k.att.data(), as_dw(k.qkv), att_dims(), s()); });
     // Each linear layer's bias is added by the kernel after its product: with the residual add and the next
     // layernorm, with GELU, with the residual add.
     linear_forward(k.res1.data(), as_dw(k.atty), w("attn.proj.w"), nullptr, N, C, C);
@@ -244,7 +244,7 @@ class trainer {
     for (const char* name : {launch_names::row_dots, launch_names::backward_key, launch_names::backward_query})
       ++launch_tally()[name];  // attention::launch::backward's three kernels
     attend([&](auto run) {
-      run.backward(dqkv, rowdots_.data(), datty, as_dw(k.atty), k.qkv.data(), k.att.data(), att_dims(), s());
+      run.backward(dqkv, rowdots_.data(), datty, as_dw(k.atty), as_dw(k.qkv), k.att.data(), att_dims(), s());
     });
     float* dln1 = sized(tnc_a_, NC);
     linear_backward(dln1, g_qkvw, g_qkvb, dqkv, as_dw(k.ln1), w("attn.qkv.w"), N, C, 3 * C);
@@ -449,15 +449,11 @@ class trainer {
     }
   }
   /// out[N, O] = x[N, I] w[O, I]^T (+ b): x in the compute type, as the kernels before the products write it; out
-  /// in fp32, or in the compute type (Y = DW: no bias here, the next kernel adds it).
+  /// in fp32, or in the compute type (Y = DW).
   template <class Y>
   void linear_forward(Y* out, const DW* x, const DW* w, const float* b, int N, int I, int O) {
     product(true, false, O, N, I, 1.0f, w, I, x, I, 0.0f, out, O);
-    if constexpr (std::is_same_v<Y, float>) {
-      if (b) go(launch_names::add_bias, blocks(static_cast<long long>(N) * O / 4), kernels::add_bias<>, out, b, N, O);
-    } else if (b) {
-      throw std::logic_error("gpt_cuda::trainer: a bias after a product with a compute-type output");
-    }
+    if (b) go(launch_names::add_bias, blocks(static_cast<long long>(N) * O / 4), kernels::add_bias<Y>, out, b, N, O);
   }
   /// dinp[N, I] = dout[N, O] w[O, I]; dw[O, I] = dout^T x (+= with add_dw); db += the columns of dout. dout (fp32)
   /// is rounded to the compute type for the products. dinp and dw (unless add_dw) need no zeroing: beta 0.

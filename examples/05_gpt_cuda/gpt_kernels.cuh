@@ -63,6 +63,30 @@ __device__ inline float block_reduce(float v, float* part) {
        r += int((long long)gridDim.x * blockDim.x / 32))
 #define GPT_LANE int(threadIdx.x % 32)
 
+/// Four consecutive elements of a 16-bit type, for one 64-bit access.
+template <class X>
+struct alignas(4 * sizeof(X)) quad_of {
+  X x, y, z, w;
+};
+/// v stored as out[4j .. 4j + 3] in O: one 128-bit store for fp32, one 64-bit store of four for a 16-bit O (the
+/// activations kept in the compute type). out starts on 16 bytes.
+template <class O>
+__device__ __forceinline__ void store4(O* out, long long j, float4 v) {
+  if constexpr (std::is_same_v<O, float>)
+    reinterpret_cast<float4*>(out)[j] = v;
+  else
+    reinterpret_cast<quad_of<O>*>(out)[j] = {from_f<O>(v.x), from_f<O>(v.y), from_f<O>(v.z), from_f<O>(v.w)};
+}
+/// x[4j .. 4j + 3] as floats: one 128-bit load for fp32, one 64-bit load of four for a 16-bit X.
+template <class X>
+__device__ __forceinline__ float4 load4(const X* x, long long j) {
+  if constexpr (std::is_same_v<X, float>) {
+    return reinterpret_cast<const float4*>(x)[j];
+  } else {
+    const quad_of<X> q = reinterpret_cast<const quad_of<X>*>(x)[j];
+    return {to_f(q.x), to_f(q.y), to_f(q.z), to_f(q.w)};
+  }
+}
 /// dst = float(src)
 template <class W>
 __global__ void widen(float* dst, const W* src, long long n) {
@@ -102,13 +126,13 @@ __global__ void grouped_row_sum(float* g, const float* dx, const int* order, con
     }
   }
 }
-/// y[n, o] += b[o], four columns a thread in 128-bit accesses (O % 4 == 0).
-template <int = 0>
-__global__ void add_bias(float* y, const float* b, int N, int O) {
-  auto* y4 = reinterpret_cast<float4*>(y);
+/// y[n, o] += b[o], y in Y (fp32, or the compute type: a product's output kept so), four columns a thread (a 128-bit
+/// or 64-bit access; O % 4 == 0).
+template <class Y = float>
+__global__ void add_bias(Y* y, const float* b, int N, int O) {
   GPT_FOR(i, (long long)N * O / 4) {
-    const float4 v = y4[i], c = reinterpret_cast<const float4*>(b)[i % (O / 4)];
-    y4[i] = {__fadd_rn(v.x, c.x), __fadd_rn(v.y, c.y), __fadd_rn(v.z, c.z), __fadd_rn(v.w, c.w)};
+    const float4 v = load4(y, i), c = reinterpret_cast<const float4*>(b)[i % (O / 4)];
+    store4(y, i, {__fadd_rn(v.x, c.x), __fadd_rn(v.y, c.y), __fadd_rn(v.z, c.z), __fadd_rn(v.w, c.w)});
   }
 }
 /// Rows per partial of a column sum.
@@ -140,30 +164,6 @@ __global__ void column_total(float* db, const float* part, int K, int O) {
 }
 
 constexpr float ln_eps = 1e-5f;
-/// Four consecutive elements of a 16-bit type, for one 64-bit access.
-template <class X>
-struct alignas(4 * sizeof(X)) quad_of {
-  X x, y, z, w;
-};
-/// v stored as out[4j .. 4j + 3] in O: one 128-bit store for fp32, one 64-bit store of four for a 16-bit O (the
-/// activations kept in the compute type). out starts on 16 bytes.
-template <class O>
-__device__ __forceinline__ void store4(O* out, long long j, float4 v) {
-  if constexpr (std::is_same_v<O, float>)
-    reinterpret_cast<float4*>(out)[j] = v;
-  else
-    reinterpret_cast<quad_of<O>*>(out)[j] = {from_f<O>(v.x), from_f<O>(v.y), from_f<O>(v.z), from_f<O>(v.w)};
-}
-/// x[4j .. 4j + 3] as floats: one 128-bit load for fp32, one 64-bit load of four for a 16-bit X.
-template <class X>
-__device__ __forceinline__ float4 load4(const X* x, long long j) {
-  if constexpr (std::is_same_v<X, float>) {
-    return reinterpret_cast<const float4*>(x)[j];
-  } else {
-    const quad_of<X> q = reinterpret_cast<const quad_of<X>*>(x)[j];
-    return {to_f(q.x), to_f(q.y), to_f(q.z), to_f(q.w)};
-  }
-}
 /// The sum of a float4's lanes in order, after acc.
 __device__ __forceinline__ float add4(float acc, float4 v) {
   return __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);

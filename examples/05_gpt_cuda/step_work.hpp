@@ -70,10 +70,10 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     if (o.bf16) add(n::narrow, 1, 0, count * (f + w));
   };
   // out[R, O] = x[R, I] W[O, I]^T (+ bias): x kept in the compute type by the kernel that made it; out in fp32, or
-  // in the compute type (y = w: the MLP's first product).
+  // in the compute type (y = w: QKV and the MLP's first product).
   auto linear_forward = [&](double R, double I, double O, bool bias, double y = 4) {
     add(n::product, 1, 2 * R * I * O, (R * I + O * I) * w + R * O * y);
-    if (bias) add(n::add_bias, 1, 0, (2 * R * O + O) * f);
+    if (bias) add(n::add_bias, 1, 0, 2 * R * O * y + O * f);
   };
   auto column_sum = [&](double R, double O) {
     add(n::column_partials, 1, 0, (R * O + K * O) * f);
@@ -97,8 +97,8 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     widen(C), widen(C);  // ln_1
     layernorm_forward();
     widen(3 * C);
-    linear_forward(N, C, 3 * C, true);
-    add(n::attention_forward, 1, 2 * tile_product, NC * w + (3 * NC + B * H * T) * f);
+    linear_forward(N, C, 3 * C, true, w);
+    add(n::attention_forward, 1, 2 * tile_product, 4 * NC * w + B * H * T * f);
     linear_forward(N, C, C, false);
     widen(C), widen(C), widen(C);  // attn.proj.b, ln_2
     add(n::bias_residual_layernorm, 1, 0, NC * w + (3 * NC + 2 * N + 3 * C) * f);
@@ -121,8 +121,8 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     linear_backward(N, C, C, true);
     memset(3 * NC);
     add(n::row_dots, 1, 0, NC * w + (NC + B * H * T) * f);
-    add(n::backward_key, 1, 4 * tile_product, (3 * NC + NC + 2 * B * H * T + 2 * NC) * f);
-    add(n::backward_query, 1, 3 * tile_product, (3 * NC + NC + 2 * B * H * T + 2 * NC) * f);
+    add(n::backward_key, 1, 4 * tile_product, 3 * NC * w + (NC + 2 * B * H * T + 2 * NC) * f);
+    add(n::backward_query, 1, 3 * tile_product, 3 * NC * w + (NC + 2 * B * H * T + 2 * NC) * f);
     linear_backward(N, C, 3 * C, true);
     widen(C);  // ln_1.w
     layernorm_backward();

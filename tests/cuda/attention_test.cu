@@ -7,8 +7,8 @@
 // Every output buffer has guard floats on both sides that must come back untouched (the simulated GPU checks no
 // bounds), and a second run gives the same bits (no atomics: activation checkpointing changes nothing). The
 // tensor-core product runs where it was built (not with EXAMPLES_NO_MMA, the simulated GPU's build) on a device of
-// compute capability 8.0 or later. The output kept in bf16 (the trainer's) is the fp32 output rounded, bit for bit,
-// and the backward reads it so.
+// compute capability 8.0 or later. With qkv and the output kept in bf16 (the trainer's), the output is the fp32
+// output rounded, bit for bit, and the backward the same bits as from those values in fp32.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -226,8 +226,8 @@ TEST_CASE("attention in bf16 on tensor cores equals the plain attention on bf16 
 }
 
 TEST_CASE(
-    "attention's output kept in bf16 (as the trainer keeps it) is its fp32 output rounded, and the backward "
-    "reads it so") {
+    "attention on qkv and an output kept in bf16 (as the trainer keeps them) gives its fp32 output rounded, and "
+    "the backward reads them so") {
   FSDP_REQUIRE_GPU();
   using bf16 = fsdp::bfloat16;
   const problem p{2, 70, 16, 2, packed(70, {{3, 30, 37}, {70}})};
@@ -239,10 +239,17 @@ TEST_CASE(
           cudaSuccess);
   const att::dims d{p.B, p.T, p.C, p.NH, reinterpret_cast<const int*>(d_starts.data())};
   using run = att::launch<bf16, att::product::twin>;
-  // The output both ways: in fp32, and in bf16 (two to a float of the guarded buffer).
+  // qkv in bf16 (two to a float of a guarded buffer): what the kernels' bf16 tiles round the fp32 qkv to.
+  std::vector<bf16> qkv_bf16(nqkv);
+  for (std::size_t i = 0; i < nqkv; ++i) qkv_bf16[i] = bf16(qkv[i]);
+  std::vector<float> qkv_halves((nqkv + 1) / 2);
+  std::memcpy(qkv_halves.data(), qkv_bf16.data(), nqkv * sizeof(bf16));
+  guarded d_qkv16(qkv_halves.size(), qkv_halves);
+  const auto* qkv16 = reinterpret_cast<const bf16*>(d_qkv16.data());
+  // The output both ways: in fp32 from the fp32 qkv, and in bf16 from the bf16 qkv.
   guarded out32(nout), out16((nout + 1) / 2), lse32(nrow), lse16(nrow);
   run::forward(out32.data(), lse32.data(), d_qkv.data(), d, nullptr);
-  run::forward(reinterpret_cast<bf16*>(out16.data()), lse16.data(), d_qkv.data(), d, nullptr);
+  run::forward(reinterpret_cast<bf16*>(out16.data()), lse16.data(), qkv16, d, nullptr);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const std::vector<float> o32 = out32.read("out (fp32)"), o16 = out16.read("out (bf16)");
   CHECK(lse32.read("lse (fp32 out)") == lse16.read("lse (bf16 out)"));
@@ -257,10 +264,11 @@ TEST_CASE(
   CHECK(differ == 0);
   // The backward from the bf16 output, and from the fp32 one holding the same rounded values: the same bits.
   guarded held(nout, rounded), dd_a(nrow), dd_b(nrow), dqkv_a(nqkv, dqkv0), dqkv_b(nqkv, dqkv0);
-  run::backward(dqkv_a.data(), dd_a.data(), d_dout.data(), reinterpret_cast<const bf16*>(out16.data()), d_qkv.data(),
+  run::backward(dqkv_a.data(), dd_a.data(), d_dout.data(), reinterpret_cast<const bf16*>(out16.data()), qkv16,
                 lse16.data(), d, nullptr);
   run::backward(dqkv_b.data(), dd_b.data(), d_dout.data(), held.data(), d_qkv.data(), lse32.data(), d, nullptr);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(dd_a.read("dd (bf16 out)") == dd_b.read("dd (fp32 out)"));
   CHECK(dqkv_a.read("dqkv (bf16 out)") == dqkv_b.read("dqkv (fp32 out)"));
+  (void)d_qkv16.read("qkv (bf16)");
 }
