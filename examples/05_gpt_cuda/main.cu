@@ -50,24 +50,25 @@ int usage(const std::string& why) {
   return 1;
 }
 
-/// The trainer's buffers for one rank of `world` (gpt_cuda::buffer_plan), or none when the batch does not split.
-std::vector<gpt_cuda::planned_buffer> plan_for(const gpt::config& cfg, int world, bool bf16, int head_rows) {
+/// plan(sequences per rank, the trainer's settings) for one rank of `world`, or none when the batch does not split.
+template <class Plan>
+auto for_rank(const gpt::config& cfg, int world, bool bf16, int head_rows, Plan&& plan) -> decltype(plan(0, {})) {
   if (world <= 0 || cfg.global_batch % world != 0) return {};
-  return gpt_cuda::buffer_plan(cfg.model, cfg.global_batch / world,
-                               {.bf16 = bf16,
-                                .checkpoint_activations = cfg.checkpoint_activations,
-                                .packed = cfg.packing.on,
-                                .head_rows = head_rows});
+  return plan(cfg.global_batch / world, gpt_cuda::buffer_settings{.bf16 = bf16,
+                                                                  .checkpoint_activations = cfg.checkpoint_activations,
+                                                                  .packed = cfg.packing.on,
+                                                                  .head_rows = head_rows});
 }
-/// The trainer's step for one rank of `world` (gpt_cuda::step_work), or none when the batch does not split.
+/// The trainer's buffers for one rank of `world` (gpt_cuda::buffer_plan).
+std::vector<gpt_cuda::planned_buffer> plan_for(const gpt::config& cfg, int world, bool bf16, int head_rows) {
+  return for_rank(cfg, world, bf16, head_rows,
+                  [&](int batch, gpt_cuda::buffer_settings o) { return gpt_cuda::buffer_plan(cfg.model, batch, o); });
+}
+/// The trainer's step for one rank of `world` (gpt_cuda::step_work).
 std::vector<gpt_cuda::kernel_work> work_for(const gpt::config& cfg, int world, bool bf16, int head_rows) {
-  if (world <= 0 || cfg.global_batch % world != 0) return {};
-  return gpt_cuda::step_work(cfg.model, cfg.global_batch / world,
-                             {.bf16 = bf16,
-                              .checkpoint_activations = cfg.checkpoint_activations,
-                              .packed = cfg.packing.on,
-                              .head_rows = head_rows},
-                             world);
+  return for_rank(cfg, world, bf16, head_rows, [&](int batch, gpt_cuda::buffer_settings o) {
+    return gpt_cuda::step_work(cfg.model, batch, o, world);
+  });
 }
 
 /// The ceilings an H200 of this project's GPU machine gave (docs/benchmarks.md): the floor's reference where none is

@@ -10,6 +10,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <fsdp/fsdp.cuh>
 
@@ -93,32 +94,31 @@ class gemm {
   /// CUDA_R_32F, ..., CUBLAS_COMPUTE_32F), as PyTorch's bf16 autocast runs a linear layer.
   void operator()(bool ta, bool tb, int m, int n, int k, float alpha, const fsdp::bfloat16* a, int lda,
                   const fsdp::bfloat16* b, int ldb, float beta, float* c, int ldc) {
-#ifndef EXAMPLES_NO_CUBLAS
-    if (kind_ == gemm_kind::cublas) {
-      EXAMPLES_CUBLAS_CHECK(cublasGemmEx(h_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
-                                    &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, c, CUDA_R_32F, ldc,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      return;
-    }
-#endif
-    plain(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    bf16_product(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   /// The same with C in bf16 too (accumulated in fp32, rounded once): a linear layer's output as PyTorch's bf16
   /// autocast keeps it.
   void operator()(bool ta, bool tb, int m, int n, int k, float alpha, const fsdp::bfloat16* a, int lda,
                   const fsdp::bfloat16* b, int ldb, float beta, fsdp::bfloat16* c, int ldc) {
+    bf16_product(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+ private:
+  /// bf16 A and B, C in CT (fp32 or bf16), fp32 accumulation: cublasGemmEx, or the plain kernel.
+  template <class CT>
+  void bf16_product(bool ta, bool tb, int m, int n, int k, float alpha, const fsdp::bfloat16* a, int lda,
+                    const fsdp::bfloat16* b, int ldb, float beta, CT* c, int ldc) {
 #ifndef EXAMPLES_NO_CUBLAS
     if (kind_ == gemm_kind::cublas) {
+      const cudaDataType_t ct = std::is_same_v<CT, float> ? CUDA_R_32F : CUDA_R_16BF;
       EXAMPLES_CUBLAS_CHECK(cublasGemmEx(h_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
-                                         &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, c, CUDA_R_16BF, ldc,
+                                         &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, c, ct, ldc,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       return;
     }
 #endif
     plain(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-
- private:
   template <class T, class CT>
   void plain(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b, int ldb, float beta,
              CT* c, int ldc) {
