@@ -310,9 +310,10 @@ __device__ __forceinline__ float gelu_grad(float x, float d) {
                                 __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * 0.044715f, x), x)));
   return __fmul_rn(__fadd_rn(__fmul_rn(0.5f, __fadd_rn(1.0f, t)), inner), d);
 }
-// The element-wise kernels below take four consecutive floats a thread, in 128-bit loads and stores (checked in
-// SASS by tools/sass-check): the trainer's widths are multiples of 4 (its constructor refuses others) and its
-// buffers start 256-byte aligned, so every [N, 4C] or [N, C] row and bias starts on 16 bytes.
+// The element-wise kernels below take four consecutive elements a thread, in 128-bit accesses for fp32 and 64-bit
+// ones for four bf16 (checked in SASS by tools/sass-check): the trainer's widths are multiples of 4 (its constructor
+// refuses others) and its buffers start 256-byte aligned, so every [N, 4C] or [N, C] row and bias starts on 16 bytes
+// in fp32 and on 8 in bf16.
 
 /// x[n, o] += bias[o], then out = gelu(x): the MLP's first bias and its activation in one pass, both in W (fp32, or
 /// the compute type: the product's output and GELU's, as PyTorch's autocast keeps them). x with its bias, rounded to

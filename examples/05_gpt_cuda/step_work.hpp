@@ -1,12 +1,13 @@
 #pragma once
 // The CUDA GPT trainer's step as work: every launch the trainer (gpt_cuda.cuh) makes in one training step, by kernel,
 // with the floating-point operations of its matrix products and the fewest bytes it must move through device memory
-// (each input read once, each output written once, as the kernel is written: compute-type weights, activations that
-// only products read in the compute type, the rest fp32). Over two measured ceilings, a matrix product's rate and a
+// (each input read once, each output written once, as the kernel is written: compute-type weights and the activations
+// buffer_plan.hpp keeps in the compute type, the rest fp32). Over two measured ceilings, a matrix product's rate and a
 // device-to-device copy's, each kernel's larger time is its floor, the time no version of that kernel beats; their sum
 // is the step's floor on one stream. 05_gpt_cuda prints the table after a run beside the measured step, and checks that
-// the trainer's launches in its last step equal these rows', kernel by kernel (on the simulated GPU in CI): the rows
-// are the trainer's step, not a model of it. `--floor` prints the table without a GPU. Plain C++.
+// the trainer's launches in its last step equal these rows', kernel by kernel (on the simulated GPU in CI): the launch
+// counts are the trainer's, checked; the FLOPs and bytes a launch is given are this file's arithmetic, unchecked.
+// `--floor` prints the table without a GPU. Plain C++.
 //
 // What the rows leave out, so that the floor stays a floor: FLOPs other than the matrix products' (element-wise and
 // row arithmetic runs far under its bytes here), the rows of the embedding tables the gradient touches (data-
