@@ -111,9 +111,8 @@ class basic_model : public model_core<B, C> {
   };
 
  protected:
-  basic_model(C& comm, const ModelSpec& spec, init::rule default_init, const model_options& opt,
-              const policy_facts& pf, model_blueprint bp)
-      : core(comm, spec, std::move(default_init), opt, pf, std::move(bp)) {
+  basic_model(C& comm, init::rule default_init, const model_options& opt, const policy_facts& pf, model_blueprint bp)
+      : core(comm, std::move(default_init), opt, pf, std::move(bp)) {
     views_.reserve(this->size());
     for (std::size_t u = 0; u < this->size(); ++u) views_.emplace_back(core::unit(u));
   }

@@ -5,8 +5,12 @@
 // model (but ranks that disagree, which only the ranks together can see: fsdp/agree/agree.hpp).
 //
 //   part            refused when
-//   strategy        its groups do not tile the world (fsdp/sharding/sharding.hpp), or the mesh given is not its mesh
-//   communicator    the world must be split into groups (hybrid sharding) and the communicator has no split
+//   tensor          model_options::tensor_parallel is not positive or does not divide the world, or a parameter's
+//                   split dimension is not a multiple of it (fsdp/spec/placement.hpp)
+//   strategy        its groups do not tile the data-parallel ranks (world / tensor_parallel;
+//                   fsdp/sharding/sharding.hpp), or the mesh given is not its mesh
+//   communicator    the world must be split into groups (hybrid sharding, tensor parallelism) and the communicator has
+//                   no split
 //   precision       a parameter asks for a compute dtype other than the policy's
 //   wrapping        the spec is empty, a unit name is empty or not UTF-8, a tie is split across units
 //   layout          the alignment is not positive
@@ -49,10 +53,12 @@ struct refusal {
   friend bool operator==(const refusal&, const refusal&) = default;
 };
 
-/// What the checks built on the way, which the constructor starts from: the mesh, the units and their layouts,
-/// and the schedule's facts (present only when nothing was refused).
+/// What the checks built on the way, which the constructor starts from: the mesh, this rank's spec (local shapes
+/// under tensor parallelism: ModelSpec::tensor_local), the units and their layouts, and the schedule's facts
+/// (present only when nothing was refused).
 struct model_blueprint {
   device_mesh mesh{};
+  ModelSpec spec;
   unit_index units;
   std::vector<FlatLayout> layouts;
   std::optional<sched::config> schedule;
@@ -80,8 +86,8 @@ struct implementability {
 namespace detail {
 /// What can_implement asks of a policy's types, as values, so that its checks compile once rather than per policy.
 struct policy_shape {
-  policy_facts facts;       ///< over the world (a world of 1 when it is not positive)
-  device_mesh mesh;         ///< the strategy's mesh over the world ({1, 1} when it has problems)
+  policy_facts facts;       ///< over the data-parallel ranks (1 when they are not a positive whole number)
+  device_mesh mesh;         ///< the strategy's mesh over them ({1, 1} when it has problems), tensor 1
   problems mesh_problems;   ///< why the strategy's groups do not tile the world
   bool splittable;          ///< the communicator has split(color, key)
   bool all_to_all;          ///< the communicator is an AllToAllCollective
@@ -89,12 +95,23 @@ struct policy_shape {
   dtype compute;            ///< the compute dtype
 };
 
+/// The ranks among which the strategy shards and replicates: the world over the tensor groups (the world itself
+/// when `tensor` does not divide it: can_implement refuses that).
+constexpr int data_parallel_ranks(int world, int tensor) noexcept {
+  return tensor > 0 && world % tensor == 0 ? world / tensor : world;
+}
+
 template <class Policy>
-policy_shape shape_of(int world) {
-  policy_shape s{facts_of_policy<Policy>(world > 0 ? world : 1), {}, {},
-                 SplittableCollective<typename Policy::communicator>, AllToAllCollective<typename Policy::communicator>,
-                 OffloadBackend<typename Policy::backend_type>, dtype_of_v<typename Policy::precision::compute_type>};
-  s.mesh = mesh_of<typename Policy::sharding>(world, s.mesh_problems);
+policy_shape shape_of(int world, int tensor) {
+  const int dp = data_parallel_ranks(world, tensor);
+  policy_shape s{facts_of_policy<Policy>(dp > 0 ? dp : 1),
+                 {},
+                 {},
+                 SplittableCollective<typename Policy::communicator>,
+                 AllToAllCollective<typename Policy::communicator>,
+                 OffloadBackend<typename Policy::backend_type>,
+                 dtype_of_v<typename Policy::precision::compute_type>};
+  s.mesh = mesh_of<typename Policy::sharding>(dp, s.mesh_problems);
   return s;
 }
 
@@ -110,7 +127,8 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
                                const implementation_limits& limits = {}) {
   problems wrapping;
   const std::vector<unit_plan> plans = make_units(spec, wrap, wrapping);
-  return detail::can_implement(detail::shape_of<Policy>(world), spec, plans, wrapping, opt, world, limits);
+  return detail::can_implement(detail::shape_of<Policy>(world, opt.tensor_parallel), spec, plans, wrapping, opt, world,
+                               limits);
 }
 
 /// can_implement on a given mesh: also refused when it is not the strategy's mesh over its world.
@@ -118,14 +136,17 @@ template <class Policy, WrappingPolicy W>
 implementability can_implement(const ModelSpec& spec, const W& wrap, const model_options& opt, const device_mesh& mesh,
                                const implementation_limits& limits = {}) {
   implementability out = can_implement<Policy>(spec, wrap, opt, mesh.world(), limits);
-  const bool strategy_refused = !out.refusals.empty() && out.refusals.front().part == "strategy";
+  const bool strategy_refused =
+      !out.refusals.empty() && (out.refusals.front().part == "tensor" || out.refusals.front().part == "strategy");
   if (!strategy_refused && out.blueprint.mesh != mesh)
-    out.refusals.insert(out.refusals.begin(),
-                        {"strategy", fsdp::detail::cat("sharding strategy ", Policy::sharding::name, " over ",
-                                                       mesh.world(), " ranks makes a mesh of ",
-                                                       out.blueprint.mesh.replicas, " x ", out.blueprint.mesh.shards,
-                                                       " (replicas x shards), not the ", mesh.replicas, " x ",
-                                                       mesh.shards, " asked for")});
+    out.refusals.insert(
+        out.refusals.begin(),
+        {"strategy",
+         fsdp::detail::cat("sharding strategy ", Policy::sharding::name, " over ", mesh.world(),
+                           " ranks with model_options::tensor_parallel = ", opt.tensor_parallel, " makes a mesh of ",
+                           out.blueprint.mesh.replicas, " x ", out.blueprint.mesh.shards, " x ",
+                           out.blueprint.mesh.tensor, " (replicas x shards x tensor), not the ", mesh.replicas, " x ",
+                           mesh.shards, " x ", mesh.tensor, " asked for")});
   return out;
 }
 

@@ -29,11 +29,32 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
     for (const std::string& s : p.list()) out.refusals.push_back({std::string(part), s});
   };
 
+  // the tensor dimension first: the strategy's groups are over what is left of the world
+  const int tensor = opt.tensor_parallel;
+  problems tensor_problems;
+  if (tensor < 1)
+    tensor_problems.add("model_options::tensor_parallel must be at least 1 (no tensor parallelism), got ", tensor);
+  else if (world > 0 && world % tensor != 0)
+    tensor_problems.add("model_options::tensor_parallel = ", tensor, " does not divide the world of ", world,
+                        " ranks: the mesh is replicas x shards x tensor, and its size must be the world");
+  else
+    out.blueprint.spec = spec.tensor_local(tensor, tensor_problems);
+  refuse("tensor", tensor_problems);
+  const int dp_world = data_parallel_ranks(world, tensor);
+
   const problems& strat = shape.mesh_problems;
-  const device_mesh mesh = shape.mesh;
+  device_mesh mesh = shape.mesh;
+  if (tensor_problems.empty()) mesh.tensor = tensor;
   refuse("strategy", strat);
   out.blueprint.mesh = mesh;
-  if (strat.empty() && !shape.splittable && sf.splits_world())
+  if (tensor > 1 && !shape.splittable)
+    out.refusals.push_back(
+        {"communicator", fsdp::detail::cat("model_options::tensor_parallel = ", tensor,
+                                           " needs a communicator with "
+                                           "split(color, key) to make the tensor and data-parallel groups; this "
+                                           "policy's communicator has none (comm::local on the host, comm::mpi and "
+                                           "comm::nccl do)")});
+  else if (strat.empty() && !shape.splittable && sf.splits_world())
     out.refusals.push_back(
         {"communicator", fsdp::detail::cat("sharding strategy ", strategy_name, " shards over ", mesh.shards, " of ",
                                            world, " ranks and replicates over ", mesh.replicas,
@@ -81,12 +102,13 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
                "cross a shard: shards are multiples of model_options::layout.align, which is ", opt.layout.align,
                "; set it to a multiple of ", block);
   refuse("layout", layout);
-  if (!strat.empty() || !wrapping.empty() || !layout.empty()) return out;  // nothing to lay out
+  if (!tensor_problems.empty() || !strat.empty() || !wrapping.empty() || !layout.empty())
+    return out;  // nothing to lay out
 
   std::vector<std::string> names;
   for (const unit_plan& p : plans) {
     names.push_back(p.name);
-    out.blueprint.layouts.push_back(FlatLayout::build(spec, p, mesh.shards, opt.layout));
+    out.blueprint.layouts.push_back(FlatLayout::build(out.blueprint.spec, p, mesh.shards, opt.layout));
   }
   out.blueprint.units = unit_index(names);
   const unit_index& units = out.blueprint.units;
@@ -96,7 +118,7 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
                                                                             options);
   const offload_facts policy_offload = shape.facts.offload;
   sched::config cfg = sched::build_config(units, sf, shape.facts.prefetch, pf, opt, policy_offload, options);
-  const exec::reduce_facts division = exec::division_facts(opt.division, world, options);
+  const exec::reduce_facts division = exec::division_facts(opt.division, dp_world, options);
   refuse("options", options);
   if (!shape.offload_backend)
     for (std::size_t u = 0; u < units.size(); ++u)

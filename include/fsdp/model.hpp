@@ -40,8 +40,7 @@ class Model : public basic_model<typename Policy::backend_type, typename Policy:
   template <WrappingPolicy W>
   Model(communicator& comm, const ModelSpec& spec, const W& wrap, init::rule default_init = init::normal{},
         model_options opt = {})
-      : Model(comm, spec, std::move(default_init), opt, required(can_implement<Policy>(spec, wrap, opt, comm.size()))) {
-  }
+      : Model(comm, std::move(default_init), opt, required(can_implement<Policy>(spec, wrap, opt, comm.size()))) {}
 
   static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
   /// The offload policy's parts; unit_offload(u): unit u's (model_options::offload_units may override them).
@@ -52,9 +51,8 @@ class Model : public basic_model<typename Policy::backend_type, typename Policy:
     if (!r) throw usage_error(r.refusals.front().sentence);
     return std::move(r.blueprint);
   }
-  Model(communicator& comm, const ModelSpec& spec, init::rule default_init, const model_options& opt,
-        model_blueprint bp)
-      : base(comm, spec, std::move(default_init), opt, facts_of_policy<Policy>(comm.size()), std::move(bp)) {}
+  Model(communicator& comm, init::rule default_init, const model_options& opt, model_blueprint bp)
+      : base(comm, std::move(default_init), opt, facts_of_policy<Policy>(bp.mesh.data_parallel()), std::move(bp)) {}
 };
 
 }  // namespace fsdp

@@ -87,10 +87,11 @@ class model_core {
 
  protected:
   /// Builds this rank's units from `bp`, the blueprint of can_implement's checks, which passed.
-  model_core(communicator& comm, const ModelSpec& spec, init::rule default_init, const model_options& opt,
-             const policy_facts& pf, model_blueprint bp)
+  /// `bp.spec` is this rank's spec (local shapes under tensor parallelism); `pf` over the data-parallel ranks.
+  model_core(communicator& comm, init::rule default_init, const model_options& opt, const policy_facts& pf,
+             model_blueprint bp)
       : comm_(&comm),
-        spec_(spec),
+        spec_(std::move(bp.spec)),
         opt_(opt),
         facts_(pf),
         mesh_(bp.mesh),
@@ -100,8 +101,8 @@ class model_core {
         sched_(units_.index, std::move(*bp.schedule)),
         exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
               plan::make_cost_facts(pf.precision, pf.strategy.shards_params, opt_.accumulation, pf.offload,
-                                    exec::division_facts(opt_.division, comm.size()).prescale != 1.0f),
-              exec::division_facts(opt_.division, comm.size()), sched_.facts().grad_slots, stamp_,
+                                    exec::division_facts(opt_.division, mesh_.data_parallel()).prescale != 1.0f),
+              exec::division_facts(opt_.division, mesh_.data_parallel()), sched_.facts().grad_slots, stamp_,
               opt_.check_collectives, sched_.facts().offload) {
     // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
     agree::require_agreement(comm, backend(),
@@ -112,7 +113,7 @@ class model_core {
                              "fsdp::policy, default init rule and model_options");
     backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
     if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
-    if (pf.strategy.splits_world()) make_groups();
+    if (pf.strategy.splits_world() || mesh_.tensor > 1) make_groups(pf.strategy.splits_world());
     if (auto* rec = opt_.recorder) {
       rec->set_unit_names(units_.index.names());
       const int rank = comm.rank();
@@ -121,7 +122,8 @@ class model_core {
     if (opt_.check_views) exec_.check_views();
     reserve_memory(0);
     const bool master_serves = !sched_.facts().gathers;
-    for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves);
+    const tensor_coords tensor{mesh_.tensor, mesh_.tensor_rank(comm.rank())};
+    for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves, tensor);
     units_view_.reserve(size());
     for (std::size_t u = 0; u < size(); ++u)
       units_view_.emplace_back(u, exec_.layout(u), exec_.shard_rank(), sched_, exec_.buffers(u));
@@ -145,6 +147,8 @@ class model_core {
   /// Unit i (or `name`) apart from its compute dtype (basic_model's unit() gives the typed view).
   basic_unit<backend_type>& unit(std::size_t i) { return units_view_[checked_unit(i)]; }
   basic_unit<backend_type>& unit(std::string_view name) { return units_view_[units_.index.at(name)]; }
+  /// This rank's spec: under tensor parallelism each split parameter's local shape (its global shape: global_shape
+  /// of fsdp/spec/placement.hpp with mesh().tensor).
   const ModelSpec& spec() const noexcept { return spec_; }
   communicator& comm() noexcept { return *comm_; }
   backend_type& backend() noexcept { return exec_.backend(); }
@@ -154,12 +158,18 @@ class model_core {
     if constexpr (OffloadBackend<backend_type>) return exec_.backend().host_memory().stats();
     else return {};
   }
-  /// Ranks a unit is sharded over (mesh().shards) and replicated over (mesh().replicas; their product is the
-  /// world), and where this rank's group sits: this rank at (mesh().replica(rank), mesh().shard_rank(rank)).
+  /// Ranks a unit is sharded over (mesh().shards), replicated over (mesh().replicas) and tensor-parallel over
+  /// (mesh().tensor; their product is the world), and where this rank sits: (mesh().replica(rank),
+  /// mesh().shard_rank(rank), mesh().tensor_rank(rank)).
   const device_mesh& mesh() const noexcept { return mesh_; }
   /// The communicator of this rank's shard group (all-gathers and reduce-scatters): comm() unless the strategy
-  /// shards over fewer ranks than the world (strategy_facts::splits_world: hybrid sharding).
+  /// shards over fewer ranks than the world (strategy_facts::splits_world: hybrid sharding) or the world has tensor
+  /// groups (then the ranks of this tensor rank).
   communicator& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : *comm_; }
+  /// The communicator of this rank's tensor group (model_options::tensor_parallel consecutive ranks), for the
+  /// trainer's own tensor-parallel collectives, issued on the compute stream so that every rank issues its and the
+  /// library's collectives in one order (docs/policies.md); null without tensor parallelism.
+  communicator* tensor_comm() noexcept { return tensor_comm_.get(); }
   /// The communicator of this rank's replicate group (the all-reduce of reduced shards under hybrid sharding);
   /// null unless the world is split.
   communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
@@ -179,7 +189,7 @@ class model_core {
   /// states_per_element()); `norm_rows`: its gradient inspection rows (its norm_rows(), 0 without inspection).
   memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const {
     memory_plan p = fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
-    const communicator* const all[] = {comm_, shard_comm_.get(), replicate_comm_.get()};
+    const communicator* const all[] = {comm_, shard_comm_.get(), replicate_comm_.get(), tensor_comm_.get()};
     for (const communicator* c : all)
       if (c) {  // comm::nccl: what its communicators took from the device beside the plan, and of that, connecting
         p.outside_plan_bytes += comm::device_bytes(*c);
@@ -369,14 +379,16 @@ class model_core {
   }
 
   // ---- set-up ------------------------------------------------------------------------------------------------
-  /// Hybrid sharding (a shard group smaller than the world, of one rank included): the shard group (ranks of this
-  /// replica) and the replicate group (ranks at this shard position), split from the world in that order on every
-  /// rank; the executor issues on them from now on.
-  void make_groups() {
+  /// Hybrid sharding (a shard group smaller than the world, of one rank included: `replicas`) or tensor
+  /// parallelism: the shard group (ranks of this replica, or all data-parallel ranks, at this tensor rank), the
+  /// replicate group (ranks at this shard position and tensor rank) and the tensor group, split from the world in
+  /// that order on every rank (exec/groups.hpp); the executor issues on the first two from now on.
+  void make_groups(bool replicas) {
     if constexpr (SplittableCollective<communicator>) {
-      exec::split_groups<communicator> g = exec::split_world(*comm_, mesh_);
+      exec::split_groups<communicator> g = exec::split_world(*comm_, mesh_, replicas);
       shard_comm_ = std::move(g.shard);
       replicate_comm_ = std::move(g.replicate);
+      tensor_comm_ = std::move(g.tensor);
       exec_.use_groups(*shard_comm_, replicate_comm_.get());
     }
   }
@@ -484,7 +496,8 @@ class model_core {
   }
 
   communicator* comm_;
-  std::unique_ptr<communicator> shard_comm_, replicate_comm_;  // hybrid sharding only; outlive the executor
+  // hybrid sharding or tensor parallelism only; outlive the executor
+  std::unique_ptr<communicator> shard_comm_, replicate_comm_, tensor_comm_;
   ModelSpec spec_;
   model_options opt_;
   policy_facts facts_;

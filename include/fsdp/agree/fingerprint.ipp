@@ -150,6 +150,7 @@ FSDP_DECL fingerprint model_fingerprint(const ModelSpec& spec, const init::rule&
     fp.add(who, "the compute dtype", p.compute_dtype ? std::string(name_of(*p.compute_dtype)) : "the policy's");
     fp.add(who, "no_decay", flag(p.flags.no_decay));
     fp.add(who, "the init rule", p.init ? describe(*p.init) : "the model's default");
+    fp.add(who, "the tensor placement", describe(p.tensor));
   }
   fp.add("the model", "the default init rule", describe(default_init));
   fp.add("the policy", "the sharding strategy", std::string(strategy.name));
@@ -168,6 +169,7 @@ FSDP_DECL fingerprint model_fingerprint(const ModelSpec& spec, const init::rule&
                      ", gather ", name_of(precision.gather),
                      precision.gather_block ? detail::cat(" in blocks of ", precision.gather_block) : std::string()));
   fp.add("the policy", "the offload", describe(offload));
+  fp.add("model_options", "tensor_parallel", std::to_string(opt.tensor_parallel));
   fp.add("model_options", "layout.align", std::to_string(opt.layout.align));
   fp.add("model_options", "division", describe(opt.division));
   fp.add("model_options", "accumulation.micro_batches", std::to_string(opt.accumulation.micro_batches));

@@ -107,6 +107,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
   namespace ci = checkpoint::detail;
   namespace io = checkpoint::io;
   model_access::require_between_steps(m, "a safetensors save");
+  ci::require_no_tensor_groups(m, "safetensors::save");
   if (path.empty()) fsdp::detail::fail_usage("safetensors::save: the path is empty");
   if (!is_dtype(so.type) || is_scaled(so.type))
     fsdp::detail::fail_usage("safetensors::save: save_options::type is ", name_of(so.type),
@@ -185,6 +186,7 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
   namespace ci = checkpoint::detail;
   namespace io = checkpoint::io;
   model_access::require_between_steps(m, "a safetensors load");
+  ci::require_no_tensor_groups(m, "safetensors::load");
   fingerprint fp;
   fp.add("safetensors::load", "path", path);
   agree::require_agreement(m.comm(), m.backend(), fp, "a safetensors load",

@@ -3,7 +3,8 @@
 // model_options::check_collectives), the shard group (all-gathers and reduce-scatters; all-reduces when whole
 // parameters are replicated) and, under hybrid sharding (strategy_facts::splits_world), the replicate group (the
 // all-reduce of each reduce-scattered shard). Until use_groups() the shard group is the world and there are no
-// replicas.
+// replicas. Under tensor parallelism the shard and replicate groups hold the ranks of one tensor rank; the tensor
+// group is the trainer's (the model's tensor_comm()), never the executor's.
 #include <cstddef>
 #include <memory>
 #include <string_view>
@@ -13,21 +14,27 @@
 
 namespace fsdp::exec {
 
-/// Hybrid sharding's two sub-groups of the world, as `mesh` places this rank (rank order within each: the world's).
+/// The sub-groups of the world as `mesh` places this rank (rank order within each: the world's).
 template <class C>
 struct split_groups {
-  std::unique_ptr<C> shard;      ///< the ranks of this rank's replica (consecutive world ranks)
-  std::unique_ptr<C> replicate;  ///< the ranks at this rank's place in every shard group
+  /// This rank's shard group: the ranks of its replica at its tensor rank; the whole data-parallel group (every
+  /// rank at its tensor rank) when the world is not split into replicas.
+  std::unique_ptr<C> shard;
+  std::unique_ptr<C> replicate;  ///< the ranks at its shard position and tensor rank in every replica; or null
+  std::unique_ptr<C> tensor;     ///< its tensor group (consecutive world ranks); null when mesh.tensor is 1
 };
 
-/// Splits `world` by `mesh` (SplittableCollective: comm::local, comm::mpi, comm::nccl). Collective over the world.
+/// Splits `world` by `mesh` (SplittableCollective: comm::local, comm::mpi, comm::nccl), in this order on every
+/// rank: the shard group, the replicate group when `replicas` (strategy_facts::splits_world), the tensor group when
+/// the mesh has one. Collective over the world.
 template <SplittableCollective C>
-split_groups<C> split_world(C& world, const device_mesh& mesh) {
-  const int r = world.rank();
+split_groups<C> split_world(C& world, const device_mesh& mesh, bool replicas) {
+  const int r = world.rank(), t = mesh.tensor_rank(r);
   split_groups<C> g;
   // new C(prvalue): a communicator need not be movable (split returns it by value, elided)
-  g.shard.reset(new C(world.split(mesh.replica(r), r)));
-  g.replicate.reset(new C(world.split(mesh.shard_rank(r), r)));
+  g.shard.reset(new C(world.split((replicas ? mesh.replica(r) : 0) * mesh.tensor + t, r)));
+  if (replicas) g.replicate.reset(new C(world.split(mesh.shard_rank(r) * mesh.tensor + t, r)));
+  if (mesh.tensor > 1) g.tensor.reset(new C(world.split(mesh.data_parallel_rank(r), r)));
   return g;
 }
 

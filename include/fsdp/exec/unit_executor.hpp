@@ -133,9 +133,11 @@ class unit_executor {
   void shards_written() { prog_.shards_written(in_); }
 
   // ---- outside the step ---------------------------------------------------------------------------------------
-  /// Allocates unit u's master and gradient shards and fills the master from the init rule (unit_storage).
-  void materialise(std::size_t u, const ModelSpec& spec, const init::rule& default_init, bool master_serves) {
-    st_.materialise(*be_, diag_, u, spec, default_init, master_serves);
+  /// Allocates unit u's master and gradient shards and fills the master from the init rule (unit_storage); `spec`
+  /// is this rank's (local shapes), `tensor` its place in its tensor group.
+  void materialise(std::size_t u, const ModelSpec& spec, const init::rule& default_init, bool master_serves,
+                   const tensor_coords& tensor) {
+    st_.materialise(*be_, diag_, u, spec, default_init, master_serves, tensor);
   }
   /// Collective: unit u's full fp32 master on the host of every rank.
   std::vector<float> gather_full(std::size_t u) { return st_.gather_full(*be_, groups_, diag_, u); }

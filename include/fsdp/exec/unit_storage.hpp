@@ -19,9 +19,10 @@
 #include "fsdp/exec/slot_ring.hpp"
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/offload/offload.hpp"
 #include "fsdp/memory/cost.hpp"
+#include "fsdp/offload/offload.hpp"
 #include "fsdp/spec/model_spec.hpp"
+#include "fsdp/spec/placement.hpp"
 #include "fsdp/unit/tensor_view.hpp"
 #include "fsdp/unit/unit_buffers.hpp"
 
@@ -61,10 +62,12 @@ class unit_storage {
   const unit_buffers<B>& buffers(std::size_t u) const { return bufs_.at(u); }
 
   /// Allocates unit u's master and gradient shards, fills the master with this rank's elements of every parameter
-  /// (computed on the host from their global indices) and zeroes the gradient shard. `master_serves`: the master
-  /// is what compute reads (no gather ever happens).
+  /// (computed on the host from their global indices: under tensor parallelism, the indices in the global
+  /// parameter of this tensor rank's slice, so that every layout of the same global model starts from the same
+  /// numbers) and zeroes the gradient shard. `spec`: this rank's (local shapes). `master_serves`: the master is
+  /// what compute reads (no gather ever happens).
   void materialise(B& be, const diagnostics& diag, std::size_t u, const ModelSpec& spec, const init::rule& default_init,
-                   bool master_serves) {
+                   bool master_serves, const tensor_coords& tensor) {
     const plan::unit_costs& c = cost_[u];
     unit_buffers<B>& b = bufs_[u];
     stream& cs = be.compute_stream();
@@ -82,8 +85,12 @@ class unit_storage {
     for (const ShardedTensor& v : layouts_[u].shard_views(shard_rank_)) {
       if (v.empty()) continue;
       const ParamSpec& p = spec.at(v.name);
-      init::fill(p.init ? *p.init : default_init, v.name, static_cast<std::uint64_t>(v.begin),
-                 static_cast<std::size_t>(v.local_numel()), staging.data() + v.shard_offset);
+      const init::rule& rule = p.init ? *p.init : default_init;
+      for_each_global_run(p.shape, p.tensor, tensor, v.begin, v.local_numel(),
+                          [&](std::int64_t global, std::int64_t offset, std::int64_t n) {
+                            init::fill(rule, v.name, static_cast<std::uint64_t>(global), static_cast<std::size_t>(n),
+                                       staging.data() + v.shard_offset + offset);
+                          });
     }
     if (c.master.where == domain::host)  // host memory, new: nothing else uses it yet
       std::memcpy(b.master.data(), staging.data(), static_cast<std::size_t>(c.master.bytes()));

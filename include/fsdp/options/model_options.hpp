@@ -50,6 +50,12 @@ struct grad_division {
 
 struct model_options {
   layout_options layout{};
+  /// Ranks of one tensor group (device_mesh::tensor: consecutive world ranks). 1: no tensor parallelism. Otherwise
+  /// the world is tensor_parallel x the strategy's data-parallel ranks (world / tensor_parallel); each parameter is
+  /// placed by its ParamSpec::tensor (fsdp/spec/placement.hpp); the model shards every rank's local tensor over
+  /// the data-parallel ranks, reduces gradients over them only, and gives the trainer the tensor group's
+  /// communicator (tensor_comm()). Needs a communicator with split(color, key).
+  int tensor_parallel = 1;
   /// How gradients are combined across ranks (average by default).
   grad_division division{};
   /// Gradient accumulation over micro-batches (one micro-batch, synchronised every time, by default).

@@ -10,8 +10,10 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/problems.hpp"
 #include "fsdp/core/text.hpp"
 #include "fsdp/init/init.hpp"
+#include "fsdp/spec/placement.hpp"
 
 namespace fsdp {
 
@@ -22,6 +24,7 @@ struct param_flags {
 
 struct ParamSpec {
   std::string name;
+  /// The global shape (a Model's own spec, ModelSpec::tensor_local, holds this rank's local shape).
   std::vector<std::int64_t> shape;
   /// The dtype the parameter must be computed in; unset: whatever the model's precision policy computes in. A
   /// parameter that asks for another dtype than the policy's is refused (one compute dtype per model).
@@ -29,6 +32,8 @@ struct ParamSpec {
   param_flags flags{};
   std::optional<init::rule> init;  ///< overrides the model's default init rule
   std::string tied_to;             ///< non-empty: this name is an alias of that parameter's storage
+  /// Where it lives across the tensor group (fsdp/spec/placement.hpp); an alias has its target's.
+  tensor_placement tensor{};
 
   bool is_tied() const noexcept { return !tied_to.empty(); }
   std::int64_t numel() const noexcept {
@@ -43,6 +48,8 @@ struct param_options {
   std::optional<dtype> compute_dtype{};
   param_flags flags{};
   std::optional<init::rule> init{};
+  /// Across the tensor group (model_options::tensor_parallel ranks): replicated, or tp::split(dim).
+  tensor_placement tensor{};
 };
 
 class ModelSpec {
@@ -72,6 +79,10 @@ class ModelSpec {
 
   /// Total elements of stored parameters (aliases not counted twice).
   std::int64_t numel() const noexcept { return numel_; }
+
+  /// The spec of one rank of a tensor group of `degree` ranks: every split parameter's shape divided on its split
+  /// dimension (the rank's slice), the rest as they are. A dimension the degree does not divide goes to `p`.
+  ModelSpec tensor_local(int degree, problems& p) const;
 
  private:
   void check_new_name(const std::string& name) const;

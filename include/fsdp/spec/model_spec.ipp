@@ -26,9 +26,11 @@ FSDP_DECL ModelSpec& ModelSpec::add(std::string name, std::vector<std::int64_t> 
     detail::fail_usage("parameter '", name, "' of shape ", detail::shape_text(shape), " (", n,
                        " elements) brings the model past 2^48 = ", max_numel, " elements (it has ", numel_,
                        " before it), the most one model may have");
+  if (std::string why = placement_problem(name, shape, opt.tensor); !why.empty()) detail::fail_usage(why);
   index_.emplace(name, params_.size());
   numel_ += n;
-  params_.push_back(ParamSpec{std::move(name), std::move(shape), opt.compute_dtype, opt.flags, opt.init, {}});
+  params_.push_back(
+      ParamSpec{std::move(name), std::move(shape), opt.compute_dtype, opt.flags, opt.init, {}, opt.tensor});
   return *this;
 }
 
@@ -47,6 +49,19 @@ FSDP_DECL ModelSpec& ModelSpec::tie(std::string alias, const std::string& target
   index_.emplace(p.name, params_.size());
   params_.push_back(std::move(p));
   return *this;
+}
+
+FSDP_DECL ModelSpec ModelSpec::tensor_local(int degree, problems& p) const {
+  ModelSpec out;
+  for (const ParamSpec& q : params_) {
+    if (q.is_tied()) {
+      out.tie(q.name, q.tied_to);
+      continue;
+    }
+    out.add(q.name, local_shape(q.name, q.shape, q.tensor, degree, p),
+            {.compute_dtype = q.compute_dtype, .flags = q.flags, .init = q.init, .tensor = q.tensor});
+  }
+  return out;
 }
 
 FSDP_DECL std::size_t ModelSpec::index_of(const std::string& name) const {

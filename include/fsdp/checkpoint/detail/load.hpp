@@ -188,6 +188,7 @@ template <class M, class O>
 manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
   const sched::restores covers = opt ? sched::restores::shards_and_state : sched::restores::shards;
   model_access::require_restorable(m, "a checkpoint load", covers);
+  require_no_tensor_groups(m, "checkpoint::load");
   dir = normalised(std::move(dir));
   fingerprint fp;
   fp.add("checkpoint::load", "directory", dir);

@@ -57,6 +57,7 @@ file_record write_shard_file(M& m, const O* opt, const std::string& partial, con
 template <class M, class O>
 void save(M& m, const O* opt, std::string dir, const save_options& so) {
   model_access::require_between_steps(m, "a checkpoint save");
+  require_no_tensor_groups(m, "checkpoint::save");
   dir = normalised(std::move(dir));
   if (so.block_bytes < 4096 || so.block_bytes > (std::uint64_t{1} << 30) || !std::has_single_bit(so.block_bytes))
     fsdp::detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ",

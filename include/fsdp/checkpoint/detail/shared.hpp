@@ -24,6 +24,19 @@ namespace fsdp::checkpoint::detail {
 
 FSDP_DECL std::string shard_file_name(int index, int count);
 
+/// usage_error naming `what` when the model has tensor groups: checkpoints and safetensors files hold global tensors,
+/// and resharding across tensor-parallel degrees is not written yet, so nothing is saved or loaded rather than each
+/// tensor rank's slice under the global name.
+template <class M>
+void require_no_tensor_groups(const M& m, const char* what) {
+  if (const int t = m.mesh().tensor; t > 1)
+    fsdp::detail::fail_usage(what, " of a model with model_options::tensor_parallel = ", t,
+                             " is not supported yet: "
+                             "checkpoints and safetensors files hold global tensors, and a rank holds its tensor "
+                             "group's slice of each split parameter; save with fsdp::weights::gather_full_params on "
+                             "every rank of a tensor group, or train without tensor parallelism to checkpoint");
+}
+
 /// "run/ckpt/" -> "run/ckpt": the directory as every message names it.
 FSDP_DECL std::string normalised(std::string dir);
 

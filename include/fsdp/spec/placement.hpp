@@ -1,0 +1,105 @@
+#pragma once
+// Tensor-parallel placements: where a parameter lives across the ranks of a tensor group
+// (model_options::tensor_parallel ranks, consecutive in the world: device_mesh). A ModelSpec gives every
+// parameter's global shape and its placement, the same on every rank; the library derives each rank's local
+// tensor (split: its slice of the named dimension; replicated: the whole parameter), lays out and shards that
+// local tensor over the data-parallel ranks, and reduces its gradients over those ranks only. The trainer's own
+// tensor-parallel collectives (all-reduce after a row-parallel product, of input gradients after a column-parallel
+// one) go to the model's tensor_comm().
+//
+//   Megatron's linear layers, weight [out, in]:  column-parallel  split(0) on the weight and split(0) on its bias
+//                                                row-parallel     split(1) on the weight, its bias replicated
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/problems.hpp"
+#include "fsdp/core/text.hpp"
+
+namespace fsdp {
+
+/// A parameter's place in the tensor group: replicated (every tensor rank holds all of it; its gradient is each
+/// rank's whole gradient, the same on every tensor rank), or split evenly on dimension `dim` (tensor rank t holds
+/// the t-th of `degree` equal slices of that dimension).
+struct tensor_placement {
+  enum class kind : std::uint8_t { replicated, split };
+  kind how = kind::replicated;
+  int dim = 0;  ///< split only: the dimension of the global shape that is split
+
+  constexpr bool is_split() const noexcept { return how == kind::split; }
+  friend constexpr bool operator==(const tensor_placement&, const tensor_placement&) = default;
+};
+
+namespace tp {
+inline constexpr tensor_placement replicated{};
+/// Split on dimension `dim` of the global shape (0: a column-parallel weight [out, in]; 1: a row-parallel one).
+constexpr tensor_placement split(int dim) noexcept { return {tensor_placement::kind::split, dim}; }
+}  // namespace tp
+
+/// "replicated", "split on dimension 1".
+inline std::string describe(const tensor_placement& p) {
+  return p.is_split() ? detail::cat("split on dimension ", p.dim) : std::string("replicated");
+}
+
+/// Where a rank sits in its tensor group: `degree` ranks, this one the `rank`-th.
+struct tensor_coords {
+  int degree = 1;
+  int rank = 0;
+};
+
+/// What is wrong with placing a parameter of `shape` so (a dimension it does not have), or empty.
+inline std::string placement_problem(const std::string& name, const std::vector<std::int64_t>& shape,
+                                     const tensor_placement& p) {
+  if (!p.is_split() || (p.dim >= 0 && static_cast<std::size_t>(p.dim) < shape.size())) return {};
+  return detail::cat("parameter '", name, "' is split on dimension ", p.dim, ", which its shape ",
+                     detail::shape_text(shape), " does not have (dimensions 0 to ", shape.size() - 1, ")");
+}
+
+/// The local shape of a parameter of global shape `global` on a tensor group of `degree` ranks; a split dimension
+/// the degree does not divide goes to `p` (and the shape is then the global one).
+inline std::vector<std::int64_t> local_shape(const std::string& name, const std::vector<std::int64_t>& global,
+                                             const tensor_placement& pl, int degree, problems& p) {
+  if (!pl.is_split() || degree == 1) return global;
+  const std::int64_t d = global.at(static_cast<std::size_t>(pl.dim));
+  if (d % degree != 0) {
+    p.add("parameter '", name, "' of shape ", detail::shape_text(global), " is split on dimension ", pl.dim,
+          " across ", degree, " tensor-parallel ranks, which do not divide its ", d, " elements: make the dimension "
+          "a multiple of model_options::tensor_parallel, or replicate the parameter");
+    return global;
+  }
+  std::vector<std::int64_t> out = global;
+  out[static_cast<std::size_t>(pl.dim)] = d / degree;
+  return out;
+}
+
+/// The global shape of a parameter whose local shape on a tensor group of `degree` ranks is `local`.
+inline std::vector<std::int64_t> global_shape(const std::vector<std::int64_t>& local, const tensor_placement& pl,
+                                              int degree) {
+  std::vector<std::int64_t> out = local;
+  if (pl.is_split()) out.at(static_cast<std::size_t>(pl.dim)) *= degree;
+  return out;
+}
+
+/// Calls f(global_first, local_offset, count) for each run of the local elements [first, first + count) (row-major
+/// over `local`, this rank's slice) that is contiguous in the global parameter (row-major over its global shape):
+/// one run when the parameter is replicated, one per index of the dimensions before the split one otherwise.
+template <class F>
+void for_each_global_run(const std::vector<std::int64_t>& local, const tensor_placement& pl, const tensor_coords& t,
+                         std::int64_t first, std::int64_t count, F&& f) {
+  if (!pl.is_split() || t.degree == 1) {
+    if (count > 0) f(first, std::int64_t{0}, count);
+    return;
+  }
+  std::int64_t block = 1;  // local elements per index of the dimensions before the split one
+  for (std::size_t i = static_cast<std::size_t>(pl.dim); i < local.size(); ++i) block *= local[i];
+  for (std::int64_t done = 0; done < count;) {
+    const std::int64_t i = first + done, outer = i / block, within = i % block;
+    const std::int64_t n = std::min(block - within, count - done);
+    f((outer * t.degree + t.rank) * block + within, done, n);
+    done += n;
+  }
+}
+
+}  // namespace fsdp

@@ -1,0 +1,383 @@
+// Tensor parallelism over thread ranks: the mesh's rank order, the groups the model splits, each rank's local
+// slice of every parameter (its shape and its initial values), the refusals, and training parity: a Megatron-style
+// trainer (column-parallel, then row-parallel products, its own all-reduces on the tensor group) on a replicas x
+// shards x tensor mesh trains the same global model as the same trainer without tensor parallelism.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fsdp/checkpoint/checkpoint.hpp>
+#include <fsdp/checkpoint/safetensors.hpp>
+
+#include "examples/01_mlp_host/mlp.hpp"
+#include "tests/support/support.hpp"
+
+using fsdp::comm::local_communicator;
+using fsdp_test::error_of;
+using fsdp_test::run_ranks;
+
+namespace {
+constexpr int D = 8, H = 16, blocks = 2, global_batch = 12;
+
+/// Two blocks, each a column-parallel product (w1 [H, D], b1 [H], split on dimension 0) with ReLU and a
+/// row-parallel one (w2 [D, H] split on dimension 1, b2 [D] replicated), wrapped one unit a block.
+fsdp::ModelSpec megatron_spec() {
+  fsdp::ModelSpec s;
+  for (int b = 0; b < blocks; ++b) {
+    const std::string p = "h." + std::to_string(b) + ".";
+    s.add(p + "w1", {H, D}, {.tensor = fsdp::tp::split(0)});
+    s.add(p + "b1", {H},
+          {.flags = {.no_decay = true}, .init = fsdp::init::uniform{-0.1f, 0.1f, 3}, .tensor = fsdp::tp::split(0)});
+    s.add(p + "w2", {D, H}, {.tensor = fsdp::tp::split(1)});
+    s.add(p + "b2", {D}, {.flags = {.no_decay = true}, .init = fsdp::init::uniform{-0.1f, 0.1f, 4}});
+  }
+  return s;
+}
+
+struct trained {
+  std::vector<float> losses;                          ///< the global mean loss of each step
+  std::map<std::string, std::vector<float>> params;  ///< every global parameter after training
+  bool memory_as_planned = true;                      ///< every rank's measured peak equals its planned peak
+};
+
+/// Global parameters from each tensor rank's local ones (`local[t]`), as the spec places them.
+std::map<std::string, std::vector<float>> assemble(const std::vector<std::map<std::string, std::vector<float>>>& local,
+                                                   const fsdp::ModelSpec& spec) {
+  const int tensor = static_cast<int>(local.size());
+  std::map<std::string, std::vector<float>> out;
+  for (const fsdp::ParamSpec& p : spec.params()) {
+    std::vector<float>& g = out[p.name];
+    g.assign(static_cast<std::size_t>(p.numel()), 0.0f);
+    fsdp::problems none;
+    const std::vector<std::int64_t> shape = fsdp::local_shape(p.name, p.shape, p.tensor, tensor, none);
+    for (int t = 0; t < tensor; ++t) {
+      const std::vector<float>& l = local[static_cast<std::size_t>(t)].at(p.name);
+      fsdp::for_each_global_run(shape, p.tensor, {tensor, t}, 0, static_cast<std::int64_t>(l.size()),
+                                [&](std::int64_t global, std::int64_t offset, std::int64_t n) {
+                                  std::copy_n(l.begin() + offset, n, g.begin() + global);
+                                });
+    }
+  }
+  return out;
+}
+
+/// `steps` AdamW steps of the Megatron-style trainer at `world` ranks, `tensor` of them a tensor group (1: no
+/// tensor parallelism); each data-parallel rank trains on its slice of a global batch of mlp::make_batch samples.
+template <class Policy>
+trained train(int world, int tensor, int steps = 4) {
+  using W = typename Policy::precision::compute_type;
+  const fsdp::ModelSpec spec = megatron_spec();
+  const mlp::config data{.dims = {D, D}, .global_batch = global_batch, .seed = 7};
+  std::vector<std::map<std::string, std::vector<float>>> local(static_cast<std::size_t>(tensor));
+  trained out;
+  std::mutex mu;
+  run_ranks(world, [&](local_communicator& c) {
+    fsdp::model_options o;
+    o.tensor_parallel = tensor;
+    fsdp::Model<Policy> m(c, spec, fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.3f, 5}, o);
+    fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.01f});
+    const fsdp::memory_plan plan = m.plan_memory(opt);
+    auto& cs = m.backend().compute_stream();
+    const int dp = m.mesh().data_parallel(), dp_rank = m.mesh().data_parallel_rank(c.rank());
+    const int t = m.mesh().tensor_rank(c.rank()), h = H / tensor, n = global_batch / dp;
+    auto tensor_sum = [&](std::vector<float>& v) {  // the trainer's own collective, on the compute stream
+      if (auto* tc = m.tensor_comm())
+        tc->all_reduce(v.data(), v.data(), v.size(), fsdp::dtype::f32, fsdp::reduce_op::sum, cs);
+    };
+    std::vector<float> x, target;
+    std::vector<std::vector<float>> in(blocks + 1), hid(blocks);  // each block's input; its hidden activations
+    const std::vector<W> no_bias(D, W(0.0f));
+    for (int step = 0; step < steps; ++step) {
+      mlp::make_batch(data, step, dp_rank * n, n, x, target);
+      in[0] = x;
+      int b = 0;
+      for (auto& u : m.forward()) {
+        const std::string p = "h." + std::to_string(b) + ".";
+        hid[b].assign(static_cast<std::size_t>(n) * h, 0.0f);
+        mlp::linear_forward<W>(in[b].data(), u.param(p + "w1").data(), u.param(p + "b1").data(), hid[b].data(), n, D,
+                               h, true);
+        in[b + 1].assign(static_cast<std::size_t>(n) * D, 0.0f);  // partial sums; the bias once, on tensor rank 0
+        const W* bias = t == 0 ? u.param(p + "b2").data() : no_bias.data();
+        mlp::linear_forward<W>(hid[b].data(), u.param(p + "w2").data(), bias, in[b + 1].data(), n, h, D, false);
+        tensor_sum(in[b + 1]);
+        ++b;
+      }
+      std::vector<float> dy(in[blocks].size());
+      float loss = mlp::mse(in[blocks].data(), target.data(), dy.data(), n, D);
+      for (auto& u : m.backward()) {
+        --b;
+        const std::string p = "h." + std::to_string(b) + ".";
+        std::vector<float> dh(static_cast<std::size_t>(n) * h), dx(static_cast<std::size_t>(n) * D);
+        mlp::linear_backward<W>(hid[b].data(), u.param(p + "w2").data(), dy.data(), u.grad(p + "w2").data(),
+                                u.grad(p + "b2").data(), dh.data(), n, h, D);
+        for (std::size_t q = 0; q < dh.size(); ++q)
+          if (hid[b][q] <= 0.0f) dh[q] = 0.0f;
+        mlp::linear_backward<W>(in[b].data(), u.param(p + "w1").data(), dh.data(), u.grad(p + "w1").data(),
+                                u.grad(p + "b1").data(), dx.data(), n, D, h);
+        tensor_sum(dx);  // the column-parallel product's input gradient: a partial sum on each tensor rank
+        dy = std::move(dx);
+      }
+      opt.step();
+      opt.zero_grad();
+      m.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
+      if (c.rank() == 0) out.losses.push_back(loss);
+    }
+    m.synchronize();
+    const bool as_planned = m.memory().peak.total == plan.peak.total;
+    auto full = fsdp::weights::gather_full_params(m);
+    std::lock_guard lk(mu);
+    out.memory_as_planned = out.memory_as_planned && as_planned;
+    if (dp_rank == 0) local[static_cast<std::size_t>(t)] = std::move(full);
+  });
+  out.params = assemble(local, spec);
+  return out;
+}
+
+float relative(float a, float b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-3f); }
+
+template <class Strategy, class Precision>
+void check_parity(int world, int tensor, float tolerance) {
+  using P = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
+  CAPTURE(Strategy::name);
+  CAPTURE(world);
+  CAPTURE(tensor);
+  const trained tp = train<P>(world, tensor), ref = train<P>(world / tensor, 1);
+  REQUIRE(tp.losses.size() == ref.losses.size());
+  CHECK(tp.memory_as_planned);
+  CHECK(ref.memory_as_planned);
+  for (std::size_t s = 0; s < ref.losses.size(); ++s) {
+    CAPTURE(s);
+    CHECK(relative(tp.losses[s], ref.losses[s]) <= tolerance);
+  }
+  REQUIRE(tp.params.size() == ref.params.size());
+  float worst = 0;
+  for (const auto& [name, want] : ref.params) {
+    const std::vector<float>& got = tp.params.at(name);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, relative(got[i], want[i]));
+  }
+  CHECK(worst <= tolerance);
+}
+
+using full = fsdp::precision::full;
+using bf16 = fsdp::precision::mixed<fsdp::bfloat16, float, fsdp::bfloat16>;
+using fsdp::sharding::full_shard;
+using fsdp::sharding::hybrid_shard;
+using fsdp::sharding::hybrid_shard_zero1;
+using fsdp::sharding::hybrid_shard_zero2;
+using fsdp::sharding::no_shard;
+using fsdp::sharding::shard_grad_op;
+using fsdp::sharding::zero1;
+
+/// The world rank of every member of `c`, in its rank order.
+std::vector<int> members(local_communicator& c, int world_rank, fsdp::backend::host& be) {
+  std::vector<float> all(static_cast<std::size_t>(c.size()));
+  const float mine = static_cast<float>(world_rank);
+  c.all_gather(&mine, all.data(), 1, fsdp::dtype::f32, be.compute_stream());
+  return {all.begin(), all.end()};
+}
+}  // namespace
+
+TEST_CASE("the mesh: tensor groups are consecutive ranks, then shards within a replica, then replicas") {
+  const fsdp::device_mesh m{2, 2, 2};
+  CHECK(m.world() == 8);
+  CHECK(m.data_parallel() == 4);
+  const std::vector<int> tensor_rank{0, 1, 0, 1, 0, 1, 0, 1}, shard{0, 0, 1, 1, 0, 0, 1, 1},
+      replica{0, 0, 0, 0, 1, 1, 1, 1};
+  for (int r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    CHECK(m.tensor_rank(r) == tensor_rank[r]);
+    CHECK(m.shard_rank(r) == shard[r]);
+    CHECK(m.replica(r) == replica[r]);
+    CHECK(m.data_parallel_rank(r) == r / 2);
+  }
+  // the groups the model splits are those the mesh says (sharding.hpp's example), on every strategy's path
+  std::vector<std::vector<int>> tensor(8), shards(8), replicas(8);
+  std::mutex mu;
+  run_ranks(8, [&](local_communicator& c) {
+    using P = fsdp::policy<hybrid_shard<2>>;
+    fsdp::model_options o;
+    o.tensor_parallel = 2;
+    fsdp::Model<P> model(c, megatron_spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, o);
+    REQUIRE(model.tensor_comm() != nullptr);
+    REQUIRE(model.replicate_comm() != nullptr);
+    CHECK(model.mesh() == m);
+    auto t = members(*model.tensor_comm(), c.rank(), model.backend());
+    auto s = members(model.shard_comm(), c.rank(), model.backend());
+    auto r = members(*model.replicate_comm(), c.rank(), model.backend());
+    std::lock_guard lk(mu);
+    tensor[c.rank()] = t;
+    shards[c.rank()] = s;
+    replicas[c.rank()] = r;
+  });
+  for (int r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    CHECK(tensor[r] == std::vector<int>{r / 2 * 2, r / 2 * 2 + 1});
+    CHECK(shards[r] == std::vector<int>{r / 4 * 4 + r % 2, r / 4 * 4 + r % 2 + 2});
+    CHECK(replicas[r] == std::vector<int>{r % 4, r % 4 + 4});
+  }
+  // without replicas the shard group is every data-parallel rank of one tensor rank; no_shard all-reduces there
+  run_ranks(6, [&](local_communicator& c) {
+    fsdp::model_options o;
+    o.tensor_parallel = 2;
+    fsdp::Model<fsdp::policy<no_shard>> model(c, megatron_spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, o);
+    CHECK(model.mesh() == fsdp::device_mesh{3, 1, 2});
+    CHECK(model.replicate_comm() == nullptr);
+    const int t = c.rank() % 2;
+    CHECK(members(model.shard_comm(), c.rank(), model.backend()) == std::vector<int>{t, t + 2, t + 4});
+    CHECK(members(*model.tensor_comm(), c.rank(), model.backend()) == std::vector<int>{c.rank() - t, c.rank() - t + 1});
+  });
+}
+
+TEST_CASE("each rank holds its slice of every split parameter: local shapes, and the global model's initial values") {
+  const auto at_start = [](int world, int tensor) {
+    std::vector<std::map<std::string, std::vector<float>>> local(static_cast<std::size_t>(tensor));
+    std::vector<fsdp::ModelSpec> specs(static_cast<std::size_t>(tensor));
+    std::mutex mu;
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::model_options o;
+      o.tensor_parallel = tensor;
+      fsdp::Model<fsdp::policy<full_shard>> m(c, megatron_spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{},
+                                              o);
+      auto full = fsdp::weights::gather_full_params(m);
+      std::lock_guard lk(mu);
+      if (m.mesh().data_parallel_rank(c.rank()) == 0) {
+        local[static_cast<std::size_t>(c.rank())] = std::move(full);
+        specs[static_cast<std::size_t>(c.rank())] = m.spec();
+      }
+    });
+    return std::make_pair(local, specs);
+  };
+  const auto [one, one_spec] = at_start(2, 1);
+  const auto [four, four_spec] = at_start(8, 4);
+  // the model's spec is the rank's: split dimensions divided by the degree, placements kept
+  const fsdp::ParamSpec& w1 = four_spec[3].at("h.1.w1");
+  CHECK(w1.shape == std::vector<std::int64_t>{H / 4, D});
+  CHECK(w1.tensor == fsdp::tp::split(0));
+  CHECK(four_spec[3].at("h.1.w2").shape == std::vector<std::int64_t>{D, H / 4});
+  CHECK(four_spec[3].at("h.1.b2").shape == std::vector<std::int64_t>{D});
+  CHECK(fsdp::global_shape(w1.shape, w1.tensor, 4) == std::vector<std::int64_t>{H, D});
+  // bit for bit: the four slices put together are the untouched global model
+  CHECK(assemble(four, megatron_spec()) == one[0]);
+  // and tensor rank 1's slice of the row-parallel w2 [D, H] is columns [4, 8) of every row
+  const std::vector<float>& w2 = one[0].at("h.0.w2");
+  const std::vector<float>& slice = four[1].at("h.0.w2");
+  REQUIRE(slice.size() == std::size_t(D * H / 4));
+  for (int row = 0; row < D; ++row)
+    for (int col = 0; col < H / 4; ++col) CHECK(slice[row * (H / 4) + col] == w2[row * H + H / 4 + col]);
+}
+
+TEST_CASE("training parity: the 2 x 2, 3 x 2 and 2 x 2 x 2 meshes train the model of one tensor rank, fp32") {
+  constexpr float tol = 1e-5f;
+  check_parity<full_shard, full>(4, 2, tol);
+  check_parity<shard_grad_op, full>(4, 2, tol);
+  check_parity<zero1, full>(4, 2, tol);
+  check_parity<no_shard, full>(4, 2, tol);
+  check_parity<full_shard, full>(6, 2, tol);
+  check_parity<no_shard, full>(6, 2, tol);
+  check_parity<full_shard, full>(4, 4, tol);
+  check_parity<hybrid_shard<2>, full>(8, 2, tol);
+  check_parity<hybrid_shard_zero2<2>, full>(8, 2, tol);
+  check_parity<hybrid_shard_zero1<2>, full>(8, 2, tol);
+  check_parity<full_shard, full>(8, 2, tol);
+}
+
+TEST_CASE("training parity in bf16 (compute and reduction), within 5e-3") {
+  constexpr float tol = 5e-3f;
+  check_parity<full_shard, bf16>(4, 2, tol);
+  check_parity<shard_grad_op, bf16>(6, 2, tol);
+  check_parity<hybrid_shard<2>, bf16>(8, 2, tol);
+  check_parity<hybrid_shard_zero1<2>, bf16>(8, 2, tol);
+}
+
+TEST_CASE("refusals before any memory, each with its sentence") {
+  using P = fsdp::policy<full_shard>;
+  const fsdp::wrap::by_prefix by_block{"h."};
+  fsdp::model_options o;
+  o.tensor_parallel = 0;
+  CHECK(fsdp::can_implement<P>(megatron_spec(), by_block, o, 4).text() ==
+        "model_options::tensor_parallel must be at least 1 (no tensor parallelism), got 0\n");
+  o.tensor_parallel = 4;
+  CHECK(fsdp::can_implement<P>(megatron_spec(), by_block, o, 6).text() ==
+        "model_options::tensor_parallel = 4 does not divide the world of 6 ranks: the mesh is replicas x shards x "
+        "tensor, and its size must be the world\n");
+  o.tensor_parallel = 3;
+  CHECK(fsdp::can_implement<P>(megatron_spec(), by_block, o, 6).refusals ==
+        std::vector<fsdp::refusal>{
+            {"tensor", "parameter 'h.0.w1' of shape [16, 8] is split on dimension 0 across 3 tensor-parallel ranks, "
+                       "which do not divide its 16 elements: make the dimension a multiple of "
+                       "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor", "parameter 'h.0.b1' of shape [16] is split on dimension 0 across 3 tensor-parallel ranks, "
+                       "which do not divide its 16 elements: make the dimension a multiple of "
+                       "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor", "parameter 'h.0.w2' of shape [8, 16] is split on dimension 1 across 3 tensor-parallel ranks, "
+                       "which do not divide its 16 elements: make the dimension a multiple of "
+                       "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor", "parameter 'h.1.w1' of shape [16, 8] is split on dimension 0 across 3 tensor-parallel ranks, "
+                       "which do not divide its 16 elements: make the dimension a multiple of "
+                       "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor", "parameter 'h.1.b1' of shape [16] is split on dimension 0 across 3 tensor-parallel ranks, "
+                       "which do not divide its 16 elements: make the dimension a multiple of "
+                       "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor", "parameter 'h.1.w2' of shape [8, 16] is split on dimension 1 across 3 tensor-parallel ranks, "
+                       "which do not divide its 16 elements: make the dimension a multiple of "
+                       "model_options::tensor_parallel, or replicate the parameter"}});
+  // the strategy tiles what is left of the world: hybrid_shard<2> over 6 / 2 = 3 data-parallel ranks
+  o.tensor_parallel = 2;
+  CHECK(fsdp::can_implement<fsdp::policy<hybrid_shard<2>>>(megatron_spec(), by_block, o, 6).text() ==
+        "sharding strategy hybrid_shard gives a shard group of 2 ranks, which does not divide the world of 3\n");
+  // on a mesh: the tensor dimension is compared too
+  CHECK(fsdp::can_implement<fsdp::policy<hybrid_shard<2>>>(megatron_spec(), by_block, o, fsdp::device_mesh{1, 2, 4})
+            .text() ==
+        "sharding strategy hybrid_shard over 8 ranks with model_options::tensor_parallel = 2 makes a mesh of 2 x 2 x "
+        "2 (replicas x shards x tensor), not the 1 x 2 x 4 asked for\n");
+  CHECK(bool(fsdp::can_implement<fsdp::policy<hybrid_shard<2>>>(megatron_spec(), by_block, o,
+                                                                fsdp::device_mesh{2, 2, 2})));
+  // a placement that names no dimension of the shape is refused when the spec is written
+  fsdp::ModelSpec s;
+  CHECK(error_of<fsdp::usage_error>([&] { s.add("w", {4, 4}, {.tensor = fsdp::tp::split(2)}); }) ==
+        "fsdp: parameter 'w' is split on dimension 2, which its shape [4, 4] does not have (dimensions 0 to 1)");
+  CHECK(error_of<fsdp::usage_error>([&] { s.add("w", {4}, {.tensor = fsdp::tp::split(-1)}); }) ==
+        "fsdp: parameter 'w' is split on dimension -1, which its shape [4] does not have (dimensions 0 to 0)");
+  // the model throws the first refusal
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::model_options bad;
+    bad.tensor_parallel = 4;
+    CHECK(error_of<fsdp::usage_error>([&] {
+            fsdp::Model<P> m(c, megatron_spec(), by_block, fsdp::init::normal{}, bad);
+          }) == "fsdp: model_options::tensor_parallel = 4 does not divide the world of 2 ranks: the mesh is replicas x "
+                "shards x tensor, and its size must be the world");
+  });
+}
+
+TEST_CASE("what tensor parallelism does not support yet says so: checkpoints, safetensors, gradient inspection") {
+  fsdp_test::scratch_dir dir("tensor_parallel_test");
+  run_ranks(4, [&](local_communicator& c) {
+    fsdp::model_options o;
+    o.tensor_parallel = 2;
+    fsdp::Model<fsdp::policy<full_shard>> m(c, megatron_spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, o);
+    const std::string tail = " of a model with model_options::tensor_parallel = 2 is not supported yet: checkpoints "
+                             "and safetensors files hold global tensors, and a rank holds its tensor group's slice "
+                             "of each split parameter; save with fsdp::weights::gather_full_params on every rank of "
+                             "a tensor group, or train without tensor parallelism to checkpoint";
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::checkpoint::save(m, dir / "ckpt"); }) ==
+          "fsdp: checkpoint::save" + tail);
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::checkpoint::load(m, dir / "ckpt"); }) ==
+          "fsdp: checkpoint::load" + tail);
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::safetensors::save(m, dir / "m.safetensors"); }) ==
+          "fsdp: safetensors::save" + tail);
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::safetensors::load(m, dir / "m.safetensors"); }) ==
+          "fsdp: safetensors::load" + tail);
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::optim::adamw opt(m, {.grad = {.max_norm = 1.0f}}); }) ==
+          "fsdp: adamw: gradient inspection (grad::options max_norm, skip_nonfinite, locate_nonfinite or a loss "
+          "scaler) with model_options::tensor_parallel = 2 is not supported yet: the norm would count each parameter "
+          "replicated across the tensor group once per tensor rank; clip and check the gradients in the trainer, or "
+          "train without tensor parallelism");
+  });
+}
