@@ -212,14 +212,16 @@ class model_core {
   /// that does not say, false), so that the plan models what runs here.
   /// `optimizer_states` as for plan_memory.
   timeline plan_timeline(time_model t, int optimizer_states) const {
-    t.world = comm_->size();
+    t.world = mesh_.data_parallel();
+    t.tensor = mesh_.tensor;
     t.serial_collectives = comm::serial_collectives(*comm_);
     return fsdp::plan_timeline(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), t);
   }
   /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
   /// executor issues, for debugging overlap. `optimizer_states` as for plan_memory.
   step_listing list_step(int optimizer_states) const {
-    return fsdp::list_step(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), comm_->size());
+    return fsdp::list_step(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0),
+                           mesh_.data_parallel());
   }
   template <class Optimizer>
     requires requires(const Optimizer& o) {
@@ -295,12 +297,14 @@ class model_core {
     if constexpr (ConnectingCollective<communicator>) {
       std::vector<plan::unit_costs> costs;
       for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
-      const plan::group_collectives g =
+      plan::group_collectives g =
           plan::step_collectives(costs, exec_.facts(), exec_.replicates(), plan::norm_count(size(), norm_rows));
+      g.tensor = plan::tensor_collectives(exec_.layouts(), costs);
       if (shard_comm_) {
         comm_->connect(plan::not_yet(g.world, connected_.world));
         shard_comm_->connect(plan::not_yet(g.shard, connected_.shard));
         if (replicate_comm_) replicate_comm_->connect(plan::not_yet(g.replicas, connected_.replicas));
+        if (tensor_comm_) tensor_comm_->connect(plan::not_yet(g.tensor, connected_.tensor));
       } else {  // the shard group is the world
         std::vector<collective_use> all = g.world;
         all.insert(all.end(), g.shard.begin(), g.shard.end());
@@ -389,7 +393,7 @@ class model_core {
       shard_comm_ = std::move(g.shard);
       replicate_comm_ = std::move(g.replicate);
       tensor_comm_ = std::move(g.tensor);
-      exec_.use_groups(*shard_comm_, replicate_comm_.get());
+      exec_.use_groups(*shard_comm_, replicate_comm_.get(), tensor_comm_.get());
     }
   }
 

@@ -26,8 +26,10 @@ namespace {
 constexpr int D = 8, H = 16, blocks = 2, global_batch = 12;
 
 /// Two blocks, each a column-parallel product (w1 [H, D], b1 [H], split on dimension 0) with ReLU and a
-/// row-parallel one (w2 [D, H] split on dimension 1, b2 [D] replicated), wrapped one unit a block.
-fsdp::ModelSpec megatron_spec() {
+/// row-parallel one (w2 [D, H] split on dimension 1, b2 [D] replicated), wrapped one unit a block. `partial`: b2's
+/// gradient is a partial sum on each tensor rank (as sequence parallelism's layernorm weights: each tensor rank
+/// takes its slice of the samples).
+fsdp::ModelSpec megatron_spec(bool partial = false) {
   fsdp::ModelSpec s;
   for (int b = 0; b < blocks; ++b) {
     const std::string p = "h." + std::to_string(b) + ".";
@@ -35,15 +37,19 @@ fsdp::ModelSpec megatron_spec() {
     s.add(p + "b1", {H},
           {.flags = {.no_decay = true}, .init = fsdp::init::uniform{-0.1f, 0.1f, 3}, .tensor = fsdp::tp::split(0)});
     s.add(p + "w2", {D, H}, {.tensor = fsdp::tp::split(1)});
-    s.add(p + "b2", {D}, {.flags = {.no_decay = true}, .init = fsdp::init::uniform{-0.1f, 0.1f, 4}});
+    s.add(p + "b2", {D},
+          {.flags = {.no_decay = true},
+           .init = fsdp::init::uniform{-0.1f, 0.1f, 4},
+           .tensor = partial ? fsdp::tp::partial_grad : fsdp::tp::replicated});
   }
   return s;
 }
 
 struct trained {
-  std::vector<float> losses;                          ///< the global mean loss of each step
+  std::vector<float> losses;                         ///< the global mean loss of each step
   std::map<std::string, std::vector<float>> params;  ///< every global parameter after training
-  bool memory_as_planned = true;                      ///< every rank's measured peak equals its planned peak
+  bool memory_as_planned = true;                     ///< every rank's measured peak equals its planned peak
+  std::int64_t tensor_all_reduces = 0;               ///< rank 0's tensor group's all-reduces (trainer's and model's)
 };
 
 /// Global parameters from each tensor rank's local ones (`local[t]`), as the spec places them.
@@ -69,10 +75,11 @@ std::map<std::string, std::vector<float>> assemble(const std::vector<std::map<st
 
 /// `steps` AdamW steps of the Megatron-style trainer at `world` ranks, `tensor` of them a tensor group (1: no
 /// tensor parallelism); each data-parallel rank trains on its slice of a global batch of mlp::make_batch samples.
+/// `partial`: b2 is tp::partial_grad, and each tensor rank writes its gradient from its slice of the samples only.
 template <class Policy>
-trained train(int world, int tensor, int steps = 4) {
+trained train(int world, int tensor, bool partial, int steps = 4) {
   using W = typename Policy::precision::compute_type;
-  const fsdp::ModelSpec spec = megatron_spec();
+  const fsdp::ModelSpec spec = megatron_spec(partial);
   const mlp::config data{.dims = {D, D}, .global_batch = global_batch, .seed = 7};
   std::vector<std::map<std::string, std::vector<float>>> local(static_cast<std::size_t>(tensor));
   trained out;
@@ -100,8 +107,8 @@ trained train(int world, int tensor, int steps = 4) {
       for (auto& u : m.forward()) {
         const std::string p = "h." + std::to_string(b) + ".";
         hid[b].assign(static_cast<std::size_t>(n) * h, 0.0f);
-        mlp::linear_forward<W>(in[b].data(), u.param(p + "w1").data(), u.param(p + "b1").data(), hid[b].data(), n, D,
-                               h, true);
+        mlp::linear_forward<W>(in[b].data(), u.param(p + "w1").data(), u.param(p + "b1").data(), hid[b].data(), n, D, h,
+                               true);
         in[b + 1].assign(static_cast<std::size_t>(n) * D, 0.0f);  // partial sums; the bias once, on tensor rank 0
         const W* bias = t == 0 ? u.param(p + "b2").data() : no_bias.data();
         mlp::linear_forward<W>(hid[b].data(), u.param(p + "w2").data(), bias, in[b + 1].data(), n, h, D, false);
@@ -116,6 +123,15 @@ trained train(int world, int tensor, int steps = 4) {
         std::vector<float> dh(static_cast<std::size_t>(n) * h), dx(static_cast<std::size_t>(n) * D);
         mlp::linear_backward<W>(hid[b].data(), u.param(p + "w2").data(), dy.data(), u.grad(p + "w2").data(),
                                 u.grad(p + "b2").data(), dh.data(), n, h, D);
+        if (partial) {  // b2's gradient from this tensor rank's samples [first, last) only: a partial sum
+          const auto db = u.grad(p + "b2");
+          const int first = n * t / tensor, last = n * (t + 1) / tensor;
+          for (int o = 0; o < D; ++o) {
+            float sum = 0;
+            for (int s = first; s < last; ++s) sum += dy[static_cast<std::size_t>(s * D + o)];
+            db[o] = W(sum);
+          }
+        }
         for (std::size_t q = 0; q < dh.size(); ++q)
           if (hid[b][q] <= 0.0f) dh[q] = 0.0f;
         mlp::linear_backward<W>(in[b].data(), u.param(p + "w1").data(), dh.data(), u.grad(p + "w1").data(),
@@ -133,6 +149,8 @@ trained train(int world, int tensor, int steps = 4) {
     auto full = fsdp::weights::gather_full_params(m);
     std::lock_guard lk(mu);
     out.memory_as_planned = out.memory_as_planned && as_planned;
+    if (c.rank() == 0 && m.tensor_comm())
+      out.tensor_all_reduces = m.tensor_comm()->stats()[fsdp::collective::all_reduce];
     if (dp_rank == 0) local[static_cast<std::size_t>(t)] = std::move(full);
   });
   out.params = assemble(local, spec);
@@ -142,13 +160,17 @@ trained train(int world, int tensor, int steps = 4) {
 float relative(float a, float b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-3f); }
 
 template <class Strategy, class Precision>
-void check_parity(int world, int tensor, float tolerance) {
+void check_parity(int world, int tensor, float tolerance, bool partial = false) {
   using P = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
   CAPTURE(Strategy::name);
   CAPTURE(world);
   CAPTURE(tensor);
-  const trained tp = train<P>(world, tensor), ref = train<P>(world / tensor, 1);
+  CAPTURE(partial);
+  const trained tp = train<P>(world, tensor, partial), ref = train<P>(world / tensor, 1, partial);
   REQUIRE(tp.losses.size() == ref.losses.size());
+  // per step: the trainer's two per block (forward's output, backward's input gradient), the model's one per block
+  // with partial gradients (b2's one run)
+  CHECK(tp.tensor_all_reduces == std::int64_t(tp.losses.size()) * blocks * (partial ? 3 : 2));
   CHECK(tp.memory_as_planned);
   CHECK(ref.memory_as_planned);
   for (std::size_t s = 0; s < ref.losses.size(); ++s) {
@@ -156,11 +178,16 @@ void check_parity(int world, int tensor, float tolerance) {
     CHECK(relative(tp.losses[s], ref.losses[s]) <= tolerance);
   }
   REQUIRE(tp.params.size() == ref.params.size());
+  // each parameter's error against its tensor's largest value: the trained values near zero are differences of
+  // the initial values and the updates, and their own relative error says nothing about the training (in bf16 a
+  // partial gradient is rounded on each tensor rank before the model sums it)
   float worst = 0;
   for (const auto& [name, want] : ref.params) {
     const std::vector<float>& got = tp.params.at(name);
     REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, relative(got[i], want[i]));
+    float scale = 0;
+    for (float v : want) scale = std::max(scale, std::fabs(v));
+    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / scale);
   }
   CHECK(worst <= tolerance);
 }
@@ -243,8 +270,7 @@ TEST_CASE("each rank holds its slice of every split parameter: local shapes, and
     run_ranks(world, [&](local_communicator& c) {
       fsdp::model_options o;
       o.tensor_parallel = tensor;
-      fsdp::Model<fsdp::policy<full_shard>> m(c, megatron_spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{},
-                                              o);
+      fsdp::Model<fsdp::policy<full_shard>> m(c, megatron_spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, o);
       auto full = fsdp::weights::gather_full_params(m);
       std::lock_guard lk(mu);
       if (m.mesh().data_parallel_rank(c.rank()) == 0) {
@@ -296,6 +322,47 @@ TEST_CASE("training parity in bf16 (compute and reduction), within 5e-3") {
   check_parity<hybrid_shard_zero1<2>, bf16>(8, 2, tol);
 }
 
+TEST_CASE("partial gradients (sequence parallelism): the model sums them over the tensor group before reducing") {
+  check_parity<full_shard, full>(4, 2, 1e-5f, true);
+  check_parity<no_shard, full>(6, 2, 1e-5f, true);
+  check_parity<full_shard, full>(4, 4, 1e-5f, true);
+  check_parity<hybrid_shard<2>, full>(8, 2, 1e-5f, true);
+  check_parity<zero1, bf16>(4, 2, 5e-3f, true);
+  check_parity<hybrid_shard_zero2<2>, bf16>(8, 2, 5e-3f, true);
+  // the layout's runs: b2 alone in each unit, and at one tensor rank there is nothing partial
+  fsdp::problems none;
+  const fsdp::ModelSpec two = megatron_spec(true).tensor_local(2, none),
+                        one = megatron_spec(true).tensor_local(1, none);
+  REQUIRE(none.empty());
+  CHECK(two.at("h.0.b2").tensor == fsdp::tp::partial_grad);
+  CHECK(one.at("h.0.b2").tensor == fsdp::tp::replicated);
+  const fsdp::unit_plan h0{"h.0", {0, 1, 2, 3}};
+  const fsdp::FlatLayout l = fsdp::FlatLayout::build(two, h0, 2);
+  CHECK(l.partial_grad_runs() == std::vector<fsdp::flat_run>{{l.entry("h.0.b2").offset, D}});
+  CHECK(fsdp::FlatLayout::build(one, h0, 2).partial_grad_runs().empty());
+  // the step program issues the all-reduce on the compute stream when the unit's backward ends, and the timeline
+  // times it on the tensor group's link
+  run_ranks(4, [&](local_communicator& c) {
+    fsdp::model_options o;
+    o.tensor_parallel = 2;
+    fsdp::Model<fsdp::policy<full_shard>> m(c, megatron_spec(true), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{},
+                                            o);
+    std::vector<std::size_t> reduced;  // units whose partial gradients the listed step all-reduces, in issue order
+    for (const auto& a : m.list_step(0).actions)
+      if (a.what == "tensor all_reduce (backward)") {
+        CHECK(a.lane == fsdp::plan::lane::compute);
+        reduced.push_back(a.unit);
+      }
+    CHECK(reduced == std::vector<std::size_t>{1, 0});
+    fsdp::time_model t;
+    t.compute.assign(m.size(), {});
+    t.tensor_link = {.bytes_per_second = 1e9, .latency = std::chrono::nanoseconds{1000}};
+    const fsdp::timeline tl = m.plan_timeline(t, 0);
+    // two units, one run of D fp32 each: 1000 ns + 2 (n - 1) / n * 32 bytes at 1 GB/s = 1032 ns, on the compute path
+    CHECK(tl.step_ns == 2 * 1032);
+  });
+}
+
 TEST_CASE("refusals before any memory, each with its sentence") {
   using P = fsdp::policy<full_shard>;
   const fsdp::wrap::by_prefix by_block{"h."};
@@ -310,24 +377,30 @@ TEST_CASE("refusals before any memory, each with its sentence") {
   o.tensor_parallel = 3;
   CHECK(fsdp::can_implement<P>(megatron_spec(), by_block, o, 6).refusals ==
         std::vector<fsdp::refusal>{
-            {"tensor", "parameter 'h.0.w1' of shape [16, 8] is split on dimension 0 across 3 tensor-parallel ranks, "
-                       "which do not divide its 16 elements: make the dimension a multiple of "
-                       "model_options::tensor_parallel, or replicate the parameter"},
-            {"tensor", "parameter 'h.0.b1' of shape [16] is split on dimension 0 across 3 tensor-parallel ranks, "
-                       "which do not divide its 16 elements: make the dimension a multiple of "
-                       "model_options::tensor_parallel, or replicate the parameter"},
-            {"tensor", "parameter 'h.0.w2' of shape [8, 16] is split on dimension 1 across 3 tensor-parallel ranks, "
-                       "which do not divide its 16 elements: make the dimension a multiple of "
-                       "model_options::tensor_parallel, or replicate the parameter"},
-            {"tensor", "parameter 'h.1.w1' of shape [16, 8] is split on dimension 0 across 3 tensor-parallel ranks, "
-                       "which do not divide its 16 elements: make the dimension a multiple of "
-                       "model_options::tensor_parallel, or replicate the parameter"},
-            {"tensor", "parameter 'h.1.b1' of shape [16] is split on dimension 0 across 3 tensor-parallel ranks, "
-                       "which do not divide its 16 elements: make the dimension a multiple of "
-                       "model_options::tensor_parallel, or replicate the parameter"},
-            {"tensor", "parameter 'h.1.w2' of shape [8, 16] is split on dimension 1 across 3 tensor-parallel ranks, "
-                       "which do not divide its 16 elements: make the dimension a multiple of "
-                       "model_options::tensor_parallel, or replicate the parameter"}});
+            {"tensor",
+             "parameter 'h.0.w1' of shape [16, 8] is split on dimension 0 across 3 tensor-parallel ranks, "
+             "which do not divide its 16 elements: make the dimension a multiple of "
+             "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor",
+             "parameter 'h.0.b1' of shape [16] is split on dimension 0 across 3 tensor-parallel ranks, "
+             "which do not divide its 16 elements: make the dimension a multiple of "
+             "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor",
+             "parameter 'h.0.w2' of shape [8, 16] is split on dimension 1 across 3 tensor-parallel ranks, "
+             "which do not divide its 16 elements: make the dimension a multiple of "
+             "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor",
+             "parameter 'h.1.w1' of shape [16, 8] is split on dimension 0 across 3 tensor-parallel ranks, "
+             "which do not divide its 16 elements: make the dimension a multiple of "
+             "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor",
+             "parameter 'h.1.b1' of shape [16] is split on dimension 0 across 3 tensor-parallel ranks, "
+             "which do not divide its 16 elements: make the dimension a multiple of "
+             "model_options::tensor_parallel, or replicate the parameter"},
+            {"tensor",
+             "parameter 'h.1.w2' of shape [8, 16] is split on dimension 1 across 3 tensor-parallel ranks, "
+             "which do not divide its 16 elements: make the dimension a multiple of "
+             "model_options::tensor_parallel, or replicate the parameter"}});
   // the strategy tiles what is left of the world: hybrid_shard<2> over 6 / 2 = 3 data-parallel ranks
   o.tensor_parallel = 2;
   CHECK(fsdp::can_implement<fsdp::policy<hybrid_shard<2>>>(megatron_spec(), by_block, o, 6).text() ==
@@ -337,8 +410,8 @@ TEST_CASE("refusals before any memory, each with its sentence") {
             .text() ==
         "sharding strategy hybrid_shard over 8 ranks with model_options::tensor_parallel = 2 makes a mesh of 2 x 2 x "
         "2 (replicas x shards x tensor), not the 1 x 2 x 4 asked for\n");
-  CHECK(bool(fsdp::can_implement<fsdp::policy<hybrid_shard<2>>>(megatron_spec(), by_block, o,
-                                                                fsdp::device_mesh{2, 2, 2})));
+  CHECK(bool(
+      fsdp::can_implement<fsdp::policy<hybrid_shard<2>>>(megatron_spec(), by_block, o, fsdp::device_mesh{2, 2, 2})));
   // a placement that names no dimension of the shape is refused when the spec is written
   fsdp::ModelSpec s;
   CHECK(error_of<fsdp::usage_error>([&] { s.add("w", {4, 4}, {.tensor = fsdp::tp::split(2)}); }) ==
@@ -349,10 +422,10 @@ TEST_CASE("refusals before any memory, each with its sentence") {
   run_ranks(2, [&](local_communicator& c) {
     fsdp::model_options bad;
     bad.tensor_parallel = 4;
-    CHECK(error_of<fsdp::usage_error>([&] {
-            fsdp::Model<P> m(c, megatron_spec(), by_block, fsdp::init::normal{}, bad);
-          }) == "fsdp: model_options::tensor_parallel = 4 does not divide the world of 2 ranks: the mesh is replicas x "
-                "shards x tensor, and its size must be the world");
+    CHECK(error_of<fsdp::usage_error>(
+              [&] { fsdp::Model<P> m(c, megatron_spec(), by_block, fsdp::init::normal{}, bad); }) ==
+          "fsdp: model_options::tensor_parallel = 4 does not divide the world of 2 ranks: the mesh is replicas x "
+          "shards x tensor, and its size must be the world");
   });
 }
 
@@ -362,10 +435,11 @@ TEST_CASE("what tensor parallelism does not support yet says so: checkpoints, sa
     fsdp::model_options o;
     o.tensor_parallel = 2;
     fsdp::Model<fsdp::policy<full_shard>> m(c, megatron_spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, o);
-    const std::string tail = " of a model with model_options::tensor_parallel = 2 is not supported yet: checkpoints "
-                             "and safetensors files hold global tensors, and a rank holds its tensor group's slice "
-                             "of each split parameter; save with fsdp::weights::gather_full_params on every rank of "
-                             "a tensor group, or train without tensor parallelism to checkpoint";
+    const std::string tail =
+        " of a model with model_options::tensor_parallel = 2 is not supported yet: checkpoints "
+        "and safetensors files hold global tensors, and a rank holds its tensor group's slice "
+        "of each split parameter; save with fsdp::weights::gather_full_params on every rank of "
+        "a tensor group, or train without tensor parallelism to checkpoint";
     CHECK(error_of<fsdp::usage_error>([&] { fsdp::checkpoint::save(m, dir / "ckpt"); }) ==
           "fsdp: checkpoint::save" + tail);
     CHECK(error_of<fsdp::usage_error>([&] { fsdp::checkpoint::load(m, dir / "ckpt"); }) ==

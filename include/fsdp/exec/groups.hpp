@@ -4,7 +4,8 @@
 // parameters are replicated) and, under hybrid sharding (strategy_facts::splits_world), the replicate group (the
 // all-reduce of each reduce-scattered shard). Until use_groups() the shard group is the world and there are no
 // replicas. Under tensor parallelism the shard and replicate groups hold the ranks of one tensor rank; the tensor
-// group is the trainer's (the model's tensor_comm()), never the executor's.
+// group carries the trainer's own collectives (the model's tensor_comm()) and, on the compute stream in issue
+// order with them, the executor's all-reduce of partial gradients (tp::partial_grad).
 #include <cstddef>
 #include <memory>
 #include <string_view>
@@ -43,16 +44,19 @@ class groups {
  public:
   explicit groups(C& world) : world_(&world), shard_(&world) {}
 
-  /// Hybrid sharding: gathers and reduce-scatters on `shard` from now on, and each reduce-scattered shard is
-  /// all-reduced on `replicate` (null: no replicas). Both must outlive this.
-  void use(C& shard, C* replicate) {
+  /// Hybrid sharding or tensor parallelism: gathers and reduce-scatters on `shard` from now on, each
+  /// reduce-scattered shard all-reduced on `replicate` (null: no replicas), partial gradients on `tensor` (null: no
+  /// tensor group). All must outlive this.
+  void use(C& shard, C* replicate, C* tensor) {
     shard_ = &shard;
     replicas_ = replicate;
+    tensor_ = tensor;
   }
 
   C& world() const noexcept { return *world_; }
   C& shard() const noexcept { return *shard_; }
   C* replicas() const noexcept { return replicas_; }
+  C* tensor() const noexcept { return tensor_; }
 
   /// Tells communicators that keep one (comm::nccl, comm::mpi) which unit the next collective is for, so that a
   /// timeout names it.
@@ -65,6 +69,7 @@ class groups {
   C* world_;
   C* shard_;
   C* replicas_ = nullptr;
+  C* tensor_ = nullptr;
 };
 
 }  // namespace fsdp::exec

@@ -105,6 +105,7 @@ class interpreter {
       case plan::job::zero_grad: be_.fill_zero(st_.buffers(u).grad, st_.cost(u).grad.bytes(), s); return;
       case plan::job::reduce_collective: transfers_.reduce(u, s); return;
       case plan::job::replica_reduce: transfers_.reduce_across_replicas(u, s); return;
+      case plan::job::tensor_reduce: transfers_.reduce_across_tensor(u, s); return;
       case plan::job::add_into_shard:
         if (st_.cost(u).reduce_block)  // a quantized reduction: the received slices dequantized and summed
           transfers_.add_dequantized(u, transfers_.result(u), st_.buffers(u).grad_shard.template as<float>(),
@@ -212,6 +213,7 @@ class interpreter {
       case plan::job::zero_grad:
       case plan::job::reduce_collective:
       case plan::job::replica_reduce:
+      case plan::job::tensor_reduce:
       case plan::job::add_into_shard:
       case plan::job::optimizer_device: break;  // work()
     }

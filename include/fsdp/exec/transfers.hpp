@@ -165,6 +165,20 @@ class transfers {
     g_.replicas()->all_reduce(out, out, use.count, use.type, reduce_.op, s);
   }
 
+  /// Unit u's partial gradients (tp::partial_grad: FlatLayout::partial_grad_runs) summed over the tensor group, in
+  /// place in its gradient slot, a run at a time.
+  void reduce_across_tensor(std::size_t u, stream& s) {
+    const plan::unit_costs& c = st_.cost(u);
+    comm::label_next(*g_.tensor(), diag_.units().name(u));
+    char* grad = static_cast<char*>(st_.buffers(u).grad);
+    for (const flat_run& r : st_.layout(u).partial_grad_runs()) {
+      const collective_use use = plan::tensor_use(r, c);
+      void* p = grad + r.offset * static_cast<std::int64_t>(size_of(use.type));
+      diag_.check_next(g_.world(), be_, use.kind, use.count, use.type, u);
+      g_.tensor()->all_reduce(p, p, use.count, use.type, reduce_op::sum, s);
+    }
+  }
+
   /// A reduction's collective: a reduce-scatter when parameters are sharded, else an all-reduce; an all_to_all when
   /// the reduction is quantized.
   collective reduction_kind() const noexcept { return plan::reduction_of(st_.facts()); }

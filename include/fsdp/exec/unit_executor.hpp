@@ -65,10 +65,11 @@ class unit_executor {
 
   B& backend() noexcept { return *be_; }
   const B& backend() const noexcept { return *be_; }
-  /// Hybrid sharding: gathers and reduce-scatters on `shard` from now on, each reduce-scattered shard all-reduced
-  /// on `replicate` (null: no replicas). Both must outlive the executor.
-  void use_groups(C& shard, C* replicate) {
-    groups_.use(shard, replicate);
+  /// Hybrid sharding or tensor parallelism: gathers and reduce-scatters on `shard` from now on, each
+  /// reduce-scattered shard all-reduced on `replicate` (null: no replicas), partial gradients on `tensor` (null: no
+  /// tensor group). All must outlive the executor.
+  void use_groups(C& shard, C* replicate, C* tensor) {
+    groups_.use(shard, replicate, tensor);
     prog_.set_replicas(replicate ? replicate->size() : 1);
   }
   /// Whether each reduced shard is all-reduced across a replicate group (the step program's decision).

@@ -37,6 +37,14 @@ struct flat_entry {
   std::int64_t numel = 0;
   std::int64_t offset = 0;  ///< element offset in the unsharded flat buffer
   param_flags flags{};
+  tensor_placement tensor{};  ///< its place in the tensor group (the spec's)
+};
+
+/// Elements [offset, offset + numel) of a unit's unsharded flat buffer.
+struct flat_run {
+  std::int64_t offset = 0;
+  std::int64_t numel = 0;
+  friend bool operator==(const flat_run&, const flat_run&) = default;
 };
 
 class FlatLayout {
@@ -66,6 +74,10 @@ class FlatLayout {
 
   /// Every stored parameter's part of `rank`'s shard, in layout order (empty parts included).
   std::vector<ShardedTensor> shard_views(int rank) const;
+
+  /// Where the parameters whose gradient is a partial sum across the tensor group (tp::partial_grad) lie, in
+  /// layout order, adjacent ones as one run: what the model all-reduces over the tensor group.
+  std::vector<flat_run> partial_grad_runs() const;
 
  private:
   std::int64_t check_rank(int rank) const;

@@ -28,7 +28,7 @@ FSDP_DECL FlatLayout FlatLayout::build(const ModelSpec& spec, const unit_plan& u
     if (p.is_tied()) continue;
     cursor = layout::round_up(cursor, opt.align);
     l.by_name_.emplace(p.name, l.entries_.size());
-    l.entries_.push_back(flat_entry{i, p.name, p.shape, p.numel(), cursor, p.flags});
+    l.entries_.push_back(flat_entry{i, p.name, p.shape, p.numel(), cursor, p.flags, p.tensor});
     cursor += p.numel();
   }
   for (std::size_t i : unit.params) {
@@ -50,6 +50,18 @@ FSDP_DECL const flat_entry& FlatLayout::entry(const std::string& name, const std
   if (it == by_name_.end())
     detail::fail_usage("no parameter named '", name, "' in unit '", unit_name, "'");
   return entries_[it->second];
+}
+
+FSDP_DECL std::vector<flat_run> FlatLayout::partial_grad_runs() const {
+  std::vector<flat_run> out;
+  for (const flat_entry& e : entries_) {
+    if (!e.tensor.has_partial_grad()) continue;
+    if (!out.empty() && out.back().offset + out.back().numel == e.offset)
+      out.back().numel += e.numel;
+    else
+      out.push_back({e.offset, e.numel});
+  }
+  return out;
 }
 
 FSDP_DECL std::vector<ShardedTensor> FlatLayout::shard_views(int rank) const {

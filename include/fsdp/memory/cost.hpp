@@ -110,6 +110,11 @@ struct unit_costs {
   std::int64_t padded_numel = 0;     ///< P: elements of the unsharded flat buffer
   std::int64_t gather_block = 0;     ///< a scaled gather: elements per scale (B); else 0
   std::int64_t reduce_block = 0;     ///< a quantized reduction: elements per scale (B); else 0
+  /// Gradient elements that are partial sums across the tensor group (tp::partial_grad), in `partial_grad_runs`
+  /// runs (FlatLayout::partial_grad_runs): each run is all-reduced over the tensor group, in the gradient's dtype,
+  /// when the unit's backward ends.
+  std::int64_t partial_grad_numel = 0;
+  int partial_grad_runs = 0;
   /// The dtype an all-gather of the unit moves: the wire buffer's when there is one, else the compute dtype.
   dtype gather_type() const noexcept { return wire ? wire.type : gathered.type; }
   /// Elements of the gather dtype one rank contributes to an all-gather: its shard, and its scales (as bytes) when

@@ -31,6 +31,10 @@ FSDP_DECL unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   }
   c.wire = {mem::gathered_params, p.gather, gathers && p.widens() ? l.world() * c.gather_count() : 0};
   c.grad = {mem::comm_buffers, p.compute, P};
+  for (const flat_run& r : l.partial_grad_runs()) {
+    c.partial_grad_numel += r.numel;
+    ++c.partial_grad_runs;
+  }
   c.accumulator = {mem::comm_buffers, dtype::f32, f.accumulates_locally ? P : 0};
   const dtype reduce_source = f.accumulates_locally ? c.accumulator.type : c.grad.type;  // what is reduced from
   c.reduce_input = {mem::comm_buffers, p.reduce, reduce_source != p.reduce ? P : 0};

@@ -10,6 +10,9 @@
 //   reduction_use(c, f)    its reduction in the shard group: a reduce-scatter of its shard in the reduce dtype, an
 //                          all_to_all of its quantized slices, or an all-reduce of the whole buffer (no_shard)
 //   replica_use(c)         under hybrid sharding, the all-reduce of its reduced shard across the replicate group
+//   tensor_use(run, c)     under tensor parallelism, the all-reduce of a run of its partial gradients
+//                          (tp::partial_grad) across the tensor group, in the gradient's dtype
+//   tensor_collectives(...) the tensor group's distinct uses (the partial gradients' all-reduces)
 //   step_collectives(...)  every group's distinct uses, sorted (the same list on every rank of a group), with the
 //                          world's one-element all-reduce (barrier(), a trainer's loss) and, for an optimizer that
 //                          inspects gradients, its norms' all-reduce
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/cost.hpp"
 
 namespace fsdp::plan {
@@ -49,11 +53,17 @@ inline std::optional<collective_use> replica_use(const unit_costs& c) {
   return collective_use{collective::all_reduce, c.shard_numel, c.reduce_output.type};
 }
 
+/// The all-reduce over the tensor group of run `r` of unit c's partial gradients (FlatLayout::partial_grad_runs).
+inline collective_use tensor_use(const flat_run& r, const unit_costs& c) {
+  return {collective::all_reduce, r.numel, c.grad.type};
+}
+
 /// The distinct collectives of each group of a model.
 struct group_collectives {
   std::vector<collective_use> world;     ///< the world communicator's own
   std::vector<collective_use> shard;     ///< the shard group's (the world's when it is not split)
   std::vector<collective_use> replicas;  ///< the replicate group's (hybrid sharding); empty otherwise
+  std::vector<collective_use> tensor;    ///< the tensor group's partial-gradient all-reduces (not the trainer's)
 };
 
 /// Sorted, without duplicates: the same list on every rank that has the same uses.
@@ -81,6 +91,16 @@ inline group_collectives step_collectives(const std::vector<unit_costs>& units, 
   g.shard = distinct(std::move(g.shard));
   g.replicas = distinct(std::move(g.replicas));
   return g;
+}
+
+/// The tensor group's collectives for units with these layouts and costs (unit-index order): every run of partial
+/// gradients' all-reduce (group_collectives::tensor).
+inline std::vector<collective_use> tensor_collectives(const std::vector<FlatLayout>& layouts,
+                                                      const std::vector<unit_costs>& units) {
+  std::vector<collective_use> out;
+  for (std::size_t u = 0; u < layouts.size() && u < units.size(); ++u)
+    for (const flat_run& r : layouts[u].partial_grad_runs()) out.push_back(tensor_use(r, units[u]));
+  return distinct(std::move(out));
 }
 
 /// The uses in `want` not in `have` (both sorted, as distinct() makes them), which are then added to `have`.

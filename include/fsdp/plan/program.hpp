@@ -151,8 +151,10 @@ enum class job : std::uint8_t {
   unstage_state,      ///< download: the optimizer state back
   zero_shard,         ///< compute: the fp32 gradient shard zeroed (zero_grad)
   zero_shard_host,    ///< host_work: a host gradient shard zeroed (zero_grad; a host function)
+  tensor_reduce,      ///< compute: the unit's partial gradients (tp::partial_grad) all-reduced over the tensor group
+                      ///< when its backward ends, in issue order with the trainer's own tensor collectives
 };
-inline constexpr std::size_t jobs = 24;
+inline constexpr std::size_t jobs = 25;
 
 constexpr const char* name_of(job j) noexcept {
   switch (j) {
@@ -179,6 +181,7 @@ constexpr const char* name_of(job j) noexcept {
     case job::unstage_state: return "state back";
     case job::zero_shard: return "zero grad shard";
     case job::zero_shard_host: return "zero host grad shard";
+    case job::tensor_reduce: return "tensor all_reduce";
   }
   return "?";
 }
@@ -274,10 +277,12 @@ class step_program {
     in.stamp(lane::compute, trace::kind::compute_begin, k, u);
     in.work(lane::compute, job::compute, u, k);
   }
-  /// ... and ends (Model leaving the unit).
+  /// ... and ends (Model leaving the unit): after a backward, the gradients that are partial sums across the
+  /// tensor group are summed over it, on the compute stream, before anything reads the gradient.
   template <class I>
   void compute_end(pass_kind k, std::size_t u, I& in) {
     in.stamp(lane::compute, trace::kind::compute_end, k, u);
+    if (k == pass_kind::backward && cost_[u].partial_grad_runs > 0) in.work(lane::compute, job::tensor_reduce, u, k);
   }
 
   /// Before master shards and optimizer state are written on the compute stream outside a step (a checkpoint

@@ -76,6 +76,11 @@ struct time_model {
   int world = 1;
   comm::link_model link{};          ///< the shard group's collectives
   comm::link_model replica_link{};  ///< hybrid sharding: the all-reduce across replicas (bandwidth 0: free)
+  /// Ranks of a tensor group (model_options::tensor_parallel; the model sets it) and their link: the all-reduce of
+  /// partial gradients (tp::partial_grad) at the end of a unit's backward, on the compute stream (bandwidth 0:
+  /// free). The trainer's own tensor-parallel collectives are its compute (unit_time).
+  int tensor = 1;
+  comm::link_model tensor_link{};
   double memory_bytes_per_second = 0;  ///< device memory (0: memory-bound work takes no time)
   double host_bytes_per_second = 0;    ///< host memory: host functions of offloading (0: free)
   double pcie_bytes_per_second = 0;    ///< the host link: offload copies (0: free)

@@ -9,6 +9,7 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/plan/collectives.hpp"
 #include "fsdp/plan/timeline.hpp"
 #include "fsdp/schedule/scheduler.hpp"
 
@@ -119,8 +120,15 @@ class time_reading {
                   : tm.link.duration(reduction_, c.reduce_bytes(), tm.world).count();
       d[idx(plan::job::replica_reduce)] =
           tm.replica_link.duration(collective::all_reduce, S * rs, prog.replicas()).count();
+      d[idx(plan::job::tensor_reduce)] = 0;
+      for (const flat_run& r : layouts[u].partial_grad_runs()) {
+        const collective_use use = plan::tensor_use(r, c);
+        d[idx(plan::job::tensor_reduce)] +=
+            tm.tensor_link.duration(use.kind, use.count * std::int64_t(size_of(use.type)), tm.tensor).count();
+      }
       coll[idx(plan::job::reduce_collective)] = d[idx(plan::job::reduce_collective)];
       coll[idx(plan::job::replica_reduce)] = d[idx(plan::job::replica_reduce)];
+      coll[idx(plan::job::tensor_reduce)] = d[idx(plan::job::tensor_reduce)];
       coll_.push_back(coll);
       const std::int64_t count = shards_ ? S : P;
       const std::int64_t add_bytes = count * 2 * f + (quantized ? c.reduce_output.bytes() : count * rs);

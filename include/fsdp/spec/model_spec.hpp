@@ -81,7 +81,8 @@ class ModelSpec {
   std::int64_t numel() const noexcept { return numel_; }
 
   /// The spec of one rank of a tensor group of `degree` ranks: every split parameter's shape divided on its split
-  /// dimension (the rank's slice), the rest as they are. A dimension the degree does not divide goes to `p`.
+  /// dimension (the rank's slice), the rest as they are; at degree 1 every placement is replicated (no slice, no
+  /// partial gradient). A dimension the degree does not divide goes to `p`.
   ModelSpec tensor_local(int degree, problems& p) const;
 
  private:

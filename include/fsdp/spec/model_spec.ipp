@@ -58,8 +58,10 @@ FSDP_DECL ModelSpec ModelSpec::tensor_local(int degree, problems& p) const {
       out.tie(q.name, q.tied_to);
       continue;
     }
+    // one tensor rank: no gradient is partial, and nothing is split
+    const tensor_placement t = degree == 1 ? tp::replicated : q.tensor;
     out.add(q.name, local_shape(q.name, q.shape, q.tensor, degree, p),
-            {.compute_dtype = q.compute_dtype, .flags = q.flags, .init = q.init, .tensor = q.tensor});
+            {.compute_dtype = q.compute_dtype, .flags = q.flags, .init = q.init, .tensor = t});
   }
   return out;
 }

@@ -9,6 +9,10 @@
 //
 //   Megatron's linear layers, weight [out, in]:  column-parallel  split(0) on the weight and split(0) on its bias
 //                                                row-parallel     split(1) on the weight, its bias replicated
+//   sequence parallelism's layernorm weights:    partial_grad (replicated; each tensor rank's gradient covers its
+//                                                slice of the sequence, and the library sums them over the tensor
+//                                                group at the end of the unit's backward, on the compute stream,
+//                                                before the unit's reduction)
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -21,26 +25,31 @@
 namespace fsdp {
 
 /// A parameter's place in the tensor group: replicated (every tensor rank holds all of it; its gradient is each
-/// rank's whole gradient, the same on every tensor rank), or split evenly on dimension `dim` (tensor rank t holds
-/// the t-th of `degree` equal slices of that dimension).
+/// rank's whole gradient, the same on every tensor rank), replicated with a partial gradient (each tensor rank's
+/// gradient is a partial sum: the model all-reduces it over the tensor group when the unit's backward ends), or
+/// split evenly on dimension `dim` (tensor rank t holds the t-th of `degree` equal slices of that dimension).
 struct tensor_placement {
-  enum class kind : std::uint8_t { replicated, split };
+  enum class kind : std::uint8_t { replicated, partial_grad, split };
   kind how = kind::replicated;
   int dim = 0;  ///< split only: the dimension of the global shape that is split
 
   constexpr bool is_split() const noexcept { return how == kind::split; }
+  constexpr bool has_partial_grad() const noexcept { return how == kind::partial_grad; }
   friend constexpr bool operator==(const tensor_placement&, const tensor_placement&) = default;
 };
 
 namespace tp {
 inline constexpr tensor_placement replicated{};
+/// Replicated, its gradient a partial sum on each tensor rank (sequence parallelism's layernorm weights and biases).
+inline constexpr tensor_placement partial_grad{tensor_placement::kind::partial_grad, 0};
 /// Split on dimension `dim` of the global shape (0: a column-parallel weight [out, in]; 1: a row-parallel one).
 constexpr tensor_placement split(int dim) noexcept { return {tensor_placement::kind::split, dim}; }
 }  // namespace tp
 
-/// "replicated", "split on dimension 1".
+/// "replicated", "replicated with a partial gradient", "split on dimension 1".
 inline std::string describe(const tensor_placement& p) {
-  return p.is_split() ? detail::cat("split on dimension ", p.dim) : std::string("replicated");
+  if (p.is_split()) return detail::cat("split on dimension ", p.dim);
+  return p.has_partial_grad() ? "replicated with a partial gradient" : "replicated";
 }
 
 /// Where a rank sits in its tensor group: `degree` ranks, this one the `rank`-th.
@@ -64,8 +73,9 @@ inline std::vector<std::int64_t> local_shape(const std::string& name, const std:
   if (!pl.is_split() || degree == 1) return global;
   const std::int64_t d = global.at(static_cast<std::size_t>(pl.dim));
   if (d % degree != 0) {
-    p.add("parameter '", name, "' of shape ", detail::shape_text(global), " is split on dimension ", pl.dim,
-          " across ", degree, " tensor-parallel ranks, which do not divide its ", d, " elements: make the dimension "
+    p.add("parameter '", name, "' of shape ", detail::shape_text(global), " is split on dimension ", pl.dim, " across ",
+          degree, " tensor-parallel ranks, which do not divide its ", d,
+          " elements: make the dimension "
           "a multiple of model_options::tensor_parallel, or replicate the parameter");
     return global;
   }
