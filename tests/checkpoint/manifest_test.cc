@@ -62,6 +62,18 @@ TEST_CASE("a manifest written by to_json parses back to the same value, and name
   const std::string text = ckpt::to_json(m);
   CHECK(ckpt::parse_manifest(text, doc) == m);
   CHECK(text.starts_with("{\n \"format\": \"fsdp-checkpoint\",\n \"version\": 2,\n \"step\": 12,"));
+  // tensor parallelism: the mesh's tensor dimension and each tensor's placement round-trip; a manifest written
+  // before them (no such members) reads as one tensor rank, every tensor replicated
+  ckpt::manifest tp = m;
+  tp.world = 4;
+  tp.tensor_ranks = 2;
+  tp.tensors[0].placement = fsdp::tp::split(1);
+  tp.tensors[1].placement = fsdp::tp::partial_grad;
+  CHECK(ckpt::parse_manifest(ckpt::to_json(tp), doc) == tp);
+  json older = json::parse(text);
+  older["mesh"].erase("tensor");
+  for (json& t : older["tensors"]) t.erase("placement");
+  CHECK(ckpt::parse_manifest(ckpt::seal_manifest(older.dump()), doc) == m);
   ckpt::manifest bare = m;  // saved without an optimizer or a scaler
   bare.optimizer.reset();
   bare.loss_scaler.reset();
@@ -83,7 +95,14 @@ TEST_CASE("every malformed field of a manifest is named") {
   CHECK(error_after([](json& j) { j["version"] = 1; }) == at + "version is 1; this library reads version 2");
   CHECK(error_after([](json& j) { j.erase("step"); }) == at + "the document has no member 'step'");
   CHECK(error_after([](json& j) { j["step"] = -1; }) == at + "step must be in [0, 9223372036854775807], got -1");
-  CHECK(error_after([](json& j) { j["mesh"]["shards"] = 3; }) == at + "mesh is 1 x 3, which is not the world of 2");
+  CHECK(error_after([](json& j) { j["mesh"]["shards"] = 3; }) == at + "mesh is 1 x 3 x 1, which is not the world of 2");
+  CHECK(error_after([](json& j) { j["mesh"]["tensor"] = 2; }) == at + "mesh is 1 x 2 x 2, which is not the world of 2");
+  CHECK(error_after([](json& j) { j["mesh"]["tensor"] = 0; }) == at + "mesh.tensor must be in [1, 16777216], got 0");
+  CHECK(error_after([](json& j) { j["tensors"][0]["placement"] = "split(2)"; }) ==
+        at + "tensors[0].placement splits dimension 2, which the shape does not have");
+  CHECK(error_after([](json& j) { j["tensors"][0]["placement"] = "split(01)"; }) ==
+        at + "tensors[0].placement is 'split(01)', which is none of \"replicated\", \"partial_grad\", \"split(d)\"");
+  CHECK(error_after([](json& j) { j["tensors"][0]["placement"] = 1; }) == at + "tensors[0].placement must be a string");
   CHECK(error_after([](json& j) { j["loss_scaler"]["scale"] = 0.1; }) ==
         at + "loss_scaler.scale must be a finite fp32 value > 0, got 0.1");
   CHECK(error_after([](json& j) { j["optimizer"]["states"][1] = "exp_avg"; }) ==

@@ -90,6 +90,12 @@ struct reader {
     if (it == j.end()) fail(at, fsdp::detail::cat("has no member '", key, "'"));
     return *it;
   }
+  /// Member `key` of the object `j` (at `at`), or null when it has none (a member added in a later version).
+  const json* optional_member(const json& j, std::string_view key, std::string_view at) const {
+    object(j, at);
+    const auto it = j.find(std::string(key));
+    return it == j.end() ? nullptr : &*it;
+  }
   std::string string(const json& j, std::string_view at) const {
     if (!j.is_string()) fail(at, "must be a string");
     return j.get<std::string>();

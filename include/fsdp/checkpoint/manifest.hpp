@@ -7,13 +7,16 @@
 //                        applied, skipped ones not counted); null when only parameters were saved
 //   loss_scaler          {"scale": 32768.0, "good_steps": 3}, or null
 //   metadata             the user's {"key": "value"} strings
-//   world, mesh, strategy, compute_dtype    how the saving run was laid out (informative: a load reshards)
-//   tensors              every stored parameter in spec order: {"name", "dtype": "F32", "shape"}; ties: {alias: target}
+//   world, mesh, strategy, compute_dtype    how the saving run was laid out (informative: a load reshards); mesh:
+//                        {"replicas", "shards", "tensor"} (tensor absent: 1)
+//   tensors              every stored parameter in spec order: {"name", "dtype": "F32", "shape" (global),
+//                        "placement": "replicated", "partial_grad" or "split(d)" (across the saving run's tensor
+//                        group, informative; absent: replicated)}; ties: {alias: target}
 //   files                one per writing rank: {"name", "rank", "bytes", "xxh3" (of the block checksums),
 //   "block_bytes", "blocks": [xxh3 of
 //                        each block], "pieces": [{"tensor", "kind", "begin", "end", "offset"}]}: elements
-//                        [begin, end) of the tensor's `kind` ("param", or an optimizer state's name) as raw
-//                        little-endian fp32 at byte `offset` of the file
+//                        [begin, end) of the tensor's `kind` ("param", or an optimizer state's name; row-major over
+//                        its global shape) as raw little-endian fp32 at byte `offset` of the file
 //   manifest_xxh3        the manifest's own checksum, always its last member: XXH3-64 of the file's bytes with the
 //                        16 digits of this value (the last "manifest_xxh3" member of the text) read as '0's, so
 //                        every byte of the file is covered: the step count, the optimizer's update count and the
@@ -34,6 +37,7 @@
 #include "fsdp/checkpoint/checksum.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/spec/placement.hpp"
 
 namespace fsdp::checkpoint {
 
@@ -66,7 +70,8 @@ struct file_record {
 
 struct tensor_record {
   std::string name;
-  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> shape;  ///< global
+  tensor_placement placement{};     ///< in the saving run (informative: pieces are in global element order)
   std::int64_t numel() const noexcept {
     std::int64_t n = 1;
     for (std::int64_t d : shape) n *= d;
@@ -94,6 +99,7 @@ struct manifest {
   std::optional<scaler_record> loss_scaler;
   std::map<std::string, std::string> metadata;
   int world = 1, replicas = 1, shards = 1;
+  int tensor_ranks = 1;  ///< the mesh's tensor dimension (model_options::tensor_parallel)
   std::string strategy, compute_dtype;
   std::vector<tensor_record> tensors;
   std::map<std::string, std::string> ties;

@@ -117,11 +117,13 @@ FSDP_DECL std::string to_json(const manifest& m) {
   j["metadata"] = json::object();
   for (const auto& [k, v] : m.metadata) j["metadata"][k] = v;
   j["world"] = m.world;
-  j["mesh"] = {{"replicas", m.replicas}, {"shards", m.shards}};
+  j["mesh"] = {{"replicas", m.replicas}, {"shards", m.shards}, {"tensor", m.tensor_ranks}};
   j["strategy"] = m.strategy;
   j["compute_dtype"] = m.compute_dtype;
   j["tensors"] = json::array();
-  for (const auto& t : m.tensors) j["tensors"].push_back({{"name", t.name}, {"dtype", "F32"}, {"shape", t.shape}});
+  for (const auto& t : m.tensors)
+    j["tensors"].push_back(
+        {{"name", t.name}, {"dtype", "F32"}, {"shape", t.shape}, {"placement", placement_name(t.placement)}});
   j["ties"] = json::object();
   for (const auto& [alias, target] : m.ties) j["ties"][alias] = target;
   j["files"] = json::array();
@@ -202,8 +204,11 @@ FSDP_DECL manifest parse_manifest(std::string_view text, const std::string& doc)
   const jf::json& mesh = r.member(j, "mesh", "");
   m.replicas = static_cast<int>(r.integer(r.member(mesh, "replicas", "mesh"), "mesh.replicas", 1, 1 << 24));
   m.shards = static_cast<int>(r.integer(r.member(mesh, "shards", "mesh"), "mesh.shards", 1, 1 << 24));
-  if (static_cast<std::int64_t>(m.replicas) * m.shards != m.world)
-    r.fail("mesh", fsdp::detail::cat("is ", m.replicas, " x ", m.shards, ", which is not the world of ", m.world));
+  if (const jf::json* t = r.optional_member(mesh, "tensor", "mesh"))  // absent before tensor parallelism: 1
+    m.tensor_ranks = static_cast<int>(r.integer(*t, "mesh.tensor", 1, 1 << 24));
+  if (static_cast<std::int64_t>(m.replicas) * m.shards * m.tensor_ranks != m.world)
+    r.fail("mesh", fsdp::detail::cat("is ", m.replicas, " x ", m.shards, " x ", m.tensor_ranks,
+                                     ", which is not the world of ", m.world));
   m.strategy = r.string(r.member(j, "strategy", ""), "strategy");
   m.compute_dtype = r.string(r.member(j, "compute_dtype", ""), "compute_dtype");
 
@@ -224,6 +229,17 @@ FSDP_DECL manifest parse_manifest(std::string_view text, const std::string& doc)
         r.fail(jf::at(at, "shape"), fsdp::detail::cat("has more than ", ModelSpec::max_numel, " elements"));
       numel *= n;
       t.shape.push_back(n);
+    }
+    if (const jf::json* pl = r.optional_member(ts[i], "placement", at)) {  // absent before: replicated
+      const std::string text = r.string(*pl, jf::at(at, "placement"));
+      const std::optional<tensor_placement> p = parse_placement(text);
+      if (!p)
+        r.fail(jf::at(at, "placement"),
+               fsdp::detail::cat("is '", text, "', which is none of \"replicated\", \"partial_grad\", \"split(d)\""));
+      if (p->is_split() && static_cast<std::size_t>(p->dim) >= t.shape.size())
+        r.fail(jf::at(at, "placement"),
+               fsdp::detail::cat("splits dimension ", p->dim, ", which the shape does not have"));
+      t.placement = *p;
     }
     if (!tensor_index.emplace(t.name, i).second)
       r.fail(jf::at(at, "name"), fsdp::detail::cat("repeats tensor '", t.name, "'"));

@@ -83,9 +83,9 @@ std::vector<tensor_info> layout_of(const M& m, const save_options& so) {
       fsdp::detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '",
                                t.name, "'");
     t.dtype = std::string(st_dtype(so.type));
-    t.shape = p.shape;
+    t.shape = global_shape(p.shape, p.tensor, m.mesh().tensor);  // the whole tensor, whatever the tensor groups
     t.begin = at;
-    at += static_cast<std::uint64_t>(p.numel()) * esize;
+    at += static_cast<std::uint64_t>(t.numel()) * esize;
     t.end = at;
     out.push_back(std::move(t));
   }
@@ -107,7 +107,6 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
   namespace ci = checkpoint::detail;
   namespace io = checkpoint::io;
   model_access::require_between_steps(m, "a safetensors save");
-  ci::require_no_tensor_groups(m, "safetensors::save");
   if (path.empty()) fsdp::detail::fail_usage("safetensors::save: the path is empty");
   if (!is_dtype(so.type) || is_scaled(so.type))
     fsdp::detail::fail_usage("safetensors::save: save_options::type is ", name_of(so.type),
@@ -161,11 +160,13 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
       for (std::size_t u = 0; u < m.size(); ++u) {
         const float* master = reader.read(m.unit(u).master_shard(), m.unit(u).layout().shard_numel());
         for (const ShardedTensor& v : m.unit(u).shard_views()) {
-          if (v.empty()) continue;
+          if (v.empty() || !ci::writes_param(m, v.name)) continue;
           const tensor_info& t = *by_param.at(v.name);
-          detail::encode(master + v.shard_offset, static_cast<std::size_t>(v.local_numel()), so.type, bytes);
-          if (so.fault) so.fault({rank, "write", partial});
-          f.write_at(bytes.data(), bytes.size(), head.size() + t.begin + static_cast<std::uint64_t>(v.begin) * esize);
+          ci::global_runs(m, v, [&](std::int64_t global, std::int64_t at, std::int64_t count) {
+            detail::encode(master + v.shard_offset + at, static_cast<std::size_t>(count), so.type, bytes);
+            if (so.fault) so.fault({rank, "write", partial});
+            f.write_at(bytes.data(), bytes.size(), head.size() + t.begin + static_cast<std::uint64_t>(global) * esize);
+          });
         }
       }
       if (so.fault) so.fault({rank, "fsync", partial});
@@ -186,7 +187,6 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
   namespace ci = checkpoint::detail;
   namespace io = checkpoint::io;
   model_access::require_between_steps(m, "a safetensors load");
-  ci::require_no_tensor_groups(m, "safetensors::load");
   fingerprint fp;
   fp.add("safetensors::load", "path", path);
   agree::require_agreement(m.comm(), m.backend(), fp, "a safetensors load",
@@ -204,15 +204,16 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
     std::map<std::string, std::string> used;  // file name -> parameter
     for (const ParamSpec& p : m.spec().params()) {
       if (p.is_tied()) continue;
+      const std::vector<std::int64_t> shape = global_shape(p.shape, p.tensor, m.mesh().tensor);
       const std::string name = detail::mapped(lo.name_of, p.name);
       const tensor_info* t = h.find(name);
       const std::string which = name == p.name
                                     ? fsdp::detail::cat("tensor '", name, "'")
                                     : fsdp::detail::cat("tensor '", name, "' (for parameter '", p.name, "')");
-      if (!t) io::fail(fsdp::detail::cat(doc, " has no ", which, " ", fsdp::detail::shape_text(p.shape)));
-      if (t->shape != p.shape)
+      if (!t) io::fail(fsdp::detail::cat(doc, " has no ", which, " ", fsdp::detail::shape_text(shape)));
+      if (t->shape != shape)
         io::fail(fsdp::detail::cat(doc, ": ", which, " is ", fsdp::detail::shape_text(t->shape), " in the file but ",
-                             fsdp::detail::shape_text(p.shape), " in the model"));
+                                   fsdp::detail::shape_text(shape), " in the model"));
       if (!dtype_of_safetensors(t->dtype))
         io::fail(fsdp::detail::cat(doc, ": ", which, " is ", t->dtype,
                                    ", which an fp32 master parameter cannot hold exactly (", detail::st_dtypes_text(),
@@ -241,7 +242,10 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
         raw.emplace_back(std::vector<char>(static_cast<std::size_t>(v.local_numel()) * esize),
                          std::make_pair(t, staging[u].data() + v.shard_offset));
         const checkpoint::extent whole{0, t->numel(), 0, data_start + t->begin};
-        checkpoint::plan_reads({whole}, v.begin, v.end, esize, raw.back().first.data(), ops);
+        char* into = raw.back().first.data();
+        ci::global_runs(m, v, [&](std::int64_t global, std::int64_t at, std::int64_t count) {
+          checkpoint::plan_reads({whole}, global, global + count, esize, into + at * std::int64_t(esize), ops);
+        });
       }
     }
     checkpoint::read_ranges(f, f.size(), std::move(ops[0]));

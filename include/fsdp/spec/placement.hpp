@@ -15,7 +15,9 @@
 //                                                before the unit's reduction)
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -50,6 +52,26 @@ constexpr tensor_placement split(int dim) noexcept { return {tensor_placement::k
 inline std::string describe(const tensor_placement& p) {
   if (p.is_split()) return detail::cat("split on dimension ", p.dim);
   return p.has_partial_grad() ? "replicated with a partial gradient" : "replicated";
+}
+
+/// The placement as files write it: "replicated", "partial_grad", "split(1)".
+inline std::string placement_name(const tensor_placement& p) {
+  if (p.is_split()) return detail::cat("split(", p.dim, ")");
+  return p.has_partial_grad() ? "partial_grad" : "replicated";
+}
+/// placement_name's inverse; nullopt for any other text.
+inline std::optional<tensor_placement> parse_placement(std::string_view s) {
+  if (s == "replicated") return tp::replicated;
+  if (s == "partial_grad") return tp::partial_grad;
+  if (s.size() < 8 || s.substr(0, 6) != "split(" || s.back() != ')') return std::nullopt;
+  const std::string_view digits = s.substr(6, s.size() - 7);
+  if (digits.empty() || digits.size() > 4 || (digits.size() > 1 && digits[0] == '0')) return std::nullopt;
+  int dim = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    dim = dim * 10 + (c - '0');
+  }
+  return tp::split(dim);
 }
 
 /// Where a rank sits in its tensor group: `degree` ranks, this one the `rank`-th.

@@ -66,8 +66,11 @@ shard_reads plan_shard_reads(M& m, const O* opt, const manifest& man, Dest&& des
         if (v.empty()) continue;
         zero(covered, v.shard_offset);
         covered = v.shard_offset + v.local_numel();
-        plan_reads(where.at({v.name, kinds[k]}), v.begin, v.end, sizeof(float),
-                   shard + static_cast<std::uint64_t>(v.shard_offset) * sizeof(float), out.per_file);
+        const std::vector<extent>& pieces = where.at({v.name, kinds[k]});
+        global_runs(m, v, [&](std::int64_t global, std::int64_t at, std::int64_t count) {
+          plan_reads(pieces, global, global + count, sizeof(float),
+                     shard + static_cast<std::uint64_t>(v.shard_offset + at) * sizeof(float), out.per_file);
+        });
       }
       zero(covered, n);
     }
@@ -188,7 +191,6 @@ template <class M, class O>
 manifest load(M& m, O* opt, std::string dir, const load_options& lo) {
   const sched::restores covers = opt ? sched::restores::shards_and_state : sched::restores::shards;
   model_access::require_restorable(m, "a checkpoint load", covers);
-  require_no_tensor_groups(m, "checkpoint::load");
   dir = normalised(std::move(dir));
   fingerprint fp;
   fp.add("checkpoint::load", "directory", dir);

@@ -22,7 +22,8 @@
 
 namespace fsdp::checkpoint::detail {
 
-/// Writes this rank's file: for each unit, each kind, each parameter piece this rank holds, its fp32 values.
+/// Writes this rank's file: for each unit, each kind, each parameter piece this rank holds (and writes:
+/// writes_param), its fp32 values, and a piece record per run of them in the global parameter.
 template <class M, class O>
 file_record write_shard_file(M& m, const O* opt, const std::string& partial, const std::string& name,
                              const save_options& so) {
@@ -42,10 +43,12 @@ file_record write_shard_file(M& m, const O* opt, const std::string& partial, con
     for (std::size_t k = 0; k < kinds.size(); ++k) {
       const float* src = reader.read(buffer_of(m, const_cast<O*>(opt), u, k), n);
       for (const ShardedTensor& v : views) {
-        if (v.empty()) continue;
+        if (v.empty() || !writes_param(m, v.name)) continue;
         const std::uint64_t bytes = static_cast<std::uint64_t>(v.local_numel()) * sizeof(float);
         w.append(src + v.shard_offset, bytes);
-        rec.pieces.push_back({v.name, kinds[k], v.begin, v.end, offset});
+        global_runs(m, v, [&](std::int64_t global, std::int64_t at, std::int64_t count) {
+          rec.pieces.push_back({v.name, kinds[k], global, global + count, offset + std::uint64_t(at) * sizeof(float)});
+        });
         offset += bytes;
       }
     }
@@ -57,7 +60,6 @@ file_record write_shard_file(M& m, const O* opt, const std::string& partial, con
 template <class M, class O>
 void save(M& m, const O* opt, std::string dir, const save_options& so) {
   model_access::require_between_steps(m, "a checkpoint save");
-  require_no_tensor_groups(m, "checkpoint::save");
   dir = normalised(std::move(dir));
   if (so.block_bytes < 4096 || so.block_bytes > (std::uint64_t{1} << 30) || !std::has_single_bit(so.block_bytes))
     fsdp::detail::fail_usage("checkpoint::save: block_bytes must be a power of two in [4096, 2^30], got ",
@@ -100,11 +102,12 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
     });
   require_success(m, mine, what);  // nothing was made: a failure here removes nothing, not even an older .partial
 
-  // 2. The first replica's ranks write their files in parallel; rank 0 receives every file's record.
+  // 2. The first replica's ranks (every tensor rank of each of its shards: world ranks [0, shards x tensor)) write
+  //    their files in parallel; rank 0 receives every file's record.
   const device_mesh mesh = m.mesh();
   std::string sent;
   if (mesh.replica(rank) == 0) {
-    const std::string name = shard_file_name(mesh.shard_rank(rank), mesh.shards);
+    const std::string name = shard_file_name(rank, mesh.shards * mesh.tensor);
     mine = agree::outcome([&] { sent = encode(write_shard_file(m, opt, partial, name, so)); });
     if (mine) sent = "!" + *mine;
   }
@@ -127,6 +130,7 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
       man.world = comm.size();
       man.replicas = mesh.replicas;
       man.shards = mesh.shards;
+      man.tensor_ranks = mesh.tensor;
       man.strategy = std::string(m.facts().strategy.name);  // any layer of a model: Model<P>, basic_model, model_core
       man.compute_dtype = std::string(name_of(m.facts().precision.compute));
       man.tensors = tensors_of(m, man.ties);

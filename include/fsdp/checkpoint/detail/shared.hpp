@@ -18,23 +18,29 @@
 #include "fsdp/checkpoint/reads.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/layout/sharded_tensor.hpp"
 #include "fsdp/spec/model_spec.hpp"
+#include "fsdp/spec/placement.hpp"
 
 namespace fsdp::checkpoint::detail {
 
 FSDP_DECL std::string shard_file_name(int index, int count);
 
-/// usage_error naming `what` when the model has tensor groups: checkpoints and safetensors files hold global tensors,
-/// and resharding across tensor-parallel degrees is not written yet, so nothing is saved or loaded rather than each
-/// tensor rank's slice under the global name.
+/// Where the elements of `v` (this rank's part of parameter v.name's local tensor, as shard_views gives it) lie in
+/// the global parameter, whose row-major element order checkpoints and safetensors files keep: f(global_first,
+/// offset in v, count) per contiguous run (one run unless the parameter is split across tensor groups).
+template <class M, class F>
+void global_runs(M& m, const ShardedTensor& v, F&& f) {
+  const ParamSpec& p = m.spec().at(v.name);
+  const tensor_coords t{m.mesh().tensor, m.mesh().tensor_rank(m.comm().rank())};
+  for_each_global_run(p.shape, p.tensor, t, v.begin, v.local_numel(), std::forward<F>(f));
+}
+
+/// Whether this rank writes its elements of parameter `name` into a file of global tensors: its slice of a split
+/// parameter; a parameter every tensor rank holds whole, on tensor rank 0 only.
 template <class M>
-void require_no_tensor_groups(const M& m, const char* what) {
-  if (const int t = m.mesh().tensor; t > 1)
-    fsdp::detail::fail_usage(what, " of a model with model_options::tensor_parallel = ", t,
-                             " is not supported yet: "
-                             "checkpoints and safetensors files hold global tensors, and a rank holds its tensor "
-                             "group's slice of each split parameter; save with fsdp::weights::gather_full_params on "
-                             "every rank of a tensor group, or train without tensor parallelism to checkpoint");
+bool writes_param(M& m, const std::string& name) {
+  return m.spec().at(name).tensor.is_split() || m.mesh().tensor_rank(m.comm().rank()) == 0;
 }
 
 /// "run/ckpt/" -> "run/ckpt": the directory as every message names it.
@@ -136,7 +142,7 @@ std::vector<tensor_record> tensors_of(const M& m, std::map<std::string, std::str
     if (p.is_tied())
       ties[p.name] = p.tied_to;
     else
-      out.push_back({p.name, p.shape});
+      out.push_back({p.name, global_shape(p.shape, p.tensor, m.mesh().tensor), p.tensor});
   }
   return out;
 }

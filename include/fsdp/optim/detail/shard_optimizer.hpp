@@ -87,7 +87,8 @@ class shard_optimizer {
   }
   float* state(std::size_t u, int k) { return state_[checked(u, k)][static_cast<std::size_t>(k)].template as<float>(); }
   /// This rank's part of state `state_name` of parameter `param` (an alias resolves to its target): which global
-  /// elements ([view.begin, view.end), possibly none) and where they are (backend memory, view.local_numel() values).
+  /// elements ([view.begin, view.end), possibly none; under tensor parallelism, of the rank's local tensor:
+  /// for_each_global_run maps them) and where they are (backend memory, view.local_numel() values).
   struct state_part {
     ShardedTensor view;
     float* data = nullptr;
