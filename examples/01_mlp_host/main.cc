@@ -4,7 +4,8 @@
 //   bazel run //examples/01_mlp_host -- --ranks 4 [--steps 50]
 //       [--strategy full_shard|shard_grad_op|zero1|no_shard|hybrid_shard|hybrid_shard_zero2 [--shard-group 2|4]]
 //       [--optimizer adamw|sgd] [--batch 48] [--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K]
-//       [--no-sync] [--keep-gathered] [--clip MAX_NORM] [--trace trace.json]
+//       [--no-sync] [--keep-gathered] [--clip MAX_NORM] [--tp T] [--trace trace.json]
+// --tp T: tensor groups of T consecutive ranks, the layers Megatron's column- and row-parallel pairs (mlp.hpp).
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -24,7 +25,7 @@ namespace {
       "[--strategy full_shard|shard_grad_op|zero1|no_shard|hybrid_shard|hybrid_shard_zero2] [--shard-group 2|4] "
       "[--optimizer adamw|sgd] [--lr X] "
       "[--precision fp32|bf16|bf16-reduce|fp16] [--micro-batches K] [--no-sync] [--keep-gathered] "
-      "[--clip MAX_NORM] [--trace FILE]\n",
+      "[--clip MAX_NORM] [--tp T] [--trace FILE]\n",
       why);
   std::exit(2);
 }
@@ -44,6 +45,7 @@ void print_header(int ranks, const mlp::config& cfg, std::string_view strategy, 
   const auto& acc = cfg.model.accumulation;
   std::printf(", %s, %d thread ranks", std::string(strategy).c_str(), ranks);
   if (mesh.hybrid()) std::printf(" (%d replicas x %d shards)", mesh.replicas, mesh.shards);
+  if (const int t = cfg.model.tensor_parallel; t > 1) std::printf(", tensor groups of %d", t);
   std::printf(", global batch %d, %s, %s compute, %s reduction", cfg.global_batch, cfg.optimizer.c_str(),
               std::string(fsdp::name_of(pf.compute)).c_str(), std::string(fsdp::name_of(pf.reduce)).c_str());
   if (acc.micro_batches > 1)
@@ -87,7 +89,9 @@ int run(int ranks, mlp::config cfg, const std::string& trace_path) {
   fsdp::trace::recorder rec;
   if (!trace_path.empty()) cfg.model.recorder = &rec;
   using Policy = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
-  print_header(ranks, cfg, Strategy::name, fsdp::facts_of_precision<Precision>(), fsdp::mesh_of<Strategy>(ranks));
+  const int tp = cfg.model.tensor_parallel;  // the strategy's mesh is over the data-parallel ranks
+  print_header(ranks, cfg, Strategy::name, fsdp::facts_of_precision<Precision>(),
+               fsdp::mesh_of<Strategy>(tp > 0 && ranks % tp == 0 ? ranks / tp : ranks));
   std::vector<mlp::result> results(static_cast<std::size_t>(ranks));
   fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& comm) {
     results[static_cast<std::size_t>(comm.rank())] = mlp::train<Policy>(comm, cfg);
@@ -144,6 +148,8 @@ int main(int argc, char** argv) {
     else if (a == "--micro-batches") cfg.model.accumulation.micro_batches = to_int(value(), "--micro-batches");
     else if (a == "--no-sync") cfg.model.accumulation.sync = fsdp::grad_sync::last_micro_batch;
     else if (a == "--keep-gathered") cfg.model.accumulation.keep_gathered = true;
+    else if (a == "--tp")
+      cfg.model.tensor_parallel = to_int(value(), "--tp");
     else if (a == "--clip") {
       cfg.grad.max_norm = std::strtof(value(), nullptr);
       if (!(cfg.grad.max_norm > 0)) usage("--clip needs a positive number");

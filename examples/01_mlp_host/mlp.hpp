@@ -6,6 +6,14 @@
 // The layer code is generic in the weight type W, the precision policy's compute type: weights are read as W and
 // widened to fp32, products accumulate in fp32, gradients are stored as W once per backward (as a bf16 GEMM with
 // fp32 accumulation does). Activations stay fp32. With W = float every operation is the plain fp32 loop.
+//
+// With model.tensor_parallel = T the layers are Megatron's pairs: an even layer is column-parallel (its weight and
+// bias split on the output dimension: each tensor rank computes its slice of the outputs), the odd layer after it
+// row-parallel (its weight split on the input dimension: each tensor rank's partial product is all-reduced over
+// the model's tensor_comm(), and its bias, replicated, added once); a last layer without a partner is replicated.
+// The column-parallel layer's input gradient is all-reduced in backward. A tensor group reads one data-parallel
+// rank's samples.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -51,18 +59,34 @@ struct result {
   double seconds = 0;
   /// Collectives of this rank's shard group and (hybrid sharding) replicate group, before gather_full_params.
   fsdp::collective_stats shard_group, replicate_group;
+  fsdp::collective_stats tensor_group;  ///< the tensor group's (the trainer's all-reduces), with tensor_parallel > 1
 };
 
 inline std::string wname(std::size_t l) { return "layers." + std::to_string(l) + ".w"; }
 inline std::string bname(std::size_t l) { return "layers." + std::to_string(l) + ".b"; }
 
-/// layers.L.w [out, in] (normal 1/sqrt(in)), layers.L.b [out] (zeros, no weight decay).
+/// Layer l's part under tensor parallelism (see the top): column-parallel, row-parallel, or replicated.
+enum class tp_part { column, row, replicated };
+inline tp_part tp_part_of(std::size_t l, std::size_t layers) {
+  if (l % 2 == 1) return tp_part::row;
+  return l + 1 < layers ? tp_part::column : tp_part::replicated;
+}
+
+/// layers.L.w [out, in] (normal 1/sqrt(in)), layers.L.b [out] (zeros, no weight decay), placed as tp_part_of says.
 inline fsdp::ModelSpec make_spec(const config& c) {
   fsdp::ModelSpec spec;
-  for (std::size_t l = 0; l + 1 < c.dims.size(); ++l) {
+  const std::size_t layers = c.dims.size() - 1;
+  for (std::size_t l = 0; l < layers; ++l) {
     const float std = 1.0f / std::sqrt(static_cast<float>(c.dims[l]));
-    spec.add(wname(l), {c.dims[l + 1], c.dims[l]}, {.init = fsdp::init::normal{std, c.seed}});
-    spec.add(bname(l), {c.dims[l + 1]}, {.flags = {.no_decay = true}, .init = fsdp::init::zeros});
+    const tp_part part = tp_part_of(l, layers);
+    const fsdp::tensor_placement w = part == tp_part::column ? fsdp::tp::split(0)
+                                     : part == tp_part::row  ? fsdp::tp::split(1)
+                                                             : fsdp::tp::replicated;
+    spec.add(wname(l), {c.dims[l + 1], c.dims[l]}, {.init = fsdp::init::normal{std, c.seed}, .tensor = w});
+    spec.add(bname(l), {c.dims[l + 1]},
+             {.flags = {.no_decay = true},
+              .init = fsdp::init::zeros,
+              .tensor = part == tp_part::column ? fsdp::tp::split(0) : fsdp::tp::replicated});
   }
   return spec;
 }
@@ -157,10 +181,13 @@ result with_optimizer(ModelT& model, const config& c, Run&& run) {
 template <class ModelT, class Opt>
 void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, result& r) {
   using W = typename ModelT::compute_type;
-  const int world = model.comm().size(), rank = model.comm().rank();
+  // the data-parallel ranks share the batch; a tensor group's ranks read the same samples
+  const fsdp::device_mesh& mesh = model.mesh();
+  const int world = mesh.data_parallel(), rank = mesh.data_parallel_rank(model.comm().rank());
+  const int tensor = mesh.tensor, trank = mesh.tensor_rank(model.comm().rank());
   if (c.global_batch % world != 0)
     throw fsdp::usage_error("global batch " + std::to_string(c.global_batch) + " does not split over " +
-                            std::to_string(world) + " ranks");
+                            std::to_string(world) + " data-parallel ranks");
   const int n = c.global_batch / world, k = c.model.accumulation.micro_batches;
   if (k < 1 || n % k != 0)
     throw fsdp::usage_error("a rank's batch of " + std::to_string(n) + " does not split into " + std::to_string(k) +
@@ -169,6 +196,20 @@ void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, r
   const std::size_t layers = c.dims.size() - 1;
   std::vector<float> x, t;
   std::vector<std::vector<float>> act(layers + 1), dact(layers + 1);
+  auto& cs = model.backend().compute_stream();
+  const auto tensor_sum = [&](std::vector<float>& v) {  // a partial sum over the tensor group, on the compute stream
+    model.tensor_comm()->all_reduce(v.data(), v.data(), static_cast<std::int64_t>(v.size()), fsdp::dtype::f32,
+                                    fsdp::reduce_op::sum, cs);
+  };
+  const std::vector<W> no_bias(static_cast<std::size_t>(*std::max_element(c.dims.begin(), c.dims.end())), W(0.0f));
+  // layer l's inputs and outputs on this rank: a column-parallel layer's outputs and a row-parallel one's inputs
+  // are the tensor rank's slice
+  const auto local_in = [&](std::size_t l) {
+    return tensor > 1 && tp_part_of(l, layers) == tp_part::row ? c.dims[l] / tensor : c.dims[l];
+  };
+  const auto local_out = [&](std::size_t l) {
+    return tensor > 1 && tp_part_of(l, layers) == tp_part::column ? c.dims[l + 1] / tensor : c.dims[l + 1];
+  };
   for (int step = first; step < first + count; ++step) {
     const auto ts = std::chrono::steady_clock::now();
     float loss = 0;
@@ -177,10 +218,19 @@ void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, r
       act[0] = x;
       std::size_t l = 0;
       for (auto& unit : model.forward()) {
-        const int in = c.dims[l], out = c.dims[l + 1];
+        const int in = local_in(l), out = local_out(l);
         act[l + 1].assign(static_cast<std::size_t>(m) * out, 0.0f);
-        linear_forward<W>(act[l].data(), unit.param(wname(l)).data(), unit.param(bname(l)).data(), act[l + 1].data(),
-                          m, in, out, l + 1 < layers);
+        if (tensor > 1 && tp_part_of(l, layers) == tp_part::row) {  // partial products, the bias once, then the sum
+          linear_forward<W>(act[l].data(), unit.param(wname(l)).data(),
+                            trank == 0 ? unit.param(bname(l)).data() : no_bias.data(), act[l + 1].data(), m, in, out,
+                            false);
+          tensor_sum(act[l + 1]);
+          if (l + 1 < layers)
+            for (float& v : act[l + 1]) v = v < 0.0f ? 0.0f : v;
+        } else {
+          linear_forward<W>(act[l].data(), unit.param(wname(l)).data(), unit.param(bname(l)).data(), act[l + 1].data(),
+                            m, in, out, l + 1 < layers);
+        }
         ++l;
       }
       dact[layers].assign(act[layers].size(), 0.0f);
@@ -188,22 +238,22 @@ void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, r
                   c.loss_scale ? c.loss_scale->scale() : 1.0f);
       for (auto& unit : model.backward()) {
         --l;
-        const int in = c.dims[l], out = c.dims[l + 1];
+        const int in = local_in(l), out = local_out(l);
         if (l + 1 < layers)  // through the ReLU of this layer's output
           for (std::size_t q = 0; q < act[l + 1].size(); ++q)
             if (act[l + 1][q] <= 0.0f) dact[l + 1][q] = 0.0f;
         dact[l].assign(static_cast<std::size_t>(m) * in, 0.0f);
         linear_backward<W>(act[l].data(), unit.param(wname(l)).data(), dact[l + 1].data(), unit.grad(wname(l)).data(),
                            unit.grad(bname(l)).data(), l > 0 ? dact[l].data() : nullptr, m, in, out);
+        if (l > 0 && tensor > 1 && tp_part_of(l, layers) == tp_part::column) tensor_sum(dact[l]);
       }
     }
     r.reports.push_back(opt.step());
     opt.zero_grad();
-    // The printed loss is the global mean: the average of the ranks' local means.
-    auto& cs = model.backend().compute_stream();
+    // The printed loss is the global mean: the average of the ranks' local means (a tensor group's are equal).
     model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
     r.losses.push_back(loss);
-    if (c.verbose && rank == 0) {
+    if (c.verbose && model.comm().rank() == 0) {
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
       std::printf("step %3d  loss %.6f  time %.2f ms\n", step, loss, ms);
       std::fflush(stdout);
@@ -237,6 +287,7 @@ result train_model(fsdp::basic_model<B, C, T>& model, const config& c) {
     r.host_memory = model.host_memory();
     r.shard_group = model.shard_comm().stats();
     if (auto* rc = model.replicate_comm()) r.replicate_group = rc->stats();
+    if (auto* tc = model.tensor_comm()) r.tensor_group = tc->stats();
     r.params = fsdp::weights::gather_full_params(model);
     r.exported = model.memory();
     return r;

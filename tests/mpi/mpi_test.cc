@@ -316,10 +316,11 @@ TEST_CASE("argument errors are usage errors that say what to do") {
 
 namespace {
 template <class Sharding, class Precision>
-void check_mlp_parity() {
+void check_mlp_parity(int tensor_parallel = 1) {
   mlp::config cfg;
   cfg.steps = 4;
   cfg.optimizer = "adamw";
+  cfg.model.tensor_parallel = tensor_parallel;
   using Local = fsdp::policy<Sharding, fsdp::prefetch::next, Precision>;
   using Mpi = fsdp::policy<Sharding, fsdp::prefetch::next, Precision, fsdp::comm::mpi<>>;
   std::vector<mlp::result> want(kWorld);
@@ -337,6 +338,12 @@ void check_mlp_parity() {
   }
   // Not vacuous: it trained (the loss moved) and the parameters left their initial values.
   CHECK(got.losses.back() < got.losses.front());
+  if (tensor_parallel > 1) {  // and the trainer's collectives went to the tensor group the model split
+    // per step: the two row-parallel layers' outputs in forward, the second column-parallel layer's input gradient
+    // in backward (the first layer's input has none)
+    CHECK(got.tensor_group[collective::all_reduce] == std::uint64_t(cfg.steps * 3));
+    CHECK(got.tensor_group[collective::all_reduce] == ref.tensor_group[collective::all_reduce]);
+  }
   mlp::config untrained = cfg;
   untrained.steps = 0;
   std::vector<mlp::result> init(kWorld);
@@ -378,6 +385,21 @@ TEST_CASE("a Model on comm::mpi trains the MLP exactly as on comm::run_local at 
   SUBCASE("hybrid_shard_zero2<2>, bf16 compute and reduction") {
     check_mlp_parity<fsdp::sharding::hybrid_shard_zero2<2>, mixed<bfloat16, float, bfloat16>>();
   }
+}
+
+TEST_CASE("tensor parallelism on a 2 x 2 mesh of processes trains the Megatron MLP exactly as on comm::run_local") {
+  // tensor groups {0, 1} and {2, 3}: the MLP's column- and row-parallel pairs (mlp.hpp), the trainer's all-reduces on
+  // the model's tensor_comm() (an MPI_Comm_split group), the data-parallel groups {0, 2} and {1, 3}
+  using fsdp::bfloat16;
+  using fsdp::precision::mixed;
+  SUBCASE("full_shard, fp32") { check_mlp_parity<fsdp::sharding::full_shard, fsdp::precision::full>(2); }
+  SUBCASE("no_shard, bf16 compute and reduction") {
+    check_mlp_parity<fsdp::sharding::no_shard, mixed<bfloat16, float, bfloat16>>(2);
+  }
+  SUBCASE("hybrid_shard<1> (2 replicas x 1 shard x 2), fp32") {
+    check_mlp_parity<fsdp::sharding::hybrid_shard<1>, fsdp::precision::full>(2);
+  }
+  SUBCASE("zero1, tensor groups of 4, fp32") { check_mlp_parity<fsdp::sharding::zero1, fsdp::precision::full>(4); }
 }
 
 TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on comm::run_local at world 8" *
