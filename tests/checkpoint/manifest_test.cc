@@ -67,7 +67,7 @@ TEST_CASE("a manifest written by to_json parses back to the same value, and name
   ckpt::manifest tp = m;
   tp.world = 4;
   tp.tensor_ranks = 2;
-  tp.tensors[0].placement = fsdp::tp::split(1);
+  tp.tensors[0].placement = fsdp::tp::split(1, 2);
   tp.tensors[1].placement = fsdp::tp::partial_grad;
   CHECK(ckpt::parse_manifest(ckpt::to_json(tp), doc) == tp);
   json older = json::parse(text);

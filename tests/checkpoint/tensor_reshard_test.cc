@@ -21,13 +21,14 @@ using fsdp::comm::local_communicator;
 using fsdp_test::run_ranks;
 
 namespace {
-/// A root unit (an embedding, replicated) and two Megatron blocks: column-parallel w1, b1 (split(0)), row-parallel
-/// w2 (split(1)), b2 with a partial gradient; split dimensions divisible by 4.
+/// A root unit (an embedding, replicated) and two Megatron blocks: a fused [q; k; v] (split(0, 3)), column-parallel
+/// w1, b1 (split(0)), row-parallel w2 (split(1)), b2 with a partial gradient; split dimensions divisible by 4.
 fsdp::ModelSpec spec() {
   fsdp::ModelSpec s;
   s.add("emb", {10, 8});
   for (int b = 0; b < 2; ++b) {
     const std::string p = "h." + std::to_string(b) + ".";
+    s.add(p + "qkv", {24, 8}, {.tensor = fsdp::tp::split(0, 3)});
     s.add(p + "w1", {16, 8}, {.tensor = fsdp::tp::split(0)});
     s.add(p + "b1", {16}, {.init = fsdp::init::uniform{}, .tensor = fsdp::tp::split(0)});
     s.add(p + "w2", {8, 12}, {.tensor = fsdp::tp::split(1)});
@@ -156,7 +157,7 @@ TEST_CASE("a checkpoint saved at tensor 2 x shard 2 loads at tensor 1 x 4, 4 x 1
   using fsdp::sharding::full_shard;
   const layout saved = make_layout<full_shard>("tensor 2 x shard 2", 4, 2);
   const global_values want = train_and_save(saved, dir / "ckpt", dir / "m.safetensors");
-  REQUIRE(want.size() == 9 * 3);
+  REQUIRE(want.size() == 11 * 3);
   const std::vector<layout> others{
       make_layout<full_shard>("tensor 1 x shard 4", 4, 1),
       make_layout<full_shard>("tensor 4 x shard 1", 4, 4),

@@ -296,6 +296,53 @@ TEST_CASE("each rank holds its slice of every split parameter: local shapes, and
     for (int col = 0; col < H / 4; ++col) CHECK(slice[row * (H / 4) + col] == w2[row * H + H / 4 + col]);
 }
 
+TEST_CASE("a fused [q; k; v] projection split in 3 blocks: each tensor rank holds its rows of q, of k and of v") {
+  // qkv [3 * 8, 2] split(0, 3) across 4 ranks: rank t holds rows [2t, 2t + 2) of each block of 8, in block order
+  fsdp::ModelSpec spec;
+  spec.add("qkv", {24, 2}, {.tensor = fsdp::tp::split(0, 3)});
+  fsdp::problems none;
+  CHECK(spec.tensor_local(4, none).at("qkv").shape == std::vector<std::int64_t>{6, 2});
+  std::vector<std::vector<float>> local(4);
+  std::vector<float> global;
+  std::mutex mu;
+  for (const int tensor : {1, 4})
+    run_ranks(tensor, [&](local_communicator& c) {
+      fsdp::model_options o;
+      o.tensor_parallel = tensor;
+      fsdp::Model<fsdp::policy<full_shard>> m(c, spec, fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, o);
+      auto full = fsdp::weights::gather_full_params(m);
+      std::lock_guard lk(mu);
+      (tensor == 1 ? global : local[static_cast<std::size_t>(c.rank())]) = full.at("qkv");
+    });
+  for (int t = 0; t < 4; ++t)
+    for (int b = 0; b < 3; ++b)
+      for (int r = 0; r < 2; ++r)
+        for (int col = 0; col < 2; ++col) {
+          CAPTURE(t);
+          CAPTURE(b);
+          CHECK(local[t][static_cast<std::size_t>((b * 2 + r) * 2 + col)] ==
+                global[static_cast<std::size_t>((b * 8 + t * 2 + r) * 2 + col)]);
+        }
+  CHECK(error_of<fsdp::usage_error>([&] { fsdp::ModelSpec().add("w", {16}, {.tensor = fsdp::tp::split(0, 3)}); }) ==
+        "fsdp: parameter 'w' is split on dimension 0 in 3 blocks, which do not divide its 16 elements (shape [16])");
+  fsdp::problems p;
+  fsdp::ModelSpec s;
+  s.add("w", {12, 2}, {.tensor = fsdp::tp::split(0, 3)});
+  (void)s.tensor_local(8, p);
+  CHECK(p.list() ==
+        std::vector<std::string>{
+            "parameter 'w' of shape [12, 2] is split on dimension 0 in 3 blocks, each across 8 "
+            "tensor-parallel ranks, which do not divide its 4 elements a block: make the blocks multiples of "
+            "model_options::tensor_parallel, or replicate the parameter"});
+  CHECK(fsdp::parse_placement("split(0,3)") == fsdp::tp::split(0, 3));
+  CHECK(fsdp::placement_name(fsdp::tp::split(1, 2)) == "split(1,2)");
+  CHECK(fsdp::describe(fsdp::tp::split(0, 3)) == "split on dimension 0 in 3 blocks");
+  for (const char* bad : {"split(0,1)", "split(0,0)", "split(0,)", "split(,3)", "split(0,3,1)"}) {
+    CAPTURE(bad);
+    CHECK(!fsdp::parse_placement(bad).has_value());
+  }
+}
+
 TEST_CASE("training parity: the 2 x 2, 3 x 2 and 2 x 2 x 2 meshes train the model of one tensor rank, fp32") {
   constexpr float tol = 1e-5f;
   check_parity<full_shard, full>(4, 2, tol);
@@ -357,6 +404,11 @@ TEST_CASE("partial gradients (sequence parallelism): the model sums them over th
     const fsdp::timeline tl = m.plan_timeline(t, 0);
     // two units, one run of D fp32 each: 1000 ns + 2 (n - 1) / n * 32 bytes at 1 GB/s = 1032 ns, on the compute path
     CHECK(tl.step_ns == 2 * 1032);
+    // the trainer's own all-reduces, declared per unit and pass, on the same link and stream: h.1's forward moves
+    // 4,000 bytes (1000 ns + 4000 ns), its backward 1,000 (1000 + 1000)
+    t.compute[1].tensor_forward_bytes = 4000;
+    t.compute[1].tensor_backward_bytes = 1000;
+    CHECK(m.plan_timeline(t, 0).step_ns == 2 * 1032 + 5000 + 2000);
   });
 }
 

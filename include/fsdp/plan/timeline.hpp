@@ -48,10 +48,14 @@
 
 namespace fsdp {
 
-/// A unit's modelled compute, per pass.
+/// A unit's modelled compute, per pass; and, under tensor parallelism, the bytes the trainer's own tensor-parallel
+/// all-reduces move in it (each pass's, summed), which run on the compute stream: timed on time_model::tensor_link
+/// over time_model::tensor ranks and added to the pass's compute.
 struct unit_time {
   std::chrono::nanoseconds forward{0};
   std::chrono::nanoseconds backward{0};
+  std::int64_t tensor_forward_bytes = 0;
+  std::int64_t tensor_backward_bytes = 0;
 };
 
 /// Compute from FLOPs: forward `forward_flops` and backward `backward_flops` per parameter element per token (2 and
@@ -77,8 +81,8 @@ struct time_model {
   comm::link_model link{};          ///< the shard group's collectives
   comm::link_model replica_link{};  ///< hybrid sharding: the all-reduce across replicas (bandwidth 0: free)
   /// Ranks of a tensor group (model_options::tensor_parallel; the model sets it) and their link: the all-reduce of
-  /// partial gradients (tp::partial_grad) at the end of a unit's backward, on the compute stream (bandwidth 0:
-  /// free). The trainer's own tensor-parallel collectives are its compute (unit_time).
+  /// partial gradients (tp::partial_grad) at the end of a unit's backward, and the trainer's own tensor-parallel
+  /// all-reduces (unit_time's bytes), both on the compute stream (bandwidth 0: free).
   int tensor = 1;
   comm::link_model tensor_link{};
   double memory_bytes_per_second = 0;  ///< device memory (0: memory-bound work takes no time)

@@ -168,8 +168,13 @@ class time_reading {
   void record(plan::lane l, plan::signal s, std::size_t u) { signal_[u][static_cast<std::size_t>(s)] = lane_of(l); }
   void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
     std::int64_t d = dur_[u][idx(j)];
-    if (j == plan::job::compute)
-      d = (pass == pass_kind::forward ? tm_.compute[u].forward : tm_.compute[u].backward).count();
+    if (j == plan::job::compute) {
+      const unit_time& ut = tm_.compute[u];
+      const bool fwd = pass == pass_kind::forward;
+      const std::int64_t tensor_bytes = fwd ? ut.tensor_forward_bytes : ut.tensor_backward_bytes;
+      d = (fwd ? ut.forward : ut.backward).count();
+      if (tensor_bytes > 0) d += tm_.tensor_link.duration(collective::all_reduce, tensor_bytes, tm_.tensor).count();
+    }
     if (d <= 0) return;
     at& a = lane_of(l);
     std::int64_t begin = a.t;
