@@ -47,6 +47,7 @@ struct trained {
   std::map<std::string, std::vector<float>> params;  ///< every global parameter after training
   bool memory_as_planned = true;                     ///< every rank's measured peak equals its planned peak
   std::int64_t tensor_all_reduces = 0;               ///< rank 0's tensor group's all-reduces (trainer's and model's)
+  std::vector<double> norms;                         ///< rank 0's gradient norm of each step (with max_norm)
 };
 
 /// Global parameters from each tensor rank's local ones (`local[t]`), as the spec places them.
@@ -73,8 +74,9 @@ std::map<std::string, std::vector<float>> assemble(const std::vector<std::map<st
 /// `steps` AdamW steps of the Megatron-style trainer at `world` ranks, `tensor` of them a tensor group (1: no
 /// tensor parallelism); each data-parallel rank trains on its slice of a global batch of mlp::make_batch samples.
 /// `partial`: b2 is tp::partial_grad, and each tensor rank writes its gradient from its slice of the samples only.
+/// `max_norm` > 0: AdamW clips the gradients' global norm to it.
 template <class Policy>
-trained train(int world, int tensor, bool partial, int steps = 4) {
+trained train(int world, int tensor, bool partial, float max_norm = 0.0f, int steps = 4) {
   using W = typename Policy::precision::compute_type;
   const fsdp::ModelSpec spec = megatron_spec(partial);
   const mlp::config data{.dims = {D, D}, .global_batch = global_batch, .seed = 7};
@@ -85,7 +87,7 @@ trained train(int world, int tensor, bool partial, int steps = 4) {
     fsdp::model_options o;
     o.tensor_parallel = tensor;
     fsdp::Model<Policy> m(c, spec, fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.3f, 5}, o);
-    fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.01f});
+    fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.01f, .grad = {.max_norm = max_norm}});
     const fsdp::memory_plan plan = m.plan_memory(opt);
     auto& cs = m.backend().compute_stream();
     const int dp = m.mesh().data_parallel(), dp_rank = m.mesh().data_parallel_rank(c.rank());
@@ -136,10 +138,11 @@ trained train(int world, int tensor, bool partial, int steps = 4) {
         tensor_sum(dx);  // the column-parallel product's input gradient: a partial sum on each tensor rank
         dy = std::move(dx);
       }
-      opt.step();
+      const fsdp::grad::report r = opt.step();
       opt.zero_grad();
       m.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
       if (c.rank() == 0) out.losses.push_back(loss);
+      if (c.rank() == 0 && max_norm > 0) out.norms.push_back(r.norm);
     }
     m.synchronize();
     const bool as_planned = m.memory().peak.total == plan.peak.total;
@@ -157,14 +160,21 @@ trained train(int world, int tensor, bool partial, int steps = 4) {
 float relative(float a, float b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-3f); }
 
 template <class Strategy, class Precision>
-void check_parity(int world, int tensor, float tolerance, bool partial = false) {
+void check_parity(int world, int tensor, float tolerance, bool partial = false, float max_norm = 0.0f) {
   using P = fsdp::policy<Strategy, fsdp::prefetch::next, Precision>;
   CAPTURE(Strategy::name);
   CAPTURE(world);
   CAPTURE(tensor);
   CAPTURE(partial);
-  const trained tp = train<P>(world, tensor, partial), ref = train<P>(world / tensor, 1, partial);
+  CAPTURE(max_norm);
+  const trained tp = train<P>(world, tensor, partial, max_norm), ref = train<P>(world / tensor, 1, partial, max_norm);
   REQUIRE(tp.losses.size() == ref.losses.size());
+  REQUIRE(tp.norms.size() == ref.norms.size());
+  for (std::size_t s = 0; s < ref.norms.size(); ++s) {  // every element counted once, whatever the tensor groups
+    CAPTURE(s);
+    CHECK(std::fabs(tp.norms[s] - ref.norms[s]) <= tolerance * ref.norms[s]);
+    CHECK(ref.norms[s] > max_norm);  // so the clipping acted
+  }
   // per step: the trainer's two per block (forward's output, backward's input gradient), the model's one per block
   // with partial gradients (b2's one run)
   CHECK(tp.tensor_all_reduces == std::int64_t(tp.losses.size()) * blocks * (partial ? 3 : 2));
@@ -510,15 +520,24 @@ TEST_CASE("refusals before any memory, each with its sentence") {
   });
 }
 
-TEST_CASE("what tensor parallelism does not support yet says so: gradient inspection") {
-  run_ranks(4, [&](local_communicator& c) {
-    fsdp::model_options o;
-    o.tensor_parallel = 2;
-    fsdp::Model<fsdp::policy<full_shard>> m(c, megatron_spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, o);
-    CHECK(error_of<fsdp::usage_error>([&] { fsdp::optim::adamw opt(m, {.grad = {.max_norm = 1.0f}}); }) ==
-          "fsdp: adamw: gradient inspection (grad::options max_norm, skip_nonfinite, locate_nonfinite or a loss "
-          "scaler) with model_options::tensor_parallel = 2 is not supported yet: the norm would count each parameter "
-          "replicated across the tensor group once per tensor rank; clip and check the gradients in the trainer, or "
-          "train without tensor parallelism");
-  });
+TEST_CASE("gradient clipping: the global norm counts each split slice and each replicated parameter once") {
+  check_parity<full_shard, full>(4, 2, 1e-5f, false, 0.05f);
+  check_parity<hybrid_shard<2>, full>(8, 2, 1e-5f, true, 0.05f);
+  check_parity<no_shard, full>(6, 2, 1e-5f, false, 0.05f);
+  check_parity<zero1, bf16>(4, 2, 5e-3f, true, 0.05f);
+  // the layout puts a unit's split parameters first, so a rank's split part of its shard is one prefix
+  fsdp::ModelSpec s;
+  s.add("a", {3}).add("b", {4, 2}, {.tensor = fsdp::tp::split(0)}).add("c", {5}, {.tensor = fsdp::tp::partial_grad});
+  s.add("d", {2, 4}, {.tensor = fsdp::tp::split(1)});
+  fsdp::problems none;
+  const fsdp::FlatLayout l = fsdp::FlatLayout::build(s.tensor_local(2, none), fsdp::unit_plan{"u", {0, 1, 2, 3}}, 2);
+  std::vector<std::string> order;
+  for (const auto& e : l.entries()) order.push_back(e.name);
+  CHECK(order == std::vector<std::string>{"b", "d", "a", "c"});
+  CHECK(l.split_end() == l.entry("d").offset + 4);
+  CHECK(l.entry("a").offset >= l.split_end());
+  // one tensor rank: nothing is split, the spec's order
+  const fsdp::FlatLayout one = fsdp::FlatLayout::build(s.tensor_local(1, none), fsdp::unit_plan{"u", {0, 1, 2, 3}}, 2);
+  CHECK(one.entries().front().name == "a");
+  CHECK(one.split_end() == 0);
 }

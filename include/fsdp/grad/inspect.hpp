@@ -213,8 +213,20 @@ void issue_inspection(ModelT& model, const options& o, void* buf) {
   float* table = slots + plan::verdict_slots;
   be.fill_zero(slots, cost.bytes(), cs);
   float* row = table + (rows == 1 ? 0 : static_cast<std::size_t>(comm.rank()) * n);
-  for (std::size_t u = 0; u < n; ++u)
-    be.squared_norm(model.unit(u).grad_shard(), model_access::costs(model, u).shard_numel, row + u, cs);
+  // Under tensor parallelism every tensor rank holds its own slice of a split parameter, but the same whole
+  // replicated one: tensor rank 0 counts its whole shard, the others only their part of the split parameters,
+  // which the layout places first (FlatLayout::split_end), so that the world's sum counts every element once per
+  // replica.
+  const device_mesh& mesh = model.mesh();
+  const bool split_only = mesh.tensor > 1 && mesh.tensor_rank(comm.rank()) != 0;
+  const int shard_rank = mesh.shard_rank(comm.rank());
+  for (std::size_t u = 0; u < n; ++u) {
+    const std::int64_t S = model_access::costs(model, u).shard_numel;
+    const FlatLayout& l = model.unit(u).layout();
+    const std::int64_t counted =
+        split_only ? std::clamp(l.split_end() - l.shard_begin(shard_rank), std::int64_t{0}, S) : S;
+    be.squared_norm(model.unit(u).grad_shard(), counted, row + u, cs);
+  }
   comm::label_next(comm, "(gradient norms)");  // names it in errors
   comm.all_reduce(table, table, plan::norm_count(n, rows), dtype::f32, reduce_op::sum, cs);
   be.for_each(1, decide{table, plan::norm_count(n, rows), model.mesh().replicas, o.max_norm,

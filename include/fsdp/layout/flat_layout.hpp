@@ -51,8 +51,9 @@ class FlatLayout {
  public:
   FlatLayout() = default;
 
-  /// Places the parameters of `unit` (spec indices) for a shard group of `world` ranks. Tied aliases share
-  /// the offset of the parameter they are tied to.
+  /// Places the parameters of `unit` (spec indices) for a shard group of `world` ranks, in spec order, but the
+  /// parameters split across a tensor group (tp::split) first. Tied aliases share the offset of the parameter they
+  /// are tied to.
   static FlatLayout build(const ModelSpec& spec, const unit_plan& unit, int world, layout_options opt = {});
 
   int world() const noexcept { return world_; }
@@ -62,6 +63,9 @@ class FlatLayout {
   /// Elements of the unsharded flat buffer: world * shard_numel.
   std::int64_t padded_numel() const noexcept { return shard_numel_ * world_; }
   std::int64_t shard_numel() const noexcept { return shard_numel_; }
+  /// Elements [0, split_end()) hold every parameter split across the tensor group (and the gaps between them);
+  /// none of the others. 0 without split parameters.
+  std::int64_t split_end() const noexcept { return split_end_; }
   const std::vector<flat_entry>& entries() const noexcept { return entries_; }
 
   /// The entry that stores `name` (an alias resolves to its target). Throws usage_error when absent.
@@ -86,6 +90,7 @@ class FlatLayout {
   std::int64_t align_ = 1;
   std::int64_t numel_ = 0;
   std::int64_t shard_numel_ = 0;
+  std::int64_t split_end_ = 0;
   std::vector<flat_entry> entries_;
   std::unordered_map<std::string, std::size_t> by_name_;
 };

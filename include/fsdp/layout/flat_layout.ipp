@@ -23,13 +23,17 @@ FSDP_DECL FlatLayout FlatLayout::build(const ModelSpec& spec, const unit_plan& u
   l.world_ = world;
   l.align_ = opt.align;
   std::int64_t cursor = 0;
-  for (std::size_t i : unit.params) {
-    const ParamSpec& p = spec.params()[i];
-    if (p.is_tied()) continue;
-    cursor = layout::round_up(cursor, opt.align);
-    l.by_name_.emplace(p.name, l.entries_.size());
-    l.entries_.push_back(flat_entry{i, p.name, p.shape, p.numel(), cursor, p.flags, p.tensor});
-    cursor += p.numel();
+  // the parameters split across the tensor group first (in spec order), then the rest: split_end()
+  for (const bool split : {true, false}) {
+    for (std::size_t i : unit.params) {
+      const ParamSpec& p = spec.params()[i];
+      if (p.is_tied() || p.tensor.is_split() != split) continue;
+      cursor = layout::round_up(cursor, opt.align);
+      l.by_name_.emplace(p.name, l.entries_.size());
+      l.entries_.push_back(flat_entry{i, p.name, p.shape, p.numel(), cursor, p.flags, p.tensor});
+      cursor += p.numel();
+    }
+    if (split) l.split_end_ = cursor;
   }
   for (std::size_t i : unit.params) {
     const ParamSpec& p = spec.params()[i];

@@ -120,14 +120,6 @@ class shard_optimizer {
       : model_(model), states_(static_cast<int>(state_names.size())), grad_(g), name_(std::move(name)),
         names_(std::move(state_names)) {
     grad::check(g);
-    if (const int t = model.mesh().tensor; t > 1 && g.inspects())
-      fsdp::detail::fail_usage(name_,
-                               ": gradient inspection (grad::options max_norm, skip_nonfinite, "
-                               "locate_nonfinite or a loss scaler) with model_options::tensor_parallel = ",
-                               t,
-                               " is not supported yet: the norm would count each parameter replicated across the "
-                               "tensor group once per tensor rank; clip and check the gradients in the trainer, "
-                               "or train without tensor parallelism");
     model_access::reserve_memory(model, states_, norm_rows());
     auto& be = model.backend();
     if constexpr (deferred) {
