@@ -514,6 +514,20 @@ TEST_CASE("a strategy whose shard group is neither one rank nor the world: hybri
     fsdp::Model<fsdp::policy<archetype::half_world>> m(c, spec, fsdp::wrap::by_size{8});
     CHECK(m.mesh().shards == 1);
   });
+  // tensor groups need split too, whatever the strategy
+  fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& c) {
+    archetype::unsplittable u{&c};
+    fsdp::model_options o;
+    o.tensor_parallel = 2;
+    CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
+            fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full,
+                                     archetype::unsplittable_comm>>(u, spec, fsdp::wrap::by_size{8},
+                                                                    fsdp::init::normal{}, o);
+          }) ==
+          "fsdp: model_options::tensor_parallel = 2 needs a communicator with split(color, key) to make the "
+          "tensor and data-parallel groups; this policy's communicator has none (comm::local on the host, "
+          "comm::mpi and comm::nccl do)");
+  });
 }
 
 TEST_CASE("a quantized reduction on a communicator without all_to_all is refused, naming the ones that have it") {
