@@ -437,7 +437,9 @@ TEST_CASE("the MLP example with tensor groups (--tp) trains as without them, its
     return std::make_pair(out[0].losses, assemble(local, mlp::make_spec(cfg)));
   };
   const auto [want_losses, want] = run(2, 1);
-  for (const auto& [world, tensor] : std::vector<std::pair<int, int>>{{4, 2}, {8, 4}, {6, 2}}) {
+  // not a structured binding: Clang 14 cannot capture one, and CAPTURE is a lambda
+  for (const std::pair<int, int>& mesh : std::vector<std::pair<int, int>>{{4, 2}, {8, 4}, {6, 2}}) {
+    const int world = mesh.first, tensor = mesh.second;
     CAPTURE(world);
     CAPTURE(tensor);
     const auto [losses, params] = run(world, tensor);
