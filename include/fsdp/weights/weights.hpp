@@ -20,7 +20,9 @@
 //   fsdp::weights::stacked<T>            (fsdp/weights/stacked.hpp) a trainer's stacked buffers declared once: the
 //                                        spec's per-layer names, a unit per layer, each layer's slice, the views.
 //
-// Works on every backend and world size, and on a hybrid mesh (each shard group holds the whole model).
+// Works on every backend and world size, and on a hybrid mesh (each shard group holds the whole model). Under tensor
+// parallelism (model_options::tensor_parallel) "full" is this rank's local tensor (model.spec()'s shape: its slice of
+// a split parameter), the same on every rank of its tensor rank; checkpoints and safetensors files hold global ones.
 #include <cstdint>
 #include <cstring>
 #include <map>
