@@ -187,14 +187,23 @@ TEST_CASE("an option set on one rank of four: rank 0 and the first rank that dif
                        fsdp::Model<Full> m(c, two_units(), by_letter(), fsdp::init::normal{}, o);
                      }),
       "fsdp: ranks disagree on the model: model_options: gather_slots is 0 on rank 0 but 3 on rank 2" + fix);
-  every_rank_says(errors_by_rank(2,
-                                 [](local_communicator& c) {
-                                   fsdp::model_options o;
-                                   if (c.rank() == 1) o.division.how = fsdp::grad_division::mode::sum;
-                                   fsdp::Model<Full> m(c, two_units(), by_letter(), fsdp::init::normal{}, o);
-                                 }),
-                  "fsdp: ranks disagree on the model: model_options: division is average on rank 0 but sum on rank 1" +
-                      fix);
+  every_rank_says(
+      errors_by_rank(2,
+                     [](local_communicator& c) {
+                       fsdp::model_options o;
+                       if (c.rank() == 1) o.division.how = fsdp::grad_division::mode::sum;
+                       fsdp::Model<Full> m(c, two_units(), by_letter(), fsdp::init::normal{}, o);
+                     }),
+      "fsdp: ranks disagree on the model: model_options: division is average on rank 0 but sum on rank 1" + fix);
+  // the tensor-parallel degree is compared first: the local shapes and the strategy's groups follow from it
+  every_rank_says(
+      errors_by_rank(2,
+                     [](local_communicator& c) {
+                       fsdp::model_options o;
+                       o.tensor_parallel = c.rank() == 0 ? 2 : 1;
+                       fsdp::Model<Full> m(c, two_units(), by_letter(), fsdp::init::normal{}, o);
+                     }),
+      "fsdp: ranks disagree on the model: model_options: tensor_parallel is 2 on rank 0 but 1 on rank 1" + fix);
 }
 
 TEST_CASE("ranks that agree: one all_gather of 16 bytes per rank, and no memory left or counted in the peak") {

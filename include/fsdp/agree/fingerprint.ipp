@@ -136,6 +136,9 @@ FSDP_DECL fingerprint model_fingerprint(const ModelSpec& spec, const init::rule&
                                         const model_options& opt, const offload_facts& offload) {
   using namespace agree;
   fingerprint fp;
+  // first: the spec's local shapes and the strategy's groups follow from it, so a rank that differs in it is named
+  // for it and not for what it changed
+  fp.add("model_options", "tensor_parallel", std::to_string(opt.tensor_parallel));
   const auto& params = spec.params();
   fp.add("the spec", "the parameter count", std::to_string(params.size()));
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -169,7 +172,6 @@ FSDP_DECL fingerprint model_fingerprint(const ModelSpec& spec, const init::rule&
                      ", gather ", name_of(precision.gather),
                      precision.gather_block ? detail::cat(" in blocks of ", precision.gather_block) : std::string()));
   fp.add("the policy", "the offload", describe(offload));
-  fp.add("model_options", "tensor_parallel", std::to_string(opt.tensor_parallel));
   fp.add("model_options", "layout.align", std::to_string(opt.layout.align));
   fp.add("model_options", "division", describe(opt.division));
   fp.add("model_options", "accumulation.micro_batches", std::to_string(opt.accumulation.micro_batches));
