@@ -12,7 +12,14 @@
 // while the block is gathered for its own backward, runs the block's forward again from that input and then its
 // backward. No parameter is gathered for the recomputation, so the collectives are those of a run without it, and
 // the recomputation is the same code on the same inputs, so the losses and the trained parameters are the same
-// bits.
+// bits. (Under tensor parallelism the recomputed forward sums its two row-parallel products over the tensor group
+// again: the trainer's collectives, not the library's.)
+//
+// Tensor parallelism (model_options::tensor_parallel = T, gpt_loop.hpp): each tensor rank holds make_spec's slices
+// (its H / T heads of q, k and v, its 4C / T rows of the MLP's first product, the matching columns of both
+// projections), computes with them, and sums the projections' partial products in forward and the norms' input
+// gradients in backward over the group; everything else (norms, embeddings, the head, the loss) every tensor rank
+// computes whole, alike.
 //
 // The root unit (wte, wpe, ln_f, the head tied to wte) is used first and last in forward and first and last in
 // backward: as the first unit of the forward pass it stays gathered from its forward to its backward (the library's
@@ -24,6 +31,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fsdp/fsdp.hpp>
@@ -240,7 +248,12 @@ class trainer {
   using cache = block_cache;
   static std::size_t bytes(const buffer& b) { return b.size() * sizeof(float); }
 
-  trainer(const shape& s, int batch) : s_(s), B_(batch), N_(batch * s.context) {}
+  /// A trainer of `batch` sequences a step; with a tensor group of degree T > 1 (tp_group_of(model)) it computes
+  /// this rank's heads and hidden slice and sums its partial products over the group.
+  trainer(const shape& s, int batch, tp_group tp = {})
+      : s_(s), B_(batch), N_(batch * s.context), tp_(std::move(tp)), d_(local(s, tp_.degree)) {
+    validate(s, tp_.degree);
+  }
 
   /// This rank's tokens of the step ([B * T] inputs and targets).
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
@@ -282,21 +295,27 @@ class trainer {
                aprojw = p("attn.proj.w"), aprojb = p("attn.proj.b"), ln2w = p("ln_2.w"), ln2b = p("ln_2.b"),
                fcw = p("mlp.fc.w"), fcb = p("mlp.fc.b"), mprojw = p("mlp.proj.w"), mprojb = p("mlp.proj.b");
     const std::size_t NC = static_cast<std::size_t>(N) * C;
-    k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NC);
-    k.att.resize(static_cast<std::size_t>(B_) * s_.heads * s_.context * s_.context), k.atty.resize(NC);
-    k.res1.resize(NC), k.ln2.resize(NC), k.ln2_mean.resize(N), k.ln2_rstd.resize(N), k.fc.resize(4 * NC);
-    k.fc_gelu.resize(4 * NC);
+    // this rank's heads (A channels) and hidden slice (F); the whole model at tensor degree 1
+    const int A = d_.attention, F = d_.hidden;
+    const std::size_t NA = static_cast<std::size_t>(N) * A, NF = static_cast<std::size_t>(N) * F;
+    k.ln1.resize(NC), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(3 * NA);
+    k.att.resize(static_cast<std::size_t>(B_) * d_.heads * s_.context * s_.context), k.atty.resize(NA);
+    k.res1.resize(NC), k.ln2.resize(NC), k.ln2_mean.resize(N), k.ln2_rstd.resize(N), k.fc.resize(NF);
+    k.fc_gelu.resize(NF);
     K::layernorm_forward(k.ln1.data(), k.ln1_mean.data(), k.ln1_rstd.data(), x.data(), ln1w.data(), ln1b.data(), N, C);
-    K::matmul_forward(k.qkv.data(), k.ln1.data(), qkvw.data(), qkvb.data(), N, C, 3 * C);
-    K::attention_forward(k.atty.data(), k.att.data(), k.qkv.data(), starts(), B_, s_.context, C, s_.heads);
-    K::matmul_forward(k.res1.data(), k.atty.data(), aprojw.data(), aprojb.data(), N, C, C);
+    K::matmul_forward(k.qkv.data(), k.ln1.data(), qkvw.data(), qkvb.data(), N, C, 3 * A);
+    K::attention_forward(k.atty.data(), k.att.data(), k.qkv.data(), starts(), B_, s_.context, A, d_.heads);
+    // row-parallel: each tensor rank's partial product, the bias added once (by tensor rank 0), summed over the group
+    K::matmul_forward(k.res1.data(), k.atty.data(), aprojw.data(), row_bias(aprojb), N, A, C);
+    tp_.all_reduce(k.res1.data(), NC);
     for (std::size_t i = 0; i < NC; ++i) k.res1[i] += x[i];
     K::layernorm_forward(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(), k.res1.data(), ln2w.data(), ln2b.data(),
                          N, C);
-    K::matmul_forward(k.fc.data(), k.ln2.data(), fcw.data(), fcb.data(), N, C, 4 * C);
-    K::gelu_forward(k.fc_gelu.data(), k.fc.data(), 4 * NC);
+    K::matmul_forward(k.fc.data(), k.ln2.data(), fcw.data(), fcb.data(), N, C, F);
+    K::gelu_forward(k.fc_gelu.data(), k.fc.data(), NF);
     out.resize(NC);
-    K::matmul_forward(out.data(), k.fc_gelu.data(), mprojw.data(), mprojb.data(), N, 4 * C, C);
+    K::matmul_forward(out.data(), k.fc_gelu.data(), mprojw.data(), row_bias(mprojb), N, F, C);
+    tp_.all_reduce(out.data(), NC);
     for (std::size_t i = 0; i < NC; ++i) out[i] += k.res1[i];
   }
 
@@ -309,26 +328,29 @@ class trainer {
     const std::size_t NC = static_cast<std::size_t>(N) * C;
     auto p = [&](const char* leaf) { return K::widen(u.template param<W>(pname(l, leaf))); };
     auto zeros = [](std::size_t n) { return std::vector<float>(n, 0.0f); };
-    const std::size_t CC = static_cast<std::size_t>(C) * C;
-    std::vector<float> g_ln1w = zeros(C), g_ln1b = zeros(C), g_qkvw = zeros(3 * CC), g_qkvb = zeros(3 * C),
-                       g_aprojw = zeros(CC), g_aprojb = zeros(C), g_ln2w = zeros(C), g_ln2b = zeros(C),
-                       g_fcw = zeros(4 * CC), g_fcb = zeros(4 * C), g_mprojw = zeros(4 * CC), g_mprojb = zeros(C);
-    std::vector<float> dres1 = dout, dfc_gelu = zeros(4 * NC), dfc = zeros(4 * NC), dln2 = zeros(NC);
+    const int A = d_.attention, F = d_.hidden;
+    const std::size_t CA = static_cast<std::size_t>(C) * A, CF = static_cast<std::size_t>(C) * F,
+                      NA = static_cast<std::size_t>(N) * A, NF = static_cast<std::size_t>(N) * F;
+    std::vector<float> g_ln1w = zeros(C), g_ln1b = zeros(C), g_qkvw = zeros(3 * CA), g_qkvb = zeros(3 * A),
+                       g_aprojw = zeros(CA), g_aprojb = zeros(C), g_ln2w = zeros(C), g_ln2b = zeros(C),
+                       g_fcw = zeros(CF), g_fcb = zeros(F), g_mprojw = zeros(CF), g_mprojb = zeros(C);
+    std::vector<float> dres1 = dout, dfc_gelu = zeros(NF), dfc = zeros(NF), dln2 = zeros(NC);
     K::matmul_backward(dfc_gelu.data(), g_mprojw.data(), g_mprojb.data(), dout.data(), k.fc_gelu.data(),
-                       p("mlp.proj.w").data(), N, 4 * C, C);
-    K::gelu_backward(dfc.data(), k.fc.data(), dfc_gelu.data(), 4 * NC);
+                       p("mlp.proj.w").data(), N, F, C);
+    K::gelu_backward(dfc.data(), k.fc.data(), dfc_gelu.data(), NF);
     K::matmul_backward(dln2.data(), g_fcw.data(), g_fcb.data(), dfc.data(), k.ln2.data(), p("mlp.fc.w").data(), N, C,
-                       4 * C);
+                       F);
+    tp_.all_reduce(dln2.data(), NC);  // column-parallel: the input gradient's partial sums
     K::layernorm_backward(dres1.data(), g_ln2w.data(), g_ln2b.data(), dln2.data(), k.res1.data(), p("ln_2.w").data(),
                           k.ln2_mean.data(), k.ln2_rstd.data(), N, C);
     dx = dres1;
-    std::vector<float> datty = zeros(NC), dqkv = zeros(3 * NC), dln1 = zeros(NC);
+    std::vector<float> datty = zeros(NA), dqkv = zeros(3 * NA), dln1 = zeros(NC);
     K::matmul_backward(datty.data(), g_aprojw.data(), g_aprojb.data(), dres1.data(), k.atty.data(),
-                       p("attn.proj.w").data(), N, C, C);
-    K::attention_backward(dqkv.data(), datty.data(), k.qkv.data(), k.att.data(), starts(), B_, s_.context, C,
-                          s_.heads);
-    K::matmul_backward(dln1.data(), g_qkvw.data(), g_qkvb.data(), dqkv.data(), k.ln1.data(), p("attn.qkv.w").data(),
-                       N, C, 3 * C);
+                       p("attn.proj.w").data(), N, A, C);
+    K::attention_backward(dqkv.data(), datty.data(), k.qkv.data(), k.att.data(), starts(), B_, s_.context, A, d_.heads);
+    K::matmul_backward(dln1.data(), g_qkvw.data(), g_qkvb.data(), dqkv.data(), k.ln1.data(), p("attn.qkv.w").data(), N,
+                       C, 3 * A);
+    tp_.all_reduce(dln1.data(), NC);
     K::layernorm_backward(dx.data(), g_ln1w.data(), g_ln1b.data(), dln1.data(), x.data(), p("ln_1.w").data(),
                           k.ln1_mean.data(), k.ln1_rstd.data(), N, C);
     auto g = [&](const char* leaf, const std::vector<float>& v) { K::store(u.template grad<W>(pname(l, leaf)), v); };
@@ -387,7 +409,7 @@ class trainer {
   /// the ranks' shares summed.
   template <class ModelT>
   float global_loss(ModelT& model) {
-    float loss = loss_;
+    float loss = loss_contribution(loss_, !mask_.empty(), tp_);
     model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, loss_reduction(!mask_.empty()),
                             model.backend().compute_stream());
     return loss;
@@ -401,8 +423,12 @@ class trainer {
  private:
   shape s_;
   int B_, N_;
+  tp_group tp_;
+  local_dims d_;
   float loss_ = 0;
   const int* starts() const { return starts_.empty() ? nullptr : starts_.data(); }
+  /// A row-parallel product's bias: added by tensor rank 0 only, before the sum over the group.
+  const float* row_bias(const std::vector<float>& b) const { return tp_.rank == 0 ? b.data() : nullptr; }
 
   double denominator_ = 1;  // of the loss: this rank's tokens, or the step's loss tokens when packed
   std::vector<int> inputs_, targets_, positions_, starts_;
@@ -413,8 +439,8 @@ class trainer {
 /// The host trainer for a model of compute type W.
 struct make_host_trainer {
   template <class ModelT>
-  trainer<typename ModelT::compute_type> operator()(ModelT&, const shape& s, int batch) const {
-    return trainer<typename ModelT::compute_type>(s, batch);
+  trainer<typename ModelT::compute_type> operator()(ModelT& model, const shape& s, int batch) const {
+    return trainer<typename ModelT::compute_type>(s, batch, tp_group_of(model));
   }
 };
 

@@ -14,6 +14,11 @@
 //   root_backward(root, dx0)                   stores the embeddings' and the head's gradients into root
 //   global_loss(model)                         the mean loss over all ranks (a collective)
 //   bytes(buffer), cache.bytes(), head_bytes() activation bytes it holds
+//
+// Tensor parallelism (model_options::tensor_parallel = T > 1, make_spec's placements): the ranks of a tensor group
+// read the same sequences (the batch is split over the data-parallel ranks), each computes its heads and its slice
+// of the MLP, and the trainer sums the row-parallel products in forward and the column-parallel products' input
+// gradients in backward over the group (tp_group: Megatron's g and f), on the compute stream.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -133,8 +138,10 @@ struct result {
   /// are kept per block (the block's input under activation checkpointing, its whole cache otherwise).
   std::size_t activation_bytes = 0, activation_bytes_per_block = 0;
   fsdp::collective_stats shard_group;  ///< this rank's collectives (gathers, reductions, the loss average)
+  fsdp::collective_stats tensor_group;  ///< its tensor group's (the trainer's sums), with tensor parallelism
   double seconds = 0;
-  std::map<std::string, std::vector<float>> params;  ///< final full parameters (train() only)
+  std::map<std::string, std::vector<float>>
+      params;  ///< final parameters, whole (with tensor parallelism: this rank's slices)
 };
 
 /// What one block's forward keeps for its backward, in a trainer's buffer type (anything with size() in floats).
@@ -152,17 +159,49 @@ struct block_cache_of {
   }
 };
 
+/// A trainer's tensor group: its degree, this rank's place in it, and the in-place sum of n fp32 values (host or
+/// device memory, as the model's backend keeps them) over the group, issued on the model's compute stream; at
+/// degree 1 there is no sum to make.
+struct tp_group {
+  int degree = 1, rank = 0;
+  std::function<void(float*, std::size_t)> sum;
+  void all_reduce(float* v, std::size_t n) const {
+    if (degree > 1) sum(v, n);
+  }
+};
+/// The model's tensor group (model.tensor_comm()), for a trainer.
+template <class ModelT>
+tp_group tp_group_of(ModelT& model) {
+  const fsdp::device_mesh& mesh = model.mesh();
+  tp_group g{mesh.tensor, mesh.tensor_rank(model.comm().rank()), {}};
+  if (auto* tc = model.tensor_comm())
+    g.sum = [tc, cs = &model.backend().compute_stream()](float* v, std::size_t n) {
+      tc->all_reduce(v, v, static_cast<std::int64_t>(n), fsdp::dtype::f32, fsdp::reduce_op::sum, *cs);
+    };
+  return g;
+}
+/// What a rank gives the global loss's all-reduce over the world (loss_reduction): a tensor group's ranks hold the
+/// same loss, so an average over the world is theirs, but a sum of packed shares counts it once, from tensor rank 0.
+inline float loss_contribution(float local, bool packed, const tp_group& t) {
+  return packed && t.rank != 0 ? 0.0f : local;
+}
+
 /// The packer's options for a config: rows of the context length, global_batch rows a step.
 inline fsdp::data::packing_options packing_options(const config& c) {
   return {.row_tokens = c.model.context, .rows_per_step = c.global_batch, .lookahead = c.packing.lookahead};
 }
 
-/// Sequences per rank: the global batch split evenly, or a usage_error.
-inline int batch_per_rank(const config& c, int world) {
-  if (c.global_batch % world != 0)
+/// Sequences per data-parallel rank: the global batch split evenly over the mesh's data-parallel ranks (every rank
+/// without tensor parallelism), or a usage_error.
+inline int batch_per_rank(const config& c, const fsdp::device_mesh& mesh) {
+  const int dp = mesh.data_parallel();
+  if (c.global_batch % dp != 0)
     throw fsdp::usage_error("gpt: global batch " + std::to_string(c.global_batch) + " sequences do not split over " +
-                            std::to_string(world) + " ranks");
-  return c.global_batch / world;
+                            (mesh.tensor == 1
+                                 ? std::to_string(dp) + " ranks"
+                                 : std::to_string(dp) + " data-parallel ranks (" + std::to_string(mesh.world()) +
+                                       " ranks in tensor groups of " + std::to_string(mesh.tensor) + ")"));
+  return c.global_batch / dp;
 }
 
 /// This rank's sequences of step `step`: inputs and targets [B * T], global samples step * G + rank * B + b.
@@ -203,11 +242,13 @@ auto make_optimizer(ModelT& model, const config& c) {
 }
 
 /// Runs steps [first, first + count) on `model` with `opt` and the trainer `tr` (made for this rank's batch of
-/// c.global_batch / world sequences), appending to `r`. All ranks call it together.
+/// c.global_batch / data-parallel ranks sequences), appending to `r`. All ranks call it together.
 template <class ModelT, class Opt, class Trainer>
 void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first, int count, result& r) {
-  const int world = model.comm().size(), rank = model.comm().rank();
-  const int B = batch_per_rank(c, world), L = c.model.layers;
+  const fsdp::device_mesh& mesh = model.mesh();
+  const int world = mesh.data_parallel(), rank = mesh.data_parallel_rank(model.comm().rank());
+  const int B = batch_per_rank(c, mesh), L = c.model.layers;
+  validate(c.model, mesh.tensor);
   const std::vector<int> perm = permutation(c.data, c.model.vocab);
   using buffer = typename Trainer::buffer;
   using cache = typename Trainer::cache;
@@ -295,7 +336,7 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
     r.losses.push_back(loss);
     r.norms.push_back(rep.norm);
     r.lrs.push_back(lr);
-    if (c.verbose && rank == 0) {
+    if (c.verbose && model.comm().rank() == 0) {
       std::printf("step %3d  loss %.6f  lr %.3e  norm %.4f  %.3f s  %.0f tokens/s", step, loss, lr, rep.norm, s,
                   static_cast<double>(tokens) / s);
       if (c.peak_flops > 0)
@@ -351,7 +392,7 @@ template <class B, class C, class T, class MakeTrainer>
 result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrainer& make_trainer,
                    const std::function<void()>& before) {
   auto opt = make_optimizer(model, c);
-  auto tr = make_trainer(model, c.model, batch_per_rank(c, model.comm().size()));
+  auto tr = make_trainer(model, c.model, batch_per_rank(c, model.mesh()));
   before();
   result r;
   r.planned = model.plan_memory(opt).peak;
@@ -361,6 +402,7 @@ result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrain
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.memory = model.memory();
   r.shard_group = model.shard_comm().stats();
+  if (auto* tc = model.tensor_comm()) r.tensor_group = tc->stats();
   r.params = fsdp::weights::gather_full_params(model);
   return r;
 }

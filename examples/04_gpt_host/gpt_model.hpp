@@ -41,8 +41,9 @@ struct data_options {
   double follow = 0.75;
 };
 
-/// Throws fsdp::usage_error naming the first setting that cannot work.
-inline void validate(const shape& s) {
+/// Throws fsdp::usage_error naming the first setting that cannot work (`tensor`: the degree of tensor parallelism,
+/// model_options::tensor_parallel, which splits the heads and the MLP's hidden dimension).
+inline void validate(const shape& s, int tensor = 1) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw fsdp::usage_error("gpt: " + what);
   };
@@ -51,6 +52,18 @@ inline void validate(const shape& s) {
   need(s.heads >= 1 && s.width >= 1 && s.width % s.heads == 0,
        "width " + std::to_string(s.width) + " must be a positive multiple of heads " + std::to_string(s.heads));
   need(s.layers >= 1, "layers must be positive, got " + std::to_string(s.layers));
+  need(tensor >= 1 && s.heads % tensor == 0, std::to_string(s.heads) + " heads do not split over tensor groups of " +
+                                                 std::to_string(tensor) + " ranks (each takes whole heads)");
+}
+
+/// What one tensor rank computes with under Megatron-style tensor parallelism of degree `tensor` (1: the whole
+/// model): its heads, their channels (the attention projection's input) and its slice of the MLP's hidden
+/// dimension. validate(s, tensor) first.
+struct local_dims {
+  int heads, attention, hidden;
+};
+inline local_dims local(const shape& s, int tensor) {
+  return {s.heads / tensor, s.width / tensor, 4 * s.width / tensor};
 }
 
 // ---- names: GPT-2's, with nn.Linear's [out, in] weights -------------------------------------------------------
@@ -60,28 +73,38 @@ inline std::string pname(int l, const char* leaf) { return block(l) + "." + leaf
 /// wte [V, C], wpe [T, C], per block h.L.{ln_1, attn.qkv, attn.proj, ln_2, mlp.fc, mlp.proj}.{w, b}, ln_f.{w, b}
 /// and lm_head.w tied to wte. GPT-2's initialisation: N(0, 0.02) for the blocks' matrices and wte, N(0, 0.01) for
 /// wpe, N(0, 0.02 / sqrt(2 L)) for the projections into the residual stream, zeros for biases, ones for norm gains.
+/// Placed for tensor parallelism as Megatron-LM splits a block (used when model_options::tensor_parallel > 1): the
+/// fused [q; k; v] projection column-parallel, each of q, k and v split on its output rows (tp::split(0, 3): a
+/// tensor rank's heads), the MLP's first product column-parallel (tp::split(0)), both projections into the residual
+/// stream row-parallel (tp::split(1)) with their biases replicated (added once, after the sum over the group);
+/// embeddings and norms replicated.
 inline fsdp::ModelSpec make_spec(const shape& s, std::uint64_t seed) {
   validate(s);
   const std::int64_t V = s.vocab, T = s.context, C = s.width;
   const float resid_std = 0.02f / std::sqrt(2.0f * static_cast<float>(s.layers));
   const fsdp::param_flags no_decay{.no_decay = true};
-  auto normal = [&](float std) { return fsdp::param_options{.init = fsdp::init::normal{std, seed}}; };
-  auto flat = [&](fsdp::init::rule r) { return fsdp::param_options{.flags = no_decay, .init = r}; };
+  const fsdp::tensor_placement column = fsdp::tp::split(0), qkv = fsdp::tp::split(0, 3), row = fsdp::tp::split(1);
+  auto normal = [&](float std, fsdp::tensor_placement t) {
+    return fsdp::param_options{.init = fsdp::init::normal{std, seed}, .tensor = t};
+  };
+  auto flat = [&](fsdp::init::rule r, fsdp::tensor_placement t = fsdp::tp::replicated) {
+    return fsdp::param_options{.flags = no_decay, .init = r, .tensor = t};
+  };
   fsdp::ModelSpec spec;
   spec.add("wte", {V, C}, flat(fsdp::init::normal{0.02f, seed}));
   spec.add("wpe", {T, C}, flat(fsdp::init::normal{0.01f, seed}));
   for (int l = 0; l < s.layers; ++l) {
     spec.add(pname(l, "ln_1.w"), {C}, flat(fsdp::init::ones));
     spec.add(pname(l, "ln_1.b"), {C}, flat(fsdp::init::zeros));
-    spec.add(pname(l, "attn.qkv.w"), {3 * C, C}, normal(0.02f));
-    spec.add(pname(l, "attn.qkv.b"), {3 * C}, flat(fsdp::init::zeros));
-    spec.add(pname(l, "attn.proj.w"), {C, C}, normal(resid_std));
+    spec.add(pname(l, "attn.qkv.w"), {3 * C, C}, normal(0.02f, qkv));
+    spec.add(pname(l, "attn.qkv.b"), {3 * C}, flat(fsdp::init::zeros, qkv));
+    spec.add(pname(l, "attn.proj.w"), {C, C}, normal(resid_std, row));
     spec.add(pname(l, "attn.proj.b"), {C}, flat(fsdp::init::zeros));
     spec.add(pname(l, "ln_2.w"), {C}, flat(fsdp::init::ones));
     spec.add(pname(l, "ln_2.b"), {C}, flat(fsdp::init::zeros));
-    spec.add(pname(l, "mlp.fc.w"), {4 * C, C}, normal(0.02f));
-    spec.add(pname(l, "mlp.fc.b"), {4 * C}, flat(fsdp::init::zeros));
-    spec.add(pname(l, "mlp.proj.w"), {C, 4 * C}, normal(resid_std));
+    spec.add(pname(l, "mlp.fc.w"), {4 * C, C}, normal(0.02f, column));
+    spec.add(pname(l, "mlp.fc.b"), {4 * C}, flat(fsdp::init::zeros, column));
+    spec.add(pname(l, "mlp.proj.w"), {C, 4 * C}, normal(resid_std, row));
     spec.add(pname(l, "mlp.proj.b"), {C}, flat(fsdp::init::zeros));
   }
   spec.add("ln_f.w", {C}, flat(fsdp::init::ones));

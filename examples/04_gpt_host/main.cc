@@ -5,7 +5,7 @@
 // blocks of 16 too, through all_to_all). Prints per step the loss, learning
 // rate, gradient norm and tokens/s, and at the end every rank's peak memory by category next to the planner's
 // prediction and the activations the trainer kept.
-//   bazel run //examples/04_gpt_host -- --ranks 4 [--steps 50] [--precision bf16|fp32|fp8|int8|int8-qgz]
+//   bazel run //examples/04_gpt_host -- --ranks 4 [--tp T] [--steps 50] [--precision bf16|fp32|fp8|int8|int8-qgz]
 //       [--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations]
 //       [--layers L] [--width C] [--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W]
 //       [--export-init FILE.safetensors] [--losses FILE] [--pack]
@@ -13,6 +13,9 @@
 // one line per step (step, loss, learning rate, gradient norm): the PyTorch peer (bench/peer) reads both.
 // --pack trains on documents of varied lengths packed into rows of the context (fsdp::data: attention inside each
 // document, every rank the same real tokens); --batch is then the rows of a step.
+// --tp T splits each block over tensor groups of T consecutive ranks, Megatron-style (model_options::tensor_parallel:
+// each rank T's share of the heads and of the MLP, the projections' partial products summed over the group); the
+// strategy shards each rank's slices over the ranks / T data-parallel ranks, which split the batch.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -28,7 +31,7 @@ namespace {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "error: %s\nusage: gpt_host [--ranks N] [--steps S] [--precision bf16|fp32|fp8|int8|int8-qgz] "
+               "error: %s\nusage: gpt_host [--ranks N] [--tp T] [--steps S] [--precision bf16|fp32|fp8|int8|int8-qgz] "
                "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
                "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
                "[--export-init FILE] [--losses FILE] [--pack]\n",
@@ -60,13 +63,16 @@ int run(int ranks, const gpt::config& cfg, const outputs& out) {
   const auto pf = fsdp::facts_of_precision<Precision>();
   const auto& s = cfg.model;
   const gpt::entropies h = gpt::data_entropies(cfg.data, s.vocab);
-  std::printf("GPT: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d thread ranks, "
-              "%s compute, %s reduction, global batch %d %s (%d positions)%s\n",
-              s.layers, s.width, s.heads, s.context, s.vocab, static_cast<long long>(gpt::parameters(s)),
-              std::string(Strategy::name).c_str(), ranks, std::string(fsdp::name_of(pf.compute)).c_str(),
-              std::string(fsdp::name_of(pf.reduce)).c_str(), cfg.global_batch,
-              cfg.packing.on ? "packed rows of documents" : "sequences", cfg.global_batch * s.context,
-              cfg.checkpoint_activations ? ", activation checkpointing" : "");
+  const int tp = cfg.options.tensor_parallel;
+  const std::string groups = tp > 1 ? " in tensor groups of " + std::to_string(tp) : "";
+  std::printf(
+      "GPT: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d thread ranks%s, "
+      "%s compute, %s reduction, global batch %d %s (%d positions)%s\n",
+      s.layers, s.width, s.heads, s.context, s.vocab, static_cast<long long>(gpt::parameters(s)),
+      std::string(Strategy::name).c_str(), ranks, groups.c_str(), std::string(fsdp::name_of(pf.compute)).c_str(),
+      std::string(fsdp::name_of(pf.reduce)).c_str(), cfg.global_batch,
+      cfg.packing.on ? "packed rows of documents" : "sequences", cfg.global_batch * s.context,
+      cfg.checkpoint_activations ? ", activation checkpointing" : "");
   std::printf("data: entropy of the token frequencies %.4f nats, lowest reachable loss %.4f nats\n", h.frequencies,
               h.floor);
   std::vector<gpt::result> results(static_cast<std::size_t>(ranks));
@@ -123,6 +129,8 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--ranks") ranks = to_int(value(), a);
+    else if (a == "--tp")
+      cfg.options.tensor_parallel = to_int(value(), a);
     else if (a == "--steps") cfg.steps = to_int(value(), a);
     else if (a == "--batch") cfg.global_batch = to_int(value(), a);
     else if (a == "--layers") cfg.model.layers = to_int(value(), a);
@@ -148,7 +156,7 @@ int main(int argc, char** argv) {
   }
   cfg.opt.total = cfg.steps;  // the cosine spans the run
   try {
-    gpt::validate(cfg.model);
+    gpt::validate(cfg.model, cfg.options.tensor_parallel);
     return gpt::with_policy_flags(
         strategy, precision,
         [&](auto s, auto p) { return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, cfg, out); },

@@ -16,6 +16,7 @@
 #include "tests/support/support.hpp"
 
 using fsdp::comm::local_communicator;
+using fsdp_test::assemble;
 using fsdp_test::error_of;
 using fsdp_test::run_ranks;
 
@@ -49,27 +50,6 @@ struct trained {
   std::int64_t tensor_all_reduces = 0;               ///< rank 0's tensor group's all-reduces (trainer's and model's)
   std::vector<double> norms;                         ///< rank 0's gradient norm of each step (with max_norm)
 };
-
-/// Global parameters from each tensor rank's local ones (`local[t]`), as the spec places them.
-std::map<std::string, std::vector<float>> assemble(const std::vector<std::map<std::string, std::vector<float>>>& local,
-                                                   const fsdp::ModelSpec& spec) {
-  const int tensor = static_cast<int>(local.size());
-  std::map<std::string, std::vector<float>> out;
-  for (const fsdp::ParamSpec& p : spec.params()) {
-    std::vector<float>& g = out[p.name];
-    g.assign(static_cast<std::size_t>(p.numel()), 0.0f);
-    fsdp::problems none;
-    const std::vector<std::int64_t> shape = fsdp::local_shape(p.name, p.shape, p.tensor, tensor, none);
-    for (int t = 0; t < tensor; ++t) {
-      const std::vector<float>& l = local[static_cast<std::size_t>(t)].at(p.name);
-      fsdp::for_each_global_run(shape, p.tensor, {tensor, t}, 0, static_cast<std::int64_t>(l.size()),
-                                [&](std::int64_t global, std::int64_t offset, std::int64_t n) {
-                                  std::copy_n(l.begin() + offset, n, g.begin() + global);
-                                });
-    }
-  }
-  return out;
-}
 
 /// `steps` AdamW steps of the Megatron-style trainer at `world` ranks, `tensor` of them a tensor group (1: no
 /// tensor parallelism); each data-parallel rank trains on its slice of a global batch of mlp::make_batch samples.

@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <doctest/doctest.h>
 #include <fsdp/fsdp.hpp>
@@ -70,6 +72,27 @@ std::string error_of(F&& fn) {
   }
   FAIL("no exception thrown");
   return {};
+}
+
+/// Global parameters from each tensor rank's local ones (`local[t]`), as the spec places them.
+inline std::map<std::string, std::vector<float>> assemble(
+    const std::vector<std::map<std::string, std::vector<float>>>& local, const fsdp::ModelSpec& spec) {
+  const int tensor = static_cast<int>(local.size());
+  std::map<std::string, std::vector<float>> out;
+  for (const fsdp::ParamSpec& p : spec.params()) {
+    std::vector<float>& g = out[p.name];
+    g.assign(static_cast<std::size_t>(p.numel()), 0.0f);
+    fsdp::problems none;
+    const std::vector<std::int64_t> shape = fsdp::local_shape(p.name, p.shape, p.tensor, tensor, none);
+    for (int t = 0; t < tensor; ++t) {
+      const std::vector<float>& l = local[static_cast<std::size_t>(t)].at(p.name);
+      fsdp::for_each_global_run(shape, p.tensor, {tensor, t}, 0, static_cast<std::int64_t>(l.size()),
+                                [&](std::int64_t global, std::int64_t offset, std::int64_t n) {
+                                  std::copy_n(l.begin() + offset, n, g.begin() + global);
+                                });
+    }
+  }
+  return out;
 }
 
 }  // namespace fsdp_test
