@@ -119,6 +119,14 @@ inline fsdp::wrap::by_prefix wrapping() { return fsdp::wrap::by_prefix{"h."}; }
 
 /// Parameters of the model (the tie counted once).
 inline std::int64_t parameters(const shape& s) { return make_spec(s, 0).numel(); }
+/// Parameters one rank of a tensor group of `tensor` holds: its slices of the split ones and the replicated ones.
+inline std::int64_t parameters(const shape& s, int tensor) {
+  validate(s, tensor);
+  fsdp::problems p;
+  const fsdp::ModelSpec local = make_spec(s, 0).tensor_local(tensor, p);
+  p.require();
+  return local.numel();
+}
 
 /// Model FLOPs per token of a training step (forward and backward), as the PaLM appendix counts them for MFU: 6 per
 /// matrix parameter (the blocks' 12 C^2 per layer and the tied head's V C; the embeddings' lookups are not FLOPs)

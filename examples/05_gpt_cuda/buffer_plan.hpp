@@ -36,22 +36,28 @@ struct buffer_settings {
   bool checkpoint_activations = false;  ///< one block cache and a recomputed output instead of a cache per block
   bool packed = false;                  ///< packed rows: document starts and the loss mask on the device
   int head_rows = 0;                    ///< the classifier's rows at a time as asked (head_rows())
+  int tensor = 1;                       ///< tensor-parallel degree: the rank's heads and MLP slice (gpt::local)
 };
 
-/// The rows, in the order the table prints them. N = batch * T tokens, C the width, V the vocabulary.
+/// The rows, in the order the table prints them. N = batch * T tokens, C the width, V the vocabulary; under tensor
+/// parallelism H the rank's heads, A their channels (C / tensor) and F its slice of the MLP (4 C / tensor).
 inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, buffer_settings o) {
+  const gpt::local_dims d = gpt::local(s, o.tensor);
   const std::size_t B = std::size_t(batch), T = std::size_t(s.context), C = std::size_t(s.width),
-                    V = std::size_t(s.vocab), H = std::size_t(s.heads), L = std::size_t(s.layers);
-  const std::size_t N = B * T, NC = N * C, K = (N + 63) / 64;  // K: 64-row partials of a column sum
+                    V = std::size_t(s.vocab), H = std::size_t(d.heads), L = std::size_t(s.layers),
+                    A = std::size_t(d.attention), F = std::size_t(d.hidden);
+  const std::size_t N = B * T, NC = N * C, NA = N * A, NF = N * F, K = (N + 63) / 64;  // K: 64-row partials
   const std::size_t R = std::size_t(head_rows(s, batch, o.head_rows));
   const auto half = [](std::size_t n) { return (n + 1) / 2; };           // bf16 elements, two to a float
   const auto act = [&](std::size_t n) { return o.bf16 ? half(n) : n; };  // activations kept in the compute type
   // gpt::block_cache_of (see "block cache" below): res1 in fp32; ln1, qkv, atty, ln2, fc, fc_gelu in the compute type
-  const std::size_t cache = NC + 3 * act(NC) + act(3 * NC) + 2 * act(4 * NC) + 4 * N + B * H * T;
+  const std::size_t cache = NC + 2 * act(NC) + act(NA) + act(3 * NA) + 2 * act(NF) + 4 * N + B * H * T;
   std::vector<planned_buffer> p = {
       {"block inputs x_0 .. x_L [N, C]", L + 1, NC},
-      {"block cache (res1: NC fp32; ln1, qkv, attention out, ln2, fc, fc_gelu: 14 NC in the compute type; 4 row "
-       "statistics; row log-sum-exp)",
+      {o.tensor == 1 ? "block cache (res1: NC fp32; ln1, qkv, attention out, ln2, fc, fc_gelu: 14 NC in the compute "
+                       "type; 4 row statistics; row log-sum-exp)"
+                     : "block cache (res1: NC fp32; ln1, ln2: 2 NC, qkv, attention out: 4 NA, fc, fc_gelu: 2 NF in "
+                       "the compute type; 4 row statistics; row log-sum-exp of the rank's heads)",
        o.checkpoint_activations ? 1 : L, cache},
       {"recomputed block output (checkpointing) [N, C]", o.checkpoint_activations ? 1u : 0u, NC},
       {"gradient of the block input and of the next [N, C]", 2, NC},
@@ -66,18 +72,22 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
       {"wte gradient (fp32) [V, C]", 1, V * C},
       {"ln_f weight and bias gradients [C]", 2, C},
       {"wpe gradient (fp32) [T, C]", 1, T * C},
-      {"backward scratch: residual gradient, dln2, datty [N, C]", 3, NC},
-      {"backward scratch: dfc_gelu, dfc [N, 4C]", 2, 4 * NC},
-      {"backward scratch: dqkv [N, 3C]", 1, 3 * NC},
+      {"backward scratch: residual gradient, dln2 [N, C]", 2, NC},
+      {"backward scratch: datty [N, A]", 1, NA},
+      {"backward scratch: dfc_gelu, dfc [N, F]", 2, NF},
+      {"backward scratch: dqkv [N, 3A]", 1, 3 * NA},
       {"attention backward: dO . O per row [B, heads, T]", 1, B * H * T},
       {"column-sum partials [ceil(N / 64), 4C]", 1, K * 4 * C},
-      // The GEMMs' bf16 output-gradient operand: the widest (a chunk's logits', head rows x V, or dfc's N x 4C), two
-      // bf16 to a float; fp32 GEMMs take the fp32 buffers themselves (their inputs are kept in bf16 already).
-      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u, std::max(half(R * V), half(4 * NC))},
-      // fp32 copies of the gathered small parameters, one per name (shared by the blocks in stream order).
-      {"fp32 copies: ln_1, ln_2, ln_f weights and biases, the four linear biases", 1, 15 * C},
+      // The GEMMs' bf16 output-gradient operand: the widest (a chunk's logits', head rows x V, or dfc's N x F, dqkv's
+      // N x 3A, a projection's N x C), two bf16 to a float; fp32 GEMMs take the fp32 buffers themselves (their inputs
+      // are kept in bf16 already).
+      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u,
+       std::max({half(R * V), half(NF), half(3 * NA), half(NC)})},
+      // fp32 copies of the gathered small parameters, one per name (shared by the blocks in stream order): the norms'
+      // 6 C, the projections' biases 2 C, the QKV bias 3 A and the MLP's F (15 C without tensor parallelism).
+      {"fp32 copies: ln_1, ln_2, ln_f weights and biases, the four linear biases", 1, 8 * C + 3 * A + F},
       // fp32 gradient sums of one block's parameters, stored once into the compute-type gradient buffers.
-      {"fp32 block gradient sums [12 C^2 + 13 C]", 1, 12 * C * C + 13 * C},
+      {"fp32 block gradient sums [12 C^2 + 13 C at one tensor rank]", 1, 4 * A * C + 2 * F * C + 6 * C + 3 * A + F},
   };
   return p;
 }

@@ -12,6 +12,11 @@
 // gradient is summed in fp32 and stored once into the compute-type gradient buffer. The trainer's buffers are made
 // in the first step and reused: a later step that would allocate one is an error (trainer::begin_step), so no step
 // after the first calls cudaMalloc or cudaFree, each a device-wide synchronisation.
+//
+// Tensor parallelism (model_options::tensor_parallel, gpt_loop.hpp): each rank's products, attention and element-wise
+// kernels run on its slices (its heads, its MLP slice); the projections' products are summed over the tensor group
+// before the kernels that add their biases (so the replicated bias is added once, to the sum), and the norms' input
+// gradients before the norms' backward: gpt::tp_group's all-reduces, on the compute stream in the kernels' order.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -137,6 +142,8 @@ class trainer {
         B_(batch),
         N_(batch * s.context),
         R_(head_rows(s, batch, k.head_rows)),
+        tp_(gpt::tp_group_of(model)),
+        d_((gpt::validate(s, tp_.degree), gpt::local(s, tp_.degree))),
         be_(&model.backend()),
         cs_(&model.backend().compute_stream()),
         mm_(std::make_unique<gemm>(k.gemm, cs_->get())),
@@ -145,6 +152,11 @@ class trainer {
       throw fsdp::usage_error("gpt_cuda::trainer: width " + std::to_string(s.width) +
                               " is not a multiple of 4 (the element-wise kernels take four columns a thread, in "
                               "128-bit accesses)");
+    if (d_.attention % 4 != 0)
+      throw fsdp::usage_error("gpt_cuda::trainer: width " + std::to_string(s.width) + " over tensor groups of " +
+                              std::to_string(tp_.degree) + " leaves " + std::to_string(d_.attention) +
+                              " channels of attention a rank, not a multiple of 4 (the element-wise kernels take four "
+                              "columns a thread, in 128-bit accesses)");
     if (const std::string why = attention::refusal(s.width / s.heads, std::is_same_v<DW, fsdp::bfloat16>, k.attention);
         !why.empty())
       throw fsdp::usage_error("gpt_cuda::trainer: " + why);
@@ -181,31 +193,32 @@ class trainer {
   template <class Unit>
   void block_forward(const Unit& u, int l, const dbuf& x, cache& k, dbuf& out) {
     namespace K = kernels;
-    const int C = s_.width, N = N_;
+    const int C = s_.width, N = N_, A = d_.attention, F = d_.hidden;  // this rank's heads' channels, MLP slice
     auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
     auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
-    const std::size_t NC = nc();
+    const std::size_t NC = nc(), NA = std::size_t(N) * A, NF = std::size_t(N) * F;
     // ln1, atty, ln2 and fc_gelu are read only by matrix products (and atty by attention's row_dots): kept in the
     // compute type, as the kernels that make them write them (the products' operands, no cast in between); so are
     // qkv and fc, products read by attention and by GELU (their biases added in the compute type, as autocast keeps
     // a linear layer's output).
-    k.ln1.resize(act(NC)), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(act(3 * NC)), k.att.resize(rows());
-    k.atty.resize(act(NC)), k.res1.resize(NC), k.ln2.resize(act(NC)), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
-    k.fc.resize(act(4 * NC)), k.fc_gelu.resize(act(4 * NC)), out.resize(NC);
+    k.ln1.resize(act(NC)), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(act(3 * NA)), k.att.resize(rows());
+    k.atty.resize(act(NA)), k.res1.resize(NC), k.ln2.resize(act(NC)), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
+    k.fc.resize(act(NF)), k.fc_gelu.resize(act(NF)), out.resize(NC);
     go(launch_names::layernorm_forward, blocks(32LL * N), K::layernorm_forward<DW>, as_dw(k.ln1), k.ln1_mean.data(),
        k.ln1_rstd.data(), x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
-    linear_forward(as_dw(k.qkv), as_dw(k.ln1), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * C);
+    linear_forward(as_dw(k.qkv), as_dw(k.ln1), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * A);
     ++launch_tally()[launch_names::attention_forward];
     attend([&](auto run) { run.forward(as_dw(k.atty), k.att.data(), as_dw(k.qkv), att_dims(), s()); });
     // Each linear layer's bias is added by the kernel after its product: with the residual add and the next
     // layernorm, with GELU, with the residual add.
-    linear_forward(k.res1.data(), as_dw(k.atty), w("attn.proj.w"), nullptr, N, C, C);
+    linear_forward(k.res1.data(), as_dw(k.atty), w("attn.proj.w"), nullptr, N, A, C);
+    tp_.all_reduce(k.res1.data(), NC);  // row-parallel: the partial products summed, the bias added to the sum
     go(launch_names::bias_residual_layernorm, blocks(32LL * N), K::bias_residual_layernorm<DW>, k.res1.data(),
        as_dw(k.ln2), k.ln2_mean.data(), k.ln2_rstd.data(), p("attn.proj.b"), x.data(), p("ln_2.w"), p("ln_2.b"), N, C);
-    linear_forward(as_dw(k.fc), as_dw(k.ln2), w("mlp.fc.w"), nullptr, N, C, 4 * C);
-    go(launch_names::bias_gelu, blocks(4 * NC), K::bias_gelu<DW>, as_dw(k.fc_gelu), as_dw(k.fc), p("mlp.fc.b"), N,
-       4 * C);
-    linear_forward(out.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), nullptr, N, 4 * C, C);
+    linear_forward(as_dw(k.fc), as_dw(k.ln2), w("mlp.fc.w"), nullptr, N, C, F);
+    go(launch_names::bias_gelu, blocks(NF), K::bias_gelu<DW>, as_dw(k.fc_gelu), as_dw(k.fc), p("mlp.fc.b"), N, F);
+    linear_forward(out.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), nullptr, N, F, C);
+    tp_.all_reduce(out.data(), NC);
     go(launch_names::bias_residual, blocks(NC), K::bias_residual<>, out.data(), p("mlp.proj.b"), k.res1.data(), N, C);
     check();
   }
@@ -213,33 +226,35 @@ class trainer {
   template <class Unit>
   void block_backward(const Unit& u, int l, const dbuf& x, const cache& k, const dbuf& dout, dbuf& dx) {
     namespace K = kernels;
-    const int C = s_.width, N = N_;
-    const std::size_t NC = nc(), CC = static_cast<std::size_t>(C) * C;
+    const int C = s_.width, N = N_, A = d_.attention, F = d_.hidden;
+    const std::size_t NC = nc(), NA = std::size_t(N) * A, NF = std::size_t(N) * F, CA = std::size_t(C) * A,
+                      CF = std::size_t(C) * F;
     auto p = [&](const char* leaf) { return weight(u, gpt::pname(l, leaf), leaf); };
     auto w = [&](const char* leaf) { return matrix(u, gpt::pname(l, leaf)); };
     // Sums by columns (layernorm and bias gradients) add into zeroed buffers; the weight gradients and the products'
     // input gradients are written by one product each (beta 0): no memset.
     auto g = [&](const char* leaf, std::size_t n) { return zeroed(gscratch_[leaf], n); };
     auto gw = [&](const char* leaf, std::size_t n) { return sized(gscratch_[leaf], n); };
-    float *g_ln1w = g("ln_1.w", C), *g_ln1b = g("ln_1.b", C), *g_qkvw = gw("attn.qkv.w", 3 * CC),
-          *g_qkvb = g("attn.qkv.b", 3 * C), *g_aprojw = gw("attn.proj.w", CC), *g_aprojb = g("attn.proj.b", C),
-          *g_ln2w = g("ln_2.w", C), *g_ln2b = g("ln_2.b", C), *g_fcw = gw("mlp.fc.w", 4 * CC),
-          *g_fcb = g("mlp.fc.b", 4 * C), *g_mprojw = gw("mlp.proj.w", 4 * CC), *g_mprojb = g("mlp.proj.b", C);
+    float *g_ln1w = g("ln_1.w", C), *g_ln1b = g("ln_1.b", C), *g_qkvw = gw("attn.qkv.w", 3 * CA),
+          *g_qkvb = g("attn.qkv.b", 3 * A), *g_aprojw = gw("attn.proj.w", CA), *g_aprojb = g("attn.proj.b", C),
+          *g_ln2w = g("ln_2.w", C), *g_ln2b = g("ln_2.b", C), *g_fcw = gw("mlp.fc.w", CF), *g_fcb = g("mlp.fc.b", F),
+          *g_mprojw = gw("mlp.proj.w", CF), *g_mprojb = g("mlp.proj.b", C);
     dres1_.resize(NC);
     copy(dres1_, dout);
-    float* dfc_gelu = sized(t4a_, 4 * NC);
-    linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, 4 * C, C);
-    t4b_.resize(4 * NC);
-    go(launch_names::gelu_backward, blocks(4 * NC), K::gelu_backward<DW>, t4b_.data(), as_dw(k.fc), dfc_gelu, 4 * NC);
+    float* dfc_gelu = sized(t4a_, NF);
+    linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, F, C);
+    t4b_.resize(NF);
+    go(launch_names::gelu_backward, blocks(NF), K::gelu_backward<DW>, t4b_.data(), as_dw(k.fc), dfc_gelu, NF);
     float* dln2 = sized(tnc_a_, NC);
-    linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), as_dw(k.ln2), w("mlp.fc.w"), N, C, 4 * C);
+    linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), as_dw(k.ln2), w("mlp.fc.w"), N, C, F);
+    tp_.all_reduce(dln2, NC);  // column-parallel: the input gradient's partial sums
     layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
                        k.ln2_rstd.data());
     dx.resize(NC);
     copy(dx, dres1_);
-    float* datty = sized(tnc_b_, NC);
-    linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), as_dw(k.atty), w("attn.proj.w"), N, C, C);
-    float* dqkv = zeroed(t3nc_, 3 * NC);
+    float* datty = sized(tnc_b_, NA);
+    linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), as_dw(k.atty), w("attn.proj.w"), N, A, C);
+    float* dqkv = zeroed(t3nc_, 3 * NA);
     rowdots_.resize(rows());
     for (const char* name : {launch_names::row_dots, launch_names::backward_key, launch_names::backward_query})
       ++launch_tally()[name];  // attention::launch::backward's three kernels
@@ -247,7 +262,8 @@ class trainer {
       run.backward(dqkv, rowdots_.data(), datty, as_dw(k.atty), as_dw(k.qkv), k.att.data(), att_dims(), s());
     });
     float* dln1 = sized(tnc_a_, NC);
-    linear_backward(dln1, g_qkvw, g_qkvb, dqkv, as_dw(k.ln1), w("attn.qkv.w"), N, C, 3 * C);
+    linear_backward(dln1, g_qkvw, g_qkvb, dqkv, as_dw(k.ln1), w("attn.qkv.w"), N, C, 3 * A);
+    tp_.all_reduce(dln1, NC);
     layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
     for (const char* leaf : {"ln_1.w", "ln_1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b", "ln_2.w",
                              "ln_2.b", "mlp.fc.w", "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"})
@@ -307,9 +323,10 @@ class trainer {
     check();
   }
 
-  /// The mean loss over every rank's tokens: an all-reduce of the ranks' means (packed: of their shares, summed) on
-  /// the compute stream.
+  /// The mean loss over every rank's tokens: an all-reduce of the ranks' means (packed: of their shares, summed, a
+  /// tensor group's counted once: gpt::loss_contribution) on the compute stream.
   float global_loss(ModelT& model) {
+    if (gpt::loss_contribution(1.0f, packed_, tp_) == 0.0f) zeroed(loss_, 1);
     model.comm().all_reduce(loss_.data(), loss_.data(), 1, fsdp::dtype::f32, gpt::loss_reduction(packed_), *cs_);
     float loss = 0;
     be_->synchronize(*cs_);  // the watched wait first: a copy into pageable memory blocks until the stream drains
@@ -340,8 +357,8 @@ class trainer {
   static std::size_t act(std::size_t n) { return std::is_same_v<DW, float> ? n : (n + 1) / 2; }
   /// A buffer of activations kept in the compute type (act()).
   static DW* as_dw(const dbuf& b) { return reinterpret_cast<DW*>(b.data()); }
-  long long rows() const { return static_cast<long long>(B_) * s_.heads * s_.context; }
-  attention::dims att_dims() const { return {B_, s_.context, s_.width, s_.heads, starts()}; }
+  long long rows() const { return static_cast<long long>(B_) * d_.heads * s_.context; }
+  attention::dims att_dims() const { return {B_, s_.context, d_.attention, d_.heads, starts()}; }
   /// f(attention::launch<DW, P>{}) for the trainer's product P.
   template <class F>
   void attend(F&& f) const {
@@ -487,6 +504,8 @@ class trainer {
 
   gpt::shape s_;
   int B_, N_, R_;  // sequences, tokens, and the head's rows at a time
+  gpt::tp_group tp_;
+  gpt::local_dims d_;  // this rank's heads, their channels and its MLP slice (the whole model at tensor degree 1)
   typename ModelT::backend_type* be_;
   typename ModelT::backend_type::stream* cs_;
   std::unique_ptr<gemm> mm_;

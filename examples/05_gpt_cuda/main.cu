@@ -6,7 +6,7 @@
 //                            rendezvous file is a path every rank sees; without it comm::nccl::from_env refuses a
 //                            world of more than one (docs/errors.md).
 // Options as 04_gpt_host's (--layers, --width, --heads, --context, --vocab, --batch, --lr, --warmup, --seed,
-// --precision bf16|fp32, --strategy, --checkpoint-activations, --pack), and --gemm cublas|plain, --attention
+// --precision bf16|fp32, --strategy, --checkpoint-activations, --pack, --tp T), and --gemm cublas|plain, --attention
 // tensor|twin (attention's tile products on tensor cores, bf16 only, the default there; or their twin from the
 // warp's lanes, the default in fp32 and the only one on the simulated GPU: attention.cuh), --head-rows R (the
 // classifier and cross-entropy R token rows at a time; by default the rows whose fp32 logits fit 256 MiB:
@@ -39,25 +39,34 @@
 namespace {
 
 int usage(const std::string& why) {
-  std::fprintf(
-      stderr,
-      "error: %s\nusage: 05_gpt_cuda [--ranks N | --nccl] [--steps S] [--precision bf16|fp32] "
-      "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
-      "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-      "[--pack] [--gemm cublas|plain] [--attention tensor|twin] [--head-rows R] [--peak-tflops X] [--compare-host] "
-      "[--plan] [--floor] [--matrix-tflops X --copy-gbs Y]\n",
-      why.c_str());
+  std::fprintf(stderr,
+               "error: %s\nusage: 05_gpt_cuda [--ranks N | --nccl] [--steps S] [--precision bf16|fp32] "
+               "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
+               "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
+               "[--pack] [--tp T] [--gemm cublas|plain] [--attention tensor|twin] [--head-rows R] [--peak-tflops X] "
+               "[--compare-host] "
+               "[--plan] [--floor] [--matrix-tflops X --copy-gbs Y]\n",
+               why.c_str());
   return 1;
 }
 
+/// Sequences per rank of `world`: the global batch over the data-parallel ranks (world / --tp), or 0 when it does
+/// not split.
+int batch_of(const gpt::config& cfg, int world) {
+  const int tp = cfg.options.tensor_parallel;
+  if (world <= 0 || tp <= 0 || world % tp != 0 || cfg.global_batch % (world / tp) != 0) return 0;
+  return cfg.global_batch / (world / tp);
+}
 /// plan(sequences per rank, the trainer's settings) for one rank of `world`, or none when the batch does not split.
 template <class Plan>
 auto for_rank(const gpt::config& cfg, int world, bool bf16, int head_rows, Plan&& plan) -> decltype(plan(0, {})) {
-  if (world <= 0 || cfg.global_batch % world != 0) return {};
-  return plan(cfg.global_batch / world, gpt_cuda::buffer_settings{.bf16 = bf16,
-                                                                  .checkpoint_activations = cfg.checkpoint_activations,
-                                                                  .packed = cfg.packing.on,
-                                                                  .head_rows = head_rows});
+  const int batch = batch_of(cfg, world);
+  if (batch == 0) return {};
+  return plan(batch, gpt_cuda::buffer_settings{.bf16 = bf16,
+                                               .checkpoint_activations = cfg.checkpoint_activations,
+                                               .packed = cfg.packing.on,
+                                               .head_rows = head_rows,
+                                               .tensor = cfg.options.tensor_parallel});
 }
 /// The trainer's buffers for one rank of `world` (gpt_cuda::buffer_plan).
 std::vector<gpt_cuda::planned_buffer> plan_for(const gpt::config& cfg, int world, bool bf16, int head_rows) {
@@ -187,13 +196,17 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
   auto header = [&](int world) {
     std::printf(
         "GPT on CUDA: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d "
-        "rank(s), %s compute, global batch %d %s%s; attention on %s\n",
+        "rank(s)%s, %s compute, global batch %d %s%s; attention on %s\n",
         s.layers, s.width, s.heads, s.context, s.vocab, static_cast<long long>(gpt::parameters(s)),
-        std::string(Sharding::name).c_str(), world, std::string(fsdp::name_of(pf.compute)).c_str(), cfg.global_batch,
+        std::string(Sharding::name).c_str(), world,
+        cfg.options.tensor_parallel > 1
+            ? (" in tensor groups of " + std::to_string(cfg.options.tensor_parallel)).c_str()
+            : "",
+        std::string(fsdp::name_of(pf.compute)).c_str(), cfg.global_batch,
         cfg.packing.on ? "packed rows of documents" : "sequences",
         cfg.checkpoint_activations ? ", activation checkpointing" : "", gpt_cuda::attention::name_of(kind.attention));
     if (const auto plan = plan_for(cfg, world, bf16, kind.head_rows); !plan.empty())
-      print_plan(plan, cfg.global_batch / world);
+      print_plan(plan, batch_of(cfg, world));
   };
   int ranks_here = ranks;  // the ranks whose trainers this process holds
   if (use_nccl) {
@@ -314,6 +327,8 @@ int main(int argc, char** argv) {
     else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;
     else if (a == "--pack") cfg.packing.on = true;
     else if (a == "--ranks" && positive(ranks)) ranks_given = true;
+    else if (a == "--tp" && positive(cfg.options.tensor_parallel))
+      continue;
     else if (a == "--steps" && positive(cfg.steps)) continue;
     else if (a == "--batch" && positive(cfg.global_batch)) continue;
     else if (a == "--head-rows" && positive(head_rows))
@@ -348,11 +363,11 @@ int main(int argc, char** argv) {
   const gpt_cuda::ceilings given{matrix_tflops * 1e12, copy_gbs * 1e9, "given: --matrix-tflops, --copy-gbs"};
   if (plan_only || floor_only) {  // the trainer's buffers or its step's floor for one of --ranks ranks, without a GPU
     try {
-      gpt::validate(cfg.model);
+      gpt::validate(cfg.model, cfg.options.tensor_parallel);
       if (precision != "bf16" && precision != "fp32") return usage("--precision is bf16 or fp32");
       const auto plan = plan_for(cfg, ranks, precision == "bf16", head_rows);
-      if (plan.empty()) return usage("--batch must split evenly over --ranks");
-      if (plan_only) print_plan(plan, cfg.global_batch / ranks);
+      if (plan.empty()) return usage("--tp must divide --ranks, and --batch split evenly over --ranks / --tp");
+      if (plan_only) print_plan(plan, batch_of(cfg, ranks));
       if (floor_only)
         std::printf("%s", gpt_cuda::floor_table(work_for(cfg, ranks, precision == "bf16", head_rows),
                                                 given.flops_per_s > 0 ? given : recorded_ceilings())
@@ -370,7 +385,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    gpt::validate(cfg.model);
+    gpt::validate(cfg.model, cfg.options.tensor_parallel);
     return gpt::with_policy_flags(strategy, precision, [&](auto s, auto p) {
       using Precision = typename decltype(p)::type;
       const bool bf16 = fsdp::facts_of_precision<Precision>().compute == fsdp::dtype::bf16;

@@ -14,7 +14,10 @@
 // dependent), and of the library's step only its casts into the gathered parameters and AdamW (rows marked
 // "library": no launch count, collectives not counted). Attention's products are counted over the causal half of
 // whole rows (packed rows of several documents do less), as the kernels compute them: 2 in the forward, 4 in
-// backward_key (scores, dP, dV, dK) and 3 in backward_query (scores, dP, dQ).
+// backward_key (scores, dP, dV, dK) and 3 in backward_query (scores, dP, dQ). Under tensor parallelism
+// (buffer_settings::tensor) the rows are tensor rank 0's: its heads and MLP slice; the trainer's sums over the tensor
+// group are collectives, not counted (and in a packed step the other tensor ranks zero their loss before its sum,
+// one cudaMemsetAsync more).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -53,11 +56,14 @@ inline constexpr const char *embed = "embed", *widen = "widen", *narrow = "narro
                             *memcpy = "cudaMemcpyAsync (device to device)";
 }  // namespace launch_names
 
-/// The rows of one step of one rank (`batch` sequences) of `world`, in the order of their first launch.
+/// The rows of one step of one rank (`batch` sequences) of `world`, in the order of their first launch. H, A and F:
+/// the rank's heads, their channels and its MLP slice (gpt::local; the whole model at tensor degree 1).
 inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer_settings o, int world = 1) {
   namespace n = launch_names;
-  const double B = batch, T = s.context, C = s.width, V = s.vocab, H = s.heads, D = C / H, N = B * T, NC = N * C,
-               CC = C * C, w = o.bf16 ? 2 : 4, f = 4, K = (N + 63) / 64;  // K: 64-row partials of a column sum
+  const gpt::local_dims ld = gpt::local(s, o.tensor);
+  const double B = batch, T = s.context, C = s.width, V = s.vocab, H = ld.heads, A = ld.attention, F = ld.hidden,
+               D = A / H, N = B * T, NC = N * C, NA = N * A, NF = N * F, w = o.bf16 ? 2 : 4, f = 4,
+               K = (N + 63) / 64;  // K: 64-row partials of a column sum
   std::vector<kernel_work> rows;
   auto add = [&](const char* name, double launches, double flops, double bytes) {
     auto it = std::find_if(rows.begin(), rows.end(), [&](const kernel_work& r) { return r.name == name; });
@@ -97,37 +103,37 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
   auto block_forward = [&] {
     widen(C), widen(C);  // ln_1
     layernorm_forward();
-    widen(3 * C);
-    linear_forward(N, C, 3 * C, true, w);
-    add(n::attention_forward, 1, 2 * tile_product, 4 * NC * w + B * H * T * f);
-    linear_forward(N, C, C, false);
+    widen(3 * A);
+    linear_forward(N, C, 3 * A, true, w);
+    add(n::attention_forward, 1, 2 * tile_product, 4 * NA * w + B * H * T * f);
+    linear_forward(N, A, C, false);
     widen(C), widen(C), widen(C);  // attn.proj.b, ln_2
     add(n::bias_residual_layernorm, 1, 0, NC * w + (3 * NC + 2 * N + 3 * C) * f);
-    linear_forward(N, C, 4 * C, false, w);
-    widen(4 * C);
-    add(n::bias_gelu, 1, 0, 12 * NC * w + 4 * C * f);
-    linear_forward(N, 4 * C, C, false);
+    linear_forward(N, C, F, false, w);
+    widen(F);
+    add(n::bias_gelu, 1, 0, 3 * NF * w + F * f);
+    linear_forward(N, F, C, false);
     widen(C);
     add(n::bias_residual, 1, 0, (3 * NC + C) * f);
   };
   auto block_backward = [&] {
-    for (double g : {C, C, 3 * C, C, C, C, 4 * C, C}) memset(g);  // the gradients summed by columns
+    for (double g : {C, C, 3 * A, C, C, C, F, C}) memset(g);  // the gradients summed by columns
     add(n::memcpy, 1, 0, 2 * NC * f);
-    linear_backward(N, 4 * C, C, true);
-    add(n::gelu_backward, 1, 0, 4 * NC * w + 8 * NC * f);
-    linear_backward(N, C, 4 * C, true);
+    linear_backward(N, F, C, true);
+    add(n::gelu_backward, 1, 0, NF * w + 2 * NF * f);
+    linear_backward(N, C, F, true);
     widen(C);  // ln_2.w
     layernorm_backward();
     add(n::memcpy, 1, 0, 2 * NC * f);
-    linear_backward(N, C, C, true);
-    memset(3 * NC);
-    add(n::row_dots, 1, 0, NC * w + (NC + B * H * T) * f);
-    add(n::backward_key, 1, 4 * tile_product, 3 * NC * w + (NC + 2 * B * H * T + 2 * NC) * f);
-    add(n::backward_query, 1, 3 * tile_product, 3 * NC * w + (NC + 2 * B * H * T + 2 * NC) * f);
-    linear_backward(N, C, 3 * C, true);
+    linear_backward(N, A, C, true);
+    memset(3 * NA);
+    add(n::row_dots, 1, 0, NA * w + (NA + B * H * T) * f);
+    add(n::backward_key, 1, 4 * tile_product, 3 * NA * w + (NA + 2 * B * H * T + 2 * NA) * f);
+    add(n::backward_query, 1, 3 * tile_product, 3 * NA * w + (NA + 2 * B * H * T + 2 * NA) * f);
+    linear_backward(N, C, 3 * A, true);
     widen(C);  // ln_1.w
     layernorm_backward();
-    for (double g : {C, C, 3 * CC, 3 * C, CC, C, C, C, 4 * CC, 4 * C, 4 * CC, C}) store(g);
+    for (double g : {C, C, 3 * A * C, 3 * A, C * A, C, C, C, F * C, F, C * F, C}) store(g);
   };
   // The step, in the trainer's order: embed, the blocks, the head, the blocks' backward, the root's.
   add(n::embed, 1, 0, NC * f + 2 * NC * w + 2 * N * f);
@@ -154,7 +160,7 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
   store(V * C), store(T * C), store(C), store(C);
   // The library's step on this rank's shard (mixed precision, AdamW): the cast of the fp32 shard into the gathered
   // compute type, and AdamW's 28 bytes a parameter (p, g, m, v read; p, m, v written).
-  const double shard = std::ceil(static_cast<double>(gpt::parameters(s)) / world);
+  const double shard = std::ceil(static_cast<double>(gpt::parameters(s, o.tensor)) / (world / o.tensor));
   rows.push_back({"library: the shard cast into the gather", 0, 0, shard * (f + w), true});
   rows.push_back({"library: AdamW", 0, 0, shard * 28, true});
   return rows;

@@ -46,8 +46,7 @@ double relative(double a, double b) { return std::fabs(a - b) / std::max(std::fa
 /// by about the learning rate whatever its gradient's size, so a gradient near zero, rounded otherwise, moves its
 /// element the other way. The initial model is compared bit for bit below, the gradients through their norms.)
 template <class Policy, class Ref = Policy>
-void check_parity(gpt::config c, std::initializer_list<int> degrees, std::initializer_list<int> dps,
-                  double tolerance) {
+void check_parity(gpt::config c, std::initializer_list<int> degrees, std::initializer_list<int> dps, double tolerance) {
   const std::vector<gpt::result> ref = train<Ref>(1, 1, c);
   for (int tensor : degrees)
     for (int dp : dps) {
@@ -77,8 +76,9 @@ gpt::config twenty_steps() {
 
 }  // namespace
 
-TEST_CASE("each tensor rank starts from its slices of the one-rank model, bit for bit: heads of q, k and v, rows "
-          "of the MLP, columns of the projections") {
+TEST_CASE(
+    "each tensor rank starts from its slices of the one-rank model, bit for bit: heads of q, k and v, rows "
+    "of the MLP, columns of the projections") {
   gpt::config c = small();
   c.steps = 0;
   const auto want = gpt_tests::train<gpt_tests::fp32_policy>(1, c)[0].params;
@@ -91,8 +91,9 @@ TEST_CASE("each tensor rank starts from its slices of the one-rank model, bit fo
   }
 }
 
-TEST_CASE("fp32: tensor groups of 1, 2 and 4 times 1, 2 and 3 data-parallel ranks train the same model as one "
-          "rank, within 1e-5 over 20 steps") {
+TEST_CASE(
+    "fp32: tensor groups of 1, 2 and 4 times 1, 2 and 3 data-parallel ranks train the same model as one "
+    "rank, within 1e-5 over 20 steps") {
   check_parity<gpt_tests::fp32_policy>(twenty_steps(), {1, 2, 4}, {1, 2, 3}, 1e-5);
 }
 
@@ -107,7 +108,7 @@ TEST_CASE("every strategy composes with the tensor groups: ZeRO-2, no sharding, 
   check_parity<fsdp::policy<no_shard, fsdp::prefetch::next, fp32>>(twenty_steps(), {2}, {2}, 1e-5);
   // hybrid_shard<2>: shard groups of 2 data-parallel ranks, 2 replicas, each rank in a tensor group of 2
   check_parity<fsdp::policy<hybrid_shard<2>, fsdp::prefetch::next, fp32>, gpt_tests::fp32_policy>(twenty_steps(), {2},
-                                                                                               {4}, 1e-5);
+                                                                                                  {4}, 1e-5);
 }
 
 TEST_CASE("packed rows: the tensor group's ranks read the same rows and its loss is counted once") {
@@ -116,8 +117,9 @@ TEST_CASE("packed rows: the tensor group's ranks read the same rows and its loss
   check_parity<gpt_tests::fp32_policy>(c, {2, 4}, {1, 2}, 1e-5);
 }
 
-TEST_CASE("the collectives: the library's are those of the data-parallel ranks alone; the trainer adds 4 sums a "
-          "block and step on the tensor group, 6 with activation checkpointing") {
+TEST_CASE(
+    "the collectives: the library's are those of the data-parallel ranks alone; the trainer adds 4 sums a "
+    "block and step on the tensor group, 6 with activation checkpointing") {
   gpt::config c = small();
   c.steps = 3;
   const int L = c.model.layers;

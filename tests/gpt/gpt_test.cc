@@ -401,6 +401,34 @@ TEST_CASE("the CUDA step: checkpointing runs each block's forward twice; fp32 ro
 }
 
 TEST_CASE(
+    "the CUDA step in tensor groups of 2: the blocks' products, attention and gradient sums halve, the head's "
+    "stay whole") {
+  namespace n = gpt_cuda::launch_names;
+  const gpt::shape s{.vocab = 37, .context = 8, .width = 16, .heads = 2, .layers = 3};
+  const double N = 40, C = 16;  // 5 sequences of 8
+  const auto one = gpt_cuda::step_work(s, 5, {}), two = gpt_cuda::step_work(s, 5, {.tensor = 2});
+  CHECK(row(two, n::product).flops == 6 * N * (3 * 12 * C * C / 2 + 37 * C));
+  CHECK(row(two, n::product).launches == row(one, n::product).launches);
+  for (const char* k : {n::attention_forward, n::backward_key, n::backward_query}) {
+    CAPTURE(k);
+    CHECK(row(two, k).flops * 2 == row(one, k).flops);
+  }
+  // AdamW on a shard of the rank's parameters: its slices and the replicated ones, over the data-parallel ranks
+  CHECK(gpt::parameters(s, 2) == gpt::parameters(s) - 3 * (12 * 16 * 16 + 7 * 16) / 2);
+  CHECK(row(gpt_cuda::step_work(s, 5, {.tensor = 2}, 4), "library: AdamW").bytes ==
+        28.0 * std::ceil(gpt::parameters(s, 2) / 2.0));
+  const auto sums = [&](const std::vector<gpt_cuda::planned_buffer>& p) {
+    const auto it = std::find_if(p.begin(), p.end(), [](const auto& b) {
+      return b.name.find("block gradient") == 0 || b.name.find("fp32 block") == 0;
+    });
+    REQUIRE(it != p.end());
+    return it->floats;
+  };
+  CHECK(sums(gpt_cuda::buffer_plan(s, 5, {})) == 12 * 16 * 16 + 13 * 16);
+  CHECK(sums(gpt_cuda::buffer_plan(s, 5, {.tensor = 2})) == 12 * 16 * 16 / 2 + 6 * 16 + 7 * 16 / 2);
+}
+
+TEST_CASE(
     "a kernel's floor is the larger of its FLOPs at the matrix rate and its bytes at the copy rate; the step's "
     "is their sum") {
   const gpt_cuda::ceilings c{1e12, 1e9, "test"};
