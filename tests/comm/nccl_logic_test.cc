@@ -729,6 +729,68 @@ TEST_CASE("nccl hybrid groups (one communicator each): once the world is split, 
   CHECK(seq(sc.calls) == seq(calls{"cudaStreamDestroy(s100)"}));
 }
 
+TEST_CASE(
+    "nccl tensor-parallel groups: the world split into its shard group and its tensor group; the library's "
+    "collectives and the trainer's run on the family's one stream in the order the host issued them, and a "
+    "failure in the tensor group aborts all three") {
+  // Rank 1 of a 2 x 2 mesh (tensor groups {0, 1} {2, 3}): exec::split_world's splits, in its order, the shard group
+  // first (its data-parallel ranks {1, 3}: color = tensor rank 1), then the tensor group (color = data-parallel rank
+  // 0). The trainer's all-reduce after a row-parallel product is issued on the compute stream (s9) between the
+  // library's prefetched gather (s7) and its reduce-scatter (s8); every rank issues them in that order, and through
+  // the family's one stream NCCL runs them so.
+  script sc;
+  core world(fake_api{&sc}, 1, 4, 1000ms);
+  init(world);
+  sc.split = fake_api::success;
+  core shard(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=1, key=1)");
+  shard.init(world.split(1, 1), fake_api::success, "ncclCommSplit", "a split group");  // c2
+  core tensor(fake_api{&sc}, 1, 2, 1000ms, "comm::nccl split(color=0, key=1)");
+  tensor.init(world.split(0, 1), fake_api::success, "ncclCommSplit", "a split group");  // c3
+  shard.join_family(world);
+  tensor.join_family(world);
+  CHECK(world.ordered());
+  CHECK(shard.ordered());
+  CHECK(tensor.ordered());
+  sc.calls.clear();
+  shard.label("h.1");
+  all_gather(shard, sc, 8, 7, "rank1.all_gather");  // the library's prefetch of the next unit
+  all_reduce(tensor, sc, 64, 9, "rank1.compute");   // the trainer's, after its row-parallel product
+  reduce_scatter(shard, sc, 4, 8, "rank1.reduce");  // the library's reduction of the unit's gradients
+  tensor.label("h.0");
+  all_reduce(tensor, sc, 16, 9, "rank1.compute");  // the model's partial gradients (tensor_reduce)
+  all_reduce(world, sc, 1, 9, "rank1.compute");    // the trainer's loss
+  // Each: the issuing stream's work so far (an event of the issuing communicator's, reused), the collective on s100,
+  // its completion event there, and the issuing stream waits for that.
+  CHECK(seq(sc.calls) ==
+        seq(calls{"cudaEventRecord(e1, s7)",   "cudaStreamWaitEvent(s100, e1)", "ncclAllGather(c2) on s100",
+                  "cudaEventRecord(e2, s100)", "cudaStreamWaitEvent(s7, e2)",  // the prefetch
+                  "cudaEventRecord(e3, s9)",   "cudaStreamWaitEvent(s100, e3)", "ncclAllReduce(c3) on s100",
+                  "cudaEventRecord(e4, s100)", "cudaStreamWaitEvent(s9, e4)",  // the trainer's
+                  "cudaEventRecord(e1, s8)",   "cudaStreamWaitEvent(s100, e1)", "ncclReduceScatter(c2) on s100",
+                  "cudaEventRecord(e5, s100)", "cudaStreamWaitEvent(s8, e5)",  // the reduction
+                  "cudaEventRecord(e3, s9)",   "cudaStreamWaitEvent(s100, e3)", "ncclAllReduce(c3) on s100",
+                  "cudaEventRecord(e6, s100)", "cudaStreamWaitEvent(s9, e6)",  // the partial gradients
+                  "cudaEventRecord(e7, s9)",   "cudaStreamWaitEvent(s100, e7)", "ncclAllReduce on s100",
+                  "cudaEventRecord(e8, s100)", "cudaStreamWaitEvent(s9, e8)"}));  // the loss
+  CHECK(tensor.stats()[collective::all_reduce] == 2);
+  CHECK(shard.stats()[collective::all_gather] == 1);
+  CHECK(world.stats()[collective::all_reduce] == 1);
+
+  sc.now += 5ms;
+  sc.complete = {2, 4, 5, 8};  // everything but the model's partial-gradient reduction has completed
+  sc.async_of[3] = {fake_api::remote_error};
+  sc.calls.clear();
+  const std::string msg = error_of<fsdp::comm_error>([&] { world.check(); });
+  CHECK(msg ==
+        "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 1 "
+        "of 2; pending: comm::nccl split(color=0, key=1): all_reduce(count=16, f32) #1 for unit 'h.0', issued "
+        "5 ms ago and not complete; comm::nccl split(color=0, key=1) on rank 1 of 2 aborted (restart every "
+        "rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+  CHECK(world.aborted());
+  CHECK(shard.aborted());
+  CHECK(tensor.aborted());
+}
+
 TEST_CASE("nccl hybrid groups under per_stream: no family stream (NCCL_LAUNCH_ORDER_IMPLICIT=1 orders the launches)") {
   script sc;
   core world(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::per_stream);
