@@ -12,21 +12,14 @@
 #include "fsdp/checkpoint/io.hpp"
 #include "fsdp/checkpoint/manifest.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
+#include "fsdp/optim/stateful.hpp"
 
 namespace fsdp::checkpoint {
 
 static_assert(std::endian::native == std::endian::little, "checkpoint files hold little-endian fp32 values");
 
-/// What checkpoint::save and load need of an optimizer (fsdp::optim::sgd and adamw have it).
-template <class O>
-concept StatefulOptimizer = requires(O& o, const O& co, std::size_t u, int k, long n) {
-  { co.name() } -> std::convertible_to<std::string_view>;
-  { co.state_names() } -> std::convertible_to<const std::vector<std::string>&>;
-  { co.steps() } -> std::convertible_to<long>;
-  { co.state(u, k) } -> std::same_as<const float*>;
-  { o.state(u, k) } -> std::same_as<float*>;
-  o.restore_steps(n);
-};
+/// What checkpoint::save and load need of an optimizer (fsdp/optim/stateful.hpp).
+using optim::StatefulOptimizer;
 
 struct save_options {
   std::map<std::string, std::string> metadata{};    ///< the trainer's strings (UTF-8), kept in the manifest

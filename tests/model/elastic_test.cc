@@ -1,0 +1,165 @@
+// Resharding in memory (fsdp/elastic/reshard.hpp): a model's master shards and AdamW state moved by the surviving
+// ranks onto a model of another data-parallel grid, against the same state saved in a checkpoint and loaded at that
+// grid, bit for bit, and the training that follows.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
+#include "tests/support/instances.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fsdp/checkpoint/checkpoint.hpp>
+#include <fsdp/elastic/reshard.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "examples/01_mlp_host/mlp.hpp"
+#include "tests/support/support.hpp"
+
+namespace ckpt = fsdp::checkpoint;
+using fsdp::comm::local_communicator;
+using fsdp_test::error_of;
+using fsdp_test::run_ranks;
+
+namespace {
+
+using full_shard = fsdp::policy<fsdp::sharding::full_shard>;
+
+mlp::config small() {
+  mlp::config c;
+  c.dims = {12, 40, 24, 6};  // three units of uneven sizes; shards split parameters across ranks
+  c.global_batch = 56;  // splits over 8, 7, 4 and 2 ranks
+  return c;
+}
+
+/// A rank's master shard and optimizer state buffers, per unit.
+template <class M, class O>
+std::vector<std::vector<float>> local_state(M& m, const O& opt) {
+  std::vector<std::vector<float>> out;
+  auto& be = m.backend();
+  m.synchronize();
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    const std::int64_t n = m.unit(u).layout().shard_numel();
+    for (int k = -1; k < opt.states_per_element(); ++k) {
+      std::vector<float> v(static_cast<std::size_t>(n));
+      be.download(v.data(), k < 0 ? m.unit(u).master_shard() : opt.state(u, k), n * 4, be.compute_stream());
+      be.synchronize(be.compute_stream());
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  return true;
+}
+
+/// What one case compares on each rank of the new grid: the resharded state against the loaded one, and the losses
+/// of two more steps from each.
+struct outcome {
+  std::vector<std::vector<float>> resharded, loaded, resharded_after, loaded_after;
+  std::vector<float> losses_resharded, losses_loaded;
+  std::string table;
+};
+
+/// `world` ranks train `Before` 3 steps and save; old rank `lost` (or none: -1) then drops out; the survivors move
+/// the state in memory to `After` on `joins` (old ranks, in new-rank order) and, apart, load the checkpoint into a
+/// second `After` model on the same ranks; both train 2 more steps.
+template <class Before, class After>
+std::vector<outcome> run_case(int world, fsdp::plan::shard_grid after, int lost, const std::vector<int>& joins,
+                              const std::string& path) {
+  const mlp::config cfg = small();
+  std::vector<int> survivors;
+  for (int r = 0; r < world; ++r)
+    if (r != lost) survivors.push_back(r);
+  std::vector<outcome> out(joins.size());
+  run_ranks(world, [&](local_communicator& comm) {
+    const int me = comm.rank();
+    auto m = mlp::make_model<Before>(comm, cfg);
+    mlp::with_optimizer(m, cfg, [&](auto& opt) {
+      mlp::result res;
+      mlp::run_steps(m, opt, cfg, 0, 3, res);
+      ckpt::save(m, opt, path);
+      const auto joined = std::find(joins.begin(), joins.end(), me);
+      // the groups a job makes once a rank is gone (here the lost rank splits off by itself and returns)
+      local_communicator group = comm.split(me == lost ? 1 : 0, me);
+      local_communicator fresh = comm.split(joined == joins.end() ? 1 : 0, int(joined - joins.begin()));
+      local_communicator fresh2 = comm.split(joined == joins.end() ? 1 : 0, int(joined - joins.begin()));
+      if (me == lost) return res;
+      const fsdp::plan::reshard_request q = fsdp::elastic::reshard_request_of(m, after, survivors, joins);
+      if (joined == joins.end()) {  // a survivor that leaves: it sends its shares
+        fsdp::elastic::reshard(q, m, opt, static_cast<decltype(&m)>(nullptr), static_cast<decltype(&opt)>(nullptr),
+                               group);
+        return res;
+      }
+      outcome& o = out[static_cast<std::size_t>(joined - joins.begin())];
+      auto m2 = mlp::make_model<After>(fresh, cfg);
+      mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
+        const fsdp::plan::reshard_plan p = fsdp::elastic::reshard(q, m, opt, &m2, &opt2, group);
+        if (fresh.rank() == 0) o.table = fsdp::plan::describe(p, q, 1 + opt.states_per_element());
+        o.resharded = local_state(m2, opt2);
+        mlp::result more;
+        more.losses.assign(3, 0.0f);
+        mlp::run_steps(m2, opt2, cfg, 3, 2, more);
+        o.losses_resharded = more.losses;
+        o.resharded_after = local_state(m2, opt2);
+        return more;
+      });
+      auto m3 = mlp::make_model<After>(fresh2, cfg);
+      mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
+        ckpt::load(m3, opt3, path);
+        o.loaded = local_state(m3, opt3);
+        mlp::result more;
+        more.losses.assign(3, 0.0f);
+        mlp::run_steps(m3, opt3, cfg, 3, 2, more);
+        o.losses_loaded = more.losses;
+        o.loaded_after = local_state(m3, opt3);
+        return more;
+      });
+      return res;
+    });
+  });
+  return out;
+}
+
+void check_same(const std::vector<outcome>& out) {
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(!out[r].resharded.empty());
+    CHECK(same_bits(out[r].resharded, out[r].loaded));
+    CHECK(same_bits(out[r].resharded_after, out[r].loaded_after));
+    CHECK(out[r].losses_resharded == out[r].losses_loaded);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("2 x 2 (hybrid) as 1 x 4 in memory: the state a checkpoint saved at 2 x 2 and loaded at 1 x 4 gives, bit "
+          "for bit, and the same training after") {
+  fsdp_test::scratch_dir dir("elastic-grow");
+  const auto out = run_case<fsdp::policy<fsdp::sharding::hybrid_shard<2>>, full_shard>(4, {1, 4}, -1, {0, 1, 2, 3},
+                                                                                       dir / "ck");
+  check_same(out);
+}
+
+TEST_CASE("2 x 4 loses rank 3: the 7 survivors continue as 1 x 7, rank 3's shard from its replica's peer") {
+  fsdp_test::scratch_dir dir("elastic-lose");
+  const auto out = run_case<fsdp::policy<fsdp::sharding::hybrid_shard<4>>, full_shard>(8, {1, 7}, 3,
+                                                                                       {0, 1, 2, 4, 5, 6, 7},
+                                                                                       dir / "ck");
+  check_same(out);
+  MESSAGE(out[0].table);
+}
+
+TEST_CASE("2 x 2 as 1 x 2 on old ranks 1 and 2: the ranks that leave send their shards first") {
+  fsdp_test::scratch_dir dir("elastic-leave");
+  const auto out =
+      run_case<fsdp::policy<fsdp::sharding::hybrid_shard<2>>, full_shard>(4, {1, 2}, -1, {1, 2}, dir / "ck");
+  check_same(out);
+  CHECK(out[0].table.find("  0        leaves ") != std::string::npos);
+}
