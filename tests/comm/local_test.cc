@@ -254,6 +254,53 @@ TEST_CASE("a rank that returns without issuing a collective fails the others at 
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // not the 30 s timeout
 }
 
+TEST_CASE(
+    "a rank that returns: the survivors' collective fails naming it, and shrink() gives them a group of "
+    "their own, ranked as before, that works") {
+  std::vector<std::string> errors(4);
+  std::vector<std::vector<int>> members(4);
+  std::vector<float> sums(4, 0.0f);
+  std::vector<int> places(4, -1);
+  run_ranks(4, [&](local_communicator& c) {
+    const int r = c.rank();
+    if (r == 2) return;  // rank 2 fails: it issues nothing more
+    fsdp::backend::host be(r);
+    float x = static_cast<float>(r + 1), y = 0;
+    errors[r] = error_of<fsdp::comm_error>([&] { c.barrier(); });  // a quorum between steps, on this thread
+    local_communicator survivors = c.shrink(&members[r]);
+    places[r] = survivors.rank();
+    survivors.all_reduce(&x, &y, 1, dtype::f32, reduce_op::sum, be.compute_stream());
+    be.synchronize(be.compute_stream());
+    sums[r] = y;
+  });
+  for (int r : {0, 1, 3}) {
+    CAPTURE(r);
+    CHECK(errors[r].find("rank(s) 2 returned without issuing it") != std::string::npos);
+    CHECK(members[r] == std::vector<int>{0, 1, 3});
+    CHECK(sums[r] == 1.0f + 2.0f + 4.0f);
+  }
+  CHECK(places == std::vector<int>{0, 1, -1, 2});
+}
+
+TEST_CASE(
+    "shrink(): a survivor that neither calls it nor returns within the timeout fails it on every caller, "
+    "named") {
+  std::vector<std::string> errors(3);
+  fsdp::comm::run_local(3,
+                        [&](local_communicator& c) {
+                          if (c.rank() == 2) {  // alive, but late: past the others' timeout
+                            std::this_thread::sleep_for(std::chrono::milliseconds(600));
+                            return;
+                          }
+                          errors[static_cast<std::size_t>(c.rank())] = error_of<fsdp::comm_error>([&] { c.shrink(); });
+                        },
+                        {.timeout = std::chrono::milliseconds(200)});
+  for (int r : {0, 1})
+    CHECK(errors[r] == "fsdp: local shrink #0 on rank " + std::to_string(r) +
+                           ": rank(s) 2 neither called shrink() nor returned within 200 ms (every surviving rank must "
+                           "call it)");
+}
+
 TEST_CASE("a rank that stalls without issuing a collective makes the others fail within the timeout") {
   const auto t0 = std::chrono::steady_clock::now();
   std::string msg;

@@ -30,7 +30,7 @@ using full_shard = fsdp::policy<fsdp::sharding::full_shard>;
 mlp::config small() {
   mlp::config c;
   c.dims = {12, 40, 24, 6};  // three units of uneven sizes; shards split parameters across ranks
-  c.global_batch = 56;  // splits over 8, 7, 4 and 2 ranks
+  c.global_batch = 56;       // splits over 8, 7, 4 and 2 ranks
   return c;
 }
 
@@ -67,12 +67,13 @@ struct outcome {
   std::string table;
 };
 
-/// `world` ranks train `Before` 3 steps and save; old rank `lost` (or none: -1) then drops out; the survivors move
+/// `world` ranks train `Before` 3 steps and save; old rank `lost` (or none: -1) then drops out (`exits`: fails); the
+/// survivors move
 /// the state in memory to `After` on `joins` (old ranks, in new-rank order) and, apart, load the checkpoint into a
 /// second `After` model on the same ranks; both train 2 more steps.
 template <class Before, class After>
 std::vector<outcome> run_case(int world, fsdp::plan::shard_grid after, int lost, const std::vector<int>& joins,
-                              const std::string& path) {
+                              const std::string& path, bool exits = false) {
   const mlp::config cfg = small();
   std::vector<int> survivors;
   for (int r = 0; r < world; ++r)
@@ -86,11 +87,21 @@ std::vector<outcome> run_case(int world, fsdp::plan::shard_grid after, int lost,
       mlp::run_steps(m, opt, cfg, 0, 3, res);
       ckpt::save(m, opt, path);
       const auto joined = std::find(joins.begin(), joins.end(), me);
-      // the groups a job makes once a rank is gone (here the lost rank splits off by itself and returns)
-      local_communicator group = comm.split(me == lost ? 1 : 0, me);
-      local_communicator fresh = comm.split(joined == joins.end() ? 1 : 0, int(joined - joins.begin()));
-      local_communicator fresh2 = comm.split(joined == joins.end() ? 1 : 0, int(joined - joins.begin()));
+      // The survivors' communicator: with `exits`, the lost rank's function returns (a rank that failed), the
+      // survivors' quorum between steps (a barrier) names it, and they shrink the world; otherwise it splits off by
+      // itself (a rank that leaves in order).
+      if (exits && me == lost) return res;
+      std::vector<int> members = survivors;
+      local_communicator group = [&]() -> local_communicator {
+        if (!exits) return comm.split(me == lost ? 1 : 0, me);
+        const std::string failed = error_of<fsdp::comm_error>([&] { comm.barrier(); });
+        CHECK(failed.find("rank(s) " + std::to_string(lost) + " returned without issuing it") != std::string::npos);
+        return comm.shrink(&members);
+      }();
+      CHECK(members == survivors);
       if (me == lost) return res;
+      local_communicator fresh = group.split(joined == joins.end() ? 1 : 0, int(joined - joins.begin()));
+      local_communicator fresh2 = group.split(joined == joins.end() ? 1 : 0, int(joined - joins.begin()));
       const fsdp::plan::reshard_request q = fsdp::elastic::reshard_request_of(m, after, survivors, joins);
       if (joined == joins.end()) {  // a survivor that leaves: it sends its shares
         fsdp::elastic::reshard(q, m, opt, static_cast<decltype(&m)>(nullptr), static_cast<decltype(&opt)>(nullptr),
@@ -139,19 +150,19 @@ void check_same(const std::vector<outcome>& out) {
 
 }  // namespace
 
-TEST_CASE("2 x 2 (hybrid) as 1 x 4 in memory: the state a checkpoint saved at 2 x 2 and loaded at 1 x 4 gives, bit "
-          "for bit, and the same training after") {
+TEST_CASE(
+    "2 x 2 (hybrid) as 1 x 4 in memory: the state a checkpoint saved at 2 x 2 and loaded at 1 x 4 gives, bit "
+    "for bit, and the same training after") {
   fsdp_test::scratch_dir dir("elastic-grow");
-  const auto out = run_case<fsdp::policy<fsdp::sharding::hybrid_shard<2>>, full_shard>(4, {1, 4}, -1, {0, 1, 2, 3},
-                                                                                       dir / "ck");
+  const auto out =
+      run_case<fsdp::policy<fsdp::sharding::hybrid_shard<2>>, full_shard>(4, {1, 4}, -1, {0, 1, 2, 3}, dir / "ck");
   check_same(out);
 }
 
 TEST_CASE("2 x 4 loses rank 3: the 7 survivors continue as 1 x 7, rank 3's shard from its replica's peer") {
   fsdp_test::scratch_dir dir("elastic-lose");
-  const auto out = run_case<fsdp::policy<fsdp::sharding::hybrid_shard<4>>, full_shard>(8, {1, 7}, 3,
-                                                                                       {0, 1, 2, 4, 5, 6, 7},
-                                                                                       dir / "ck");
+  const auto out = run_case<fsdp::policy<fsdp::sharding::hybrid_shard<4>>, full_shard>(
+      8, {1, 7}, 3, {0, 1, 2, 4, 5, 6, 7}, dir / "ck");
   check_same(out);
   MESSAGE(out[0].table);
 }
@@ -162,4 +173,23 @@ TEST_CASE("2 x 2 as 1 x 2 on old ranks 1 and 2: the ranks that leave send their 
       run_case<fsdp::policy<fsdp::sharding::hybrid_shard<2>>, full_shard>(4, {1, 2}, -1, {1, 2}, dir / "ck");
   check_same(out);
   CHECK(out[0].table.find("  0        leaves ") != std::string::npos);
+}
+
+TEST_CASE(
+    "a rank fails between steps (2 x 4, rank 5 exits): the survivors' quorum names it, they shrink the world "
+    "and continue as 1 x 7 from the last step, as from that step's checkpoint") {
+  fsdp_test::scratch_dir dir("elastic-exit");
+  const auto out = run_case<fsdp::policy<fsdp::sharding::hybrid_shard<4>>, full_shard>(
+      8, {1, 7}, 5, {0, 1, 2, 3, 4, 6, 7}, dir / "ck", /*exits=*/true);
+  check_same(out);
+}
+
+TEST_CASE(
+    "a rank fails between steps (2 x 4, rank 1 exits): the replica group without a loss continues alone as "
+    "1 x 4, the others leave") {
+  fsdp_test::scratch_dir dir("elastic-replica");
+  const auto out = run_case<fsdp::policy<fsdp::sharding::hybrid_shard<4>>, full_shard>(8, {1, 4}, 1, {4, 5, 6, 7},
+                                                                                       dir / "ck", /*exits=*/true);
+  check_same(out);
+  CHECK(out[0].table.find("moved between ranks: 0.000 MiB") != std::string::npos);  // each keeps its own shard
 }

@@ -61,16 +61,22 @@ TEST_CASE("a holder whose old replica lost it: the surviving holders take turns 
   // 3 x 2 loses rank 1 (replica 0's shard 1); as 5 x 1 every new rank needs the whole unit
   const auto q = one_unit(10, 1, {3, 2}, {5, 1}, {0, 2, 3, 4, 5}, {0, 2, 3, 4, 5});
   const auto p = make_reshard_plan(q);
-  CHECK(p.runs == runs{{0, 0, 0, 0, 0, 5}, {0, 3, 0, 0, 5, 5},    // shard 1 from old 3 (holders 3, 5; rank 0's turn)
-                       {0, 2, 1, 0, 0, 5}, {0, 3, 1, 0, 5, 5},    // new 1 = old 2: its replica's peer, old 3
-                       {0, 2, 2, 0, 0, 5}, {0, 3, 2, 0, 5, 5},
-                       {0, 4, 3, 0, 0, 5}, {0, 5, 3, 0, 5, 5},
-                       {0, 4, 4, 0, 0, 5}, {0, 5, 4, 0, 5, 5}});
+  CHECK(p.runs == runs{{0, 0, 0, 0, 0, 5},
+                       {0, 3, 0, 0, 5, 5},  // shard 1 from old 3 (holders 3, 5; rank 0's turn)
+                       {0, 2, 1, 0, 0, 5},
+                       {0, 3, 1, 0, 5, 5},  // new 1 = old 2: its replica's peer, old 3
+                       {0, 2, 2, 0, 0, 5},
+                       {0, 3, 2, 0, 5, 5},
+                       {0, 4, 3, 0, 0, 5},
+                       {0, 5, 3, 0, 5, 5},
+                       {0, 4, 4, 0, 0, 5},
+                       {0, 5, 4, 0, 5, 5}});
   CHECK(p.sent == std::vector<std::int64_t>{0, 0, 5, 10, 5, 5});
 }
 
-TEST_CASE("survivors that leave still send; the table gives every old rank's bytes for the master and AdamW's two "
-          "states") {
+TEST_CASE(
+    "survivors that leave still send; the table gives every old rank's bytes for the master and AdamW's two "
+    "states") {
   // 2 x 2 as 1 x 2 by old ranks 1 and 2 (each now needing the other shard, from its old replica's peer); 0 and 3 leave
   const auto q = one_unit(40 << 16, 16, {2, 2}, {1, 2}, {0, 1, 2, 3}, {1, 2});
   const auto p = make_reshard_plan(q);

@@ -57,6 +57,14 @@ class local_communicator : public detail::collective_front<local_communicator, b
   /// reaches it.
   local_communicator split(int color, int key);
 
+  /// Collective of the survivors, after a rank of this group has returned (its function ended: a rank that failed;
+  /// every collective still waiting for it fails at once, naming it, and the group is aborted): the ranks that have
+  /// not returned form a new group, ranked as here, not aborted. `survivors`, when given, receives their ranks in
+  /// this group. Every surviving rank must call it (the same number of times); one that neither calls it nor returns
+  /// within the timeout fails it on every caller, named. A rank that hangs without returning cannot be left
+  /// behind: threads cannot be killed, and that is what the timeout names.
+  local_communicator shrink(std::vector<int>* survivors = nullptr);
+
   /// The modelled link (fsdp/comm/link.hpp) of this rank's group and its sub-groups, for every collective whose
   /// first rank arrives from now on. For timing studies that make a Model on a link that moves data (its
   /// construction compares the ranks' fingerprints through collectives, which a link moving no data would garble)
@@ -81,6 +89,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
   backend::host_options backend_opt_;
   std::uint64_t seq_ = 0;
   std::uint64_t splits_ = 0;
+  std::uint64_t shrinks_ = 0;
   detail::stats_tally stats_;
 };
 

@@ -32,6 +32,12 @@ FSDP_DECL local_communicator local_communicator::split(int color, int key) {
   return local_communicator(std::move(group), place, backend_opt_);
 }
 
+FSDP_DECL local_communicator local_communicator::shrink(std::vector<int>* survivors) {
+  detail::local_group::shrunk s = g_->shrink(shrinks_++, rank_);
+  if (survivors) *survivors = s.members;
+  return local_communicator(std::move(s.group), s.place, backend_opt_);
+}
+
 FSDP_DECL void local_communicator::issue(const detail::op_desc& d, const void* send, void* recv, stream& s,
                                         std::int64_t total_elems) {
   detail::require_count(d.count, [&] { return fsdp::detail::cat(d.str(), " on rank ", rank_); });

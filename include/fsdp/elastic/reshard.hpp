@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
-#include "fsdp/core/error.hpp"
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
 #include "fsdp/exec/model_access.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/optim/stateful.hpp"
@@ -59,14 +59,12 @@ plan::reshard_request reshard_request_of(M& model, plan::shard_grid after, std::
 /// `from_opt`'s state onto `to` and `to_opt` by plan::make_reshard_plan(q). A survivor that does not join the new
 /// grid passes null for `to` and `to_opt`. Both models must be between steps; `to` is overwritten (its gradients
 /// zeroed), its step count and `to_opt`'s update count become `from`'s. Returns the plan (plan::describe prints it).
-template <class FromM, optim::StatefulOptimizer FromO, class ToM, optim::StatefulOptimizer ToO,
-          AllToAllCollective Comm>
+template <class FromM, optim::StatefulOptimizer FromO, class ToM, optim::StatefulOptimizer ToO, AllToAllCollective Comm>
 plan::reshard_plan reshard(const plan::reshard_request& q, FromM& from, const FromO& from_opt, ToM* to, ToO* to_opt,
                            Comm& survivors) {
   const plan::reshard_plan p = plan::make_reshard_plan(q);
   const int me = from.comm().rank(), index = survivors.rank();
-  if (static_cast<int>(q.survivors.size()) != survivors.size() ||
-      q.survivors[static_cast<std::size_t>(index)] != me)
+  if (static_cast<int>(q.survivors.size()) != survivors.size() || q.survivors[static_cast<std::size_t>(index)] != me)
     detail::fail_usage("reshard: rank ", index, " of the survivors' communicator (", survivors.size(),
                        " ranks) is old rank ", me, ", but the request lists ", q.survivors.size(),
                        " survivors in another order: make the communicator with the survivors ranked as listed");
@@ -147,8 +145,9 @@ plan::reshard_plan reshard(const plan::reshard_request& q, FromM& from, const Fr
         if (r.to != mine) continue;
         const int s = sender(r);
         for (std::size_t k = 0; k < buffers; ++k) {
-          const float* src = s == index ? from_buffer(r.unit, k) + r.src_offset
-                                        : rp + static_cast<std::int64_t>(s) * count + cursor[static_cast<std::size_t>(s)];
+          const float* src = s == index
+                                 ? from_buffer(r.unit, k) + r.src_offset
+                                 : rp + static_cast<std::int64_t>(s) * count + cursor[static_cast<std::size_t>(s)];
           tb.copy(to_buffer(r.unit, k) + r.dst_offset, src, r.numel * std::int64_t{sizeof(float)}, ts);
           if (s != index) cursor[static_cast<std::size_t>(s)] += r.numel;
         }

@@ -81,8 +81,8 @@ inline reshard_plan make_reshard_plan(const reshard_request& q) {
     detail::fail_usage("reshard: ", q.unit_names.size(), " unit names for ", q.unit_numel.size(), " unit sizes");
   std::vector<char> alive(static_cast<std::size_t>(a.ranks()), 0);
   for (int r : q.survivors) {
-    if (r < 0 || r >= a.ranks()) detail::fail_usage("reshard: survivor ", r, " is not a rank of the old ", a.replicas,
-                                                    " x ", a.shards, " grid");
+    if (r < 0 || r >= a.ranks())
+      detail::fail_usage("reshard: survivor ", r, " is not a rank of the old ", a.replicas, " x ", a.shards, " grid");
     if (alive[static_cast<std::size_t>(r)]) detail::fail_usage("reshard: survivor ", r, " is listed twice");
     alive[static_cast<std::size_t>(r)] = 1;
   }
@@ -136,8 +136,10 @@ inline reshard_plan make_reshard_plan(const reshard_request& q) {
           if (alive[static_cast<std::size_t>(r * a.shards + k)]) holders.push_back(r * a.shards + k);
         int from = holders[static_cast<std::size_t>(to) % holders.size()];
         const int peer = a.replica_of(self) * a.shards + k;
-        if (a.shard_of(self) == k) from = self;
-        else if (alive[static_cast<std::size_t>(peer)]) from = peer;
+        if (a.shard_of(self) == k)
+          from = self;
+        else if (alive[static_cast<std::size_t>(peer)])
+          from = peer;
         out.runs.push_back({u, from, to, e - k * so, e - first, end - e});
         if (from != self) {
           out.sent[static_cast<std::size_t>(from)] += end - e;

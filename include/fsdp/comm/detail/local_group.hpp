@@ -123,6 +123,18 @@ class local_group {
   std::pair<std::shared_ptr<local_group>, int> sub_group(std::uint64_t split, int rank,
                                                          const std::vector<std::pair<int, int>>& all);
 
+  /// Rank `rank`'s part of a shrink (comm::local_communicator::shrink): once every rank of the group that has not
+  /// returned has called it, those ranks form a new group, in rank order, whether or not this one is aborted; returns
+  /// it, this rank's place in it and its members (this group's ranks). `shrink` numbers the shrinks (the caller's
+  /// count, the same on every survivor). A rank that neither calls it nor returns within the timeout fails it on
+  /// every caller with a comm_error naming that rank.
+  struct shrunk {
+    std::shared_ptr<local_group> group;
+    int place = 0;
+    std::vector<int> members;
+  };
+  shrunk shrink(std::uint64_t shrink, int rank);
+
   /// How messages name rank `rank`'s collective #seq: "local all_gather(count=8, f32) #3 on rank 1".
   /// A sub-group (split) says which ranks of the group it was split from it holds: "local[ranks 2, 3]
   /// all_gather(count=8, f32) #0 on rank 1" is rank 3's.
@@ -278,6 +290,13 @@ class local_group {
   std::string label_;  // a sub-group's members in the group it was split from: "[ranks 2, 3]"
   std::vector<child> children_;
   std::map<std::pair<std::uint64_t, int>, pending_split> splits_;  // by (split, color), until every member took it
+  struct pending_shrink {
+    std::vector<bool> arrived;
+    std::shared_ptr<local_group> group;  ///< made by the last survivor to arrive
+    std::vector<int> members;
+    int taken = 0;
+  };
+  std::map<std::uint64_t, pending_shrink> shrinks_;  // by shrink number, until every member took it
 };
 
 }  // namespace fsdp::comm::detail

@@ -103,6 +103,40 @@ FSDP_DECL std::pair<std::shared_ptr<local_group>, int> local_group::sub_group(st
   return {g, place};
 }
 
+FSDP_DECL local_group::shrunk local_group::shrink(std::uint64_t number, int rank) {
+  std::unique_lock lk(mu_);
+  pending_shrink& s = shrinks_[number];
+  s.arrived.resize(static_cast<std::size_t>(world_), false);
+  s.arrived.at(static_cast<std::size_t>(rank)) = true;
+  auto missing = [&] {
+    std::vector<int> out;
+    for (int q = 0; q < world_; ++q)
+      if (!s.arrived[static_cast<std::size_t>(q)] && !returned_[static_cast<std::size_t>(q)]) out.push_back(q);
+    return out;
+  };
+  cv_.notify_all();
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (!s.group && !missing().empty())
+    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !s.group && !missing().empty()) {
+      std::string who;
+      for (int q : missing()) who += (who.empty() ? "" : ", ") + std::to_string(q);
+      throw comm_error(fsdp::detail::cat("local", label_, " shrink #", number, " on rank ", rank, ": rank(s) ", who,
+                                         " neither called shrink() nor returned within ", timeout_.count(),
+                                         " ms (every surviving rank must call it)"));
+    }
+  if (!s.group) {  // the last survivor to arrive makes the group
+    for (int q = 0; q < world_; ++q)
+      if (s.arrived[static_cast<std::size_t>(q)]) s.members.push_back(q);
+    s.group = std::make_shared<local_group>(static_cast<int>(s.members.size()), timeout_, link_, delay_);
+    s.group->label_ = members_label(s.members);
+    children_.push_back({s.group, s.members});
+  }
+  shrunk out{s.group, 0, s.members};
+  out.place = static_cast<int>(std::find(s.members.begin(), s.members.end(), rank) - s.members.begin());
+  if (++s.taken == static_cast<int>(s.members.size())) shrinks_.erase(number);
+  return out;
+}
+
 FSDP_DECL std::string local_group::describe(const op_desc& d, std::uint64_t seq, int rank) const {
   return "local" + label_ + " " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
 }
