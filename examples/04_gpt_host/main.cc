@@ -6,7 +6,7 @@
 // rate, gradient norm and tokens/s, and at the end every rank's peak memory by category next to the planner's
 // prediction and the activations the trainer kept.
 //   bazel run //examples/04_gpt_host -- --ranks 4 [--tp T] [--steps 50] [--precision bf16|fp32|fp8|int8|int8-qgz]
-//       [--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations]
+//       [--strategy full_shard|shard_grad_op|no_shard|hybrid_shard (with --lose-rank)] [--checkpoint-activations]
 //       [--layers L] [--width C] [--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W]
 //       [--export-init FILE.safetensors] [--losses FILE] [--pack]
 // --export-init writes the initial weights (fp32 safetensors, GPT-2 names) before the first step; --losses writes
@@ -16,14 +16,22 @@
 // --tp T splits each block over tensor groups of T consecutive ranks, Megatron-style (model_options::tensor_parallel:
 // each rank T's share of the heads and of the MLP, the projections' partial products summed over the group); the
 // strategy shards each rank's slices over the ranks / T data-parallel ranks, which split the batch.
+// --lose-rank R --at-step S (with --strategy hybrid_shard: HSDP over shard groups of 2 ranks) trains S steps, then
+// rank R fails (its thread returns); the survivors' quorum names it, they shrink the world, the replica group R was
+// in leaves, and the others take the state in memory (fsdp::elastic::reshard, no checkpoint) and train on to the
+// last step at one replica group fewer, with the same global batch: the loss curve goes on. Each step prints as
+// usual, and the survivors say what they did.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <fsdp/checkpoint/safetensors.hpp>
+#include <fsdp/elastic/reshard.hpp>
 
 #include "examples/04_gpt_host/gpt_host.hpp"
 
@@ -31,8 +39,10 @@ namespace {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "error: %s\nusage: gpt_host [--ranks N] [--tp T] [--steps S] [--precision bf16|fp32|fp8|int8|int8-qgz] "
-               "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
+               "error: %s\nusage: gpt_host [--ranks N] [--tp T] [--lose-rank R --at-step S] [--steps S] [--precision "
+               "bf16|fp32|fp8|int8|int8-qgz] "
+               "[--strategy full_shard|shard_grad_op|no_shard|hybrid_shard] [--checkpoint-activations] [--layers L] "
+               "[--width C] "
                "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
                "[--export-init FILE] [--losses FILE] [--pack]\n",
                why.c_str());
@@ -113,12 +123,82 @@ int run(int ranks, const gpt::config& cfg, const outputs& out) {
   return 0;
 }
 
+/// --lose-rank: HSDP over shard groups of 2; rank `lost` fails after step `at` - 1; the replica groups without it
+/// continue from the state in memory.
+template <class Precision>
+int run_losing(int ranks, const gpt::config& cfg, int lost, int at) {
+  using Policy = fsdp::policy<fsdp::sharding::hybrid_shard<2>, fsdp::prefetch::next, Precision>;
+  const int replicas = ranks / 2;
+  if (ranks % 2 != 0 || replicas < 2)
+    usage(
+        "--lose-rank trains hybrid_shard over shard groups of 2 ranks and needs 2 of them at least: --ranks 4, 6, "
+        "...");
+  if (lost < 0 || lost >= ranks)
+    usage("--lose-rank " + std::to_string(lost) + " is not a rank of " + std::to_string(ranks));
+  if (at < 1 || at >= cfg.steps) usage("--at-step must be in [1, --steps)");
+  if (cfg.options.tensor_parallel != 1 || cfg.packing.on) usage("--lose-rank takes neither --tp nor --pack");
+  std::printf("GPT: hybrid_shard, %d replica groups of 2 thread ranks, %s compute; rank %d fails after step %d\n",
+              replicas, std::string(fsdp::name_of(fsdp::facts_of_precision<Precision>().compute)).c_str(), lost,
+              at - 1);
+  std::mutex mu;
+  std::vector<std::string> said(static_cast<std::size_t>(ranks));
+  fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& comm) {
+    const int me = comm.rank();
+    auto model = gpt::make_model<Policy>(comm, cfg);
+    auto opt = gpt::make_optimizer(model, cfg);
+    auto tr = gpt::make_host_trainer{}(model, cfg.model, gpt::batch_per_rank(cfg, model.mesh()));
+    gpt::result r;
+    gpt::run_steps(model, opt, tr, cfg, 0, at, r);
+    if (me == lost) return;  // fails: issues nothing more
+    std::string failure;
+    try {
+      comm.barrier();  // the quorum between steps
+    } catch (const fsdp::comm_error& e) {
+      failure = e.what();
+    }
+    std::vector<int> survivors, joins;
+    fsdp::comm::local_communicator group = comm.shrink(&survivors);
+    for (int q : survivors)
+      if (q / 2 != lost / 2) joins.push_back(q);  // the replica groups without a loss
+    const auto q = fsdp::elastic::reshard_request_of(model, {replicas - 1, 2}, survivors, joins);
+    const auto joined = std::find(joins.begin(), joins.end(), me);
+    const int mine = joined == joins.end() ? -1 : static_cast<int>(joined - joins.begin());
+    fsdp::comm::local_communicator fresh = group.split(mine < 0 ? 1 : 0, mine);
+    {  // said before the reshard, a collective of the survivors: new rank 0 prints every line after it
+      std::lock_guard lk(mu);
+      said[static_cast<std::size_t>(me)] =
+          "saw: " + failure +
+          (mine < 0 ? std::string("; leaves with its replica group")
+                    : "; continues as rank " + std::to_string(mine) + " of " + std::to_string(joins.size()));
+    }
+    if (mine < 0) {  // the lost rank's replica partner: sends what the others need (here: nothing) and leaves
+      fsdp::elastic::reshard(q, model, opt, static_cast<decltype(&model)>(nullptr),
+                             static_cast<decltype(&opt)>(nullptr), group);
+      return;
+    }
+    auto next = gpt::make_model<Policy>(fresh, cfg);
+    auto next_opt = gpt::make_optimizer(next, cfg);
+    const fsdp::plan::reshard_plan p = fsdp::elastic::reshard(q, model, opt, &next, &next_opt, group);
+    if (mine == 0) {
+      std::lock_guard lk(mu);
+      for (std::size_t k = 0; k < said.size(); ++k)
+        if (!said[k].empty()) std::printf("rank %zu %s\n", k, said[k].c_str());
+      std::printf("%s", fsdp::plan::describe(p, q, 1 + static_cast<int>(opt.state_names().size())).c_str());
+      std::fflush(stdout);
+    }
+    auto next_tr = gpt::make_host_trainer{}(next, cfg.model, gpt::batch_per_rank(cfg, next.mesh()));
+    gpt::run_steps(next, next_opt, next_tr, cfg, at, cfg.steps - at, r);
+  });
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int ranks = 4;
   std::string strategy = "full_shard", precision = "bf16";
   outputs out;
+  int lose_rank = -1, at_step = 0;
   gpt::config cfg;
   cfg.global_batch = 16;
   cfg.verbose = true;
@@ -132,6 +212,11 @@ int main(int argc, char** argv) {
     else if (a == "--tp")
       cfg.options.tensor_parallel = to_int(value(), a);
     else if (a == "--steps") cfg.steps = to_int(value(), a);
+    else if (a == "--lose-rank") {
+      const char* v = value();
+      lose_rank = std::string(v) == "0" ? 0 : to_int(v, a);
+    } else if (a == "--at-step")
+      at_step = to_int(value(), a);
     else if (a == "--batch") cfg.global_batch = to_int(value(), a);
     else if (a == "--layers") cfg.model.layers = to_int(value(), a);
     else if (a == "--width") cfg.model.width = to_int(value(), a);
@@ -157,6 +242,14 @@ int main(int argc, char** argv) {
   cfg.opt.total = cfg.steps;  // the cosine spans the run
   try {
     gpt::validate(cfg.model, cfg.options.tensor_parallel);
+    if (lose_rank >= 0 || at_step > 0) {
+      if (lose_rank < 0 || at_step <= 0) usage("--lose-rank and --at-step go together");
+      if (strategy != "hybrid_shard") usage("--lose-rank needs --strategy hybrid_shard (a replica group survives)");
+      return fsdp::select(
+          "--precision", precision,
+          [&](auto p) { return run_losing<typename decltype(p)::type>(ranks, cfg, lose_rank, at_step); },
+          fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"});
+    }
     return gpt::with_policy_flags(
         strategy, precision,
         [&](auto s, auto p) { return run<typename decltype(s)::type, typename decltype(p)::type>(ranks, cfg, out); },

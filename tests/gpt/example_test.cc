@@ -62,3 +62,21 @@ TEST_CASE("the example built in separate mode exports and trains as the same cod
     CHECK(a == b);
   }
 }
+
+TEST_CASE(
+    "--lose-rank: rank 3 fails after step 1; the survivors name it, its replica partner leaves, and the other "
+    "replica group trains on to the last step from the state in memory") {
+  const fsdp_tests::run ran = execute(example +
+                                      " --ranks 4 --strategy hybrid_shard --lose-rank 3 --at-step 2 --steps 4 "
+                                      "--layers 1 --precision fp32");
+  REQUIRE_MESSAGE(ran.status == 0, ran.out);
+  CHECK(fsdp_tests::lines_starting(ran.out, "step ").size() == 4);  // steps 0 .. 3, through the loss
+  const auto saw = fsdp_tests::lines_starting(ran.out, "rank ");
+  REQUIRE(saw.size() == 3);
+  CHECK(saw[0].find("cannot complete: rank(s) 3 returned without issuing it; continues as rank 0 of 2") !=
+        std::string::npos);
+  CHECK(saw[1].find("; continues as rank 1 of 2") != std::string::npos);
+  CHECK(saw[2].find("; leaves with its replica group") != std::string::npos);
+  CHECK(ran.out.find("reshard 2 x 2 -> 1 x 2, 3 fp32 buffer(s) a unit") != std::string::npos);
+  CHECK(ran.out.find("  3        lost ") != std::string::npos);
+}
