@@ -312,6 +312,11 @@ TEST_CASE("argument errors are usage errors that say what to do") {
         }) == "fsdp: comm::mpi: mpi_options::timeout must be positive, got 0 ms");
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { comm.split(-1, 0); }) ==
         "fsdp: split on rank " + std::to_string(comm.rank()) + ": color must be >= 0, got -1");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { comm.shrink(); }) ==
+        "fsdp: comm::mpi: shrink() needs MPI's fault tolerance (ULFM: MPIX_Comm_revoke and MPIX_Comm_shrink, in Open "
+        "MPI 5 built with --with-ft=ulfm), which comm::mpi does not use (Debian's Open MPI 4.1 has none): after a "
+        "lost rank, restart every rank from the last checkpoint, or train on comm::local, whose shrink() keeps the "
+        "survivors going");
 }
 
 namespace {

@@ -169,6 +169,19 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
     return mpi_communicator(adopt_tag{}, sub, sub_rank, sub_world, opt_, names);
   }
 
+  /// What comm::local_communicator::shrink does (the survivors' communicator after a rank failed) needs MPI's fault
+  /// tolerance, ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink): not in the MPI standard, not in Debian's Open MPI 4.1
+  /// (Open MPI 5 has it when built with --with-ft=ulfm), and not built here. Refused with that sentence: a failed
+  /// rank is still named within the timeout (detection), and the job restarts from its last checkpoint.
+  [[noreturn]] mpi_communicator shrink(std::vector<int>* survivors = nullptr) {
+    (void)survivors;
+    fsdp::detail::fail_usage(
+        "comm::mpi: shrink() needs MPI's fault tolerance (ULFM: MPIX_Comm_revoke and MPIX_Comm_shrink, in Open MPI 5 "
+        "built with --with-ft=ulfm), which comm::mpi does not use (Debian's Open MPI 4.1 has none): after a lost "
+        "rank, restart every rank from the last checkpoint, or train on comm::local, whose shrink() keeps the "
+        "survivors going");
+  }
+
   collective_stats stats() const { return stats_.get(); }
   void reset_stats() { stats_.reset(); }
   /// Collectives issued so far (the sequence number of the next one), barriers and splits included.
