@@ -28,7 +28,9 @@
 namespace ckpt = fsdp::checkpoint;
 using fsdp::comm::local_communicator;
 using fsdp_test::error_of;
+using fsdp_test::local_state;
 using fsdp_test::run_ranks;
+using fsdp_test::same_bits;
 
 namespace {
 
@@ -43,31 +45,6 @@ mlp::config small() {
   c.dims = {12, 40, 24, 6};  // three units of uneven sizes; shards split parameters across ranks
   c.global_batch = 24;
   return c;
-}
-
-/// Every value one rank holds: its master shard and optimizer state buffers, per unit, as bytes.
-template <class M, class O>
-std::vector<std::vector<float>> local_state(M& m, const O& opt) {
-  std::vector<std::vector<float>> out;
-  auto& be = m.backend();
-  m.synchronize();
-  for (std::size_t u = 0; u < m.size(); ++u) {
-    const std::int64_t n = m.unit(u).layout().shard_numel();
-    for (int k = -1; k < opt.states_per_element(); ++k) {
-      std::vector<float> v(static_cast<std::size_t>(n));
-      be.download(v.data(), k < 0 ? m.unit(u).master_shard() : opt.state(u, k), n * 4, be.compute_stream());
-      be.synchronize(be.compute_stream());
-      out.push_back(std::move(v));
-    }
-  }
-  return out;
-}
-
-bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
-  return true;
 }
 
 /// Every tensor of a model and optimizer by (name, kind), full: what the ranks hold, put together.

@@ -21,7 +21,9 @@
 namespace ckpt = fsdp::checkpoint;
 using fsdp::comm::local_communicator;
 using fsdp_test::error_of;
+using fsdp_test::local_state;
 using fsdp_test::run_ranks;
+using fsdp_test::same_bits;
 
 namespace {
 
@@ -32,31 +34,6 @@ mlp::config small() {
   c.dims = {12, 40, 24, 6};  // three units of uneven sizes; shards split parameters across ranks
   c.global_batch = 56;       // splits over 8, 7, 4 and 2 ranks
   return c;
-}
-
-/// A rank's master shard and optimizer state buffers, per unit.
-template <class M, class O>
-std::vector<std::vector<float>> local_state(M& m, const O& opt) {
-  std::vector<std::vector<float>> out;
-  auto& be = m.backend();
-  m.synchronize();
-  for (std::size_t u = 0; u < m.size(); ++u) {
-    const std::int64_t n = m.unit(u).layout().shard_numel();
-    for (int k = -1; k < opt.states_per_element(); ++k) {
-      std::vector<float> v(static_cast<std::size_t>(n));
-      be.download(v.data(), k < 0 ? m.unit(u).master_shard() : opt.state(u, k), n * 4, be.compute_stream());
-      be.synchronize(be.compute_stream());
-      out.push_back(std::move(v));
-    }
-  }
-  return out;
-}
-
-bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
-  return true;
 }
 
 /// What one case compares on each rank of the new grid: the resharded state against the loaded one, and the losses
@@ -109,28 +86,27 @@ std::vector<outcome> run_case(int world, fsdp::plan::shard_grid after, int lost,
         return res;
       }
       outcome& o = out[static_cast<std::size_t>(joined - joins.begin())];
+      // two more steps from the new grid's state, each rank's state then and after them, and their losses
+      const auto finish = [&](auto& model, auto& o_pt, std::vector<std::vector<float>>& now,
+                              std::vector<std::vector<float>>& after_two, std::vector<float>& losses) {
+        now = local_state(model, o_pt);
+        mlp::result more;
+        more.losses.assign(3, 0.0f);
+        mlp::run_steps(model, o_pt, cfg, 3, 2, more);
+        losses = more.losses;
+        after_two = local_state(model, o_pt);
+        return more;
+      };
       auto m2 = mlp::make_model<After>(fresh, cfg);
       mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
         const fsdp::plan::reshard_plan p = fsdp::elastic::reshard(q, m, opt, &m2, &opt2, group);
         if (fresh.rank() == 0) o.table = fsdp::plan::describe(p, q, 1 + opt.states_per_element());
-        o.resharded = local_state(m2, opt2);
-        mlp::result more;
-        more.losses.assign(3, 0.0f);
-        mlp::run_steps(m2, opt2, cfg, 3, 2, more);
-        o.losses_resharded = more.losses;
-        o.resharded_after = local_state(m2, opt2);
-        return more;
+        return finish(m2, opt2, o.resharded, o.resharded_after, o.losses_resharded);
       });
       auto m3 = mlp::make_model<After>(fresh2, cfg);
       mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
         ckpt::load(m3, opt3, path);
-        o.loaded = local_state(m3, opt3);
-        mlp::result more;
-        more.losses.assign(3, 0.0f);
-        mlp::run_steps(m3, opt3, cfg, 3, 2, more);
-        o.losses_loaded = more.losses;
-        o.loaded_after = local_state(m3, opt3);
-        return more;
+        return finish(m3, opt3, o.loaded, o.loaded_after, o.losses_loaded);
       });
       return res;
     });

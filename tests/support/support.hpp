@@ -2,6 +2,7 @@
 // Test helpers shared by the host tests.
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -93,6 +94,33 @@ inline std::map<std::string, std::vector<float>> assemble(
     }
   }
   return out;
+}
+
+/// One rank's master shard and optimizer state buffers, per unit (unit 0's master, its states, unit 1's ...), read
+/// back after the model's streams have finished.
+template <class M, class O>
+std::vector<std::vector<float>> local_state(M& m, const O& opt) {
+  std::vector<std::vector<float>> out;
+  auto& be = m.backend();
+  m.synchronize();
+  for (std::size_t u = 0; u < m.size(); ++u) {
+    const std::int64_t n = m.unit(u).layout().shard_numel();
+    for (int k = -1; k < opt.states_per_element(); ++k) {
+      std::vector<float> v(static_cast<std::size_t>(n));
+      be.download(v.data(), k < 0 ? m.unit(u).master_shard() : opt.state(u, k), n * 4, be.compute_stream());
+      be.synchronize(be.compute_stream());
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+/// Whether two local_state()s hold the same bits.
+inline bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  return true;
 }
 
 }  // namespace fsdp_test
