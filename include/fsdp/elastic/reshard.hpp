@@ -7,9 +7,10 @@
 //
 // The moves are one all_to_all over a communicator of the survivors (rank i of it the old rank survivors[i]), every
 // pair's share padded to the largest pair's, staged through two scratch buffers of the old model's backend (its
-// comm_buffers category, which that model then reports), copied on the compute streams: the same code on the host and
-// the CUDA backends (run on thread ranks only so far). Not yet: tensor parallelism (refused), the loss scaler's state
-// (the trainer's to carry over), a rank that died holding a collective (detection and shrinking the communicator).
+// comm_buffers category, which that model then reports), copied on the compute streams. It is written over the
+// backend's allocate and copy, which the CUDA backend has too, but it has been compiled and run on the host backend
+// (thread ranks) only. Not yet: tensor parallelism (refused), the loss scaler's state (the trainer's to carry over),
+// a failure during a step (see docs/reliability.md).
 #include <algorithm>
 #include <cstdint>
 #include <string>
