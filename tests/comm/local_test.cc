@@ -8,9 +8,11 @@
 #include "tests/support/sanitizers.hpp"
 
 #include <atomic>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <future>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -299,6 +301,74 @@ TEST_CASE(
     CHECK(errors[r] == "fsdp: local shrink #0 on rank " + std::to_string(r) +
                            ": rank(s) 2 neither called shrink() nor returned within 200 ms (every surviving rank must "
                            "call it)");
+}
+
+TEST_CASE(
+    "grow(): after a shrink, two newcomers join the survivors' group as ranks 2 and 3 (start_joining runs them) "
+    "and every rank's collectives work") {
+  std::vector<float> sums(4, 0.0f);  // by rank in the grown group
+  std::vector<int> sizes(4, 0);
+  std::future<void> joined;
+  run_ranks(3, [&](local_communicator& c) {
+    const int r = c.rank();
+    if (r == 1) return;  // rank 1 fails
+    fsdp::backend::host be(r);
+    error_of<fsdp::comm_error>([&] { c.barrier(); });
+    local_communicator survivors = c.shrink();
+    fsdp::comm::local_invitation invitation;
+    local_communicator grown = survivors.grow(2, &invitation);
+    CHECK(invitation.first == 2);
+    CHECK(invitation.newcomers == 2);
+    const auto sum = [&](local_communicator& g, fsdp::backend::host& b) {
+      float x = static_cast<float>(g.rank() + 1), y = 0;
+      g.all_reduce(&x, &y, 1, dtype::f32, reduce_op::sum, b.compute_stream());
+      b.synchronize(b.compute_stream());
+      sums[static_cast<std::size_t>(g.rank())] = y;
+      sizes[static_cast<std::size_t>(g.rank())] = g.size();
+    };
+    if (grown.rank() == 0)  // survivor 0 hands the invitation to the newcomers' threads
+      joined = fsdp::comm::start_joining(invitation, [&](local_communicator& g) {
+        fsdp::backend::host nb(10 + g.rank());
+        sum(g, nb);
+      });
+    sum(grown, be);
+  });
+  joined.get();
+  CHECK(sums == std::vector<float>(4, 1.0f + 2.0f + 3.0f + 4.0f));
+  CHECK(sizes == std::vector<int>(4, 4));
+}
+
+TEST_CASE(
+    "grow(): ranks that ask for different numbers of newcomers are refused, naming both; a newcomer that fails "
+    "aborts the grown group and is the error start_joining's future gives") {
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::comm::local_invitation invitation;
+    errors[static_cast<std::size_t>(c.rank())] =
+        error_of<fsdp::usage_error>([&] { c.grow(c.rank() + 1, &invitation); });
+  });
+  CHECK(errors[0] ==
+        "fsdp: grow: rank 0 asks for 1 newcomers and rank 1 for 2: every rank of the group passes the "
+        "same number");
+  std::string failed, survivor;
+  std::future<void> joined;
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::comm::local_invitation invitation;
+    local_communicator grown = c.grow(1, &invitation);
+    if (grown.rank() == 0)
+      joined = fsdp::comm::start_joining(
+          invitation, [](local_communicator&) { throw std::runtime_error("newcomer's disk is full"); });
+    fsdp::backend::host be(c.rank());
+    float x = 1, y = 0;
+    const std::string e = error_of<fsdp::comm_error>([&] {
+      grown.all_reduce(&x, &y, 1, dtype::f32, reduce_op::sum, be.compute_stream());
+      be.synchronize(be.compute_stream());
+    });
+    if (c.rank() == 1) survivor = e;
+  });
+  failed = error_of<std::runtime_error>([&] { joined.get(); });
+  CHECK(failed == "newcomer's disk is full");
+  CHECK(survivor.find("rank 2 failed: newcomer's disk is full") != std::string::npos);
 }
 
 TEST_CASE("a rank that stalls without issuing a collective makes the others fail within the timeout") {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -31,6 +32,14 @@ struct local_options {
   collective_delay delay{};
   /// Options of each rank's host backend (a Model built on this communicator uses them).
   backend::host_options backend{};
+};
+
+/// Where ranks from outside a group take their places in it as it grows (local_communicator::grow makes it, the
+/// caller hands it to the newcomers' threads: comm::start_joining). Like NCCL's unique id for ncclCommGrow.
+struct local_invitation {
+  std::shared_ptr<detail::local_group> group;  ///< the grown group
+  int first = 0;                               ///< the first newcomer's rank in it
+  int newcomers = 0;
 };
 
 /// One rank's handle on an in-process group of thread ranks.
@@ -65,6 +74,15 @@ class local_communicator : public detail::collective_front<local_communicator, b
   /// behind: threads cannot be killed, and that is what the timeout names.
   local_communicator shrink(std::vector<int>* survivors = nullptr);
 
+  /// Collective (every rank of the group calls it, with the same number): a group of size() + `newcomers` ranks,
+  /// this group's ranks first, ranked as here; the newcomers take ranks size(), ... with join(). `invitation`
+  /// receives what they need (hand it to them: comm::start_joining). Aborts of this group, and its ranks returning,
+  /// reach the new one; the newcomers' collectives wait for them like any rank's, within the timeout.
+  local_communicator grow(int newcomers, local_invitation* invitation);
+  /// Newcomer `newcomer` (0, 1, ...) of `invitation`'s: its handle on the grown group (rank invitation.first +
+  /// newcomer).
+  static local_communicator join(const local_invitation& invitation, int newcomer, backend::host_options backend = {});
+
   /// The modelled link (fsdp/comm/link.hpp) of this rank's group and its sub-groups, for every collective whose
   /// first rank arrives from now on. For timing studies that make a Model on a link that moves data (its
   /// construction compares the ranks' fingerprints through collectives, which a link moving no data would garble)
@@ -90,6 +108,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
   std::uint64_t seq_ = 0;
   std::uint64_t splits_ = 0;
   std::uint64_t shrinks_ = 0;
+  std::uint64_t grows_ = 0;
   detail::stats_tally stats_;
 };
 
@@ -121,9 +140,12 @@ namespace detail {
 ///
 /// `rank(r)` runs rank r. Not a template over it: the threads' code compiles once, whatever the trainer's function
 /// (a program that runs many policies instantiates run_local once per policy).
-FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank);
+/// `from`: the first rank's number (a group's newcomers, comm::start_joining).
+FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank,
+                         int from = 0);
 /// Runs fn(make(r)) for every rank r (above).
 template <class Make, class F>
+  requires(!std::is_integral_v<std::remove_cvref_t<F>>)  // run_ranks(world, group, rank, from) above
 void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make, F&& fn) {
   run_ranks(world, group, std::function<void(int)>([&](int r) {
               auto c = make(r);
@@ -140,6 +162,21 @@ void run_local(int world, F&& fn, local_options opt = {}) {
   auto group = std::make_shared<detail::local_group>(world, opt.timeout, opt.link, opt.delay);
   detail::run_ranks(world, group, [&](int r) { return local_communicator(group, r, opt.backend); },
                     std::forward<F>(fn));
+}
+
+/// Starts the newcomers of `invitation` (local_communicator::grow): fn(local_communicator&) on a thread each, as
+/// run_local runs ranks (a throw aborts the grown group and is the root cause; a return is marked). Returns at once;
+/// the future's get() joins them and rethrows the first error (its destructor waits for them too).
+template <class F>
+std::future<void> start_joining(const local_invitation& invitation, F fn, backend::host_options backend = {}) {
+  if (!invitation.group) fsdp::detail::fail_usage("start_joining: the invitation is empty (grow makes it)");
+  return std::async(std::launch::async, [invitation, fn = std::move(fn), backend]() mutable {
+    detail::run_ranks(invitation.newcomers, invitation.group, std::function<void(int)>([&](int r) {
+                        local_communicator c = local_communicator::join(invitation, r - invitation.first, backend);
+                        fn(c);
+                      }),
+                      invitation.first);
+  });
 }
 
 }  // namespace fsdp::comm

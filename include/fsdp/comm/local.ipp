@@ -38,6 +38,30 @@ FSDP_DECL local_communicator local_communicator::shrink(std::vector<int>* surviv
   return local_communicator(std::move(s.group), s.place, backend_opt_);
 }
 
+FSDP_DECL local_communicator local_communicator::grow(int newcomers, local_invitation* invitation) {
+  if (newcomers < 1) fsdp::detail::fail_usage("grow: rank ", rank_, " asks for ", newcomers, " newcomers; at least 1");
+  // every rank must ask for the same number: an all_gather of it, on this thread
+  const std::int32_t mine = newcomers;
+  std::vector<std::int32_t> all(static_cast<std::size_t>(size()));
+  g_->run(seq_++, rank_, detail::op_desc{int(collective::all_gather), 1, dtype::f32, reduce_op::sum, 0}, &mine,
+          all.data());
+  for (int q = 0; q < size(); ++q)
+    if (all[static_cast<std::size_t>(q)] != newcomers)
+      fsdp::detail::fail_usage("grow: rank ", rank_, " asks for ", newcomers, " newcomers and rank ", q, " for ",
+                               all[static_cast<std::size_t>(q)], ": every rank of the group passes the same number");
+  std::shared_ptr<detail::local_group> group = g_->grown(grows_++, size() + newcomers);
+  if (invitation) *invitation = local_invitation{group, size(), newcomers};
+  return local_communicator(std::move(group), rank_, backend_opt_);
+}
+
+FSDP_DECL local_communicator local_communicator::join(const local_invitation& invitation, int newcomer,
+                                                      backend::host_options backend) {
+  if (!invitation.group) fsdp::detail::fail_usage("join: the invitation is empty (local_communicator::grow makes it)");
+  if (newcomer < 0 || newcomer >= invitation.newcomers)
+    fsdp::detail::fail_usage("join: newcomer ", newcomer, " of an invitation for ", invitation.newcomers);
+  return local_communicator(invitation.group, invitation.first + newcomer, std::move(backend));
+}
+
 FSDP_DECL void local_communicator::issue(const detail::op_desc& d, const void* send, void* recv, stream& s,
                                         std::int64_t total_elems) {
   detail::require_count(d.count, [&] { return fsdp::detail::cat(d.str(), " on rank ", rank_); });
@@ -49,13 +73,14 @@ FSDP_DECL void local_communicator::issue(const detail::op_desc& d, const void* s
 }
 
 namespace detail {
-FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank) {
+FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank,
+                         int from) {
   std::mutex mu;
   std::exception_ptr first;
   bool first_is_abort = true;
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) {
+  for (int r = from; r < from + world; ++r) {
     try {
       threads.emplace_back([&, r] {
         try {
@@ -78,7 +103,7 @@ FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, c
       });
     } catch (const std::system_error& e) {  // no thread for rank r: stop the ranks started, then say why
       const std::string why = fsdp::detail::cat(
-          "could not start the thread of rank ", r, " of ", world, " (", e.what(), "); the ", r,
+          "could not start the thread of rank ", r, " of ", group->size(), " (", e.what(), "); the ", r - from,
           " rank(s) already started were stopped. Lower the world size or raise the process's thread or address-space "
           "limit (ulimit -u / -v)");
       group->abort(why);

@@ -135,6 +135,10 @@ class local_group {
   };
   shrunk shrink(std::uint64_t shrink, int rank);
 
+  /// A rank's part of a grow (comm::local_communicator::grow): the group of `size` ranks (this group's first, as
+  /// here) that grow number `grow` makes, the same for every rank of this group; aborts and returns reach it.
+  std::shared_ptr<local_group> grown(std::uint64_t grow, int size);
+
   /// How messages name rank `rank`'s collective #seq: "local all_gather(count=8, f32) #3 on rank 1".
   /// A sub-group (split) says which ranks of the group it was split from it holds: "local[ranks 2, 3]
   /// all_gather(count=8, f32) #0 on rank 1" is rank 3's.
@@ -297,6 +301,7 @@ class local_group {
     int taken = 0;
   };
   std::map<std::uint64_t, pending_shrink> shrinks_;  // by shrink number, until every member took it
+  std::map<std::uint64_t, pending_split> grows_;     // by grow number, until every rank took it
 };
 
 }  // namespace fsdp::comm::detail

@@ -137,6 +137,29 @@ FSDP_DECL local_group::shrunk local_group::shrink(std::uint64_t number, int rank
   return out;
 }
 
+FSDP_DECL std::shared_ptr<local_group> local_group::grown(std::uint64_t number, int size) {
+  std::lock_guard lk(mu_);
+  pending_split& p = grows_[number];
+  if (!p.group) {
+    p.group = std::make_shared<local_group>(size, timeout_, link_, delay_);
+    std::vector<int> members(static_cast<std::size_t>(world_));
+    for (int q = 0; q < world_; ++q) members[static_cast<std::size_t>(q)] = q;
+    children_.push_back({p.group, members});
+    for (int q = 0; q < world_; ++q)  // what happened before the grow holds in it too
+      if (returned_[static_cast<std::size_t>(q)]) {
+        p.group->returned_[static_cast<std::size_t>(q)] = true;
+        ++p.group->returned_count_;
+      }
+    if (aborted_) {
+      p.group->aborted_ = true;
+      p.group->reason_ = reason_;
+    }
+  }
+  std::shared_ptr<local_group> g = p.group;
+  if (++p.taken == world_) grows_.erase(number);
+  return g;
+}
+
 FSDP_DECL std::string local_group::describe(const op_desc& d, std::uint64_t seq, int rank) const {
   return "local" + label_ + " " + d.str() + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
 }
