@@ -6,7 +6,8 @@
 // rate, gradient norm and tokens/s, and at the end every rank's peak memory by category next to the planner's
 // prediction and the activations the trainer kept.
 //   bazel run //examples/04_gpt_host -- --ranks 4 [--tp T] [--steps 50] [--precision bf16|fp32|fp8|int8|int8-qgz]
-//       [--strategy full_shard|shard_grad_op|no_shard|hybrid_shard (with --lose-rank)] [--checkpoint-activations]
+//       [--strategy full_shard|shard_grad_op|no_shard|hybrid_shard (with --lose-rank R --at-step S [--rejoin-at T])]
+//       [--checkpoint-activations]
 //       [--layers L] [--width C] [--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W]
 //       [--export-init FILE.safetensors] [--losses FILE] [--pack]
 // --export-init writes the initial weights (fp32 safetensors, GPT-2 names) before the first step; --losses writes
@@ -20,12 +21,15 @@
 // rank R fails (its thread returns); the survivors' quorum names it, they shrink the world, the replica group R was
 // in leaves, and the others take the state in memory (fsdp::elastic::reshard, no checkpoint) and train on to the
 // last step at one replica group fewer, with the same global batch: the loss curve goes on. Each step prints as
-// usual, and the survivors say what they did.
+// usual, and the survivors say what they did. --rejoin-at T: before step T the survivors grow their group by the
+// ranks that left; replacements (new threads, holding nothing) receive their shards and the step count from the
+// survivors (fsdp::elastic::join, no checkpoint) and every rank trains on at the full grid.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -39,7 +43,8 @@ namespace {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "error: %s\nusage: gpt_host [--ranks N] [--tp T] [--lose-rank R --at-step S] [--steps S] [--precision "
+               "error: %s\nusage: gpt_host [--ranks N] [--tp T] [--lose-rank R --at-step S [--rejoin-at T]] [--steps "
+               "S] [--precision "
                "bf16|fp32|fp8|int8|int8-qgz] "
                "[--strategy full_shard|shard_grad_op|no_shard|hybrid_shard] [--checkpoint-activations] [--layers L] "
                "[--width C] "
@@ -124,9 +129,10 @@ int run(int ranks, const gpt::config& cfg, const outputs& out) {
 }
 
 /// --lose-rank: HSDP over shard groups of 2; rank `lost` fails after step `at` - 1; the replica groups without it
-/// continue from the state in memory.
+/// continue from the state in memory. --rejoin-at (`rejoin` > 0): before step `rejoin`, replacements for the ranks that
+/// left join and take their shards from the survivors.
 template <class Precision>
-int run_losing(int ranks, const gpt::config& cfg, int lost, int at) {
+int run_losing(int ranks, const gpt::config& cfg, int lost, int at, int rejoin) {
   using Policy = fsdp::policy<fsdp::sharding::hybrid_shard<2>, fsdp::prefetch::next, Precision>;
   const int replicas = ranks / 2;
   if (ranks % 2 != 0 || replicas < 2)
@@ -136,12 +142,13 @@ int run_losing(int ranks, const gpt::config& cfg, int lost, int at) {
   if (lost < 0 || lost >= ranks)
     usage("--lose-rank " + std::to_string(lost) + " is not a rank of " + std::to_string(ranks));
   if (at < 1 || at >= cfg.steps) usage("--at-step must be in [1, --steps)");
+  if (rejoin > 0 && (rejoin <= at || rejoin >= cfg.steps)) usage("--rejoin-at must be in (--at-step, --steps)");
   if (cfg.options.tensor_parallel != 1 || cfg.packing.on) usage("--lose-rank takes neither --tp nor --pack");
-  std::printf("GPT: hybrid_shard, %d replica groups of 2 thread ranks, %s compute; rank %d fails after step %d\n",
-              replicas, std::string(fsdp::name_of(fsdp::facts_of_precision<Precision>().compute)).c_str(), lost,
-              at - 1);
+  std::printf("GPT: hybrid_shard, %d replica groups of 2 thread ranks, %s compute; rank %d fails after step %d%s\n",
+              replicas, std::string(fsdp::name_of(fsdp::facts_of_precision<Precision>().compute)).c_str(), lost, at - 1,
+              rejoin > 0 ? (", replacements join before step " + std::to_string(rejoin)).c_str() : "");
   std::mutex mu;
-  std::vector<std::string> said(static_cast<std::size_t>(ranks));
+  std::vector<std::string> said(static_cast<std::size_t>(ranks)), arrived(static_cast<std::size_t>(ranks));
   fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& comm) {
     const int me = comm.rank();
     auto model = gpt::make_model<Policy>(comm, cfg);
@@ -187,7 +194,56 @@ int run_losing(int ranks, const gpt::config& cfg, int lost, int at) {
       std::fflush(stdout);
     }
     auto next_tr = gpt::make_host_trainer{}(next, cfg.model, gpt::batch_per_rank(cfg, next.mesh()));
-    gpt::run_steps(next, next_opt, next_tr, cfg, at, cfg.steps - at, r);
+    gpt::run_steps(next, next_opt, next_tr, cfg, at, (rejoin > 0 ? rejoin : cfg.steps) - at, r);
+    if (rejoin <= 0) return;
+    // The return: fresh's ranks grow their group by the ranks that left; the replacements (new threads, holding
+    // nothing) take the last ranks of the grown grid and receive their shards from the survivors (fsdp::elastic::join).
+    const int stayed = fresh.size(), newcomers = ranks - stayed;
+    std::vector<int> kept, back;
+    for (int k = 0; k < stayed; ++k) kept.push_back(k), back.push_back(k);
+    back.insert(back.end(), static_cast<std::size_t>(newcomers), fsdp::plan::newcomer);
+    const fsdp::plan::shard_grid before{replicas - 1, 2};
+    // Every rank of the grown grid, survivor (`from`: its model and optimizer) or newcomer (null): the model at the
+    // full grid, its state from the survivors, then the steps left.
+    const auto grown_rank = [&](fsdp::comm::local_communicator& grown, auto* from, auto* from_opt) {
+      fsdp::comm::local_communicator xfer = grown.split(0, grown.rank());
+      auto full = gpt::make_model<Policy>(grown, cfg);
+      auto full_opt = gpt::make_optimizer(full, cfg);
+      fsdp::plan::reshard_plan p;
+      fsdp::plan::reshard_request q;
+      if (from) {
+        q = fsdp::elastic::reshard_request_of(*from, {replicas, 2}, kept, back);
+        p = fsdp::elastic::reshard(q, *from, *from_opt, &full, &full_opt, xfer);
+      } else {
+        q = fsdp::elastic::join_request_of(full, before, kept, back);
+        p = fsdp::elastic::join(q, full, full_opt, xfer);
+        std::lock_guard lk(mu);
+        arrived[static_cast<std::size_t>(grown.rank())] =
+            "joined: received its shards from the survivors, and step count " + std::to_string(full.step_count());
+      }
+      xfer.barrier();  // every newcomer has said what it did
+      if (grown.rank() == 0) {
+        std::lock_guard lk(mu);
+        std::printf("ranks 0-%d invited %d replacement(s) as ranks %d-%d of %d x 2 before step %d\n", stayed - 1,
+                    newcomers, stayed, ranks - 1, replicas, rejoin);
+        for (int k = stayed; k < ranks; ++k)
+          std::printf("rank %d %s\n", k, arrived[static_cast<std::size_t>(k)].c_str());
+        std::printf("%s", fsdp::plan::describe(p, q, 1 + static_cast<int>(full_opt.state_names().size())).c_str());
+        std::fflush(stdout);
+      }
+      auto full_tr = gpt::make_host_trainer{}(full, cfg.model, gpt::batch_per_rank(cfg, full.mesh()));
+      gpt::result rest;
+      gpt::run_steps(full, full_opt, full_tr, cfg, rejoin, cfg.steps - rejoin, rest);
+    };
+    fsdp::comm::local_invitation invitation;
+    fsdp::comm::local_communicator grown = fresh.grow(newcomers, &invitation);
+    std::future<void> replacements;
+    if (mine == 0)  // rank 0 starts the replacements' threads and hands them the invitation
+      replacements = fsdp::comm::start_joining(invitation, [&](fsdp::comm::local_communicator& g) {
+        grown_rank(g, static_cast<decltype(&next)>(nullptr), static_cast<decltype(&next_opt)>(nullptr));
+      });
+    grown_rank(grown, &next, &next_opt);
+    if (mine == 0) replacements.get();
   });
   return 0;
 }
@@ -198,7 +254,7 @@ int main(int argc, char** argv) {
   int ranks = 4;
   std::string strategy = "full_shard", precision = "bf16";
   outputs out;
-  int lose_rank = -1, at_step = 0;
+  int lose_rank = -1, at_step = 0, rejoin_at = 0;
   gpt::config cfg;
   cfg.global_batch = 16;
   cfg.verbose = true;
@@ -217,6 +273,8 @@ int main(int argc, char** argv) {
       lose_rank = std::string(v) == "0" ? 0 : to_int(v, a);
     } else if (a == "--at-step")
       at_step = to_int(value(), a);
+    else if (a == "--rejoin-at")
+      rejoin_at = to_int(value(), a);
     else if (a == "--batch") cfg.global_batch = to_int(value(), a);
     else if (a == "--layers") cfg.model.layers = to_int(value(), a);
     else if (a == "--width") cfg.model.width = to_int(value(), a);
@@ -242,12 +300,13 @@ int main(int argc, char** argv) {
   cfg.opt.total = cfg.steps;  // the cosine spans the run
   try {
     gpt::validate(cfg.model, cfg.options.tensor_parallel);
+    if (rejoin_at > 0 && lose_rank < 0) usage("--rejoin-at needs --lose-rank and --at-step");
     if (lose_rank >= 0 || at_step > 0) {
       if (lose_rank < 0 || at_step <= 0) usage("--lose-rank and --at-step go together");
       if (strategy != "hybrid_shard") usage("--lose-rank needs --strategy hybrid_shard (a replica group survives)");
       return fsdp::select(
           "--precision", precision,
-          [&](auto p) { return run_losing<typename decltype(p)::type>(ranks, cfg, lose_rank, at_step); },
+          [&](auto p) { return run_losing<typename decltype(p)::type>(ranks, cfg, lose_rank, at_step, rejoin_at); },
           fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"});
     }
     return gpt::with_policy_flags(

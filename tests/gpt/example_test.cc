@@ -80,3 +80,20 @@ TEST_CASE(
   CHECK(ran.out.find("reshard 2 x 2 -> 1 x 2, 3 fp32 buffer(s) a unit") != std::string::npos);
   CHECK(ran.out.find("  3        lost ") != std::string::npos);
 }
+
+TEST_CASE(
+    "--rejoin-at: replacements for the replica group that left join before step 3, receive their shards and the "
+    "step count from the survivors, and all four ranks train to the last step") {
+  const fsdp_tests::run ran = execute(example +
+                                      " --ranks 4 --strategy hybrid_shard --lose-rank 3 --at-step 1 --rejoin-at 3 "
+                                      "--steps 4 --layers 1 --precision fp32");
+  REQUIRE_MESSAGE(ran.status == 0, ran.out);
+  CHECK(fsdp_tests::lines_starting(ran.out, "step ").size() == 4);
+  const auto said = fsdp_tests::lines_starting(ran.out, "rank ");
+  REQUIRE(said.size() == 5);  // three survivors, then the two replacements
+  CHECK(said[3] == "rank 2 joined: received its shards from the survivors, and step count 3");
+  CHECK(said[4] == "rank 3 joined: received its shards from the survivors, and step count 3");
+  CHECK(ran.out.find("ranks 0-1 invited 2 replacement(s) as ranks 2-3 of 2 x 2 before step 3\n") != std::string::npos);
+  CHECK(ran.out.find("reshard 1 x 2 -> 2 x 2, 3 fp32 buffer(s) a unit") != std::string::npos);
+  CHECK(ran.out.find("  joins    3 ") != std::string::npos);
+}

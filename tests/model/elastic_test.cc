@@ -11,7 +11,9 @@
 #include <fsdp/elastic/reshard.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -168,4 +170,149 @@ TEST_CASE(
                                                                                        dir / "ck", /*exits=*/true);
   check_same(out);
   CHECK(out[0].table.find("moved between ranks: 0.000 MiB") != std::string::npos);  // each keeps its own shard
+}
+
+TEST_CASE(
+    "a replacement joins (2 x 2 loses rank 3, replica 0 trains on as 1 x 2, two newcomers grow it back to 2 x 2): "
+    "the newcomers receive their shards from the survivors, no checkpoint read, bit for bit the state a checkpoint "
+    "saved at 1 x 2 and loaded at 2 x 2 gives, and the same training after") {
+  using hybrid = fsdp::policy<fsdp::sharding::hybrid_shard<2>>;
+  using fsdp::plan::newcomer;
+  fsdp_test::scratch_dir dir("elastic-rejoin");
+  const std::string path = dir / "ck";
+  const mlp::config cfg = small();
+  std::vector<outcome> out(4);  // by rank of the grown grid
+  std::vector<float> rejoined_losses(7, 0.0f), uninterrupted(7, 0.0f);
+  std::future<void> newcomers;
+  // Each rank of the 2 x 2 grid after the return: the state the reshard gave it against the checkpoint's, then two
+  // more steps from each. `from` is the 1 x 2 model and its optimizer on the survivors, null on a newcomer.
+  const auto grown_rank = [&](local_communicator& grown, auto* from, auto* from_opt) {
+    local_communicator xfer = grown.split(0, grown.rank()), second = grown.split(0, grown.rank());
+    outcome& o = out[static_cast<std::size_t>(grown.rank())];
+    const std::vector<int> joins{0, 1, newcomer, newcomer};
+    auto m4 = mlp::make_model<hybrid>(grown, cfg);
+    mlp::with_optimizer(m4, cfg, [&](auto& opt4) {
+      if (from) {
+        const auto q = fsdp::elastic::reshard_request_of(*from, {2, 2}, {0, 1}, joins);
+        const auto p = fsdp::elastic::reshard(q, *from, *from_opt, &m4, &opt4, xfer);
+        if (grown.rank() == 0) o.table = fsdp::plan::describe(p, q, 1 + opt4.states_per_element());
+      } else {
+        const auto q = fsdp::elastic::join_request_of(m4, {1, 2}, {0, 1}, joins);
+        fsdp::elastic::join(q, m4, opt4, xfer);
+      }
+      CHECK(m4.step_count() == 5);
+      CHECK(opt4.steps() == 5);
+      o.resharded = local_state(m4, opt4);
+      mlp::result more;
+      more.losses.assign(5, 0.0f);
+      mlp::run_steps(m4, opt4, cfg, 5, 2, more);
+      o.losses_resharded = more.losses;
+      o.resharded_after = local_state(m4, opt4);
+      if (grown.rank() == 0) std::copy(more.losses.begin() + 5, more.losses.end(), rejoined_losses.begin() + 5);
+      return more;
+    });
+    auto m5 = mlp::make_model<hybrid>(second, cfg);
+    mlp::with_optimizer(m5, cfg, [&](auto& opt5) {
+      ckpt::load(m5, opt5, path);
+      o.loaded = local_state(m5, opt5);
+      mlp::result more;
+      more.losses.assign(5, 0.0f);
+      mlp::run_steps(m5, opt5, cfg, 5, 2, more);
+      o.losses_loaded = more.losses;
+      o.loaded_after = local_state(m5, opt5);
+      return more;
+    });
+  };
+  run_ranks(4, [&](local_communicator& comm) {
+    const int me = comm.rank();
+    auto m = mlp::make_model<hybrid>(comm, cfg);
+    mlp::with_optimizer(m, cfg, [&](auto& opt) {
+      mlp::result res;
+      mlp::run_steps(m, opt, cfg, 0, 3, res);
+      if (me == 0) std::copy(res.losses.begin(), res.losses.end(), rejoined_losses.begin());
+      if (me == 3) return res;  // rank 3 fails between steps
+      error_of<fsdp::comm_error>([&] { comm.barrier(); });
+      local_communicator survivors = comm.shrink();
+      // replica 1 lost a rank: rank 2 sends nothing it alone holds, and leaves; ranks 0 and 1 continue as 1 x 2
+      local_communicator pair = survivors.split(me == 2 ? 1 : 0, me);
+      const auto q = fsdp::elastic::reshard_request_of(m, {1, 2}, {0, 1, 2}, {0, 1});
+      if (me == 2) {
+        fsdp::elastic::reshard(q, m, opt, static_cast<decltype(&m)>(nullptr), static_cast<decltype(&opt)>(nullptr),
+                               survivors);
+        return res;
+      }
+      auto m2 = mlp::make_model<hybrid>(pair, cfg);
+      mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
+        fsdp::elastic::reshard(q, m, opt, &m2, &opt2, survivors);
+        mlp::result mid;
+        mid.losses.assign(3, 0.0f);
+        mlp::run_steps(m2, opt2, cfg, 3, 2, mid);
+        if (me == 0) std::copy(mid.losses.begin() + 3, mid.losses.end(), rejoined_losses.begin() + 3);
+        ckpt::save(m2, opt2, path);  // the reference's: saved at 1 x 2, loaded at 2 x 2
+        // two replacements join: the grown group's ranks 2 and 3, started by survivor 0
+        fsdp::comm::local_invitation invitation;
+        local_communicator grown = pair.grow(2, &invitation);
+        if (me == 0)
+          newcomers = fsdp::comm::start_joining(invitation, [&](local_communicator& g) {
+            grown_rank(g, static_cast<decltype(&m2)>(nullptr), static_cast<decltype(&opt2)>(nullptr));
+          });
+        grown_rank(grown, &m2, &opt2);
+        if (me == 0) newcomers.get();
+        return mid;
+      });
+      return res;
+    });
+  });
+  check_same(out);
+  CHECK(out[0].table.find("  joins    3 ") != std::string::npos);
+  // against a run that never lost a rank: the same data, another reduction order for steps 3 and 4 (one replica's
+  // two ranks each average half the batch instead of four averaging a quarter): close, not the same bits
+  run_ranks(4, [&](local_communicator& comm) {
+    auto m = mlp::make_model<hybrid>(comm, cfg);
+    mlp::with_optimizer(m, cfg, [&](auto& opt) {
+      mlp::result res;
+      mlp::run_steps(m, opt, cfg, 0, 7, res);
+      if (comm.rank() == 0) uninterrupted = res.losses;
+      return res;
+    });
+  });
+  double largest = 0;
+  for (std::size_t s = 0; s < 7; ++s) {
+    CAPTURE(s);
+    CHECK(rejoined_losses[s] == doctest::Approx(uninterrupted[s]).epsilon(1e-5));
+    if (s < 3) CHECK(rejoined_losses[s] == uninterrupted[s]);
+    largest = std::max(largest, std::abs(double(rejoined_losses[s]) / uninterrupted[s] - 1));
+  }
+  MESSAGE(out[0].table, "largest relative loss difference from the run without the loss: ", largest);
+}
+
+TEST_CASE(
+    "refusals before anything moves: a communicator that is not the survivors then the newcomers, named with the "
+    "fix") {
+  using hybrid = fsdp::policy<fsdp::sharding::hybrid_shard<2>>;
+  using fsdp::plan::newcomer;
+  const mlp::config cfg = small();
+  std::vector<std::string> sizes(4), order(4);
+  run_ranks(4, [&](local_communicator& comm) {
+    auto m = mlp::make_model<hybrid>(comm, cfg);
+    mlp::with_optimizer(m, cfg, [&](auto& opt) {
+      fsdp::plan::reshard_request q = fsdp::elastic::join_request_of(m, {1, 2}, {0, 1}, {0, 1, newcomer, newcomer});
+      const auto r = static_cast<std::size_t>(comm.rank());
+      if (comm.rank() < 2)  // ranks 0 and 1 call join, as if newcomers, where the request's survivors are
+        order[r] = error_of<fsdp::usage_error>([&] { fsdp::elastic::join(q, m, opt, comm); });
+      q.after = {1, 3};
+      q.joins = {0, 1, newcomer};
+      sizes[r] = error_of<fsdp::usage_error>([&] { fsdp::elastic::join(q, m, opt, comm); });
+      return mlp::result{};
+    });
+  });
+  for (int r = 0; r < 4; ++r)
+    CHECK(sizes[static_cast<std::size_t>(r)] ==
+          "fsdp: reshard: the communicator has 4 ranks, and the request 2 survivor(s) and 1 newcomer(s): make it of "
+          "the survivors, ranked as listed, then the newcomers by new rank");
+  for (int r = 0; r < 2; ++r)
+    CHECK(order[static_cast<std::size_t>(r)] ==
+          "fsdp: join: rank " + std::to_string(r) +
+              " of the communicator is a newcomer, but the request's first 2 ranks are the survivors: make the "
+              "communicator with the survivors first");
 }

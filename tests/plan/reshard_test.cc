@@ -91,6 +91,37 @@ TEST_CASE(
         "  moved between ranks: 30.000 MiB\n");
 }
 
+TEST_CASE(
+    "newcomers (plan::newcomer) hold nothing: each of their runs comes from the surviving holders, the survivors "
+    "keep theirs in place") {
+  using fsdp::plan::newcomer;
+  // the example's return: 1 x 2 grows back to 2 x 2, newcomers as new ranks 2 and 3 (shards 0 and 1)
+  const std::int64_t half = 5 << 17;  // 2.5 MiB of fp32
+  auto q = one_unit(2 * half, 1, {1, 2}, {2, 2}, {0, 1}, {0, 1, newcomer, newcomer});
+  auto p = make_reshard_plan(q);
+  CHECK(p.runs == runs{{0, 0, 0, 0, 0, half}, {0, 1, 1, 0, 0, half}, {0, 0, 2, 0, 0, half}, {0, 1, 3, 0, 0, half}});
+  CHECK(p.sent == std::vector<std::int64_t>{half, half});
+  CHECK(p.received == std::vector<std::int64_t>{0, 0, half, half});
+  CHECK(fsdp::plan::describe(p, q, 1) ==
+        "reshard 1 x 2 -> 2 x 2, 1 fp32 buffer(s) a unit\n"
+        "  old rank new rank      sends MiB   receives MiB\n"
+        "  0        0                 2.500          0.000\n"
+        "  1        1                 2.500          0.000\n"
+        "  joins    2                 0.000          2.500\n"
+        "  joins    3                 0.000          2.500\n"
+        "  moved between ranks: 5.000 MiB\n");
+  // 2 x 2 lost rank 3; a replacement takes its place: shard 1 from rank 1, the only holder left
+  q = one_unit(10, 1, {2, 2}, {2, 2}, {0, 1, 2}, {0, 1, 2, newcomer});
+  p = make_reshard_plan(q);
+  CHECK(p.runs == runs{{0, 0, 0, 0, 0, 5}, {0, 1, 1, 0, 0, 5}, {0, 2, 2, 0, 0, 5}, {0, 1, 3, 0, 0, 5}});
+  // 1 x 2 as 1 x 3 with a newcomer: new shards of 3 elements
+  q = one_unit(9, 1, {1, 2}, {1, 3}, {0, 1}, {0, 1, newcomer});
+  p = make_reshard_plan(q);
+  CHECK(p.runs == runs{{0, 0, 0, 0, 0, 3}, {0, 0, 1, 3, 0, 2}, {0, 1, 1, 0, 2, 1}, {0, 1, 2, 1, 0, 3}});
+  CHECK(p.sent == std::vector<std::int64_t>{2, 3});
+  CHECK(p.received == std::vector<std::int64_t>{0, 2, 3});
+}
+
 TEST_CASE("refusals: elements no survivor holds, each unit's named; grids and ranks that do not fit") {
   // 2 x 2 loses ranks 1 and 3: shard 1 of both units is gone
   reshard_request q{{"root", "h.0"}, {10, 3}, 1, {2, 2}, {1, 2}, {0, 2}, {0, 2}};

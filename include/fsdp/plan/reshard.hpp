@@ -17,6 +17,9 @@
 // old grid already paired it with); otherwise the surviving holders take turns by destination rank. Elements that no
 // surviving rank holds are lost, and the plan refuses with a sentence naming the unit, the elements and the ranks
 // that held them: only a checkpoint has them.
+//
+// A rank that joins the job (a replacement, holding nothing: plan::newcomer in `joins`) takes each run from the
+// surviving holders in turn, as a rank whose old replica lost those elements does.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -40,7 +43,9 @@ struct shard_grid {
 /// What a reshard starts from and goes to. `units`: each unit's name and flat elements (FlatLayout::numel: up to
 /// the end of its last parameter), the same on both grids; `align`: the layout's alignment. `survivors`: the old
 /// ranks that are alive and can send, ascending; `joins`: for each rank of the new grid, in order, the old rank it
-/// was (a survivor).
+/// was (a survivor), or plan::newcomer for a rank that joins the job holding nothing.
+inline constexpr int newcomer = -1;
+
 struct reshard_request {
   std::vector<std::string> unit_names;
   std::vector<std::int64_t> unit_numel;
@@ -91,6 +96,7 @@ inline reshard_plan make_reshard_plan(const reshard_request& q) {
                        q.joins.size(), " survivors join it");
   std::vector<char> joined(alive.size(), 0);
   for (int r : q.joins) {
+    if (r == newcomer) continue;
     if (r < 0 || r >= a.ranks() || !alive[static_cast<std::size_t>(r)])
       detail::fail_usage("reshard: old rank ", r, " joins the new grid but is not a survivor");
     if (joined[static_cast<std::size_t>(r)]) detail::fail_usage("reshard: old rank ", r, " joins the new grid twice");
@@ -135,11 +141,13 @@ inline reshard_plan make_reshard_plan(const reshard_request& q) {
         for (int r = 0; r < a.replicas; ++r)
           if (alive[static_cast<std::size_t>(r * a.shards + k)]) holders.push_back(r * a.shards + k);
         int from = holders[static_cast<std::size_t>(to) % holders.size()];
-        const int peer = a.replica_of(self) * a.shards + k;
-        if (a.shard_of(self) == k)
-          from = self;
-        else if (alive[static_cast<std::size_t>(peer)])
-          from = peer;
+        if (self != newcomer) {
+          const int peer = a.replica_of(self) * a.shards + k;
+          if (a.shard_of(self) == k)
+            from = self;
+          else if (alive[static_cast<std::size_t>(peer)])
+            from = peer;
+        }
         out.runs.push_back({u, from, to, e - k * so, e - first, end - e});
         if (from != self) {
           out.sent[static_cast<std::size_t>(from)] += end - e;
@@ -153,10 +161,12 @@ inline reshard_plan make_reshard_plan(const reshard_request& q) {
 }
 
 /// The plan as a table: a line per rank (old rank, its new rank or "leaves", elements and MiB sent and received for
-/// `buffers` fp32 buffers a unit: the master shard and each optimizer state), then the totals.
+/// `buffers` fp32 buffers a unit: the master shard and each optimizer state), a line per newcomer ("joins" as its old
+/// rank), then the totals.
 inline std::string describe(const reshard_plan& plan, const reshard_request& q, int buffers) {
   std::vector<int> new_of(plan.sent.size(), -1);
-  for (std::size_t i = 0; i < q.joins.size(); ++i) new_of[static_cast<std::size_t>(q.joins[i])] = static_cast<int>(i);
+  for (std::size_t i = 0; i < q.joins.size(); ++i)
+    if (q.joins[i] != newcomer) new_of[static_cast<std::size_t>(q.joins[i])] = static_cast<int>(i);
   std::vector<char> alive(plan.sent.size(), 0);
   for (int r : q.survivors) alive[static_cast<std::size_t>(r)] = 1;
   const double mib = 4.0 * buffers / 1048576.0;
@@ -176,6 +186,12 @@ inline std::string describe(const reshard_plan& plan, const reshard_request& q, 
     out += line;
     total += plan.sent[r];
   }
+  for (std::size_t i = 0; i < q.joins.size(); ++i)
+    if (q.joins[i] == newcomer) {
+      std::snprintf(line, sizeof line, "  %-8s %-8zu %14.3f %14.3f\n", "joins", i, 0.0,
+                    static_cast<double>(plan.received[i]) * mib);
+      out += line;
+    }
   std::snprintf(line, sizeof line, "  moved between ranks: %.3f MiB\n", static_cast<double>(total) * mib);
   return out + line;
 }
