@@ -49,6 +49,9 @@ struct script {
   std::deque<std::int64_t> free_bytes;  ///< successive answers of cudaMemGetInfo's free bytes; 80 GB once empty
   int next_stream = 100;  ///< streams cudaStreamCreate makes: s100, s101, ...
   std::uintptr_t next_buffer = 0x1000;  ///< what cudaMalloc answers: 0x1000, 0x2000, ...
+  int version = 22809;                  ///< what ncclGetVersion answers
+  int revoke = 0;                       ///< what ncclCommRevoke answers
+  int shrink = 0;                       ///< what ncclCommShrink answers (its communicator is there at once)
 };
 
 struct fake_api {
@@ -92,6 +95,16 @@ struct fake_api {
     return static_cast<result>(sc->split);
   }
   result comm_abort(comm c) { return note("ncclCommAbort", c); }
+  result revoke(comm c) { return note("ncclCommRevoke", c, static_cast<result>(sc->revoke)); }
+  result shrink(comm parent, const std::vector<int>& exclude, comm& out) {
+    out = sc->next_comm++;
+    std::string list;
+    for (int r : exclude) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    sc->calls.push_back("ncclCommShrink(c" + std::to_string(parent) + ", exclude=[" + list + "]) -> c" +
+                        std::to_string(out));
+    return static_cast<result>(sc->shrink);
+  }
+  int version() const { return sc->version; }
   result finalize(comm c) { return note("ncclCommFinalize", c, static_cast<result>(sc->finalize)); }
   result destroy(comm c) { return note("ncclCommDestroy", c); }
   result group_start() { return note("ncclGroupStart", 1); }
@@ -936,4 +949,128 @@ TEST_CASE("nccl split: ncclCommSplit answers ncclSuccess while the split still r
         "NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
   CHECK(seq(sc2.calls) == seq(calls{"ncclCommSplit(c1, color=3, key=0) -> c2", "ncclCommGetAsyncError", "sleep",
                                     "ncclCommGetAsyncError", "ncclCommAbort"}));
+}
+
+TEST_CASE(
+    "nccl revoke: under nccl_failure::revoke a failure revokes every communicator of the family instead of aborting "
+    "it, says so, and shrink() makes the survivors' communicator once the revoked ones are quiescent") {
+  script sc;
+  core world(fake_api{&sc}, 1, 4, 1000ms, "comm::nccl", nccl_channels::one, fsdp::comm::nccl_failure::revoke);
+  init(world);
+  sc.split = fake_api::success;
+  std::optional<core> group;  // a hybrid model's shard group
+  group.emplace(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl split(color=0, key=1)", nccl_channels::one,
+                fsdp::comm::nccl_failure::revoke);
+  group->init(world.split(0, 1), fake_api::success, "ncclCommSplit", "a split group");  // c2
+  group->join_family(world);
+  group->label("h.0");
+  all_gather(*group, sc, 8, 7);
+  sc.now += 3ms;
+  sc.async_of[2] = {fake_api::remote_error};
+  sc.calls.clear();
+  const std::string msg = error_of<fsdp::comm_error>([&] { world.check(); });
+  CHECK(msg ==
+        "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 0 of "
+        "2; pending: comm::nccl split(color=0, key=1): all_gather(count=8, f32) #0 for unit 'h.0', issued 3 ms "
+        "ago and not complete; comm::nccl split(color=0, key=1) on rank 0 of 2 revoked (NCCL_DEBUG=WARN on "
+        "every rank shows which peer or resource failed; the survivors name the ranks that failed and call "
+        "shrink())");
+  CHECK(seq(sc.calls) ==
+        seq(calls{"ncclCommGetAsyncError", "ncclCommGetAsyncError(c2)", "ncclCommRevoke", "ncclCommRevoke(c2)"}));
+  CHECK(world.revoked());
+  CHECK(world.live_communicators() == 1);  // still there, for shrink()
+  CHECK(error_of<fsdp::comm_error>([&] { all_gather(world, sc, 1, 7); }) ==
+        "fsdp: all_gather on rank 1 after comm::nccl was revoked: " + msg.substr(6));
+
+  // the survivors agree that rank 3 failed; NCCL quiesces the revoked communicator (in progress, then success)
+  sc.async = {fake_api::in_progress, fake_api::in_progress};
+  sc.calls.clear();
+  const int survivors = world.shrink({3});
+  CHECK(survivors == 3);
+  CHECK(seq(sc.calls) ==
+        seq(calls{"ncclCommGetAsyncError", "sleep", "ncclCommGetAsyncError", "sleep", "ncclCommGetAsyncError",
+                  "ncclCommShrink(c1, exclude=[3]) -> c3", "ncclCommGetAsyncError", "ncclCommGetAsyncError(c3)"}));
+  sc.calls.clear();
+  group.reset();
+  world.shutdown();  // revoked communicators end with ncclCommAbort (ncclCommFinalize is invalid after a revoke)
+  CHECK(seq(sc.calls) == seq(calls{"ncclCommAbort(c2)", "ncclCommAbort"}));
+}
+
+TEST_CASE(
+    "nccl shrink: a healthy group shrinks at once (ranks leaving in order); the list is checked before any call; "
+    "after an abort (the default) shrink() says which option keeps the communicators") {
+  script sc;
+  core world(fake_api{&sc}, 2, 4, 1000ms, "comm::nccl", nccl_channels::one, fsdp::comm::nccl_failure::revoke);
+  init(world);
+  sc.calls.clear();
+  CHECK(error_of<fsdp::usage_error>([&] { world.shrink({2}); }) ==
+        "fsdp: comm::nccl on rank 2: shrink() excludes this rank; a rank that is excluded does not call it");
+  CHECK(error_of<fsdp::usage_error>([&] { world.shrink({4}); }) ==
+        "fsdp: comm::nccl on rank 2: shrink() excludes rank 4, which is not a rank of 4");
+  CHECK(error_of<fsdp::usage_error>([&] { world.shrink({3, 0, 3}); }) ==
+        "fsdp: comm::nccl on rank 2: shrink() excludes rank 3 twice");
+  CHECK(error_of<fsdp::usage_error>([&] { world.shrink({}); }) ==
+        "fsdp: comm::nccl on rank 2: shrink() with no rank to exclude (split() keeps them all)");
+  CHECK(sc.calls.empty());
+  CHECK(world.shrink({3, 0}) == 2);
+  CHECK(seq(sc.calls) ==
+        seq(calls{"ncclCommShrink(c1, exclude=[0, 3]) -> c2", "ncclCommGetAsyncError", "ncclCommGetAsyncError(c2)"}));
+
+  script sa;
+  core aborting(fake_api{&sa}, 1, 4, 1000ms);  // nccl_failure::abort
+  init(aborting);
+  sa.async = {fake_api::remote_error};
+  const std::string msg = error_of<fsdp::comm_error>([&] { aborting.check(); });
+  CHECK(sa.calls.back() == "ncclCommAbort");
+  CHECK(error_of<fsdp::comm_error>([&] { aborting.shrink({3}); }) ==
+        "fsdp: shrink() on rank 1 after comm::nccl was aborted: " + msg.substr(6) +
+            " (with nccl_options::on_failure = nccl_failure::revoke a failure revokes the communicators instead, and "
+            "shrink() can follow)");
+}
+
+TEST_CASE(
+    "nccl revoke: refused by version (ncclCommRevoke and ncclCommShrink from 2.28.7, ncclCommGrow from 2.29.2, not "
+    "built); a revoke NCCL rejects falls back to an abort, logged; a revoked communicator that reports an error "
+    "while quiescing cannot be shrunk") {
+  script sc;
+  sc.version = 22803;  // the GPU machine's NCCL
+  CHECK(error_of<fsdp::usage_error>([&] {
+          core c(fake_api{&sc}, 0, 2, 1000ms, "comm::nccl", nccl_channels::one, fsdp::comm::nccl_failure::revoke);
+        }) ==
+        "fsdp: comm::nccl: nccl_failure::revoke and shrink() need ncclCommRevoke and ncclCommShrink (NCCL 2.28.7 or "
+        "later), but this NCCL is 2.28.3: use nccl_failure::abort (the default) and restart every rank from the last "
+        "checkpoint after a lost rank, or run with NCCL 2.28.7 or later");
+  core old(fake_api{&sc}, 0, 2, 1000ms);
+  init(old);
+  CHECK(error_of<fsdp::usage_error>([&] { old.shrink({1}); }).find("but this NCCL is 2.28.3") != std::string::npos);
+  CHECK(fsdp::comm::detail::shrink_refusal(22807).empty());
+  CHECK(fsdp::comm::detail::grow_refusal(22809) ==
+        "comm::nccl: growing a communicator needs ncclCommGrow (NCCL 2.29.2 or later), but this NCCL is 2.28.9: "
+        "replacements join at a restart of every rank from the last checkpoint");
+  CHECK(fsdp::comm::detail::grow_refusal(22902) ==
+        "comm::nccl: growing a communicator (ncclCommGrow, in this NCCL 2.29.2) is not built yet: replacements join "
+        "at a restart of every rank from the last checkpoint");
+
+  script sr;
+  sr.revoke = fake_api::invalid_argument;
+  core c(fake_api{&sr}, 0, 2, 1000ms, "comm::nccl", nccl_channels::one, fsdp::comm::nccl_failure::revoke);
+  init(c);
+  sr.async = {fake_api::remote_error};
+  error_of<fsdp::comm_error>([&] { c.check(); });
+  CHECK(sr.calls.back() == "ncclCommAbort");
+  CHECK_FALSE(c.revoked());
+  CHECK(sr.logs == std::vector<std::string>{"fsdp: comm::nccl on rank 0 of 2: ncclCommRevoke reported "
+                                            "ncclInvalidArgument (invalid argument); the communicators were aborted "
+                                            "instead"});
+
+  script sq;
+  core d(fake_api{&sq}, 0, 2, 1000ms, "comm::nccl", nccl_channels::one, fsdp::comm::nccl_failure::revoke);
+  init(d);
+  sq.async = {fake_api::remote_error, fake_api::remote_error};
+  error_of<fsdp::comm_error>([&] { d.check(); });
+  CHECK(d.revoked());
+  CHECK(error_of<fsdp::comm_error>([&] { d.shrink({1}); }) ==
+        "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 0 of 2 while "
+        "the revoked communicators quiesced for shrink(excluding rank 1); comm::nccl cannot be shrunk; restart every "
+        "rank from the last checkpoint");
 }

@@ -13,6 +13,7 @@
 // numbers. The decisions
 // (settling, messages, groups, shutdown) are made by detail::nccl_core (detail/nccl_logic.hpp), tested on the host.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -33,6 +34,7 @@
 #include "fsdp/comm/detail/collective_front.hpp"
 #include "fsdp/comm/detail/nccl_logic.hpp"
 #include "fsdp/comm/launch.hpp"
+#include "fsdp/comm/nccl_failure.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/error.cuh"
 
@@ -50,6 +52,9 @@ struct nccl_options {
   /// One communicator for every stream (the default), or one per stream name (needs NCCL 2.26+ and
   /// NCCL_LAUNCH_ORDER_IMPLICIT=1): see fsdp/comm/nccl_channels.hpp.
   nccl_channels channels = nccl_channels::one;
+  /// What a failure does to the communicators: abort them (the default), or revoke them so that the survivors can
+  /// shrink() (NCCL 2.28.7 or later, refused at construction below): see fsdp/comm/nccl_failure.hpp.
+  nccl_failure on_failure = nccl_failure::abort;
 };
 
 namespace detail {
@@ -100,6 +105,27 @@ struct nccl_api {
     return ncclCommSplit(parent, color, key, &out, &config);
   }
   result comm_abort(comm c) { return ncclCommAbort(c); }
+  /// ncclCommRevoke and ncclCommShrink (NCCL 2.28.7) are looked up in the loaded library, not linked, so that a
+  /// binary built against a newer nccl.h still loads with an older libnccl (the GPU machine's is 2.28.3); nccl_core
+  /// refuses both below 2.28.7 (version()) before calling them. Not yet run on hardware.
+  result revoke(comm c) {
+    using fn = ncclResult_t (*)(ncclComm_t, int);
+    static const fn f = reinterpret_cast<fn>(dlsym(RTLD_DEFAULT, "ncclCommRevoke"));
+    return f ? f(c, 0 /* NCCL_REVOKE_DEFAULT */) : ncclInvalidUsage;
+  }
+  /// The new communicator inherits its parent's config (non-blocking, no shared resources).
+  result shrink(comm parent, const std::vector<int>& exclude, comm& out) {
+    using fn = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
+    static const fn f = reinterpret_cast<fn>(dlsym(RTLD_DEFAULT, "ncclCommShrink"));
+    if (!f) return ncclInvalidUsage;
+    std::vector<int> list(exclude);
+    return f(parent, list.data(), static_cast<int>(list.size()), &out, nullptr, 0 /* NCCL_SHRINK_DEFAULT */);
+  }
+  /// The loaded library's NCCL_VERSION_CODE (0 when NCCL cannot say).
+  int version() const {
+    int v = 0;
+    return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+  }
   result finalize(comm c) { return ncclCommFinalize(c); }
   result destroy(comm c) { return ncclCommDestroy(c); }
   result group_start() { return ncclGroupStart(); }
@@ -185,7 +211,8 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
   /// is removed by rank 0 once every rank has joined.
   nccl_communicator(int rank, int world, int device, const ncclUniqueId& id, nccl_options opt = {},
                     const file_rendezvous* rendezvous = nullptr)
-      : opt_(std::move(opt)), core_(nccl_api{}, rank, world, opt_.timeout, "comm::nccl", opt_.channels) {
+      : opt_(std::move(opt)),
+        core_(nccl_api{}, rank, world, opt_.timeout, "comm::nccl", opt_.channels, opt_.on_failure) {
     if (world <= 0 || rank < 0 || rank >= world)
       fsdp::detail::fail_usage("comm::nccl: rank ", rank, " is outside a world of ", world);
     if (opt_.channels == nccl_channels::per_stream) {
@@ -229,6 +256,22 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
     const std::int64_t free_before = core_.free_device_bytes();
     return nccl_communicator(*this, core_.split(color, key), color, key, free_before);
   }
+
+  /// After a failure revoked this communicator (nccl_options::on_failure = nccl_failure::revoke), or on a healthy
+  /// one whose ranks `exclude` leave: the communicator of the others, ranked as here with the gaps closed
+  /// (ncclCommShrink on the base communicator, a collective of every rank not excluded, settled under the timeout;
+  /// NCCL 2.28.7 or later). NCCL does not say which rank failed: the survivors agree on `exclude` outside NCCL
+  /// (their launcher, a store) and pass the same list. The new communicator has this one's device and options and a
+  /// family of its own; models and split groups made on this one must be rebuilt on it (fsdp::elastic::reshard
+  /// moves their state). Compiled, and its decisions tested against a fake NCCL (nccl_logic_test); not yet run on
+  /// hardware.
+  nccl_communicator shrink(std::vector<int> exclude) {
+    const std::int64_t free_before = core_.free_device_bytes();
+    return nccl_communicator(*this, core_.shrink(std::move(exclude)), -1, 0, free_before);
+  }
+  /// Refused, with the sentence that says why (detail::grow_refusal): a communicator that takes newcomers
+  /// (ncclCommGrow, NCCL 2.29.2) is not built; thread ranks have one (comm::local_communicator::grow).
+  [[noreturn]] void grow(int /*newcomers*/) { throw usage_error(detail::grow_refusal(core_.api().version())); }
 
   /// What the creation of this group's NCCL communicators took from the device (free memory before and after
   /// each: ncclCommInitRankConfig or ncclCommSplit, and the per-stream splits), outside the backend's pool and the
@@ -314,17 +357,22 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
 
  private:
   /// A group split from `parent`: `c` is the settled result of its ncclCommSplit, `free_before` the device's free
-  /// memory before it.
+  /// memory before it. `color` -1: the survivors' group that `parent`'s shrink() made.
   nccl_communicator(nccl_communicator& parent, ncclComm_t c, int color, int key, std::int64_t free_before)
       : nccl_communicator(parent, c, shape_of(c), color, key, free_before) {}
   nccl_communicator(nccl_communicator& parent, ncclComm_t c, std::pair<int, int> shape, int color, int key,
                     std::int64_t free_before)
       : opt_(parent.opt_),
         core_(nccl_api{}, shape.first, shape.second, opt_.timeout,
-              fsdp::detail::cat(parent.core_.name(), " split(color=", color, ", key=", key, ")"), opt_.channels) {
-    core_.init(c, ncclSuccess, "ncclCommSplit", "a split group", free_before);
-    core_.join_family(parent.core_);
-    barrier_stream_ = std::make_unique<stream>(fsdp::detail::cat("rank", parent.rank(), ".nccl_barrier.split", color));
+              color >= 0 ? fsdp::detail::cat(parent.core_.name(), " split(color=", color, ", key=", key, ")")
+                         : fsdp::detail::cat(parent.core_.name(), " shrunk"),
+              opt_.channels, opt_.on_failure) {
+    core_.init(c, ncclSuccess, color >= 0 ? "ncclCommSplit" : "ncclCommShrink",
+               color >= 0 ? "a split group" : "the survivors' group", free_before);
+    if (color >= 0) core_.join_family(parent.core_);  // a shrunk group is a family of its own
+    barrier_stream_ =
+        std::make_unique<stream>(color >= 0 ? fsdp::detail::cat("rank", parent.rank(), ".nccl_barrier.split", color)
+                                            : fsdp::detail::cat("rank", parent.rank(), ".nccl_barrier.shrunk"));
     FSDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
   }
 

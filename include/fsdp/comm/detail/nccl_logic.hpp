@@ -14,6 +14,10 @@
 //   result get_async_error(comm, result& state)  ncclCommGetAsyncError
 //   result split(comm, int color, int key, comm& out)  ncclCommSplit, non-blocking like its parent
 //   result comm_abort(comm)                      ncclCommAbort (the communicator is gone afterwards)
+//   result revoke(comm)                          ncclCommRevoke (NCCL 2.28.7 or later; nccl_failure::revoke only)
+//   result shrink(comm, const std::vector<int>& exclude, comm& out)
+//                                                ncclCommShrink, non-blocking like its parent (2.28.7 or later)
+//   int version()                                ncclGetVersion: the NCCL library's NCCL_VERSION_CODE
 //   result finalize(comm);  result destroy(comm) ncclCommFinalize, ncclCommDestroy
 //   result group_start();  result group_end()    ncclGroupStart, ncclGroupEnd
 //   result fail_group(comm)                      a call NCCL rejects inside the open group (see grouped())
@@ -43,8 +47,9 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
-#include "fsdp/comm/nccl_channels.hpp"
 #include "fsdp/comm/detail/stats_tally.hpp"
+#include "fsdp/comm/nccl_channels.hpp"
+#include "fsdp/comm/nccl_failure.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -70,6 +75,34 @@ inline std::string per_stream_refusal(int version_code, const char* launch_order
         "): set it on every rank before the first NCCL call, or use nccl_channels::one (the "
         "default)");
   return {};
+}
+
+/// "2.28.3" from NCCL_VERSION_CODE 22803.
+inline std::string nccl_version_name(int version_code) {
+  return fsdp::detail::cat(version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100);
+}
+
+/// Why nccl_failure::revoke and shrink() cannot be used with NCCL `version_code`; empty when they can.
+inline std::string shrink_refusal(int version_code) {
+  if (version_code >= 22807) return {};
+  return fsdp::detail::cat(
+      "comm::nccl: nccl_failure::revoke and shrink() need ncclCommRevoke and ncclCommShrink (NCCL 2.28.7 or later), "
+      "but this NCCL is ",
+      nccl_version_name(version_code),
+      ": use nccl_failure::abort (the default) and restart every rank from the last checkpoint after a lost rank, or "
+      "run with NCCL 2.28.7 or later");
+}
+
+/// Why a comm::nccl communicator cannot take newcomers with NCCL `version_code` (always: growing is not built).
+inline std::string grow_refusal(int version_code) {
+  if (version_code < 22902)
+    return fsdp::detail::cat(
+        "comm::nccl: growing a communicator needs ncclCommGrow (NCCL 2.29.2 or later), but this "
+        "NCCL is ",
+        nccl_version_name(version_code), ": replacements join at a restart of every rank from the last checkpoint");
+  return fsdp::detail::cat("comm::nccl: growing a communicator (ncclCommGrow, in this NCCL ",
+                           nccl_version_name(version_code),
+                           ") is not built yet: replacements join at a restart of every rank from the last checkpoint");
 }
 
 /// One collective as messages name it.
@@ -128,11 +161,20 @@ class nccl_core {
   /// How often ncclCommFinalize is polled at shutdown.
   static constexpr std::chrono::microseconds shutdown_poll_interval{1000};
 
-  /// `name` is how messages call the group: "comm::nccl" for the world, longer for a split group.
+  /// `name` is how messages call the group: "comm::nccl" for the world, longer for a split group. `on_failure`:
+  /// what a failure does to this core's communicators (nccl_failure; revoke is refused below NCCL 2.28.7).
   nccl_core(Api api, int rank, int world, std::chrono::milliseconds timeout, std::string name = "comm::nccl",
-            nccl_channels channels = nccl_channels::one)
-      : api_(std::move(api)), rank_(rank), world_(world), timeout_(timeout), name_(std::move(name)),
-        channels_mode_(channels), family_(std::make_shared<family>(api_)) {
+            nccl_channels channels = nccl_channels::one, nccl_failure on_failure = nccl_failure::abort)
+      : api_(std::move(api)),
+        rank_(rank),
+        world_(world),
+        timeout_(timeout),
+        name_(std::move(name)),
+        channels_mode_(channels),
+        on_failure_(on_failure),
+        family_(std::make_shared<family>(api_)) {
+    if (on_failure == nccl_failure::revoke)
+      if (const std::string why = shrink_refusal(api_.version()); !why.empty()) throw usage_error(why);
     family_->members.push_back(this);
   }
   nccl_core(const nccl_core&) = delete;
@@ -149,7 +191,10 @@ class nccl_core {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return world_; }
   const std::string& name() const noexcept { return name_; }
+  /// Whether a failure has ended this core's collectives (aborted, or revoked under nccl_failure::revoke).
   bool aborted() const noexcept { return aborted_; }
+  /// Whether its communicators were revoked rather than aborted: they are still there, for shrink().
+  bool revoked() const noexcept { return revoked_; }
   const std::string& abort_reason() const noexcept { return reason_; }
   /// Collectives issued so far (the sequence number of the next one).
   std::uint64_t issued() const noexcept { return seq_; }
@@ -220,6 +265,62 @@ class nccl_core {
     return split_base(color, key, fsdp::detail::cat("split(color=", color, ", key=", key, ")"));
   }
 
+  /// The communicator of this group's ranks but `exclude` (ranks of this group, the same list on every survivor:
+  /// NCCL does not say which rank failed, the survivors agree on it outside NCCL, e.g. through their launcher):
+  /// ncclCommShrink on the base communicator, a collective of the survivors, settled under the timeout, ranked as
+  /// here with the gaps closed. After a failure under nccl_failure::revoke, the revoked communicators are first
+  /// waited for until NCCL says they are quiescent (their state ncclSuccess); on a healthy group (ranks that leave
+  /// in order) it shrinks at once. Refused below NCCL 2.28.7, after a failure that aborted (nccl_failure::abort),
+  /// inside grouped(), and for a list that excludes this rank, names a rank twice or one outside the group. The
+  /// caller owns the new communicator (a family of its own); this core's communicators are aborted at its shutdown.
+  comm shrink(std::vector<int> exclude) {
+    if (const std::string why = shrink_refusal(api_.version()); !why.empty()) throw usage_error(why);
+    if (aborted_ && !revoked_)
+      throw comm_error(fsdp::detail::cat("shrink() on rank ", rank_, " after ", name_, " was aborted: ", reason_,
+                                         " (with nccl_options::on_failure = nccl_failure::revoke a failure revokes "
+                                         "the communicators instead, and shrink() can follow)"));
+    if (open_groups_ != 0)
+      fsdp::detail::fail_usage(name_, " on rank ", rank_, ": shrink() inside grouped(): shrink before grouping");
+    std::sort(exclude.begin(), exclude.end());
+    std::string listed;
+    for (std::size_t i = 0; i < exclude.size(); ++i) {
+      const int r = exclude[i];
+      if (r < 0 || r >= world_)
+        fsdp::detail::fail_usage(name_, " on rank ", rank_, ": shrink() excludes rank ", r, ", which is not a rank of ",
+                                 world_);
+      if (r == rank_)
+        fsdp::detail::fail_usage(name_, " on rank ", rank_,
+                                 ": shrink() excludes this rank; a rank that is excluded does not call it");
+      if (i > 0 && exclude[i - 1] == r)
+        fsdp::detail::fail_usage(name_, " on rank ", rank_, ": shrink() excludes rank ", r, " twice");
+      listed += fsdp::detail::cat(i ? ", " : "", r);
+    }
+    if (exclude.empty())
+      fsdp::detail::fail_usage(name_, " on rank ", rank_,
+                               ": shrink() with no rank to exclude (split() keeps them all)");
+    const std::string what = fsdp::detail::cat("shrink(excluding rank", exclude.size() > 1 ? "s " : " ", listed, ")");
+    if (revoked_) {  // NCCL stops the revoked communicators' operations; their state is ncclSuccess once quiescent
+      state st = async_state_all();
+      const auto deadline = api_.now() + timeout_;
+      while (st.rc == Api::in_progress) {
+        if (api_.now() > deadline)
+          throw comm_error(fsdp::detail::cat("ncclCommRevoke on rank ", rank_, " of ", world_, " for ", what,
+                                             " did not quiesce within ", timeout_.count(), " ms: ", name_,
+                                             " cannot be shrunk; restart every rank from the last checkpoint"));
+        api_.sleep(poll_interval);
+        st = async_state_all();
+      }
+      if (st.rc != Api::success)
+        throw comm_error(fsdp::detail::cat("NCCL reported ", api_.describe(st.rc, st.c), " on rank ", rank_, " of ",
+                                           world_, " while the revoked communicators quiesced for ", what, "; ", name_,
+                                           " cannot be shrunk; restart every rank from the last checkpoint"));
+    }
+    comm out{};
+    const comm parent = base();
+    const result rc = api_.shrink(parent, exclude, out);
+    return settle_child(rc, parent, out, "ncclCommShrink", what);
+  }
+
   /// Names the unit the next collectives are for, so that an error can say so.
   void label(std::string_view unit) { label_.assign(unit); }
 
@@ -240,7 +341,7 @@ class nccl_core {
     });
     if (aborted_)
       throw comm_error(
-          fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after ", name_, " was aborted: ", reason_));
+          fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after ", name_, " was ", ended(), ": ", reason_));
     const auto type = api_.type_of(t);
     const comm c = channel_for(key);
     const stream on = route(s);
@@ -289,7 +390,8 @@ class nccl_core {
   void connect(const std::vector<collective_use>& uses, Issue&& issue_one) {
     if (uses.empty()) return;
     if (aborted_)
-      throw comm_error(fsdp::detail::cat("connect() on rank ", rank_, " after ", name_, " was aborted: ", reason_));
+      throw comm_error(
+          fsdp::detail::cat("connect() on rank ", rank_, " after ", name_, " was ", ended(), ": ", reason_));
     std::size_t send_bytes = 0, recv_bytes = 0;
     for (const collective_use& u : uses) {
       const scratch_bytes b = scratch_of(u);
@@ -337,7 +439,8 @@ class nccl_core {
   template <class F>
   void grouped(F&& fn) {
     if (aborted_)
-      throw comm_error(fsdp::detail::cat("grouped() on rank ", rank_, " after ", name_, " was aborted: ", reason_));
+      throw comm_error(
+          fsdp::detail::cat("grouped() on rank ", rank_, " after ", name_, " was ", ended(), ": ", reason_));
     if (group_owner_) {  // nested (in this core's group or another's): part of the enclosing group
       std::forward<F>(fn)();
       return;
@@ -374,10 +477,9 @@ class nccl_core {
   /// A wait that ran out of time: aborts the family and throws comm_error naming what timed out and what is
   /// pending.
   [[noreturn]] void fail_timeout(const std::string& what) {
-    const std::string msg = fsdp::detail::cat(what, "; pending: ", family_pending(), "; ", name_, " on rank ", rank_,
-                                              " of ", world_,
-                                              " aborted (a rank that died or issued a different collective "
-                                              "sequence leaves the others waiting)");
+    const std::string msg = fsdp::detail::cat(
+        what, "; pending: ", family_pending(), "; ", name_, " on rank ", rank_, " of ", world_,
+        ending("a rank that died or issued a different collective sequence leaves the others waiting"));
     abort(msg);
     throw comm_error(msg);
   }
@@ -574,14 +676,20 @@ class nccl_core {
 
   comm split_base(int color, int key, const std::string& what) {
     if (aborted_)
-      throw comm_error(fsdp::detail::cat("ncclCommSplit for ", what, " on rank ", rank_, " after ", name_,
-                                         " was aborted: ", reason_));
+      throw comm_error(fsdp::detail::cat("ncclCommSplit for ", what, " on rank ", rank_, " after ", name_, " was ",
+                                         ended(), ": ", reason_));
     if (open_groups_ != 0)
       fsdp::detail::fail_usage(name_, " on rank ", rank_, ": ncclCommSplit for ", what,
                                " inside grouped(): a split cannot be grouped with collectives; split before grouping");
     const comm parent = base();
     comm out{};
     const result rc = api_.split(parent, color, key, out);
+    return settle_child(rc, parent, out, "ncclCommSplit", what);
+  }
+
+  /// A new communicator from `parent` (ncclCommSplit or ncclCommShrink answered `rc`, writing `out` once its job has
+  /// ended), settled: the parent's state, then the new one's; a failure aborts `out` and throws.
+  comm settle_child(result rc, comm parent, comm& out, std::string_view call, const std::string& what) {
     try {
       // A non-blocking split runs as a job of the parent, whose state says when it has settled; NCCL fills `out`
       // from that job (it is null until then). The call's own answer does not say it has settled: NCCL 2.28's
@@ -591,11 +699,12 @@ class nccl_core {
       // in progress (ncclCommGetAsyncError on the parent then joins the job); only then is `out` read. Reading it at
       // once found it null on the H200 (2026-11-26: "it settled, but gave no communicator"), and the abort that
       // followed ended the running job ("job error 3"). The new communicator's own state is then settled too.
-      settle(rc == Api::success ? async_state(parent) : rc, parent, "ncclCommSplit", what);
+      // ncclCommShrink is settled alike (a job of the parent too; not yet run on hardware).
+      settle(rc == Api::success ? async_state(parent) : rc, parent, call, what);
       if (out == comm{})
         fail_nccl(Api::internal_error, parent,
-                  fsdp::detail::cat("ncclCommSplit for ", what, " (it settled, but gave no communicator)"));
-      settle(async_state(out), out, "ncclCommSplit", what);
+                  fsdp::detail::cat(call, " for ", what, " (it settled, but gave no communicator)"));
+      settle(async_state(out), out, call, what);
     } catch (...) {
       if (out != comm{}) (void)api_.comm_abort(out);
       throw;
@@ -649,7 +758,7 @@ class nccl_core {
   }
 
   void check_own() {
-    if (aborted_) throw comm_error(fsdp::detail::cat(name_, " on rank ", rank_, " was aborted: ", reason_));
+    if (aborted_) throw comm_error(fsdp::detail::cat(name_, " on rank ", rank_, " was ", ended(), ": ", reason_));
     const state st = async_state_all();
     if (st.rc != Api::success && st.rc != Api::in_progress) fail_nccl(st.rc, st.c, {});
     retire_completed();
@@ -663,7 +772,44 @@ class nccl_core {
       } catch (...) {
       }
     }
-    if (open_groups_ == 0) abort_now();
+    if (open_groups_ != 0) return;
+    if (on_failure_ == nccl_failure::revoke)
+      revoke_now();
+    else
+      abort_now();
+  }
+
+  /// nccl_failure::revoke: ncclCommRevoke on every communicator still live (the streams' first, the base last),
+  /// once; they stay live for shrink() and are aborted at shutdown. A revoke that fails is logged and every
+  /// communicator is aborted instead.
+  void revoke_now() noexcept {
+    if (revoke_tried_) return;
+    revoke_tried_ = true;
+    bool ok = true;
+    for (auto ch = channels_.rbegin(); ch != channels_.rend(); ++ch) {
+      if (!ch->live) continue;
+      const result rc = api_.revoke(ch->c);
+      if (rc != Api::success && rc != Api::in_progress) {
+        ok = false;
+        try {
+          api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_, ": ncclCommRevoke reported ",
+                                     api_.describe(rc, comm{}), "; the communicators were aborted instead"));
+        } catch (...) {
+        }
+      }
+    }
+    revoked_ = ok;
+    if (!ok) abort_now();
+  }
+
+  /// How a failure leaves this core, for messages: "aborted" or "revoked".
+  const char* ended() const noexcept { return revoked_ ? "revoked" : "aborted"; }
+  /// What a failure is about to do, and what then, for the messages that report it.
+  /// `advice`: what to do after an abort, if anything (after a revoke: shrink()).
+  std::string ending(const char* cause, const char* advice = nullptr) const {
+    return on_failure_ == nccl_failure::revoke
+               ? fsdp::detail::cat(" revoked (", cause, "; the survivors name the ranks that failed and call shrink())")
+               : fsdp::detail::cat(" aborted (", cause, advice ? "; " : "", advice ? advice : "", ")");
   }
 
   /// The pending collectives of every member of the family; a member's are prefixed with its name when the
@@ -704,7 +850,11 @@ class nccl_core {
         "NCCL reported ", api_.describe(st, c), " on rank ", rank_, " of ", world_,
         during.empty() ? std::string() : fsdp::detail::cat(" during ", during), "; pending: ", family_pending(), "; ",
         name_, " on rank ", rank_, " of ", world_,
-        " aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+        on_failure_ == nccl_failure::revoke
+            ? std::string(" revoked (NCCL_DEBUG=WARN on every rank shows which peer or resource failed; the survivors "
+                          "name the ranks that failed and call shrink())")
+            : std::string(" aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource "
+                          "failed)"));
     abort(msg);
     throw comm_error(msg);
   }
@@ -732,9 +882,8 @@ class nccl_core {
     const std::string msg = fsdp::detail::cat(
         name_, " on rank ", rank_, " of ", world_, ": grouped() abandoned after ", n, " queued collective",
         n == 1 ? "" : "s", n ? fsdp::detail::cat(" (", queued, ")") : std::string(),
-        " because its function threw: ", why,
-        "; the group was not launched and the communicator was aborted (the other ranks fail at their timeout; "
-        "restart every rank)");
+        " because its function threw: ", why, "; the group was not launched and the communicator was",
+        ending("the other ranks fail at their timeout", "restart every rank"));
     abort(msg);  // the first reason wins when a failing collective inside fn aborted already
     throw comm_error(msg);
   }
@@ -810,9 +959,12 @@ class nccl_core {
   std::chrono::milliseconds timeout_;
   std::string name_;
   nccl_channels channels_mode_;
+  nccl_failure on_failure_;
   std::shared_ptr<family> family_;
   std::vector<channel> channels_;  ///< [0]: the base communicator; then one per stream name, in first-use order
   bool aborted_ = false;
+  bool revoked_ = false;       ///< the failure revoked the communicators (nccl_failure::revoke): shrink() can follow
+  bool revoke_tried_ = false;  ///< revoke_now() has run
   /// The core whose grouped() this thread is inside (NCCL's group state is per thread): every collective issued
   /// meanwhile, on any core, is queued in its group_ and recorded once the group is launched. Null outside.
   static inline thread_local nccl_core* group_owner_ = nullptr;
