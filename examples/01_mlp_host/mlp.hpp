@@ -43,6 +43,9 @@ struct config {
   fsdp::grad::options grad{};    ///< clipping, non-finite checks, loss scaling
   /// fp16: the loss (so every gradient) is multiplied by this scaler's scale; grad.scaler should be the same one.
   const fsdp::grad::loss_scaler* loss_scale = nullptr;
+  /// Called before each phase of each step ("forward", "backward", "optimizer", "loss": the loss's all-reduce) with
+  /// the step: where a test makes a rank fail (tests/model/elastic_test.cc).
+  std::function<void(int step, const char* phase)> before;
 };
 
 struct result {
@@ -213,7 +216,11 @@ void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, r
   for (int step = first; step < first + count; ++step) {
     const auto ts = std::chrono::steady_clock::now();
     float loss = 0;
+    const auto phase = [&](const char* what) {
+      if (c.before) c.before(step, what);
+    };
     for (int mb = 0; mb < k; ++mb) {
+      if (mb == 0) phase("forward");
       make_batch(c, step, rank * n + mb * m, m, x, t);
       act[0] = x;
       std::size_t l = 0;
@@ -236,6 +243,7 @@ void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, r
       dact[layers].assign(act[layers].size(), 0.0f);
       loss += mse(act[layers].data(), t.data(), dact[layers].data(), m, c.dims.back(), n * c.dims.back(),
                   c.loss_scale ? c.loss_scale->scale() : 1.0f);
+      if (mb == 0) phase("backward");
       for (auto& unit : model.backward()) {
         --l;
         const int in = local_in(l), out = local_out(l);
@@ -248,8 +256,10 @@ void run_steps(ModelT& model, Opt& opt, const config& c, int first, int count, r
         if (l > 0 && tensor > 1 && tp_part_of(l, layers) == tp_part::column) tensor_sum(dact[l]);
       }
     }
+    phase("optimizer");
     r.reports.push_back(opt.step());
     opt.zero_grad();
+    phase("loss");
     // The printed loss is the global mean: the average of the ranks' local means (a tensor group's are equal).
     model.comm().all_reduce(&loss, &loss, 1, fsdp::dtype::f32, fsdp::reduce_op::avg, cs);
     r.losses.push_back(loss);

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <concepts>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -258,6 +259,34 @@ class model_core {
     cursor_.require_idle(what, r);
     sched_.check_between_steps(what);
   }
+  /// usage_error naming `what` unless the master shards and optimizer state are the last completed step's (a pass
+  /// abandoned by a failure is accepted): pass_cursor::require_committed.
+  void require_committed(const char* what) const { cursor_.require_committed(what); }
+  /// The completed steps whose master shards and optimizer state this model holds, once its streams have drained
+  /// (a survivor of a failure: fsdp/elastic), or nullopt when they are no completed step's (require_committed
+  /// fails). On a backend whose streams can fail (the host's: failed_before), the last step counts only when its
+  /// compute stream got to its updates: one that failed before them (a reduction it waited for failed; every
+  /// update skipped) leaves the step before.
+  std::optional<std::uint64_t> committed_steps() {
+    synchronize_quietly();
+    if (!cursor_.committed()) return std::nullopt;
+    const std::uint64_t n = sched_.completed_steps();
+    if constexpr (failing_streams) {
+      if (update_marks_) {
+        if (backend().failed_before(update_marks_->begun)) return n - 1;
+      }
+    }
+    return n;
+  }
+  /// Whether the last optimizer step's updates never ran (committed_steps left that step out): its optimizer's
+  /// count then leaves it out too (steps_if_last_skipped).
+  bool last_update_skipped() {
+    synchronize_quietly();
+    if constexpr (failing_streams)
+      return update_marks_ && backend().failed_before(update_marks_->begun);
+    else
+      return false;
+  }
   /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
   /// (an optimizer's state) calls before they go.
   void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
@@ -326,17 +355,25 @@ class model_core {
     exec_.wait_reductions();
     sched_.before_step(executor());
     exec_.optimizer_begin();
+    bool updating = false;  // an inspection that fails (its norm's all-reduce) has changed nothing yet
     try {
       const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer,
                                                               -1);
       const bool apply = work.inspect ? work.inspect() : true;
+      updating = true;
+      mark_update();
       exec_.optimizer_step(work, apply);
       if (work.finish) work.finish();
     } catch (const std::exception& e) {  // the update may be partly applied: a retry would apply it twice
-      cursor_.fail_step(std::string(detail::unprefixed(e)));
+      cursor_.fail_step(std::string(detail::unprefixed(e)), updating);
       throw;
     }
-    sched_.after_step(cursor_.order(), executor());
+    try {
+      sched_.after_step(cursor_.order(), executor());
+    } catch (const std::exception& e) {  // updated, but neither counted nor gathered again (ZeRO-1)
+      cursor_.fail_step(std::string(detail::unprefixed(e)), true);
+      throw;
+    }
   }
 
   /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute
@@ -514,6 +551,21 @@ class model_core {
   std::vector<basic_unit<backend_type>> units_view_;
   std::optional<std::uint64_t> unit_range_;  // the current unit's profiler range, while one is open
   plan::group_collectives connected_;         // what connect_collectives handed over so far, per group
+  // Where the compute stream stood when the last step's updates were issued, on a backend whose streams can fail
+  // (the host's): committed_steps() reads it.
+  static constexpr bool failing_streams = requires(const backend_type& b, const typename backend_type::event& e) {
+    { b.failed_before(e) } -> std::same_as<bool>;
+  };
+  struct update_marks {
+    typename backend_type::event begun;
+  };
+  std::optional<update_marks> update_marks_;
+  void mark_update() {
+    if constexpr (failing_streams) {
+      if (!update_marks_) update_marks_.emplace();
+      backend().record(update_marks_->begun, backend().compute_stream());
+    }
+  }
 };
 
 }  // namespace fsdp

@@ -11,10 +11,13 @@
 #include <fsdp/elastic/reshard.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <future>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "examples/01_mlp_host/mlp.hpp"
@@ -315,4 +318,333 @@ TEST_CASE(
           "fsdp: join: rank " + std::to_string(r) +
               " of the communicator is a newcomer, but the request's first 2 ranks are the survivors: make the "
               "communicator with the survivors first");
+}
+
+namespace {
+
+/// A rank's failure at a phase of a step (mlp::config::before): its thread returns.
+struct dies {};
+
+/// Which old ranks hold the state the survivors agree on after `lost` fails before `phase` of step `at`, by the
+/// steps' collectives. forward, backward: no survivor's step completes (every rank's gradient reaches every rank
+/// through the replicas' all-reduce), so every survivor is at the step before. optimizer: the failed rank's
+/// reductions were all done, so every survivor updates and counts the step (under ZeRO-1 the gathers after the
+/// update are issued, not waited for: their failure surfaces in the next forward, the step already counted); the
+/// loss's all-reduce then fails. loss: every survivor finished the step.
+fsdp::plan::committed_state expected(int world, int lost, const std::string& phase, std::uint64_t at) {
+  fsdp::plan::committed_state c;
+  c.step = phase == "forward" || phase == "backward" ? at : at + 1;
+  for (int r = 0; r < world; ++r)
+    if (r != lost) c.holders.push_back(r);
+  return c;
+}
+
+/// `world` ranks train `Policy` (a hybrid strategy) with rank `lost` failing before `phase` of step
+/// 3; every survivor sees a failure, aborts the world so that no survivor waits out the timeout, and the survivors
+/// shrink, agree on the last committed step and continue as 1 x (world - 1) from the holders' state; a second
+/// model of the same grid loads the checkpoint an uninterrupted run saved at that step. Returns, by new rank, what
+/// check_same compares.
+template <class Policy>
+std::vector<outcome> failure_during_step(int world, int lost, const std::string& phase, bool clip,
+                                         fsdp::plan::committed_state& agreed, double& slowest_ms,
+                                         fsdp::comm::collective_delay delay = {}) {
+  constexpr int at = 3;
+  mlp::config cfg = small();
+  cfg.global_batch = 60;  // splits over 6, 5, 4 and 3 ranks
+  if (clip) cfg.grad.max_norm = 0.05f;
+  fsdp_test::scratch_dir dir("elastic-phase");
+  run_ranks(world, [&](local_communicator& comm) {  // the reference: no failure, saved after 3 and 4 steps
+    auto m = mlp::make_model<Policy>(comm, cfg);
+    mlp::with_optimizer(m, cfg, [&](auto& opt) {
+      mlp::result res;
+      mlp::run_steps(m, opt, cfg, 0, at, res);
+      ckpt::save(m, opt, dir / "ck3");
+      mlp::run_steps(m, opt, cfg, at, 1, res);
+      ckpt::save(m, opt, dir / "ck4");
+      return res;
+    });
+  });
+  std::vector<int> joins;
+  for (int r = 0; r < world; ++r)
+    if (r != lost) joins.push_back(r);
+  const fsdp::plan::shard_grid after{1, world - 1};
+  std::vector<outcome> out(joins.size());
+  std::vector<fsdp::plan::committed_state> seen(static_cast<std::size_t>(world));
+  std::vector<double> detect(static_cast<std::size_t>(world), 0.0);
+  std::atomic<std::int64_t> died{0};
+  const auto now_us = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  fsdp::comm::run_local(
+      world,
+      [&](local_communicator& comm) {
+        const int me = comm.rank();
+        mlp::config mine = cfg;
+        mine.before = [&, me](int step, const char* p) {
+          if (me == lost && step == at && phase == p) {
+            died = now_us();
+            throw dies{};
+          }
+        };
+        auto m = mlp::make_model<Policy>(comm, mine);
+        mlp::with_optimizer(m, mine, [&](auto& opt) {
+          mlp::result res;
+          std::string failure;
+          try {
+            mlp::run_steps(m, opt, mine, 0, at + 2, res);
+          } catch (const dies&) {
+            return res;  // the failed rank's thread returns
+          } catch (const fsdp::comm_error& e) {
+            failure = e.what();
+            comm.abort("rank " + std::to_string(me) + " saw a failure");  // the others stop waiting at once
+          }
+          detect[static_cast<std::size_t>(me)] = static_cast<double>(now_us() - died) / 1000.0;
+          CHECK_MESSAGE(!failure.empty(), "rank ", me, " finished its steps despite rank ", lost, "'s failure");
+          std::vector<int> members;
+          local_communicator shrunk = comm.shrink(&members);
+          CHECK(members == joins);
+          fsdp::backend::host staging(me);  // the model's streams may have failed with the step
+          const fsdp::plan::committed_state c = fsdp::elastic::agree(m, members, shrunk, staging);
+          seen[static_cast<std::size_t>(me)] = c;
+          const auto place = fsdp::elastic::transfer_place(c, joins, me);
+          local_communicator xfer = shrunk.split(place.first, place.second);
+          const int mine_new = static_cast<int>(std::find(joins.begin(), joins.end(), me) - joins.begin());
+          local_communicator fresh = shrunk.split(0, mine_new), fresh2 = shrunk.split(0, mine_new);
+          const fsdp::plan::reshard_request q = fsdp::elastic::committed_request(m, c, after, joins);
+          outcome& o = out[static_cast<std::size_t>(mine_new)];
+          const auto finish = [&](auto& model, auto& o_pt, std::vector<std::vector<float>>& now,
+                                  std::vector<std::vector<float>>& after_two, std::vector<float>& losses) {
+            now = local_state(model, o_pt);
+            mlp::result more;
+            mlp::run_steps(model, o_pt, cfg, static_cast<int>(c.step), 2, more);
+            losses = more.losses;
+            after_two = local_state(model, o_pt);
+            return more;
+          };
+          auto m2 = mlp::make_model<full_shard>(fresh, cfg);
+          mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
+            if (std::find(c.holders.begin(), c.holders.end(), me) != c.holders.end())
+              fsdp::elastic::reshard(q, m, opt, &m2, &opt2, xfer);
+            else
+              fsdp::elastic::join(q, m2, opt2, xfer);
+            CHECK(m2.step_count() == c.step);
+            CHECK(opt2.steps() == static_cast<long>(c.step));
+            return finish(m2, opt2, o.resharded, o.resharded_after, o.losses_resharded);
+          });
+          auto m3 = mlp::make_model<full_shard>(fresh2, cfg);
+          mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
+            ckpt::load(m3, opt3, dir / (c.step == at ? "ck3" : "ck4"));
+            return finish(m3, opt3, o.loaded, o.loaded_after, o.losses_loaded);
+          });
+          return res;
+        });
+      },
+      {.timeout = std::chrono::milliseconds(5000), .delay = delay});
+  agreed = seen[static_cast<std::size_t>(joins.front())];
+  slowest_ms = 0;
+  for (int r : joins) {
+    CAPTURE(r);
+    CHECK(seen[static_cast<std::size_t>(r)].step == agreed.step);
+    CHECK(seen[static_cast<std::size_t>(r)].holders == agreed.holders);
+    slowest_ms = std::max(slowest_ms, detect[static_cast<std::size_t>(r)]);
+  }
+  return out;
+}
+
+template <class Policy>
+void every_phase(int world, int lost) {
+  for (const std::string phase : {"forward", "backward", "optimizer", "loss"}) {
+    CAPTURE(phase);
+    fsdp::plan::committed_state agreed;
+    double slowest = 0;
+    const auto out = failure_during_step<Policy>(world, lost, phase, false, agreed, slowest);
+    const auto want = expected(world, lost, phase, 3);
+    CHECK(agreed.step == want.step);
+    const auto text = [](const std::vector<int>& v) {
+      std::string t;
+      for (int r : v) t += (t.empty() ? "" : ", ") + std::to_string(r);
+      return t;
+    };
+    CHECK(text(agreed.holders) == text(want.holders));
+    CHECK(slowest < 5000.0);  // every survivor saw the failure within the collective timeout
+    check_same(out);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a rank fails during a step, at each phase (before its forward, backward, optimizer step, and the loss's "
+    "all-reduce), on 2 x 2, 2 x 3 and 3 x 2 grids under every hybrid strategy: every survivor detects it within the "
+    "timeout, they agree on the last committed step and its holders, and continue as 1 x (world - 1) from it, bit "
+    "for bit the checkpoint an uninterrupted run saved at that step" *
+    doctest::test_suite("sweep")) {
+  using fsdp::sharding::hybrid_shard;
+  using fsdp::sharding::hybrid_shard_zero1;
+  using fsdp::sharding::hybrid_shard_zero2;
+  SUBCASE("2 x 2, rank 3") {
+    every_phase<fsdp::policy<hybrid_shard<2>>>(4, 3);
+    every_phase<fsdp::policy<hybrid_shard_zero2<2>>>(4, 3);
+    every_phase<fsdp::policy<hybrid_shard_zero1<2>>>(4, 3);
+  }
+  SUBCASE("2 x 3, rank 1") {
+    every_phase<fsdp::policy<hybrid_shard<3>>>(6, 1);
+    every_phase<fsdp::policy<hybrid_shard_zero2<3>>>(6, 1);
+    every_phase<fsdp::policy<hybrid_shard_zero1<3>>>(6, 1);
+  }
+  SUBCASE("3 x 2, rank 4") {
+    every_phase<fsdp::policy<hybrid_shard<2>>>(6, 4);
+    every_phase<fsdp::policy<hybrid_shard_zero2<2>>>(6, 4);
+    every_phase<fsdp::policy<hybrid_shard_zero1<2>>>(6, 4);
+  }
+}
+
+TEST_CASE(
+    "with clipping, a failure before the optimizer step fails every survivor's gradient-norm all-reduce before any "
+    "update: the world's norm is the commit, and every survivor continues from the step before, whether the "
+    "failure is seen before the updates are issued or only by the stream they were queued on") {
+  using namespace std::chrono_literals;
+  for (const bool late : {false, true}) {
+    CAPTURE(late);
+    fsdp::plan::committed_state agreed;
+    double slowest = 0;
+    // late: every all-reduce waits 30 ms on its stream, so the host issues the updates before the norm's failure is
+    // known; the stream then skips them, and the survivors must not count the step (committed_steps)
+    const fsdp::comm::collective_delay delay = [](fsdp::collective k, std::uint64_t, int) {
+      return k == fsdp::collective::all_reduce ? std::chrono::microseconds(30ms) : std::chrono::microseconds(0);
+    };
+    const auto out = failure_during_step<fsdp::policy<fsdp::sharding::hybrid_shard<2>>>(
+        4, 3, "optimizer", true, agreed, slowest, late ? delay : fsdp::comm::collective_delay{});
+    CHECK(agreed.step == 3);
+    CHECK(agreed.holders == std::vector<int>{0, 1, 2});
+    check_same(out);
+  }
+}
+
+TEST_CASE(
+    "a compute stream that failed before the last step's updates: they were skipped, so the step is not counted "
+    "(committed_steps, the optimizer's count too) and a reshard from the model gives the step before's state") {
+  fsdp_test::scratch_dir dir("elastic-skipped");
+  const mlp::config cfg = small();
+  std::vector<outcome> out(2);
+  run_ranks(2, [&](local_communicator& comm) {
+    local_communicator xfer = comm.split(0, comm.rank()), fresh = comm.split(0, comm.rank()),
+                       fresh2 = comm.split(0, comm.rank());
+    auto m = mlp::make_model<full_shard>(comm, cfg);
+    mlp::with_optimizer(m, cfg, [&](auto& opt) {
+      mlp::result res;
+      mlp::run_steps(m, opt, cfg, 0, 2, res);
+      ckpt::save(m, opt, dir / "ck2");
+      // the third step's updates queue behind a failure of the compute stream, as behind a reduction that failed
+      mlp::config failing = cfg;
+      failing.before = [&](int, const char* phase) {
+        if (std::string(phase) == "optimizer")
+          m.backend().host_callback(m.backend().compute_stream(), [] { throw fsdp::comm_error("injected"); });
+      };
+      CHECK(error_of<fsdp::comm_error>([&] {
+              mlp::run_steps(m, opt, failing, 2, 1, res);
+              m.synchronize();
+            }) == "fsdp: injected");
+      CHECK(m.step_count() == 3);
+      CHECK(fsdp::model_access::committed_steps(m) == std::optional<std::uint64_t>(2));
+      CHECK(fsdp::model_access::last_update_skipped(m));
+      CHECK(opt.steps_if_last_skipped() == 2);
+      outcome& o = out[static_cast<std::size_t>(comm.rank())];
+      const auto q = fsdp::elastic::reshard_request_of(m, {1, 2}, {0, 1}, {0, 1});
+      auto m2 = mlp::make_model<full_shard>(fresh, cfg);
+      mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
+        fsdp::elastic::reshard(q, m, opt, &m2, &opt2, xfer);
+        CHECK(m2.step_count() == 2);
+        CHECK(opt2.steps() == 2);
+        o.resharded = local_state(m2, opt2);
+        return mlp::result{};
+      });
+      auto m3 = mlp::make_model<full_shard>(fresh2, cfg);
+      mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
+        ckpt::load(m3, opt3, dir / "ck2");
+        o.loaded = local_state(m3, opt3);
+        return mlp::result{};
+      });
+      return res;
+    });
+  });
+  for (const outcome& o : out) CHECK(same_bits(o.resharded, o.loaded));
+}
+
+namespace {
+
+/// 2 x 2 under `Policy`: 3 steps and a checkpoint, then rank 3 fails instead of joining the next save; the survivors'
+/// save fails (a comm_error), the directory holds no checkpoint, and they continue as 1 x 3 from the state in memory,
+/// bit for bit the checkpoint of the step.
+template <class Policy>
+void save_failure() {
+  const mlp::config cfg = [] {
+    mlp::config c = small();
+    c.global_batch = 60;
+    return c;
+  }();
+  fsdp_test::scratch_dir dir("elastic-save");
+  const std::vector<int> joins{0, 1, 2};
+  std::vector<outcome> out(joins.size());
+  std::vector<std::string> failures(4);
+  fsdp::comm::run_local(4,
+                        [&](local_communicator& comm) {
+                          const int me = comm.rank();
+                          auto m = mlp::make_model<Policy>(comm, cfg);
+                          mlp::with_optimizer(m, cfg, [&](auto& opt) {
+                            mlp::result res;
+                            mlp::run_steps(m, opt, cfg, 0, 3, res);
+                            ckpt::save(m, opt, dir / "good");
+                            if (me == 3) return res;  // fails instead of saving
+                            failures[static_cast<std::size_t>(me)] =
+                                error_of<fsdp::comm_error>([&] { ckpt::save(m, opt, dir / "torn"); });
+                            comm.abort("rank " + std::to_string(me) + " saw a failure");
+                            std::vector<int> members;
+                            local_communicator shrunk = comm.shrink(&members);
+                            fsdp::backend::host staging(me);
+                            const fsdp::plan::committed_state c = fsdp::elastic::agree(m, members, shrunk, staging);
+                            CHECK(c.step == 3);
+                            CHECK(c.holders == joins);
+                            const auto place = fsdp::elastic::transfer_place(c, joins, me);
+                            local_communicator xfer = shrunk.split(place.first, place.second);
+                            local_communicator fresh = shrunk.split(0, me), fresh2 = shrunk.split(0, me);
+                            const auto q = fsdp::elastic::committed_request(m, c, {1, 3}, joins);
+                            outcome& o = out[static_cast<std::size_t>(me)];
+                            auto m2 = mlp::make_model<full_shard>(fresh, cfg);
+                            mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
+                              fsdp::elastic::reshard(q, m, opt, &m2, &opt2, xfer);
+                              o.resharded = local_state(m2, opt2);
+                              return mlp::result{};
+                            });
+                            auto m3 = mlp::make_model<full_shard>(fresh2, cfg);
+                            mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
+                              ckpt::load(m3, opt3, dir / "good");
+                              o.loaded = local_state(m3, opt3);
+                              CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::load(m3, opt3, dir / "torn"); }) ==
+                                    "fsdp: checkpoint load from '" + (dir / "torn") +
+                                        "' failed (no parameter was modified): ranks 0, 1, 2: could not open '" +
+                                        (dir / "torn") + "/manifest.json': No such file or directory");
+                              return mlp::result{};
+                            });
+                            return res;
+                          });
+                        },
+                        {.timeout = std::chrono::milliseconds(5000)});
+  for (int r : joins) {
+    CAPTURE(r);
+    CHECK(!failures[static_cast<std::size_t>(r)].empty());
+    CHECK(same_bits(out[static_cast<std::size_t>(r)].resharded, out[static_cast<std::size_t>(r)].loaded));
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a rank fails during a checkpoint save (2 x 2, rank 3 never joins it): the survivors' save fails, leaves no "
+    "checkpoint, and they continue from the step in memory as from the last good checkpoint") {
+  using hybrids =
+      std::tuple<fsdp::policy<fsdp::sharding::hybrid_shard<2>>, fsdp::policy<fsdp::sharding::hybrid_shard_zero2<2>>,
+                 fsdp::policy<fsdp::sharding::hybrid_shard_zero1<2>>>;
+  std::apply([](auto... p) { (save_failure<decltype(p)>(), ...); }, hybrids{});
 }

@@ -138,3 +138,28 @@ TEST_CASE("refusals: elements no survivor holds, each unit's named; grids and ra
   CHECK(error_of<fsdp::usage_error>([&] { make_reshard_plan(q); }) ==
         "fsdp: reshard: survivor 4 is not a rank of the old 2 x 2 grid");
 }
+
+TEST_CASE(
+    "last_committed: the highest step whose survivors hold every shard; survivors at another step, or not "
+    "committed, hold nothing usable; none held whole is refused with each step's holders and missing shards") {
+  using fsdp::plan::last_committed;
+  using fsdp::plan::not_committed;
+  // 2 x 4 lost rank 3 during step 4: replica 1 (ranks 4-7) finished it, ranks 0-2 did not
+  auto c = last_committed({2, 4}, {0, 1, 2, 4, 5, 6, 7}, {3, 3, 3, 4, 4, 4, 4});
+  CHECK(c.step == 4);
+  CHECK(c.holders == std::vector<int>{4, 5, 6, 7});
+  // only rank 5 finished it (shard 1): step 3 is the last held whole, by everyone else
+  c = last_committed({2, 4}, {0, 1, 2, 4, 5, 6, 7}, {3, 3, 3, 3, 4, 3, 3});
+  CHECK(c.step == 3);
+  CHECK(c.holders == std::vector<int>{0, 1, 2, 4, 6, 7});
+  // a survivor whose update failed part way is passed over
+  c = last_committed({1, 2}, {0, 1}, {5, 5});
+  CHECK(c.holders == std::vector<int>{0, 1});
+  CHECK(error_of<fsdp::usage_error>([] { last_committed({2, 2}, {0, 1, 2}, {not_committed, 3, 4}); }) ==
+        "fsdp: reshard: no step's state is held whole by the survivors of the 2 x 2 grid (step 4 by rank 2, without "
+        "shard 1; step 3 by rank 1, without shard 0; rank(s) 0 hold no completed step's state): load the last "
+        "checkpoint");
+  CHECK(error_of<fsdp::usage_error>([] { last_committed({1, 4}, {0, 1}, {2, 2}); }) ==
+        "fsdp: reshard: no step's state is held whole by the survivors of the 1 x 4 grid (step 2 by ranks 0, 1, "
+        "without shards 2, 3): load the last checkpoint");
+}

@@ -128,6 +128,9 @@ class host {
   /// Whether the stream of the last record of `e` has passed it (true when it was never recorded). Never waits;
   /// rethrows the error of a stream that failed before it got there.
   bool done(const event& e) const;
+  /// Whether the stream of the last record of `e` failed before it got there (false while it has not got there).
+  /// Never waits or throws.
+  bool failed_before(const event& e) const noexcept;
   /// Runs `fn` on the host when `s` reaches this point (cudaLaunchHostFunc on the CUDA backend). Skipped when
   /// the stream has failed.
   void host_callback(stream& s, std::function<void()> fn);

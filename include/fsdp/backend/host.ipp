@@ -60,6 +60,10 @@ FSDP_DECL bool host::done(const event& e) const {
   return true;
 }
 
+FSDP_DECL bool host::failed_before(const event& e) const noexcept {
+  return e.s_->completed.load() >= e.s_->snapshot() && e.s_->failed.load();
+}
+
 FSDP_DECL void host::wait(stream& s, const event& e) {
   count(s, &atomic_counts::waits);
   const std::uint64_t target = e.s_->snapshot();

@@ -13,11 +13,17 @@
 // old model's backend (a newcomer's: its new model's; the comm_buffers category, which that model then reports),
 // copied on the compute streams. It is written over the
 // backend's allocate and copy, which the CUDA backend has too, but it has been compiled and run on the host backend
-// (thread ranks) only. Not yet: tensor parallelism (refused), the loss scaler's state (the trainer's to carry over),
-// a failure during a step (see docs/reliability.md).
+// (thread ranks) only. Not yet: tensor parallelism (refused), the loss scaler's state (the trainer's to carry over).
+//
+// After a failure during a step, elastic::agree tells the survivors which step they continue from and who holds it
+// (plan::last_committed); committed_request and transfer_place then make the transfer, which accepts a model that
+// the failure left mid-pass (its master shards and optimizer state are its last completed step's) and stages
+// through the new model's backend, or `staging`, since the old one's streams may have failed (docs/reliability.md).
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,32 +38,44 @@
 
 namespace fsdp::elastic {
 
-/// The request for moving `model`'s state to a grid of `after` (replicas x shards), held by the old ranks `joins` in
-/// order; `survivors`: the old ranks that take part (every rank of `joins` among them), ascending. A usage_error when
-/// the model's units are not laid out over its shard group or it has tensor groups.
+namespace request_detail {
+/// The request of `what` ("reshard", "join") between grids `before` and `after`, with `model`'s units (the same on
+/// both grids: a unit's layout does not depend on the grid but for its padding).
 template <class M>
-plan::reshard_request reshard_request_of(M& model, plan::shard_grid after, std::vector<int> survivors,
-                                         std::vector<int> joins) {
+plan::reshard_request units_of(const char* what, M& model, plan::shard_grid before, plan::shard_grid after,
+                               std::vector<int> survivors, std::vector<int> joins) {
   const device_mesh& mesh = model.mesh();
   if (mesh.tensor != 1)
-    detail::fail_usage("reshard: the model has tensor groups of ", mesh.tensor,
-                       "; resharding with tensor parallelism is not built yet (save a checkpoint and load it at the "
-                       "new mesh)");
+    fsdp::detail::fail_usage(what, ": the model has tensor groups of ", mesh.tensor,
+                             "; resharding with tensor parallelism is not built yet (save a checkpoint and load it at "
+                             "the new mesh)");
   plan::reshard_request q;
-  q.before = {mesh.replicas, mesh.shards};
+  q.before = before;
   q.after = after;
   q.survivors = std::move(survivors);
   q.joins = std::move(joins);
   for (std::size_t u = 0; u < model.size(); ++u) {
     const auto& l = model.unit(u).layout();
     if (l.world() != mesh.shards)
-      detail::fail_usage("reshard: unit '", model.unit(u).name(), "' is laid out over ", l.world(),
-                         " ranks, not the shard group of ", mesh.shards);
+      fsdp::detail::fail_usage(what, ": unit '", model.unit(u).name(), "' is laid out over ", l.world(),
+                               " ranks, not the shard group of ", mesh.shards);
     q.unit_names.push_back(model.unit(u).name());
     q.unit_numel.push_back(l.numel());
     q.align = l.align();
   }
   return q;
+}
+}  // namespace request_detail
+
+/// The request for moving `model`'s state to a grid of `after` (replicas x shards), held by the old ranks `joins` in
+/// order (plan::newcomer for a rank that joins holding nothing); `survivors`: the old ranks that take part (every
+/// old rank of `joins` among them), ascending. A usage_error when the model's units are not laid out over its shard
+/// group or it has tensor groups.
+template <class M>
+plan::reshard_request reshard_request_of(M& model, plan::shard_grid after, std::vector<int> survivors,
+                                         std::vector<int> joins) {
+  return request_detail::units_of("reshard", model, {model.mesh().replicas, model.mesh().shards}, after,
+                                  std::move(survivors), std::move(joins));
 }
 
 /// The request a newcomer makes (a rank that joins holding nothing, plan::newcomer in `joins`): `to` is its model of
@@ -66,23 +84,8 @@ plan::reshard_request reshard_request_of(M& model, plan::shard_grid after, std::
 template <class M>
 plan::reshard_request join_request_of(M& to, plan::shard_grid before, std::vector<int> survivors,
                                       std::vector<int> joins) {
-  const device_mesh& mesh = to.mesh();
-  if (mesh.tensor != 1)
-    detail::fail_usage("join: the model has tensor groups of ", mesh.tensor,
-                       "; resharding with tensor parallelism is not built yet (save a checkpoint and load it at the "
-                       "new mesh)");
-  plan::reshard_request q;
-  q.before = before;
-  q.after = {mesh.replicas, mesh.shards};
-  q.survivors = std::move(survivors);
-  q.joins = std::move(joins);
-  for (std::size_t u = 0; u < to.size(); ++u) {
-    const auto& l = to.unit(u).layout();
-    q.unit_names.push_back(to.unit(u).name());
-    q.unit_numel.push_back(l.numel());
-    q.align = l.align();
-  }
-  return q;
+  return request_detail::units_of("join", to, before, {to.mesh().replicas, to.mesh().shards}, std::move(survivors),
+                                  std::move(joins));
 }
 
 namespace detail {
@@ -91,7 +94,9 @@ namespace detail {
 /// that leaves. `ranks` orders the participants: the survivors as q lists them, then the newcomers by new rank.
 template <class FromM, class FromO, class ToM, class ToO, class Comm>
 plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const FromO* from_opt, ToM* to, ToO* to_opt,
-                              Comm& ranks) {
+                              Comm& ranks, typename ToM::backend_type* staging) {
+  static_assert(std::is_same_v<typename FromM::backend_type, typename ToM::backend_type>,
+                "fsdp::elastic::reshard: the old and new models have different backends");
   const plan::reshard_plan p = plan::make_reshard_plan(q);
   const int survivors = static_cast<int>(q.survivors.size());
   std::vector<int> newcomers;  // the new rank of each newcomer, in order
@@ -145,7 +150,13 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
       fsdp::detail::fail_usage("reshard: the new optimizer is ", to_opt->name(), " and the old one ", from_opt->name(),
                                ": their states must match");
   }
-  if (from) model_access::require_between_steps(*from, "reshard (the old model)");
+  std::uint64_t from_steps = 0;  // what `from` holds: its completed steps, and its optimizer's updates
+  long from_updates = 0;
+  if (from) {
+    model_access::require_committed(*from, "reshard (the old model)");
+    from_steps = *model_access::committed_steps(*from);  // a value: require_committed passed
+    from_updates = model_access::last_update_skipped(*from) ? from_opt->steps_if_last_skipped() : from_opt->steps();
+  }
   if (to) model_access::require_between_steps(*to, from ? "reshard (the new model)" : "join (the new model)");
 
   // Where each survivor's share for each other goes: per pair, the runs in plan order, `buffers` floats an element.
@@ -165,7 +176,9 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
       pair[static_cast<std::size_t>(sender(r) * n + receiver(r))] += r.numel * static_cast<std::int64_t>(buffers);
   const std::int64_t count = std::max<std::int64_t>(1, *std::max_element(pair.begin(), pair.end()));
 
-  auto& be = from ? from->backend() : to->backend();
+  // A healthy backend: the new model's, else `staging`, else the old model's (whose streams a failure may have left
+  // failing).
+  auto& be = to ? to->backend() : staging ? *staging : from->backend();
   auto& cs = be.compute_stream();
   const std::int64_t bytes = count * n * std::int64_t{sizeof(float)};
   auto send = be.allocate(bytes, mem::comm_buffers, cs), recv = be.allocate(bytes, mem::comm_buffers, cs);
@@ -177,7 +190,7 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
   // A newcomer learns the step counts from survivor 0: a broadcast of their bits (two 64-bit counts as four f32).
   std::uint64_t counts[2] = {0, 0};
   if (!newcomers.empty()) {
-    if (from) counts[0] = from->step_count(), counts[1] = static_cast<std::uint64_t>(from_opt->steps());
+    if (from) counts[0] = from_steps, counts[1] = static_cast<std::uint64_t>(from_updates);
     auto header = be.allocate(sizeof counts, mem::comm_buffers, cs);
     be.copy(header.data(), counts, sizeof counts, cs);
     ranks.broadcast(header.data(), header.data(), 4, dtype::f32, 0, cs);
@@ -187,7 +200,9 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
   }
   // pack: each run for another rank, buffer by buffer, at its pair's cursor
   std::vector<std::int64_t> cursor(static_cast<std::size_t>(n), 0);
-  if (from) from->synchronize();
+  // Quietly: a survivor's streams may have failed in the step that failed (its trainer has seen that error); the
+  // state sent is the last completed step's (require_committed), which no failed work touched.
+  if (from) model_access::synchronize_quietly(*from);
   for (const plan::reshard_run& r : p.runs) {
     if (sender(r) != index || receiver(r) == index) continue;
     const int d = receiver(r);
@@ -220,8 +235,8 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
       }
       tb.synchronize(ts);
     });
-    model_access::restore_step_count(*to, from ? from->step_count() : counts[0]);
-    to_opt->restore_steps(from ? from_opt->steps() : static_cast<long>(counts[1]));
+    model_access::restore_step_count(*to, from ? from_steps : counts[0]);
+    to_opt->restore_steps(from ? from_updates : static_cast<long>(counts[1]));
   }
   be.release_after(std::move(send), cs);
   be.release_after(std::move(recv), cs);
@@ -238,8 +253,8 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
 /// zeroed), its step count and `to_opt`'s update count become `from`'s. Returns the plan (plan::describe prints it).
 template <class FromM, optim::StatefulOptimizer FromO, class ToM, optim::StatefulOptimizer ToO, AllToAllCollective Comm>
 plan::reshard_plan reshard(const plan::reshard_request& q, FromM& from, const FromO& from_opt, ToM* to, ToO* to_opt,
-                           Comm& ranks) {
-  return detail::move_state(q, &from, &from_opt, to, to_opt, ranks);
+                           Comm& ranks, typename ToM::backend_type* staging = nullptr) {
+  return detail::move_state(q, &from, &from_opt, to, to_opt, ranks, staging);
 }
 
 /// A newcomer's part of reshard (every survivor calls reshard with the same request, `ranks` the same
@@ -247,7 +262,58 @@ plan::reshard_plan reshard(const plan::reshard_request& q, FromM& from, const Fr
 /// rank's shards from the survivors peer to peer, and the survivors' step counts. No checkpoint is read.
 template <class ToM, optim::StatefulOptimizer ToO, AllToAllCollective Comm>
 plan::reshard_plan join(const plan::reshard_request& q, ToM& to, ToO& to_opt, Comm& ranks) {
-  return detail::move_state(q, static_cast<ToM*>(nullptr), static_cast<const ToO*>(nullptr), &to, &to_opt, ranks);
+  return detail::move_state(q, static_cast<ToM*>(nullptr), static_cast<const ToO*>(nullptr), &to, &to_opt, ranks,
+                            static_cast<typename ToM::backend_type*>(nullptr));
+}
+
+/// Collective over `survivors_comm` (the survivors of a failure, ranked as `survivors` lists their old ranks:
+/// comm::local_communicator::shrink gives both): what the survivors continue from, the same on every survivor.
+/// Each survivor's completed steps, or plan::not_committed when its state is not a completed step's (an update
+/// that failed part way), are exchanged (an all_gather on `staging`'s compute stream: a backend whose streams did
+/// not fail, the model's may have) and plan::last_committed decides. A failure in a pass (a gather, a
+/// reduce-scatter, the replicas' all-reduce) or in the gradient inspection leaves a survivor at its last completed
+/// step; a survivor that finished the failed step while others did not makes that step the one continued from when
+/// the survivors that finished it hold every shard.
+template <class M, AllToAllCollective Comm, class Backend>
+plan::committed_state agree(M& model, const std::vector<int>& survivors, Comm& survivors_comm, Backend& staging) {
+  const int n = survivors_comm.size();
+  if (static_cast<int>(survivors.size()) != n)
+    fsdp::detail::fail_usage("agree: ", survivors.size(), " survivors listed for a communicator of ", n, " ranks");
+  const std::uint64_t mine = model_access::committed_steps(model).value_or(plan::not_committed);
+  auto& cs = staging.compute_stream();
+  auto send = staging.allocate(sizeof mine, mem::comm_buffers, cs);
+  auto recv = staging.allocate(sizeof mine * static_cast<std::size_t>(n), mem::comm_buffers, cs);
+  staging.copy(send.data(), &mine, sizeof mine, cs);
+  survivors_comm.all_gather(send.data(), recv.data(), 2, dtype::f32, cs);  // the counts' bits, as two f32 each
+  std::vector<std::uint64_t> steps(static_cast<std::size_t>(n));
+  staging.copy(steps.data(), recv.data(), sizeof mine * static_cast<std::size_t>(n), cs);
+  staging.synchronize(cs);
+  staging.release_after(std::move(send), cs);
+  staging.release_after(std::move(recv), cs);
+  return plan::last_committed({model.mesh().replicas, model.mesh().shards}, survivors, steps);
+}
+
+/// The request that moves the agreed state `c` of `model`'s grid to `after`, on `joins` (old ranks of survivors, in
+/// new-rank order): the holders send; a survivor that joins without holding the state receives as a
+/// plan::newcomer (it calls elastic::join; a holder calls reshard). transfer_place says where each survivor stands
+/// in the transfer's communicator.
+template <class M>
+plan::reshard_request committed_request(M& model, const plan::committed_state& c, plan::shard_grid after,
+                                        std::vector<int> joins) {
+  for (int& r : joins)
+    if (std::find(c.holders.begin(), c.holders.end(), r) == c.holders.end()) r = plan::newcomer;
+  return reshard_request_of(model, after, c.holders, std::move(joins));
+}
+
+/// (color, key) of old rank `me` for the split of the survivors' communicator that the transfer of
+/// committed_request(.., c, .., joins) runs on: the holders first, ascending, then the survivors that receive, by
+/// new rank (color 0); a survivor that neither holds the state nor joins takes no part (color 1).
+inline std::pair<int, int> transfer_place(const plan::committed_state& c, const std::vector<int>& joins, int me) {
+  const auto h = std::find(c.holders.begin(), c.holders.end(), me);
+  if (h != c.holders.end()) return {0, static_cast<int>(h - c.holders.begin())};
+  const auto j = std::find(joins.begin(), joins.end(), me);
+  if (j != joins.end()) return {0, static_cast<int>(c.holders.size() + static_cast<std::size_t>(j - joins.begin()))};
+  return {1, me};
 }
 
 }  // namespace fsdp::elastic

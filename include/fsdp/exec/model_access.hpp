@@ -18,6 +18,9 @@
 //   gather_full(model, u)               collective: unit u's full fp32 flat values on every rank
 //                                       (fsdp::weights::gather_full_params)
 //   synchronize_quietly(model)          waits for every stream without throwing (an optimizer's state going away)
+//   require_committed(model, what)      the master shards and optimizer state are the last step's (a survivor's)
+//   committed_steps(model)              how many steps that state is (nullopt: none), its streams drained
+//   last_update_skipped(model)          the last step's updates never ran (a stream failed before them)
 //   forward_order(model)                the forward order by unit index (the wrapping order until one is recorded)
 //   costs(model, u)                     what unit u's buffers cost (category, dtype, elements: plan::costs_of)
 //   schedule_config(model)              the facts the scheduler decides from (policy and options, per unit)
@@ -27,6 +30,7 @@
 //   restore_step_count(model, step)     a checkpoint's step count replaces the model's
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +68,18 @@ struct model_access {
   template <class M>
   static std::vector<float> gather_full(M& m, std::size_t u) {
     return m.gather_full(u);
+  }
+  template <class M>
+  static void require_committed(const M& m, const char* what) {
+    m.require_committed(what);
+  }
+  template <class M>
+  static std::optional<std::uint64_t> committed_steps(M& m) {
+    return m.committed_steps();
+  }
+  template <class M>
+  static bool last_update_skipped(M& m) {
+    return m.last_update_skipped();
   }
   template <class M>
   static void synchronize_quietly(M& m) noexcept {

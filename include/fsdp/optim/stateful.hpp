@@ -11,12 +11,14 @@
 namespace fsdp::optim {
 
 /// An optimizer whose state can be saved, loaded and moved (fsdp::optim::sgd, adamw and lion have it): its name,
-/// its state buffers' names, unit u's state k (a master shard's elements), and its update count.
+/// its state buffers' names, unit u's state k (a master shard's elements), and its update count (and that count
+/// without a last step whose updates never ran: fsdp/elastic).
 template <class O>
 concept StatefulOptimizer = requires(O& o, const O& co, std::size_t u, int k, long n) {
   { co.name() } -> std::convertible_to<std::string_view>;
   { co.state_names() } -> std::convertible_to<const std::vector<std::string>&>;
   { co.steps() } -> std::convertible_to<long>;
+  { co.steps_if_last_skipped() } -> std::convertible_to<long>;
   { co.state(u, k) } -> std::same_as<const float*>;
   { o.state(u, k) } -> std::same_as<float*>;
   o.restore_steps(n);

@@ -160,6 +160,58 @@ inline reshard_plan make_reshard_plan(const reshard_request& q) {
   return out;
 }
 
+/// What the survivors of a failure agree on (plan::last_committed): the last step whose state some of them hold
+/// whole, and which of them hold it (old ranks, ascending).
+struct committed_state {
+  std::uint64_t step = 0;
+  std::vector<int> holders;
+};
+
+/// In last_committed's `steps`: a survivor whose state is not a completed step's (an update that failed part way, a
+/// load that left it torn).
+inline constexpr std::uint64_t not_committed = ~std::uint64_t{0};
+
+/// The highest step count among `steps` (survivor survivors[i]'s completed steps, or not_committed) whose survivors
+/// hold every shard of `before` between them, and those survivors: the state the survivors continue from. A
+/// survivor at another step, or not committed, holds nothing usable (it receives like a newcomer). A usage_error
+/// naming each step's survivors and the shards they lack when no step is held whole: only a checkpoint has it.
+inline committed_state last_committed(shard_grid before, const std::vector<int>& survivors,
+                                      const std::vector<std::uint64_t>& steps) {
+  if (steps.size() != survivors.size())
+    detail::fail_usage("reshard: ", steps.size(), " step counts for ", survivors.size(), " survivors");
+  std::vector<std::uint64_t> distinct;
+  for (std::uint64_t s : steps)
+    if (s != not_committed && std::find(distinct.begin(), distinct.end(), s) == distinct.end()) distinct.push_back(s);
+  std::sort(distinct.rbegin(), distinct.rend());
+  std::string seen;
+  for (std::uint64_t s : distinct) {
+    committed_state c{s, {}};
+    std::vector<char> has(static_cast<std::size_t>(before.shards), 0);
+    for (std::size_t i = 0; i < steps.size(); ++i)
+      if (steps[i] == s) {
+        c.holders.push_back(survivors[i]);
+        has[static_cast<std::size_t>(before.shard_of(survivors[i]))] = 1;
+      }
+    std::string lacks;
+    for (int k = 0; k < before.shards; ++k)
+      if (!has[static_cast<std::size_t>(k)]) lacks += detail::cat(lacks.empty() ? "" : ", ", k);
+    if (lacks.empty()) {
+      std::sort(c.holders.begin(), c.holders.end());
+      return c;
+    }
+    std::string who;
+    for (int r : c.holders) who += detail::cat(who.empty() ? "" : ", ", r);
+    seen += detail::cat(seen.empty() ? "" : "; ", "step ", s, " by rank", c.holders.size() > 1 ? "s " : " ", who,
+                        ", without shard", lacks.find(',') != std::string::npos ? "s " : " ", lacks);
+  }
+  std::string torn;
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (steps[i] == not_committed) torn += detail::cat(torn.empty() ? "" : ", ", survivors[i]);
+  if (!torn.empty()) seen += detail::cat(seen.empty() ? "" : "; ", "rank(s) ", torn, " hold no completed step's state");
+  detail::fail_usage("reshard: no step's state is held whole by the survivors of the ", before.replicas, " x ",
+                     before.shards, " grid (", seen, "): load the last checkpoint");
+}
+
 /// The plan as a table: a line per rank (old rank, its new rank or "leaves", elements and MiB sent and received for
 /// `buffers` fp32 buffers a unit: the master shard and each optimizer state), a line per newcomer ("joins" as its old
 /// rank), then the totals.

@@ -70,8 +70,19 @@ class pass_cursor {
   /// Ends a pass whose last unit was left.
   void end();
 
-  /// An optimizer step failed part way (its update may be partly applied): every later use reports `why`.
-  void fail_step(const std::string& why) noexcept;
+  /// An optimizer step failed (`updating`: after its update began, which may then be partly applied): every later
+  /// use reports `why`.
+  void fail_step(const std::string& why, bool updating = true) noexcept;
+
+  /// usage_error naming `what` unless the master shards and the optimizer's state are those the last completed
+  /// optimizer step left: no update failed part way, no load left them torn, and no pass is in progress (a pass
+  /// abandoned by a failure is accepted: a pass touches neither). What a survivor of a failure may send
+  /// (fsdp/elastic/reshard.hpp).
+  void require_committed(const char* what) const;
+  /// Whether require_committed would pass.
+  bool committed() const noexcept {
+    return torn_.empty() && !update_failed_ && (pass_ == pass_kind::none || !broken_.empty());
+  }
 
   /// A load wrote part of the shards (and of the optimizer's state, `with_state`) and failed: `what` says which
   /// ("a checkpoint load from 'ck' that failed part way (...)"); every later use but a restoring load reports it.
@@ -104,6 +115,7 @@ class pass_cursor {
   std::size_t pos_ = 0;
   std::string broken_;
   std::string failed_step_;
+  bool update_failed_ = false;  ///< the failed step's update had begun
   std::string torn_;
   bool torn_state_ = false;
 };

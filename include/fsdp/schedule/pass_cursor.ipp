@@ -141,11 +141,22 @@ FSDP_DECL void pass_cursor::end() {
   pass_ = pass_kind::none;
 }
 
-FSDP_DECL void pass_cursor::fail_step(const std::string& why) noexcept {
+FSDP_DECL void pass_cursor::fail_step(const std::string& why, bool updating) noexcept {
+  update_failed_ = update_failed_ || updating;
   try {
     failed_step_ = why;
   } catch (...) {
   }
+}
+
+FSDP_DECL void pass_cursor::require_committed(const char* what) const {
+  if (!torn_.empty()) detail::fail_usage(what, " after ", torn_, ": this rank's shards are torn, not its last step's");
+  if (update_failed_)
+    detail::fail_usage(what, " after an optimizer step that failed during its update (", failed_step_,
+                       "): this rank's state may be partly updated, not its last step's");
+  if (pass_ != pass_kind::none && broken_.empty())
+    detail::fail_usage(what, " while model.", name_of(pass_), "() is at unit '", units_->name(current()),
+                       "'; finish the pass first");
 }
 
 FSDP_DECL void pass_cursor::tear(const std::string& what, bool with_state) noexcept {

@@ -210,6 +210,8 @@ class scheduler {
   /// usage_error unless the model is between optimizer steps with no gradient waiting for one (no unit reduced
   /// and no micro-batch done since the last step): `what` ("a checkpoint save") would lose those gradients.
   void check_between_steps(std::string_view what) const;
+  /// The steps completed: step() less the one a forward began and no optimizer step closed (a failed step's).
+  std::uint64_t completed_steps() const noexcept { return step_ - (step_open_ ? 1 : 0); }
   /// A checkpoint's step count replaces this one (between steps).
   void restore_step(std::uint64_t step) noexcept {
     step_ = step;

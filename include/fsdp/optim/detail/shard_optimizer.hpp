@@ -106,6 +106,10 @@ class shard_optimizer {
     }
     fsdp::detail::fail_usage("no parameter named '", param, "' in the model");
   }
+  /// The update count when the last step's updates never ran (its compute stream failed before them:
+  /// model_access::last_update_skipped; a survivor of a failure, fsdp/elastic): without that step, and without
+  /// waiting for its decision, which never arrives.
+  long steps_if_last_skipped() const noexcept { return deferred && pending_ ? steps_ : steps_ - 1; }
   /// A checkpoint's update count replaces this optimizer's (the loader also writes the state buffers).
   void restore_steps(long steps) {
     if (steps < 0) fsdp::detail::fail_usage(name_, ": restore_steps(", steps, "): the count must be >= 0");
