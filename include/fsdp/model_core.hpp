@@ -20,12 +20,12 @@
 // flushes events timed with the backend's timing marks in synchronize(), before a pass once many are pending, and
 // in the destructor; a backend with profiler ranges (NVTX on backend::cuda) gets a range per unit per pass and one
 // per optimizer step, whatever the recorder.
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
-#include <concepts>
 #include <optional>
 #include <string>
 #include <string_view>
