@@ -181,6 +181,9 @@ class local_group {
   };
   /// The sub-groups made so far (a copy: their calls must not run under this group's lock).
   std::vector<child> children() const;
+  /// Makes `child` (a split or grown group, whose rank i is this group's members[i]) a sub-group, mu_ held: this
+  /// group's aborts and returned ranks reach it from now on, and those so far hold in it already.
+  void adopt_locked(const std::shared_ptr<local_group>& child, const std::vector<int>& members);
 
   /// Names rank `rank`'s collective #seq in a message; formatted only when a message is made.
   struct who {

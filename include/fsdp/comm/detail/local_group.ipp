@@ -87,16 +87,7 @@ FSDP_DECL std::pair<std::shared_ptr<local_group>, int> local_group::sub_group(st
   if (!p.group) {
     p.group = std::make_shared<local_group>(static_cast<int>(members.size()), timeout_, link_, delay_);
     p.group->label_ = members_label(members);
-    children_.push_back({p.group, members});
-    for (std::size_t i = 0; i < members.size(); ++i)  // what happened before the split holds in it too
-      if (returned_[static_cast<std::size_t>(members[i])]) {
-        p.group->returned_[i] = true;
-        ++p.group->returned_count_;
-      }
-    if (aborted_) {
-      p.group->aborted_ = true;
-      p.group->reason_ = reason_;
-    }
+    adopt_locked(p.group, members);
   }
   std::shared_ptr<local_group> g = p.group;
   if (++p.taken == static_cast<int>(members.size())) splits_.erase({split, color});
@@ -137,6 +128,19 @@ FSDP_DECL local_group::shrunk local_group::shrink(std::uint64_t number, int rank
   return out;
 }
 
+FSDP_DECL void local_group::adopt_locked(const std::shared_ptr<local_group>& child, const std::vector<int>& members) {
+  children_.push_back({child, members});
+  for (std::size_t i = 0; i < members.size(); ++i)  // what happened before the child was made holds in it too
+    if (returned_[static_cast<std::size_t>(members[i])]) {
+      child->returned_[i] = true;
+      ++child->returned_count_;
+    }
+  if (aborted_) {
+    child->aborted_ = true;
+    child->reason_ = reason_;
+  }
+}
+
 FSDP_DECL std::shared_ptr<local_group> local_group::grown(std::uint64_t number, int size) {
   std::lock_guard lk(mu_);
   pending_split& p = grows_[number];
@@ -144,16 +148,7 @@ FSDP_DECL std::shared_ptr<local_group> local_group::grown(std::uint64_t number, 
     p.group = std::make_shared<local_group>(size, timeout_, link_, delay_);
     std::vector<int> members(static_cast<std::size_t>(world_));
     for (int q = 0; q < world_; ++q) members[static_cast<std::size_t>(q)] = q;
-    children_.push_back({p.group, members});
-    for (int q = 0; q < world_; ++q)  // what happened before the grow holds in it too
-      if (returned_[static_cast<std::size_t>(q)]) {
-        p.group->returned_[static_cast<std::size_t>(q)] = true;
-        ++p.group->returned_count_;
-      }
-    if (aborted_) {
-      p.group->aborted_ = true;
-      p.group->reason_ = reason_;
-    }
+    adopt_locked(p.group, members);
   }
   std::shared_ptr<local_group> g = p.group;
   if (++p.taken == world_) grows_.erase(number);
