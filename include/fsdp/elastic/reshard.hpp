@@ -10,10 +10,10 @@
 //
 // The moves are one all_to_all over a communicator of the survivors (rank i of it the old rank survivors[i]; the
 // newcomers after them), every pair's share padded to the largest pair's, staged through two scratch buffers of the
-// old model's backend (a newcomer's: its new model's; the comm_buffers category, which that model then reports),
-// copied on the compute streams. It is written over the
-// backend's allocate and copy, which the CUDA backend has too, but it has been compiled and run on the host backend
-// (thread ranks) only. Not yet: tensor parallelism (refused), the loss scaler's state (the trainer's to carry over).
+// new model's backend (its comm_buffers category, which that model then reports; a survivor that leaves uses
+// `staging`, or else the old model's), copied on the compute streams. It is written over the backend's allocate
+// and copy, which the CUDA backend has too, but it has been compiled and run on the host backend (thread ranks)
+// only. Not yet: tensor parallelism (refused), the loss scaler's state (the trainer's to carry over).
 //
 // After a failure during a step, elastic::agree tells the survivors which step they continue from and who holds it
 // (plan::last_committed); committed_request and transfer_place then make the transfer, which accepts a model that
@@ -249,8 +249,11 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
 /// Collective over `ranks`: the survivors (ranked as the request lists them), then the newcomers by new rank (none
 /// unless the request has plan::newcomer entries: elastic::join is their part). Moves `from`'s master shards and
 /// `from_opt`'s state onto `to` and `to_opt` by plan::make_reshard_plan(q). A survivor that does not join the new
-/// grid passes null for `to` and `to_opt`. Both models must be between steps; `to` is overwritten (its gradients
-/// zeroed), its step count and `to_opt`'s update count become `from`'s. Returns the plan (plan::describe prints it).
+/// grid passes null for `to` and `to_opt` (and, when a failure may have left `from`'s streams failing, a healthy
+/// `staging` backend). `to` must be between steps; `from` between steps, or left mid-pass by a failure (its master
+/// shards and optimizer state are then its last completed step's: pass_cursor::require_committed). `to` is
+/// overwritten (its gradients zeroed), its step count and `to_opt`'s update count become those of `from`'s last
+/// completed step (model_access::committed_steps). Returns the plan (plan::describe prints it).
 template <class FromM, optim::StatefulOptimizer FromO, class ToM, optim::StatefulOptimizer ToO, AllToAllCollective Comm>
 plan::reshard_plan reshard(const plan::reshard_request& q, FromM& from, const FromO& from_opt, ToM* to, ToO* to_opt,
                            Comm& ranks, typename ToM::backend_type* staging = nullptr) {
