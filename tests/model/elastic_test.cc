@@ -49,6 +49,35 @@ struct outcome {
   std::string table;
 };
 
+/// One rank of a new grid, as each case compares it: a `Policy` model on `fresh` takes its state from `move(model,
+/// opt)` (a reshard or a join), a second one on `fresh2` loads the checkpoint at `path`; each one's state then, and
+/// after `more` steps from step `first` with their losses, go to `o` (check_same compares them). Returns the losses
+/// of the first model's steps.
+template <class Policy, class Move>
+std::vector<float> moved_and_loaded(outcome& o, local_communicator& fresh, local_communicator& fresh2,
+                                    const mlp::config& cfg, const std::string& path, int first, int more, Move&& move) {
+  const auto record = [&](auto& model, auto& opt, std::vector<std::vector<float>>& now,
+                          std::vector<std::vector<float>>& after, std::vector<float>& losses) {
+    now = local_state(model, opt);
+    mlp::result r;
+    mlp::run_steps(model, opt, cfg, first, more, r);
+    losses = r.losses;
+    after = local_state(model, opt);
+    return r;
+  };
+  auto m2 = mlp::make_model<Policy>(fresh, cfg);
+  mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
+    move(m2, opt2);
+    return record(m2, opt2, o.resharded, o.resharded_after, o.losses_resharded);
+  });
+  auto m3 = mlp::make_model<Policy>(fresh2, cfg);
+  mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
+    ckpt::load(m3, opt3, path);
+    return record(m3, opt3, o.loaded, o.loaded_after, o.losses_loaded);
+  });
+  return o.losses_resharded;
+}
+
 /// `world` ranks train `Before` 3 steps and save; old rank `lost` (or none: -1) then drops out (`exits`: fails); the
 /// survivors move
 /// the state in memory to `After` on `joins` (old ranks, in new-rank order) and, apart, load the checkpoint into a
@@ -91,27 +120,9 @@ std::vector<outcome> run_case(int world, fsdp::plan::shard_grid after, int lost,
         return res;
       }
       outcome& o = out[static_cast<std::size_t>(joined - joins.begin())];
-      // two more steps from the new grid's state, each rank's state then and after them, and their losses
-      const auto finish = [&](auto& model, auto& o_pt, std::vector<std::vector<float>>& now,
-                              std::vector<std::vector<float>>& after_two, std::vector<float>& losses) {
-        now = local_state(model, o_pt);
-        mlp::result more;
-        more.losses.assign(3, 0.0f);
-        mlp::run_steps(model, o_pt, cfg, 3, 2, more);
-        losses = more.losses;
-        after_two = local_state(model, o_pt);
-        return more;
-      };
-      auto m2 = mlp::make_model<After>(fresh, cfg);
-      mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
+      moved_and_loaded<After>(o, fresh, fresh2, cfg, path, 3, 2, [&](auto& m2, auto& opt2) {
         const fsdp::plan::reshard_plan p = fsdp::elastic::reshard(q, m, opt, &m2, &opt2, group);
         if (fresh.rank() == 0) o.table = fsdp::plan::describe(p, q, 1 + opt.states_per_element());
-        return finish(m2, opt2, o.resharded, o.resharded_after, o.losses_resharded);
-      });
-      auto m3 = mlp::make_model<After>(fresh2, cfg);
-      mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
-        ckpt::load(m3, opt3, path);
-        return finish(m3, opt3, o.loaded, o.loaded_after, o.losses_loaded);
       });
       return res;
     });
@@ -193,38 +204,20 @@ TEST_CASE(
     local_communicator xfer = grown.split(0, grown.rank()), second = grown.split(0, grown.rank());
     outcome& o = out[static_cast<std::size_t>(grown.rank())];
     const std::vector<int> joins{0, 1, newcomer, newcomer};
-    auto m4 = mlp::make_model<hybrid>(grown, cfg);
-    mlp::with_optimizer(m4, cfg, [&](auto& opt4) {
-      if (from) {
-        const auto q = fsdp::elastic::reshard_request_of(*from, {2, 2}, {0, 1}, joins);
-        const auto p = fsdp::elastic::reshard(q, *from, *from_opt, &m4, &opt4, xfer);
-        if (grown.rank() == 0) o.table = fsdp::plan::describe(p, q, 1 + opt4.states_per_element());
-      } else {
-        const auto q = fsdp::elastic::join_request_of(m4, {1, 2}, {0, 1}, joins);
-        fsdp::elastic::join(q, m4, opt4, xfer);
-      }
-      CHECK(m4.step_count() == 5);
-      CHECK(opt4.steps() == 5);
-      o.resharded = local_state(m4, opt4);
-      mlp::result more;
-      more.losses.assign(5, 0.0f);
-      mlp::run_steps(m4, opt4, cfg, 5, 2, more);
-      o.losses_resharded = more.losses;
-      o.resharded_after = local_state(m4, opt4);
-      if (grown.rank() == 0) std::copy(more.losses.begin() + 5, more.losses.end(), rejoined_losses.begin() + 5);
-      return more;
-    });
-    auto m5 = mlp::make_model<hybrid>(second, cfg);
-    mlp::with_optimizer(m5, cfg, [&](auto& opt5) {
-      ckpt::load(m5, opt5, path);
-      o.loaded = local_state(m5, opt5);
-      mlp::result more;
-      more.losses.assign(5, 0.0f);
-      mlp::run_steps(m5, opt5, cfg, 5, 2, more);
-      o.losses_loaded = more.losses;
-      o.loaded_after = local_state(m5, opt5);
-      return more;
-    });
+    const std::vector<float> losses =
+        moved_and_loaded<hybrid>(o, grown, second, cfg, path, 5, 2, [&](auto& m4, auto& opt4) {
+          if (from) {
+            const auto q = fsdp::elastic::reshard_request_of(*from, {2, 2}, {0, 1}, joins);
+            const auto p = fsdp::elastic::reshard(q, *from, *from_opt, &m4, &opt4, xfer);
+            if (grown.rank() == 0) o.table = fsdp::plan::describe(p, q, 1 + opt4.states_per_element());
+          } else {
+            const auto q = fsdp::elastic::join_request_of(m4, {1, 2}, {0, 1}, joins);
+            fsdp::elastic::join(q, m4, opt4, xfer);
+          }
+          CHECK(m4.step_count() == 5);
+          CHECK(opt4.steps() == 5);
+        });
+    if (grown.rank() == 0) std::copy(losses.begin(), losses.end(), rejoined_losses.begin() + 5);
   };
   run_ranks(4, [&](local_communicator& comm) {
     const int me = comm.rank();
@@ -413,30 +406,15 @@ std::vector<outcome> failure_during_step(int world, int lost, const std::string&
           local_communicator fresh = shrunk.split(0, mine_new), fresh2 = shrunk.split(0, mine_new);
           const fsdp::plan::reshard_request q = fsdp::elastic::committed_request(m, c, after, joins);
           outcome& o = out[static_cast<std::size_t>(mine_new)];
-          const auto finish = [&](auto& model, auto& o_pt, std::vector<std::vector<float>>& now,
-                                  std::vector<std::vector<float>>& after_two, std::vector<float>& losses) {
-            now = local_state(model, o_pt);
-            mlp::result more;
-            mlp::run_steps(model, o_pt, cfg, static_cast<int>(c.step), 2, more);
-            losses = more.losses;
-            after_two = local_state(model, o_pt);
-            return more;
-          };
-          auto m2 = mlp::make_model<full_shard>(fresh, cfg);
-          mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
-            if (std::find(c.holders.begin(), c.holders.end(), me) != c.holders.end())
-              fsdp::elastic::reshard(q, m, opt, &m2, &opt2, xfer);
-            else
-              fsdp::elastic::join(q, m2, opt2, xfer);
-            CHECK(m2.step_count() == c.step);
-            CHECK(opt2.steps() == static_cast<long>(c.step));
-            return finish(m2, opt2, o.resharded, o.resharded_after, o.losses_resharded);
-          });
-          auto m3 = mlp::make_model<full_shard>(fresh2, cfg);
-          mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
-            ckpt::load(m3, opt3, dir / (c.step == at ? "ck3" : "ck4"));
-            return finish(m3, opt3, o.loaded, o.loaded_after, o.losses_loaded);
-          });
+          moved_and_loaded<full_shard>(o, fresh, fresh2, cfg, dir / (c.step == at ? "ck3" : "ck4"),
+                                       static_cast<int>(c.step), 2, [&](auto& m2, auto& opt2) {
+                                         if (std::find(c.holders.begin(), c.holders.end(), me) != c.holders.end())
+                                           fsdp::elastic::reshard(q, m, opt, &m2, &opt2, xfer);
+                                         else
+                                           fsdp::elastic::join(q, m2, opt2, xfer);
+                                         CHECK(m2.step_count() == c.step);
+                                         CHECK(opt2.steps() == static_cast<long>(c.step));
+                                       });
           return res;
         });
       },
@@ -552,24 +530,15 @@ TEST_CASE(
       CHECK(opt.steps_if_last_skipped() == 2);
       outcome& o = out[static_cast<std::size_t>(comm.rank())];
       const auto q = fsdp::elastic::reshard_request_of(m, {1, 2}, {0, 1}, {0, 1});
-      auto m2 = mlp::make_model<full_shard>(fresh, cfg);
-      mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
+      moved_and_loaded<full_shard>(o, fresh, fresh2, cfg, dir / "ck2", 2, 2, [&](auto& m2, auto& opt2) {
         fsdp::elastic::reshard(q, m, opt, &m2, &opt2, xfer);
         CHECK(m2.step_count() == 2);
         CHECK(opt2.steps() == 2);
-        o.resharded = local_state(m2, opt2);
-        return mlp::result{};
-      });
-      auto m3 = mlp::make_model<full_shard>(fresh2, cfg);
-      mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
-        ckpt::load(m3, opt3, dir / "ck2");
-        o.loaded = local_state(m3, opt3);
-        return mlp::result{};
       });
       return res;
     });
   });
-  for (const outcome& o : out) CHECK(same_bits(o.resharded, o.loaded));
+  check_same(out);
 }
 
 namespace {
@@ -611,22 +580,15 @@ void save_failure() {
                             local_communicator fresh = shrunk.split(0, me), fresh2 = shrunk.split(0, me);
                             const auto q = fsdp::elastic::committed_request(m, c, {1, 3}, joins);
                             outcome& o = out[static_cast<std::size_t>(me)];
-                            auto m2 = mlp::make_model<full_shard>(fresh, cfg);
-                            mlp::with_optimizer(m2, cfg, [&](auto& opt2) {
-                              fsdp::elastic::reshard(q, m, opt, &m2, &opt2, xfer);
-                              o.resharded = local_state(m2, opt2);
-                              return mlp::result{};
-                            });
-                            auto m3 = mlp::make_model<full_shard>(fresh2, cfg);
-                            mlp::with_optimizer(m3, cfg, [&](auto& opt3) {
-                              ckpt::load(m3, opt3, dir / "good");
-                              o.loaded = local_state(m3, opt3);
-                              CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::load(m3, opt3, dir / "torn"); }) ==
-                                    "fsdp: checkpoint load from '" + (dir / "torn") +
-                                        "' failed (no parameter was modified): ranks 0, 1, 2: could not open '" +
-                                        (dir / "torn") + "/manifest.json': No such file or directory");
-                              return mlp::result{};
-                            });
+                            moved_and_loaded<full_shard>(
+                                o, fresh, fresh2, cfg, dir / "good", 3, 2, [&](auto& m2, auto& opt2) {
+                                  // the failed save left nothing to load: refused before anything is written
+                                  CHECK(error_of<fsdp::checkpoint_error>([&] { ckpt::load(m2, opt2, dir / "torn"); }) ==
+                                        "fsdp: checkpoint load from '" + (dir / "torn") +
+                                            "' failed (no parameter was modified): ranks 0, 1, 2: could not open '" +
+                                            (dir / "torn") + "/manifest.json': No such file or directory");
+                                  fsdp::elastic::reshard(q, m, opt, &m2, &opt2, xfer);
+                                });
                             return res;
                           });
                         },
@@ -634,8 +596,8 @@ void save_failure() {
   for (int r : joins) {
     CAPTURE(r);
     CHECK(!failures[static_cast<std::size_t>(r)].empty());
-    CHECK(same_bits(out[static_cast<std::size_t>(r)].resharded, out[static_cast<std::size_t>(r)].loaded));
   }
+  check_same(out);
 }
 
 }  // namespace
