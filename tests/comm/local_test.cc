@@ -326,8 +326,9 @@ TEST_CASE(
       sums[static_cast<std::size_t>(g.rank())] = y;
       sizes[static_cast<std::size_t>(g.rank())] = g.size();
     };
-    if (grown.rank() == 0)  // survivor 0 hands the invitation to the newcomers' threads
-      joined = fsdp::comm::start_joining(invitation, [&](local_communicator& g) {
+    if (grown.rank() == 0)  // survivor 0 hands the invitation to the newcomers' threads; they may outlive this
+                            // thread, so they hold a copy of `sum` (whose references are to the test's vectors)
+      joined = fsdp::comm::start_joining(invitation, [sum](local_communicator& g) {
         fsdp::backend::host nb(10 + g.rank());
         sum(g, nb);
       });

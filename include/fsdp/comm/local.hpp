@@ -166,7 +166,8 @@ void run_local(int world, F&& fn, local_options opt = {}) {
 
 /// Starts the newcomers of `invitation` (local_communicator::grow): fn(local_communicator&) on a thread each, as
 /// run_local runs ranks (a throw aborts the grown group and is the root cause; a return is marked). Returns at once;
-/// the future's get() joins them and rethrows the first error (its destructor waits for them too).
+/// the future's get() joins them and rethrows the first error (its destructor waits for them too). fn is moved to
+/// the newcomers' threads, which may outlive the caller's scope: what it refers to must live until get() returns.
 template <class F>
 std::future<void> start_joining(const local_invitation& invitation, F fn, backend::host_options backend = {}) {
   if (!invitation.group) fsdp::detail::fail_usage("start_joining: the invitation is empty (grow makes it)");
