@@ -580,3 +580,117 @@ TEST_CASE("serial collectives under hybrid sharding: the replicas' all-reduce an
         "  reduce     reduction a backward                  10.000 -     11.000 ms\n"
         "  reduce     replica all_reduce a backward         11.000 -     12.000 ms\n");
 }
+
+TEST_CASE(
+    "nodes: a group inside a node runs on its links; across nodes on k GPUs' share of the network, at most "
+    "the node's links") {
+  // nodes of 8 GPUs: NVLink 200 GB/s a GPU, 2 us; the network 20 GB/s a GPU (160 GB/s a node), 10 us and 1 us a
+  // ring step
+  fsdp::comm::cluster_links c;
+  c.gpus_per_node = 8;
+  c.intra.bytes_per_second = 200e9;
+  c.intra.latency = nanoseconds(2000);
+  c.inter.bytes_per_second = 20e9;
+  c.inter.latency = nanoseconds(10000);
+  c.inter.step_latency = nanoseconds(1000);
+  const struct {
+    int size, stride;
+    double bytes_per_second;
+    std::int64_t latency_ns;
+  } cases[] = {
+      {8, 1, 200e9, 2000},    // one node's 8 GPUs
+      {4, 2, 200e9, 2000},    // a shard group of 4 beside tensor groups of 2: still one node
+      {16, 1, 160e9, 10000},  // 2 nodes, 8 each: 8 x 20 GB/s, below NVLink
+      {8, 2, 80e9, 10000},    // 2 nodes, 4 each (two such groups share a node's network)
+      {4, 4, 40e9, 10000},    // 2 nodes, 2 each
+      {4, 8, 20e9, 10000},    // a replicate group: one rank a node, one GPU's share
+      {2, 16, 20e9, 10000},   // one rank a node, nodes apart
+  };
+  for (const auto& k : cases) {
+    CAPTURE(k.size);
+    CAPTURE(k.stride);
+    const fsdp::comm::link_model l = c.group(k.size, k.stride);
+    CHECK(l.bytes_per_second == k.bytes_per_second);
+    CHECK(l.latency.count() == k.latency_ns);
+    CHECK(l.step_latency.count() == (k.latency_ns == 2000 ? 0 : 1000));
+  }
+  // an all-gather over 2 nodes of 8: 10 us, 15 ring steps of 1 us and 1.6 GB x 15/16 at 160 GB/s (9.375 ms); an
+  // all-reduce of the same bytes: 30 steps, twice the bytes
+  CHECK(c.group(16, 1).duration(fsdp::collective::all_gather, 1'600'000'000, 16).count() ==
+        10'000 + 15'000 + 9'375'000);
+  CHECK(c.group(16, 1).duration(fsdp::collective::all_reduce, 1'600'000'000, 16).count() ==
+        10'000 + 30'000 + 18'750'000);
+  // nothing that straddles nodes unevenly
+  for (const auto& [size, stride] : {std::pair{3, 1}, {2, 3}, {4, 12}, {3, 4}}) {
+    CAPTURE(size);
+    CAPTURE(stride);
+    CHECK_THROWS_AS(c.group(size, stride), fsdp::usage_error);
+  }
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { c.group(3, 4); }) ==
+        "fsdp: cluster_links::group: groups of 3 ranks 4 apart do not tile nodes of 8 GPUs (each node must hold the "
+        "same number of a group's ranks, and a group inside a node must not cross into the next): choose mesh "
+        "dimensions whose products divide, or are multiples of, gpus_per_node");
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { c.group(0, 1); }) ==
+        "fsdp: cluster_links::group: gpus_per_node (8), size (0) and stride (1) must be positive");
+}
+
+TEST_CASE(
+    "nodes: a mesh's groups placed on a cluster (shard groups inside nodes, replicas across, tensor groups "
+    "innermost)") {
+  fsdp::comm::cluster_links c;
+  c.gpus_per_node = 4;
+  c.intra.bytes_per_second = 100e9;
+  c.inter.bytes_per_second = 10e9;
+  fsdp::time_model t;
+  fsdp::place_on_cluster(t, c, {.replicas = 2, .shards = 2, .tensor = 2});  // 8 ranks on 2 nodes
+  CHECK(t.world == 4);
+  CHECK(t.tensor == 2);
+  CHECK(t.tensor_link.bytes_per_second == 100e9);                            // {0,1}: one node
+  CHECK(t.link.bytes_per_second == 100e9);                                   // {0,2}: one node
+  CHECK(t.replica_link.bytes_per_second == 10e9);                            // {0,4}: a rank on each node
+  fsdp::place_on_cluster(t, c, {.replicas = 1, .shards = 16, .tensor = 1});  // full_shard over 4 nodes
+  CHECK(t.world == 16);
+  CHECK(t.link.bytes_per_second == 40e9);                                   // 4 GPUs' share of the network
+  fsdp::place_on_cluster(t, c, {.replicas = 8, .shards = 1, .tensor = 1});  // no_shard: the all-reduce over all 8
+  CHECK(t.link.bytes_per_second == 40e9);
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] {
+          fsdp::place_on_cluster(t, c, {.replicas = 2, .shards = 3});
+        }).find("groups of 3 ranks 1 apart do not tile nodes of 4 GPUs") != std::string::npos);
+}
+
+TEST_CASE("nodes: hybrid_shard<2> on 2 nodes of 2 GPUs against 4 nodes of 1 (one unit, worked by hand)") {
+  // A 1024-element fp32 unit sharded over 2 ranks: a gather or reduce-scatter moves 4096 x 1/2 = 2048 bytes, the
+  // replicas' all-reduce of the 2048-byte shard 2048 x 2 x 1/2 = 2048 bytes. NVLink 2.048 MB/s (1 ms), the network
+  // 1.024 MB/s a GPU (2 ms) with 0.5 ms a collective and 0.25 ms a ring step. Forward 2 ms, backward 3 ms.
+  const auto u = units_of({"u"}, 2);
+  fsdp::memory_plan_inputs in;
+  fsdp::model_options release;
+  release.reshard_after_forward["u"] = true;
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
+                                          none, fsdp::precision_facts{}, release, {});
+  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
+  fsdp::comm::cluster_links c;
+  c.gpus_per_node = 2;
+  c.intra.bytes_per_second = 2.048e6;
+  c.inter.bytes_per_second = 1.024e6;
+  c.inter.latency = nanoseconds(ms(0.5));
+  c.inter.step_latency = nanoseconds(ms(0.25));
+  fsdp::time_model t = timing(1, 2, 3);
+  fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4));
+  // the shard group inside a node, the replicas across: gather 0-1, forward 1-3, gather 3-4, backward 4-7,
+  // reduce-scatter 7-8, the replicas' all-reduce 8-11 (0.5 + 2 steps x 0.25 + 2 ms)
+  const auto two_nodes = predict(u, in, t);
+  CHECK(two_nodes.step_ns == ms(11));
+  CHECK(two_nodes.critical_path_text() ==
+        "  all_gather all_gather u forward                   0.000 -      1.000 ms\n"
+        "  compute    compute u forward                      1.000 -      3.000 ms\n"
+        "  all_gather all_gather u backward                  3.000 -      4.000 ms\n"
+        "  compute    compute u backward                     4.000 -      7.000 ms\n"
+        "  reduce     reduction u backward                   7.000 -      8.000 ms\n"
+        "  reduce     replica all_reduce u backward          8.000 -     11.000 ms\n");
+  // every GPU on a node of its own: each shard-group collective crosses the network too (0.5 + 0.25 + 2 ms)
+  c.gpus_per_node = 1;
+  fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4));
+  const auto four_nodes = predict(u, in, t);
+  CHECK(four_nodes.step_ns == ms(2.75 + 2 + 2.75 + 3 + 2.75 + 3));
+}

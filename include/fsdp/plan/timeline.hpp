@@ -45,6 +45,7 @@
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/plan/program.hpp"
+#include "fsdp/sharding/sharding.hpp"
 
 namespace fsdp {
 
@@ -92,6 +93,13 @@ struct time_model {
   /// nccl_channels::one); false: each stream's when the stream gets there (comm::local; nccl_channels::per_stream).
   bool serial_collectives = false;
 };
+
+/// Sets t's links, world and tensor degree for the mesh `m` on the cluster `c` (comm::cluster_links::group, ranks
+/// placed as device_mesh places them): `link`, the shard group's (m.shards ranks, m.tensor apart; the whole
+/// data-parallel group when m.shards is 1: no_shard's all-reduce); `replica_link`, the replicate group's (m.replicas
+/// ranks, m.shards x m.tensor apart); `tensor_link`, the tensor group's (consecutive ranks). usage_error, from
+/// cluster_links::group, for a group that does not tile the nodes.
+FSDP_DECL void place_on_cluster(time_model& t, const comm::cluster_links& c, const device_mesh& m);
 
 /// A piece of work on the critical path.
 struct path_step {

@@ -282,6 +282,14 @@ class time_reading {
 
 }  // namespace detail
 
+FSDP_DECL void place_on_cluster(time_model& t, const comm::cluster_links& c, const device_mesh& m) {
+  t.world = m.data_parallel();
+  t.tensor = m.tensor;
+  t.link = m.shards > 1 ? c.group(m.shards, m.tensor) : c.group(m.data_parallel(), m.tensor);
+  t.replica_link = c.group(m.replicas, m.shards * m.tensor);
+  t.tensor_link = c.group(m.tensor, 1);
+}
+
 FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
                               const memory_plan_inputs& in, const time_model& t) {
   const std::size_t n = layouts.size();
@@ -296,15 +304,21 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
     double v;
   } rates[] = {{"link.bytes_per_second", t.link.bytes_per_second},
                {"replica_link.bytes_per_second", t.replica_link.bytes_per_second},
+               {"tensor_link.bytes_per_second", t.tensor_link.bytes_per_second},
                {"memory_bytes_per_second", t.memory_bytes_per_second},
                {"host_bytes_per_second", t.host_bytes_per_second},
                {"pcie_bytes_per_second", t.pcie_bytes_per_second}};
   for (const auto& r : rates)
     if (!(r.v >= 0)) detail::fail_usage("timeline plan: time_model::", r.name, " must be >= 0 (0: free), got ", r.v);
-  for (const auto& [name, l] :
-       {std::pair<const char*, const comm::link_model*>{"link", &t.link}, {"replica_link", &t.replica_link}})
+  for (const auto& [name, l] : {std::pair<const char*, const comm::link_model*>{"link", &t.link},
+                                {"replica_link", &t.replica_link},
+                                {"tensor_link", &t.tensor_link}}) {
     if (l->latency.count() < 0)
       detail::fail_usage("timeline plan: time_model::", name, ".latency must be >= 0, got ", l->latency.count(), " ns");
+    if (l->step_latency.count() < 0)
+      detail::fail_usage("timeline plan: time_model::", name, ".step_latency must be >= 0, got ",
+                         l->step_latency.count(), " ns");
+  }
   const int group = n ? layouts[0].world() : 1;
   if (t.world < 1 || (in.costs.shards_params && t.world % group != 0))
     detail::fail_usage("timeline plan: time_model::world is ", t.world, ", which the shard group of ", group,
