@@ -573,3 +573,70 @@ TEST_CASE("set_link: a group made on a link that moves data times later collecti
           fsdp::comm::run_local(1, [](local_communicator& c) { c.set_link({.bytes_per_second = -1}); });
         }) == "fsdp: link bandwidth must be >= 0, got -1");
 }
+
+TEST_CASE(
+    "a modelled cluster: every group, split, shrunk or grown, is timed on the link where its ranks sit, the "
+    "links place_on_cluster gives the timeline planner") {
+  fsdp::comm::cluster_links c;
+  c.gpus_per_node = 4;
+  c.intra.bytes_per_second = 100e9;
+  c.intra.latency = std::chrono::microseconds(5);
+  c.inter.bytes_per_second = 10e9;
+  c.inter.latency = std::chrono::microseconds(20);
+  c.inter.step_latency = std::chrono::microseconds(2);
+  const fsdp::device_mesh mesh{.replicas = 2, .shards = 2, .tensor = 2};
+  fsdp::time_model t;
+  fsdp::place_on_cluster(t, c, mesh);
+  struct seen {
+    fsdp::comm::link_model world, shard, replica, tensor;
+  };
+  std::vector<seen> links(8);
+  fsdp::comm::local_options o;
+  o.cluster = c;
+  fsdp::comm::run_local(
+      8,
+      [&](local_communicator& w) {
+        auto g = fsdp::exec::split_world(w, mesh, true);  // as a Model splits its communicator
+        links[static_cast<std::size_t>(w.rank())] = {w.link(), g.shard->link(), g.replicate->link(), g.tensor->link()};
+      },
+      o);
+  auto same = [](const fsdp::comm::link_model& a, const fsdp::comm::link_model& b) {
+    return a.bytes_per_second == b.bytes_per_second && a.latency == b.latency && a.step_latency == b.step_latency;
+  };
+  for (std::size_t r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    CHECK(links[r].world.bytes_per_second == 40e9);  // 8 ranks on 2 nodes: 4 GPUs' share of the network
+    CHECK(same(links[r].shard, t.link));             // {0, 2}: one node, NVLink
+    CHECK(same(links[r].replica, t.replica_link));   // {0, 4}: across nodes
+    CHECK(same(links[r].tensor, t.tensor_link));
+    CHECK(links[r].shard.bytes_per_second == 100e9);
+    CHECK(links[r].replica.bytes_per_second == 10e9);
+    CHECK(links[r].replica.step_latency == std::chrono::microseconds(2));
+  }
+
+  // 4 ranks on 2 nodes of 2; rank 3 fails: the survivors {0, 1} on node 0 and {2} on node 1 run at one GPU's share;
+  // a newcomer takes place 3, and the grown group is two a node again
+  c.gpus_per_node = 2;
+  o.cluster = c;
+  std::vector<double> shrunk(3), grown(4);
+  std::future<void> joined;
+  fsdp::comm::run_local(
+      4,
+      [&](local_communicator& w) {
+        if (w.rank() == 3) return;
+        error_of<fsdp::comm_error>([&] { w.barrier(); });
+        local_communicator s = w.shrink();
+        shrunk[static_cast<std::size_t>(s.rank())] = s.link().bytes_per_second;
+        fsdp::comm::local_invitation invitation;
+        local_communicator g = s.grow(1, &invitation);
+        grown[static_cast<std::size_t>(g.rank())] = g.link().bytes_per_second;
+        if (g.rank() == 0)
+          joined = fsdp::comm::start_joining(invitation, [&grown](local_communicator& n) {
+            grown[static_cast<std::size_t>(n.rank())] = n.link().bytes_per_second;
+          });
+        if (g.rank() == 0) joined.get();
+      },
+      o);
+  CHECK(shrunk == std::vector<double>(3, 10e9));
+  CHECK(grown == std::vector<double>(4, 20e9));
+}

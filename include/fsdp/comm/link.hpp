@@ -5,6 +5,8 @@
 // prediction and a host run on the same link agree on every collective's duration to the nanosecond.
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
@@ -78,7 +80,25 @@ struct cluster_links {
       return intra;
     }
     if (stride >= node ? stride % node != 0 : (node % stride != 0 || block % node != 0)) refuse();
-    const std::int64_t k = stride >= node ? 1 : node / stride;  // the group's ranks on each node it spans
+    std::vector<int> places(static_cast<std::size_t>(size));
+    for (int i = 0; i < size; ++i) places[static_cast<std::size_t>(i)] = i * stride;
+    return placed(places);
+  }
+
+  /// The link of any group, from where its ranks sit (`places`: their ranks in the world, node-major): group()'s
+  /// rule with k the fewest of its ranks on any node it spans (a ring is as fast as its slowest node). What
+  /// comm::local gives each of its groups when local_options::cluster is set, a shrunk group's uneven one too.
+  link_model placed(const std::vector<int>& places) const {
+    if (gpus_per_node < 1)
+      fsdp::detail::fail_usage("cluster_links: gpus_per_node must be positive, got ", gpus_per_node);
+    std::map<int, int> on_node;  // node -> the group's ranks on it
+    for (int p : places) {
+      if (p < 0) fsdp::detail::fail_usage("cluster_links::placed: a rank's place must not be negative, got ", p);
+      ++on_node[p / gpus_per_node];
+    }
+    if (on_node.size() <= 1) return intra;
+    int k = gpus_per_node;
+    for (const auto& [n, count] : on_node) k = count < k ? count : k;
     link_model out = inter;
     out.move_data = intra.move_data;
     out.bytes_per_second =

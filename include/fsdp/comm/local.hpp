@@ -7,9 +7,11 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "fsdp/backend/host.hpp"
 #include "fsdp/comm/concept.hpp"
@@ -28,6 +30,11 @@ struct local_options {
   std::chrono::milliseconds timeout{60000};
   /// A modelled link bandwidth and latency (off by default): see fsdp/comm/link.hpp.
   link_model link{};
+  /// Modelled nodes instead (`link` is then not used): rank r sits on node r / gpus_per_node, and every group
+  /// (the world, each split, shrunk or grown group) times its collectives on cluster->placed(where its ranks sit):
+  /// the rule the timeline planner's place_on_cluster follows, so a prediction and a host run on the same cluster
+  /// agree collective by collective. set_link() replaces it with one link for every group.
+  std::optional<cluster_links> cluster{};
   /// Delay injection before each rank's part of each collective (off when empty).
   collective_delay delay{};
   /// Options of each rank's host backend (a Model built on this communicator uses them).
@@ -89,6 +96,8 @@ class local_communicator : public detail::collective_front<local_communicator, b
   /// and then time its steps on one that does not. One rank's call sets it for the group: call it between
   /// collectives, with every rank between barriers and its model synchronized.
   void set_link(const link_model& link) { g_->set_link(link); }
+  /// The link this group's collectives are timed on (local_options::link, cluster, or set_link's).
+  link_model link() const { return g_->link(); }
 
   /// Blocks the calling thread until every rank has reached its matching barrier.
   void barrier() { g_->run(seq_++, rank_, detail::op_desc{-1, 0, dtype::f32, reduce_op::sum, 0}, nullptr, nullptr); }
@@ -160,6 +169,11 @@ template <class F>
 void run_local(int world, F&& fn, local_options opt = {}) {
   if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
   auto group = std::make_shared<detail::local_group>(world, opt.timeout, opt.link, opt.delay);
+  if (opt.cluster) {
+    std::vector<int> places(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) places[static_cast<std::size_t>(r)] = r;
+    group->place(std::make_shared<const cluster_links>(*opt.cluster), std::move(places));
+  }
   detail::run_ranks(world, group, [&](int r) { return local_communicator(group, r, opt.backend); },
                     std::forward<F>(fn));
 }

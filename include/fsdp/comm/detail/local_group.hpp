@@ -106,6 +106,11 @@ class local_group {
   /// The link of every collective whose first rank arrives from now on, in this group and its sub-groups (a
   /// collective in flight keeps the link it began with, on every rank).
   void set_link(const link_model& link);
+  /// Places the group's ranks on `cluster` at `places` (their ranks in the world): its link becomes
+  /// cluster->placed(places), and every sub-group made from now on (split, shrink, grow) takes its link from where
+  /// its own ranks sit (newcomers after the highest place). Before any rank uses the group. set_link() ends it.
+  void place(std::shared_ptr<const cluster_links> cluster, std::vector<int> places);
+  link_model link() const;
 
   /// Makes every current and future wait of the group, and of its sub-groups, fail with `reason` (first reason
   /// wins).
@@ -286,6 +291,10 @@ class local_group {
   const int world_;
   const std::chrono::milliseconds timeout_;
   link_model link_;  // guarded by mu_ (set_link); each round takes a copy
+  std::shared_ptr<const cluster_links> cluster_;  // guarded by mu_: null, or where the ranks sit (place)
+  std::vector<int> places_;                       // guarded by mu_: each rank's place on cluster_
+  /// A sub-group of `members` (this group's ranks, then `newcomers` ranks from outside) placed where they sit.
+  void place_child_locked(local_group& child, const std::vector<int>& members, int newcomers) const;
   const collective_delay delay_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -48,8 +48,38 @@ FSDP_DECL void local_group::set_link(const link_model& link) {
   {
     std::lock_guard lk(mu_);
     link_ = link;
+    cluster_.reset();
+    places_.clear();
   }
   for (const auto& c : children()) c.group->set_link(link);
+}
+
+FSDP_DECL void local_group::place(std::shared_ptr<const cluster_links> cluster, std::vector<int> places) {
+  if (!cluster) fsdp::detail::fail_usage("local group: place() needs a cluster");
+  if (static_cast<int>(places.size()) != world_)
+    fsdp::detail::fail_usage("local group: place() got ", places.size(), " places for ", world_, " ranks");
+  const link_model l = cluster->placed(places);
+  std::lock_guard lk(mu_);
+  link_ = l;
+  cluster_ = std::move(cluster);
+  places_ = std::move(places);
+}
+
+FSDP_DECL link_model local_group::link() const {
+  std::lock_guard lk(mu_);
+  return link_;
+}
+
+FSDP_DECL void local_group::place_child_locked(local_group& child, const std::vector<int>& members,
+                                               int newcomers) const {
+  if (!cluster_) return;
+  std::vector<int> places;
+  for (int m : members) places.push_back(places_.at(static_cast<std::size_t>(m)));
+  int next = places_.empty() ? 0 : *std::max_element(places_.begin(), places_.end()) + 1;
+  for (int i = 0; i < newcomers; ++i) places.push_back(next++);
+  child.link_ = cluster_->placed(places);  // the child is not yet shared: no other thread sees it
+  child.cluster_ = cluster_;
+  child.places_ = std::move(places);
 }
 
 FSDP_DECL void local_group::abort(const std::string& reason) noexcept {
@@ -87,6 +117,7 @@ FSDP_DECL std::pair<std::shared_ptr<local_group>, int> local_group::sub_group(st
   if (!p.group) {
     p.group = std::make_shared<local_group>(static_cast<int>(members.size()), timeout_, link_, delay_);
     p.group->label_ = members_label(members);
+    place_child_locked(*p.group, members, 0);
     adopt_locked(p.group, members);
   }
   std::shared_ptr<local_group> g = p.group;
@@ -120,6 +151,7 @@ FSDP_DECL local_group::shrunk local_group::shrink(std::uint64_t number, int rank
       if (s.arrived[static_cast<std::size_t>(q)]) s.members.push_back(q);
     s.group = std::make_shared<local_group>(static_cast<int>(s.members.size()), timeout_, link_, delay_);
     s.group->label_ = members_label(s.members);
+    place_child_locked(*s.group, s.members, 0);
     children_.push_back({s.group, s.members});
   }
   shrunk out{s.group, 0, s.members};
@@ -148,6 +180,7 @@ FSDP_DECL std::shared_ptr<local_group> local_group::grown(std::uint64_t number, 
     p.group = std::make_shared<local_group>(size, timeout_, link_, delay_);
     std::vector<int> members(static_cast<std::size_t>(world_));
     for (int q = 0; q < world_; ++q) members[static_cast<std::size_t>(q)] = q;
+    place_child_locked(*p.group, members, size - world_);
     adopt_locked(p.group, members);
   }
   std::shared_ptr<local_group> g = p.group;
