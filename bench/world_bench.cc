@@ -197,32 +197,25 @@ thread_costs on_threads(int world, const std::filesystem::path& scratch) {
   fsdp::comm::local_options lo;
   lo.backend.threaded_streams = false;
   lo.timeout = std::chrono::milliseconds(600000);
-  std::vector<double> save_s(std::size_t(world), 0.0), load_s(std::size_t(world / 2), 0.0);
-  fsdp::comm::run_local(
-      world,
-      [&](fsdp::comm::local_communicator& c) {
-        fsdp::Model<local_policy> m(c, tiny(), fsdp::wrap::by_prefix{"u"});
-        fsdp::optim::sgd opt(m, {.lr = 1e-3f, .momentum = 0.9f});
-        c.barrier();
-        const double t0 = thread_cpu_seconds();
-        fsdp::checkpoint::save(m, opt, dir);
-        save_s[std::size_t(c.rank())] = thread_cpu_seconds() - t0;
-      },
-      lo);
+  // on `ranks` thread ranks, each makes the model and times fn(model, optimizer) in its thread's CPU: the busiest's
+  auto busiest_ms = [&](int ranks, const auto& fn) {
+    std::vector<double> cpu(std::size_t(ranks), 0.0);
+    fsdp::comm::run_local(
+        ranks,
+        [&](fsdp::comm::local_communicator& c) {
+          fsdp::Model<local_policy> m(c, tiny(), fsdp::wrap::by_prefix{"u"});
+          fsdp::optim::sgd opt(m, {.lr = 1e-3f, .momentum = 0.9f});
+          c.barrier();
+          const double t0 = thread_cpu_seconds();
+          fn(m, opt);
+          cpu[std::size_t(c.rank())] = thread_cpu_seconds() - t0;
+        },
+        lo);
+    return *std::max_element(cpu.begin(), cpu.end()) * 1e3;
+  };
+  out.save_ms = busiest_ms(world, [&](auto& m, auto& opt) { fsdp::checkpoint::save(m, opt, dir); });
   out.manifest_bytes = double(std::filesystem::file_size(dir + "/manifest.json"));
-  fsdp::comm::run_local(
-      world / 2,
-      [&](fsdp::comm::local_communicator& c) {
-        fsdp::Model<local_policy> m(c, tiny(), fsdp::wrap::by_prefix{"u"});
-        fsdp::optim::sgd opt(m, {.lr = 1e-3f, .momentum = 0.9f});
-        c.barrier();
-        const double t0 = thread_cpu_seconds();
-        fsdp::checkpoint::load(m, opt, dir);
-        load_s[std::size_t(c.rank())] = thread_cpu_seconds() - t0;
-      },
-      lo);
-  out.save_ms = *std::max_element(save_s.begin(), save_s.end()) * 1e3;
-  out.load_ms = *std::max_element(load_s.begin(), load_s.end()) * 1e3;
+  out.load_ms = busiest_ms(world / 2, [&](auto& m, auto& opt) { fsdp::checkpoint::load(m, opt, dir); });
   std::filesystem::remove_all(dir);
 
   // the rendezvous: every rank starts at once; rank 0's publish returns once all have acknowledged

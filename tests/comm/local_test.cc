@@ -577,13 +577,11 @@ TEST_CASE("set_link: a group made on a link that moves data times later collecti
 TEST_CASE(
     "a modelled cluster: every group, split, shrunk or grown, is timed on the link where its ranks sit, the "
     "links place_on_cluster gives the timeline planner") {
-  fsdp::comm::cluster_links c;
-  c.gpus_per_node = 4;
-  c.intra.bytes_per_second = 100e9;
-  c.intra.latency = std::chrono::microseconds(5);
-  c.inter.bytes_per_second = 10e9;
-  c.inter.latency = std::chrono::microseconds(20);
-  c.inter.step_latency = std::chrono::microseconds(2);
+  using std::chrono::microseconds;
+  fsdp::comm::cluster_links c{
+      .gpus_per_node = 4,
+      .intra = {.bytes_per_second = 100e9, .latency = microseconds(5)},
+      .inter = {.bytes_per_second = 10e9, .latency = microseconds(20), .step_latency = microseconds(2)}};
   const fsdp::device_mesh mesh{.replicas = 2, .shards = 2, .tensor = 2};
   fsdp::time_model t;
   fsdp::place_on_cluster(t, c, mesh);
@@ -611,7 +609,7 @@ TEST_CASE(
     CHECK(same(links[r].tensor, t.tensor_link));
     CHECK(links[r].shard.bytes_per_second == 100e9);
     CHECK(links[r].replica.bytes_per_second == 10e9);
-    CHECK(links[r].replica.step_latency == std::chrono::microseconds(2));
+    CHECK(links[r].replica.step_latency == microseconds(2));
   }
 
   // 4 ranks on 2 nodes of 2; rank 3 fails: the survivors {0, 1} on node 0 and {2} on node 1 run at one GPU's share;

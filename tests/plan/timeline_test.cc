@@ -586,13 +586,10 @@ TEST_CASE(
     "the node's links") {
   // nodes of 8 GPUs: NVLink 200 GB/s a GPU, 2 us; the network 20 GB/s a GPU (160 GB/s a node), 10 us and 1 us a
   // ring step
-  fsdp::comm::cluster_links c;
-  c.gpus_per_node = 8;
-  c.intra.bytes_per_second = 200e9;
-  c.intra.latency = nanoseconds(2000);
-  c.inter.bytes_per_second = 20e9;
-  c.inter.latency = nanoseconds(10000);
-  c.inter.step_latency = nanoseconds(1000);
+  const fsdp::comm::cluster_links c{
+      .gpus_per_node = 8,
+      .intra = {.bytes_per_second = 200e9, .latency = nanoseconds(2000)},
+      .inter = {.bytes_per_second = 20e9, .latency = nanoseconds(10000), .step_latency = nanoseconds(1000)}};
   const struct {
     int size, stride;
     double bytes_per_second;
@@ -637,10 +634,8 @@ TEST_CASE(
 TEST_CASE(
     "nodes: a mesh's groups placed on a cluster (shard groups inside nodes, replicas across, tensor groups "
     "innermost)") {
-  fsdp::comm::cluster_links c;
-  c.gpus_per_node = 4;
-  c.intra.bytes_per_second = 100e9;
-  c.inter.bytes_per_second = 10e9;
+  const fsdp::comm::cluster_links c{
+      .gpus_per_node = 4, .intra = {.bytes_per_second = 100e9}, .inter = {.bytes_per_second = 10e9}};
   fsdp::time_model t;
   fsdp::place_on_cluster(t, c, {.replicas = 2, .shards = 2, .tensor = 2});  // 8 ranks on 2 nodes
   CHECK(t.world == 4);
@@ -669,12 +664,10 @@ TEST_CASE("nodes: hybrid_shard<2> on 2 nodes of 2 GPUs against 4 nodes of 1 (one
   in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
                                           none, fsdp::precision_facts{}, release, {});
   in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
-  fsdp::comm::cluster_links c;
-  c.gpus_per_node = 2;
-  c.intra.bytes_per_second = 2.048e6;
-  c.inter.bytes_per_second = 1.024e6;
-  c.inter.latency = nanoseconds(ms(0.5));
-  c.inter.step_latency = nanoseconds(ms(0.25));
+  fsdp::comm::cluster_links c{
+      .gpus_per_node = 2,
+      .intra = {.bytes_per_second = 2.048e6},
+      .inter = {.bytes_per_second = 1.024e6, .latency = nanoseconds(ms(0.5)), .step_latency = nanoseconds(ms(0.25))}};
   fsdp::time_model t = timing(1, 2, 3);
   fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4));
   // the shard group inside a node, the replicas across: gather 0-1, forward 1-3, gather 3-4, backward 4-7,
