@@ -618,10 +618,10 @@ TEST_CASE(
   CHECK(c.group(16, 1).duration(fsdp::collective::all_reduce, 1'600'000'000, 16).count() ==
         10'000 + 30'000 + 18'750'000);
   // nothing that straddles nodes unevenly
-  for (const auto& [size, stride] : {std::pair{3, 1}, {2, 3}, {4, 12}, {3, 4}}) {
-    CAPTURE(size);
-    CAPTURE(stride);
-    CHECK_THROWS_AS(c.group(size, stride), fsdp::usage_error);
+  for (const auto& g : {std::pair{3, 1}, {2, 3}, {4, 12}, {3, 4}}) {  // (size, stride)
+    CAPTURE(g.first);
+    CAPTURE(g.second);
+    CHECK_THROWS_AS(c.group(g.first, g.second), fsdp::usage_error);
   }
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { c.group(3, 4); }) ==
         "fsdp: cluster_links::group: groups of 3 ranks 4 apart do not tile nodes of 8 GPUs (each node must hold the "
