@@ -72,6 +72,12 @@ std::vector<int> int_list(const std::string& s, const std::string& flag) {
   return out;
 }
 
+int one_int(const std::string& s, const std::string& flag) {
+  const std::vector<int> v = int_list(s, flag);
+  if (v.size() != 1) usage(flag + " takes one positive integer, got '" + s + "'");
+  return v.front();
+}
+
 double number(const std::string& s, const std::string& flag) {
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
@@ -110,18 +116,24 @@ struct strategy_choice {
   fsdp::device_mesh mesh;
 };
 
-/// The data-parallel strategies at `world` ranks on nodes of `gpus` (hybrid: a shard group per node).
+/// The data-parallel strategies at `world` ranks on nodes of `gpus` (hybrid: a shard group per node), with the
+/// library's own facts and meshes (hybrid_shard's shard group is a template argument: its facts are hybrid_shard's
+/// with the group sizes of this cluster).
 std::vector<strategy_choice> strategies(const std::string& which, int world, int gpus) {
   std::vector<strategy_choice> out;
   auto want = [&](const char* s) { return which == "all" || which == s; };
-  if (want("full_shard")) out.push_back({"full_shard", fsdp::facts_of<fsdp::sharding::full_shard>(world), {1, world}});
-  if (want("shard_grad_op"))
-    out.push_back({"shard_grad_op", fsdp::facts_of<fsdp::sharding::shard_grad_op>(world), {1, world}});
-  if (want("hybrid") && world > gpus && world % gpus == 0)
-    out.push_back({"hybrid " + std::to_string(world / gpus) + "x" + std::to_string(gpus),
-                   {"hybrid_shard", true, true, gpus, world / gpus, false},
-                   {world / gpus, gpus}});
-  if (want("no_shard")) out.push_back({"no_shard", fsdp::facts_of<fsdp::sharding::no_shard>(world), {world, 1}});
+  auto add = [&]<class S>(const char* label, S) {
+    if (want(label)) out.push_back({label, fsdp::facts_of<S>(world), fsdp::mesh_of<S>(world)});
+  };
+  add("full_shard", fsdp::sharding::full_shard{});
+  add("shard_grad_op", fsdp::sharding::shard_grad_op{});
+  if (want("hybrid") && world > gpus && world % gpus == 0) {
+    fsdp::strategy_facts f = fsdp::facts_of<fsdp::sharding::hybrid_shard<1>>(world);
+    f.shard_group = gpus;
+    f.replicate_group = world / gpus;
+    out.push_back({"hybrid " + std::to_string(world / gpus) + "x" + std::to_string(gpus), f, {world / gpus, gpus}});
+  }
+  add("no_shard", fsdp::sharding::no_shard{});
   return out;
 }
 
@@ -227,15 +239,15 @@ int main(int argc, char** argv) {
       s.shape = m->shape;
       s.model = v;
     } else if (a == "--layers")
-      s.shape.layers = int_list(value(), a).at(0), s.model = "custom";
+      s.shape.layers = one_int(value(), a), s.model = "custom";
     else if (a == "--width")
-      s.shape.width = int_list(value(), a).at(0), s.model = "custom";
+      s.shape.width = one_int(value(), a), s.model = "custom";
     else if (a == "--heads")
-      s.shape.heads = int_list(value(), a).at(0), s.model = "custom";
+      s.shape.heads = one_int(value(), a), s.model = "custom";
     else if (a == "--vocab")
-      s.shape.vocab = int_list(value(), a).at(0), s.model = "custom";
+      s.shape.vocab = one_int(value(), a), s.model = "custom";
     else if (a == "--context")
-      s.shape.context = int_list(value(), a).at(0), s.model = "custom";
+      s.shape.context = one_int(value(), a), s.model = "custom";
     else if (a == "--device") {
       const std::string v = value();
       const auto same = [&](const device& x) { return v == x.name; };
@@ -253,7 +265,7 @@ int main(int argc, char** argv) {
     else if (a == "--nodes")
       s.nodes = int_list(value(), a);
     else if (a == "--gpus-per-node")
-      s.gpus = int_list(value(), a).at(0);
+      s.gpus = one_int(value(), a);
     else if (a == "--nvlink")
       s.nvlink = number(value(), a) * 1e9;
     else if (a == "--network")
@@ -273,7 +285,7 @@ int main(int argc, char** argv) {
     else if (a == "--reserve")
       s.reserve = number(value(), a) * double(1 << 30);
     else if (a == "--top")
-      s.top = int_list(value(), a).at(0);
+      s.top = one_int(value(), a);
     else
       usage("unknown option '" + a + "'");
   }
