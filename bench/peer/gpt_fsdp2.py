@@ -228,6 +228,14 @@ def train(rank, a, losses_out):
         mfu = 100.0 * flops * tokens / (a.peak_tflops * 1e12)
         print(f"mean step {mean:.4f} s over steps 2..{len(times) - 1}, {tokens:.0f} tokens/s, "
               f"MFU {mfu:.2f}% of {a.peak_tflops:.0f} TFLOP/s{peak}", flush=True)
+    if rank == 0 and a.compile:
+        # Whether the blocks ran compiled: the identical blocks share one graph (more means recompiles), no graph
+        # break, every frame dynamo saw compiled (on CPU with PyTorch 2.11 and 2.15: 1 graph, 0 breaks, 3 of 3).
+        from torch._dynamo.utils import counters
+        frames = counters["frames"]
+        print(f"torch.compile: {counters['stats']['unique_graphs']} graph(s), "
+              f"{sum(counters['graph_break'].values())} graph break(s), {frames['ok']} of {frames['total']} frame(s) "
+              f"compiled", flush=True)
     dist.destroy_process_group()
 
 
