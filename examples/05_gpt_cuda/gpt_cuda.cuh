@@ -6,9 +6,11 @@
 // accumulated in fp32 (PyTorch's bf16 autocast); in fp32, fp32 throughout. The activations that only products read
 // (each layernorm's output, attention's output, GELU's) are written in bf16 by the kernels that make them and kept
 // so, and so are the QKV product and the MLP's first (written by cuBLAS in bf16, their biases added in bf16, as
-// autocast keeps them; attention and GELU read them so). The projections into the residual stream, the residual
-// stream, the logits, the layernorm statistics, every gradient and the loss stay fp32 (output gradients are rounded
-// to bf16 for the products). The other parameters (layernorm, biases) are widened into fp32 scratch copies; each
+// autocast keeps them; attention and GELU read them so), and the MLP's two inner gradients (GELU's output gradient,
+// written by the second product's backward, and its input gradient, written by GELU's backward: bf16 in autocast,
+// whose products and bias sums read them so). The projections into the residual stream, the residual stream, the
+// logits, the layernorm statistics, the other gradients and the loss stay fp32 (output gradients are rounded to
+// bf16 for the products). The other parameters (layernorm, biases) are widened into fp32 scratch copies; each
 // gradient is summed in fp32 and stored once into the compute-type gradient buffer. The trainer's buffers are made
 // in the first step and reused: a later step that would allocate one is an error (trainer::begin_step), so no step
 // after the first calls cudaMalloc or cudaFree, each a device-wide synchronisation.
@@ -241,12 +243,14 @@ class trainer {
           *g_mprojw = gw("mlp.proj.w", CF), *g_mprojb = g("mlp.proj.b", C);
     dres1_.resize(NC);
     copy(dres1_, dout);
-    float* dfc_gelu = sized(t4a_, NF);
+    // The MLP's inner gradients in the compute type, as autocast keeps them: the second product writes dfc_gelu so,
+    // GELU's backward reads it and writes dfc so, and the first product's backward and its bias sum read dfc as it is.
+    t4a_.resize(act(NF)), t4b_.resize(act(NF));
+    DW *dfc_gelu = as_dw(t4a_), *dfc = as_dw(t4b_);
     linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, F, C);
-    t4b_.resize(NF);
-    go(launch_names::gelu_backward, blocks(NF), K::gelu_backward<DW>, t4b_.data(), as_dw(k.fc), dfc_gelu, NF);
+    go(launch_names::gelu_backward, blocks(NF), K::gelu_backward<DW>, dfc, as_dw(k.fc), dfc_gelu, NF);
     float* dln2 = sized(tnc_a_, NC);
-    linear_backward(dln2, g_fcw, g_fcb, t4b_.data(), as_dw(k.ln2), w("mlp.fc.w"), N, C, F);
+    linear_backward(dln2, g_fcw, g_fcb, dfc, as_dw(k.ln2), w("mlp.fc.w"), N, C, F);
     tp_.all_reduce(dln2, NC);  // column-parallel: the input gradient's partial sums
     layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
                        k.ln2_rstd.data());
@@ -472,20 +476,28 @@ class trainer {
     product(true, false, O, N, I, 1.0f, w, I, x, I, 0.0f, out, O);
     if (b) go(launch_names::add_bias, blocks(static_cast<long long>(N) * O / 4), kernels::add_bias<Y>, out, b, N, O);
   }
-  /// dinp[N, I] = dout[N, O] w[O, I]; dw[O, I] = dout^T x (+= with add_dw); db += the columns of dout. dout (fp32)
-  /// is rounded to the compute type for the products. dinp and dw (unless add_dw) need no zeroing: beta 0.
-  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const DW* x, const DW* w, int N, int I,
-                       int O, bool add_dw = false) {
-    const DW* dy = operand(dout, static_cast<std::size_t>(N) * O, hout_);
+  /// dinp[N, I] = dout[N, O] w[O, I]; dw[O, I] = dout^T x (+= with add_dw); db += the columns of dout. dout in fp32
+  /// is rounded to the compute type for the products (one in the compute type is read as it is); dinp is written in
+  /// fp32 or in the compute type (Din = DW). dinp and dw (unless add_dw) need no zeroing: beta 0.
+  template <class Din, class Dout>
+  void linear_backward(Din* dinp, float* dw, float* db, const Dout* dout, const DW* x, const DW* w, int N, int I, int O,
+                       bool add_dw = false) {
+    static_assert(std::is_same_v<Dout, float> || std::is_same_v<Dout, DW>, "an output gradient in fp32 or DW");
+    const DW* dy = nullptr;
+    if constexpr (std::is_same_v<Dout, DW>)
+      dy = dout;
+    else
+      dy = operand(dout, static_cast<std::size_t>(N) * O, hout_);
     product(false, false, I, N, O, 1.0f, w, I, dy, O, 0.0f, dinp, I);
     product(false, true, I, O, N, 1.0f, x, I, dy, O, add_dw ? 1.0f : 0.0f, dw, I);
     if (db) column_sum(db, dout, N, O);
   }
-  /// db[o] += the sum of dy[n, o] over the N rows: 64-row partials, then their sum.
-  void column_sum(float* db, const float* dy, int N, int O) {
+  /// db[o] += the sum of dy[n, o] over the N rows (dy in fp32 or DW): 64-row partials, then their sum.
+  template <class D>
+  void column_sum(float* db, const D* dy, int N, int O) {
     const int K = kernels::column_chunks(N);
     colpart_.resize(static_cast<std::size_t>(K) * 4 * s_.width);  // the widest: the MLP's 4C
-    go(launch_names::column_partials, blocks(static_cast<long long>(K) * O / 4), kernels::column_partials<>,
+    go(launch_names::column_partials, blocks(static_cast<long long>(K) * O / 4), kernels::column_partials<D>,
        colpart_.data(), dy, N, O);
     go(launch_names::column_total, blocks(O), kernels::column_total<>, db, colpart_.data(), K, O);
   }

@@ -138,16 +138,16 @@ __global__ void add_bias(Y* y, const float* b, int N, int O) {
 /// Rows per partial of a column sum.
 constexpr int column_chunk = 64;
 __host__ __device__ inline int column_chunks(int N) { return (N + column_chunk - 1) / column_chunk; }
-/// part[k, o] = the sum of dy[n, o] over the k-th 64 rows, in row order (a thread per k and four columns, in
-/// 128-bit accesses: coalesced over o; O % 4 == 0).
-template <int = 0>
-__global__ void column_partials(float* part, const float* dy, int N, int O) {
+/// part[k, o] = the sum of dy[n, o] over the k-th 64 rows, in row order, in fp32 (a thread per k and four columns:
+/// coalesced over o; O % 4 == 0), dy in D: fp32 in 128-bit loads, or the compute type (the MLP's gradient) in 64-bit.
+template <class D = float>
+__global__ void column_partials(float* part, const D* dy, int N, int O) {
   const int O4 = O / 4;
   GPT_FOR(e, (long long)column_chunks(N) * O4) {
     const int k = int(e / O4), o4 = int(e % O4), end = min(N, (k + 1) * column_chunk);
     float4 acc = {0, 0, 0, 0};
     for (int n = k * column_chunk; n < end; ++n) {
-      const float4 d = reinterpret_cast<const float4*>(dy + (long long)n * O)[o4];
+      const float4 d = load4(dy + (long long)n * O, o4);
       acc = {__fadd_rn(acc.x, d.x), __fadd_rn(acc.y, d.y), __fadd_rn(acc.z, d.z), __fadd_rn(acc.w, d.w)};
     }
     reinterpret_cast<float4*>(part)[e] = acc;
@@ -331,13 +331,14 @@ __global__ void bias_gelu(W* out, W* x, const float* bias, int N, int O) {
     store4(out, i, {gelu_of(v.x), gelu_of(v.y), gelu_of(v.z), gelu_of(v.w)});
   }
 }
-/// dx = gelu'(x) * dout, x in W (bias_gelu's), n % 4 == 0.
+/// dx = gelu'(x) * dout, all three in W (x bias_gelu's; dout as the MLP's second product writes it, dx as its first
+/// product's backward reads it: autocast keeps both gradients in the compute type), computed in fp32 and rounded
+/// once; n % 4 == 0.
 template <class W = float>
-__global__ void gelu_backward(float* dx, const W* x, const float* dout, long long n) {
+__global__ void gelu_backward(W* dx, const W* x, const W* dout, long long n) {
   GPT_FOR(i, n / 4) {
-    const float4 v = load4(x, i), d = reinterpret_cast<const float4*>(dout)[i];
-    reinterpret_cast<float4*>(dx)[i] = {gelu_grad(v.x, d.x), gelu_grad(v.y, d.y), gelu_grad(v.z, d.z),
-                                        gelu_grad(v.w, d.w)};
+    const float4 v = load4(x, i), d = load4(dout, i);
+    store4(dx, i, {gelu_grad(v.x, d.x), gelu_grad(v.y, d.y), gelu_grad(v.z, d.z), gelu_grad(v.w, d.w)});
   }
 }
 

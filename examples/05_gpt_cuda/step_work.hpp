@@ -82,16 +82,18 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     add(n::product, 1, 2 * R * I * O, (R * I + O * I) * w + R * O * y);
     if (bias) add(n::add_bias, 1, 0, 2 * R * O * y + O * f);
   };
-  auto column_sum = [&](double R, double O) {
-    add(n::column_partials, 1, 0, (R * O + K * O) * f);
+  auto column_sum = [&](double R, double O, double dy) {
+    add(n::column_partials, 1, 0, R * O * dy + K * O * f);
     add(n::column_total, 1, 0, (K * O + 2 * O) * f);
   };
-  // dinp[R, I] = dy W; dW[O, I] = dy^T x (+= with add_dw); db += the columns of dy. dy (fp32) rounded first in bf16.
-  auto linear_backward = [&](double R, double I, double O, bool bias, bool add_dw = false) {
-    narrow(R * O);
-    add(n::product, 1, 2 * R * I * O, (R * O + O * I) * w + R * I * f);
+  // dinp[R, I] = dy W; dW[O, I] = dy^T x (+= with add_dw); db += the columns of dy. dy in fp32 (dy = f: rounded
+  // first in bf16) or kept in the compute type (dy = w: the MLP's); dinp written in fp32 or in the compute type (dx).
+  auto linear_backward = [&](double R, double I, double O, bool bias, bool add_dw = false, double dy = 4,
+                             double dx = 4) {
+    if (dy == f) narrow(R * O);
+    add(n::product, 1, 2 * R * I * O, (R * O + O * I) * w + R * I * dx);
     add(n::product, 1, 2 * R * I * O, (R * I + R * O) * w + (add_dw ? 2 : 1) * O * I * f);
-    if (bias) column_sum(R, O);
+    if (bias) column_sum(R, O, dy);
   };
   auto layernorm_forward = [&] { add(n::layernorm_forward, 1, 0, NC * w + (NC + 2 * N + 2 * C) * f); };
   auto layernorm_backward = [&] {
@@ -119,10 +121,10 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
   auto block_backward = [&] {
     for (double g : {C, C, 3 * A, C, C, C, F, C}) memset(g);  // the gradients summed by columns
     add(n::memcpy, 1, 0, 2 * NC * f);
-    linear_backward(N, F, C, true);
-    add(n::gelu_backward, 1, 0, NF * w + 2 * NF * f);
-    linear_backward(N, C, F, true);
-    widen(C);  // ln_2.w
+    linear_backward(N, F, C, true, false, f, w);  // the residual gradient in; dfc_gelu out in the compute type
+    add(n::gelu_backward, 1, 0, 3 * NF * w);      // x, dfc_gelu and dfc, all in the compute type
+    linear_backward(N, C, F, true, false, w);     // dfc read as it is
+    widen(C);                                     // ln_2.w
     layernorm_backward();
     add(n::memcpy, 1, 0, 2 * NC * f);
     linear_backward(N, A, C, true);

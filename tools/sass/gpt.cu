@@ -18,11 +18,12 @@ template __global__ void a::forward<bf16, 64, a::product::twin, bf16>(bf16*, flo
 template __global__ void k::bias_gelu<float>(float*, float*, const float*, int, int);
 template __global__ void k::bias_gelu<bf16>(bf16*, bf16*, const float*, int, int);
 template __global__ void k::gelu_backward<float>(float*, const float*, const float*, long long);
-template __global__ void k::gelu_backward<bf16>(float*, const bf16*, const float*, long long);
+template __global__ void k::gelu_backward<bf16>(bf16*, const bf16*, const bf16*, long long);
 template __global__ void k::bias_residual<0>(float*, const float*, const float*, int, int);
 template __global__ void k::add_bias<float>(float*, const float*, int, int);
 template __global__ void k::add_bias<bf16>(bf16*, const float*, int, int);
-template __global__ void k::column_partials<0>(float*, const float*, int, int);
+template __global__ void k::column_partials<float>(float*, const float*, int, int);
+template __global__ void k::column_partials<bf16>(float*, const bf16*, int, int);
 template __global__ void k::layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*,
                                                      int, int);
 template __global__ void k::layernorm_forward<bf16>(bf16*, float*, float*, const float*, const float*, const float*,
