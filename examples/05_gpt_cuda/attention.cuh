@@ -215,7 +215,7 @@ struct two {
 
 /// The problem: qkv [B, T, 3C] (q, k, v of head h at columns h * hs, C + h * hs, 2C + h * hs), the output and its
 /// gradient [B, T, C], the log-sum-exp and dO . O [B, NH, T]. qkv and the output are in the kernels' O (fp32, or the
-/// compute type), the rest fp32.
+/// compute type), the output's gradient and dqkv in G (the same choice), the rest fp32.
 struct dims {
   int B, T, C, NH;
   const int* starts;  ///< [B * T] first key of each query's document, or null
@@ -303,9 +303,10 @@ __global__ void __launch_bounds__(threads, 1) forward(O* out, float* lse, const 
       if (q[r] < T) lse[((long long)b * d.NH + h) * T + q[r]] = __fadd_rn(m[r], logf(l[r]));
 }
 
-/// dd[b, h, t] = dO[b, t, head h] . O[b, t, head h], one warp per row (lanes along the head, a butterfly sum).
-template <class O = float>
-__global__ void row_dots(float* dd, const float* dout, const O* out, dims d) {
+/// dd[b, h, t] = dO[b, t, head h] . O[b, t, head h], one warp per row (lanes along the head, a butterfly sum); dO in
+/// G (fp32, or the compute type: the trainer's, as autocast keeps the gradient of a bf16 output).
+template <class O = float, class G = float>
+__global__ void row_dots(float* dd, const G* dout, const O* out, dims d) {
   const int lane = int(threadIdx.x % 32), hs = d.hs();
   const long long rows = (long long)d.B * d.NH * d.T;
   for (long long e = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; e < rows;
@@ -313,17 +314,18 @@ __global__ void row_dots(float* dd, const float* dout, const O* out, dims d) {
     const int t = int(e % d.T), h = int(e / d.T % d.NH), b = int(e / d.T / d.NH);
     const long long at = ((long long)b * d.T + t) * d.C + h * hs;
     float v = 0;
-    for (int i = lane; i < hs; i += 32) v = __fadd_rn(v, __fmul_rn(dout[at + i], kernels::to_f(out[at + i])));
+    for (int i = lane; i < hs; i += 32)
+      v = __fadd_rn(v, __fmul_rn(kernels::to_f(dout[at + i]), kernels::to_f(out[at + i])));
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
     if (lane == 0) dd[e] = v;
   }
 }
 
 /// dQ += dS K / sqrt(hs) for 64 query rows a block, walking the key tiles as the forward does; dS = P * (dP - dd),
-/// P recomputed from lse, dP = dO V^T. Grid and threads as forward.
-template <class E, int D, product P, class O = float>
+/// P recomputed from lse, dP = dO V^T. dO and dQKV in G (the sum rounded to G once). Grid and threads as forward.
+template <class E, int D, product P, class O = float, class G = float>
 __global__ void __launch_bounds__(threads, 1)
-    backward_query(float* dqkv, const float* dout, const O* qkv, const float* lse, const float* dd, dims d) {
+    backward_query(G* dqkv, const G* dout, const O* qkv, const float* lse, const float* dd, dims d) {
   __shared__ E ks[tile][D + pad], vs[tile][D + pad];
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * rows_per_block;
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4;
@@ -363,17 +365,17 @@ __global__ void __launch_bounds__(threads, 1)
   }
   each_element<D / 8>([&](int r, int c, int n, int i) {
     if (q[r] < T && c < hs) {
-      float& g_q = dqkv[((long long)b * T + q[r]) * ld + h * hs + c];
-      g_q = __fadd_rn(g_q, __fmul_rn(dq[n].x[i], scale));
+      G& g_q = dqkv[((long long)b * T + q[r]) * ld + h * hs + c];
+      g_q = from_f<G>(__fadd_rn(to_f(g_q), __fmul_rn(dq[n].x[i], scale)));
     }
   });
 }
 
 /// dK += dS^T Q / sqrt(hs) and dV += P^T dO for 64 keys a block (16 a warp), walking the query tiles that can see
-/// them. Grid (ceil(T / 64), NH, B), 128 threads.
-template <class E, int D, product P, class O = float>
+/// them. dO and dQKV in G, as backward_query. Grid (ceil(T / 64), NH, B), 128 threads.
+template <class E, int D, product P, class O = float, class G = float>
 __global__ void __launch_bounds__(threads, 1)
-    backward_key(float* dqkv, const float* dout, const O* qkv, const float* lse, const float* dd, dims d) {
+    backward_key(G* dqkv, const G* dout, const O* qkv, const float* lse, const float* dd, dims d) {
   __shared__ E qs[tile][D + pad], ds_[tile][D + pad];
   __shared__ float tile_lse[tile], tile_dd[tile];
   __shared__ int tile_first[tile];
@@ -382,7 +384,7 @@ __global__ void __launch_bounds__(threads, 1)
   const int hs = d.hs(), T = d.T;
   const long long ld = d.row3();
   const O* rows = qkv + (long long)b * T * ld;
-  const float* drows = dout + (long long)b * T * d.C;
+  const G* drows = dout + (long long)b * T * d.C;
   const long long stat = ((long long)b * d.NH + h) * T;
   const int r0 = k0 + 16 * warp, key_hi = min(r0 + 15, T - 1);
   const two<int> key{r0 + g, r0 + g + 8};
@@ -425,9 +427,9 @@ __global__ void __launch_bounds__(threads, 1)
   }
   each_element<D / 8>([&](int r, int c, int n, int i) {
     if (key[r] < T && c < hs) {
-      float* g_k = dqkv + ((long long)b * T + key[r]) * ld + d.C + h * hs + c;
-      *g_k = __fadd_rn(*g_k, __fmul_rn(dk[n].x[i], scale));
-      g_k[d.C] = __fadd_rn(g_k[d.C], dv[n].x[i]);
+      G* g_k = dqkv + ((long long)b * T + key[r]) * ld + d.C + h * hs + c;
+      *g_k = from_f<G>(__fadd_rn(to_f(*g_k), __fmul_rn(dk[n].x[i], scale)));
+      g_k[d.C] = from_f<G>(__fadd_rn(to_f(g_k[d.C]), dv[n].x[i]));
     }
   });
 }
@@ -469,14 +471,15 @@ struct launch {
       attention::forward<E, decltype(w)::value, P, O><<<grid(d), threads, 0, s>>>(out, lse, qkv, d);
     });
   }
-  template <class O>
-  static void backward(float* dqkv, float* dd, const float* dout, const O* out, const O* qkv, const float* lse,
-                       const dims& d, cudaStream_t s) {
+  /// dout and dqkv in G: fp32, or the compute type (the trainer's; dqkv zeroed, each sum then rounded once).
+  template <class O, class G>
+  static void backward(G* dqkv, float* dd, const G* dout, const O* out, const O* qkv, const float* lse, const dims& d,
+                       cudaStream_t s) {
     const long long warps_blocks = ((long long)d.B * d.NH * d.T * 32 + 255) / 256;  // a warp a row, 256 threads
-    row_dots<O><<<int(warps_blocks < 1024 ? warps_blocks : 1024), 256, 0, s>>>(dd, dout, out, d);
+    row_dots<O, G><<<int(warps_blocks < 1024 ? warps_blocks : 1024), 256, 0, s>>>(dd, dout, out, d);
     by_width(d.hs(), [&](auto w) {
-      backward_key<E, decltype(w)::value, P, O><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
-      backward_query<E, decltype(w)::value, P, O><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
+      backward_key<E, decltype(w)::value, P, O, G><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
+      backward_query<E, decltype(w)::value, P, O, G><<<grid(d), threads, 0, s>>>(dqkv, dout, qkv, lse, dd, d);
     });
   }
 };

@@ -73,15 +73,15 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
       {"ln_f weight and bias gradients [C]", 2, C},
       {"wpe gradient (fp32) [T, C]", 1, T * C},
       {"backward scratch: residual gradient, dln2 [N, C]", 2, NC},
-      {"backward scratch: datty [N, A]", 1, NA},
+      {"backward scratch: datty [N, A] in the compute type", 1, act(NA)},
       {"backward scratch: dfc_gelu, dfc [N, F] in the compute type", 2, act(NF)},
-      {"backward scratch: dqkv [N, 3A]", 1, 3 * NA},
+      {"backward scratch: dqkv [N, 3A] in the compute type", 1, act(3 * NA)},
       {"attention backward: dO . O per row [B, heads, T]", 1, B * H * T},
       {"column-sum partials [ceil(N / 64), 4C]", 1, K * 4 * C},
-      // The GEMMs' bf16 output-gradient operand, for the fp32 output gradients: the widest (a chunk's logits', head
-      // rows x V, or dqkv's N x 3A, a projection's N x C; the MLP's are kept in bf16), two bf16 to a float; fp32 GEMMs
-      // take the fp32 buffers themselves (their inputs are kept in bf16 already).
-      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u, std::max({half(R * V), half(3 * NA), half(NC)})},
+      // The GEMMs' bf16 output-gradient operand, for the fp32 output gradients: the wider of a chunk's logits', head
+      // rows x V, and a projection's N x C (the MLP's and attention's inner gradients are kept in bf16), two bf16 to
+      // a float; fp32 GEMMs take the fp32 buffers themselves (their inputs are kept in bf16 already).
+      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u, std::max(half(R * V), half(NC))},
       // fp32 copies of the gathered small parameters, one per name (shared by the blocks in stream order): the norms'
       // 6 C, the projections' biases 2 C, the QKV bias 3 A and the MLP's F (15 C without tensor parallelism).
       {"fp32 copies: ln_1, ln_2, ln_f weights and biases, the four linear biases", 1, 8 * C + 3 * A + F},

@@ -6,14 +6,16 @@
 // accumulated in fp32 (PyTorch's bf16 autocast); in fp32, fp32 throughout. The activations that only products read
 // (each layernorm's output, attention's output, GELU's) are written in bf16 by the kernels that make them and kept
 // so, and so are the QKV product and the MLP's first (written by cuBLAS in bf16, their biases added in bf16, as
-// autocast keeps them; attention and GELU read them so), and the MLP's two inner gradients (GELU's output gradient,
-// written by the second product's backward, and its input gradient, written by GELU's backward: bf16 in autocast,
-// whose products and bias sums read them so). The projections into the residual stream, the residual stream, the
-// logits, the layernorm statistics, the other gradients and the loss stay fp32 (output gradients are rounded to
-// bf16 for the products). The other parameters (layernorm, biases) are widened into fp32 scratch copies; each
-// gradient is summed in fp32 and stored once into the compute-type gradient buffer. The trainer's buffers are made
-// in the first step and reused: a later step that would allocate one is an error (trainer::begin_step), so no step
-// after the first calls cudaMalloc or cudaFree, each a device-wide synchronisation.
+// autocast keeps them; attention and GELU read them so), and the gradients of those bf16 tensors inside a block:
+// the MLP's two inner ones (GELU's output gradient, written by the second product's backward, and its input
+// gradient, written by GELU's backward) and attention's (its output's, written by the projection's backward, and
+// dQ, dK, dV, summed by its backward): bf16 in autocast, and the products and bias sums read them so. The
+// projections into the residual stream, the residual stream and its gradient, the norms' output gradients (bf16 in
+// autocast; fp32 here, where tensor groups sum them), the logits, the layernorm statistics and the loss stay fp32
+// (the fp32 output gradients are rounded to bf16 for the products). The other parameters (layernorm, biases) are
+// widened into fp32 scratch copies; each gradient is summed in fp32 and stored once into the compute-type gradient
+// buffer. The trainer's buffers are made in the first step and reused: a later step that would allocate one is an error
+// (trainer::begin_step), so no step after the first calls cudaMalloc or cudaFree, each a device-wide synchronisation.
 //
 // Tensor parallelism (model_options::tensor_parallel, gpt_loop.hpp): each rank's products, attention and element-wise
 // kernels run on its slices (its heads, its MLP slice); the projections' products are summed over the tensor group
@@ -256,9 +258,13 @@ class trainer {
                        k.ln2_rstd.data());
     dx.resize(NC);
     copy(dx, dres1_);
-    float* datty = sized(tnc_b_, NA);
+    // Attention's gradients in the compute type, as autocast keeps them: the projection's backward writes datty so,
+    // attention's backward reads it and sums dQ, dK, dV into a zeroed dqkv so (each rounded once), and the QKV
+    // product's backward and its bias sum read dqkv as it is.
+    tnc_b_.resize(act(NA));
+    DW* datty = as_dw(tnc_b_);
     linear_backward(datty, g_aprojw, g_aprojb, dres1_.data(), as_dw(k.atty), w("attn.proj.w"), N, A, C);
-    float* dqkv = zeroed(t3nc_, 3 * NA);
+    DW* dqkv = reinterpret_cast<DW*>(zeroed(t3nc_, act(3 * NA)));
     rowdots_.resize(rows());
     for (const char* name : {launch_names::row_dots, launch_names::backward_key, launch_names::backward_query})
       ++launch_tally()[name];  // attention::launch::backward's three kernels

@@ -127,13 +127,14 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     widen(C);                                     // ln_2.w
     layernorm_backward();
     add(n::memcpy, 1, 0, 2 * NC * f);
-    linear_backward(N, A, C, true);
-    memset(3 * NA);
-    add(n::row_dots, 1, 0, NA * w + (NA + B * H * T) * f);
-    add(n::backward_key, 1, 4 * tile_product, 3 * NA * w + (NA + 2 * B * H * T + 2 * NA) * f);
-    add(n::backward_query, 1, 3 * tile_product, 3 * NA * w + (NA + 2 * B * H * T + 2 * NA) * f);
-    linear_backward(N, C, 3 * A, true);
-    widen(C);  // ln_1.w
+    linear_backward(N, A, C, true, false, f, w);  // the residual gradient in; datty out in the compute type
+    memset(3 * NA * w / f);                       // dqkv, in the compute type
+    add(n::row_dots, 1, 0, 2 * NA * w + B * H * T * f);
+    // Q, K, V and dO read and two of dQ, dK, dV written, all in the compute type; lse and dd fp32
+    add(n::backward_key, 1, 4 * tile_product, (3 * NA + NA + 2 * NA) * w + 2 * B * H * T * f);
+    add(n::backward_query, 1, 3 * tile_product, (3 * NA + NA + 2 * NA) * w + 2 * B * H * T * f);
+    linear_backward(N, C, 3 * A, true, false, w);  // dqkv read as it is
+    widen(C);                                      // ln_1.w
     layernorm_backward();
     for (double g : {C, C, 3 * A * C, 3 * A, C * A, C, C, C, F * C, F, C * F, C}) store(g);
   };

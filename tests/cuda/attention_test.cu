@@ -227,7 +227,7 @@ TEST_CASE("attention in bf16 on tensor cores equals the plain attention on bf16 
 
 TEST_CASE(
     "attention on qkv and an output kept in bf16 (as the trainer keeps them) gives its fp32 output rounded, and "
-    "the backward reads them so") {
+    "the backward reads them so; with its gradients in bf16 too, its fp32 gradients rounded once") {
   FSDP_REQUIRE_GPU();
   using bf16 = fsdp::bfloat16;
   const problem p{2, 70, 16, 2, packed(70, {{3, 30, 37}, {70}})};
@@ -270,5 +270,31 @@ TEST_CASE(
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(dd_a.read("dd (bf16 out)") == dd_b.read("dd (fp32 out)"));
   CHECK(dqkv_a.read("dqkv (bf16 out)") == dqkv_b.read("dqkv (fp32 out)"));
+  // The backward with its gradients in bf16 too, as the trainer keeps them (dO, and dQ, dK, dV summed into a zeroed
+  // dqkv): the fp32 backward's from the same dO values into zeros, each rounded once, bit for bit.
+  std::vector<bf16> dout_bf16(nout);
+  std::vector<float> dout_rounded(nout), dout_halves((nout + 1) / 2);
+  for (std::size_t i = 0; i < nout; ++i)
+    dout_bf16[i] = bf16(dout[i]), dout_rounded[i] = static_cast<float>(dout_bf16[i]);
+  std::memcpy(dout_halves.data(), dout_bf16.data(), nout * sizeof(bf16));
+  guarded d_dout16(dout_halves.size(), dout_halves), d_dout_r(nout, dout_rounded), dd_c(nrow), dd_d(nrow),
+      dqkv16((nqkv + 1) / 2, std::vector<float>((nqkv + 1) / 2, 0.0f)), dqkv_z(nqkv, std::vector<float>(nqkv, 0.0f));
+  run::backward(reinterpret_cast<bf16*>(dqkv16.data()), dd_c.data(), reinterpret_cast<const bf16*>(d_dout16.data()),
+                reinterpret_cast<const bf16*>(out16.data()), qkv16, lse16.data(), d, nullptr);
+  run::backward(dqkv_z.data(), dd_d.data(), d_dout_r.data(), reinterpret_cast<const bf16*>(out16.data()), qkv16,
+                lse16.data(), d, nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(dd_c.read("dd (bf16 gradients)") == dd_d.read("dd (fp32 gradients)"));
+  const std::vector<float> g16 = dqkv16.read("dqkv (bf16)"), g32 = dqkv_z.read("dqkv (fp32, from zeros)");
+  std::vector<bf16> g_halves(nqkv);
+  std::memcpy(g_halves.data(), g16.data(), nqkv * sizeof(bf16));
+  std::size_t unequal = 0, nonzero = 0;
+  for (std::size_t i = 0; i < nqkv; ++i) {
+    unequal += static_cast<float>(g_halves[i]) != round_bf16(g32[i]);
+    nonzero += g32[i] != 0.0f;
+  }
+  CHECK(unequal == 0);
+  CHECK(nonzero > nqkv / 2);  // the gradients are there to compare
   (void)d_qkv16.read("qkv (bf16)");
+  (void)d_dout16.read("dout (bf16)");
 }

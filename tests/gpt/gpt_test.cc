@@ -386,26 +386,31 @@ TEST_CASE("the CUDA step's attention: 9 products over the causal half, forward 2
 }
 
 TEST_CASE(
-    "the CUDA step in bf16: three fp32 output gradients cast a block (the MLP's kept in bf16), one a head chunk") {
+    "the CUDA step in bf16: a block casts two fp32 output gradients (the residual's, into the projections), a head "
+    "chunk one; the MLP's and attention's inner gradients are kept in bf16") {
   const gpt::shape s{.vocab = 37, .context = 8, .width = 16, .heads = 2, .layers = 3};
   for (const int rows : {1, 7, 40}) {
     CAPTURE(rows);
     const auto w = gpt_cuda::step_work(s, 5, {.head_rows = rows});
     const int chunks = (40 + rows - 1) / rows;
-    CHECK(row(w, gpt_cuda::launch_names::narrow).launches == std::size_t(3 * 3 + chunks));
+    CHECK(row(w, gpt_cuda::launch_names::narrow).launches == std::size_t(3 * 2 + chunks));
     // GELU's backward: its input, its output gradient and its input gradient in bf16, 2 bytes each
     CHECK(row(w, gpt_cuda::launch_names::gelu_backward).bytes == 3 * (3.0 * 40 * 64 * 2));
   }
-  // the scratch of those two gradients: [N, 4C] twice, two bf16 to a float (fp32: a float each)
+  // those gradients' scratch, two bf16 to a float (fp32: a float each): [N, 4C] twice, [N, C], [N, 3C]
+  const std::vector<std::pair<std::string, std::size_t>> kept = {
+      {"backward scratch: dfc_gelu, dfc [N, F] in the compute type", 40 * 64},
+      {"backward scratch: datty [N, A] in the compute type", 40 * 16},
+      {"backward scratch: dqkv [N, 3A] in the compute type", 40 * 48}};
   for (const bool bf16 : {true, false}) {
-    CAPTURE(bf16);
     const auto plan = gpt_cuda::buffer_plan(s, 5, {.bf16 = bf16});
-    const auto it = std::find_if(plan.begin(), plan.end(), [](const auto& b) {
-      return b.name == "backward scratch: dfc_gelu, dfc [N, F] in the compute type";
-    });
-    REQUIRE(it != plan.end());
-    CHECK(it->count == 2);
-    CHECK(it->floats == (bf16 ? 40 * 64 / 2 : 40 * 64));
+    for (const auto& kept_row : kept) {
+      CAPTURE(bf16);
+      CAPTURE(kept_row.first);
+      const auto it = std::find_if(plan.begin(), plan.end(), [&](const auto& b) { return b.name == kept_row.first; });
+      REQUIRE(it != plan.end());
+      CHECK(it->floats == (bf16 ? kept_row.second / 2 : kept_row.second));
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // The GPT example's kernels for tools/sass-check: the attention (examples/05_gpt_cuda/attention.cuh) at GPT-2's head
-// width (64) in bf16, its qkv and output in bf16 as the trainer keeps them, on tensor cores and their twin (the twin is the
-// check's control: it must have no HMMA); and the element-wise, row and column kernels of gpt_kernels.cuh that take
-// four floats a thread (128-bit accesses).
+// width (64) in bf16, its qkv, output and their gradients in bf16 as the trainer keeps them, on tensor cores and
+// their twin (the twin is the check's control: it must have no HMMA); and the element-wise, row and column kernels of
+// gpt_kernels.cuh that take four floats a thread (128-bit accesses).
 #include "examples/05_gpt_cuda/attention.cuh"
 #include "examples/05_gpt_cuda/gpt_kernels.cuh"
 
@@ -10,10 +10,11 @@ namespace k = gpt_cuda::kernels;
 using bf16 = fsdp::bfloat16;
 
 template __global__ void a::forward<bf16, 64, a::product::tensor, bf16>(bf16*, float*, const bf16*, a::dims);
-template __global__ void a::backward_query<bf16, 64, a::product::tensor, bf16>(float*, const float*, const bf16*,
-                                                                               const float*, const float*, a::dims);
-template __global__ void a::backward_key<bf16, 64, a::product::tensor, bf16>(float*, const float*, const bf16*,
-                                                                             const float*, const float*, a::dims);
+template __global__ void a::backward_query<bf16, 64, a::product::tensor, bf16, bf16>(bf16*, const bf16*, const bf16*,
+                                                                                     const float*, const float*,
+                                                                                     a::dims);
+template __global__ void a::backward_key<bf16, 64, a::product::tensor, bf16, bf16>(bf16*, const bf16*, const bf16*,
+                                                                                   const float*, const float*, a::dims);
 template __global__ void a::forward<bf16, 64, a::product::twin, bf16>(bf16*, float*, const bf16*, a::dims);
 template __global__ void k::bias_gelu<float>(float*, float*, const float*, int, int);
 template __global__ void k::bias_gelu<bf16>(bf16*, bf16*, const float*, int, int);
