@@ -159,14 +159,18 @@ struct block_cache_of {
   }
 };
 
-/// A trainer's tensor group: its degree, this rank's place in it, and the in-place sum of n fp32 values (host or
-/// device memory, as the model's backend keeps them) over the group, issued on the model's compute stream; at
+/// A trainer's tensor group: its degree, this rank's place in it, and the in-place sum of n fp32 or bf16 values (host
+/// or device memory, as the model's backend keeps them) over the group, issued on the model's compute stream; at
 /// degree 1 there is no sum to make.
 struct tp_group {
   int degree = 1, rank = 0;
-  std::function<void(float*, std::size_t)> sum;
+  std::function<void(void*, std::size_t, fsdp::dtype)> sum;
   void all_reduce(float* v, std::size_t n) const {
-    if (degree > 1) sum(v, n);
+    if (degree > 1) sum(v, n, fsdp::dtype::f32);
+  }
+  /// A gradient kept in bf16 (the CUDA trainer's norms' output gradients), summed in bf16 as autocast's would be.
+  void all_reduce(fsdp::bfloat16* v, std::size_t n) const {
+    if (degree > 1) sum(v, n, fsdp::dtype::bf16);
   }
 };
 /// The model's tensor group (model.tensor_comm()), for a trainer.
@@ -175,8 +179,8 @@ tp_group tp_group_of(ModelT& model) {
   const fsdp::device_mesh& mesh = model.mesh();
   tp_group g{mesh.tensor, mesh.tensor_rank(model.comm().rank()), {}};
   if (auto* tc = model.tensor_comm())
-    g.sum = [tc, cs = &model.backend().compute_stream()](float* v, std::size_t n) {
-      tc->all_reduce(v, v, static_cast<std::int64_t>(n), fsdp::dtype::f32, fsdp::reduce_op::sum, *cs);
+    g.sum = [tc, cs = &model.backend().compute_stream()](void* v, std::size_t n, fsdp::dtype t) {
+      tc->all_reduce(v, v, static_cast<std::int64_t>(n), t, fsdp::reduce_op::sum, *cs);
     };
   return g;
 }

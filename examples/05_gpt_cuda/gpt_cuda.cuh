@@ -9,10 +9,11 @@
 // autocast keeps them; attention and GELU read them so), and the gradients of those bf16 tensors inside a block:
 // the MLP's two inner ones (GELU's output gradient, written by the second product's backward, and its input
 // gradient, written by GELU's backward) and attention's (its output's, written by the projection's backward, and
-// dQ, dK, dV, summed by its backward): bf16 in autocast, and the products and bias sums read them so. The
-// projections into the residual stream, the residual stream and its gradient, the norms' output gradients (bf16 in
-// autocast; fp32 here, where tensor groups sum them), the logits, the layernorm statistics and the loss stay fp32
-// (the fp32 output gradients are rounded to bf16 for the products). The other parameters (layernorm, biases) are
+// dQ, dK, dV, summed by its backward): bf16 in autocast, and the products and bias sums read them so; and the
+// norms' output gradients too (written by the products after them, summed over a tensor group in bf16, read by the
+// norms' backward). The projections into the residual stream, the residual stream and its gradient, the logits and
+// their gradient, the layernorm statistics and the loss stay fp32 (the fp32 output gradients, the residual's and
+// the logits', are rounded to bf16 for the products). The other parameters (layernorm, biases) are
 // widened into fp32 scratch copies; each gradient is summed in fp32 and stored once into the compute-type gradient
 // buffer. The trainer's buffers are made in the first step and reused: a later step that would allocate one is an error
 // (trainer::begin_step), so no step after the first calls cudaMalloc or cudaFree, each a device-wide synchronisation.
@@ -251,7 +252,7 @@ class trainer {
     DW *dfc_gelu = as_dw(t4a_), *dfc = as_dw(t4b_);
     linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, F, C);
     go(launch_names::gelu_backward, blocks(NF), K::gelu_backward<DW>, dfc, as_dw(k.fc), dfc_gelu, NF);
-    float* dln2 = sized(tnc_a_, NC);
+    DW* dln2 = norm_gradient();
     linear_backward(dln2, g_fcw, g_fcb, dfc, as_dw(k.ln2), w("mlp.fc.w"), N, C, F);
     tp_.all_reduce(dln2, NC);  // column-parallel: the input gradient's partial sums
     layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
@@ -271,7 +272,7 @@ class trainer {
     attend([&](auto run) {
       run.backward(dqkv, rowdots_.data(), datty, as_dw(k.atty), as_dw(k.qkv), k.att.data(), att_dims(), s());
     });
-    float* dln1 = sized(tnc_a_, NC);
+    DW* dln1 = norm_gradient();
     linear_backward(dln1, g_qkvw, g_qkvb, dqkv, as_dw(k.ln1), w("attn.qkv.w"), N, C, 3 * A);
     tp_.all_reduce(dln1, NC);
     layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
@@ -294,7 +295,7 @@ class trainer {
     go(launch_names::layernorm_forward, blocks(32LL * N), K::layernorm_forward<DW>, as_dw(lnf_), lnf_mean_.data(),
        lnf_rstd_.data(), x.data(), lnfw, lnfb, N, C);
     float* g_wte = sized(g_wte_, static_cast<std::size_t>(V) * C);  // written by the first chunk's product
-    float* dlnf = sized(tnc_a_, nc());                              // each chunk's rows written by its product
+    DW* dlnf = norm_gradient();                                     // each chunk's rows written by its product
     // The classifier, the cross-entropy and the head's backward products R_ rows at a time (buffer_plan.hpp's
     // head_rows): one chunk's logits at once, turned into their gradient in place.
     const int* targets = ints(targets_d_);
@@ -507,15 +508,21 @@ class trainer {
        colpart_.data(), dy, N, O);
     go(launch_names::column_total, blocks(O), kernels::column_total<>, db, colpart_.data(), K, O);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+  /// A norm's output gradient [N, C] in the compute type (tnc_a_, shared by the norms in stream order): written by
+  /// the product after it (in the head, chunk by chunk), summed over the tensor group, read by the norm's backward.
+  DW* norm_gradient() {
+    tnc_a_.resize(act(nc()));
+    return as_dw(tnc_a_);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const DW* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd) {
     const int C = s_.width, K = kernels::column_chunks(N_);
-    go(launch_names::layernorm_backward_input, blocks(32LL * N_), kernels::layernorm_backward_input<>, dinp, dout, inp,
-       w, mean, rstd, N_, C);
+    go(launch_names::layernorm_backward_input, blocks(32LL * N_), kernels::layernorm_backward_input<DW>, dinp, dout,
+       inp, w, mean, rstd, N_, C);
     colpart_.resize(static_cast<std::size_t>(K) * 4 * C);  // two partials of C: within column_sum's size
     float *pw = colpart_.data(), *pb = pw + static_cast<std::size_t>(K) * C;
     go(launch_names::layernorm_param_partials, blocks(static_cast<long long>(K) * C / 4),
-       kernels::layernorm_param_partials<>, pw, pb, dout, inp, mean, rstd, N_, C);
+       kernels::layernorm_param_partials<DW>, pw, pb, dout, inp, mean, rstd, N_, C);
     go(launch_names::column_total, blocks(C), kernels::column_total<>, dw, pw, K, C);
     go(launch_names::column_total, blocks(C), kernels::column_total<>, db, pb, K, C);
   }

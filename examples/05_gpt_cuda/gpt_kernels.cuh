@@ -235,19 +235,19 @@ __global__ void bias_residual(float* y, const float* bias, const float* res, int
   }
 }
 /// dinp += the gradient of layernorm's input, one warp per row, four columns a lane in 128-bit accesses (as
-/// layernorm_row).
-template <int = 0>
-__global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* w,
+/// layernorm_row); dout in D: fp32, or the compute type (the trainer's, four bf16 in one 64-bit load).
+template <class D = float>
+__global__ void layernorm_backward_input(float* dinp, const D* dout, const float* inp, const float* w,
                                          const float* mean, const float* rstd, int N, int C) {
   const int lane = GPT_LANE, C4 = C / 4;
   const auto* w4 = reinterpret_cast<const float4*>(w);
   GPT_FOR_WARP(n, N) {
-    const auto *x4 = reinterpret_cast<const float4*>(inp + (long long)n * C),
-               *d4 = reinterpret_cast<const float4*>(dout + (long long)n * C);
+    const auto* x4 = reinterpret_cast<const float4*>(inp + (long long)n * C);
+    const D* drow = dout + (long long)n * C;
     const float m = mean[n], r = rstd[n];
     float dmean = 0, dnorm_mean = 0;
     for (int j = lane; j < C4; j += 32) {
-      const float4 x = x4[j], d = d4[j], wj = w4[j];
+      const float4 x = x4[j], d = load4(drow, j), wj = w4[j];
       const float4 dn = {__fmul_rn(wj.x, d.x), __fmul_rn(wj.y, d.y), __fmul_rn(wj.z, d.z), __fmul_rn(wj.w, d.w)};
       dmean = add4(dmean, dn);
       dnorm_mean =
@@ -265,24 +265,25 @@ __global__ void layernorm_backward_input(float* dinp, const float* dout, const f
 // Not unrolled: unrolled, the loads of two iterations in flight take 48 registers, under 75% occupancy (sass-check).
 #pragma unroll 1
     for (int j = lane; j < C4; j += 32) {
-      const float4 x = x4[j], d = d4[j], wj = w4[j], o = o4[j];
+      const float4 x = x4[j], d = load4(drow, j), wj = w4[j], o = o4[j];
       o4[j] = {g(x.x, d.x, wj.x, o.x), g(x.y, d.y, wj.y, o.y), g(x.z, d.z, wj.z, o.z), g(x.w, d.w, wj.w, o.w)};
     }
   }
 }
 /// The partials of dw and db (column_partials' layout, two arrays): the k-th 64 rows' sums of norm * dout and of
-/// dout, four columns a thread in 128-bit accesses (C % 4 == 0); column_total adds them into dw and db.
-template <int = 0>
-__global__ void layernorm_param_partials(float* pw, float* pb, const float* dout, const float* inp,
-                                         const float* mean, const float* rstd, int N, int C) {
+/// dout, four columns a thread in 128-bit accesses (C % 4 == 0; dout in D, as layernorm_backward_input's); column_total
+/// adds them into dw and db.
+template <class D = float>
+__global__ void layernorm_param_partials(float* pw, float* pb, const D* dout, const float* inp, const float* mean,
+                                         const float* rstd, int N, int C) {
   const int C4 = C / 4;
   GPT_FOR(e, (long long)column_chunks(N) * C4) {
     const int n0 = int(e / C4) * column_chunk, end = min(N, n0 + column_chunk);
-    const auto* d4 = reinterpret_cast<const float4*>(dout) + (long long)n0 * C4 + e % C4;  // row n0, the thread's 4
+    const D* d4 = dout + (long long)n0 * C + 4 * (e % C4);  // row n0, the thread's 4
     const auto* x4 = reinterpret_cast<const float4*>(inp) + (long long)n0 * C4 + e % C4;
     float4 gw = {0, 0, 0, 0}, gb = {0, 0, 0, 0};
-    for (int n = n0; n < end; ++n, d4 += C4, x4 += C4) {
-      const float4 d = *d4, x = *x4;
+    for (int n = n0; n < end; ++n, d4 += C, x4 += C4) {
+      const float4 d = load4(d4, 0), x = *x4;
       const float m = mean[n], r = rstd[n];
       gb = {__fadd_rn(gb.x, d.x), __fadd_rn(gb.y, d.y), __fadd_rn(gb.z, d.z), __fadd_rn(gb.w, d.w)};
       gw = {__fadd_rn(gw.x, __fmul_rn(__fmul_rn(__fsub_rn(x.x, m), r), d.x)),

@@ -96,9 +96,10 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     if (bias) column_sum(R, O, dy);
   };
   auto layernorm_forward = [&] { add(n::layernorm_forward, 1, 0, NC * w + (NC + 2 * N + 2 * C) * f); };
+  // the output gradient in the compute type (the product before it wrote it so), the input and dinp fp32
   auto layernorm_backward = [&] {
-    add(n::layernorm_backward_input, 1, 0, (4 * NC + 2 * N + C) * f);
-    add(n::layernorm_param_partials, 1, 0, (2 * NC + 2 * N + 2 * K * C) * f);
+    add(n::layernorm_backward_input, 1, 0, NC * w + (3 * NC + 2 * N + C) * f);
+    add(n::layernorm_param_partials, 1, 0, NC * w + (NC + 2 * N + 2 * K * C) * f);
     add(n::column_total, 2, 0, 2 * (K * C + 2 * C) * f);
   };
   const double pairs = B * H * T * (T + 1) / 2, tile_product = 2 * pairs * D;  // one product over the causal half
@@ -123,7 +124,7 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     add(n::memcpy, 1, 0, 2 * NC * f);
     linear_backward(N, F, C, true, false, f, w);  // the residual gradient in; dfc_gelu out in the compute type
     add(n::gelu_backward, 1, 0, 3 * NF * w);      // x, dfc_gelu and dfc, all in the compute type
-    linear_backward(N, C, F, true, false, w);     // dfc read as it is
+    linear_backward(N, C, F, true, false, w, w);  // dfc read as it is; dln2 out in the compute type
     widen(C);                                     // ln_2.w
     layernorm_backward();
     add(n::memcpy, 1, 0, 2 * NC * f);
@@ -133,8 +134,8 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     // Q, K, V and dO read and two of dQ, dK, dV written, all in the compute type; lse and dd fp32
     add(n::backward_key, 1, 4 * tile_product, (3 * NA + NA + 2 * NA) * w + 2 * B * H * T * f);
     add(n::backward_query, 1, 3 * tile_product, (3 * NA + NA + 2 * NA) * w + 2 * B * H * T * f);
-    linear_backward(N, C, 3 * A, true, false, w);  // dqkv read as it is
-    widen(C);                                      // ln_1.w
+    linear_backward(N, C, 3 * A, true, false, w, w);  // dqkv read as it is; dln1 out in the compute type
+    widen(C);                                         // ln_1.w
     layernorm_backward();
     for (double g : {C, C, 3 * A * C, 3 * A, C * A, C, C, C, F * C, F, C * F, C}) store(g);
   };
@@ -149,7 +150,7 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     const double r = std::min(R, N - r0);
     linear_forward(r, C, V, false);
     add(n::cross_entropy, 1, 0, (2 * r * V + 3 * r) * f);
-    linear_backward(r, C, V, false, r0 > 0);
+    linear_backward(r, C, V, false, r0 > 0, f, w);  // dln_f's rows out in the compute type
   }
   add(n::mean_loss, 1, 0, (N + 1) * f);
   memset(NC), memset(C), memset(C);

@@ -34,7 +34,8 @@ a row, the row's 16-byte-aligned middle) and by columns (column_partials, layern
 STG.E.128, no spills, 75% occupancy; bias_gelu, layernorm_forward and bias_residual_layernorm also with a bf16
 output (what the matrix products read): LDG.E.128 and STG.E.64 (four bf16 a store); gelu_backward in bf16 (its
 input, output gradient and input gradient): LDG.E.64 and STG.E.64; column_partials on a bf16 gradient (the MLP's):
-LDG.E.64 and STG.E.128; add_bias on a bf16 product (QKV): LDG.E.64 and STG.E.64.
+LDG.E.64 and STG.E.128; layernorm_backward_input and layernorm_param_partials on a bf16 output gradient (the
+trainer's): LDG.E.64 as well; add_bias on a bf16 product (QKV): LDG.E.64 and STG.E.64.
 
 Negative controls: the scalar for_each_kernel<F> of the same optimizers must break the for_each_arrays rule, and
 the scalar for_each_kernel of the block quantization and the dequantizations must break theirs (if one passes,
@@ -158,8 +159,7 @@ def main():
         wanted[f"attention {kernel} (tensor cores)"] = (attention.format(kernel, 0), {"HMMA"})
         heavy.add(f"attention {kernel} (tensor cores)")
     controls["attention forward (twin, control)"] = (attention.format("forward", 1), {"HMMA"})
-    for kernel in ("bias_residual", "layernorm_backward_input",
-                   "layernorm_param_partials", "cross_entropy"):
+    for kernel in ("bias_residual", "cross_entropy"):
         wanted[f"gpt {kernel}"] = (rf"gpt_cuda::kernels::{kernel}<0>", {"LDG.E.128", "STG.E.128"})
     # the kernels whose output a matrix product reads: fp32, or four bf16 in one 64-bit store
     wanted["gpt add_bias<f32>"] = (r"gpt_cuda::kernels::add_bias<float>", {"LDG.E.128", "STG.E.128"})
@@ -173,6 +173,10 @@ def main():
     wanted["gpt gelu_backward<bf16>"] = (rf"gpt_cuda::kernels::gelu_backward<fsdp::basic_float<{dt('bf16')}>", {"LDG.E.64", "STG.E.64"})
     wanted["gpt column_partials<f32>"] = (r"gpt_cuda::kernels::column_partials<float>", {"LDG.E.128", "STG.E.128"})
     wanted["gpt column_partials<bf16>"] = (rf"gpt_cuda::kernels::column_partials<fsdp::basic_float<{dt('bf16')}>", {"LDG.E.64", "STG.E.128"})
+    # the norms' backward, on an fp32 output gradient or the trainer's bf16 one (four bf16 in one 64-bit load)
+    for kernel in ("layernorm_backward_input", "layernorm_param_partials"):
+        wanted[f"gpt {kernel}<f32>"] = (rf"gpt_cuda::kernels::{kernel}<float>", {"LDG.E.128", "STG.E.128"})
+        wanted[f"gpt {kernel}<bf16>"] = (rf"gpt_cuda::kernels::{kernel}<fsdp::basic_float<{dt('bf16')}>", {"LDG.E.64", "LDG.E.128", "STG.E.128"})
     heavy.add("attention forward (twin, control)")
 
     fns, usage = functions(sass), resources(res)

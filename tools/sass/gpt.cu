@@ -33,8 +33,12 @@ template __global__ void k::bias_residual_layernorm<float>(float*, float*, float
                                                            const float*, const float*, int, int);
 template __global__ void k::bias_residual_layernorm<bf16>(float*, bf16*, float*, float*, const float*, const float*,
                                                           const float*, const float*, int, int);
-template __global__ void k::layernorm_backward_input<0>(float*, const float*, const float*, const float*,
-                                                        const float*, const float*, int, int);
-template __global__ void k::layernorm_param_partials<0>(float*, float*, const float*, const float*, const float*,
-                                                        const float*, int, int);
+template __global__ void k::layernorm_backward_input<float>(float*, const float*, const float*, const float*,
+                                                            const float*, const float*, int, int);
+template __global__ void k::layernorm_backward_input<bf16>(float*, const bf16*, const float*, const float*,
+                                                           const float*, const float*, int, int);
+template __global__ void k::layernorm_param_partials<float>(float*, float*, const float*, const float*, const float*,
+                                                            const float*, int, int);
+template __global__ void k::layernorm_param_partials<bf16>(float*, float*, const bf16*, const float*, const float*,
+                                                           const float*, int, int);
 template __global__ void k::cross_entropy<0>(float*, float*, const float*, const int*, const int*, int, int, float);
