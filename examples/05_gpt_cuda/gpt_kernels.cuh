@@ -139,7 +139,8 @@ __global__ void add_bias(Y* y, const float* b, int N, int O) {
 constexpr int column_chunk = 64;
 __host__ __device__ inline int column_chunks(int N) { return (N + column_chunk - 1) / column_chunk; }
 /// part[k, o] = the sum of dy[n, o] over the k-th 64 rows, in row order, in fp32 (a thread per k and four columns:
-/// coalesced over o; O % 4 == 0), dy in D: fp32 in 128-bit loads, or the compute type (the MLP's gradient) in 64-bit.
+/// coalesced over o; O % 4 == 0), dy in D: fp32 in 128-bit loads, or the compute type (the gradients the trainer keeps
+/// so) in 64-bit.
 template <class D = float>
 __global__ void column_partials(float* part, const D* dy, int N, int O) {
   const int O4 = O / 4;

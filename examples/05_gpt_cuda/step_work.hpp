@@ -2,11 +2,12 @@
 // The CUDA GPT trainer's step as work: every launch the trainer (gpt_cuda.cuh) makes in one training step, by kernel,
 // with the floating-point operations of its matrix products and the fewest bytes it must move through device memory
 // (each input read once, each output written once, as the kernel is written: compute-type weights and the activations
-// buffer_plan.hpp keeps in the compute type, the rest fp32). Over two measured ceilings, a matrix product's rate and a
-// device-to-device copy's, each kernel's larger time is its floor, the time no version of that kernel beats; their sum
-// is the step's floor on one stream. 05_gpt_cuda prints the table after a run beside the measured step, and checks that
-// the trainer's launches in its last step equal these rows', kernel by kernel (on the simulated GPU in CI): the launch
-// counts are the trainer's, checked; the FLOPs and bytes a launch is given are this file's arithmetic, unchecked.
+// and gradients buffer_plan.hpp keeps in the compute type, the rest fp32). Over two measured ceilings, a matrix
+// product's rate and a device-to-device copy's, each kernel's larger time is its floor, the time no version of that
+// kernel beats; their sum is the step's floor on one stream. 05_gpt_cuda prints the table after a run beside the
+// measured step, and checks that the trainer's launches in its last step equal these rows', kernel by kernel (on the
+// simulated GPU in CI): the launch counts are the trainer's, checked; the FLOPs and bytes a launch is given are this
+// file's arithmetic, unchecked.
 // `--floor` prints the table without a GPU. Plain C++.
 //
 // What the rows leave out, so that the floor stays a floor: FLOPs other than the matrix products' (element-wise and
@@ -87,7 +88,7 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     add(n::column_total, 1, 0, (K * O + 2 * O) * f);
   };
   // dinp[R, I] = dy W; dW[O, I] = dy^T x (+= with add_dw); db += the columns of dy. dy in fp32 (dy = f: rounded
-  // first in bf16) or kept in the compute type (dy = w: the MLP's); dinp written in fp32 or in the compute type (dx).
+  // first in bf16) or kept in the compute type (dy = w); dinp written in fp32 or in the compute type (dx = w).
   auto linear_backward = [&](double R, double I, double O, bool bias, bool add_dw = false, double dy = 4,
                              double dx = 4) {
     if (dy == f) narrow(R * O);
