@@ -11,9 +11,11 @@
 // gradient, written by GELU's backward) and attention's (its output's, written by the projection's backward, and
 // dQ, dK, dV, summed by its backward): bf16 in autocast, and the products and bias sums read them so; and the
 // norms' output gradients too (written by the products after them, summed over a tensor group in bf16, read by the
-// norms' backward). The projections into the residual stream, the residual stream and its gradient, the logits and
-// their gradient, the layernorm statistics and the loss stay fp32 (the fp32 output gradients, the residual's and
-// the logits', are rounded to bf16 for the products). The other parameters (layernorm, biases) are
+// norms' backward), and the two projections' products into the residual stream (written in bf16 as autocast writes
+// a linear layer's output, widened by the residual kernels, which add the bias and the residual in fp32; summed over
+// a tensor group in bf16). The residual stream and its gradient, the logits and their gradient, the layernorm
+// statistics and the loss stay fp32 (the fp32 output gradients, the residual's and the logits', are rounded to bf16
+// for the products). The other parameters (layernorm, biases) are
 // widened into fp32 scratch copies; each gradient is summed in fp32 and stored once into the compute-type gradient
 // buffer. The trainer's buffers are made in the first step and reused: a later step that would allocate one is an error
 // (trainer::begin_step), so no step after the first calls cudaMalloc or cudaFree, each a device-wide synchronisation.
@@ -216,15 +218,21 @@ class trainer {
     attend([&](auto run) { run.forward(as_dw(k.atty), k.att.data(), as_dw(k.qkv), att_dims(), s()); });
     // Each linear layer's bias is added by the kernel after its product: with the residual add and the next
     // layernorm, with GELU, with the residual add.
-    linear_forward(k.res1.data(), as_dw(k.atty), w("attn.proj.w"), nullptr, N, A, C);
-    tp_.all_reduce(k.res1.data(), NC);  // row-parallel: the partial products summed, the bias added to the sum
-    go(launch_names::bias_residual_layernorm, blocks(32LL * N), K::bias_residual_layernorm<DW>, k.res1.data(),
-       as_dw(k.ln2), k.ln2_mean.data(), k.ln2_rstd.data(), p("attn.proj.b"), x.data(), p("ln_2.w"), p("ln_2.b"), N, C);
+    // The projections write their products in the compute type, as autocast writes a linear layer's output; the
+    // kernels after them widen each, add its bias and the fp32 residual in fp32, and write the fp32 residual stream
+    // (autocast rounds the product with its bias added; here the bias is added after the rounding, in fp32).
+    DW* proj = projection();
+    linear_forward(proj, as_dw(k.atty), w("attn.proj.w"), nullptr, N, A, C);
+    tp_.all_reduce(proj, NC);  // row-parallel: the partial products summed, the bias added to the sum
+    go(launch_names::bias_residual_layernorm, blocks(32LL * N), K::bias_residual_layernorm<DW, DW>, k.res1.data(),
+       as_dw(k.ln2), k.ln2_mean.data(), k.ln2_rstd.data(), proj, p("attn.proj.b"), x.data(), p("ln_2.w"), p("ln_2.b"),
+       N, C);
     linear_forward(as_dw(k.fc), as_dw(k.ln2), w("mlp.fc.w"), nullptr, N, C, F);
     go(launch_names::bias_gelu, blocks(NF), K::bias_gelu<DW>, as_dw(k.fc_gelu), as_dw(k.fc), p("mlp.fc.b"), N, F);
-    linear_forward(out.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), nullptr, N, F, C);
-    tp_.all_reduce(out.data(), NC);
-    go(launch_names::bias_residual, blocks(NC), K::bias_residual<>, out.data(), p("mlp.proj.b"), k.res1.data(), N, C);
+    linear_forward(proj, as_dw(k.fc_gelu), w("mlp.proj.w"), nullptr, N, F, C);
+    tp_.all_reduce(proj, NC);
+    go(launch_names::bias_residual, blocks(NC), K::bias_residual<DW>, out.data(), proj, p("mlp.proj.b"), k.res1.data(),
+       N, C);
     check();
   }
 
@@ -514,6 +522,10 @@ class trainer {
     tnc_a_.resize(act(nc()));
     return as_dw(tnc_a_);
   }
+  /// A projection's product [N, C] in the compute type, read by the residual kernel after it: tnc_a_ as well, as
+  /// no norm's output gradient lives during a block's forward (a recomputed forward runs between two blocks'
+  /// backwards, the head's before them).
+  DW* projection() { return norm_gradient(); }
   void layernorm_backward(float* dinp, float* dw, float* db, const DW* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd) {
     const int C = s_.width, K = kernels::column_chunks(N_);
@@ -544,7 +556,8 @@ class trainer {
   std::vector<int> groups_;  // row_groups of the tokens, then of the positions (kept: the copy may be in flight)
   int group_count_[2] = {0, 0};
   dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
-  dbuf g_wpe_, dres1_, rowdots_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;  // backward scratch, reused by every block
+  // backward scratch, reused by every block (tnc_a_ also the forward's projections: projection())
+  dbuf g_wpe_, dres1_, rowdots_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;
   dbuf hout_, colpart_;  // the products' bf16 output-gradient operand (unused in fp32), column sums' partials
   std::map<std::string, dbuf> wscratch_, gscratch_;
 };

@@ -172,15 +172,14 @@ __device__ __forceinline__ float add4(float acc, float4 v) {
 /// Layernorm of row n (x: the row), by the warp's lanes, four columns at a time in 128-bit accesses (lane i reads and
 /// writes columns 4i .. 4i + 3, then 4(i + 32) ..., so that a warp's loads are coalesced; C % 4 == 0 and rows start on
 /// 16 bytes: the trainer's widths and buffers).
+/// `sum`: the lane's add4 of its columns in order (row_sum), which the caller may have taken as it wrote them.
 template <class O>
 __device__ __forceinline__ void layernorm_row(O* out, float* mean, float* rstd, const float* x, const float* w,
-                                              const float* b, long long n, int C, int lane) {
+                                              const float* b, long long n, int C, int lane, float sum) {
   const auto *x4 = reinterpret_cast<const float4*>(x), *w4 = reinterpret_cast<const float4*>(w),
              *b4 = reinterpret_cast<const float4*>(b);
   const int C4 = C / 4;
-  float m = 0;
-  for (int j = lane; j < C4; j += 32) m = add4(m, x4[j]);
-  m = __fdiv_rn(warp_sum(m), float(C));
+  const float m = __fdiv_rn(warp_sum(sum), float(C));
   float v = 0;
   for (int j = lane; j < C4; j += 32) {
     const float4 q = x4[j];
@@ -197,39 +196,56 @@ __device__ __forceinline__ void layernorm_row(O* out, float* mean, float* rstd, 
   }
   if (lane == 0) mean[n] = m, rstd[n] = r;
 }
+/// The lane's part of a row's sum: add4 of its columns 4j .. 4j + 3, j = lane, lane + 32, ..., in that order.
+__device__ __forceinline__ float row_sum(const float* x, int C, int lane) {
+  float m = 0;
+  for (int j = lane; j < C / 4; j += 32) m = add4(m, reinterpret_cast<const float4*>(x)[j]);
+  return m;
+}
 /// One warp per row; out in O (fp32, or the compute type when only matrix products read it).
 template <class O = float>
 __global__ void layernorm_forward(O* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                                   int N, int C) {
   const int lane = GPT_LANE;
-  GPT_FOR_WARP(n, N) layernorm_row(out, mean, rstd, inp + (long long)n * C, w, b, n, C, lane);
+  GPT_FOR_WARP(n, N) {
+    const float* x = inp + (long long)n * C;
+    layernorm_row(out, mean, rstd, x, w, b, n, C, lane, row_sum(x, C, lane));
+  }
 }
-/// y = (y + bias) + res, then out = layernorm(y), one warp per row: a linear layer's bias, the residual add and the
-/// next layernorm in one pass (out in O, as layernorm_forward's). Each lane reads back only the columns it wrote.
-template <class O = float>
-__global__ void bias_residual_layernorm(float* y, O* out, float* mean, float* rstd, const float* bias, const float* res,
-                                        const float* w, const float* b, int N, int C) {
+/// y = (proj + bias) + res, then out = layernorm(y), one warp per row: a linear layer's bias, the residual add and
+/// the next layernorm in one pass. proj is the projection's product in P (fp32, or the compute type as autocast
+/// writes a linear layer's output: four bf16 in one 64-bit load), widened and added in fp32; y, the residual stream,
+/// is fp32 (out in O, as layernorm_forward's). Each lane reads back only the columns it wrote.
+template <class O = float, class P = float>
+__global__ void bias_residual_layernorm(float* y, O* out, float* mean, float* rstd, const P* proj, const float* bias,
+                                        const float* res, const float* w, const float* b, int N, int C) {
   const int lane = GPT_LANE;
   GPT_FOR_WARP(n, N) {
     float* row = y + (long long)n * C;
     auto* row4 = reinterpret_cast<float4*>(row);
+    const P* prow = proj + (long long)n * C;
     const auto *bias4 = reinterpret_cast<const float4*>(bias),
                *res4 = reinterpret_cast<const float4*>(res + (long long)n * C);
+    float sum = 0;  // row_sum's, taken as the columns are written (no pass to read them back for it)
+// Not unrolled: unrolled, the loads of two iterations in flight take 44 registers, under 75% occupancy (sass-check).
+#pragma unroll 1
     for (int j = lane; j < C / 4; j += 32) {
-      const float4 v = row4[j], bj = bias4[j], rj = res4[j];
-      row4[j] = {__fadd_rn(__fadd_rn(v.x, bj.x), rj.x), __fadd_rn(__fadd_rn(v.y, bj.y), rj.y),
-                 __fadd_rn(__fadd_rn(v.z, bj.z), rj.z), __fadd_rn(__fadd_rn(v.w, bj.w), rj.w)};
+      const float4 v = load4(prow, j), bj = bias4[j], rj = res4[j];
+      const float4 s = {__fadd_rn(__fadd_rn(v.x, bj.x), rj.x), __fadd_rn(__fadd_rn(v.y, bj.y), rj.y),
+                        __fadd_rn(__fadd_rn(v.z, bj.z), rj.z), __fadd_rn(__fadd_rn(v.w, bj.w), rj.w)};
+      row4[j] = s;
+      sum = add4(sum, s);
     }
-    layernorm_row(out, mean, rstd, row, w, b, n, C, lane);  // the same lane reads back the columns it wrote
+    layernorm_row(out, mean, rstd, row, w, b, n, C, lane, sum);  // the same lane reads back the columns it wrote
   }
 }
-/// y[n, o] = (y[n, o] + bias[o]) + res[n, o]: a linear layer's bias and the residual add in one pass. O % 4 == 0:
-/// four columns a thread (see bias_gelu).
-template <int = 0>
-__global__ void bias_residual(float* y, const float* bias, const float* res, int N, int O) {
+/// y[n, o] = (proj[n, o] + bias[o]) + res[n, o]: a linear layer's bias and the residual add in one pass, proj in P
+/// (as bias_residual_layernorm's), y fp32. O % 4 == 0: four columns a thread (see bias_gelu).
+template <class P = float>
+__global__ void bias_residual(float* y, const P* proj, const float* bias, const float* res, int N, int O) {
   auto* y4 = reinterpret_cast<float4*>(y);
   GPT_FOR(i, (long long)N * O / 4) {
-    const float4 v = y4[i], b = reinterpret_cast<const float4*>(bias)[i % (O / 4)],
+    const float4 v = load4(proj, i), b = reinterpret_cast<const float4*>(bias)[i % (O / 4)],
                  r = reinterpret_cast<const float4*>(res)[i];
     y4[i] = {__fadd_rn(__fadd_rn(v.x, b.x), r.x), __fadd_rn(__fadd_rn(v.y, b.y), r.y),
              __fadd_rn(__fadd_rn(v.z, b.z), r.z), __fadd_rn(__fadd_rn(v.w, b.w), r.w)};

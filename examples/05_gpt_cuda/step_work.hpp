@@ -78,7 +78,7 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     if (o.bf16) add(n::narrow, 1, 0, count * (f + w));
   };
   // out[R, O] = x[R, I] W[O, I]^T (+ bias): x kept in the compute type by the kernel that made it; out in fp32, or
-  // in the compute type (y = w: QKV and the MLP's first product).
+  // in the compute type (y = w: QKV, the MLP's first product and the two projections).
   auto linear_forward = [&](double R, double I, double O, bool bias, double y = 4) {
     add(n::product, 1, 2 * R * I * O, (R * I + O * I) * w + R * O * y);
     if (bias) add(n::add_bias, 1, 0, 2 * R * O * y + O * f);
@@ -110,15 +110,16 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     widen(3 * A);
     linear_forward(N, C, 3 * A, true, w);
     add(n::attention_forward, 1, 2 * tile_product, 4 * NA * w + B * H * T * f);
-    linear_forward(N, A, C, false);
-    widen(C), widen(C), widen(C);  // attn.proj.b, ln_2
-    add(n::bias_residual_layernorm, 1, 0, NC * w + (3 * NC + 2 * N + 3 * C) * f);
+    linear_forward(N, A, C, false, w);  // the projection's product in the compute type
+    widen(C), widen(C), widen(C);       // attn.proj.b, ln_2
+    // the product and ln2 in the compute type; the residual, the stream written and the statistics fp32
+    add(n::bias_residual_layernorm, 1, 0, 2 * NC * w + (2 * NC + 2 * N + 3 * C) * f);
     linear_forward(N, C, F, false, w);
     widen(F);
     add(n::bias_gelu, 1, 0, 3 * NF * w + F * f);
-    linear_forward(N, F, C, false);
+    linear_forward(N, F, C, false, w);
     widen(C);
-    add(n::bias_residual, 1, 0, (3 * NC + C) * f);
+    add(n::bias_residual, 1, 0, NC * w + (2 * NC + C) * f);
   };
   auto block_backward = [&] {
     for (double g : {C, C, 3 * A, C, C, C, F, C}) memset(g);  // the gradients summed by columns

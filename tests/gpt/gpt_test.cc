@@ -387,7 +387,8 @@ TEST_CASE("the CUDA step's attention: 9 products over the causal half, forward 2
 
 TEST_CASE(
     "the CUDA step in bf16: a block casts two fp32 output gradients (the residual's, into the projections), a head "
-    "chunk one; the MLP's and attention's inner gradients and the norms' output gradients are kept in bf16") {
+    "chunk one; the MLP's and attention's inner gradients, the norms' output gradients and the projections' products "
+    "are kept in bf16") {
   const gpt::shape s{.vocab = 37, .context = 8, .width = 16, .heads = 2, .layers = 3};
   for (const int rows : {1, 7, 40}) {
     CAPTURE(rows);
@@ -396,13 +397,19 @@ TEST_CASE(
     CHECK(row(w, gpt_cuda::launch_names::narrow).launches == std::size_t(3 * 2 + chunks));
     // GELU's backward: its input, its output gradient and its input gradient in bf16, 2 bytes each
     CHECK(row(w, gpt_cuda::launch_names::gelu_backward).bytes == 3 * (3.0 * 40 * 64 * 2));
+    // after the MLP's projection: its product read in bf16, the residual read and the block's output written in fp32,
+    // the fp32 bias
+    CHECK(row(w, gpt_cuda::launch_names::bias_residual).bytes == 3 * (40 * 16 * 2 + 2 * 40 * 16 * 4 + 16 * 4.0));
   }
+  CHECK(row(gpt_cuda::step_work(s, 5, {.bf16 = false}), gpt_cuda::launch_names::bias_residual).bytes ==
+        3 * (3 * 40 * 16 * 4 + 16 * 4.0));
   // those gradients' scratch, two bf16 to a float (fp32: a float each): [N, 4C] twice, [N, C], [N, 3C], [N, C]
   const std::vector<std::pair<std::string, std::size_t>> kept = {
       {"backward scratch: dfc_gelu, dfc [N, F] in the compute type", 40 * 64},
       {"backward scratch: datty [N, A] in the compute type", 40 * 16},
       {"backward scratch: dqkv [N, 3A] in the compute type", 40 * 48},
-      {"backward scratch: a norm's output gradient (dln2, dln1, dln_f) [N, C] in the compute type", 40 * 16}};
+      {"scratch: a projection's product, then a norm's output gradient (dln2, dln1, dln_f) [N, C] in the compute type",
+       40 * 16}};
   for (const bool bf16 : {true, false}) {
     const auto plan = gpt_cuda::buffer_plan(s, 5, {.bf16 = bf16});
     for (const auto& kept_row : kept) {

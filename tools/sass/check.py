@@ -28,11 +28,12 @@ bf16:
                                 HMMA (mma.sync on tensor cores) and no local memory; no occupancy rule (a block of
                                 128 threads keeps its rows' fragments and sums in registers, FlashAttention's way)
   forward<..., product::twin>   the control: the same algorithm by the warp's lanes must have no HMMA
-and the kernels that take four floats a thread, element-wise (bias_gelu, gelu_backward, bias_residual, add_bias),
+and the kernels that take four elements a thread, element-wise (bias_gelu, gelu_backward, bias_residual, add_bias),
 by rows (layernorm_forward, bias_residual_layernorm, layernorm_backward_input: a warp a row; cross_entropy: a block
 a row, the row's 16-byte-aligned middle) and by columns (column_partials, layernorm_param_partials): LDG.E.128 and
 STG.E.128, no spills, 75% occupancy; bias_gelu, layernorm_forward and bias_residual_layernorm also with a bf16
-output (what the matrix products read): LDG.E.128 and STG.E.64 (four bf16 a store); gelu_backward in bf16 (its
+output (what the matrix products read): LDG.E.128 and STG.E.64 (four bf16 a store); bias_residual and
+bias_residual_layernorm on a bf16 projection (as the trainer writes it): LDG.E.64 besides; gelu_backward in bf16 (its
 input, output gradient and input gradient): LDG.E.64 and STG.E.64; column_partials on a bf16 gradient (the MLP's):
 LDG.E.64 and STG.E.128; layernorm_backward_input and layernorm_param_partials on a bf16 output gradient (the
 trainer's): LDG.E.64 as well; add_bias on a bf16 product (QKV): LDG.E.64 and STG.E.64.
@@ -159,14 +160,20 @@ def main():
         wanted[f"attention {kernel} (tensor cores)"] = (attention.format(kernel, 0), {"HMMA"})
         heavy.add(f"attention {kernel} (tensor cores)")
     controls["attention forward (twin, control)"] = (attention.format("forward", 1), {"HMMA"})
-    for kernel in ("bias_residual", "cross_entropy"):
-        wanted[f"gpt {kernel}"] = (rf"gpt_cuda::kernels::{kernel}<0>", {"LDG.E.128", "STG.E.128"})
+    wanted["gpt cross_entropy"] = (r"gpt_cuda::kernels::cross_entropy<0>", {"LDG.E.128", "STG.E.128"})
     # the kernels whose output a matrix product reads: fp32, or four bf16 in one 64-bit store
     wanted["gpt add_bias<f32>"] = (r"gpt_cuda::kernels::add_bias<float>", {"LDG.E.128", "STG.E.128"})
     wanted["gpt add_bias<bf16>"] = (rf"gpt_cuda::kernels::add_bias<fsdp::basic_float<{dt('bf16')}>", {"LDG.E.64", "LDG.E.128", "STG.E.64"})
-    for kernel in ("bias_gelu", "layernorm_forward", "bias_residual_layernorm"):
+    for kernel in ("bias_gelu", "layernorm_forward"):
         wanted[f"gpt {kernel}<f32>"] = (rf"gpt_cuda::kernels::{kernel}<float>", {"LDG.E.128", "STG.E.128"})
         wanted[f"gpt {kernel}<bf16>"] = (rf"gpt_cuda::kernels::{kernel}<fsdp::basic_float<{dt('bf16')}>", {"LDG.E.128", "STG.E.64"})
+    # the kernels after the projections: the product in fp32, or in bf16 as the trainer writes it (a 64-bit load of
+    # four), the residual fp32 in and out; bias_residual_layernorm also writes the next norm's output (bf16: 64-bit)
+    bf16 = rf"fsdp::basic_float<{dt('bf16')}>"
+    wanted["gpt bias_residual<f32>"] = (r"gpt_cuda::kernels::bias_residual<float>", {"LDG.E.128", "STG.E.128"})
+    wanted["gpt bias_residual<bf16>"] = (rf"gpt_cuda::kernels::bias_residual<{bf16} ?>", {"LDG.E.64", "LDG.E.128", "STG.E.128"})
+    wanted["gpt bias_residual_layernorm<f32>"] = (r"gpt_cuda::kernels::bias_residual_layernorm<float, float>", {"LDG.E.128", "STG.E.128"})
+    wanted["gpt bias_residual_layernorm<bf16>"] = (rf"gpt_cuda::kernels::bias_residual_layernorm<{bf16}, {bf16} ?>", {"LDG.E.64", "LDG.E.128", "STG.E.128", "STG.E.64"})
     # GELU's backward reads the MLP's pre-activation and its output gradient and writes its input gradient in the
     # compute type (four bf16 in one 64-bit access); the column sums read fp32 gradients, or the MLP's in bf16
     wanted["gpt gelu_backward<f32>"] = (r"gpt_cuda::kernels::gelu_backward<float>", {"LDG.E.128", "STG.E.128"})

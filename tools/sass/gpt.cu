@@ -20,7 +20,8 @@ template __global__ void k::bias_gelu<float>(float*, float*, const float*, int, 
 template __global__ void k::bias_gelu<bf16>(bf16*, bf16*, const float*, int, int);
 template __global__ void k::gelu_backward<float>(float*, const float*, const float*, long long);
 template __global__ void k::gelu_backward<bf16>(bf16*, const bf16*, const bf16*, long long);
-template __global__ void k::bias_residual<0>(float*, const float*, const float*, int, int);
+template __global__ void k::bias_residual<float>(float*, const float*, const float*, const float*, int, int);
+template __global__ void k::bias_residual<bf16>(float*, const bf16*, const float*, const float*, int, int);
 template __global__ void k::add_bias<float>(float*, const float*, int, int);
 template __global__ void k::add_bias<bf16>(bf16*, const float*, int, int);
 template __global__ void k::column_partials<float>(float*, const float*, int, int);
@@ -29,10 +30,12 @@ template __global__ void k::layernorm_forward<float>(float*, float*, float*, con
                                                      int, int);
 template __global__ void k::layernorm_forward<bf16>(bf16*, float*, float*, const float*, const float*, const float*,
                                                     int, int);
-template __global__ void k::bias_residual_layernorm<float>(float*, float*, float*, float*, const float*, const float*,
-                                                           const float*, const float*, int, int);
-template __global__ void k::bias_residual_layernorm<bf16>(float*, bf16*, float*, float*, const float*, const float*,
-                                                          const float*, const float*, int, int);
+template __global__ void k::bias_residual_layernorm<float, float>(float*, float*, float*, float*, const float*,
+                                                                  const float*, const float*, const float*,
+                                                                  const float*, int, int);
+template __global__ void k::bias_residual_layernorm<bf16, bf16>(float*, bf16*, float*, float*, const bf16*,
+                                                                const float*, const float*, const float*,
+                                                                const float*, int, int);
 template __global__ void k::layernorm_backward_input<float>(float*, const float*, const float*, const float*,
                                                             const float*, const float*, int, int);
 template __global__ void k::layernorm_backward_input<bf16>(float*, const bf16*, const float*, const float*,
