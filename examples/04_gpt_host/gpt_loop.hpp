@@ -168,7 +168,7 @@ struct tp_group {
   void all_reduce(float* v, std::size_t n) const {
     if (degree > 1) sum(v, n, fsdp::dtype::f32);
   }
-  /// A gradient kept in bf16 (the CUDA trainer's norms' output gradients), summed as bf16 values.
+  /// Values kept in bf16 (the CUDA trainer's projections' products and norms' output gradients), summed as bf16.
   void all_reduce(fsdp::bfloat16* v, std::size_t n) const {
     if (degree > 1) sum(v, n, fsdp::dtype::bf16);
   }
