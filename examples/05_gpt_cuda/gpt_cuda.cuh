@@ -15,10 +15,10 @@
 // a linear layer's output, widened by the residual kernels, which add the bias and the residual in fp32; summed over
 // a tensor group in bf16). The residual stream and its gradient, the logits and their gradient, the layernorm
 // statistics and the loss stay fp32 (the fp32 output gradients, the residual's and the logits', are rounded to bf16
-// for the products). The other parameters (layernorm, biases) are
-// widened into fp32 scratch copies; each gradient is summed in fp32 and stored once into the compute-type gradient
-// buffer. The trainer's buffers are made in the first step and reused: a later step that would allocate one is an error
-// (trainer::begin_step), so no step after the first calls cudaMalloc or cudaFree, each a device-wide synchronisation.
+// for the products). The other parameters (layernorm, biases) are widened into fp32 scratch copies; each gradient is
+// summed in fp32 and stored once into the compute-type gradient buffer. The trainer's buffers are made in the first
+// step and reused: a later step that would allocate one is an error (trainer::begin_step), so no step after the first
+// calls cudaMalloc or cudaFree, each a device-wide synchronisation.
 //
 // Tensor parallelism (model_options::tensor_parallel, gpt_loop.hpp): each rank's products, attention and element-wise
 // kernels run on its slices (its heads, its MLP slice); the projections' products are summed over the tensor group
