@@ -285,6 +285,79 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a rank that throws, as a real trainer's failing rank does: the survivors see the abort naming it, shrink() "
+    "does not wait for it, their group works, and run_local rethrows the rank's own error once every rank ended") {
+  std::vector<std::string> errors(4);
+  std::vector<std::vector<int>> members(4);
+  std::vector<float> sums(4, 0.0f);
+  std::string rethrown;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    fsdp::comm::run_local(4,
+                          [&](local_communicator& c) {
+                            const int r = c.rank();
+                            if (r == 2) throw std::runtime_error("rank 2's trainer failed");
+                            fsdp::backend::host be(r);
+                            float x = static_cast<float>(r + 1), y = 0;
+                            errors[r] = error_of<fsdp::comm_error>([&] { c.barrier(); });
+                            local_communicator survivors = c.shrink(&members[r]);
+                            survivors.all_reduce(&x, &y, 1, dtype::f32, reduce_op::sum, be.compute_stream());
+                            be.synchronize(be.compute_stream());
+                            sums[r] = y;
+                          },
+                          {.timeout = std::chrono::seconds(30)});
+  } catch (const std::runtime_error& e) {
+    rethrown = e.what();
+  }
+  CHECK(rethrown == "rank 2's trainer failed");
+  for (int r : {0, 1, 3}) {
+    CAPTURE(r);
+    // the barrier either waited for rank 2 when it failed, or came after: the same reason either way
+    CHECK(errors[r] ==
+          "fsdp: local barrier #0 on rank " + std::to_string(r) + " aborted: rank 2 failed: rank 2's trainer failed");
+    CHECK(members[r] == std::vector<int>{0, 1, 3});
+    CHECK(sums[r] == 1.0f + 2.0f + 4.0f);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // not the 30 s timeout
+}
+
+TEST_CASE(
+    "a timeout names the rank the world waits for: on a 2 x 2 grid whose rank 3 stalls, rank 0's replica "
+    "all-reduce waits for rank 2, which is itself waiting for rank 3 in its shard group") {
+  using namespace std::chrono_literals;
+  std::string replica_error, shard_error;
+  fsdp::comm::run_local(
+      4,
+      [&](local_communicator& c) {
+        const int r = c.rank();
+        local_communicator shard = c.split(r / 2, r), replica = c.split(r % 2, r);  // {0, 1}, {2, 3}; {0, 2}, {1, 3}
+        fsdp::backend::host be(r);
+        float x = 1.0f, y = 0.0f;
+        const auto all_reduce_on = [&](local_communicator& g) {
+          return error_of<fsdp::comm_error>([&] {
+            g.all_reduce(&x, &y, 1, dtype::f32, reduce_op::sum, be.compute_stream());
+            be.synchronize(be.compute_stream());
+          });
+        };
+        if (r == 0) replica_error = all_reduce_on(replica);  // waits for rank 2 (its rank 1) from the start
+        if (r == 2) {  // waits for rank 3 in its shard group from 100 ms on: it times out after rank 0
+          std::this_thread::sleep_for(100ms);
+          shard_error = all_reduce_on(shard);
+        }
+        if (r == 3) std::this_thread::sleep_for(700ms);  // stalls past every timeout, in no collective
+      },
+      {.timeout = 300ms});
+  CHECK(replica_error ==
+        "fsdp: local[ranks 0, 2] all_reduce(count=1, f32, sum) #0 on rank 0 timed out after 300 ms waiting for the "
+        "other ranks: rank(s) 1 never issued it; rank 1 here is world rank 2, itself waiting in local[ranks 2, 3] "
+        "all_reduce(count=1, f32, sum) #0 on rank 0 for world rank(s) 3; world rank 3 is in no collective: the world "
+        "waits for it");
+  CHECK(shard_error ==
+        "fsdp: local[ranks 2, 3] all_reduce(count=1, f32, sum) #0 on rank 0 timed out after 300 ms waiting for the "
+        "other ranks: rank(s) 1 never issued it; rank 1 here is world rank 3, which is in no collective");
+}
+
+TEST_CASE(
     "shrink(): a survivor that neither calls it nor returns within the timeout fails it on every caller, "
     "named") {
   std::vector<std::string> errors(3);

@@ -24,6 +24,8 @@
 namespace fsdp::comm {
 
 using detail::collective_delay;
+using detail::collective_fault;
+using detail::collective_site;
 
 struct local_options {
   /// Longest a rank waits for the others inside one collective before the whole group fails.
@@ -37,6 +39,9 @@ struct local_options {
   std::optional<cluster_links> cluster{};
   /// Delay injection before each rank's part of each collective (off when empty).
   collective_delay delay{};
+  /// Fault injection before each rank's part of each collective, after its delay (off when empty): what it throws
+  /// fails that rank's part there, as a rank that died inside the collective (collective_fault).
+  collective_fault fault{};
   /// Options of each rank's host backend (a Model built on this communicator uses them).
   backend::host_options backend{};
 };
@@ -73,9 +78,9 @@ class local_communicator : public detail::collective_front<local_communicator, b
   /// reaches it.
   local_communicator split(int color, int key);
 
-  /// Collective of the survivors, after a rank of this group has returned (its function ended: a rank that failed;
-  /// every collective still waiting for it fails at once, naming it, and the group is aborted): the ranks that have
-  /// not returned form a new group, ranked as here, not aborted. `survivors`, when given, receives their ranks in
+  /// Collective of the survivors, after a rank of this group has returned or thrown (its function ended: a rank that
+  /// failed; every collective still waiting for it fails at once, naming it, and the group is aborted): the ranks that
+  /// have not returned form a new group, ranked as here, not aborted. `survivors`, when given, receives their ranks in
   /// this group. Every surviving rank must call it (the same number of times); one that neither calls it nor returns
   /// within the timeout fails it on every caller, named. A rank that hangs without returning cannot be left
   /// behind: threads cannot be killed, and that is what the timeout names.
@@ -142,8 +147,9 @@ struct local {
 
 namespace detail {
 /// Runs fn(make(r)) on `world` threads, one per rank, and joins them. When a rank throws, the group is aborted
-/// so the other ranks fail fast instead of waiting, and the root cause is rethrown here. A rank whose function
-/// returns is marked so: a collective still waiting for it fails at once, naming it. When a rank's thread
+/// so the other ranks fail fast instead of waiting, and the root cause is rethrown here once every rank has ended. A
+/// rank whose function returns or throws is marked gone: a collective still waiting for it fails at once, naming it,
+/// and the survivors' shrink() does not wait for it. When a rank's thread
 /// cannot be started (a thread or address-space limit), the ranks already started are aborted and joined, and a
 /// comm_error says which rank and why.
 ///
@@ -164,11 +170,14 @@ void run_ranks(int world, const std::shared_ptr<local_group>& group, Make&& make
 }  // namespace detail
 
 /// Runs fn(local_communicator&) on `world` threads, one per rank, and joins them. When a rank throws, the group
-/// is aborted so the other ranks fail fast instead of waiting, and the first rank's error is rethrown here.
+/// is aborted so the other ranks fail fast instead of waiting, the rank counts as gone (as one that returns: the
+/// survivors may shrink() without it and go on), and once every rank has ended the first rank's error (the root
+/// cause, not a survivor's sight of the abort) is rethrown here.
 template <class F>
 void run_local(int world, F&& fn, local_options opt = {}) {
   if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
   auto group = std::make_shared<detail::local_group>(world, opt.timeout, opt.link, opt.delay);
+  if (opt.fault) group->set_fault(std::move(opt.fault));
   if (opt.cluster) {
     std::vector<int> places(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) places[static_cast<std::size_t>(r)] = r;

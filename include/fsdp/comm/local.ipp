@@ -89,6 +89,7 @@ FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, c
         } catch (const std::exception& e) {
           const bool aborted_before = group->aborted();
           group->abort("rank " + std::to_string(r) + " failed: " + e.what());
+          group->rank_returned(r);  // a failed rank, as one that returns: the survivors' shrink() leaves it out
           std::lock_guard lk(mu);
           // Prefer the root cause over errors of ranks that only saw the abort.
           if (!first || (first_is_abort && !aborted_before)) {
@@ -97,6 +98,7 @@ FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, c
           }
         } catch (...) {
           group->abort("rank " + std::to_string(r) + " failed with a non-standard exception");
+          group->rank_returned(r);
           std::lock_guard lk(mu);
           if (!first) first = std::current_exception();
         }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,24 @@ using fsdp::comm::link_model;
 
 /// Delay injection: how long rank `rank`'s part of collective number `seq` waits before it starts.
 using collective_delay = std::function<std::chrono::microseconds(collective, std::uint64_t seq, int rank)>;
+
+/// Where a rank's part of a collective is about to begin (fault injection: collective_fault).
+struct collective_site {
+  collective kind = collective::all_reduce;
+  std::int64_t count = 0;
+  dtype type = dtype::f32;
+  std::uint64_t seq = 0;   ///< the collective's number in its group
+  int rank = 0;            ///< the rank in its group
+  int world_rank = 0;      ///< the rank in the group run_local made (newcomers numbered after its ranks)
+  std::string_view group;  ///< which ranks of the group it was split from the group holds ("[ranks 1, 3]"); empty:
+                           ///< the group run_local made
+};
+
+/// Fault injection: called on the thread that runs a rank's part of each collective (its stream's), after any
+/// delay and before the rank arrives. What it throws fails that part there, as a rank that died inside the
+/// collective: the rank never arrives, its stream fails with that exception, and the others wait for it until it
+/// is marked gone or the group aborted (its thread rethrows the failure at its next wait for the stream).
+using collective_fault = std::function<void(const collective_site&)>;
 
 /// The reduction rule of the host communicators (comm::local here, comm::mpi in comm/mpi.hpp), written once:
 /// dst[i] = the reduction of src(0)[i], ..., src(world - 1)[i] by kernels::reduce_add, in rank order from 0,
@@ -96,6 +115,20 @@ FSDP_DECL std::vector<int> split_members(const std::vector<std::pair<int, int>>&
 /// How a sub-group's messages name its members in the group it was split from: "[ranks 2, 3]".
 FSDP_DECL std::string members_label(const std::vector<int>& members);
 
+/// What the ranks of a family of groups (the group run_local made and every group split, shrunk or grown from it)
+/// are waiting for, so that a timeout can name the rank the world waits for rather than a rank that is itself
+/// waiting. Keyed by a rank's id in the family: its rank in the group run_local made (newcomers numbered after, in
+/// the order they joined). Locked after a group's own lock, never before one.
+struct wait_board {
+  struct waiting {
+    std::function<std::string()> where;  ///< the collective, as the waiter's group describes it
+    std::vector<int> for_ids;            ///< the ids it waits for (the ranks that have not issued it)
+  };
+  std::mutex mu;
+  std::map<int, waiting> by_id;
+  int next_id = 0;  ///< the id of the next newcomer
+};
+
 class local_group {
  public:
   local_group(int world, std::chrono::milliseconds timeout, link_model link = {}, collective_delay delay = {});
@@ -111,6 +144,10 @@ class local_group {
   /// its own ranks sit (newcomers after the highest place). Before any rank uses the group. set_link() ends it.
   void place(std::shared_ptr<const cluster_links> cluster, std::vector<int> places);
   link_model link() const;
+
+  /// Fault injection (collective_fault) for this group and every group made from it from now on. Before any rank
+  /// uses the group.
+  void set_fault(collective_fault fault) { fault_ = std::move(fault); }
 
   /// Makes every current and future wait of the group, and of its sub-groups, fail with `reason` (first reason
   /// wins).
@@ -257,12 +294,28 @@ class local_group {
 
   std::string missing(const round& r) const;
 
+  /// While this rank waits for ranks of round `r` to arrive, the board says so (posted at each wake-up, cleared
+  /// when the wait ends, however it ends).
+  struct board_entry {
+    local_group& g;
+    int id;
+    bool posted = false;
+    void post(const who& what, const round& r);
+    ~board_entry();
+  };
+
+  /// What a timeout adds about the ranks of `r` that never issued it (mu_ held): each one's world rank (in a
+  /// sub-group), and what it is itself waiting for, followed to the rank the world waits for.
+  std::string waiting_chain(const round& r) const;
+
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lk, Pred done, const who& what, const char* phase,
             const round& r) {
     if (done()) return;  // no clock read when nothing has to wait
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    board_entry posted{*this, ids_[static_cast<std::size_t>(what.rank)]};
     while (!done()) {
+      if (r.arrived < world_) posted.post(what, r);
       if (aborted_) {
         const std::string why = reason_;
         lk.unlock();
@@ -277,7 +330,7 @@ class local_group {
       }
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !done() && !aborted_) {
         std::string msg = what.str() + " timed out after " + std::to_string(timeout_.count()) + " ms " + phase;
-        if (r.arrived < world_) msg += ": rank(s) " + missing(r) + " never issued it";
+        if (r.arrived < world_) msg += ": rank(s) " + missing(r) + " never issued it" + waiting_chain(r);
         fail(lk, msg);
       }
     }
@@ -304,6 +357,14 @@ class local_group {
   std::vector<bool> returned_;  // by rank: its function has returned (rank_returned)
   int returned_count_ = 0;
   std::string label_;  // a sub-group's members in the group it was split from: "[ranks 2, 3]"
+  std::shared_ptr<wait_board> board_;  // shared by the family of groups
+  std::vector<int> ids_;               // each rank's id on the board
+  collective_fault fault_;             // the family's (set_fault)
+  /// Calls the fault hook, if any, for rank `rank`'s part of collective #seq.
+  void inject(const op_desc& d, std::uint64_t seq, int rank) const;
+  /// A group made from this one (split, shrunk or grown; not yet shared) joins the family's board and fault hook:
+  /// its rank i is this group's members[i], then `newcomers` ranks with new ids.
+  void join_board_locked(local_group& child, const std::vector<int>& members, int newcomers) const;
   std::vector<child> children_;
   std::map<std::pair<std::uint64_t, int>, pending_split> splits_;  // by (split, color), until every member took it
   struct pending_shrink {

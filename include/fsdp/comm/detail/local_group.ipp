@@ -41,6 +41,86 @@ FSDP_DECL local_group::local_group(int world, std::chrono::milliseconds timeout,
   if (world <= 0) fsdp::detail::fail_usage("world size must be positive, got ", world);
   if (link_.bytes_per_second < 0) fsdp::detail::fail_usage("link bandwidth must be >= 0, got ", link_.bytes_per_second);
   returned_.assign(static_cast<std::size_t>(world), false);
+  board_ = std::make_shared<wait_board>();
+  board_->next_id = world;
+  ids_.resize(static_cast<std::size_t>(world));
+  for (int q = 0; q < world; ++q) ids_[static_cast<std::size_t>(q)] = q;
+}
+
+FSDP_DECL void local_group::join_board_locked(local_group& child, const std::vector<int>& members,
+                                              int newcomers) const {
+  child.board_ = board_;
+  child.fault_ = fault_;
+  child.ids_.clear();
+  for (int m : members) child.ids_.push_back(ids_.at(static_cast<std::size_t>(m)));
+  std::lock_guard b(board_->mu);
+  for (int i = 0; i < newcomers; ++i) child.ids_.push_back(board_->next_id++);
+}
+
+FSDP_DECL void local_group::inject(const op_desc& d, std::uint64_t seq, int rank) const {
+  if (!fault_ || d.kind < 0) return;
+  fault_(collective_site{static_cast<collective>(d.kind), d.count, d.type, seq, rank,
+                         ids_[static_cast<std::size_t>(rank)], label_});
+}
+
+FSDP_DECL void local_group::board_entry::post(const who& what, const round& r) {
+  std::vector<int> for_ids;
+  for (int q = 0; q < g.world_; ++q)
+    if (!r.present[static_cast<std::size_t>(q)]) for_ids.push_back(g.ids_[static_cast<std::size_t>(q)]);
+  std::lock_guard b(g.board_->mu);
+  wait_board::waiting& w = g.board_->by_id[id];
+  // described only when a timeout asks: the group, its description and the waiter's frame outlive the entry
+  if (!posted)
+    w.where = [&g = what.g, d = what.d, seq = what.seq, rank = what.rank] { return g.describe(d, seq, rank); };
+  w.for_ids = std::move(for_ids);
+  posted = true;
+}
+
+FSDP_DECL local_group::board_entry::~board_entry() {
+  if (!posted) return;
+  std::lock_guard b(g.board_->mu);
+  g.board_->by_id.erase(id);
+}
+
+FSDP_DECL std::string local_group::waiting_chain(const round& r) const {
+  bool renumbered = false;  // a split, shrunk or grown group: its ranks are not the world's
+  for (int q = 0; q < world_; ++q) renumbered = renumbered || ids_[static_cast<std::size_t>(q)] != q;
+  const auto ids_text = [](const std::vector<int>& ids) {
+    std::string t;
+    for (int i : ids) t += (t.empty() ? "" : ", ") + std::to_string(i);
+    return t;
+  };
+  std::string out;
+  std::lock_guard b(board_->mu);
+  for (int q = 0; q < world_; ++q) {
+    if (r.present[static_cast<std::size_t>(q)]) continue;
+    const int id = ids_[static_cast<std::size_t>(q)];
+    auto it = board_->by_id.find(id);
+    if (!renumbered && it == board_->by_id.end()) continue;  // a world rank in no collective: said already
+    out += "; rank " + std::to_string(q) + (renumbered ? " here is world rank " + std::to_string(id) : "");
+    std::vector<int> seen{id};
+    int last = id;
+    bool cycle = false;
+    while (it != board_->by_id.end()) {
+      out += std::string(last == id ? ", itself" : ", in turn") + " waiting in " + it->second.where() +
+             " for world rank(s) " + ids_text(it->second.for_ids);
+      const int next = it->second.for_ids.front();  // posted only while some rank is missing
+      if (std::find(seen.begin(), seen.end(), next) != seen.end()) {
+        cycle = true;
+        break;
+      }
+      seen.push_back(next);
+      last = next;
+      it = board_->by_id.find(next);
+    }
+    if (cycle)
+      out += ": these ranks wait for each other (their collectives were issued in different orders)";
+    else if (last == id)
+      out += ", which is in no collective";
+    else
+      out += "; world rank " + std::to_string(last) + " is in no collective: the world waits for it";
+  }
+  return out;
 }
 
 FSDP_DECL void local_group::set_link(const link_model& link) {
@@ -118,6 +198,7 @@ FSDP_DECL std::pair<std::shared_ptr<local_group>, int> local_group::sub_group(st
     p.group = std::make_shared<local_group>(static_cast<int>(members.size()), timeout_, link_, delay_);
     p.group->label_ = members_label(members);
     place_child_locked(*p.group, members, 0);
+    join_board_locked(*p.group, members, 0);
     adopt_locked(p.group, members);
   }
   std::shared_ptr<local_group> g = p.group;
@@ -152,6 +233,7 @@ FSDP_DECL local_group::shrunk local_group::shrink(std::uint64_t number, int rank
     s.group = std::make_shared<local_group>(static_cast<int>(s.members.size()), timeout_, link_, delay_);
     s.group->label_ = members_label(s.members);
     place_child_locked(*s.group, s.members, 0);
+    join_board_locked(*s.group, s.members, 0);
     children_.push_back({s.group, s.members});
   }
   shrunk out{s.group, 0, s.members};
@@ -181,6 +263,7 @@ FSDP_DECL std::shared_ptr<local_group> local_group::grown(std::uint64_t number, 
     std::vector<int> members(static_cast<std::size_t>(world_));
     for (int q = 0; q < world_; ++q) members[static_cast<std::size_t>(q)] = q;
     place_child_locked(*p.group, members, size - world_);
+    join_board_locked(*p.group, members, size - world_);
     adopt_locked(p.group, members);
   }
   std::shared_ptr<local_group> g = p.group;
@@ -195,6 +278,7 @@ FSDP_DECL std::string local_group::describe(const op_desc& d, std::uint64_t seq,
 FSDP_DECL std::vector<const void*> local_group::meet(std::uint64_t seq, int rank, const op_desc& d, const void* token) {
   const who what{*this, d, seq, rank};
   if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
+  inject(d, seq, rank);
   round& r = arrive(seq, rank, d, token, nullptr, what);
   return r.send;  // complete: no rank writes it again in this round
 }
@@ -262,6 +346,7 @@ FSDP_DECL std::vector<const void*> local_group::abandon(std::uint64_t seq, int r
 FSDP_DECL void local_group::run(std::uint64_t seq, int rank, const op_desc& d, const void* send, void* recv) {
   const who what{*this, d, seq, rank};
   if (d.kind >= 0 && delay_) std::this_thread::sleep_for(delay_(static_cast<collective>(d.kind), seq, rank));
+  inject(d, seq, rank);
   if (world_ == 1) {  // nobody to meet: the same result, without the rendezvous
     run_alone(d, send, recv, what);
     return;
