@@ -318,7 +318,8 @@ class model_core {
   }
 
   /// Hands each group's collectives (fsdp/plan/collectives.hpp: the units' gathers and reductions, the replicas'
-  /// all-reduces, the world's one-element all-reduce and, with `norm_rows`, the gradient norms' all-reduce) to a
+  /// all-reduces, the world's one-element all-reduce, the step's commit and, with `norm_rows`, the gradient norms'
+  /// all-reduce) to a
   /// communicator with connect() (comm::nccl), each list once and only what was not handed over before: NCCL
   /// connects what a collective needs at its first use, which would otherwise be inside step 1, after the
   /// reservation. Collective: every rank calls it at the same point (construction, an optimizer's construction).
@@ -327,7 +328,8 @@ class model_core {
       std::vector<plan::unit_costs> costs;
       for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
       plan::group_collectives g =
-          plan::step_collectives(costs, exec_.facts(), exec_.replicates(), plan::norm_count(size(), norm_rows));
+          plan::step_collectives(costs, exec_.facts(), exec_.replicates(), plan::norm_count(size(), norm_rows),
+                                 plan::commits(opt_.commit_step, norm_rows));
       g.tensor = plan::tensor_collectives(exec_.layouts(), costs);
       if (shard_comm_) {
         comm_->connect(plan::not_yet(g.world, connected_.world));
@@ -360,6 +362,7 @@ class model_core {
       const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer,
                                                               -1);
       const bool apply = work.inspect ? work.inspect() : true;
+      if (plan::commits(opt_.commit_step, work.inspect ? 1 : 0)) exec_.commit();  // run_step's order
       updating = true;
       mark_update();
       exec_.optimizer_step(work, apply);
@@ -416,6 +419,7 @@ class model_core {
     in.costs = exec_.facts();
     in.optimizer_states = optimizer_states;
     in.norm_rows = norm_rows;
+    in.commit_step = opt_.commit_step;
     return in;
   }
 

@@ -92,14 +92,15 @@ TEST_CASE("full_shard, bf16 compute, AdamW, prefetching the next unit: what each
         "5 kernels, 1 memory operations, 0 host functions, 10 event records, 9 stream waits, 0 synchronizes");
   // nothing else: no work per step beyond the units' but one record (where the compute stream stood when the
   // updates were issued, which a survivor of a failure reads: Model::committed_steps; on the host backend only,
-  // whose streams can fail), and nothing in a step waits on the host. Six units' worth, less the first unit's
-  // second gather (kept from its forward to its backward by default): its cast, its two records (gathered, the slot
-  // given back) and three waits (shard_ready, gathered, the slot's take)
+  // whose streams can fail) and the step's commit (model_options::commit_step: one element of gradient slot 0
+  // all-reduced over the world on the compute stream, no memory of its own), and nothing in a step waits on the host.
+  // Six units' worth, less the first unit's second gather (kept from its forward to its backward by default): its cast,
+  // its two records (gathered, the slot given back) and three waits (shard_ready, gathered, the slot's take)
   CHECK(str(six.issued) ==
         "29 kernels, 6 memory operations, 0 host functions, 59 event records, 51 stream waits, 0 synchronizes");
   CHECK(six.collectives[fsdp::collective::all_gather] == 11);      // forward and backward, the first unit once
   CHECK(six.collectives[fsdp::collective::reduce_scatter] == 6);   // backward
-  CHECK(six.collectives[fsdp::collective::all_reduce] == 0);
+  CHECK(six.collectives[fsdp::collective::all_reduce] == 1);       // the step's commit
   // and no device memory taken or given back: every slot was made in the first step
   CHECK(six.issued.allocations == 0);
   CHECK(six.issued.frees == 0);
@@ -133,7 +134,7 @@ TEST_CASE("clipping by the global norm: the step decides on the compute stream a
   CHECK(six.issued.synchronizes == 0);
   // 6 squared norms and the decision; zeroing the buffer and copying it to the host; its event
   CHECK(str(d) == "7 kernels, 2 memory operations, 0 host functions, 1 event records, 0 stream waits, 0 synchronizes");
-  CHECK(six.collectives[fsdp::collective::all_reduce] == 1);  // the norms
+  CHECK(six.collectives[fsdp::collective::all_reduce] == 1);  // the norms, which commit the step: no commit of its own
   CHECK(d.allocations == 1);  // the inspection's buffer, from the pool, given back once the updates are issued
   CHECK(d.frees == 1);
 }

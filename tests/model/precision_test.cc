@@ -254,9 +254,13 @@ void check_counts(int world) {
       const auto other = Strategy::shards_params ? collective::all_reduce : collective::reduce_scatter;
       CHECK(s.count[std::size_t(collective::all_gather)] == gathers);
       CHECK(s.bytes[std::size_t(collective::all_gather)] == gathered * cs);
-      CHECK(s.count[std::size_t(red)] == reductions);
-      CHECK(s.bytes[std::size_t(red)] == reductions / n * sum_p * rs);
-      CHECK(s.count[std::size_t(other)] == 0);
+      // and the step's commit (model_options::commit_step): one element of the gradient (compute) dtype
+      // all-reduced over the world
+      const std::uint64_t commit = red == collective::all_reduce ? 1 : 0;
+      CHECK(s.count[std::size_t(red)] == reductions + commit);
+      CHECK(s.bytes[std::size_t(red)] == reductions / n * sum_p * rs + commit * sizeof(Compute));
+      CHECK(s.count[std::size_t(other)] == 1 - commit);
+      CHECK(s.bytes[std::size_t(other)] == (1 - commit) * sizeof(Compute));
       CHECK(s.count[std::size_t(collective::broadcast)] == 0);
     });
   }
@@ -601,7 +605,7 @@ TEST_CASE("a quantized reduction moves one all_to_all per reduction: each rank's
         CHECK(s.count[a2a] == reductions);
         CHECK(s.bytes[a2a] == reductions / n * (sum_p + sum_p / 16 * 4));  // values, then a scale per 16
         CHECK(s.count[std::size_t(collective::reduce_scatter)] == 0);
-        CHECK(s.count[std::size_t(collective::all_reduce)] == 0);
+        CHECK(s.count[std::size_t(collective::all_reduce)] == 1);  // the step's commit (model_options::commit_step)
       });
     }
 }

@@ -652,9 +652,10 @@ TEST_CASE("failure: a rank killed in the middle of training makes the others fai
   report(what, s);
   // Step 3's first collective: the forward all-gather of the first unit (root: emb, 185 elements, with head tied to
   // it; the layout pads the flat buffer to 192, 48 per rank). Steps 1 and 2 issued 5 forward gathers, 4 backward
-  // gathers (root, first in forward, is kept into its backward) and 5 reduce-scatters each, after the Model's one
-  // agreement all-gather at construction: #29.
-  CHECK(what == "fsdp: mpi all_gather(count=48, f32) #29 for unit 'root' on rank " + std::to_string(rank) +
+  // gathers (root, first in forward, is kept into its backward), 5 reduce-scatters and the step's commit (a
+  // one-element all-reduce, model_options::commit_step) each, after the Model's one agreement all-gather at
+  // construction: #31.
+  CHECK(what == "fsdp: mpi all_gather(count=48, f32) #31 for unit 'root' on rank " + std::to_string(rank) +
                     " of 4 timed out after 2000 ms" + kWhy);
   CHECK(s >= 1.9);
   CHECK(s < 4.0);

@@ -86,7 +86,7 @@ show_on_failure "${before}" returns
 before=${failures}
 launch killed --enable-recovery -- "--test-case=*killed in the middle of training*" --no-skip=true
 for r in 0 1 2; do
-  expect killed "rank ${r} caught after T s: fsdp: mpi all_gather(count=48, f32) #29 for unit 'root' on rank ${r} of 4 timed out after 2000 ms${why}"
+  expect killed "rank ${r} caught after T s: fsdp: mpi all_gather(count=48, f32) #31 for unit 'root' on rank ${r} of 4 timed out after 2000 ms${why}"
   expect_count killed "^rank ${r} of 4: 1 test cases, 0 failed, [0-9]+ assertions, 0 failed$" 1
 done
 expect_count killed "^rank 3 " 0

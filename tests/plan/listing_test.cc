@@ -70,8 +70,8 @@ TEST_CASE("one unit's step, per stream, in issue order: the second step of two, 
         "  56. views of grad end\n"
         "  57. record grad_ready\n"
         "  65. wait reduced\n"
-        "  67. optimizer\n"
-        "  68. record shard_ready\n"
+        "  68. optimizer\n"
+        "  69. record shard_ready\n"
         "all_gather\n"
         "  2. wait shard_ready\n"
         "  3. take gathered slot 0\n"
@@ -126,12 +126,44 @@ TEST_CASE("every unit's actions, each named; the first step's are not listed") {
   CHECK(l.actions.front().seq == 1);
   CHECK(l.actions.back().seq == l.actions.size());
   std::size_t a = 0, b = 0;
+  std::vector<std::string> step;  // the step's own actions: its commit (the stamps mark times on the compute stream)
   for (const auto& x : l.actions) {
-    CHECK(x.unit < 2);  // every action listed is a unit's (the step's own stamps mark times on the compute stream)
+    if (x.unit == fsdp::plan::step_program::npos) {
+      step.push_back(x.what);
+      continue;
+    }
+    CHECK(x.unit < 2);
     ++(x.unit == 0 ? a : b);
   }
   CHECK(a == 35);  // the lines of unit a above: host 5, compute 15, all_gather 8, reduce 7
   CHECK(b == 35);
+  CHECK(step == std::vector<std::string>{"commit all_reduce"});
+}
+
+TEST_CASE(
+    "the step's commit: on the compute stream after it waits for every unit's reduction and before the first update; "
+    "none when model_options::commit_step is off, or when the optimizer inspects its gradients (its norms' "
+    "all-reduce commits)") {
+  const auto u = two_units();
+  fsdp::memory_plan_inputs in = inputs(u);
+  const auto compute_of_step = [&] {  // the compute stream's lines from its first "wait reduced" on
+    const std::string s = fsdp::list_step(u.names, u.layouts, in, 4).str();
+    const std::string c = s.substr(s.find("compute\n"), s.find("all_gather\n") - s.find("compute\n"));
+    return c.substr(c.rfind('\n', c.find("wait reduced")) + 1);
+  };
+  CHECK(compute_of_step() ==
+        "  65. wait reduced  [a]\n"
+        "  66. wait reduced  [b]\n"
+        "  67. commit all_reduce\n"
+        "  68. optimizer  [a]\n"
+        "  69. record shard_ready  [a]\n"
+        "  70. optimizer  [b]\n"
+        "  71. record shard_ready  [b]\n");
+  in.commit_step = false;
+  CHECK(compute_of_step().find("commit") == std::string::npos);
+  in.commit_step = true;
+  in.norm_rows = 1;
+  CHECK(compute_of_step().find("commit") == std::string::npos);
 }
 
 TEST_CASE("each unit's shard is ready right after its own update, not after the whole optimizer step") {

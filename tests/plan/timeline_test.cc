@@ -664,6 +664,7 @@ TEST_CASE("nodes: hybrid_shard<2> on 2 nodes of 2 GPUs against 4 nodes of 1 (one
   in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
                                           none, fsdp::precision_facts{}, release, {});
   in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
+  in.commit_step = false;  // the step's commit: the next case
   fsdp::comm::cluster_links c{
       .gpus_per_node = 2,
       .intra = {.bytes_per_second = 2.048e6},
@@ -686,4 +687,46 @@ TEST_CASE("nodes: hybrid_shard<2> on 2 nodes of 2 GPUs against 4 nodes of 1 (one
   fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4));
   const auto four_nodes = predict(u, in, t);
   CHECK(four_nodes.step_ns == ms(2.75 + 2 + 2.75 + 3 + 2.75 + 3));
+}
+
+TEST_CASE(
+    "the step's commit: on the compute stream once every reduction is done and before the update, over the whole "
+    "world on its link, all of it exposed (the same unit and nodes as above, worked by hand)") {
+  const auto u = units_of({"u"}, 2);
+  fsdp::memory_plan_inputs in;
+  fsdp::model_options release;
+  release.reshard_after_forward["u"] = true;
+  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
+                                          none, fsdp::precision_facts{}, release, {});
+  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
+  fsdp::comm::cluster_links c{
+      .gpus_per_node = 2,
+      .intra = {.bytes_per_second = 2.048e6},
+      .inter = {.bytes_per_second = 1.024e6, .latency = nanoseconds(ms(0.5)), .step_latency = nanoseconds(ms(0.25))}};
+  fsdp::time_model t = timing(1, 2, 3);
+  fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4));
+  // the world of 4 ranks on 2 nodes: 2 GPUs' share of the network (2.048 MB/s), 0.5 ms a collective, 0.25 ms a ring
+  // step; the commit's all-reduce of 4 bytes takes 2 x 3 steps: 0.5 + 6 x 0.25 ms + 4 x 2 x 3/4 B / 2.048 MB/s
+  // (2929 ns, truncated), from the replicas' all-reduce's end at 11 ms
+  const auto with = predict(u, in, t);
+  CHECK(with.commit_ns == 2002929);
+  CHECK(with.step_ns == ms(11) + 2002929);
+  CHECK(with.critical_path_text() ==
+        "  all_gather all_gather u forward                   0.000 -      1.000 ms\n"
+        "  compute    compute u forward                      1.000 -      3.000 ms\n"
+        "  all_gather all_gather u backward                  3.000 -      4.000 ms\n"
+        "  compute    compute u backward                     4.000 -      7.000 ms\n"
+        "  reduce     reduction u backward                   7.000 -      8.000 ms\n"
+        "  reduce     replica all_reduce u backward          8.000 -     11.000 ms\n"
+        "  compute    commit all_reduce                     11.000 -     13.003 ms\n");
+  CHECK(with.report().find("  the step's commit all_reduce 2.003 ms, all exposed (15.4% of the step)\n") !=
+        std::string::npos);
+  // an optimizer that inspects its gradients commits with its norms' all-reduce: none of its own
+  in.norm_rows = 1;
+  CHECK(predict(u, in, t).commit_ns == 0);
+  in.norm_rows = 0;
+  in.commit_step = false;
+  const auto without = predict(u, in, t);
+  CHECK(without.commit_ns == 0);
+  CHECK(without.step_ns == ms(11));
 }

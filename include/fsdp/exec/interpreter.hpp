@@ -50,16 +50,28 @@ class interpreter {
   /// slots), `grad_slots` model_options::grad_slots.
   interpreter(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, trace::stamper<B>& stamp,
               const reduce_facts& reduce, const plan::step_program& prog, int grad_slots)
-      : be_(be), streams_(streams_of(be)), st_(storage), diag_(diag), stamp_(stamp), reduce_(reduce), prog_(prog),
-        slots_(be, prog, grad_slots), transfers_(be, storage, g, diag, reduce, prog, slots_) {}
+      : be_(be),
+        streams_(streams_of(be)),
+        st_(storage),
+        g_(g),
+        diag_(diag),
+        stamp_(stamp),
+        reduce_(reduce),
+        prog_(prog),
+        slots_(be, prog, grad_slots),
+        transfers_(be, storage, g, diag, reduce, prog, slots_) {}
   interpreter(const interpreter&) = delete;
   interpreter& operator=(const interpreter&) = delete;
 
   /// The state slots of a device step over host-resident optimizer state, made again for the program's state count
   /// (the caller synchronized: nothing uses the old ones).
   void remake_state_staging() { slots_.remake_state_staging(); }
-  /// The optimizer whose updates the program's optimizer work runs (null between steps).
-  void use_optimizer(optimizer_work<B>* w) noexcept { work_ = w; }
+  /// The optimizer whose updates the program's optimizer work runs (null between steps: the step's commit, if any,
+  /// is behind it then).
+  void use_optimizer(optimizer_work<B>* w) noexcept {
+    work_ = w;
+    if (!w) committed_ = false;
+  }
 
   // ---- the program's actions ----------------------------------------------------------------------------------
   void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost& each, std::size_t u) {
@@ -106,6 +118,7 @@ class interpreter {
       case plan::job::reduce_collective: transfers_.reduce(u, s); return;
       case plan::job::replica_reduce: transfers_.reduce_across_replicas(u, s); return;
       case plan::job::tensor_reduce: transfers_.reduce_across_tensor(u, s); return;
+      case plan::job::commit: commit(s); return;
       case plan::job::add_into_shard:
         if (st_.cost(u).reduce_block)  // a quantized reduction: the received slices dequantized and summed
           transfers_.add_dequantized(u, transfers_.result(u), st_.buffers(u).grad_shard.template as<float>(),
@@ -179,6 +192,8 @@ class interpreter {
         update_site<B> site = update_site<B>::host(updates, pool_);
         optimizer().update(u, site);
         if (optimizer().decided) be_.wait(s, *optimizer().decided);  // the decision it reads, in host memory
+        else if (committed_)
+          be_.wait(s, commit_done_);  // the step's commit, which it follows
         be_.host_callback(s, [updates = std::move(updates)] {
           for (const auto& w : updates) w();
         });
@@ -214,9 +229,26 @@ class interpreter {
       case plan::job::reduce_collective:
       case plan::job::replica_reduce:
       case plan::job::tensor_reduce:
+      case plan::job::commit:
       case plan::job::add_into_shard:
       case plan::job::optimizer_device: break;  // work()
     }
+  }
+
+  /// The step's commit on `s` (the compute stream, past every reduction): the first element of gradient slot 0
+  /// all-reduced over the world, in place (plan::commits: the slot is idle and its value dead; `s` follows every
+  /// stream that used it); a host step's updates, which do not follow the compute stream, wait for it too.
+  void commit(stream& s) {
+    if (!slots_.made(plan::ring::grad, 0))  // Model::step refuses a step without a backward before this
+      detail::fail_usage("the step's commit before any gradient slot was made (no backward in the step)");
+    void* slot = slots_.data(plan::ring::grad, 0);
+    comm::label_next(g_.world(), "(the step's commit)");  // names it in errors
+    g_.world().all_reduce(slot, slot, 1, st_.cost(0).grad.type, reduce_op::sum, s);
+    for (std::size_t u = 0; u < st_.size() && !committed_; ++u)
+      if (st_.offload(u).host_step()) {  // an event only for the updates that need it
+        be_.record(commit_done_, s);
+        committed_ = true;
+      }
   }
 
   /// A trace event, with a recorder: its bytes and collective from unit u's costs.
@@ -297,6 +329,7 @@ class interpreter {
   B& be_;
   std::array<stream*, plan::lanes> streams_;
   unit_storage<B>& st_;
+  groups<C>& g_;
   diagnostics& diag_;
   trace::stamper<B>& stamp_;
   reduce_facts reduce_;
@@ -304,6 +337,8 @@ class interpreter {
   step_slots<B> slots_;                  // destroyed before the backend (the executor's member order)
   transfers<B, C> transfers_;
   optimizer_work<B>* work_ = nullptr;    // during an optimizer step
+  typename B::event commit_done_;        // recorded after the step's commit
+  bool committed_ = false;               // this step's commit recorded commit_done_ (for a host step's update)
   staged_parts staged_;                  // a device step over host parts: where the unit's parts are staged
   kernels::host_pool pool_;              // offloading's host functions: the host step and host additions
 };

@@ -75,6 +75,8 @@ class slot_ring {
     giver_[static_cast<std::size_t>(i)] = &s;
   }
   void* data(int i) const { return bufs_[static_cast<std::size_t>(i)].data(); }
+  /// Whether slot i was made.
+  bool made(int i) const noexcept { return i >= 0 && static_cast<std::size_t>(i) < bufs_.size(); }
 
  private:
   void make(B& be, const plan::buffer_cost& each, stream& s) {

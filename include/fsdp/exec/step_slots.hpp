@@ -40,6 +40,8 @@ class step_slots {
   }
   void give(plan::ring r, int slot, stream& s) { ring(r).give(be_, slot, s); }
   void* data(plan::ring r, int slot) const { return rings_[static_cast<std::size_t>(r)].data(slot); }
+  /// Whether slot `slot` of ring r was made.
+  bool made(plan::ring r, int slot) const noexcept { return rings_[static_cast<std::size_t>(r)].made(slot); }
   /// The memory of the slot unit u holds in ring r.
   void* held(std::size_t u, plan::ring r) const { return data(r, prog_.held(u, r)); }
 

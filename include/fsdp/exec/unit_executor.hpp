@@ -110,6 +110,8 @@ class unit_executor {
   void wait_reductions() { prog_.wait_reductions(in_); }
   /// Model::step after before_step: the step begins (its trace stamp).
   void optimizer_begin() { prog_.optimizer_begin(in_); }
+  /// Model::step, where the inspection would be when there is none (plan::commits): the step's commit.
+  void commit() { prog_.commit(in_); }
   /// Model::step: the optimizer's updates of every unit where the program puts them (none unless `apply`), each
   /// unit's "shard ready" after its own update, and the step's end.
   void optimizer_step(optimizer_work<B>& work, bool apply) {

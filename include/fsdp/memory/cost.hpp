@@ -210,6 +210,13 @@ inline buffer_cost norm_buffer_cost(std::size_t units, int rows) {
   return {mem::comm_buffers, dtype::f32, n > 0 ? verdict_slots + n : 0};
 }
 
+/// Whether a step issues its commit (model_options::commit_step): one all-reduce of one element over the world after
+/// every reduction and before the first update. An optimizer that inspects gradients (`norm_rows` > 0) commits with
+/// its norms' all-reduce instead, which is over the world at the same point. The commit takes no memory of its own:
+/// it all-reduces the first element of gradient slot 0 (idle once every reduction is done, its value dead: the
+/// next backward zeroes it), in the gradient's dtype.
+inline bool commits(bool commit_step, int norm_rows) noexcept { return commit_step && norm_rows == 0; }
+
 /// The host's pinned copy of that buffer, where the host learns the decision (and, locating, who holds a non-finite
 /// gradient) once the compute stream has passed it: an inspecting optimizer's, for its whole life.
 inline buffer_cost decision_copy_cost(std::size_t units, int rows) {

@@ -108,6 +108,17 @@ struct model_options {
   /// the CUDA backend the check sees only the hand-overs the GPU has passed; the NaN shows the rest); not in the
   /// timeline planner's times. Memory: none. Ranks may differ in it.
   bool check_views = false;
+  /// The step's commit: once the compute stream has waited for every reduction, and before the first update, one
+  /// all-reduce of one fp32 value over the world on the compute stream (plan::commits). A rank reaches it only once
+  /// its own reductions completed, and the updates are queued behind it: a failure anywhere in the step (a rank
+  /// lost in its last replica all-reduce) fails it on every survivor before any of them updates, so all of them
+  /// hold the same whole step (fsdp/elastic: the step before). An optimizer that inspects its gradients (clipping,
+  /// non-finite checks, a loss scaler) commits with its norms' world-wide all-reduce and issues none. Off: replica
+  /// groups whose reductions did not involve the failed rank update while the others cannot, and the survivors may
+  /// hold no step whole (elastic::agree refuses; load the last checkpoint). Costs one latency-bound collective a step
+  /// on the compute stream, exposed (docs/benchmarks.md), and a 4-byte buffer while it runs. Every rank must set it
+  /// alike.
+  bool commit_step = true;
   /// Where to record the trace and the memory timeline (null: nothing is recorded).
   trace::recorder* recorder = nullptr;
 };

@@ -14,8 +14,9 @@
 //                          (tp::partial_grad) across the tensor group, in the gradient's dtype
 //   tensor_collectives(...) the tensor group's distinct uses (the partial gradients' all-reduces)
 //   step_collectives(...)  every group's distinct uses, sorted (the same list on every rank of a group), with the
-//                          world's one-element all-reduce (barrier(), a trainer's loss) and, for an optimizer that
-//                          inspects gradients, its norms' all-reduce
+//                          world's one-element all-reduce (barrier(), a trainer's loss), the step's commit (one
+//                          element of the gradient's dtype) and, for an optimizer that inspects gradients, its
+//                          norms' all-reduce
 //
 // Not listed: the agreement's all-gathers at construction (they run before any list is handed over, and connect
 // what they need themselves), model_options::check_collectives' comparisons, gather_full_params and a checkpoint's
@@ -75,12 +76,14 @@ inline std::vector<collective_use> distinct(std::vector<collective_use> v) {
 
 /// Every group's collectives for units with these costs (unit-index order) under facts f. `replicas`: hybrid
 /// sharding's replicate group exists. `norms`: the gradient inspection's squared norms (plan::norm_count; 0: none),
-/// all-reduced over the world in fp32.
+/// all-reduced over the world in fp32. `commits`: the step's commit (plan::commits), one element of the gradient's
+/// dtype all-reduced over the world.
 inline group_collectives step_collectives(const std::vector<unit_costs>& units, const cost_facts& f, bool replicas,
-                                          std::int64_t norms = 0) {
+                                          std::int64_t norms = 0, bool commits = false) {
   group_collectives g;
   g.world.push_back({collective::all_reduce, 1, dtype::f32});
   if (norms > 0) g.world.push_back({collective::all_reduce, norms, dtype::f32});
+  if (commits && !units.empty()) g.world.push_back({collective::all_reduce, 1, units.front().grad.type});
   for (const unit_costs& c : units) {
     if (auto u = gather_use(c, f)) g.shard.push_back(*u);
     g.shard.push_back(reduction_use(c, f));

@@ -34,6 +34,7 @@ struct memory_plan_inputs {
   plan::cost_facts costs{};
   int optimizer_states = 0;  ///< fp32 values of optimizer state per parameter element (AdamW 2)
   int norm_rows = 0;         ///< rows of the step's gradient inspection buffer (0: the step does not inspect)
+  bool commit_step = true;   ///< model_options::commit_step (the step commits when it does not inspect: plan::commits)
 };
 
 /// The planner's answer: peak bytes per category and of their sum at any one moment (figures.total), per memory

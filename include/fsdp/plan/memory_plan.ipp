@@ -167,7 +167,8 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
     }
     r.link = {};
     const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
-    const auto short_of = plan::run_step(s, order, prog, r, [&] { m.add(norms); }, [&] { m.sub(norms); });
+    const auto short_of = plan::run_step(
+        s, order, prog, r, [&] { m.add(norms); }, [&] { m.sub(norms); }, plan::commits(in.commit_step, in.norm_rows));
     if (short_of) {
       out.infeasible = short_of->message(units);
       out.max_units_gathered = r.max_gathered;

@@ -153,8 +153,10 @@ enum class job : std::uint8_t {
   zero_shard_host,    ///< host_work: a host gradient shard zeroed (zero_grad; a host function)
   tensor_reduce,      ///< compute: the unit's partial gradients (tp::partial_grad) all-reduced over the tensor group
                       ///< when its backward ends, in issue order with the trainer's own tensor collectives
+  commit,             ///< compute: the step's commit (plan::commits), a one-element all-reduce over the world before
+                      ///< the first update, in gradient slot 0; of no unit (npos)
 };
-inline constexpr std::size_t jobs = 25;
+inline constexpr std::size_t jobs = 26;
 
 constexpr const char* name_of(job j) noexcept {
   switch (j) {
@@ -182,6 +184,7 @@ constexpr const char* name_of(job j) noexcept {
     case job::zero_shard: return "zero grad shard";
     case job::zero_shard_host: return "zero host grad shard";
     case job::tensor_reduce: return "tensor all_reduce";
+    case job::commit: return "commit all_reduce";
   }
   return "?";
 }
@@ -301,6 +304,15 @@ class step_program {
   template <class I>
   void wait_reductions(I& in) {
     for (std::size_t u = 0; u < size(); ++u) in.wait(lane::compute, signal::reduced, u);
+  }
+
+  /// The step's commit (plan::commits; Model::step, at the gradient inspection's place, when there is none): the
+  /// compute stream, which has waited for every reduction, all-reduces one element over the world in gradient slot
+  /// 0 (idle now: no memory of its own), and every update is queued behind it (a host step's update waits for it:
+  /// the interpreter). A failure anywhere in the step fails it on every rank before any update.
+  template <class I>
+  void commit(I& in) {
+    in.work(lane::compute, job::commit, npos, pass_kind::none);
   }
 
   /// Model::step after the scheduler's before_step: the optimizer step begins (before the optimizer's own work
@@ -588,11 +600,12 @@ std::optional<sched::shortage> walk_passes(sched::scheduler& s, const std::vecto
 
 /// One training step through the program: the passes, then Model::step's order (wait for the reductions, the
 /// scheduler's before_step, the step's begin stamp, `between` (what the optimizer does before its updates: the
-/// gradient inspection), the updates, `after` (what the optimizer does once its updates are issued: the inspection's
-/// buffer, which the updates read, given back), the scheduler's after_step: ZeRO-1's gathers).
+/// gradient inspection), the commit when `commits` (plan::commits: there is no inspection), the updates, `after`
+/// (what the optimizer does once its updates are issued: the inspection's buffer, which the updates read, given
+/// back), the scheduler's after_step: ZeRO-1's gathers).
 template <class I, class Between, class After>
 std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<std::size_t>& order, step_program& prog,
-                                        I& in, Between&& between, After&& after) {
+                                        I& in, Between&& between, After&& after, bool commits) {
   auto on_op = [&](sched::op o, std::size_t u, bool ahead, pass_kind k) { prog.op(o, u, ahead, k, in); };
   auto on_compute = [&](pass_kind k, std::size_t u) {
     prog.compute_begin(k, u, in);
@@ -603,6 +616,7 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
   s.before_step([&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); });
   prog.optimizer_begin(in);
   between();
+  if (commits) prog.commit(in);
   prog.optimizer_step(in);
   after();
   s.after_step(order, [&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); });

@@ -86,6 +86,9 @@ struct time_model {
   /// all-reduces (unit_time's bytes), both on the compute stream (bandwidth 0: free).
   int tensor = 1;
   comm::link_model tensor_link{};
+  /// The world communicator's link (every rank: world x tensor): the step's commit, one fp32 all-reduce on the
+  /// compute stream before the first update (model_options::commit_step; bandwidth 0: free).
+  comm::link_model world_link{};
   double memory_bytes_per_second = 0;  ///< device memory (0: memory-bound work takes no time)
   double host_bytes_per_second = 0;    ///< host memory: host functions of offloading (0: free)
   double pcie_bytes_per_second = 0;    ///< the host link: offload copies (0: free)
@@ -125,6 +128,10 @@ struct timeline {
   std::int64_t compute_ns = 0;  ///< union of compute intervals (units and optimizer)
   std::int64_t comm_ns = 0;     ///< union of collective intervals
   std::int64_t exposed_ns = 0;  ///< collective time not covered by compute
+  /// The step's commit (model_options::commit_step, on time_model::world_link): all of it exposed, since the compute
+  /// stream waits for it before the updates. Counted in step_ns and, inside the optimizer step, in compute_ns, not
+  /// in comm_ns or exposed_ns (the trace has no event of its own for it).
+  std::int64_t commit_ns = 0;
   std::vector<unit_exposure> by_unit;  ///< per unit index
   std::vector<path_step> critical_path;  ///< first to last: each piece waited for the one before it
   std::vector<trace::event> events;      ///< the predicted step: rank 0, step 1, ns from its start

@@ -63,6 +63,10 @@ FSDP_DECL std::string timeline::report() const {
      << ms(comm_ns) << " ms, exposed " << ms(exposed_ns) << " ms (" << std::setprecision(1)
      << 100.0 * exposed_fraction() << "% of the step)\n"
      << std::setprecision(3);
+  if (commit_ns > 0)
+    os << "  the step's commit all_reduce " << ms(commit_ns) << " ms, all exposed (" << std::setprecision(1)
+       << 100.0 * double(commit_ns) / double(step_ns) << "% of the step)\n"
+       << std::setprecision(3);
   os << "  " << std::left << std::setw(16) << "unit" << std::right << std::setw(14) << "all_gather ms"
      << std::setw(12) << "reduce ms" << std::setw(13) << "exposed ms\n";
   for (const unit_exposure& u : by_unit)
@@ -167,6 +171,10 @@ class time_reading {
   }
   void record(plan::lane l, plan::signal s, std::size_t u) { signal_[u][static_cast<std::size_t>(s)] = lane_of(l); }
   void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
+    if (j == plan::job::commit) {  // of no unit: one fp32 value over every rank of the world
+      commit(l);
+      return;
+    }
     std::int64_t d = dur_[u][idx(j)];
     if (j == plan::job::compute) {
       const unit_time& ut = tm_.compute[u];
@@ -225,6 +233,8 @@ class time_reading {
   }
 
   std::int64_t origin() const noexcept { return origin_; }
+  /// The last step's commit (0: none, or free).
+  std::int64_t commit_ns() const noexcept { return commit_ns_; }
   std::vector<trace::event>& events() noexcept { return events_; }
 
   /// The chain of work that ended at `last`, first to last, within the kept step.
@@ -252,6 +262,24 @@ class time_reading {
   };
 
   static std::size_t idx(plan::job j) noexcept { return static_cast<std::size_t>(j); }
+  /// The step's commit on lane `l`: an all-reduce of 4 bytes over the world's ranks (data-parallel x tensor) on
+  /// time_model::world_link, after the last collective of any group when collectives are serial.
+  void commit(plan::lane l) {
+    const std::int64_t d =
+        tm_.world_link.duration(collective::all_reduce, 4, tm_.world * std::max(1, tm_.tensor)).count();
+    if (d <= 0) return;
+    at& a = lane_of(l);
+    std::int64_t begin = a.t;
+    int pred = a.node;
+    if (tm_.serial_collectives && link_.t > begin) {
+      begin = link_.t;
+      pred = link_.node;
+    }
+    nodes_.push_back({l, plan::job::commit, plan::step_program::npos, pass_kind::none, begin, begin + d, pred});
+    commit_ns_ = d;
+    a = {begin + d, static_cast<int>(nodes_.size()) - 1};
+    if (tm_.serial_collectives) link_ = a;
+  }
   static std::int64_t bytes_over(std::int64_t bytes, double per_second) {
     if (per_second <= 0 || bytes <= 0) return 0;
     return detail::checked_ns(double(bytes) / per_second * 1e9, "a copy or memory-bound piece of work");
@@ -277,6 +305,7 @@ class time_reading {
   std::vector<trace::event> events_;
   bool keep_ = false;
   std::int64_t origin_ = 0;
+  std::int64_t commit_ns_ = 0;
   std::size_t first_node_ = 0;
 };
 
@@ -288,6 +317,7 @@ FSDP_DECL void place_on_cluster(time_model& t, const comm::cluster_links& c, con
   t.link = m.shards > 1 ? c.group(m.shards, m.tensor) : c.group(m.data_parallel(), m.tensor);
   t.replica_link = c.group(m.replicas, m.shards * m.tensor);
   t.tensor_link = c.group(m.tensor, 1);
+  t.world_link = c.group(m.data_parallel() * m.tensor, 1);
 }
 
 FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
@@ -305,6 +335,7 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
   } rates[] = {{"link.bytes_per_second", t.link.bytes_per_second},
                {"replica_link.bytes_per_second", t.replica_link.bytes_per_second},
                {"tensor_link.bytes_per_second", t.tensor_link.bytes_per_second},
+               {"world_link.bytes_per_second", t.world_link.bytes_per_second},
                {"memory_bytes_per_second", t.memory_bytes_per_second},
                {"host_bytes_per_second", t.host_bytes_per_second},
                {"pcie_bytes_per_second", t.pcie_bytes_per_second}};
@@ -312,7 +343,8 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
     if (!(r.v >= 0)) detail::fail_usage("timeline plan: time_model::", r.name, " must be >= 0 (0: free), got ", r.v);
   for (const auto& [name, l] : {std::pair<const char*, const comm::link_model*>{"link", &t.link},
                                 {"replica_link", &t.replica_link},
-                                {"tensor_link", &t.tensor_link}}) {
+                                {"tensor_link", &t.tensor_link},
+                                {"world_link", &t.world_link}}) {
     if (l->latency.count() < 0)
       detail::fail_usage("timeline plan: time_model::", name, ".latency must be >= 0, got ", l->latency.count(), " ns");
     if (l->step_latency.count() < 0)
@@ -345,7 +377,7 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
   detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {
     r.begin_step(step == 1);
-    if (auto short_of = plan::run_step(s, order, prog, r, [] {}, [] {})) {
+    if (auto short_of = plan::run_step(s, order, prog, r, [] {}, [] {}, plan::commits(in.commit_step, in.norm_rows))) {
       out.infeasible = short_of->message(units);
       return out;
     }
@@ -357,6 +389,7 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
   out.compute_ns = trace::detail::length(iv.compute);
   out.comm_ns = trace::detail::length(iv.comm);
   out.exposed_ns = iv.exposed_ns();
+  out.commit_ns = r.commit_ns();
   out.by_unit.resize(n);
   for (std::size_t u = 0; u < n; ++u) {
     out.by_unit[u].unit = names[u];
