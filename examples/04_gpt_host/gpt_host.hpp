@@ -456,8 +456,10 @@ result train(typename Policy::communicator& comm, const config& c) {
 
 /// The GPT examples' --strategy and --precision flags as types: fn(s, p) with fsdp::named<Sharding> and
 /// fsdp::named<Precision> (typename decltype(s)::type), or a usage_error naming the flag and the names known.
-/// `extra`: more precisions by name (the host example adds "fp8", precision::scaled), beside bf16 and fp32.
-template <class F, class... Extra>
+/// `extra`: more precisions by name (the host example adds "fp8", precision::scaled), beside bf16 and fp32;
+/// `MoreStrategies`: more strategies, named as they name themselves, beside full_shard, shard_grad_op and no_shard
+/// (the host example adds hybrid_shard<2>; each one is compiled with every precision).
+template <class... MoreStrategies, class F, class... Extra>
 decltype(auto) with_policy_flags(std::string_view strategy, std::string_view precision, F&& fn, Extra... extra) {
   namespace sh = fsdp::sharding;
   return fsdp::select(
@@ -465,7 +467,7 @@ decltype(auto) with_policy_flags(std::string_view strategy, std::string_view pre
       [&](auto p) {
         return fsdp::select(
             "--strategy", strategy, [&](auto s) { return fn(s, p); },
-            fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard>());
+            fsdp::by_name<sh::full_shard, sh::shard_grad_op, sh::no_shard, MoreStrategies...>());
       },
       fsdp::named<fsdp::precision::mixed<fsdp::bfloat16>>{"bf16"}, fsdp::named<fsdp::precision::full>{"fp32"},
       extra...);

@@ -123,6 +123,9 @@ struct config {
   /// Scheduling options (slots, recorder, ...). The root unit, first in forward, stays gathered into its backward by
   /// default (model_options::reshard_after_forward).
   fsdp::model_options options{};
+  /// Called on every rank before each phase of each step ("forward", "backward", "optimizer") with the step's
+  /// number: where a rank can fail on purpose (04_gpt_host --fail-at). Empty: nothing is called.
+  std::function<void(int step, const char* phase)> before;
 };
 
 struct result {
@@ -293,7 +296,8 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       tr.begin_step(inputs, targets);
     }
     typename ModelT::unit_type* root = nullptr;
-    int l = 0;                            // blocks done
+    int l = 0;  // blocks done
+    if (c.before) c.before(step, "forward");
     for (auto& unit : model.forward()) {  // the root unit, then h.0 .. h.L-1
       if (!root) {
         if (unit.name() != "root")
@@ -317,6 +321,7 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
     for (const auto& k : caches) kept += k.bytes();
     r.activation_bytes = std::max(r.activation_bytes, kept);
     r.activation_bytes_per_block = Trainer::bytes(xs[0]) + (c.checkpoint_activations ? 0 : caches[0].bytes());
+    if (c.before) c.before(step, "backward");
     for (auto& unit : model.backward()) {  // h.L-1 .. h.0, then the root unit
       if (l == 0) {
         if (&unit != root)
@@ -330,6 +335,7 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       tr.block_backward(unit, b, x, caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(b)], dx, dnext);
       std::swap(dx, dnext);
     }
+    if (c.before) c.before(step, "optimizer");
     const fsdp::grad::step_report stepped = opt.step();  // decided on the device: nothing waits here
     opt.zero_grad();
     const float loss = tr.global_loss(model);  // the loss read back: the step's report has arrived with it

@@ -97,3 +97,57 @@ TEST_CASE(
   CHECK(ran.out.find("reshard 1 x 2 -> 2 x 2, 3 fp32 buffer(s) a unit") != std::string::npos);
   CHECK(ran.out.find("  joins    3 ") != std::string::npos);
 }
+
+namespace {
+/// The losses a --losses file holds, by step.
+std::vector<double> losses_in(const std::string& path) {
+  std::vector<double> out;
+  std::string text = file_bytes(path), line;
+  for (std::size_t at = 0, end; at < text.size(); at = end + 1) {
+    end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    line = text.substr(at, end - at);
+    if (line.empty()) continue;
+    CHECK(std::stoul(line) == out.size());  // one line per step, in order
+    out.push_back(std::stod(line.substr(line.find(' ') + 1)));
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE(
+    "--fail-at: rank 1 fails during step 2 (before its forward, before its backward, inside its last replica "
+    "all-reduce, before its optimizer step); the survivors hold step 2 whole, continue from it as 1 x 2, and end "
+    "at the loss of the run without a failure; --losses has every step") {
+  const std::string flags = " --ranks 4 --strategy hybrid_shard --steps 4 --layers 1 --precision fp32";
+  const fsdp_tests::run plain = execute(example + flags + " --losses " + scratch("plain.losses"));
+  REQUIRE_MESSAGE(plain.status == 0, plain.out);  // hybrid_shard as a strategy of its own
+  const std::vector<double> reference = losses_in(scratch("plain.losses"));
+  REQUIRE(reference.size() == 4);
+  for (const std::string phase : {"forward", "backward", "reduction", "optimizer"}) {
+    CAPTURE(phase);
+    const std::string file = scratch("fail-" + phase + ".losses");
+    const fsdp_tests::run ran =
+        execute(example + flags + " --lose-rank 1 --at-step 2 --fail-at " + phase + " --losses " + file);
+    REQUIRE_MESSAGE(ran.status == 0, ran.out);
+    CHECK(fsdp_tests::lines_starting(ran.out, "step ").size() == 4);  // steps 0 and 1, then 2 and 3 again
+    const auto saw = fsdp_tests::lines_starting(ran.out, "rank ");
+    REQUIRE(saw.size() == 4);  // the three survivors, then the failed rank's own error
+    CHECK(saw[0].find("aborted: rank 1 failed: rank 1 ") != std::string::npos);
+    CHECK(saw[0].find("; leaves with its replica group") != std::string::npos);
+    CHECK(saw[1].find("; continues as rank 0 of 2") != std::string::npos);
+    CHECK(saw[2].find("; continues as rank 1 of 2") != std::string::npos);
+    // the replica group's all-reduces: one a unit (root, h.0) a step, so step 2's last is #5
+    CHECK(saw[3] == (phase == "reduction"
+                         ? "rank 1's thread ended with: rank 1 died inside its replica all-reduce #5"
+                         : "rank 1's thread ended with: rank 1 failed before step 2's " + phase));
+    CHECK(ran.out.find("the survivors hold step 2 whole (ranks 0, 2, 3): training goes on from it\n") !=
+          std::string::npos);
+    const std::vector<double> got = losses_in(file);
+    REQUIRE(got.size() == 4);
+    CHECK(got[0] == reference[0]);  // before the failure: the same bits
+    CHECK(got[1] == reference[1]);
+    // after it, one replica group of 2 ranks averages what two did: another order of the same additions
+    for (std::size_t s = 2; s < 4; ++s) CHECK(got[s] == doctest::Approx(reference[s]).epsilon(1e-6));
+  }
+}
