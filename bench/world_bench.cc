@@ -16,6 +16,14 @@
 //     rendezvous (from every rank's start until all hold rank 0's blob) need every rank's part: they run on thread
 //     ranks at worlds of 8 to 64 and are fitted there; the table extrapolates them (marked "~").
 // The baseline, in the same run: each cost at the smallest world measured.
+//
+// Then the step's commit (model_options::commit_step: one element all-reduced over the world before the first
+// update), at 8 to 4096 ranks: measured on rank 0 of the mirrored world (a step with it against a step without, each
+// the best of 7 runs of 100 steps, alternated; and the bytes it moves), and planned by the timeline planner on GPT-2
+// 124M under full_shard on A100 nodes of 8 with bench/plan's default links (NVLink 230 GB/s and 10 us inside a node;
+// 200 Gb/s x 8 a node between nodes, 20 us a collective, 5 us a ring step): the commit's time on the ring model the
+// planner uses, its share of the step, and, for comparison, a tree's latency (2 log2(n) steps), which NCCL uses for a
+// message this small and the planner does not model.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,6 +35,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fsdp/checkpoint/checkpoint.hpp>
@@ -118,6 +127,95 @@ fsdp::ModelSpec tiny() {
 struct mirror_costs {
   double agree_bytes = 0, agree_collectives = 0, construct_ms = 0, step_us_per_unit = 0;
 };
+
+mirror_costs on_mirror(int world, std::int64_t align);
+
+/// The step's commit on rank 0 of a mirrored world: a step's host work with it and without (us), and the bytes of
+/// all-reduce a step moves with it, less without.
+struct commit_measured {
+  double with_us = 0, without_us = 0, bytes_per_step = 0;
+};
+
+commit_measured commit_on_mirror(int world) {
+  struct run {
+    mirror_communicator comm;
+    fsdp::Model<mirror_policy> m;
+    decltype(fsdp::optim::sgd(std::declval<fsdp::Model<mirror_policy>&>(), fsdp::optim::sgd_options{})) opt;
+    run(int world, bool commit)
+        : comm(world), m(comm, tiny(), fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{}, [&] {
+            fsdp::model_options mo;
+            mo.layout.align = 1;
+            mo.commit_step = commit;
+            return mo;
+          }()),
+          opt(m, {.lr = 1e-3f, .momentum = 0.9f}) {}
+    void steps(int n) {
+      for (int i = 0; i < n; ++i) {
+        for (auto& u : m.forward()) (void)u;
+        for (auto& u : m.backward()) (void)u;
+        opt.step();
+      }
+      m.synchronize();
+    }
+    double all_reduce_bytes() const { return double(comm.stats().bytes[std::size_t(fsdp::collective::all_reduce)]); }
+  };
+  run with(world, true), without(world, false);
+  with.steps(5);
+  without.steps(5);
+  commit_measured out;
+  const double before_with = with.all_reduce_bytes(), before_without = without.all_reduce_bytes();
+  constexpr int steps = 100;
+  double best_with = 1e300, best_without = 1e300;
+  for (int rep = 0; rep < 7; ++rep) {
+    auto t0 = clock_type::now();
+    with.steps(steps);
+    best_with = std::min(best_with, seconds_since(t0) / steps);
+    t0 = clock_type::now();
+    without.steps(steps);
+    best_without = std::min(best_without, seconds_since(t0) / steps);
+  }
+  out.with_us = best_with * 1e6;
+  out.without_us = best_without * 1e6;
+  out.bytes_per_step = ((with.all_reduce_bytes() - before_with) - (without.all_reduce_bytes() - before_without)) /
+                       (7.0 * steps);
+  return out;
+}
+
+/// The step's commit as the timeline planner predicts it: GPT-2 124M, full_shard over `world` ranks, A100 nodes of 8
+/// (bench/plan's default links), 8192 tokens a rank a step.
+struct commit_planned {
+  double step_ms = 0, commit_ms = 0, tree_ms = 0;
+};
+
+commit_planned commit_in_timeline(int world) {
+  const gpt::shape shape{50257, 1024, 768, 12, 12};
+  const fsdp::planned_units u = fsdp::plan_units("gpt2", gpt::make_spec(shape, 0), gpt::wrapping(), world);
+  fsdp::budget_query q;
+  q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(world);
+  q.optimizer_states = 2;
+  fsdp::memory_plan_inputs in = fsdp::planner_inputs(u, q, fsdp::facts_of_prefetch<fsdp::prefetch::next>());
+  in.commit_step = true;  // AdamW without clipping: the step commits on its own
+  fsdp::comm::cluster_links cluster;
+  cluster.gpus_per_node = 8;
+  cluster.intra.bytes_per_second = 230e9;
+  cluster.intra.latency = std::chrono::microseconds(10);
+  cluster.inter.bytes_per_second = 200e9 / 8;
+  cluster.inter.latency = std::chrono::microseconds(20);
+  cluster.inter.step_latency = std::chrono::microseconds(5);
+  fsdp::time_model t;
+  fsdp::place_on_cluster(t, cluster, fsdp::mesh_of<fsdp::sharding::full_shard>(world));
+  t.memory_bytes_per_second = 2.039e12;
+  t.serial_collectives = true;  // comm::nccl's default
+  for (const auto& l : u.layouts) t.compute.push_back(fsdp::flops_model{8192, 312e12 * 0.6, 2, 4, {"wte", "wpe"}}(l));
+  const fsdp::timeline tl = fsdp::plan_timeline(u.names, u.layouts, in, t);
+  commit_planned out;
+  out.step_ms = double(tl.step_ns) * 1e-6;
+  out.commit_ms = double(tl.commit_ns) * 1e-6;
+  const fsdp::comm::link_model& w = t.world_link;
+  const double hops = 2.0 * std::ceil(std::log2(double(world)));
+  out.tree_ms = (double(w.latency.count()) + hops * double(w.step_latency.count())) * 1e-6;
+  return out;
+}
 
 mirror_costs on_mirror(int world, std::int64_t align) {
   mirror_costs out;
@@ -345,10 +443,36 @@ int main(int argc, char** argv) {
       "a step %.2f us a unit, planners %.2f and %.2f ms, manifest %.1f KiB\n",
       agree_bytes.cost.front(), agree_calls.cost.front(), construct.cost.front(), step.cost.front(),
       memory.cost.front(), timeline.cost.front(), manifest.cost.front());
+
+  // The step's commit: measured on the mirror, planned on GPT-2 124M (see the top of the file).
+  std::printf("\nthe step's commit (model_options::commit_step), against the world size\n\n%-44s %4s", "", "");
+  for (int w : shown) std::printf(" %11d", w);
+  std::printf("\n");
+  std::vector<commit_measured> measured;
+  std::vector<commit_planned> planned;
+  for (int w : shown) measured.push_back(commit_on_mirror(w)), planned.push_back(commit_in_timeline(w));
+  const auto line = [&](const char* name, const char* unit, auto value) {
+    std::printf("%-44s %4s", name, unit);
+    for (std::size_t i = 0; i < shown.size(); ++i) std::printf(" %11.4g", value(i));
+    std::printf("\n");
+  };
+  std::printf("measured: rank 0 of a mirrored world, 64 units, host backend, inline streams\n");
+  line("  a step with the commit", "us", [&](std::size_t i) { return measured[i].with_us; });
+  line("  a step without (the baseline)", "us", [&](std::size_t i) { return measured[i].without_us; });
+  line("  the commit's host work (the difference)", "us",
+       [&](std::size_t i) { return measured[i].with_us - measured[i].without_us; });
+  line("  what it moves a step (all-reduce, fp32)", "B", [&](std::size_t i) { return measured[i].bytes_per_step; });
+  std::printf("planned: GPT-2 124M, full_shard, A100 nodes of 8 (bench/plan's links), 8192 tokens a rank\n");
+  line("  the step", "ms", [&](std::size_t i) { return planned[i].step_ms; });
+  line("  the commit (ring model, all exposed)", "ms", [&](std::size_t i) { return planned[i].commit_ms; });
+  line("  its share of the step", "%", [&](std::size_t i) { return 100 * planned[i].commit_ms / planned[i].step_ms; });
+  line("  a tree's latency for it (not modelled)", "ms", [&](std::size_t i) { return planned[i].tree_ms; });
+
   std::printf(
       "{\"bench\":\"world\",\"step_exponent\":%.3f,\"agreement_bytes_exponent\":%.3f,\"manifest_exponent\":%.3f,"
-      "\"within_goal\":%s}\n",
+      "\"commit_share_at_4096\":%.4f,\"within_goal\":%s}\n",
       exponent(step.worlds, step.cost), exponent(agree_bytes.worlds, agree_bytes.cost),
-      exponent(manifest.worlds, manifest.cost), ok ? "true" : "false");
+      exponent(manifest.worlds, manifest.cost), planned.back().commit_ms / planned.back().step_ms,
+      ok ? "true" : "false");
   return 0;
 }
