@@ -217,6 +217,11 @@ void print_best(const settings& s, const outcome& o) {
   std::printf("  step %.3f s: compute %.3f s, communication %.3f s of which exposed %.3f s (%.1f%% of the step)\n",
               step, double(o.time.compute_ns) * 1e-9, double(o.time.comm_ns) * 1e-9, double(o.time.exposed_ns) * 1e-9,
               100 * o.time.exposed_fraction());
+  if (o.time.commit_ns > 0)  // an optimizer without clipping: the step's own commit (model_options::commit_step)
+    std::printf(
+        "  the step's commit: %.3f ms, all exposed (an all-reduce of one element over the world; none with "
+        "clipping)\n",
+        double(o.time.commit_ns) * 1e-6);
   std::printf("  %.0f tokens/s per GPU, MFU %.1f%%, %.0f model TFLOP/s per GPU (%.0f counting the recompute)\n",
               o.tokens_per_gpu_s, 100 * o.mfu, o.model_tflops, o.hardware_tflops);
 }

@@ -142,12 +142,14 @@ commit_measured commit_on_mirror(int world) {
     fsdp::Model<mirror_policy> m;
     decltype(fsdp::optim::sgd(std::declval<fsdp::Model<mirror_policy>&>(), fsdp::optim::sgd_options{})) opt;
     run(int world, bool commit)
-        : comm(world), m(comm, tiny(), fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{}, [&] {
-            fsdp::model_options mo;
-            mo.layout.align = 1;
-            mo.commit_step = commit;
-            return mo;
-          }()),
+        : comm(world),
+          m(comm, tiny(), fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{},
+            [&] {
+              fsdp::model_options mo;
+              mo.layout.align = 1;
+              mo.commit_step = commit;
+              return mo;
+            }()),
           opt(m, {.lr = 1e-3f, .momentum = 0.9f}) {}
     void steps(int n) {
       for (int i = 0; i < n; ++i) {
@@ -176,8 +178,8 @@ commit_measured commit_on_mirror(int world) {
   }
   out.with_us = best_with * 1e6;
   out.without_us = best_without * 1e6;
-  out.bytes_per_step = ((with.all_reduce_bytes() - before_with) - (without.all_reduce_bytes() - before_without)) /
-                       (7.0 * steps);
+  out.bytes_per_step =
+      ((with.all_reduce_bytes() - before_with) - (without.all_reduce_bytes() - before_without)) / (7.0 * steps);
   return out;
 }
 

@@ -163,7 +163,8 @@ struct step_record {
   std::vector<float> losses, lrs;
   std::vector<double> norms;
   explicit step_record(int steps)
-      : losses(static_cast<std::size_t>(steps)), lrs(static_cast<std::size_t>(steps)),
+      : losses(static_cast<std::size_t>(steps)),
+        lrs(static_cast<std::size_t>(steps)),
         norms(static_cast<std::size_t>(steps)) {}
   void keep(const gpt::result& r, int first) {
     std::lock_guard lk(mu);
@@ -193,11 +194,11 @@ int run_losing(int ranks, const gpt::config& cfg, const losing& l, const outputs
   if (cfg.options.tensor_parallel != 1 || cfg.packing.on) usage("--lose-rank takes neither --tp nor --pack");
   std::printf("GPT: hybrid_shard, %d replica groups of 2 thread ranks, %s compute; rank %d fails %s%s\n", replicas,
               std::string(fsdp::name_of(fsdp::facts_of_precision<Precision>().compute)).c_str(), lost,
-              l.phase.empty() ? ("after step " + std::to_string(at - 1)).c_str()
-                              : ("in step " + std::to_string(at) + ", " +
-                                 (l.phase == "reduction" ? "inside its last replica all-reduce"
-                                                         : "before its " + l.phase))
-                                    .c_str(),
+              l.phase.empty()
+                  ? ("after step " + std::to_string(at - 1)).c_str()
+                  : ("in step " + std::to_string(at) + ", " +
+                     (l.phase == "reduction" ? "inside its last replica all-reduce" : "before its " + l.phase))
+                        .c_str(),
               rejoin > 0 ? (", replacements join before step " + std::to_string(rejoin)).c_str() : "");
   std::mutex mu;
   std::vector<std::string> said(static_cast<std::size_t>(ranks)), arrived(static_cast<std::size_t>(ranks));
@@ -257,11 +258,10 @@ int run_losing(int ranks, const gpt::config& cfg, const losing& l, const outputs
           const bool holds = std::find(c.holders.begin(), c.holders.end(), me) != c.holders.end();
           {  // said before the transfer, a collective of the survivors: new rank 0 prints every line after it
             std::lock_guard lk(mu);
-            said[static_cast<std::size_t>(me)] =
-                "saw: " + failure +
-                (mine_new < 0 ? std::string("; leaves with its replica group")
-                              : "; continues as rank " + std::to_string(mine_new) + " of " +
-                                    std::to_string(joins.size()));
+            said[static_cast<std::size_t>(me)] = "saw: " + failure +
+                                                 (mine_new < 0 ? std::string("; leaves with its replica group")
+                                                               : "; continues as rank " + std::to_string(mine_new) +
+                                                                     " of " + std::to_string(joins.size()));
           }
           const int step = static_cast<int>(c.step);
           if (mine_new < 0) {  // the lost rank's replica partner: sends what the others need (here: nothing), leaves
@@ -314,19 +314,18 @@ int run_losing(int ranks, const gpt::config& cfg, const losing& l, const outputs
               moved = fsdp::elastic::join(asked, full, full_opt, moves);
               std::lock_guard lk(mu);
               arrived[static_cast<std::size_t>(grown.rank())] =
-                  "joined: received its shards from the survivors, and step count " +
-                  std::to_string(full.step_count());
+                  "joined: received its shards from the survivors, and step count " + std::to_string(full.step_count());
             }
             moves.barrier();  // every newcomer has said what it did
             if (grown.rank() == 0) {
               std::lock_guard lk(mu);
-              std::printf("ranks 0-%d invited %d replacement(s) as ranks %d-%d of %d x 2 before step %d\n",
-                          stayed - 1, newcomers, stayed, ranks - 1, replicas, rejoin);
+              std::printf("ranks 0-%d invited %d replacement(s) as ranks %d-%d of %d x 2 before step %d\n", stayed - 1,
+                          newcomers, stayed, ranks - 1, replicas, rejoin);
               for (int k = stayed; k < ranks; ++k)
                 std::printf("rank %d %s\n", k, arrived[static_cast<std::size_t>(k)].c_str());
-              std::printf("%s",
-                          fsdp::plan::describe(moved, asked, 1 + static_cast<int>(full_opt.state_names().size()))
-                              .c_str());
+              std::printf(
+                  "%s",
+                  fsdp::plan::describe(moved, asked, 1 + static_cast<int>(full_opt.state_names().size())).c_str());
               std::fflush(stdout);
             }
             auto full_tr = gpt::make_host_trainer{}(full, cfg.model, gpt::batch_per_rank(cfg, full.mesh()));
@@ -382,11 +381,10 @@ int main(int argc, char** argv) {
       lose.rejoin = to_int(value(), a);
     else if (a == "--fail-at") {
       lose.phase = value();
-      if (lose.phase != "forward" && lose.phase != "backward" && lose.phase != "reduction" &&
-          lose.phase != "optimizer")
+      if (lose.phase != "forward" && lose.phase != "backward" && lose.phase != "reduction" && lose.phase != "optimizer")
         usage("--fail-at takes forward, backward, reduction or optimizer, got '" + lose.phase + "'");
-    }
-    else if (a == "--batch") cfg.global_batch = to_int(value(), a);
+    } else if (a == "--batch")
+      cfg.global_batch = to_int(value(), a);
     else if (a == "--layers") cfg.model.layers = to_int(value(), a);
     else if (a == "--width") cfg.model.width = to_int(value(), a);
     else if (a == "--heads") cfg.model.heads = to_int(value(), a);

@@ -138,9 +138,8 @@ TEST_CASE(
     CHECK(saw[1].find("; continues as rank 0 of 2") != std::string::npos);
     CHECK(saw[2].find("; continues as rank 1 of 2") != std::string::npos);
     // the replica group's all-reduces: one a unit (root, h.0) a step, so step 2's last is #5
-    CHECK(saw[3] == (phase == "reduction"
-                         ? "rank 1's thread ended with: rank 1 died inside its replica all-reduce #5"
-                         : "rank 1's thread ended with: rank 1 failed before step 2's " + phase));
+    CHECK(saw[3] == (phase == "reduction" ? "rank 1's thread ended with: rank 1 died inside its replica all-reduce #5"
+                                          : "rank 1's thread ended with: rank 1 failed before step 2's " + phase));
     CHECK(ran.out.find("the survivors hold step 2 whole (ranks 0, 2, 3): training goes on from it\n") !=
           std::string::npos);
     const std::vector<double> got = losses_in(file);
