@@ -36,6 +36,7 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/kernels/element_function.hpp"  // ElementFunction: what for_each runs
 #include "fsdp/memory/memory.hpp"
 
 namespace fsdp {
@@ -47,13 +48,6 @@ namespace fsdp {
 inline std::string stream_name(int rank, std::string_view role) {
   return "rank" + std::to_string(rank) + "." + std::string(role);
 }
-
-/// What Backend::for_each runs: a value (trivially copyable, so it travels as a CUDA kernel's parameter) called
-/// with each element's index, on the host and in device code alike (an FSDP_HD operator()). Calls for different
-/// indices may run at once (a kernel's threads; the host pool of offloading's host step, kernels/host_pool.hpp), so
-/// f(i) must touch element i's data alone.
-template <class F>
-concept ElementFunction = std::is_trivially_copyable_v<F> && std::invocable<const F&, std::int64_t>;
 
 /// The least ElementFunction, for checking a backend's for_each.
 struct element_function_archetype {

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "fsdp/core/config.hpp"
+#include "fsdp/kernels/element_function.hpp"
 
 namespace fsdp::kernels {
 
@@ -31,13 +32,8 @@ FSDP_HD inline bool aligned_to(const void* p, std::uintptr_t bytes) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
-/// What Backend::for_each runs (fsdp::ElementFunction, backend/concept.hpp, which this folder does not include: the
-/// backends include it): trivially copyable, called with an element's index.
 template <class F>
-concept element_function = std::is_trivially_copyable_v<F> && std::invocable<const F&, std::int64_t>;
-
-template <class F>
-concept QuadFunction = element_function<F> && requires(const F& f, std::int64_t q) {
+concept QuadFunction = ElementFunction<F> && requires(const F& f, std::int64_t q) {
   { f.quads() } -> std::convertible_to<bool>;
   f.quad(q);
 };
@@ -53,7 +49,7 @@ struct block_extent {
 /// f.extent_of(p, k) of each element k < f.block merged, f.scale_of(extent), f.write_scale(p, scale) once,
 /// f.emit(p, k, scale) for each element.
 template <class F>
-concept BlockFunction = element_function<F> && requires(const F& f, std::int64_t b, int k, block_extent e, float s) {
+concept BlockFunction = ElementFunction<F> && requires(const F& f, std::int64_t b, int k, block_extent e, float s) {
   { f.block } -> std::convertible_to<std::int64_t>;
   f.place(b);
   { f.extent_of(f.place(b), k) } -> std::same_as<block_extent>;

@@ -39,12 +39,22 @@ inline std::optional<collective_use> gather_use(const unit_costs& c, const cost_
   return collective_use{collective::all_gather, c.gather_count(), c.gather_type()};
 }
 
-/// Unit c's reduction in its shard group under facts f.
+/// The collective a reduction issues under these facts: a reduce-scatter into shards, an all-reduce of replicas, or
+/// (a quantized reduction) an all_to_all of the quantized slices. The executor, the time reading, the traces and
+/// reduction_use ask this: the one place it is decided.
+inline collective reduction_of(const cost_facts& f) noexcept {
+  if (f.precision.quantizes_reduction()) return collective::all_to_all;
+  return f.shards_params ? collective::reduce_scatter : collective::all_reduce;
+}
+
+/// Unit c's reduction in its shard group under facts f: reduction_of's collective, over the quantized slices, the
+/// shard, or the whole padded buffer.
 inline collective_use reduction_use(const unit_costs& c, const cost_facts& f) {
-  const dtype t = c.reduce_output.type;
-  if (f.precision.quantizes_reduction()) return {collective::all_to_all, c.reduce_count(), t};
-  if (f.shards_params) return {collective::reduce_scatter, c.shard_numel, t};
-  return {collective::all_reduce, c.padded_numel, t};
+  const collective k = reduction_of(f);
+  const std::int64_t count = k == collective::all_to_all       ? c.reduce_count()
+                             : k == collective::reduce_scatter ? c.shard_numel
+                                                               : c.padded_numel;
+  return {k, count, c.reduce_output.type};
 }
 
 /// Unit c's all-reduce across the replicate group (hybrid sharding: a reduced shard to all-reduce); none when the

@@ -46,22 +46,15 @@
 
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/config.hpp"
+#include "fsdp/core/unit_state.hpp"
+#include "fsdp/memory/cost.hpp"
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/offload/offload.hpp"
-#include "fsdp/memory/cost.hpp"
+#include "fsdp/plan/collectives.hpp"  // reduction_of: which collective a reduction is
 #include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/schedule/slot_ledger.hpp"
-#include "fsdp/core/unit_state.hpp"
 
 namespace fsdp::plan {
-
-/// The collective a reduction issues under these facts: a reduce-scatter into shards, an all-reduce of replicas, or
-/// (a quantized reduction) an all_to_all of the quantized slices. The executor, the time reading and the traces ask
-/// this.
-inline collective reduction_of(const cost_facts& f) noexcept {
-  if (f.precision.quantizes_reduction()) return collective::all_to_all;
-  return f.shards_params ? collective::reduce_scatter : collective::all_reduce;
-}
 
 /// What a trace event of a unit with costs `c` carries: a gather's events the all-gather's bytes; a reduction's the
 /// reduction's bytes and collective (`reduction`: reduction_of the facts); the others nothing. The executor's
