@@ -42,10 +42,6 @@ class Model : public basic_model<typename Policy::backend_type, typename Policy:
         model_options opt = {})
       : Model(comm, std::move(default_init), opt, required(can_implement<Policy>(spec, wrap, opt, comm.size()))) {}
 
-  static constexpr precision_facts precision_of() noexcept { return facts_of_precision<precision>(); }
-  /// The offload policy's parts; unit_offload(u): unit u's (model_options::offload_units may override them).
-  static constexpr offload_facts offload_of() noexcept { return facts_of_offload<offload_policy>(); }
-
  private:
   static model_blueprint required(implementability r) {
     if (!r) throw usage_error(r.refusals.front().sentence);

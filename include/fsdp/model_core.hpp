@@ -175,8 +175,8 @@ class model_core {
   /// null unless the world is split.
   communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
   const model_options& options() const noexcept { return opt_; }
-  /// The policy's choices as values (strategy over this world, prefetch, precision, offload); Model<Policy> also
-  /// has them at compile time (precision_of(), offload_of()).
+  /// The policy's choices as values (strategy over this world, prefetch, precision, offload); at compile time they
+  /// are facts_of_precision<P::precision>() and facts_of_offload<P::offload>().
   const policy_facts& facts() const noexcept { return facts_; }
   /// Unit u's offloaded parts (the policy's, unless model_options::offload_units overrides them).
   const offload_facts& unit_offload(std::size_t u) const { return exec_.offload(u); }

@@ -78,6 +78,16 @@ static_assert(row_of(dtype::f32).nccl == ncclFloat32 && row_of(dtype::bf16).nccl
                   row_of(dtype::f16).nccl == ncclFloat16 && row_of(dtype::i8).nccl == ncclInt8,
               "fsdp: core/dtype.hpp's NCCL codes differ from this nccl.h's");
 inline ncclRedOp_t op_of(reduce_op op) { return op == reduce_op::avg ? ncclAvg : ncclSum; }
+
+/// Every communicator's configuration, written once: non-blocking, and sharing no resources with its parent
+/// (splitShare 0: NCCL 2.28 reads a split's splitShare from the parent's config, src/init.cc's
+/// ncclCommInitChildComm, so a world made with this config and its splits made with it agree).
+inline ncclConfig_t communicator_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.splitShare = 0;
+  return config;
+}
 }  // namespace detail
 
 /// The NCCL and CUDA calls behind nccl_core (detail/nccl_logic.hpp), which makes every decision about them.
@@ -94,14 +104,10 @@ struct nccl_api {
   data_type type_of(dtype t) const { return detail::type_of(t); }
 
   result get_async_error(comm c, result& state) { return ncclCommGetAsyncError(c, &state); }
-  /// The new communicator is non-blocking like every communicator here, and shares no resources with its parent
-  /// (splitShare 0; NCCL 2.28 reads both from the parent's config, src/init.cc's ncclCommInitChildComm, which the
-  /// constructor sets alike, and this config says the same). A non-blocking split answers ncclSuccess while it
-  /// still runs: nccl_core polls the parent's state before it reads `out`.
+  /// The new communicator is configured as every communicator here (detail::communicator_config). A non-blocking
+  /// split answers ncclSuccess while it still runs: nccl_core polls the parent's state before it reads `out`.
   result split(comm parent, int color, int key, comm& out) {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    config.splitShare = 0;
+    ncclConfig_t config = detail::communicator_config();
     return ncclCommSplit(parent, color, key, &out, &config);
   }
   result comm_abort(comm c) { return ncclCommAbort(c); }
@@ -215,18 +221,14 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
         core_(nccl_api{}, rank, world, opt_.timeout, "comm::nccl", opt_.channels, opt_.on_failure) {
     if (world <= 0 || rank < 0 || rank >= world)
       fsdp::detail::fail_usage("comm::nccl: rank ", rank, " is outside a world of ", world);
-    if (opt_.channels == nccl_channels::per_stream) {
-      int version = 0;
-      FSDP_NCCL_CHECK(ncclGetVersion(&version));
-      if (const std::string why = detail::per_stream_refusal(version, std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT"));
+    if (opt_.channels == nccl_channels::per_stream)  // the loaded library's version, as nccl_core's gates read it
+      if (const std::string why =
+              detail::per_stream_refusal(nccl_api{}.version(), std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT"));
           !why.empty())
         throw usage_error(why);
-    }
     if (opt_.backend.device < 0) opt_.backend.device = device;
     FSDP_CUDA_CHECK(cudaSetDevice(opt_.backend.device));
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    config.splitShare = 0;  // what its splits inherit (NCCL reads a split's splitShare from the parent's config)
+    ncclConfig_t config = detail::communicator_config();  // what its splits are made with too
     ncclComm_t c = nullptr;
     const std::int64_t free_before = core_.free_device_bytes();
     const ncclResult_t rc = ncclCommInitRankConfig(&c, world, id, rank, &config);
@@ -370,9 +372,9 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
     core_.init(c, ncclSuccess, color >= 0 ? "ncclCommSplit" : "ncclCommShrink",
                color >= 0 ? "a split group" : "the survivors' group", free_before);
     if (color >= 0) core_.join_family(parent.core_);  // a shrunk group is a family of its own
-    barrier_stream_ =
-        std::make_unique<stream>(color >= 0 ? fsdp::detail::cat("rank", parent.rank(), ".nccl_barrier.split", color)
-                                            : fsdp::detail::cat("rank", parent.rank(), ".nccl_barrier.shrunk"));
+    barrier_stream_ = std::make_unique<stream>(
+        fsdp::stream_name(parent.rank(), color >= 0 ? fsdp::detail::cat("nccl_barrier.split", color)
+                                                    : std::string("nccl_barrier.shrunk")));
     FSDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
   }
 
