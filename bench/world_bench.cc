@@ -130,6 +130,21 @@ struct mirror_costs {
 
 mirror_costs on_mirror(int world, std::int64_t align);
 
+/// GPT-2 124M's units and planner inputs under full_shard over `world` ranks, prefetching the next unit, AdamW.
+struct gpt2_plan {
+  fsdp::planned_units units;
+  fsdp::memory_plan_inputs in;
+};
+gpt2_plan gpt2_full_shard(int world) {
+  const gpt::shape shape{50257, 1024, 768, 12, 12};
+  gpt2_plan p{fsdp::plan_units("gpt2", gpt::make_spec(shape, 0), gpt::wrapping(), world), {}};
+  fsdp::budget_query q;
+  q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(world);
+  q.optimizer_states = 2;
+  p.in = fsdp::planner_inputs(p.units, q, fsdp::facts_of_prefetch<fsdp::prefetch::next>());
+  return p;
+}
+
 /// The step's commit on rank 0 of a mirrored world: a step's host work with it and without (us), and the bytes of
 /// all-reduce a step moves with it, less without.
 struct commit_measured {
@@ -190,13 +205,9 @@ struct commit_planned {
 };
 
 commit_planned commit_in_timeline(int world) {
-  const gpt::shape shape{50257, 1024, 768, 12, 12};
-  const fsdp::planned_units u = fsdp::plan_units("gpt2", gpt::make_spec(shape, 0), gpt::wrapping(), world);
-  fsdp::budget_query q;
-  q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(world);
-  q.optimizer_states = 2;
-  fsdp::memory_plan_inputs in = fsdp::planner_inputs(u, q, fsdp::facts_of_prefetch<fsdp::prefetch::next>());
-  in.commit_step = true;  // AdamW without clipping: the step commits on its own
+  const gpt2_plan p = gpt2_full_shard(world);  // AdamW without clipping: the step commits on its own
+  const fsdp::planned_units& u = p.units;
+  const fsdp::memory_plan_inputs& in = p.in;
   fsdp::comm::cluster_links cluster;
   cluster.gpus_per_node = 8;
   cluster.intra.bytes_per_second = 230e9;
@@ -260,12 +271,9 @@ struct planner_costs {
 };
 
 planner_costs planners(int world) {
-  const gpt::shape shape{50257, 1024, 768, 12, 12};
-  const fsdp::planned_units u = fsdp::plan_units("gpt2", gpt::make_spec(shape, 0), gpt::wrapping(), world);
-  fsdp::budget_query q;
-  q.strategy = fsdp::facts_of<fsdp::sharding::full_shard>(world);
-  q.optimizer_states = 2;
-  const fsdp::memory_plan_inputs in = fsdp::planner_inputs(u, q, fsdp::facts_of_prefetch<fsdp::prefetch::next>());
+  const gpt2_plan p = gpt2_full_shard(world);
+  const fsdp::planned_units& u = p.units;
+  const fsdp::memory_plan_inputs& in = p.in;
   fsdp::time_model t;
   t.world = world;
   t.link.bytes_per_second = 200e9;

@@ -653,24 +653,36 @@ TEST_CASE(
         }).find("groups of 3 ranks 1 apart do not tile nodes of 4 GPUs") != std::string::npos);
 }
 
-TEST_CASE("nodes: hybrid_shard<2> on 2 nodes of 2 GPUs against 4 nodes of 1 (one unit, worked by hand)") {
-  // A 1024-element fp32 unit sharded over 2 ranks: a gather or reduce-scatter moves 4096 x 1/2 = 2048 bytes, the
-  // replicas' all-reduce of the 2048-byte shard 2048 x 2 x 1/2 = 2048 bytes. NVLink 2.048 MB/s (1 ms), the network
-  // 1.024 MB/s a GPU (2 ms) with 0.5 ms a collective and 0.25 ms a ring step. Forward 2 ms, backward 3 ms.
-  const auto u = units_of({"u"}, 2);
+namespace {
+/// hybrid_shard<2> over 4 ranks on nodes of 2 GPUs, one unit: a 1024-element fp32 unit sharded over 2 ranks (a gather
+/// or reduce-scatter moves 4096 x 1/2 = 2048 bytes, the replicas' all-reduce of the 2048-byte shard 2048 x 2 x 1/2 =
+/// 2048 bytes), released after its forward. NVLink 2.048 MB/s (1 ms), the network 1.024 MB/s a GPU (2 ms) with 0.5
+/// ms a collective and 0.25 ms a ring step. Forward 2 ms, backward 3 ms.
+struct one_unit_on_nodes {
+  fsdp::planned_units u = units_of({"u"}, 2);
   fsdp::memory_plan_inputs in;
-  fsdp::model_options release;
-  release.reshard_after_forward["u"] = true;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
-                                          none, fsdp::precision_facts{}, release, {});
-  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
-  in.commit_step = false;  // the step's commit: the next case
   fsdp::comm::cluster_links c{
       .gpus_per_node = 2,
       .intra = {.bytes_per_second = 2.048e6},
       .inter = {.bytes_per_second = 1.024e6, .latency = nanoseconds(ms(0.5)), .step_latency = nanoseconds(ms(0.25))}};
   fsdp::time_model t = timing(1, 2, 3);
-  fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4));
+  one_unit_on_nodes() {
+    fsdp::model_options release;
+    release.reshard_after_forward["u"] = true;
+    in.schedule =
+        fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4), none,
+                                  fsdp::precision_facts{}, release, {});
+    in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
+    place();
+  }
+  void place() { fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4)); }
+};
+}  // namespace
+
+TEST_CASE("nodes: hybrid_shard<2> on 2 nodes of 2 GPUs against 4 nodes of 1 (one unit, worked by hand)") {
+  one_unit_on_nodes n;
+  auto& [u, in, c, t] = n;
+  in.commit_step = false;  // the step's commit: the next case
   // the shard group inside a node, the replicas across: gather 0-1, forward 1-3, gather 3-4, backward 4-7,
   // reduce-scatter 7-8, the replicas' all-reduce 8-11 (0.5 + 2 steps x 0.25 + 2 ms)
   const auto two_nodes = predict(u, in, t);
@@ -684,7 +696,7 @@ TEST_CASE("nodes: hybrid_shard<2> on 2 nodes of 2 GPUs against 4 nodes of 1 (one
         "  reduce     replica all_reduce u backward          8.000 -     11.000 ms\n");
   // every GPU on a node of its own: each shard-group collective crosses the network too (0.5 + 0.25 + 2 ms)
   c.gpus_per_node = 1;
-  fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4));
+  n.place();
   const auto four_nodes = predict(u, in, t);
   CHECK(four_nodes.step_ns == ms(2.75 + 2 + 2.75 + 3 + 2.75 + 3));
 }
@@ -692,19 +704,8 @@ TEST_CASE("nodes: hybrid_shard<2> on 2 nodes of 2 GPUs against 4 nodes of 1 (one
 TEST_CASE(
     "the step's commit: on the compute stream once every reduction is done and before the update, over the whole "
     "world on its link, all of it exposed (the same unit and nodes as above, worked by hand)") {
-  const auto u = units_of({"u"}, 2);
-  fsdp::memory_plan_inputs in;
-  fsdp::model_options release;
-  release.reshard_after_forward["u"] = true;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
-                                          none, fsdp::precision_facts{}, release, {});
-  in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
-  fsdp::comm::cluster_links c{
-      .gpus_per_node = 2,
-      .intra = {.bytes_per_second = 2.048e6},
-      .inter = {.bytes_per_second = 1.024e6, .latency = nanoseconds(ms(0.5)), .step_latency = nanoseconds(ms(0.25))}};
-  fsdp::time_model t = timing(1, 2, 3);
-  fsdp::place_on_cluster(t, c, fsdp::mesh_of<fsdp::sharding::hybrid_shard<2>>(4));
+  one_unit_on_nodes n;
+  auto& [u, in, c, t] = n;
   // the world of 4 ranks on 2 nodes: 2 GPUs' share of the network (2.048 MB/s), 0.5 ms a collective, 0.25 ms a ring
   // step; the commit's all-reduce of 4 bytes takes 2 x 3 steps: 0.5 + 6 x 0.25 ms + 4 x 2 x 3/4 B / 2.048 MB/s
   // (2929 ns, truncated), from the replicas' all-reduce's end at 11 ms
