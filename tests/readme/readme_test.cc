@@ -114,8 +114,11 @@ struct my_trainer {
 }  // namespace
 
 TEST_CASE("README.md's example is this file's region, verbatim") {
-  const std::string readme = fsdp_tests::file_bytes("README.md");
-  const std::string self = fsdp_tests::file_bytes("tests/readme/readme_test.cc");
+  // Bazel runs the test in its runfiles tree, where the files keep their workspace paths; CMake's CTest says where
+  // they are (tests/CMakeLists.txt)
+  const std::string readme = fsdp_tests::file_bytes(fsdp_tests::program("FSDP_README_MD", "README.md"));
+  const std::string self =
+      fsdp_tests::file_bytes(fsdp_tests::program("FSDP_README_SOURCE", "tests/readme/readme_test.cc"));
   const std::string block = first_cpp_block(readme), region = readme_region(self);
   REQUIRE(!region.empty());
   CHECK(block == region);
