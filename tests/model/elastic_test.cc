@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -519,8 +520,8 @@ std::vector<outcome> failure_during_step(int world, int lost, const std::string&
 }
 
 template <class Policy>
-void every_phase(int world, int lost) {
-  for (const ends end : {ends::returns, ends::throws, ends::throws_leaked})
+void every_phase(int world, int lost, std::initializer_list<ends> how) {
+  for (const ends end : how)
     for (const std::string phase : {"forward", "backward", "optimizer", "loss"}) {
       CAPTURE(static_cast<int>(end));
       CAPTURE(phase);
@@ -552,20 +553,21 @@ TEST_CASE(
   using fsdp::sharding::hybrid_shard;
   using fsdp::sharding::hybrid_shard_zero1;
   using fsdp::sharding::hybrid_shard_zero2;
+  // the failed rank's model leaked past run_local on 2 x 2 (what it shows does not depend on the grid)
   SUBCASE("2 x 2, rank 3") {
-    every_phase<fsdp::policy<hybrid_shard<2>>>(4, 3);
-    every_phase<fsdp::policy<hybrid_shard_zero2<2>>>(4, 3);
-    every_phase<fsdp::policy<hybrid_shard_zero1<2>>>(4, 3);
+    for (auto p : {&every_phase<fsdp::policy<hybrid_shard<2>>>, &every_phase<fsdp::policy<hybrid_shard_zero2<2>>>,
+                   &every_phase<fsdp::policy<hybrid_shard_zero1<2>>>})
+      p(4, 3, {ends::returns, ends::throws, ends::throws_leaked});
   }
   SUBCASE("2 x 3, rank 1") {
-    every_phase<fsdp::policy<hybrid_shard<3>>>(6, 1);
-    every_phase<fsdp::policy<hybrid_shard_zero2<3>>>(6, 1);
-    every_phase<fsdp::policy<hybrid_shard_zero1<3>>>(6, 1);
+    for (auto p : {&every_phase<fsdp::policy<hybrid_shard<3>>>, &every_phase<fsdp::policy<hybrid_shard_zero2<3>>>,
+                   &every_phase<fsdp::policy<hybrid_shard_zero1<3>>>})
+      p(6, 1, {ends::returns, ends::throws});
   }
   SUBCASE("3 x 2, rank 4") {
-    every_phase<fsdp::policy<hybrid_shard<2>>>(6, 4);
-    every_phase<fsdp::policy<hybrid_shard_zero2<2>>>(6, 4);
-    every_phase<fsdp::policy<hybrid_shard_zero1<2>>>(6, 4);
+    for (auto p : {&every_phase<fsdp::policy<hybrid_shard<2>>>, &every_phase<fsdp::policy<hybrid_shard_zero2<2>>>,
+                   &every_phase<fsdp::policy<hybrid_shard_zero1<2>>>})
+      p(6, 4, {ends::returns, ends::throws});
   }
 }
 
