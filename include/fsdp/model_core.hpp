@@ -354,27 +354,30 @@ class model_core {
   void step(exec::optimizer_work<backend_type>& work) {
     cursor_.require_idle("an optimizer step");
     sched_.check_step();
-    exec_.wait_reductions();
-    sched_.before_step(executor());
-    exec_.optimizer_begin();
-    bool updating = false;  // an inspection that fails (its norm's all-reduce) has changed nothing yet
+    // plan::optimizer_phase's order; what fails from the inspection on fails the step: before the updates (an
+    // inspection or commit whose all-reduce failed) nothing has changed yet; from the updates on they may be partly
+    // applied (a retry would apply them twice), or applied but neither counted nor gathered again (ZeRO-1's
+    // after_step)
+    bool inspected = false, updating = false;
+    std::optional<typename trace::ranges<backend_type>::scope> range;  // the inspection and the updates
     try {
-      const typename trace::ranges<backend_type>::scope range(exec_.ranges(), backend(), trace::range_kind::optimizer,
-                                                              -1);
-      const bool apply = work.inspect ? work.inspect() : true;
-      if (plan::commits(opt_.commit_step, work.inspect ? 1 : 0)) exec_.commit();  // run_step's order
-      updating = true;
-      mark_update();
-      exec_.optimizer_step(work, apply);
-      if (work.finish) work.finish();
-    } catch (const std::exception& e) {  // the update may be partly applied: a retry would apply it twice
-      cursor_.fail_step(std::string(detail::unprefixed(e)), updating);
-      throw;
-    }
-    try {
-      sched_.after_step(cursor_.order(), executor());
-    } catch (const std::exception& e) {  // updated, but neither counted nor gathered again (ZeRO-1)
-      cursor_.fail_step(std::string(detail::unprefixed(e)), true);
+      exec_.optimizer_phase(
+          sched_, cursor_.order(), executor(),
+          [&] {
+            inspected = true;
+            range.emplace(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
+            return work.inspect ? work.inspect() : true;
+          },
+          plan::commits(opt_.commit_step, work.inspect ? 1 : 0),
+          [&](bool apply) {
+            updating = true;
+            mark_update();
+            exec_.optimizer_step(work, apply);
+            if (work.finish) work.finish();
+            range.reset();
+          });
+    } catch (const std::exception& e) {
+      if (inspected) cursor_.fail_step(std::string(detail::unprefixed(e)), updating);
       throw;
     }
   }

@@ -106,12 +106,13 @@ class unit_executor {
   /// The trainer's work for unit u begins / ends (Model entering and leaving the unit).
   void compute_begin(pass_kind k, std::size_t u) { prog_.compute_begin(k, u, in_); }
   void compute_end(pass_kind k, std::size_t u) { prog_.compute_end(k, u, in_); }
-  /// Model::step, before the scheduler's before_step: compute waits for every unit's reduction.
-  void wait_reductions() { prog_.wait_reductions(in_); }
-  /// Model::step after before_step: the step begins (its trace stamp).
-  void optimizer_begin() { prog_.optimizer_begin(in_); }
-  /// Model::step, where the inspection would be when there is none (plan::commits): the step's commit.
-  void commit() { prog_.commit(in_); }
+  /// Model::step: the optimizer step's order (plan::optimizer_phase, which the planners run too) on this executor;
+  /// `update(apply)` calls optimizer_step below.
+  template <class OnOp, class Inspect, class Update>
+  void optimizer_phase(sched::scheduler& s, const std::vector<std::size_t>& order, OnOp&& on_op, Inspect&& inspect,
+                       bool commits, Update&& update) {
+    plan::optimizer_phase(s, order, prog_, in_, on_op, inspect, commits, update);
+  }
   /// Model::step: the optimizer's updates of every unit where the program puts them (none unless `apply`), each
   /// unit's "shard ready" after its own update, and the step's end.
   void optimizer_step(optimizer_work<B>& work, bool apply) {

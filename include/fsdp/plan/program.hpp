@@ -591,11 +591,27 @@ std::optional<sched::shortage> walk_passes(sched::scheduler& s, const std::vecto
   return std::nullopt;
 }
 
-/// One training step through the program: the passes, then Model::step's order (wait for the reductions, the
-/// scheduler's before_step, the step's begin stamp, `between` (what the optimizer does before its updates: the
-/// gradient inspection), the commit when `commits` (plan::commits: there is no inspection), the updates, `after`
-/// (what the optimizer does once its updates are issued: the inspection's buffer, which the updates read, given
-/// back), the scheduler's after_step: ZeRO-1's gathers).
+/// The optimizer step's order, written once (Model::step runs it on the executor, run_step below in the planners):
+/// compute waits for every unit's reduction, the scheduler's before_step (`on_op` carries out its decisions), the
+/// step's begin stamp, `inspect()` (the optimizer's gradient inspection, before any update; true: the updates
+/// apply), the step's commit when `commits` (plan::commits: there is no inspection), `update(apply)` (the updates,
+/// step_program::optimizer_step, with what the caller does around them), then the scheduler's after_step (ZeRO-1's
+/// gathers).
+template <class I, class OnOp, class Inspect, class Update>
+void optimizer_phase(sched::scheduler& s, const std::vector<std::size_t>& order, step_program& prog, I& in,
+                     OnOp&& on_op, Inspect&& inspect, bool commits, Update&& update) {
+  prog.wait_reductions(in);
+  s.before_step(on_op);
+  prog.optimizer_begin(in);
+  const bool apply = inspect();
+  if (commits) prog.commit(in);
+  update(apply);
+  s.after_step(order, on_op);
+}
+
+/// One training step through the program: the passes, then the optimizer step (optimizer_phase), with `between`
+/// what the optimizer does before its updates (the gradient inspection), `after` what it does once they are issued
+/// (the inspection's buffer, which the updates read, given back).
 template <class I, class Between, class After>
 std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<std::size_t>& order, step_program& prog,
                                         I& in, Between&& between, After&& after, bool commits) {
@@ -605,14 +621,17 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
     prog.compute_end(k, u, in);
   };
   if (auto short_of = walk_passes(s, order, on_op, on_compute)) return short_of;
-  prog.wait_reductions(in);
-  s.before_step([&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); });
-  prog.optimizer_begin(in);
-  between();
-  if (commits) prog.commit(in);
-  prog.optimizer_step(in);
-  after();
-  s.after_step(order, [&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); });
+  optimizer_phase(
+      s, order, prog, in, [&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); },
+      [&] {
+        between();
+        return true;
+      },
+      commits,
+      [&](bool apply) {
+        prog.optimizer_step(in, apply);
+        after();
+      });
   return std::nullopt;
 }
 
