@@ -319,10 +319,9 @@ class model_core {
 
   /// Hands each group's collectives (fsdp/plan/collectives.hpp: the units' gathers and reductions, the replicas'
   /// all-reduces, the world's one-element all-reduce, the step's commit and, with `norm_rows`, the gradient norms'
-  /// all-reduce) to a
-  /// communicator with connect() (comm::nccl), each list once and only what was not handed over before: NCCL
-  /// connects what a collective needs at its first use, which would otherwise be inside step 1, after the
-  /// reservation. Collective: every rank calls it at the same point (construction, an optimizer's construction).
+  /// all-reduce) to a communicator with connect() (comm::nccl), each list once and only what was not handed over
+  /// before: NCCL connects what a collective needs at its first use, which would otherwise be inside step 1, after
+  /// the reservation. Collective: every rank calls it at the same point (construction, an optimizer's construction).
   void connect_collectives(int norm_rows) {
     if constexpr (ConnectingCollective<communicator>) {
       std::vector<plan::unit_costs> costs;

@@ -707,8 +707,8 @@ TEST_CASE(
   one_unit_on_nodes n;
   auto& [u, in, c, t] = n;
   // the world of 4 ranks on 2 nodes: 2 GPUs' share of the network (2.048 MB/s), 0.5 ms a collective, 0.25 ms a ring
-  // step; the commit's all-reduce of 4 bytes takes 2 x 3 steps: 0.5 + 6 x 0.25 ms + 4 x 2 x 3/4 B / 2.048 MB/s
-  // (2929 ns, truncated), from the replicas' all-reduce's end at 11 ms
+  // step; the commit's all-reduce of one fp32 element (4 bytes: the gradient's dtype) takes 2 x 3 steps: 0.5 + 6 x 0.25
+  // ms + 4 x 2 x 3/4 B / 2.048 MB/s (2929 ns, truncated), from the replicas' all-reduce's end at 11 ms
   const auto with = predict(u, in, t);
   CHECK(with.commit_ns == 2002929);
   CHECK(with.step_ns == ms(11) + 2002929);

@@ -86,8 +86,9 @@ struct time_model {
   /// all-reduces (unit_time's bytes), both on the compute stream (bandwidth 0: free).
   int tensor = 1;
   comm::link_model tensor_link{};
-  /// The world communicator's link (every rank: world x tensor): the step's commit, one fp32 all-reduce on the
-  /// compute stream before the first update (model_options::commit_step; bandwidth 0: free).
+  /// The world communicator's link (every rank: world x tensor): the step's commit, an all-reduce of one element of
+  /// the gradient's dtype on the compute stream before the first update (model_options::commit_step; bandwidth 0:
+  /// free).
   comm::link_model world_link{};
   double memory_bytes_per_second = 0;  ///< device memory (0: memory-bound work takes no time)
   double host_bytes_per_second = 0;    ///< host memory: host functions of offloading (0: free)

@@ -93,6 +93,7 @@ class time_reading {
     const std::size_t n = prog.size();
     shard_group_ = n ? layouts[0].world() : 1;
     shards_ = facts.shards_params;
+    commit_bytes_ = static_cast<std::int64_t>(size_of(facts.precision.compute));  // the gradient's dtype
     reduction_ = plan::reduction_of(facts);
     for (std::size_t u = 0; u < n; ++u) {
       const plan::unit_costs& c = prog.costs(u);
@@ -171,7 +172,7 @@ class time_reading {
   }
   void record(plan::lane l, plan::signal s, std::size_t u) { signal_[u][static_cast<std::size_t>(s)] = lane_of(l); }
   void work(plan::lane l, plan::job j, std::size_t u, pass_kind pass) {
-    if (j == plan::job::commit) {  // of no unit: one fp32 value over every rank of the world
+    if (j == plan::job::commit) {  // of no unit: one element over every rank of the world
       commit(l);
       return;
     }
@@ -262,11 +263,12 @@ class time_reading {
   };
 
   static std::size_t idx(plan::job j) noexcept { return static_cast<std::size_t>(j); }
-  /// The step's commit on lane `l`: an all-reduce of 4 bytes over the world's ranks (data-parallel x tensor) on
-  /// time_model::world_link, after the last collective of any group when collectives are serial.
+  /// The step's commit on lane `l`: an all-reduce of one element of the gradient's dtype over the world's ranks
+  /// (data-parallel x tensor) on time_model::world_link, after the last collective of any group when collectives
+  /// are serial.
   void commit(plan::lane l) {
     const std::int64_t d =
-        tm_.world_link.duration(collective::all_reduce, 4, tm_.world * std::max(1, tm_.tensor)).count();
+        tm_.world_link.duration(collective::all_reduce, commit_bytes_, tm_.world * std::max(1, tm_.tensor)).count();
     if (d <= 0) return;
     at& a = lane_of(l);
     std::int64_t begin = a.t;
@@ -294,6 +296,7 @@ class time_reading {
   const time_model& tm_;
   int shard_group_ = 1;
   bool shards_ = true;
+  std::int64_t commit_bytes_ = 4;  ///< the step's commit: one element of the gradient's (compute) dtype
   collective reduction_ = collective::reduce_scatter;  // what a reduction issues (plan::reduction_of)
   std::vector<durations> dur_;
   std::vector<durations> coll_;  ///< the collective part of each duration
