@@ -133,7 +133,7 @@ TEST_CASE(
     CHECK(fsdp_tests::lines_starting(ran.out, "step ").size() == 4);  // steps 0 and 1, then 2 and 3 again
     const auto saw = fsdp_tests::lines_starting(ran.out, "rank ");
     REQUIRE(saw.size() == 4);  // the three survivors, then the failed rank's own error
-    CHECK(saw[0].find("aborted: rank 1 failed: rank 1 ") != std::string::npos);
+    CHECK_MESSAGE(saw[0].find("aborted: rank 1 failed: rank 1 ") != std::string::npos, ran.out);
     CHECK(saw[0].find("; leaves with its replica group") != std::string::npos);
     CHECK(saw[1].find("; continues as rank 0 of 2") != std::string::npos);
     CHECK(saw[2].find("; continues as rank 1 of 2") != std::string::npos);
