@@ -90,58 +90,10 @@ class model_core {
   /// Builds this rank's units from `bp`, the blueprint of can_implement's checks, which passed.
   /// `bp.spec` is this rank's spec (local shapes under tensor parallelism); `pf` over the data-parallel ranks.
   model_core(communicator& comm, init::rule default_init, const model_options& opt, const policy_facts& pf,
-             model_blueprint bp)
-      : comm_(&comm),
-        spec_(std::move(bp.spec)),
-        opt_(opt),
-        facts_(pf),
-        mesh_(bp.mesh),
-        stamp_(opt_.recorder, comm.rank()),
-        units_{std::move(bp.units), std::move(bp.layouts)},
-        cursor_(units_.index, opt_.forward_order, opt_.record_order),
-        sched_(units_.index, std::move(*bp.schedule)),
-        exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
-              plan::make_cost_facts(pf.precision, pf.strategy.shards_params, opt_.accumulation, pf.offload,
-                                    exec::division_facts(opt_.division, mesh_.data_parallel()).prescale != 1.0f),
-              exec::division_facts(opt_.division, mesh_.data_parallel()), sched_.facts().grad_slots, stamp_,
-              opt_.check_collectives, sched_.facts().offload) {
-    // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
-    agree::require_agreement(comm, backend(),
-                             model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(), pf.strategy,
-                                               pf.prefetch, pf.precision, opt_, pf.offload),
-                             "the model",
-                             "Every rank must construct its Model from the same ModelSpec, wrapping policy, "
-                             "fsdp::policy, default init rule and model_options");
-    backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
-    if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
-    if (pf.strategy.splits_world() || mesh_.tensor > 1) make_groups(pf.strategy.splits_world());
-    if (auto* rec = opt_.recorder) {
-      rec->set_unit_names(units_.index.names());
-      const int rank = comm.rank();
-      backend().memory().set_listener([rec, rank](const memory_figures& f) { rec->memory(rank, f); });
-    }
-    if (opt_.check_views) exec_.check_views();
-    reserve_memory(0);
-    const bool master_serves = !sched_.facts().gathers;
-    const tensor_coords tensor{mesh_.tensor, mesh_.tensor_rank(comm.rank())};
-    for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves, tensor);
-    units_view_.reserve(size());
-    for (std::size_t u = 0; u < size(); ++u)
-      units_view_.emplace_back(u, exec_.layout(u), exec_.shard_rank(), sched_, exec_.buffers(u));
-  }
+             model_blueprint bp);
 
  public:
-  virtual ~model_core() {
-    exec_.synchronize_quietly();  // streams may still use unit buffers; errors were reported to whoever waited
-    end_unit_range();
-    // Timed stream events still pending are recorded now; marks of a stream that never finished cannot be.
-    if (const std::size_t dropped = stamp_.close(backend()))
-      std::fprintf(stderr,
-                   "fsdp: rank %d: %zu stream-side trace events were not recorded: their streams had not reached them "
-                   "when the model was destroyed\n",
-                   comm_->rank(), dropped);
-    backend().memory().set_listener({});
-  }
+  virtual ~model_core();
 
   // ---- access ------------------------------------------------------------------------------------------------
   std::size_t size() const noexcept { return units_.index.size(); }
@@ -188,16 +140,7 @@ class model_core {
   /// The memory planner's prediction for this rank: peak bytes by category and in total, with a printable
   /// table. `optimizer_states`: fp32 values per parameter element the optimizer keeps (its
   /// states_per_element()); `norm_rows`: its gradient inspection rows (its norm_rows(), 0 without inspection).
-  memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const {
-    memory_plan p = fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
-    const communicator* const all[] = {comm_, shard_comm_.get(), replicate_comm_.get(), tensor_comm_.get()};
-    for (const communicator* c : all)
-      if (c) {  // comm::nccl: what its communicators took from the device beside the plan, and of that, connecting
-        p.outside_plan_bytes += comm::device_bytes(*c);
-        p.outside_plan_connect_bytes += comm::connect_bytes(*c);
-      }
-    return p;
-  }
+  memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const;
   /// The plan with an optimizer's state and gradient inspection.
   template <class Optimizer>
     requires requires(const Optimizer& o) {
@@ -212,18 +155,10 @@ class model_core {
   /// (comm::serial_collectives: comm::nccl true under its default one communicator; comm::local, and a communicator
   /// that does not say, false), so that the plan models what runs here.
   /// `optimizer_states` as for plan_memory.
-  timeline plan_timeline(time_model t, int optimizer_states) const {
-    t.world = mesh_.data_parallel();
-    t.tensor = mesh_.tensor;
-    t.serial_collectives = comm::serial_collectives(*comm_);
-    return fsdp::plan_timeline(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), t);
-  }
+  timeline plan_timeline(time_model t, int optimizer_states) const;
   /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
   /// executor issues, for debugging overlap. `optimizer_states` as for plan_memory.
-  step_listing list_step(int optimizer_states) const {
-    return fsdp::list_step(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0),
-                           mesh_.data_parallel());
-  }
+  step_listing list_step(int optimizer_states) const;
   template <class Optimizer>
     requires requires(const Optimizer& o) {
       { o.states_per_element() } -> std::convertible_to<int>;
@@ -234,18 +169,11 @@ class model_core {
   // ---- whole-model operations --------------------------------------------------------------------------------
   /// Discards every gradient accumulated since the last step: the gradient shards are set to zero (after pending
   /// reductions finish), no-sync accumulators are freed, and the count of micro-batches starts again.
-  void zero_grad() {
-    cursor_.require_idle("zero_grad()");
-    exec_.zero_grads();
-    sched_.restart_window();
-  }
+  void zero_grad();
 
   /// Blocks until all work issued by this rank has finished; rethrows stream errors. With a recorder, the
   /// stream-side events timed with the backend's timing marks (backend::cuda) enter it here.
-  void synchronize() {
-    exec_.synchronize();
-    stamp_.flush(backend());
-  }
+  void synchronize();
 
  private:
   friend struct model_access;  // the optimizers' and checkpoints' protocol (fsdp/exec/model_access.hpp)
@@ -267,26 +195,10 @@ class model_core {
   /// fails). On a backend whose streams can fail (the host's: failed_before), the last step counts only when its
   /// compute stream got to its updates: one that failed before them (a reduction it waited for failed; every
   /// update skipped) leaves the step before.
-  std::optional<std::uint64_t> committed_steps() {
-    synchronize_quietly();
-    if (!cursor_.committed()) return std::nullopt;
-    const std::uint64_t n = sched_.completed_steps();
-    if constexpr (failing_streams) {
-      if (update_marks_) {
-        if (backend().failed_before(update_marks_->begun)) return n - 1;
-      }
-    }
-    return n;
-  }
+  std::optional<std::uint64_t> committed_steps();
   /// Whether the last optimizer step's updates never ran (committed_steps left that step out): its optimizer's
   /// count then leaves it out too (steps_if_last_skipped).
-  bool last_update_skipped() {
-    synchronize_quietly();
-    if constexpr (failing_streams)
-      return update_marks_ && backend().failed_before(update_marks_->begun);
-    else
-      return false;
-  }
+  bool last_update_skipped();
   /// Waits for every stream (the copy streams too) without throwing: what an owner of buffers the streams use
   /// (an optimizer's state) calls before they go.
   void synchronize_quietly() noexcept { exec_.synchronize_quietly(); }
@@ -311,37 +223,14 @@ class model_core {
   /// gathers; the optimizers call it with their state count and inspection rows. First, what the collectives of
   /// the step need is made (connect_collectives), so that the pool, which never gives memory back, is taken
   /// after it and not before.
-  void reserve_memory(int optimizer_states, int norm_rows = 0) {
-    connect_collectives(norm_rows);
-    if constexpr (ReservingBackend<backend_type>)
-      backend().reserve(plan_memory(optimizer_states, norm_rows).peak.total);
-  }
+  void reserve_memory(int optimizer_states, int norm_rows = 0);
 
   /// Hands each group's collectives (fsdp/plan/collectives.hpp: the units' gathers and reductions, the replicas'
   /// all-reduces, the world's one-element all-reduce, the step's commit and, with `norm_rows`, the gradient norms'
   /// all-reduce) to a communicator with connect() (comm::nccl), each list once and only what was not handed over
   /// before: NCCL connects what a collective needs at its first use, which would otherwise be inside step 1, after
   /// the reservation. Collective: every rank calls it at the same point (construction, an optimizer's construction).
-  void connect_collectives(int norm_rows) {
-    if constexpr (ConnectingCollective<communicator>) {
-      std::vector<plan::unit_costs> costs;
-      for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
-      plan::group_collectives g =
-          plan::step_collectives(costs, exec_.facts(), exec_.replicates(), plan::norm_count(size(), norm_rows),
-                                 plan::commits(opt_.commit_step, norm_rows));
-      g.tensor = plan::tensor_collectives(exec_.layouts(), costs);
-      if (shard_comm_) {
-        comm_->connect(plan::not_yet(g.world, connected_.world));
-        shard_comm_->connect(plan::not_yet(g.shard, connected_.shard));
-        if (replicate_comm_) replicate_comm_->connect(plan::not_yet(g.replicas, connected_.replicas));
-        if (tensor_comm_) tensor_comm_->connect(plan::not_yet(g.tensor, connected_.tensor));
-      } else {  // the shard group is the world
-        std::vector<collective_use> all = g.world;
-        all.insert(all.end(), g.shard.begin(), g.shard.end());
-        comm_->connect(plan::not_yet(plan::distinct(std::move(all)), connected_.world));
-      }
-    }
-  }
+  void connect_collectives(int norm_rows);
 
   /// An optimizer step (through fsdp/exec/model_access.hpp: the optimizers' protocol): once every unit's gradient
   /// is reduced, in the compute stream's order, the optimizer's inspection, then its update of every unit where the
@@ -350,36 +239,7 @@ class model_core {
   /// gathered again right after the update. Throws usage_error if
   /// a unit's gradient was not reduced since the last step (backward missing or unfinished, or micro-batches
   /// missing under no-sync).
-  void step(exec::optimizer_work<backend_type>& work) {
-    cursor_.require_idle("an optimizer step");
-    sched_.check_step();
-    // plan::optimizer_phase's order; what fails from the inspection on fails the step: before the updates (an
-    // inspection or commit whose all-reduce failed) nothing has changed yet; from the updates on they may be partly
-    // applied (a retry would apply them twice), or applied but neither counted nor gathered again (ZeRO-1's
-    // after_step)
-    bool inspected = false, updating = false;
-    std::optional<typename trace::ranges<backend_type>::scope> range;  // the inspection and the updates
-    try {
-      exec_.optimizer_phase(
-          sched_, cursor_.order(), executor(),
-          [&] {
-            inspected = true;
-            range.emplace(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
-            return work.inspect ? work.inspect() : true;
-          },
-          plan::commits(opt_.commit_step, work.inspect ? 1 : 0),
-          [&](bool apply) {
-            updating = true;
-            mark_update();
-            exec_.optimizer_step(work, apply);
-            if (work.finish) work.finish();
-            range.reset();
-          });
-    } catch (const std::exception& e) {
-      if (inspected) cursor_.fail_step(std::string(detail::unprefixed(e)), updating);
-      throw;
-    }
-  }
+  void step(exec::optimizer_work<backend_type>& work);
 
   /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute
   /// stream, after every pending reduction and with every unit released (gathered copies would be stale); later
@@ -430,15 +290,7 @@ class model_core {
   /// parallelism: the shard group (ranks of this replica, or all data-parallel ranks, at this tensor rank), the
   /// replicate group (ranks at this shard position and tensor rank) and the tensor group, split from the world in
   /// that order on every rank (exec/groups.hpp); the executor issues on the first two from now on.
-  void make_groups(bool replicas) {
-    if constexpr (SplittableCollective<communicator>) {
-      exec::split_groups<communicator> g = exec::split_world(*comm_, mesh_, replicas);
-      shard_comm_ = std::move(g.shard);
-      replicate_comm_ = std::move(g.replicate);
-      tensor_comm_ = std::move(g.tensor);
-      exec_.use_groups(*shard_comm_, replicate_comm_.get(), tensor_comm_.get());
-    }
-  }
+  void make_groups(bool replicas);
 
   static std::unique_ptr<backend_type> make_backend(communicator& comm) {
     static_assert(ConfiguringCollective<communicator> || !requires { comm.backend_options(); },
@@ -461,76 +313,21 @@ class model_core {
   std::size_t current_unit() const { return cursor_.current(); }
   /// A range whose pass began is destroyed while its pass is still the cursor's: the pass is abandoned (entered by
   /// name or iterated).
-  void abandon_pass(pass_kind k, bool named) {
-    if (cursor_.pass() != k) return;
-    end_unit_range();
-    cursor_.abandon(named);
-  }
+  void abandon_pass(pass_kind k, bool named);
 
-  void begin_pass(pass_kind k, const std::string_view* name) {
-    cursor_.require_idle(k == pass_kind::forward ? "model.forward()" : "model.backward()");
-    sched_.check_begin(k);
-    if (stamp_.pending() >= trace::stamper<backend_type>::flush_above) stamp_.flush(backend());  // never waits
-    cursor_.begin(k, name);  // a wrong first unit throws here: nothing has happened, the model stays usable
-    sched_.begin_pass(k);
-    stamp_.set_step(sched_.step());
-    enter_current();  // on failure the pass is abandoned with the reason (no range owns it yet)
-  }
+  void begin_pass(pass_kind k, const std::string_view* name);
 
-  void advance(const std::string_view* name) {
-    cursor_.check_advance(name);
-    const pass_kind k = cursor_.pass();
-    leave_current();
-    if (cursor_.next(name))
-      enter_current();
-    else
-      sched_.end_pass(k);
-  }
+  void advance(const std::string_view* name);
 
-  void finish_pass() {
-    cursor_.check_finish();
-    const pass_kind k = cursor_.pass();
-    leave_current();
-    cursor_.end();
-    sched_.end_pass(k);
-  }
+  void finish_pass();
 
  private:
   /// Enters the unit at the cursor. A shortage of gather slots, or a failure of the backend or communicator
   /// (an allocation, an aborted collective), abandons the pass with the reason: what was scheduled before cannot be
   /// undone, and every later use of the model says why.
-  void enter_current() {
-    const pass_kind k = cursor_.pass();
-    const std::size_t u = cursor_.current();
-    std::optional<sched::shortage> short_of;
-    try {
-      short_of = sched_.enter(k, cursor_.order(), cursor_.pos(), executor());
-    } catch (const std::exception& e) {
-      cursor_.abandon_with(std::string(detail::unprefixed(e)));
-      throw;
-    }
-    if (short_of) {
-      const std::string why = short_of->message(units_.index);
-      cursor_.abandon_with(why);
-      detail::fail_usage(why);
-    }
-    exec_.compute_begin(k, u);
-    unit_range_ = exec_.ranges().start(backend(), k == pass_kind::forward ? trace::range_kind::forward
-                                                                          : trace::range_kind::backward,
-                                       static_cast<int>(u));
-  }
+  void enter_current();
 
-  void leave_current() {
-    const pass_kind k = cursor_.pass();
-    end_unit_range();
-    exec_.compute_end(k, cursor_.current());
-    try {
-      sched_.leave(k, cursor_.order(), cursor_.pos(), executor());
-    } catch (const std::exception& e) {  // a release or reduction failed: the pass cannot go on
-      cursor_.abandon_with(std::string(detail::unprefixed(e)));
-      throw;
-    }
-  }
+  void leave_current();
 
   /// Closes the current unit's profiler range, if one is open.
   void end_unit_range() noexcept {
@@ -573,5 +370,267 @@ class model_core {
     }
   }
 };
+
+// Defined here, not in the class, so that they are not inline: a translation unit that declares the core's
+// instance extern (fsdp/instances.hpp: FSDP_EXTERN_MODEL; separate-compilation mode) does not compile them.
+template <class B, class C>
+model_core<B, C>::model_core(communicator& comm, init::rule default_init, const model_options& opt,
+                             const policy_facts& pf, model_blueprint bp)
+    : comm_(&comm),
+      spec_(std::move(bp.spec)),
+      opt_(opt),
+      facts_(pf),
+      mesh_(bp.mesh),
+      stamp_(opt_.recorder, comm.rank()),
+      units_{std::move(bp.units), std::move(bp.layouts)},
+      cursor_(units_.index, opt_.forward_order, opt_.record_order),
+      sched_(units_.index, std::move(*bp.schedule)),
+      exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
+            plan::make_cost_facts(pf.precision, pf.strategy.shards_params, opt_.accumulation, pf.offload,
+                                  exec::division_facts(opt_.division, mesh_.data_parallel()).prescale != 1.0f),
+            exec::division_facts(opt_.division, mesh_.data_parallel()), sched_.facts().grad_slots, stamp_,
+            opt_.check_collectives, sched_.facts().offload) {
+  // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
+  agree::require_agreement(comm, backend(),
+                           model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(), pf.strategy,
+                                             pf.prefetch, pf.precision, opt_, pf.offload),
+                           "the model",
+                           "Every rank must construct its Model from the same ModelSpec, wrapping policy, "
+                           "fsdp::policy, default init rule and model_options");
+  backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
+  if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
+  if (pf.strategy.splits_world() || mesh_.tensor > 1) make_groups(pf.strategy.splits_world());
+  if (auto* rec = opt_.recorder) {
+    rec->set_unit_names(units_.index.names());
+    const int rank = comm.rank();
+    backend().memory().set_listener([rec, rank](const memory_figures& f) { rec->memory(rank, f); });
+  }
+  if (opt_.check_views) exec_.check_views();
+  reserve_memory(0);
+  const bool master_serves = !sched_.facts().gathers;
+  const tensor_coords tensor{mesh_.tensor, mesh_.tensor_rank(comm.rank())};
+  for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves, tensor);
+  units_view_.reserve(size());
+  for (std::size_t u = 0; u < size(); ++u)
+    units_view_.emplace_back(u, exec_.layout(u), exec_.shard_rank(), sched_, exec_.buffers(u));
+}
+
+template <class B, class C>
+model_core<B, C>::~model_core() {
+  exec_.synchronize_quietly();  // streams may still use unit buffers; errors were reported to whoever waited
+  end_unit_range();
+  // Timed stream events still pending are recorded now; marks of a stream that never finished cannot be.
+  if (const std::size_t dropped = stamp_.close(backend()))
+    std::fprintf(stderr,
+                 "fsdp: rank %d: %zu stream-side trace events were not recorded: their streams had not reached them "
+                 "when the model was destroyed\n",
+                 comm_->rank(), dropped);
+  backend().memory().set_listener({});
+}
+
+template <class B, class C>
+memory_plan model_core<B, C>::plan_memory(int optimizer_states, int norm_rows) const {
+  memory_plan p = fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
+  const communicator* const all[] = {comm_, shard_comm_.get(), replicate_comm_.get(), tensor_comm_.get()};
+  for (const communicator* c : all)
+    if (c) {  // comm::nccl: what its communicators took from the device beside the plan, and of that, connecting
+      p.outside_plan_bytes += comm::device_bytes(*c);
+      p.outside_plan_connect_bytes += comm::connect_bytes(*c);
+    }
+  return p;
+}
+
+template <class B, class C>
+timeline model_core<B, C>::plan_timeline(time_model t, int optimizer_states) const {
+  t.world = mesh_.data_parallel();
+  t.tensor = mesh_.tensor;
+  t.serial_collectives = comm::serial_collectives(*comm_);
+  return fsdp::plan_timeline(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), t);
+}
+
+template <class B, class C>
+step_listing model_core<B, C>::list_step(int optimizer_states) const {
+  return fsdp::list_step(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0),
+                         mesh_.data_parallel());
+}
+
+template <class B, class C>
+void model_core<B, C>::zero_grad() {
+  cursor_.require_idle("zero_grad()");
+  exec_.zero_grads();
+  sched_.restart_window();
+}
+
+template <class B, class C>
+void model_core<B, C>::synchronize() {
+  exec_.synchronize();
+  stamp_.flush(backend());
+}
+
+template <class B, class C>
+std::optional<std::uint64_t> model_core<B, C>::committed_steps() {
+  synchronize_quietly();
+  if (!cursor_.committed()) return std::nullopt;
+  const std::uint64_t n = sched_.completed_steps();
+  if constexpr (failing_streams) {
+    if (update_marks_) {
+      if (backend().failed_before(update_marks_->begun)) return n - 1;
+    }
+  }
+  return n;
+}
+
+template <class B, class C>
+bool model_core<B, C>::last_update_skipped() {
+  synchronize_quietly();
+  if constexpr (failing_streams)
+    return update_marks_ && backend().failed_before(update_marks_->begun);
+  else
+    return false;
+}
+
+template <class B, class C>
+void model_core<B, C>::reserve_memory(int optimizer_states, int norm_rows) {
+  connect_collectives(norm_rows);
+  if constexpr (ReservingBackend<backend_type>) backend().reserve(plan_memory(optimizer_states, norm_rows).peak.total);
+}
+
+template <class B, class C>
+void model_core<B, C>::connect_collectives(int norm_rows) {
+  if constexpr (ConnectingCollective<communicator>) {
+    std::vector<plan::unit_costs> costs;
+    for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
+    plan::group_collectives g =
+        plan::step_collectives(costs, exec_.facts(), exec_.replicates(), plan::norm_count(size(), norm_rows),
+                               plan::commits(opt_.commit_step, norm_rows));
+    g.tensor = plan::tensor_collectives(exec_.layouts(), costs);
+    if (shard_comm_) {
+      comm_->connect(plan::not_yet(g.world, connected_.world));
+      shard_comm_->connect(plan::not_yet(g.shard, connected_.shard));
+      if (replicate_comm_) replicate_comm_->connect(plan::not_yet(g.replicas, connected_.replicas));
+      if (tensor_comm_) tensor_comm_->connect(plan::not_yet(g.tensor, connected_.tensor));
+    } else {  // the shard group is the world
+      std::vector<collective_use> all = g.world;
+      all.insert(all.end(), g.shard.begin(), g.shard.end());
+      comm_->connect(plan::not_yet(plan::distinct(std::move(all)), connected_.world));
+    }
+  }
+}
+
+template <class B, class C>
+void model_core<B, C>::step(exec::optimizer_work<backend_type>& work) {
+  cursor_.require_idle("an optimizer step");
+  sched_.check_step();
+  // plan::optimizer_phase's order; what fails from the inspection on fails the step: before the updates (an
+  // inspection or commit whose all-reduce failed) nothing has changed yet; from the updates on they may be partly
+  // applied (a retry would apply them twice), or applied but neither counted nor gathered again (ZeRO-1's
+  // after_step)
+  bool inspected = false, updating = false;
+  std::optional<typename trace::ranges<backend_type>::scope> range;  // the inspection and the updates
+  try {
+    exec_.optimizer_phase(
+        sched_, cursor_.order(), executor(),
+        [&] {
+          inspected = true;
+          range.emplace(exec_.ranges(), backend(), trace::range_kind::optimizer, -1);
+          return work.inspect ? work.inspect() : true;
+        },
+        plan::commits(opt_.commit_step, work.inspect ? 1 : 0),
+        [&](bool apply) {
+          updating = true;
+          mark_update();
+          exec_.optimizer_step(work, apply);
+          if (work.finish) work.finish();
+          range.reset();
+        });
+  } catch (const std::exception& e) {
+    if (inspected) cursor_.fail_step(std::string(detail::unprefixed(e)), updating);
+    throw;
+  }
+}
+
+template <class B, class C>
+void model_core<B, C>::make_groups(bool replicas) {
+  if constexpr (SplittableCollective<communicator>) {
+    exec::split_groups<communicator> g = exec::split_world(*comm_, mesh_, replicas);
+    shard_comm_ = std::move(g.shard);
+    replicate_comm_ = std::move(g.replicate);
+    tensor_comm_ = std::move(g.tensor);
+    exec_.use_groups(*shard_comm_, replicate_comm_.get(), tensor_comm_.get());
+  }
+}
+
+template <class B, class C>
+void model_core<B, C>::abandon_pass(pass_kind k, bool named) {
+  if (cursor_.pass() != k) return;
+  end_unit_range();
+  cursor_.abandon(named);
+}
+
+template <class B, class C>
+void model_core<B, C>::begin_pass(pass_kind k, const std::string_view* name) {
+  cursor_.require_idle(k == pass_kind::forward ? "model.forward()" : "model.backward()");
+  sched_.check_begin(k);
+  if (stamp_.pending() >= trace::stamper<backend_type>::flush_above) stamp_.flush(backend());  // never waits
+  cursor_.begin(k, name);  // a wrong first unit throws here: nothing has happened, the model stays usable
+  sched_.begin_pass(k);
+  stamp_.set_step(sched_.step());
+  enter_current();  // on failure the pass is abandoned with the reason (no range owns it yet)
+}
+
+template <class B, class C>
+void model_core<B, C>::advance(const std::string_view* name) {
+  cursor_.check_advance(name);
+  const pass_kind k = cursor_.pass();
+  leave_current();
+  if (cursor_.next(name))
+    enter_current();
+  else
+    sched_.end_pass(k);
+}
+
+template <class B, class C>
+void model_core<B, C>::finish_pass() {
+  cursor_.check_finish();
+  const pass_kind k = cursor_.pass();
+  leave_current();
+  cursor_.end();
+  sched_.end_pass(k);
+}
+
+template <class B, class C>
+void model_core<B, C>::enter_current() {
+  const pass_kind k = cursor_.pass();
+  const std::size_t u = cursor_.current();
+  std::optional<sched::shortage> short_of;
+  try {
+    short_of = sched_.enter(k, cursor_.order(), cursor_.pos(), executor());
+  } catch (const std::exception& e) {
+    cursor_.abandon_with(std::string(detail::unprefixed(e)));
+    throw;
+  }
+  if (short_of) {
+    const std::string why = short_of->message(units_.index);
+    cursor_.abandon_with(why);
+    detail::fail_usage(why);
+  }
+  exec_.compute_begin(k, u);
+  unit_range_ = exec_.ranges().start(backend(),
+                                     k == pass_kind::forward ? trace::range_kind::forward : trace::range_kind::backward,
+                                     static_cast<int>(u));
+}
+
+template <class B, class C>
+void model_core<B, C>::leave_current() {
+  const pass_kind k = cursor_.pass();
+  end_unit_range();
+  exec_.compute_end(k, cursor_.current());
+  try {
+    sched_.leave(k, cursor_.order(), cursor_.pos(), executor());
+  } catch (const std::exception& e) {  // a release or reduction failed: the pass cannot go on
+    cursor_.abandon_with(std::string(detail::unprefixed(e)));
+    throw;
+  }
+}
 
 }  // namespace fsdp

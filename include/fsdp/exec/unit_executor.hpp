@@ -21,6 +21,7 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/core/unit_index.hpp"
 #include "fsdp/exec/diagnostics.hpp"
 #include "fsdp/exec/groups.hpp"
 #include "fsdp/exec/interpreter.hpp"
@@ -28,12 +29,11 @@
 #include "fsdp/exec/unit_storage.hpp"
 #include "fsdp/exec/update_site.hpp"
 #include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/memory/cost.hpp"
 #include "fsdp/observe/ranges.hpp"
 #include "fsdp/observe/stamp.hpp"
-#include "fsdp/memory/cost.hpp"
-#include "fsdp/plan/program.hpp"
+#include "fsdp/plan/drive.hpp"
 #include "fsdp/schedule/scheduler.hpp"
-#include "fsdp/core/unit_index.hpp"
 
 namespace fsdp::exec {
 
@@ -90,22 +90,10 @@ class unit_executor {
 
   // ---- the step program, driven by Model ----------------------------------------------------------------------
   /// One of the scheduler's decisions.
-  void operator()(sched::op o, std::size_t u, bool ahead, pass_kind pass) {
-    std::optional<typename trace::ranges<B>::scope> range;
-    if (o == sched::op::gather) range.emplace(ranges_, *be_, trace::range_kind::all_gather, static_cast<int>(u));
-    if (o == sched::op::reduce) {
-      const collective c = plan::reduction_of(st_.facts());
-      range.emplace(ranges_, *be_,
-                    c == collective::reduce_scatter ? trace::range_kind::reduce_scatter
-                    : c == collective::all_reduce   ? trace::range_kind::all_reduce
-                                                    : trace::range_kind::all_to_all,
-                    static_cast<int>(u));
-    }
-    prog_.op(o, u, ahead, pass, in_);
-  }
+  void operator()(sched::op o, std::size_t u, bool ahead, pass_kind pass);
   /// The trainer's work for unit u begins / ends (Model entering and leaving the unit).
-  void compute_begin(pass_kind k, std::size_t u) { prog_.compute_begin(k, u, in_); }
-  void compute_end(pass_kind k, std::size_t u) { prog_.compute_end(k, u, in_); }
+  void compute_begin(pass_kind k, std::size_t u);
+  void compute_end(pass_kind k, std::size_t u);
   /// Model::step: the optimizer step's order (plan::optimizer_phase, which the planners run too) on this executor;
   /// `update(apply)` calls optimizer_step below.
   template <class OnOp, class Inspect, class Update>
@@ -115,61 +103,24 @@ class unit_executor {
   }
   /// Model::step: the optimizer's updates of every unit where the program puts them (none unless `apply`), each
   /// unit's "shard ready" after its own update, and the step's end.
-  void optimizer_step(optimizer_work<B>& work, bool apply) {
-    if (apply && work.state_count != prog_.optimizer_states()) {  // another optimizer: its staging slots
-      synchronize();  // nothing may still use the old ones
-      prog_.set_optimizer_states(work.state_count);
-      in_.remake_state_staging();
-    }
-    in_.use_optimizer(&work);
-    try {
-      prog_.optimizer_step(in_, apply);
-    } catch (...) {
-      in_.use_optimizer(nullptr);
-      throw;
-    }
-    in_.use_optimizer(nullptr);
-  }
+  void optimizer_step(optimizer_work<B>& work, bool apply);
   /// Model::zero_grad.
-  void zero_grads() { prog_.zero_grads(in_); }
+  void zero_grads();
   /// Model::replace_shards: before and after the writes.
-  void before_shards_replaced() { prog_.before_shards_replaced(in_); }
-  void shards_written() { prog_.shards_written(in_); }
+  void before_shards_replaced();
+  void shards_written();
 
   // ---- outside the step ---------------------------------------------------------------------------------------
   /// Allocates unit u's master and gradient shards and fills the master from the init rule (unit_storage); `spec`
   /// is this rank's (local shapes), `tensor` its place in its tensor group.
   void materialise(std::size_t u, const ModelSpec& spec, const init::rule& default_init, bool master_serves,
-                   const tensor_coords& tensor) {
-    st_.materialise(*be_, diag_, u, spec, default_init, master_serves, tensor);
-  }
+                   const tensor_coords& tensor);
   /// Collective: unit u's full fp32 master on the host of every rank.
-  std::vector<float> gather_full(std::size_t u) { return st_.gather_full(*be_, groups_, diag_, u); }
+  std::vector<float> gather_full(std::size_t u);
 
-  void synchronize() {
-    if constexpr (OffloadBackend<B>) be_->synchronize(be_->upload_stream());
-    be_->synchronize(be_->gather_stream());
-    be_->synchronize(be_->reduce_stream());
-    if constexpr (OffloadBackend<B>) be_->synchronize(be_->download_stream());
-    if constexpr (OffloadBackend<B>) be_->synchronize(be_->host_work_stream());
-    be_->synchronize(be_->compute_stream());
-  }
+  void synchronize();
   /// synchronize() without throwing (destructors).
-  void synchronize_quietly() noexcept {
-    if (!be_) return;
-    std::vector<stream*> all{&be_->compute_stream(), &be_->gather_stream(), &be_->reduce_stream()};
-    if constexpr (OffloadBackend<B>) {
-      all.push_back(&be_->upload_stream());
-      all.push_back(&be_->download_stream());
-      all.push_back(&be_->host_work_stream());
-    }
-    for (stream* s : all) {
-      try {
-        be_->synchronize(*s);
-      } catch (...) {
-      }
-    }
-  }
+  void synchronize_quietly() noexcept;
 
  private:
   std::unique_ptr<B> be_;  // first: destroyed after everything that holds its memory
@@ -180,5 +131,102 @@ class unit_executor {
   plan::step_program prog_;
   interpreter<B, C> in_;
 };
+
+// Defined here, not in the class, so that they are not inline: a translation unit that declares the executor's
+// instance extern (fsdp/instances.hpp: FSDP_EXTERN_MODEL, separate-compilation mode) does not compile them.
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::operator()(sched::op o, std::size_t u, bool ahead, pass_kind pass) {
+  std::optional<typename trace::ranges<B>::scope> range;
+  if (o == sched::op::gather) range.emplace(ranges_, *be_, trace::range_kind::all_gather, static_cast<int>(u));
+  if (o == sched::op::reduce) {
+    const collective c = plan::reduction_of(st_.facts());
+    range.emplace(ranges_, *be_,
+                  c == collective::reduce_scatter ? trace::range_kind::reduce_scatter
+                  : c == collective::all_reduce   ? trace::range_kind::all_reduce
+                                                  : trace::range_kind::all_to_all,
+                  static_cast<int>(u));
+  }
+  prog_.op(o, u, ahead, pass, in_);
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::compute_begin(pass_kind k, std::size_t u) {
+  prog_.compute_begin(k, u, in_);
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::compute_end(pass_kind k, std::size_t u) {
+  prog_.compute_end(k, u, in_);
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::optimizer_step(optimizer_work<B>& work, bool apply) {
+  if (apply && work.state_count != prog_.optimizer_states()) {  // another optimizer: its staging slots
+    synchronize();                                              // nothing may still use the old ones
+    prog_.set_optimizer_states(work.state_count);
+    in_.remake_state_staging();
+  }
+  in_.use_optimizer(&work);
+  try {
+    prog_.optimizer_step(in_, apply);
+  } catch (...) {
+    in_.use_optimizer(nullptr);
+    throw;
+  }
+  in_.use_optimizer(nullptr);
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::zero_grads() {
+  prog_.zero_grads(in_);
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::before_shards_replaced() {
+  prog_.before_shards_replaced(in_);
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::shards_written() {
+  prog_.shards_written(in_);
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::materialise(std::size_t u, const ModelSpec& spec, const init::rule& default_init,
+                                      bool master_serves, const tensor_coords& tensor) {
+  st_.materialise(*be_, diag_, u, spec, default_init, master_serves, tensor);
+}
+
+template <Backend B, CollectivePolicy C>
+std::vector<float> unit_executor<B, C>::gather_full(std::size_t u) {
+  return st_.gather_full(*be_, groups_, diag_, u);
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::synchronize() {
+  if constexpr (OffloadBackend<B>) be_->synchronize(be_->upload_stream());
+  be_->synchronize(be_->gather_stream());
+  be_->synchronize(be_->reduce_stream());
+  if constexpr (OffloadBackend<B>) be_->synchronize(be_->download_stream());
+  if constexpr (OffloadBackend<B>) be_->synchronize(be_->host_work_stream());
+  be_->synchronize(be_->compute_stream());
+}
+
+template <Backend B, CollectivePolicy C>
+void unit_executor<B, C>::synchronize_quietly() noexcept {
+  if (!be_) return;
+  std::vector<stream*> all{&be_->compute_stream(), &be_->gather_stream(), &be_->reduce_stream()};
+  if constexpr (OffloadBackend<B>) {
+    all.push_back(&be_->upload_stream());
+    all.push_back(&be_->download_stream());
+    all.push_back(&be_->host_work_stream());
+  }
+  for (stream* s : all) {
+    try {
+      be_->synchronize(*s);
+    } catch (...) {
+    }
+  }
+}
 
 }  // namespace fsdp::exec

@@ -81,13 +81,7 @@ class adamw : public elementwise<ModelT> {
   void set_lr(float lr) { opt_.lr = detail::checked_lr("adamw", lr); }
   /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
   /// without waiting for the step (grad::step_report).
-  grad::step_report step() {
-    return base::step([&](long t) {
-      const float bc1 = detail::adamw_bias_correction(opt_.beta1, t);
-      const float bc2 = detail::adamw_bias_correction(opt_.beta2, t);
-      return detail::adamw_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, bc1, bc2}};
-    });
-  }
+  grad::step_report step();
 
  private:
   static void check(const adamw_options& opt) {
@@ -106,5 +100,16 @@ class adamw : public elementwise<ModelT> {
 /// once, for every policy with the same backend and communicator.
 template <class ModelT>
 adamw(ModelT&, adamw_options) -> adamw<detail::core_of_t<ModelT>>;
+
+// Out of the class, so that it is not inline: a file that declares the instance extern (fsdp/instances.hpp) does not
+// compile it.
+template <class ModelT>
+grad::step_report adamw<ModelT>::step() {
+  return base::step([&](long t) {
+    const float bc1 = detail::adamw_bias_correction(opt_.beta1, t);
+    const float bc2 = detail::adamw_bias_correction(opt_.beta2, t);
+    return detail::adamw_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, bc1, bc2}};
+  });
+}
 
 }  // namespace fsdp::optim

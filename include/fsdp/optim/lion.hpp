@@ -78,9 +78,7 @@ class lion : public elementwise<ModelT> {
   void set_lr(float lr) { opt_.lr = detail::checked_lr("lion", lr); }
   /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
   /// without waiting for the step (grad::step_report).
-  grad::step_report step() {
-    return base::step([&](long) { return detail::lion_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.weight_decay}}; });
-  }
+  grad::step_report step();
 
  private:
   static void check(const lion_options& opt) {
@@ -100,5 +98,12 @@ class lion : public elementwise<ModelT> {
 /// once, for every policy with the same backend and communicator.
 template <class ModelT>
 lion(ModelT&, lion_options) -> lion<detail::core_of_t<ModelT>>;
+
+// Out of the class, so that it is not inline: a file that declares the instance extern (fsdp/instances.hpp) does not
+// compile it.
+template <class ModelT>
+grad::step_report lion<ModelT>::step() {
+  return base::step([&](long) { return detail::lion_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.weight_decay}}; });
+}
 
 }  // namespace fsdp::optim

@@ -81,11 +81,7 @@ class sgd : public elementwise<ModelT> {
 
   /// One step over every local shard (see optim/elementwise.hpp); returns what it did with the gradients, learned
   /// without waiting for the step (grad::step_report).
-  grad::step_report step() {
-    const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay};
-    if (this->states_per_element() == 0) return base::step([&](long) { return detail::sgd_rule{c}; });
-    return base::step([&](long) { return detail::sgd_momentum_rule{c}; });
-  }
+  grad::step_report step();
 
  private:
   static const sgd_options& checked(const sgd_options& opt) {
@@ -102,5 +98,14 @@ class sgd : public elementwise<ModelT> {
 /// once, for every policy with the same backend and communicator.
 template <class ModelT>
 sgd(ModelT&, sgd_options) -> sgd<detail::core_of_t<ModelT>>;
+
+// Out of the class, so that it is not inline: a file that declares the instance extern (fsdp/instances.hpp) does not
+// compile it.
+template <class ModelT>
+grad::step_report sgd<ModelT>::step() {
+  const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay};
+  if (this->states_per_element() == 0) return base::step([&](long) { return detail::sgd_rule{c}; });
+  return base::step([&](long) { return detail::sgd_momentum_rule{c}; });
+}
 
 }  // namespace fsdp::optim

@@ -9,8 +9,8 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/plan/drive.hpp"
 #include "fsdp/plan/memory_plan.hpp"
-#include "fsdp/plan/program.hpp"
 #include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/schedule/slot_ledger.hpp"
 

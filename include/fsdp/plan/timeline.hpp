@@ -43,8 +43,8 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/observe/trace.hpp"
+#include "fsdp/plan/drive.hpp"
 #include "fsdp/plan/memory_plan.hpp"
-#include "fsdp/plan/program.hpp"
 #include "fsdp/sharding/sharding.hpp"
 
 namespace fsdp {
