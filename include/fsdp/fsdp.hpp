@@ -1,55 +1,52 @@
 #pragma once
 // The library's umbrella header for the host path (any C++20 compiler, no CUDA toolkit needed).
-#include "fsdp/backend/concept.hpp"
-#include "fsdp/backend/host.hpp"
-#include "fsdp/comm/concept.hpp"
-#include "fsdp/comm/launch.hpp"
-#include "fsdp/comm/local.hpp"
-#include "fsdp/core/dtype.hpp"
-#include "fsdp/core/error.hpp"
-#include "fsdp/core/float16.hpp"
-#include "fsdp/core/unit_index.hpp"
-#include "fsdp/core/unit_state.hpp"
-#include "fsdp/data/async_packer.hpp"
-#include "fsdp/data/packer_state.hpp"
-#include "fsdp/data/packing.hpp"
-#include "fsdp/exec/unit_executor.hpp"
-#include "fsdp/grad/inspect.hpp"
-#include "fsdp/grad/loss_scaler.hpp"
-#include "fsdp/init/init.hpp"
-#include "fsdp/kernels/elementwise.hpp"
-#include "fsdp/kernels/host_loops.hpp"
-#include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/layout/sharded_tensor.hpp"
-#include "fsdp/memory/cost.hpp"
-#include "fsdp/memory/memory.hpp"
-#include "fsdp/memory/memory_table.hpp"
-#include "fsdp/model.hpp"
-#include "fsdp/observe/stamp.hpp"
-#include "fsdp/observe/trace.hpp"
-#include "fsdp/offload/offload.hpp"
+// It names what a trainer calls, and nothing else (docs/architecture.md, "The API and the machinery"); the machinery
+// under it (the unit executor, the scheduler and the pass cursor, the step program, the unit buffers, the kernels'
+// loops) arrives through fsdp/model.hpp as its implementation, not as API: its names may change in any release.
+//
+// The model and its policies
+#include "fsdp/core/dtype.hpp"             // fsdp::dtype
+#include "fsdp/core/error.hpp"             // fsdp::usage_error and the other errors
+#include "fsdp/core/float16.hpp"           // fsdp::bfloat16, fsdp::half
+#include "fsdp/init/init.hpp"              // init rules
+#include "fsdp/layout/sharded_tensor.hpp"  // fsdp::ShardedTensor (a unit's shard_views)
+#include "fsdp/model.hpp"                  // fsdp::Model<Policy>, FsdpUnit, the pass ranges
+#include "fsdp/offload/offload.hpp"        // offload policies
+#include "fsdp/options/model_options.hpp"  // fsdp::model_options
+#include "fsdp/policy.hpp"                 // fsdp::policy<Strategy, Prefetch, Precision, Offload>
+#include "fsdp/precision/precision.hpp"    // precision policies
+#include "fsdp/prefetch/prefetch.hpp"      // prefetch policies
+#include "fsdp/select.hpp"                 // fsdp::select: a policy picked at run time
+#include "fsdp/sharding/sharding.hpp"      // sharding strategies
+#include "fsdp/spec/model_spec.hpp"        // fsdp::ModelSpec
+#include "fsdp/wrap/wrap.hpp"              // wrapping policies
+// Ranks and communicators, backends
+#include "fsdp/backend/concept.hpp"  // fsdp::Backend: a backend of your own
+#include "fsdp/backend/host.hpp"     // fsdp::backend::host
+#include "fsdp/comm/concept.hpp"     // fsdp::CollectivePolicy: a communicator of your own
+#include "fsdp/comm/launch.hpp"      // fsdp::comm::launch: ranks as processes
+#include "fsdp/comm/local.hpp"       // fsdp::comm::run_local: ranks as threads
+// Optimizers and gradients
+#include "fsdp/grad/inspect.hpp"      // clipping, non-finite checks (grad::options)
+#include "fsdp/grad/loss_scaler.hpp"  // fp16's dynamic loss scale
 #include "fsdp/optim/adamw.hpp"
-#include "fsdp/optim/elementwise.hpp"
+#include "fsdp/optim/elementwise.hpp"  // an element-wise optimizer of your own
 #include "fsdp/optim/sgd.hpp"
-#include "fsdp/options/model_options.hpp"
-#include "fsdp/plan/budget.hpp"
-#include "fsdp/plan/listing.hpp"
-#include "fsdp/plan/memory_plan.hpp"
-#include "fsdp/plan/timeline.hpp"
-#include "fsdp/policy.hpp"
-#include "fsdp/precision/precision.hpp"
-#include "fsdp/prefetch/prefetch.hpp"
-#include "fsdp/schedule/config.hpp"
-#include "fsdp/schedule/pass_cursor.hpp"
-#include "fsdp/schedule/scheduler.hpp"
-#include "fsdp/select.hpp"
-#include "fsdp/sharding/sharding.hpp"
-#include "fsdp/spec/model_spec.hpp"
-#include "fsdp/unit/fsdp_unit.hpp"
-#include "fsdp/unit/unit_buffers.hpp"
-#include "fsdp/weights/stacked.hpp"
-#include "fsdp/weights/weights.hpp"
-#include "fsdp/wrap/wrap.hpp"
+// Weights in and out
+#include "fsdp/weights/stacked.hpp"  // stacked layers' parameters
+#include "fsdp/weights/weights.hpp"  // gather_full_params, load_full_params
+// Data
+#include "fsdp/data/async_packer.hpp"  // packing on a thread of its own
+#include "fsdp/data/packer_state.hpp"  // a packer's position, for checkpoints
+#include "fsdp/data/packing.hpp"       // sequence packing
+// Plans and observation
+#include "fsdp/memory/memory.hpp"        // memory_stats
+#include "fsdp/memory/memory_table.hpp"  // the measured peak beside the plan
+#include "fsdp/observe/trace.hpp"        // fsdp::trace::recorder
+#include "fsdp/plan/budget.hpp"          // the configuration that fits a memory budget
+#include "fsdp/plan/listing.hpp"         // the step as text
+#include "fsdp/plan/memory_plan.hpp"     // the memory planner
+#include "fsdp/plan/timeline.hpp"        // the timeline planner
 
 #if defined(FSDP_SEPARATE_COMPILATION)
 // Separate compilation (fsdp/core/config.hpp): the host backend's model core on comm::local, with its executor and

@@ -550,7 +550,7 @@ TEST_CASE("comm::local on one GPU: an inf uploaded into one rank's gradient shar
     auto& be = m.backend();
     if (c.rank() == 1) {
       const float inf = std::numeric_limits<float>::infinity();
-      be.upload(m.unit("layers.1").grad_shard() + 2, &inf, 4, be.compute_stream());
+      be.upload(fsdp::model_access::grad_shard(m.unit("layers.1")) + 2, &inf, 4, be.compute_stream());
     }
     const auto before = fsdp::weights::gather_full_params(m);
     const fsdp::grad::report r = opt.step();

@@ -201,7 +201,7 @@ std::vector<fsdp::grad::report> poisoned_step(float bad, int bad_rank, const cha
           for (auto& x : u.grad(e.name)) x = 0.25f * float(c.rank() + 1);
       if (step == 1) {
         m.synchronize();
-        if (c.rank() == bad_rank) m.unit(unit).grad_shard()[at] = bad;
+        if (c.rank() == bad_rank) fsdp::model_access::grad_shard(m.unit(unit))[at] = bad;
       }
       const snapshot before = take(m, opt);
       const float scale_before = own.scale();

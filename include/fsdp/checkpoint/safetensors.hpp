@@ -158,7 +158,7 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
       std::vector<char> bytes;
       const std::uint64_t esize = size_of(so.type);
       for (std::size_t u = 0; u < m.size(); ++u) {
-        const float* master = reader.read(m.unit(u).master_shard(), m.unit(u).layout().shard_numel());
+        const float* master = reader.read(model_access::master_shard(m.unit(u)), m.unit(u).layout().shard_numel());
         for (const ShardedTensor& v : m.unit(u).shard_views()) {
           if (v.empty() || !ci::writes_param(m, v.name)) continue;
           const tensor_info& t = *by_param.at(v.name);
@@ -258,7 +258,7 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
   model_access::replace_shards(m, "a safetensors load", [&] {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)
-      be.upload(m.unit(u).master_shard(), staging[u].data(),
+      be.upload(model_access::master_shard(m.unit(u)), staging[u].data(),
                 static_cast<std::int64_t>(staging[u].size() * sizeof(float)), be.compute_stream());
     be.synchronize(be.compute_stream());
   });

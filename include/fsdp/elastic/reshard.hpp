@@ -219,7 +219,7 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
       auto& tb = to->backend();
       auto& ts = tb.compute_stream();
       const auto to_buffer = [&](std::size_t u, std::size_t k) -> float* {
-        return k == 0 ? to->unit(u).master_shard() : to_opt->state(u, static_cast<int>(k - 1));
+        return k == 0 ? model_access::master_shard(to->unit(u)) : to_opt->state(u, static_cast<int>(k - 1));
       };
       std::fill(cursor.begin(), cursor.end(), 0);
       for (const plan::reshard_run& r : p.runs) {

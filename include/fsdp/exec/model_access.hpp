@@ -28,6 +28,9 @@
 //                                       state): every later use but a restoring load reports `what`
 //   mend_shards(model)                  a restoring load succeeded
 //   restore_step_count(model, step)     a checkpoint's step count replaces the model's
+//   master_shard(unit), grad_shard(unit)
+//                                       a unit's fp32 master and gradient shards, writable (a unit gives them to
+//                                       anyone to read): the optimizer's update, a load, an import, a reshard
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -41,6 +44,14 @@
 namespace fsdp {
 
 struct model_access {
+  template <class Unit>
+  static float* master_shard(const Unit& u) noexcept {
+    return u.writable_master();
+  }
+  template <class Unit>
+  static float* grad_shard(const Unit& u) noexcept {
+    return u.writable_grad();
+  }
   template <class M>
   static void step(M& m, exec::optimizer_work<typename M::backend_type>& work) {
     m.step(work);

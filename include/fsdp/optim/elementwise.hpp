@@ -32,6 +32,7 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/rounding.hpp"
+#include "fsdp/exec/model_access.hpp"
 #include "fsdp/grad/inspect.hpp"
 #include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
@@ -125,8 +126,8 @@ class elementwise : public detail::shard_optimizer<ModelT> {
     return this->run_step([&](auto& unit, const detail::shard_piece& piece, const auto& scale, auto& site) {
       const auto off = piece.offset;
       detail::rule_elements<R> f{};
-      f.p = site.at(unit.master_shard() + off);
-      f.g = site.at(unit.grad_shard() + off);
+      f.p = site.at(model_access::master_shard(unit) + off);
+      f.g = site.at(model_access::grad_shard(unit) + off);
       for (int k = 0; k < R::states; ++k) f.s[k] = site.at(this->state(unit.index(), k) + off);
       f.rule = rule;
       f.mask = piece.mask;

@@ -46,9 +46,16 @@ class basic_unit {
   /// This rank's parts of the unit's parameters (global shapes, local ranges).
   std::vector<ShardedTensor> shard_views() const { return layout_->shard_views(shard_rank_); }
 
-  /// This rank's fp32 master shard and gradient shard (shard_numel elements each).
-  float* master_shard() const noexcept { return bufs_->master.template as<float>(); }
-  float* grad_shard() const noexcept { return bufs_->grad_shard.template as<float>(); }
+  /// This rank's fp32 master shard and gradient shard (shard_numel elements each), to read (on the backend's
+  /// memory: device memory under backend::cuda). Only the library writes them, between the steps' collectives and
+  /// in stream order (an optimizer, a checkpoint load, a weight import): through fsdp::model_access.
+  const float* master_shard() const noexcept { return bufs_->master.template as<float>(); }
+  const float* grad_shard() const noexcept { return bufs_->grad_shard.template as<float>(); }
+
+ private:
+  friend struct model_access;  // the writable shards (model_access::master_shard, grad_shard)
+  float* writable_master() const noexcept { return bufs_->master.template as<float>(); }
+  float* writable_grad() const noexcept { return bufs_->grad_shard.template as<float>(); }
 
  protected:
   /// A view's check under model_options::check_views (none otherwise): stale once the streams pass a hand-over

@@ -97,7 +97,7 @@ void load(ModelT& m, Source&& source) {
   model_access::replace_shards(m, "weights::load", [&] {
     auto& be = m.backend();
     for (std::size_t u = 0; u < m.size(); ++u)
-      be.upload(m.unit(u).master_shard(), staging[u].data(),
+      be.upload(model_access::master_shard(m.unit(u)), staging[u].data(),
                 static_cast<std::int64_t>(staging[u].size() * sizeof(float)), be.compute_stream());
     be.synchronize(be.compute_stream());
   });

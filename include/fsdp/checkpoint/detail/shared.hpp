@@ -18,6 +18,7 @@
 #include "fsdp/checkpoint/reads.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/exec/model_access.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
 #include "fsdp/spec/model_spec.hpp"
 #include "fsdp/spec/placement.hpp"
@@ -131,7 +132,7 @@ template <class M>
 /// Backend memory of kind k of unit u: the master shard, or optimizer state k - 1.
 template <class M, class O>
 float* buffer_of(M& m, O* opt, std::size_t u, std::size_t k) {
-  if (k == 0) return m.unit(u).master_shard();
+  if (k == 0) return model_access::master_shard(m.unit(u));
   return opt->state(u, static_cast<int>(k - 1));
 }
 
