@@ -3,7 +3,8 @@
 // an error says, in which order a group is launched and its completions recorded, how a group is abandoned, and how
 // the communicator is shut down. nccl_core<Api> makes them over an "API" object: nccl.cuh's nccl_api calls NCCL and
 // CUDA; the host tests (tests/comm/nccl_logic_test.cc) pass a fake that records the calls and scripts the answers.
-// Host-only: no CUDA or NCCL header is included here.
+// Host-only: no CUDA or NCCL header is included here. Beside it: the version gates (nccl_versions.hpp), a
+// collective as messages name it (nccl_op.hpp) and the ledger of collectives pending completion (nccl_pending.hpp).
 //
 // What Api provides (nccl_api in nccl.cuh is the production one):
 //   using result = ...;  static constexpr result success, in_progress, internal_error;
@@ -37,7 +38,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -47,6 +47,9 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/nccl_op.hpp"
+#include "fsdp/comm/detail/nccl_pending.hpp"
+#include "fsdp/comm/detail/nccl_versions.hpp"
 #include "fsdp/comm/detail/stats_tally.hpp"
 #include "fsdp/comm/nccl_channels.hpp"
 #include "fsdp/comm/nccl_failure.hpp"
@@ -56,82 +59,6 @@
 namespace fsdp::comm {
 
 namespace detail {
-
-/// Why nccl_channels::per_stream cannot be used with NCCL `version_code` (NCCL_VERSION_CODE, e.g. 22809 for 2.28.9)
-/// and this value of $NCCL_LAUNCH_ORDER_IMPLICIT (null: unset); empty when it can.
-inline std::string per_stream_refusal(int version_code, const char* launch_order_implicit) {
-  if (version_code < 22600)
-    return fsdp::detail::cat(
-        "comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT "
-        "orders the launches of its communicators), but this NCCL is ",
-        version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100,
-        "; use nccl_channels::one (the default)");
-  if (!launch_order_implicit || std::string_view(launch_order_implicit) != "1")
-    return fsdp::detail::cat(
-        "comm::nccl: nccl_channels::per_stream issues collectives on several communicators at "
-        "once, which NCCL runs in one order on every rank only with NCCL_LAUNCH_ORDER_IMPLICIT=1 "
-        "(it is ",
-        launch_order_implicit ? fsdp::detail::cat("'", launch_order_implicit, "'") : std::string("unset"),
-        "): set it on every rank before the first NCCL call, or use nccl_channels::one (the "
-        "default)");
-  return {};
-}
-
-/// "2.28.3" from NCCL_VERSION_CODE 22803.
-inline std::string nccl_version_name(int version_code) {
-  return fsdp::detail::cat(version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100);
-}
-
-/// Why nccl_failure::revoke and shrink() cannot be used with NCCL `version_code`; empty when they can.
-inline std::string shrink_refusal(int version_code) {
-  if (version_code >= 22807) return {};
-  return fsdp::detail::cat(
-      "comm::nccl: nccl_failure::revoke and shrink() need ncclCommRevoke and ncclCommShrink (NCCL 2.28.7 or later), "
-      "but this NCCL is ",
-      nccl_version_name(version_code),
-      ": use nccl_failure::abort (the default) and restart every rank from the last checkpoint after a lost rank, or "
-      "run with NCCL 2.28.7 or later");
-}
-
-/// Why a comm::nccl communicator cannot take newcomers with NCCL `version_code` (always: growing is not built).
-inline std::string grow_refusal(int version_code) {
-  if (version_code < 22902)
-    return fsdp::detail::cat(
-        "comm::nccl: growing a communicator needs ncclCommGrow (NCCL 2.29.2 or later), but this "
-        "NCCL is ",
-        nccl_version_name(version_code), ": replacements join at a restart of every rank from the last checkpoint");
-  return fsdp::detail::cat("comm::nccl: growing a communicator (ncclCommGrow, in this NCCL ",
-                           nccl_version_name(version_code),
-                           ") is not built yet: replacements join at a restart of every rank from the last checkpoint");
-}
-
-/// One collective as messages name it.
-struct nccl_op {
-  std::uint64_t seq = 0;
-  collective kind = collective::all_gather;
-  std::int64_t count = 0;
-  dtype type = dtype::f32;
-  std::string unit;
-  std::chrono::steady_clock::time_point issued{};
-
-  /// "all_gather(count=8, f32) #3 for unit 'h.1'"
-  std::string str() const {
-    return fsdp::detail::cat(name_of(kind), "(count=", count, ", ", name_of(type), ") #", seq, " for unit '", unit,
-                             "'");
-  }
-};
-
-/// The NCCL function behind a collective, for messages.
-constexpr std::string_view nccl_function(collective c) noexcept {
-  switch (c) {
-    case collective::all_gather: return "ncclAllGather";
-    case collective::reduce_scatter: return "ncclReduceScatter";
-    case collective::all_reduce: return "ncclAllReduce";
-    case collective::broadcast: return "ncclBroadcast";
-    case collective::all_to_all: return "ncclSend/ncclRecv";  // grouped, one pair per rank
-  }
-  return "?";
-}
 
 /// One rank's view of one NCCL group (the world, or a group split from it): its base communicator (barrier(),
 /// split(), and every collective under nccl_channels::one), and under nccl_channels::per_stream one more per stream
@@ -249,10 +176,7 @@ class nccl_core {
     if (channels_mode_ == nccl_channels::one && parent.channels_mode_ == nccl_channels::one && !family_->ordered) {
       family_->serial = api_.new_stream();
       family_->ordered = true;
-      for (nccl_core* m : family_->members) {
-        std::lock_guard pk(m->mu_);
-        for (const pending_op& p : m->pending_) api_.wait(family_->serial, p.done);
-      }
+      for (nccl_core* m : family_->members) m->pending_.wait_all(family_->serial);
     }
   }
   /// Whether the family's collectives go through one stream (see join_family).
@@ -613,19 +537,12 @@ class nccl_core {
     const auto deadline = api_.now() + timeout_;
     for (;;) {
       check();
-      {
-        std::lock_guard lk(mu_);
-        if (pending_.empty()) return;
-      }
+      if (pending_.empty()) return;
       if (api_.now() > deadline)
         fail_timeout(fsdp::detail::cat(what, " on rank ", rank_, " did not complete within ", timeout_.count(), " ms"));
       api_.sleep(poll_interval);
     }
   }
-  struct pending_op {
-    nccl_op op;
-    event done;
-  };
   /// The state of several communicators at once: an error wins over in_progress, which wins over success.
   struct state {
     result rc = Api::success;
@@ -761,7 +678,7 @@ class nccl_core {
     if (aborted_) throw comm_error(fsdp::detail::cat(name_, " on rank ", rank_, " was ", ended(), ": ", reason_));
     const state st = async_state_all();
     if (st.rc != Api::success && st.rc != Api::in_progress) fail_nccl(st.rc, st.c, {});
-    retire_completed();
+    pending_.retire();
   }
 
   void abort_own(const std::string& reason) noexcept {
@@ -825,23 +742,7 @@ class nccl_core {
     return s.empty() ? std::string("no collective pending") : s;
   }
 
-  std::string pending_items() {
-    std::lock_guard lk(mu_);
-    retire_completed_locked();
-    const auto now = api_.now();
-    std::string s;
-    std::size_t n = 0;
-    for (const auto& p : pending_) {
-      if (n == named_pending) {
-        s += fsdp::detail::cat("; and ", pending_.size() - n, " more");
-        break;
-      }
-      const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.op.issued);
-      s += fsdp::detail::cat(n ? "; " : "", p.op.str(), ", issued ", age.count(), " ms ago and not complete");
-      ++n;
-    }
-    return s;
-  }
+  std::string pending_items() { return pending_.items(named_pending); }
 
   /// An NCCL failure (a call's result or an asynchronous error, seen on communicator `c`): aborts the family and
   /// throws comm_error naming the call (if any) and every pending collective with its unit and sequence number.
@@ -905,50 +806,20 @@ class nccl_core {
   }
 
   void record(grouped_op g) {
-    event e = take_event();
+    event e = pending_.take();
     try {
       api_.record(e, g.on);
       if (g.on != g.s) api_.wait(g.s, e);  // the issuing stream goes on once the collective is done
     } catch (...) {
-      std::lock_guard lk(mu_);
-      spare_.push_back(e);
+      pending_.give_back(e);
       throw;
     }
     if (!connecting_) stats_.add(static_cast<std::size_t>(g.op.kind), g.op.type, g.total_elems);
-    std::lock_guard lk(mu_);
-    pending_.push_back({std::move(g.op), e});
-    if (pending_.size() > 64) retire_completed_locked();
-  }
-
-  void retire_completed() {
-    std::lock_guard lk(mu_);
-    retire_completed_locked();
-  }
-  void retire_completed_locked() {
-    while (!pending_.empty() && api_.complete(pending_.front().done)) {
-      spare_.push_back(pending_.front().done);
-      pending_.pop_front();
-    }
-  }
-
-  event take_event() {
-    {
-      std::lock_guard lk(mu_);
-      if (!spare_.empty()) {
-        event e = spare_.back();
-        spare_.pop_back();
-        return e;
-      }
-    }
-    return api_.new_event();
+    pending_.add(std::move(g.op), e);
   }
 
   void release_events() noexcept {
-    std::lock_guard lk(mu_);
-    for (auto& p : pending_) api_.destroy_event(p.done);
-    for (event e : spare_) api_.destroy_event(e);
-    pending_.clear();
-    spare_.clear();
+    pending_.release();
     if (has_handoff_) api_.destroy_event(handoff_);
     has_handoff_ = false;
   }
@@ -974,9 +845,7 @@ class nccl_core {
   std::string label_ = "(none)";
   std::uint64_t seq_ = 0;
   std::vector<grouped_op> group_;  ///< issued inside this core's grouped(), recorded once the group is launched
-  mutable std::mutex mu_;
-  std::deque<pending_op> pending_;
-  std::vector<event> spare_;
+  nccl_pending<Api> pending_{api_};  ///< what it issued and has not seen complete, and the spare events
   stats_tally stats_;
   event handoff_{};  ///< route(): the issuing stream's work so far, for the family's stream to wait on
   bool has_handoff_ = false;

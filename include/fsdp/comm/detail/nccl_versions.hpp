@@ -1,0 +1,61 @@
+#pragma once
+// comm::nccl's version gates, each one decision over NCCL_VERSION_CODE (and the environment it reads): whether
+// nccl_channels::per_stream, nccl_failure::revoke with shrink(), and growing a communicator can be used with the
+// NCCL a program runs with, and the refusal that says why not. nccl_core (nccl_logic.hpp) and comm::nccl
+// (nccl.cuh) ask these; tests/comm/nccl_logic_test.cc holds each to its versions. Host-only.
+#include <string>
+#include <string_view>
+
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::comm::detail {
+
+/// Why nccl_channels::per_stream cannot be used with NCCL `version_code` (NCCL_VERSION_CODE, e.g. 22809 for 2.28.9)
+/// and this value of $NCCL_LAUNCH_ORDER_IMPLICIT (null: unset); empty when it can.
+inline std::string per_stream_refusal(int version_code, const char* launch_order_implicit) {
+  if (version_code < 22600)
+    return fsdp::detail::cat(
+        "comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT "
+        "orders the launches of its communicators), but this NCCL is ",
+        version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100,
+        "; use nccl_channels::one (the default)");
+  if (!launch_order_implicit || std::string_view(launch_order_implicit) != "1")
+    return fsdp::detail::cat(
+        "comm::nccl: nccl_channels::per_stream issues collectives on several communicators at "
+        "once, which NCCL runs in one order on every rank only with NCCL_LAUNCH_ORDER_IMPLICIT=1 "
+        "(it is ",
+        launch_order_implicit ? fsdp::detail::cat("'", launch_order_implicit, "'") : std::string("unset"),
+        "): set it on every rank before the first NCCL call, or use nccl_channels::one (the "
+        "default)");
+  return {};
+}
+
+/// "2.28.3" from NCCL_VERSION_CODE 22803.
+inline std::string nccl_version_name(int version_code) {
+  return fsdp::detail::cat(version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100);
+}
+
+/// Why nccl_failure::revoke and shrink() cannot be used with NCCL `version_code`; empty when they can.
+inline std::string shrink_refusal(int version_code) {
+  if (version_code >= 22807) return {};
+  return fsdp::detail::cat(
+      "comm::nccl: nccl_failure::revoke and shrink() need ncclCommRevoke and ncclCommShrink (NCCL 2.28.7 or later), "
+      "but this NCCL is ",
+      nccl_version_name(version_code),
+      ": use nccl_failure::abort (the default) and restart every rank from the last checkpoint after a lost rank, or "
+      "run with NCCL 2.28.7 or later");
+}
+
+/// Why a comm::nccl communicator cannot take newcomers with NCCL `version_code` (always: growing is not built).
+inline std::string grow_refusal(int version_code) {
+  if (version_code < 22902)
+    return fsdp::detail::cat(
+        "comm::nccl: growing a communicator needs ncclCommGrow (NCCL 2.29.2 or later), but this "
+        "NCCL is ",
+        nccl_version_name(version_code), ": replacements join at a restart of every rank from the last checkpoint");
+  return fsdp::detail::cat("comm::nccl: growing a communicator (ncclCommGrow, in this NCCL ",
+                           nccl_version_name(version_code),
+                           ") is not built yet: replacements join at a restart of every rank from the last checkpoint");
+}
+
+}  // namespace fsdp::comm::detail
