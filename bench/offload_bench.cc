@@ -1,4 +1,4 @@
-// CPU offload (fsdp/offload/offload.hpp): what each option saves on the device and what it costs over the host
+// CPU offload (fsdp/policy/offload.hpp): what each option saves on the device and what it costs over the host
 // link, before the first step (the planner) and measured on the host backend with a modelled link.
 //
 //   1. Planned, GPT-2 small (124 M parameters: 12 blocks of width 768, vocabulary 50 257, context 1024) at 8

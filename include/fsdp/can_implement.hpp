@@ -8,7 +8,7 @@
 //   tensor          model_options::tensor_parallel is not positive or does not divide the world, or a parameter's
 //                   split dimension is not a multiple of it (fsdp/spec/placement.hpp)
 //   strategy        its groups do not tile the data-parallel ranks (world / tensor_parallel;
-//                   fsdp/sharding/sharding.hpp), or the mesh given is not its mesh
+//                   fsdp/policy/sharding.hpp), or the mesh given is not its mesh
 //   communicator    the world must be split into groups (hybrid sharding, tensor parallelism) and the communicator has
 //                   no split
 //   precision       a parameter asks for a compute dtype other than the policy's
@@ -37,11 +37,11 @@
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
+#include "fsdp/policy/sharding.hpp"
+#include "fsdp/policy/wrap.hpp"
 #include "fsdp/policy_facts.hpp"
 #include "fsdp/schedule/config.hpp"
-#include "fsdp/sharding/sharding.hpp"
 #include "fsdp/spec/model_spec.hpp"
-#include "fsdp/wrap/wrap.hpp"
 
 namespace fsdp {
 

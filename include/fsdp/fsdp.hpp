@@ -11,15 +11,15 @@
 #include "fsdp/init/init.hpp"              // init rules
 #include "fsdp/layout/sharded_tensor.hpp"  // fsdp::ShardedTensor (a unit's shard_views)
 #include "fsdp/model.hpp"                  // fsdp::Model<Policy>, FsdpUnit, the pass ranges
-#include "fsdp/offload/offload.hpp"        // offload policies
 #include "fsdp/options/model_options.hpp"  // fsdp::model_options
 #include "fsdp/policy.hpp"                 // fsdp::policy<Strategy, Prefetch, Precision, Offload>
-#include "fsdp/precision/precision.hpp"    // precision policies
-#include "fsdp/prefetch/prefetch.hpp"      // prefetch policies
+#include "fsdp/policy/offload.hpp"         // offload policies
+#include "fsdp/policy/precision.hpp"       // precision policies
+#include "fsdp/policy/prefetch.hpp"        // prefetch policies
+#include "fsdp/policy/sharding.hpp"        // sharding strategies
+#include "fsdp/policy/wrap.hpp"            // wrapping policies
 #include "fsdp/select.hpp"                 // fsdp::select: a policy picked at run time
-#include "fsdp/sharding/sharding.hpp"      // sharding strategies
 #include "fsdp/spec/model_spec.hpp"        // fsdp::ModelSpec
-#include "fsdp/wrap/wrap.hpp"              // wrapping policies
 // Ranks and communicators, backends
 #include "fsdp/backend/concept.hpp"  // fsdp::Backend: a backend of your own
 #include "fsdp/backend/host.hpp"     // fsdp::backend::host

@@ -12,8 +12,8 @@
 #include "fsdp/init/init.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/policy.hpp"
+#include "fsdp/policy/wrap.hpp"
 #include "fsdp/spec/model_spec.hpp"
-#include "fsdp/wrap/wrap.hpp"
 
 namespace fsdp {
 

@@ -106,7 +106,7 @@ class model_core {
   communicator& comm() noexcept { return *comm_; }
   backend_type& backend() noexcept { return exec_.backend(); }
   memory_stats memory() const { return exec_.backend().memory().stats(); }
-  /// The host memory domain's figures: offloaded buffers (fsdp/offload/offload.hpp); zero without offload.
+  /// The host memory domain's figures: offloaded buffers (fsdp/policy/offload.hpp); zero without offload.
   memory_stats host_memory() const {
     if constexpr (OffloadBackend<backend_type>) return exec_.backend().host_memory().stats();
     else return {};

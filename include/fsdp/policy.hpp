@@ -5,11 +5,11 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/local.hpp"
-#include "fsdp/offload/offload.hpp"
+#include "fsdp/policy/offload.hpp"
+#include "fsdp/policy/precision.hpp"
+#include "fsdp/policy/prefetch.hpp"
+#include "fsdp/policy/sharding.hpp"
 #include "fsdp/policy_facts.hpp"
-#include "fsdp/precision/precision.hpp"
-#include "fsdp/prefetch/prefetch.hpp"
-#include "fsdp/sharding/sharding.hpp"
 
 namespace fsdp {
 

@@ -1,10 +1,10 @@
 #pragma once
 // A policy's choices as values (fsdp::policy's strategy, prefetch, precision and offload): what the parts of a
 // Model that do not depend on the policy's types decide from (fsdp::model_core, can_implement's checks).
-#include "fsdp/offload/offload.hpp"
-#include "fsdp/precision/precision.hpp"
-#include "fsdp/prefetch/prefetch.hpp"
-#include "fsdp/sharding/sharding.hpp"
+#include "fsdp/policy/offload.hpp"
+#include "fsdp/policy/precision.hpp"
+#include "fsdp/policy/prefetch.hpp"
+#include "fsdp/policy/sharding.hpp"
 
 namespace fsdp {
 

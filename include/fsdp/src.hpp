@@ -34,11 +34,11 @@ for every file that includes a library header (docs/build.md)"
 #include "fsdp/plan/listing.ipp"
 #include "fsdp/plan/memory_plan.ipp"
 #include "fsdp/plan/timeline.ipp"
+#include "fsdp/policy/wrap.ipp"
 #include "fsdp/schedule/config.ipp"
 #include "fsdp/schedule/pass_cursor.ipp"
 #include "fsdp/schedule/scheduler.ipp"
 #include "fsdp/spec/model_spec.ipp"
-#include "fsdp/wrap/wrap.ipp"
 
 // The host backend's model core on comm::local, its executor and optimizers (fsdp/instances.hpp), which
 // fsdp/fsdp.hpp declares extern in this mode: every host policy on comm::local shares them.

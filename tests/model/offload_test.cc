@@ -1,4 +1,4 @@
-// CPU offload (fsdp/offload/offload.hpp): master shards, gradient shards and optimizer state in the host memory
+// CPU offload (fsdp/policy/offload.hpp): master shards, gradient shards and optimizer state in the host memory
 // domain, copied on their own streams. Training with any part offloaded must equal training without offload bit
 // for bit (the same per-element code in the same order), with the same collectives; slowing down the copy streams
 // must change no bit (every wait is in place); and the planner's peak of every category in both domains must equal

@@ -23,10 +23,10 @@
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/options/model_options.hpp"
-#include "fsdp/offload/offload.hpp"
-#include "fsdp/precision/precision.hpp"
-#include "fsdp/prefetch/prefetch.hpp"
-#include "fsdp/sharding/sharding.hpp"
+#include "fsdp/policy/offload.hpp"
+#include "fsdp/policy/precision.hpp"
+#include "fsdp/policy/prefetch.hpp"
+#include "fsdp/policy/sharding.hpp"
 #include "fsdp/spec/model_spec.hpp"
 
 namespace fsdp {

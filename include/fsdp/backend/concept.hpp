@@ -93,7 +93,7 @@ concept Backend =
       b.for_each(n, ef, s);
     };
 
-/// A backend that can hold offloaded buffers (fsdp/offload/offload.hpp): host memory accounted apart
+/// A backend that can hold offloaded buffers (fsdp/policy/offload.hpp): host memory accounted apart
 /// (allocate_host, host_memory), two copy streams, host to device (upload) and device to host (download), and a
 /// stream for host-side work on offloaded buffers (host_work: host_callback only), so that no copy waits behind the
 /// CPU. backend::host and backend::cuda model it.

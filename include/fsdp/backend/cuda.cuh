@@ -202,7 +202,7 @@ class cuda {
   stream& compute_stream() noexcept { return compute_; }
   stream& gather_stream() noexcept { return gather_; }
   stream& reduce_stream() noexcept { return reduce_; }
-  /// The copy streams of offloading (fsdp/offload/offload.hpp): host to device, and device to host.
+  /// The copy streams of offloading (fsdp/policy/offload.hpp): host to device, and device to host.
   stream& upload_stream() noexcept { return upload_; }
   stream& download_stream() noexcept { return download_; }
   /// Offloading's host functions (cudaLaunchHostFunc: host gradient additions, the host optimizer) apart from the
@@ -315,7 +315,7 @@ class cuda {
     }
     return buffer(p, bytes, category, &memory_, buffer_free{first_use.get()});
   }
-  /// Pinned host memory for offloaded buffers (fsdp/offload/offload.hpp), accounted to `category` in
+  /// Pinned host memory for offloaded buffers (fsdp/policy/offload.hpp), accounted to `category` in
   /// host_memory(): cudaHostAlloc, portable and mapped, so that copies are asynchronous and device kernels may read
   /// it where the policy steps the optimizer on the device (with unified addressing: the same pointer on both
   /// sides; host_memory_on_device() says whether every such buffer so far has it).

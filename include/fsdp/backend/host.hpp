@@ -42,7 +42,7 @@ struct host_options {
   /// stream before it runs. Results must not change: tests use it to prove that every wait is in place.
   std::function<std::chrono::microseconds(std::string_view kernel)> kernel_delay;
   /// Delay injection on the offload streams (upload: host to device, download: device to host, host_work: host
-  /// functions; see fsdp/offload/offload.hpp): how long each copy (`bytes` > 0) and each host function (`bytes` 0)
+  /// functions; see fsdp/policy/offload.hpp): how long each copy (`bytes` > 0) and each host function (`bytes` 0)
   /// issued on `stream` ("upload", "download" or "host_work") sleeps before it runs. Tests use it to prove every
   /// wait is in place; the offload benchmark uses it as a modelled link (bytes / bandwidth + latency).
   std::function<std::chrono::microseconds(std::string_view stream, std::int64_t bytes)> copy_delay;
@@ -116,7 +116,7 @@ class host {
   stream& compute_stream() noexcept { return compute_; }
   stream& gather_stream() noexcept { return gather_; }
   stream& reduce_stream() noexcept { return reduce_; }
-  /// The copy streams of offloading (fsdp/offload/offload.hpp): host to device, and device to host.
+  /// The copy streams of offloading (fsdp/policy/offload.hpp): host to device, and device to host.
   stream& upload_stream() noexcept { return upload_; }
   stream& download_stream() noexcept { return download_; }
   /// Offloading's host functions (host gradient additions, the host optimizer), apart from the copies.
@@ -144,7 +144,7 @@ class host {
   /// `first_use` is the stream that uses the buffer first: host memory is ready at once, but the pool model
   /// (pool()) counts the allocation as a stream-ordered one on that stream, as the CUDA backend makes it.
   buffer allocate(std::int64_t bytes, mem category, stream& first_use);
-  /// Host memory for offloaded buffers (fsdp/offload/offload.hpp), accounted to `category` in host_memory(), not
+  /// Host memory for offloaded buffers (fsdp/policy/offload.hpp), accounted to `category` in host_memory(), not
   /// memory(); pinned on the CUDA backend. Ready at once; released like any buffer.
   buffer allocate_host(std::int64_t bytes, mem category);
   /// Stream-ordered release: the accounting drops now, the memory is freed once `s` reaches this point.

@@ -34,7 +34,7 @@
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/optim/stateful.hpp"
 #include "fsdp/plan/reshard.hpp"
-#include "fsdp/sharding/sharding.hpp"
+#include "fsdp/policy/sharding.hpp"
 
 namespace fsdp::elastic {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "fsdp/comm/concept.hpp"
-#include "fsdp/sharding/sharding.hpp"
+#include "fsdp/policy/sharding.hpp"
 
 namespace fsdp::exec {
 

@@ -20,7 +20,7 @@
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/cost.hpp"
-#include "fsdp/offload/offload.hpp"
+#include "fsdp/policy/offload.hpp"
 #include "fsdp/spec/model_spec.hpp"
 #include "fsdp/spec/placement.hpp"
 #include "fsdp/unit/tensor_view.hpp"

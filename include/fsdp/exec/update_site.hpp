@@ -7,7 +7,7 @@
 //   on the device   site.run(n, f) is Backend::for_each on the compute stream; site.at(p) is where the device finds
 //                   the unit's master, gradient or state pointer p: p itself, or the staging slot a host-resident
 //                   part was copied into (a device step over offloaded parts)
-//   on the host     site.run(n, f) adds a host loop to the unit's host function (fsdp/offload/offload.hpp: all
+//   on the host     site.run(n, f) adds a host loop to the unit's host function (fsdp/policy/offload.hpp: all
 //                   three parts offloaded), run on the executor's host threads (kernels::host_pool); site.at(p)
 //                   is p
 //

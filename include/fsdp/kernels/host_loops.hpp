@@ -1,7 +1,7 @@
 #pragma once
 // The library's kernels as host loops over the per-element code every backend shares (kernels/elementwise.hpp,
 // and the element functions of Backend::for_each): backend::host's kernels run these, and so does host-side work
-// on any backend (the host gradient shards and the host optimizer step of fsdp/offload/offload.hpp), so a host
+// on any backend (the host gradient shards and the host optimizer step of fsdp/policy/offload.hpp), so a host
 // loop and a CUDA kernel give the same bits.
 #include <cstdint>
 #include <utility>

@@ -1,6 +1,6 @@
 #pragma once
 // A fixed pool of host threads for the library's host loops (fsdp/kernels/host_loops.hpp) where they run inside a
-// host function: offloading's host optimizer step and host gradient additions (fsdp/offload/offload.hpp), which
+// host function: offloading's host optimizer step and host gradient additions (fsdp/policy/offload.hpp), which
 // would otherwise run on the one thread of their stream. for_each(n, f) splits [0, n) into contiguous chunks that
 // the pool's threads and the calling thread take in turn; each element is still f(i), once, so the bits are those
 // of the single-threaded loop (the library's element functions touch element i alone).

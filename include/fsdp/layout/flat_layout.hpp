@@ -11,8 +11,8 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
+#include "fsdp/policy/wrap.hpp"
 #include "fsdp/spec/model_spec.hpp"
-#include "fsdp/wrap/wrap.hpp"
 
 namespace fsdp {
 

@@ -29,7 +29,7 @@
 // of S + 4 S / B one-byte elements per rank of the shard group (kernels/quantize.hpp): the input the gradient
 // quantized per destination rank, the output what the all_to_all brought from every rank.
 //
-// Offloading (fsdp/offload/offload.hpp) moves buffers to the host domain and adds two:
+// Offloading (fsdp/policy/offload.hpp) moves buffers to the host domain and adds two:
 //
 //   master          host when params are offloaded; grad shard: host when grads are; optimizer state: host when it is
 //   upload          sharded params    f32       S         params offloaded: the master shard's device copy, from
@@ -56,8 +56,8 @@
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/options/model_options.hpp"
-#include "fsdp/offload/offload.hpp"
-#include "fsdp/precision/precision.hpp"
+#include "fsdp/policy/offload.hpp"
+#include "fsdp/policy/precision.hpp"
 
 namespace fsdp::plan {
 

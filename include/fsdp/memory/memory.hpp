@@ -20,7 +20,7 @@ enum class mem : std::uint8_t {
 };
 inline constexpr std::size_t mem_categories = 5;
 
-/// Where a buffer lives: the backend's device memory, or (pinned) host memory (fsdp/offload/offload.hpp). Each
+/// Where a buffer lives: the backend's device memory, or (pinned) host memory (fsdp/policy/offload.hpp). Each
 /// domain has its own tracker and its own plan.
 enum class domain : std::uint8_t { device, host };
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/offload/offload.hpp"
-#include "fsdp/prefetch/prefetch.hpp"
+#include "fsdp/policy/offload.hpp"
+#include "fsdp/policy/prefetch.hpp"
 
 namespace fsdp {
 
@@ -79,7 +79,7 @@ struct model_options {
   /// keeps one reduction overlapping. The memory planner counts it.
   std::vector<std::string> early_grads;
   /// Per unit name: the parts this unit keeps in host memory, instead of the offload policy's
-  /// (fsdp/offload/offload.hpp), e.g. {"root", fsdp::offload::none::facts} to keep the embeddings on the device, or
+  /// (fsdp/policy/offload.hpp), e.g. {"root", fsdp::offload::none::facts} to keep the embeddings on the device, or
   /// {"h.0", fsdp::offload::all::facts} to offload one unit. A unit with all three on the host steps its optimizer
   /// on the host; the others on the device. Needs a backend that models fsdp::OffloadBackend when any unit
   /// offloads, and units that gather (not no_shard in fp32) for per-unit params.

@@ -52,7 +52,15 @@ constexpr const char* name_of(lane l) noexcept {
 
 /// The executor's slot rings (exec/slot_ring.hpp).
 enum class ring : std::uint8_t {
-  gathered, grad, reduce_input, reduce_output, upload, download, stage_grad, stage_state, wire
+  gathered,
+  grad,
+  reduce_input,
+  reduce_output,
+  upload,
+  download,
+  stage_grad,
+  stage_state,
+  wire
 };
 inline constexpr std::size_t rings = 9;
 

@@ -1,7 +1,7 @@
 #pragma once
 // Fitting a memory budget before anything is allocated: the largest prefetch depth, and the preferred unit
 // grouping, whose planned peak (all categories at once, per rank) stays within a budget; and, with offloading
-// (fsdp/offload/offload.hpp), the configuration that fits a device budget while moving the fewest bytes over the
+// (fsdp/policy/offload.hpp), the configuration that fits a device budget while moving the fewest bytes over the
 // host link; and ranking configurations by predicted step time among those that fit (rank_by_time, on the
 // timeline planner). Built on the planners, so the answer holds for the scheduler as it runs.
 #include <algorithm>
@@ -17,11 +17,11 @@
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/plan/timeline.hpp"
-#include "fsdp/precision/precision.hpp"
-#include "fsdp/prefetch/prefetch.hpp"
-#include "fsdp/sharding/sharding.hpp"
+#include "fsdp/policy/precision.hpp"
+#include "fsdp/policy/prefetch.hpp"
+#include "fsdp/policy/sharding.hpp"
+#include "fsdp/policy/wrap.hpp"
 #include "fsdp/spec/model_spec.hpp"
-#include "fsdp/wrap/wrap.hpp"
 
 namespace fsdp {
 

@@ -20,9 +20,9 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/memory/memory.hpp"
 #include "fsdp/memory/cost.hpp"
-#include "fsdp/offload/offload.hpp"
+#include "fsdp/memory/memory.hpp"
+#include "fsdp/policy/offload.hpp"
 #include "fsdp/schedule/config.hpp"
 
 namespace fsdp {
@@ -38,7 +38,7 @@ struct memory_plan_inputs {
 };
 
 /// The planner's answer: peak bytes per category and of their sum at any one moment (figures.total), per memory
-/// domain: the device's (`peak`) and the host's (`host_peak`: offloaded buffers, fsdp/offload/offload.hpp).
+/// domain: the device's (`peak`) and the host's (`host_peak`: offloaded buffers, fsdp/policy/offload.hpp).
 struct memory_plan {
   memory_figures peak;
   /// What stays between steps: shards, gradient shards, optimizer state and the slots the steps made.

@@ -50,9 +50,9 @@
 #include "fsdp/core/unit_state.hpp"
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/observe/trace.hpp"
-#include "fsdp/offload/offload.hpp"
 #include "fsdp/plan/actions.hpp"
 #include "fsdp/plan/collectives.hpp"  // reduction_of: which collective a reduction is
+#include "fsdp/policy/offload.hpp"
 #include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/schedule/slot_ledger.hpp"
 

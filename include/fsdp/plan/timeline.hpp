@@ -45,7 +45,7 @@
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/plan/drive.hpp"
 #include "fsdp/plan/memory_plan.hpp"
-#include "fsdp/sharding/sharding.hpp"
+#include "fsdp/policy/sharding.hpp"
 
 namespace fsdp {
 

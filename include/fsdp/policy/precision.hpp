@@ -127,7 +127,7 @@ struct precision_facts {
 
 template <PrecisionPolicy P>
 constexpr precision_facts facts_of_precision() noexcept {
-  return {dtype_of_v<typename P::compute_type>, dtype::f32, dtype_of_v<typename P::reduce_type>,
+  return {dtype_of_v<typename P::compute_type>,         dtype::f32,         dtype_of_v<typename P::reduce_type>,
           dtype_of_v<typename gather_type_of<P>::type>, gather_block_of<P>, reduce_block_of<P>};
 }
 
@@ -188,12 +188,14 @@ struct scaled {
                 "fsdp::precision::scaled: the gather type must be 8 bits wide and scaled (fsdp::float8_e4m3, "
                 "fsdp::float8_e5m2 or std::int8_t); "
                 "for a plain narrower gather use precision::mixed or precision::wire");
-  static_assert(Block > 0 && Block % 4 == 0, "fsdp::precision::scaled: the block must be a positive multiple of 4 "
-                                             "elements (each rank's scales stay 4-byte aligned after its values)");
+  static_assert(Block > 0 && Block % 4 == 0,
+                "fsdp::precision::scaled: the block must be a positive multiple of 4 "
+                "elements (each rank's scales stay 4-byte aligned after its values)");
   static_assert(ElementType<Compute> && plain_precision(dtype_of_v<Compute>),
                 "fsdp::precision::scaled: the compute type is float, fsdp::bfloat16 or fsdp::float16");
-  static_assert(ElementType<Reduce>, "fsdp::precision::scaled: the reduce type is float, fsdp::bfloat16 or "
-                                     "fsdp::float16, or a scaled 8-bit type (a quantized reduction)");
+  static_assert(ElementType<Reduce>,
+                "fsdp::precision::scaled: the reduce type is float, fsdp::bfloat16 or "
+                "fsdp::float16, or a scaled 8-bit type (a quantized reduction)");
   using precision_concept = precision_tag;
   using compute_type = Compute;
   using master_type = float;

@@ -36,7 +36,9 @@ concept ShardingStrategy = requires(int world) {
 /// The strategy's optional keeps_params_gathered fact (false when it has none).
 template <ShardingStrategy S>
 constexpr bool keeps_params_gathered() {
-  if constexpr (requires { { S::keeps_params_gathered } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { S::keeps_params_gathered } -> std::convertible_to<bool>;
+                }) {
     static_assert(!S::keeps_params_gathered || (S::shards_params && !S::reshard_after_forward),
                   "fsdp::sharding: a strategy that keeps parameters gathered between steps must shard them "
                   "(shards_params) and not reshard after forward");
@@ -193,8 +195,10 @@ device_mesh mesh_of(int world, problems& p) {
     p.add("sharding strategy ", S::name, " gives a shard group of ", g, " and a replicate group of ", r,
           " ranks, whose product is not the world of ", world);
   else if (!S::shards_params && g != 1)
-    p.add("sharding strategy ", S::name, " does not shard parameters (shards_params is false) but gives a shard "
-          "group of ", g, " ranks; a strategy that keeps whole parameters on every rank has a shard group of 1");
+    p.add("sharding strategy ", S::name,
+          " does not shard parameters (shards_params is false) but gives a shard "
+          "group of ",
+          g, " ranks; a strategy that keeps whole parameters on every rank has a shard group of 1");
   else
     return {r, g};
   return {};
@@ -210,8 +214,12 @@ device_mesh mesh_of(int world) {
 
 template <ShardingStrategy S>
 constexpr strategy_facts facts_of(int world) {
-  return {S::name, S::shards_params, S::reshard_after_forward, S::shard_group_size(world),
-          S::replicate_group_size(world), keeps_params_gathered<S>()};
+  return {S::name,
+          S::shards_params,
+          S::reshard_after_forward,
+          S::shard_group_size(world),
+          S::replicate_group_size(world),
+          keeps_params_gathered<S>()};
 }
 
 }  // namespace fsdp

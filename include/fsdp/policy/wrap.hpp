@@ -108,5 +108,5 @@ std::vector<unit_plan> make_units(const ModelSpec& spec, const W& policy) {
 }  // namespace fsdp
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/wrap/wrap.ipp"
+#include "fsdp/policy/wrap.ipp"
 #endif

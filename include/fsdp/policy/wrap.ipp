@@ -1,8 +1,8 @@
 #pragma once
-// The wrapping policies' definitions (fsdp/wrap/wrap.hpp): included by that header, or compiled once by
+// The wrapping policies' definitions (fsdp/policy/wrap.hpp): included by that header, or compiled once by
 // fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
 #include "fsdp/core/error.hpp"
-#include "fsdp/wrap/wrap.hpp"
+#include "fsdp/policy/wrap.hpp"
 
 namespace fsdp::wrap {
 

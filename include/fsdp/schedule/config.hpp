@@ -9,12 +9,12 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/problems.hpp"
-#include "fsdp/options/model_options.hpp"
-#include "fsdp/memory/cost.hpp"
-#include "fsdp/precision/precision.hpp"
-#include "fsdp/prefetch/prefetch.hpp"
-#include "fsdp/sharding/sharding.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/memory/cost.hpp"
+#include "fsdp/options/model_options.hpp"
+#include "fsdp/policy/precision.hpp"
+#include "fsdp/policy/prefetch.hpp"
+#include "fsdp/policy/sharding.hpp"
 
 namespace fsdp::sched {
 

@@ -12,7 +12,7 @@
 //   inside the step, on a backend with pinned host memory and done(event); elsewhere the decision is read back
 //   in the step (one synchronize).
 //
-// Where the update runs, per unit, is the step program's choice (fsdp/plan/program.hpp, fsdp/offload/offload.hpp):
+// Where the update runs, per unit, is the step program's choice (fsdp/plan/program.hpp, fsdp/policy/offload.hpp):
 // on the compute stream (Backend::for_each); for a unit with params, grads and optimizer state offloaded, on the
 // host, in one host function for the unit (the same element function in host loops); for a unit with some parts
 // offloaded, on the compute stream over device copies of those parts. The optimizers write their update once, as an
