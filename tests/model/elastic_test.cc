@@ -11,6 +11,7 @@
 #include <fsdp/elastic/reshard.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -20,6 +21,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -657,27 +660,45 @@ TEST_CASE(
   cfg.model.commit_step = false;
   std::vector<std::string> refusals(4);
   std::string rethrown;
+  // What the test shows needs one order: ranks 0 and 2 (the replica group without the failed rank) issue the failing
+  // step's updates before rank 1 (whose replica all-reduce failed) aborts the world; rank 1's abort could otherwise
+  // fail their step first (it did under ASan once the library was compiled at -O2). Each rank notes the step of
+  // every phase it begins; rank 1 aborts once ranks 0 and 2 began the failing step's loss all-reduce (issued after
+  // the updates, on the same stream), or after 5 s.
+  std::array<std::atomic<int>, 4> began{-1, -1, -1, -1}, loss_began{-1, -1, -1, -1};
   try {
-    fsdp::comm::run_local(4,
-                          [&](local_communicator& comm) {
-                            const int me = comm.rank();
-                            auto m = mlp::make_model<fsdp::policy<fsdp::sharding::hybrid_shard<2>>>(comm, cfg);
-                            mlp::with_optimizer(m, cfg, [&](auto& opt) {
-                              mlp::result res;
-                              try {
-                                mlp::run_steps(m, opt, cfg, 0, 5, res);
-                              } catch (const fsdp::comm_error&) {
-                                comm.abort("rank " + std::to_string(me) + " saw a failure");
-                              }
-                              std::vector<int> members;
-                              local_communicator shrunk = comm.shrink(&members);
-                              fsdp::backend::host staging(me);
-                              refusals[static_cast<std::size_t>(me)] = error_of<fsdp::usage_error>(
-                                  [&] { fsdp::elastic::agree(m, members, shrunk, staging); });
-                              return res;
-                            });
-                          },
-                          {.timeout = std::chrono::milliseconds(5000), .fault = in_last_replica_all_reduce(3)});
+    fsdp::comm::run_local(
+        4,
+        [&](local_communicator& comm) {
+          const int me = comm.rank();
+          mlp::config mine = cfg;
+          mine.before = [&, me](int step, const char* phase) {
+            began[static_cast<std::size_t>(me)] = step;
+            if (std::string_view(phase) == "loss") loss_began[static_cast<std::size_t>(me)] = step;
+          };
+          auto m = mlp::make_model<fsdp::policy<fsdp::sharding::hybrid_shard<2>>>(comm, mine);
+          mlp::with_optimizer(m, mine, [&](auto& opt) {
+            mlp::result res;
+            try {
+              mlp::run_steps(m, opt, mine, 0, 5, res);
+            } catch (const fsdp::comm_error&) {
+              if (me == 1) {
+                const int failed = began[1];
+                const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+                while ((loss_began[0] < failed || loss_began[2] < failed) && std::chrono::steady_clock::now() < until)
+                  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              }
+              comm.abort("rank " + std::to_string(me) + " saw a failure");
+            }
+            std::vector<int> members;
+            local_communicator shrunk = comm.shrink(&members);
+            fsdp::backend::host staging(me);
+            refusals[static_cast<std::size_t>(me)] =
+                error_of<fsdp::usage_error>([&] { fsdp::elastic::agree(m, members, shrunk, staging); });
+            return res;
+          });
+        },
+        {.timeout = std::chrono::milliseconds(5000), .fault = in_last_replica_all_reduce(3)});
   } catch (const dies& e) {
     rethrown = e.what();
   }

@@ -21,10 +21,17 @@
 
 namespace fsdp::kernels {
 
-/// f * scale, rounded once; f itself when the scale is 1 or f is a NaN. A NaN is not multiplied: a GPU's multiply
-/// returns its canonical NaN (0x7fffffff), an x86 host's the input NaN quieted, so the NaN passes as it is and both
-/// backends give the same bits (an H200 showed the difference).
-FSDP_HD inline float scaled_value(float f, float scale) { return scale != 1.0f && f == f ? rn::mul(f, scale) : f; }
+/// f * scale, rounded once; f itself when the scale is 1; a NaN quieted, with its sign and payload, when it is not. A
+/// NaN is not multiplied: a GPU's multiply returns its canonical NaN (0x7fffffff), an x86 host's the input NaN
+/// quieted, so the NaN is quieted here and both backends give the same bits (an H200 showed the difference). Not
+/// the NaN as it is: an optimizer may take `nan ? f : f * scale` for `f * scale` (LLVM keeps no NaN's payload
+/// through a multiply; clang -O2 did so, and quieted a signalling NaN, where -O0 and g++ kept it), and the quieted
+/// NaN is the same bits either way.
+FSDP_HD inline float scaled_value(float f, float scale) {
+  if (scale == 1.0f) return f;
+  const std::uint32_t b = lowp::bits(f);
+  return (b & 0x7fffffffu) > 0x7f800000u ? lowp::from_bits(b | 0x00400000u) : rn::mul(f, scale);
+}
 
 template <dtype D, dtype S>
 FSDP_HD inline lowp::storage_t<D> convert_one(lowp::storage_t<S> x, float scale) {
