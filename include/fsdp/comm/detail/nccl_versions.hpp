@@ -10,6 +10,11 @@
 
 namespace fsdp::comm::detail {
 
+/// "2.28.3" from NCCL_VERSION_CODE 22803.
+inline std::string nccl_version_name(int version_code) {
+  return fsdp::detail::cat(version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100);
+}
+
 /// Why nccl_channels::per_stream cannot be used with NCCL `version_code` (NCCL_VERSION_CODE, e.g. 22809 for 2.28.9)
 /// and this value of $NCCL_LAUNCH_ORDER_IMPLICIT (null: unset); empty when it can.
 inline std::string per_stream_refusal(int version_code, const char* launch_order_implicit) {
@@ -17,8 +22,7 @@ inline std::string per_stream_refusal(int version_code, const char* launch_order
     return fsdp::detail::cat(
         "comm::nccl: nccl_channels::per_stream needs NCCL 2.26 or later (NCCL_LAUNCH_ORDER_IMPLICIT "
         "orders the launches of its communicators), but this NCCL is ",
-        version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100,
-        "; use nccl_channels::one (the default)");
+        nccl_version_name(version_code), "; use nccl_channels::one (the default)");
   if (!launch_order_implicit || std::string_view(launch_order_implicit) != "1")
     return fsdp::detail::cat(
         "comm::nccl: nccl_channels::per_stream issues collectives on several communicators at "
@@ -28,11 +32,6 @@ inline std::string per_stream_refusal(int version_code, const char* launch_order
         "): set it on every rank before the first NCCL call, or use nccl_channels::one (the "
         "default)");
   return {};
-}
-
-/// "2.28.3" from NCCL_VERSION_CODE 22803.
-inline std::string nccl_version_name(int version_code) {
-  return fsdp::detail::cat(version_code / 10000, ".", version_code / 100 % 100, ".", version_code % 100);
 }
 
 /// Why nccl_failure::revoke and shrink() cannot be used with NCCL `version_code`; empty when they can.
