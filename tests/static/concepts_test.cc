@@ -352,6 +352,14 @@ static_assert(!std::is_copy_constructible_v<fsdp::Model<P>>);
 // Nor movable: units, views and the streams' callbacks hold its address.
 static_assert(!std::is_move_constructible_v<fsdp::Model<P>> && !std::is_move_constructible_v<fsdp::Model<H>>);
 
+// A unit's fp32 shards are read-only to a trainer; the library writes them through model_access (the optimizers, a
+// load, an import, a reshard). Before, FsdpUnit gave anyone a float*.
+using trainer_unit = fsdp::FsdpUnit<fsdp::backend::host, float>;
+static_assert(std::is_same_v<decltype(std::declval<const trainer_unit&>().master_shard()), const float*>);
+static_assert(std::is_same_v<decltype(std::declval<const trainer_unit&>().grad_shard()), const float*>);
+static_assert(std::is_same_v<decltype(fsdp::model_access::master_shard(std::declval<const trainer_unit&>())), float*>);
+static_assert(std::is_same_v<decltype(fsdp::model_access::grad_shard(std::declval<const trainer_unit&>())), float*>);
+
 /// A trainer's loop over basic_model, as a program of many policies writes it (examples/01_mlp_host): a Model<P>
 /// argument deduces it, and its units are typed in the compute dtype.
 template <class Backend, class C, class T>

@@ -49,8 +49,8 @@ class basic_unit {
   /// This rank's fp32 master shard and gradient shard (shard_numel elements each), to read (on the backend's
   /// memory: device memory under backend::cuda). Only the library writes them, between the steps' collectives and
   /// in stream order (an optimizer, a checkpoint load, a weight import): through fsdp::model_access.
-  const float* master_shard() const noexcept { return bufs_->master.template as<float>(); }
-  const float* grad_shard() const noexcept { return bufs_->grad_shard.template as<float>(); }
+  const float* master_shard() const noexcept { return writable_master(); }
+  const float* grad_shard() const noexcept { return writable_grad(); }
 
  private:
   friend struct model_access;  // the writable shards (model_access::master_shard, grad_shard)
