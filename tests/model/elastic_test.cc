@@ -660,22 +660,27 @@ TEST_CASE(
   cfg.model.commit_step = false;
   std::vector<std::string> refusals(4);
   std::string rethrown;
-  // What the test shows needs one order: ranks 0 and 2 (the replica group without the failed rank) issue the failing
+  // What the test shows needs one order: ranks 0 and 2 (the replica group without the failed rank) apply the failing
   // step's updates before rank 1 (whose replica all-reduce failed) aborts the world; rank 1's abort could otherwise
   // fail their step first (it did under ASan once the library was compiled at -O2). Each rank notes the step of
-  // every phase it begins; rank 1 aborts once ranks 0 and 2 began the failing step's loss all-reduce (issued after
-  // the updates, on the same stream), or after 5 s.
-  std::array<std::atomic<int>, 4> began{-1, -1, -1, -1}, loss_began{-1, -1, -1, -1};
+  // every phase it begins; the fault hook, on each rank's stream, counts the loss all-reduces (the world's of one
+  // element: no commit, no clipping) that stream reached, each after that step's updates on the same stream. Rank 1
+  // aborts once the streams of ranks 0 and 2 reached the failing step's, or after 5 s. (That their threads had
+  // issued it was not enough: CI's ASan run once aborted before their streams had run the updates.)
+  std::array<std::atomic<int>, 4> began{-1, -1, -1, -1}, losses_reached{0, 0, 0, 0};
+  const fsdp::comm::collective_fault dies_in_replica = in_last_replica_all_reduce(3);
+  fsdp::comm::collective_fault fault = [&](const fsdp::comm::collective_site& s) {
+    if (s.group.empty() && s.kind == fsdp::collective::all_reduce && s.count == 1)
+      ++losses_reached[static_cast<std::size_t>(s.world_rank)];
+    dies_in_replica(s);
+  };
   try {
     fsdp::comm::run_local(
         4,
         [&](local_communicator& comm) {
           const int me = comm.rank();
           mlp::config mine = cfg;
-          mine.before = [&, me](int step, const char* phase) {
-            began[static_cast<std::size_t>(me)] = step;
-            if (std::string_view(phase) == "loss") loss_began[static_cast<std::size_t>(me)] = step;
-          };
+          mine.before = [&, me](int step, const char*) { began[static_cast<std::size_t>(me)] = step; };
           auto m = mlp::make_model<fsdp::policy<fsdp::sharding::hybrid_shard<2>>>(comm, mine);
           mlp::with_optimizer(m, mine, [&](auto& opt) {
             mlp::result res;
@@ -685,7 +690,8 @@ TEST_CASE(
               if (me == 1) {
                 const int failed = began[1];
                 const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-                while ((loss_began[0] < failed || loss_began[2] < failed) && std::chrono::steady_clock::now() < until)
+                while ((losses_reached[0] <= failed || losses_reached[2] <= failed) &&
+                       std::chrono::steady_clock::now() < until)
                   std::this_thread::sleep_for(std::chrono::milliseconds(1));
               }
               comm.abort("rank " + std::to_string(me) + " saw a failure");
@@ -698,11 +704,13 @@ TEST_CASE(
             return res;
           });
         },
-        {.timeout = std::chrono::milliseconds(5000), .fault = in_last_replica_all_reduce(3)});
+        {.timeout = std::chrono::milliseconds(5000), .fault = fault});
   } catch (const dies& e) {
     rethrown = e.what();
   }
   CHECK(rethrown == "rank 3 dies");
+  CHECK(losses_reached[0] == 4);  // steps 0-3: step 3 is the failing one
+  CHECK(losses_reached[2] == 4);
   for (int r : {0, 1, 2}) {
     CAPTURE(r);
     CHECK(refusals[static_cast<std::size_t>(r)] ==
