@@ -16,12 +16,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <initializer_list>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -600,13 +600,16 @@ namespace {
 
 /// Fault injection for failure_during_step: world rank `lost` dies inside its last replica all-reduce of step 3 (3
 /// units, so its 12th: the only all-reduces of more than one element in a sub-group are the replicas'), never
-/// arriving; its stream fails with `dies`, which its thread rethrows at its next wait.
-fsdp::comm::collective_fault in_last_replica_all_reduce(int lost) {
+/// arriving; its stream fails with `dies`, which its thread rethrows at its next wait. `before_dying`, when given, runs
+/// on that stream first.
+fsdp::comm::collective_fault in_last_replica_all_reduce(int lost, std::function<void()> before_dying = {}) {
   auto seen = std::make_shared<std::atomic<int>>(0);
-  return [lost, seen](const fsdp::comm::collective_site& s) {
+  return [lost, seen, before_dying](const fsdp::comm::collective_site& s) {
     if (s.world_rank == lost && s.kind == fsdp::collective::all_reduce && !s.group.empty() && s.count > 1 &&
-        ++*seen == 3 * 4)
+        ++*seen == 3 * 4) {
+      if (before_dying) before_dying();
       throw dies(lost);
+    }
   };
 }
 
@@ -661,56 +664,51 @@ TEST_CASE(
   std::vector<std::string> refusals(4);
   std::string rethrown;
   // What the test shows needs one order: ranks 0 and 2 (the replica group without the failed rank) apply the failing
-  // step's updates before rank 1 (whose replica all-reduce failed) aborts the world; rank 1's abort could otherwise
-  // fail their step first (it did under ASan once the library was compiled at -O2). Each rank notes the step of
-  // every phase it begins; the fault hook, on each rank's stream, counts the loss all-reduces (the world's of one
-  // element: no commit, no clipping) that stream reached, each after that step's updates on the same stream. Rank 1
-  // aborts once the streams of ranks 0 and 2 reached the failing step's, or after 5 s. (That their threads had
-  // issued it was not enough: CI's ASan run once aborted before their streams had run the updates.)
-  std::array<std::atomic<int>, 4> began{-1, -1, -1, -1}, losses_reached{0, 0, 0, 0};
-  const fsdp::comm::collective_fault dies_in_replica = in_last_replica_all_reduce(3);
+  // step's updates before anything aborts the world, or their step fails too (it did under ASan and TSan). Rank 3's
+  // death aborts it (its thread rethrows `dies` at its next wait, and run_local aborts the group), and so does rank 1
+  // once its replica all-reduce with rank 3 failed. So rank 3 dies only once the streams of ranks 0 and 2 reached
+  // the failing step's loss all-reduce (queued after its updates on the same stream; the world's one-element
+  // all-reduces, which the fault hook counts on each stream: no commit, no clipping), or after 20 s; rank 1's
+  // replica all-reduce waits for rank 3 meanwhile, within the group's timeout of 30 s. (Waiting for their threads to
+  // issue it, or only holding rank 1 back, was not enough: their streams run later, and rank 3's death aborts.)
+  std::array<std::atomic<int>, 4> losses_reached{0, 0, 0, 0};
+  const fsdp::comm::collective_fault dies_in_replica = in_last_replica_all_reduce(3, [&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while ((losses_reached[0] < 4 || losses_reached[2] < 4) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
   fsdp::comm::collective_fault fault = [&](const fsdp::comm::collective_site& s) {
     if (s.group.empty() && s.kind == fsdp::collective::all_reduce && s.count == 1)
       ++losses_reached[static_cast<std::size_t>(s.world_rank)];
     dies_in_replica(s);
   };
   try {
-    fsdp::comm::run_local(
-        4,
-        [&](local_communicator& comm) {
-          const int me = comm.rank();
-          mlp::config mine = cfg;
-          mine.before = [&, me](int step, const char*) { began[static_cast<std::size_t>(me)] = step; };
-          auto m = mlp::make_model<fsdp::policy<fsdp::sharding::hybrid_shard<2>>>(comm, mine);
-          mlp::with_optimizer(m, mine, [&](auto& opt) {
-            mlp::result res;
-            try {
-              mlp::run_steps(m, opt, mine, 0, 5, res);
-            } catch (const fsdp::comm_error&) {
-              if (me == 1) {
-                const int failed = began[1];
-                const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-                while ((losses_reached[0] <= failed || losses_reached[2] <= failed) &&
-                       std::chrono::steady_clock::now() < until)
-                  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-              }
-              comm.abort("rank " + std::to_string(me) + " saw a failure");
-            }
-            std::vector<int> members;
-            local_communicator shrunk = comm.shrink(&members);
-            fsdp::backend::host staging(me);
-            refusals[static_cast<std::size_t>(me)] =
-                error_of<fsdp::usage_error>([&] { fsdp::elastic::agree(m, members, shrunk, staging); });
-            return res;
-          });
-        },
-        {.timeout = std::chrono::milliseconds(5000), .fault = fault});
+    fsdp::comm::run_local(4,
+                          [&](local_communicator& comm) {
+                            const int me = comm.rank();
+                            auto m = mlp::make_model<fsdp::policy<fsdp::sharding::hybrid_shard<2>>>(comm, cfg);
+                            mlp::with_optimizer(m, cfg, [&](auto& opt) {
+                              mlp::result res;
+                              try {
+                                mlp::run_steps(m, opt, cfg, 0, 5, res);
+                              } catch (const fsdp::comm_error&) {
+                                comm.abort("rank " + std::to_string(me) + " saw a failure");
+                              }
+                              std::vector<int> members;
+                              local_communicator shrunk = comm.shrink(&members);
+                              fsdp::backend::host staging(me);
+                              refusals[static_cast<std::size_t>(me)] = error_of<fsdp::usage_error>(
+                                  [&] { fsdp::elastic::agree(m, members, shrunk, staging); });
+                              return res;
+                            });
+                          },
+                          {.timeout = std::chrono::milliseconds(30000), .fault = fault});
   } catch (const dies& e) {
     rethrown = e.what();
   }
   CHECK(rethrown == "rank 3 dies");
-  CHECK(losses_reached[0] == 4);  // steps 0-3: step 3 is the failing one
-  CHECK(losses_reached[2] == 4);
+  CHECK(losses_reached[0].load() == 4);  // steps 0-3: step 3 is the failing one
+  CHECK(losses_reached[2].load() == 4);
   for (int r : {0, 1, 2}) {
     CAPTURE(r);
     CHECK(refusals[static_cast<std::size_t>(r)] ==
