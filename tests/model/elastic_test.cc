@@ -602,11 +602,12 @@ namespace {
 /// units, so its 12th: the only all-reduces of more than one element in a sub-group are the replicas'), never
 /// arriving; its stream fails with `dies`, which its thread rethrows at its next wait. `before_dying`, when given, runs
 /// on that stream first.
+constexpr int dying_step = 3;  ///< the step in which in_last_replica_all_reduce's rank dies (counted from 0)
 fsdp::comm::collective_fault in_last_replica_all_reduce(int lost, std::function<void()> before_dying = {}) {
   auto seen = std::make_shared<std::atomic<int>>(0);
   return [lost, seen, before_dying](const fsdp::comm::collective_site& s) {
     if (s.world_rank == lost && s.kind == fsdp::collective::all_reduce && !s.group.empty() && s.count > 1 &&
-        ++*seen == 3 * 4) {
+        ++*seen == 3 * (dying_step + 1)) {
       if (before_dying) before_dying();
       throw dies(lost);
     }
@@ -674,7 +675,8 @@ TEST_CASE(
   std::array<std::atomic<int>, 4> losses_reached{0, 0, 0, 0};
   const fsdp::comm::collective_fault dies_in_replica = in_last_replica_all_reduce(3, [&] {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while ((losses_reached[0] < 4 || losses_reached[2] < 4) && std::chrono::steady_clock::now() < until)
+    while ((losses_reached[0] <= dying_step || losses_reached[2] <= dying_step) &&
+           std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   fsdp::comm::collective_fault fault = [&](const fsdp::comm::collective_site& s) {
@@ -682,33 +684,32 @@ TEST_CASE(
       ++losses_reached[static_cast<std::size_t>(s.world_rank)];
     dies_in_replica(s);
   };
+  auto rank = [&](local_communicator& comm) {
+    const int me = comm.rank();
+    auto m = mlp::make_model<fsdp::policy<fsdp::sharding::hybrid_shard<2>>>(comm, cfg);
+    mlp::with_optimizer(m, cfg, [&](auto& opt) {
+      mlp::result res;
+      try {
+        mlp::run_steps(m, opt, cfg, 0, 5, res);
+      } catch (const fsdp::comm_error&) {
+        comm.abort("rank " + std::to_string(me) + " saw a failure");
+      }
+      std::vector<int> members;
+      local_communicator shrunk = comm.shrink(&members);
+      fsdp::backend::host staging(me);
+      refusals[static_cast<std::size_t>(me)] =
+          error_of<fsdp::usage_error>([&] { fsdp::elastic::agree(m, members, shrunk, staging); });
+      return res;
+    });
+  };
   try {
-    fsdp::comm::run_local(4,
-                          [&](local_communicator& comm) {
-                            const int me = comm.rank();
-                            auto m = mlp::make_model<fsdp::policy<fsdp::sharding::hybrid_shard<2>>>(comm, cfg);
-                            mlp::with_optimizer(m, cfg, [&](auto& opt) {
-                              mlp::result res;
-                              try {
-                                mlp::run_steps(m, opt, cfg, 0, 5, res);
-                              } catch (const fsdp::comm_error&) {
-                                comm.abort("rank " + std::to_string(me) + " saw a failure");
-                              }
-                              std::vector<int> members;
-                              local_communicator shrunk = comm.shrink(&members);
-                              fsdp::backend::host staging(me);
-                              refusals[static_cast<std::size_t>(me)] = error_of<fsdp::usage_error>(
-                                  [&] { fsdp::elastic::agree(m, members, shrunk, staging); });
-                              return res;
-                            });
-                          },
-                          {.timeout = std::chrono::milliseconds(30000), .fault = fault});
+    fsdp::comm::run_local(4, rank, {.timeout = std::chrono::milliseconds(30000), .fault = fault});
   } catch (const dies& e) {
     rethrown = e.what();
   }
   CHECK(rethrown == "rank 3 dies");
-  CHECK(losses_reached[0].load() == 4);  // steps 0-3: step 3 is the failing one
-  CHECK(losses_reached[2].load() == 4);
+  CHECK(losses_reached[0].load() == dying_step + 1);  // steps 0 to dying_step: none after it
+  CHECK(losses_reached[2].load() == dying_step + 1);
   for (int r : {0, 1, 2}) {
     CAPTURE(r);
     CHECK(refusals[static_cast<std::size_t>(r)] ==
