@@ -189,8 +189,8 @@ int main(int argc, char** argv) {
     t.compute.assign(model.size(), {per_layer(forward_s), per_layer(backward_s)});
     t.memory_bytes_per_second = copy_bytes_per_s;
     t.link.bytes_per_second = copy_bytes_per_s;  // world 1: a collective moves (n - 1) / n = 0 of its bytes
-    predicted = model.plan_timeline(t, opt.states_per_element());
-    memory_table = model.plan_memory(opt).table();
+    predicted = fsdp::plan_timeline(model, t, opt.states_per_element());
+    memory_table = fsdp::plan_memory(model, opt).table();
   }
   cublasDestroy(h);
   for (int l = 0; l <= L; ++l) {

@@ -284,7 +284,7 @@ template <class B, class C, class T>
 result train_model(fsdp::basic_model<B, C, T>& model, const config& c) {
   auto run = [&](auto& opt) {
     result r;
-    const fsdp::memory_plan plan = model.plan_memory(opt);
+    const fsdp::memory_plan plan = fsdp::plan_memory(model, opt);
     r.planned = plan.peak;
     r.planned_between = plan.between_steps;
     r.planned_host = plan.host_peak;

@@ -111,7 +111,7 @@ mlp::result train(typename Policy::communicator& comm, const mlp::config& c, gem
 
   auto run = [&](auto& opt) {
     mlp::result r;
-    r.planned = model.plan_memory(opt.states_per_element()).peak;
+    r.planned = fsdp::plan_memory(model, opt.states_per_element()).peak;
     std::vector<float> x, t;
     const auto t0 = std::chrono::steady_clock::now();
     for (int step = 0; step < c.steps; ++step) {

@@ -405,7 +405,7 @@ result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrain
   auto tr = make_trainer(model, c.model, batch_per_rank(c, model.mesh()));
   before();
   result r;
-  r.planned = model.plan_memory(opt).peak;
+  r.planned = fsdp::plan_memory(model, opt).peak;
   const auto t0 = std::chrono::steady_clock::now();
   run_steps(model, opt, tr, c, 0, c.steps, r);
   model.synchronize();

@@ -42,6 +42,7 @@
 // Plans and observation
 #include "fsdp/memory/memory.hpp"        // memory_stats
 #include "fsdp/memory/memory_table.hpp"  // the measured peak beside the plan
+#include "fsdp/model_plans.hpp"          // a model's plans: plan_memory(model, opt), plan_timeline, list_step
 #include "fsdp/observe/trace.hpp"        // fsdp::trace::recorder
 #include "fsdp/plan/budget.hpp"          // the configuration that fits a memory budget
 #include "fsdp/plan/listing.hpp"         // the step as text

@@ -49,9 +49,7 @@
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/plan/collectives.hpp"
-#include "fsdp/plan/listing.hpp"
 #include "fsdp/plan/memory_plan.hpp"
-#include "fsdp/plan/timeline.hpp"
 #include "fsdp/policy.hpp"
 #include "fsdp/schedule/config.hpp"
 #include "fsdp/schedule/pass_cursor.hpp"
@@ -137,35 +135,6 @@ class model_core {
   /// The forward order by unit name: declared, wrapping, or recorded (empty while it is still to be recorded).
   std::vector<std::string> execution_order() const { return cursor_.execution_order(); }
 
-  /// The memory planner's prediction for this rank: peak bytes by category and in total, with a printable
-  /// table. `optimizer_states`: fp32 values per parameter element the optimizer keeps (its
-  /// states_per_element()); `norm_rows`: its gradient inspection rows (its norm_rows(), 0 without inspection).
-  memory_plan plan_memory(int optimizer_states, int norm_rows = 0) const;
-  /// The plan with an optimizer's state and gradient inspection.
-  template <class Optimizer>
-    requires requires(const Optimizer& o) {
-      { o.states_per_element() } -> std::convertible_to<int>;
-      { o.norm_rows() } -> std::convertible_to<int>;
-    }
-  memory_plan plan_memory(const Optimizer& opt) const {
-    return plan_memory(opt.states_per_element(), opt.norm_rows());
-  }
-  /// The timeline planner's prediction of this rank's step (fsdp/plan/timeline.hpp) with the durations of `t`, whose
-  /// world this model sets (its communicator's size), and whose serial_collectives is the communicator's
-  /// (comm::serial_collectives: comm::nccl true under its default one communicator; comm::local, and a communicator
-  /// that does not say, false), so that the plan models what runs here.
-  /// `optimizer_states` as for plan_memory.
-  timeline plan_timeline(time_model t, int optimizer_states) const;
-  /// The step program of this rank as text, action by action on each stream (fsdp/plan/listing.hpp): what the
-  /// executor issues, for debugging overlap. `optimizer_states` as for plan_memory.
-  step_listing list_step(int optimizer_states) const;
-  template <class Optimizer>
-    requires requires(const Optimizer& o) {
-      { o.states_per_element() } -> std::convertible_to<int>;
-    }
-  step_listing list_step(const Optimizer& opt) const {
-    return list_step(opt.states_per_element());
-  }
   // ---- whole-model operations --------------------------------------------------------------------------------
   /// Discards every gradient accumulated since the last step: the gradient shards are set to zero (after pending
   /// reductions finish), no-sync accumulators are freed, and the count of micro-batches starts again.
@@ -272,19 +241,6 @@ class model_core {
     std::vector<FlatLayout> layouts;
   };
 
-  /// What the planners and the listing read of this model: its schedule, the recorded or declared order, its
-  /// costs, and the optimizer's state and inspection rows.
-  memory_plan_inputs plan_inputs(int optimizer_states, int norm_rows) const {
-    memory_plan_inputs in;
-    in.schedule = sched_.facts();
-    if (cursor_.order_known()) in.order = cursor_.order();
-    in.costs = exec_.facts();
-    in.optimizer_states = optimizer_states;
-    in.norm_rows = norm_rows;
-    in.commit_step = opt_.commit_step;
-    return in;
-  }
-
   // ---- set-up ------------------------------------------------------------------------------------------------
   /// Hybrid sharding (a shard group smaller than the world, of one rank included: `replicas`) or tensor
   /// parallelism: the shard group (ranks of this replica, or all data-parallel ranks, at this tensor rank), the
@@ -333,6 +289,30 @@ class model_core {
   void end_unit_range() noexcept {
     exec_.ranges().end(backend(), unit_range_);
     unit_range_.reset();
+  }
+
+  // ---- for fsdp/model_plans.hpp, through model_access -------------------------------------------------------------
+  /// What the planners and the listing read of this model beside its units' names and layouts: its schedule, the
+  /// recorded or declared order, its costs, and the optimizer's state and inspection rows.
+  memory_plan_inputs plan_inputs(int optimizer_states, int norm_rows) const {
+    memory_plan_inputs in;
+    in.schedule = sched_.facts();
+    if (cursor_.order_known()) in.order = cursor_.order();
+    in.costs = exec_.facts();
+    in.optimizer_states = optimizer_states;
+    in.norm_rows = norm_rows;
+    in.commit_step = opt_.commit_step;
+    return in;
+  }
+
+  const std::vector<std::string>& unit_names() const noexcept { return units_.index.names(); }
+  const std::vector<FlatLayout>& layouts() const noexcept { return exec_.layouts(); }
+  /// The communicators this rank holds (the world's, then the shard, replicate and tensor groups' where made).
+  std::vector<const communicator*> communicators() const {
+    std::vector<const communicator*> all{comm_};
+    for (const communicator* c : {shard_comm_.get(), replicate_comm_.get(), tensor_comm_.get()})
+      if (c) all.push_back(c);
+    return all;
   }
 
   auto executor() {
@@ -429,32 +409,6 @@ model_core<B, C>::~model_core() {
 }
 
 template <class B, class C>
-memory_plan model_core<B, C>::plan_memory(int optimizer_states, int norm_rows) const {
-  memory_plan p = fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows));
-  const communicator* const all[] = {comm_, shard_comm_.get(), replicate_comm_.get(), tensor_comm_.get()};
-  for (const communicator* c : all)
-    if (c) {  // comm::nccl: what its communicators took from the device beside the plan, and of that, connecting
-      p.outside_plan_bytes += comm::device_bytes(*c);
-      p.outside_plan_connect_bytes += comm::connect_bytes(*c);
-    }
-  return p;
-}
-
-template <class B, class C>
-timeline model_core<B, C>::plan_timeline(time_model t, int optimizer_states) const {
-  t.world = mesh_.data_parallel();
-  t.tensor = mesh_.tensor;
-  t.serial_collectives = comm::serial_collectives(*comm_);
-  return fsdp::plan_timeline(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0), t);
-}
-
-template <class B, class C>
-step_listing model_core<B, C>::list_step(int optimizer_states) const {
-  return fsdp::list_step(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, 0),
-                         mesh_.data_parallel());
-}
-
-template <class B, class C>
 void model_core<B, C>::zero_grad() {
   cursor_.require_idle("zero_grad()");
   exec_.zero_grads();
@@ -492,7 +446,9 @@ bool model_core<B, C>::last_update_skipped() {
 template <class B, class C>
 void model_core<B, C>::reserve_memory(int optimizer_states, int norm_rows) {
   connect_collectives(norm_rows);
-  if constexpr (ReservingBackend<backend_type>) backend().reserve(plan_memory(optimizer_states, norm_rows).peak.total);
+  if constexpr (ReservingBackend<backend_type>)
+    backend().reserve(
+        fsdp::plan_memory(units_.index.names(), exec_.layouts(), plan_inputs(optimizer_states, norm_rows)).peak.total);
 }
 
 template <class B, class C>

@@ -182,7 +182,7 @@ run_result train(typename Policy::communicator& comm, bool adam, int steps = 4, 
   fsdp::Model<Policy> model(comm, spec(), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{0.5f, 3}, mo);
   auto body = [&](auto& opt) {
     run_result r;
-    r.planned = model.plan_memory(opt).peak;
+    r.planned = fsdp::plan_memory(model, opt).peak;
     auto& be = model.backend();
     for (int step = 0; step < steps; ++step) {
       r.reports.push_back(train_step(model, opt, mo.accumulation.micro_batches));
@@ -526,7 +526,7 @@ TEST_CASE("on a real GPU, the pool does not grow after the first step: units bey
     std::lock_guard lk(mu);
     first[c.rank()] = f;
     last[c.rank()] = l;
-    planned[c.rank()] = m.plan_memory(opt).peak.total;
+    planned[c.rank()] = fsdp::plan_memory(m, opt).peak.total;
   }, fsdp_test::local_options());
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);

@@ -35,7 +35,7 @@ figures run(fsdp::model_options mo, int steps = 3) {
       [&](local_communicator& c) {
         fsdp::Model<Policy> m(c, fsdp_test::five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 3}, mo);
         fsdp::optim::adamw opt(m, {.lr = 0.01f});
-        const fsdp::memory_plan plan = m.plan_memory(opt);
+        const fsdp::memory_plan plan = fsdp::plan_memory(m, opt);
         REQUIRE(plan.feasible());
         auto& cs = m.backend().compute_stream();
         const auto lag = [] { std::this_thread::sleep_for(std::chrono::milliseconds(3)); };

@@ -108,7 +108,7 @@ measured_and_planned train_very_different_sizes(int world) {
     m.synchronize();
     measured_and_planned& r = out[static_cast<std::size_t>(c.rank())];
     r.measured = m.memory().peak;
-    r.planned = m.plan_memory(opt.states_per_element()).peak;
+    r.planned = fsdp::plan_memory(m, opt.states_per_element()).peak;
     for (std::size_t u = 0; u < m.size(); ++u) r.gathered.push_back(fsdp::model_access::costs(m, u).gathered.bytes());
   });
   for (const measured_and_planned& r : out) CHECK(r.measured == r.planned);
@@ -339,18 +339,18 @@ TEST_CASE("planned equals measured for a declared order other than the wrapping 
     }
     m.synchronize();
     const auto measured = m.memory().peak;
-    const auto planned = m.plan_memory(opt.states_per_element()).peak;
+    const auto planned = fsdp::plan_memory(m, opt.states_per_element()).peak;
     CHECK(measured == planned);
     // padded sizes at 3 ranks are u0 48, u1 336, u2 48, u3 144; one unit ahead holds two neighbours at once, beside
     // the first unit of the forward pass (u2 here), kept into its backward: three gather slots, u2's (48), u0's
     // (which u1 takes after it, 336) and u3's (144); every step takes them again as the first did
     CHECK(planned[mem::gathered_params] == (48 + 336 + 144) * 4);
-    CHECK(m.plan_memory(opt).max_units_gathered == 3);
+    CHECK(fsdp::plan_memory(m, opt).max_units_gathered == 3);
     fsdp::model_options wrapping_order;
     fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>> w(
         c, spec, fsdp::wrap::by_prefix{"u"}, fsdp::init::normal{}, wrapping_order);
     // in the wrapping order: u0's (48), u1's (336, which u3 takes after it) and u2's (48)
-    CHECK(w.plan_memory(2).peak[mem::gathered_params] == (48 + 336 + 48) * 4);
+    CHECK(fsdp::plan_memory(w, 2).peak[mem::gathered_params] == (48 + 336 + 48) * 4);
   });
 }
 
@@ -358,7 +358,7 @@ TEST_CASE("the plan as a table, and the prediction for a model that has not run"
   fsdp_test::run_ranks(4, [](local_communicator& c) {
     fsdp::Model<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::none>> m(
         c, mlp::make_spec(cfg("adamw")), fsdp::wrap::by_prefix{"layers."});
-    const fsdp::memory_plan p = m.plan_memory(2);
+    const fsdp::memory_plan p = fsdp::plan_memory(m, 2);
     CHECK(p.max_units_gathered == 2);
     // persistent (params, grads, two moments) + the slots, all made by the second unit of backward: two gathered
     // units (the first unit of the forward pass, 1088, kept into its backward by default, and the current one,

@@ -145,7 +145,7 @@ TEST_CASE(
     sgd.step();
     sgd.zero_grad();
     m.synchronize();
-    CHECK(m.memory().peak == m.plan_memory(sgd).peak);
+    CHECK(m.memory().peak == fsdp::plan_memory(m, sgd).peak);
   });
   // without it, the head's write is refused, naming the option
   run_ranks(1, [&](local_communicator& c) {

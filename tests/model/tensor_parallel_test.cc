@@ -68,7 +68,7 @@ trained train(int world, int tensor, bool partial, float max_norm = 0.0f, int st
     o.tensor_parallel = tensor;
     fsdp::Model<Policy> m(c, spec, fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.3f, 5}, o);
     fsdp::optim::adamw opt(m, {.lr = 1e-2f, .weight_decay = 0.01f, .grad = {.max_norm = max_norm}});
-    const fsdp::memory_plan plan = m.plan_memory(opt);
+    const fsdp::memory_plan plan = fsdp::plan_memory(m, opt);
     auto& cs = m.backend().compute_stream();
     const int dp = m.mesh().data_parallel(), dp_rank = m.mesh().data_parallel_rank(c.rank());
     const int t = m.mesh().tensor_rank(c.rank()), h = H / tensor, n = global_batch / dp;
@@ -382,7 +382,7 @@ TEST_CASE("partial gradients (sequence parallelism): the model sums them over th
     fsdp::Model<fsdp::policy<full_shard>> m(c, megatron_spec(true), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{},
                                             o);
     std::vector<std::size_t> reduced;  // units whose partial gradients the listed step all-reduces, in issue order
-    for (const auto& a : m.list_step(0).actions)
+    for (const auto& a : fsdp::list_step(m, 0).actions)
       if (a.what == "tensor all_reduce (backward)") {
         CHECK(a.lane == fsdp::plan::lane::compute);
         reduced.push_back(a.unit);
@@ -391,14 +391,14 @@ TEST_CASE("partial gradients (sequence parallelism): the model sums them over th
     fsdp::time_model t;
     t.compute.assign(m.size(), {});
     t.tensor_link = {.bytes_per_second = 1e9, .latency = std::chrono::nanoseconds{1000}};
-    const fsdp::timeline tl = m.plan_timeline(t, 0);
+    const fsdp::timeline tl = fsdp::plan_timeline(m, t, 0);
     // two units, one run of D fp32 each: 1000 ns + 2 (n - 1) / n * 32 bytes at 1 GB/s = 1032 ns, on the compute path
     CHECK(tl.step_ns == 2 * 1032);
     // the trainer's own all-reduces, declared per unit and pass, on the same link and stream: h.1's forward moves
     // 4,000 bytes (1000 ns + 4000 ns), its backward 1,000 (1000 + 1000)
     t.compute[1].tensor_forward_bytes = 4000;
     t.compute[1].tensor_backward_bytes = 1000;
-    CHECK(m.plan_timeline(t, 0).step_ns == 2 * 1032 + 5000 + 2000);
+    CHECK(fsdp::plan_timeline(m, t, 0).step_ns == 2 * 1032 + 5000 + 2000);
   });
 }
 

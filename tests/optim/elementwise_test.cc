@@ -8,6 +8,7 @@
 #include "tests/support/instances.hpp"
 
 #include <fsdp/checkpoint/checkpoint.hpp>
+#include <fsdp/model_plans.hpp>
 #include <fsdp/optim/adamw.hpp>
 #include <fsdp/optim/elementwise.hpp>
 
@@ -128,7 +129,7 @@ TEST_CASE("a user's rule: its states planned as the library's, and checkpointed 
     M m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11}, mo);
     auto opt = make_amsgrad(m);
     CHECK(opt->states_per_element() == 3);
-    const fsdp::memory_figures planned = m.plan_memory(opt->states_per_element()).peak;
+    const fsdp::memory_figures planned = fsdp::plan_memory(m, opt->states_per_element()).peak;
     train_steps(c, m, 1, 3, [&] {
       opt->step(rule_at);
       opt->zero_grad();

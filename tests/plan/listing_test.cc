@@ -238,12 +238,12 @@ TEST_CASE("a Model lists its own step: its units, its prefetch, no replica all-r
   fsdp_test::run_ranks(2, [&](fsdp::comm::local_communicator& comm) {
     fsdp::Model<P> m(comm, spec, fsdp::wrap::by_prefix{"l"});
     fsdp::optim::adamw opt(m, {});
-    const fsdp::step_listing l = m.list_step(opt);
+    const fsdp::step_listing l = fsdp::list_step(m, opt);
     CHECK(l.units == std::vector<std::string>{"l0", "l1", "l2"});
     CHECK(l.infeasible.empty());
     // prefetch::next: l1's forward gather is issued ahead, while l0 computes
     CHECK(l.str("l1").find("gather_issued (forward, ahead)") != std::string::npos);
     CHECK(l.str("l1").find("replica") == std::string::npos);
-    CHECK(l.str() == m.list_step(2).str());  // AdamW's two states: the optimizer's overload asks for them
+    CHECK(l.str() == fsdp::list_step(m, 2).str());  // AdamW's two states: the optimizer's overload asks for them
   });
 }

@@ -280,7 +280,7 @@ TEST_CASE("a Model predicts its own step: its world set from its communicator, t
     fsdp::time_model t = timing(2, 0.5, 0.5);
     t.world = 1;
     t.serial_collectives = true;
-    const fsdp::timeline tl = m.plan_timeline(t, 0);
+    const fsdp::timeline tl = fsdp::plan_timeline(m, t, 0);
     CHECK(tl.feasible());
     CHECK(tl.step_ns == ms(5.5));
     CHECK(tl.comm_ns > 0);

@@ -251,6 +251,6 @@ TEST_CASE("the recipe's early gradient: the head's part of the root's gradient w
     opt.step();
     opt.zero_grad();
     model.synchronize();
-    CHECK(model.memory().peak == model.plan_memory(opt).peak);
+    CHECK(model.memory().peak == fsdp::plan_memory(model, opt).peak);
   });
 }

@@ -360,6 +360,21 @@ static_assert(std::is_same_v<decltype(std::declval<const trainer_unit&>().grad_s
 static_assert(std::is_same_v<decltype(fsdp::model_access::master_shard(std::declval<const trainer_unit&>())), float*>);
 static_assert(std::is_same_v<decltype(fsdp::model_access::grad_shard(std::declval<const trainer_unit&>())), float*>);
 
+// A model's plans are free functions beside the planners (fsdp/model_plans.hpp), not members: the model core does not
+// read the timeline planner or the listing. Before, Model had plan_memory, plan_timeline and list_step.
+template <class M>
+concept plan_memory_member = requires(const M& m) { m.plan_memory(2); };
+template <class M>
+concept plan_timeline_member = requires(const M& m) { m.plan_timeline(fsdp::time_model{}, 2); };
+template <class M>
+concept list_step_member = requires(const M& m) { m.list_step(2); };
+static_assert(!plan_memory_member<fsdp::Model<P>> && !plan_timeline_member<fsdp::Model<P>> &&
+              !list_step_member<fsdp::Model<P>>);
+static_assert(std::is_same_v<decltype(fsdp::plan_memory(std::declval<const fsdp::Model<P>&>(),
+                                                        std::declval<const fsdp::optim::adamw<fsdp::Model<P>>&>())),
+                             fsdp::memory_plan>);
+static_assert(std::is_same_v<decltype(fsdp::list_step(std::declval<const fsdp::Model<P>&>(), 2)), fsdp::step_listing>);
+
 /// A trainer's loop over basic_model, as a program of many policies writes it (examples/01_mlp_host): a Model<P>
 /// argument deduces it, and its units are typed in the compute dtype.
 template <class Backend, class C, class T>

@@ -95,7 +95,7 @@ concept AllToAllCollective = CollectivePolicy<C> && requires(C& c, const void* s
 ///   ConfiguringCollective   backend_options(): what the Model's backend is made with, B(rank, options) (its waits
 ///                           bounded as the communicator's are) [B(rank)]
 ///   SerialCollective        serial_collectives(): whether all its groups' collectives run one at a time (the
-///                           timeline planner models it: Model::plan_timeline) [false]
+///                           timeline planner models it: fsdp::plan_timeline(model, ...)) [false]
 ///   DeviceMeasuredCollective device_bytes(): the device memory it took, beside the plan (Model::plan_memory's
 ///                           NCCL row) [0]
 ///   ConnectingCollective    connect(uses), connect_bytes(): makes what the listed collectives need before they

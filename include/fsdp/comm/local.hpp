@@ -65,7 +65,7 @@ class local_communicator : public detail::collective_front<local_communicator, b
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
   /// Collectives on different streams are not serialised: each stream's runs when the stream gets there
-  /// (Model::plan_timeline models this).
+  /// (fsdp::plan_timeline(model, ...) models this).
   static constexpr bool serial_collectives() noexcept { return false; }
   std::chrono::milliseconds timeout() const noexcept { return g_->timeout(); }
   /// The options a backend made for this rank should use.

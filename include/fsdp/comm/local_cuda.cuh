@@ -62,7 +62,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
   /// Collectives on different streams are not serialised: each stream's runs when the stream gets there
-  /// (Model::plan_timeline models this).
+  /// (fsdp::plan_timeline(model, ...) models this).
   static constexpr bool serial_collectives() noexcept { return false; }
   const backend::cuda_options& backend_options() const noexcept { return backend_opt_; }
 

@@ -28,6 +28,10 @@
 //                                       state): every later use but a restoring load reports `what`
 //   mend_shards(model)                  a restoring load succeeded
 //   restore_step_count(model, step)     a checkpoint's step count replaces the model's
+//   plan_inputs(model, states, rows),   what the planners read of the model (fsdp/model_plans.hpp: its plans): the
+//   unit_names(model), layouts(model)   schedule, order and costs with an optimizer's state and inspection rows; the
+//                                       units' names and flat layouts
+//   communicators(model)                the communicators the rank holds (world, then shard, replicate, tensor groups)
 //   master_shard(unit), grad_shard(unit)
 //                                       a unit's fp32 master and gradient shards, writable (a unit gives them to
 //                                       anyone to read): the optimizer's update, a load, an import, a reshard
@@ -119,6 +123,22 @@ struct model_access {
   template <class M>
   static void restore_step_count(M& m, std::uint64_t step) {
     m.restore_step_count(step);
+  }
+  template <class M>
+  static auto plan_inputs(const M& m, int optimizer_states, int norm_rows) {
+    return m.plan_inputs(optimizer_states, norm_rows);
+  }
+  template <class M>
+  static const auto& unit_names(const M& m) noexcept {
+    return m.unit_names();
+  }
+  template <class M>
+  static const auto& layouts(const M& m) noexcept {
+    return m.layouts();
+  }
+  template <class M>
+  static auto communicators(const M& m) {
+    return m.communicators();
   }
 };
 

@@ -2,7 +2,8 @@
 // Every rank's peak memory by category, as measured next to the memory planner's prediction: the check that a
 // model's memory is what its plan says, as one call.
 //
-//   fsdp::memory_row(model, optimizer)   this rank's row: Model::memory().peak and Model::plan_memory(optimizer).peak
+//   fsdp::memory_row(model, optimizer)   this rank's row: Model::memory().peak and plan_memory(model, optimizer).peak
+//                                        (fsdp/model_plans.hpp, with the model's other plans)
 //   fsdp::memory_table(rows)             the rows as a table (KiB, "measured / planned" per category and in total),
 //                                        and a closing line: every rank within its plan, or each category and rank
 //                                        that measured more than planned, by how many bytes
@@ -19,7 +20,6 @@
 #include <vector>
 
 #include "fsdp/core/config.hpp"
-#include "fsdp/core/hash.hpp"
 #include "fsdp/memory/memory.hpp"
 
 namespace fsdp {
@@ -33,16 +33,6 @@ struct rank_memory {
   /// scratch (0 without it). Counted in the measured comm buffers and total, not in the planned ones.
   std::int64_t outside_plan = 0;
 };
-
-/// This rank's row: the model's measured peak (Model::memory().peak), the plan's (Model::plan_memory(opt).peak, with
-/// the optimizer's state and inspection rows), and what the plan leaves out under the model's debug options. Any
-/// model and optimizer with those calls.
-template <class ModelT, class Optimizer>
-rank_memory memory_row(ModelT& model, const Optimizer& opt) {
-  const std::int64_t scratch =
-      model.options().check_collectives ? agree::agreement_scratch_bytes(model.comm().size()) : 0;
-  return {model.comm().rank(), model.memory().peak, model.plan_memory(opt).peak, scratch};
-}
 
 /// The rows as a table, sorted by rank, then the verdict line.
 FSDP_DECL std::string memory_table(std::vector<rank_memory> rows);
