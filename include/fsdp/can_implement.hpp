@@ -34,13 +34,13 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/problems.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/detail/schedule/config.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/policy/sharding.hpp"
 #include "fsdp/policy/wrap.hpp"
 #include "fsdp/policy_facts.hpp"
-#include "fsdp/schedule/config.hpp"
 #include "fsdp/spec/model_spec.hpp"
 
 namespace fsdp {

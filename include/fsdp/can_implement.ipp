@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "fsdp/can_implement.hpp"
-#include "fsdp/exec/reduction.hpp"
+#include "fsdp/detail/exec/reduction.hpp"
+#include "fsdp/detail/schedule/pass_cursor.hpp"
 #include "fsdp/memory/cost.hpp"
-#include "fsdp/schedule/pass_cursor.hpp"
 
 namespace fsdp {
 

@@ -1,8 +1,9 @@
 #pragma once
 // The library's umbrella header for the host path (any C++20 compiler, no CUDA toolkit needed).
 // It names what a trainer calls, and nothing else (docs/architecture.md, "The API and the machinery"); the machinery
-// under it (the unit executor, the scheduler and the pass cursor, the step program, the unit buffers, the kernels'
-// loops) arrives through fsdp/model.hpp as its implementation, not as API: its names may change in any release.
+// under it (fsdp/detail/: the unit executor, the scheduler and the pass cursor; a folder's own detail/: the step
+// program, the unit buffers; and the kernels' loops) arrives through fsdp/model.hpp as its implementation, not as
+// API: its names may change in any release.
 //
 // The model and its policies
 #include "fsdp/core/dtype.hpp"             // fsdp::dtype

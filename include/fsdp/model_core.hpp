@@ -3,10 +3,11 @@
 // communicator (the layers: fsdp/model.hpp). Composed of:
 //
 //   core/unit_index.hpp        the units by index and by name
-//   schedule/config.hpp        the schedule's facts, built once from the policy and model_options
-//   schedule/pass_cursor.hpp   the execution order and where the pass in progress is
-//   schedule/scheduler.hpp     the decisions (gather, prefetch, wait, release, reduce) and every unit's state
-//   exec/unit_executor.hpp     runs the step program (plan/program.hpp) for the decisions on the backend and the
+//   detail/schedule/config.hpp        the schedule's facts, built once from the policy and model_options
+//   detail/schedule/pass_cursor.hpp   the execution order and where the pass in progress is
+//   detail/schedule/scheduler.hpp     the decisions (gather, prefetch, wait, release, reduce) and every unit's state
+//   detail/exec/unit_executor.hpp     runs the step program (plan/detail/program.hpp) for the decisions on the backend
+//   and the
 //                              communicator; owns the buffers
 //   memory/cost.hpp            what every buffer costs, for the executor and the planners alike
 //   unit/fsdp_unit.hpp         the view a trainer gets of a unit (basic_unit here; typed in fsdp/basic_model.hpp)
@@ -38,12 +39,15 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/unit_index.hpp"
-#include "fsdp/exec/model_access.hpp"
-#include "fsdp/exec/unit_executor.hpp"
+#include "fsdp/detail/exec/unit_executor.hpp"
+#include "fsdp/detail/schedule/config.hpp"
+#include "fsdp/detail/schedule/pass_cursor.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/memory/memory.hpp"
+#include "fsdp/model_access.hpp"
 #include "fsdp/observe/ranges.hpp"
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/observe/trace.hpp"
@@ -51,9 +55,6 @@
 #include "fsdp/plan/collectives.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/policy.hpp"
-#include "fsdp/schedule/config.hpp"
-#include "fsdp/schedule/pass_cursor.hpp"
-#include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/spec/model_spec.hpp"
 #include "fsdp/unit/fsdp_unit.hpp"
 
@@ -145,9 +146,9 @@ class model_core {
   void synchronize();
 
  private:
-  friend struct model_access;  // the optimizers' and checkpoints' protocol (fsdp/exec/model_access.hpp)
+  friend struct model_access;  // the optimizers' and checkpoints' protocol (fsdp/model_access.hpp)
 
-  // ---- for fsdp/exec/model_access.hpp --------------------------------------------------------------------------
+  // ---- for fsdp/model_access.hpp --------------------------------------------------------------------------
   /// usage_error unless the model is between optimizer steps: no pass in progress and no gradient reduced (or
   /// accumulated) since the last step; for an operation that overwrites what `r` says, a model that a failed load
   /// left torn is accepted when `r` restores all that was torn (pass_cursor::require_idle). `what` names the
@@ -201,10 +202,10 @@ class model_core {
   /// the reservation. Collective: every rank calls it at the same point (construction, an optimizer's construction).
   void connect_collectives(int norm_rows);
 
-  /// An optimizer step (through fsdp/exec/model_access.hpp: the optimizers' protocol): once every unit's gradient
+  /// An optimizer step (through fsdp/model_access.hpp: the optimizers' protocol): once every unit's gradient
   /// is reduced, in the compute stream's order, the optimizer's inspection, then its update of every unit where the
-  /// step program puts it (fsdp/exec/update_site.hpp: on the device, at staged copies of host-resident parts, or in
-  /// a host function). Units still gathered are released first (their copies would be stale); under ZeRO-1 each is
+  /// step program puts it (fsdp/detail/exec/update_site.hpp: on the device, at staged copies of host-resident parts, or
+  /// in a host function). Units still gathered are released first (their copies would be stale); under ZeRO-1 each is
   /// gathered again right after the update. Throws usage_error if
   /// a unit's gradient was not reduced since the last step (backward missing or unfinished, or micro-batches
   /// missing under no-sync).
@@ -245,7 +246,7 @@ class model_core {
   /// Hybrid sharding (a shard group smaller than the world, of one rank included: `replicas`) or tensor
   /// parallelism: the shard group (ranks of this replica, or all data-parallel ranks, at this tensor rank), the
   /// replicate group (ranks at this shard position and tensor rank) and the tensor group, split from the world in
-  /// that order on every rank (exec/groups.hpp); the executor issues on the first two from now on.
+  /// that order on every rank (detail/exec/groups.hpp); the executor issues on the first two from now on.
   void make_groups(bool replicas);
 
   static std::unique_ptr<backend_type> make_backend(communicator& comm) {

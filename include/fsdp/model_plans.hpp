@@ -18,8 +18,8 @@
 
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/hash.hpp"
-#include "fsdp/exec/model_access.hpp"
 #include "fsdp/memory/memory_table.hpp"
+#include "fsdp/model_access.hpp"
 #include "fsdp/model_core.hpp"
 #include "fsdp/plan/listing.hpp"
 #include "fsdp/plan/memory_plan.hpp"

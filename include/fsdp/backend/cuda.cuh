@@ -11,8 +11,8 @@
 // cudaFreeAsync) on the stream that first uses a buffer and the stream that last uses it.
 //
 // Bounded by the plan: gathered parameters, unsharded gradients and the reduce buffers live in slots the executor
-// owns (fsdp/exec/slot_ring.hpp), made in the first step where first used and reused only after the taking stream
-// has waited for the event recorded where the slot was given back; after the first step the unit executor asks
+// owns (fsdp/detail/exec/slot_ring.hpp), made in the first step where first used and reused only after the taking
+// stream has waited for the event recorded where the slot was given back; after the first step the unit executor asks
 // this pool only for the no-sync accumulators (taken in a unit's first no-sync backward, given back after its
 // reduction, at the same sizes every step, each allocation ordered after the frees by the step's event waits) and
 // the gradient inspection for its buffer. Every such request is stream-ordered and served from memory the pool

@@ -30,7 +30,7 @@
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
-#include "fsdp/exec/model_access.hpp"
+#include "fsdp/model_access.hpp"
 
 namespace fsdp::safetensors {
 

@@ -40,9 +40,9 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/rounding.hpp"
-#include "fsdp/exec/model_access.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
 #include "fsdp/memory/cost.hpp"
+#include "fsdp/model_access.hpp"
 
 namespace fsdp::grad {
 

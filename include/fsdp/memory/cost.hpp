@@ -41,13 +41,13 @@
 //                                                         the host dequantizes and sums)
 //
 // A reduction allocates its input, then its output, and frees them in reverse order before it frees the grad and
-// the accumulator (the reduction's takes and gives in fsdp/plan/program.hpp, which the executor and the memory
+// the accumulator (the reduction's takes and gives in fsdp/plan/detail/program.hpp, which the executor and the memory
 // planner both read).
 //
 // The buffers that come and go within a step (gathered, grad, reduce input and output) do not come from the
-// allocator one by one: they live in slots the library owns (fsdp/exec/slot_ring.hpp), one ring per purpose, each
-// slot as large as the largest unit's buffer it served (fsdp/schedule/slot_ledger.hpp: at most slot_costs_of's). A
-// slot, once made, stays until the model goes.
+// allocator one by one: they live in slots the library owns (fsdp/detail/exec/slot_ring.hpp), one ring per purpose,
+// each slot as large as the largest unit's buffer it served (fsdp/detail/schedule/slot_ledger.hpp: at most
+// slot_costs_of's). A slot, once made, stays until the model goes.
 #include <cstdint>
 #include <vector>
 
@@ -162,10 +162,10 @@ inline buffer_cost optimizer_state_cost(const FlatLayout& l, int states, const o
 }
 
 /// A device optimizer step over unit parts that live on the host streams them through staging slots on the device
-/// (fsdp/plan/program.hpp's stage_master, stage_grad and stage_state work; exec/update_site.hpp): the master shard
-/// (in an upload slot: the same ring and size as the gathers' uploads), the gradient shard and the `states`
-/// optimizer states (one slot holds them all), each when that part is offloaded and the optimizer does not step on
-/// the host.
+/// (fsdp/plan/detail/program.hpp's stage_master, stage_grad and stage_state work; detail/exec/update_site.hpp): the
+/// master shard (in an upload slot: the same ring and size as the gathers' uploads), the gradient shard and the
+/// `states` optimizer states (one slot holds them all), each when that part is offloaded and the optimizer does not
+/// step on the host.
 struct staging_costs {
   buffer_cost master, grad, state;
 };

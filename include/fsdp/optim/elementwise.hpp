@@ -32,9 +32,9 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/rounding.hpp"
-#include "fsdp/exec/model_access.hpp"
 #include "fsdp/grad/inspect.hpp"
 #include "fsdp/kernels/array_function.hpp"
+#include "fsdp/model_access.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/detail/shard_optimizer.hpp"
 

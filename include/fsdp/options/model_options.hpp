@@ -1,6 +1,6 @@
 #pragma once
 // model_options: the runtime choices of a Model beside its compile-time policy. The schedule configuration
-// (schedule/config.hpp) is built from them once; the budget helpers build theirs from the same fields.
+// (detail/schedule/config.hpp) is built from them once; the budget helpers build theirs from the same fields.
 #include <cstdint>
 #include <map>
 #include <string>

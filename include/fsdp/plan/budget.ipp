@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/detail/schedule/config.hpp"
 #include "fsdp/plan/budget.hpp"
-#include "fsdp/schedule/config.hpp"
 
 namespace fsdp {
 

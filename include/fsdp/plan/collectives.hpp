@@ -1,7 +1,7 @@
 #pragma once
 // The collectives a model issues, written once: which collective a unit's gather, reduction and (hybrid sharding)
-// replica all-reduce issue, with what count and dtype. The executor's transfers (exec/transfers.hpp) issue exactly
-// these, and before the memory plan is reserved a Model hands each group's list to a communicator that can make
+// replica all-reduce issue, with what count and dtype. The executor's transfers (detail/exec/transfers.hpp) issue
+// exactly these, and before the memory plan is reserved a Model hands each group's list to a communicator that can make
 // what they need ahead of time (comm::nccl's connect(): NCCL connects an algorithm's buffers, and a peer's, at the
 // first collective that uses them).
 //

@@ -1,6 +1,6 @@
 #pragma once
-// The step program as text: a fourth reading of fsdp/plan/program.hpp, for a trainer who wants to see what a step
-// does on which stream (debugging overlap: which wait holds a stream, where a slot is given back). It runs the
+// The step program as text: a fourth reading of fsdp/plan/detail/program.hpp, for a trainer who wants to see what a
+// step does on which stream (debugging overlap: which wait holds a stream, where a slot is given back). It runs the
 // scheduler's own decisions through the program, as the planners do (plan::run_step: two steps, the second
 // listed, when every slot exists and every unit starts sharded), and writes each action down in issue order:
 //
@@ -12,8 +12,8 @@
 //   views of params|grad end           the trainer's views of the unit's memory end here (it is handed over)
 //   <trace event> [pass] [ahead]       on the host lane only: where the host issues a gather, a release, a reduce
 //
-// The executor issues the same actions in the same order on the backend's streams (fsdp/exec/interpreter.hpp); the
-// listing is of one rank, in the order the host issues them, which is each stream's order.
+// The executor issues the same actions in the same order on the backend's streams (fsdp/detail/exec/interpreter.hpp);
+// the listing is of one rank, in the order the host issues them, which is each stream's order.
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -21,7 +21,7 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/plan/drive.hpp"
+#include "fsdp/plan/detail/drive.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 
 namespace fsdp {

@@ -6,9 +6,9 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
 #include "fsdp/observe/trace.hpp"
 #include "fsdp/plan/listing.hpp"
-#include "fsdp/schedule/scheduler.hpp"
 
 namespace fsdp {
 
@@ -46,7 +46,7 @@ FSDP_DECL std::string step_listing::str(std::string_view unit) const {
 }
 
 namespace detail {
-/// The listing's interpreter of the program (fsdp/plan/program.hpp's interface).
+/// The listing's interpreter of the program (fsdp/plan/detail/program.hpp's interface).
 class listing_reading {
  public:
   /// `replicas_known`: the program knows the replicate group (else its replica all-reduces are marked as hybrid

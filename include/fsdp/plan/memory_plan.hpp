@@ -1,11 +1,11 @@
 #pragma once
 // Memory planner: the per-rank peak of every memory category, and of their sum, known before the first step.
-// It runs the scheduler's own decisions (fsdp/schedule/scheduler.hpp) through training steps of every micro-batch
-// on byte counters (two, or more until the slot ledgers settle), with each buffer's cost from
-// fsdp/memory/cost.hpp, in the order the unit executor allocates and releases (fsdp/plan/program.hpp, the step
+// It runs the scheduler's own decisions (fsdp/detail/schedule/scheduler.hpp) through training steps of every
+// micro-batch on byte counters (two, or more until the slot ledgers settle), with each buffer's cost from
+// fsdp/memory/cost.hpp, in the order the unit executor allocates and releases (fsdp/plan/detail/program.hpp, the step
 // program the executor interprets and the timeline planner reads too), and with the executor's slot ledgers
-// (fsdp/schedule/slot_ledger.hpp) for what lives in slots. So every policy the scheduler knows (prefetch depth or
-// schedule, gather and grad slots, per-unit resharding, recorded order, precision, gradient accumulation) is planned
+// (fsdp/detail/schedule/slot_ledger.hpp) for what lives in slots. So every policy the scheduler knows (prefetch depth
+// or schedule, gather and grad slots, per-unit resharding, recorded order, precision, gradient accumulation) is planned
 // by the code that schedules it. The figures hold on the device too: within a step the executor takes no memory but
 // its slots (made, or made larger, where the ledgers say), and reuses a slot only after an event
 // (tests/model/memory_bound_test.cc checks this against a model of a stream-ordered pool).
@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "fsdp/core/config.hpp"
+#include "fsdp/detail/schedule/config.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/memory/memory.hpp"
 #include "fsdp/policy/offload.hpp"
-#include "fsdp/schedule/config.hpp"
 
 namespace fsdp {
 

@@ -9,10 +9,10 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/unit_index.hpp"
-#include "fsdp/plan/drive.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
+#include "fsdp/detail/schedule/slot_ledger.hpp"
+#include "fsdp/plan/detail/drive.hpp"
 #include "fsdp/plan/memory_plan.hpp"
-#include "fsdp/schedule/scheduler.hpp"
-#include "fsdp/schedule/slot_ledger.hpp"
 
 namespace fsdp {
 

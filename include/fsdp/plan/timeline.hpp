@@ -1,11 +1,12 @@
 #pragma once
 // Timeline planner: one rank's training step in modelled time, known before the first step. It runs the
-// scheduler's own decisions (fsdp/schedule/scheduler.hpp) through the step program (fsdp/plan/program.hpp, which
-// the executor interprets and the memory planner reads too) and gives every action a time: each stream runs its
-// work in issue order, a wait holds a stream until the event it waits for, a reused slot is taken only after the
-// point it was given back, and the host issues everything at once (a trainer on a GPU, or on the host backend's
-// threaded compute stream, runs ahead of its streams). Each step ends with a synchronize, as a trainer that reads
-// its loss does. Two steps are run; the second (all slots made, every unit sharded at its start) is reported.
+// scheduler's own decisions (fsdp/detail/schedule/scheduler.hpp) through the step program
+// (fsdp/plan/detail/program.hpp, which the executor interprets and the memory planner reads too) and gives every action
+// a time: each stream runs its work in issue order, a wait holds a stream until the event it waits for, a reused slot
+// is taken only after the point it was given back, and the host issues everything at once (a trainer on a GPU, or on
+// the host backend's threaded compute stream, runs ahead of its streams). Each step ends with a synchronize, as a
+// trainer that reads its loss does. Two steps are run; the second (all slots made, every unit sharded at its start) is
+// reported.
 //
 // The durations (time_model):
 //   compute       the unit's forward and backward, given per unit (or from FLOPs and a throughput: flops_model)
@@ -43,7 +44,7 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/observe/trace.hpp"
-#include "fsdp/plan/drive.hpp"
+#include "fsdp/plan/detail/drive.hpp"
 #include "fsdp/plan/memory_plan.hpp"
 #include "fsdp/policy/sharding.hpp"
 

@@ -9,9 +9,9 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
 #include "fsdp/plan/collectives.hpp"
 #include "fsdp/plan/timeline.hpp"
-#include "fsdp/schedule/scheduler.hpp"
 
 namespace fsdp {
 

@@ -8,7 +8,7 @@
 //   fsdp::offload::cpu<fsdp::offload::optimizer_state>    optimizer state on the host
 //   fsdp::offload::cpu<params | grads | optimizer_state>  all three: the optimizer steps on the host
 //
-// What each part does to a step (fsdp/exec/unit_executor.hpp carries it out, fsdp/memory/cost.hpp costs it):
+// What each part does to a step (fsdp/detail/exec/unit_executor.hpp carries it out, fsdp/memory/cost.hpp costs it):
 //   params           a gather first copies the unit's master shard to the device on the upload stream, into one of
 //                    two upload slots (device memory, "sharded params"), then casts and all-gathers from there as
 //                    usual; the copy is issued with the gather, so the prefetch policy and the gather slots bound it.

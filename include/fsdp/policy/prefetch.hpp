@@ -1,6 +1,6 @@
 #pragma once
 // Prefetch policies: when the scheduler issues a unit's all-gather ahead of its use. Each policy is a tag type
-// that reports facts; the scheduler (fsdp/schedule/scheduler.hpp) reads only these facts.
+// that reports facts; the scheduler (fsdp/detail/schedule/scheduler.hpp) reads only these facts.
 //
 //   forward_depth    units gathered ahead, in forward order, when a unit's forward starts
 //   backward_depth   units gathered ahead, in backward order, in a unit's backward

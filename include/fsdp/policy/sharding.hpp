@@ -146,9 +146,9 @@ struct hybrid_shard_zero1 : hybrid_groups<ShardGroup> {
 ///                                               {4,6} {5,7}; replicate groups {0,4} {1,5} {2,6} {3,7}
 ///
 /// The layout is built for `shards` ranks and the executor takes shard_rank() of it; the Model splits its
-/// communicator by this one mapping (exec/groups.hpp): the shard group (the data-parallel group when the strategy
-/// does not split the world), the replicate group (strategy_facts::splits_world) and the tensor group (tensor > 1).
-/// hybrid(): both data-parallel dimensions have more than one rank.
+/// communicator by this one mapping (detail/exec/groups.hpp): the shard group (the data-parallel group when the
+/// strategy does not split the world), the replicate group (strategy_facts::splits_world) and the tensor group (tensor
+/// > 1). hybrid(): both data-parallel dimensions have more than one rank.
 struct device_mesh {
   int replicas = 1;
   int shards = 1;

@@ -1,7 +1,7 @@
 #pragma once
 // FsdpUnit: a view of one group of parameters that is sharded, gathered and reduced together, as a trainer sees
 // it inside model.forward() and model.backward(). It owns nothing: the unit's state is the scheduler's
-// (fsdp/schedule/scheduler.hpp), its buffers the unit executor's (fsdp/exec/unit_executor.hpp).
+// (fsdp/detail/schedule/scheduler.hpp), its buffers the unit executor's (fsdp/detail/exec/unit_executor.hpp).
 //
 //   parameters:  sharded --gather issued--> gathering --first use waits--> gathered --release--> sharded
 //   passes:      forward(enter..leave) marks the unit forward-done; backward requires it and clears it
@@ -17,11 +17,11 @@
 
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/layout/flat_layout.hpp"
-#include "fsdp/schedule/scheduler.hpp"
 #include "fsdp/core/unit_state.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
+#include "fsdp/layout/flat_layout.hpp"
+#include "fsdp/unit/detail/unit_buffers.hpp"
 #include "fsdp/unit/tensor_view.hpp"
-#include "fsdp/unit/unit_buffers.hpp"
 
 namespace fsdp {
 

@@ -1,8 +1,8 @@
 #pragma once
 // A non-owning view of one parameter (or gradient) inside a gathered flat buffer: pointer, global shape.
 //
-// Gathered parameters and unsharded gradients live in slots the executor reuses (fsdp/exec/slot_ring.hpp): a view
-// kept after its unit gave the slot back points at whatever unit takes it next. Under model_options::check_views a
+// Gathered parameters and unsharded gradients live in slots the executor reuses (fsdp/detail/exec/slot_ring.hpp): a
+// view kept after its unit gave the slot back points at whatever unit takes it next. Under model_options::check_views a
 // view carries a view_check: the count of its unit's hand-overs (releases of the gathered parameters, or of the
 // gradient to its reduction) issued when it was made, against the count the streams have passed. Once the stream
 // has passed a hand-over issued after the view was made, using the view's memory (data(), begin(), end(), [])

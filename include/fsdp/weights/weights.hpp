@@ -33,8 +33,8 @@
 #include "fsdp/agree/agree.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
-#include "fsdp/exec/model_access.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
+#include "fsdp/model_access.hpp"
 #include "fsdp/spec/model_spec.hpp"
 
 namespace fsdp::weights {

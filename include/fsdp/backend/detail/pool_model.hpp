@@ -15,7 +15,7 @@
 // the same timing, the figure is what an ideal pool would take. A real pool can take more (it reserves in whole
 // units of its allocation granularity, and a free block too small for the next request stays unused) and, for
 // opportunistic reuse, less or more (whether a free has happened when an allocation is issued depends on the
-// device's timing, not the host's). Within a step the executor's slots (fsdp/exec/slot_ring.hpp) reuse their own
+// device's timing, not the host's). Within a step the executor's slots (fsdp/detail/exec/slot_ring.hpp) reuse their own
 // blocks, so the persistent buffers, the no-sync accumulators and a slot made larger in the first steps (its old
 // block freed, a larger one taken) are where the two can differ;
 // on a lent GPU, tests/cuda/model_test checks that a real pool stops growing after the first step (never run yet).

@@ -24,9 +24,9 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
-#include "fsdp/exec/model_access.hpp"
+#include "fsdp/detail/schedule/pass_cursor.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
-#include "fsdp/schedule/pass_cursor.hpp"
+#include "fsdp/model_access.hpp"
 
 namespace fsdp::checkpoint::detail {
 

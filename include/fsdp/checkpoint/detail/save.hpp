@@ -17,8 +17,8 @@
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
-#include "fsdp/exec/model_access.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
+#include "fsdp/model_access.hpp"
 
 namespace fsdp::checkpoint::detail {
 

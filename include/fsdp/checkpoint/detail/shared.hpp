@@ -18,8 +18,8 @@
 #include "fsdp/checkpoint/reads.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/exec/model_access.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
+#include "fsdp/model_access.hpp"
 #include "fsdp/spec/model_spec.hpp"
 #include "fsdp/spec/placement.hpp"
 

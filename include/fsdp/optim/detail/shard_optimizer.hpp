@@ -12,12 +12,12 @@
 //   inside the step, on a backend with pinned host memory and done(event); elsewhere the decision is read back
 //   in the step (one synchronize).
 //
-// Where the update runs, per unit, is the step program's choice (fsdp/plan/program.hpp, fsdp/policy/offload.hpp):
-// on the compute stream (Backend::for_each); for a unit with params, grads and optimizer state offloaded, on the
-// host, in one host function for the unit (the same element function in host loops); for a unit with some parts
-// offloaded, on the compute stream over device copies of those parts. The optimizers write their update once, as an
-// element function they give the site (fsdp/exec/update_site.hpp: site.run(n, f), their pointers through
-// site.at(p)). State buffers live in host memory when the unit's optimizer state is offloaded.
+// Where the update runs, per unit, is the step program's choice (fsdp/plan/detail/program.hpp,
+// fsdp/policy/offload.hpp): on the compute stream (Backend::for_each); for a unit with params, grads and optimizer
+// state offloaded, on the host, in one host function for the unit (the same element function in host loops); for a unit
+// with some parts offloaded, on the compute stream over device copies of those parts. The optimizers write their update
+// once, as an element function they give the site (fsdp/detail/exec/update_site.hpp: site.run(n, f), their pointers
+// through site.at(p)). State buffers live in host memory when the unit's optimizer state is offloaded.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -30,15 +30,15 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/exec/slot_ring.hpp"
-#include "fsdp/exec/update_site.hpp"
+#include "fsdp/detail/exec/slot_ring.hpp"
+#include "fsdp/detail/exec/update_site.hpp"
 #include "fsdp/grad/inspect.hpp"
 #include "fsdp/grad/loss_scaler.hpp"
 #include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
-#include "fsdp/exec/model_access.hpp"
-#include "fsdp/optim/detail/pieces.hpp"
 #include "fsdp/memory/cost.hpp"
+#include "fsdp/model_access.hpp"
+#include "fsdp/optim/detail/pieces.hpp"
 
 namespace fsdp::optim::detail {
 

@@ -1,12 +1,12 @@
 #pragma once
-// The unit executor: runs the step program (fsdp/plan/program.hpp) for the scheduler's decisions, on a backend and
-// a communicator. It decides nothing and describes no order of its own: it composes the parts that do the work,
+// The unit executor: runs the step program (fsdp/plan/detail/program.hpp) for the scheduler's decisions, on a backend
+// and a communicator. It decides nothing and describes no order of its own: it composes the parts that do the work,
 //
-//   exec/unit_storage.hpp    each unit's layout, costs, offload facts and buffers; materialising, the export gather
-//   exec/interpreter.hpp     the program's actions on the backend and the communicator (the step itself)
-//   exec/groups.hpp          the world, shard and replicate communicators
-//   exec/diagnostics.hpp     memory errors that name the unit; model_options::check_collectives
-//   plan/program.hpp         the one description of the order, which the planners read too
+//   detail/exec/unit_storage.hpp    each unit's layout, costs, offload facts and buffers; materialising, the export
+//   gather detail/exec/interpreter.hpp     the program's actions on the backend and the communicator (the step itself)
+//   detail/exec/groups.hpp          the world, shard and replicate communicators
+//   detail/exec/diagnostics.hpp     memory errors that name the unit; model_options::check_collectives
+//   plan/detail/program.hpp         the one description of the order, which the planners read too
 //
 // and owns the backend (destroyed last) and the program's state (which slots units hold, the ledgers, no-sync
 // accumulators). Model hands it the scheduler's decisions (operator()), the bounds of each unit's compute, and the
@@ -22,18 +22,18 @@
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/unit_index.hpp"
-#include "fsdp/exec/diagnostics.hpp"
-#include "fsdp/exec/groups.hpp"
-#include "fsdp/exec/interpreter.hpp"
-#include "fsdp/exec/reduction.hpp"
-#include "fsdp/exec/unit_storage.hpp"
-#include "fsdp/exec/update_site.hpp"
+#include "fsdp/detail/exec/diagnostics.hpp"
+#include "fsdp/detail/exec/groups.hpp"
+#include "fsdp/detail/exec/interpreter.hpp"
+#include "fsdp/detail/exec/reduction.hpp"
+#include "fsdp/detail/exec/unit_storage.hpp"
+#include "fsdp/detail/exec/update_site.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/observe/ranges.hpp"
 #include "fsdp/observe/stamp.hpp"
-#include "fsdp/plan/drive.hpp"
-#include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/plan/detail/drive.hpp"
 
 namespace fsdp::exec {
 

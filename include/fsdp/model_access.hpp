@@ -4,7 +4,7 @@
 // optimizers and fsdp::checkpoint use it; a user's own optimizer or weights format may too:
 //
 //   step(model, work)                   an optimizer step: work's inspection, then its update of every unit where
-//                                       the step program puts it (fsdp/exec/update_site.hpp)
+//                                       the step program puts it (fsdp/detail/exec/update_site.hpp)
 //   reserve_memory(model, states, rows) the planned peak with an optimizer's state and inspection rows reserved in
 //                                       the backend's pool (CUDA), so that no step allocates from the device
 //   replace_shards(model, what, write)  between steps, write() overwrites master shards (and optimizer state) on the
@@ -42,8 +42,8 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/exec/update_site.hpp"
-#include "fsdp/schedule/pass_cursor.hpp"
+#include "fsdp/detail/exec/update_site.hpp"
+#include "fsdp/detail/schedule/pass_cursor.hpp"
 
 namespace fsdp {
 

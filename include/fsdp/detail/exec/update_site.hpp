@@ -1,7 +1,7 @@
 #pragma once
 // What an optimizer gives a step, and where its updates run. An optimizer describes its update of one unit as
 // element functions (ElementFunction: fsdp/backend/concept.hpp) over the unit's shard pieces; the step program
-// (fsdp/plan/program.hpp) decides where each unit's update runs, and the executor hands the optimizer an
+// (fsdp/plan/detail/program.hpp) decides where each unit's update runs, and the executor hands the optimizer an
 // update_site there:
 //
 //   on the device   site.run(n, f) is Backend::for_each on the compute stream; site.at(p) is where the device finds
@@ -13,7 +13,7 @@
 //
 // optimizer_work is the step's side of the optimizer: inspect() before any update (the gradient inspection; false
 // skips the update on every rank), update(u, site) for each unit, states(u) (its state buffers, which a device step
-// over offloaded state stages). Model::step takes it through fsdp/exec/model_access.hpp.
+// over offloaded state stages). Model::step takes it through fsdp/model_access.hpp.
 #include <cstdint>
 #include <functional>
 #include <vector>

@@ -1,9 +1,9 @@
 #pragma once
 // The units' storage on a backend: each unit's layout, costs (fsdp/memory/cost.hpp), offload facts and buffers
-// (unit/unit_buffers.hpp: the master and gradient shards, the events, where its slots are while it holds them),
+// (unit/detail/unit_buffers.hpp: the master and gradient shards, the events, where its slots are while it holds them),
 // and what is done to them outside a step: materialising the master shards from the init rule, the export gather
 // of a unit's full parameters, and the hand-over counts of model_options::check_views. What happens within a step
-// is the step program's (fsdp/plan/program.hpp), carried out by fsdp/exec/interpreter.hpp.
+// is the step program's (fsdp/plan/detail/program.hpp), carried out by fsdp/detail/exec/interpreter.hpp.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -14,17 +14,17 @@
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/exec/diagnostics.hpp"
-#include "fsdp/exec/groups.hpp"
-#include "fsdp/exec/slot_ring.hpp"
+#include "fsdp/detail/exec/diagnostics.hpp"
+#include "fsdp/detail/exec/groups.hpp"
+#include "fsdp/detail/exec/slot_ring.hpp"
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/policy/offload.hpp"
 #include "fsdp/spec/model_spec.hpp"
 #include "fsdp/spec/placement.hpp"
+#include "fsdp/unit/detail/unit_buffers.hpp"
 #include "fsdp/unit/tensor_view.hpp"
-#include "fsdp/unit/unit_buffers.hpp"
 
 namespace fsdp::exec {
 
@@ -37,7 +37,10 @@ class unit_storage {
   /// each unit's offload facts (empty: the facts' own for every unit).
   unit_storage(std::vector<FlatLayout> layouts, int shard_rank, const plan::cost_facts& facts,
                std::vector<offload_facts> unit_offload)
-      : layouts_(std::move(layouts)), shard_rank_(shard_rank), facts_(facts), offload_(std::move(unit_offload)),
+      : layouts_(std::move(layouts)),
+        shard_rank_(shard_rank),
+        facts_(facts),
+        offload_(std::move(unit_offload)),
         bufs_(layouts_.size()) {
     if (offload_.size() != layouts_.size()) offload_.assign(layouts_.size(), facts_.offload);
     cost_.reserve(layouts_.size());
@@ -78,8 +81,8 @@ class unit_storage {
       try {
         staging.assign(static_cast<std::size_t>(c.shard_numel), 0.0f);
       } catch (const std::bad_alloc&) {
-        throw memory_error(detail::cat("could not allocate ", c.shard_numel * std::int64_t{sizeof(float)},
-                                       " bytes of host staging"));
+        throw memory_error(
+            detail::cat("could not allocate ", c.shard_numel * std::int64_t{sizeof(float)}, " bytes of host staging"));
       }
     });
     for (const ShardedTensor& v : layouts_[u].shard_views(shard_rank_)) {

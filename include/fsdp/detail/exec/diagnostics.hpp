@@ -16,8 +16,8 @@
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/text.hpp"
-#include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/layout/flat_layout.hpp"
 
 namespace fsdp::exec {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The pass cursor's definitions (fsdp/schedule/pass_cursor.hpp): included by that header, or compiled once by
+// The pass cursor's definitions (fsdp/detail/schedule/pass_cursor.hpp): included by that header, or compiled once by
 // fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
 #include <cstddef>
 #include <exception>
@@ -9,13 +9,13 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/problems.hpp"
-#include "fsdp/schedule/pass_cursor.hpp"
+#include "fsdp/detail/schedule/pass_cursor.hpp"
 
 namespace fsdp::sched {
 
 FSDP_DECL std::vector<std::size_t> pass_cursor::declared_order(const unit_index& units,
-                                                          const std::vector<std::string>& forward_order,
-                                                          bool record_order, problems& p) {
+                                                               const std::vector<std::string>& forward_order,
+                                                               bool record_order, problems& p) {
   const std::size_t n = units.size();
   std::vector<std::size_t> order;
   if (record_order && !forward_order.empty())
@@ -209,8 +209,8 @@ FSDP_DECL void pass_cursor::place(const std::string_view* name) {
   if (got != want) {
     const std::string where = detail::cat("model.", name_of(pass_), "() entered unit '", *name, "' at position ", pos_,
                                           ", where the ", source_, " order has '", units_->name(want), "'");
-    detail::fail_usage("execution order differs from the ", source_, " order: ", where, " (forward order: ",
-                       order_text(), ")");
+    detail::fail_usage("execution order differs from the ", source_, " order: ", where,
+                       " (forward order: ", order_text(), ")");
   }
 }
 

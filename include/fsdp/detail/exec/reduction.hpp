@@ -24,5 +24,5 @@ FSDP_DECL reduce_facts division_facts(const grad_division& d, int ranks);
 }  // namespace fsdp::exec
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/exec/reduction.ipp"
+#include "fsdp/detail/exec/reduction.ipp"
 #endif

@@ -1,23 +1,23 @@
 #pragma once
 // The data of a unit's gather and reduction within a step: which buffers they read and write (the master or its
 // upload; the gradient slot, the no-sync accumulator or the reduce input; the reduce output, or the operand itself
-// for an all-reduce in place), and the collectives on the unit's groups (exec/groups.hpp), each compared first under
-// model_options::check_collectives (exec/diagnostics.hpp). Which collective each is, with what count and dtype, is
-// fsdp/plan/collectives.hpp's (what a Model hands a communicator's connect() too). The interpreter
-// (exec/interpreter.hpp) calls them for the step program's gather and reduction work; which slot a unit holds is the
-// program's.
+// for an all-reduce in place), and the collectives on the unit's groups (detail/exec/groups.hpp), each compared first
+// under model_options::check_collectives (detail/exec/diagnostics.hpp). Which collective each is, with what count and
+// dtype, is fsdp/plan/collectives.hpp's (what a Model hands a communicator's connect() too). The interpreter
+// (detail/exec/interpreter.hpp) calls them for the step program's gather and reduction work; which slot a unit holds is
+// the program's.
 #include <cstdint>
 
 #include "fsdp/backend/concept.hpp"
-#include "fsdp/exec/diagnostics.hpp"
-#include "fsdp/exec/groups.hpp"
-#include "fsdp/exec/reduction.hpp"
-#include "fsdp/exec/step_slots.hpp"
-#include "fsdp/exec/unit_storage.hpp"
+#include "fsdp/detail/exec/diagnostics.hpp"
+#include "fsdp/detail/exec/groups.hpp"
+#include "fsdp/detail/exec/reduction.hpp"
+#include "fsdp/detail/exec/step_slots.hpp"
+#include "fsdp/detail/exec/unit_storage.hpp"
 #include "fsdp/kernels/elementwise.hpp"
 #include "fsdp/kernels/quantize.hpp"
 #include "fsdp/plan/collectives.hpp"
-#include "fsdp/plan/program.hpp"
+#include "fsdp/plan/detail/program.hpp"
 
 namespace fsdp::exec {
 
@@ -114,7 +114,8 @@ class transfers {
       if constexpr (AllToAllCollective<C>)
         g_.shard().all_to_all(src, slots_.held(u, plan::ring::reduce_output), use.count, use.type, s);
       else  // fsdp/can_implement.hpp refuses the model first
-        detail::fail_usage("unit '", diag_.units().name(u), "': a quantized reduction needs a communicator with "
+        detail::fail_usage("unit '", diag_.units().name(u),
+                           "': a quantized reduction needs a communicator with "
                            "all_to_all (fsdp::AllToAllCollective)");
     } else {
       g_.shard().all_reduce(src, src, use.count, use.type, reduce_.op, s);
@@ -131,11 +132,11 @@ class transfers {
     kernels::dispatch(t, [&](auto d) {
       kernels::dispatch(c.reduce_input.type, [&](auto q) {
         if constexpr (is_scaled(q()) && !is_scaled(d()))
-          be_.for_each(c.padded_numel / c.reduce_block,
-                       kernels::block_quantize<d(), q()>{static_cast<const lowp::storage_t<d()>*>(src), out,
-                                                         c.shard_numel, c.reduce_block, c.reduce_count(),
-                                                         reduce_.prescale},
-                       s);
+          be_.for_each(
+              c.padded_numel / c.reduce_block,
+              kernels::block_quantize<d(), q()>{static_cast<const lowp::storage_t<d()>*>(src), out, c.shard_numel,
+                                                c.reduce_block, c.reduce_count(), reduce_.prescale},
+              s);
       });
     });
   }

@@ -4,8 +4,8 @@
 // limit), when the compute stream must wait, which units to release, when a unit's gradient buffer is allocated,
 // kept for a later micro-batch or reduced. It touches no memory, stream or communicator.
 //
-// The step program (fsdp/plan/program.hpp) records these decisions once, and four readers interpret it: the
-// executor (fsdp/exec/interpreter.hpp) on a backend and a communicator, for Model; the memory planner
+// The step program (fsdp/plan/detail/program.hpp) records these decisions once, and four readers interpret it: the
+// executor (fsdp/detail/exec/interpreter.hpp) on a backend and a communicator, for Model; the memory planner
 // (fsdp/plan/memory_plan.hpp) on byte counters; the timeline planner (fsdp/plan/timeline.hpp) on durations; the
 // listing (fsdp/plan/listing.hpp) as text. So the planners predict exactly what the model allocates and issues,
 // for every policy, without a second copy of the scheduling rules.
@@ -43,9 +43,9 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/schedule/config.hpp"
-#include "fsdp/core/unit_state.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/core/unit_state.hpp"
+#include "fsdp/detail/schedule/config.hpp"
 
 namespace fsdp::sched {
 
@@ -291,5 +291,5 @@ class scheduler {
 }  // namespace fsdp::sched
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/schedule/scheduler.ipp"
+#include "fsdp/detail/schedule/scheduler.ipp"
 #endif

@@ -1,6 +1,6 @@
 #pragma once
-// The slots of a step on a backend: one ring (exec/slot_ring.hpp) per purpose of the step program (plan::ring), each
-// slot as large as the program's ledger makes it (the download ring's, made ahead: the program's slot cost of that
+// The slots of a step on a backend: one ring (detail/exec/slot_ring.hpp) per purpose of the step program (plan::ring),
+// each slot as large as the program's ledger makes it (the download ring's, made ahead: the program's slot cost of that
 // ring), made before reuse as many times as the program's ledger keeps (gathered, reduce input and output, wire: 1;
 // grad: model_options::grad_slots; the offload and staging rings: 2). The program's ledgers pick which slot a take gets
 // and know which slot each unit holds; these rings add the memory and the events.
@@ -8,8 +8,8 @@
 #include <string_view>
 
 #include "fsdp/backend/concept.hpp"
-#include "fsdp/exec/slot_ring.hpp"
-#include "fsdp/plan/program.hpp"
+#include "fsdp/detail/exec/slot_ring.hpp"
+#include "fsdp/plan/detail/program.hpp"
 
 namespace fsdp::exec {
 
@@ -19,8 +19,8 @@ class step_slots {
   using stream = typename B::stream;
 
   step_slots(B& be, const plan::step_program& prog, int grad_slots) : be_(be), prog_(prog) {
-    const int keep[plan::rings] = {1, grad_slots, 1, 1, plan::offload_slots, plan::offload_slots, plan::offload_slots,
-                                   plan::offload_slots, 1};
+    const int keep[plan::rings] = {
+        1, grad_slots, 1, 1, plan::offload_slots, plan::offload_slots, plan::offload_slots, plan::offload_slots, 1};
     for (std::size_t r = 0; r < plan::rings; ++r) rings_[r] = slot_ring<B>(prog.slot_cost(plan::ring(r)), keep[r]);
     if constexpr (OffloadBackend<B>)  // pinned host memory now: pinning may synchronise the device mid-step
       ring(plan::ring::download).make_all(be_, be_.download_stream());

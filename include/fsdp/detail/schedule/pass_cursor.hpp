@@ -17,9 +17,9 @@
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/problems.hpp"
-#include "fsdp/schedule/scheduler.hpp"
-#include "fsdp/core/unit_state.hpp"
 #include "fsdp/core/unit_index.hpp"
+#include "fsdp/core/unit_state.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
 
 namespace fsdp::sched {
 
@@ -123,5 +123,5 @@ class pass_cursor {
 }  // namespace fsdp::sched
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/schedule/pass_cursor.ipp"
+#include "fsdp/detail/schedule/pass_cursor.ipp"
 #endif

@@ -1,7 +1,7 @@
 #pragma once
-// The step program's vocabulary (fsdp/plan/program.hpp): where an action happens (lane), the executor's slot rings
-// (ring), its per-unit events (signal), the trainer's views (views), the work (job), each with its printable name,
-// and what a trace event carries (payload_of). The executor, the planners, the listing and the trace read these
+// The step program's vocabulary (fsdp/plan/detail/program.hpp): where an action happens (lane), the executor's slot
+// rings (ring), its per-unit events (signal), the trainer's views (views), the work (job), each with its printable
+// name, and what a trace event carries (payload_of). The executor, the planners, the listing and the trace read these
 // names; only program.hpp puts them in order.
 #include <cstddef>
 #include <cstdint>
@@ -50,7 +50,7 @@ constexpr const char* name_of(lane l) noexcept {
   return "?";
 }
 
-/// The executor's slot rings (exec/slot_ring.hpp).
+/// The executor's slot rings (detail/exec/slot_ring.hpp).
 enum class ring : std::uint8_t {
   gathered,
   grad,
@@ -64,7 +64,7 @@ enum class ring : std::uint8_t {
 };
 inline constexpr std::size_t rings = 9;
 
-/// The executor's per-unit events (unit/unit_buffers.hpp).
+/// The executor's per-unit events (unit/detail/unit_buffers.hpp).
 enum class signal : std::uint8_t {
   shard_ready,
   uploaded,

@@ -1,5 +1,5 @@
 #pragma once
-// The scheduler's definitions (fsdp/schedule/scheduler.hpp): included by that header, or compiled once by
+// The scheduler's definitions (fsdp/detail/schedule/scheduler.hpp): included by that header, or compiled once by
 // fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
 #include <cstddef>
 #include <string>
@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "fsdp/core/error.hpp"
-#include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
 
 namespace fsdp::sched {
 
@@ -62,8 +62,8 @@ FSDP_DECL void scheduler::check_between_steps(std::string_view what) const {
       detail::cat(", which ", what, " does not keep; run the optimizer step (and zero_grad()) first");
   for (std::size_t u = 0; u < u_.size(); ++u)
     if (u_[u].reduced)
-      detail::fail_usage(what, " between a backward pass and its optimizer step: unit '", units_->name(u),
-                         "' (index ", u, ") has a gradient reduced since the last step", fix);
+      detail::fail_usage(what, " between a backward pass and its optimizer step: unit '", units_->name(u), "' (index ",
+                         u, ") has a gradient reduced since the last step", fix);
   if (micro_batches_done_ > 0)
     detail::fail_usage(what, " between a backward pass and its optimizer step: ", micro_batches_done_, " of ",
                        c_.micro_batches, " micro-batches have accumulated gradients since the last step", fix);

@@ -1,14 +1,14 @@
 #pragma once
-// Driving the step program (fsdp/plan/program.hpp) through the scheduler's decisions, as a trainer does: the passes
-// (walk_passes), the optimizer step's order (optimizer_phase, which Model::step runs on the executor too) and one
-// whole step (run_step, which the memory planner, the timeline planner and the listing run).
+// Driving the step program (fsdp/plan/detail/program.hpp) through the scheduler's decisions, as a trainer does: the
+// passes (walk_passes), the optimizer step's order (optimizer_phase, which Model::step runs on the executor too) and
+// one whole step (run_step, which the memory planner, the timeline planner and the listing run).
 #include <cstddef>
 #include <optional>
 #include <vector>
 
 #include "fsdp/core/unit_state.hpp"
-#include "fsdp/plan/program.hpp"
-#include "fsdp/schedule/scheduler.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
+#include "fsdp/plan/detail/program.hpp"
 
 namespace fsdp::plan {
 

@@ -5,7 +5,8 @@
 // optimizer's updates and host functions), trace stamps and the ends of the trainer's views. It is written once,
 // here, and three interpreters give the actions a meaning:
 //
-//   the unit executor (fsdp/exec/interpreter.hpp)      the backend's memory, streams, events, kernels and copies,
+//   the unit executor (fsdp/detail/exec/interpreter.hpp)      the backend's memory, streams, events, kernels and
+//   copies,
 //                                                      the communicator's collectives: the step itself
 //   the memory planner (fsdp/plan/memory_plan.hpp)     a slot's bytes count from the take that makes it (or
 //                                                      makes it larger)
@@ -14,12 +15,12 @@
 // and a fourth writes it down as text (fsdp/plan/listing.hpp: one step, action by action, per stream).
 //
 // All three are driven by the scheduler's own decisions (the executor through Model, the planners through
-// run_step in fsdp/plan/drive.hpp), so the planners predict the order the executor runs, by construction:
+// run_step in fsdp/plan/detail/drive.hpp), so the planners predict the order the executor runs, by construction:
 // tests/model/memory_test.cc holds the memory reading to the executor's measured peaks byte for byte,
 // tests/plan/timeline_test.cc the time reading to hand-worked timelines. The program keeps the state the order depends
 // on (which slot each unit holds, the slot ledgers, no-sync accumulators, shards written on the host), so one instance
 // serves one model (the executor's, for its lifetime) or one plan. Its vocabulary (lanes, rings, signals, jobs) is
-// fsdp/plan/actions.hpp; what drives it through a step, fsdp/plan/drive.hpp.
+// fsdp/plan/detail/actions.hpp; what drives it through a step, fsdp/plan/detail/drive.hpp.
 //
 // Not in the planners' step (run_step): the trainer's zero_grad() between steps (memory-bound work only, no
 // memory), model_options::check_collectives' comparisons and check_views' NaN fills (the executor's debug modes),
@@ -48,13 +49,13 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/unit_state.hpp"
+#include "fsdp/detail/schedule/scheduler.hpp"
+#include "fsdp/detail/schedule/slot_ledger.hpp"
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/observe/trace.hpp"
-#include "fsdp/plan/actions.hpp"
 #include "fsdp/plan/collectives.hpp"  // reduction_of: which collective a reduction is
+#include "fsdp/plan/detail/actions.hpp"
 #include "fsdp/policy/offload.hpp"
-#include "fsdp/schedule/scheduler.hpp"
-#include "fsdp/schedule/slot_ledger.hpp"
 
 namespace fsdp::plan {
 
@@ -409,20 +410,32 @@ class step_program {
     int slot[rings] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
     int& operator[](std::size_t r) noexcept { return slot[r]; }
   };
-  std::vector<held_slots> held_;     // per unit: the slot it holds in each ring
-  std::vector<char> accumulating_;   // per unit: its no-sync accumulator exists
-  std::vector<char> ready_;  // per unit: this step's update recorded its "shard ready" already
+  std::vector<held_slots> held_;    // per unit: the slot it holds in each ring
+  std::vector<char> accumulating_;  // per unit: its no-sync accumulator exists
+  std::vector<char> ready_;         // per unit: this step's update recorded its "shard ready" already
 };
 
 inline step_program::step_program(std::vector<unit_costs> costs, std::vector<offload_facts> offload, int grad_slots,
                                   int optimizer_states, int replicas, bool prescales)
-    : cost_(std::move(costs)), offload_(std::move(offload)), states_(optimizer_states), replicas_(replicas),
+    : cost_(std::move(costs)),
+      offload_(std::move(offload)),
+      states_(optimizer_states),
+      replicas_(replicas),
       prescales_(prescales),
-      slots_(slot_costs_of(cost_)), staging_(staging_slots_of(cost_, offload_, optimizer_states)),
-      ledger_{sched::slot_ledger(1), sched::slot_ledger(grad_slots), sched::slot_ledger(1), sched::slot_ledger(1),
-              sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots),
-              sched::slot_ledger(offload_slots), sched::slot_ledger(offload_slots), sched::slot_ledger(1)},
-      held_(cost_.size()), accumulating_(cost_.size(), false), ready_(cost_.size(), false) {}
+      slots_(slot_costs_of(cost_)),
+      staging_(staging_slots_of(cost_, offload_, optimizer_states)),
+      ledger_{sched::slot_ledger(1),
+              sched::slot_ledger(grad_slots),
+              sched::slot_ledger(1),
+              sched::slot_ledger(1),
+              sched::slot_ledger(offload_slots),
+              sched::slot_ledger(offload_slots),
+              sched::slot_ledger(offload_slots),
+              sched::slot_ledger(offload_slots),
+              sched::slot_ledger(1)},
+      held_(cost_.size()),
+      accumulating_(cost_.size(), false),
+      ready_(cost_.size(), false) {}
 
 inline void step_program::set_optimizer_states(int states) {
   states_ = states;

@@ -1,10 +1,10 @@
 #pragma once
-// The reduction facts' definitions (fsdp/exec/reduction.hpp): included by that header, or compiled once by
+// The reduction facts' definitions (fsdp/detail/exec/reduction.hpp): included by that header, or compiled once by
 // fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
 #include <cmath>
 
 #include "fsdp/core/problems.hpp"
-#include "fsdp/exec/reduction.hpp"
+#include "fsdp/detail/exec/reduction.hpp"
 
 namespace fsdp::exec {
 

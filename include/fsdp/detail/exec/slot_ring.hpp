@@ -1,7 +1,7 @@
 #pragma once
 // One purpose's reusable buffers on a backend: the slots the step program's sched::slot_ledger picks
-// (fsdp/plan/program.hpp), each made at the size the ledger gives it on first use and kept until the ring goes; the
-// event recorded where each was last given back. Taking a slot that existed makes the taking stream wait for that
+// (fsdp/plan/detail/program.hpp), each made at the size the ledger gives it on first use and kept until the ring goes;
+// the event recorded where each was last given back. Taking a slot that existed makes the taking stream wait for that
 // event first (the rate limit of FSDP, with GPU events and no host synchronisation), so no stream writes a slot
 // another stream still reads. A slot the ledger makes larger is freed and made again after that wait, in the taking
 // stream's order (the first steps only: the ledger settles). A slot taken again on the stream that gave it back
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "fsdp/backend/concept.hpp"
+#include "fsdp/detail/schedule/slot_ledger.hpp"
 #include "fsdp/memory/cost.hpp"
-#include "fsdp/schedule/slot_ledger.hpp"
 
 namespace fsdp::exec {
 

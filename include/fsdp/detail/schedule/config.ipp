@@ -1,5 +1,5 @@
 #pragma once
-// The schedule configuration's definitions (fsdp/schedule/config.hpp): included by that header, or compiled once
+// The schedule configuration's definitions (fsdp/detail/schedule/config.hpp): included by that header, or compiled once
 // by fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
 #include <cstddef>
 #include <map>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fsdp/core/problems.hpp"
-#include "fsdp/schedule/config.hpp"
+#include "fsdp/detail/schedule/config.hpp"
 
 namespace fsdp::sched {
 
@@ -52,8 +52,8 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
         for (const auto& target : list) {
           const auto t = units.find(target);
           if (!t)
-            p.add("model_options::prefetch.", which, "['", at, "'] names '", target, "', which is not a unit (units: ",
-                  units.list(), ")");
+            p.add("model_options::prefetch.", which, "['", at, "'] names '", target,
+                  "', which is not a unit (units: ", units.list(), ")");
           else
             to[*a].push_back(*t);
         }
@@ -62,8 +62,9 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
     fill(opt.prefetch.forward, c.forward_schedule, "forward");
     fill(opt.prefetch.backward, c.backward_schedule, "backward");
   } else if (!opt.prefetch.empty()) {
-    p.add("model_options::prefetch names units to prefetch, but the policy's prefetch is not "
-          "prefetch::explicit_schedule (it would be ignored)");
+    p.add(
+        "model_options::prefetch names units to prefetch, but the policy's prefetch is not "
+        "prefetch::explicit_schedule (it would be ignored)");
   }
   c.early_grad.assign(n, false);
   for (const auto& name : opt.early_grads) {
@@ -100,7 +101,8 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
       p.add("model_options::offload_units names '", name, "', which is not a unit (units: ", units.list(), ")");
     else if (facts.params != offload.params && !plan::units_gather(strategy.shards_params, precision))
       p.add("model_options::offload_units sets params for unit '", name, "' unlike the policy, but under ",
-            strategy.name, " in fp32 whether a unit's master serves compute or is gathered follows the policy's "
+            strategy.name,
+            " in fp32 whether a unit's master serves compute or is gathered follows the policy's "
             "params, for every unit alike; set params in the policy only, or shard the parameters");
     else
       c.offload[*u] = facts;

@@ -1,21 +1,22 @@
 #pragma once
-// The step program (fsdp/plan/program.hpp) carried out on a backend and a communicator: the interpreter the unit
+// The step program (fsdp/plan/detail/program.hpp) carried out on a backend and a communicator: the interpreter the unit
 // executor drives with the scheduler's decisions, beside the planners' memory and time readings of the same
 // program. Each action of the program becomes:
 //
-//   take / give        a slot of the purpose's ring (exec/step_slots.hpp): the program's ledger picks it, the
+//   take / give        a slot of the purpose's ring (detail/exec/step_slots.hpp): the program's ledger picks it, the
 //                      ring makes it or waits for the event of its last give; the unit's params / grad point into it
 //   buffer             the no-sync accumulator, made (stream-ordered) and freed (release_after)
-//   wait / record      the unit's events (unit/unit_buffers.hpp)
-//   work               the casts, collectives (on the shard or replicate group: exec/groups.hpp), accumulation,
+//   wait / record      the unit's events (unit/detail/unit_buffers.hpp)
+//   work               the casts, collectives (on the shard or replicate group: detail/exec/groups.hpp), accumulation,
 //                      copies and host functions, and the optimizer's updates at the site the program chose
-//                      (exec/update_site.hpp: on the device, at staged copies of host-resident parts, or on the host)
+//                      (detail/exec/update_site.hpp: on the device, at staged copies of host-resident parts, or on the
+//                      host)
 //   stamp              a trace event (host side: noted now; stream side: where the stream reaches it)
 //   views_end          model_options::check_views: the released gather slot filled with NaN, then the unit's
 //                      hand-over counted where the stream passes it (fsdp/unit/tensor_view.hpp)
 //
 // Every buffer has the category, dtype and size fsdp/memory/cost.hpp gives, every cast uses the per-element code
-// both backends share, and a memory_error names the unit and what was being made for it (exec/diagnostics.hpp).
+// both backends share, and a memory_error names the unit and what was being made for it (detail/exec/diagnostics.hpp).
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -27,17 +28,17 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/exec/diagnostics.hpp"
-#include "fsdp/exec/groups.hpp"
-#include "fsdp/exec/reduction.hpp"
-#include "fsdp/exec/step_slots.hpp"
-#include "fsdp/exec/transfers.hpp"
-#include "fsdp/exec/unit_storage.hpp"
-#include "fsdp/exec/update_site.hpp"
+#include "fsdp/detail/exec/diagnostics.hpp"
+#include "fsdp/detail/exec/groups.hpp"
+#include "fsdp/detail/exec/reduction.hpp"
+#include "fsdp/detail/exec/step_slots.hpp"
+#include "fsdp/detail/exec/transfers.hpp"
+#include "fsdp/detail/exec/unit_storage.hpp"
+#include "fsdp/detail/exec/update_site.hpp"
 #include "fsdp/kernels/host_loops.hpp"
 #include "fsdp/kernels/host_pool.hpp"
 #include "fsdp/observe/stamp.hpp"
-#include "fsdp/plan/program.hpp"
+#include "fsdp/plan/detail/program.hpp"
 
 namespace fsdp::exec {
 
@@ -180,18 +181,19 @@ class interpreter {
                                      });
           break;
         }
-        be_.host_callback(s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
-                              t = c.reduce_output.type, n = transfers_.reduced_count(u), post = reduce_.postscale,
-                              pool = &pool_] {
-          kernels::host_loops::accumulate_with([pool](std::int64_t m, const auto& f) { pool->for_each(m, f); }, shard,
-                                               from, t, n, post);
-        });
+        be_.host_callback(
+            s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
+                t = c.reduce_output.type, n = transfers_.reduced_count(u), post = reduce_.postscale, pool = &pool_] {
+              kernels::host_loops::accumulate_with([pool](std::int64_t m, const auto& f) { pool->for_each(m, f); },
+                                                   shard, from, t, n, post);
+            });
         break;
       case plan::job::optimizer_host: {
         std::vector<std::function<void()>> updates;
         update_site<B> site = update_site<B>::host(updates, pool_);
         optimizer().update(u, site);
-        if (optimizer().decided) be_.wait(s, *optimizer().decided);  // the decision it reads, in host memory
+        if (optimizer().decided)
+          be_.wait(s, *optimizer().decided);  // the decision it reads, in host memory
         else if (committed_)
           be_.wait(s, commit_done_);  // the step's commit, which it follows
         be_.host_callback(s, [updates = std::move(updates)] {
@@ -218,9 +220,8 @@ class interpreter {
       }
       case plan::job::zero_shard: be_.fill_zero(b.grad_shard.data(), c.grad_shard.bytes(), s); break;
       case plan::job::zero_shard_host:
-        be_.host_callback(s, [p = b.grad_shard.data(), n = c.grad_shard.bytes()] {
-          std::memset(p, 0, static_cast<std::size_t>(n));
-        });
+        be_.host_callback(
+            s, [p = b.grad_shard.data(), n = c.grad_shard.bytes()] { std::memset(p, 0, static_cast<std::size_t>(n)); });
         break;
       case plan::job::compute:
       case plan::job::gather:
@@ -254,8 +255,8 @@ class interpreter {
   /// A trace event, with a recorder: its bytes and collective from unit u's costs.
   void record_stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead) {
     const bool unit = u != plan::step_program::npos;
-    const plan::stamp_payload p = unit ? plan::payload_of(k, st_.cost(u), transfers_.reduction_kind())
-                                       : plan::stamp_payload{};
+    const plan::stamp_payload p =
+        unit ? plan::payload_of(k, st_.cost(u), transfers_.reduction_kind()) : plan::stamp_payload{};
     const int id = unit ? static_cast<int>(u) : -1;
     if (l == plan::lane::host)
       stamp_.note(k, pass, id, p.bytes, ahead, p.coll);
@@ -334,13 +335,13 @@ class interpreter {
   trace::stamper<B>& stamp_;
   reduce_facts reduce_;
   const plan::step_program& prog_;
-  step_slots<B> slots_;                  // destroyed before the backend (the executor's member order)
+  step_slots<B> slots_;  // destroyed before the backend (the executor's member order)
   transfers<B, C> transfers_;
-  optimizer_work<B>* work_ = nullptr;    // during an optimizer step
-  typename B::event commit_done_;        // recorded after the step's commit
-  bool committed_ = false;               // this step's commit recorded commit_done_ (for a host step's update)
-  staged_parts staged_;                  // a device step over host parts: where the unit's parts are staged
-  kernels::host_pool pool_;              // offloading's host functions: the host step and host additions
+  optimizer_work<B>* work_ = nullptr;  // during an optimizer step
+  typename B::event commit_done_;      // recorded after the step's commit
+  bool committed_ = false;             // this step's commit recorded commit_done_ (for a host step's update)
+  staged_parts staged_;                // a device step over host parts: where the unit's parts are staged
+  kernels::host_pool pool_;            // offloading's host functions: the host step and host additions
 };
 
 }  // namespace fsdp::exec

@@ -1,6 +1,6 @@
 #pragma once
 // Which of a purpose's reusable buffers ("slots") a use takes, and how large each slot is: the decision alone,
-// shared by the unit executor (fsdp/exec/slot_ring.hpp, which adds the memory and the events) and the memory
+// shared by the unit executor (fsdp/detail/exec/slot_ring.hpp, which adds the memory and the events) and the memory
 // planner (which adds byte counters). So device memory for gathered parameters and unsharded gradients is what the
 // planner counts, by construction: the library makes at most as many slots as the ledger asks for, each of the size
 // the ledger gives it, and reuses a slot only after the stream that takes it waits for the event recorded where it

@@ -72,5 +72,5 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
 }  // namespace fsdp::sched
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
-#include "fsdp/schedule/config.ipp"
+#include "fsdp/detail/schedule/config.ipp"
 #endif
