@@ -3,6 +3,8 @@
 // FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
 #include <exception>
 #include <mutex>
+#include <new>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -73,6 +75,16 @@ FSDP_DECL void local_communicator::issue(const detail::op_desc& d, const void* s
 }
 
 namespace detail {
+/// The reason a rank's failure aborts its group with. Never throws: where memory for the sentence ran out, a
+/// shorter one that needs none.
+inline std::string rank_failure(int r, const char* what) noexcept {
+  try {
+    return "rank " + std::to_string(r) + " failed: " + what;
+  } catch (const std::bad_alloc&) {
+    return "out of memory";  // short enough for the string's own storage: no allocation
+  }
+}
+
 FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank,
                          int from) {
   std::mutex mu;
@@ -80,6 +92,8 @@ FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, c
   bool first_is_abort = true;
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world));
+  // What stops the started ranks when another cannot start, made while memory is had: the abort needs no more.
+  const std::string not_started = "a rank's thread could not start: the world is stopped";
   for (int r = from; r < from + world; ++r) {
     try {
       threads.emplace_back([&, r] {
@@ -88,7 +102,7 @@ FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, c
           group->rank_returned(r);  // anything still waiting for this rank fails now, naming it
         } catch (const std::exception& e) {
           const bool aborted_before = group->aborted();
-          group->abort("rank " + std::to_string(r) + " failed: " + e.what());
+          group->abort(rank_failure(r, e.what()));
           group->rank_returned(r);  // a failed rank, as one that returns: the survivors' shrink() leaves it out
           std::lock_guard lk(mu);
           // Prefer the root cause over errors of ranks that only saw the abort.
@@ -97,20 +111,21 @@ FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, c
             first_is_abort = aborted_before;
           }
         } catch (...) {
-          group->abort("rank " + std::to_string(r) + " failed with a non-standard exception");
+          group->abort(rank_failure(r, "a non-standard exception"));
           group->rank_returned(r);
           std::lock_guard lk(mu);
           if (!first) first = std::current_exception();
         }
       });
-    } catch (const std::system_error& e) {  // no thread for rank r: stop the ranks started, then say why
-      const std::string why = fsdp::detail::cat(
+    } catch (const std::exception& e) {
+      // No thread for rank r: the system refused one (std::system_error), or memory for its state ran out
+      // (std::bad_alloc). Stop the ranks started and join them (their stacks are given back), then say why.
+      group->abort(not_started);
+      for (auto& t : threads) t.join();
+      throw comm_error(fsdp::detail::cat(
           "could not start the thread of rank ", r, " of ", group->size(), " (", e.what(), "); the ", r - from,
           " rank(s) already started were stopped. Lower the world size or raise the process's thread or address-space "
-          "limit (ulimit -u / -v)");
-      group->abort(why);
-      for (auto& t : threads) t.join();
-      throw comm_error(why);
+          "limit (ulimit -u / -v)"));
     }
   }
   for (auto& t : threads) t.join();

@@ -267,7 +267,7 @@ class local_group {
 
   /// Marks the group aborted for `reason` and wakes its waiters, mu_ held: the first reason wins (abort() and
   /// fail() come here too).
-  void abort_locked(const std::string& reason);
+  void abort_locked(const std::string& reason) noexcept;
 
   void publish(round& r, int rank, const void* token);
 

@@ -3,6 +3,7 @@
 // by fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <thread>
 
 #include "fsdp/comm/detail/local_group.hpp"
@@ -167,7 +168,17 @@ FSDP_DECL void local_group::abort(const std::string& reason) noexcept {
     std::lock_guard lk(mu_);
     abort_locked(reason);
   }
-  for (const auto& c : children()) c.group->abort(reason);
+  // The children one at a time, each taken under the lock and aborted outside it: nothing here allocates, so an abort
+  // for want of memory still reaches every sub-group.
+  for (std::size_t i = 0;; ++i) {
+    std::shared_ptr<local_group> g;
+    {
+      std::lock_guard lk(mu_);
+      if (i >= children_.size()) break;
+      g = children_[i].group;
+    }
+    g->abort(reason);
+  }
 }
 
 FSDP_DECL bool local_group::aborted() const {
@@ -407,10 +418,14 @@ FSDP_DECL std::vector<local_group::child> local_group::children() const {
   return children_;
 }
 
-FSDP_DECL void local_group::abort_locked(const std::string& reason) {
+FSDP_DECL void local_group::abort_locked(const std::string& reason) noexcept {
   if (!aborted_) {
     aborted_ = true;
-    reason_ = reason;
+    try {
+      reason_ = reason;
+    } catch (const std::bad_alloc&) {  // the abort stands; its reason is what fits without memory
+      reason_ = "out of memory";       // (short enough for the string's own storage: no allocation)
+    }
   }
   cv_.notify_all();
 }
