@@ -37,12 +37,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/backend/detail/accounted_buffer.hpp"
+#include "fsdp/backend/detail/cuda_handles.cuh"
 #include "fsdp/backend/detail/device_pool.cuh"
 #include "fsdp/backend/detail/timing_marks.cuh"
 #include "fsdp/core/error.hpp"
@@ -79,77 +79,11 @@ class cuda {
  public:
   static constexpr std::string_view name = "cuda";
 
-  /// An owning, non-blocking CUDA stream with a name for messages, created at a CUDA stream priority (0, the
-  /// default, is the least urgent; cudaDeviceGetStreamPriorityRange's "greatest" is the most urgent, a negative
-  /// number on current GPUs).
-  class stream {
-   public:
-    explicit stream(std::string name, int priority = 0) : name_(std::move(name)), priority_(priority) {
-      FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
-    }
-    /// A stream of the caller's, used and never destroyed (its priority is reported as 0: not queried).
-    stream(std::string name, cudaStream_t borrowed) : s_(borrowed), name_(std::move(name)), owned_(false) {}
-    /// The priority it was created at (what cudaStreamGetPriority reports on a device with priorities).
-    int priority() const noexcept { return priority_; }
-    stream(const stream&) = delete;
-    stream& operator=(const stream&) = delete;
-    ~stream() {
-      if (s_ && owned_) FSDP_CUDA_LOG(cudaStreamDestroy(s_));
-    }
-    /// Whether the backend made it (false: the trainer's, cuda_options::compute_stream).
-    bool owned() const noexcept { return owned_; }
-    cudaStream_t get() const noexcept { return s_; }
-    const std::string& name() const noexcept { return name_; }
-
-   private:
-    cudaStream_t s_ = nullptr;
-    std::string name_;
-    int priority_ = 0;
-    bool owned_ = true;
-  };
-
-  /// An owning CUDA event (timing disabled), recorded on streams by record().
-  class event {
-   public:
-    event() { FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-    event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-    event& operator=(event&& o) noexcept {
-      if (this != &o) {
-        destroy();
-        e_ = std::exchange(o.e_, nullptr);
-      }
-      return *this;
-    }
-    event(const event&) = delete;
-    event& operator=(const event&) = delete;
-    ~event() { destroy(); }
-    cudaEvent_t get() const noexcept { return e_; }
-
-   private:
-    void destroy() noexcept {
-      if (e_) FSDP_CUDA_LOG(cudaEventDestroy(e_));
-      e_ = nullptr;
-    }
-    cudaEvent_t e_ = nullptr;
-  };
-
-  /// Gives a buffer's memory back: to the pool in the order of the stream it was allocated on, or, for pinned
-  /// host memory, with cudaFreeHost.
-  struct buffer_free {
-    cudaStream_t home = nullptr;  // the stream it was allocated on
-    bool pinned = false;          // pinned host memory (allocate_host), not the pool's
-    const bool* stuck = nullptr;  // pinned: the backend's "a stream did not finish" (the backend outlives it)
-    void operator()(void* p, std::int64_t) const noexcept {
-      if (!p) return;
-      // cudaFreeHost synchronises the device: after a stream failed to finish it could wait for ever, so the
-      // memory is left to the process then (as ~cuda leaves the device's)
-      if (pinned) {
-        if (!(stuck && *stuck)) FSDP_CUDA_LOG(cudaFreeHost(p));
-      } else {
-        FSDP_CUDA_LOG(cudaFreeAsync(p, home));
-      }
-    }
-  };
+  /// An owning, non-blocking CUDA stream with a name for messages, at a CUDA stream priority; an owning CUDA event;
+  /// what gives a buffer's memory back (backend/detail/cuda_handles.cuh).
+  using stream = detail::cuda_stream;
+  using event = detail::cuda_event;
+  using buffer_free = detail::cuda_buffer_free;
   /// Device memory from the backend's pool, accounted to one category from allocation to release. Destroying it
   /// frees it in the order of the stream it was allocated on: the owner makes sure other streams are done with it
   /// (Model synchronizes its streams before its buffers go).
@@ -277,19 +211,8 @@ class cuda {
   template <class Poll, class OnTimeout>
   static void wait_for(cudaStream_t s, const std::string& subject, std::chrono::milliseconds timeout,
                        std::chrono::microseconds interval, Poll&& poll, OnTimeout&& on_timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      const cudaError_t rc = cudaStreamQuery(s);
-      if (rc == cudaSuccess) return;
-      if (rc != cudaErrorNotReady) fsdp::detail::throw_cuda_error(rc, "cudaStreamQuery(s)", __FILE__, __LINE__);
-      poll();
-      if (std::chrono::steady_clock::now() > deadline) {
-        const std::string what = fsdp::detail::cat(subject, " did not finish within ", timeout.count(), " ms");
-        on_timeout(what);
-        throw comm_error(what);
-      }
-      std::this_thread::sleep_for(interval);
-    }
+    detail::wait_for_stream(s, subject, timeout, interval, std::forward<Poll>(poll),
+                            std::forward<OnTimeout>(on_timeout));
   }
 
   // ---- memory -------------------------------------------------------------------------------------------------
