@@ -4,7 +4,8 @@
 // the communicator is shut down. nccl_core<Api> makes them over an "API" object: nccl.cuh's nccl_api calls NCCL and
 // CUDA; the host tests (tests/comm/nccl_logic_test.cc) pass a fake that records the calls and scripts the answers.
 // Host-only: no CUDA or NCCL header is included here. Beside it: the version gates (nccl_versions.hpp), a
-// collective as messages name it (nccl_op.hpp) and the ledger of collectives pending completion (nccl_pending.hpp).
+// collective as messages name it (nccl_op.hpp), the ledger of collectives pending completion (nccl_pending.hpp), how
+// a failure is told (nccl_failure_text.hpp) and what shrink() and connect() ask for (nccl_requests.hpp).
 //
 // What Api provides (nccl_api in nccl.cuh is the production one):
 //   using result = ...;  static constexpr result success, in_progress, internal_error;
@@ -47,8 +48,10 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/nccl_failure_text.hpp"
 #include "fsdp/comm/detail/nccl_op.hpp"
 #include "fsdp/comm/detail/nccl_pending.hpp"
+#include "fsdp/comm/detail/nccl_requests.hpp"
 #include "fsdp/comm/detail/nccl_versions.hpp"
 #include "fsdp/comm/detail/stats_tally.hpp"
 #include "fsdp/comm/nccl_channels.hpp"
@@ -205,24 +208,7 @@ class nccl_core {
                                          "the communicators instead, and shrink() can follow)"));
     if (open_groups_ != 0)
       fsdp::detail::fail_usage(name_, " on rank ", rank_, ": shrink() inside grouped(): shrink before grouping");
-    std::sort(exclude.begin(), exclude.end());
-    std::string listed;
-    for (std::size_t i = 0; i < exclude.size(); ++i) {
-      const int r = exclude[i];
-      if (r < 0 || r >= world_)
-        fsdp::detail::fail_usage(name_, " on rank ", rank_, ": shrink() excludes rank ", r, ", which is not a rank of ",
-                                 world_);
-      if (r == rank_)
-        fsdp::detail::fail_usage(name_, " on rank ", rank_,
-                                 ": shrink() excludes this rank; a rank that is excluded does not call it");
-      if (i > 0 && exclude[i - 1] == r)
-        fsdp::detail::fail_usage(name_, " on rank ", rank_, ": shrink() excludes rank ", r, " twice");
-      listed += fsdp::detail::cat(i ? ", " : "", r);
-    }
-    if (exclude.empty())
-      fsdp::detail::fail_usage(name_, " on rank ", rank_,
-                               ": shrink() with no rank to exclude (split() keeps them all)");
-    const std::string what = fsdp::detail::cat("shrink(excluding rank", exclude.size() > 1 ? "s " : " ", listed, ")");
+    const std::string what = shrink_request(exclude, rank_, world_, name_);
     if (revoked_) {  // NCCL stops the revoked communicators' operations; their state is ncclSuccess once quiescent
       state st = async_state_all();
       const auto deadline = api_.now() + timeout_;
@@ -316,17 +302,12 @@ class nccl_core {
     if (aborted_)
       throw comm_error(
           fsdp::detail::cat("connect() on rank ", rank_, " after ", name_, " was ", ended(), ": ", reason_));
-    std::size_t send_bytes = 0, recv_bytes = 0;
-    for (const collective_use& u : uses) {
-      const scratch_bytes b = scratch_of(u);
-      send_bytes = std::max(send_bytes, b.send);
-      recv_bytes = std::max(recv_bytes, b.recv);
-    }
+    const connect_scratch scratch = connect_scratch_for(uses, world_);
     const std::int64_t before = api_.free_device_bytes();
-    void* send = api_.device_alloc(std::max<std::size_t>(send_bytes, 1));
+    void* send = api_.device_alloc(std::max<std::size_t>(scratch.send, 1));
     void* recv = nullptr;
     try {
-      recv = api_.device_alloc(std::max<std::size_t>(recv_bytes, 1));
+      recv = api_.device_alloc(std::max<std::size_t>(scratch.recv, 1));
     } catch (...) {
       api_.device_free(send);
       throw;
@@ -401,9 +382,7 @@ class nccl_core {
   /// A wait that ran out of time: aborts the family and throws comm_error naming what timed out and what is
   /// pending.
   [[noreturn]] void fail_timeout(const std::string& what) {
-    const std::string msg = fsdp::detail::cat(
-        what, "; pending: ", family_pending(), "; ", name_, " on rank ", rank_, " of ", world_,
-        ending("a rank that died or issued a different collective sequence leaves the others waiting"));
+    const std::string msg = nccl_timeout_message(speaker(), on_failure_, what, family_pending());
     abort(msg);
     throw comm_error(msg);
   }
@@ -440,18 +419,12 @@ class nccl_core {
         }
       }
       if (st.rc == Api::in_progress) {
-        api_.log(
-            fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_,
-                              ": ncclCommFinalize did not complete within ", timeout_.count(),
-                              " ms at shutdown (a rank that exited without finalizing, or still has collectives "
-                              "to run, keeps the others waiting); the communicator was aborted instead of destroyed"));
+        api_.log(nccl_finalize_timeout_log(speaker(), timeout_.count()));
         abort_now();
         return;
       }
       if (st.rc != Api::success) {
-        api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_, ": ncclCommFinalize reported ",
-                                   api_.describe(st.rc, st.c),
-                                   " at shutdown; the communicator was aborted instead of destroyed"));
+        api_.log(nccl_finalize_error_log(speaker(), api_.describe(st.rc, st.c)));
         abort_now();
         return;
       }
@@ -460,8 +433,7 @@ class nccl_core {
         ch->live = false;
         const result d = api_.destroy(ch->c);
         if (d != Api::success)
-          api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_, ": ncclCommDestroy reported ",
-                                     api_.describe(d, comm{}), " at shutdown"));
+          api_.log(nccl_call_log(speaker(), "ncclCommDestroy", api_.describe(d, comm{}), " at shutdown"));
       }
     } catch (...) {  // a message could not be built: still end the communicators
       abort_now();
@@ -502,23 +474,6 @@ class nccl_core {
     std::int64_t total_elems;
     nccl_core* owner;  ///< the core that issued it, which tracks its completion
   };
-  /// The scratch connect() needs for one use.
-  struct scratch_bytes {
-    std::size_t send = 0, recv = 0;
-  };
-  scratch_bytes scratch_of(const collective_use& u) const {
-    const std::size_t one = static_cast<std::size_t>(std::max<std::int64_t>(u.count, 0)) * size_of(u.type);
-    const std::size_t all = one * static_cast<std::size_t>(world_);
-    switch (u.kind) {
-      case collective::all_gather: return {one, all};
-      case collective::reduce_scatter: return {all, one};
-      case collective::all_to_all: return {all, all};
-      case collective::all_reduce:
-      case collective::broadcast: return {one, one};
-    }
-    return {all, all};
-  }
-
   /// The stream a collective issued on `s` runs on: `s`, or the family's (see join_family), which first waits for
   /// `s`'s work so far.
   stream route(stream s) {
@@ -709,8 +664,8 @@ class nccl_core {
       if (rc != Api::success && rc != Api::in_progress) {
         ok = false;
         try {
-          api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_, ": ncclCommRevoke reported ",
-                                     api_.describe(rc, comm{}), "; the communicators were aborted instead"));
+          api_.log(nccl_call_log(speaker(), "ncclCommRevoke", api_.describe(rc, comm{}),
+                                 "; the communicators were aborted instead"));
         } catch (...) {
         }
       }
@@ -720,14 +675,9 @@ class nccl_core {
   }
 
   /// How a failure leaves this core, for messages: "aborted" or "revoked".
-  const char* ended() const noexcept { return revoked_ ? "revoked" : "aborted"; }
-  /// What a failure is about to do, and what then, for the messages that report it.
-  /// `advice`: what to do after an abort, if anything (after a revoke: shrink()).
-  std::string ending(const char* cause, const char* advice = nullptr) const {
-    return on_failure_ == nccl_failure::revoke
-               ? fsdp::detail::cat(" revoked (", cause, "; the survivors name the ranks that failed and call shrink())")
-               : fsdp::detail::cat(" aborted (", cause, advice ? "; " : "", advice ? advice : "", ")");
-  }
+  const char* ended() const noexcept { return nccl_ended(revoked_); }
+  /// Who speaks in this core's messages: its name, rank and group size.
+  nccl_speaker speaker() const noexcept { return {name_, rank_, world_}; }
 
   /// The pending collectives of every member of the family; a member's are prefixed with its name when the
   /// family has more than one.
@@ -747,15 +697,8 @@ class nccl_core {
   /// An NCCL failure (a call's result or an asynchronous error, seen on communicator `c`): aborts the family and
   /// throws comm_error naming the call (if any) and every pending collective with its unit and sequence number.
   [[noreturn]] void fail_nccl(result st, comm c, std::string_view during) {
-    const std::string msg = fsdp::detail::cat(
-        "NCCL reported ", api_.describe(st, c), " on rank ", rank_, " of ", world_,
-        during.empty() ? std::string() : fsdp::detail::cat(" during ", during), "; pending: ", family_pending(), "; ",
-        name_, " on rank ", rank_, " of ", world_,
-        on_failure_ == nccl_failure::revoke
-            ? std::string(" revoked (NCCL_DEBUG=WARN on every rank shows which peer or resource failed; the survivors "
-                          "name the ranks that failed and call shrink())")
-            : std::string(" aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource "
-                          "failed)"));
+    const std::string msg =
+        nccl_failure_message(speaker(), on_failure_, api_.describe(st, c), during, family_pending());
     abort(msg);
     throw comm_error(msg);
   }
@@ -780,11 +723,7 @@ class nccl_core {
     (void)api_.group_end();
     group_owner_ = nullptr;
     --open_groups_;
-    const std::string msg = fsdp::detail::cat(
-        name_, " on rank ", rank_, " of ", world_, ": grouped() abandoned after ", n, " queued collective",
-        n == 1 ? "" : "s", n ? fsdp::detail::cat(" (", queued, ")") : std::string(),
-        " because its function threw: ", why, "; the group was not launched and the communicator was",
-        ending("the other ranks fail at their timeout", "restart every rank"));
+    const std::string msg = nccl_abandoned_group_message(speaker(), on_failure_, n, queued, why);
     abort(msg);  // the first reason wins when a failing collective inside fn aborted already
     throw comm_error(msg);
   }
@@ -797,8 +736,7 @@ class nccl_core {
       const result rc = api_.comm_abort(ch->c);
       if (rc != Api::success) {
         try {
-          api_.log(fsdp::detail::cat("fsdp: ", name_, " on rank ", rank_, " of ", world_, ": ncclCommAbort reported ",
-                                     api_.describe(rc, comm{})));
+          api_.log(nccl_call_log(speaker(), "ncclCommAbort", api_.describe(rc, comm{})));
         } catch (...) {
         }
       }
