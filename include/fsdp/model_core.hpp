@@ -2,17 +2,17 @@
 // model_core<B, C>: the part of every Model<Policy> that does the work, compiled once per backend and
 // communicator (the layers: fsdp/model.hpp). Composed of:
 //
-//   core/unit_index.hpp        the units by index and by name
-//   detail/schedule/config.hpp        the schedule's facts, built once from the policy and model_options
-//   detail/schedule/pass_cursor.hpp   the execution order and where the pass in progress is
-//   detail/schedule/scheduler.hpp     the decisions (gather, prefetch, wait, release, reduce) and every unit's state
-//   detail/exec/unit_executor.hpp     runs the step program (plan/detail/program.hpp) for the decisions on the backend
-//   and the
-//                              communicator; owns the buffers
-//   memory/cost.hpp            what every buffer costs, for the executor and the planners alike
-//   unit/fsdp_unit.hpp         the view a trainer gets of a unit (basic_unit here; typed in fsdp/basic_model.hpp)
-//   agree/agree.hpp            the ranks compare a fingerprint of spec, policy, options and layout at construction
-//                              (one 16-byte all_gather per rank), before anything is allocated
+//   core/unit_index.hpp              the units by index and by name
+//   detail/schedule/config.hpp       the schedule's facts, built once from the policy and model_options
+//   detail/schedule/pass_cursor.hpp  the execution order and where the pass in progress is
+//   detail/schedule/scheduler.hpp    the decisions (gather, prefetch, wait, release, reduce) and every unit's state
+//   detail/exec/unit_executor.hpp    runs the step program (plan/detail/program.hpp) for the decisions on the
+//                                    backend and the communicator; owns the buffers
+//   memory/cost.hpp                  what every buffer costs, for the executor and the planners alike
+//   unit/fsdp_unit.hpp               the view a trainer gets of a unit (basic_unit here; typed in
+//                                    fsdp/basic_model.hpp)
+//   agree/agree.hpp                  the ranks compare a fingerprint of spec, policy, options and layout at
+//                                    construction (one 16-byte all_gather per rank), before anything is allocated
 //
 // The core wires them: a pass moves the cursor and hands each unit's entry and exit to the scheduler, whose
 // decisions the executor carries out; an optimizer step (model_access::step) closes the accumulation window.

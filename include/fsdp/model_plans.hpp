@@ -4,12 +4,11 @@
 // Free functions beside the planners, not Model members: a file that never plans does not read the timeline planner
 // or the listing.
 //
-//   fsdp::plan_memory(model, optimizer)             this rank's peak by category and in total
-//   (fsdp/plan/memory_plan.hpp) fsdp::plan_memory(model, states, norm_rows)     the same from an optimizer's state
-//   count and inspection rows fsdp::plan_timeline(model, time_model, states)  this rank's step in time
-//   (fsdp/plan/timeline.hpp) fsdp::list_step(model, optimizer | states)      this rank's step program as text
-//   (fsdp/plan/listing.hpp) fsdp::memory_row(model, optimizer)              the measured peak beside the planned one
-//   (fsdp/memory/memory_table.hpp)
+//   fsdp::plan_memory(model, optimizer)             this rank's peak by category and in total (plan/memory_plan.hpp)
+//   fsdp::plan_memory(model, states, norm_rows)     the same from an optimizer's state count and inspection rows
+//   fsdp::plan_timeline(model, time_model, states)  this rank's step in time (plan/timeline.hpp)
+//   fsdp::list_step(model, optimizer | states)      this rank's step program as text (plan/listing.hpp)
+//   fsdp::memory_row(model, optimizer)              the measured peak beside the planned one (memory/memory_table.hpp)
 //
 // Any Model<Policy> (each is a model_core<Backend, Communicator>), and any optimizer with states_per_element() and
 // norm_rows() (fsdp::optim's).

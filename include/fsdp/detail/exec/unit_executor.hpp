@@ -2,11 +2,12 @@
 // The unit executor: runs the step program (fsdp/plan/detail/program.hpp) for the scheduler's decisions, on a backend
 // and a communicator. It decides nothing and describes no order of its own: it composes the parts that do the work,
 //
-//   detail/exec/unit_storage.hpp    each unit's layout, costs, offload facts and buffers; materialising, the export
-//   gather detail/exec/interpreter.hpp     the program's actions on the backend and the communicator (the step itself)
-//   detail/exec/groups.hpp          the world, shard and replicate communicators
-//   detail/exec/diagnostics.hpp     memory errors that name the unit; model_options::check_collectives
-//   plan/detail/program.hpp         the one description of the order, which the planners read too
+//   detail/exec/unit_storage.hpp  each unit's layout, costs, offload facts and buffers; materialising, the export
+//                                 gather
+//   detail/exec/interpreter.hpp   the program's actions on the backend and the communicator (the step itself)
+//   detail/exec/groups.hpp        the world, shard and replicate communicators
+//   detail/exec/diagnostics.hpp   memory errors that name the unit; model_options::check_collectives
+//   plan/detail/program.hpp       the one description of the order, which the planners read too
 //
 // and owns the backend (destroyed last) and the program's state (which slots units hold, the ledgers, no-sync
 // accumulators). Model hands it the scheduler's decisions (operator()), the bounds of each unit's compute, and the

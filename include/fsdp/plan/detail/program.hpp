@@ -5,12 +5,11 @@
 // optimizer's updates and host functions), trace stamps and the ends of the trainer's views. It is written once,
 // here, and three interpreters give the actions a meaning:
 //
-//   the unit executor (fsdp/detail/exec/interpreter.hpp)      the backend's memory, streams, events, kernels and
-//   copies,
-//                                                      the communicator's collectives: the step itself
-//   the memory planner (fsdp/plan/memory_plan.hpp)     a slot's bytes count from the take that makes it (or
-//                                                      makes it larger)
-//   the timeline planner (fsdp/plan/timeline.hpp)      streams advance through waits and work in modelled time
+//   the unit executor (fsdp/detail/exec/interpreter.hpp)  the backend's memory, streams, events, kernels and
+//                                                         copies, the communicator's collectives: the step itself
+//   the memory planner (fsdp/plan/memory_plan.hpp)        a slot's bytes count from the take that makes it (or
+//                                                         makes it larger)
+//   the timeline planner (fsdp/plan/timeline.hpp)         streams advance through waits and work in modelled time
 //
 // and a fourth writes it down as text (fsdp/plan/listing.hpp: one step, action by action, per stream).
 //
