@@ -7,6 +7,7 @@
 #include "fsdp/backend/cuda.cuh"
 #include "fsdp/comm/local_cuda.cuh"
 #include "fsdp/comm/nccl.cuh"
+#include "fsdp/comm/nccl_threads.cuh"
 #include "fsdp/cuda/device.cuh"
 #include "fsdp/cuda/error.cuh"
 #include "fsdp/cuda/kernels.cuh"

@@ -1,7 +1,10 @@
-// Launch environment and file rendezvous (comm/launch.hpp): the host-only part of comm::nccl's set-up.
+// Launch environment and file rendezvous (comm/launch.hpp): the host-only part of comm::nccl's set-up; and
+// comm::run_nccl_threads's decisions (comm/detail/nccl_world.hpp: ranks as threads of one process over NCCL) against a
+// fake NCCL.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <fsdp/comm/detail/nccl_world.hpp>
 #include <fsdp/comm/launch.hpp>
 
 #include <atomic>
@@ -9,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -338,4 +343,147 @@ TEST_CASE("file rendezvous: rank 0 waiting 600 ms for two late ranks reads their
   CHECK(zero.files_read() >= 2);
   CHECK(zero.files_read() <= 2 * 10);
   zero.remove();
+}
+
+// ---- comm::run_nccl_threads's decisions against a fake NCCL ------------------------------------------------------
+
+namespace {
+
+using fsdp_test::error_of;
+
+/// The fake NCCL and CUDA of run_nccl_world: a version, a device count, and unique ids counted as they are made.
+struct fake_world_api {
+  int nccl_version = 23007;
+  int devices = 1;
+  int ids_made = 0;
+  int version() const { return nccl_version; }
+  int device_count() const { return devices; }
+  int unique_id() { return 1000 + ids_made++; }
+};
+
+/// What each rank did, in the order it did it, with its thread.
+struct world_log {
+  std::mutex mu;
+  std::map<int, std::vector<std::string>> calls;  // by rank
+  std::map<int, std::vector<std::thread::id>> threads;
+  void add(int rank, std::string call) {
+    std::lock_guard lk(mu);
+    calls[rank].push_back(std::move(call));
+    threads[rank].push_back(std::this_thread::get_id());
+  }
+};
+
+/// A rank's communicator in the fake: made with its rank, world, device and id, ended (its "shutdown") when it goes.
+struct fake_rank_comm {
+  world_log* log;
+  int rank;
+  fake_rank_comm(world_log& l, int r, int world, int device, int id) : log(&l), rank(r) {
+    l.add(r, "init(rank " + std::to_string(r) + " of " + std::to_string(world) + ", device " + std::to_string(device) +
+                 ", id " + std::to_string(id) + ")");
+  }
+  fake_rank_comm(const fake_rank_comm&) = delete;
+  fake_rank_comm& operator=(const fake_rank_comm&) = delete;
+  ~fake_rank_comm() { log->add(rank, "shutdown"); }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "run_nccl_threads: one unique id for the world, each rank's communicator made, used and ended on its own "
+    "thread, the devices as given (four ranks on one GPU with NCCL 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)") {
+  fake_world_api api;
+  world_log log;
+  fsdp::comm::detail::run_nccl_world(
+      api, 4, {0}, "1", [&](int r, int world, int device, int id) { return fake_rank_comm(log, r, world, device, id); },
+      [&](fake_rank_comm& c) { log.add(c.rank, "fn"); });
+  CHECK(api.ids_made == 1);
+  REQUIRE(log.calls.size() == 4);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(log.calls[r] ==
+          std::vector<std::string>{"init(rank " + std::to_string(r) + " of 4, device 0, id 1000)", "fn", "shutdown"});
+    const auto& t = log.threads[r];
+    CHECK((t[0] == t[1] && t[1] == t[2]));      // one thread a rank, from its communicator's making to its end
+    CHECK(t[0] != std::this_thread::get_id());  // not the caller's
+  }
+  CHECK(log.threads[0][0] != log.threads[1][0]);
+
+  // Two GPUs, four ranks: rank r on devices[r % 2]; with no list, rank r on device r % the visible devices.
+  CHECK(fsdp::comm::detail::thread_rank_devices(4, {1, 0}, 2) == std::vector<int>{1, 0, 1, 0});
+  CHECK(fsdp::comm::detail::thread_rank_devices(3, {}, 8) == std::vector<int>{0, 1, 2});
+  CHECK(fsdp::comm::detail::thread_rank_devices(3, {}, 2) == std::vector<int>{0, 1, 0});
+}
+
+TEST_CASE(
+    "run_nccl_threads refuses, before any NCCL call, ranks sharing a GPU that the loaded NCCL cannot have, a "
+    "device that is not there and an empty world") {
+  world_log log;
+  const auto make = [&](int r, int world, int device, int id) { return fake_rank_comm(log, r, world, device, id); };
+  const auto fn = [](fake_rank_comm&) {};
+  fake_world_api old{22803, 1};
+  CHECK(error_of<fsdp::usage_error>([&] { fsdp::comm::detail::run_nccl_world(old, 2, {0}, "1", make, fn); }) ==
+        "fsdp: comm::nccl: ranks 0 and 1 are both on device 0: several ranks on one GPU need NCCL 2.30 or later (with "
+        "NCCL_MULTI_RANK_GPU_ENABLE=1), but this NCCL is 2.28.3, which refuses them; give each rank a device of its "
+        "own, or load NCCL 2.30 or later");
+  fake_world_api two_gpus{23007, 2};
+  CHECK(error_of<fsdp::usage_error>([&] { fsdp::comm::detail::run_nccl_world(two_gpus, 3, {}, nullptr, make, fn); }) ==
+        "fsdp: comm::nccl: ranks 0 and 2 are both on device 0: NCCL 2.30.7 allows several ranks on one GPU only with "
+        "NCCL_MULTI_RANK_GPU_ENABLE=1 (it is unset): set it before the first NCCL call, or give each rank a device of "
+        "its own");
+  CHECK(error_of<fsdp::usage_error>([&] { fsdp::comm::detail::run_nccl_world(two_gpus, 2, {0}, "0", make, fn); }) ==
+        "fsdp: comm::nccl: ranks 0 and 1 are both on device 0: NCCL 2.30.7 allows several ranks on one GPU only with "
+        "NCCL_MULTI_RANK_GPU_ENABLE=1 (it is '0'): set it before the first NCCL call, or give each rank a device of "
+        "its own");
+  CHECK(error_of<fsdp::usage_error>([&] { fsdp::comm::detail::run_nccl_world(two_gpus, 2, {0, 2}, "1", make, fn); }) ==
+        "fsdp: comm::run_nccl_threads: devices[1] is 2, but the visible devices are 0 to 1");
+  fake_world_api none{23007, 0};
+  CHECK(error_of<fsdp::usage_error>([&] { fsdp::comm::detail::run_nccl_world(none, 1, {}, nullptr, make, fn); }) ==
+        "fsdp: comm::run_nccl_threads: no CUDA device is visible (cudaGetDeviceCount found none)");
+  CHECK(error_of<fsdp::usage_error>([&] { fsdp::comm::detail::run_nccl_world(two_gpus, 0, {}, nullptr, make, fn); }) ==
+        "fsdp: comm::run_nccl_threads: a world of 0 ranks; at least 1");
+  CHECK(log.calls.empty());  // no communicator was made
+  CHECK(old.ids_made + two_gpus.ids_made + none.ids_made == 0);
+
+  // One rank a GPU needs neither the version nor the switch.
+  fake_world_api old_two_gpus{22803, 2};
+  fsdp::comm::detail::run_nccl_world(old_two_gpus, 2, {}, nullptr, make, fn);
+  fsdp::comm::detail::run_nccl_world(old_two_gpus, 2, {1, 0}, nullptr, make, fn);
+  CHECK(log.calls[0] == std::vector<std::string>{"init(rank 0 of 2, device 0, id 1000)", "shutdown",
+                                                 "init(rank 0 of 2, device 1, id 1001)", "shutdown"});
+  CHECK(log.calls[1] == std::vector<std::string>{"init(rank 1 of 2, device 1, id 1000)", "shutdown",
+                                                 "init(rank 1 of 2, device 0, id 1001)", "shutdown"});
+}
+
+TEST_CASE(
+    "run_nccl_threads: a rank whose communicator cannot be made is the error rethrown, once every rank has "
+    "ended; the others' communicators are ended on their threads") {
+  fake_world_api api{23007, 1};
+  world_log log;
+  std::atomic<bool> rank1_failed{false};
+  const std::string msg = error_of<fsdp::comm_error>([&] {
+    fsdp::comm::detail::run_nccl_world(
+        api, 3, {0}, "1",
+        [&](int r, int world, int device, int id) {
+          if (r == 1) {
+            rank1_failed = true;
+            throw fsdp::comm_error(
+                "NCCL reported ncclSystemError on rank 1 of 3 during ncclCommInitRankConfig for "
+                "communicator set-up");
+          }
+          return fake_rank_comm(log, r, world, device, id);
+        },
+        [&](fake_rank_comm& c) {
+          // The survivors see the failure only at their timeout: here, a collective that fails well after rank 1's
+          // set-up did
+          while (!rank1_failed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          throw fsdp::comm_error("all_reduce on rank " + std::to_string(c.rank) +
+                                 " did not complete within its timeout");
+        });
+  });
+  CHECK(msg ==
+        "fsdp: NCCL reported ncclSystemError on rank 1 of 3 during ncclCommInitRankConfig for communicator "
+        "set-up");
+  CHECK(log.calls[0] == std::vector<std::string>{"init(rank 0 of 3, device 0, id 1000)", "shutdown"});
+  CHECK(log.calls[2] == std::vector<std::string>{"init(rank 2 of 3, device 0, id 1000)", "shutdown"});
+  CHECK(log.calls.count(1) == 0);
 }

@@ -727,6 +727,39 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   check_same(gq.params, hq.params);
 }
 
+TEST_CASE(
+    "comm::run_nccl_threads: two NCCL ranks as threads on one GPU (NCCL 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1) "
+    "train as run_local's two host ranks, bit for bit") {
+  // Where the loaded NCCL cannot put two ranks on one GPU (before 2.30, or without the switch) the case is skipped
+  // and says why: tools/gpu-check loads NCCL 2.30 and sets the switch.
+  const std::string refusal = fsdp::comm::detail::multi_rank_gpu_refusal(
+      fsdp::comm::nccl_api{}.version(), std::getenv("NCCL_MULTI_RANK_GPU_ENABLE"), 0, 1, 0);
+  if (!refusal.empty()) {
+    const std::string line = "skipped: " + refusal;
+    std::printf("%s\n", line.c_str());
+    MESSAGE(line);
+    fsdp_test::gpu_cases.skipped();
+    return;
+  }
+  FSDP_REQUIRE_GPU();
+  using P = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::backward_pre<1>, fsdp::precision::full,
+                         fsdp::comm::nccl>;
+  fsdp::comm::nccl_threads_options o;
+  o.devices = {0};
+  o.nccl.timeout = fsdp_test::wait_limit;
+  std::vector<run_result> gpu(2), host(2);
+  fsdp::comm::run_nccl_threads(
+      2, [&](fsdp::comm::nccl_communicator& c) { gpu[static_cast<std::size_t>(c.rank())] = train<P>(c, true); }, o);
+  fsdp::comm::run_local(2, [&](fsdp::comm::local_communicator& c) {
+    host[static_cast<std::size_t>(c.rank())] =
+        train<host_policy<fsdp::sharding::full_shard, fsdp::prefetch::backward_pre<1>>>(c, true);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {  // a sum of two is the same in any order: the bits are promised
+    check_same(gpu[r].params, host[r].params);
+    CHECK(gpu[r].memory.peak == gpu[r].planned);
+  }
+}
+
 TEST_CASE("comm::nccl at world size 1: a split group of the one rank (ncclCommSplit), then hybrid sharding over it") {
   // A world of its own: on the H200 with NCCL 2.28.3 the split failed (ncclInternalError, no communicator) and
   // aborted its world, which the case above no longer shares. tools/gpu-check's split probe asks NCCL alone.

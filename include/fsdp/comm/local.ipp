@@ -1,15 +1,12 @@
 #pragma once
 // comm::local's definitions (fsdp/comm/local.hpp): included by that header, or compiled once by fsdp/src.hpp under
 // FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
-#include <exception>
-#include <mutex>
-#include <new>
+#include <cstdint>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "fsdp/comm/detail/thread_ranks.hpp"
 #include "fsdp/comm/local.hpp"
 
 namespace fsdp::comm {
@@ -75,61 +72,14 @@ FSDP_DECL void local_communicator::issue(const detail::op_desc& d, const void* s
 }
 
 namespace detail {
-/// The reason a rank's failure aborts its group with. Never throws: where memory for the sentence ran out, a
-/// shorter one that needs none.
-inline std::string rank_failure(int r, const char* what) noexcept {
-  try {
-    return "rank " + std::to_string(r) + " failed: " + what;
-  } catch (const std::bad_alloc&) {
-    return "out of memory";  // short enough for the string's own storage: no allocation
-  }
-}
-
 FSDP_DECL void run_ranks(int world, const std::shared_ptr<local_group>& group, const std::function<void(int)>& rank,
                          int from) {
-  std::mutex mu;
-  std::exception_ptr first;
-  bool first_is_abort = true;
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(world));
-  // What stops the started ranks when another cannot start, made while memory is had: the abort needs no more.
-  const std::string not_started = "a rank's thread could not start: the world is stopped";
-  for (int r = from; r < from + world; ++r) {
-    try {
-      threads.emplace_back([&, r] {
-        try {
-          rank(r);
-          group->rank_returned(r);  // anything still waiting for this rank fails now, naming it
-        } catch (const std::exception& e) {
-          const bool aborted_before = group->aborted();
-          group->abort(rank_failure(r, e.what()));
-          group->rank_returned(r);  // a failed rank, as one that returns: the survivors' shrink() leaves it out
-          std::lock_guard lk(mu);
-          // Prefer the root cause over errors of ranks that only saw the abort.
-          if (!first || (first_is_abort && !aborted_before)) {
-            first = std::current_exception();
-            first_is_abort = aborted_before;
-          }
-        } catch (...) {
-          group->abort(rank_failure(r, "a non-standard exception"));
-          group->rank_returned(r);
-          std::lock_guard lk(mu);
-          if (!first) first = std::current_exception();
-        }
-      });
-    } catch (const std::exception& e) {
-      // No thread for rank r: the system refused one (std::system_error), or memory for its state ran out
-      // (std::bad_alloc). Stop the ranks started and join them (their stacks are given back), then say why.
-      group->abort(not_started);
-      for (auto& t : threads) t.join();
-      throw comm_error(fsdp::detail::cat(
-          "could not start the thread of rank ", r, " of ", group->size(), " (", e.what(), "); the ", r - from,
-          " rank(s) already started were stopped. Lower the world size or raise the process's thread or address-space "
-          "limit (ulimit -u / -v)"));
-    }
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  thread_ranks_hooks hooks;
+  hooks.size = group->size();
+  hooks.stop = [&](const std::string& reason) { group->abort(reason); };
+  hooks.stopped = [&] { return group->aborted(); };
+  hooks.returned = [&](int r) { group->rank_returned(r); };
+  run_thread_ranks(world, from, rank, hooks);
 }
 }  // namespace detail
 

@@ -1,8 +1,8 @@
 #pragma once
 // comm::nccl's version gates, each one decision over NCCL_VERSION_CODE (and the environment it reads): whether
-// nccl_channels::per_stream, nccl_failure::revoke with shrink(), and growing a communicator can be used with the
-// NCCL a program runs with, and the refusal that says why not. nccl_core (nccl_logic.hpp) and comm::nccl
-// (nccl.cuh) ask these; tests/comm/nccl_logic_test.cc holds each to its versions. Host-only.
+// nccl_channels::per_stream, nccl_failure::revoke with shrink(), growing a communicator, and several ranks on one
+// GPU can be used with the NCCL a program runs with, and the refusal that says why not. nccl_core (nccl_logic.hpp) and
+// comm::nccl (nccl.cuh) ask these; tests/comm/nccl_logic_test.cc holds each to its versions. Host-only.
 #include <string>
 #include <string_view>
 
@@ -55,6 +55,27 @@ inline std::string grow_refusal(int version_code) {
   return fsdp::detail::cat("comm::nccl: growing a communicator (ncclCommGrow, in this NCCL ",
                            nccl_version_name(version_code),
                            ") is not built yet: replacements join at a restart of every rank from the last checkpoint");
+}
+
+/// Why ranks `a` and `b` cannot share device `device` in one NCCL world with NCCL `version_code` and this value of
+/// $NCCL_MULTI_RANK_GPU_ENABLE (null: unset); empty when they can. NCCL up to 2.29 refuses several ranks on one GPU
+/// ("Duplicate GPU detected"); 2.30 allows it only with NCCL_MULTI_RANK_GPU_ENABLE=1. Such a world proves
+/// correctness, not speed: its ranks share the GPU's SMs and memory bandwidth.
+inline std::string multi_rank_gpu_refusal(int version_code, const char* multi_rank_gpu_enable, int a, int b,
+                                          int device) {
+  if (version_code < 23000)
+    return fsdp::detail::cat("comm::nccl: ranks ", a, " and ", b, " are both on device ", device,
+                             ": several ranks on one GPU need NCCL 2.30 or later (with NCCL_MULTI_RANK_GPU_ENABLE=1), "
+                             "but this NCCL is ",
+                             nccl_version_name(version_code),
+                             ", which refuses them; give each rank a device of its own, or load NCCL 2.30 or later");
+  if (!multi_rank_gpu_enable || std::string_view(multi_rank_gpu_enable) != "1")
+    return fsdp::detail::cat(
+        "comm::nccl: ranks ", a, " and ", b, " are both on device ", device, ": NCCL ", nccl_version_name(version_code),
+        " allows several ranks on one GPU only with NCCL_MULTI_RANK_GPU_ENABLE=1 (it is ",
+        multi_rank_gpu_enable ? fsdp::detail::cat("'", multi_rank_gpu_enable, "'") : std::string("unset"),
+        "): set it before the first NCCL call, or give each rank a device of its own");
+  return {};
 }
 
 }  // namespace fsdp::comm::detail
