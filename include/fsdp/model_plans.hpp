@@ -29,7 +29,7 @@ namespace fsdp {
 /// An optimizer as the plans read it: the fp32 values it keeps per parameter element and its gradient inspection
 /// rows (0 without inspection).
 template <class O>
-concept planned_optimizer = requires(const O& o) {
+concept PlannedOptimizer = requires(const O& o) {
   { o.states_per_element() } -> std::convertible_to<int>;
   { o.norm_rows() } -> std::convertible_to<int>;
 };
@@ -51,7 +51,7 @@ memory_plan plan_memory(const model_core<B, C>& model, int optimizer_states, int
 }
 
 /// The plan with an optimizer's state and gradient inspection.
-template <class B, class C, planned_optimizer Optimizer>
+template <class B, class C, PlannedOptimizer Optimizer>
 memory_plan plan_memory(const model_core<B, C>& model, const Optimizer& opt) {
   return plan_memory(model, opt.states_per_element(), opt.norm_rows());
 }
@@ -89,7 +89,7 @@ step_listing list_step(const model_core<B, C>& model, const Optimizer& opt) {
 /// This rank's row of fsdp::memory_table: the model's measured peak (Model::memory().peak), the plan's
 /// (plan_memory(model, opt).peak, with the optimizer's state and inspection rows), and what the plan leaves out under
 /// the model's debug options (model_options::check_collectives' comparison scratch).
-template <class B, class C, planned_optimizer Optimizer>
+template <class B, class C, PlannedOptimizer Optimizer>
 rank_memory memory_row(model_core<B, C>& model, const Optimizer& opt) {
   const std::int64_t scratch =
       model.options().check_collectives ? agree::agreement_scratch_bytes(model.comm().size()) : 0;
