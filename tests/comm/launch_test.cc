@@ -354,10 +354,12 @@ using fsdp_test::error_of;
 /// The fake NCCL and CUDA of run_nccl_world: a version, a device count, and unique ids counted as they are made.
 struct fake_world_api {
   int nccl_version = 23007;
-  int devices = 1;
+  int device_count = 1;
   int ids_made = 0;
   int version() const { return nccl_version; }
-  int device_count() const { return devices; }
+  fsdp::comm::detail::visible_devices devices() const {
+    return {device_count, device_count > 0 ? "" : "cudaGetDeviceCount reported 0 devices"};
+  }
   int unique_id() { return 1000 + ids_made++; }
 };
 
@@ -408,9 +410,9 @@ TEST_CASE(
   CHECK(log.threads[0][0] != log.threads[1][0]);
 
   // Two GPUs, four ranks: rank r on devices[r % 2]; with no list, rank r on device r % the visible devices.
-  CHECK(fsdp::comm::detail::thread_rank_devices(4, {1, 0}, 2) == std::vector<int>{1, 0, 1, 0});
-  CHECK(fsdp::comm::detail::thread_rank_devices(3, {}, 8) == std::vector<int>{0, 1, 2});
-  CHECK(fsdp::comm::detail::thread_rank_devices(3, {}, 2) == std::vector<int>{0, 1, 0});
+  CHECK(fsdp::comm::detail::thread_rank_devices(4, {1, 0}, {2, ""}) == std::vector<int>{1, 0, 1, 0});
+  CHECK(fsdp::comm::detail::thread_rank_devices(3, {}, {8, ""}) == std::vector<int>{0, 1, 2});
+  CHECK(fsdp::comm::detail::thread_rank_devices(3, {}, {2, ""}) == std::vector<int>{0, 1, 0});
 }
 
 TEST_CASE(
@@ -437,7 +439,7 @@ TEST_CASE(
         "fsdp: comm::run_nccl_threads: devices[1] is 2, but the visible devices are 0 to 1");
   fake_world_api none{23007, 0};
   CHECK(error_of<fsdp::usage_error>([&] { fsdp::comm::detail::run_nccl_world(none, 1, {}, nullptr, make, fn); }) ==
-        "fsdp: comm::run_nccl_threads: no CUDA device is visible (cudaGetDeviceCount found none)");
+        "fsdp: comm::run_nccl_threads: no CUDA device is visible (cudaGetDeviceCount reported 0 devices)");
   CHECK(error_of<fsdp::usage_error>([&] { fsdp::comm::detail::run_nccl_world(two_gpus, 0, {}, nullptr, make, fn); }) ==
         "fsdp: comm::run_nccl_threads: a world of 0 ranks; at least 1");
   CHECK(log.calls.empty());  // no communicator was made

@@ -18,6 +18,7 @@
 
 #include "fsdp/comm/detail/nccl_world.hpp"
 #include "fsdp/comm/nccl.cuh"
+#include "fsdp/cuda/device.cuh"
 #include "fsdp/cuda/error.cuh"
 
 namespace fsdp::comm {
@@ -33,15 +34,9 @@ namespace detail {
 /// The NCCL and CUDA calls of run_nccl_world (nccl_world.hpp).
 struct nccl_world_api {
   int version() const { return nccl_api{}.version(); }
-  int device_count() const {
-    int n = 0;
-    const cudaError_t rc = cudaGetDeviceCount(&n);
-    if (rc == cudaErrorNoDevice || rc == cudaErrorInsufficientDriver) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    FSDP_CUDA_CHECK(rc);
-    return n;
+  visible_devices devices() const {
+    const fsdp::cuda::device_probe p = fsdp::cuda::device_status();
+    return {p.count, p.reason};
   }
   ncclUniqueId unique_id() const {
     ncclUniqueId id{};

@@ -8,7 +8,8 @@
 //
 // What Api provides (nccl_threads.cuh's nccl_world_api is the production one):
 //   int version()          ncclGetVersion: the loaded library's NCCL_VERSION_CODE
-//   int device_count()     cudaGetDeviceCount (0 where there is no device or driver)
+//   visible_devices devices()  how many CUDA devices are visible, and why none where none is
+//                              (cuda::device_status: cudaGetDeviceCount)
 //   unique_id()            ncclGetUniqueId, once per world (throws when it fails)
 #include <cstddef>
 #include <string>
@@ -21,13 +22,19 @@
 
 namespace fsdp::comm::detail {
 
-/// The device of each of `world` thread ranks: devices[r % devices.size()], or r % `visible` when `devices` is empty
-/// (one rank a device while there are enough). A usage_error for a world under 1, no visible device, or a device
-/// outside [0, visible).
-inline std::vector<int> thread_rank_devices(int world, const std::vector<int>& devices, int visible) {
+/// The CUDA devices a process sees: how many, and why none where there is none.
+struct visible_devices {
+  int count = 0;
+  std::string reason;  ///< empty when count > 0
+};
+
+/// The device of each of `world` thread ranks: devices[r % devices.size()], or r % the visible count when `devices`
+/// is empty (one rank a device while there are enough). A usage_error for a world under 1, no visible device (with
+/// the reason), or a device outside [0, count).
+inline std::vector<int> thread_rank_devices(int world, const std::vector<int>& devices, const visible_devices& seen) {
+  const int visible = seen.count;
   if (world < 1) fsdp::detail::fail_usage("comm::run_nccl_threads: a world of ", world, " ranks; at least 1");
-  if (visible < 1)
-    fsdp::detail::fail_usage("comm::run_nccl_threads: no CUDA device is visible (cudaGetDeviceCount found none)");
+  if (visible < 1) fsdp::detail::fail_usage("comm::run_nccl_threads: no CUDA device is visible (", seen.reason, ")");
   for (std::size_t i = 0; i < devices.size(); ++i)
     if (devices[i] < 0 || devices[i] >= visible)
       fsdp::detail::fail_usage("comm::run_nccl_threads: devices[", i, "] is ", devices[i],
@@ -57,7 +64,7 @@ inline std::pair<int, int> first_shared_device(const std::vector<int>& device) {
 template <class Api, class Make, class F>
 void run_nccl_world(Api& api, int world, const std::vector<int>& devices, const char* multi_rank_gpu_enable,
                     Make&& make, F&& fn) {
-  const std::vector<int> device = thread_rank_devices(world, devices, api.device_count());
+  const std::vector<int> device = thread_rank_devices(world, devices, api.devices());
   if (const auto [a, b] = first_shared_device(device); a >= 0)
     if (const std::string why =
             multi_rank_gpu_refusal(api.version(), multi_rank_gpu_enable, a, b, device[static_cast<std::size_t>(a)]);
