@@ -63,7 +63,8 @@ def _name(rule):
     return rule["name"]
 
 def unity_tests():
-    """One cc_test for the host tests of this package that agree on tags, copts and library, called last in a BUILD.
+    """One cc_test for the host tests of this package that agree on tags, copts, library (separate or header-only) and
+    group (host_test's `unity`), called last in a BUILD.
 
     The test files are one translation unit (bazel/unity_source.sh: each file in a namespace of its own, its lines
     numbered as in the source), so what they share is parsed and instantiated once: the unity test of tests/model
@@ -79,7 +80,8 @@ def unity_tests():
         if rule["kind"] != "cc_test" or _MEMBER not in rule["tags"]:
             continue
         tags = sorted([t for t in rule["tags"] if t not in ("manual", _MEMBER)])
-        key = "|".join(tags) + "#" + " ".join(rule["copts"])  # the group's tag among them
+        library = [d for d in rule["deps"] if _label(package, d) in ("//:fsdp", "//:fsdp_separate")]
+        key = "|".join(tags) + "#" + " ".join(rule["copts"]) + "#" + " ".join(library)  # the group's tag among tags
         if key not in groups:
             groups[key] = []
             order.append(key)
@@ -92,11 +94,11 @@ def unity_tests():
         group = [t[len(_GROUP):] for t in members[0]["tags"] if t.startswith(_GROUP)]
         name = "_".join([base] + group + tags + ["tests"])
         if name in names:
-            fail("unity_tests: two groups of //%s would both be named %s (their copts differ): give one unity = False" %
-                 (package, name))
+            fail(("unity_tests: two groups of //%s would both be named %s (their copts or library differ): " +
+                  "give one of them host_test's `unity = \"GROUP\"`") % (package, name))
         names[name] = True
         if len(members) == 1:  # nothing to share: the test itself, as `bazel test //...` expands a suite
-            native.test_suite(name = name, tests = [":" + members[0]["name"]], tags = tags)
+            native.test_suite(name = name, tests = [":" + members[0]["name"]])
             continue
         sources, others, deps, data = [], [], [], []
         size = 0
