@@ -8,7 +8,7 @@
 // launchers (comm::nccl::from_env under torchrun or srun, comm::nccl_from_mpi under mpirun).
 //
 // Compiled by tools/header-check and the CUDA tests' build; its decisions (devices, the version gate, one id, the
-// ranks' threads) are tested against a fake NCCL (tests/comm/nccl_logic_test.cc). Not yet run on a GPU.
+// ranks' threads) are tested against a fake NCCL (tests/comm/launch_test.cc). Not yet run on a GPU.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 

@@ -2,7 +2,8 @@
 // comm::nccl's version gates, each one decision over NCCL_VERSION_CODE (and the environment it reads): whether
 // nccl_channels::per_stream, nccl_failure::revoke with shrink(), growing a communicator, and several ranks on one
 // GPU can be used with the NCCL a program runs with, and the refusal that says why not. nccl_core (nccl_logic.hpp) and
-// comm::nccl (nccl.cuh) ask these; tests/comm/nccl_logic_test.cc holds each to its versions. Host-only.
+// comm::nccl (nccl.cuh) ask these; tests/comm/nccl_logic_test.cc holds each to its versions
+// (tests/comm/launch_test.cc the multi-rank one). Host-only.
 #include <string>
 #include <string_view>
 

@@ -1,6 +1,6 @@
 #pragma once
 // comm::run_nccl_threads's decisions (nccl_threads.cuh), made over an "API" as nccl_core's are, so that the host
-// tests (tests/comm/nccl_logic_test.cc) run them against a fake: which device each rank is on, whether ranks may
+// tests (tests/comm/launch_test.cc) run them against a fake: which device each rank is on, whether ranks may
 // share a device with the NCCL loaded (nccl_versions.hpp), one unique id made once and handed to every rank in
 // memory, each rank's communicator made on its own thread (NCCL's set-up is collective: every rank's must be under
 // way at once) and ended there after the rank's function, the ranks run as run_local runs them
