@@ -2,7 +2,8 @@
 # unity_source.sh OUT FILE...: one translation unit of the test files FILE... (tests/defs.bzl's unity_tests).
 #
 # The includes at the head of every file (before its first line of code), each once and in the order first seen,
-# with DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN defined before them where a file defines it; then each file whole, inside a
+# with DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN defined before them where a file defines it (any other #define there is
+# refused, naming the file and line); then each file whole, inside a
 # namespace of its own (unity_<file name>) and after a #line directive, so that its names do not meet another
 # file's and the compiler and doctest name the file and line as they are in the source. Every header the project
 # includes is guarded, so a file's own #include lines, met again inside its namespace, include nothing.
@@ -14,12 +15,19 @@ shift
   main='#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN'
   if grep -qx "${main}" "$@"; then echo "${main}"; fi
   # The head of a file: blank lines, comments and preprocessor lines up to the first other line.
-  awk 'FNR == 1 { head = 1 }
+  # A #define there other than doctest's main would no longer come before the includes hoisted above it: refused.
+  awk -v main="${main}" 'FNR == 1 { head = 1 }
        head && /^[[:space:]]*$/ { next }
        head && /^[[:space:]]*\/\// { next }
        head && /^#include / { if (!seen[$0]++) print; next }
+       head && /^#define / && $0 != main {
+         print "unity_source.sh: " FILENAME ":" FNR ": \"" $0 "\" before its includes: give the test unity = False" \
+           > "/dev/stderr"
+         bad = 1
+       }
        head && /^#(define|pragma) / { next }
-       { head = 0 }' "$@"
+       { head = 0 }
+       END { exit bad }' "$@"
   for f in "$@"; do
     stem="${f##*/}"
     stem="${stem%.*}"
