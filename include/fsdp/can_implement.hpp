@@ -61,7 +61,7 @@ struct model_blueprint {
   ModelSpec spec;
   unit_index units;
   std::vector<FlatLayout> layouts;
-  std::optional<sched::config> schedule;
+  std::optional<detail::sched::config> schedule;
 };
 
 struct implementation_limits {

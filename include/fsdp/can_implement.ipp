@@ -114,11 +114,12 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
   const unit_index& units = out.blueprint.units;
 
   problems options;
-  const std::vector<std::size_t> order = sched::pass_cursor::declared_order(units, opt.forward_order, opt.record_order,
-                                                                            options);
+  const std::vector<std::size_t> order =
+      detail::sched::pass_cursor::declared_order(units, opt.forward_order, opt.record_order, options);
   const offload_facts policy_offload = shape.facts.offload;
-  sched::config cfg = sched::build_config(units, sf, shape.facts.prefetch, pf, opt, policy_offload, options);
-  const exec::reduce_facts division = exec::division_facts(opt.division, dp_world, options);
+  detail::sched::config cfg =
+      detail::sched::build_config(units, sf, shape.facts.prefetch, pf, opt, policy_offload, options);
+  const detail::exec::reduce_facts division = detail::exec::division_facts(opt.division, dp_world, options);
   refuse("options", options);
   if (!shape.offload_backend)
     for (std::size_t u = 0; u < units.size(); ++u)

@@ -37,15 +37,15 @@
 
 /// The model_core of a policy, and the executor's classes over its backend and communicator.
 #define FSDP_DETAIL_MODEL_CORE(...) fsdp::model_core<__VA_ARGS__::backend_type, __VA_ARGS__::communicator>
-#define FSDP_DETAIL_MODEL_CLASSES(how, ...)                                                              \
-  how class FSDP_DETAIL_MODEL_CORE(__VA_ARGS__);                                                          \
-  how class fsdp::exec::unit_executor<__VA_ARGS__::backend_type, __VA_ARGS__::communicator>;              \
-  how class fsdp::exec::interpreter<__VA_ARGS__::backend_type, __VA_ARGS__::communicator>;                \
-  how class fsdp::exec::transfers<__VA_ARGS__::backend_type, __VA_ARGS__::communicator>;                  \
-  how class fsdp::optim::detail::shard_optimizer<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>;                    \
-  how class fsdp::optim::elementwise<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>;                                \
-  how class fsdp::optim::sgd<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>;                                        \
-  how class fsdp::optim::adamw<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>;                                      \
+#define FSDP_DETAIL_MODEL_CLASSES(how, ...)                                                          \
+  how class FSDP_DETAIL_MODEL_CORE(__VA_ARGS__);                                                     \
+  how class fsdp::detail::exec::unit_executor<__VA_ARGS__::backend_type, __VA_ARGS__::communicator>; \
+  how class fsdp::detail::exec::interpreter<__VA_ARGS__::backend_type, __VA_ARGS__::communicator>;   \
+  how class fsdp::detail::exec::transfers<__VA_ARGS__::backend_type, __VA_ARGS__::communicator>;     \
+  how class fsdp::optim::detail::shard_optimizer<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>;               \
+  how class fsdp::optim::elementwise<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>;                           \
+  how class fsdp::optim::sgd<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>;                                   \
+  how class fsdp::optim::adamw<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>;                                 \
   how class fsdp::optim::lion<FSDP_DETAIL_MODEL_CORE(__VA_ARGS__)>
 
 /// Declares that the model_core of `Policy`, its executor and its optimizers are instantiated in another

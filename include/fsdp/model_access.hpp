@@ -57,7 +57,7 @@ struct model_access {
     return u.writable_grad();
   }
   template <class M>
-  static void step(M& m, exec::optimizer_work<typename M::backend_type>& work) {
+  static void step(M& m, detail::exec::optimizer_work<typename M::backend_type>& work) {
     m.step(work);
   }
   template <class M>
@@ -65,15 +65,16 @@ struct model_access {
     m.reserve_memory(optimizer_states, norm_rows);
   }
   template <class M, class F>
-  static void replace_shards(M& m, const char* what, F&& write, sched::restores r = sched::restores::nothing) {
+  static void replace_shards(M& m, const char* what, F&& write,
+                             detail::sched::restores r = detail::sched::restores::nothing) {
     m.replace_shards(what, std::forward<F>(write), r);
   }
   template <class M>
   static void require_between_steps(const M& m, const char* what) {
-    m.require_between_steps(what, sched::restores::nothing);
+    m.require_between_steps(what, detail::sched::restores::nothing);
   }
   template <class M>
-  static void require_restorable(const M& m, const char* what, sched::restores r) {
+  static void require_restorable(const M& m, const char* what, detail::sched::restores r) {
     m.require_between_steps(what, r);
   }
   template <class M>

@@ -153,7 +153,7 @@ class model_core {
   /// accumulated) since the last step; for an operation that overwrites what `r` says, a model that a failed load
   /// left torn is accepted when `r` restores all that was torn (pass_cursor::require_idle). `what` names the
   /// operation in the message ("a checkpoint save").
-  void require_between_steps(const char* what, sched::restores r) const {
+  void require_between_steps(const char* what, detail::sched::restores r) const {
     cursor_.require_idle(what, r);
     sched_.check_between_steps(what);
   }
@@ -179,7 +179,7 @@ class model_core {
   /// What unit u's buffers cost (category, dtype, elements).
   const plan::unit_costs& costs(std::size_t u) const { return exec_.costs(u); }
   /// The facts the scheduler decides from (policy and options, per unit).
-  const sched::config& schedule_config() const noexcept { return sched_.facts(); }
+  const detail::sched::config& schedule_config() const noexcept { return sched_.facts(); }
   /// The forward order by unit index (the wrapping order while a recorded order is still unknown).
   std::vector<std::size_t> forward_order() const {
     if (cursor_.order_known()) return cursor_.order();
@@ -209,7 +209,7 @@ class model_core {
   /// gathered again right after the update. Throws usage_error if
   /// a unit's gradient was not reduced since the last step (backward missing or unfinished, or micro-batches
   /// missing under no-sync).
-  void step(exec::optimizer_work<backend_type>& work);
+  void step(detail::exec::optimizer_work<backend_type>& work);
 
   /// Between optimizer steps: runs `write()`, which overwrites master shards (and optimizer state) on the compute
   /// stream, after every pending reduction and with every unit released (gathered copies would be stale); later
@@ -217,7 +217,7 @@ class model_core {
   /// `r`: a load that restores every master shard (and the optimizer's state) may repair a torn model
   /// (tear_shards, mend_shards).
   template <class F>
-  void replace_shards(const char* what, F&& write, sched::restores r = sched::restores::nothing) {
+  void replace_shards(const char* what, F&& write, detail::sched::restores r = detail::sched::restores::nothing) {
     require_between_steps(what, r);
     exec_.before_shards_replaced();  // reductions, host updates and copies back of offloaded masters and state
     sched_.before_step(executor());
@@ -233,7 +233,7 @@ class model_core {
   void mend_shards() noexcept { cursor_.mend(); }
   /// A checkpoint's step count (step_count()) replaces this model's, between steps.
   void restore_step_count(std::uint64_t step) {
-    require_between_steps("restore_step_count()", sched::restores::nothing);
+    require_between_steps("restore_step_count()", detail::sched::restores::nothing);
     sched_.restore_step(step);
   }
 
@@ -317,7 +317,7 @@ class model_core {
   }
 
   auto executor() {
-    return [this](sched::op o, std::size_t u, bool ahead) { exec_(o, u, ahead, cursor_.pass()); };
+    return [this](detail::sched::op o, std::size_t u, bool ahead) { exec_(o, u, ahead, cursor_.pass()); };
   }
 
   communicator* comm_;
@@ -329,9 +329,9 @@ class model_core {
   device_mesh mesh_;
   trace::stamper<backend_type> stamp_;
   built_units units_;
-  sched::pass_cursor cursor_;
-  sched::scheduler sched_;
-  exec::unit_executor<backend_type, communicator> exec_;
+  detail::sched::pass_cursor cursor_;
+  detail::sched::scheduler sched_;
+  detail::exec::unit_executor<backend_type, communicator> exec_;
   std::vector<basic_unit<backend_type>> units_view_;
   std::optional<std::uint64_t> unit_range_;  // the current unit's profiler range, while one is open
   plan::group_collectives connected_;         // what connect_collectives handed over so far, per group
@@ -368,8 +368,8 @@ model_core<B, C>::model_core(communicator& comm, init::rule default_init, const 
       sched_(units_.index, std::move(*bp.schedule)),
       exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
             plan::make_cost_facts(pf.precision, pf.strategy.shards_params, opt_.accumulation, pf.offload,
-                                  exec::division_facts(opt_.division, mesh_.data_parallel()).prescale != 1.0f),
-            exec::division_facts(opt_.division, mesh_.data_parallel()), sched_.facts().grad_slots, stamp_,
+                                  detail::exec::division_facts(opt_.division, mesh_.data_parallel()).prescale != 1.0f),
+            detail::exec::division_facts(opt_.division, mesh_.data_parallel()), sched_.facts().grad_slots, stamp_,
             opt_.check_collectives, sched_.facts().offload) {
   // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
   agree::require_agreement(comm, backend(),
@@ -475,10 +475,10 @@ void model_core<B, C>::connect_collectives(int norm_rows) {
 }
 
 template <class B, class C>
-void model_core<B, C>::step(exec::optimizer_work<backend_type>& work) {
+void model_core<B, C>::step(detail::exec::optimizer_work<backend_type>& work) {
   cursor_.require_idle("an optimizer step");
   sched_.check_step();
-  // plan::optimizer_phase's order; what fails from the inspection on fails the step: before the updates (an
+  // plan::detail::optimizer_phase's order; what fails from the inspection on fails the step: before the updates (an
   // inspection or commit whose all-reduce failed) nothing has changed yet; from the updates on they may be partly
   // applied (a retry would apply them twice), or applied but neither counted nor gathered again (ZeRO-1's
   // after_step)
@@ -509,7 +509,7 @@ void model_core<B, C>::step(exec::optimizer_work<backend_type>& work) {
 template <class B, class C>
 void model_core<B, C>::make_groups(bool replicas) {
   if constexpr (SplittableCollective<communicator>) {
-    exec::split_groups<communicator> g = exec::split_world(*comm_, mesh_, replicas);
+    detail::exec::split_groups<communicator> g = detail::exec::split_world(*comm_, mesh_, replicas);
     shard_comm_ = std::move(g.shard);
     replicate_comm_ = std::move(g.replicate);
     tensor_comm_ = std::move(g.tensor);
@@ -559,7 +559,7 @@ template <class B, class C>
 void model_core<B, C>::enter_current() {
   const pass_kind k = cursor_.pass();
   const std::size_t u = cursor_.current();
-  std::optional<sched::shortage> short_of;
+  std::optional<detail::sched::shortage> short_of;
   try {
     short_of = sched_.enter(k, cursor_.order(), cursor_.pos(), executor());
   } catch (const std::exception& e) {

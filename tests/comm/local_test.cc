@@ -674,7 +674,7 @@ TEST_CASE(
   fsdp::comm::run_local(
       8,
       [&](local_communicator& w) {
-        auto g = fsdp::exec::split_world(w, mesh, true);  // as a Model splits its communicator
+        auto g = fsdp::detail::exec::split_world(w, mesh, true);  // as a Model splits its communicator
         links[static_cast<std::size_t>(w.rank())] = {w.link(), g.shard->link(), g.replicate->link(), g.tensor->link()};
       },
       o);

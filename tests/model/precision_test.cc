@@ -414,7 +414,7 @@ float written_q(std::int64_t i, int rank, int mb) { return float((i * 37 + rank 
 /// into the shard times the post-division factor; once per reduction.
 template <class Q>
 std::vector<float> quantized_reference(const fsdp::FlatLayout& l, int world, int micro_batches, bool no_sync,
-                                       const fsdp::exec::reduce_facts& f, int B) {
+                                       const fsdp::detail::exec::reduce_facts& f, int B) {
   const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f : 127.0f;
   const std::size_t P = std::size_t(l.padded_numel());
   auto flat = [&](int rank, int mb) {
@@ -453,7 +453,7 @@ std::vector<float> quantized_reference(const fsdp::FlatLayout& l, int world, int
 template <class P, class Q>
 void check_quantized(int world, fsdp::model_options mo, int B) {
   std::atomic<std::size_t> inexact{0};
-  const fsdp::exec::reduce_facts f = fsdp::exec::division_facts(mo.division, world);
+  const fsdp::detail::exec::reduce_facts f = fsdp::detail::exec::division_facts(mo.division, world);
   const bool no_sync = mo.accumulation.sync == fsdp::grad_sync::last_micro_batch;
   run_ranks(world, [&](local_communicator& c) {
     fsdp::Model<P> m(c, five_units(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{}, mo);
@@ -645,14 +645,14 @@ TEST_CASE("the pre-division factor: picked as PyTorch FSDP picks it, or given; n
     const int ranks = entry.first;
     const float f = entry.second;
     CAPTURE(ranks);
-    const auto r = fsdp::exec::division_facts(pp, ranks);
+    const auto r = fsdp::detail::exec::division_facts(pp, ranks);
     CHECK(r.op == fsdp::reduce_op::sum);
     CHECK(r.prescale == 1.0f / f);
     CHECK(r.postscale == f / float(ranks));
   }
-  CHECK(fsdp::exec::division_facts({fsdp::grad_division::mode::average}, 8).op == fsdp::reduce_op::avg);
+  CHECK(fsdp::detail::exec::division_facts({fsdp::grad_division::mode::average}, 8).op == fsdp::reduce_op::avg);
   CHECK(error_of<fsdp::usage_error>([] {
-          fsdp::exec::division_facts({fsdp::grad_division::mode::pre_post, -1.0f}, 4);
+          fsdp::detail::exec::division_facts({fsdp::grad_division::mode::pre_post, -1.0f}, 4);
         }) == "fsdp: model_options::division.pre_factor must be > 0 (or 0 to pick it), got -1");
 }
 

@@ -26,8 +26,8 @@ fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::offload_fact
   fsdp::model_options opt;
   opt.reshard_after_forward["a"] = true;
   fsdp::memory_plan_inputs in;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
-                                          none, precision, opt, off);
+  in.schedule = fsdp::detail::sched::build_config(
+      fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4), none, precision, opt, off);
   in.costs = fsdp::plan::make_cost_facts(precision, true, opt.accumulation, off);
   in.optimizer_states = states;
   return in;
@@ -128,7 +128,7 @@ TEST_CASE("every unit's actions, each named; the first step's are not listed") {
   std::size_t a = 0, b = 0;
   std::vector<std::string> step;  // the step's own actions: its commit (the stamps mark times on the compute stream)
   for (const auto& x : l.actions) {
-    if (x.unit == fsdp::plan::step_program::npos) {
+    if (x.unit == fsdp::plan::detail::step_program::npos) {
       step.push_back(x.what);
       continue;
     }

@@ -31,8 +31,8 @@ fsdp::memory_plan_inputs inputs(const fsdp::planned_units& u, fsdp::prefetch_fac
                                 fsdp::offload_facts off = {}, fsdp::precision_facts precision = {}) {
   fsdp::memory_plan_inputs in;
   if (!opt.reshard_after_forward.contains(u.names.front())) opt.reshard_after_forward[u.names.front()] = true;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4), pf,
-                                          precision, opt, off);
+  in.schedule = fsdp::detail::sched::build_config(
+      fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4), pf, precision, opt, off);
   in.costs = fsdp::plan::make_cost_facts(precision, true, opt.accumulation, off);
   return in;
 }
@@ -84,8 +84,8 @@ TEST_CASE("one unit: gather, forward, gather again, backward, reduce; nothing ov
 TEST_CASE("one unit by default: the first unit of the forward pass is gathered once and kept into its backward") {
   const auto u = units_of({"u"});
   fsdp::memory_plan_inputs in = inputs(u, none);
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::full_shard>(4),
-                                          none, {}, {}, {});
+  in.schedule = fsdp::detail::sched::build_config(fsdp::unit_index(u.names),
+                                                  fsdp::facts_of<fsdp::sharding::full_shard>(4), none, {}, {}, {});
   // gather 0-1, forward 1-3, backward 3-6 (no second gather), reduce-scatter 6-7
   const auto tl = predict(u, in, timing(1, 2, 3));
   REQUIRE(tl.feasible());
@@ -192,8 +192,9 @@ TEST_CASE(
   // 4096 bytes x 2 x 3/4 = 6144 bytes at 3.072 MB/s, 2 ms. Forward 0-2, backward 2-5, all-reduce 5-7.
   const auto u = units_of({"u"}, 1);
   fsdp::memory_plan_inputs in;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<1>>(4),
-                                          none, fsdp::precision_facts{}, {}, {});
+  in.schedule =
+      fsdp::detail::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<1>>(4),
+                                        none, fsdp::precision_facts{}, {}, {});
   in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
   fsdp::time_model t = timing(1, 2, 3);
   t.replica_link = t.link;
@@ -555,8 +556,9 @@ TEST_CASE("serial collectives under hybrid sharding: the replicas' all-reduce an
   fsdp::memory_plan_inputs in;
   fsdp::model_options release_a;  // a too is released after its forward (as inputs() does)
   release_a.reshard_after_forward["a"] = true;
-  in.schedule = fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
-                                          next, fsdp::precision_facts{}, release_a, {});
+  in.schedule =
+      fsdp::detail::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
+                                        next, fsdp::precision_facts{}, release_a, {});
   in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
   fsdp::time_model t = timing(3, 0.5, 0.5);
   t.link.bytes_per_second = 2.048e6;
@@ -670,8 +672,8 @@ struct one_unit_on_nodes {
     fsdp::model_options release;
     release.reshard_after_forward["u"] = true;
     in.schedule =
-        fsdp::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4), none,
-                                  fsdp::precision_facts{}, release, {});
+        fsdp::detail::sched::build_config(fsdp::unit_index(u.names), fsdp::facts_of<fsdp::sharding::hybrid_shard<2>>(4),
+                                          none, fsdp::precision_facts{}, release, {});
     in.costs = fsdp::plan::make_cost_facts(fsdp::precision_facts{}, true, {}, {});
     place();
   }

@@ -333,7 +333,7 @@ TEST_CASE("bf16 compute and reduction: the same order of events as fp32 (the cas
 }
 
 TEST_CASE("slot_ledger: a use takes its last slot, else the smallest that holds it, else the largest made larger") {
-  using fsdp::sched::slot_ledger;
+  using fsdp::detail::sched::slot_ledger;
   auto text = [](slot_ledger::pick p) {
     return std::to_string(p.slot) + (p.fresh ? " made" : p.grows ? " made larger" : " reused");
   };
@@ -375,7 +375,7 @@ TEST_CASE("slot_ledger: a use takes its last slot, else the smallest that holds 
 }
 
 TEST_CASE("slot_ledger: with keep = 2 a second slot is made before one is reused, and equal ledgers pick alike") {
-  using fsdp::sched::slot_ledger;
+  using fsdp::detail::sched::slot_ledger;
   slot_ledger l(2);
   CHECK(l.take(100, 0).fresh);
   l.give(0);

@@ -225,8 +225,8 @@ static_assert(!fsdp::Backend<archetype::backend_t<false>>);
 // The archetype communicator over the archetype backend: with them the unit executor compiles completely (every
 // member instantiated below), so the concepts promise no less than the executor uses.
 static_assert(fsdp::CollectivePolicy<archetype::basic_communicator<archetype::backend_t<true>>>);
-template class fsdp::exec::unit_executor<archetype::backend_t<true>,
-                                         archetype::basic_communicator<archetype::backend_t<true>>>;
+template class fsdp::detail::exec::unit_executor<archetype::backend_t<true>,
+                                                 archetype::basic_communicator<archetype::backend_t<true>>>;
 static_assert(fsdp::Backend<fsdp::backend::host>);
 // Of the backend's optional hooks (fsdp/backend/concept.hpp), the host backend has done(event) alone; the least
 // backend none.

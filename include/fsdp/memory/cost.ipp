@@ -21,9 +21,13 @@ FSDP_DECL unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   // (fsdp/can_implement.hpp refuses such an alignment first, naming the option)
   auto require_blocks = [&](const char* what, int block) {
     if (S % block != 0)
-      detail::fail_usage("precision: ", what, " in blocks of ", block, " elements needs shards that are multiples of "
-                         "the block, but a unit's shard has ", S, " elements: set model_options::layout.align to a "
-                         "multiple of ", block, " (it is ", l.align(), ")");
+      fsdp::detail::fail_usage("precision: ", what, " in blocks of ", block,
+                               " elements needs shards that are multiples of "
+                               "the block, but a unit's shard has ",
+                               S,
+                               " elements: set model_options::layout.align to a "
+                               "multiple of ",
+                               block, " (it is ", l.align(), ")");
   };
   if (p.gather_block) {  // a scaled gather
     require_blocks("a gather scaled", p.gather_block);
@@ -43,8 +47,9 @@ FSDP_DECL unit_costs costs_of(const FlatLayout& l, const cost_facts& f) {
   c.download = {mem::comm_buffers, p.reduce, o.grads ? (f.shards_params ? S : P) : 0, domain::host};
   if (p.reduce_block) {  // quantized: an all_to_all of one slice per rank each way (kernels/quantize.hpp)
     if (!f.shards_params)
-      detail::fail_usage("precision: a reduction quantized in blocks goes through all_to_all into shards, and needs "
-                         "a sharding strategy that shards parameters");
+      fsdp::detail::fail_usage(
+          "precision: a reduction quantized in blocks goes through all_to_all into shards, and needs "
+          "a sharding strategy that shards parameters");
     require_blocks("a reduction quantized", p.reduce_block);
     c.reduce_block = p.reduce_block;
     const std::int64_t slices = l.world() * c.reduce_count();

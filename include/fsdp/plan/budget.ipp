@@ -18,7 +18,7 @@ FSDP_DECL memory_plan_inputs planner_inputs(const planned_units& u, const budget
   if (q.root_reshards && q.strategy.reshard_after_forward && !u.names.empty())
     opt.reshard_after_forward[u.names.front()] = true;
   memory_plan_inputs in;
-  in.schedule = sched::build_config(unit_index(u.names), q.strategy, pf, q.precision, opt, q.offload);
+  in.schedule = detail::sched::build_config(unit_index(u.names), q.strategy, pf, q.precision, opt, q.offload);
   in.costs = plan::make_cost_facts(q.precision, q.strategy.shards_params, q.accumulation, q.offload);
   in.optimizer_states = q.optimizer_states;
   in.norm_rows = q.norm_rows;

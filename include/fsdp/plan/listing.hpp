@@ -1,7 +1,7 @@
 #pragma once
 // The step program as text: a fourth reading of fsdp/plan/detail/program.hpp, for a trainer who wants to see what a
 // step does on which stream (debugging overlap: which wait holds a stream, where a slot is given back). It runs the
-// scheduler's own decisions through the program, as the planners do (plan::run_step: two steps, the second
+// scheduler's own decisions through the program, as the planners do (plan::detail::run_step: two steps, the second
 // listed, when every slot exists and every unit starts sharded), and writes each action down in issue order:
 //
 //   take <ring> slot <k> [(made)]      a slot taken on the lane; "made" when the slot is new (no wait for a give)
@@ -31,7 +31,7 @@ struct step_listing {
   struct action {
     std::size_t seq = 0;                         ///< issue order, from 1
     plan::lane lane = plan::lane::host;
-    std::size_t unit = plan::step_program::npos;  ///< npos: the step's, not a unit's
+    std::size_t unit = plan::detail::step_program::npos;  ///< npos: the step's, not a unit's
     std::string what;
   };
   std::vector<std::string> units;  ///< unit names, in unit-index order

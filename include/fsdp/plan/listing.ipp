@@ -13,11 +13,11 @@
 namespace fsdp {
 
 FSDP_DECL std::string step_listing::str(std::string_view unit) const {
-  std::size_t only = plan::step_program::npos;
+  std::size_t only = plan::detail::step_program::npos;
   if (!unit.empty()) {
     for (std::size_t u = 0; u < units.size(); ++u)
       if (units[u] == unit) only = u;
-    if (only == plan::step_program::npos) {
+    if (only == plan::detail::step_program::npos) {
       std::string known;
       for (const std::string& n : units) known += (known.empty() ? "" : ", ") + n;
       detail::fail_usage("step_listing: '", unit, "' is not a unit (units: ", known, ")");
@@ -38,7 +38,7 @@ FSDP_DECL std::string step_listing::str(std::string_view unit) const {
       if (!any) os << plan::name_of(a.lane) << "\n";
       any = true;
       os << "  " << a.seq << ". " << a.what;
-      if (unit.empty() && a.unit != plan::step_program::npos) os << "  [" << units[a.unit] << "]";
+      if (unit.empty() && a.unit != plan::detail::step_program::npos) os << "  [" << units[a.unit] << "]";
       os << "\n";
     }
   }
@@ -56,7 +56,7 @@ class listing_reading {
   /// Actions are written down only while on.
   void listing(bool on) { on_ = on; }
 
-  void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t u) {
+  void take(plan::lane l, plan::ring r, detail::sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t u) {
     note(l, u,
          "take " + std::string(plan::name_of(r)) + " slot " + std::to_string(p.slot) +
              (p.fresh   ? " (made)"
@@ -103,19 +103,19 @@ FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const st
   out.units = names;
   const detail::prepared p = detail::prepare(names, layouts, in, "step listing");
   const unit_index units(names);
-  sched::scheduler s(units, in.schedule);
+  detail::sched::scheduler s(units, in.schedule);
   const int group = layouts.empty() ? 1 : layouts[0].world();
   if (world < 0 || (world > 0 && world % group != 0))
     detail::fail_usage("step listing: a world of ", world, " ranks, which the shard group of ", group,
                        " ranks (the layouts') does not divide; give the data-parallel world size (0: not known)");
   const int replicas = world == 0 ? 0 : detail::replicas_of(world, layouts, in.costs);
-  plan::step_program prog(p.cost, p.offload, in.schedule.grad_slots, in.optimizer_states, replicas,
-                          in.costs.prescales);
+  plan::detail::step_program prog(p.cost, p.offload, in.schedule.grad_slots, in.optimizer_states, replicas,
+                                  in.costs.prescales);
   detail::listing_reading r(out.actions, replicas != 0);
   for (int step = 0; step < 2; ++step) {
     r.listing(step == 1);
     if (auto short_of =
-            plan::run_step(s, p.order, prog, r, [] {}, [] {}, plan::commits(in.commit_step, in.norm_rows))) {
+            plan::detail::run_step(s, p.order, prog, r, [] {}, [] {}, plan::commits(in.commit_step, in.norm_rows))) {
       out.infeasible = short_of->message(units);
       out.actions.clear();
       return out;

@@ -28,7 +28,7 @@
 namespace fsdp {
 
 struct memory_plan_inputs {
-  sched::config schedule;
+  detail::sched::config schedule;
   /// Forward order of the units (indices); empty = index order.
   std::vector<std::size_t> order;
   plan::cost_facts costs{};

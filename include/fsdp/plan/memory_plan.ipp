@@ -65,12 +65,12 @@ struct counter {
 /// passes count as link bytes.
 struct memory_reading {
   counter& m;
-  const plan::step_program& prog;
+  const plan::detail::step_program& prog;
   plan::link_bytes link;
   int gathered = 0, max_gathered = 0;
   std::vector<plan::buffer_cost> made[plan::rings];  // per ring and slot: what it was made as
 
-  void take(plan::lane, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost& each, std::size_t) {
+  void take(plan::lane, plan::ring r, detail::sched::slot_ledger::pick p, const plan::buffer_cost& each, std::size_t) {
     std::vector<plan::buffer_cost>& slots = made[static_cast<std::size_t>(r)];
     const auto i = static_cast<std::size_t>(p.slot);
     if (p.fresh) {
@@ -145,9 +145,9 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
   for (std::size_t u = 0; u < n; ++u) m.add(plan::optimizer_state_cost(layouts[u], in.optimizer_states, offload[u]));
   m.add(plan::decision_copy_cost(n, in.norm_rows));  // an inspecting optimizer's pinned copy of its decision
 
-  sched::scheduler s(units, in.schedule);
+  detail::sched::scheduler s(units, in.schedule);
   // Replicas not known (0): the replica all-reduce works in place, on no memory of its own.
-  plan::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, 0, in.costs.prescales);
+  plan::detail::step_program prog(cost, offload, in.schedule.grad_slots, in.optimizer_states, 0, in.costs.prescales);
   detail::memory_reading r{m, prog, {}, 0, 0, {}};
   // The second step starts from the state the first leaves (all sharded after a step's release), and every later
   // one as the second, but for the slots: the slot ledgers' state (slots, sizes, the order of slots given back)
@@ -155,11 +155,11 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
   // the first) left them in: from there the steps repeat ones already counted. A ledger's slots only grow, up to the
   // largest unit's buffer, so that comes within a few steps (most models: the second).
   auto ledgers = [&] {
-    std::vector<sched::slot_ledger> l;
+    std::vector<detail::sched::slot_ledger> l;
     for (std::size_t k = 0; k < plan::rings; ++k) l.push_back(prog.ledger(plan::ring(k)));
     return l;
   };
-  std::vector<std::vector<sched::slot_ledger>> seen;
+  std::vector<std::vector<detail::sched::slot_ledger>> seen;
   for (int step = 0;; ++step) {
     if (step >= 1) {  // the state the last step left
       seen.push_back(ledgers());
@@ -167,7 +167,7 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
     }
     r.link = {};
     const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
-    const auto short_of = plan::run_step(
+    const auto short_of = plan::detail::run_step(
         s, order, prog, r, [&] { m.add(norms); }, [&] { m.sub(norms); }, plan::commits(in.commit_step, in.norm_rows));
     if (short_of) {
       out.infeasible = short_of->message(units);

@@ -80,26 +80,28 @@ inline reshard_plan make_reshard_plan(const reshard_request& q) {
   const shard_grid& a = q.before;
   const shard_grid& b = q.after;
   if (a.replicas < 1 || a.shards < 1 || b.replicas < 1 || b.shards < 1)
-    detail::fail_usage("reshard: grids need at least one replica and one shard, got ", a.replicas, " x ", a.shards,
-                       " and ", b.replicas, " x ", b.shards);
+    fsdp::detail::fail_usage("reshard: grids need at least one replica and one shard, got ", a.replicas, " x ",
+                             a.shards, " and ", b.replicas, " x ", b.shards);
   if (q.unit_names.size() != q.unit_numel.size())
-    detail::fail_usage("reshard: ", q.unit_names.size(), " unit names for ", q.unit_numel.size(), " unit sizes");
+    fsdp::detail::fail_usage("reshard: ", q.unit_names.size(), " unit names for ", q.unit_numel.size(), " unit sizes");
   std::vector<char> alive(static_cast<std::size_t>(a.ranks()), 0);
   for (int r : q.survivors) {
     if (r < 0 || r >= a.ranks())
-      detail::fail_usage("reshard: survivor ", r, " is not a rank of the old ", a.replicas, " x ", a.shards, " grid");
-    if (alive[static_cast<std::size_t>(r)]) detail::fail_usage("reshard: survivor ", r, " is listed twice");
+      fsdp::detail::fail_usage("reshard: survivor ", r, " is not a rank of the old ", a.replicas, " x ", a.shards,
+                               " grid");
+    if (alive[static_cast<std::size_t>(r)]) fsdp::detail::fail_usage("reshard: survivor ", r, " is listed twice");
     alive[static_cast<std::size_t>(r)] = 1;
   }
   if (static_cast<int>(q.joins.size()) != b.ranks())
-    detail::fail_usage("reshard: the new ", b.replicas, " x ", b.shards, " grid has ", b.ranks(), " ranks, and ",
-                       q.joins.size(), " survivors join it");
+    fsdp::detail::fail_usage("reshard: the new ", b.replicas, " x ", b.shards, " grid has ", b.ranks(), " ranks, and ",
+                             q.joins.size(), " survivors join it");
   std::vector<char> joined(alive.size(), 0);
   for (int r : q.joins) {
     if (r == newcomer) continue;
     if (r < 0 || r >= a.ranks() || !alive[static_cast<std::size_t>(r)])
-      detail::fail_usage("reshard: old rank ", r, " joins the new grid but is not a survivor");
-    if (joined[static_cast<std::size_t>(r)]) detail::fail_usage("reshard: old rank ", r, " joins the new grid twice");
+      fsdp::detail::fail_usage("reshard: old rank ", r, " joins the new grid but is not a survivor");
+    if (joined[static_cast<std::size_t>(r)])
+      fsdp::detail::fail_usage("reshard: old rank ", r, " joins the new grid twice");
     joined[static_cast<std::size_t>(r)] = 1;
   }
   reshard_plan out;
@@ -121,13 +123,13 @@ inline reshard_plan make_reshard_plan(const reshard_request& q) {
         holders += (holders.empty() ? "" : ", ") + std::to_string(rank);
       }
       if (!held)
-        lost += detail::cat(lost.empty() ? "" : ", ", "[", first, ", ", last, ") of unit '", q.unit_names[u],
-                            "' (held by rank", a.replicas > 1 ? "s " : " ", holders, " only)");
+        lost += fsdp::detail::cat(lost.empty() ? "" : ", ", "[", first, ", ", last, ") of unit '", q.unit_names[u],
+                                  "' (held by rank", a.replicas > 1 ? "s " : " ", holders, " only)");
     }
   }
   if (!lost.empty())
-    detail::fail_usage("reshard: no survivor holds elements ", lost,
-                       ": no replica has them (load the last checkpoint)");
+    fsdp::detail::fail_usage("reshard: no survivor holds elements ", lost,
+                             ": no replica has them (load the last checkpoint)");
   for (int to = 0; to < b.ranks(); ++to) {
     const int self = q.joins[static_cast<std::size_t>(to)];
     for (std::size_t u = 0; u < q.unit_numel.size(); ++u) {
@@ -178,7 +180,7 @@ inline constexpr std::uint64_t not_committed = ~std::uint64_t{0};
 inline committed_state last_committed(shard_grid before, const std::vector<int>& survivors,
                                       const std::vector<std::uint64_t>& steps) {
   if (steps.size() != survivors.size())
-    detail::fail_usage("reshard: ", steps.size(), " step counts for ", survivors.size(), " survivors");
+    fsdp::detail::fail_usage("reshard: ", steps.size(), " step counts for ", survivors.size(), " survivors");
   std::vector<std::uint64_t> distinct;
   for (std::uint64_t s : steps)
     if (s != not_committed && std::find(distinct.begin(), distinct.end(), s) == distinct.end()) distinct.push_back(s);
@@ -194,22 +196,23 @@ inline committed_state last_committed(shard_grid before, const std::vector<int>&
       }
     std::string lacks;
     for (int k = 0; k < before.shards; ++k)
-      if (!has[static_cast<std::size_t>(k)]) lacks += detail::cat(lacks.empty() ? "" : ", ", k);
+      if (!has[static_cast<std::size_t>(k)]) lacks += fsdp::detail::cat(lacks.empty() ? "" : ", ", k);
     if (lacks.empty()) {
       std::sort(c.holders.begin(), c.holders.end());
       return c;
     }
     std::string who;
-    for (int r : c.holders) who += detail::cat(who.empty() ? "" : ", ", r);
-    seen += detail::cat(seen.empty() ? "" : "; ", "step ", s, " by rank", c.holders.size() > 1 ? "s " : " ", who,
-                        ", without shard", lacks.find(',') != std::string::npos ? "s " : " ", lacks);
+    for (int r : c.holders) who += fsdp::detail::cat(who.empty() ? "" : ", ", r);
+    seen += fsdp::detail::cat(seen.empty() ? "" : "; ", "step ", s, " by rank", c.holders.size() > 1 ? "s " : " ", who,
+                              ", without shard", lacks.find(',') != std::string::npos ? "s " : " ", lacks);
   }
   std::string torn;
   for (std::size_t i = 0; i < steps.size(); ++i)
-    if (steps[i] == not_committed) torn += detail::cat(torn.empty() ? "" : ", ", survivors[i]);
-  if (!torn.empty()) seen += detail::cat(seen.empty() ? "" : "; ", "rank(s) ", torn, " hold no completed step's state");
-  detail::fail_usage("reshard: no step's state is held whole by the survivors of the ", before.replicas, " x ",
-                     before.shards, " grid (", seen, "): load the last checkpoint");
+    if (steps[i] == not_committed) torn += fsdp::detail::cat(torn.empty() ? "" : ", ", survivors[i]);
+  if (!torn.empty())
+    seen += fsdp::detail::cat(seen.empty() ? "" : "; ", "rank(s) ", torn, " hold no completed step's state");
+  fsdp::detail::fail_usage("reshard: no step's state is held whole by the survivors of the ", before.replicas, " x ",
+                           before.shards, " grid (", seen, "): load the last checkpoint");
 }
 
 /// The plan as a table: a line per rank (old rank, its new rank or "leaves", elements and MiB sent and received for

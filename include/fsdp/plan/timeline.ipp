@@ -87,7 +87,7 @@ class time_reading {
     int node = -1;  ///< -1: none
   };
 
-  time_reading(const plan::step_program& prog, const time_model& tm, const std::vector<FlatLayout>& layouts,
+  time_reading(const plan::detail::step_program& prog, const time_model& tm, const std::vector<FlatLayout>& layouts,
                const plan::cost_facts& facts)
       : prog_(prog), tm_(tm), signal_(prog.size()) {
     const std::size_t n = prog.size();
@@ -155,7 +155,7 @@ class time_reading {
   }
 
   // ---- the interpreter ---------------------------------------------------------------------------------------
-  void take(plan::lane l, plan::ring r, sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t) {
+  void take(plan::lane l, plan::ring r, detail::sched::slot_ledger::pick p, const plan::buffer_cost&, std::size_t) {
     std::vector<at>& given = given_[static_cast<std::size_t>(r)];
     if (given.size() <= static_cast<std::size_t>(p.slot)) given.resize(static_cast<std::size_t>(p.slot) + 1);
     if (!p.fresh) advance(lane_of(l), given[static_cast<std::size_t>(p.slot)]);
@@ -206,10 +206,10 @@ class time_reading {
     e.seq = events_.size();
     e.what = k;
     e.pass = pass;
-    e.unit = u == plan::step_program::npos ? -1 : static_cast<int>(u);
+    e.unit = u == plan::detail::step_program::npos ? -1 : static_cast<int>(u);
     e.step = 1;
     e.ahead = ahead;
-    if (u != plan::step_program::npos) {
+    if (u != plan::detail::step_program::npos) {
       const plan::stamp_payload p = plan::payload_of(k, prog_.costs(u), reduction_);
       e.bytes = p.bytes;
       e.coll = p.coll;
@@ -277,7 +277,7 @@ class time_reading {
       begin = link_.t;
       pred = link_.node;
     }
-    nodes_.push_back({l, plan::job::commit, plan::step_program::npos, pass_kind::none, begin, begin + d, pred});
+    nodes_.push_back({l, plan::job::commit, plan::detail::step_program::npos, pass_kind::none, begin, begin + d, pred});
     commit_ns_ = d;
     a = {begin + d, static_cast<int>(nodes_.size()) - 1};
     if (tm_.serial_collectives) link_ = a;
@@ -292,7 +292,7 @@ class time_reading {
     if (b.t > a.t) a = b;
   }
 
-  const plan::step_program& prog_;
+  const plan::detail::step_program& prog_;
   const time_model& tm_;
   int shard_group_ = 1;
   bool shards_ = true;
@@ -373,14 +373,15 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
     if (l->bytes_per_second > 0) detail::checked_ns(2.0 * double(largest) / l->bytes_per_second * 1e9, "a collective");
 
   const unit_index units(names);
-  sched::scheduler s(units, in.schedule);
-  plan::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states,
-                          detail::replicas_of(t.world, layouts, in.costs), in.costs.prescales);
+  detail::sched::scheduler s(units, in.schedule);
+  plan::detail::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states,
+                                  detail::replicas_of(t.world, layouts, in.costs), in.costs.prescales);
   detail::time_reading r(prog, t, layouts, in.costs);
   detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {
     r.begin_step(step == 1);
-    if (auto short_of = plan::run_step(s, order, prog, r, [] {}, [] {}, plan::commits(in.commit_step, in.norm_rows))) {
+    if (auto short_of =
+            plan::detail::run_step(s, order, prog, r, [] {}, [] {}, plan::commits(in.commit_step, in.norm_rows))) {
       out.infeasible = short_of->message(units);
       return out;
     }

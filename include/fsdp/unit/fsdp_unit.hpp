@@ -33,8 +33,8 @@ class basic_unit {
   using backend_type = Backend;
 
   /// Made by Model, one per unit; `sched` and `bufs` must outlive the view.
-  basic_unit(std::size_t index, const FlatLayout& layout, int shard_rank, const sched::scheduler& sched,
-             const unit_buffers<Backend>& bufs)
+  basic_unit(std::size_t index, const FlatLayout& layout, int shard_rank, const detail::sched::scheduler& sched,
+             const detail::unit_buffers<Backend>& bufs)
       : index_(index), layout_(&layout), shard_rank_(shard_rank), sched_(&sched), bufs_(&bufs) {}
 
   const std::string& name() const { return sched_->units().name(index_); }
@@ -67,8 +67,8 @@ class basic_unit {
   std::size_t index_;
   const FlatLayout* layout_;
   int shard_rank_;
-  const sched::scheduler* sched_;
-  const unit_buffers<Backend>* bufs_;
+  const detail::sched::scheduler* sched_;
+  const detail::unit_buffers<Backend>* bufs_;
 };
 
 template <class Backend, class Compute = float>

@@ -30,6 +30,8 @@
 
 namespace fsdp::checkpoint::detail {
 
+namespace sched = fsdp::detail::sched;  // the scheduler (fsdp/detail/schedule/)
+
 /// Where this rank's elements of every kind come from and go: per checkpoint file, the reads; and the byte ranges
 /// of the destinations no piece covers (a shard's padding), which a load zeroes (`offset` unused).
 struct shard_reads {

@@ -19,7 +19,7 @@
 #include "fsdp/core/unit_index.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 class diagnostics {
  public:
@@ -73,4 +73,4 @@ class diagnostics {
   std::uint64_t checked_ = 0;  // collectives compared so far
 };
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

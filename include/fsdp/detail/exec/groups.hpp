@@ -13,7 +13,7 @@
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/policy/sharding.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 /// The sub-groups of the world as `mesh` places this rank (rank order within each: the world's).
 template <class C>
@@ -72,4 +72,4 @@ class groups {
   C* tensor_ = nullptr;
 };
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

@@ -40,7 +40,7 @@
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/plan/detail/program.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 template <Backend B, class C>
 class interpreter {
@@ -50,7 +50,7 @@ class interpreter {
   /// Every reference must outlive the interpreter; `prog` is the program that drives it (whose ledgers pick the
   /// slots), `grad_slots` model_options::grad_slots.
   interpreter(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, trace::stamper<B>& stamp,
-              const reduce_facts& reduce, const plan::step_program& prog, int grad_slots)
+              const reduce_facts& reduce, const plan::detail::step_program& prog, int grad_slots)
       : be_(be),
         streams_(streams_of(be)),
         st_(storage),
@@ -254,7 +254,7 @@ class interpreter {
 
   /// A trace event, with a recorder: its bytes and collective from unit u's costs.
   void record_stamp(plan::lane l, trace::kind k, pass_kind pass, std::size_t u, bool ahead) {
-    const bool unit = u != plan::step_program::npos;
+    const bool unit = u != plan::detail::step_program::npos;
     const plan::stamp_payload p =
         unit ? plan::payload_of(k, st_.cost(u), transfers_.reduction_kind()) : plan::stamp_payload{};
     const int id = unit ? static_cast<int>(u) : -1;
@@ -334,7 +334,7 @@ class interpreter {
   diagnostics& diag_;
   trace::stamper<B>& stamp_;
   reduce_facts reduce_;
-  const plan::step_program& prog_;
+  const plan::detail::step_program& prog_;
   step_slots<B> slots_;  // destroyed before the backend (the executor's member order)
   transfers<B, C> transfers_;
   optimizer_work<B>* work_ = nullptr;  // during an optimizer step
@@ -344,4 +344,4 @@ class interpreter {
   kernels::host_pool pool_;            // offloading's host functions: the host step and host additions
 };
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

@@ -7,7 +7,7 @@
 #include "fsdp/core/problems.hpp"
 #include "fsdp/options/model_options.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 struct reduce_facts {
   reduce_op op = reduce_op::avg;
@@ -21,7 +21,7 @@ FSDP_DECL reduce_facts division_facts(const grad_division& d, int ranks, problem
 /// division_facts, throwing a mistake as a usage_error.
 FSDP_DECL reduce_facts division_facts(const grad_division& d, int ranks);
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #include "fsdp/detail/exec/reduction.ipp"

@@ -6,7 +6,7 @@
 #include "fsdp/core/problems.hpp"
 #include "fsdp/detail/exec/reduction.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 FSDP_DECL reduce_facts division_facts(const grad_division& d, int ranks, problems& p) {
   switch (d.how) {
@@ -37,4 +37,4 @@ FSDP_DECL reduce_facts division_facts(const grad_division& d, int ranks) {
   return r;
 }
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

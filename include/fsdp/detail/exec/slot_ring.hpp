@@ -14,7 +14,7 @@
 #include "fsdp/detail/schedule/slot_ledger.hpp"
 #include "fsdp/memory/cost.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 /// A buffer of cost `c` in its domain: device memory first used on `first_use`, or host memory (pinned on CUDA)
 /// on a backend that has it. The policy checks (Model) make sure a host-domain cost only reaches an OffloadBackend.
@@ -92,4 +92,4 @@ class slot_ring {
   std::vector<const stream*> giver_;  // the stream of each slot's last give
 };
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

@@ -11,14 +11,14 @@
 #include "fsdp/detail/exec/slot_ring.hpp"
 #include "fsdp/plan/detail/program.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 template <Backend B>
 class step_slots {
  public:
   using stream = typename B::stream;
 
-  step_slots(B& be, const plan::step_program& prog, int grad_slots) : be_(be), prog_(prog) {
+  step_slots(B& be, const plan::detail::step_program& prog, int grad_slots) : be_(be), prog_(prog) {
     const int keep[plan::rings] = {
         1, grad_slots, 1, 1, plan::offload_slots, plan::offload_slots, plan::offload_slots, plan::offload_slots, 1};
     for (std::size_t r = 0; r < plan::rings; ++r) rings_[r] = slot_ring<B>(prog.slot_cost(plan::ring(r)), keep[r]);
@@ -65,8 +65,8 @@ class step_slots {
   slot_ring<B>& ring(plan::ring r) { return rings_[static_cast<std::size_t>(r)]; }
 
   B& be_;
-  const plan::step_program& prog_;
+  const plan::detail::step_program& prog_;
   slot_ring<B> rings_[plan::rings];
 };
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

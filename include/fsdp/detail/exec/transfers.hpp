@@ -19,7 +19,7 @@
 #include "fsdp/plan/collectives.hpp"
 #include "fsdp/plan/detail/program.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 template <Backend B, class C>
 class transfers {
@@ -28,7 +28,7 @@ class transfers {
 
   /// Every reference must outlive this.
   transfers(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, const reduce_facts& reduce,
-            const plan::step_program& prog, const step_slots<B>& slots)
+            const plan::detail::step_program& prog, const step_slots<B>& slots)
       : be_(be), st_(storage), g_(g), diag_(diag), reduce_(reduce), prog_(prog), slots_(slots) {}
 
   /// The all-gather of unit u into its gather slot, or into its wire slot when the gather dtype is narrower than the
@@ -220,8 +220,8 @@ class transfers {
   groups<C>& g_;
   diagnostics& diag_;
   reduce_facts reduce_;
-  const plan::step_program& prog_;
+  const plan::detail::step_program& prog_;
   const step_slots<B>& slots_;
 };
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

@@ -36,7 +36,7 @@
 #include "fsdp/observe/stamp.hpp"
 #include "fsdp/plan/detail/drive.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 template <Backend B, CollectivePolicy C>
 class unit_executor {
@@ -95,12 +95,12 @@ class unit_executor {
   /// The trainer's work for unit u begins / ends (Model entering and leaving the unit).
   void compute_begin(pass_kind k, std::size_t u);
   void compute_end(pass_kind k, std::size_t u);
-  /// Model::step: the optimizer step's order (plan::optimizer_phase, which the planners run too) on this executor;
-  /// `update(apply)` calls optimizer_step below.
+  /// Model::step: the optimizer step's order (plan::detail::optimizer_phase, which the planners run too) on this
+  /// executor; `update(apply)` calls optimizer_step below.
   template <class OnOp, class Inspect, class Update>
   void optimizer_phase(sched::scheduler& s, const std::vector<std::size_t>& order, OnOp&& on_op, Inspect&& inspect,
                        bool commits, Update&& update) {
-    plan::optimizer_phase(s, order, prog_, in_, on_op, inspect, commits, update);
+    plan::detail::optimizer_phase(s, order, prog_, in_, on_op, inspect, commits, update);
   }
   /// Model::step: the optimizer's updates of every unit where the program puts them (none unless `apply`), each
   /// unit's "shard ready" after its own update, and the step's end.
@@ -129,7 +129,7 @@ class unit_executor {
   groups<C> groups_;
   diagnostics diag_;
   trace::ranges<B> ranges_;
-  plan::step_program prog_;
+  plan::detail::step_program prog_;
   interpreter<B, C> in_;
 };
 
@@ -230,4 +230,4 @@ void unit_executor<B, C>::synchronize_quietly() noexcept {
   }
 }
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

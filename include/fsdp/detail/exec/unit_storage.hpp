@@ -26,7 +26,7 @@
 #include "fsdp/unit/detail/unit_buffers.hpp"
 #include "fsdp/unit/tensor_view.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 template <Backend B>
 class unit_storage {
@@ -155,4 +155,4 @@ class unit_storage {
   std::unique_ptr<handover_count[]> handovers_;  // check_views: per unit, its params' and its gradient's
 };
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

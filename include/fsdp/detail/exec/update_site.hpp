@@ -21,7 +21,7 @@
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/kernels/host_pool.hpp"
 
-namespace fsdp::exec {
+namespace fsdp::detail::exec {
 
 /// Where a device step finds a unit's parts: the staging slot of each host-resident part.
 class staged_parts {
@@ -104,4 +104,4 @@ struct optimizer_work {
   std::function<void()> finish;
 };
 
-}  // namespace fsdp::exec
+}  // namespace fsdp::detail::exec

@@ -16,7 +16,7 @@
 #include "fsdp/policy/prefetch.hpp"
 #include "fsdp/policy/sharding.hpp"
 
-namespace fsdp::sched {
+namespace fsdp::detail::sched {
 
 struct config {
   /// Units are gathered before use and released after: their parameters are sharded, the compute dtype is not
@@ -69,7 +69,7 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
                               const precision_facts& precision, const model_options& opt,
                               const offload_facts& offload = {});
 
-}  // namespace fsdp::sched
+}  // namespace fsdp::detail::sched
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #include "fsdp/detail/schedule/config.ipp"

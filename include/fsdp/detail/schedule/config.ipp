@@ -9,7 +9,7 @@
 #include "fsdp/core/problems.hpp"
 #include "fsdp/detail/schedule/config.hpp"
 
-namespace fsdp::sched {
+namespace fsdp::detail::sched {
 
 FSDP_DECL config build_config(const unit_index& units, const strategy_facts& strategy, const prefetch_facts& prefetch,
                               const precision_facts& precision, const model_options& opt, const offload_facts& offload,
@@ -119,4 +119,4 @@ FSDP_DECL config build_config(const unit_index& units, const strategy_facts& str
   return c;
 }
 
-}  // namespace fsdp::sched
+}  // namespace fsdp::detail::sched

@@ -21,7 +21,7 @@
 #include "fsdp/core/unit_state.hpp"
 #include "fsdp/detail/schedule/scheduler.hpp"
 
-namespace fsdp::sched {
+namespace fsdp::detail::sched {
 
 /// What an operation overwrites, for pass_cursor::require_idle: nothing (it reads the model or trains it), every
 /// master shard, or every master shard and the optimizer's state.
@@ -120,7 +120,7 @@ class pass_cursor {
   bool torn_state_ = false;
 };
 
-}  // namespace fsdp::sched
+}  // namespace fsdp::detail::sched
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #include "fsdp/detail/schedule/pass_cursor.ipp"

@@ -11,7 +11,7 @@
 #include "fsdp/core/problems.hpp"
 #include "fsdp/detail/schedule/pass_cursor.hpp"
 
-namespace fsdp::sched {
+namespace fsdp::detail::sched {
 
 FSDP_DECL std::vector<std::size_t> pass_cursor::declared_order(const unit_index& units,
                                                                const std::vector<std::string>& forward_order,
@@ -228,4 +228,4 @@ FSDP_DECL std::string pass_cursor::first_unrecorded() const {
   return {};
 }
 
-}  // namespace fsdp::sched
+}  // namespace fsdp::detail::sched

@@ -47,7 +47,7 @@
 #include "fsdp/core/unit_state.hpp"
 #include "fsdp/detail/schedule/config.hpp"
 
-namespace fsdp::sched {
+namespace fsdp::detail::sched {
 
 enum class op : std::uint8_t {
   gather,      ///< issue the unit's all-gather (or cast copy) (`ahead` tells a prefetch from a demand gather)
@@ -288,7 +288,7 @@ class scheduler {
   bool step_open_ = false;
 };
 
-}  // namespace fsdp::sched
+}  // namespace fsdp::detail::sched
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #include "fsdp/detail/schedule/scheduler.ipp"

@@ -9,7 +9,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/schedule/scheduler.hpp"
 
-namespace fsdp::sched {
+namespace fsdp::detail::sched {
 
 FSDP_DECL std::string shortage::message(const unit_index& units) const {
   return detail::cat("gather slots exhausted: unit '", units.name(unit), "' (index ", unit,
@@ -76,4 +76,4 @@ FSDP_DECL std::string scheduler::held_list() const {
   return s;
 }
 
-}  // namespace fsdp::sched
+}  // namespace fsdp::detail::sched

@@ -30,7 +30,7 @@
 
 #include "fsdp/core/error.hpp"
 
-namespace fsdp::sched {
+namespace fsdp::detail::sched {
 
 class slot_ledger {
  public:
@@ -86,4 +86,4 @@ class slot_ledger {
   std::vector<int> last_;            // per use: the slot it took last (-1: none yet)
 };
 
-}  // namespace fsdp::sched
+}  // namespace fsdp::detail::sched

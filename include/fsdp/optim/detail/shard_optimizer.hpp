@@ -42,6 +42,8 @@
 
 namespace fsdp::optim::detail {
 
+namespace exec = fsdp::detail::exec;  // the executor (fsdp/detail/exec/)
+
 /// The type an optimizer is over: a Model's core (fsdp::model_core, whose code every policy with the same backend
 /// and communicator shares), or the type itself when it has none.
 template <class M>

@@ -10,7 +10,9 @@
 #include "fsdp/detail/schedule/scheduler.hpp"
 #include "fsdp/plan/detail/program.hpp"
 
-namespace fsdp::plan {
+namespace fsdp::plan::detail {
+
+namespace sched = fsdp::detail::sched;  // the scheduler (fsdp/detail/schedule/)
 
 /// Drives one step's passes (every micro-batch, forward then backward) through the scheduler, as a trainer does:
 /// on_op(op, unit, ahead, pass) for each decision, on_compute(pass, unit) between entering and leaving a unit.
@@ -78,4 +80,4 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
   return std::nullopt;
 }
 
-}  // namespace fsdp::plan
+}  // namespace fsdp::plan::detail

@@ -56,7 +56,9 @@
 #include "fsdp/plan/detail/actions.hpp"
 #include "fsdp/policy/offload.hpp"
 
-namespace fsdp::plan {
+namespace fsdp::plan::detail {
+
+namespace sched = fsdp::detail::sched;  // the scheduler (fsdp/detail/schedule/)
 
 /// The step program over units with these costs and offload facts (per unit index). `replicas`: hybrid sharding's
 /// replicate group, whose all-reduce of each reduced shard the program issues only when it has more than one rank
@@ -442,4 +444,4 @@ inline void step_program::set_optimizer_states(int states) {
   ledger_[static_cast<std::size_t>(ring::stage_state)] = sched::slot_ledger(offload_slots);
 }
 
-}  // namespace fsdp::plan
+}  // namespace fsdp::plan::detail

@@ -1,13 +1,12 @@
 #pragma once
 // A unit's storage: its buffers, where compute finds the memory of the slots it holds in the executor's rings
-// (fsdp/detail/exec/slot_ring.hpp; which slot it holds is the step program's: plan::step_program::held), and the events
-// that order their use across streams. The unit executor (fsdp/detail/exec/unit_executor.hpp) owns and fills them;
-// FsdpUnit reads them as a view. Each buffer's category, dtype
-// and size come from fsdp/memory/cost.hpp. The unit's state (gathered or not, current pass, ...) is not here: the
-// scheduler owns it.
+// (fsdp/detail/exec/slot_ring.hpp; which slot it holds is the step program's: plan::detail::step_program::held), and
+// the events that order their use across streams. The unit executor (fsdp/detail/exec/unit_executor.hpp) owns and fills
+// them; FsdpUnit reads them as a view. Each buffer's category, dtype and size come from fsdp/memory/cost.hpp. The
+// unit's state (gathered or not, current pass, ...) is not here: the scheduler owns it.
 #include "fsdp/unit/tensor_view.hpp"
 
-namespace fsdp {
+namespace fsdp::detail {
 
 template <class Backend>
 struct unit_buffers {
@@ -33,4 +32,4 @@ struct unit_buffers {
   typename Backend::event state_saved;  ///< a device step over host parts: the state is back on the host
 };
 
-}  // namespace fsdp
+}  // namespace fsdp::detail
