@@ -5,7 +5,9 @@
 // CUDA; the host tests (tests/comm/nccl_logic_test.cc) pass a fake that records the calls and scripts the answers.
 // Host-only: no CUDA or NCCL header is included here. Beside it: the version gates (nccl_versions.hpp), a
 // collective as messages name it (nccl_op.hpp), the ledger of collectives pending completion (nccl_pending.hpp), how
-// a failure is told (nccl_failure_text.hpp) and what shrink() and connect() ask for (nccl_requests.hpp).
+// a failure is told (nccl_failure_text.hpp) and what shrink() and connect() ask for (nccl_requests.hpp). This file
+// declares nccl_core; its definitions are by job: the communicators and their family (nccl_core_family.hpp), the
+// collectives (nccl_core_issue.hpp) and the failures (nccl_core_failure.hpp), included at the end.
 //
 // What Api provides (nccl_api in nccl.cuh is the production one):
 //   using result = ...;  static constexpr result success, in_progress, internal_error;
@@ -140,12 +142,7 @@ class nccl_core {
   /// Takes `c` as the base communicator, whose creation call answered `rc` (ncclCommInitRankConfig, or a split
   /// that has settled already), and settles it. `free_before`: free_device_bytes() just before the creation call
   /// (negative: not measured), so that device_bytes() counts what it took.
-  void init(comm c, result rc, std::string_view call, std::string_view what, std::int64_t free_before = -1) {
-    if (!channels_.empty()) fsdp::detail::fail_usage(name_, " on rank ", rank_, ": init() called twice");
-    channels_.push_back({std::string(), c, true, 0});
-    settle(rc, c, call, what);
-    channels_.front().device_bytes = taken_since(free_before);
-  }
+  void init(comm c, result rc, std::string_view call, std::string_view what, std::int64_t free_before = -1);
   /// The device's free memory now (cudaMemGetInfo), for init()'s `free_before`.
   std::int64_t free_device_bytes() { return api_.free_device_bytes(); }
   /// What the creation of this core's communicators, and connect(), took from the device, measured as the drop in
@@ -171,26 +168,14 @@ class nccl_core {
   /// every collective still pending on any member, so the ones issued before the split come first too. Under
   /// nccl_channels::per_stream, NCCL_LAUNCH_ORDER_IMPLICIT=1 (which it requires) orders the launches of every
   /// communicator of the device by their host order already, and nothing is added.
-  void join_family(nccl_core& parent) {
-    leave_family();
-    family_ = parent.family_;
-    std::lock_guard lk(family_->mu);
-    family_->members.push_back(this);
-    if (channels_mode_ == nccl_channels::one && parent.channels_mode_ == nccl_channels::one && !family_->ordered) {
-      family_->serial = api_.new_stream();
-      family_->ordered = true;
-      for (nccl_core* m : family_->members) m->pending_.wait_all(family_->serial);
-    }
-  }
+  void join_family(nccl_core& parent);
   /// Whether the family's collectives go through one stream (see join_family).
   bool ordered() const noexcept { return family_->ordered; }
 
   /// A new communicator of the ranks that pass the same `color`, ranked by `key` (ncclCommSplit on the base, a
   /// collective of the base's ranks), settled. The caller owns it (a nccl_core of its own, usually joined to this
   /// one's family).
-  comm split(int color, int key) {
-    return split_base(color, key, fsdp::detail::cat("split(color=", color, ", key=", key, ")"));
-  }
+  comm split(int color, int key);
 
   /// The communicator of this group's ranks but `exclude` (ranks of this group, the same list on every survivor:
   /// NCCL does not say which rank failed, the survivors agree on it outside NCCL, e.g. through their launcher):
@@ -200,36 +185,7 @@ class nccl_core {
   /// in order) it shrinks at once. Refused below NCCL 2.28.7, after a failure that aborted (nccl_failure::abort),
   /// inside grouped(), and for a list that excludes this rank, names a rank twice or one outside the group. The
   /// caller owns the new communicator (a family of its own); this core's communicators are aborted at its shutdown.
-  comm shrink(std::vector<int> exclude) {
-    if (const std::string why = shrink_refusal(api_.version()); !why.empty()) throw usage_error(why);
-    if (aborted_ && !revoked_)
-      throw comm_error(fsdp::detail::cat("shrink() on rank ", rank_, " after ", name_, " was aborted: ", reason_,
-                                         " (with nccl_options::on_failure = nccl_failure::revoke a failure revokes "
-                                         "the communicators instead, and shrink() can follow)"));
-    if (open_groups_ != 0)
-      fsdp::detail::fail_usage(name_, " on rank ", rank_, ": shrink() inside grouped(): shrink before grouping");
-    const std::string what = shrink_request(exclude, rank_, world_, name_);
-    if (revoked_) {  // NCCL stops the revoked communicators' operations; their state is ncclSuccess once quiescent
-      state st = async_state_all();
-      const auto deadline = api_.now() + timeout_;
-      while (st.rc == Api::in_progress) {
-        if (api_.now() > deadline)
-          throw comm_error(fsdp::detail::cat("ncclCommRevoke on rank ", rank_, " of ", world_, " for ", what,
-                                             " did not quiesce within ", timeout_.count(), " ms: ", name_,
-                                             " cannot be shrunk; restart every rank from the last checkpoint"));
-        api_.sleep(poll_interval);
-        st = async_state_all();
-      }
-      if (st.rc != Api::success)
-        throw comm_error(fsdp::detail::cat("NCCL reported ", api_.describe(st.rc, st.c), " on rank ", rank_, " of ",
-                                           world_, " while the revoked communicators quiesced for ", what, "; ", name_,
-                                           " cannot be shrunk; restart every rank from the last checkpoint"));
-    }
-    comm out{};
-    const comm parent = base();
-    const result rc = api_.shrink(parent, exclude, out);
-    return settle_child(rc, parent, out, "ncclCommShrink", what);
-  }
+  comm shrink(std::vector<int> exclude);
 
   /// Names the unit the next collectives are for, so that an error can say so.
   void label(std::string_view unit) { label_.assign(unit); }
@@ -245,25 +201,7 @@ class nccl_core {
   /// grouped(): once the group is launched).
   template <class Call>
   void issue(collective kind, std::int64_t count, dtype t, std::int64_t total_elems, stream s, std::string_view key,
-             Call&& call) {
-    require_count(count, [&] {
-      return fsdp::detail::cat(name_of(kind), "(count=", count, ", ", name_of(t), ") on rank ", rank_);
-    });
-    if (aborted_)
-      throw comm_error(
-          fsdp::detail::cat(name_of(kind), " on rank ", rank_, " after ", name_, " was ", ended(), ": ", reason_));
-    const auto type = api_.type_of(t);
-    const comm c = channel_for(key);
-    const stream on = route(s);
-    nccl_op op{seq_++, kind, count, t, label_, api_.now()};
-    const std::string where = op.str();
-    settle(call(c, on, type), c, nccl_function(kind), where);
-    if (group_owner_) {  // this thread's group (this core's, or another member's): recorded once it is launched
-      group_owner_->group_.push_back({std::move(op), s, on, total_elems, this});
-      return;
-    }
-    record({std::move(op), s, on, total_elems, this});
-  }
+             Call&& call);
 
   /// An all-to-all of `count` elements of `t` per pair of ranks: NCCL has none of its own, so one group of a send
   /// and a receive per rank (this one included), `send(c, on, type, q)` and `recv(c, on, type, q)` making the NCCL
@@ -271,19 +209,7 @@ class nccl_core {
   /// inside it fails it as a whole (ncclGroupEnd launches none of it). Inside grouped() it joins the enclosing
   /// launch.
   template <class Send, class Recv>
-  void all_to_all(std::int64_t count, dtype t, stream s, std::string_view key, Send&& send, Recv&& recv) {
-    issue(collective::all_to_all, count, t, count * world_, s, key, [&](comm c, stream on, auto type) {
-      result rc = api_.group_start();
-      if (rc != Api::success) return rc;
-      auto ok = [](result r) { return r == Api::success || r == Api::in_progress; };
-      for (int q = 0; q < world_ && ok(rc); ++q) {
-        rc = send(c, on, type, q);
-        if (ok(rc)) rc = recv(c, on, type, q);
-      }
-      const result end = api_.group_end();
-      return ok(rc) ? end : rc;
-    });
-  }
+  void all_to_all(std::int64_t count, dtype t, stream s, std::string_view key, Send&& send, Recv&& recv);
 
   /// Makes what the collectives `uses` need before they are first issued, so that it is taken from the device
   /// now rather than inside a step: NCCL 2.28 connects an algorithm's ring, tree or NVLS buffers at the first
@@ -297,38 +223,7 @@ class nccl_core {
   /// uses (they are the plan's). A failure aborts the family, as any collective's does; the scratch is then left
   /// to the process (a collective may still hold it).
   template <class Issue>
-  void connect(const std::vector<collective_use>& uses, Issue&& issue_one) {
-    if (uses.empty()) return;
-    if (aborted_)
-      throw comm_error(
-          fsdp::detail::cat("connect() on rank ", rank_, " after ", name_, " was ", ended(), ": ", reason_));
-    const connect_scratch scratch = connect_scratch_for(uses, world_);
-    const std::int64_t before = api_.free_device_bytes();
-    void* send = api_.device_alloc(std::max<std::size_t>(scratch.send, 1));
-    void* recv = nullptr;
-    try {
-      recv = api_.device_alloc(std::max<std::size_t>(scratch.recv, 1));
-    } catch (...) {
-      api_.device_free(send);
-      throw;
-    }
-    const std::string label = std::exchange(label_, "(connections for the plan's collectives)");
-    connecting_ = true;
-    try {
-      for (const collective_use& u : uses) issue_one(u, send, recv);
-      drain(fsdp::detail::cat("connecting ", uses.size(), " collective", uses.size() == 1 ? "" : "s", " of the plan"));
-    } catch (...) {
-      connecting_ = false;
-      label_ = label;
-      throw;  // the scratch stays: a collective may still use it
-    }
-    connecting_ = false;
-    label_ = label;
-    api_.device_free(recv);
-    api_.device_free(send);
-    connect_bytes_ += taken_since(before);
-    connected_ += uses.size();
-  }
+  void connect(const std::vector<collective_use>& uses, Issue&& issue_one);
   /// What connect() took from the device (measured), and how many collectives it ran.
   std::int64_t connect_bytes() const noexcept { return connect_bytes_; }
   std::size_t connected() const noexcept { return connected_; }
@@ -342,110 +237,31 @@ class nccl_core {
   /// would then free the communicator before the queued collectives are prepared. A stream's first collective cannot be
   /// grouped (its communicator is split on that collective; see channel_for).
   template <class F>
-  void grouped(F&& fn) {
-    if (aborted_)
-      throw comm_error(
-          fsdp::detail::cat("grouped() on rank ", rank_, " after ", name_, " was ", ended(), ": ", reason_));
-    if (group_owner_) {  // nested (in this core's group or another's): part of the enclosing group
-      std::forward<F>(fn)();
-      return;
-    }
-    const std::uint64_t first = seq_;
-    const result rc = api_.group_start();
-    if (rc != Api::success) fail_nccl(rc, base(), "ncclGroupStart");
-    group_owner_ = this;
-    ++open_groups_;
-    group_.clear();
-    try {
-      std::forward<F>(fn)();
-    } catch (...) {
-      abandon_group(std::current_exception());
-    }
-    group_owner_ = nullptr;
-    std::vector<grouped_op> launched = std::move(group_);
-    group_.clear();
-    const result end = api_.group_end();
-    --open_groups_;
-    settle_all(end, "ncclGroupEnd",
-               first == seq_ ? std::string("an empty group")
-                             : fsdp::detail::cat("grouped collectives #", first, " to #", seq_ - 1));
-    for (grouped_op& g : launched) g.owner->record(std::move(g));
-  }
+  void grouped(F&& fn);
 
   /// Throws (after aborting the family) if NCCL reports an asynchronous error on any communicator of the family;
   /// the backend's synchronize() calls it while it waits.
-  void check() {
-    std::lock_guard lk(family_->mu);
-    for (nccl_core* m : family_->members) m->check_own();
-  }
+  void check();
 
   /// A wait that ran out of time: aborts the family and throws comm_error naming what timed out and what is
   /// pending.
-  [[noreturn]] void fail_timeout(const std::string& what) {
-    const std::string msg = nccl_timeout_message(speaker(), on_failure_, what, family_pending());
-    abort(msg);
-    throw comm_error(msg);
-  }
+  [[noreturn]] void fail_timeout(const std::string& what);
 
   /// Aborts every communicator of the family: every pending and later operation fails. Never throws. While this
   /// thread has a group open (grouped()), the ncclCommAbort calls wait until it is closed: NCCL's group state is
   /// per thread, and an abort queued in a group that ncclGroupEnd then discards would never run.
-  void abort(const std::string& reason) noexcept {
-    std::lock_guard lk(family_->mu);
-    for (nccl_core* m : family_->members) m->abort_own(reason);
-  }
+  void abort(const std::string& reason) noexcept;
 
   /// The end of the communicators when they are not aborted: ncclCommFinalize on each (the streams' first, the
   /// base last), whose ncclInProgress is the normal answer of a non-blocking communicator, polled (with a short
   /// sleep) until all settle or the timeout passes, then ncclCommDestroy on each; an error or the timeout aborts
   /// them instead (ncclCommAbort). Only real failures are logged. Never throws; called once, by the owner's
   /// destructor.
-  void shutdown() noexcept {
-    release_events();
-    if (live_communicators() == 0) return;
-    if (aborted_) {
-      abort_now();
-      return;
-    }
-    try {
-      state st;
-      for (auto ch = channels_.rbegin(); ch != channels_.rend(); ++ch)
-        if (ch->live) st.add(api_.finalize(ch->c), ch->c);
-      if (st.rc == Api::in_progress) {
-        const auto deadline = api_.now() + timeout_;
-        while (st.rc == Api::in_progress && api_.now() <= deadline) {
-          api_.sleep(shutdown_poll_interval);
-          st = async_state_all();
-        }
-      }
-      if (st.rc == Api::in_progress) {
-        api_.log(nccl_finalize_timeout_log(speaker(), timeout_.count()));
-        abort_now();
-        return;
-      }
-      if (st.rc != Api::success) {
-        api_.log(nccl_finalize_error_log(speaker(), api_.describe(st.rc, st.c)));
-        abort_now();
-        return;
-      }
-      for (auto ch = channels_.rbegin(); ch != channels_.rend(); ++ch) {
-        if (!ch->live) continue;
-        ch->live = false;
-        const result d = api_.destroy(ch->c);
-        if (d != Api::success)
-          api_.log(nccl_call_log(speaker(), "ncclCommDestroy", api_.describe(d, comm{}), " at shutdown"));
-      }
-    } catch (...) {  // a message could not be built: still end the communicators
-      abort_now();
-    }
-  }
+  void shutdown() noexcept;
 
   /// The collectives issued and not yet complete, oldest first: "all_gather(count=8, f32) #3 for unit 'h.1', issued
   /// 12 ms ago and not complete; ..." (at most named_pending, then "and N more"), or "no collective pending".
-  std::string pending_summary() {
-    std::string s = pending_items();
-    return s.empty() ? std::string("no collective pending") : s;
-  }
+  std::string pending_summary();
 
  private:
   struct family {
@@ -476,28 +292,10 @@ class nccl_core {
   };
   /// The stream a collective issued on `s` runs on: `s`, or the family's (see join_family), which first waits for
   /// `s`'s work so far.
-  stream route(stream s) {
-    if (!family_->ordered) return s;
-    if (!has_handoff_) {
-      handoff_ = api_.new_event();
-      has_handoff_ = true;
-    }
-    api_.record(handoff_, s);
-    api_.wait(family_->serial, handoff_);
-    return family_->serial;
-  }
+  stream route(stream s);
 
   /// Waits until every collective this core issued has completed, watching the family's errors, under the timeout.
-  void drain(std::string_view what) {
-    const auto deadline = api_.now() + timeout_;
-    for (;;) {
-      check();
-      if (pending_.empty()) return;
-      if (api_.now() > deadline)
-        fail_timeout(fsdp::detail::cat(what, " on rank ", rank_, " did not complete within ", timeout_.count(), " ms"));
-      api_.sleep(poll_interval);
-    }
-  }
+  void drain(std::string_view what);
   /// The state of several communicators at once: an error wins over in_progress, which wins over success.
   struct state {
     result rc = Api::success;
@@ -511,168 +309,38 @@ class nccl_core {
     }
   };
 
-  void leave_family() noexcept {
-    if (!family_) return;
-    std::lock_guard lk(family_->mu);
-    auto& m = family_->members;
-    for (auto it = m.begin(); it != m.end(); ++it)
-      if (*it == this) {
-        m.erase(it);
-        break;
-      }
-  }
+  void leave_family() noexcept;
 
   /// The communicator of stream name `key`: the base for an empty key or under nccl_channels::one; else split from
   /// the base on the name's first collective.
-  comm channel_for(std::string_view key) {
-    if (channels_.empty())
-      fsdp::detail::fail_usage(name_, " on rank ", rank_,
-                               ": a collective was issued before the communicator was set up");
-    if (key.empty() || channels_mode_ == nccl_channels::one) return channels_.front().c;
-    for (const channel& ch : channels_)
-      if (ch.key == key) return ch.c;
-    if (open_groups_ != 0)
-      fsdp::detail::fail_usage(name_, " on rank ", rank_, ": the first collective on stream '", key,
-                               "' is inside grouped(); a stream's communicator is split from the base one "
-                               "(ncclCommSplit) on its first collective, which cannot run inside a group. Issue one "
-                               "collective on the stream before grouping its collectives");
-    const std::int64_t before = api_.free_device_bytes();
-    const comm c = split_base(0, rank_, fsdp::detail::cat("the communicator of stream '", key, "'"));
-    channels_.push_back({std::string(key), c, true, taken_since(before)});
-    return c;
-  }
+  comm channel_for(std::string_view key);
 
-  std::int64_t taken_since(std::int64_t free_before) {
-    return free_before < 0 ? 0 : std::max<std::int64_t>(0, free_before - api_.free_device_bytes());
-  }
+  std::int64_t taken_since(std::int64_t free_before);
 
-  comm split_base(int color, int key, const std::string& what) {
-    if (aborted_)
-      throw comm_error(fsdp::detail::cat("ncclCommSplit for ", what, " on rank ", rank_, " after ", name_, " was ",
-                                         ended(), ": ", reason_));
-    if (open_groups_ != 0)
-      fsdp::detail::fail_usage(name_, " on rank ", rank_, ": ncclCommSplit for ", what,
-                               " inside grouped(): a split cannot be grouped with collectives; split before grouping");
-    const comm parent = base();
-    comm out{};
-    const result rc = api_.split(parent, color, key, out);
-    return settle_child(rc, parent, out, "ncclCommSplit", what);
-  }
+  comm split_base(int color, int key, const std::string& what);
 
   /// A new communicator from `parent` (ncclCommSplit or ncclCommShrink answered `rc`, writing `out` once its job has
   /// ended), settled: the parent's state, then the new one's; a failure aborts `out` and throws.
-  comm settle_child(result rc, comm parent, comm& out, std::string_view call, const std::string& what) {
-    try {
-      // A non-blocking split runs as a job of the parent, whose state says when it has settled; NCCL fills `out`
-      // from that job (it is null until then). The call's own answer does not say it has settled: NCCL 2.28's
-      // ncclCommSplit returns ncclSuccess while the job still runs (src/init.cc returns its own result after
-      // NCCLCHECK(ncclGroupEndInternal()), which lets the group's ncclInProgress pass, and src/group.cc has set the
-      // parent's state to ncclInProgress). So after a success the parent's state is read, and polled while it is
-      // in progress (ncclCommGetAsyncError on the parent then joins the job); only then is `out` read. Reading it at
-      // once found it null on the H200 (2026-11-26: "it settled, but gave no communicator"), and the abort that
-      // followed ended the running job ("job error 3"). The new communicator's own state is then settled too.
-      // ncclCommShrink is settled alike (a job of the parent too; not yet run on hardware).
-      settle(rc == Api::success ? async_state(parent) : rc, parent, call, what);
-      if (out == comm{})
-        fail_nccl(Api::internal_error, parent,
-                  fsdp::detail::cat(call, " for ", what, " (it settled, but gave no communicator)"));
-      settle(async_state(out), out, call, what);
-    } catch (...) {
-      if (out != comm{}) (void)api_.comm_abort(out);
-      throw;
-    }
-    return out;
-  }
+  comm settle_child(result rc, comm parent, comm& out, std::string_view call, const std::string& what);
 
-  result async_state(comm c) {
-    result st = Api::in_progress;
-    const result q = api_.get_async_error(c, st);
-    return q != Api::success ? q : st;
-  }
-  state async_state_all() {
-    state st;
-    for (const channel& ch : channels_)
-      if (ch.live) st.add(async_state(ch.c), ch.c);
-    return st;
-  }
+  result async_state(comm c);
+  state async_state_all();
 
   /// A call's result: success, or in_progress (non-blocking communicator) until ncclCommGetAsyncError on `c`
   /// settles, under the timeout. A failure aborts the family and throws comm_error naming the call, what it was
   /// for and the collectives still pending.
-  void settle(result rc, comm c, std::string_view call, std::string_view what) {
-    if (rc == Api::in_progress) {
-      const auto deadline = api_.now() + timeout_;
-      while (rc == Api::in_progress) {
-        if (api_.now() > deadline)
-          fail_timeout(fsdp::detail::cat(call, " for ", what, " on rank ", rank_, " did not complete within ",
-                                         timeout_.count(), " ms"));
-        api_.sleep(poll_interval);
-        rc = async_state(c);
-      }
-    }
-    if (rc != Api::success) fail_nccl(rc, c, fsdp::detail::cat(call, " for ", what));
-  }
+  void settle(result rc, comm c, std::string_view call, std::string_view what);
   /// settle() for a call that concerns every communicator of this core (ncclGroupEnd).
-  void settle_all(result rc, std::string_view call, std::string_view what) {
-    state st;
-    st.add(rc, base());
-    if (st.rc == Api::in_progress) {
-      const auto deadline = api_.now() + timeout_;
-      while (st.rc == Api::in_progress) {
-        if (api_.now() > deadline)
-          fail_timeout(fsdp::detail::cat(call, " for ", what, " on rank ", rank_, " did not complete within ",
-                                         timeout_.count(), " ms"));
-        api_.sleep(poll_interval);
-        st = async_state_all();
-      }
-    }
-    if (st.rc != Api::success) fail_nccl(st.rc, st.c, fsdp::detail::cat(call, " for ", what));
-  }
+  void settle_all(result rc, std::string_view call, std::string_view what);
 
-  void check_own() {
-    if (aborted_) throw comm_error(fsdp::detail::cat(name_, " on rank ", rank_, " was ", ended(), ": ", reason_));
-    const state st = async_state_all();
-    if (st.rc != Api::success && st.rc != Api::in_progress) fail_nccl(st.rc, st.c, {});
-    pending_.retire();
-  }
+  void check_own();
 
-  void abort_own(const std::string& reason) noexcept {
-    if (!aborted_) {
-      aborted_ = true;
-      try {
-        reason_ = reason;
-      } catch (...) {
-      }
-    }
-    if (open_groups_ != 0) return;
-    if (on_failure_ == nccl_failure::revoke)
-      revoke_now();
-    else
-      abort_now();
-  }
+  void abort_own(const std::string& reason) noexcept;
 
   /// nccl_failure::revoke: ncclCommRevoke on every communicator still live (the streams' first, the base last),
   /// once; they stay live for shrink() and are aborted at shutdown. A revoke that fails is logged and every
   /// communicator is aborted instead.
-  void revoke_now() noexcept {
-    if (revoke_tried_) return;
-    revoke_tried_ = true;
-    bool ok = true;
-    for (auto ch = channels_.rbegin(); ch != channels_.rend(); ++ch) {
-      if (!ch->live) continue;
-      const result rc = api_.revoke(ch->c);
-      if (rc != Api::success && rc != Api::in_progress) {
-        ok = false;
-        try {
-          api_.log(nccl_call_log(speaker(), "ncclCommRevoke", api_.describe(rc, comm{}),
-                                 "; the communicators were aborted instead"));
-        } catch (...) {
-        }
-      }
-    }
-    revoked_ = ok;
-    if (!ok) abort_now();
-  }
+  void revoke_now() noexcept;
 
   /// How a failure leaves this core, for messages: "aborted" or "revoked".
   const char* ended() const noexcept { return nccl_ended(revoked_); }
@@ -681,86 +349,23 @@ class nccl_core {
 
   /// The pending collectives of every member of the family; a member's are prefixed with its name when the
   /// family has more than one.
-  std::string family_pending() {
-    std::lock_guard lk(family_->mu);
-    if (family_->members.size() == 1) return pending_summary();
-    std::string s;
-    for (nccl_core* m : family_->members) {
-      const std::string items = m->pending_items();
-      if (!items.empty()) s += fsdp::detail::cat(s.empty() ? "" : "; ", m->name_, ": ", items);
-    }
-    return s.empty() ? std::string("no collective pending") : s;
-  }
+  std::string family_pending();
 
   std::string pending_items() { return pending_.items(named_pending); }
 
   /// An NCCL failure (a call's result or an asynchronous error, seen on communicator `c`): aborts the family and
   /// throws comm_error naming the call (if any) and every pending collective with its unit and sequence number.
-  [[noreturn]] void fail_nccl(result st, comm c, std::string_view during) {
-    const std::string msg =
-        nccl_failure_message(speaker(), on_failure_, api_.describe(st, c), during, family_pending());
-    abort(msg);
-    throw comm_error(msg);
-  }
+  [[noreturn]] void fail_nccl(result st, comm c, std::string_view during);
 
   /// fn threw inside grouped(): discard the group, abort, and say so.
-  [[noreturn]] void abandon_group(std::exception_ptr cause) {
-    std::string why = "a non-standard exception";
-    try {
-      std::rethrow_exception(cause);
-    } catch (const std::exception& e) {
-      why = fsdp::detail::unprefixed(e);
-    } catch (...) {
-    }
-    std::string queued;
-    for (const grouped_op& g : group_) queued += (queued.empty() ? "" : ", ") + g.op.str();
-    const std::size_t n = group_.size();
-    group_.clear();
-    // A call NCCL rejects marks the open group failed (ncclGroupEnd then launches none of it); a collective that
-    // already failed inside fn did the same. Closing the group with ncclGroupEnd is still needed: the group
-    // state is per thread and would capture every later NCCL call of this thread.
-    (void)api_.fail_group(base());
-    (void)api_.group_end();
-    group_owner_ = nullptr;
-    --open_groups_;
-    const std::string msg = nccl_abandoned_group_message(speaker(), on_failure_, n, queued, why);
-    abort(msg);  // the first reason wins when a failing collective inside fn aborted already
-    throw comm_error(msg);
-  }
+  [[noreturn]] void abandon_group(std::exception_ptr cause);
 
   /// ncclCommAbort on every communicator still live (the streams' first, the base last).
-  void abort_now() noexcept {
-    for (auto ch = channels_.rbegin(); ch != channels_.rend(); ++ch) {
-      if (!ch->live) continue;
-      ch->live = false;
-      const result rc = api_.comm_abort(ch->c);
-      if (rc != Api::success) {
-        try {
-          api_.log(nccl_call_log(speaker(), "ncclCommAbort", api_.describe(rc, comm{})));
-        } catch (...) {
-        }
-      }
-    }
-  }
+  void abort_now() noexcept;
 
-  void record(grouped_op g) {
-    event e = pending_.take();
-    try {
-      api_.record(e, g.on);
-      if (g.on != g.s) api_.wait(g.s, e);  // the issuing stream goes on once the collective is done
-    } catch (...) {
-      pending_.give_back(e);
-      throw;
-    }
-    if (!connecting_) stats_.add(static_cast<std::size_t>(g.op.kind), g.op.type, g.total_elems);
-    pending_.add(std::move(g.op), e);
-  }
+  void record(grouped_op g);
 
-  void release_events() noexcept {
-    pending_.release();
-    if (has_handoff_) api_.destroy_event(handoff_);
-    has_handoff_ = false;
-  }
+  void release_events() noexcept;
 
   Api api_;
   int rank_;
@@ -794,3 +399,8 @@ class nccl_core {
 
 }  // namespace detail
 }  // namespace fsdp::comm
+
+// The definitions, one file per job (each includes this header, so any of them may be included alone).
+#include "fsdp/comm/detail/nccl_core_failure.hpp"
+#include "fsdp/comm/detail/nccl_core_family.hpp"
+#include "fsdp/comm/detail/nccl_core_issue.hpp"
