@@ -5,6 +5,9 @@
 //                            (or torchrun/srun: RANK, WORLD_SIZE, LOCAL_RANK and FSDP_RENDEZVOUS_FILE set). The
 //                            rendezvous file is a path every rank sees; without it comm::nccl::from_env refuses a
 //                            world of more than one (docs/errors.md).
+//   NCCL ranks as threads:   05_gpt_cuda --nccl-threads --ranks 4 [--compare-host]: comm::run_nccl_threads, rank r on
+//                            visible device r % count; several on one GPU need NCCL 2.30 and
+//                            NCCL_MULTI_RANK_GPU_ENABLE=1 (such a world shows correctness, not speed).
 // Options as 04_gpt_host's (--layers, --width, --heads, --context, --vocab, --batch, --lr, --warmup, --seed,
 // --precision bf16|fp32, --strategy, --checkpoint-activations, --pack, --tp T), and --gemm cublas|plain, --attention
 // tensor|twin (attention's tile products on tensor cores, bf16 only, the default there; or their twin from the
@@ -39,14 +42,15 @@
 namespace {
 
 int usage(const std::string& why) {
-  std::fprintf(stderr,
-               "error: %s\nusage: 05_gpt_cuda [--ranks N | --nccl] [--steps S] [--precision bf16|fp32] "
-               "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
-               "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-               "[--pack] [--tp T] [--gemm cublas|plain] [--attention tensor|twin] [--head-rows R] [--peak-tflops X] "
-               "[--compare-host] "
-               "[--plan] [--floor] [--matrix-tflops X --copy-gbs Y]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "error: %s\nusage: 05_gpt_cuda [--ranks N [--nccl-threads] | --nccl] [--steps S] [--precision bf16|fp32] "
+      "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
+      "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
+      "[--pack] [--tp T] [--gemm cublas|plain] [--attention tensor|twin] [--head-rows R] [--peak-tflops X] "
+      "[--compare-host] "
+      "[--plan] [--floor] [--matrix-tflops X --copy-gbs Y]\n",
+      why.c_str());
   return 1;
 }
 
@@ -184,7 +188,7 @@ template <class Sharding, class Precision, class Comm>
 using policy = fsdp::policy<Sharding, fsdp::prefetch::backward_pre<1>, Precision, Comm>;
 
 template <class Sharding, class Precision>
-int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda::kernel_choice kind,
+int run(int ranks, bool use_nccl, bool nccl_threads, bool compare, const gpt::config& cfg, gpt_cuda::kernel_choice kind,
         const gpt_cuda::ceilings& given) {
   gpt::result r0;
   std::vector<fsdp::rank_memory> table;  // every local rank's (NCCL: this process's rank 0 only)
@@ -218,6 +222,15 @@ int run(int ranks, bool use_nccl, bool compare, const gpt::config& cfg, gpt_cuda
     table.push_back({comm.rank(), r0.memory.peak, r0.planned});
     ranks = comm.size();
     ranks_here = 1;
+  } else if (nccl_threads) {  // every rank a thread of this process with its own NCCL communicator
+    header(ranks);
+    table.resize(static_cast<std::size_t>(ranks));
+    fsdp::comm::run_nccl_threads(ranks, [&](fsdp::comm::nccl_communicator& c) {
+      auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(c, cfg, kind);
+      std::lock_guard lk(mu);
+      table[static_cast<std::size_t>(c.rank())] = {c.rank(), r.memory.peak, r.planned};
+      if (c.rank() == 0) r0 = std::move(r), tally = gpt_cuda::launch_tally();  // rank 0's thread
+    });
   } else {
     header(ranks);
     table.resize(static_cast<std::size_t>(ranks));
@@ -300,7 +313,8 @@ int main(int argc, char** argv) {
   gpt::config cfg;
   cfg.global_batch = 16;
   int ranks = 4;
-  bool use_nccl = false, compare = false, ranks_given = false, plan_only = false, floor_only = false;
+  bool use_nccl = false, nccl_threads = false, compare = false, ranks_given = false, plan_only = false,
+       floor_only = false;
   double peak_tflops = 989.0, matrix_tflops = 0, copy_gbs = 0;
   std::string strategy = "full_shard", precision = "bf16";
 #ifdef EXAMPLES_NO_CUBLAS
@@ -319,6 +333,8 @@ int main(int argc, char** argv) {
     };
     const char* v = nullptr;
     if (a == "--nccl") use_nccl = true;
+    else if (a == "--nccl-threads")
+      nccl_threads = true;
     else if (a == "--plan")
       plan_only = true;
     else if (a == "--floor")
@@ -355,6 +371,8 @@ int main(int argc, char** argv) {
     else return usage("unknown, incomplete or non-positive argument '" + a + "'");
   }
   if (use_nccl && ranks_given) return usage("--ranks is for local ranks; under --nccl the launcher's WORLD_SIZE says");
+  if (use_nccl && nccl_threads)
+    return usage("--nccl (one process a rank) or --nccl-threads (one thread a rank), not both");
   cfg.opt.total = cfg.steps;
   cfg.verbose = true;
   cfg.peak_flops = peak_tflops * 1e12;
@@ -394,7 +412,7 @@ int main(int argc, char** argv) {
                                       : attention == "tensor" ? gpt_cuda::attention::product::tensor
                                                               : gpt_cuda::attention::product::twin,
                                       head_rows};
-      return run<typename decltype(s)::type, Precision>(ranks, use_nccl, compare, cfg, k, given);
+      return run<typename decltype(s)::type, Precision>(ranks, use_nccl, nccl_threads, compare, cfg, k, given);
     });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
