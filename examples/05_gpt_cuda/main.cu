@@ -216,6 +216,7 @@ int run(int ranks, bool use_nccl, bool nccl_threads, bool compare, const gpt::co
   if (use_nccl) {
     auto comm = fsdp::comm::nccl::from_env();
     if (comm.rank() == 0) header(comm.size());
+    if (comm.rank() == 0) std::printf("NCCL %s: one process a rank\n", fsdp::comm::nccl::version().c_str());
     r0 = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(comm, cfg, kind);
     tally = gpt_cuda::launch_tally();
     if (comm.rank() != 0) return 0;
@@ -224,6 +225,7 @@ int run(int ranks, bool use_nccl, bool nccl_threads, bool compare, const gpt::co
     ranks_here = 1;
   } else if (nccl_threads) {  // every rank a thread of this process with its own NCCL communicator
     header(ranks);
+    std::printf("NCCL %s: %d ranks as threads of this process\n", fsdp::comm::nccl::version().c_str(), ranks);
     table.resize(static_cast<std::size_t>(ranks));
     fsdp::comm::run_nccl_threads(ranks, [&](fsdp::comm::nccl_communicator& c) {
       auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(c, cfg, kind);

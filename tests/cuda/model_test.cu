@@ -761,6 +761,7 @@ TEST_CASE(
     return;
   }
   FSDP_REQUIRE_GPU();
+  std::printf("[nccl] NCCL %s\n", fsdp::comm::nccl::version().c_str());
   using pf = fsdp::prefetch::backward_pre<1>;
   fsdp::comm::nccl_threads_options o;
   o.devices = {0};

@@ -477,6 +477,13 @@ struct nccl {
     return nccl_communicator(env.rank, env.world, device, id, std::move(opt), rdv.get());
   }
 
+  /// The NCCL this process runs on, as "2.30.7" (ncclGetVersion: the library loaded, which may not be the one whose
+  /// header the program was built with), or "unknown" when NCCL cannot say. Several ranks on one GPU need 2.30.
+  static std::string version() {
+    const int code = nccl_api{}.version();
+    return code > 0 ? detail::nccl_version_name(code) : std::string("unknown");
+  }
+
   /// This rank's device: choose_device (launch.hpp) over cudaGetDeviceCount and $CUDA_VISIBLE_DEVICES.
   static int visible_device(int rank, int explicit_device, int local_rank, std::string_view local_rank_from) {
     int visible = 0;
