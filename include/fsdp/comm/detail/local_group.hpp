@@ -381,5 +381,5 @@ class local_group {
 
 #if !defined(FSDP_SEPARATE_COMPILATION)
 #include "fsdp/comm/detail/local_group.ipp"
-#include "fsdp/comm/detail/local_group_members.ipp"
+#include "fsdp/comm/detail/local_group.members.ipp"
 #endif

@@ -2,7 +2,7 @@
 // The in-process group's collectives (fsdp/comm/detail/local_group.hpp): the ranks' rendezvous for each, the
 // reduction, the waiting board that names who waits on whom, and a failure's abort. Included by that header, or
 // compiled once by fsdp/src.hpp under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp); the group's ranks (making
-// it, its links, splits, shrinks and grows) are in local_group_members.ipp.
+// it, its links, splits, shrinks and grows) are in local_group.members.ipp.
 #include <algorithm>
 #include <cstring>
 #include <new>

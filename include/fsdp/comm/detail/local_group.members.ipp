@@ -69,8 +69,8 @@ FSDP_DECL void local_group::place_child_locked(local_group& child, const std::ve
   child.places_ = std::move(places);
 }
 
-FSDP_DECL std::pair<std::shared_ptr<local_group>, int> local_group::sub_group(std::uint64_t split, int rank,
-                                                                  const std::vector<std::pair<int, int>>& all) {
+FSDP_DECL std::pair<std::shared_ptr<local_group>, int> local_group::sub_group(
+    std::uint64_t split, int rank, const std::vector<std::pair<int, int>>& all) {
   const int color = all.at(static_cast<std::size_t>(rank)).first;
   const std::vector<int> members = split_members(all, color);
   const int place = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
