@@ -747,7 +747,7 @@ void check_close(const params_t& a, const params_t& b, float rel) {
 TEST_CASE(
     "comm::run_nccl_threads: worlds of 2, 4 and 8 NCCL ranks as threads on one GPU (NCCL 2.30, "
     "NCCL_MULTI_RANK_GPU_ENABLE=1) train as run_local's host ranks: full_shard at each world, hybrid_shard<2> over "
-    "real ncclCommSplits at 4 and 8") {
+    "real ncclCommSplits at 4 and 8, int8 reductions through grouped send/recv and fp8 gathers at 4") {
   // Where the loaded NCCL cannot put several ranks on one GPU (before 2.30, or without the switch) the case is
   // skipped and says why: tools/gpu-check loads NCCL 2.30 and sets the switch. Such a world proves correctness, not
   // speed: its ranks share the GPU.
@@ -766,15 +766,27 @@ TEST_CASE(
   fsdp::comm::nccl_threads_options o;
   o.devices = {0};
   o.nccl.timeout = fsdp_test::wait_limit;
-  // Both runs of one policy at one world: NCCL ranks as threads on device 0, and run_local's host ranks.
-  auto both = [&]<class S>(S, int world) {
-    using P = fsdp::policy<S, pf, fsdp::precision::full, fsdp::comm::nccl>;
+  // Both runs of one policy at one world: NCCL ranks as threads on device 0, and run_local's host ranks. Each
+  // rank's world communicator's device memory (its creation and connect(), measured as the drop in free memory:
+  // with every rank on one GPU, the others' allocations at the same moment count too) is printed, for docs/cuda.md.
+  auto both = [&]<class S, class Q = fsdp::precision::full>(S, int world, Q = {}) {
+    using P = fsdp::policy<S, pf, Q, fsdp::comm::nccl>;
     std::vector<run_result> gpu(static_cast<std::size_t>(world)), host(static_cast<std::size_t>(world));
+    std::vector<std::int64_t> bytes(static_cast<std::size_t>(world)), connect(static_cast<std::size_t>(world));
     fsdp::comm::run_nccl_threads(
-        world, [&](fsdp::comm::nccl_communicator& c) { gpu[static_cast<std::size_t>(c.rank())] = train<P>(c, true); },
+        world,
+        [&](fsdp::comm::nccl_communicator& c) {
+          const auto r = static_cast<std::size_t>(c.rank());
+          gpu[r] = train<P>(c, true);
+          bytes[r] = c.device_bytes();
+          connect[r] = c.connect_bytes();
+        },
         o);
+    for (std::size_t r = 0; r < bytes.size(); ++r)
+      std::printf("[world] rank %zu of %d: world communicator %.1f MiB of device memory, connect() %.1f MiB of it\n", r,
+                  world, double(bytes[r]) / 1048576.0, double(connect[r]) / 1048576.0);
     fsdp::comm::run_local(world, [&](fsdp::comm::local_communicator& c) {
-      host[static_cast<std::size_t>(c.rank())] = train<host_policy<S, pf>>(c, true);
+      host[static_cast<std::size_t>(c.rank())] = train<host_policy<S, pf, Q>>(c, true);
     });
     return std::pair{gpu, host};
   };
@@ -792,6 +804,25 @@ TEST_CASE(
       CHECK(gpu[r].memory.peak == gpu[r].planned);
     }
     if (world == 2) continue;
+    if (world == 4) {
+      // Gradients reduced in int8 blocks (qgZ): the blocks travel by all_to_all (grouped ncclSend / ncclRecv), and
+      // each rank adds what it received in rank order with the library's own kernel: the host's bits.
+      std::printf("[world] %d ranks: int8 reductions through all_to_all\n", world);
+      using Q8 = fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>;
+      const auto [qgpu, qhost] = both(fsdp::sharding::full_shard{}, world, Q8{});
+      for (std::size_t r = 0; r < qgpu.size(); ++r) {
+        CAPTURE(r);
+        check_same(qgpu[r].params, qhost[r].params);
+      }
+      // fp8 gathers (blocks of 16 with their scales, all_gather moves them as bytes); the reduction is NCCL's.
+      std::printf("[world] %d ranks: fp8 gathers\n", world);
+      using F8 = fsdp::precision::scaled<fsdp::float8_e4m3, 16>;
+      const auto [fgpu, fhost] = both(fsdp::sharding::full_shard{}, world, F8{});
+      for (std::size_t r = 0; r < fgpu.size(); ++r) {
+        CAPTURE(r);
+        check_close(fgpu[r].params, fhost[r].params, 1e-5f);
+      }
+    }
     std::printf("[world] %d ranks: hybrid_shard<2> (%d replicas of 2)\n", world, world / 2);
     const auto [hgpu, hhost] = both(fsdp::sharding::hybrid_shard<2>{}, world);
     for (std::size_t r = 0; r < hgpu.size(); ++r) {
