@@ -6,8 +6,8 @@
 // Host-only: no CUDA or NCCL header is included here. Beside it: the version gates (nccl_versions.hpp), a
 // collective as messages name it (nccl_op.hpp), the ledger of collectives pending completion (nccl_pending.hpp), how
 // a failure is told (nccl_failure_text.hpp) and what shrink() and connect() ask for (nccl_requests.hpp). This file
-// declares nccl_core; its definitions are by job: the communicators and their family (nccl_core_family.hpp), the
-// collectives (nccl_core_issue.hpp) and the failures (nccl_core_failure.hpp), included at the end.
+// declares nccl_core; its definitions are by job: the communicators and their family (nccl_logic.family.hpp), the
+// collectives (nccl_logic.issue.hpp) and the failures (nccl_logic.failure.hpp), included at the end.
 //
 // What Api provides (nccl_api in nccl.cuh is the production one):
 //   using result = ...;  static constexpr result success, in_progress, internal_error;
@@ -401,6 +401,6 @@ class nccl_core {
 }  // namespace fsdp::comm
 
 // The definitions, one file per job (each includes this header, so any of them may be included alone).
-#include "fsdp/comm/detail/nccl_core_failure.hpp"
-#include "fsdp/comm/detail/nccl_core_family.hpp"
-#include "fsdp/comm/detail/nccl_core_issue.hpp"
+#include "fsdp/comm/detail/nccl_logic.failure.hpp"
+#include "fsdp/comm/detail/nccl_logic.family.hpp"
+#include "fsdp/comm/detail/nccl_logic.issue.hpp"
