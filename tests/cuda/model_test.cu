@@ -728,8 +728,8 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   check_same(gq.params, hq.params);
 }
 
-/// Every parameter of `a` within `rel` of `b`'s (relative, with `rel` as the floor of the scale): a sum over more
-/// than two ranks is rounded in the order NCCL's ring adds, which is not the host's.
+/// Every parameter of `a` within `rel` of `b`'s, relative to the larger of |b| and 1 (so an absolute bound for values
+/// under 1): a sum over more than two ranks is rounded in the order NCCL's ring adds, which is not the host's.
 void check_close(const params_t& a, const params_t& b, float rel) {
   REQUIRE(a.size() == b.size());
   for (const auto& [name, va] : a) {
