@@ -1,4 +1,4 @@
-// The GPT example on GPUs (the model of examples/04_gpt_host; the loop is the same code). Two ways to run it:
+// The GPT example on GPUs (the model of examples/04_gpt_host; the loop is the same code). Three ways to run it:
 //   local ranks on one GPU:  bazel run //examples/05_gpt_cuda -- --ranks 4 [--steps 50] [--compare-host]
 //   NCCL, one GPU per rank:  mpirun -np 2 -x FSDP_RENDEZVOUS_FILE=/shared/path/run1
 //                              bazel-bin/examples/05_gpt_cuda/05_gpt_cuda --nccl
