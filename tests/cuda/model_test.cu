@@ -813,6 +813,7 @@ TEST_CASE(
       for (std::size_t r = 0; r < qgpu.size(); ++r) {
         CAPTURE(r);
         check_same(qgpu[r].params, qhost[r].params);
+        CHECK(qgpu[r].memory.peak == qgpu[r].planned);
       }
       // fp8 gathers (blocks of 16 with their scales, all_gather moves them as bytes); the reduction is NCCL's.
       std::printf("[world] %d ranks: fp8 gathers\n", world);
@@ -821,6 +822,7 @@ TEST_CASE(
       for (std::size_t r = 0; r < fgpu.size(); ++r) {
         CAPTURE(r);
         check_close(fgpu[r].params, fhost[r].params, 1e-5f);
+        CHECK(fgpu[r].memory.peak == fgpu[r].planned);
       }
     }
     std::printf("[world] %d ranks: hybrid_shard<2> (%d replicas of 2)\n", world, world / 2);
