@@ -97,8 +97,13 @@ def unity_tests():
             fail(("unity_tests: two groups of //%s would both be named %s (their copts or library differ): " +
                   "give one of them host_test's `unity = \"GROUP\"`") % (package, name))
         names[name] = True
-        if len(members) == 1:  # nothing to share: the test itself, as `bazel test //...` expands a suite
-            native.test_suite(name = name, tests = [":" + members[0]["name"]])
+        if len(members) == 1:
+            # Nothing to share: the test itself, as `bazel test //...` expands a suite. The suite carries the test's
+            # tags: a config's --build_tag_filters pass over a suite by its own tags, and an untagged suite made the
+            # sanitizer configs build example_test and port_modes_test ("build_modes", with the GPT example's main
+            # and the port example in both modes: about 100 s of compiles each config) that they then did not run.
+            # (A suite's tags also select among its tests; the one test has them all.)
+            native.test_suite(name = name, tests = [":" + members[0]["name"]], tags = tags)
             continue
         sources, others, deps, data = [], [], [], []
         size = 0
