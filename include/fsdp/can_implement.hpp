@@ -144,9 +144,8 @@ implementability can_implement(const ModelSpec& spec, const W& wrap, const model
         {"strategy",
          fsdp::detail::cat("sharding strategy ", Policy::sharding::name, " over ", mesh.world(),
                            " ranks with model_options::tensor_parallel = ", opt.tensor_parallel, " makes a mesh of ",
-                           out.blueprint.mesh.replicas, " x ", out.blueprint.mesh.shards, " x ",
-                           out.blueprint.mesh.tensor, " (replicas x shards x tensor), not the ", mesh.replicas, " x ",
-                           mesh.shards, " x ", mesh.tensor, " asked for")});
+                           fsdp::mesh::sizes_text(out.blueprint.mesh), " (", fsdp::mesh::names_text(), "), not the ",
+                           fsdp::mesh::sizes_text(mesh), " asked for")});
   return out;
 }
 

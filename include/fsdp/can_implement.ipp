@@ -36,7 +36,7 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
     tensor_problems.add("model_options::tensor_parallel must be at least 1 (no tensor parallelism), got ", tensor);
   else if (world > 0 && world % tensor != 0)
     tensor_problems.add("model_options::tensor_parallel = ", tensor, " does not divide the world of ", world,
-                        " ranks: the mesh is replicas x shards x tensor, and its size must be the world");
+                        " ranks: the mesh is ", fsdp::mesh::names_text(), ", and its size must be the world");
   else
     out.blueprint.spec = spec.tensor_local(tensor, tensor_problems);
   refuse("tensor", tensor_problems);

@@ -120,14 +120,17 @@ class model_core {
   /// The communicator of this rank's shard group (all-gathers and reduce-scatters): comm() unless the strategy
   /// shards over fewer ranks than the world (strategy_facts::splits_world: hybrid sharding) or the world has tensor
   /// groups (then the ranks of this tensor rank).
-  communicator& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : *comm_; }
+  communicator& shard_comm() noexcept {
+    communicator* c = groups_.of(mesh_group::shard).get();
+    return c ? *c : *comm_;
+  }
   /// The communicator of this rank's tensor group (model_options::tensor_parallel consecutive ranks), for the
   /// trainer's own tensor-parallel collectives, issued on the compute stream so that every rank issues its and the
   /// library's collectives in one order (docs/policies.md); null without tensor parallelism.
-  communicator* tensor_comm() noexcept { return tensor_comm_.get(); }
+  communicator* tensor_comm() noexcept { return groups_.of(mesh_group::tensor).get(); }
   /// The communicator of this rank's replicate group (the all-reduce of reduced shards under hybrid sharding);
   /// null unless the world is split.
-  communicator* replicate_comm() noexcept { return replicate_comm_.get(); }
+  communicator* replicate_comm() noexcept { return groups_.of(mesh_group::replicate).get(); }
   const model_options& options() const noexcept { return opt_; }
   /// The policy's choices as values (strategy over this world, prefetch, precision, offload); at compile time they
   /// are facts_of_precision<P::precision>() and facts_of_offload<P::offload>().
@@ -314,8 +317,8 @@ class model_core {
   /// The communicators this rank holds (the world's, then the shard, replicate and tensor groups' where made).
   std::vector<const communicator*> communicators() const {
     std::vector<const communicator*> all{comm_};
-    for (const communicator* c : {shard_comm_.get(), replicate_comm_.get(), tensor_comm_.get()})
-      if (c) all.push_back(c);
+    for (const auto& c : groups_.by_group)
+      if (c) all.push_back(c.get());
     return all;
   }
 
@@ -324,8 +327,8 @@ class model_core {
   }
 
   communicator* comm_;
-  // hybrid sharding or tensor parallelism only; outlive the executor
-  std::unique_ptr<communicator> shard_comm_, replicate_comm_, tensor_comm_;
+  // hybrid sharding or tensor parallelism only (fsdp/core/mesh.hpp's groups); outlive the executor
+  detail::exec::split_groups<communicator> groups_;
   ModelSpec spec_;
   model_options opt_;
   policy_facts facts_;
@@ -383,7 +386,7 @@ model_core<B, C>::model_core(communicator& comm, init::rule default_init, const 
                            "fsdp::policy, default init rule and model_options");
   backend().memory().reset_peak();  // the comparison's scratch buffers are gone: not part of any step's peak
   if constexpr (OffloadBackend<backend_type>) backend().host_memory().reset_peak();
-  if (pf.strategy.splits_world() || mesh_.tensor > 1) make_groups(pf.strategy.splits_world());
+  if (detail::exec::splits_any(mesh_, pf.strategy.splits_world())) make_groups(pf.strategy.splits_world());
   if (auto* rec = opt_.recorder) {
     rec->set_unit_names(units_.index.names());
     const int rank = comm.rank();

@@ -59,11 +59,11 @@ void model_core<B, C>::connect_collectives(int norm_rows) {
         plan::step_collectives(costs, exec_.facts(), exec_.replicates(), plan::norm_count(size(), norm_rows),
                                plan::commits(opt_.commit_step, norm_rows));
     g.tensor = plan::tensor_collectives(exec_.layouts(), costs);
-    if (shard_comm_) {
+    if (groups_.of(mesh_group::shard)) {
       comm_->connect(plan::not_yet(g.world, connected_.world));
-      shard_comm_->connect(plan::not_yet(g.shard, connected_.shard));
-      if (replicate_comm_) replicate_comm_->connect(plan::not_yet(g.replicas, connected_.replicas));
-      if (tensor_comm_) tensor_comm_->connect(plan::not_yet(g.tensor, connected_.tensor));
+      for (const mesh_group_row& row : mesh_groups)
+        if (communicator* c = groups_.of(row.group).get())
+          c->connect(plan::not_yet(g.of(row.group), connected_.of(row.group)));
     } else {  // the shard group is the world
       std::vector<collective_use> all = g.world;
       all.insert(all.end(), g.shard.begin(), g.shard.end());
@@ -107,11 +107,8 @@ void model_core<B, C>::step(detail::exec::optimizer_work<backend_type>& work) {
 template <class B, class C>
 void model_core<B, C>::make_groups(bool replicas) {
   if constexpr (SplittableCollective<communicator>) {
-    detail::exec::split_groups<communicator> g = detail::exec::split_world(*comm_, mesh_, replicas);
-    shard_comm_ = std::move(g.shard);
-    replicate_comm_ = std::move(g.replicate);
-    tensor_comm_ = std::move(g.tensor);
-    exec_.use_groups(*shard_comm_, replicate_comm_.get(), tensor_comm_.get());
+    groups_ = detail::exec::split_world(*comm_, mesh_, replicas);
+    exec_.use_groups(groups_);
   }
 }
 

@@ -675,7 +675,9 @@ TEST_CASE(
       8,
       [&](local_communicator& w) {
         auto g = fsdp::detail::exec::split_world(w, mesh, true);  // as a Model splits its communicator
-        links[static_cast<std::size_t>(w.rank())] = {w.link(), g.shard->link(), g.replicate->link(), g.tensor->link()};
+        links[static_cast<std::size_t>(w.rank())] = {w.link(), g.of(fsdp::mesh_group::shard)->link(),
+                                                     g.of(fsdp::mesh_group::replicate)->link(),
+                                                     g.of(fsdp::mesh_group::tensor)->link()};
       },
       o);
   auto same = [](const fsdp::comm::link_model& a, const fsdp::comm::link_model& b) {

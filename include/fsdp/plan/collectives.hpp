@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/core/mesh.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/memory/cost.hpp"
 
@@ -75,6 +76,15 @@ struct group_collectives {
   std::vector<collective_use> shard;     ///< the shard group's (the world's when it is not split)
   std::vector<collective_use> replicas;  ///< the replicate group's (hybrid sharding); empty otherwise
   std::vector<collective_use> tensor;    ///< the tensor group's partial-gradient all-reduces (not the trainer's)
+  /// The list of group `g` (fsdp/core/mesh.hpp).
+  std::vector<collective_use>& of(mesh_group g) noexcept {
+    switch (g) {
+      case mesh_group::shard: return shard;
+      case mesh_group::replicate: return replicas;
+      case mesh_group::tensor: return tensor;
+    }
+    return shard;
+  }
 };
 
 /// Sorted, without duplicates: the same list on every rank that has the same uses.

@@ -317,10 +317,11 @@ class time_reading {
 FSDP_DECL void place_on_cluster(time_model& t, const comm::cluster_links& c, const device_mesh& m) {
   t.world = m.data_parallel();
   t.tensor = m.tensor;
-  t.link = m.shards > 1 ? c.group(m.shards, m.tensor) : c.group(m.data_parallel(), m.tensor);
-  t.replica_link = c.group(m.replicas, m.shards * m.tensor);
-  t.tensor_link = c.group(m.tensor, 1);
-  t.world_link = c.group(m.data_parallel() * m.tensor, 1);
+  const auto link_of = [&](mesh_dims dims) { return c.group(mesh::group_size(m, dims), mesh::stride(m, dims)); };
+  t.link = link_of(mesh::spans(mesh_group::shard, m.shards > 1));  // a shard group of one: the data-parallel ranks
+  t.replica_link = link_of(mesh::spans(mesh_group::replicate, true));
+  t.tensor_link = link_of(mesh::spans(mesh_group::tensor, true));
+  t.world_link = link_of(mesh::all_dims);
 }
 
 FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,

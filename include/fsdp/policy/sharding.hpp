@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/mesh.hpp"  // fsdp::device_mesh, which mesh_of makes
 #include "fsdp/core/problems.hpp"
 
 namespace fsdp {
@@ -135,34 +136,6 @@ struct hybrid_shard_zero1 : hybrid_groups<ShardGroup> {
 };
 
 }  // namespace sharding
-
-/// Where a rank sits in a world of replicas x shards x tensor, row-major with the tensor dimension innermost (as
-/// torchtitan's [dp_replicate, dp_shard, tp] mesh): the ranks of one tensor group are consecutive (one node's GPUs
-/// under the usual launchers, so that the trainer's tensor-parallel collectives stay on NVLink), then the
-/// data-parallel ranks count shards within a replica, then replicas. Rank r is at tensor rank r % tensor of
-/// data-parallel rank r / tensor, which is shard shard_rank(r) of replica replica(r).
-///
-///   world 8, replicas 2 x shards 2 x tensor 2:  tensor groups {0,1} {2,3} {4,5} {6,7}; shard groups {0,2} {1,3}
-///                                               {4,6} {5,7}; replicate groups {0,4} {1,5} {2,6} {3,7}
-///
-/// The layout is built for `shards` ranks and the executor takes shard_rank() of it; the Model splits its
-/// communicator by this one mapping (detail/exec/groups.hpp): the shard group (the data-parallel group when the
-/// strategy does not split the world), the replicate group (strategy_facts::splits_world) and the tensor group (tensor
-/// > 1). hybrid(): both data-parallel dimensions have more than one rank.
-struct device_mesh {
-  int replicas = 1;
-  int shards = 1;
-  int tensor = 1;  ///< model_options::tensor_parallel
-  friend bool operator==(const device_mesh&, const device_mesh&) = default;
-  int world() const noexcept { return replicas * shards * tensor; }
-  /// Ranks of one tensor group's place: replicas x shards, among whom gradients are reduced.
-  int data_parallel() const noexcept { return replicas * shards; }
-  int tensor_rank(int rank) const noexcept { return rank % tensor; }
-  int data_parallel_rank(int rank) const noexcept { return rank / tensor; }
-  int shard_rank(int rank) const noexcept { return data_parallel_rank(rank) % shards; }
-  int replica(int rank) const noexcept { return data_parallel_rank(rank) / shards; }
-  bool hybrid() const noexcept { return replicas > 1 && shards > 1; }
-};
 
 /// The strategy's facts as values, for code that is not a template (planner, reports).
 struct strategy_facts {

@@ -6,70 +6,73 @@
 // replicas. Under tensor parallelism the shard and replicate groups hold the ranks of one tensor rank; the tensor
 // group carries the trainer's own collectives (the model's tensor_comm()) and, on the compute stream in issue
 // order with them, the executor's all-reduce of partial gradients (tp::partial_grad).
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string_view>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/core/mesh.hpp"
 #include "fsdp/policy/sharding.hpp"
 
 namespace fsdp::detail::exec {
 
-/// The sub-groups of the world as `mesh` places this rank (rank order within each: the world's).
+/// The sub-groups of the world as `mesh` places this rank (rank order within each: the world's), by role
+/// (fsdp/core/mesh.hpp's mesh_groups); null where the Model makes no such group.
 template <class C>
 struct split_groups {
-  /// This rank's shard group: the ranks of its replica at its tensor rank; the whole data-parallel group (every
-  /// rank at its tensor rank) when the world is not split into replicas.
-  std::unique_ptr<C> shard;
-  std::unique_ptr<C> replicate;  ///< the ranks at its shard position and tensor rank in every replica; or null
-  std::unique_ptr<C> tensor;     ///< its tensor group (consecutive world ranks); null when mesh.tensor is 1
+  std::array<std::unique_ptr<C>, mesh_group_count> by_group;
+  std::unique_ptr<C>& of(mesh_group g) noexcept { return by_group[static_cast<std::size_t>(g)]; }
 };
 
-/// Splits `world` by `mesh` (SplittableCollective: comm::local, comm::mpi, comm::nccl), in this order on every
-/// rank: the shard group, the replicate group when `replicas` (strategy_facts::splits_world), the tensor group when
-/// the mesh has one. Collective over the world.
+/// Splits `world` by `mesh` (SplittableCollective: comm::local, comm::mpi, comm::nccl): every group of mesh_groups
+/// the Model makes (`split`: strategy_facts::splits_world), in that order on every rank. Collective over the world.
 template <SplittableCollective C>
-split_groups<C> split_world(C& world, const device_mesh& mesh, bool replicas) {
-  const int r = world.rank(), t = mesh.tensor_rank(r);
+split_groups<C> split_world(C& world, const device_mesh& m, bool split) {
+  const int r = world.rank();
   split_groups<C> g;
-  // new C(prvalue): a communicator need not be movable (split returns it by value, elided)
-  g.shard.reset(new C(world.split((replicas ? mesh.replica(r) : 0) * mesh.tensor + t, r)));
-  if (replicas) g.replicate.reset(new C(world.split(mesh.shard_rank(r) * mesh.tensor + t, r)));
-  if (mesh.tensor > 1) g.tensor.reset(new C(world.split(mesh.data_parallel_rank(r), r)));
+  for (const mesh_group_row& row : mesh_groups)
+    if (row.made(m, split))  // new C(prvalue): a communicator need not be movable (split returns it, elided)
+      g.of(row.group).reset(new C(world.split(mesh::group_color(m, r, mesh::spans(row.group, split)), r)));
   return g;
+}
+
+/// Whether the Model splits its world at all.
+inline bool splits_any(const device_mesh& m, bool split) noexcept {
+  for (const mesh_group_row& row : mesh_groups)
+    if (row.made(m, split)) return true;
+  return false;
 }
 
 template <class C>
 class groups {
  public:
-  explicit groups(C& world) : world_(&world), shard_(&world) {}
+  explicit groups(C& world) : world_(&world) {}
 
-  /// Hybrid sharding or tensor parallelism: gathers and reduce-scatters on `shard` from now on, each
-  /// reduce-scattered shard all-reduced on `replicate` (null: no replicas), partial gradients on `tensor` (null: no
-  /// tensor group). All must outlive this.
-  void use(C& shard, C* replicate, C* tensor) {
-    shard_ = &shard;
-    replicas_ = replicate;
-    tensor_ = tensor;
+  /// The groups a split made (split_world): gathers and reduce-scatters on the shard group from now on, each
+  /// reduce-scattered shard all-reduced on the replicate group (none: no replicas), partial gradients on the tensor
+  /// group (none: no tensor group). They must outlive this.
+  void use(split_groups<C>& g) {
+    for (std::size_t k = 0; k < mesh_group_count; ++k) by_group_[k] = g.by_group[k].get();
   }
 
   C& world() const noexcept { return *world_; }
-  C& shard() const noexcept { return *shard_; }
-  C* replicas() const noexcept { return replicas_; }
-  C* tensor() const noexcept { return tensor_; }
+  /// The group of role `g`, or null where none was made (the shard group: the world then).
+  C* of(mesh_group g) const noexcept { return by_group_[static_cast<std::size_t>(g)]; }
+  C& shard() const noexcept { return of(mesh_group::shard) ? *of(mesh_group::shard) : *world_; }
+  C* replicas() const noexcept { return of(mesh_group::replicate); }
+  C* tensor() const noexcept { return of(mesh_group::tensor); }
 
   /// Tells communicators that keep one (comm::nccl, comm::mpi) which unit the next collective is for, so that a
   /// timeout names it.
   void label(std::string_view unit) const {
-    comm::label_next(*shard_, unit);
-    if (replicas_) comm::label_next(*replicas_, unit);
+    comm::label_next(shard(), unit);
+    if (replicas()) comm::label_next(*replicas(), unit);
   }
 
  private:
   C* world_;
-  C* shard_;
-  C* replicas_ = nullptr;
-  C* tensor_ = nullptr;
+  std::array<C*, mesh_group_count> by_group_{};
 };
 
 }  // namespace fsdp::detail::exec

@@ -66,12 +66,11 @@ class unit_executor {
 
   B& backend() noexcept { return *be_; }
   const B& backend() const noexcept { return *be_; }
-  /// Hybrid sharding or tensor parallelism: gathers and reduce-scatters on `shard` from now on, each
-  /// reduce-scattered shard all-reduced on `replicate` (null: no replicas), partial gradients on `tensor` (null: no
-  /// tensor group). All must outlive the executor.
-  void use_groups(C& shard, C* replicate, C* tensor) {
-    groups_.use(shard, replicate, tensor);
-    prog_.set_replicas(replicate ? replicate->size() : 1);
+  /// Hybrid sharding or tensor parallelism: the collectives on the groups a split made (groups::use) from now on.
+  /// They must outlive the executor.
+  void use_groups(split_groups<C>& g) {
+    groups_.use(g);
+    prog_.set_replicas(groups_.replicas() ? groups_.replicas()->size() : 1);
   }
   /// Whether each reduced shard is all-reduced across a replicate group (the step program's decision).
   bool replicates() const noexcept { return prog_.replicates(); }

@@ -1,0 +1,167 @@
+#pragma once
+// The device mesh, written once: its dimensions (one row each in mesh_dimensions) and the groups of ranks a Model
+// splits its communicator into (one row each in mesh_groups). Everything else asks: where a rank sits along a
+// dimension, which ranks form its group of a role, how the world is split (detail/exec/groups.hpp), which links a
+// group's collectives cross (plan::place_on_cluster), how the mesh is named in messages ("replicas x shards x
+// tensor") and recorded in a checkpoint's manifest.
+//
+// Adding a dimension: a field of device_mesh, its row in mesh_dimensions (in its place, outermost first), the
+// groups that span it in mesh_groups (a new role: a row there, and its member in mesh_group). docs/architecture.md
+// ("where to start") names what else reads a dimension by meaning, not by structure.
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace fsdp {
+
+/// Where a rank sits in a world of replicas x shards x tensor, row-major with the tensor dimension innermost (as
+/// torchtitan's [dp_replicate, dp_shard, tp] mesh): the ranks of one tensor group are consecutive (one node's GPUs
+/// under the usual launchers, so that the trainer's tensor-parallel collectives stay on NVLink), then the
+/// data-parallel ranks count shards within a replica, then replicas. Rank r is at tensor rank r % tensor of
+/// data-parallel rank r / tensor, which is shard shard_rank(r) of replica replica(r).
+///
+///   world 8, replicas 2 x shards 2 x tensor 2:  tensor groups {0,1} {2,3} {4,5} {6,7}; shard groups {0,2} {1,3}
+///                                               {4,6} {5,7}; replicate groups {0,4} {1,5} {2,6} {3,7}
+///
+/// The layout is built for `shards` ranks and the executor takes shard_rank() of it; the Model splits its
+/// communicator into the groups of mesh_groups (detail/exec/groups.hpp): the shard group (the data-parallel group
+/// when the strategy does not split the world), the replicate group (strategy_facts::splits_world) and the tensor
+/// group (tensor > 1). hybrid(): both data-parallel dimensions have more than one rank.
+struct device_mesh {
+  int replicas = 1;
+  int shards = 1;
+  int tensor = 1;  ///< model_options::tensor_parallel
+  friend bool operator==(const device_mesh&, const device_mesh&) = default;
+  // By name, for what the dimensions mean (defined below, from the rows):
+  int world() const noexcept;
+  /// Ranks of one tensor group's place: replicas x shards, among whom gradients are reduced.
+  int data_parallel() const noexcept;
+  int tensor_rank(int rank) const noexcept;
+  /// The rank's place among the data-parallel ranks (the tensor groups', in world order).
+  int data_parallel_rank(int rank) const noexcept;
+  int shard_rank(int rank) const noexcept;
+  int replica(int rank) const noexcept;
+  bool hybrid() const noexcept { return replicas > 1 && shards > 1; }
+};
+
+/// The mesh's dimensions, outermost first.
+enum class mesh_dim : unsigned char { replicate, shard, tensor };
+/// A set of dimensions (bit d: mesh_dim d).
+using mesh_dims = unsigned;
+constexpr mesh_dims dims_of(mesh_dim d) noexcept { return 1u << static_cast<unsigned>(d); }
+
+/// One row per dimension, outermost first: its field of device_mesh and its name (in messages, and its key in a
+/// checkpoint manifest's "mesh").
+struct mesh_dimension {
+  mesh_dim dim;
+  int device_mesh::* size;
+  std::string_view name;
+};
+inline constexpr std::array<mesh_dimension, 3> mesh_dimensions{{
+    {mesh_dim::replicate, &device_mesh::replicas, "replicas"},
+    {mesh_dim::shard, &device_mesh::shards, "shards"},
+    {mesh_dim::tensor, &device_mesh::tensor, "tensor"},
+}};
+
+/// The groups a Model splits its communicator into, beside the world's own: each the ranks that differ only along
+/// the dimensions it spans.
+enum class mesh_group : unsigned char { shard, replicate, tensor };
+
+/// One row per group, in the order every rank splits them off the world: its name, the dimensions it spans when
+/// the strategy splits the world into replicas (strategy_facts::splits_world) and when it does not, and whether
+/// the Model makes it (else its collectives are the world's, or there are none).
+struct mesh_group_row {
+  mesh_group group;
+  std::string_view name;
+  mesh_dims spans_split;
+  mesh_dims spans_whole;
+  bool (*made)(const device_mesh&, bool split);
+};
+inline constexpr std::array<mesh_group_row, 3> mesh_groups{{
+    // gathers and reduce-scatters: the ranks of a replica at one tensor rank; every data-parallel rank at one
+    // tensor rank when the world is not split (made then only to leave the tensor ranks apart)
+    {mesh_group::shard, "shard group", dims_of(mesh_dim::shard),
+     dims_of(mesh_dim::replicate) | dims_of(mesh_dim::shard),
+     [](const device_mesh& m, bool split) { return split || m.tensor > 1; }},
+    // the all-reduce of each reduce-scattered shard: the ranks at one shard position and tensor rank
+    {mesh_group::replicate, "replicate group", dims_of(mesh_dim::replicate), 0,
+     [](const device_mesh&, bool split) { return split; }},
+    // the trainer's tensor-parallel collectives and the partial gradients' all-reduce: consecutive ranks
+    {mesh_group::tensor, "tensor group", dims_of(mesh_dim::tensor), dims_of(mesh_dim::tensor),
+     [](const device_mesh& m, bool) { return m.tensor > 1; }},
+}};
+inline constexpr std::size_t mesh_group_count = mesh_groups.size();
+
+namespace mesh {
+
+inline int size(const device_mesh& m, mesh_dim d) noexcept {
+  return m.*mesh_dimensions[static_cast<std::size_t>(d)].size;
+}
+/// How far apart consecutive ranks along `d` are: the product of the sizes of the dimensions inside it.
+inline int stride(const device_mesh& m, mesh_dim d) noexcept {
+  int s = 1;
+  for (std::size_t k = static_cast<std::size_t>(d) + 1; k < mesh_dimensions.size(); ++k)
+    s *= m.*mesh_dimensions[k].size;
+  return s;
+}
+/// Where world rank `rank` sits along `d`.
+inline int coordinate(const device_mesh& m, int rank, mesh_dim d) noexcept { return rank / stride(m, d) % size(m, d); }
+/// Every dimension.
+inline constexpr mesh_dims all_dims = [] {
+  mesh_dims d = 0;
+  for (const mesh_dimension& r : mesh_dimensions) d |= dims_of(r.dim);
+  return d;
+}();
+/// How far apart consecutive ranks of a group spanning `dims` are (its dimensions next to each other in the
+/// mesh's order): the stride of its innermost dimension; 1 for none.
+inline int stride(const device_mesh& m, mesh_dims dims) noexcept {
+  for (std::size_t k = mesh_dimensions.size(); k-- > 0;)
+    if (dims & dims_of(mesh_dimensions[k].dim)) return stride(m, mesh_dimensions[k].dim);
+  return 1;
+}
+/// Ranks in a group spanning `dims`.
+inline int group_size(const device_mesh& m, mesh_dims dims) noexcept {
+  int n = 1;
+  for (const mesh_dimension& r : mesh_dimensions)
+    if (dims & dims_of(r.dim)) n *= m.*r.size;
+  return n;
+}
+/// The number of `rank`'s group spanning `dims` among the groups that tile the world (the color of a split): its
+/// coordinates along the other dimensions, row-major. The ranks of one group share it.
+inline int group_color(const device_mesh& m, int rank, mesh_dims dims) noexcept {
+  int color = 0;
+  for (const mesh_dimension& r : mesh_dimensions)
+    if (!(dims & dims_of(r.dim))) color = color * (m.*r.size) + coordinate(m, rank, r.dim);
+  return color;
+}
+/// The row of group `g`, and the dimensions it spans.
+inline const mesh_group_row& row(mesh_group g) noexcept { return mesh_groups[static_cast<std::size_t>(g)]; }
+inline mesh_dims spans(mesh_group g, bool split) noexcept { return split ? row(g).spans_split : row(g).spans_whole; }
+/// The dimensions' names joined: "replicas x shards x tensor".
+inline std::string names_text() {
+  std::string s;
+  for (const mesh_dimension& r : mesh_dimensions) s += (s.empty() ? "" : " x ") + std::string(r.name);
+  return s;
+}
+/// The dimensions' sizes joined, in the same order: "2 x 4 x 1".
+inline std::string sizes_text(const device_mesh& m) {
+  std::string s;
+  for (const mesh_dimension& r : mesh_dimensions) s += (s.empty() ? "" : " x ") + std::to_string(m.*r.size);
+  return s;
+}
+
+}  // namespace mesh
+
+inline int device_mesh::world() const noexcept { return mesh::group_size(*this, mesh::all_dims); }
+inline int device_mesh::data_parallel() const noexcept {
+  return mesh::group_size(*this, dims_of(mesh_dim::replicate) | dims_of(mesh_dim::shard));
+}
+inline int device_mesh::tensor_rank(int rank) const noexcept { return mesh::coordinate(*this, rank, mesh_dim::tensor); }
+inline int device_mesh::data_parallel_rank(int rank) const noexcept {
+  return mesh::group_color(*this, rank, dims_of(mesh_dim::tensor));
+}
+inline int device_mesh::shard_rank(int rank) const noexcept { return mesh::coordinate(*this, rank, mesh_dim::shard); }
+inline int device_mesh::replica(int rank) const noexcept { return mesh::coordinate(*this, rank, mesh_dim::replicate); }
+
+}  // namespace fsdp
