@@ -13,7 +13,6 @@
 
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/core/mesh.hpp"
-#include "fsdp/policy/sharding.hpp"
 
 namespace fsdp::detail::exec {
 
