@@ -3,7 +3,7 @@
 // splits its communicator into (one row each in mesh_groups). Everything else asks: where a rank sits along a
 // dimension, which ranks form its group of a role, how the world is split (detail/exec/groups.hpp), which links a
 // group's collectives cross (plan::place_on_cluster), how the mesh is named in messages ("replicas x shards x
-// tensor") and recorded in a checkpoint's manifest.
+// tensor"). A checkpoint's manifest still records the mesh as named fields (checkpoint/manifest.hpp).
 //
 // Adding a dimension: a field of device_mesh, its row in mesh_dimensions (in its place, outermost first), the
 // groups that span it in mesh_groups (a new role: a row there, and its member in mesh_group). docs/architecture.md
