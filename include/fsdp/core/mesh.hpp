@@ -93,6 +93,17 @@ inline constexpr std::array<mesh_group_row, 3> mesh_groups{{
 }};
 inline constexpr std::size_t mesh_group_count = mesh_groups.size();
 
+// Each table is indexed by its enum (mesh::size, mesh::row): its rows in the enum's order.
+static_assert(
+    [] {
+      for (std::size_t k = 0; k < mesh_dimensions.size(); ++k)
+        if (static_cast<std::size_t>(mesh_dimensions[k].dim) != k) return false;
+      for (std::size_t k = 0; k < mesh_groups.size(); ++k)
+        if (static_cast<std::size_t>(mesh_groups[k].group) != k) return false;
+      return true;
+    }(),
+    "fsdp/core/mesh.hpp: mesh_dimensions and mesh_groups must list their rows in mesh_dim's and mesh_group's order");
+
 namespace mesh {
 
 inline int size(const device_mesh& m, mesh_dim d) noexcept {
