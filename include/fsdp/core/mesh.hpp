@@ -54,8 +54,9 @@ constexpr mesh_dims dims_of(mesh_dim d) noexcept { return 1u << static_cast<unsi
 /// One row per dimension, outermost first: its field of device_mesh and its name (in messages, and its key in a
 /// checkpoint manifest's "mesh").
 struct mesh_dimension {
+  using field = int device_mesh::*;  // an alias: nvcc's host code spells the member pointer in parentheses otherwise
   mesh_dim dim;
-  int device_mesh::* size;
+  field size;
   std::string_view name;
 };
 inline constexpr std::array<mesh_dimension, 3> mesh_dimensions{{

@@ -43,8 +43,9 @@ class stacked {
   /// One kind of layer tensor: its name within a layer ("qkvw"), the trainer's stacked buffer, one layer's shape,
   /// and the options of each layer's parameter (flags such as no_decay, an initializer: ModelSpec::add's).
   struct kind {
+    using field = float* T::*;  // an alias: nvcc's host code spells the member pointer in parentheses otherwise
     std::string name;
-    float* T::* member = nullptr;
+    field member = nullptr;
     std::vector<std::int64_t> shape;
     param_options options{};
   };
