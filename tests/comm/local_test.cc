@@ -153,6 +153,118 @@ TEST_CASE("all_to_all: block q of rank r's send lands as block r of rank q's rec
   }
 }
 
+TEST_CASE(
+    "all_to_all_v: rank q's block for rank r lands as block q of rank r's receive, each block as long as its "
+    "count, empty blocks too, at every world size") {
+  for (int world = 1; world <= 5; ++world) {
+    CAPTURE(world);
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::backend::host be(c.rank());
+      auto& s = be.compute_stream();
+      const int r = c.rank();
+      const auto count = [](int from, int to) { return std::int64_t((from + 2 * to) % 4); };  // 0 to 3, uneven
+      std::vector<std::int64_t> send_counts, recv_counts;
+      for (int q = 0; q < world; ++q) {
+        send_counts.push_back(count(r, q));
+        recv_counts.push_back(count(q, r));
+      }
+      // element i of the block for rank q is 1000 r + 100 q + i
+      std::vector<float> send, recv;
+      for (int q = 0; q < world; ++q)
+        for (int i = 0; i < count(r, q); ++i) send.push_back(float(1000 * r + 100 * q + i));
+      for (int q = 0; q < world; ++q) recv.resize(recv.size() + std::size_t(count(q, r)), -1.0f);
+      c.all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, dtype::f32, s);
+      // one-byte elements: 16 r + q, as many as the pair's count
+      std::vector<std::int8_t> send8, recv8(recv.size(), -1);
+      for (int q = 0; q < world; ++q) send8.resize(send8.size() + std::size_t(count(r, q)), std::int8_t(16 * r + q));
+      c.all_to_all_v(send8.data(), send_counts, recv8.data(), recv_counts, dtype::i8, s);
+      be.synchronize(s);
+      std::vector<float> expected;
+      std::vector<std::int8_t> expected8;
+      for (int q = 0; q < world; ++q)
+        for (int i = 0; i < count(q, r); ++i) {
+          expected.push_back(float(1000 * q + 100 * r + i));
+          expected8.push_back(std::int8_t(16 * q + r));
+        }
+      CHECK(recv == expected);
+      CHECK(recv8 == expected8);
+      const auto st = c.stats();
+      CHECK(st[fsdp::collective::all_to_all_v] == 2);
+      CHECK(st.bytes[std::size_t(fsdp::collective::all_to_all_v)] == std::uint64_t(send.size() * 4 + send8.size()));
+    });
+  }
+}
+
+TEST_CASE(
+    "all_to_all_v: counts two ranks disagree on fail every rank's call, naming the pair; nothing moves, and the "
+    "group goes on") {
+  run_ranks(3, [](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    std::vector<float> send(6, 1.0f), recv(7, -1.0f);
+    std::vector<std::int64_t> send_counts{2, 2, 2}, recv_counts{2, 2, 2};
+    if (c.rank() == 1) recv_counts[2] = 3;  // rank 2 sends it 2
+    const std::string r = std::to_string(c.rank());
+    CHECK(error_of<fsdp::comm_error>([&] {
+            c.all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, dtype::f32, be.compute_stream());
+            be.synchronize(be.compute_stream());
+          }) == std::string("fsdp: local all_to_all_v(send=[2, 2, 2], recv=[2, 2, ") + (c.rank() == 1 ? "3" : "2") +
+                    "], f32) #0 on rank " + r +
+                    ": rank 1 receives 3 elements from rank 2 (its recv_counts[2]) but rank 2 sends it 2 (its "
+                    "send_counts[1]); rank p's recv_counts[q] must be rank q's send_counts[p]");
+    CHECK(recv == std::vector<float>(7, -1.0f));
+    recv_counts[2] = 2;
+    c.all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, dtype::f32, be.reduce_stream());
+    be.synchronize(be.reduce_stream());
+    CHECK(std::vector<float>(recv.begin(), recv.begin() + 6) == std::vector<float>(6, 1.0f));
+  });
+  // An even all_to_all on one rank and an uneven one on the other are different collectives.
+  const std::string kinds = error_of<fsdp::comm_error>([] {
+    run_ranks(2, [](local_communicator& c) {
+      fsdp::backend::host be(c.rank());
+      std::vector<float> send(2, 1.0f), recv(2);
+      const std::vector<std::int64_t> one{1, 1};
+      if (c.rank() == 0)
+        c.all_to_all(send.data(), recv.data(), 1, dtype::f32, be.compute_stream());
+      else
+        c.all_to_all_v(send.data(), one, recv.data(), one, dtype::f32, be.compute_stream());
+      be.synchronize(be.compute_stream());
+    });
+  });
+  CHECK(kinds.find("collective mismatch at #0") != std::string::npos);
+  CHECK(kinds.find("all_to_all(count=1, f32)") != std::string::npos);
+  CHECK(kinds.find("all_to_all_v(send=[1, 1], recv=[1, 1], f32)") != std::string::npos);
+}
+
+TEST_CASE("all_to_all_v: what one rank can tell is wrong is refused at the call, naming the rank and the count") {
+  run_ranks(2, [](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    auto& s = be.compute_stream();
+    const std::string r = std::to_string(c.rank());
+    std::vector<float> a(8), b(8);
+    const auto call = [&](std::vector<std::int64_t> send_counts, std::vector<std::int64_t> recv_counts,
+                          const void* send, void* recv) {
+      return error_of<fsdp::usage_error>([&] { c.all_to_all_v(send, send_counts, recv, recv_counts, dtype::f32, s); });
+    };
+    CHECK(call({1, 1, 1}, {1, 1}, a.data(), b.data()) ==
+          "fsdp: all_to_all_v on rank " + r +
+              ": send_counts has 3 counts for a group of 2 ranks; give one count per rank");
+    CHECK(call({1, 1}, {1}, a.data(), b.data()) ==
+          "fsdp: all_to_all_v on rank " + r +
+              ": recv_counts has 1 counts for a group of 2 ranks; give one count per rank");
+    CHECK(call({1, -2}, {1, 1}, a.data(), b.data()) ==
+          "fsdp: all_to_all_v on rank " + r + ": send_counts[1] is -2; a count must not be negative");
+    std::vector<std::int64_t> self_send{1, 1}, self_recv{1, 1};
+    self_recv[std::size_t(c.rank())] = 2;
+    CHECK(call(self_send, self_recv, a.data(), b.data()) ==
+          "fsdp: all_to_all_v on rank " + r + ": it sends itself 1 elements (send_counts[" + r +
+              "]) but receives 2 from itself (recv_counts[" + r + "]); the two must be equal");
+    CHECK(call({2, 2}, {2, 2}, a.data(), a.data() + 3) ==
+          "fsdp: all_to_all_v on rank " + r +
+              ": the send buffer (16 bytes) and the receive buffer (16 bytes) overlap; give it two buffers apart");
+    CHECK(c.stats()[fsdp::collective::all_to_all_v] == 0);  // nothing refused was issued
+  });
+}
+
 TEST_CASE("bf16 and fp16 reductions: rank order, rounded after every addition, averages pre-multiplied") {
   for (int world = 1; world <= 5; ++world) {
     CAPTURE(world);

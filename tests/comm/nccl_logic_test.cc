@@ -211,6 +211,19 @@ void all_to_all(core& c, script& sc, std::int64_t count, int stream, dtype t = d
   c.all_to_all(count, t, stream, {}, pair("ncclSend"), pair("ncclRecv"));
 }
 
+/// nccl.cuh's all_to_all_v: a send and a receive per rank whose block is not empty, recorded with the peer, the
+/// block's first byte and its elements ("ncclSend(2 at 8, 3)").
+void all_to_all_v(core& c, script& sc, const std::vector<std::int64_t>& counts, int stream, dtype t = dtype::f32) {
+  auto pair = [&](const char* name) {
+    return [&sc, name, stream](int comm, int on, int, int q, std::size_t at, std::int64_t n) {
+      sc.calls.push_back(nccl_call(name, comm, on, stream) + "(" + std::to_string(q) + " at " + std::to_string(at) +
+                         ", " + std::to_string(n) + ")");
+      return static_cast<fake_api::result>(sc.call);
+    };
+  };
+  c.all_to_all_v(counts, t, stream, {}, pair("ncclSend"), pair("ncclRecv"));
+}
+
 using calls = std::vector<std::string>;
 
 /// The calls as one line, so that a failing check prints them.
@@ -850,6 +863,36 @@ TEST_CASE("nccl all_to_all: one group of a send and a receive per rank; a dtype 
         "all_to_all(count=4, i8) #1 for unit 'h.1'; pending: no collective pending; comm::nccl on rank 1 of 3 aborted "
         "(restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
   CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclSend(0)", "ncclGroupEnd", "ncclCommAbort"}));
+}
+
+TEST_CASE(
+    "nccl all_to_all_v: one group of a send and a receive per rank whose block is not empty, each at its "
+    "block's place; the stats count what this rank sends") {
+  script sc;
+  core c(fake_api{&sc}, 1, 3, 1000ms);
+  init(c);
+  c.label("h.1");
+  // rank 1 of 3 sends 2, 0 and 3 elements (itself nothing) and receives 1, 0 and 5
+  all_to_all_v(c, sc, {2, 0, 3, 1, 0, 5}, 8);
+  CHECK(seq(sc.calls) ==
+        seq(calls{"ncclGroupStart", "ncclSend(0 at 0, 2)", "ncclRecv(0 at 0, 1)", "ncclSend(2 at 8, 3)",
+                  "ncclRecv(2 at 4, 5)", "ncclGroupEnd", "cudaEventRecord(e1, s8)"}));
+  CHECK(c.stats()[collective::all_to_all_v] == 1);
+  CHECK(c.stats().bytes[std::size_t(collective::all_to_all_v)] == 5 * 4);
+  // Nothing to move at all: still one collective (every rank issues it), an empty group.
+  sc.calls.clear();
+  all_to_all_v(c, sc, {0, 0, 0, 0, 0, 0}, 8, dtype::bf16);
+  CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclGroupEnd", "cudaEventRecord(e2, s8)"}));
+  CHECK(c.issued() == 2);
+  // A receive NCCL rejects is named as the collective it belongs to.
+  sc.calls.clear();
+  sc.complete = {1, 2};
+  sc.call = fake_api::invalid_argument;
+  CHECK(error_of<fsdp::comm_error>([&] { all_to_all_v(c, sc, {0, 0, 0, 4, 0, 0}, 8); }) ==
+        "fsdp: NCCL reported ncclInvalidArgument (invalid argument) on rank 1 of 3 during ncclSend/ncclRecv for "
+        "all_to_all_v(count=0, f32) #2 for unit 'h.1'; pending: no collective pending; comm::nccl on rank 1 of 3 "
+        "aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
+  CHECK(seq(sc.calls) == seq(calls{"ncclGroupStart", "ncclRecv(0 at 0, 4)", "ncclGroupEnd", "ncclCommAbort"}));
 }
 
 namespace {

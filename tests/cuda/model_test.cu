@@ -717,6 +717,16 @@ TEST_CASE("comm::nccl at world size 1 from the environment: equals the host run 
   CHECK(back[0] == 2.5f);
   CHECK(back[1] == -1.0f);
   CHECK(comm.stats()[fsdp::collective::all_to_all] == 1);
+  // all_to_all_v likewise: one block, to this rank itself
+  const std::vector<std::int64_t> one_block{2};
+  float zero[2] = {0, 0};
+  be.upload(to.data(), zero, 8, be.reduce_stream());
+  comm.all_to_all_v(buf.data(), one_block, to.data(), one_block, fsdp::dtype::f32, be.reduce_stream());
+  be.download(back, to.data(), 8, be.reduce_stream());
+  be.synchronize(be.reduce_stream());
+  CHECK(back[0] == 2.5f);
+  CHECK(back[1] == -1.0f);
+  CHECK(comm.stats()[fsdp::collective::all_to_all_v] == 1);
   // gradients reduced in int8 blocks (qgZ) through that all_to_all: the host run's bits
   using Q = fsdp::precision::scaled<std::int8_t, 16, fsdp::bfloat16, std::int8_t>;
   const run_result gq =
@@ -895,6 +905,56 @@ TEST_CASE("comm::local on one GPU: all_to_all puts block q of rank r's send at b
         for (int i = 0; i < n; ++i) CHECK(back[std::size_t(q * n + i)] == float(1000 * q + 100 * r + i));
       CHECK(c.stats()[fsdp::collective::all_to_all] == 1);
     }, fsdp_test::local_options());
+  }
+}
+
+TEST_CASE(
+    "comm::local on one GPU: all_to_all_v puts rank q's block for rank r at block q of rank r's receive, each "
+    "as long as its count; counts that disagree fail every rank's call, naming the pair") {
+  FSDP_REQUIRE_GPU();
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    fsdp::comm::run_local_cuda(
+        world,
+        [&](fsdp::comm::local_cuda_communicator& c) {
+          fsdp::backend::cuda be(0, c.backend_options());
+          const int r = c.rank();
+          const auto count = [](int from, int to) { return std::int64_t((from + 2 * to) % 4); };  // 0 to 3
+          std::vector<std::int64_t> send_counts, recv_counts;
+          std::vector<float> mine, want;
+          for (int q = 0; q < world; ++q) {
+            send_counts.push_back(count(r, q));
+            recv_counts.push_back(count(q, r));
+            for (int i = 0; i < count(r, q); ++i) mine.push_back(float(1000 * r + 100 * q + i));
+            for (int i = 0; i < count(q, r); ++i) want.push_back(float(1000 * q + 100 * r + i));
+          }
+          std::vector<float> back(want.size(), -1.0f);
+          auto send = be.allocate(std::int64_t(mine.size() + 1) * 4, fsdp::mem::comm_buffers, be.reduce_stream());
+          auto recv = be.allocate(std::int64_t(want.size() + 1) * 4, fsdp::mem::comm_buffers, be.reduce_stream());
+          be.upload(send.data(), mine.data(), std::int64_t(mine.size()) * 4, be.reduce_stream());
+          c.all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, fsdp::dtype::f32, be.reduce_stream());
+          be.download(back.data(), recv.data(), std::int64_t(want.size()) * 4, be.reduce_stream());
+          be.synchronize(be.reduce_stream());
+          CHECK(back == want);
+          CHECK(c.stats()[fsdp::collective::all_to_all_v] == 1);
+          if (world == 3) {  // rank 1 expects one element more from rank 2 than rank 2 sends it
+            std::vector<std::int64_t> wrong = recv_counts;
+            if (r == 1) wrong[2] += 1;
+            std::string line = "(no error)";
+            try {
+              c.all_to_all_v(send.data(), send_counts, recv.data(), wrong, fsdp::dtype::f32, be.reduce_stream());
+            } catch (const fsdp::comm_error& e) {
+              line = e.what();
+            }
+            REQUIRE(line.find(" #1 on rank ") != std::string::npos);
+            CHECK(line.substr(line.find(" #1 on rank ")) ==
+                  " #1 on rank " + std::to_string(r) + ": rank 1 receives " + std::to_string(count(2, 1) + 1) +
+                      " elements from rank 2 (its recv_counts[2]) but rank 2 sends it " + std::to_string(count(2, 1)) +
+                      " (its send_counts[1]); rank p's recv_counts[q] must be rank q's send_counts[p]");
+            c.barrier();  // and the group goes on
+          }
+        },
+        fsdp_test::local_options());
   }
 }
 

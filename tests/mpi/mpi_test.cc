@@ -114,6 +114,7 @@ std::vector<unsigned char> run_one(Comm& comm, fsdp::backend::host& be, fsdp::ba
         sp = recv.data();
         break;
       case collective::all_to_all:  // never in place (AllToAllCollective)
+      case collective::all_to_all_v:  // not issued here: its own test case below
         break;
     }
   }
@@ -133,6 +134,9 @@ std::vector<unsigned char> run_one(Comm& comm, fsdp::backend::host& be, fsdp::ba
       break;
     case collective::all_to_all:
       comm.all_to_all(sp, rp, o.count, o.type, s);
+      break;
+    case collective::all_to_all_v:  // its own test case below
+      FAIL("run_one does not issue all_to_all_v");
       break;
   }
   be.synchronize(s);
@@ -220,6 +224,78 @@ TEST_CASE("every collective, dtype and op gives comm::local's bits at world 4, i
       dtype::f32, reduce_op::sum, kWorld, n, [&](int q) { return in[static_cast<std::size_t>(kWorld - 1 - q)].data(); },
       reverse.data());
   CHECK(!same_bits(forward, reverse));
+}
+
+TEST_CASE(
+    "all_to_all_v moves every dtype's uneven blocks to the ranks they are for at world 4, on every stream; "
+    "counts that disagree fail every rank, naming the pair") {
+  REQUIRE(world_rank() < kWorld);
+  const auto count = [](int from, int to, int salt) { return std::int64_t((3 * from + 5 * to + salt) % 7); };
+  const auto sum_to = [](auto&& f, int end) {
+    std::int64_t s = 0;
+    for (int q = 0; q < end; ++q) s += f(q);
+    return s;
+  };
+  {
+    mpi_communicator comm;
+    const int rank = comm.rank();
+    fsdp::backend::host be(rank);
+    fsdp::backend::host::stream* streams[] = {&be.gather_stream(), &be.reduce_stream(), &be.compute_stream()};
+    int k = 0;
+    for (const fsdp::dtype_row& row : fsdp::dtype_rows) {
+      for (int salt : {0, 1, 4}) {
+        const dtype t = row.tag;
+        const std::size_t es = fsdp::size_of(t);
+        CAPTURE(fsdp::name_of(t));
+        CAPTURE(salt);
+        std::vector<std::int64_t> send_counts, recv_counts;
+        for (int q = 0; q < kWorld; ++q) {
+          send_counts.push_back(count(rank, q, salt));
+          recv_counts.push_back(count(q, rank, salt));
+        }
+        const auto sent = [&](int from) { return sum_to([&](int q) { return count(from, q, salt); }, kWorld); };
+        const std::vector<unsigned char> send = input(t, rank, salt, std::size_t(sent(rank)));
+        std::vector<unsigned char> recv(std::size_t(sum_to([&](int q) { return count(q, rank, salt); }, kWorld)) * es,
+                                        0xAB);
+        fsdp::backend::host::stream& s = *streams[k++ % 3];
+        comm.all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, t, s);
+        be.synchronize(s);
+        std::vector<unsigned char> want;  // rank q's block for this rank, from q's input, in rank order
+        for (int q = 0; q < kWorld; ++q) {
+          const std::vector<unsigned char> theirs = input(t, q, salt, std::size_t(sent(q)));
+          const std::size_t from = std::size_t(sum_to([&](int p) { return count(q, p, salt); }, rank)) * es;
+          want.insert(want.end(), theirs.begin() + std::ptrdiff_t(from),
+                      theirs.begin() + std::ptrdiff_t(from + std::size_t(count(q, rank, salt)) * es));
+        }
+        CHECK(recv == want);
+      }
+    }
+    CHECK(comm.stats()[collective::all_to_all_v] == std::uint64_t(k));
+  }
+  // Rank 1 expects one element more from rank 2 than rank 2 sends it: every rank's call fails, naming that pair,
+  // and the communicator goes on.
+  mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(30000)});
+  fsdp::backend::host be(comm.rank());
+  std::vector<float> send(8, 1.0f), recv(9);
+  std::vector<std::int64_t> send_counts{2, 2, 2, 2}, recv_counts{2, 2, 2, 2};
+  if (comm.rank() == 1) recv_counts[2] = 3;
+  const auto t0 = clock_type::now();
+  const std::string msg = fsdp_test::error_of<fsdp::comm_error>([&] {
+    comm.all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, dtype::f32, be.gather_stream());
+    be.synchronize(be.gather_stream());
+  });
+  const std::string desc =
+      comm.rank() == 1 ? "send=[2, 2, 2, 2], recv=[2, 2, 3, 2]" : "send=[2, 2, 2, 2], recv=[2, 2, 2, 2]";
+  CHECK(msg == "fsdp: mpi all_to_all_v(" + desc + ", f32) #0 on rank " + std::to_string(comm.rank()) +
+                   " of 4: rank 1 receives 3 elements from rank 2 (its recv_counts[2]) but rank 2 sends it 2 (its "
+                   "send_counts[1]); rank p's recv_counts[q] must be rank q's send_counts[p]");
+  CHECK(clock_type::now() - t0 < std::chrono::seconds(10));  // did not wait out the timeout
+  CHECK(!fsdp::comm::mpi_session::finalize_skipped());       // nothing failed in MPI: the communicator goes on
+  recv_counts[2] = 2;
+  std::vector<float> again(8, 0.0f);
+  comm.all_to_all_v(send.data(), send_counts, again.data(), recv_counts, dtype::f32, be.reduce_stream());
+  be.synchronize(be.reduce_stream());
+  CHECK(again == std::vector<float>(8, 1.0f));
 }
 
 TEST_CASE("the gather and reduce streams run collectives concurrently, each on its own communicator") {

@@ -7,6 +7,7 @@
 // summed).
 #include <concepts>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -20,8 +21,10 @@ enum class reduce_op : std::uint8_t { sum, avg };
 
 constexpr std::string_view name_of(reduce_op op) noexcept { return op == reduce_op::sum ? "sum" : "avg"; }
 
-enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, all_to_all };
-inline constexpr std::size_t collective_kinds = 5;
+/// all_to_all_v: an all_to_all whose blocks differ in size, per pair of ranks (a mixture of experts' token dispatch);
+/// the library's own plans never issue it.
+enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, all_to_all, all_to_all_v };
+inline constexpr std::size_t collective_kinds = 6;
 
 constexpr std::string_view name_of(collective c) noexcept {
   switch (c) {
@@ -30,6 +33,7 @@ constexpr std::string_view name_of(collective c) noexcept {
     case collective::all_reduce: return "all_reduce";
     case collective::broadcast: return "broadcast";
     case collective::all_to_all: return "all_to_all";
+    case collective::all_to_all_v: return "all_to_all_v";
   }
   return "?";
 }
@@ -82,6 +86,20 @@ concept AllToAllCollective = CollectivePolicy<C> && requires(C& c, const void* s
                                                              dtype t, typename C::backend_type::stream& s) {
   c.all_to_all(send, recv, count, t, s);
 };
+
+/// A communicator with an all_to_all whose blocks differ in size (comm::local on the host or one GPU, comm::mpi as
+/// MPI_Alltoallv, comm::nccl as grouped ncclSend / ncclRecv): a mixture of experts' dispatch of tokens to the ranks
+/// that hold their experts, and the combine that brings them back. `send` holds size() blocks in rank order, block q
+/// (send_counts[q] elements) for rank q; `recv` receives size() blocks in rank order, block q (recv_counts[q]
+/// elements) from rank q. Both spans have one count per rank; rank p's recv_counts[q] must be rank q's
+/// send_counts[p] (the trainer usually learns them with an all_to_all of one count per pair first). The counts are
+/// read at the call (they need not outlive it); the buffers as for all_to_all. What each communicator checks of the
+/// counts across ranks: docs/policies.md, "Uneven all_to_all".
+template <class C>
+concept UnevenAllToAllCollective =
+    CollectivePolicy<C> &&
+    requires(C& c, const void* send, void* recv, std::span<const std::int64_t> counts, dtype t,
+             typename C::backend_type::stream& s) { c.all_to_all_v(send, counts, recv, counts, t, s); };
 
 /// Optional capabilities: a communicator has any of them or none, and the library asks for each where the list
 /// says (those without it get the behaviour in brackets). "Add a communicator" is CollectivePolicy, then whichever
@@ -165,6 +183,12 @@ namespace comm::detail {
 /// The buffers of an all_to_all of `count` elements of `t` per pair among `ranks` ranks, on rank `rank`, must not
 /// overlap: a usage_error says so otherwise.
 inline void require_apart(const void* send, const void* recv, std::int64_t count, dtype t, int rank, int ranks);
+/// The counts of an all_to_all_v on rank `rank` of `ranks` (UnevenAllToAllCollective), checked on this rank alone: one
+/// count per rank in each span, none negative, what this rank sends itself as many as it receives from itself, and
+/// buffers that do not overlap; a usage_error naming the rank and the count at fault otherwise. Returns the elements
+/// this rank sends in all.
+inline std::int64_t require_uneven(const void* send, std::span<const std::int64_t> send_counts, const void* recv,
+                                   std::span<const std::int64_t> recv_counts, dtype t, int rank, int ranks);
 /// A split's color must not be negative (MPI's and NCCL's negative colors mean "in no group"): a usage_error
 /// naming the rank otherwise. Every communicator's split asks it first.
 inline void require_color(int color, int rank);
@@ -188,6 +212,38 @@ inline void require_apart(const void* send, const void* recv, std::int64_t count
   if (span && a < b + span && b < a + span)
     fsdp::detail::fail_usage("all_to_all(count=", count, ", ", name_of(t), ") on rank ", rank,
                              ": the send and receive buffers overlap; give it two buffers of ", span, " bytes each");
+}
+
+inline std::int64_t require_uneven(const void* send, std::span<const std::int64_t> send_counts, const void* recv,
+                                   std::span<const std::int64_t> recv_counts, dtype t, int rank, int ranks) {
+  const auto total = [&](std::span<const std::int64_t> counts, const char* name) {
+    if (counts.size() != static_cast<std::size_t>(ranks))
+      fsdp::detail::fail_usage("all_to_all_v on rank ", rank, ": ", name, " has ", counts.size(),
+                               " counts for a group of ", ranks, " ranks; give one count per rank");
+    std::int64_t sum = 0;
+    for (std::size_t q = 0; q < counts.size(); ++q) {
+      if (counts[q] < 0)
+        fsdp::detail::fail_usage("all_to_all_v on rank ", rank, ": ", name, "[", q, "] is ", counts[q],
+                                 "; a count must not be negative");
+      sum += counts[q];
+    }
+    return sum;
+  };
+  const std::int64_t sent = total(send_counts, "send_counts"), received = total(recv_counts, "recv_counts");
+  const auto self = static_cast<std::size_t>(rank);
+  if (send_counts[self] != recv_counts[self])
+    fsdp::detail::fail_usage("all_to_all_v on rank ", rank, ": it sends itself ", send_counts[self],
+                             " elements (send_counts[", rank, "]) but receives ", recv_counts[self],
+                             " from itself (recv_counts[", rank, "]); the two must be equal");
+  const auto* a = static_cast<const unsigned char*>(send);
+  const auto* b = static_cast<const unsigned char*>(recv);
+  const std::size_t sent_bytes = static_cast<std::size_t>(sent) * size_of(t);
+  const std::size_t received_bytes = static_cast<std::size_t>(received) * size_of(t);
+  if (sent_bytes && received_bytes && a < b + received_bytes && b < a + sent_bytes)
+    fsdp::detail::fail_usage("all_to_all_v on rank ", rank, ": the send buffer (", sent_bytes,
+                             " bytes) and the receive buffer (", received_bytes,
+                             " bytes) overlap; give it two buffers apart");
+  return sent;
 }
 
 inline void require_color(int color, int rank) {

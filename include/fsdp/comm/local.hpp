@@ -126,7 +126,8 @@ class local_communicator : public detail::collective_front<local_communicator, b
   detail::stats_tally stats_;
 };
 
-static_assert(CollectivePolicy<local_communicator> && AllToAllCollective<local_communicator>);
+static_assert(CollectivePolicy<local_communicator> && AllToAllCollective<local_communicator> &&
+              UnevenAllToAllCollective<local_communicator>);
 // Which of the optional capabilities (fsdp/comm/concept.hpp) it has, and which not.
 static_assert(SplittableCollective<local_communicator> &&
               ConfiguringCollective<local_communicator> &&

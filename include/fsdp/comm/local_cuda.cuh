@@ -102,6 +102,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   struct token {
     const void* send;
     cudaEvent_t ready;
+    const detail::op_desc* desc;  ///< the rank's description (all_to_all_v's counts), alive until it parts
   };
 
   void issue(const detail::op_desc& d, const void* send, void* recv, stream& s, std::int64_t total_elems) {
@@ -112,11 +113,19 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
     const int world = size();
     const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
     FSDP_CUDA_CHECK(cudaEventRecord(ready_.get(), s.get()));
-    const token mine{send, ready_.get()};
+    const token mine{send, ready_.get(), &d};
     const std::vector<const void*> all = g_->meet(seq, rank_, d, &mine);
     // From here on the other ranks may read this rank's buffers, and this rank theirs: it leaves through part() or
     // abandon(), never by simply throwing.
     auto peer = [&](int q) { return static_cast<const token*>(all[static_cast<std::size_t>(q)]); };
+    if (kind == collective::all_to_all_v) {  // counts that disagree: every rank leaves, nothing enqueued, and says so
+      const std::string wrong = detail::uneven_mismatch(
+          world, [&](int q) -> const std::vector<std::int64_t>& { return peer(q)->desc->counts; });
+      if (!wrong.empty()) {
+        g_->part(seq, rank_, d, nullptr);
+        throw comm_error(g_->describe(d, seq, rank_) + ": " + wrong);
+      }
+    }
     void* tmp = nullptr;
     try {
       for (int q = 0; q < world; ++q)
@@ -137,6 +146,19 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
                                                   bytes * static_cast<std::size_t>(rank_),
                                               bytes, cudaMemcpyDeviceToDevice, s.get()));
           break;
+        case collective::all_to_all_v: {  // rank q's block for this rank, in rank order, each as long as q sends it
+          const std::size_t esize = size_of(d.type);
+          const detail::uneven_blocks mine(d.counts, world, esize);
+          for (int q = 0; q < world; ++q) {
+            const std::size_t n = static_cast<std::size_t>(mine.recv_count(q)) * esize;
+            const std::size_t from = detail::uneven_blocks(peer(q)->desc->counts, world, esize).send_at(rank_);
+            if (n)
+              FSDP_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(recv) + mine.recv_at(q),
+                                              static_cast<const char*>(peer(q)->send) + from, n,
+                                              cudaMemcpyDeviceToDevice, s.get()));
+          }
+          break;
+        }
         case collective::broadcast:
           if (bytes && recv != peer(d.root)->send)
             FSDP_CUDA_CHECK(cudaMemcpyAsync(recv, peer(d.root)->send, bytes, cudaMemcpyDeviceToDevice, s.get()));
@@ -238,7 +260,8 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
   detail::stats_tally stats_;
 };
 
-static_assert(CollectivePolicy<local_cuda_communicator> && AllToAllCollective<local_cuda_communicator>);
+static_assert(CollectivePolicy<local_cuda_communicator> && AllToAllCollective<local_cuda_communicator> &&
+              UnevenAllToAllCollective<local_cuda_communicator>);
 // Which of the optional capabilities (fsdp/comm/concept.hpp) it has, and which not.
 static_assert(SplittableCollective<local_cuda_communicator> &&
               ConfiguringCollective<local_cuda_communicator> &&

@@ -213,6 +213,14 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
     if (d.count > INT_MAX)
       fsdp::detail::fail_usage(g_->describe(d.str(), seq_, label_), ": ", d.count,
                                " elements exceed MPI's int counts (", INT_MAX, "); split the unit into smaller ones");
+    if (d.kind == int(collective::all_to_all_v)) {  // MPI_Alltoallv's displacements are ints too
+      std::int64_t received = 0;
+      for (std::size_t q = d.counts.size() / 2; q < d.counts.size(); ++q) received += d.counts[q];
+      if (received > INT_MAX)
+        fsdp::detail::fail_usage(g_->describe(d.str(), seq_, label_), ": it receives ", received,
+                                 " elements, over MPI's int counts and displacements (", INT_MAX,
+                                 "); send the tokens in smaller all_to_all_v calls");
+    }
     const std::uint64_t seq = seq_++;
     stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
     auto sc = g_->stream_for(s.name());  // the stream's communicator, started here when the stream is new
@@ -229,7 +237,8 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
   comm::detail::stats_tally stats_;
 };
 
-static_assert(CollectivePolicy<mpi_communicator> && AllToAllCollective<mpi_communicator>);
+static_assert(CollectivePolicy<mpi_communicator> && AllToAllCollective<mpi_communicator> &&
+              UnevenAllToAllCollective<mpi_communicator>);
 // Which of the optional capabilities (fsdp/comm/concept.hpp) it has, and which not.
 static_assert(LabelledCollective<mpi_communicator> &&
               SplittableCollective<mpi_communicator> &&

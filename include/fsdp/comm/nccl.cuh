@@ -296,10 +296,12 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
   /// Names the unit the next collectives are for (Model calls it), so that an error can say so.
   void label(std::string_view unit) { core_.label(unit); }
 
-  // all_gather, reduce_scatter, all_reduce, broadcast and all_to_all: detail::collective_front's (its checks, the
-  // broadcast root and all_to_all's apart buffers, written once for every communicator), issued by issue() below.
+  // all_gather, reduce_scatter, all_reduce, broadcast, all_to_all and all_to_all_v: detail::collective_front's (its
+  // checks, the broadcast root and all_to_all's apart buffers, written once for every communicator), issued by
+  // issue() below.
   // NCCL has no all-to-all: it is a group of one ncclSend and one ncclRecv per rank (this one included), issued and
-  // settled as one collective (detail::nccl_core::all_to_all).
+  // settled as one collective (detail::nccl_core::all_to_all; all_to_all_v likewise, its empty blocks left out, and
+  // the peers' counts not checked: docs/policies.md, "Uneven all_to_all").
 
   /// Makes what these collectives need on this group's communicator before they are first issued (NCCL's
   /// lazily connected ring, tree and NVLS buffers, and the per-peer buffers of an all-to-all; see
@@ -413,12 +415,23 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
           });
       return;
     }
+    if (kind == collective::all_to_all_v) {  // blocks in rank order, each its own size; the empty ones not sent
+      core_.all_to_all_v(
+          d.counts, d.type, s.get(), key,
+          [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt, int q, std::size_t at, std::int64_t count) {
+            return ncclSend(static_cast<const char*>(send) + at, static_cast<std::size_t>(count), nt, q, c, on);
+          },
+          [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt, int q, std::size_t at, std::int64_t count) {
+            return ncclRecv(static_cast<char*>(recv) + at, static_cast<std::size_t>(count), nt, q, c, on);
+          });
+      return;
+    }
     const auto call = [&](ncclComm_t c, cudaStream_t on, ncclDataType_t nt) {
       switch (kind) {
         case collective::all_gather: return ncclAllGather(send, recv, n, nt, c, on);
         case collective::reduce_scatter: return ncclReduceScatter(send, recv, n, nt, detail::op_of(d.op), c, on);
         case collective::broadcast: return ncclBroadcast(send, recv, n, nt, d.root, c, on);
-        default: return ncclAllReduce(send, recv, n, nt, detail::op_of(d.op), c, on);  // all_to_all: above
+        default: return ncclAllReduce(send, recv, n, nt, detail::op_of(d.op), c, on);  // all_to_all(_v): above
       }
     };
     core_.issue(kind, d.count, d.type, total_elems, s.get(), key, call);
@@ -430,7 +443,8 @@ class nccl_communicator : public detail::collective_front<nccl_communicator, bac
   void* barrier_buf_ = nullptr;
 };
 
-static_assert(CollectivePolicy<nccl_communicator> && AllToAllCollective<nccl_communicator>);
+static_assert(CollectivePolicy<nccl_communicator> && AllToAllCollective<nccl_communicator> &&
+              UnevenAllToAllCollective<nccl_communicator>);
 // Which of the optional capabilities (fsdp/comm/concept.hpp) it has, and which not.
 static_assert(LabelledCollective<nccl_communicator> &&
               SplittableCollective<nccl_communicator> &&

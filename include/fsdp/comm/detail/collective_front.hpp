@@ -1,8 +1,10 @@
 #pragma once
-// The four collectives of the CollectivePolicy concept and all_to_all (AllToAllCollective), written once for the
-// communicators that turn each into an op_desc request (comm::local, comm::local on one GPU, comm::mpi, comm::nccl):
-// Derived provides rank(), size() and issue(desc, send, recv, stream, unsharded_elements), and befriends this class.
+// The four collectives of the CollectivePolicy concept, all_to_all (AllToAllCollective) and all_to_all_v
+// (UnevenAllToAllCollective), written once for the communicators that turn each into an op_desc request (comm::local,
+// comm::local on one GPU, comm::mpi, comm::nccl): Derived provides rank(), size() and issue(desc, send, recv, stream,
+// unsharded_elements), and befriends this class.
 #include <cstdint>
+#include <span>
 
 #include "fsdp/comm/concept.hpp"
 #include "fsdp/comm/detail/local_group.hpp"
@@ -37,6 +39,17 @@ class collective_front {
   void all_to_all(const void* send, void* recv, std::int64_t count, dtype t, Stream& s) {
     require_apart(send, recv, count, t, self().rank(), self().size());
     self().issue({int(collective::all_to_all), count, t, reduce_op::sum, 0}, send, recv, s, count * self().size());
+  }
+  /// recv's block q (recv_counts[q] elements, blocks in rank order) = rank q's block for this rank; send's block q
+  /// (send_counts[q] elements) goes to rank q (UnevenAllToAllCollective). The counts are copied at the call.
+  void all_to_all_v(const void* send, std::span<const std::int64_t> send_counts, void* recv,
+                    std::span<const std::int64_t> recv_counts, dtype t, Stream& s) {
+    const std::int64_t sent = require_uneven(send, send_counts, recv, recv_counts, t, self().rank(), self().size());
+    op_desc d{int(collective::all_to_all_v), sent, t, reduce_op::sum, 0};
+    d.counts.reserve(send_counts.size() + recv_counts.size());
+    d.counts.insert(d.counts.end(), send_counts.begin(), send_counts.end());
+    d.counts.insert(d.counts.end(), recv_counts.begin(), recv_counts.end());
+    self().issue(d, send, recv, s, sent);
   }
 
  private:

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fsdp/comm/concept.hpp"
+#include "fsdp/comm/detail/uneven_blocks.hpp"
 #include "fsdp/comm/link.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/dtype.hpp"
@@ -29,15 +30,24 @@
 
 namespace fsdp::comm::detail {
 
-/// What a rank asked for; every rank of a round must ask for the same.
+/// What a rank asked for; every rank of a round must ask for the same (matches()).
 struct op_desc {
   int kind = 0;  ///< a `collective`, or -1 for a barrier
-  std::int64_t count = 0;
+  std::int64_t count = 0;  ///< all_to_all_v: the elements this rank sends in all
   dtype type = dtype::f32;
   reduce_op op = reduce_op::sum;
   int root = 0;
-  friend bool operator==(const op_desc&, const op_desc&) = default;
+  /// all_to_all_v only: this rank's send counts, then its receive counts (one per rank each: uneven_blocks).
+  std::vector<std::int64_t> counts{};
 
+  /// Whether two ranks asked for the same collective: everything equal but an all_to_all_v's counts, which differ by
+  /// rank and are matched pair by pair (uneven_mismatch).
+  bool matches(const op_desc& o) const noexcept {
+    return kind == o.kind && type == o.type && op == o.op && root == o.root &&
+           (count == o.count || kind == int(collective::all_to_all_v));
+  }
+
+  /// "all_gather(count=8, f32)"; "all_to_all_v(send=[2, 0, 5], recv=[1, 1, 3], f32)".
   std::string str() const;
 };
 
@@ -240,6 +250,8 @@ class local_group {
     op_desc desc;
     int first_rank = -1;
     std::vector<const void*> send;
+    /// Each rank's description (all_to_all_v's counts): its caller's, alive until that rank leaves the round.
+    std::vector<const op_desc*> descs;
     std::vector<const void*> parting;  ///< second-phase tokens (part(), abandon())
     std::vector<bool> present;
     std::vector<bool> published;  ///< second-phase token given

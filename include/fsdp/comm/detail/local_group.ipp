@@ -14,6 +14,15 @@ namespace fsdp::comm::detail {
 
 FSDP_DECL std::string op_desc::str() const {
   if (kind < 0) return "barrier";
+  if (kind == int(collective::all_to_all_v)) {
+    const std::size_t world = counts.size() / 2;
+    const auto list = [&](std::size_t from) {
+      std::string l = "[";
+      for (std::size_t q = 0; q < world; ++q) l += (q ? ", " : "") + std::to_string(counts[from + q]);
+      return l + "]";
+    };
+    return "all_to_all_v(send=" + list(0) + ", recv=" + list(world) + ", " + std::string(name_of(type)) + ")";
+  }
   std::string s = std::string(name_of(static_cast<collective>(kind))) + "(count=" + std::to_string(count) +
                   ", " + std::string(name_of(type));
   if (kind == int(collective::reduce_scatter) || kind == int(collective::all_reduce))
@@ -240,6 +249,14 @@ FSDP_DECL void local_group::run(std::uint64_t seq, int rank, const op_desc& d, c
     depart(seq, rank, nullptr, what);
     return;
   }
+  if (kind == collective::all_to_all_v) {  // counts that disagree: every rank leaves, nothing moved, and says so
+    const std::string wrong =
+        uneven_mismatch(world_, [&](int q) -> const std::vector<std::int64_t>& { return r.descs[q]->counts; });
+    if (!wrong.empty()) {
+      depart(seq, rank, nullptr, what);
+      throw comm_error(what.str() + ": " + wrong);
+    }
+  }
   switch (kind) {
     case collective::all_gather:
       for (int q = 0; q < world_; ++q) {
@@ -262,6 +279,16 @@ FSDP_DECL void local_group::run(std::uint64_t seq, int rank, const op_desc& d, c
         std::memcpy(tmp.data() + bytes * static_cast<std::size_t>(q),
                     static_cast<const char*>(r.send[q]) + bytes * static_cast<std::size_t>(rank), bytes);
       break;
+    case collective::all_to_all_v: {  // rank q's block for `rank`, in rank order, each as long as q sends it
+      const uneven_blocks mine(d.counts, world_, esize);
+      tmp.resize(mine.recv_bytes());
+      for (int q = 0; q < world_; ++q) {
+        const std::size_t n = static_cast<std::size_t>(mine.recv_count(q)) * esize;
+        const std::size_t from = uneven_blocks(r.descs[q]->counts, world_, esize).send_at(rank);
+        if (n) std::memcpy(tmp.data() + mine.recv_at(q), static_cast<const char*>(r.send[q]) + from, n);
+      }
+      break;
+    }
   }
   // Send buffers may alias receive buffers (in-place collectives): write results only once every rank has
   // finished reading the inputs.
@@ -333,7 +360,8 @@ FSDP_DECL void local_group::run_alone(const op_desc& d, const void* send, void* 
   if (d.kind < 0 || !move_data) return;  // a modelled link that moves no data leaves buffers alone
   const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
   const auto kind = static_cast<collective>(d.kind);
-  if (kind == collective::all_gather || kind == collective::broadcast || kind == collective::all_to_all) {
+  if (kind == collective::all_gather || kind == collective::broadcast || kind == collective::all_to_all ||
+      kind == collective::all_to_all_v) {  // all_to_all_v: `count` is what it sends, all of it to itself
     if (bytes && recv != send) std::memcpy(recv, send, bytes);
     return;
   }
@@ -375,15 +403,17 @@ FSDP_DECL local_group::round& local_group::arrive(std::uint64_t seq, int rank, c
     r.desc = d;
     r.first_rank = rank;
     r.send.assign(world_, nullptr);
+    r.descs.assign(world_, nullptr);
     r.parting.assign(world_, nullptr);
     r.present.assign(world_, false);
     r.published.assign(world_, false);
     r.link = link_;
-  } else if (!(r.desc == d)) {
+  } else if (!r.desc.matches(d)) {
     fail(lk, "collective mismatch at #" + std::to_string(seq) + ": rank " + std::to_string(r.first_rank) +
                  " issued " + r.desc.str() + " but rank " + std::to_string(rank) + " issued " + d.str());
   }
   r.send[rank] = send;
+  r.descs[rank] = &d;
   r.present[rank] = true;
   if (++r.arrived == world_ && r.link.bytes_per_second > 0) r.start = std::chrono::steady_clock::now();
   cv_.notify_all();

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -261,6 +262,35 @@ class group {
         wait(req, deadline, what, "");
         return;
       }
+      case collective::all_to_all_v: {
+        // The counts first, one per pair (what each rank sends this one), then the first pair that disagrees over
+        // the group (by receiving rank, then sending rank: MPI_MIN of p * world + q) and, only when there is one,
+        // its two counts: every rank names the same pair and leaves, the communicator still usable, instead of
+        // waiting in an exchange that cannot match.
+        auto plan = std::make_shared<uneven_plan>(d.counts, world);
+        check(MPI_Ialltoall(plan->send64.data(), 1, MPI_INT64_T, plan->got.data(), 1, MPI_INT64_T, c, &req),
+              "MPI_Ialltoall");
+        wait(req, deadline, what, "(exchanging the counts)", plan);
+        for (int q = 0; q < world && plan->first_bad == INT64_MAX; ++q)
+          if (plan->got[static_cast<std::size_t>(q)] != plan->recv64[static_cast<std::size_t>(q)]) {
+            plan->first_bad = std::int64_t(rank_) * world + q;
+            plan->pair = {plan->recv64[static_cast<std::size_t>(q)], plan->got[static_cast<std::size_t>(q)]};
+          }
+        check(MPI_Iallreduce(MPI_IN_PLACE, &plan->first_bad, 1, MPI_INT64_T, MPI_MIN, c, &req), "MPI_Iallreduce");
+        wait(req, deadline, what, "(checking the counts)", plan);
+        if (plan->first_bad != INT64_MAX) {
+          const int p = static_cast<int>(plan->first_bad / world), q = static_cast<int>(plan->first_bad % world);
+          if (p != rank_) plan->pair = {INT64_MIN, INT64_MIN};  // the receiving rank's two counts, by MPI_MAX
+          check(MPI_Iallreduce(MPI_IN_PLACE, plan->pair.data(), 2, MPI_INT64_T, MPI_MAX, c, &req), "MPI_Iallreduce");
+          wait(req, deadline, what, "(naming the counts)", plan);
+          throw comm_error(what() + ": " + comm::detail::uneven_pair_text(p, q, plan->pair[0], plan->pair[1]));
+        }
+        check(MPI_Ialltoallv(send, plan->send_counts.data(), plan->send_displs.data(), type, recv,
+                             plan->recv_counts.data(), plan->recv_displs.data(), type, c, &req),
+              "MPI_Ialltoallv");
+        wait(req, deadline, what, "", plan);
+        return;
+      }
       case collective::broadcast: {
         if (rank_ == d.root && send != recv && n) std::memcpy(recv, send, n * esize);
         check(MPI_Ibcast(recv, count, type, d.root, c, &req), "MPI_Ibcast");
@@ -342,6 +372,26 @@ class group {
       for (int q = 0; q < world; ++q) {
         mine.push_back(m);
         mine_displs.push_back(q * m);
+      }
+    }
+  };
+
+  /// An all_to_all_v's counts as MPI takes them (ints: issue() checked the totals), kept until it completes.
+  struct uneven_plan {
+    std::vector<std::int64_t> send64, recv64, got;
+    std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
+    std::int64_t first_bad = INT64_MAX;  ///< receiving rank * world + sending rank of the first pair that disagrees
+    std::array<std::int64_t, 2> pair{};  ///< that pair's counts: what the receiver expects, what the sender sends
+    uneven_plan(const std::vector<std::int64_t>& counts, int world)
+        : send64(counts.begin(), counts.begin() + world),
+          recv64(counts.begin() + world, counts.end()),
+          got(static_cast<std::size_t>(world)) {
+      const comm::detail::uneven_blocks in_elements(counts, world, 1);
+      for (int q = 0; q < world; ++q) {
+        send_counts.push_back(static_cast<int>(in_elements.send_count(q)));
+        send_displs.push_back(static_cast<int>(in_elements.send_at(q)));
+        recv_counts.push_back(static_cast<int>(in_elements.recv_count(q)));
+        recv_displs.push_back(static_cast<int>(in_elements.recv_at(q)));
       }
     }
   };

@@ -211,6 +211,15 @@ class nccl_core {
   template <class Send, class Recv>
   void all_to_all(std::int64_t count, dtype t, stream s, std::string_view key, Send&& send, Recv&& recv);
 
+  /// An all_to_all_v (UnevenAllToAllCollective): `counts` this rank's send counts, then its receive counts
+  /// (uneven_blocks), one group as all_to_all's, with `send(c, on, type, q, at, n)` and `recv(...)` called for each
+  /// block that is not empty (`at` its first byte in the buffer, `n` its elements); stats count the elements this
+  /// rank sends. NCCL is not told what the peers send: counts that disagree are NCCL's undefined behaviour
+  /// (docs/policies.md, "Uneven all_to_all").
+  template <class Send, class Recv>
+  void all_to_all_v(const std::vector<std::int64_t>& counts, dtype t, stream s, std::string_view key, Send&& send,
+                    Recv&& recv);
+
   /// Makes what the collectives `uses` need before they are first issued, so that it is taken from the device
   /// now rather than inside a step: NCCL 2.28 connects an algorithm's ring, tree or NVLS buffers at the first
   /// collective that uses the algorithm (NCCL_RUNTIME_CONNECT, on by default wherever cuMem is: src/init.cc, and
@@ -264,6 +273,12 @@ class nccl_core {
   std::string pending_summary();
 
  private:
+  /// all_to_all's and all_to_all_v's group: `send(c, on, type, q)` and `recv(...)` for each rank q, issued as one
+  /// collective of `kind` with `count` (as messages name it) and `total` elements counted in the stats.
+  template <class Send, class Recv>
+  void exchange(collective kind, std::int64_t count, dtype t, std::int64_t total, stream s, std::string_view key,
+                Send&& send, Recv&& recv);
+
   struct family {
     explicit family(const Api& a) : api(a) {}
     family(const family&) = delete;

@@ -3,6 +3,7 @@
 // stream, the all-to-all as a group of sends and receives, grouped launches, connect()'s warm-up, and recording
 // each one's completion.
 #include "fsdp/comm/detail/nccl_logic.hpp"
+#include "fsdp/comm/detail/uneven_blocks.hpp"
 
 namespace fsdp::comm::detail {
 
@@ -31,7 +32,32 @@ void nccl_core<Api>::issue(collective kind, std::int64_t count, dtype t, std::in
 template <class Api>
 template <class Send, class Recv>
 void nccl_core<Api>::all_to_all(std::int64_t count, dtype t, stream s, std::string_view key, Send&& send, Recv&& recv) {
-  issue(collective::all_to_all, count, t, count * world_, s, key, [&](comm c, stream on, auto type) {
+  exchange(collective::all_to_all, count, t, count * world_, s, key, std::forward<Send>(send),
+           std::forward<Recv>(recv));
+}
+
+template <class Api>
+template <class Send, class Recv>
+void nccl_core<Api>::all_to_all_v(const std::vector<std::int64_t>& counts, dtype t, stream s, std::string_view key,
+                                  Send&& send, Recv&& recv) {
+  const uneven_blocks b(counts, world_, size_of(t));
+  std::int64_t sent = 0;
+  for (int q = 0; q < world_; ++q) sent += b.send_count(q);
+  exchange(
+      collective::all_to_all_v, sent, t, sent, s, key,
+      [&](comm c, stream on, auto type, int q) {
+        return b.send_count(q) ? send(c, on, type, q, b.send_at(q), b.send_count(q)) : Api::success;
+      },
+      [&](comm c, stream on, auto type, int q) {
+        return b.recv_count(q) ? recv(c, on, type, q, b.recv_at(q), b.recv_count(q)) : Api::success;
+      });
+}
+
+template <class Api>
+template <class Send, class Recv>
+void nccl_core<Api>::exchange(collective kind, std::int64_t count, dtype t, std::int64_t total, stream s,
+                              std::string_view key, Send&& send, Recv&& recv) {
+  issue(kind, count, t, total, s, key, [&](comm c, stream on, auto type) {
     result rc = api_.group_start();
     if (rc != Api::success) return rc;
     auto ok = [](result r) { return r == Api::success || r == Api::in_progress; };

@@ -35,7 +35,8 @@ constexpr std::string_view nccl_function(collective c) noexcept {
     case collective::reduce_scatter: return "ncclReduceScatter";
     case collective::all_reduce: return "ncclAllReduce";
     case collective::broadcast: return "ncclBroadcast";
-    case collective::all_to_all: return "ncclSend/ncclRecv";  // grouped, one pair per rank
+    case collective::all_to_all:
+    case collective::all_to_all_v: return "ncclSend/ncclRecv";  // grouped, one pair per rank
   }
   return "?";
 }
