@@ -52,9 +52,13 @@ inline std::string_view unprefixed(const std::exception& e) noexcept {
   return m;
 }
 
+/// Throws usage_error(message). Not a template: fail_usage's instantiations, one per call site's parts, each hold only
+/// a call to cat and one to this, not the throw's code.
+[[noreturn]] inline void throw_usage(std::string message) { throw usage_error(message); }
+
 template <class... Parts>
 [[noreturn]] void fail_usage(Parts&&... parts) {
-  throw usage_error(cat(std::forward<Parts>(parts)...));
+  throw_usage(cat(std::forward<Parts>(parts)...));
 }
 }  // namespace detail
 

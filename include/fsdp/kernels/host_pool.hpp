@@ -13,7 +13,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -49,12 +48,9 @@ class host_pool {
     }
     const std::lock_guard one_loop(loop_mu_);
     start_workers();
-    std::function<void(std::int64_t, std::int64_t)> body = [&f](std::int64_t b, std::int64_t e) {
-      host_loops::for_range(b, e, f);
-    };
     {
       std::lock_guard lk(mu_);
-      job_ = {&body, n, chunks};
+      job_ = {&range_of<F>, &f, n, chunks};
       next_.store(0, std::memory_order_relaxed);
       done_ = 0;
       error_ = nullptr;
@@ -70,8 +66,15 @@ class host_pool {
   }
 
  private:
+  /// f over [b, e), `fn` pointing at f: one function per element function (a std::function would be several).
+  template <class F>
+  static void range_of(const void* fn, std::int64_t b, std::int64_t e) {
+    host_loops::for_range(b, e, *static_cast<const F*>(fn));
+  }
+
   struct job {
-    std::function<void(std::int64_t, std::int64_t)>* body = nullptr;
+    void (*body)(const void* fn, std::int64_t b, std::int64_t e) = nullptr;  ///< runs `fn` over [b, e)
+    const void* fn = nullptr;
     std::int64_t n = 0;
     std::int64_t chunks = 0;
   };

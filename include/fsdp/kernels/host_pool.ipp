@@ -66,7 +66,7 @@ FSDP_DECL void host_pool::work_on(const job& j) {
     }
     if (!err) {
       try {
-        (*j.body)(b, e);
+        j.body(j.fn, b, e);
       } catch (...) {
         err = std::current_exception();
       }

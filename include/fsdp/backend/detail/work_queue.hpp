@@ -18,21 +18,59 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "fsdp/core/config.hpp"
 
 namespace fsdp::backend::detail {
 
+/// A task's function: the callable moved to the heap, and one function that runs or destroys it. What
+/// std::function<void()> did, in two functions per callable type where std::function emits about seven (its manager,
+/// invoker, creation and destruction helpers): the host backend submits a lambda type per kernel, copy and element
+/// function, and a trainer's file compiled them all.
+class task_fn {
+ public:
+  task_fn() = default;
+  template <class F>
+  explicit task_fn(F&& f) : obj_(new std::decay_t<F>(std::forward<F>(f))), act_(&act<std::decay_t<F>>) {}
+  task_fn(task_fn&& o) noexcept : obj_(std::exchange(o.obj_, nullptr)), act_(std::exchange(o.act_, nullptr)) {}
+  task_fn& operator=(task_fn&& o) noexcept {
+    if (this != &o) {
+      reset();
+      obj_ = std::exchange(o.obj_, nullptr);
+      act_ = std::exchange(o.act_, nullptr);
+    }
+    return *this;
+  }
+  task_fn(const task_fn&) = delete;
+  task_fn& operator=(const task_fn&) = delete;
+  ~task_fn() { reset(); }
+
+  void operator()() { act_(obj_, true); }
+
+ private:
+  template <class F>
+  static void act(void* p, bool run) {
+    if (run) (*static_cast<F*>(p))();
+    else delete static_cast<F*>(p);
+  }
+  void reset() noexcept {
+    if (obj_) act_(obj_, false);
+    obj_ = nullptr;
+  }
+  void* obj_ = nullptr;
+  void (*act_)(void*, bool) = nullptr;
+};
+
 class work_queue {
  public:
   struct task {
-    std::function<void()> fn;
+    task_fn fn;
     bool always = false;  ///< runs even after an earlier task failed
   };
 
@@ -60,7 +98,7 @@ class work_queue {
       }
       return;
     }
-    enqueue(task{std::function<void()>(std::forward<F>(fn)), always});
+    enqueue(task{task_fn(std::forward<F>(fn)), always});
   }
 
   /// Runs `fn` at once on the calling thread when the queue is idle (nothing queued, nothing running: every task
