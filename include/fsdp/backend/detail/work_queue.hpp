@@ -56,8 +56,10 @@ class task_fn {
  private:
   template <class F>
   static void act(void* p, bool run) {
-    if (run) (*static_cast<F*>(p))();
-    else delete static_cast<F*>(p);
+    if (run)
+      (*static_cast<F*>(p))();
+    else
+      delete static_cast<F*>(p);
   }
   void reset() noexcept {
     if (obj_) act_(obj_, false);
