@@ -235,6 +235,74 @@ TEST_CASE(
   CHECK(kinds.find("all_to_all_v(send=[1, 1], recv=[1, 1], f32)") != std::string::npos);
 }
 
+TEST_CASE(
+    "all_to_all_v: a mixture of experts' dispatch and combine: each token reaches the rank of the expert its router "
+    "chose, and comes back in its place with that expert's output") {
+  // 4 ranks, 2 experts each (expert e on rank e / 2); 6 tokens a rank of width 3; token t of rank r goes to expert
+  // (5 r + 3 t) % 8. Expert e multiplies a token by (e + 1) and adds 100 r', r' the expert's rank.
+  constexpr int world = 4, experts_per_rank = 2, tokens = 6, width = 3;
+  run_ranks(world, [&](local_communicator& c) {
+    fsdp::backend::host be(c.rank());
+    auto& s = be.compute_stream();
+    const int r = c.rank();
+    const auto expert_of = [](int rank, int t) { return (5 * rank + 3 * t) % (world * experts_per_rank); };
+    const auto value = [](int rank, int t, int i) { return float(100 * rank + 10 * t + i); };
+    // The trainer's side: its tokens sorted by destination rank, and how many go to each.
+    std::vector<std::int64_t> send_counts(world, 0);
+    std::vector<std::vector<int>> by_dest(world);
+    for (int t = 0; t < tokens; ++t) by_dest[std::size_t(expert_of(r, t) / experts_per_rank)].push_back(t);
+    std::vector<float> send;
+    std::vector<int> sent_expert;  // each sent token's expert, in the send order
+    for (int q = 0; q < world; ++q) {
+      send_counts[std::size_t(q)] = std::int64_t(by_dest[std::size_t(q)].size()) * width;
+      for (int t : by_dest[std::size_t(q)]) {
+        for (int i = 0; i < width; ++i) send.push_back(value(r, t, i));
+        sent_expert.push_back(expert_of(r, t));
+      }
+    }
+    // 1. The counts, one per pair, by an even all_to_all of their 8 bytes: what every rank will send this one. The
+    //    trainer waits for them on the host, to size its receive buffer.
+    std::vector<std::int64_t> counts_in(world, 0);
+    c.all_to_all(send_counts.data(), counts_in.data(), sizeof(std::int64_t), dtype::i8, s);
+    be.synchronize(s);
+    // 2. Dispatch: the tokens and, in a second exchange of the same shape, each token's expert.
+    std::int64_t received = 0;
+    for (std::int64_t n : counts_in) received += n;
+    std::vector<float> got(std::size_t(received), -1.0f);
+    c.all_to_all_v(send.data(), send_counts, got.data(), counts_in, dtype::f32, s);
+    std::vector<std::int64_t> send_ids, recv_ids;
+    for (int q = 0; q < world; ++q) {
+      send_ids.push_back(send_counts[std::size_t(q)] / width);
+      recv_ids.push_back(counts_in[std::size_t(q)] / width);
+    }
+    std::vector<float> experts_sent(sent_expert.begin(), sent_expert.end()), experts_got(std::size_t(received / width));
+    c.all_to_all_v(experts_sent.data(), send_ids, experts_got.data(), recv_ids, dtype::f32, s);
+    be.synchronize(s);
+    // 3. The experts: every token that arrived is for an expert of this rank.
+    std::vector<float> out(got.size());
+    for (std::size_t k = 0; k < experts_got.size(); ++k) {
+      const int e = int(experts_got[k]);
+      CHECK(e / experts_per_rank == r);
+      for (int i = 0; i < width; ++i)
+        out[k * width + std::size_t(i)] = got[k * width + std::size_t(i)] * float(e + 1) + float(100 * r);
+    }
+    // 4. Combine: the same exchange backwards (the counts swap sides).
+    std::vector<float> back(send.size(), -1.0f);
+    c.all_to_all_v(out.data(), counts_in, back.data(), send_counts, dtype::f32, s);
+    be.synchronize(s);
+    std::size_t k = 0;
+    for (int q = 0; q < world; ++q)
+      for (int t : by_dest[std::size_t(q)]) {
+        const int e = expert_of(r, t);
+        for (int i = 0; i < width; ++i)
+          CHECK(back[k * width + std::size_t(i)] == value(r, t, i) * float(e + 1) + float(100 * q));
+        ++k;
+      }
+    CHECK(c.stats()[fsdp::collective::all_to_all_v] == 3);
+    CHECK(c.stats()[fsdp::collective::all_to_all] == 1);
+  });
+}
+
 TEST_CASE("all_to_all_v: what one rank can tell is wrong is refused at the call, naming the rank and the count") {
   run_ranks(2, [](local_communicator& c) {
     fsdp::backend::host be(c.rank());
