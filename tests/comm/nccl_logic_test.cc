@@ -938,6 +938,15 @@ TEST_CASE("nccl connect: each collective of the plan runs once over scratch befo
   sc.calls.clear();
   c.connect({}, [&](const fsdp::collective_use&, void*, void*) { FAIL("no use to issue"); });
   CHECK(sc.calls.empty());
+  // an all_to_all_v has no shape of its own: refused before anything is made
+  CHECK(error_of<fsdp::usage_error>([&] {
+          c.connect({{collective::all_gather, 8, dtype::f32}, {collective::all_to_all_v, 8, dtype::f32}},
+                    [&](const fsdp::collective_use&, void*, void*) { FAIL("nothing to issue"); });
+        }) ==
+        "fsdp: connect() on rank 1: all_to_all_v has no shape to connect ahead (its counts are each call's); list "
+        "an all_to_all of its largest block instead, which connects the same peers");
+  CHECK(sc.calls.empty());
+  CHECK(c.connected() == 3);
   // the trainer's label is back
   sc.call = fake_api::invalid_argument;
   CHECK(error_of<fsdp::comm_error>([&] { all_gather(c, sc, 8, 7); }).find("#3 for unit 'h.3'") != std::string::npos);

@@ -76,6 +76,11 @@ void nccl_core<Api>::connect(const std::vector<collective_use>& uses, Issue&& is
   if (uses.empty()) return;
   if (aborted_)
     throw comm_error(fsdp::detail::cat("connect() on rank ", rank_, " after ", name_, " was ", ended(), ": ", reason_));
+  for (const collective_use& u : uses)
+    if (u.kind == collective::all_to_all_v)
+      fsdp::detail::fail_usage("connect() on rank ", rank_,
+                               ": all_to_all_v has no shape to connect ahead (its counts are each call's); list an "
+                               "all_to_all of its largest block instead, which connects the same peers");
   const connect_scratch scratch = connect_scratch_for(uses, world_);
   const std::int64_t before = api_.free_device_bytes();
   void* send = api_.device_alloc(std::max<std::size_t>(scratch.send, 1));

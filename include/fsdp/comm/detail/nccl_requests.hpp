@@ -52,7 +52,7 @@ inline connect_scratch connect_scratch_for(const std::vector<collective_use>& us
       case collective::all_gather: b = {one, all}; break;
       case collective::reduce_scatter: b = {all, one}; break;
       case collective::all_to_all:
-      case collective::all_to_all_v: b = {all, all}; break;  // all_to_all_v: `count` as an even one's
+      case collective::all_to_all_v: b = {all, all}; break;  // all_to_all_v: refused by connect() before this
       case collective::all_reduce:
       case collective::broadcast: b = {one, one}; break;
     }
