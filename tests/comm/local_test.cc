@@ -233,6 +233,12 @@ TEST_CASE(
   CHECK(kinds.find("collective mismatch at #0") != std::string::npos);
   CHECK(kinds.find("all_to_all(count=1, f32)") != std::string::npos);
   CHECK(kinds.find("all_to_all_v(send=[1, 1], recv=[1, 1], f32)") != std::string::npos);
+  // A large group's counts are named in part.
+  fsdp::comm::detail::op_desc wide{int(fsdp::collective::all_to_all_v), 0, dtype::bf16, reduce_op::sum, 0};
+  for (int q = 0; q < 2 * 20; ++q) wide.counts.push_back(q % 20);
+  CHECK(wide.str() ==
+        "all_to_all_v(send=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, ... 4 more], recv=[0, 1, "
+        "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, ... 4 more], bf16)");
 }
 
 TEST_CASE(

@@ -47,7 +47,8 @@ struct op_desc {
            (count == o.count || kind == int(collective::all_to_all_v));
   }
 
-  /// "all_gather(count=8, f32)"; "all_to_all_v(send=[2, 0, 5], recv=[1, 1, 3], f32)".
+  /// "all_gather(count=8, f32)"; "all_to_all_v(send=[2, 0, 5], recv=[1, 1, 3], f32)" (the first 16 counts of a
+  /// larger group's, then "... N more").
   std::string str() const;
 };
 

@@ -15,10 +15,11 @@ namespace fsdp::comm::detail {
 FSDP_DECL std::string op_desc::str() const {
   if (kind < 0) return "barrier";
   if (kind == int(collective::all_to_all_v)) {
-    const std::size_t world = counts.size() / 2;
+    const std::size_t world = counts.size() / 2, shown = 16;  // a large group's first 16 counts, then how many more
     const auto list = [&](std::size_t from) {
       std::string l = "[";
-      for (std::size_t q = 0; q < world; ++q) l += (q ? ", " : "") + std::to_string(counts[from + q]);
+      for (std::size_t q = 0; q < world && q < shown; ++q) l += (q ? ", " : "") + std::to_string(counts[from + q]);
+      if (world > shown) l += ", ... " + std::to_string(world - shown) + " more";
       return l + "]";
     };
     return "all_to_all_v(send=" + list(0) + ", recv=" + list(world) + ", " + std::string(name_of(type)) + ")";
