@@ -214,7 +214,7 @@ class nccl_core {
   /// An all_to_all_v (UnevenAllToAllCollective): `counts` this rank's send counts, then its receive counts
   /// (uneven_blocks), one group as all_to_all's, with `send(c, on, type, q, at, n)` and `recv(...)` called for each
   /// block that is not empty (`at` its first byte in the buffer, `n` its elements); stats count the elements this
-  /// rank sends. NCCL is not told what the peers send: counts that disagree are NCCL's undefined behaviour
+  /// rank sends. NCCL is not told what the peers send, and does not say what counts that disagree do
   /// (docs/policies.md, "Uneven all_to_all").
   template <class Send, class Recv>
   void all_to_all_v(const std::vector<std::int64_t>& counts, dtype t, stream s, std::string_view key, Send&& send,
