@@ -23,6 +23,8 @@ class uneven_blocks {
       at_[world_ + 2 + q] = at_[world_ + 1 + q] + static_cast<std::size_t>(counts[world_ + q]) * element_bytes;
     }
   }
+  /// It keeps a pointer to `counts`: not from a temporary.
+  uneven_blocks(std::vector<std::int64_t>&&, int, std::size_t) = delete;
   std::int64_t send_count(int q) const { return (*counts_)[static_cast<std::size_t>(q)]; }
   std::int64_t recv_count(int q) const { return (*counts_)[world_ + static_cast<std::size_t>(q)]; }
   std::size_t send_at(int q) const { return at_[static_cast<std::size_t>(q)]; }
