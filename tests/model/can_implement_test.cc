@@ -79,8 +79,8 @@ TEST_CASE("the strategy against the world and against a mesh; a split the commun
   CHECK(r.refusals ==
         std::vector<fsdp::refusal>{{"strategy",
                                     "sharding strategy hybrid_shard over 8 ranks with model_options::tensor_parallel "
-                                    "= 1 makes a mesh of 2 x 4 x 1 (replicas x shards x tensor), not the 4 x 2 x 1 "
-                                    "asked for"}});
+                                    "= 1 makes a mesh of 2 x 4 x 1 x 1 (replicas x shards x experts x tensor), not "
+                                    "the 4 x 2 x 1 x 1 asked for"}});
   CHECK(bool(fsdp::can_implement<hybrid4>(five_units(), blocks, {}, fsdp::device_mesh{2, 4})));
   CHECK(parts(fsdp::can_implement<full>(five_units(), blocks, {}, 0)) == std::vector<std::string>{"strategy"});
 }

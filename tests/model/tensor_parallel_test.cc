@@ -446,7 +446,7 @@ TEST_CASE("refusals before any memory, each with its sentence") {
   o.tensor_parallel = 4;
   CHECK(fsdp::can_implement<P>(megatron_spec(), by_block, o, 6).text() ==
         "model_options::tensor_parallel = 4 does not divide the world of 6 ranks: the mesh is replicas x shards x "
-        "tensor, and its size must be the world\n");
+        "experts x tensor, and its size must be the world\n");
   o.tensor_parallel = 3;
   CHECK(fsdp::can_implement<P>(megatron_spec(), by_block, o, 6).refusals ==
         std::vector<fsdp::refusal>{
@@ -482,7 +482,7 @@ TEST_CASE("refusals before any memory, each with its sentence") {
   CHECK(fsdp::can_implement<fsdp::policy<hybrid_shard<2>>>(megatron_spec(), by_block, o, fsdp::device_mesh{1, 2, 4})
             .text() ==
         "sharding strategy hybrid_shard over 8 ranks with model_options::tensor_parallel = 2 makes a mesh of 2 x 2 x "
-        "2 (replicas x shards x tensor), not the 1 x 2 x 4 asked for\n");
+        "1 x 2 (replicas x shards x experts x tensor), not the 1 x 2 x 1 x 4 asked for\n");
   CHECK(bool(
       fsdp::can_implement<fsdp::policy<hybrid_shard<2>>>(megatron_spec(), by_block, o, fsdp::device_mesh{2, 2, 2})));
   // a placement that names no dimension of the shape is refused when the spec is written
@@ -498,7 +498,7 @@ TEST_CASE("refusals before any memory, each with its sentence") {
     CHECK(error_of<fsdp::usage_error>(
               [&] { fsdp::Model<P> m(c, megatron_spec(), by_block, fsdp::init::normal{}, bad); }) ==
           "fsdp: model_options::tensor_parallel = 4 does not divide the world of 2 ranks: the mesh is replicas x "
-          "shards x tensor, and its size must be the world");
+          "shards x experts x tensor, and its size must be the world");
   });
 }
 

@@ -84,10 +84,55 @@ TEST_CASE(
   CHECK(made({2, 2, 1}, true) == v{mesh_group::shard, mesh_group::replicate});
   CHECK(made({1, 2, 2}, false) == v{mesh_group::shard, mesh_group::tensor});
   CHECK(made({2, 2, 2}, true) == v{mesh_group::shard, mesh_group::replicate, mesh_group::tensor});
+  CHECK(made({1, 4, 1, 2}, false) == v{mesh_group::expert_shard, mesh_group::expert});
+}
+
+TEST_CASE("the expert dimension: out of the shards where it divides them, else out of the replicas; its groups") {
+  // full_shard over 8 data-parallel ranks x tensor 2, expert 2: expert groups are consecutive data-parallel ranks
+  const device_mesh m{1, 8, 2, 2};
+  CHECK(m.world() == 16);
+  CHECK(m.data_parallel() == 8);
+  CHECK(m.expert_shards() == 4);
+  CHECK(mesh::size(m, mesh_dim::shard) == 4);
+  CHECK(mesh::stride(m, mesh_dim::expert) == 2);
+  CHECK(mesh::stride(m, mesh_dim::shard) == 4);
+  for (int r = 0; r < 16; ++r) {
+    CAPTURE(r);
+    CHECK(m.tensor_rank(r) == r % 2);
+    CHECK(m.data_parallel_rank(r) == r / 2);
+    CHECK(m.shard_rank(r) == r / 2);  // the dense units' shards: as without experts
+    CHECK(m.replica(r) == 0);
+    CHECK(m.expert_rank(r) == r / 2 % 2);
+    CHECK(m.expert_shard_rank(r) == r / 4);
+  }
+  CHECK(groups_of(m, mesh::spans(mesh_group::expert, false)) ==
+        groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+  CHECK(groups_of(m, mesh::spans(mesh_group::expert_shard, false)) ==
+        groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}});
+  CHECK(groups_of(m, mesh::spans(mesh_group::shard, false)) ==
+        groups{{0, 2, 4, 6, 8, 10, 12, 14}, {1, 3, 5, 7, 9, 11, 13, 15}});
+  // hybrid: 2 replicas x 4 shards, expert 2: the expert shard group within a replica, the replicas as without
+  const device_mesh h{2, 4, 1, 2};
+  CHECK(groups_of(h, mesh::spans(mesh_group::expert_shard, true)) == groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(groups_of(h, mesh::spans(mesh_group::shard, true)) == groups{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  CHECK(groups_of(h, mesh::spans(mesh_group::replicate, true)) == groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  // whole parameters (one shard, 6 replicas), expert 3: out of the replicas
+  const device_mesh w{6, 1, 1, 3};
+  CHECK(mesh::sizes_text(w) == "2 x 1 x 3 x 1");
+  CHECK(w.expert_shards() == 1);
+  for (int r = 0; r < 6; ++r) {
+    CAPTURE(r);
+    CHECK(w.replica(r) == r);
+    CHECK(w.shard_rank(r) == 0);
+    CHECK(w.expert_rank(r) == r % 3);
+  }
+  CHECK(groups_of(w, mesh::spans(mesh_group::expert_shard, false)) == groups{{0, 3}, {1, 4}, {2, 5}});
+  CHECK(groups_of(w, mesh::spans(mesh_group::expert, false)) == groups{{0, 1, 2}, {3, 4, 5}});
 }
 
 TEST_CASE("the mesh's names and sizes in messages, from the rows") {
-  CHECK(mesh::names_text() == "replicas x shards x tensor");
-  CHECK(mesh::sizes_text({2, 4, 1}) == "2 x 4 x 1");
+  CHECK(mesh::names_text() == "replicas x shards x experts x tensor");
+  CHECK(mesh::sizes_text({2, 4, 1}) == "2 x 4 x 1 x 1");
+  CHECK(mesh::sizes_text({2, 4, 1, 2}) == "2 x 2 x 2 x 1");  // the expert dimension out of the shards
   CHECK(mesh::row(mesh_group::replicate).name == "replicate group");
 }
