@@ -11,6 +11,9 @@
 //                   fsdp/policy/sharding.hpp), or the mesh given is not its mesh
 //   communicator    the world must be split into groups (hybrid sharding, tensor parallelism) and the communicator has
 //                   no split
+//   experts         model_options::expert_parallel is not positive, does not divide the shard group (or the
+//                   data-parallel ranks) or a stack of experts, the communicator has no split, or a unit holds
+//                   experts and dense parameters
 //   precision       a parameter asks for a compute dtype other than the policy's
 //   wrapping        the spec is empty, a unit name is empty or not UTF-8, a tie is split across units
 //   layout          the alignment is not positive

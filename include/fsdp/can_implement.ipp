@@ -46,6 +46,43 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
   device_mesh mesh = shape.mesh;
   if (tensor_problems.empty()) mesh.tensor = tensor;
   refuse("strategy", strat);
+
+  // the expert dimension, out of the data-parallel ranks (fsdp/core/mesh.hpp): the shards', or the replicas' where
+  // the strategy keeps whole parameters
+  const int expert = opt.expert_parallel;
+  problems expert_problems;
+  if (expert < 1) {
+    expert_problems.add("model_options::expert_parallel must be at least 1 (every rank holds every expert), got ",
+                        expert);
+  } else if (expert > 1 && tensor_problems.empty() && strat.empty()) {
+    if (sf.splits_world() && mesh.shards % expert != 0)
+      expert_problems.add("model_options::expert_parallel = ", expert, " does not divide the shard group of ",
+                          mesh.shards, " ranks (sharding strategy ", strategy_name, " over ", mesh.replicas,
+                          " replicas): an expert group is ranks of one replica");
+    else if (!sf.splits_world() && dp_world % expert != 0)
+      expert_problems.add("model_options::expert_parallel = ", expert, " does not divide the ", dp_world,
+                          " data-parallel ranks (the world of ", world,
+                          " over model_options::tensor_parallel = ", tensor, ")");
+    else if (!shape.splittable)
+      expert_problems.add("model_options::expert_parallel = ", expert,
+                          " needs a communicator with split(color, key) to make the expert groups; this policy's "
+                          "communicator has none (comm::local on the host, comm::mpi and comm::nccl do)");
+    else
+      out.blueprint.spec = out.blueprint.spec.expert_local(expert, expert_problems);
+    if (expert_problems.empty()) mesh.expert = expert;
+  }
+  // a unit holds experts or dense parameters: their gathers and reductions go to different groups
+  for (const unit_plan& p : plans) {
+    const std::size_t* dense = nullptr;
+    const std::size_t* experts = nullptr;
+    for (const std::size_t& i : p.params) (spec.params()[i].experts ? experts : dense) = &i;
+    if (dense && experts)
+      expert_problems.add("unit '", p.name, "' holds expert parameter '", spec.params()[*experts].name,
+                          "' and dense parameter '", spec.params()[*dense].name,
+                          "': wrap the experts in a unit of their own (their gathers and reductions go to the "
+                          "expert shard group)");
+  }
+  refuse("experts", expert_problems);
   out.blueprint.mesh = mesh;
   if (tensor > 1 && !shape.splittable)
     out.refusals.push_back(
@@ -102,13 +139,15 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
                "cross a shard: shards are multiples of model_options::layout.align, which is ", opt.layout.align,
                "; set it to a multiple of ", block);
   refuse("layout", layout);
-  if (!tensor_problems.empty() || !strat.empty() || !wrapping.empty() || !layout.empty())
+  if (!tensor_problems.empty() || !strat.empty() || !expert_problems.empty() || !wrapping.empty() || !layout.empty())
     return out;  // nothing to lay out
 
   std::vector<std::string> names;
   for (const unit_plan& p : plans) {
     names.push_back(p.name);
-    out.blueprint.layouts.push_back(FlatLayout::build(out.blueprint.spec, p, mesh.shards, opt.layout));
+    const bool experts = !p.params.empty() && spec.params()[p.params.front()].experts;
+    out.blueprint.layouts.push_back(
+        FlatLayout::build(out.blueprint.spec, p, experts ? mesh.expert_shards() : mesh.shards, opt.layout));
   }
   out.blueprint.units = unit_index(names);
   const unit_index& units = out.blueprint.units;

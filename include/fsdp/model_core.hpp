@@ -131,6 +131,14 @@ class model_core {
   /// The communicator of this rank's replicate group (the all-reduce of reduced shards under hybrid sharding);
   /// null unless the world is split.
   communicator* replicate_comm() noexcept { return groups_.of(mesh_group::replicate).get(); }
+  /// The communicator of this rank's expert group (model_options::expert_parallel consecutive data-parallel ranks,
+  /// each holding its share of the experts), for the trainer's all_to_all of tokens to their experts and back
+  /// (all_to_all_v where the counts are uneven), issued on the compute stream as tensor_comm()'s are; null without
+  /// expert parallelism.
+  communicator* expert_comm() noexcept { return groups_.of(mesh_group::expert).get(); }
+  /// The communicator of this rank's expert shard group (the ranks holding the same experts: an expert unit's
+  /// gathers and reductions); null without expert parallelism.
+  communicator* expert_shard_comm() noexcept { return groups_.of(mesh_group::expert_shard).get(); }
   const model_options& options() const noexcept { return opt_; }
   /// The policy's choices as values (strategy over this world, prefetch, precision, offload); at compile time they
   /// are facts_of_precision<P::precision>() and facts_of_offload<P::offload>().
@@ -372,11 +380,11 @@ model_core<B, C>::model_core(communicator& comm, init::rule default_init, const 
       units_{std::move(bp.units), std::move(bp.layouts)},
       cursor_(units_.index, opt_.forward_order, opt_.record_order),
       sched_(units_.index, std::move(*bp.schedule)),
-      exec_(units_.index, comm, make_backend(comm), units_.layouts, mesh_.shard_rank(comm.rank()),
+      exec_(units_.index, comm, make_backend(comm), units_.layouts,
+            detail::exec::places_of(mesh_, comm.rank(), opt_.division),
             plan::make_cost_facts(pf.precision, pf.strategy.shards_params, opt_.accumulation, pf.offload,
                                   detail::exec::division_facts(opt_.division, mesh_.data_parallel()).prescale != 1.0f),
-            detail::exec::division_facts(opt_.division, mesh_.data_parallel()), sched_.facts().grad_slots, stamp_,
-            opt_.check_collectives, sched_.facts().offload) {
+            sched_.facts().grad_slots, stamp_, opt_.check_collectives, sched_.facts().offload) {
   // Before anything is allocated or initialised: every rank built the same model (fsdp/agree/agree.hpp).
   agree::require_agreement(comm, backend(),
                            model_fingerprint(spec_, default_init, units_.index.names(), exec_.layouts(), pf.strategy,
@@ -396,10 +404,11 @@ model_core<B, C>::model_core(communicator& comm, init::rule default_init, const 
   reserve_memory(0);
   const bool master_serves = !sched_.facts().gathers;
   const tensor_coords tensor{mesh_.tensor, mesh_.tensor_rank(comm.rank())};
-  for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves, tensor);
+  const expert_coords expert{mesh_.expert, mesh_.expert_rank(comm.rank())};
+  for (std::size_t u = 0; u < size(); ++u) exec_.materialise(u, spec_, default_init, master_serves, tensor, expert);
   units_view_.reserve(size());
   for (std::size_t u = 0; u < size(); ++u)
-    units_view_.emplace_back(u, exec_.layout(u), exec_.shard_rank(), sched_, exec_.buffers(u));
+    units_view_.emplace_back(u, exec_.layout(u), exec_.shard_rank(u), sched_, exec_.buffers(u));
 }
 
 template <class B, class C>

@@ -54,21 +54,21 @@ template <class B, class C>
 void model_core<B, C>::connect_collectives(int norm_rows) {
   if constexpr (ConnectingCollective<communicator>) {
     std::vector<plan::unit_costs> costs;
-    for (std::size_t u = 0; u < size(); ++u) costs.push_back(exec_.costs(u));
+    std::vector<bool> expert_units;  // where the expert shard group is made
+    for (std::size_t u = 0; u < size(); ++u) {
+      costs.push_back(exec_.costs(u));
+      expert_units.push_back(groups_.of(mesh_group::expert_shard) && exec_.layout(u).experts());
+    }
     plan::group_collectives g =
         plan::step_collectives(costs, exec_.facts(), exec_.replicates(), plan::norm_count(size(), norm_rows),
-                               plan::commits(opt_.commit_step, norm_rows));
+                               plan::commits(opt_.commit_step, norm_rows), expert_units);
     g.tensor = plan::tensor_collectives(exec_.layouts(), costs);
-    if (groups_.of(mesh_group::shard)) {
-      comm_->connect(plan::not_yet(g.world, connected_.world));
-      for (const mesh_group_row& row : mesh_groups)
-        if (communicator* c = groups_.of(row.group).get())
-          c->connect(plan::not_yet(g.of(row.group), connected_.of(row.group)));
-    } else {  // the shard group is the world
-      std::vector<collective_use> all = g.world;
-      all.insert(all.end(), g.shard.begin(), g.shard.end());
-      comm_->connect(plan::not_yet(plan::distinct(std::move(all)), connected_.world));
-    }
+    std::vector<collective_use> world = g.world;
+    if (!groups_.of(mesh_group::shard)) world.insert(world.end(), g.shard.begin(), g.shard.end());  // the world's
+    comm_->connect(plan::not_yet(plan::distinct(std::move(world)), connected_.world));
+    for (const mesh_group_row& row : mesh_groups)
+      if (communicator* c = groups_.of(row.group).get())
+        c->connect(plan::not_yet(g.of(row.group), connected_.of(row.group)));
   }
 }
 

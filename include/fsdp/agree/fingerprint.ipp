@@ -139,6 +139,7 @@ FSDP_DECL fingerprint model_fingerprint(const ModelSpec& spec, const init::rule&
   // first: the spec's local shapes and the strategy's groups follow from it, so a rank that differs in it is named
   // for it and not for what it changed
   fp.add("model_options", "tensor_parallel", std::to_string(opt.tensor_parallel));
+  fp.add("model_options", "expert_parallel", std::to_string(opt.expert_parallel));
   const auto& params = spec.params();
   fp.add("the spec", "the parameter count", std::to_string(params.size()));
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -154,6 +155,7 @@ FSDP_DECL fingerprint model_fingerprint(const ModelSpec& spec, const init::rule&
     fp.add(who, "no_decay", flag(p.flags.no_decay));
     fp.add(who, "the init rule", p.init ? describe(*p.init) : "the model's default");
     fp.add(who, "the tensor placement", describe(p.tensor));
+    fp.add(who, "experts", flag(p.experts));
   }
   fp.add("the model", "the default init rule", describe(default_init));
   fp.add("the policy", "the sharding strategy", std::string(strategy.name));

@@ -217,15 +217,20 @@ void issue_inspection(ModelT& model, const options& o, void* buf) {
   // replicated one: tensor rank 0 counts its whole shard, the others only their part of the split parameters,
   // which the layout places first (FlatLayout::split_end), so that the world's sum counts every element once per
   // replica.
+  // The world's sum is divided by the replicas: an expert unit's elements are held by replicas / expert ranks each
+  // where the expert dimension comes out of the replicas (a strategy that keeps whole parameters), so its squares
+  // count `expert` times there.
   const device_mesh& mesh = model.mesh();
   const bool split_only = mesh.tensor > 1 && mesh.tensor_rank(comm.rank()) != 0;
-  const int shard_rank = mesh.shard_rank(comm.rank());
+  const bool weigh_experts = mesh.expert > 1 && !fsdp::mesh::experts_from_shards(mesh);
   for (std::size_t u = 0; u < n; ++u) {
     const std::int64_t S = model_access::costs(model, u).shard_numel;
     const FlatLayout& l = model.unit(u).layout();
     const std::int64_t counted =
-        split_only ? std::clamp(l.split_end() - l.shard_begin(shard_rank), std::int64_t{0}, S) : S;
+        split_only ? std::clamp(l.split_end() - l.shard_begin(model.unit(u).shard_rank()), std::int64_t{0}, S) : S;
     be.squared_norm(model.unit(u).grad_shard(), counted, row + u, cs);
+    if (weigh_experts && l.experts())
+      be.convert(row + u, dtype::f32, row + u, dtype::f32, 1, static_cast<float>(mesh.expert), cs);
   }
   comm::label_next(comm, "(gradient norms)");  // names it in errors
   comm.all_reduce(table, table, plan::norm_count(n, rows), dtype::f32, reduce_op::sum, cs);

@@ -38,6 +38,7 @@ struct flat_entry {
   std::int64_t offset = 0;  ///< element offset in the unsharded flat buffer
   param_flags flags{};
   tensor_placement tensor{};  ///< its place in the tensor group (the spec's)
+  bool experts = false;       ///< a stack of experts (the spec's ParamSpec::experts)
 };
 
 /// Elements [offset, offset + numel) of a unit's unsharded flat buffer.
@@ -67,6 +68,9 @@ class FlatLayout {
   /// none of the others. 0 without split parameters.
   std::int64_t split_end() const noexcept { return split_end_; }
   const std::vector<flat_entry>& entries() const noexcept { return entries_; }
+  /// Whether the unit's parameters are experts (ParamSpec::experts: sharded over the expert shard group; a unit
+  /// holds experts or dense parameters, not both).
+  bool experts() const noexcept { return !entries_.empty() && entries_.front().experts; }
 
   /// The entry that stores `name` (an alias resolves to its target). Throws usage_error when absent.
   const flat_entry& entry(const std::string& name, const std::string& unit_name = {}) const;

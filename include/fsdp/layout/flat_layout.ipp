@@ -30,7 +30,7 @@ FSDP_DECL FlatLayout FlatLayout::build(const ModelSpec& spec, const unit_plan& u
       if (p.is_tied() || p.tensor.is_split() != split) continue;
       cursor = layout::round_up(cursor, opt.align);
       l.by_name_.emplace(p.name, l.entries_.size());
-      l.entries_.push_back(flat_entry{i, p.name, p.shape, p.numel(), cursor, p.flags, p.tensor});
+      l.entries_.push_back(flat_entry{i, p.name, p.shape, p.numel(), cursor, p.flags, p.tensor, p.experts});
       cursor += p.numel();
     }
     if (split) l.split_end_ = cursor;

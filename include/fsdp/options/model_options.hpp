@@ -56,6 +56,14 @@ struct model_options {
   /// the data-parallel ranks, reduces gradients over them only, and gives the trainer the tensor group's
   /// communicator (tensor_comm()). Needs a communicator with split(color, key).
   int tensor_parallel = 1;
+  /// Ranks of one expert group (device_mesh::expert: consecutive data-parallel ranks). 1: every rank holds every
+  /// expert. Otherwise each parameter declared with param_options::experts (a stack [n_experts, ...]) is split on
+  /// dimension 0 over the expert group, each rank holding n_experts / expert_parallel experts, which are sharded
+  /// and reduced over the ranks holding the same experts (the expert shard group); dense parameters as without
+  /// experts. It must divide the shard group (or, for a strategy that keeps whole parameters, the data-parallel
+  /// ranks). The trainer's all_to_all of tokens goes to the model's expert_comm(). Needs a communicator with
+  /// split(color, key).
+  int expert_parallel = 1;
   /// How gradients are combined across ranks (average by default).
   grad_division division{};
   /// Gradient accumulation over micro-batches (one micro-batch, synchronised every time, by default).

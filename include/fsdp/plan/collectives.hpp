@@ -76,12 +76,16 @@ struct group_collectives {
   std::vector<collective_use> shard;     ///< the shard group's (the world's when it is not split)
   std::vector<collective_use> replicas;  ///< the replicate group's (hybrid sharding); empty otherwise
   std::vector<collective_use> tensor;    ///< the tensor group's partial-gradient all-reduces (not the trainer's)
+  std::vector<collective_use> expert_shard;  ///< the expert units' gathers and reductions (expert_parallel > 1)
+  std::vector<collective_use> expert;        ///< the expert group's (the trainer's all_to_all only: none listed)
   /// The list of group `g` (fsdp/core/mesh.hpp).
   std::vector<collective_use>& of(mesh_group g) noexcept {
     switch (g) {
       case mesh_group::shard: return shard;
       case mesh_group::replicate: return replicas;
       case mesh_group::tensor: return tensor;
+      case mesh_group::expert_shard: return expert_shard;
+      case mesh_group::expert: return expert;
     }
     return shard;
   }
@@ -97,21 +101,26 @@ inline std::vector<collective_use> distinct(std::vector<collective_use> v) {
 /// Every group's collectives for units with these costs (unit-index order) under facts f. `replicas`: hybrid
 /// sharding's replicate group exists. `norms`: the gradient inspection's squared norms (plan::norm_count; 0: none),
 /// all-reduced over the world in fp32. `commits`: the step's commit (plan::commits), one element of the gradient's
-/// dtype all-reduced over the world.
+/// dtype all-reduced over the world. `expert_units`: the units whose gathers and reductions go to the expert shard
+/// group (FlatLayout::experts, where the model has one; empty: none).
 inline group_collectives step_collectives(const std::vector<unit_costs>& units, const cost_facts& f, bool replicas,
-                                          std::int64_t norms = 0, bool commits = false) {
+                                          std::int64_t norms = 0, bool commits = false,
+                                          const std::vector<bool>& expert_units = {}) {
   group_collectives g;
   g.world.push_back({collective::all_reduce, 1, dtype::f32});
   if (norms > 0) g.world.push_back({collective::all_reduce, norms, dtype::f32});
   if (commits && !units.empty()) g.world.push_back({collective::all_reduce, 1, units.front().grad.type});
-  for (const unit_costs& c : units) {
-    if (auto u = gather_use(c, f)) g.shard.push_back(*u);
-    g.shard.push_back(reduction_use(c, f));
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    const unit_costs& c = units[k];
+    std::vector<collective_use>& shard = k < expert_units.size() && expert_units[k] ? g.expert_shard : g.shard;
+    if (auto u = gather_use(c, f)) shard.push_back(*u);
+    shard.push_back(reduction_use(c, f));
     if (replicas)
       if (auto u = replica_use(c)) g.replicas.push_back(*u);
   }
   g.world = distinct(std::move(g.world));
   g.shard = distinct(std::move(g.shard));
+  g.expert_shard = distinct(std::move(g.expert_shard));
   g.replicas = distinct(std::move(g.replicas));
   return g;
 }

@@ -34,6 +34,8 @@ struct ParamSpec {
   std::string tied_to;             ///< non-empty: this name is an alias of that parameter's storage
   /// Where it lives across the tensor group (fsdp/spec/placement.hpp); an alias has its target's.
   tensor_placement tensor{};
+  /// A stack of experts on dimension 0 (param_options::experts); an alias has its target's.
+  bool experts = false;
 
   bool is_tied() const noexcept { return !tied_to.empty(); }
   std::int64_t numel() const noexcept {
@@ -50,6 +52,12 @@ struct param_options {
   std::optional<init::rule> init{};
   /// Across the tensor group (model_options::tensor_parallel ranks): replicated, or tp::split(dim).
   tensor_placement tensor{};
+  /// The parameter stacks experts on dimension 0 ([n_experts, ...]: a mixture of experts' weights): split over the
+  /// expert group (model_options::expert_parallel ranks, each holding n_experts / expert_parallel of them), each
+  /// rank's experts sharded and reduced over the ranks that hold the same experts (fsdp/core/mesh.hpp). A unit
+  /// holds experts or dense parameters, not both. Under tensor parallelism an expert may be split on any other
+  /// dimension.
+  bool experts = false;
 };
 
 class ModelSpec {
@@ -84,6 +92,10 @@ class ModelSpec {
   /// dimension (the rank's slice), the rest as they are; at degree 1 every placement is replicated (no slice, no
   /// partial gradient). A dimension the degree does not divide goes to `p`.
   ModelSpec tensor_local(int degree, problems& p) const;
+  /// The spec of one rank of an expert group of `degree` ranks: every expert parameter's dimension 0 divided by the
+  /// degree (its share of the experts), the rest as they are. An expert count the degree does not divide goes to
+  /// `p`.
+  ModelSpec expert_local(int degree, problems& p) const;
 
  private:
   void check_new_name(const std::string& name) const;

@@ -27,10 +27,14 @@ FSDP_DECL ModelSpec& ModelSpec::add(std::string name, std::vector<std::int64_t> 
                        " elements) brings the model past 2^48 = ", max_numel, " elements (it has ", numel_,
                        " before it), the most one model may have");
   if (std::string why = placement_problem(name, shape, opt.tensor); !why.empty()) detail::fail_usage(why);
+  if (opt.experts && opt.tensor.is_split() && opt.tensor.dim == 0)
+    detail::fail_usage("parameter '", name,
+                       "' stacks experts on dimension 0 and is split across the tensor group on "
+                       "that dimension too: split an expert on another dimension (tp::split(1) or later)");
   index_.emplace(name, params_.size());
   numel_ += n;
-  params_.push_back(
-      ParamSpec{std::move(name), std::move(shape), opt.compute_dtype, opt.flags, opt.init, {}, opt.tensor});
+  params_.push_back(ParamSpec{
+      std::move(name), std::move(shape), opt.compute_dtype, opt.flags, opt.init, {}, opt.tensor, opt.experts});
   return *this;
 }
 
@@ -61,7 +65,30 @@ FSDP_DECL ModelSpec ModelSpec::tensor_local(int degree, problems& p) const {
     // one tensor rank: no gradient is partial, and nothing is split
     const tensor_placement t = degree == 1 ? tp::replicated : q.tensor;
     out.add(q.name, local_shape(q.name, q.shape, q.tensor, degree, p),
-            {.compute_dtype = q.compute_dtype, .flags = q.flags, .init = q.init, .tensor = t});
+            {.compute_dtype = q.compute_dtype, .flags = q.flags, .init = q.init, .tensor = t, .experts = q.experts});
+  }
+  return out;
+}
+
+FSDP_DECL ModelSpec ModelSpec::expert_local(int degree, problems& p) const {
+  ModelSpec out;
+  for (const ParamSpec& q : params_) {
+    if (q.is_tied()) {
+      out.tie(q.name, q.tied_to);
+      continue;
+    }
+    std::vector<std::int64_t> shape = q.shape;
+    if (q.experts && degree > 1) {
+      if (shape[0] % degree != 0)
+        p.add("parameter '", q.name, "' of shape ", detail::shape_text(q.shape), " stacks ", shape[0],
+              " experts, which model_options::expert_parallel = ", degree,
+              " does not divide: each rank of an expert group holds an equal share of the experts");
+      else
+        shape[0] /= degree;
+    }
+    out.add(
+        q.name, std::move(shape),
+        {.compute_dtype = q.compute_dtype, .flags = q.flags, .init = q.init, .tensor = q.tensor, .experts = q.experts});
   }
   return out;
 }

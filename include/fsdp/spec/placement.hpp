@@ -98,6 +98,25 @@ struct tensor_coords {
   int rank = 0;
 };
 
+/// Where a rank sits in its expert group (model_options::expert_parallel): `degree` ranks, this one the `rank`-th,
+/// holding the rank-th of `degree` equal shares of every stacked expert parameter's dimension 0.
+struct expert_coords {
+  int degree = 1;
+  int rank = 0;
+};
+
+/// Where a rank's share of a stacked expert parameter begins in the global parameter (row-major), given its local
+/// shape (both splits applied): the shares before it, each the local elements times the tensor group's split of
+/// them; 0 for a dense parameter. for_each_global_run's `base`.
+inline std::int64_t expert_base(const std::vector<std::int64_t>& local, const tensor_placement& pl, bool experts,
+                                const tensor_coords& t, const expert_coords& e) {
+  if (!experts || e.degree == 1) return 0;
+  std::int64_t n = 1;
+  for (std::int64_t d : local) n *= d;
+  if (pl.is_split()) n *= t.degree;
+  return n * e.rank;
+}
+
 /// What is wrong with placing a parameter of `shape` so (a dimension it does not have), or empty.
 inline std::string placement_problem(const std::string& name, const std::vector<std::int64_t>& shape,
                                      const tensor_placement& p) {
@@ -149,12 +168,13 @@ inline std::vector<std::int64_t> global_shape(const std::vector<std::int64_t>& l
 /// Calls f(global_first, local_offset, count) for each run of the local elements [first, first + count) (row-major
 /// over `local`, this rank's slice) that is contiguous in the global parameter (row-major over its global shape):
 /// one run when the parameter is replicated, one per index of the dimensions before the split one (and per block)
-/// otherwise.
+/// otherwise. `base`: where this rank's experts begin (expert_base; 0 for a dense parameter), added to every global
+/// index (the expert dimension is outermost, so a share of the experts is the tensor split of a contiguous block).
 template <class F>
 void for_each_global_run(const std::vector<std::int64_t>& local, const tensor_placement& pl, const tensor_coords& t,
-                         std::int64_t first, std::int64_t count, F&& f) {
+                         std::int64_t first, std::int64_t count, F&& f, std::int64_t base = 0) {
   if (!pl.is_split() || t.degree == 1) {
-    if (count > 0) f(first, std::int64_t{0}, count);
+    if (count > 0) f(base + first, std::int64_t{0}, count);
     return;
   }
   std::int64_t inner = 1;  // elements per index of the split dimension
@@ -164,7 +184,7 @@ void for_each_global_run(const std::vector<std::int64_t>& local, const tensor_pl
   for (std::int64_t done = 0; done < count;) {
     const std::int64_t i = first + done, outer = i / row, within = i % row, block = within / chunk;
     const std::int64_t at = within % chunk, n = std::min(chunk - at, count - done);
-    f(outer * row * t.degree + (block * t.degree + t.rank) * chunk + at, done, n);
+    f(base + outer * row * t.degree + (block * t.degree + t.rank) * chunk + at, done, n);
     done += n;
   }
 }

@@ -45,6 +45,8 @@ class basic_unit {
   const FlatLayout& layout() const noexcept { return *layout_; }
   /// This rank's parts of the unit's parameters (global shapes, local ranges).
   std::vector<ShardedTensor> shard_views() const { return layout_->shard_views(shard_rank_); }
+  /// This rank's place in the unit's shard group (an expert unit's: its expert shard group).
+  int shard_rank() const noexcept { return shard_rank_; }
 
   /// This rank's fp32 master shard and gradient shard (shard_numel elements each), to read (on the backend's
   /// memory: device memory under backend::cuda). Only the library writes them, between the steps' collectives and

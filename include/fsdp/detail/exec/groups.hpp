@@ -59,13 +59,18 @@ class groups {
   /// The group of role `g`, or null where none was made (the shard group: the world then).
   C* of(mesh_group g) const noexcept { return by_group_[static_cast<std::size_t>(g)]; }
   C& shard() const noexcept { return of(mesh_group::shard) ? *of(mesh_group::shard) : *world_; }
+  /// A unit's shard group: an expert unit's (FlatLayout::experts) is the expert shard group where there is one (the
+  /// shard group when every rank holds every expert).
+  C& shard(bool expert_unit) const noexcept {
+    return expert_unit && of(mesh_group::expert_shard) ? *of(mesh_group::expert_shard) : shard();
+  }
   C* replicas() const noexcept { return of(mesh_group::replicate); }
   C* tensor() const noexcept { return of(mesh_group::tensor); }
 
   /// Tells communicators that keep one (comm::nccl, comm::mpi) which unit the next collective is for, so that a
   /// timeout names it.
-  void label(std::string_view unit) const {
-    comm::label_next(shard(), unit);
+  void label(std::string_view unit, bool expert_unit = false) const {
+    comm::label_next(shard(expert_unit), unit);
     if (replicas()) comm::label_next(*replicas(), unit);
   }
 

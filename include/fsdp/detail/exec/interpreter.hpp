@@ -50,17 +50,16 @@ class interpreter {
   /// Every reference must outlive the interpreter; `prog` is the program that drives it (whose ledgers pick the
   /// slots), `grad_slots` model_options::grad_slots.
   interpreter(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, trace::stamper<B>& stamp,
-              const reduce_facts& reduce, const plan::detail::step_program& prog, int grad_slots)
+              const plan::detail::step_program& prog, int grad_slots)
       : be_(be),
         streams_(streams_of(be)),
         st_(storage),
         g_(g),
         diag_(diag),
         stamp_(stamp),
-        reduce_(reduce),
         prog_(prog),
         slots_(be, prog, grad_slots),
-        transfers_(be, storage, g, diag, reduce, prog, slots_) {}
+        transfers_(be, storage, g, diag, prog, slots_) {}
   interpreter(const interpreter&) = delete;
   interpreter& operator=(const interpreter&) = delete;
 
@@ -126,7 +125,7 @@ class interpreter {
                                      [&](std::int64_t n, const auto& f) { be_.for_each(n, f, s); });
         else
           be_.accumulate(st_.buffers(u).grad_shard.template as<float>(), transfers_.result(u),
-                         st_.cost(u).reduce_output.type, transfers_.reduced_count(u), reduce_.postscale, s);
+                         st_.cost(u).reduce_output.type, transfers_.reduced_count(u), st_.place(u).reduce.postscale, s);
         return;
       case plan::job::optimizer_device: {
         update_site<B> site = update_site<B>::device(be_, staged_.empty() ? nullptr : &staged_);
@@ -161,13 +160,13 @@ class interpreter {
         }
         dtype t;
         const void* src = transfers_.source(u, &t);
-        be_.convert(slot(u, plan::ring::reduce_input), c.reduce_input.type, src, t, P, reduce_.prescale, s);
+        be_.convert(slot(u, plan::ring::reduce_input), c.reduce_input.type, src, t, P, st_.place(u).reduce.prescale, s);
         break;
       }
       case plan::job::prescale: {
         dtype t;
         void* src = transfers_.source(u, &t);
-        be_.convert(src, t, src, t, P, reduce_.prescale, s);
+        be_.convert(src, t, src, t, P, st_.place(u).reduce.prescale, s);
         break;
       }
       case plan::job::download_grad:
@@ -181,12 +180,12 @@ class interpreter {
                                      });
           break;
         }
-        be_.host_callback(
-            s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
-                t = c.reduce_output.type, n = transfers_.reduced_count(u), post = reduce_.postscale, pool = &pool_] {
-              kernels::host_loops::accumulate_with([pool](std::int64_t m, const auto& f) { pool->for_each(m, f); },
-                                                   shard, from, t, n, post);
-            });
+        be_.host_callback(s, [shard = b.grad_shard.template as<float>(), from = slot(u, plan::ring::download),
+                              t = c.reduce_output.type, n = transfers_.reduced_count(u),
+                              post = st_.place(u).reduce.postscale, pool = &pool_] {
+          kernels::host_loops::accumulate_with([pool](std::int64_t m, const auto& f) { pool->for_each(m, f); }, shard,
+                                               from, t, n, post);
+        });
         break;
       case plan::job::optimizer_host: {
         std::vector<std::function<void()>> updates;
@@ -333,7 +332,6 @@ class interpreter {
   groups<C>& g_;
   diagnostics& diag_;
   trace::stamper<B>& stamp_;
-  reduce_facts reduce_;
   const plan::detail::step_program& prog_;
   step_slots<B> slots_;  // destroyed before the backend (the executor's member order)
   transfers<B, C> transfers_;

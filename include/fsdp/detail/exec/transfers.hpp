@@ -27,9 +27,9 @@ class transfers {
   using stream = typename B::stream;
 
   /// Every reference must outlive this.
-  transfers(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, const reduce_facts& reduce,
-            const plan::detail::step_program& prog, const step_slots<B>& slots)
-      : be_(be), st_(storage), g_(g), diag_(diag), reduce_(reduce), prog_(prog), slots_(slots) {}
+  transfers(B& be, unit_storage<B>& storage, groups<C>& g, diagnostics& diag, const plan::detail::step_program& prog,
+            const step_slots<B>& slots)
+      : be_(be), st_(storage), g_(g), diag_(diag), prog_(prog), slots_(slots) {}
 
   /// The all-gather of unit u into its gather slot, or into its wire slot when the gather dtype is narrower than the
   /// compute dtype (the program's widen work follows): cast into this rank's slice first when the gather dtype is
@@ -37,7 +37,9 @@ class transfers {
   void gather(std::size_t u, stream& s) {
     const plan::unit_costs& c = st_.cost(u);
     unit_buffers<B>& b = st_.buffers(u);
-    g_.label(diag_.units().name(u));
+    const bool experts = st_.layout(u).experts();
+    C& group = g_.shard(experts);
+    g_.label(diag_.units().name(u), experts);
     const void* master_shard =  // what the gather reads: the master, or its upload
         prog_.held(u, plan::ring::upload) >= 0 ? slots_.held(u, plan::ring::upload) : b.master.data();
     void* out = c.wire ? slots_.held(u, plan::ring::wire) : b.params;
@@ -46,7 +48,7 @@ class transfers {
     const std::optional<collective_use> use = plan::gather_use(c, st_.facts());  // none: a shard group of one rank
     if (c.gather_block) {  // block-scaled: this rank's values and scales into its slice, then the slices gathered
       const std::int64_t slice_bytes = c.gather_count();
-      const int rank = st_.facts().shards_params ? st_.shard_rank() : 0;
+      const int rank = st_.facts().shards_params ? st_.shard_rank(u) : 0;
       auto* slice =
           static_cast<std::uint8_t*>(out) + static_cast<std::size_t>(rank) * static_cast<std::size_t>(slice_bytes);
       kernels::dispatch(wire, [&](auto q) {
@@ -58,19 +60,19 @@ class transfers {
       });
       if (use) {
         diag_.check_next(g_.world(), be_, use->kind, use->count, use->type, u);
-        g_.shard().all_gather(slice, out, use->count, use->type, s);
+        group.all_gather(slice, out, use->count, use->type, s);
       }
       return;
     }
     if (use) {
       diag_.check_next(g_.world(), be_, use->kind, use->count, use->type, u);
       if (wire == master) {
-        g_.shard().all_gather(master_shard, out, use->count, use->type, s);
+        group.all_gather(master_shard, out, use->count, use->type, s);
       } else {  // cast into this rank's slice, then gather in place
         void* slice = static_cast<char*>(out) +
-                      static_cast<std::size_t>(st_.shard_rank()) * static_cast<std::size_t>(S) * size_of(wire);
+                      static_cast<std::size_t>(st_.shard_rank(u)) * static_cast<std::size_t>(S) * size_of(wire);
         be_.convert(slice, wire, master_shard, master, S, 1.0f, s);
-        g_.shard().all_gather(slice, out, use->count, use->type, s);
+        group.all_gather(slice, out, use->count, use->type, s);
       }
     } else {  // a shard group of one rank: the master is the full parameter; the gather is its cast
       be_.convert(out, wire, master_shard, master, S, 1.0f, s);
@@ -103,22 +105,25 @@ class transfers {
   /// reduce output.
   void reduce(std::size_t u, stream& s) {
     const plan::unit_costs& c = st_.cost(u);
-    g_.label(diag_.units().name(u));
+    const bool experts = st_.layout(u).experts();
+    C& group = g_.shard(experts);
+    const reduce_op op = st_.place(u).reduce.op;
+    g_.label(diag_.units().name(u), experts);
     const collective_use use = plan::reduction_use(c, st_.facts());
     dtype operand_type;
     void* src = operand(u, &operand_type);
     diag_.check_next(g_.world(), be_, use.kind, use.count, use.type, u);
     if (use.kind == collective::reduce_scatter) {
-      g_.shard().reduce_scatter(src, slots_.held(u, plan::ring::reduce_output), use.count, use.type, reduce_.op, s);
+      group.reduce_scatter(src, slots_.held(u, plan::ring::reduce_output), use.count, use.type, op, s);
     } else if (use.kind == collective::all_to_all) {
       if constexpr (AllToAllCollective<C>)
-        g_.shard().all_to_all(src, slots_.held(u, plan::ring::reduce_output), use.count, use.type, s);
+        group.all_to_all(src, slots_.held(u, plan::ring::reduce_output), use.count, use.type, s);
       else  // fsdp/can_implement.hpp refuses the model first
         detail::fail_usage("unit '", diag_.units().name(u),
                            "': a quantized reduction needs a communicator with "
                            "all_to_all (fsdp::AllToAllCollective)");
     } else {
-      g_.shard().all_reduce(src, src, use.count, use.type, reduce_.op, s);
+      group.all_reduce(src, src, use.count, use.type, op, s);
     }
   }
 
@@ -135,7 +140,7 @@ class transfers {
           be_.for_each(
               c.padded_numel / c.reduce_block,
               kernels::block_quantize<d(), q()>{static_cast<const lowp::storage_t<d()>*>(src), out, c.shard_numel,
-                                                c.reduce_block, c.reduce_count(), reduce_.prescale},
+                                                c.reduce_block, c.reduce_count(), st_.place(u).reduce.prescale},
               s);
       });
     });
@@ -148,12 +153,13 @@ class transfers {
   void add_dequantized(std::size_t u, const void* received, float* shard, Run&& run) const {
     const plan::unit_costs& c = st_.cost(u);
     const int ranks = static_cast<int>(c.reduce_output.numel / c.reduce_count());
-    const float premul = reduce_.op == reduce_op::avg ? kernels::average_factor<dtype::f32>(ranks) : 1.0f;
+    const reduce_facts& reduce = st_.place(u).reduce;
+    const float premul = reduce.op == reduce_op::avg ? kernels::average_factor<dtype::f32>(ranks) : 1.0f;
     kernels::dispatch(c.reduce_output.type, [&](auto q) {
       if constexpr (is_scaled(q()))
         run(c.shard_numel,
             kernels::block_dequantize_sum<q()>{static_cast<const std::uint8_t*>(received), shard, c.shard_numel,
-                                               c.reduce_block, c.reduce_count(), ranks, premul, reduce_.postscale});
+                                               c.reduce_block, c.reduce_count(), ranks, premul, reduce.postscale});
     });
   }
 
@@ -163,7 +169,7 @@ class transfers {
     const collective_use use = *plan::replica_use(st_.cost(u));
     void* out = slots_.held(u, plan::ring::reduce_output);
     diag_.check_next(g_.world(), be_, use.kind, use.count, use.type, u);
-    g_.replicas()->all_reduce(out, out, use.count, use.type, reduce_.op, s);
+    g_.replicas()->all_reduce(out, out, use.count, use.type, st_.place(u).reduce.op, s);
   }
 
   /// Unit u's partial gradients (tp::partial_grad: FlatLayout::partial_grad_runs) summed over the tensor group, in
@@ -219,7 +225,6 @@ class transfers {
   unit_storage<B>& st_;
   groups<C>& g_;
   diagnostics& diag_;
-  reduce_facts reduce_;
   const plan::detail::step_program& prog_;
   const step_slots<B>& slots_;
 };

@@ -44,20 +44,20 @@ class unit_executor {
   using backend_type = B;
   using stream = typename B::stream;
 
-  /// `units`, `comm` and `stamp` must outlive the executor. `layouts` in unit-index order; `shard_rank`: this
-  /// rank's place in the units' shard group; `grad_slots`: gradient slots made before one is reused;
-  /// `check_collectives`: model_options::check_collectives; `unit_offload`: each unit's offload facts (empty: the
-  /// facts' own for every unit).
+  /// `units`, `comm` and `stamp` must outlive the executor. `layouts` in unit-index order; `places`: this rank's
+  /// place in the dense and the expert units' shard groups and their divisions; `grad_slots`: gradient slots made
+  /// before one is reused; `check_collectives`: model_options::check_collectives; `unit_offload`: each unit's offload
+  /// facts (empty: the facts' own for every unit).
   unit_executor(const unit_index& units, C& comm, std::unique_ptr<B> backend, std::vector<FlatLayout> layouts,
-                int shard_rank, const plan::cost_facts& facts, const reduce_facts& reduce, int grad_slots,
-                trace::stamper<B>& stamp, bool check_collectives = false, std::vector<offload_facts> unit_offload = {})
+                const unit_places& places, const plan::cost_facts& facts, int grad_slots, trace::stamper<B>& stamp,
+                bool check_collectives = false, std::vector<offload_facts> unit_offload = {})
       : be_(std::move(backend)),
-        st_(std::move(layouts), shard_rank, facts, std::move(unit_offload)),
+        st_(std::move(layouts), places, facts, std::move(unit_offload)),
         groups_(comm),
         diag_(units, st_.layouts(), comm.rank(), check_collectives),
         ranges_(units.names()),
         prog_(st_.costs(), st_.offload(), grad_slots, 0, 1, facts.prescales),
-        in_(*be_, st_, groups_, diag_, stamp, reduce, prog_, grad_slots) {}
+        in_(*be_, st_, groups_, diag_, stamp, prog_, grad_slots) {}
   unit_executor(const unit_executor&) = delete;
   unit_executor& operator=(const unit_executor&) = delete;
 
@@ -82,7 +82,8 @@ class unit_executor {
   const offload_facts& offload(std::size_t u) const { return st_.offload(u); }
   const plan::cost_facts& facts() const noexcept { return st_.facts(); }
   const unit_buffers<B>& buffers(std::size_t u) const { return st_.buffers(u); }
-  int shard_rank() const noexcept { return st_.shard_rank(); }
+  /// This rank's place in unit u's shard group (the expert shard group's for an expert unit).
+  int shard_rank(std::size_t u) const noexcept { return st_.shard_rank(u); }
   /// The profiler ranges of this rank's units (no-ops on a backend without the hook).
   const trace::ranges<B>& ranges() const noexcept { return ranges_; }
   /// model_options::check_views, from now on (fsdp/unit/tensor_view.hpp).
@@ -112,9 +113,9 @@ class unit_executor {
 
   // ---- outside the step ---------------------------------------------------------------------------------------
   /// Allocates unit u's master and gradient shards and fills the master from the init rule (unit_storage); `spec`
-  /// is this rank's (local shapes), `tensor` its place in its tensor group.
+  /// is this rank's (local shapes), `tensor` and `expert` its place in its tensor and expert groups.
   void materialise(std::size_t u, const ModelSpec& spec, const init::rule& default_init, bool master_serves,
-                   const tensor_coords& tensor);
+                   const tensor_coords& tensor, const expert_coords& expert);
   /// Collective: unit u's full fp32 master on the host of every rank.
   std::vector<float> gather_full(std::size_t u);
 
@@ -193,8 +194,8 @@ void unit_executor<B, C>::shards_written() {
 
 template <Backend B, CollectivePolicy C>
 void unit_executor<B, C>::materialise(std::size_t u, const ModelSpec& spec, const init::rule& default_init,
-                                      bool master_serves, const tensor_coords& tensor) {
-  st_.materialise(*be_, diag_, u, spec, default_init, master_serves, tensor);
+                                      bool master_serves, const tensor_coords& tensor, const expert_coords& expert) {
+  st_.materialise(*be_, diag_, u, spec, default_init, master_serves, tensor, expert);
 }
 
 template <Backend B, CollectivePolicy C>

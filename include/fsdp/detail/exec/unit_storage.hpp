@@ -16,6 +16,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/exec/diagnostics.hpp"
 #include "fsdp/detail/exec/groups.hpp"
+#include "fsdp/detail/exec/reduction.hpp"
 #include "fsdp/detail/exec/slot_ring.hpp"
 #include "fsdp/init/init.hpp"
 #include "fsdp/layout/flat_layout.hpp"
@@ -33,12 +34,12 @@ class unit_storage {
  public:
   using stream = typename B::stream;
 
-  /// `layouts` in unit-index order; `shard_rank`: this rank's place in the units' shard group; `unit_offload`:
-  /// each unit's offload facts (empty: the facts' own for every unit).
-  unit_storage(std::vector<FlatLayout> layouts, int shard_rank, const plan::cost_facts& facts,
+  /// `layouts` in unit-index order; `places`: this rank's place in the dense and the expert units' shard groups and
+  /// their divisions; `unit_offload`: each unit's offload facts (empty: the facts' own for every unit).
+  unit_storage(std::vector<FlatLayout> layouts, const unit_places& places, const plan::cost_facts& facts,
                std::vector<offload_facts> unit_offload)
       : layouts_(std::move(layouts)),
-        shard_rank_(shard_rank),
+        places_(places),
         facts_(facts),
         offload_(std::move(unit_offload)),
         bufs_(layouts_.size()) {
@@ -60,7 +61,9 @@ class unit_storage {
   const std::vector<offload_facts>& offload() const noexcept { return offload_; }
   const offload_facts& offload(std::size_t u) const { return offload_.at(u); }
   const plan::cost_facts& facts() const noexcept { return facts_; }
-  int shard_rank() const noexcept { return shard_rank_; }
+  /// Unit u's place: its shard group's rank and its division (an expert unit's or a dense one's).
+  const unit_place& place(std::size_t u) const noexcept { return places_.of(layouts_[u].experts()); }
+  int shard_rank(std::size_t u) const noexcept { return place(u).shard_rank; }
   unit_buffers<B>& buffers(std::size_t u) { return bufs_[u]; }
   const unit_buffers<B>& buffers(std::size_t u) const { return bufs_.at(u); }
 
@@ -68,9 +71,10 @@ class unit_storage {
   /// (computed on the host from their global indices: under tensor parallelism, the indices in the global
   /// parameter of this tensor rank's slice, so that every layout of the same global model starts from the same
   /// numbers) and zeroes the gradient shard. `spec`: this rank's (local shapes). `master_serves`: the master is
-  /// what compute reads (no gather ever happens).
+  /// what compute reads (no gather ever happens); `tensor` and `expert`: this rank's place in its tensor and expert
+  /// groups.
   void materialise(B& be, const diagnostics& diag, std::size_t u, const ModelSpec& spec, const init::rule& default_init,
-                   bool master_serves, const tensor_coords& tensor) {
+                   bool master_serves, const tensor_coords& tensor, const expert_coords& expert) {
     const plan::unit_costs& c = cost_[u];
     unit_buffers<B>& b = bufs_[u];
     stream& cs = be.compute_stream();
@@ -85,15 +89,17 @@ class unit_storage {
             detail::cat("could not allocate ", c.shard_numel * std::int64_t{sizeof(float)}, " bytes of host staging"));
       }
     });
-    for (const ShardedTensor& v : layouts_[u].shard_views(shard_rank_)) {
+    for (const ShardedTensor& v : layouts_[u].shard_views(shard_rank(u))) {
       if (v.empty()) continue;
       const ParamSpec& p = spec.at(v.name);
       const init::rule& rule = p.init ? *p.init : default_init;
-      for_each_global_run(p.shape, p.tensor, tensor, v.begin, v.local_numel(),
-                          [&](std::int64_t global, std::int64_t offset, std::int64_t n) {
-                            init::fill(rule, v.name, static_cast<std::uint64_t>(global), static_cast<std::size_t>(n),
-                                       staging.data() + v.shard_offset + offset);
-                          });
+      for_each_global_run(
+          p.shape, p.tensor, tensor, v.begin, v.local_numel(),
+          [&](std::int64_t global, std::int64_t offset, std::int64_t n) {
+            init::fill(rule, v.name, static_cast<std::uint64_t>(global), static_cast<std::size_t>(n),
+                       staging.data() + v.shard_offset + offset);
+          },
+          expert_base(p.shape, p.tensor, p.experts, tensor, expert));
     }
     if (c.master.where == domain::host)  // host memory, new: nothing else uses it yet
       std::memcpy(b.master.data(), staging.data(), static_cast<std::size_t>(c.master.bytes()));
@@ -115,16 +121,16 @@ class unit_storage {
     stream& ag = be.gather_stream();
     auto tmp = be.allocate(full.bytes(), full.category, ag);
     be.wait(ag, bufs_[u].shard_ready);
-    g.label(diag.units().name(u));
+    g.label(diag.units().name(u), layouts_[u].experts());
     if (facts_.shards_params) {
       diag.check_next(g.world(), be, collective::all_gather, c.shard_numel, c.master.type, u);
       const void* from = bufs_[u].master.data();
       if (c.master.where == domain::host) {  // collectives read device memory: the shard into this rank's slice first
-        void* slice = static_cast<char*>(tmp.data()) + static_cast<std::size_t>(shard_rank_) * c.master.bytes();
+        void* slice = static_cast<char*>(tmp.data()) + static_cast<std::size_t>(shard_rank(u)) * c.master.bytes();
         be.copy(slice, from, c.master.bytes(), ag);
         from = slice;
       }
-      g.shard().all_gather(from, tmp.data(), c.shard_numel, c.master.type, ag);
+      g.shard(layouts_[u].experts()).all_gather(from, tmp.data(), c.shard_numel, c.master.type, ag);
     } else {
       be.copy(tmp.data(), bufs_[u].master.data(), full.bytes(), ag);
     }
@@ -147,7 +153,7 @@ class unit_storage {
 
  private:
   std::vector<FlatLayout> layouts_;
-  int shard_rank_;
+  unit_places places_;
   plan::cost_facts facts_;
   std::vector<offload_facts> offload_;  // per unit
   std::vector<plan::unit_costs> cost_;
