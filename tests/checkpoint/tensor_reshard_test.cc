@@ -1,7 +1,7 @@
-// Checkpoints and safetensors files across tensor-parallel degrees: files hold global tensors in their own element
-// order, so a checkpoint saved on a replicas x shards x tensor mesh loads on any other mesh and strategy, every
-// master and optimizer-state element bit for bit; a safetensors export writes whole tensors and an import splits
-// them.
+// Checkpoints and safetensors files across tensor- and expert-parallel degrees: files hold global tensors in their
+// own element order, so a checkpoint saved on a replicas x shards x experts x tensor mesh loads on any other mesh and
+// strategy, every master and optimizer-state element bit for bit; a safetensors export writes whole tensors and an
+// import splits them.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 // First: the common models are compiled once, in tests/support (fsdp/instances.hpp).
 #include "tests/support/instances.hpp"
@@ -21,8 +21,9 @@ using fsdp::comm::local_communicator;
 using fsdp_test::run_ranks;
 
 namespace {
-/// A root unit (an embedding, replicated) and two Megatron blocks: a fused [q; k; v] (split(0, 3)), column-parallel
-/// w1, b1 (split(0)), row-parallel w2 (split(1)), b2 with a partial gradient; split dimensions divisible by 4.
+/// A root unit (an embedding, replicated), two Megatron blocks: a fused [q; k; v] (split(0, 3)), column-parallel
+/// w1, b1 (split(0)), row-parallel w2 (split(1)), b2 with a partial gradient; and a unit of 4 experts (w1 split on
+/// its dimension 1, w2 replicated); split dimensions divisible by 4.
 fsdp::ModelSpec spec() {
   fsdp::ModelSpec s;
   s.add("emb", {10, 8});
@@ -34,6 +35,8 @@ fsdp::ModelSpec spec() {
     s.add(p + "w2", {8, 12}, {.tensor = fsdp::tp::split(1)});
     s.add(p + "b2", {8}, {.init = fsdp::init::uniform{}, .tensor = fsdp::tp::partial_grad});
   }
+  s.add("h.moe.w1", {4, 8, 6}, {.tensor = fsdp::tp::split(1), .experts = true});
+  s.add("h.moe.w2", {4, 6, 8}, {.init = fsdp::init::uniform{}, .experts = true});
   return s;
 }
 
@@ -45,17 +48,18 @@ using adamw = fsdp::optim::adamw<model::core_type>;
 
 struct layout {
   std::string name;  ///< for messages
-  int world, tensor;
+  int world, tensor, expert;
   /// Runs `fn(model, optimizer)` on a rank of a model of this layout (each layout its own strategy).
   std::function<void(local_communicator&, const std::function<void(model&, adamw&)>&)> run;
 };
 
 template <class Strategy>
-layout make_layout(std::string name, int world, int tensor) {
-  layout l{std::move(name), world, tensor, {}};
-  l.run = [tensor](local_communicator& c, const std::function<void(model&, adamw&)>& fn) {
+layout make_layout(std::string name, int world, int tensor, int expert = 1) {
+  layout l{std::move(name), world, tensor, expert, {}};
+  l.run = [tensor, expert](local_communicator& c, const std::function<void(model&, adamw&)>& fn) {
     fsdp::model_options o;
     o.tensor_parallel = tensor;
+    o.expert_parallel = expert;
     fsdp::Model<fsdp::policy<Strategy>> m(c, spec(), fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 3}, o);
     fsdp::optim::adamw opt(m, {.lr = 0.05f});
     fn(m, opt);
@@ -70,6 +74,7 @@ void collect(M& m, O& opt, global_values& out, std::mutex& mu) {
   std::lock_guard lk(mu);
   const std::vector<std::string> kinds{"param", "exp_avg", "exp_avg_sq"};
   const fsdp::tensor_coords t{m.mesh().tensor, m.mesh().tensor_rank(m.comm().rank())};
+  const fsdp::expert_coords e{m.mesh().expert, m.mesh().expert_rank(m.comm().rank())};
   for (std::size_t u = 0; u < m.size(); ++u)
     for (const fsdp::ShardedTensor& v : m.unit(u).shard_views()) {
       if (v.empty()) continue;
@@ -77,13 +82,13 @@ void collect(M& m, O& opt, global_values& out, std::mutex& mu) {
       for (std::size_t k = 0; k < kinds.size(); ++k) {
         const float* src = (k == 0 ? m.unit(u).master_shard() : opt.state(u, static_cast<int>(k - 1))) + v.shard_offset;
         std::vector<float>& g = out[kinds[k] + "/" + v.name];
-        std::int64_t numel = 1;
+        std::int64_t numel = p.experts ? e.degree : 1;
         for (std::int64_t d : fsdp::global_shape(p.shape, p.tensor, t.degree)) numel *= d;
         g.resize(static_cast<std::size_t>(numel));
-        fsdp::for_each_global_run(p.shape, p.tensor, t, v.begin, v.local_numel(),
-                                  [&](std::int64_t global, std::int64_t at, std::int64_t n) {
-                                    std::copy_n(src + at, n, g.begin() + global);
-                                  });
+        fsdp::for_each_global_run(
+            p.shape, p.tensor, t, v.begin, v.local_numel(),
+            [&](std::int64_t global, std::int64_t at, std::int64_t n) { std::copy_n(src + at, n, g.begin() + global); },
+            fsdp::expert_base(p.shape, p.tensor, p.experts, t, e));
       }
     }
 }
@@ -97,6 +102,7 @@ global_values train_and_save(const layout& l, const std::string& dir, const std:
   run_ranks(l.world, [&](local_communicator& c) {
     l.run(c, [&](model& m, adamw& opt) {
       const fsdp::tensor_coords t{m.mesh().tensor, m.mesh().tensor_rank(c.rank())};
+      const fsdp::expert_coords ex{m.mesh().expert, m.mesh().expert_rank(c.rank())};
       const int dp = m.mesh().data_parallel_rank(c.rank());
       for (int step = 0; step < 2; ++step) {
         for (auto& u : m.forward()) (void)u;
@@ -104,11 +110,13 @@ global_values train_and_save(const layout& l, const std::string& dir, const std:
           for (const auto& e : u.layout().entries()) {
             const auto g = u.grad(e.name);
             const fsdp::ParamSpec& p = m.spec().at(e.name);
-            fsdp::for_each_global_run(p.shape, p.tensor, t, 0, g.numel(),
-                                      [&](std::int64_t global, std::int64_t at, std::int64_t n) {
-                                        for (std::int64_t i = 0; i < n; ++i)
-                                          g[at + i] = 0.01f * float((global + i) % 13) - 0.05f * float(dp + step);
-                                      });
+            fsdp::for_each_global_run(
+                p.shape, p.tensor, t, 0, g.numel(),
+                [&](std::int64_t global, std::int64_t at, std::int64_t n) {
+                  for (std::int64_t i = 0; i < n; ++i)
+                    g[at + i] = 0.01f * float((global + i) % 13) - 0.05f * float(dp + step);
+                },
+                fsdp::expert_base(p.shape, p.tensor, p.experts, t, ex));
           }
         opt.step();
         opt.zero_grad();
@@ -157,7 +165,7 @@ TEST_CASE("a checkpoint saved at tensor 2 x shard 2 loads at tensor 1 x 4, 4 x 1
   using fsdp::sharding::full_shard;
   const layout saved = make_layout<full_shard>("tensor 2 x shard 2", 4, 2);
   const global_values want = train_and_save(saved, dir / "ckpt", dir / "m.safetensors");
-  REQUIRE(want.size() == 11 * 3);
+  REQUIRE(want.size() == 13 * 3);
   const std::vector<layout> others{
       make_layout<full_shard>("tensor 1 x shard 4", 4, 1),
       make_layout<full_shard>("tensor 4 x shard 1", 4, 4),
@@ -194,4 +202,41 @@ TEST_CASE("a checkpoint saved at tensor 2 x shard 2 loads at tensor 1 x 4, 4 x 1
     if (key.starts_with("param/")) params[key.substr(6)] = v;
   CHECK(import(make_layout<full_shard>("tensor 1", 2, 1), dir / "m.safetensors") == params);
   CHECK(import(make_layout<full_shard>("tensor 4 x shard 2", 8, 4), dir / "m.safetensors") == params);
+}
+
+TEST_CASE(
+    "a checkpoint saved with experts split over 2 ranks loads at 1 and 4, with tensor groups, under no_shard and "
+    "hybrid sharding, and back") {
+  fsdp_test::scratch_dir dir("expert_reshard_test");
+  using fsdp::sharding::full_shard;
+  const layout saved = make_layout<full_shard>("experts 2 x shard 2", 4, 1, 2);
+  const global_values want = train_and_save(saved, dir / "ckpt", dir / "m.safetensors");
+  REQUIRE(want.size() == 13 * 3);
+  CHECK(want.at("param/h.moe.w1").size() == 4u * 8 * 6);
+  const std::vector<layout> others{
+      make_layout<full_shard>("experts 1 x shard 4", 4, 1, 1),
+      make_layout<full_shard>("experts 4 x shard 1", 4, 1, 4),
+      make_layout<full_shard>("experts 2 x shard 2 x tensor 2", 8, 2, 2),
+      make_layout<fsdp::sharding::no_shard>("no_shard, experts 2 out of 4 replicas", 4, 1, 2),
+      make_layout<fsdp::sharding::hybrid_shard<2>>("2 replicas x (experts 2 x shard 1)", 4, 1, 2),
+      make_layout<fsdp::sharding::zero1>("zero1, experts 4 x shard 2 x tensor 2", 16, 2, 4),
+  };
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    const layout& l = others[i];
+    CAPTURE(l.name);
+    const std::string back = dir / ("back-" + std::to_string(i));
+    CHECK(load(l, dir / "ckpt", back) == want);  // bit for bit
+    CHECK(load(saved, back) == want);            // and back
+  }
+  // one file per rank of the first replica; the global shape of a stack of experts
+  const fsdp::checkpoint::manifest man = fsdp::checkpoint::read_manifest(dir / "ckpt");
+  CHECK(man.files.size() == 4);
+  CHECK(man.tensor("h.moe.w2")->shape == std::vector<std::int64_t>{4, 6, 8});
+  CHECK(fsdp::checkpoint::read_manifest(dir / "back-3").files.size() == 2);  // no_shard: the two expert ranks' files
+  std::map<std::string, std::vector<float>> params;
+  for (const auto& [key, v] : want)
+    if (key.starts_with("param/")) params[key.substr(6)] = v;
+  CHECK(import(make_layout<full_shard>("experts 1", 1, 1, 1), dir / "m.safetensors") == params);
+  CHECK(import(make_layout<fsdp::sharding::no_shard>("experts 4 out of 4 replicas", 4, 1, 4), dir / "m.safetensors") ==
+        params);
 }

@@ -83,7 +83,7 @@ std::vector<tensor_info> layout_of(const M& m, const save_options& so) {
       fsdp::detail::fail_usage("safetensors::save: parameters '", it->second, "' and '", p.name, "' both map to '",
                                t.name, "'");
     t.dtype = std::string(st_dtype(so.type));
-    t.shape = global_shape(p.shape, p.tensor, m.mesh().tensor);  // the whole tensor, whatever the tensor groups
+    t.shape = checkpoint::detail::global_shape_of(m, p);  // the whole tensor, whatever the tensor and expert groups
     t.begin = at;
     at += static_cast<std::uint64_t>(t.numel()) * esize;
     t.end = at;
@@ -149,9 +149,8 @@ void save(M& m, const std::string& path, const save_options& so = {}) {
     });
   ci::require_success_removing(m, mine, partial, what);
 
-  const device_mesh mesh = m.mesh();
   mine.reset();
-  if (mesh.replica(rank) == 0)
+  if (ci::writes_file(m))
     mine = agree::outcome([&] {
       io::file f = io::open_write(partial);
       ci::host_reader<typename M::backend_type> reader(m.backend());
@@ -204,7 +203,7 @@ header load(M& m, const std::string& path, const load_options& lo = {}) {
     std::map<std::string, std::string> used;  // file name -> parameter
     for (const ParamSpec& p : m.spec().params()) {
       if (p.is_tied()) continue;
-      const std::vector<std::int64_t> shape = global_shape(p.shape, p.tensor, m.mesh().tensor);
+      const std::vector<std::int64_t> shape = ci::global_shape_of(m, p);
       const std::string name = detail::mapped(lo.name_of, p.name);
       const tensor_info* t = h.find(name);
       const std::string which = name == p.name

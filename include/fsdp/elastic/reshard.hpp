@@ -49,6 +49,10 @@ plan::reshard_request units_of(const char* what, M& model, plan::shard_grid befo
     fsdp::detail::fail_usage(what, ": the model has tensor groups of ", mesh.tensor,
                              "; resharding with tensor parallelism is not built yet (save a checkpoint and load it at "
                              "the new mesh)");
+  if (mesh.expert != 1)
+    fsdp::detail::fail_usage(what, ": the model has expert groups of ", mesh.expert,
+                             "; resharding with expert parallelism is not built yet (save a checkpoint, which holds "
+                             "global expert tensors, and load it at the new mesh)");
   plan::reshard_request q;
   q.before = before;
   q.after = after;

@@ -102,12 +102,12 @@ void save(M& m, const O* opt, std::string dir, const save_options& so) {
     });
   require_success(m, mine, what);  // nothing was made: a failure here removes nothing, not even an older .partial
 
-  // 2. The first replica's ranks (every tensor rank of each of its shards: world ranks [0, shards x tensor)) write
+  // 2. The first replica's ranks (every tensor rank of each of its shards: world ranks [0, file_count)) write
   //    their files in parallel; rank 0 receives every file's record.
   const device_mesh mesh = m.mesh();
   std::string sent;
-  if (mesh.replica(rank) == 0) {
-    const std::string name = shard_file_name(rank, mesh.shards * mesh.tensor);
+  if (writes_file(m)) {
+    const std::string name = shard_file_name(rank, file_count(m));
     mine = agree::outcome([&] { sent = encode(write_shard_file(m, opt, partial, name, so)); });
     if (mine) sent = "!" + *mine;
   }

@@ -18,6 +18,7 @@
 #include "fsdp/checkpoint/reads.hpp"
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/mesh.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
 #include "fsdp/model_access.hpp"
 #include "fsdp/spec/model_spec.hpp"
@@ -29,19 +30,48 @@ FSDP_DECL std::string shard_file_name(int index, int count);
 
 /// Where the elements of `v` (this rank's part of parameter v.name's local tensor, as shard_views gives it) lie in
 /// the global parameter, whose row-major element order checkpoints and safetensors files keep: f(global_first,
-/// offset in v, count) per contiguous run (one run unless the parameter is split across tensor groups).
+/// offset in v, count) per contiguous run (one run unless the parameter is split across tensor groups; a share of
+/// a stack of experts begins where the shares of the expert ranks before it end).
 template <class M, class F>
 void global_runs(M& m, const ShardedTensor& v, F&& f) {
   const ParamSpec& p = m.spec().at(v.name);
-  const tensor_coords t{m.mesh().tensor, m.mesh().tensor_rank(m.comm().rank())};
-  for_each_global_run(p.shape, p.tensor, t, v.begin, v.local_numel(), std::forward<F>(f));
+  const int rank = m.comm().rank();
+  const tensor_coords t{m.mesh().tensor, m.mesh().tensor_rank(rank)};
+  const expert_coords e{m.mesh().expert, m.mesh().expert_rank(rank)};
+  for_each_global_run(p.shape, p.tensor, t, v.begin, v.local_numel(), std::forward<F>(f),
+                      expert_base(p.shape, p.tensor, p.experts, t, e));
 }
 
-/// Whether this rank writes its elements of parameter `name` into a file of global tensors: its slice of a split
-/// parameter; a parameter every tensor rank holds whole, on tensor rank 0 only.
+/// The global shape of parameter `p` of the model's spec (its local shape): split dimensions times the tensor
+/// group, a stack of experts times the expert group.
+template <class M>
+std::vector<std::int64_t> global_shape_of(const M& m, const ParamSpec& p) {
+  std::vector<std::int64_t> shape = global_shape(p.shape, p.tensor, m.mesh().tensor);
+  if (p.experts) shape[0] *= m.mesh().expert;
+  return shape;
+}
+
+/// Whether this rank writes a file of global tensors: the ranks of the mesh's first replica (fsdp/core/mesh.hpp's
+/// replicate dimension), which hold every shard once between them.
+template <class M>
+bool writes_file(M& m) {
+  return fsdp::mesh::coordinate(m.mesh(), m.comm().rank(), mesh_dim::replicate) == 0;
+}
+/// How many ranks write a file (writes_file).
+template <class M>
+int file_count(M& m) {
+  return m.mesh().world() / fsdp::mesh::size(m.mesh(), mesh_dim::replicate);
+}
+
+/// Whether this rank, one that writes a file, writes its elements of parameter `name`: its slice of a split
+/// parameter, a parameter every tensor rank holds whole on tensor rank 0 only; and a dense parameter on expert rank
+/// 0 only where the expert dimension comes out of the replicas (each expert rank holds it whole then).
 template <class M>
 bool writes_param(M& m, const std::string& name) {
-  return m.spec().at(name).tensor.is_split() || m.mesh().tensor_rank(m.comm().rank()) == 0;
+  const ParamSpec& p = m.spec().at(name);
+  const int rank = m.comm().rank();
+  return (p.tensor.is_split() || m.mesh().tensor_rank(rank) == 0) &&
+         (p.experts || fsdp::mesh::experts_from_shards(m.mesh()) || m.mesh().expert_rank(rank) == 0);
 }
 
 /// "run/ckpt/" -> "run/ckpt": the directory as every message names it.
@@ -143,7 +173,7 @@ std::vector<tensor_record> tensors_of(const M& m, std::map<std::string, std::str
     if (p.is_tied())
       ties[p.name] = p.tied_to;
     else
-      out.push_back({p.name, global_shape(p.shape, p.tensor, m.mesh().tensor), p.tensor});
+      out.push_back({p.name, global_shape_of(m, p), p.tensor});
   }
   return out;
 }
