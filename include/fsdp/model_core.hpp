@@ -113,9 +113,10 @@ class model_core {
     if constexpr (OffloadBackend<backend_type>) return exec_.backend().host_memory().stats();
     else return {};
   }
-  /// Ranks a unit is sharded over (mesh().shards), replicated over (mesh().replicas) and tensor-parallel over
-  /// (mesh().tensor; their product is the world), and where this rank sits: (mesh().replica(rank),
-  /// mesh().shard_rank(rank), mesh().tensor_rank(rank)).
+  /// Ranks a dense unit is sharded over (mesh().shards), replicated over (mesh().replicas) and tensor-parallel over
+  /// (mesh().tensor; their product is the world), an expert unit's (mesh().expert_shards(), mesh().expert), and
+  /// where this rank sits: (mesh().replica(rank), mesh().shard_rank(rank), mesh().tensor_rank(rank),
+  /// mesh().expert_rank(rank), mesh().expert_shard_rank(rank)).
   const device_mesh& mesh() const noexcept { return mesh_; }
   /// The communicator of this rank's shard group (all-gathers and reduce-scatters): comm() unless the strategy
   /// shards over fewer ranks than the world (strategy_facts::splits_world: hybrid sharding) or the world has tensor

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "examples/01_mlp_host/mlp.hpp"
+#include "tests/support/moe.hpp"
 #include "tests/support/support.hpp"
 
 namespace {
@@ -481,6 +482,47 @@ TEST_CASE("tensor parallelism on a 2 x 2 mesh of processes trains the Megatron M
     check_mlp_parity<fsdp::sharding::hybrid_shard<1>, fsdp::precision::full>(2);
   }
   SUBCASE("zero1, tensor groups of 4, fp32") { check_mlp_parity<fsdp::sharding::zero1, fsdp::precision::full>(4); }
+}
+
+namespace {
+/// The mixture-of-experts trainer (tests/support/moe.hpp) on comm::mpi at world 4, against comm::run_local at 4.
+template <class Sharding>
+void check_moe_parity(int expert, float max_norm = 0.0f) {
+  using Local = fsdp::policy<Sharding>;
+  using Mpi = fsdp::policy<Sharding, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::mpi<>>;
+  std::vector<fsdp_test::moe::rank_result> want(kWorld);
+  fsdp_test::run_ranks(kWorld, [&](local_communicator& c) {
+    want[static_cast<std::size_t>(c.rank())] = fsdp_test::moe::train<Local>(c, expert, max_norm);
+  });
+  mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(30000)});
+  const fsdp_test::moe::rank_result got = fsdp_test::moe::train<Mpi>(comm, expert, max_norm);
+  const fsdp_test::moe::rank_result& ref = want[static_cast<std::size_t>(comm.rank())];
+  CHECK(same_bits(got.losses, ref.losses));
+  CHECK(got.norms == ref.norms);
+  REQUIRE(got.params.size() == ref.params.size());
+  for (const auto& [name, v] : ref.params) {
+    CAPTURE(name);
+    CHECK(same_bits(got.params.at(name), v));
+  }
+  CHECK(got.losses.back() < got.losses.front());  // it trained
+  CHECK(got.memory_as_planned);
+  // the trainer's four exchanges a step on the expert group (an MPI_Comm_split group), the expert unit's reduction
+  CHECK(got.expert_exchanges == 4 * fsdp_test::moe::steps);
+  CHECK(got.expert_reductions == fsdp_test::moe::steps);
+}
+}  // namespace
+
+TEST_CASE("experts on 4 processes train exactly as on comm::run_local: expert groups of 2 and 4, their all_to_all_v") {
+  SUBCASE("full_shard, expert_parallel 2 (expert shard groups {0, 2} and {1, 3})") {
+    check_moe_parity<fsdp::sharding::full_shard>(2);
+  }
+  SUBCASE("full_shard, expert_parallel 4, clipping") { check_moe_parity<fsdp::sharding::full_shard>(4, 0.05f); }
+  SUBCASE("no_shard, expert_parallel 2 (out of the replicas), clipping") {
+    check_moe_parity<fsdp::sharding::no_shard>(2, 0.05f);
+  }
+  SUBCASE("hybrid_shard<2>, expert_parallel 2 (2 replicas x 2 experts)") {
+    check_moe_parity<fsdp::sharding::hybrid_shard<2>>(2);
+  }
 }
 
 TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on comm::run_local at world 8" *
