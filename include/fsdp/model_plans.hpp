@@ -56,14 +56,15 @@ memory_plan plan_memory(const model_core<B, C>& model, const Optimizer& opt) {
   return plan_memory(model, opt.states_per_element(), opt.norm_rows());
 }
 
-/// The timeline planner's prediction of this rank's step with the durations of `t`, whose world and tensor degree
-/// the model sets (its mesh), and whose serial_collectives is its communicator's (comm::serial_collectives:
+/// The timeline planner's prediction of this rank's step with the durations of `t`, whose world, tensor and expert
+/// degrees the model sets (its mesh), and whose serial_collectives is its communicator's (comm::serial_collectives:
 /// comm::nccl true under its default one communicator; comm::local, and a communicator that does not say, false), so
 /// that the plan models what runs here. `optimizer_states` as for plan_memory.
 template <class B, class C>
 timeline plan_timeline(const model_core<B, C>& model, time_model t, int optimizer_states) {
   t.world = model.mesh().data_parallel();
   t.tensor = model.mesh().tensor;
+  t.expert = model.mesh().expert;
   t.serial_collectives = comm::serial_collectives(*model_access::communicators(model).front());
   return plan_timeline(model_access::unit_names(model), model_access::layouts(model),
                        model_access::plan_inputs(model, optimizer_states, 0), t);
@@ -74,7 +75,8 @@ timeline plan_timeline(const model_core<B, C>& model, time_model t, int optimize
 template <class B, class C>
 step_listing list_step(const model_core<B, C>& model, int optimizer_states) {
   return list_step(model_access::unit_names(model), model_access::layouts(model),
-                   model_access::plan_inputs(model, optimizer_states, 0), model.mesh().data_parallel());
+                   model_access::plan_inputs(model, optimizer_states, 0), model.mesh().data_parallel(),
+                   model.mesh().expert);
 }
 
 /// The listing with an optimizer's state.

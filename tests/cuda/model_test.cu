@@ -123,12 +123,15 @@ namespace {
 
 using params_t = std::map<std::string, std::vector<float>>;
 
-fsdp::ModelSpec spec() {
+/// Three units layers.0 to layers.2; `experts`: layers.1's weight and bias are 8 experts (stacks on dimension 0,
+/// model_options::expert_parallel).
+fsdp::ModelSpec spec(bool experts = false) {
   fsdp::ModelSpec s;
-  const int dims[] = {13, 32, 7, 5};
+  const int dims[] = {13, 32, experts ? 8 : 7, 5};
   for (int l = 0; l < 3; ++l) {
-    s.add("layers." + std::to_string(l) + ".w", {dims[l + 1], dims[l]});
-    s.add("layers." + std::to_string(l) + ".b", {dims[l + 1]}, {.flags = {.no_decay = true}});
+    s.add("layers." + std::to_string(l) + ".w", {dims[l + 1], dims[l]}, {.experts = experts && l == 1});
+    s.add("layers." + std::to_string(l) + ".b", {dims[l + 1]},
+          {.flags = {.no_decay = true}, .experts = experts && l == 1});
   }
   return s;
 }
@@ -180,7 +183,8 @@ fsdp::grad::report train_step(M& model, O& opt, int micro_batches) {
 template <class Policy>
 run_result train(typename Policy::communicator& comm, bool adam, int steps = 4, fsdp::model_options mo = {},
                  fsdp::grad::options g = {}) {
-  fsdp::Model<Policy> model(comm, spec(), fsdp::wrap::by_prefix{"layers."}, fsdp::init::normal{0.5f, 3}, mo);
+  fsdp::Model<Policy> model(comm, spec(mo.expert_parallel > 1), fsdp::wrap::by_prefix{"layers."},
+                            fsdp::init::normal{0.5f, 3}, mo);
   auto body = [&](auto& opt) {
     run_result r;
     r.planned = fsdp::plan_memory(model, opt).peak;
@@ -315,6 +319,19 @@ TEST_CASE("comm::local on one GPU, 1 to 5 ranks: parameters equal the host run b
   }
   SUBCASE("full_shard, backward_pre<2>, AdamW, 5 ranks (uneven shards, a unit smaller than some shards)") {
     compare_local<full_shard, prefetch::backward_pre<2>>(5, true);
+  }
+  // inspected without clipping: a clip coefficient from CUB's norm is not the host's to the bit
+  SUBCASE(
+      "full_shard, next, AdamW, 4 ranks, expert_parallel 2: layers.1 a unit of experts on its expert shard group, "
+      "the norms inspected") {
+    fsdp::model_options ep;
+    ep.expert_parallel = 2;
+    compare_local<full_shard, prefetch::next>(4, true, ep, {.skip_nonfinite = true});
+  }
+  SUBCASE("no_shard, next, SGD, 4 ranks, expert_parallel 2 (the dimension out of the replicas), the norms inspected") {
+    fsdp::model_options ep;
+    ep.expert_parallel = 2;
+    compare_local<fsdp::sharding::no_shard, prefetch::next>(4, false, ep, {.skip_nonfinite = true});
   }
   SUBCASE("full_shard, explicit_schedule, 2 gather slots, one gradient slot, SGD, 3 ranks") {
     fsdp::model_options ex;

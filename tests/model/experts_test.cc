@@ -8,6 +8,7 @@
 #include "tests/support/instances.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -267,6 +268,63 @@ TEST_CASE(
   };
   run(fsdp::policy<full_shard>{}, 4, 1, 1);
   run(fsdp::policy<no_shard>{}, 4, 1, 2);
+}
+
+TEST_CASE(
+    "the timeline planner puts an expert unit's collectives on the expert shard group and the trainer's token "
+    "exchanges on the expert group") {
+  using namespace std::chrono_literals;
+  // links that cost their latency alone (bandwidths too high for a byte to count): which link a collective took shows
+  // in its duration
+  const fsdp::comm::link_model dense{.bytes_per_second = 1e30, .latency = 7000ns},
+      expert_shard{.bytes_per_second = 1e30, .latency = 1000ns};
+  run_ranks(4, [&](local_communicator& c) {
+    fsdp::model_options o;
+    o.expert_parallel = 2;
+    fsdp::Model<fsdp::policy<full_shard>> m(c, spec(), fsdp::wrap::by_prefix{"u."}, fsdp::init::normal{}, o);
+    fsdp::time_model t;
+    t.compute.assign(m.size(), {});
+    t.link = dense;
+    t.expert_shard_link = expert_shard;
+    const fsdp::timeline tl = fsdp::plan_timeline(m, t, 2);
+    const std::size_t d = m.unit("u.dense").index(), e = m.unit("u.moe").index();
+    CHECK(tl.by_unit[d].reduce_ns == 7000);  // one reduce-scatter a step, over the 4 ranks
+    CHECK(tl.by_unit[e].reduce_ns == 1000);  // over the expert shard group
+    CHECK(tl.by_unit[e].gather_ns % 1000 == 0);
+    CHECK(tl.by_unit[e].gather_ns % 7000 != 0);
+    // the trainer's exchanges: u.moe's forward sends 4,000 bytes, its backward 2,000, as all_to_alls over the
+    // expert group of 2 on its own link (every other link free): 500 ns + 1/2 of the bytes at 1 GB/s each
+    fsdp::time_model x;
+    x.compute.assign(m.size(), {});
+    x.expert_link = {.bytes_per_second = 1e9, .latency = 500ns};
+    x.compute[e].expert_forward_bytes = 4000;
+    x.compute[e].expert_backward_bytes = 2000;
+    CHECK(fsdp::plan_timeline(m, x, 2).step_ns == (500 + 2000) + (500 + 1000));
+  });
+  // no_shard: the expert unit all-reduces over the 2 ranks holding its experts, the dense one over all 4
+  run_ranks(4, [&](local_communicator& c) {
+    fsdp::model_options o;
+    o.expert_parallel = 2;
+    fsdp::Model<fsdp::policy<no_shard>> m(c, spec(), fsdp::wrap::by_prefix{"u."}, fsdp::init::normal{}, o);
+    fsdp::time_model t;
+    t.compute.assign(m.size(), {});
+    t.link = {.bytes_per_second = 1e30, .step_latency = 100ns};  // a ring's steps: 2 (n - 1) for an all-reduce
+    t.expert_shard_link = t.link;
+    const fsdp::timeline tl = fsdp::plan_timeline(m, t, 2);
+    CHECK(tl.by_unit[m.unit("u.dense").index()].reduce_ns == 600);
+    CHECK(tl.by_unit[m.unit("u.moe").index()].reduce_ns == 200);
+  });
+  // on a cluster of 4 GPUs a node: expert groups {0, 1} inside a node, expert shard groups {0, 2, 4, 6} across two
+  const fsdp::comm::cluster_links cluster{.gpus_per_node = 4,
+                                          .intra = {.bytes_per_second = 100e9, .latency = 2us},
+                                          .inter = {.bytes_per_second = 10e9, .latency = 20us}};
+  fsdp::time_model t;
+  fsdp::place_on_cluster(t, cluster, fsdp::device_mesh{1, 8, 1, 2});
+  CHECK(t.expert == 2);
+  CHECK(t.expert_link.bytes_per_second == 100e9);
+  REQUIRE(t.expert_shard_link.has_value());
+  CHECK(t.expert_shard_link->bytes_per_second == 20e9);  // two of a group's ranks a node: two GPUs' share
+  CHECK(t.link.bytes_per_second == 40e9);
 }
 
 TEST_CASE("what the expert dimension refuses, each with its sentence") {

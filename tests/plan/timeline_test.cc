@@ -526,6 +526,15 @@ TEST_CASE("a time model that does not fit the units is refused, naming what is w
         "fsdp: timeline plan: time_model::world is 6, which the shard group of 4 ranks (the layouts') does not "
         "divide; set it to the data-parallel world size");
   t = timing(2, 1, 1);
+  t.expert = 3;
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
+        "fsdp: timeline plan: time_model::expert is 3, which does not divide the world of 4 data-parallel ranks; set "
+        "it to model_options::expert_parallel");
+  t = timing(2, 1, 1);
+  t.expert_shard_link = fsdp::comm::link_model{.bytes_per_second = -1};
+  CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
+        "fsdp: timeline plan: time_model::expert_shard_link.bytes_per_second must be >= 0 (0: free), got -1");
+  t = timing(2, 1, 1);
   t.compute[1].backward = nanoseconds(-1);
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { predict(u, inputs(u, next), t); }) ==
         "fsdp: timeline plan: unit 'b' has a negative compute time");

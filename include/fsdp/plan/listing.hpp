@@ -45,10 +45,10 @@ struct step_listing {
 
 /// Lists one rank's training step for units with these names and layouts (unit-index order), scheduled and costed
 /// as `in` says (the memory planner's inputs), at data-parallel world size `world` (0: not known; then hybrid
-/// sharding's all-reduce across replicas is listed wherever it could happen). A schedule that cannot run is a
-/// listing with `infeasible` set.
+/// sharding's all-reduce across replicas is listed wherever it could happen) with `expert` ranks to an expert group
+/// (model_options::expert_parallel). A schedule that cannot run is a listing with `infeasible` set.
 FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
-                                 const memory_plan_inputs& in, int world = 0);
+                                 const memory_plan_inputs& in, int world = 0, int expert = 1);
 
 }  // namespace fsdp
 

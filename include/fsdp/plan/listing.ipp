@@ -98,7 +98,7 @@ class listing_reading {
 }  // namespace detail
 
 FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
-                                 const memory_plan_inputs& in, int world) {
+                                 const memory_plan_inputs& in, int world, int expert) {
   step_listing out;
   out.units = names;
   const detail::prepared p = detail::prepare(names, layouts, in, "step listing");
@@ -108,7 +108,7 @@ FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const st
   if (world < 0 || (world > 0 && world % group != 0))
     detail::fail_usage("step listing: a world of ", world, " ranks, which the shard group of ", group,
                        " ranks (the layouts') does not divide; give the data-parallel world size (0: not known)");
-  const int replicas = world == 0 ? 0 : detail::replicas_of(world, layouts, in.costs);
+  const int replicas = world == 0 ? 0 : detail::replicas_of(world, layouts, in.costs, expert);
   plan::detail::step_program prog(p.cost, p.offload, in.schedule.grad_slots, in.optimizer_states, replicas,
                                   in.costs.prescales);
   detail::listing_reading r(out.actions, replicas != 0);

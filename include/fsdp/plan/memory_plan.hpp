@@ -80,9 +80,11 @@ FSDP_DECL prepared prepare(const std::vector<std::string>& names, const std::vec
                            const memory_plan_inputs& in, const char* who);
 
 /// The ranks of hybrid sharding's replicate group at data-parallel world size `world`: the world over the shard
-/// group (the layouts' world) when parameters are sharded; 1 otherwise (replicated parameters all-reduce over the
-/// whole world in their one reduction). What the timeline's and the listing's readings of replica_reduce follow.
-FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts);
+/// group (a dense unit's layout's world, or an expert unit's times the `expert` ranks of an expert group) when
+/// parameters are sharded; 1 otherwise (replicated parameters all-reduce over the whole world in their one
+/// reduction). What the timeline's and the listing's readings of replica_reduce follow.
+FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts,
+                          int expert = 1);
 
 }  // namespace detail
 

@@ -119,9 +119,12 @@ FSDP_DECL prepared prepare(const std::vector<std::string>& names, const std::vec
   return p;
 }
 
-FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts) {
-  const int group = layouts.empty() ? 1 : layouts[0].world();
-  return facts.shards_params ? world / group : 1;
+FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts,
+                          int expert) {
+  if (!facts.shards_params || layouts.empty()) return 1;
+  for (const FlatLayout& l : layouts)
+    if (!l.experts()) return world / l.world();
+  return world / (layouts[0].world() * expert);
 }
 
 }  // namespace detail

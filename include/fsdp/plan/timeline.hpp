@@ -37,6 +37,7 @@
 // the gather and reduce streams each get the whole link, and compute does not slow while they run.
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,14 +51,18 @@
 
 namespace fsdp {
 
-/// A unit's modelled compute, per pass; and, under tensor parallelism, the bytes the trainer's own tensor-parallel
-/// all-reduces move in it (each pass's, summed), which run on the compute stream: timed on time_model::tensor_link
-/// over time_model::tensor ranks and added to the pass's compute.
+/// A unit's modelled compute, per pass; under tensor parallelism, the bytes the trainer's own tensor-parallel
+/// all-reduces move in it (each pass's, summed), and with experts the bytes its token exchanges send from this rank
+/// (each pass's all_to_all_v, dispatch and combine, summed), which run on the compute stream: timed on
+/// time_model::tensor_link over time_model::tensor ranks, and on time_model::expert_link as all_to_alls over
+/// time_model::expert ranks, and added to the pass's compute.
 struct unit_time {
   std::chrono::nanoseconds forward{0};
   std::chrono::nanoseconds backward{0};
   std::int64_t tensor_forward_bytes = 0;
   std::int64_t tensor_backward_bytes = 0;
+  std::int64_t expert_forward_bytes = 0;
+  std::int64_t expert_backward_bytes = 0;
 };
 
 /// Compute from FLOPs: forward `forward_flops` and backward `backward_flops` per parameter element per token (2 and
@@ -87,6 +92,13 @@ struct time_model {
   /// all-reduces (unit_time's bytes), both on the compute stream (bandwidth 0: free).
   int tensor = 1;
   comm::link_model tensor_link{};
+  /// Ranks of an expert group (model_options::expert_parallel; the model sets it) and its link: the trainer's token
+  /// exchanges (unit_time's expert bytes; bandwidth 0: free). The expert shard group's link, where an expert unit's
+  /// (FlatLayout::experts) gathers and reductions go (empty: `link`'s): its ranks are the layout's world when
+  /// parameters are sharded, world / expert when they are all-reduced.
+  int expert = 1;
+  comm::link_model expert_link{};
+  std::optional<comm::link_model> expert_shard_link;
   /// The world communicator's link (every rank: world x tensor): the step's commit, an all-reduce of one element of
   /// the gradient's dtype on the compute stream before the first update (model_options::commit_step; bandwidth 0:
   /// free).
@@ -99,11 +111,13 @@ struct time_model {
   bool serial_collectives = false;
 };
 
-/// Sets t's links, world and tensor degree for the mesh `m` on the cluster `c` (comm::cluster_links::group, ranks
-/// placed as device_mesh places them): `link`, the shard group's (m.shards ranks, m.tensor apart; the whole
+/// Sets t's links, world, tensor and expert degrees for the mesh `m` on the cluster `c` (comm::cluster_links::group,
+/// ranks placed as device_mesh places them): `link`, the shard group's (m.shards ranks, m.tensor apart; the whole
 /// data-parallel group when m.shards is 1: no_shard's all-reduce); `replica_link`, the replicate group's (m.replicas
-/// ranks, m.shards x m.tensor apart); `tensor_link`, the tensor group's (consecutive ranks). usage_error, from
-/// cluster_links::group, for a group that does not tile the nodes.
+/// ranks, m.shards x m.tensor apart); `tensor_link`, the tensor group's (consecutive ranks); `expert_link`, the
+/// expert group's (m.expert ranks, m.tensor apart); `expert_shard_link`, the expert shard group's when m.expert > 1
+/// (m.expert_shards() ranks, m.expert x m.tensor apart; the data-parallel ranks holding the same experts when m.shards
+/// is 1). usage_error, from cluster_links::group, for a group that does not tile the nodes.
 FSDP_DECL void place_on_cluster(time_model& t, const comm::cluster_links& c, const device_mesh& m);
 
 /// A piece of work on the critical path.

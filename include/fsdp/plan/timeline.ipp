@@ -91,12 +91,16 @@ class time_reading {
                const plan::cost_facts& facts)
       : prog_(prog), tm_(tm), signal_(prog.size()) {
     const std::size_t n = prog.size();
-    shard_group_ = n ? layouts[0].world() : 1;
     shards_ = facts.shards_params;
     commit_bytes_ = static_cast<std::int64_t>(size_of(facts.precision.compute));  // the gradient's dtype
     reduction_ = plan::reduction_of(facts);
     for (std::size_t u = 0; u < n; ++u) {
       const plan::unit_costs& c = prog.costs(u);
+      // an expert unit's gathers and reductions: on the expert shard group (its layout's world when sharded, the
+      // data-parallel ranks holding the same experts when all-reduced)
+      const bool experts = layouts[u].experts() && tm.expert > 1;
+      const comm::link_model& link = experts && tm.expert_shard_link ? *tm.expert_shard_link : tm.link;
+      const int group = shards_ ? layouts[u].world() : experts ? tm.world / tm.expert : tm.world;
       durations d;
       const std::int64_t S = c.shard_numel, P = c.padded_numel;
       const std::int64_t cs = static_cast<std::int64_t>(size_of(facts.precision.compute));
@@ -106,7 +110,7 @@ class time_reading {
       const std::int64_t cast_elems = shards_ ? (c.gather_type() != facts.precision.master ? S : 0) : P;
       durations coll{};  // the collective part of each job
       coll[idx(plan::job::gather)] =
-          shards_ ? tm.link.duration(collective::all_gather, c.gather_bytes(), shard_group_).count() : 0;
+          shards_ ? link.duration(collective::all_gather, c.gather_bytes(), group).count() : 0;
       const std::int64_t scales = (c.gather_count() - S) * gs;  // a scaled gather's scale bytes, else 0
       d[idx(plan::job::gather)] = mem(cast_elems * (f + gs) + scales) + coll[idx(plan::job::gather)];
       d[idx(plan::job::widen)] = c.wire ? mem(c.wire.bytes() + P * cs) : 0;  // read the wire, write the views
@@ -120,9 +124,7 @@ class time_reading {
       const bool quantized = c.reduce_block > 0;
       d[idx(plan::job::cast_reduce_input)] = mem(P * src + (quantized ? c.reduce_input.bytes() : P * rs));
       d[idx(plan::job::prescale)] = mem(P * 2 * src);
-      d[idx(plan::job::reduce_collective)] =
-          shards_ ? tm.link.duration(reduction_, c.reduce_bytes(), shard_group_).count()
-                  : tm.link.duration(reduction_, c.reduce_bytes(), tm.world).count();
+      d[idx(plan::job::reduce_collective)] = link.duration(reduction_, c.reduce_bytes(), group).count();
       d[idx(plan::job::replica_reduce)] =
           tm.replica_link.duration(collective::all_reduce, S * rs, prog.replicas()).count();
       d[idx(plan::job::tensor_reduce)] = 0;
@@ -181,8 +183,10 @@ class time_reading {
       const unit_time& ut = tm_.compute[u];
       const bool fwd = pass == pass_kind::forward;
       const std::int64_t tensor_bytes = fwd ? ut.tensor_forward_bytes : ut.tensor_backward_bytes;
+      const std::int64_t expert_bytes = fwd ? ut.expert_forward_bytes : ut.expert_backward_bytes;
       d = (fwd ? ut.forward : ut.backward).count();
       if (tensor_bytes > 0) d += tm_.tensor_link.duration(collective::all_reduce, tensor_bytes, tm_.tensor).count();
+      if (expert_bytes > 0) d += tm_.expert_link.duration(collective::all_to_all, expert_bytes, tm_.expert).count();
     }
     if (d <= 0) return;
     at& a = lane_of(l);
@@ -294,7 +298,6 @@ class time_reading {
 
   const plan::detail::step_program& prog_;
   const time_model& tm_;
-  int shard_group_ = 1;
   bool shards_ = true;
   std::int64_t commit_bytes_ = 4;  ///< the step's commit: one element of the gradient's (compute) dtype
   collective reduction_ = collective::reduce_scatter;  // what a reduction issues (plan::reduction_of)
@@ -322,6 +325,10 @@ FSDP_DECL void place_on_cluster(time_model& t, const comm::cluster_links& c, con
   t.replica_link = link_of(mesh::spans(mesh_group::replicate, true));
   t.tensor_link = link_of(mesh::spans(mesh_group::tensor, true));
   t.world_link = link_of(mesh::all_dims);
+  t.expert = m.expert;
+  t.expert_link = link_of(mesh::spans(mesh_group::expert, true));
+  t.expert_shard_link.reset();
+  if (m.expert > 1) t.expert_shard_link = link_of(mesh::spans(mesh_group::expert_shard, m.shards > 1));
 }
 
 FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
@@ -340,15 +347,24 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
                {"replica_link.bytes_per_second", t.replica_link.bytes_per_second},
                {"tensor_link.bytes_per_second", t.tensor_link.bytes_per_second},
                {"world_link.bytes_per_second", t.world_link.bytes_per_second},
+               {"expert_link.bytes_per_second", t.expert_link.bytes_per_second},
                {"memory_bytes_per_second", t.memory_bytes_per_second},
                {"host_bytes_per_second", t.host_bytes_per_second},
                {"pcie_bytes_per_second", t.pcie_bytes_per_second}};
   for (const auto& r : rates)
     if (!(r.v >= 0)) detail::fail_usage("timeline plan: time_model::", r.name, " must be >= 0 (0: free), got ", r.v);
+  if (t.expert_shard_link && !(t.expert_shard_link->bytes_per_second >= 0))
+    detail::fail_usage("timeline plan: time_model::expert_shard_link.bytes_per_second must be >= 0 (0: free), got ",
+                       t.expert_shard_link->bytes_per_second);
+  if (t.expert < 1 || t.world % t.expert != 0)
+    detail::fail_usage("timeline plan: time_model::expert is ", t.expert, ", which does not divide the world of ",
+                       t.world, " data-parallel ranks; set it to model_options::expert_parallel");
   for (const auto& [name, l] : {std::pair<const char*, const comm::link_model*>{"link", &t.link},
                                 {"replica_link", &t.replica_link},
                                 {"tensor_link", &t.tensor_link},
-                                {"world_link", &t.world_link}}) {
+                                {"world_link", &t.world_link},
+                                {"expert_link", &t.expert_link},
+                                {"expert_shard_link", t.expert_shard_link ? &*t.expert_shard_link : &t.link}}) {
     if (l->latency.count() < 0)
       detail::fail_usage("timeline plan: time_model::", name, ".latency must be >= 0, got ", l->latency.count(), " ns");
     if (l->step_latency.count() < 0)
@@ -370,13 +386,13 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
   // all-reduce's factor is below 2)
   std::int64_t largest = 0;
   for (const plan::unit_costs& c : cost) largest = std::max({largest, c.gather_bytes(), c.reduce_bytes()});
-  for (const comm::link_model* l : {&t.link, &t.replica_link})
+  for (const comm::link_model* l : {&t.link, &t.replica_link, t.expert_shard_link ? &*t.expert_shard_link : &t.link})
     if (l->bytes_per_second > 0) detail::checked_ns(2.0 * double(largest) / l->bytes_per_second * 1e9, "a collective");
 
   const unit_index units(names);
   detail::sched::scheduler s(units, in.schedule);
   plan::detail::step_program prog(cost, p.offload, in.schedule.grad_slots, in.optimizer_states,
-                                  detail::replicas_of(t.world, layouts, in.costs), in.costs.prescales);
+                                  detail::replicas_of(t.world, layouts, in.costs, t.expert), in.costs.prescales);
   detail::time_reading r(prog, t, layouts, in.costs);
   detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {
