@@ -143,6 +143,19 @@ global_values load(const layout& l, const std::string& dir, const std::string& r
   return out;
 }
 
+/// `dir`/ckpt, saved by `saved` with values `want`, loads into each of `others` bit for bit, and each one's save (in
+/// `dir`/back-i) loads into `saved` bit for bit.
+void loads_everywhere(const layout& saved, const std::vector<layout>& others, const fsdp_test::scratch_dir& dir,
+                      const global_values& want) {
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    const layout& l = others[i];
+    CAPTURE(l.name);
+    const std::string back = dir / ("back-" + std::to_string(i));
+    CHECK(load(l, dir / "ckpt", back) == want);  // bit for bit
+    CHECK(load(saved, back) == want);            // and back
+  }
+}
+
 /// Imports the safetensors file into a fresh model of `l`; every parameter's global value.
 std::map<std::string, std::vector<float>> import(const layout& l, const std::string& path) {
   global_values all;
@@ -173,13 +186,7 @@ TEST_CASE("a checkpoint saved at tensor 2 x shard 2 loads at tensor 1 x 4, 4 x 1
       make_layout<fsdp::sharding::zero1>("zero1, tensor 2 x shard 3", 6, 2),
       make_layout<fsdp::sharding::no_shard>("no_shard, tensor 4 x 2 replicas", 8, 4),
   };
-  for (std::size_t i = 0; i < others.size(); ++i) {
-    const layout& l = others[i];
-    CAPTURE(l.name);
-    const std::string back = dir / ("back-" + std::to_string(i));
-    CHECK(load(l, dir / "ckpt", back) == want);  // bit for bit
-    CHECK(load(saved, back) == want);            // and back
-  }
+  loads_everywhere(saved, others, dir, want);
   // the manifest records the global shapes, the placements and the saving mesh
   const fsdp::checkpoint::manifest man = fsdp::checkpoint::read_manifest(dir / "ckpt");
   CHECK(man.tensor_ranks == 2);
@@ -221,13 +228,7 @@ TEST_CASE(
       make_layout<fsdp::sharding::hybrid_shard<2>>("2 replicas x (experts 2 x shard 1)", 4, 1, 2),
       make_layout<fsdp::sharding::zero1>("zero1, experts 4 x shard 2 x tensor 2", 16, 2, 4),
   };
-  for (std::size_t i = 0; i < others.size(); ++i) {
-    const layout& l = others[i];
-    CAPTURE(l.name);
-    const std::string back = dir / ("back-" + std::to_string(i));
-    CHECK(load(l, dir / "ckpt", back) == want);  // bit for bit
-    CHECK(load(saved, back) == want);            // and back
-  }
+  loads_everywhere(saved, others, dir, want);
   // one file per rank of the first replica; the global shape of a stack of experts
   const fsdp::checkpoint::manifest man = fsdp::checkpoint::read_manifest(dir / "ckpt");
   CHECK(man.files.size() == 4);
@@ -239,4 +240,21 @@ TEST_CASE(
   CHECK(import(make_layout<full_shard>("experts 1", 1, 1, 1), dir / "m.safetensors") == params);
   CHECK(import(make_layout<fsdp::sharding::no_shard>("experts 4 out of 4 replicas", 4, 1, 4), dir / "m.safetensors") ==
         params);
+  // a model with another expert count: refused by the global shapes, naming the parameter, nothing read
+  fsdp::ModelSpec eight;
+  const fsdp::ModelSpec four = spec();
+  for (const fsdp::ParamSpec& p : four.params()) {
+    std::vector<std::int64_t> shape = p.shape;
+    if (p.experts) shape[0] = 8;
+    eight.add(p.name, shape, {.init = p.init, .tensor = p.tensor, .experts = p.experts});
+  }
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::model_options o;
+    o.expert_parallel = 2;
+    fsdp::Model<fsdp::policy<full_shard>> m(c, eight, fsdp::wrap::by_prefix{"h."}, fsdp::init::normal{0.5f, 3}, o);
+    const std::string at = dir / "ckpt";
+    CHECK(fsdp_test::error_of<fsdp::checkpoint_error>([&] { fsdp::checkpoint::load(m, at); }) ==
+          "fsdp: checkpoint load from '" + at + "' failed (no parameter was modified): ranks 0, 1: checkpoint '" + at +
+              "': parameter 'h.moe.w1' is [4, 8, 6] in the checkpoint but [8, 8, 6] in the model");
+  });
 }

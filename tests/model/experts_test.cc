@@ -22,6 +22,7 @@
 
 using fsdp::comm::local_communicator;
 using fsdp_test::error_of;
+using fsdp_test::members;
 using fsdp_test::run_ranks;
 
 namespace {
@@ -82,15 +83,7 @@ void check_parity(int world, int expert, float max_norm = 0.0f) {
   CHECK(ep.first.expert_exchanges == (expert > 1 ? 4 * steps : 0));
   if (Strategy::shards_params) CHECK(ep.first.dense_reductions == (expert > 1 ? 1 : 2) * steps);
   CHECK(ep.first.expert_reductions == (expert > 1 ? steps : 0));
-  float worst = 0;
-  for (const auto& [name, want] : one.params) {
-    const std::vector<float>& got = ep.params.at(name);
-    REQUIRE(got.size() == want.size());
-    float scale = 0;
-    for (float v : want) scale = std::max(scale, std::fabs(v));
-    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / scale);
-  }
-  CHECK(worst <= tolerance);
+  CHECK(fsdp_test::worst_error(ep.params, one.params) <= tolerance);
 }
 
 using fsdp::sharding::full_shard;
@@ -100,13 +93,6 @@ using fsdp::sharding::no_shard;
 using fsdp::sharding::shard_grad_op;
 using fsdp::sharding::zero1;
 
-/// The world rank of every member of `c`, in its rank order.
-std::vector<int> members(local_communicator& c, int world_rank, fsdp::backend::host& be) {
-  std::vector<float> all(static_cast<std::size_t>(c.size()));
-  const float mine = static_cast<float>(world_rank);
-  c.all_gather(&mine, all.data(), 1, fsdp::dtype::f32, be.compute_stream());
-  return {all.begin(), all.end()};
-}
 }  // namespace
 
 TEST_CASE(
@@ -232,7 +218,7 @@ TEST_CASE(
     using P = decltype(policy);
     std::vector<fsdp::grad::report> reports(static_cast<std::size_t>(world));
     std::vector<float> scales(static_cast<std::size_t>(world));
-    std::vector<bool> unchanged(static_cast<std::size_t>(world));
+    std::vector<char> unchanged(static_cast<std::size_t>(world));  // not vector<bool>: ranks write their own
     run_ranks(world, [&](local_communicator& c) {
       fsdp::model_options o;
       o.expert_parallel = 2;

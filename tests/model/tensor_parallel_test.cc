@@ -18,6 +18,7 @@
 using fsdp::comm::local_communicator;
 using fsdp_test::assemble;
 using fsdp_test::error_of;
+using fsdp_test::members;
 using fsdp_test::run_ranks;
 
 namespace {
@@ -165,18 +166,9 @@ void check_parity(int world, int tensor, float tolerance, bool partial = false, 
     CHECK(relative(tp.losses[s], ref.losses[s]) <= tolerance);
   }
   REQUIRE(tp.params.size() == ref.params.size());
-  // each parameter's error against its tensor's largest value: the trained values near zero are differences of
-  // the initial values and the updates, and their own relative error says nothing about the training (in bf16 a
-  // partial gradient is rounded on each tensor rank before the model sums it)
-  float worst = 0;
-  for (const auto& [name, want] : ref.params) {
-    const std::vector<float>& got = tp.params.at(name);
-    REQUIRE(got.size() == want.size());
-    float scale = 0;
-    for (float v : want) scale = std::max(scale, std::fabs(v));
-    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / scale);
-  }
-  CHECK(worst <= tolerance);
+  // each parameter's error against its tensor's largest value (in bf16 a partial gradient is rounded on each tensor
+  // rank before the model sums it)
+  CHECK(fsdp_test::worst_error(tp.params, ref.params) <= tolerance);
 }
 
 using full = fsdp::precision::full;
@@ -189,13 +181,6 @@ using fsdp::sharding::no_shard;
 using fsdp::sharding::shard_grad_op;
 using fsdp::sharding::zero1;
 
-/// The world rank of every member of `c`, in its rank order.
-std::vector<int> members(local_communicator& c, int world_rank, fsdp::backend::host& be) {
-  std::vector<float> all(static_cast<std::size_t>(c.size()));
-  const float mine = static_cast<float>(world_rank);
-  c.all_gather(&mine, all.data(), 1, fsdp::dtype::f32, be.compute_stream());
-  return {all.begin(), all.end()};
-}
 }  // namespace
 
 TEST_CASE("the mesh: tensor groups are consecutive ranks, then shards within a replica, then replicas") {
@@ -426,13 +411,7 @@ TEST_CASE("the MLP example with tensor groups (--tp) trains as without them, its
     REQUIRE(losses.size() == want_losses.size());
     // at 3 data-parallel ranks each takes 16 samples instead of 24: the same global mean, rounded otherwise
     for (std::size_t s = 0; s < losses.size(); ++s) CHECK(relative(losses[s], want_losses[s]) <= 1e-5f);
-    float worst = 0;
-    for (const auto& [name, w] : want) {
-      float scale = 0;
-      for (float v : w) scale = std::max(scale, std::fabs(v));
-      for (std::size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(params.at(name)[i] - w[i]) / scale);
-    }
-    CHECK(worst <= 1e-5f);
+    CHECK(fsdp_test::worst_error(params, want) <= 1e-5f);
   }
 }
 

@@ -1,6 +1,8 @@
 #pragma once
 // Test helpers shared by the host tests.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -73,6 +75,32 @@ std::string error_of(F&& fn) {
   }
   FAIL("no exception thrown");
   return {};
+}
+
+/// The world rank of every member of group `c` (this rank is `world_rank` of the world), in the group's rank order:
+/// an all-gather on `be`'s compute stream.
+template <class Comm, class Backend>
+std::vector<int> members(Comm& c, int world_rank, Backend& be) {
+  std::vector<float> all(static_cast<std::size_t>(c.size()));
+  const float mine = static_cast<float>(world_rank);
+  c.all_gather(&mine, all.data(), 1, fsdp::dtype::f32, be.compute_stream());
+  return {all.begin(), all.end()};
+}
+
+/// The largest error of `got` against `want` (parameters by name, the same names and sizes), each element's against
+/// its tensor's largest value: the trained values near zero are differences of the initial values and the updates,
+/// and their own relative error says nothing about the training.
+inline float worst_error(const std::map<std::string, std::vector<float>>& got,
+                         const std::map<std::string, std::vector<float>>& want) {
+  float worst = 0;
+  for (const auto& [name, w] : want) {
+    const std::vector<float>& g = got.at(name);
+    REQUIRE(g.size() == w.size());
+    float scale = 0;
+    for (float v : w) scale = std::max(scale, std::fabs(v));
+    for (std::size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(g[i] - w[i]) / scale);
+  }
+  return worst;
 }
 
 /// Global parameters from each tensor rank's local ones (`local[t]`), as the spec places them.
