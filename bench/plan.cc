@@ -1,10 +1,22 @@
-// The planning command: what a GPT-shaped model costs per GPU on a cluster that is not here, from the library's
-// planners (the memory planner's figures are the library's own, exact; the timeline planner's step runs the
-// scheduler's decisions) and stated formulas for what the trainer itself holds and computes.
+// The planning command: what a GPT- or Llama-shaped model (dense, or a mixture of experts) costs per GPU on a
+// cluster that is not here, from the library's planners (the memory planner's figures are the library's own, exact;
+// the timeline planner's step runs the scheduler's decisions) and stated formulas for what the trainer itself holds
+// and computes.
 //
 //   bazel run -c opt //bench:plan -- --model gpt2-124m --device h100 --nodes 1 --gpus-per-node 8
 //   bazel run -c opt //bench:plan -- --model gpt3-175b --device a100-80gb --nodes 16,32,64 --micro-batch 1,2
 //       --checkpointing on --strategy full_shard --prefetch backward_pre    (one line)
+//   bazel run -c opt //bench:plan -- --model llama3-8b --device h100 --nodes 2 --tp 1,2
+//   bazel run -c opt //bench:plan -- --model mixtral-8x7b --device h100 --nodes 4 --ep 1,2,4,8
+//
+// Llama's blocks (--model llama3-8b, mixtral-8x7b): RMSNorm gains, grouped-query attention (q [C, C], k and v of
+// --kv-heads heads [2 kv C / A, C], o [C, C]), a SwiGLU MLP (gate and up [F, C], down [C, F]; --ffn F), rotary
+// positions (no parameters), an untied head [V, C]. With --experts X (--top-k K) each block's MLP is X SwiGLU experts
+// (stacked, param_options::experts) and a router [X, C]: the block's attention, norms and router are one unit, its
+// experts another (a unit holds one kind), split over --ep ranks (model_options::expert_parallel) and sharded over
+// the ranks holding the same experts. --tp T splits the blocks as Megatron does (q, k, v, gate and up by their
+// output rows, o and down by their input columns; an expert on the same dimensions) and the strategies run over
+// world / T data-parallel ranks.
 //
 // For every configuration (strategy and mesh, micro-batch, activation checkpointing, prefetch) it plans the
 // library's memory (fsdp::plan_memory) and step (fsdp::plan_timeline, links from comm::cluster_links), adds the
@@ -15,19 +27,28 @@
 //   trainer compute  per token, a block's forward is 2 x its matrices' parameters + 4 T C (attention's two
 //                    products over the whole T x T, as PaLM's MFU convention counts them) FLOPs, its backward twice
 //                    that, and a checkpointed block's backward adds its forward again; the root unit's forward is
-//                    the tied classifier's 2 V C (embedding lookups are not FLOPs); all at the device's dense bf16
-//                    rate x --efficiency. Beside it, each block's elementwise work (norms, GELU, softmax,
-//                    residuals): its activation bytes written and read once in forward, twice in backward, at the
-//                    memory bandwidth.
+//                    the classifier's 2 V C (embedding lookups are not FLOPs); all at the device's dense bf16
+//                    rate x --efficiency, a block's over its tensor group (1 / T each). Beside it, each block's
+//                    elementwise work (norms, GELU or SwiGLU, softmax, residuals): its activation bytes written and
+//                    read once in forward, twice in backward, at the memory bandwidth. An expert unit's matrices are
+//                    its K experts' of each token (the active parameters).
+//   trainer comms    under --tp, two all-reduces of the block's output (b T C bf16 each) in forward and two of the
+//                    input gradients in backward, on the tensor group's link; with experts, the tokens' dispatch and
+//                    combine (b T K C bf16 each) in forward and again in backward, as all_to_alls on the expert
+//                    group's link (unit_time's tensor and expert bytes).
 //   activations      bf16, per block per micro-batch of b sequences: s b C (34 + 5 a s / C) bytes (Korthikanti et
 //                    al., "Reducing Activation Recomputation in Large Transformer Models", 2022, eq. 1: dropout
 //                    masks included, the a x s x s attention scores kept), or s b C x 34 with --attention flash
-//                    (no s x s scores); with checkpointing each block keeps only its input (2 s b C) and one
+//                    (no s x s scores); a Llama block (no dropout, flash attention): 2 s b (4 C + (C + 2 kv C / A
+//                    + C) / T + 3 K F / T) bytes (its norms' inputs and outputs and the residual, q, k, v and the
+//                    attention's output, the SwiGLU's gate, up and product for each of K experts a token, 1 for a
+//                    dense MLP); with checkpointing each block keeps only its input (2 s b C) and one
 //                    block's full activations live during its backward; plus the logits in bf16 and their fp32
 //                    gradient (6 s b V bytes). Added to the library's planned peak as if both peaked at once.
 //   outside the plan --reserve GiB (CUDA context, cuBLAS workspace, NCCL's buffers).
-//   MFU              model FLOPs per token (gpt::flops_per_token: 6 per matrix parameter + 12 L T C) x tokens/s /
-//                    the peak; "hardware" TFLOP/s counts a checkpointed forward's recompute too (8 per parameter).
+//   MFU              model FLOPs per token (6 per active matrix parameter + 12 L T C; gpt::flops_per_token for
+//                    GPT) x tokens/s / the peak; "hardware" TFLOP/s counts a checkpointed forward's recompute too
+//                    (8 per parameter).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -46,8 +67,10 @@ namespace {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "plan: %s\n"
-               "usage: plan [--model gpt2-124m|gpt2-1.5b|gpt3-175b] [--layers L --width C --heads A --vocab V "
-               "--context T]\n"
+               "usage: plan [--model gpt2-124m|gpt2-1.5b|gpt3-175b|llama3-8b|mixtral-8x7b] [--layers L --width C "
+               "--heads A --vocab V --context T]\n"
+               "            [--kv-heads K --ffn F --experts X --top-k K (Llama's blocks)] [--tp T[,T...]] "
+               "[--ep E[,E...]]\n"
                "            [--device a100-80gb|h100|h200] [--tflops F --efficiency E --memory-bandwidth GB/s "
                "--memory GiB]\n"
                "            [--nodes N[,N...]] [--gpus-per-node G] [--nvlink GB/s] [--network GB/s a node]\n"
@@ -99,16 +122,79 @@ const device devices[] = {
     {"h200", 989e12, 0.6, 4.8e12, 141e9},
 };
 
+/// A model to plan: GPT-2's blocks (gpt::make_spec), or Llama's (see the top of this file), with `experts` > 0 a
+/// mixture of experts in each block.
+struct model_shape {
+  gpt::shape base;  ///< vocab, context, width, heads, layers
+  bool llama = false;
+  int kv_heads = 0, ffn = 0;  ///< Llama: key/value heads, the SwiGLU's hidden width (an expert's, with experts)
+  int experts = 0, top_k = 0;
+};
+
 struct preset {
   const char* name;
-  gpt::shape shape;
+  model_shape shape;
 };
 
 const preset models[] = {
-    {"gpt2-124m", {50257, 1024, 768, 12, 12}},
-    {"gpt2-1.5b", {50257, 1024, 1600, 25, 48}},
-    {"gpt3-175b", {50000, 2048, 12288, 96, 96}},
+    {"gpt2-124m", {{50257, 1024, 768, 12, 12}}},
+    {"gpt2-1.5b", {{50257, 1024, 1600, 25, 48}}},
+    {"gpt3-175b", {{50000, 2048, 12288, 96, 96}}},
+    // Meta's Llama 3 8B (its published configuration; context 8192)
+    {"llama3-8b", {{128256, 8192, 4096, 32, 32}, true, 8, 14336}},
+    // Mistral's Mixtral 8x7B (its published configuration, planned at a context of 4096): 8 experts, 2 a token
+    {"mixtral-8x7b", {{32000, 4096, 4096, 32, 32}, true, 8, 14336, 8, 2}},
 };
+
+std::string lname(int l, const std::string& leaf) { return "h." + std::to_string(l) + "." + leaf; }
+
+/// The model's spec (global shapes, placed for tensor parallelism).
+fsdp::ModelSpec spec_of(const model_shape& m) {
+  if (!m.llama) return gpt::make_spec(m.base, 0);
+  const std::int64_t V = m.base.vocab, C = m.base.width, A = m.base.heads, F = m.ffn, X = m.experts;
+  const std::int64_t KV = 2 * m.kv_heads * (C / A);
+  const fsdp::tensor_placement column = fsdp::tp::split(0), row = fsdp::tp::split(1);
+  fsdp::ModelSpec spec;
+  spec.add("tok_embeddings", {V, C});
+  for (int l = 0; l < m.base.layers; ++l) {
+    spec.add(lname(l, "attention_norm"), {C}, {.flags = {.no_decay = true}});
+    spec.add(lname(l, "attention.wq"), {C, C}, {.tensor = column});
+    spec.add(lname(l, "attention.wkv"), {KV, C}, {.tensor = fsdp::tp::split(0, 2)});
+    spec.add(lname(l, "attention.wo"), {C, C}, {.tensor = row});
+    spec.add(lname(l, "ffn_norm"), {C}, {.flags = {.no_decay = true}});
+    if (X == 0) {
+      spec.add(lname(l, "feed_forward.w13"), {2 * F, C}, {.tensor = fsdp::tp::split(0, 2)});
+      spec.add(lname(l, "feed_forward.w2"), {C, F}, {.tensor = row});
+    } else {
+      spec.add(lname(l, "router"), {X, C});
+      spec.add(lname(l, "experts.w13"), {X, 2 * F, C}, {.tensor = fsdp::tp::split(1, 2), .experts = true});
+      spec.add(lname(l, "experts.w2"), {X, C, F}, {.tensor = fsdp::tp::split(2), .experts = true});
+    }
+  }
+  spec.add("norm", {C}, {.flags = {.no_decay = true}});
+  spec.add("output", {V, C});
+  return spec;
+}
+
+/// One unit per block, a block's experts one of their own ("h.L.experts"), everything else the root.
+fsdp::wrap::by_function wrapping_of() {
+  return {[](const fsdp::ParamSpec& p) -> std::string {
+    if (p.name.rfind("h.", 0) != 0) return "root";
+    const std::size_t dot = p.name.find('.', 2);
+    const std::string block = p.name.substr(0, dot);
+    return p.name.compare(dot + 1, 8, "experts.") == 0 ? block + ".experts" : block;
+  }};
+}
+
+/// Model FLOPs per token (forward and backward; active parameters): gpt::flops_per_token, or for Llama's blocks 6 per
+/// active matrix parameter (a token's K experts, the router, the untied head) + 12 L T C.
+double flops_per_token(const model_shape& m) {
+  if (!m.llama) return gpt::flops_per_token(m.base);
+  const double C = m.base.width, L = m.base.layers, V = m.base.vocab, T = m.base.context, F = m.ffn;
+  const double kv = 2.0 * m.kv_heads * (C / m.base.heads);
+  const double mlp = m.experts ? m.experts * C + m.top_k * 3 * F * C : 3 * F * C;
+  return 6.0 * (L * (2 * C * C + kv * C + mlp) + V * C) + 12.0 * L * T * C;
+}
 
 struct strategy_choice {
   std::string label;
@@ -116,30 +202,50 @@ struct strategy_choice {
   fsdp::device_mesh mesh;
 };
 
-/// The data-parallel strategies at `world` ranks on nodes of `gpus` (hybrid: a shard group per node), with the
-/// library's own facts and meshes (hybrid_shard's shard group is a template argument: its facts are hybrid_shard's
-/// with the group sizes of this cluster).
-std::vector<strategy_choice> strategies(const std::string& which, int world, int gpus) {
+/// The data-parallel strategies at `dp` data-parallel ranks (the world over tensor groups of `tp`) on nodes of `gpus`
+/// (hybrid: a shard group per node), with the library's own facts and meshes (hybrid_shard's shard group is a template
+/// argument: its facts are hybrid_shard's with the group sizes of this cluster); the mesh's tensor and expert degrees
+/// set.
+std::vector<strategy_choice> strategies(const std::string& which, int dp, int gpus, int tp, int ep) {
   std::vector<strategy_choice> out;
   auto want = [&](const char* s) { return which == "all" || which == s; };
   auto add = [&]<class S>(const char* label, S) {
-    if (want(label)) out.push_back({label, fsdp::facts_of<S>(world), fsdp::mesh_of<S>(world)});
+    if (want(label)) out.push_back({label, fsdp::facts_of<S>(dp), fsdp::mesh_of<S>(dp)});
   };
   add("full_shard", fsdp::sharding::full_shard{});
   add("shard_grad_op", fsdp::sharding::shard_grad_op{});
-  if (want("hybrid") && world > gpus && world % gpus == 0) {
-    fsdp::strategy_facts f = fsdp::facts_of<fsdp::sharding::hybrid_shard<1>>(world);
-    f.shard_group = gpus;
-    f.replicate_group = world / gpus;
-    out.push_back({"hybrid " + std::to_string(world / gpus) + "x" + std::to_string(gpus), f, {world / gpus, gpus}});
+  const int per_node = gpus / tp;  // data-parallel ranks a node
+  if (want("hybrid") && per_node >= 1 && gpus % tp == 0 && dp > per_node && dp % per_node == 0) {
+    fsdp::strategy_facts f = fsdp::facts_of<fsdp::sharding::hybrid_shard<1>>(dp);
+    f.shard_group = per_node;
+    f.replicate_group = dp / per_node;
+    out.push_back(
+        {"hybrid " + std::to_string(dp / per_node) + "x" + std::to_string(per_node), f, {dp / per_node, per_node}});
   }
   add("no_shard", fsdp::sharding::no_shard{});
+  for (strategy_choice& c : out) {
+    c.mesh.tensor = tp;
+    c.mesh.expert = ep;
+    if (tp > 1) c.label += " tp" + std::to_string(tp);
+    if (ep > 1) c.label += " ep" + std::to_string(ep);
+  }
   return out;
 }
 
+/// Why the expert degree does not fit this strategy's mesh (the sentence can_implement would give), or empty.
+std::string expert_problem(const strategy_choice& c, int ep) {
+  if (ep == 1) return {};
+  const fsdp::device_mesh& m = c.mesh;
+  if (c.facts.splits_world() ? m.shards % ep != 0 : m.data_parallel() % ep != 0)
+    return "expert_parallel = " + std::to_string(ep) + " does not divide its " +
+           (c.facts.splits_world() ? "shard group" : "data-parallel ranks");
+  return {};
+}
+
 struct settings {
-  gpt::shape shape = models[0].shape;
+  model_shape shape = models[0].shape;
   std::string model = models[0].name;
+  std::vector<int> tp{1}, ep{1};
   device dev = devices[1];
   std::vector<int> nodes{1};
   int gpus = 8;
@@ -158,32 +264,53 @@ struct activations {
   double peak() const { return kept + logits; }
 };
 
-activations activations_of(const settings& s, int b, bool checkpointing) {
-  const double T = s.shape.context, C = s.shape.width, A = s.shape.heads, L = s.shape.layers, V = s.shape.vocab;
+activations activations_of(const settings& s, int b, bool checkpointing, int tp) {
+  const model_shape& m = s.shape;
+  const double T = m.base.context, C = m.base.width, A = m.base.heads, L = m.base.layers, V = m.base.vocab;
   activations a;
-  a.per_block = T * b * C * 34 + (s.attention == "eager" ? 5 * A * T * T * b : 0);
+  if (m.llama) {
+    const double kv = 2.0 * m.kv_heads * (C / A), k = m.experts ? m.top_k : 1;
+    a.per_block = 2 * T * b * (4 * C + (2 * C + kv) / tp + 3 * k * m.ffn / tp);
+  } else {
+    a.per_block = T * b * C * 34 + (s.attention == "eager" ? 5 * A * T * T * b : 0);
+  }
   a.kept = checkpointing ? L * 2 * T * b * C + a.per_block : L * a.per_block;
   a.logits = 6 * T * b * V;
   return a;
 }
 
-/// A unit's compute: its FLOPs at the device's rate, its elementwise bytes at the memory bandwidth.
-fsdp::unit_time compute_of(const settings& s, const std::string& unit, int b, bool checkpointing) {
-  const double T = s.shape.context, C = s.shape.width, V = s.shape.vocab;
+/// A unit's compute: its FLOPs at the device's rate (a block's over its tensor group), its elementwise bytes at the
+/// memory bandwidth; the trainer's own collectives' bytes (see the top of this file).
+fsdp::unit_time compute_of(const settings& s, const std::string& unit, int b, bool checkpointing, int tp) {
+  const model_shape& m = s.shape;
+  const double T = m.base.context, C = m.base.width, V = m.base.vocab, A = m.base.heads;
   const double rate = s.dev.flops * s.dev.efficiency, tokens = T * b;
+  const bool experts = unit.size() > 8 && unit.compare(unit.size() - 8, 8, ".experts") == 0;
   double forward = 0, backward = 0;
-  if (unit.rfind("h.", 0) == 0) {
-    const double matrices = 12 * C * C;
-    const double flops = tokens * (2 * matrices + 4 * T * C);
-    const double bytes = activations_of(s, b, false).per_block;
+  fsdp::unit_time out;
+  if (experts) {  // a token's K experts, each a SwiGLU
+    const double flops = tokens * 2 * m.top_k * 3.0 * m.ffn * C / tp;
+    forward = flops / rate;
+    backward = 2 * flops / rate + (checkpointing ? forward : 0);
+    out.expert_forward_bytes = out.expert_backward_bytes = static_cast<std::int64_t>(2 * tokens * m.top_k * C * 2);
+  } else if (unit.rfind("h.", 0) == 0) {
+    double matrices = 12 * C * C;
+    if (m.llama) {
+      const double kv = 2.0 * m.kv_heads * (C / A);
+      matrices = 2 * C * C + kv * C + (m.experts ? m.experts * C : 3.0 * m.ffn * C);
+    }
+    const double flops = tokens * (2 * matrices + 4 * T * C) / tp;
+    const double bytes = activations_of(s, b, false, tp).per_block;
     forward = flops / rate + 2 * bytes / s.dev.memory_bw;
     backward = 2 * flops / rate + 4 * bytes / s.dev.memory_bw + (checkpointing ? forward : 0);
-  } else {  // the root unit: the tied classifier
+    if (tp > 1) out.tensor_forward_bytes = out.tensor_backward_bytes = static_cast<std::int64_t>(2 * tokens * C * 2);
+  } else {  // the root unit: the classifier (tied for GPT)
     forward = tokens * 2 * V * C / rate;
     backward = 2 * forward;
   }
-  return {std::chrono::nanoseconds(static_cast<std::int64_t>(forward * 1e9)),
-          std::chrono::nanoseconds(static_cast<std::int64_t>(backward * 1e9))};
+  out.forward = std::chrono::nanoseconds(static_cast<std::int64_t>(forward * 1e9));
+  out.backward = std::chrono::nanoseconds(static_cast<std::int64_t>(backward * 1e9));
+  return out;
 }
 
 struct outcome {
@@ -244,15 +371,27 @@ int main(int argc, char** argv) {
       s.shape = m->shape;
       s.model = v;
     } else if (a == "--layers")
-      s.shape.layers = one_int(value(), a), s.model = "custom";
+      s.shape.base.layers = one_int(value(), a), s.model = "custom";
     else if (a == "--width")
-      s.shape.width = one_int(value(), a), s.model = "custom";
+      s.shape.base.width = one_int(value(), a), s.model = "custom";
     else if (a == "--heads")
-      s.shape.heads = one_int(value(), a), s.model = "custom";
+      s.shape.base.heads = one_int(value(), a), s.model = "custom";
     else if (a == "--vocab")
-      s.shape.vocab = one_int(value(), a), s.model = "custom";
+      s.shape.base.vocab = one_int(value(), a), s.model = "custom";
     else if (a == "--context")
-      s.shape.context = one_int(value(), a), s.model = "custom";
+      s.shape.base.context = one_int(value(), a), s.model = "custom";
+    else if (a == "--kv-heads")
+      s.shape.kv_heads = one_int(value(), a), s.shape.llama = true, s.model = "custom";
+    else if (a == "--ffn")
+      s.shape.ffn = one_int(value(), a), s.shape.llama = true, s.model = "custom";
+    else if (a == "--experts")
+      s.shape.experts = one_int(value(), a), s.shape.llama = true, s.model = "custom";
+    else if (a == "--top-k")
+      s.shape.top_k = one_int(value(), a), s.model = "custom";
+    else if (a == "--tp")
+      s.tp = int_list(value(), a);
+    else if (a == "--ep")
+      s.ep = int_list(value(), a);
     else if (a == "--device") {
       const std::string v = value();
       const auto same = [&](const device& x) { return v == x.name; };
@@ -311,10 +450,18 @@ int main(int argc, char** argv) {
   if (s.nvlink == 0) s.nvlink = 230e9;
   if (s.network == 0) s.network = 200e9;
   try {
-    gpt::validate(s.shape);
+    gpt::validate(s.shape.base);
   } catch (const fsdp::usage_error& e) {
     usage(e.what());
   }
+  if (s.shape.llama) {
+    if (s.shape.kv_heads < 1 || s.shape.base.heads % s.shape.kv_heads != 0)
+      usage("--kv-heads must divide the " + std::to_string(s.shape.base.heads) + " heads");
+    if (s.shape.ffn < 1) usage("Llama's blocks need --ffn (the SwiGLU's hidden width)");
+    if (s.shape.experts > 0 && (s.shape.top_k < 1 || s.shape.top_k > s.shape.experts))
+      usage("--top-k must be between 1 and the " + std::to_string(s.shape.experts) + " experts");
+  }
+  if (!s.shape.experts && (s.ep.size() != 1 || s.ep.front() != 1)) usage("--ep needs a model with experts");
 
   fsdp::comm::cluster_links cluster;
   cluster.gpus_per_node = s.gpus;
@@ -324,10 +471,17 @@ int main(int argc, char** argv) {
   cluster.inter.latency = std::chrono::microseconds(20);
   cluster.inter.step_latency = std::chrono::microseconds(5);
 
-  const fsdp::ModelSpec spec = gpt::make_spec(s.shape, 0);
+  const fsdp::ModelSpec spec = spec_of(s.shape);
   const double params = double(spec.numel());
-  std::printf("plan: %s (%.3g parameters: %d layers, width %d, %d heads, vocabulary %d, context %d)\n", s.model.c_str(),
-              params, s.shape.layers, s.shape.width, s.shape.heads, s.shape.vocab, s.shape.context);
+  const gpt::shape& g = s.shape.base;
+  std::printf("plan: %s (%.3g parameters: %d layers, width %d, %d heads, vocabulary %d, context %d", s.model.c_str(),
+              params, g.layers, g.width, g.heads, g.vocab, g.context);
+  if (s.shape.llama)
+    std::printf("; Llama blocks: %d key/value heads, SwiGLU of %d, untied head", s.shape.kv_heads, s.shape.ffn);
+  if (s.shape.experts)
+    std::printf("; %d experts a block, %d a token: %.3g active parameters", s.shape.experts, s.shape.top_k,
+                flops_per_token(s.shape) / 6 - 2.0 * g.layers * g.context * g.width);
+  std::printf(")\n");
   std::printf(
       "on %s: %.0f TFLOP/s dense bf16 at %.0f%% for the products, %.0f GB/s memory, %.1f GiB; nodes of %d "
       "GPUs, %.0f GB/s a GPU inside a node, %.0f GB/s a node between nodes\n",
@@ -353,64 +507,84 @@ int main(int argc, char** argv) {
   if (s.checkpointing != "on") ckpts.push_back(false);
   if (s.checkpointing != "off") ckpts.push_back(true);
 
-  const double model_flops = gpt::flops_per_token(s.shape);
+  const double model_flops = flops_per_token(s.shape);
   // a checkpointed step computes each block's forward twice: its matrices' 2 FLOPs a parameter and attention's 4 T C
-  const double C = s.shape.width;
-  const double hardware_flops_on = model_flops + s.shape.layers * (2 * 12 * C * C + 4.0 * s.shape.context * C);
+  // (the blocks' third of the model FLOPs, but the head's and the attention's, again)
+  const double C = g.width, V = g.vocab;
+  const double hardware_flops_on =
+      model_flops + (model_flops - 6 * V * C - 12.0 * g.layers * g.context * C) / 3 + g.layers * 4.0 * g.context * C;
   std::vector<outcome> fits;
   std::vector<std::string> left_out;
-  for (int n : s.nodes) {
-    const int world = n * s.gpus;
-    for (const strategy_choice& st : strategies(s.strategy, world, s.gpus)) {
-      const fsdp::planned_units units =
-          fsdp::plan_units(st.label, spec, gpt::wrapping(), st.facts.shards_params ? st.facts.shard_group : 1);
-      for (int b : s.micro_batch)
-        for (bool ck : ckpts)
-          for (const prefetch_choice& pf : prefetches) {
-            outcome o;
-            o.world = world;
-            o.micro_batch = b;
-            o.checkpointing = ck;
-            o.label = st.label + " on " + std::to_string(world) + ", micro-batch " + std::to_string(b) +
-                      (ck ? ", checkpointed" : "") + ", prefetch " + pf.name;
-            fsdp::budget_query q;
-            q.strategy = st.facts;
-            q.precision = precision;
-            q.optimizer_states = 2;
-            const fsdp::memory_plan_inputs in = fsdp::planner_inputs(units, q, pf.facts);
-            o.plan = fsdp::plan_memory(units.names, units.layouts, in);
-            o.act = activations_of(s, b, ck);
-            o.total_bytes = double(o.plan.peak.total) + o.act.peak() + s.reserve;
-            if (!o.plan.feasible()) {
-              left_out.push_back(o.label + ": " + o.plan.infeasible);
-              continue;
-            }
-            if (o.total_bytes > s.dev.memory) {
-              char why[160];
-              std::snprintf(why, sizeof why, ": %.1f GiB (library %.1f, activations and logits %.1f) over %.1f",
-                            gib(o.total_bytes), gib(double(o.plan.peak.total)), gib(o.act.peak()), gib(s.dev.memory));
-              left_out.push_back(o.label + why);
-              continue;
-            }
-            fsdp::time_model t;
-            fsdp::place_on_cluster(t, cluster, st.mesh);
-            t.memory_bytes_per_second = s.dev.memory_bw;
-            t.serial_collectives = true;
-            for (const std::string& name : units.names) t.compute.push_back(compute_of(s, name, b, ck));
-            o.time = fsdp::plan_timeline(units.names, units.layouts, in, t);
-            if (!o.time.feasible()) {
-              left_out.push_back(o.label + ": " + o.time.infeasible);
-              continue;
-            }
-            const double step = double(o.time.step_ns) * 1e-9, tokens = double(b) * s.shape.context;
-            o.tokens_per_gpu_s = tokens / step;
-            o.model_tflops = o.tokens_per_gpu_s * model_flops / 1e12;
-            o.hardware_tflops = o.tokens_per_gpu_s * (ck ? hardware_flops_on : model_flops) / 1e12;
-            o.mfu = o.model_tflops * 1e12 / s.dev.flops;
-            fits.push_back(std::move(o));
+  for (int n : s.nodes)
+    for (int tp : s.tp)
+      for (int ep : s.ep) {
+        const int world = n * s.gpus;
+        if (world % tp != 0 || s.gpus % tp != 0) {
+          left_out.push_back("tp " + std::to_string(tp) + " on " + std::to_string(world) +
+                             ": a tensor group must fit in a node of " + std::to_string(s.gpus));
+          continue;
+        }
+        for (const strategy_choice& st : strategies(s.strategy, world / tp, s.gpus, tp, ep)) {
+          if (const std::string why = expert_problem(st, ep); !why.empty()) {
+            left_out.push_back(st.label + " on " + std::to_string(world) + ": " + why);
+            continue;
           }
-    }
-  }
+          fsdp::planned_units units;
+          try {
+            units = fsdp::plan_units(st.label, spec, wrapping_of(), st.mesh);
+          } catch (const fsdp::usage_error& e) {  // a split the degrees do not divide
+            left_out.push_back(st.label + " on " + std::to_string(world) + ": " + e.what());
+            continue;
+          }
+          for (int b : s.micro_batch)
+            for (bool ck : ckpts)
+              for (const prefetch_choice& pf : prefetches) {
+                outcome o;
+                o.world = world;
+                o.micro_batch = b;
+                o.checkpointing = ck;
+                o.label = st.label + " on " + std::to_string(world) + ", micro-batch " + std::to_string(b) +
+                          (ck ? ", checkpointed" : "") + ", prefetch " + pf.name;
+                fsdp::budget_query q;
+                q.strategy = st.facts;
+                q.precision = precision;
+                q.optimizer_states = 2;
+                const fsdp::memory_plan_inputs in = fsdp::planner_inputs(units, q, pf.facts);
+                o.plan = fsdp::plan_memory(units.names, units.layouts, in);
+                o.act = activations_of(s, b, ck, tp);
+                o.total_bytes = double(o.plan.peak.total) + o.act.peak() + s.reserve;
+                if (!o.plan.feasible()) {
+                  left_out.push_back(o.label + ": " + o.plan.infeasible);
+                  continue;
+                }
+                if (o.total_bytes > s.dev.memory) {
+                  char why[160];
+                  std::snprintf(why, sizeof why, ": %.1f GiB (library %.1f, activations and logits %.1f) over %.1f",
+                                gib(o.total_bytes), gib(double(o.plan.peak.total)), gib(o.act.peak()),
+                                gib(s.dev.memory));
+                  left_out.push_back(o.label + why);
+                  continue;
+                }
+                fsdp::time_model t;
+                fsdp::place_on_cluster(t, cluster, st.mesh);
+                t.memory_bytes_per_second = s.dev.memory_bw;
+                t.serial_collectives = true;
+                for (const std::string& name : units.names) t.compute.push_back(compute_of(s, name, b, ck, tp));
+                o.time = fsdp::plan_timeline(units.names, units.layouts, in, t);
+                if (!o.time.feasible()) {
+                  left_out.push_back(o.label + ": " + o.time.infeasible);
+                  continue;
+                }
+                // a tensor group's ranks share their micro-batch: tokens a GPU are the data-parallel rank's over tp
+                const double step = double(o.time.step_ns) * 1e-9, tokens = double(b) * g.context / tp;
+                o.tokens_per_gpu_s = tokens / step;
+                o.model_tflops = o.tokens_per_gpu_s * model_flops / 1e12;
+                o.hardware_tflops = o.tokens_per_gpu_s * (ck ? hardware_flops_on : model_flops) / 1e12;
+                o.mfu = o.model_tflops * 1e12 / s.dev.flops;
+                fits.push_back(std::move(o));
+              }
+        }
+      }
   std::stable_sort(fits.begin(), fits.end(),
                    [](const outcome& a, const outcome& b) { return a.tokens_per_gpu_s > b.tokens_per_gpu_s; });
   std::printf("%-4s %-68s %8s %8s %9s %7s %6s %8s %8s\n", "rank", "configuration", "GiB/GPU", "step s", "tok/s/GPU",

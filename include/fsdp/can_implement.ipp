@@ -145,9 +145,7 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
   std::vector<std::string> names;
   for (const unit_plan& p : plans) {
     names.push_back(p.name);
-    const bool experts = !p.params.empty() && spec.params()[p.params.front()].experts;
-    out.blueprint.layouts.push_back(
-        FlatLayout::build(out.blueprint.spec, p, experts ? mesh.expert_shards() : mesh.shards, opt.layout));
+    out.blueprint.layouts.push_back(layout_on(out.blueprint.spec, p, mesh, opt.layout));
   }
   out.blueprint.units = unit_index(names);
   const unit_index& units = out.blueprint.units;

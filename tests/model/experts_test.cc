@@ -286,6 +286,14 @@ TEST_CASE(
     x.compute[e].expert_forward_bytes = 4000;
     x.compute[e].expert_backward_bytes = 2000;
     CHECK(fsdp::plan_timeline(m, x, 2).step_ns == (500 + 2000) + (500 + 1000));
+    // the planning command's units on the same mesh, from the global spec: the model's layouts
+    const fsdp::planned_units u = fsdp::plan_units("ep2", spec(), fsdp::wrap::by_prefix{"u."}, m.mesh());
+    REQUIRE(u.layouts.size() == m.size());
+    for (std::size_t k = 0; k < m.size(); ++k) {
+      CHECK(u.layouts[k].world() == m.unit(k).layout().world());
+      CHECK(u.layouts[k].shard_numel() == m.unit(k).layout().shard_numel());
+      CHECK(u.layouts[k].experts() == m.unit(k).layout().experts());
+    }
   });
   // no_shard: the expert unit all-reduces over the 2 ranks holding its experts, the dense one over all 4
   run_ranks(4, [&](local_communicator& c) {

@@ -10,6 +10,7 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/mesh.hpp"
 #include "fsdp/layout/sharded_tensor.hpp"
 #include "fsdp/policy/wrap.hpp"
 #include "fsdp/spec/model_spec.hpp"
@@ -98,6 +99,12 @@ class FlatLayout {
   std::vector<flat_entry> entries_;
   std::unordered_map<std::string, std::size_t> by_name_;
 };
+
+/// Unit `unit`'s layout as a Model on `mesh` lays it out, from this rank's spec (local shapes): over the shard group
+/// (mesh.shards ranks), or for a unit of experts (its parameters ParamSpec::experts) over the expert shard group
+/// (mesh.expert_shards() ranks).
+FSDP_DECL FlatLayout layout_on(const ModelSpec& spec, const unit_plan& unit, const device_mesh& mesh,
+                               layout_options opt = {});
 
 }  // namespace fsdp
 

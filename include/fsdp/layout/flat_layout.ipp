@@ -49,6 +49,12 @@ FSDP_DECL FlatLayout FlatLayout::build(const ModelSpec& spec, const unit_plan& u
   return l;
 }
 
+FSDP_DECL FlatLayout layout_on(const ModelSpec& spec, const unit_plan& unit, const device_mesh& mesh,
+                               layout_options opt) {
+  const bool experts = !unit.params.empty() && spec.params()[unit.params.front()].experts;
+  return FlatLayout::build(spec, unit, experts ? mesh.expert_shards() : mesh.shards, opt);
+}
+
 FSDP_DECL const flat_entry& FlatLayout::entry(const std::string& name, const std::string& unit_name) const {
   auto it = by_name_.find(name);
   if (it == by_name_.end())

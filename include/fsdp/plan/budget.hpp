@@ -13,6 +13,7 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/problems.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/plan/memory_plan.hpp"
@@ -40,6 +41,25 @@ planned_units plan_units(std::string label, const ModelSpec& spec, const W& wrap
   for (const unit_plan& p : make_units(spec, wrap)) {
     out.names.push_back(p.name);
     out.layouts.push_back(FlatLayout::build(spec, p, shard_group, opt));
+  }
+  return out;
+}
+
+/// The units of `spec` (global shapes) wrapped by `wrap` and laid out as a Model on `mesh` lays them out: this rank's
+/// local spec (ModelSpec::tensor_local, expert_local), dense units over mesh.shards ranks, units of experts over
+/// mesh.expert_shards() (layout_on). A split the mesh's tensor or expert degree does not divide is a usage_error
+/// naming the parameter.
+template <WrappingPolicy W>
+planned_units plan_units(std::string label, const ModelSpec& spec, const W& wrap, const device_mesh& mesh,
+                         layout_options opt = {}) {
+  problems p;
+  const ModelSpec local = spec.tensor_local(mesh.tensor, p).expert_local(mesh.expert, p);
+  p.require();
+  planned_units out;
+  out.label = std::move(label);
+  for (const unit_plan& u : make_units(spec, wrap)) {
+    out.names.push_back(u.name);
+    out.layouts.push_back(layout_on(local, u, mesh, opt));
   }
   return out;
 }
