@@ -80,7 +80,7 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
       expert_problems.add("unit '", p.name, "' holds expert parameter '", spec.params()[*experts].name,
                           "' and dense parameter '", spec.params()[*dense].name,
                           "': wrap the experts in a unit of their own (their gathers and reductions go to the "
-                          "expert shard group)");
+                          "expert shard group; fsdp::wrap::experts_apart{policy} does)");
   }
   refuse("experts", expert_problems);
   out.blueprint.mesh = mesh;

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <fsdp/elastic/reshard.hpp>
+
 #include "tests/support/moe.hpp"
 #include "tests/support/support.hpp"
 
@@ -56,9 +58,10 @@ trained train(int world, int expert, float max_norm = 0.0f) {
 
 float relative(float a, float b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-3f); }
 
-template <class Strategy>
-void check_parity(int world, int expert, float max_norm = 0.0f) {
-  using P = fsdp::policy<Strategy>;
+/// The trainer under policy P at `world` ranks with expert groups of `expert` against one rank holding every expert.
+template <class P>
+void check_policy_parity(int world, int expert, float max_norm = 0.0f) {
+  using Strategy = typename P::sharding;
   CAPTURE(Strategy::name);
   CAPTURE(world);
   CAPTURE(expert);
@@ -84,6 +87,10 @@ void check_parity(int world, int expert, float max_norm = 0.0f) {
   if (Strategy::shards_params) CHECK(ep.first.dense_reductions == (expert > 1 ? 1 : 2) * steps);
   CHECK(ep.first.expert_reductions == (expert > 1 ? steps : 0));
   CHECK(fsdp_test::worst_error(ep.params, one.params) <= tolerance);
+}
+template <class Strategy>
+void check_parity(int world, int expert, float max_norm = 0.0f) {
+  check_policy_parity<fsdp::policy<Strategy>>(world, expert, max_norm);
 }
 
 using fsdp::sharding::full_shard;
@@ -201,6 +208,16 @@ TEST_CASE("experts under shard_grad_op, zero1, no_shard and the hybrid strategie
   check_parity<hybrid_shard<4>>(8, 2);
   check_parity<hybrid_shard<4>>(8, 4);
   check_parity<hybrid_shard_zero2<4>>(12, 2);
+}
+
+TEST_CASE("experts with CPU offload: master shards, gradients and optimizer state of both kinds in host memory") {
+  namespace off = fsdp::offload;
+  using fsdp::policy;
+  using full = fsdp::precision::full;
+  using next = fsdp::prefetch::next;
+  check_policy_parity<policy<full_shard, next, full, fsdp::comm::local<>, off::all>>(4, 2);  // the host optimizer
+  check_policy_parity<policy<full_shard, next, full, fsdp::comm::local<>, off::cpu<off::params>>>(4, 2, 0.05f);
+  check_policy_parity<policy<no_shard, next, full, fsdp::comm::local<>, off::cpu<off::optimizer_state>>>(4, 2);
 }
 
 TEST_CASE("clipping over dense and expert shards: one global norm, every expert counted once") {
@@ -344,7 +361,26 @@ TEST_CASE("what the expert dimension refuses, each with its sentence") {
   mixed.add("u.moe.gate", {4, 4}).add("u.moe.w", {4, 4}, {.experts = true});
   CHECK(refusals(fsdp::policy<full_shard>{}, 2, 2, mixed) ==
         "unit 'u.moe' holds expert parameter 'u.moe.w' and dense parameter 'u.moe.gate': wrap the experts in a unit of "
-        "their own (their gathers and reductions go to the expert shard group)\n");
+        "their own (their gathers and reductions go to the expert shard group; fsdp::wrap::experts_apart{policy} "
+        "does)\n");
+  // resharding in memory: refused, naming the checkpoint route
+  run_ranks(2, [&](local_communicator& c) {
+    fsdp::model_options o;
+    o.expert_parallel = 2;
+    fsdp::Model<fsdp::policy<full_shard>> m(c, spec(), fsdp::wrap::by_prefix{"u."}, fsdp::init::normal{}, o);
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::elastic::reshard_request_of(m, {1, 1}, {0}, {0}); }) ==
+          "fsdp: reshard: the model has expert groups of 2; resharding with expert parallelism is not built yet (save "
+          "a checkpoint, which holds global expert tensors, and load it at the new mesh)");
+  });
+  // as experts_apart does: the same spec wrapped into u.moe (the gate) and u.moe.experts
+  fsdp::model_options two;
+  two.expert_parallel = 2;
+  const fsdp::wrap::experts_apart<fsdp::wrap::by_prefix> apart{fsdp::wrap::by_prefix{"u."}};
+  CHECK(bool(fsdp::can_implement<fsdp::policy<full_shard>>(mixed, apart, two, 2)));
+  const std::vector<fsdp::unit_plan> units = fsdp::make_units(mixed, apart);
+  REQUIRE(units.size() == 2u);
+  CHECK(units[0].name == "u.moe");
+  CHECK(units[1].name == "u.moe.experts");
   fsdp::ModelSpec s;
   CHECK(error_of<fsdp::usage_error>([&] { s.add("moe.w", {4, 8}, {.tensor = fsdp::tp::split(0), .experts = true}); }) ==
         "fsdp: parameter 'moe.w' stacks experts on dimension 0 and is split across the tensor group on that "

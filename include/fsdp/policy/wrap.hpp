@@ -55,6 +55,24 @@ struct by_function {
   std::vector<std::string> assign(const ModelSpec& spec) const;
 };
 
+/// Policy `inner`'s units with each unit's experts (ParamSpec::experts) moved to a unit of their own, named after it
+/// with `suffix` ("h.3" -> "h.3.experts"): a unit holds experts or dense parameters, as a Model needs (their gathers
+/// and reductions go to different groups: docs/policies.md). It comes in the spec's order as any unit does, so a
+/// block that declares its attention first runs its dense unit, then its experts.
+template <class W>
+struct experts_apart {
+  W inner;
+  std::string suffix = ".experts";
+
+  std::vector<std::string> assign(const ModelSpec& spec) const {
+    std::vector<std::string> out = inner.assign(spec);
+    if (out.size() == spec.size())  // else make_units names the mismatch
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (spec.params()[i].experts) out[i] += suffix;
+    return out;
+  }
+};
+
 }  // namespace wrap
 
 /// Groups the spec into units with `policy`. Units come in the order of their first parameter in the spec
