@@ -67,10 +67,12 @@ namespace {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "plan: %s\n"
-               "usage: plan [--model gpt2-124m|gpt2-1.5b|gpt3-175b|llama3-8b|mixtral-8x7b] [--layers L --width C "
+               "usage: plan [--model gpt2-124m|gpt2-1.5b|gpt3-175b|llama3-8b|mixtral-8x7b|deepseek-moe-16b]\n"
+               "            [--layers L --width C "
                "--heads A --vocab V --context T]\n"
-               "            [--kv-heads K --ffn F --experts X --top-k K (Llama's blocks)] [--tp T[,T...]] "
-               "[--ep E[,E...]]\n"
+               "            [--kv-heads K --ffn F --experts X --top-k K --shared-experts S --dense-layers D "
+               "--dense-ffn F (Llama's blocks)]\n"
+               "            [--tp T[,T...]] [--ep E[,E...]]\n"
                "            [--device a100-80gb|h100|h200] [--tflops F --efficiency E --memory-bandwidth GB/s "
                "--memory GiB]\n"
                "            [--nodes N[,N...]] [--gpus-per-node G] [--nvlink GB/s] [--network GB/s a node]\n"
@@ -123,12 +125,25 @@ const device devices[] = {
 };
 
 /// A model to plan: GPT-2's blocks (gpt::make_spec), or Llama's (see the top of this file), with `experts` > 0 a
-/// mixture of experts in each block.
+/// mixture of experts in each block: DeepSeekMoE's with `shared` experts every token goes through (in the block's
+/// dense unit) and its first `dense_layers` blocks a dense SwiGLU of `dense_ffn`.
 struct model_shape {
   gpt::shape base;  ///< vocab, context, width, heads, layers
   bool llama = false;
   int kv_heads = 0, ffn = 0;  ///< Llama: key/value heads, the SwiGLU's hidden width (an expert's, with experts)
   int experts = 0, top_k = 0;
+  int shared = 0, dense_layers = 0, dense_ffn = 0;
+
+  bool moe_layer(int l) const { return experts > 0 && l >= dense_layers; }
+  /// Block l's dense unit's MLP matrices: the SwiGLU's (dense_ffn's in a leading dense block), or the router's and
+  /// the shared experts'.
+  double dense_mlp(int l) const {
+    const double C = base.width;
+    if (!moe_layer(l)) return 3.0 * (experts > 0 ? dense_ffn : ffn) * C;
+    return experts * C + 3.0 * shared * ffn * C;
+  }
+  /// A token's routed experts' matrices in a block of experts.
+  double active_experts() const { return 3.0 * top_k * ffn * base.width; }
 };
 
 struct preset {
@@ -144,6 +159,9 @@ const preset models[] = {
     {"llama3-8b", {{128256, 8192, 4096, 32, 32}, true, 8, 14336}},
     // Mistral's Mixtral 8x7B (its published configuration, planned at a context of 4096): 8 experts, 2 a token
     {"mixtral-8x7b", {{32000, 4096, 4096, 32, 32}, true, 8, 14336, 8, 2}},
+    // DeepSeekMoE 16B (its published configuration): 64 routed experts of 1408, 6 a token, 2 shared, the first
+    // block dense (10944); multi-head attention
+    {"deepseek-moe-16b", {{102400, 4096, 2048, 16, 28}, true, 16, 1408, 64, 6, 2, 1, 10944}},
 };
 
 std::string lname(int l, const std::string& leaf) { return "h." + std::to_string(l) + "." + leaf; }
@@ -162,11 +180,17 @@ fsdp::ModelSpec spec_of(const model_shape& m) {
     spec.add(lname(l, "attention.wkv"), {KV, C}, {.tensor = fsdp::tp::split(0, 2)});
     spec.add(lname(l, "attention.wo"), {C, C}, {.tensor = row});
     spec.add(lname(l, "ffn_norm"), {C}, {.flags = {.no_decay = true}});
-    if (X == 0) {
-      spec.add(lname(l, "feed_forward.w13"), {2 * F, C}, {.tensor = fsdp::tp::split(0, 2)});
-      spec.add(lname(l, "feed_forward.w2"), {C, F}, {.tensor = row});
+    if (!m.moe_layer(l)) {
+      const std::int64_t D = X ? m.dense_ffn : F;
+      spec.add(lname(l, "feed_forward.w13"), {2 * D, C}, {.tensor = fsdp::tp::split(0, 2)});
+      spec.add(lname(l, "feed_forward.w2"), {C, D}, {.tensor = row});
     } else {
       spec.add(lname(l, "router"), {X, C});
+      if (m.shared > 0) {
+        const std::int64_t S = std::int64_t{m.shared} * F;
+        spec.add(lname(l, "shared_experts.w13"), {2 * S, C}, {.tensor = fsdp::tp::split(0, 2)});
+        spec.add(lname(l, "shared_experts.w2"), {C, S}, {.tensor = row});
+      }
       spec.add(lname(l, "experts.w13"), {X, 2 * F, C}, {.tensor = fsdp::tp::split(1, 2), .experts = true});
       spec.add(lname(l, "experts.w2"), {X, C, F}, {.tensor = fsdp::tp::split(2), .experts = true});
     }
@@ -177,23 +201,18 @@ fsdp::ModelSpec spec_of(const model_shape& m) {
 }
 
 /// One unit per block, a block's experts one of their own ("h.L.experts"), everything else the root.
-fsdp::wrap::by_function wrapping_of() {
-  return {[](const fsdp::ParamSpec& p) -> std::string {
-    if (p.name.rfind("h.", 0) != 0) return "root";
-    const std::size_t dot = p.name.find('.', 2);
-    const std::string block = p.name.substr(0, dot);
-    return p.name.compare(dot + 1, 8, "experts.") == 0 ? block + ".experts" : block;
-  }};
-}
+fsdp::wrap::experts_apart<fsdp::wrap::by_prefix> wrapping_of() { return {fsdp::wrap::by_prefix{"h."}}; }
 
 /// Model FLOPs per token (forward and backward; active parameters): gpt::flops_per_token, or for Llama's blocks 6 per
 /// active matrix parameter (a token's K experts, the router, the untied head) + 12 L T C.
 double flops_per_token(const model_shape& m) {
   if (!m.llama) return gpt::flops_per_token(m.base);
-  const double C = m.base.width, L = m.base.layers, V = m.base.vocab, T = m.base.context, F = m.ffn;
+  const double C = m.base.width, L = m.base.layers, V = m.base.vocab, T = m.base.context;
   const double kv = 2.0 * m.kv_heads * (C / m.base.heads);
-  const double mlp = m.experts ? m.experts * C + m.top_k * 3 * F * C : 3 * F * C;
-  return 6.0 * (L * (2 * C * C + kv * C + mlp) + V * C) + 12.0 * L * T * C;
+  double blocks = 0;
+  for (int l = 0; l < m.base.layers; ++l)
+    blocks += 2 * C * C + kv * C + m.dense_mlp(l) + (m.moe_layer(l) ? m.active_experts() : 0);
+  return 6.0 * (blocks + V * C) + 12.0 * L * T * C;
 }
 
 struct strategy_choice {
@@ -269,8 +288,9 @@ activations activations_of(const settings& s, int b, bool checkpointing, int tp)
   const double T = m.base.context, C = m.base.width, A = m.base.heads, L = m.base.layers, V = m.base.vocab;
   activations a;
   if (m.llama) {
-    const double kv = 2.0 * m.kv_heads * (C / A), k = m.experts ? m.top_k : 1;
-    a.per_block = 2 * T * b * (4 * C + (2 * C + kv) / tp + 3 * k * m.ffn / tp);
+    const double kv = 2.0 * m.kv_heads * (C / A);
+    const double hidden = m.experts ? (m.top_k + m.shared) * double(m.ffn) : m.ffn;  // a block of experts'
+    a.per_block = 2 * T * b * (4 * C + (2 * C + kv) / tp + 3 * hidden / tp);
   } else {
     a.per_block = T * b * C * 34 + (s.attention == "eager" ? 5 * A * T * T * b : 0);
   }
@@ -289,7 +309,7 @@ fsdp::unit_time compute_of(const settings& s, const std::string& unit, int b, bo
   double forward = 0, backward = 0;
   fsdp::unit_time out;
   if (experts) {  // a token's K experts, each a SwiGLU
-    const double flops = tokens * 2 * m.top_k * 3.0 * m.ffn * C / tp;
+    const double flops = tokens * 2 * m.active_experts() / tp;
     forward = flops / rate;
     backward = 2 * flops / rate + (checkpointing ? forward : 0);
     out.expert_forward_bytes = out.expert_backward_bytes = static_cast<std::int64_t>(2 * tokens * m.top_k * C * 2);
@@ -297,7 +317,7 @@ fsdp::unit_time compute_of(const settings& s, const std::string& unit, int b, bo
     double matrices = 12 * C * C;
     if (m.llama) {
       const double kv = 2.0 * m.kv_heads * (C / A);
-      matrices = 2 * C * C + kv * C + (m.experts ? m.experts * C : 3.0 * m.ffn * C);
+      matrices = 2 * C * C + kv * C + m.dense_mlp(std::stoi(unit.substr(2)));
     }
     const double flops = tokens * (2 * matrices + 4 * T * C) / tp;
     const double bytes = activations_of(s, b, false, tp).per_block;
@@ -388,6 +408,12 @@ int main(int argc, char** argv) {
       s.shape.experts = one_int(value(), a), s.shape.llama = true, s.model = "custom";
     else if (a == "--top-k")
       s.shape.top_k = one_int(value(), a), s.model = "custom";
+    else if (a == "--shared-experts")
+      s.shape.shared = one_int(value(), a), s.model = "custom";
+    else if (a == "--dense-layers")
+      s.shape.dense_layers = one_int(value(), a), s.model = "custom";
+    else if (a == "--dense-ffn")
+      s.shape.dense_ffn = one_int(value(), a), s.model = "custom";
     else if (a == "--tp")
       s.tp = int_list(value(), a);
     else if (a == "--ep")
@@ -460,6 +486,8 @@ int main(int argc, char** argv) {
     if (s.shape.ffn < 1) usage("Llama's blocks need --ffn (the SwiGLU's hidden width)");
     if (s.shape.experts > 0 && (s.shape.top_k < 1 || s.shape.top_k > s.shape.experts))
       usage("--top-k must be between 1 and the " + std::to_string(s.shape.experts) + " experts");
+    if (s.shape.dense_layers > 0 && s.shape.dense_ffn < 1)
+      usage("--dense-layers needs --dense-ffn (their SwiGLU's hidden width)");
   }
   if (!s.shape.experts && (s.ep.size() != 1 || s.ep.front() != 1)) usage("--ep needs a model with experts");
 
@@ -478,6 +506,9 @@ int main(int argc, char** argv) {
               params, g.layers, g.width, g.heads, g.vocab, g.context);
   if (s.shape.llama)
     std::printf("; Llama blocks: %d key/value heads, SwiGLU of %d, untied head", s.shape.kv_heads, s.shape.ffn);
+  if (s.shape.shared)
+    std::printf("; %d shared experts, the first %d block(s) dense (SwiGLU of %d)", s.shape.shared, s.shape.dense_layers,
+                s.shape.dense_ffn);
   if (s.shape.experts)
     std::printf("; %d experts a block, %d a token: %.3g active parameters", s.shape.experts, s.shape.top_k,
                 flops_per_token(s.shape) / 6 - 2.0 * g.layers * g.context * g.width);
