@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -250,13 +251,17 @@ class trainer {
 
   /// A trainer of `batch` sequences a step; with a tensor group of degree T > 1 (tp_group_of(model)) it computes
   /// this rank's heads and hidden slice and sums its partial products over the group.
-  trainer(const shape& s, int batch, tp_group tp = {})
-      : s_(s), B_(batch), N_(batch * s.context), tp_(std::move(tp)), d_(local(s, tp_.degree)) {
+  trainer(const shape& s, int batch, tp_group tp = {}, ep_group ep = {})
+      : s_(s), B_(batch), N_(batch * s.context), tp_(std::move(tp)), ep_(std::move(ep)), d_(local(s, tp_.degree)) {
     validate(s, tp_.degree);
+    if (s.experts % ep_.degree != 0)
+      throw fsdp::usage_error("gpt: " + std::to_string(s.experts) + " experts do not split over expert groups of " +
+                              std::to_string(ep_.degree));
   }
 
   /// This rank's tokens of the step ([B * T] inputs and targets).
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
+    aux_ = 0;
     inputs_ = inputs;
     targets_ = targets;
     positions_ = row_positions(inputs.size(), s_.context);
@@ -292,8 +297,7 @@ class trainer {
     const int C = s_.width, N = N_;
     auto p = [&](const char* leaf) { return K::widen(u.template param<W>(pname(l, leaf))); };
     const auto ln1w = p("ln_1.w"), ln1b = p("ln_1.b"), qkvw = p("attn.qkv.w"), qkvb = p("attn.qkv.b"),
-               aprojw = p("attn.proj.w"), aprojb = p("attn.proj.b"), ln2w = p("ln_2.w"), ln2b = p("ln_2.b"),
-               fcw = p("mlp.fc.w"), fcb = p("mlp.fc.b"), mprojw = p("mlp.proj.w"), mprojb = p("mlp.proj.b");
+               aprojw = p("attn.proj.w"), aprojb = p("attn.proj.b"), ln2w = p("ln_2.w"), ln2b = p("ln_2.b");
     const std::size_t NC = static_cast<std::size_t>(N) * C;
     // this rank's heads (A channels) and hidden slice (F); the whole model at tensor degree 1
     const int A = d_.attention, F = d_.hidden;
@@ -311,6 +315,12 @@ class trainer {
     for (std::size_t i = 0; i < NC; ++i) k.res1[i] += x[i];
     K::layernorm_forward(k.ln2.data(), k.ln2_mean.data(), k.ln2_rstd.data(), k.res1.data(), ln2w.data(), ln2b.data(),
                          N, C);
+    if (s_.experts > 0) {  // the router here; the experts' output is added by experts_forward
+      route(p("mlp.router.w"), k);
+      out = k.res1;
+      return;
+    }
+    const auto fcw = p("mlp.fc.w"), fcb = p("mlp.fc.b"), mprojw = p("mlp.proj.w"), mprojb = p("mlp.proj.b");
     K::matmul_forward(k.fc.data(), k.ln2.data(), fcw.data(), fcb.data(), N, C, F);
     K::gelu_forward(k.fc_gelu.data(), k.fc.data(), NF);
     out.resize(NC);
@@ -335,12 +345,19 @@ class trainer {
                        g_aprojw = zeros(CA), g_aprojb = zeros(C), g_ln2w = zeros(C), g_ln2b = zeros(C),
                        g_fcw = zeros(CF), g_fcb = zeros(F), g_mprojw = zeros(CF), g_mprojb = zeros(C);
     std::vector<float> dres1 = dout, dfc_gelu = zeros(NF), dfc = zeros(NF), dln2 = zeros(NC);
-    K::matmul_backward(dfc_gelu.data(), g_mprojw.data(), g_mprojb.data(), dout.data(), k.fc_gelu.data(),
-                       p("mlp.proj.w").data(), N, F, C);
-    K::gelu_backward(dfc.data(), k.fc.data(), dfc_gelu.data(), NF);
-    K::matmul_backward(dln2.data(), g_fcw.data(), g_fcb.data(), dfc.data(), k.ln2.data(), p("mlp.fc.w").data(), N, C,
-                       F);
-    tp_.all_reduce(dln2.data(), NC);  // column-parallel: the input gradient's partial sums
+    std::vector<float> g_router;
+    if (s_.experts > 0) {  // the experts' input gradient (experts_backward), and the router's
+      dln2 = k.moe_dln2;
+      g_router = zeros(static_cast<std::size_t>(s_.experts) * C);
+      route_backward(p("mlp.router.w"), k, dln2, g_router);
+    } else {
+      K::matmul_backward(dfc_gelu.data(), g_mprojw.data(), g_mprojb.data(), dout.data(), k.fc_gelu.data(),
+                         p("mlp.proj.w").data(), N, F, C);
+      K::gelu_backward(dfc.data(), k.fc.data(), dfc_gelu.data(), NF);
+      K::matmul_backward(dln2.data(), g_fcw.data(), g_fcb.data(), dfc.data(), k.ln2.data(), p("mlp.fc.w").data(), N, C,
+                         F);
+      tp_.all_reduce(dln2.data(), NC);  // column-parallel: the input gradient's partial sums
+    }
     K::layernorm_backward(dres1.data(), g_ln2w.data(), g_ln2b.data(), dln2.data(), k.res1.data(), p("ln_2.w").data(),
                           k.ln2_mean.data(), k.ln2_rstd.data(), N, C);
     dx = dres1;
@@ -356,7 +373,113 @@ class trainer {
     auto g = [&](const char* leaf, const std::vector<float>& v) { K::store(u.template grad<W>(pname(l, leaf)), v); };
     g("ln_1.w", g_ln1w), g("ln_1.b", g_ln1b), g("attn.qkv.w", g_qkvw), g("attn.qkv.b", g_qkvb);
     g("attn.proj.w", g_aprojw), g("attn.proj.b", g_aprojb), g("ln_2.w", g_ln2w), g("ln_2.b", g_ln2b);
+    if (s_.experts > 0) {
+      g("mlp.router.w", g_router);
+      return;
+    }
     g("mlp.fc.w", g_fcw), g("mlp.fc.b", g_fcb), g("mlp.proj.w", g_mprojw), g("mlp.proj.b", g_mprojb);
+  }
+
+  // ---- a mixture of experts (shape::experts > 0) -----------------------------------------------------------------
+  static constexpr bool supports_experts = true;
+
+  /// Block l's experts' forward: each of the block's token choices (route) sent with its ln_2 output to the rank of
+  /// its expert, the experts' MLPs run there, their outputs sent back; out += each choice's gate x its output.
+  template <class Unit>
+  void experts_forward(const Unit& u, int l, block_cache& k, std::vector<float>& out) const {
+    namespace K = kernels;
+    const int C = s_.width, N = N_, KK = s_.top_k, H = 4 * C, per = s_.experts / ep_.degree;
+    auto p = [&](const char* leaf) { return K::widen(u.template param<W>(pname(l, leaf))); };
+    const auto fcw = p("moe.fc.w"), fcb = p("moe.fc.b"), projw = p("moe.proj.w"), projb = p("moe.proj.b");
+    // the choices by destination rank, each row its token's ln_2 output and its expert there
+    k.moe_order.clear();
+    k.moe_sent.assign(static_cast<std::size_t>(ep_.degree), 0);
+    for (int q = 0; q < ep_.degree; ++q)
+      for (int a = 0; a < N * KK; ++a)
+        if (k.moe_choice[static_cast<std::size_t>(a)] / per == q) {
+          k.moe_order.push_back(a);
+          ++k.moe_sent[static_cast<std::size_t>(q)];
+        }
+    k.moe_received = k.moe_sent;
+    if (ep_.degree > 1) ep_.counts(k.moe_sent.data(), k.moe_received.data());
+    std::vector<float> send;
+    send.reserve(k.moe_order.size() * static_cast<std::size_t>(C + 1));
+    for (int a : k.moe_order) {
+      const float* x = k.ln2.data() + static_cast<std::size_t>(a / KK) * C;
+      send.insert(send.end(), x, x + C);
+      send.push_back(static_cast<float>(k.moe_choice[static_cast<std::size_t>(a)] % per));
+    }
+    exchange(send, k.moe_sent, k.moe_in, k.moe_received, C + 1);
+    const std::size_t R = k.moe_in.size() / static_cast<std::size_t>(C + 1);
+    k.moe_h.assign(R * H, 0.0f);
+    std::vector<float> y(R * C), act(H);
+    for (std::size_t r = 0; r < R; ++r) {
+      const float* x = k.moe_in.data() + r * (C + 1);
+      const auto e = static_cast<std::size_t>(x[C]);
+      float* h = k.moe_h.data() + r * H;
+      K::matmul_forward(h, x, fcw.data() + e * H * C, fcb.data() + e * H, 1, C, H);
+      K::gelu_forward(act.data(), h, static_cast<std::size_t>(H));
+      K::matmul_forward(y.data() + r * C, act.data(), projw.data() + e * C * H, projb.data() + e * C, 1, H, C);
+    }
+    std::vector<float> back;
+    exchange(y, k.moe_received, back, k.moe_sent, C);
+    k.moe_y.assign(static_cast<std::size_t>(N) * KK * C, 0.0f);
+    for (std::size_t i = 0; i < k.moe_order.size(); ++i)
+      std::copy_n(back.begin() + static_cast<std::ptrdiff_t>(i * C), C,
+                  k.moe_y.begin() + static_cast<std::ptrdiff_t>(k.moe_order[i]) * C);
+    for (int a = 0; a < N * KK; ++a)
+      for (int c = 0; c < C; ++c)
+        out[static_cast<std::size_t>(a / KK) * C + c] +=
+            k.moe_gate[static_cast<std::size_t>(a)] * k.moe_y[static_cast<std::size_t>(a) * C + c];
+  }
+
+  /// Block l's experts' backward from the block output's gradient: each choice's output gradient (its gate x dout)
+  /// sent to its expert, the experts' gradients stored into u, their input gradients sent back and summed per token
+  /// into k.moe_dln2; each choice's gate gradient into k.moe_dgate (for the router: block_backward).
+  template <class Unit>
+  void experts_backward(const Unit& u, int l, block_cache& k, const std::vector<float>& dout) const {
+    namespace K = kernels;
+    const int C = s_.width, N = N_, KK = s_.top_k, H = 4 * C, per = s_.experts / ep_.degree;
+    auto p = [&](const char* leaf) { return K::widen(u.template param<W>(pname(l, leaf))); };
+    const auto fcw = p("moe.fc.w"), projw = p("moe.proj.w");
+    k.moe_dgate.assign(static_cast<std::size_t>(N) * KK, 0.0f);
+    std::vector<float> send;
+    send.reserve(k.moe_order.size() * static_cast<std::size_t>(C));
+    for (int a : k.moe_order) {
+      const float* d = dout.data() + static_cast<std::size_t>(a / KK) * C;
+      const float* y = k.moe_y.data() + static_cast<std::size_t>(a) * C;
+      float dg = 0;
+      for (int c = 0; c < C; ++c) {
+        dg += d[c] * y[c];
+        send.push_back(k.moe_gate[static_cast<std::size_t>(a)] * d[c]);
+      }
+      k.moe_dgate[static_cast<std::size_t>(a)] = dg;
+    }
+    std::vector<float> dy;
+    exchange(send, k.moe_sent, dy, k.moe_received, C);
+    const std::size_t R = dy.size() / static_cast<std::size_t>(C), P = static_cast<std::size_t>(per);
+    std::vector<float> g_fcw(P * H * C, 0.0f), g_fcb(P * H, 0.0f), g_projw(P * C * H, 0.0f), g_projb(P * C, 0.0f);
+    std::vector<float> dz(R * C, 0.0f), act(H), dact(H), dh(H);
+    for (std::size_t r = 0; r < R; ++r) {
+      const float* x = k.moe_in.data() + r * (C + 1);
+      const auto e = static_cast<std::size_t>(x[C]);
+      const float* h = k.moe_h.data() + r * H;
+      K::gelu_forward(act.data(), h, static_cast<std::size_t>(H));
+      std::fill(dact.begin(), dact.end(), 0.0f);
+      K::matmul_backward(dact.data(), g_projw.data() + e * C * H, g_projb.data() + e * C, dy.data() + r * C, act.data(),
+                         projw.data() + e * C * H, 1, H, C);
+      K::gelu_backward(dh.data(), h, dact.data(), static_cast<std::size_t>(H));
+      K::matmul_backward(dz.data() + r * C, g_fcw.data() + e * H * C, g_fcb.data() + e * H, dh.data(), x,
+                         fcw.data() + e * H * C, 1, C, H);
+    }
+    std::vector<float> back;
+    exchange(dz, k.moe_received, back, k.moe_sent, C);
+    k.moe_dln2.assign(static_cast<std::size_t>(N) * C, 0.0f);
+    for (std::size_t i = 0; i < k.moe_order.size(); ++i)
+      for (int c = 0; c < C; ++c)
+        k.moe_dln2[static_cast<std::size_t>(k.moe_order[i] / KK) * C + c] += back[i * C + static_cast<std::size_t>(c)];
+    auto g = [&](const char* leaf, const std::vector<float>& v) { K::store(u.template grad<W>(pname(l, leaf)), v); };
+    g("moe.fc.w", g_fcw), g("moe.fc.b", g_fcb), g("moe.proj.w", g_projw), g("moe.proj.b", g_projb);
   }
 
   /// The head: final norm, logits through the tied wte, mean cross-entropy over this rank's tokens (kept for
@@ -374,7 +497,8 @@ class trainer {
     K::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x.data(), lnfw.data(), lnfb.data(), N, C);
     K::matmul_forward(logits_.data(), lnf_.data(), wte.data(), nullptr, N, C, V);
     loss_ = K::cross_entropy(dlogits_.data(), logits_.data(), targets, mask_.empty() ? nullptr : mask_.data(), N, V,
-                             1.0f / static_cast<float>(denominator_), denominator_);
+                             1.0f / static_cast<float>(denominator_), denominator_) +
+            aux_;  // the experts' load-balancing losses (0 without experts)
     g_wte_.assign(static_cast<std::size_t>(V) * C, 0.0f), g_lnfw_.assign(C, 0.0f), g_lnfb_.assign(C, 0.0f);
     std::vector<float> dlnf(NC, 0.0f);
     K::matmul_backward(dlnf.data(), g_wte_.data(), nullptr, dlogits_.data(), lnf_.data(), wte.data(), N, C, V);
@@ -424,9 +548,96 @@ class trainer {
   shape s_;
   int B_, N_;
   tp_group tp_;
+  ep_group ep_;
+  mutable float aux_ = 0;  // this step's load-balancing losses, summed over the blocks (route)
   local_dims d_;
   float loss_ = 0;
   const int* starts() const { return starts_.empty() ? nullptr : starts_.data(); }
+
+  /// The trainer's dispatch or combine of `width` floats a row: sent[q] rows to rank q of the expert group, received[q]
+  /// from it (at degree 1, to itself).
+  void exchange(const std::vector<float>& send, const std::vector<std::int64_t>& sent, std::vector<float>& recv,
+                const std::vector<std::int64_t>& received, int width) const {
+    std::vector<std::int64_t> sc, rc;
+    std::int64_t n = 0;
+    for (std::size_t q = 0; q < sent.size(); ++q) {
+      sc.push_back(sent[q] * width);
+      rc.push_back(received[q] * width);
+      n += rc.back();
+    }
+    if (ep_.degree == 1) {
+      recv = send;
+      return;
+    }
+    recv.assign(static_cast<std::size_t>(n), 0.0f);
+    ep_.exchange(send.data(), sc, recv.data(), rc);
+  }
+
+  /// The router of a block of experts: softmax probabilities of ln_2's output times `rw` [X, C], each token's top_k
+  /// experts (the most probable; the lower index on a tie) with their probabilities renormalised over the chosen as
+  /// gates; the load-balancing loss added to aux_.
+  void route(const std::vector<float>& rw, block_cache& k) const {
+    const int C = s_.width, N = N_, X = s_.experts, KK = s_.top_k;
+    k.moe_probs.assign(static_cast<std::size_t>(N) * X, 0.0f);
+    kernels::matmul_forward(k.moe_probs.data(), k.ln2.data(), rw.data(), nullptr, N, C, X);
+    k.moe_choice.assign(static_cast<std::size_t>(N) * KK, 0);
+    k.moe_gate.assign(static_cast<std::size_t>(N) * KK, 0.0f);
+    std::vector<double> f(static_cast<std::size_t>(X), 0.0), P(static_cast<std::size_t>(X), 0.0);
+    std::vector<int> idx(static_cast<std::size_t>(X));
+    for (int t = 0; t < N; ++t) {
+      float* pr = k.moe_probs.data() + static_cast<std::size_t>(t) * X;
+      const float top = *std::max_element(pr, pr + X);
+      float sum = 0;
+      for (int e = 0; e < X; ++e) sum += pr[e] = std::exp(pr[e] - top);
+      for (int e = 0; e < X; ++e) pr[e] /= sum;
+      std::iota(idx.begin(), idx.end(), 0);
+      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return pr[a] > pr[b]; });
+      float chosen = 0;
+      for (int j = 0; j < KK; ++j) chosen += pr[idx[static_cast<std::size_t>(j)]];
+      for (int j = 0; j < KK; ++j) {
+        const int e = idx[static_cast<std::size_t>(j)];
+        k.moe_choice[static_cast<std::size_t>(t * KK + j)] = e;
+        k.moe_gate[static_cast<std::size_t>(t * KK + j)] = pr[e] / chosen;
+        f[static_cast<std::size_t>(e)] += 1.0;
+      }
+      for (int e = 0; e < X; ++e) P[static_cast<std::size_t>(e)] += pr[e];
+    }
+    double aux = 0;
+    for (int e = 0; e < X; ++e) aux += f[static_cast<std::size_t>(e)] / (N * KK) * (P[static_cast<std::size_t>(e)] / N);
+    aux_ += static_cast<float>(s_.aux_weight * X * aux);
+  }
+
+  /// The router's backward: the gates' gradients (k.moe_dgate) through their renormalisation, and the load-balancing
+  /// loss's (each probability's aux_weight X f_e / N), through the softmax; the router's gradient into g_router and
+  /// ln_2's output gradient added into dln2.
+  void route_backward(const std::vector<float>& rw, const block_cache& k, std::vector<float>& dln2,
+                      std::vector<float>& g_router) const {
+    const int C = s_.width, N = N_, X = s_.experts, KK = s_.top_k;
+    std::vector<float> f(static_cast<std::size_t>(X), 0.0f), dlogits(static_cast<std::size_t>(N) * X, 0.0f);
+    for (int c : k.moe_choice) f[static_cast<std::size_t>(c)] += 1.0f;
+    const float aux_scale =
+        s_.aux_weight * static_cast<float>(X) / (static_cast<float>(N) * KK) / static_cast<float>(N);
+    std::vector<float> dp(static_cast<std::size_t>(X));
+    for (int t = 0; t < N; ++t) {
+      const float* pr = k.moe_probs.data() + static_cast<std::size_t>(t) * X;
+      for (int e = 0; e < X; ++e) dp[static_cast<std::size_t>(e)] = aux_scale * f[static_cast<std::size_t>(e)];
+      float chosen = 0, dot = 0;
+      for (int j = 0; j < KK; ++j) {
+        const std::size_t a = static_cast<std::size_t>(t * KK + j);
+        chosen += pr[k.moe_choice[a]];
+        dot += k.moe_dgate[a] * k.moe_gate[a];
+      }
+      for (int j = 0; j < KK; ++j) {
+        const std::size_t a = static_cast<std::size_t>(t * KK + j);
+        dp[static_cast<std::size_t>(k.moe_choice[a])] += (k.moe_dgate[a] - dot) / chosen;
+      }
+      float s = 0;
+      for (int e = 0; e < X; ++e) s += pr[e] * dp[static_cast<std::size_t>(e)];
+      for (int e = 0; e < X; ++e)
+        dlogits[static_cast<std::size_t>(t) * X + e] = pr[e] * (dp[static_cast<std::size_t>(e)] - s);
+    }
+    kernels::matmul_backward(dln2.data(), g_router.data(), nullptr, dlogits.data(), k.ln2.data(), rw.data(), N, C, X);
+  }
   /// A row-parallel product's bias: added by tensor rank 0 only, before the sum over the group.
   const float* row_bias(const std::vector<float>& b) const { return tp_.rank == 0 ? b.data() : nullptr; }
 
@@ -440,7 +651,7 @@ class trainer {
 struct make_host_trainer {
   template <class ModelT>
   trainer<typename ModelT::compute_type> operator()(ModelT& model, const shape& s, int batch) const {
-    return trainer<typename ModelT::compute_type>(s, batch, tp_group_of(model));
+    return trainer<typename ModelT::compute_type>(s, batch, tp_group_of(model), ep_group_of(model));
   }
 };
 

@@ -142,6 +142,7 @@ struct result {
   std::size_t activation_bytes = 0, activation_bytes_per_block = 0;
   fsdp::collective_stats shard_group;  ///< this rank's collectives (gathers, reductions, the loss average)
   fsdp::collective_stats tensor_group;  ///< its tensor group's (the trainer's sums), with tensor parallelism
+  fsdp::collective_stats expert_group;  ///< its expert group's (the trainer's token exchanges), with experts
   double seconds = 0;
   std::map<std::string, std::vector<float>>
       params;  ///< final parameters, whole (with tensor parallelism: this rank's slices)
@@ -150,13 +151,21 @@ struct result {
 /// What one block's forward keeps for its backward, in a trainer's buffer type (anything with size() in floats).
 /// `att` is what attention keeps: the host trainer's [B, heads, T, T] probabilities, the CUDA trainer's [B, heads,
 /// T] log-sum-exp of each query row (its backward recomputes the probabilities from it).
+/// With experts (shape::experts, the host trainer): the router's probabilities [N, X], each of the N K choices' expert
+/// and gate, the choices in the order they were sent (by destination rank) with the tokens each rank sent and
+/// received, the rows this rank's experts received [R, C + 1] (the input, the local expert), their hidden
+/// pre-activations [R, 4C] and outputs, each choice's expert output [N K, C] back in place, and from the experts'
+/// backward the ln_2 output's gradient [N, C] and each choice's gate gradient.
 template <class Buffer>
 struct block_cache_of {
   Buffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
+  Buffer moe_probs, moe_gate, moe_in, moe_h, moe_y, moe_dln2, moe_dgate;
+  std::vector<int> moe_choice, moe_order;
+  std::vector<std::int64_t> moe_sent, moe_received;
   std::size_t bytes() const {
     std::size_t n = 0;
     for (const Buffer* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res1, &ln2, &ln2_mean, &ln2_rstd, &fc,
-                            &fc_gelu})
+                            &fc_gelu, &moe_probs, &moe_gate, &moe_in, &moe_h, &moe_y, &moe_dln2, &moe_dgate})
       n += v->size() * sizeof(float);
     return n;
   }
@@ -187,6 +196,36 @@ tp_group tp_group_of(ModelT& model) {
     };
   return g;
 }
+/// A trainer's expert group: its degree, this rank's place in it, and the exchanges of a mixture of experts over it
+/// (fp32 values in host memory, on the model's compute stream, waited for): `counts` sends one count to each rank
+/// and receives one from each, `exchange` sends send_counts[q] values to rank q and receives recv_counts[q] from it
+/// (all_to_all_v). At degree 1 there is no group: the values stay here.
+struct ep_group {
+  int degree = 1, rank = 0;
+  std::function<void(const std::int64_t*, std::int64_t*)> counts;
+  std::function<void(const float*, const std::vector<std::int64_t>&, float*, const std::vector<std::int64_t>&)>
+      exchange;
+};
+/// The model's expert group (model.expert_comm()), for a host trainer.
+template <class ModelT>
+ep_group ep_group_of(ModelT& model) {
+  const fsdp::device_mesh& mesh = model.mesh();
+  ep_group g{mesh.expert, mesh.expert_rank(model.comm().rank()), {}, {}};
+  if (auto* ec = model.expert_comm()) {
+    auto* be = &model.backend();
+    g.counts = [ec, be](const std::int64_t* send, std::int64_t* recv) {
+      ec->all_to_all(send, recv, sizeof(std::int64_t), fsdp::dtype::i8, be->compute_stream());
+      be->synchronize(be->compute_stream());
+    };
+    g.exchange = [ec, be](const float* send, const std::vector<std::int64_t>& sc, float* recv,
+                          const std::vector<std::int64_t>& rc) {
+      ec->all_to_all_v(send, sc, recv, rc, fsdp::dtype::f32, be->compute_stream());
+      be->synchronize(be->compute_stream());
+    };
+  }
+  return g;
+}
+
 /// What a rank gives the global loss's all-reduce over the world (loss_reduction): a tensor group's ranks hold the
 /// same loss, so an average over the world is theirs, but a sum of packed shares counts it once, from tensor rank 0.
 inline float loss_contribution(float local, bool packed, const tp_group& t) {
@@ -248,6 +287,11 @@ auto make_optimizer(ModelT& model, const config& c) {
                                     .grad = {.max_norm = c.opt.max_norm}});
 }
 
+/// Whether a unit is a block's experts (gpt::wrapping(): "h.L.experts").
+inline bool is_experts(const std::string& unit) {
+  return unit.size() > 8 && unit.compare(unit.size() - 8, 8, ".experts") == 0;
+}
+
 /// Runs steps [first, first + count) on `model` with `opt` and the trainer `tr` (made for this rank's batch of
 /// c.global_batch / data-parallel ranks sequences), appending to `r`. All ranks call it together.
 template <class ModelT, class Opt, class Trainer>
@@ -256,6 +300,13 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
   const int world = mesh.data_parallel(), rank = mesh.data_parallel_rank(model.comm().rank());
   const int B = batch_per_rank(c, mesh), L = c.model.layers;
   validate(c.model, mesh.tensor);
+  constexpr bool trainer_has_experts = requires { Trainer::supports_experts; };
+  if (c.model.experts > 0) {
+    if (!trainer_has_experts)
+      throw fsdp::usage_error("gpt: this trainer has no mixture of experts; train it with shape::experts = 0");
+    if (c.checkpoint_activations || c.packing.on)
+      throw fsdp::usage_error("gpt: the experts run without activation checkpointing and sequence packing");
+  }
   const std::vector<int> perm = permutation(c.data, c.model.vocab);
   using buffer = typename Trainer::buffer;
   using cache = typename Trainer::cache;
@@ -308,6 +359,11 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
         tr.embed(unit, xs[0]);
         continue;
       }
+      if (is_experts(unit.name())) {  // the block just run's experts: its MLP's output added into its output
+        if constexpr (trainer_has_experts)
+          tr.experts_forward(unit, l - 1, caches[static_cast<std::size_t>(l - 1)], xs[static_cast<std::size_t>(l)]);
+        continue;
+      }
       cache& k = caches[c.checkpoint_activations ? 0 : static_cast<std::size_t>(l)];
       tr.block_forward(unit, l, xs[static_cast<std::size_t>(l)], k, xs[static_cast<std::size_t>(l) + 1]);
       ++l;
@@ -327,6 +383,11 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
         if (&unit != root)
           throw fsdp::usage_error("gpt: the last unit of backward is '" + unit.name() + "', not 'root'");
         tr.root_backward(unit, dx);
+        continue;
+      }
+      if (is_experts(unit.name())) {  // before its block: the experts' gradients, and the block's MLP input gradient
+        if constexpr (trainer_has_experts)
+          tr.experts_backward(unit, l - 1, caches[static_cast<std::size_t>(l - 1)], dx);
         continue;
       }
       const int b = --l;
@@ -413,6 +474,7 @@ result train_model(fsdp::basic_model<B, C, T>& model, const config& c, MakeTrain
   r.memory = model.memory();
   r.shard_group = model.shard_comm().stats();
   if (auto* tc = model.tensor_comm()) r.tensor_group = tc->stats();
+  if (auto* ec = model.expert_comm()) r.expert_group = ec->stats();
   r.params = fsdp::weights::gather_full_params(model);
   return r;
 }

@@ -22,6 +22,14 @@ struct shape {
   int width = 64;    ///< channels C
   int heads = 4;     ///< C % heads == 0
   int layers = 4;    ///< blocks, one FSDP unit each
+  /// A mixture of experts in place of each block's MLP (0: none): `experts` MLPs of the same shape, a router [experts,
+  /// C] choosing `top_k` of them a token (their softmax probabilities renormalised over the chosen as the gates),
+  /// dropless, with a load-balancing loss (aux_weight x experts x sum_i f_i P_i, Switch Transformer's: f_i the share
+  /// of the rank's token choices that went to expert i, P_i its mean probability). The experts are a unit of their
+  /// own a block (h.L.experts), split over model_options::expert_parallel ranks.
+  int experts = 0;
+  int top_k = 2;
+  float aux_weight = 0.01f;
 };
 
 struct schedule {
@@ -54,6 +62,11 @@ inline void validate(const shape& s, int tensor = 1) {
   need(s.layers >= 1, "layers must be positive, got " + std::to_string(s.layers));
   need(tensor >= 1 && s.heads % tensor == 0, std::to_string(s.heads) + " heads do not split over tensor groups of " +
                                                  std::to_string(tensor) + " ranks (each takes whole heads)");
+  need(s.experts >= 0, "experts must not be negative, got " + std::to_string(s.experts));
+  need(s.experts == 0 || (s.top_k >= 1 && s.top_k <= s.experts),
+       "top_k must be between 1 and the " + std::to_string(s.experts) + " experts, got " + std::to_string(s.top_k));
+  need(s.experts == 0 || tensor == 1, "the examples' experts do not split over tensor groups (tensor_parallel " +
+                                          std::to_string(tensor) + "): use expert_parallel instead");
 }
 
 /// What one tensor rank computes with under Megatron-style tensor parallelism of degree `tensor` (1: the whole
@@ -93,6 +106,7 @@ inline fsdp::ModelSpec make_spec(const shape& s, std::uint64_t seed) {
   fsdp::ModelSpec spec;
   spec.add("wte", {V, C}, flat(fsdp::init::normal{0.02f, seed}));
   spec.add("wpe", {T, C}, flat(fsdp::init::normal{0.01f, seed}));
+  const std::int64_t X = s.experts;
   for (int l = 0; l < s.layers; ++l) {
     spec.add(pname(l, "ln_1.w"), {C}, flat(fsdp::init::ones));
     spec.add(pname(l, "ln_1.b"), {C}, flat(fsdp::init::zeros));
@@ -102,10 +116,23 @@ inline fsdp::ModelSpec make_spec(const shape& s, std::uint64_t seed) {
     spec.add(pname(l, "attn.proj.b"), {C}, flat(fsdp::init::zeros));
     spec.add(pname(l, "ln_2.w"), {C}, flat(fsdp::init::ones));
     spec.add(pname(l, "ln_2.b"), {C}, flat(fsdp::init::zeros));
-    spec.add(pname(l, "mlp.fc.w"), {4 * C, C}, normal(0.02f, column));
-    spec.add(pname(l, "mlp.fc.b"), {4 * C}, flat(fsdp::init::zeros, column));
-    spec.add(pname(l, "mlp.proj.w"), {C, 4 * C}, normal(resid_std, row));
-    spec.add(pname(l, "mlp.proj.b"), {C}, flat(fsdp::init::zeros));
+    if (X == 0) {
+      spec.add(pname(l, "mlp.fc.w"), {4 * C, C}, normal(0.02f, column));
+      spec.add(pname(l, "mlp.fc.b"), {4 * C}, flat(fsdp::init::zeros, column));
+      spec.add(pname(l, "mlp.proj.w"), {C, 4 * C}, normal(resid_std, row));
+      spec.add(pname(l, "mlp.proj.b"), {C}, flat(fsdp::init::zeros));
+      continue;
+    }
+    // the router in the block's unit; the experts, stacked, in h.L.experts (wrapping(): wrap::experts_apart)
+    spec.add(pname(l, "mlp.router.w"), {X, C}, normal(0.02f, fsdp::tp::replicated));
+    auto expert = [](fsdp::param_options o) {
+      o.experts = true;
+      return o;
+    };
+    spec.add(pname(l, "moe.fc.w"), {X, 4 * C, C}, expert(normal(0.02f, fsdp::tp::replicated)));
+    spec.add(pname(l, "moe.fc.b"), {X, 4 * C}, expert(flat(fsdp::init::zeros)));
+    spec.add(pname(l, "moe.proj.w"), {X, C, 4 * C}, expert(normal(resid_std, fsdp::tp::replicated)));
+    spec.add(pname(l, "moe.proj.b"), {X, C}, expert(flat(fsdp::init::zeros)));
   }
   spec.add("ln_f.w", {C}, flat(fsdp::init::ones));
   spec.add("ln_f.b", {C}, flat(fsdp::init::zeros));
@@ -113,9 +140,9 @@ inline fsdp::ModelSpec make_spec(const shape& s, std::uint64_t seed) {
   return spec;
 }
 
-/// One unit per block (h.0 .. h.L-1); wte, wpe, ln_f and the tied head form the root unit, first in the wrapping
-/// order (so first in forward, last in backward).
-inline fsdp::wrap::by_prefix wrapping() { return fsdp::wrap::by_prefix{"h."}; }
+/// One unit per block (h.0 .. h.L-1), with experts a block's experts one more (h.L.experts, after it); wte, wpe, ln_f
+/// and the tied head form the root unit, first in the wrapping order (so first in forward, last in backward).
+inline fsdp::wrap::experts_apart<fsdp::wrap::by_prefix> wrapping() { return {fsdp::wrap::by_prefix{"h."}}; }
 
 /// Parameters of the model (the tie counted once).
 inline std::int64_t parameters(const shape& s) { return make_spec(s, 0).numel(); }
@@ -129,11 +156,13 @@ inline std::int64_t parameters(const shape& s, int tensor) {
 }
 
 /// Model FLOPs per token of a training step (forward and backward), as the PaLM appendix counts them for MFU: 6 per
-/// matrix parameter (the blocks' 12 C^2 per layer and the tied head's V C; the embeddings' lookups are not FLOPs)
+/// matrix parameter (the blocks' 12 C^2 per layer, with experts 4 C^2, the router's X C and a token's top_k experts'
+/// 8 C^2 each; the tied head's V C; the embeddings' lookups are not FLOPs)
 /// plus 12 L T C for attention's two products (the causal mask's skipped half not subtracted, by convention).
 inline double flops_per_token(const shape& s) {
   const double C = s.width, L = s.layers, V = s.vocab, T = s.context;
-  const double matrices = L * 12.0 * C * C + V * C;
+  const double mlp = s.experts ? s.experts * C + s.top_k * 8.0 * C * C : 8.0 * C * C;  // with experts: a token's
+  const double matrices = L * (4.0 * C * C + mlp) + V * C;
   return 6.0 * matrices + 12.0 * L * T * C;
 }
 

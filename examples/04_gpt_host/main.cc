@@ -10,7 +10,7 @@
 //       [--lose-rank R --at-step S [--fail-at forward|backward|reduction|optimizer] [--rejoin-at T]]
 //       [--checkpoint-activations]
 //       [--layers L] [--width C] [--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W]
-//       [--export-init FILE.safetensors] [--losses FILE] [--pack]
+//       [--export-init FILE.safetensors] [--losses FILE] [--pack] [--experts N --top-k K --ep E]
 // --export-init writes the initial weights (fp32 safetensors, GPT-2 names) before the first step; --losses writes
 // one line per step (step, loss, learning rate, gradient norm): the PyTorch peer (bench/peer) reads both.
 // --pack trains on documents of varied lengths packed into rows of the context (fsdp::data: attention inside each
@@ -19,6 +19,10 @@
 // each rank T's share of the heads and of the MLP, the projections' partial products summed over the group); the
 // strategy shards each rank's slices over the ranks / T data-parallel ranks, which split the batch.
 // --strategy hybrid_shard is HSDP over shard groups of 2 ranks (replicas across them).
+// --experts N replaces each block's MLP with N experts of its shape and a router choosing --top-k K of them a token
+// (default 2; dropless, with a load-balancing loss: gpt::shape), each block's experts a unit of their own;
+// --ep E splits them over expert groups of E ranks (model_options::expert_parallel), each rank holding N / E of
+// them, the tokens sent to their experts and back by all_to_all_v on the model's expert group.
 // --lose-rank R --at-step S (with --strategy hybrid_shard) trains S steps, then rank R fails (its thread returns);
 // the survivors' quorum names it, they shrink the world, agree on the step they hold whole (fsdp::elastic::agree),
 // the replica group R was in leaves, and the others take the state in memory (fsdp::elastic::reshard, no
@@ -59,7 +63,7 @@ namespace {
                "[--strategy full_shard|shard_grad_op|no_shard|hybrid_shard] [--checkpoint-activations] [--layers L] "
                "[--width C] "
                "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-               "[--export-init FILE] [--losses FILE] [--pack]\n",
+               "[--export-init FILE] [--losses FILE] [--pack] [--experts N --top-k K --ep E]\n",
                why.c_str());
   std::exit(2);
 }
@@ -104,7 +108,11 @@ int run(int ranks, const gpt::config& cfg, const outputs& out) {
   const auto& s = cfg.model;
   const gpt::entropies h = gpt::data_entropies(cfg.data, s.vocab);
   const int tp = cfg.options.tensor_parallel;
-  const std::string groups = tp > 1 ? " in tensor groups of " + std::to_string(tp) : "";
+  std::string groups = tp > 1 ? " in tensor groups of " + std::to_string(tp) : "";
+  if (s.experts > 0)
+    groups += ", " + std::to_string(s.experts) + " experts a block (" + std::to_string(s.top_k) + " a token) in " +
+              (cfg.options.expert_parallel > 1 ? "expert groups of " + std::to_string(cfg.options.expert_parallel)
+                                               : std::string("every rank"));
   std::printf(
       "GPT: %d layers, width %d, %d heads, context %d, vocabulary %d: %lld parameters; %s, %d thread ranks%s, "
       "%s compute, %s reduction, global batch %d %s (%d positions)%s\n",
@@ -372,6 +380,12 @@ int main(int argc, char** argv) {
     else if (a == "--tp")
       cfg.options.tensor_parallel = to_int(value(), a);
     else if (a == "--steps") cfg.steps = to_int(value(), a);
+    else if (a == "--experts")
+      cfg.model.experts = to_int(value(), a);
+    else if (a == "--top-k")
+      cfg.model.top_k = to_int(value(), a);
+    else if (a == "--ep")
+      cfg.options.expert_parallel = to_int(value(), a);
     else if (a == "--lose-rank") {
       const char* v = value();
       lose.lost = std::string(v) == "0" ? 0 : to_int(v, a);

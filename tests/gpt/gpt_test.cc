@@ -58,11 +58,15 @@ float loss_and_grads(const gpt::shape& s, int B, const fsdp::ModelSpec& spec, va
   std::vector<std::vector<float>> xs(static_cast<std::size_t>(s.layers) + 1);
   std::vector<gpt::block_cache> caches(static_cast<std::size_t>(s.layers));
   tr.embed(u, xs[0]);
-  for (int l = 0; l < s.layers; ++l) tr.block_forward(u, l, xs[l], caches[l], xs[l + 1]);
+  for (int l = 0; l < s.layers; ++l) {
+    tr.block_forward(u, l, xs[l], caches[l], xs[l + 1]);
+    if (s.experts > 0) tr.experts_forward(u, l, caches[l], xs[l + 1]);  // every expert here (no expert group)
+  }
   std::vector<float> dx, dnext;
   tr.head(u, xs.back(), dx);
   if (logits) *logits = tr.logits();
   for (int l = s.layers - 1; l >= 0; --l) {
+    if (s.experts > 0) tr.experts_backward(u, l, caches[l], dx);
     tr.block_backward(u, l, xs[l], caches[l], dx, dnext);
     dx.swap(dnext);
   }
@@ -138,6 +142,13 @@ TEST_CASE("every parameter's gradient (tied head and embedding together) matches
     targets[i] = static_cast<int>((i * 5 + 3) % 11);
   }
   check_gradients(s, B, [&](gpt::trainer<float>& tr) { tr.begin_step(inputs, targets); });
+  SUBCASE("and with a mixture of experts: the experts, their gates, the router and the load-balancing loss") {
+    gpt::shape e = s;
+    e.experts = 4;
+    e.top_k = 2;
+    e.aux_weight = 0.5f;  // large enough that its gradient shows
+    check_gradients(e, B, [&](gpt::trainer<float>& tr) { tr.begin_step(inputs, targets); });
+  }
   SUBCASE("and on packed rows: documents apart, positions restarting, padding and last tokens masked out") {
     // Two rows of 5: documents of 2 and 3 tokens in one, 4 tokens and a padding position in the other.
     const gpt::packed_tokens p = pack({{3, 9}, {1, 4, 7}, {10, 2, 5, 8}}, s.context, 2);
