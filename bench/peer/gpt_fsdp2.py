@@ -10,6 +10,12 @@ bit-identical. Runs on CPU with gloo (world size --world, one process per rank) 
 
 With --ours (the example's --losses output) it prints both loss curves side by side and the largest difference,
 and exits 1 when a step differs by more than --tolerance (relative). --compile runs each block under torch.compile.
+
+--experts N --top-k K: each block's MLP a mixture of experts as the example's (gpt_model.hpp's shape::experts: a
+router, a token's K most probable experts with their probabilities renormalised as gates, dropless, Switch's
+load-balancing loss over the rank's tokens, 0.01 x N x sum_i f_i P_i). Every rank computes every expert for its
+tokens (plain FSDP2 over the world; no expert parallelism here: the example's --ep changes where experts live,
+not the arithmetic), so --ep is accepted and ignored.
 """
 import argparse
 import math
@@ -103,17 +109,60 @@ def build(torch, a):
         def forward(self, x):
             return self.proj(F.gelu(self.fc(x), approximate="tanh"))
 
+    class Router(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(a.width, a.experts, bias=False)
+
+    class Stacked(nn.Module):  # X experts' Linear(I, O): weight [X, O, I], bias [X, O]
+        def __init__(self, inputs, outputs):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(a.experts, outputs, inputs))
+            self.bias = nn.Parameter(torch.zeros(a.experts, outputs))
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = Stacked(a.width, 4 * a.width)
+            self.proj = Stacked(4 * a.width, a.width)
+
+    def moe(router, experts, x):
+        """The example's mixture of experts on x [B, T, C]: its output, and its load-balancing loss."""
+        B, T, C = x.shape
+        flat = x.reshape(-1, C)
+        probs = F.softmax(router.router(flat).float(), dim=-1)
+        top, idx = torch.sort(probs, dim=-1, descending=True, stable=True)  # the lower index first on a tie
+        top, idx = top[:, : a.top_k], idx[:, : a.top_k]
+        gates = top / top.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(flat)
+        for j in range(a.top_k):  # each token's j-th choice, in the example's order
+            e = idx[:, j]
+            h = torch.einsum("nc,nhc->nh", flat, experts.fc.weight[e]) + experts.fc.bias[e]
+            y = torch.einsum("nh,nch->nc", F.gelu(h, approximate="tanh"), experts.proj.weight[e]) + experts.proj.bias[e]
+            out = out + gates[:, j : j + 1].to(y.dtype) * y
+        n = flat.shape[0]
+        f = torch.bincount(idx.flatten(), minlength=a.experts).to(probs.dtype) / (n * a.top_k)
+        aux = a.aux_weight * a.experts * (f * probs.mean(dim=0)).sum()
+        return out.view(B, T, C), aux
+
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
             self.ln_1 = nn.LayerNorm(a.width, eps=1e-5)
             self.attn = Attention()
             self.ln_2 = nn.LayerNorm(a.width, eps=1e-5)
-            self.mlp = Mlp()
+            if a.experts:
+                self.mlp = Router()
+                self.moe = Experts()
+            else:
+                self.mlp = Mlp()
 
         def forward(self, x):
             x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
+            if not a.experts:
+                return x + self.mlp(self.ln_2(x)), 0.0
+            y, aux = moe(self.mlp, self.moe, self.ln_2(x))
+            return x + y, aux
 
     class Gpt(nn.Module):
         def __init__(self):
@@ -128,10 +177,12 @@ def build(torch, a):
         def forward(self, idx, targets):
             pos = torch.arange(idx.shape[1], device=idx.device)
             x = self.wte(idx) + self.wpe(pos)
+            aux = 0.0
             for block in self.h:
-                x = block(x)
+                x, a_ = block(x)
+                aux = aux + a_
             logits = self.lm_head(self.ln_f(x)).float()
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)) + aux
 
     return Gpt()
 
@@ -181,8 +232,11 @@ def train(rank, a, losses_out):
             block.compile()
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    decay = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("h.")]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim == 2 and n.startswith("h."))]
+    # the blocks' matrices (and stacks of them): gpt_model.hpp's decay rule (no_decay on biases, norms, embeddings)
+    def decays(n, p):
+        return p.ndim >= 2 and n.startswith("h.") and n.endswith("weight")
+    decay = [p for n, p in model.named_parameters() if decays(n, p)]
+    rest = [p for n, p in model.named_parameters() if not decays(n, p)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": f32(a.weight_decay)}, {"params": rest, "weight_decay": 0.0}],
                             lr=f32(lr_at(a, 0)), betas=(f32(0.9), f32(0.95)), eps=f32(1e-8),
                             foreach=a.foreach)
@@ -272,6 +326,10 @@ def main():
     p.add_argument("--max-norm", type=float, default=1.0)
     p.add_argument("--data-seed", type=int, default=1234)
     p.add_argument("--follow", type=float, default=0.75)
+    p.add_argument("--experts", type=int, default=0, help="a mixture of experts in each block (0: the plain MLP)")
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--aux-weight", type=float, default=0.01)
+    p.add_argument("--ep", type=int, default=1, help="the example's expert groups: the same arithmetic, ignored here")
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--foreach", action="store_true",
                    help="PyTorch's multi-tensor AdamW (its default on CUDA); without it one parameter at a time, as "
@@ -282,7 +340,7 @@ def main():
     a = p.parse_args()
     if a.tolerance is None:
         a.tolerance = 1e-5 if a.precision == "fp32" else 5e-3
-    a.lr, a.min_lr_ratio = f32(a.lr), f32(a.min_lr_ratio)  # floats in gpt_model.hpp
+    a.lr, a.min_lr_ratio, a.aux_weight = f32(a.lr), f32(a.min_lr_ratio), f32(a.aux_weight)  # floats in gpt_model.hpp
 
     if "RANK" in os.environ:  # under torchrun
         a.world = int(os.environ["WORLD_SIZE"])
