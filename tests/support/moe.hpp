@@ -37,7 +37,7 @@ struct rank_result {
   std::vector<float> losses;                         ///< the global mean loss of each step
   std::vector<double> norms;                         ///< the gradient norm of each step (with max_norm)
   std::map<std::string, std::vector<float>> params;  ///< this rank's local parameters after training
-  bool memory_as_planned = false;                    ///< the measured peak equals the planned peak
+  bool memory_as_planned = false;                    ///< the measured peak equals the plan, by category
   std::int64_t expert_exchanges = 0;                 ///< the expert group's all_to_all_v calls
   std::int64_t dense_reductions = 0;                 ///< the shard group's reduce-scatters (sharding strategies)
   std::int64_t expert_reductions = 0;  ///< the expert shard group's reduce-scatters, or all-reduces (no_shard)
@@ -223,7 +223,7 @@ rank_result train(Comm& c, int expert, float max_norm = 0.0f) {
       if (max_norm > 0) out.norms.push_back(rep.norm);
     }
     m.synchronize();
-    out.memory_as_planned = m.memory().peak.total == plan.peak.total;
+    out.memory_as_planned = m.memory().peak == plan.peak;  // every category
     out.params = fsdp::weights::gather_full_params(m);
     if (ep) out.expert_exchanges = std::int64_t(ep->stats()[fsdp::collective::all_to_all_v]);
     const fsdp::collective reduction =
