@@ -72,16 +72,8 @@ FSDP_DECL implementability can_implement(const policy_shape& shape, const ModelS
     if (expert_problems.empty()) mesh.expert = expert;
   }
   // a unit holds experts or dense parameters: their gathers and reductions go to different groups
-  for (const unit_plan& p : plans) {
-    const std::size_t* dense = nullptr;
-    const std::size_t* experts = nullptr;
-    for (const std::size_t& i : p.params) (spec.params()[i].experts ? experts : dense) = &i;
-    if (dense && experts)
-      expert_problems.add("unit '", p.name, "' holds expert parameter '", spec.params()[*experts].name,
-                          "' and dense parameter '", spec.params()[*dense].name,
-                          "': wrap the experts in a unit of their own (their gathers and reductions go to the "
-                          "expert shard group; fsdp::wrap::experts_apart{policy} does)");
-  }
+  for (const unit_plan& p : plans)
+    if (std::string why = mixed_unit_problem(spec, p); !why.empty()) expert_problems.add(why);
   refuse("experts", expert_problems);
   out.blueprint.mesh = mesh;
   if (tensor > 1 && !shape.splittable)

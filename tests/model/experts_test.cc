@@ -371,7 +371,21 @@ TEST_CASE("what the expert dimension refuses, each with its sentence") {
     CHECK(error_of<fsdp::usage_error>([&] { fsdp::elastic::reshard_request_of(m, {1, 1}, {0}, {0}); }) ==
           "fsdp: reshard: the model has expert groups of 2; resharding with expert parallelism is not built yet (save "
           "a checkpoint, which holds global expert tensors, and load it at the new mesh)");
+    // the survivors' agreement too, before its collective (every survivor's mesh is the same)
+    CHECK(error_of<fsdp::usage_error>([&] { fsdp::elastic::agree(m, {0, 1}, c, m.backend()); }) ==
+          "fsdp: agree: the model has expert groups of 2; resharding with expert parallelism is not built yet (save "
+          "a checkpoint, which holds global expert tensors, and load it at the new mesh)");
   });
+  // the planners' units on a mesh: what cannot be laid out
+  CHECK(error_of<fsdp::usage_error>(
+            [&] { fsdp::plan_units("x", spec(), fsdp::wrap::by_prefix{"u."}, fsdp::device_mesh{3, 1, 1, 2}); }) ==
+        "fsdp: plan_units: an expert degree of 2 divides neither the 1 shards nor, with one shard, the 3 replicas "
+        "of the mesh");
+  CHECK(error_of<fsdp::usage_error>(
+            [&] { fsdp::plan_units("x", mixed, fsdp::wrap::by_prefix{"u."}, fsdp::device_mesh{1, 2, 1, 2}); }) ==
+        "fsdp: unit 'u.moe' holds expert parameter 'u.moe.w' and dense parameter 'u.moe.gate': wrap the experts "
+        "in a unit of their own (their gathers and reductions go to the expert shard group; "
+        "fsdp::wrap::experts_apart{policy} does)");
   // as experts_apart does: the same spec wrapped into u.moe (the gate) and u.moe.experts
   fsdp::model_options two;
   two.expert_parallel = 2;

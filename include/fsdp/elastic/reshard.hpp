@@ -39,6 +39,14 @@
 namespace fsdp::elastic {
 
 namespace request_detail {
+/// A usage_error for `what` ("reshard", "join", "agree") on a model of `mesh` with expert groups.
+inline void refuse_experts(const char* what, const device_mesh& mesh) {
+  if (mesh.expert != 1)
+    fsdp::detail::fail_usage(what, ": the model has expert groups of ", mesh.expert,
+                             "; resharding with expert parallelism is not built yet (save a checkpoint, which holds "
+                             "global expert tensors, and load it at the new mesh)");
+}
+
 /// The request of `what` ("reshard", "join") between grids `before` and `after`, with `model`'s units (the same on
 /// both grids: a unit's layout does not depend on the grid but for its padding).
 template <class M>
@@ -49,10 +57,7 @@ plan::reshard_request units_of(const char* what, M& model, plan::shard_grid befo
     fsdp::detail::fail_usage(what, ": the model has tensor groups of ", mesh.tensor,
                              "; resharding with tensor parallelism is not built yet (save a checkpoint and load it at "
                              "the new mesh)");
-  if (mesh.expert != 1)
-    fsdp::detail::fail_usage(what, ": the model has expert groups of ", mesh.expert,
-                             "; resharding with expert parallelism is not built yet (save a checkpoint, which holds "
-                             "global expert tensors, and load it at the new mesh)");
+  refuse_experts(what, mesh);
   plan::reshard_request q;
   q.before = before;
   q.after = after;
@@ -136,6 +141,7 @@ plan::reshard_plan move_state(const plan::reshard_request& q, FromM* from, const
   const std::size_t states = (from_opt ? from_opt->state_names() : to_opt->state_names()).size(), buffers = states + 1;
   if (to) {
     const device_mesh& m = to->mesh();
+    request_detail::refuse_experts(from ? "reshard" : "join", m);
     if (to->comm().rank() != mine || m.replicas != q.after.replicas || m.shards != q.after.shards || m.tensor != 1)
       fsdp::detail::fail_usage(from ? "reshard: old rank " : "join: newcomer ",
                                from ? from->comm().rank() : index - survivors, " joins as rank ", mine, " of a ",
@@ -283,6 +289,7 @@ plan::reshard_plan join(const plan::reshard_request& q, ToM& to, ToO& to_opt, Co
 /// the survivors that finished it hold every shard.
 template <class M, AllToAllCollective Comm, class Backend>
 plan::committed_state agree(M& model, const std::vector<int>& survivors, Comm& survivors_comm, Backend& staging) {
+  request_detail::refuse_experts("agree", model.mesh());  // before any collective: every survivor's mesh is the same
   const int n = survivors_comm.size();
   if (static_cast<int>(survivors.size()) != n)
     fsdp::detail::fail_usage("agree: ", survivors.size(), " survivors listed for a communicator of ", n, " ranks");

@@ -105,6 +105,9 @@ class FlatLayout {
 /// (mesh.expert_shards() ranks).
 FSDP_DECL FlatLayout layout_on(const ModelSpec& spec, const unit_plan& unit, const device_mesh& mesh,
                                layout_options opt = {});
+/// What is wrong with unit `unit` of `spec` for layout_on (it holds expert and dense parameters, whose gathers and
+/// reductions go to different groups), or empty.
+FSDP_DECL std::string mixed_unit_problem(const ModelSpec& spec, const unit_plan& unit);
 
 }  // namespace fsdp
 

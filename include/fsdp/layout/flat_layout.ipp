@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/text.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 
 namespace fsdp {
@@ -47,6 +48,17 @@ FSDP_DECL FlatLayout FlatLayout::build(const ModelSpec& spec, const unit_plan& u
   l.numel_ = cursor;
   l.shard_numel_ = layout::shard_numel(cursor, world, opt.align);
   return l;
+}
+
+FSDP_DECL std::string mixed_unit_problem(const ModelSpec& spec, const unit_plan& unit) {
+  const std::size_t* dense = nullptr;
+  const std::size_t* experts = nullptr;
+  for (const std::size_t& i : unit.params) (spec.params()[i].experts ? experts : dense) = &i;
+  if (!dense || !experts) return {};
+  return detail::cat("unit '", unit.name, "' holds expert parameter '", spec.params()[*experts].name,
+                     "' and dense parameter '", spec.params()[*dense].name,
+                     "': wrap the experts in a unit of their own (their gathers and reductions go to the expert shard "
+                     "group; fsdp::wrap::experts_apart{policy} does)");
 }
 
 FSDP_DECL FlatLayout layout_on(const ModelSpec& spec, const unit_plan& unit, const device_mesh& mesh,

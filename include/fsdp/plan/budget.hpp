@@ -13,6 +13,7 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/mesh.hpp"
 #include "fsdp/core/problems.hpp"
 #include "fsdp/layout/flat_layout.hpp"
 #include "fsdp/options/model_options.hpp"
@@ -47,21 +48,32 @@ planned_units plan_units(std::string label, const ModelSpec& spec, const W& wrap
 
 /// The units of `spec` (global shapes) wrapped by `wrap` and laid out as a Model on `mesh` lays them out: this rank's
 /// local spec (ModelSpec::tensor_local, expert_local), dense units over mesh.shards ranks, units of experts over
-/// mesh.expert_shards() (layout_on). A split the mesh's tensor or expert degree does not divide is a usage_error
-/// naming the parameter.
+/// mesh.expert_shards() (layout_on). A usage_error names what cannot be laid out: an expert degree that divides
+/// neither the shards nor (with one shard) the replicas, a split the mesh's tensor or expert degree does not divide,
+/// a unit holding expert and dense parameters.
 template <WrappingPolicy W>
 planned_units plan_units(std::string label, const ModelSpec& spec, const W& wrap, const device_mesh& mesh,
                          layout_options opt = {}) {
   problems p;
-  const ModelSpec local = spec.tensor_local(mesh.tensor, p).expert_local(mesh.expert, p);
-  p.require();
-  planned_units out;
-  out.label = std::move(label);
-  for (const unit_plan& u : make_units(spec, wrap)) {
-    out.names.push_back(u.name);
-    out.layouts.push_back(layout_on(local, u, mesh, opt));
+  if (mesh.expert < 1 || (!mesh::experts_from_shards(mesh) && (mesh.shards != 1 || mesh.replicas % mesh.expert != 0)))
+    p.add("plan_units: an expert degree of ", mesh.expert, " divides neither the ", mesh.shards,
+          " shards nor, with one "
+          "shard, the ",
+          mesh.replicas, " replicas of the mesh");
+  else {
+    const ModelSpec local = spec.tensor_local(mesh.tensor, p).expert_local(mesh.expert, p);
+    planned_units out;
+    out.label = std::move(label);
+    for (const unit_plan& u : make_units(spec, wrap)) {
+      if (std::string why = mixed_unit_problem(spec, u); !why.empty()) p.add(why);
+      out.names.push_back(u.name);
+      out.layouts.push_back(layout_on(local, u, mesh, opt));
+    }
+    p.require();
+    return out;
   }
-  return out;
+  p.require();
+  return {};
 }
 
 /// Which prefetch depth the budget helpers vary.

@@ -104,7 +104,7 @@ FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const st
   const detail::prepared p = detail::prepare(names, layouts, in, "step listing");
   const unit_index units(names);
   detail::sched::scheduler s(units, in.schedule);
-  const int group = layouts.empty() ? 1 : layouts[0].world();
+  const int group = detail::shard_group_of(layouts, expert);
   if (world < 0 || (world > 0 && world % group != 0))
     detail::fail_usage("step listing: a world of ", world, " ranks, which the shard group of ", group,
                        " ranks (the layouts') does not divide; give the data-parallel world size (0: not known)");

@@ -79,10 +79,13 @@ struct prepared {
 FSDP_DECL prepared prepare(const std::vector<std::string>& names, const std::vector<FlatLayout>& layouts,
                            const memory_plan_inputs& in, const char* who);
 
+/// The ranks of a replica's shard group: a dense unit's layout's world, or (every unit of experts) an expert unit's
+/// times the `expert` ranks of an expert group; 1 without units.
+FSDP_DECL int shard_group_of(const std::vector<FlatLayout>& layouts, int expert = 1);
+
 /// The ranks of hybrid sharding's replicate group at data-parallel world size `world`: the world over the shard
-/// group (a dense unit's layout's world, or an expert unit's times the `expert` ranks of an expert group) when
-/// parameters are sharded; 1 otherwise (replicated parameters all-reduce over the whole world in their one
-/// reduction). What the timeline's and the listing's readings of replica_reduce follow.
+/// group (shard_group_of) when parameters are sharded; 1 otherwise (replicated parameters all-reduce over the whole
+/// world in their one reduction). What the timeline's and the listing's readings of replica_reduce follow.
 FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts,
                           int expert = 1);
 

@@ -119,12 +119,16 @@ FSDP_DECL prepared prepare(const std::vector<std::string>& names, const std::vec
   return p;
 }
 
+FSDP_DECL int shard_group_of(const std::vector<FlatLayout>& layouts, int expert) {
+  if (layouts.empty()) return 1;
+  for (const FlatLayout& l : layouts)
+    if (!l.experts()) return l.world();
+  return layouts[0].world() * expert;
+}
+
 FSDP_DECL int replicas_of(int world, const std::vector<FlatLayout>& layouts, const plan::cost_facts& facts,
                           int expert) {
-  if (!facts.shards_params || layouts.empty()) return 1;
-  for (const FlatLayout& l : layouts)
-    if (!l.experts()) return world / l.world();
-  return world / (layouts[0].world() * expert);
+  return facts.shards_params ? world / shard_group_of(layouts, expert) : 1;
 }
 
 }  // namespace detail

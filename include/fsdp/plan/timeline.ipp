@@ -371,7 +371,7 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
       detail::fail_usage("timeline plan: time_model::", name, ".step_latency must be >= 0, got ",
                          l->step_latency.count(), " ns");
   }
-  const int group = n ? layouts[0].world() : 1;
+  const int group = detail::shard_group_of(layouts, t.expert);
   if (t.world < 1 || (in.costs.shards_params && t.world % group != 0))
     detail::fail_usage("timeline plan: time_model::world is ", t.world, ", which the shard group of ", group,
                        " ranks (the layouts') does not divide; set it to the data-parallel world size");

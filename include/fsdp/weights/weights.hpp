@@ -22,7 +22,9 @@
 //
 // Works on every backend and world size, and on a hybrid mesh (each shard group holds the whole model). Under tensor
 // parallelism (model_options::tensor_parallel) "full" is this rank's local tensor (model.spec()'s shape: its slice of
-// a split parameter), the same on every rank of its tensor rank; checkpoints and safetensors files hold global ones.
+// a split parameter), the same on every rank of its tensor rank; with experts (model_options::expert_parallel) a
+// stack of experts is this rank's share of it, the same on every rank holding those experts; checkpoints and
+// safetensors files hold global ones.
 #include <cstdint>
 #include <cstring>
 #include <map>
