@@ -291,8 +291,8 @@ TEST_CASE(
     t.expert_shard_link = expert_shard;
     const fsdp::timeline tl = fsdp::plan_timeline(m, t, 2);
     const std::size_t d = m.unit("u.dense").index(), e = m.unit("u.moe").index();
-    CHECK(tl.by_unit[d].reduce_ns == 7000);  // one reduce-scatter a step, over the 4 ranks
-    CHECK(tl.by_unit[e].reduce_ns == 1000);  // over the expert shard group
+    CHECK(tl.by_unit[d].reduce_ns == 7000);      // one reduce-scatter a step, over the 4 ranks
+    CHECK(tl.by_unit[e].reduce_ns == 1000);      // over the expert shard group
     CHECK(tl.by_unit[e].gather_ns == 2 * 1000);  // gathered for its forward and again for its backward
     // the trainer's exchanges: u.moe's forward sends 4,000 bytes, its backward 2,000, as all_to_alls over the
     // expert group of 2 on its own link (every other link free): 500 ns + 1/2 of the bytes at 1 GB/s each
