@@ -243,8 +243,13 @@ TEST_CASE("the optimizers' element functions (SGD with and without momentum, Ada
         auto* V = reinterpret_cast<float*>(dv.ptr());
         switch (opt) {
           case optimizer::adamw: {
-            const od::adamw_coeffs c{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, od::adamw_bias_correction(0.9f, t),
-                                     od::adamw_bias_correction(0.999f, t)};
+            const od::adamw_coeffs c{1e-2f,
+                                     0.9f,
+                                     0.999f,
+                                     1e-8f,
+                                     0.1f,
+                                     fsdp::optim::bias_correction(0.9f, t),
+                                     fsdp::optim::bias_correction(0.999f, t)};
             cpu.for_each(n, od::adamw_elements{p.data(), g.data(), m.data(), v.data(), c, mask, grad_scale},
                          cpu.compute_stream());
             gpu.for_each(n, od::adamw_elements{P, G, M, V, c, mask, grad_scale}, gpu.compute_stream());

@@ -71,8 +71,8 @@ TEST_CASE("the host AdamW on the pool gives the bits of the single-threaded loop
   }
   auto p2 = p, m2 = m, v2 = v;
   namespace od = fsdp::optim::detail;
-  const od::adamw_coeffs c{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, od::adamw_bias_correction(0.9f, 1),
-                           od::adamw_bias_correction(0.999f, 1)};
+  const od::adamw_coeffs c{
+      1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, fsdp::optim::bias_correction(0.9f, 1), fsdp::optim::bias_correction(0.999f, 1)};
   od::decay_mask mask;
   mask.count = 1;
   mask.begin[0] = 100;
@@ -115,8 +115,8 @@ TEST_CASE("an ArrayFunction on the host loop gives apply_at's bits: every array 
   }
   const std::vector<float> g0 = g;
   namespace od = fsdp::optim::detail;
-  const od::adamw_coeffs c{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, od::adamw_bias_correction(0.9f, 3),
-                           od::adamw_bias_correction(0.999f, 3)};
+  const od::adamw_coeffs c{
+      1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, fsdp::optim::bias_correction(0.9f, 3), fsdp::optim::bias_correction(0.999f, 3)};
   od::decay_mask mask;
   mask.count = 1;
   mask.begin[0] = 100;

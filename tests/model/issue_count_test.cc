@@ -93,11 +93,13 @@ TEST_CASE("full_shard, bf16 compute, AdamW, prefetching the next unit: what each
   // nothing else: no work per step beyond the units' but one record (where the compute stream stood when the
   // updates were issued, which a survivor of a failure reads: Model::committed_steps; on the host backend only,
   // whose streams can fail) and the step's commit (model_options::commit_step: one element of gradient slot 0
-  // all-reduced over the world on the compute stream, no memory of its own), and nothing in a step waits on the host.
+  // all-reduced over the world on the compute stream, no memory of its own) and the optimizer's two one-thread kernels
+  // (the step's rule made from the device's update count, and the count: fsdp/optim/detail/step_block.hpp), and
+  // nothing in a step waits on the host.
   // Six units' worth, less the first unit's second gather (kept from its forward to its backward by default): its cast,
   // its two records (gathered, the slot given back) and three waits (shard_ready, gathered, the slot's take)
   CHECK(str(six.issued) ==
-        "29 kernels, 6 memory operations, 0 host functions, 59 event records, 51 stream waits, 0 synchronizes");
+        "31 kernels, 6 memory operations, 0 host functions, 59 event records, 51 stream waits, 0 synchronizes");
   CHECK(six.collectives[fsdp::collective::all_gather] == 11);      // forward and backward, the first unit once
   CHECK(six.collectives[fsdp::collective::reduce_scatter] == 6);   // backward
   CHECK(six.collectives[fsdp::collective::all_reduce] == 1);       // the step's commit

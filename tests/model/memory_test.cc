@@ -363,8 +363,8 @@ TEST_CASE("the plan as a table, and the prediction for a model that has not run"
     // persistent (params, grads, two moments) + the slots, all made by the second unit of backward: two gathered
     // units (the first unit of the forward pass, 1088, kept into its backward by default, and the current one,
     // grown to the largest, 4224), two unsharded gradients (layers.3's 1088, layers.2's 4224) and one reduce-scatter
-    // output shard (grown to the largest, 1056)
-    CHECK(p.peak.total == (2128 * 4) * 4 + ((1088 + 4224) + (1088 + 4224) + 1056) * 4);
+    // output shard (grown to the largest, 1056); and the optimizer's step block (256 B: its update count and rule)
+    CHECK(p.peak.total == (2128 * 4) * 4 + ((1088 + 4224) + (1088 + 4224) + 1056) * 4 + 256);
     CHECK(p.between_steps == p.peak);  // the slots stay
     if (c.rank() == 0) {
       CHECK(p.table() ==
@@ -372,9 +372,9 @@ TEST_CASE("the plan as a table, and the prediction for a model that has not run"
             "  sharded params              8512 B       0.008 MiB\n"
             "  gathered params            21248 B       0.020 MiB\n"
             "  grads                       8512 B       0.008 MiB\n"
-            "  optimizer state            17024 B       0.016 MiB\n"
+            "  optimizer state            17280 B       0.016 MiB\n"
             "  comm buffers               25472 B       0.024 MiB\n"
-            "  total (at once)            80768 B       0.077 MiB\n");
+            "  total (at once)            81024 B       0.077 MiB\n");
     }
   });
 }
@@ -382,17 +382,18 @@ TEST_CASE("the plan as a table, and the prediction for a model that has not run"
 TEST_CASE("the figures themselves, worked out by hand for 4 ranks") {
   // Per unit (align 16): elements 1088 | 2080 | 4224 | 1032; shards 272 | 528 | 1056 | 272;
   // padded 1088 | 2112 | 4224 | 1088. Bytes are 4 per element. A slot is made at the size of the unit that first
-  // takes it, and grows when a larger unit finds only smaller slots given back.
+  // takes it, and grows when a larger unit finds only smaller slots given back. An optimizer's state holds its step
+  // block too (256 B: its update count and rule, fsdp/optim/detail/step_block.hpp).
   const auto none = train<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::none>>(4, "adamw")[1].memory.peak;
   CHECK(none[mem::sharded_params] == 2128 * 4);
   CHECK(none[mem::grads] == 2128 * 4);
-  CHECK(none[mem::optimizer_state] == 2 * 2128 * 4);
+  CHECK(none[mem::optimizer_state] == 2 * 2128 * 4 + 256);
   CHECK(none[mem::gathered_params] == (1088 + 4224) * 4);  // the first unit (kept into its backward), one other slot
   CHECK(none[mem::comm_buffers] == (1088 + 4224 + 1056) * 4);  // two gradient slots + the reduce-scatter output
   const auto next = train<fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>>(4, "sgd")[0].memory.peak;
   // a unit and its neighbour beside the first unit: at most layers.0, .1 and .2 at once, each in a slot of its size
   CHECK(next[mem::gathered_params] == (1088 + 2112 + 4224) * 4);
-  CHECK(next[mem::optimizer_state] == 2128 * 4);           // one momentum buffer
+  CHECK(next[mem::optimizer_state] == 2128 * 4 + 256);  // one momentum buffer
   const auto sgo = train<fsdp::policy<fsdp::sharding::shard_grad_op>>(4, "adamw")[2].memory.peak;
   CHECK(sgo[mem::gathered_params] == (1088 + 2112 + 4224 + 1088) * 4);  // everything, kept until backward: one copy
   const auto ddp = train<fsdp::policy<fsdp::sharding::no_shard>>(4, "adamw")[3].memory.peak;

@@ -102,9 +102,8 @@ TEST_CASE("the library's AdamW written as a rule from outside is optim::adamw, b
       fsdp::optim::adamw_options o;
       void step() {
         e->step([&](long t) {
-          return my_adamw{{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
-                           fsdp::optim::detail::adamw_bias_correction(o.beta1, t),
-                           fsdp::optim::detail::adamw_bias_correction(o.beta2, t)}};
+          return my_adamw{{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, fsdp::optim::bias_correction(o.beta1, t),
+                           fsdp::optim::bias_correction(o.beta2, t)}};
         });
       }
       void zero_grad() { e->zero_grad(); }
@@ -135,11 +134,12 @@ TEST_CASE("a user's rule: its states planned as the library's, and checkpointed 
       opt->zero_grad();
     });
     CHECK(m.memory().peak[fsdp::mem::optimizer_state] == planned[fsdp::mem::optimizer_state]);
+    // three fp32 states per shard element, and the step block (its update count and the step's rule)
     CHECK(planned[fsdp::mem::optimizer_state] == 3 * 4 * [&] {
       std::int64_t n = 0;
       for (std::size_t u = 0; u < m.size(); ++u) n += m.unit(u).layout().shard_numel();
       return n;
-    }());
+    }() + fsdp::plan::step_block_cost().bytes());
     fsdp::checkpoint::save(m, *opt, dir / "step-3");
   });
   CHECK(fsdp::checkpoint::read_manifest(dir / "step-3").optimizer->states ==

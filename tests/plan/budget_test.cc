@@ -32,12 +32,13 @@ fsdp::budget_query query() {
 TEST_CASE("the largest prefetch depth that fits, worked out by hand") {
   const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
   REQUIRE(units.names.size() == 8);
-  // persistent: 8 units x 256-element shards x 4 B x (params + grads + 2 moments) = 32 768 B
+  // persistent: 8 units x 256-element shards x 4 B x (params + grads + 2 moments) = 32 768 B, and the optimizer's
+  // step block (its update count and rule: 256 B)
   // slots at depth d: (d + 2) gathered units of 4096 B; in backward two gradient slots of 4096 B (grad_slots = 2:
   // one unit's reduction overlaps the next unit's backward) and the reduce-scatter output slot of 1024 B. All
   // are held from the second unit of backward on: its window is itself and its d prefetched neighbours, beside the
   // first unit of the forward pass, kept from its forward to its backward (the default for the root).
-  auto peak_at = [](int d) { return 32768 + (d + 2) * 4096 + 2 * 4096 + 1024; };
+  auto peak_at = [](int d) { return 32768 + 256 + (d + 2) * 4096 + 2 * 4096 + 1024; };
   for (int d = 0; d <= 4; ++d) {
     auto q = query();
     q.max_depth = d;
@@ -69,7 +70,7 @@ TEST_CASE("the largest prefetch depth that fits, worked out by hand") {
 
 TEST_CASE("memory outside the plan (NCCL's communicators) comes off the budget before any depth is chosen") {
   const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
-  auto peak_at = [](int d) { return 32768 + (d + 2) * 4096 + 2 * 4096 + 1024; };  // as above
+  auto peak_at = [](int d) { return 32768 + 256 + (d + 2) * 4096 + 2 * 4096 + 1024; };  // as above
   auto q = query();
   const auto without = fsdp::largest_prefetch_depth(units, q, peak_at(2));
   REQUIRE(without);
@@ -90,19 +91,19 @@ TEST_CASE("the plan's table shows memory outside the plan beside the device's to
   CHECK(without.find("NCCL") == std::string::npos);
   p.outside_plan_bytes = 3 << 20;  // a Model on comm::nccl sets it from its communicators
   const std::string with = p.table();
-  // as above, depth 0: 32 768 B of shards, grads and moments + two 4096 B gather slots (the first unit's, kept, and
-  // the current unit's), two 4096 B gradient slots and the 1024 B reduce-scatter output = 50 176 B; with 3 MiB of
-  // NCCL beside it, 3 195 904 B
+  // as above, depth 0: 32 768 B of shards, grads and moments + the 256 B step block + two 4096 B gather slots (the
+  // first unit's, kept, and the current unit's), two 4096 B gradient slots and the 1024 B reduce-scatter output =
+  // 50 432 B; with 3 MiB of NCCL beside it, 3 196 160 B
   CHECK(with ==
         "planned peak memory per rank (8 units, at most 2 gathered at once)\n"
         "  sharded params              8192 B       0.008 MiB\n"
         "  gathered params             8192 B       0.008 MiB\n"
         "  grads                       8192 B       0.008 MiB\n"
-        "  optimizer state            16384 B       0.016 MiB\n"
+        "  optimizer state            16640 B       0.016 MiB\n"
         "  comm buffers                9216 B       0.009 MiB\n"
-        "  total (at once)            50176 B       0.048 MiB\n"
+        "  total (at once)            50432 B       0.048 MiB\n"
         "  NCCL (measured)          3145728 B       3.000 MiB\n"
-        "  total with NCCL          3195904 B       3.048 MiB\n");
+        "  total with NCCL          3196160 B       3.048 MiB\n");
   // Of it, what connecting the plan's collectives took before the reservation (comm::nccl's connect()): a row of
   // its own, inside the NCCL figure.
   p.outside_plan_connect_bytes = 1 << 20;
@@ -110,7 +111,7 @@ TEST_CASE("the plan's table shows memory outside the plan beside the device's to
   CHECK(table.substr(table.find("  NCCL")) ==
         "  NCCL (measured)          3145728 B       3.000 MiB\n"
         "    of it, connect         1048576 B       1.000 MiB\n"
-        "  total with NCCL          3195904 B       3.048 MiB\n");
+        "  total with NCCL          3196160 B       3.048 MiB\n");
 }
 
 TEST_CASE("gather slots cap the useful depth") {
@@ -121,7 +122,7 @@ TEST_CASE("gather slots cap the useful depth") {
   REQUIRE(c);
   CHECK(c->depth == 4);
   CHECK(c->plan.max_units_gathered == 2);
-  CHECK(c->plan.peak.total == 32768 + 2 * 4096 + 2 * 4096 + 1024);
+  CHECK(c->plan.peak.total == 32768 + 256 + 2 * 4096 + 2 * 4096 + 1024);
 }
 
 TEST_CASE("the first preferred grouping that fits, at its largest depth") {
@@ -137,18 +138,18 @@ TEST_CASE("the first preferred grouping that fits, at its largest depth") {
   // 4 blocks per unit (two units): two gather slots of 16 384 B at any depth (both units are all there is), two
   // gradient slots of 16 384 B and a 4096 B reduce output; the largest depth, 4, holds no more.
   // 2 blocks per unit at depth 1: 3 x 8192 gathered + 2 x 8192 gradient slots + 2048 output (depth 2: 4 gathered).
-  const auto roomy = fsdp::fit_memory_budget(candidates, q, 32768 + 4 * 16384 + 4096);
+  const auto roomy = fsdp::fit_memory_budget(candidates, q, 32768 + 256 + 4 * 16384 + 4096);
   REQUIRE(roomy);
   CHECK(roomy->candidate == 0);
   CHECK(roomy->depth == 4);
-  CHECK(roomy->plan.peak.total == 32768 + 4 * 16384 + 4096);
-  const auto tighter = fsdp::fit_memory_budget(candidates, q, 32768 + 5 * 8192 + 2048);
+  CHECK(roomy->plan.peak.total == 32768 + 256 + 4 * 16384 + 4096);
+  const auto tighter = fsdp::fit_memory_budget(candidates, q, 32768 + 256 + 5 * 8192 + 2048);
   REQUIRE(tighter);
   CHECK(tighter->candidate == 1);
   CHECK(tighter->depth == 1);
-  CHECK(tighter->plan.peak.total == 32768 + 5 * 8192 + 2048);
+  CHECK(tighter->plan.peak.total == 32768 + 256 + 5 * 8192 + 2048);
   // below two blocks (the first unit and the current one), two gradient slots and an output slot
-  CHECK(!fsdp::fit_memory_budget(candidates, q, 32768 + 4 * 4096 + 1024 - 1));
+  CHECK(!fsdp::fit_memory_budget(candidates, q, 32768 + 256 + 4 * 4096 + 1024 - 1));
   q.max_depth = -1;
   CHECK(fsdp_test::error_of<fsdp::usage_error>([&] { fsdp::fit_memory_budget(candidates, q, 1); }) ==
         "fsdp: budget: max_depth must be >= 0, got -1");
@@ -179,7 +180,7 @@ TEST_CASE("bf16 gathers and reductions: the same budget holds a deeper prefetch"
   const auto units = fsdp::plan_units("blocks", blocks(), grouping(1), 4);
   auto q = query();
   // fp32: depth 1 (three units gathered: the first unit's, kept, and two; two gradient slots, a 1024 B output slot)
-  const std::int64_t budget = 32768 + 5 * 4096 + 1024;
+  const std::int64_t budget = 32768 + 256 + 5 * 4096 + 1024;
   const auto f32 = fsdp::largest_prefetch_depth(units, q, budget);
   REQUIRE(f32);
   CHECK(f32->depth == 1);
@@ -189,12 +190,12 @@ TEST_CASE("bf16 gathers and reductions: the same budget holds a deeper prefetch"
   // (d + 2) units of 2048 B gathered, two 2048 B bf16 gradient slots and a 512 B bf16 output slot over the same
   // persistent fp32 shards
   CHECK(bf16->depth == 4);
-  CHECK(bf16->plan.peak.total == 32768 + 8 * 2048 + 512);
+  CHECK(bf16->plan.peak.total == 32768 + 256 + 8 * 2048 + 512);
 }
 
 TEST_CASE("the helper's plan is what a model with that policy measures") {
   const auto units = fsdp::plan_units("blocks", blocks(), grouping(2), 4);
-  const auto c = fsdp::largest_prefetch_depth(units, query(), 32768 + 5 * 8192 + 2048);
+  const auto c = fsdp::largest_prefetch_depth(units, query(), 32768 + 256 + 5 * 8192 + 2048);
   REQUIRE(c);
   REQUIRE(c->depth == 1);
   fsdp_test::run_ranks(4, [&](fsdp::comm::local_communicator& comm) {
@@ -213,17 +214,18 @@ TEST_CASE("the cheapest offload configuration that fits a device budget, worked 
   // Slots: (d + 2) gathered units of 4096 B (the first unit of the forward pass is kept from its forward to its
   // backward), two gradient slots of 4096 B, one reduce output of 1024 B = 17 408 B at d = 0 (slots stay made, so
   // the peak is at the optimizer step, which adds the device step's staging slots: two of each host-resident part).
-  // Per option, the device peak at depth 0 and the bytes a step moves:
-  //   none             params 8192 + grads 8192 + state 16 384 + slots                   = 50 176 B; link 0
-  //   grads            params 8192 + state 16 384 + slots + 2 x 1024 staged gradients    = 44 032 B; a download of
+  // Per option, the device peak at depth 0 and the bytes a step moves (each device peak holds the optimizer's 256 B
+  // step block beside what is listed: its update count and rule, on the device whatever is offloaded):
+  //   none             params 8192 + grads 8192 + state 16 384 + slots                   = 50 432 B; link 0
+  //   grads            params 8192 + state 16 384 + slots + 2 x 1024 staged gradients    = 44 288 B; a download of
   //                    1024 B per reduction (8) + the device step's gradient uploads: 8192 + 8192 = 16 384 B
-  //   optimizer_state  params 8192 + grads 8192 + slots + 2 x 2048 staged states         = 37 888 B; both states
+  //   optimizer_state  params 8192 + grads 8192 + slots + 2 x 2048 staged states         = 38 144 B; both states
   //                    up and back: 2 x 8 x 2048                                         = 32 768 B
   //   params           grads 8192 + state 16 384 + two upload slots 2048 (which stage the masters for the device
-  //                    step too) + slots                                                 = 44 032 B; an upload of
+  //                    step too) + slots                                                 = 44 288 B; an upload of
   //                    1024 B per gather (15: full_shard gathers each unit in forward and in backward, the first
   //                    once) + the device step's master up and back: 15 360 + 32 768     = 48 128 B
-  //   all three        two upload slots 2048 + slots                                     = 19 456 B; uploads
+  //   all three        two upload slots 2048 + slots                                     = 19 712 B; uploads
   //                    15 360 + downloads 8192 (the optimizer steps on the host)         = 23 552 B
   // Each further depth adds a 4096 B gather slot.
   const auto units = fsdp::plan_units("1 block per unit", blocks(), grouping(1), 4);
@@ -241,11 +243,11 @@ TEST_CASE("the cheapest offload configuration that fits a device budget, worked 
     int depth;
     std::int64_t peak, link;
   };
-  for (const expect& e : {expect{50176, 0, 0, 50176, 0},      // nothing offloaded fits
-                          expect{45000, 1, 0, 44032, 16384},  // grads: the fewest bytes of those that fit
-                          expect{40000, 4, 4, 35840, 23552},  // state (32 768 B) and all (23 552 B) fit
-                          expect{30000, 4, 2, 27648, 23552},  // all alone fits, at depth 2
-                          expect{20000, 4, 0, 19456, 23552}}) {
+  for (const expect& e : {expect{50432, 0, 0, 50432, 0},      // nothing offloaded fits
+                          expect{45000, 1, 0, 44288, 16384},  // grads: the fewest bytes of those that fit
+                          expect{40000, 4, 4, 36096, 23552},  // state (32 768 B) and all (23 552 B) fit
+                          expect{30000, 4, 2, 27904, 23552},  // all alone fits, at depth 2
+                          expect{20000, 4, 0, 19712, 23552}}) {
     CAPTURE(e.budget);
     const auto c = fsdp::fit_device_budget({units}, options, q, e.budget);
     REQUIRE(c);
@@ -254,14 +256,14 @@ TEST_CASE("the cheapest offload configuration that fits a device budget, worked 
     CHECK(c->plan.peak.total == e.peak);
     CHECK(c->plan.link.total() == e.link);
   }
-  CHECK(!fsdp::fit_device_budget({units}, options, q, 19455));  // all three at depth 0 needs 19 456 B
+  CHECK(!fsdp::fit_device_budget({units}, options, q, 19711));  // all three at depth 0 needs 19 712 B
   // A host budget too: all three keep 32 768 B of shards and state and two 1024 B download slots on the host.
-  const auto host_bound = fsdp::fit_device_budget({units}, options, q, 38000, 34815);
+  const auto host_bound = fsdp::fit_device_budget({units}, options, q, 38200, 34815);
   REQUIRE(host_bound);
   CHECK(host_bound->offload == 2);  // optimizer state alone: 16 384 B on the host
   CHECK(host_bound->depth == 0);
-  CHECK(host_bound->plan.peak.total == 37888);
-  CHECK(host_bound->plan.peak[fsdp::mem::optimizer_state] == 4096);  // the two staging slots
+  CHECK(host_bound->plan.peak.total == 38144);
+  CHECK(host_bound->plan.peak[fsdp::mem::optimizer_state] == 4096 + 256);  // the two staging slots, the step block
   CHECK(host_bound->plan.host_peak.total == 16384);
   const auto all = fsdp::fit_device_budget({units}, {fsdp::offload::all::facts}, q, 30000);
   REQUIRE(all);

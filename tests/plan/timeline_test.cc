@@ -450,9 +450,10 @@ TEST_CASE("ranking configurations by predicted step time, among those that fit")
       {"next", next, 0, {}},
       {"depth 2", {2, 2, false, false}, 0, {}},
   };
-  // Peaks: 3 units x 256 x 4 B x (params + grads) = 6144 B persistent; none holds one gather slot (4096 B), next
-  // two, depth 2 three; two gradient slots (8192 B) and the 1024 B reduce output for all.
-  const std::int64_t peak_none = 6144 + 4096 + 8192 + 1024;
+  // Peaks: 3 units x 256 x 4 B x (params + grads) = 6144 B persistent, and the optimizer's 256 B step block; none
+  // holds one gather slot (4096 B), next two, depth 2 three; two gradient slots (8192 B) and the 1024 B reduce output
+  // for all.
+  const std::int64_t peak_none = 6144 + 256 + 4096 + 8192 + 1024;
   const auto r = fsdp::rank_by_time({u}, variants, q, t, compute, peak_none + 4096);
   REQUIRE(r.ranked.size() == 2);
   // none: every gather waits for the one slot: 0-1 a, 1-2; 2-3 b, 3-4; 4-5 c, 5-6; backward c 6-7, 7-8 (reduce
@@ -463,10 +464,10 @@ TEST_CASE("ranking configurations by predicted step time, among those that fit")
   CHECK(r.ranked[1].time.step_ns == ms(13));
   CHECK(r.ranked[1].plan.peak.total == peak_none);
   REQUIRE(r.left_out.size() == 1);
-  CHECK(r.left_out[0] == "'units / depth 2': its peak of 27648 bytes is over the budget of 23552");
+  CHECK(r.left_out[0] == "'units / depth 2': its peak of 27904 bytes is over the budget of 23808");
   CHECK(r.why() ==
-        "'units / next' wins: predicted step 8.000 ms, 2.000 ms of it exposed communication; peak 23552 B of the "
-        "23552 B budget. The next fastest, 'units / none', takes 13.000 ms (7.000 ms exposed): 5.000 ms slower, with "
+        "'units / next' wins: predicted step 8.000 ms, 2.000 ms of it exposed communication; peak 23808 B of the "
+        "23808 B budget. The next fastest, 'units / none', takes 13.000 ms (7.000 ms exposed): 5.000 ms slower, with "
         "5.000 ms more communication left exposed");
 }
 
@@ -496,7 +497,7 @@ TEST_CASE("ranking groupings: three small units against one large one") {
   CHECK(r.ranked[1].time.step_ns == ms(15));
   CHECK(r.ranked[1].time.exposed_ns == ms(9));
   CHECK(r.why() ==
-        "'units / next' wins: predicted step 8.000 ms, 2.000 ms of it exposed communication; peak 23552 B (no budget). "
+        "'units / next' wins: predicted step 8.000 ms, 2.000 ms of it exposed communication; peak 23808 B (no budget). "
         "The next fastest, '1 unit / next', takes 15.000 ms (9.000 ms exposed): 7.000 ms slower, with 7.000 ms more "
         "communication left exposed");
 }

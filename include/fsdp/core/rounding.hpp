@@ -51,12 +51,27 @@ FSDP_HD inline float sqrt(float a) {
 #endif
 }
 
-// The same in double (the gradient inspection's decision: fsdp/grad/inspect.hpp).
+// The same in double (the gradient inspection's decision: fsdp/grad/inspect.hpp; the learning-rate schedule and
+// AdamW's bias corrections: fsdp/optim/schedule.hpp).
 FSDP_HD inline double add(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __dadd_rn(a, b);
 #else
   return a + b;
+#endif
+}
+FSDP_HD inline double sub(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+FSDP_HD inline double mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
 #endif
 }
 FSDP_HD inline double div(double a, double b) {

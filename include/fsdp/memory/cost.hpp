@@ -217,6 +217,11 @@ inline buffer_cost norm_buffer_cost(std::size_t units, int rows) {
 /// next backward zeroes it), in the gradient's dtype.
 inline bool commits(bool commit_step, int norm_rows) noexcept { return commit_step && norm_rows == 0; }
 
+/// An optimizer's step block (fsdp/optim/detail/step_block.hpp): its update count and the step's element rule, in
+/// device memory for its whole life, so that a replayed step computes its own learning rate and bias corrections.
+inline constexpr std::int64_t step_block_slots = 64;
+inline buffer_cost step_block_cost() { return {mem::optimizer_state, dtype::f32, step_block_slots}; }
+
 /// The host's pinned copy of that buffer, where the host learns the decision (and, locating, who holds a non-finite
 /// gradient) once the compute stream has passed it: an inspecting optimizer's, for its whole life.
 inline buffer_cost decision_copy_cost(std::size_t units, int rows) {

@@ -1,7 +1,9 @@
 #pragma once
 // AdamW (decoupled weight decay, bias correction, eps outside the square root: torch.optim.AdamW's documented
 // algorithm) over the local shards. Parameters flagged no_decay get no weight decay. The bias corrections
-// 1 - beta^t are evaluated in double and rounded once. Gradient clipping, non-finite checks and loss scaling:
+// 1 - beta^t are evaluated in double and rounded once (optim::bias_correction); the learning rate follows
+// adamw_options::schedule. Both are made from the update number t on the device, at the step's start
+// (fsdp/optim/detail/step_block.hpp). Gradient clipping, non-finite checks and loss scaling:
 // adamw_options::grad; a skipped step does not count (t stays). The per-element update (adamw_update) is an
 // element rule (adamw_rule, fsdp/optim/elementwise.hpp: optim::adamw is an elementwise optimizer) that
 // Backend::for_each runs on the host or in a kernel: every operation rounded once.
@@ -15,6 +17,7 @@
 #include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/elementwise.hpp"
+#include "fsdp/optim/schedule.hpp"
 
 namespace fsdp::optim {
 
@@ -25,15 +28,9 @@ struct adamw_coeffs {
   float beta2;
   float eps;
   float weight_decay;       ///< for parameters not masked out (see decay_mask)
-  float bias_correction1;   ///< 1 - beta1^t, computed in double and rounded once (adamw_bias_correction)
+  float bias_correction1;   ///< 1 - beta1^t, computed in double and rounded once (optim::bias_correction)
   float bias_correction2;   ///< 1 - beta2^t, likewise
 };
-
-/// 1 - beta^t for step t >= 1, evaluated in double and rounded to fp32 once. Rounding beta^t to fp32 first and
-/// subtracting in fp32 loses most digits when beta^t is close to 1 (beta2 = 0.9999 early in training).
-inline float adamw_bias_correction(float beta, long t) {
-  return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), static_cast<double>(t)));
-}
 
 /// One element's update from its gradient g, already scaled (rule_elements applies the step's gradient scale).
 FSDP_HD inline void adamw_update(float& p, float g, float& m, float& v, const adamw_coeffs& c, float weight_decay) {
@@ -56,6 +53,20 @@ struct adamw_rule {
 /// One AdamW step over a shard piece: {p, g, exp_avg, exp_avg_sq, coefficients, mask, gradient scale} (a
 /// kernels::ArrayFunction: 128-bit accesses in a kernel).
 using adamw_elements = rule_elements<adamw_rule>;
+
+/// AdamW's step rule (fsdp/optim/elementwise.hpp): update t's rule, with the schedule's learning rate and the bias
+/// corrections of t, made on the device at the step's start.
+struct adamw_step {
+  adamw_coeffs c;  ///< the peak learning rate; the bias corrections are t's
+  lr_schedule schedule;
+  FSDP_HD adamw_rule at(long t) const {
+    adamw_rule r{c};
+    r.c.lr = schedule.at(c.lr, t);
+    r.c.bias_correction1 = bias_correction(c.beta1, t);
+    r.c.bias_correction2 = bias_correction(c.beta2, t);
+    return r;
+  }
+};
 }  // namespace detail
 
 struct adamw_options {
@@ -65,6 +76,7 @@ struct adamw_options {
   float eps = 1e-8f;
   float weight_decay = 0.01f;
   grad::options grad{};  ///< clipping, non-finite checks, loss scaling (none by default)
+  lr_schedule schedule{};  ///< lr over the updates (fsdp/optim/schedule.hpp; by default lr at every update)
 };
 
 template <class ModelT>
@@ -105,11 +117,8 @@ adamw(ModelT&, adamw_options) -> adamw<detail::core_of_t<ModelT>>;
 // compile it.
 template <class ModelT>
 grad::step_report adamw<ModelT>::step() {
-  return base::step([&](long t) {
-    const float bc1 = detail::adamw_bias_correction(opt_.beta1, t);
-    const float bc2 = detail::adamw_bias_correction(opt_.beta2, t);
-    return detail::adamw_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, bc1, bc2}};
-  });
+  return base::step(
+      detail::adamw_step{{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, 1.0f, 1.0f}, opt_.schedule});
 }
 
 }  // namespace fsdp::optim

@@ -37,6 +37,8 @@
 #include "fsdp/model_access.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/detail/shard_optimizer.hpp"
+#include "fsdp/optim/detail/step_block.hpp"
+#include "fsdp/optim/schedule.hpp"
 
 namespace fsdp::optim {
 
@@ -48,7 +50,27 @@ concept ElementRule = std::is_trivially_copyable_v<R> && requires(const R& r, fl
   r(p, g, s, decay);
 };
 
+/// A rule made each step from its update number, on the device (see the top of this header): trivially copyable
+/// (it travels as a kernel parameter), with FSDP_HD at(t) giving update t's ElementRule, at most 240 bytes.
+template <class S>
+concept StepRule = std::is_trivially_copyable_v<S> && requires(const S& s, long t) {
+  { s.at(t) } -> ElementRule;
+};
+
 namespace detail {
+
+/// A rule whose coefficients `c` hold a peak learning rate `c.lr`, scheduled over the updates (sgd's and lion's step
+/// rule).
+template <class R>
+struct lr_scheduled {
+  R base;
+  lr_schedule schedule;
+  FSDP_HD R at(long t) const {
+    R r = base;
+    r.c.lr = schedule.at(base.c.lr, t);
+    return r;
+  }
+};
 
 /// A learning rate as every built-in optimizer takes it, at construction and in set_lr: finite and >= 0, or a
 /// usage_error naming the optimizer.
@@ -72,6 +94,8 @@ struct rule_elements {
   /// The gradient inspection's decision, where this update runs (null: grad_scale): a skipped step changes
   /// nothing; otherwise its gradient scale replaces grad_scale (fsdp/grad/inspect.hpp).
   const grad::verdict* decided = nullptr;
+  /// The rule the step made on the device (fsdp/optim/detail/step_block.hpp), read in place of `rule`; null: `rule`.
+  const R* made = nullptr;
   static constexpr int array_count = 2 + S;
   FSDP_HD kernels::fp32_arrays<array_count> arrays() const {
     kernels::fp32_arrays<array_count> a{};
@@ -88,7 +112,7 @@ struct rule_elements {
       scale = decided->grad_scale;
     }
     const float g_scaled = scale != 1.0f ? rn::mul(x[1], scale) : x[1];
-    rule(x[0], g_scaled, x + 2, !mask.no_decay(i));
+    (made ? *made : rule)(x[0], g_scaled, x + 2, !mask.no_decay(i));
   }
   FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
 };
@@ -108,36 +132,70 @@ class elementwise : public detail::shard_optimizer<ModelT> {
   elementwise(ModelT& model, std::string name, std::vector<std::string> state_names, grad::options g = {})
       : base(model, checked_name(std::move(name), state_names), state_names, g) {}
 
-  /// One step over every local shard: make(t) gives the rule for update number t (from 1: the bias corrections
-  /// and schedules need it). usage_error, before any update, when the rule's state count is not the number of
-  /// names given at construction. Returns what the step did with the gradients (inspection, skip, scale), learned
-  /// without waiting for the step (grad::step_report).
+  /// One step over every local shard with the rule `s.at(t)` for update number t (from 1: the bias corrections and
+  /// schedules need it), made on the device by the step's first kernel from the update count the device keeps
+  /// (fsdp/optim/detail/step_block.hpp): a step issued once and replayed (a CUDA graph) makes each replay's own
+  /// rule. usage_error, before any update, when the rule's state count is not the number of names given at
+  /// construction. Returns what the step did with the gradients (inspection, skip, scale), learned without waiting
+  /// for the step (grad::step_report).
+  template <StepRule S>
+  grad::step_report step(const S& s) {
+    using R = std::remove_cvref_t<decltype(s.at(long{1}))>;
+    check_states<R>();
+    static_assert(sizeof(R) <= sizeof(detail::step_block::rule) && alignof(R) <= 16,
+                  "fsdp::optim::elementwise::step: a step rule's rule must fit the step block's 240 bytes");
+    auto& be = this->model_.backend();
+    detail::step_block* block = this->block();
+    be.for_each(1, detail::make_rule<S, R>{s, block}, be.compute_stream());
+    // A unit stepped on the host (all its parts offloaded) reads the same rule, made on the host from the host's
+    // count of updates.
+    const R on_host = s.at(this->steps() + 1);
+    const R* made = reinterpret_cast<const R*>(block->rule);
+    return this->run_step([&](auto& unit, const detail::shard_piece& piece, const auto& scale, auto& site) {
+      run_piece(unit, piece, scale, site, on_host, site.on_host() ? nullptr : made);
+    });
+  }
+
+  /// One step over every local shard: make(t) gives the rule for update number t, on the host. A step issued once
+  /// and replayed would replay update t's rule: give a StepRule where steps are captured. Otherwise as step(s).
   template <class Make>
+    requires(!StepRule<std::remove_cvref_t<Make>>)
   grad::step_report step(Make&& make) {
     using R = std::remove_cvref_t<decltype(make(long{1}))>;
     static_assert(ElementRule<R>, "fsdp::optim::elementwise::step: make(t) must return an ElementRule (see "
                                   "fsdp/optim/elementwise.hpp): trivially copyable, with static constexpr int states "
                                   "and void operator()(float& p, float g, float* s, bool decay) const");
-    if (R::states != this->states_per_element())
-      fsdp::detail::fail_usage("optimizer '", this->name(), "': its rule keeps ", R::states,
-                               " state value(s) per element, but it was made with ", this->states_per_element(),
-                               " state name(s)", names_text(this->state_names()), "; give one name per state");
+    check_states<R>();
     const R rule = make(this->steps() + 1);
     return this->run_step([&](auto& unit, const detail::shard_piece& piece, const auto& scale, auto& site) {
-      const auto off = piece.offset;
-      detail::rule_elements<R> f{};
-      f.p = site.at(model_access::master_shard(unit) + off);
-      f.g = site.at(model_access::grad_shard(unit) + off);
-      for (int k = 0; k < R::states; ++k) f.s[k] = site.at(this->state(unit.index(), k) + off);
-      f.rule = rule;
-      f.mask = piece.mask;
-      f.grad_scale = scale.value;
-      f.decided = site.on_host() ? scale.host : scale.device;
-      site.run(piece.numel, f);
+      run_piece(unit, piece, scale, site, rule, static_cast<const R*>(nullptr));
     });
   }
 
  private:
+  template <class R>
+  void check_states() const {
+    if (R::states != this->states_per_element())
+      fsdp::detail::fail_usage("optimizer '", this->name(), "': its rule keeps ", R::states,
+                               " state value(s) per element, but it was made with ", this->states_per_element(),
+                               " state name(s)", names_text(this->state_names()), "; give one name per state");
+  }
+  /// One piece's update at `site`: `rule`, or the one at `made` (device memory) where that is given.
+  template <class Unit, class Scale, class Site, class R>
+  void run_piece(Unit& unit, const detail::shard_piece& piece, const Scale& scale, Site& site, const R& rule,
+                 const R* made) {
+    const auto off = piece.offset;
+    detail::rule_elements<R> f{};
+    f.p = site.at(model_access::master_shard(unit) + off);
+    f.g = site.at(model_access::grad_shard(unit) + off);
+    for (int k = 0; k < R::states; ++k) f.s[k] = site.at(this->state(unit.index(), k) + off);
+    f.rule = rule;
+    f.made = made;
+    f.mask = piece.mask;
+    f.grad_scale = scale.value;
+    f.decided = site.on_host() ? scale.host : scale.device;
+    site.run(piece.numel, f);
+  }
   static std::string names_text(const std::vector<std::string>& names) {
     std::string s;
     for (const auto& n : names) s += (s.empty() ? " (" : ", ") + n;

@@ -23,6 +23,7 @@
 #include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/elementwise.hpp"
+#include "fsdp/optim/schedule.hpp"
 
 namespace fsdp::optim {
 
@@ -63,6 +64,7 @@ struct lion_options {
   float beta2 = 0.99f;
   float weight_decay = 0.0f;  ///< about 3-10x larger than AdamW's, likewise
   grad::options grad{};       ///< clipping, non-finite checks, loss scaling (none by default)
+  lr_schedule schedule{};     ///< lr over the updates (fsdp/optim/schedule.hpp; by default lr at every update)
 };
 
 template <class ModelT>
@@ -103,7 +105,8 @@ lion(ModelT&, lion_options) -> lion<detail::core_of_t<ModelT>>;
 // compile it.
 template <class ModelT>
 grad::step_report lion<ModelT>::step() {
-  return base::step([&](long) { return detail::lion_rule{{opt_.lr, opt_.beta1, opt_.beta2, opt_.weight_decay}}; });
+  return base::step(
+      detail::lr_scheduled<detail::lion_rule>{{{opt_.lr, opt_.beta1, opt_.beta2, opt_.weight_decay}}, opt_.schedule});
 }
 
 }  // namespace fsdp::optim

@@ -14,6 +14,7 @@
 #include "fsdp/kernels/array_function.hpp"
 #include "fsdp/optim/detail/decay_mask.hpp"
 #include "fsdp/optim/elementwise.hpp"
+#include "fsdp/optim/schedule.hpp"
 
 namespace fsdp::optim {
 
@@ -61,6 +62,7 @@ struct sgd_options {
   float momentum = 0.0f;
   float weight_decay = 0.0f;  ///< L2, added to the gradient (torch.optim.SGD); 0 for no_decay parameters
   grad::options grad{};       ///< clipping, non-finite checks, loss scaling (none by default)
+  lr_schedule schedule{};     ///< lr over the updates (fsdp/optim/schedule.hpp; by default lr at every update)
 };
 
 template <class ModelT>
@@ -104,8 +106,8 @@ sgd(ModelT&, sgd_options) -> sgd<detail::core_of_t<ModelT>>;
 template <class ModelT>
 grad::step_report sgd<ModelT>::step() {
   const detail::sgd_coeffs c{opt_.lr, opt_.momentum, opt_.weight_decay};
-  if (this->states_per_element() == 0) return base::step([&](long) { return detail::sgd_rule{c}; });
-  return base::step([&](long) { return detail::sgd_momentum_rule{c}; });
+  if (this->states_per_element() == 0) return base::step(detail::lr_scheduled<detail::sgd_rule>{{c}, opt_.schedule});
+  return base::step(detail::lr_scheduled<detail::sgd_momentum_rule>{{c}, opt_.schedule});
 }
 
 }  // namespace fsdp::optim

@@ -39,6 +39,7 @@
 #include "fsdp/memory/cost.hpp"
 #include "fsdp/model_access.hpp"
 #include "fsdp/optim/detail/pieces.hpp"
+#include "fsdp/optim/detail/step_block.hpp"
 
 namespace fsdp::optim::detail {
 
@@ -116,6 +117,8 @@ class shard_optimizer {
   void restore_steps(long steps) {
     if (steps < 0) fsdp::detail::fail_usage(name_, ": restore_steps(", steps, "): the count must be >= 0");
     settle_pending();
+    auto& be = model_.backend();
+    be.for_each(1, set_updates{block(), steps}, be.compute_stream());
     steps_ = steps;
   }
   void zero_grad() { model_.zero_grad(); }
@@ -134,6 +137,8 @@ class shard_optimizer {
         decision_copy_ = be.allocate_host(c.bytes(), c.category);
       }
     }
+    step_block_ = exec::allocate(be, plan::step_block_cost(), be.compute_stream());
+    exec::zero_new(be, step_block_, plan::step_block_cost(), be.compute_stream());
     for (std::size_t u = 0; u < model.size(); ++u) {
       pieces_.push_back(masked_pieces(model.unit(u).shard_views(), model.unit(u).layout().shard_numel()));
       const plan::buffer_cost c = plan::optimizer_state_cost(model.unit(u).layout(), 1, model.unit_offload(u));
@@ -182,6 +187,7 @@ class shard_optimizer {
         for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, gradient_scale{}, site);
       };
       model_access::step(model_, work);
+      issue_count(nullptr);
       ++steps_;
       return grad::step_report(grad::report{});
     }
@@ -198,7 +204,10 @@ class shard_optimizer {
         for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, gradient_scale{r.grad_scale}, site);
       };
       model_access::step(model_, work);
-      if (!r.skipped) ++steps_;
+      if (!r.skipped) {
+        issue_count(nullptr);
+        ++steps_;
+      }
       if (grad_.scaler) grad_.scaler->update(r.skipped);
       return grad::step_report(std::move(r));
     }
@@ -206,7 +215,17 @@ class shard_optimizer {
 
   ModelT& model_;
 
+  /// The step block (fsdp/optim/detail/step_block.hpp): backend memory.
+  step_block* block() noexcept { return step_block_.template as<step_block>(); }
+
  private:
+  /// The step's last kernel: the device's count of updates, one more unless `decided` (null: no inspection) skipped
+  /// the step. After every update that reads the step's rule, in the compute stream's order.
+  void issue_count(const grad::verdict* decided) {
+    auto& be = model_.backend();
+    be.for_each(1, detail::count_update{block(), decided}, be.compute_stream());
+  }
+
   /// Decides on the device and learns later: a backend with pinned host memory and done(event).
   static constexpr bool deferred = OffloadBackend<backend_type> && PollingBackend<backend_type>;
 
@@ -252,7 +271,10 @@ class shard_optimizer {
       return true;  // every update runs, and reads the decision
     };
     work.decided = &decided_;
-    work.finish = [&] { be.release_after(std::move(buf), cs); };  // after every update that reads it, in cs's order
+    work.finish = [&] {  // after every update that reads it, in cs's order
+      issue_count(buf.template as<grad::verdict>());
+      be.release_after(std::move(buf), cs);
+    };
     work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
       const gradient_scale g{1.0f, buf.template as<grad::verdict>(), decision_copy_.template as<grad::verdict>()};
       for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, g, site);
@@ -345,6 +367,7 @@ class shard_optimizer {
   long steps_ = 0;
   std::vector<std::vector<shard_piece>> pieces_;  // per unit: one fused launch each
   std::vector<std::vector<buffer>> state_;        // per unit: states_ buffers of shard_numel fp32 values
+  buffer step_block_;                             // the device's update count and the step's rule
   buffer decision_copy_;                          // pinned: the host's copy of the inspection's buffer
   typename backend_type::event decided_;          // on the compute stream, after that copy
   mutable std::shared_ptr<grad::pending_decision> pending_;  // the last step's decision, until it is learned
