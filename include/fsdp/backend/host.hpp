@@ -10,6 +10,8 @@
 #include <memory>
 #include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/backend/detail/accounted_buffer.hpp"
@@ -140,6 +142,38 @@ class host {
   issue_counts issued(const stream& s) const { return issued_[static_cast<std::size_t>(index_of(s))].get(); }
   issue_counts issued() const;
 
+  // ---- capture: a CUDA graph's counterpart ----------------------------------------------------------------------
+  /// What begin_capture() to end_capture() recorded: the calls that issue work on this backend's streams, in their
+  /// order.
+  class graph {
+   public:
+    /// Calls recorded: kernels, copies, event records and waits, host functions, and the collectives a
+    /// communicator issued on the streams.
+    std::size_t size() const noexcept { return calls_.size(); }
+
+   private:
+    friend class host;
+    std::vector<std::function<void()>> calls_;
+  };
+  /// From here to end_capture(), every call that would issue work on one of this backend's streams (kernels, copies,
+  /// event records and waits, host functions, a communicator's collectives) is recorded instead of issued, as a
+  /// stream capturing a CUDA graph records it; replay() issues the recorded calls again, in their order, with the
+  /// same arguments: the same addresses, element functions and sizes. A wait on an event whose last record was made
+  /// before the capture is dropped: a replay starts after everything issued before it (a CUDA graph's launch is
+  /// ordered after all earlier work of its stream, and the capture helper synchronizes every stream before the
+  /// capture; here replay() waits for every stream first). Refused while capturing, each with a sentence
+  /// (usage_error): taking or giving back memory (allocate, release_after), waiting on the host (synchronize, a copy
+  /// from or to pageable memory), asking an event (done), and a second begin_capture.
+  void begin_capture();
+  /// The calls recorded since begin_capture(); the streams issue again.
+  graph end_capture();
+  /// Issues `g`'s calls again, in order (outside a capture), once every stream has run what was issued before.
+  void replay(const graph& g);
+  bool capturing() const noexcept { return capture_ != nullptr; }
+  /// Replays so far: work the host issued once and the streams ran again (an optimizer learns its update count from
+  /// the device after them).
+  std::uint64_t replays() const noexcept { return replays_; }
+
   // ---- memory -------------------------------------------------------------------------------------------------
   /// `first_use` is the stream that uses the buffer first: host memory is ready at once, but the pool model
   /// (pool()) counts the allocation as a stream-ordered one on that stream, as the CUDA backend makes it.
@@ -187,6 +221,7 @@ class host {
   template <ElementFunction F>
   void for_each(std::int64_t n, const F& f, stream& s) {
     if (n <= 0) return;
+    if (captured(s, [this, n, f, &s] { for_each(n, f, s); })) return;
     count(s, &atomic_counts::kernels);
     s.submit([=, d = delay("for_each")] {
       std::this_thread::sleep_for(d);
@@ -225,6 +260,22 @@ class host {
   }
 
   int index_of(const stream& s) const;
+
+  /// Records `reissue` (which makes the same call again) when `s` is being captured, and says so.
+  template <class F>
+  bool captured(stream& s, F&& reissue) {
+    std::vector<std::function<void()>>* calls = s.capture();
+    if (calls == nullptr) return false;
+    calls->emplace_back(std::forward<F>(reissue));
+    return true;
+  }
+  /// usage_error: `call` is not allowed while a step is captured, because `why`.
+  [[noreturn]] void refuse_in_capture(std::string_view call, std::string_view why) const;
+  [[noreturn]] void refuse_pageable(const char* what) const;
+
+  std::unique_ptr<std::vector<std::function<void()>>> capture_;  // while capturing: the calls recorded
+  std::vector<const detail::event_state*> recorded_in_capture_;  // the events recorded in it
+  std::uint64_t replays_ = 0;
 
   host_options opt_;
   int rank_;

@@ -1,6 +1,7 @@
 #pragma once
 // The host backend's definitions (fsdp/backend/host.hpp): included by that header, or compiled once by fsdp/src.hpp
 // under FSDP_SEPARATE_COMPILATION (fsdp/core/config.hpp).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -37,6 +38,10 @@ FSDP_DECL host::host(int rank, host_options opt)
       host_work_(stream_name(rank, "host_work"), opt.threaded_streams, opt.spin) {}
 
 FSDP_DECL void host::record(event& e, stream& s) {
+  if (captured(s, [this, &e, &s] { record(e, s); })) {
+    recorded_in_capture_.push_back(e.s_.get());
+    return;
+  }
   count(s, &atomic_counts::records);
   e.frees_ = pool_.record(index_of(s));
   const std::uint64_t target = e.s_->next_target();
@@ -48,6 +53,10 @@ FSDP_DECL void host::record(event& e, stream& s) {
 }
 
 FSDP_DECL bool host::done(const event& e) const {
+  if (capture_)
+    refuse_in_capture("done(event)",
+                      "an event query inside a captured step asks about the capture, not about a "
+                      "replay; ask after end_capture()");
   if (e.s_->completed.load() < e.s_->snapshot()) return false;
   if (e.s_->failed.load()) {  // the stream failed before it got there: its error, as a wait would give it
     std::exception_ptr err;
@@ -65,6 +74,11 @@ FSDP_DECL bool host::failed_before(const event& e) const noexcept {
 }
 
 FSDP_DECL void host::wait(stream& s, const event& e) {
+  if (s.capture()) {  // a wait on a record made before the capture is dropped: a replay starts after all of it
+    if (std::find(recorded_in_capture_.begin(), recorded_in_capture_.end(), e.s_.get()) != recorded_in_capture_.end())
+      captured(s, [this, &e, &s] { wait(s, e); });
+    return;
+  }
   count(s, &atomic_counts::waits);
   const std::uint64_t target = e.s_->snapshot();
   if (target == 0) return;
@@ -83,6 +97,7 @@ FSDP_DECL void host::wait(stream& s, const event& e) {
 }
 
 FSDP_DECL void host::host_callback(stream& s, std::function<void()> fn) {
+  if (captured(s, [this, &s, fn] { host_callback(s, fn); })) return;
   count(s, &atomic_counts::host_functions);
   const auto d = copy_delay(s, 0);
   if (d.count() > 0)
@@ -95,6 +110,10 @@ FSDP_DECL void host::host_callback(stream& s, std::function<void()> fn) {
 }
 
 FSDP_DECL void host::synchronize(stream& s) {
+  if (capture_)
+    refuse_in_capture("synchronize(stream '" + s.name() + "')",
+                      "a captured step's work runs only when it is replayed, and nothing in it may wait on the host; "
+                      "synchronize after end_capture() or after a replay");
   count(s, &atomic_counts::synchronizes);
   s.drain(opt_.wait_timeout);
 }
@@ -108,6 +127,11 @@ FSDP_DECL issue_counts host::issued() const {
 FSDP_DECL host::buffer host::allocate(std::int64_t bytes, mem category, stream& first_use) {
   if (bytes < 0)
     fsdp::detail::fail_usage("backend::host::allocate: negative size ", bytes, " bytes for ", name_of(category));
+  if (capture_)
+    refuse_in_capture(fsdp::detail::cat("allocate(", bytes, " bytes of ", name_of(category), ")"),
+                      "memory taken inside a captured step lies outside the plan (on a GPU, a graph allocation "
+                      "beside the pool the plan reserved); take it before the capture (an eager step first makes "
+                      "the step's slots)");
   buffer b = take(bytes, category);  // nothing is counted when it fails
   pool_.allocate(index_of(first_use), bytes);
   count(first_use, &atomic_counts::allocations);
@@ -130,6 +154,10 @@ FSDP_DECL host::buffer host::allocate_host(std::int64_t bytes, mem category) {
 
 FSDP_DECL void host::release_after(buffer&& b, stream& s) {
   if (!b) return;
+  if (capture_)
+    refuse_in_capture(fsdp::detail::cat("release_after(", b.bytes(), " bytes of ", name_of(b.category()), ")"),
+                      "memory given back inside a captured step would be given back at every replay; give it back "
+                      "after end_capture()");
   count(s, &atomic_counts::frees);
   const bool modelled = b.free_.pool != nullptr;
   b.stop_accounting();
@@ -166,12 +194,14 @@ FSDP_DECL host::buffer host::take(std::int64_t bytes, mem category) {
 
 FSDP_DECL void host::fill_zero(void* dst, std::int64_t bytes, stream& s) {
   if (bytes <= 0) return;
+  if (captured(s, [=, this, &s] { fill_zero(dst, bytes, s); })) return;
   count(s, &atomic_counts::memory_ops);
   s.submit([=] { std::memset(dst, 0, static_cast<std::size_t>(bytes)); });
 }
 
 FSDP_DECL void host::copy(void* dst, const void* src, std::int64_t bytes, stream& s) {
   if (bytes <= 0 || dst == src) return;
+  if (captured(s, [=, this, &s] { copy(dst, src, bytes, s); })) return;
   count(s, &atomic_counts::memory_ops);
   s.submit([=, d = copy_delay(s, bytes)] {
     std::this_thread::sleep_for(d);
@@ -180,11 +210,13 @@ FSDP_DECL void host::copy(void* dst, const void* src, std::int64_t bytes, stream
 }
 
 FSDP_DECL void host::upload(void* dst, const void* host_src, std::int64_t bytes, stream& s) {
-  copy(dst, host_src, bytes, s);  // counted there
+  if (capture_ && bytes > 0 && !pinned_.contains(host_src)) refuse_pageable("an upload from");
+  copy(dst, host_src, bytes, s);  // counted (or captured) there
   if (bytes > 0 && !pinned_.contains(host_src)) pageable_wait(s, "an upload from");
 }
 
 FSDP_DECL void host::download(void* host_dst, const void* src, std::int64_t bytes, stream& s) {
+  if (capture_ && bytes > 0 && !pinned_.contains(host_dst)) refuse_pageable("a download to");
   copy(host_dst, src, bytes, s);
   if (bytes > 0 && !pinned_.contains(host_dst)) pageable_wait(s, "a download to");
 }
@@ -192,12 +224,14 @@ FSDP_DECL void host::download(void* host_dst, const void* src, std::int64_t byte
 FSDP_DECL void host::convert(void* dst, dtype dst_type, const void* src, dtype src_type, std::int64_t n, float scale,
                              stream& s) {
   if (n <= 0) return;
+  if (captured(s, [=, this, &s] { convert(dst, dst_type, src, src_type, n, scale, s); })) return;
   count(s, &atomic_counts::kernels);
   s.submit([=] { kernels::host_loops::convert(dst, dst_type, src, src_type, n, scale); });
 }
 
 FSDP_DECL void host::accumulate(float* dst, const void* src, dtype src_type, std::int64_t n, float scale, stream& s) {
   if (n <= 0) return;
+  if (captured(s, [=, this, &s] { accumulate(dst, src, src_type, n, scale, s); })) return;
   count(s, &atomic_counts::kernels);
   s.submit([=, d = delay("accumulate")] {
     std::this_thread::sleep_for(d);
@@ -206,6 +240,7 @@ FSDP_DECL void host::accumulate(float* dst, const void* src, dtype src_type, std
 }
 
 FSDP_DECL void host::squared_norm(const float* x, std::int64_t n, float* out, stream& s) {
+  if (captured(s, [=, this, &s] { squared_norm(x, n, out, s); })) return;
   count(s, &atomic_counts::kernels);
   s.submit([=] {
     double acc = 0;
@@ -224,6 +259,43 @@ FSDP_DECL void host::pageable_wait(stream& s, const char* what) {
       "through allocate_host() memory"));
   s.set_error(std::make_exception_ptr(e));
   throw e;
+}
+
+FSDP_DECL void host::begin_capture() {
+  if (capture_) refuse_in_capture("begin_capture()", "a capture is already under way; end_capture() it first");
+  capture_ = std::make_unique<std::vector<std::function<void()>>>();
+  for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) s->set_capture(capture_.get());
+}
+
+FSDP_DECL host::graph host::end_capture() {
+  if (!capture_) fsdp::detail::fail_usage("backend::host on rank ", rank_, ": end_capture() without a begin_capture()");
+  for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) s->set_capture(nullptr);
+  graph g;
+  g.calls_ = std::move(*capture_);
+  capture_.reset();
+  recorded_in_capture_.clear();
+  return g;
+}
+
+FSDP_DECL void host::replay(const graph& g) {
+  if (capture_)
+    refuse_in_capture("replay(graph)", "a replay inside a capture is not recorded; replay after end_capture()");
+  // Everything issued before starts the replay, as a CUDA graph's launch follows all earlier work (the waits dropped
+  // at the capture were on it): here the host waits for it, which the device does there.
+  for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) s->drain(opt_.wait_timeout);
+  ++replays_;
+  for (const std::function<void()>& call : g.calls_) call();
+}
+
+FSDP_DECL void host::refuse_in_capture(std::string_view call, std::string_view why) const {
+  fsdp::detail::fail_usage("backend::host on rank ", rank_, ": ", call,
+                           " while a step is captured (begin_capture() to end_capture()): ", why);
+}
+
+FSDP_DECL void host::refuse_pageable(const char* what) const {
+  refuse_in_capture(fsdp::detail::cat(what, " pageable host memory"),
+                    "such a copy waits on the host for its stream (cudaMemcpyAsync from or to pageable memory); copy "
+                    "through allocate_host() memory");
 }
 
 FSDP_DECL std::chrono::microseconds host::copy_delay(const stream& s, std::int64_t bytes) const {

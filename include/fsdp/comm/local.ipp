@@ -64,6 +64,12 @@ FSDP_DECL local_communicator local_communicator::join(const local_invitation& in
 FSDP_DECL void local_communicator::issue(const detail::op_desc& d, const void* send, void* recv, stream& s,
                                         std::int64_t total_elems) {
   detail::require_count(d.count, [&] { return fsdp::detail::cat(d.str(), " on rank ", rank_); });
+  if (std::vector<std::function<void()>>* calls = s.capture()) {  // captured (backend::host::begin_capture): each
+    calls->emplace_back([this, d, send, recv, &s, total_elems] {  // replay issues it again, in the world's order
+      issue(d, send, recv, s, total_elems);
+    });
+    return;
+  }
   const std::uint64_t seq = seq_++;
   stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
   auto g = g_;

@@ -150,7 +150,7 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
     m.add(c.grad_shard);
   }
   for (std::size_t u = 0; u < n; ++u) m.add(plan::optimizer_state_cost(layouts[u], in.optimizer_states, offload[u]));
-  m.add(plan::step_block_cost());                     // the optimizer's update count and step rule
+  m.add(plan::step_block_cost());                    // the optimizer's update count and step rule
   m.add(plan::decision_copy_cost(n, in.norm_rows));  // an inspecting optimizer's pinned copy of its decision
 
   detail::sched::scheduler s(units, in.schedule);

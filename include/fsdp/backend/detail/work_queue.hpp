@@ -18,12 +18,14 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "fsdp/core/config.hpp"
 
@@ -133,6 +135,12 @@ class work_queue {
     return true;
   }
 
+  /// While the backend captures a step (backend::host::begin_capture): where the calls that would issue work on this
+  /// queue go instead, each one issuing itself again when the capture is replayed (the backend's and the
+  /// communicators' calls check it); null otherwise. Read and set by the issuing thread only.
+  std::vector<std::function<void()>>* capture() const noexcept { return capture_; }
+  void set_capture(std::vector<std::function<void()>>* calls) noexcept { capture_ = calls; }
+
   /// Whether a task of this queue threw (or a waited-on event carried an error): a lock-free check.
   bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
   /// The first error a task of this queue threw, or null.
@@ -163,6 +171,7 @@ class work_queue {
 
   std::string name_;
   bool threaded_;
+  std::vector<std::function<void()>>* capture_ = nullptr;
   std::chrono::microseconds spin_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

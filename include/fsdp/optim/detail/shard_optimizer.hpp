@@ -81,6 +81,7 @@ class shard_optimizer {
   /// learned first (waiting for it when the compute stream has not passed it yet).
   long steps() const {
     settle_pending();
+    learn_replays();
     return steps_;
   }
   /// State buffer k of unit u: backend memory of the unit's shard_numel fp32 values, laid out as the master shard
@@ -301,6 +302,20 @@ class shard_optimizer {
     return grad::step_report(std::move(p));
   }
 
+  /// After replays of a captured step (a backend that counts them: backend::host::replays), which the host issued
+  /// once: the update count the device kept (one synchronize of the compute stream).
+  void learn_replays() const {
+    if constexpr (requires(const backend_type& b) { b.replays(); }) {
+      auto& be = model_.backend();
+      if (be.replays() == replays_seen_) return;
+      be.synchronize(be.compute_stream());
+      std::int64_t updates = 0;
+      be.download(&updates, &step_block_.template as<step_block>()->updates, sizeof updates, be.compute_stream());
+      steps_ = static_cast<long>(updates);
+      replays_seen_ = be.replays();
+    }
+  }
+
   /// Learns the last step's decision (waiting for it when it has not arrived) and lets it go. When it cannot (the
   /// stream failed first), a step_report still held is orphaned before the error goes on: asking it throws what
   /// happened, and it never reaches this optimizer again, which may be gone by then.
@@ -364,7 +379,8 @@ class shard_optimizer {
   grad::options grad_;
   std::string name_;
   std::vector<std::string> names_;
-  long steps_ = 0;
+  mutable long steps_ = 0;                        // updates applied, as the host knows them
+  mutable std::uint64_t replays_seen_ = 0;        // the backend's replays when steps_ was last learned
   std::vector<std::vector<shard_piece>> pieces_;  // per unit: one fused launch each
   std::vector<std::vector<buffer>> state_;        // per unit: states_ buffers of shard_numel fp32 values
   buffer step_block_;                             // the device's update count and the step's rule

@@ -1,0 +1,130 @@
+// A training step captured once and replayed (backend::host's capture, a CUDA graph's counterpart): the trainer's
+// gradient kernels, the library's gathers, reductions and optimizer updates issued once, replayed 18 times, and every
+// rank's master shards, optimizer states and update count bit for bit against 20 eager steps: the optimizer's
+// learning rate and bias corrections come from the update count the device keeps (fsdp/optim/detail/step_block.hpp),
+// so each replay computes its own.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/support/support.hpp"
+
+using fsdp::comm::local_communicator;
+namespace sharding = fsdp::sharding;
+
+namespace {
+
+fsdp::ModelSpec spec() {
+  fsdp::ModelSpec s;
+  s.add("a.w", {7, 13}).add("a.b", {13}, {.flags = {.no_decay = true}}).add("b.w", {301}).add("c.w", {5, 5});
+  return s;
+}
+const fsdp::wrap::by_function first_letter{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }};
+
+/// A quadratic's gradient from the gathered parameter, on the compute stream: g[i] = p[i] / 4 + (i % 7 - 3) / 64.
+struct quadratic_grad {
+  const float* p;
+  float* g;
+  FSDP_HD void operator()(std::int64_t i) const {
+    g[i] = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(i % 7 - 3) * 0.015625f);
+  }
+};
+
+/// One step whose every piece of work is issued on the backend's streams: a trainer that can be captured.
+template <class M, class O>
+void train_step(M& m, O& opt) {
+  auto& be = m.backend();
+  for (auto& u : m.forward()) (void)u;
+  for (auto& u : m.backward())
+    for (const auto& e : u.layout().entries()) {
+      auto g = u.grad(e.name);
+      be.for_each(g.numel(), quadratic_grad{u.param(e.name).data(), g.data()}, be.compute_stream());
+    }
+  opt.step();
+  opt.zero_grad();
+}
+
+struct outcome {
+  std::vector<std::vector<std::vector<float>>> state;  // per rank: local_state
+  std::vector<long> steps;                             // per rank: the optimizer's update count
+};
+
+constexpr int steps = 20;
+
+/// 20 steps at `world` ranks: eager, or the first eager, the second captured (nothing runs) and replayed 19 times.
+template <class Policy, class MakeOpt>
+outcome train(int world, bool capture, MakeOpt&& make_opt) {
+  outcome out;
+  out.state.resize(static_cast<std::size_t>(world));
+  out.steps.resize(static_cast<std::size_t>(world));
+  fsdp_test::run_ranks(world, [&](local_communicator& c) {
+    fsdp::Model<Policy> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
+    auto opt = make_opt(m);
+    train_step(m, *opt);
+    if (capture) {
+      auto& be = m.backend();
+      m.synchronize();
+      be.begin_capture();
+      train_step(m, *opt);
+      const auto graph = be.end_capture();
+      for (int t = 2; t <= steps; ++t) be.replay(graph);
+    } else {
+      for (int t = 2; t <= steps; ++t) train_step(m, *opt);
+    }
+    const auto r = static_cast<std::size_t>(c.rank());
+    out.state[r] = fsdp_test::local_state(m, *opt);
+    out.steps[r] = opt->steps();
+  });
+  return out;
+}
+
+template <class Policy, class MakeOpt>
+void check_replays_match(int world, MakeOpt&& make_opt) {
+  const outcome eager = train<Policy>(world, false, make_opt);
+  const outcome replayed = train<Policy>(world, true, make_opt);
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK(fsdp_test::same_bits(eager.state[static_cast<std::size_t>(r)], replayed.state[static_cast<std::size_t>(r)]));
+    CHECK(eager.steps[static_cast<std::size_t>(r)] == steps);
+    CHECK(replayed.steps[static_cast<std::size_t>(r)] == steps);
+  }
+}
+
+/// AdamW under a warm-up of 5 updates and a cosine to a tenth at update 20.
+auto adamw = [](auto& m) {
+  return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
+      m, fsdp::optim::adamw_options{.lr = 0.05f, .weight_decay = 0.1f, .schedule = {5, 20, 0.1f}});
+};
+
+}  // namespace
+
+TEST_CASE(
+    "AdamW under warm-up and cosine: 18 replays of a captured step give every rank the bits of eager steps, "
+    "under every strategy") {
+  SUBCASE("full_shard") { check_replays_match<fsdp::policy<sharding::full_shard>>(3, adamw); }
+  SUBCASE("full_shard, prefetching the next unit") {
+    check_replays_match<fsdp::policy<sharding::full_shard, fsdp::prefetch::next>>(2, adamw);
+  }
+  SUBCASE("shard_grad_op") { check_replays_match<fsdp::policy<sharding::shard_grad_op>>(3, adamw); }
+  SUBCASE("zero1") { check_replays_match<fsdp::policy<sharding::zero1>>(2, adamw); }
+  SUBCASE("no_shard") { check_replays_match<fsdp::policy<sharding::no_shard>>(2, adamw); }
+  SUBCASE("hybrid_shard<2> at 2 x 2") { check_replays_match<fsdp::policy<sharding::hybrid_shard<2>>>(4, adamw); }
+  SUBCASE("one rank") { check_replays_match<fsdp::policy<sharding::full_shard>>(1, adamw); }
+}
+
+TEST_CASE("sgd with momentum, lion and a user's step rule, scheduled, replay to the same bits") {
+  using P = fsdp::policy<sharding::full_shard>;
+  SUBCASE("sgd") {
+    check_replays_match<P>(2, [](auto& m) {
+      return std::make_unique<fsdp::optim::sgd<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
+          m, fsdp::optim::sgd_options{.lr = 0.1f, .momentum = 0.9f, .schedule = {3, 0, 0.0f}});
+    });
+  }
+  SUBCASE("lion") {
+    check_replays_match<P>(2, [](auto& m) {
+      return std::make_unique<fsdp::optim::lion<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
+          m, fsdp::optim::lion_options{.lr = 0.01f, .weight_decay = 0.5f, .schedule = {0, 20, 0.0f}});
+    });
+  }
+}
