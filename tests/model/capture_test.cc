@@ -4,6 +4,7 @@
 // learning rate and bias corrections come from the update count the device keeps (fsdp/optim/detail/step_block.hpp),
 // so each replay computes its own.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,24 +23,27 @@ fsdp::ModelSpec spec() {
 }
 const fsdp::wrap::by_function first_letter{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }};
 
-/// A quadratic's gradient from the gathered parameter, on the compute stream: g[i] = p[i] / 4 + (i % 7 - 3) / 64.
+/// A quadratic's gradient from the gathered parameter, on the compute stream: g[i] = p[i] / 4 + (i % 7 - 3) / 64,
+/// and *poison added to the first element (0, or an inf that makes the optimizer skip the step).
 struct quadratic_grad {
   const float* p;
   float* g;
+  const float* poison;
   FSDP_HD void operator()(std::int64_t i) const {
-    g[i] = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(i % 7 - 3) * 0.015625f);
+    const float v = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(i % 7 - 3) * 0.015625f);
+    g[i] = i == 0 ? fsdp::rn::add(v, *poison) : v;
   }
 };
 
 /// One step whose every piece of work is issued on the backend's streams: a trainer that can be captured.
 template <class M, class O>
-void train_step(M& m, O& opt) {
+void train_step(M& m, O& opt, const float* poison) {
   auto& be = m.backend();
   for (auto& u : m.forward()) (void)u;
   for (auto& u : m.backward())
     for (const auto& e : u.layout().entries()) {
       auto g = u.grad(e.name);
-      be.for_each(g.numel(), quadratic_grad{u.param(e.name).data(), g.data()}, be.compute_stream());
+      be.for_each(g.numel(), quadratic_grad{u.param(e.name).data(), g.data(), poison}, be.compute_stream());
     }
   opt.step();
   opt.zero_grad();
@@ -53,24 +57,37 @@ struct outcome {
 constexpr int steps = 20;
 
 /// 20 steps at `world` ranks: eager, or the first eager, the second captured (nothing runs) and replayed 19 times.
+/// Step `poisoned` (0: none) has an inf in rank 0's gradient, written between steps.
 template <class Policy, class MakeOpt>
-outcome train(int world, bool capture, MakeOpt&& make_opt) {
+outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned) {
   outcome out;
   out.state.resize(static_cast<std::size_t>(world));
   out.steps.resize(static_cast<std::size_t>(world));
   fsdp_test::run_ranks(world, [&](local_communicator& c) {
     fsdp::Model<Policy> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
     auto opt = make_opt(m);
-    train_step(m, *opt);
+    float poison = 0.0f;  // the host backend's device memory is the host's
+    auto poison_at = [&](int t) {
+      m.synchronize();
+      poison = t == poisoned && c.rank() == 0 ? std::numeric_limits<float>::infinity() : 0.0f;
+    };
+    train_step(m, *opt, &poison);
     if (capture) {
       auto& be = m.backend();
       m.synchronize();
+      (void)opt->steps();  // the last eager step's decision learned: nothing on the host is pending in the capture
       be.begin_capture();
-      train_step(m, *opt);
+      train_step(m, *opt, &poison);
       const auto graph = be.end_capture();
-      for (int t = 2; t <= steps; ++t) be.replay(graph);
+      for (int t = 2; t <= steps; ++t) {
+        poison_at(t);
+        be.replay(graph);
+      }
     } else {
-      for (int t = 2; t <= steps; ++t) train_step(m, *opt);
+      for (int t = 2; t <= steps; ++t) {
+        poison_at(t);
+        train_step(m, *opt, &poison);
+      }
     }
     const auto r = static_cast<std::size_t>(c.rank());
     out.state[r] = fsdp_test::local_state(m, *opt);
@@ -80,14 +97,15 @@ outcome train(int world, bool capture, MakeOpt&& make_opt) {
 }
 
 template <class Policy, class MakeOpt>
-void check_replays_match(int world, MakeOpt&& make_opt) {
-  const outcome eager = train<Policy>(world, false, make_opt);
-  const outcome replayed = train<Policy>(world, true, make_opt);
+void check_replays_match(int world, MakeOpt&& make_opt, int poisoned = 0) {
+  const outcome eager = train<Policy>(world, false, make_opt, poisoned);
+  const outcome replayed = train<Policy>(world, true, make_opt, poisoned);
+  const long updates = poisoned > 0 ? steps - 1 : steps;  // a skipped step does not count
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     CHECK(fsdp_test::same_bits(eager.state[static_cast<std::size_t>(r)], replayed.state[static_cast<std::size_t>(r)]));
-    CHECK(eager.steps[static_cast<std::size_t>(r)] == steps);
-    CHECK(replayed.steps[static_cast<std::size_t>(r)] == steps);
+    CHECK(eager.steps[static_cast<std::size_t>(r)] == updates);
+    CHECK(replayed.steps[static_cast<std::size_t>(r)] == updates);
   }
 }
 
@@ -126,5 +144,25 @@ TEST_CASE("sgd with momentum, lion and a user's step rule, scheduled, replay to 
       return std::make_unique<fsdp::optim::lion<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
           m, fsdp::optim::lion_options{.lr = 0.01f, .weight_decay = 0.5f, .schedule = {0, 20, 0.0f}});
     });
+  }
+}
+
+TEST_CASE(
+    "clipping by the global norm, and a step skipped for a non-finite gradient, replay to the same bits: the "
+    "decision is made on the device, and the skipped step is not counted there") {
+  auto clipped = [](auto& m) {
+    return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
+        m, fsdp::optim::adamw_options{.lr = 0.05f, .grad = {.max_norm = 0.5f}, .schedule = {5, 20, 0.1f}});
+  };
+  SUBCASE("clipped") { check_replays_match<fsdp::policy<sharding::full_shard>>(2, clipped); }
+  SUBCASE("clipped, step 7 skipped") { check_replays_match<fsdp::policy<sharding::full_shard>>(2, clipped, 7); }
+  SUBCASE("hybrid_shard<2>, step 12 skipped, the non-finite unit located") {
+    check_replays_match<fsdp::policy<sharding::hybrid_shard<2>>>(
+        4,
+        [](auto& m) {
+          return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
+              m, fsdp::optim::adamw_options{.grad = {.max_norm = 1.0f, .locate_nonfinite = true}});
+        },
+        12);
   }
 }

@@ -117,6 +117,20 @@ concept PollingBackend = Backend<B> && requires(const B& b, const typename B::ev
   { b.done(e) } -> std::convertible_to<bool>;
 };
 
+/// Optional: capturing() says whether the backend is recording a step to replay (backend::host's begin_capture, a
+/// CUDA graph's capture) instead of running what is issued.
+template <class B>
+concept CapturingBackend = Backend<B> && requires(const B& b) {
+  { b.capturing() } -> std::convertible_to<bool>;
+};
+template <Backend B>
+bool capturing(const B& b) {
+  if constexpr (CapturingBackend<B>)
+    return b.capturing();
+  else
+    return false;
+}
+
 /// Optional: host_memory_on_device() says whether the device addresses the pinned host memory allocate_host gives.
 template <class B>
 concept HostMappingBackend = OffloadBackend<B> && requires(const B& b) {

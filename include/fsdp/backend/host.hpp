@@ -55,9 +55,8 @@ struct host_options {
 /// cudaMemcpyAsync: fill_zero, copy, upload, download), a host function (cudaLaunchHostFunc), an event record
 /// (cudaEventRecord), a stream wait (cudaStreamWaitEvent) or a host synchronize; and device memory taken and
 /// given back in stream order (allocate: cudaMallocFromPoolAsync on the stream of first use; release_after:
-/// cudaFreeAsync), which a step after the first issues only for no-sync accumulators and the gradient
-/// inspection's buffer (fsdp/grad/inspect.hpp). Calls that issue nothing (empty ranges) are not counted, on either
-/// backend.
+/// cudaFreeAsync), which a step after the first issues only for no-sync accumulators. Calls that issue nothing
+/// (empty ranges) are not counted, on either backend.
 struct issue_counts {
   std::uint64_t kernels = 0;
   std::uint64_t memory_ops = 0;

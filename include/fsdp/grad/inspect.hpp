@@ -86,6 +86,9 @@ struct report {
   float loss_scale = 1.0f;  ///< the scale the gradients carried (1 without a loss scaler)
   float grad_scale = 1.0f;  ///< what the update multiplied each gradient element by: clip_coef / loss_scale
   bool located = false;     ///< the inspection had one row per rank (options::locate_nonfinite)
+  /// The step was captured (a CUDA graph, backend::host's capture), not run: each replay decides on the device, and
+  /// nothing above describes one.
+  bool captured = false;
   std::optional<location> nonfinite;  ///< located and skipped: the first non-finite unit shard
 
   std::string message() const;

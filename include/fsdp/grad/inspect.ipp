@@ -39,6 +39,7 @@ FSDP_DECL report report_of(const verdict& v, float loss_scale, const float* tabl
 }
 
 FSDP_DECL std::string report::message() const {
+  if (captured) return "captured, not run: each replay decides on the device";
   if (!skipped) return detail::cat("gradient norm ", norm, (clip_coef < 1.0f ? ", clipped" : ""));
   if (!nonfinite)
     return detail::cat("non-finite gradients (", located ? "every shard's squared norm is finite, their sum overflows"

@@ -202,9 +202,9 @@ inline constexpr std::int64_t verdict_slots = 8;
 /// The squared norms a gradient inspection all-reduces: `rows` x `units` fp32 values (0 rows: no inspection).
 inline std::int64_t norm_count(std::size_t units, int rows) { return static_cast<std::int64_t>(units) * rows; }
 
-/// The per-step buffer of gradient inspection (clipping, non-finite checks), from the inspection to the last update
-/// of the step: its decision (verdict_slots), then `rows` x `units` fp32 squared norms, all-reduced once
-/// (fsdp/grad/inspect.hpp). None without inspection.
+/// The buffer of gradient inspection (clipping, non-finite checks): its decision (verdict_slots), then `rows` x
+/// `units` fp32 squared norms, all-reduced once a step (fsdp/grad/inspect.hpp). An inspecting optimizer's, for its
+/// whole life (a captured step takes no memory). None without inspection.
 inline buffer_cost norm_buffer_cost(std::size_t units, int rows) {
   const std::int64_t n = norm_count(units, rows);
   return {mem::comm_buffers, dtype::f32, n > 0 ? verdict_slots + n : 0};

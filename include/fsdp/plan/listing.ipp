@@ -114,8 +114,7 @@ FSDP_DECL step_listing list_step(const std::vector<std::string>& names, const st
   detail::listing_reading r(out.actions, replicas != 0);
   for (int step = 0; step < 2; ++step) {
     r.listing(step == 1);
-    if (auto short_of =
-            plan::detail::run_step(s, p.order, prog, r, [] {}, [] {}, plan::commits(in.commit_step, in.norm_rows))) {
+    if (auto short_of = plan::detail::run_step(s, p.order, prog, r, plan::commits(in.commit_step, in.norm_rows))) {
       out.infeasible = short_of->message(units);
       out.actions.clear();
       return out;

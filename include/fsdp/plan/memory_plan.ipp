@@ -151,7 +151,8 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
   }
   for (std::size_t u = 0; u < n; ++u) m.add(plan::optimizer_state_cost(layouts[u], in.optimizer_states, offload[u]));
   m.add(plan::step_block_cost());                    // the optimizer's update count and step rule
-  m.add(plan::decision_copy_cost(n, in.norm_rows));  // an inspecting optimizer's pinned copy of its decision
+  m.add(plan::norm_buffer_cost(n, in.norm_rows));    // an inspecting optimizer's norms and decision
+  m.add(plan::decision_copy_cost(n, in.norm_rows));  // and its pinned copy of them
 
   detail::sched::scheduler s(units, in.schedule);
   // Replicas not known (0): the replica all-reduce works in place, on no memory of its own.
@@ -174,9 +175,7 @@ FSDP_DECL memory_plan plan_memory(const std::vector<std::string>& names, const s
       if (step >= 2 && std::find(seen.begin(), seen.end() - 1, seen.back()) != seen.end() - 1) break;
     }
     r.link = {};
-    const plan::buffer_cost norms = plan::norm_buffer_cost(n, in.norm_rows);
-    const auto short_of = plan::detail::run_step(
-        s, order, prog, r, [&] { m.add(norms); }, [&] { m.sub(norms); }, plan::commits(in.commit_step, in.norm_rows));
+    const auto short_of = plan::detail::run_step(s, order, prog, r, plan::commits(in.commit_step, in.norm_rows));
     if (short_of) {
       out.infeasible = short_of->message(units);
       out.max_units_gathered = r.max_gathered;

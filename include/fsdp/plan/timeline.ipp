@@ -397,8 +397,7 @@ FSDP_DECL timeline plan_timeline(const std::vector<std::string>& names, const st
   detail::time_reading::at end;
   for (int step = 0; step < 2; ++step) {
     r.begin_step(step == 1);
-    if (auto short_of =
-            plan::detail::run_step(s, order, prog, r, [] {}, [] {}, plan::commits(in.commit_step, in.norm_rows))) {
+    if (auto short_of = plan::detail::run_step(s, order, prog, r, plan::commits(in.commit_step, in.norm_rows))) {
       out.infeasible = short_of->message(units);
       return out;
     }

@@ -99,8 +99,8 @@ struct optimizer_work {
   /// Recorded by inspect() on the compute stream once the inspection's decision is in host memory: an update on the
   /// host (a host function) reads it there, so it waits for this first. Null: the updates need nothing of it.
   const typename B::event* decided = nullptr;
-  /// Once every update is issued, before the scheduler's after_step (the inspection's buffer, which the device
-  /// updates read, is given back here).
+  /// Once every update is issued, before the scheduler's after_step (the optimizer's count of updates, after every
+  /// update that reads the step's rule).
   std::function<void()> finish;
 };
 

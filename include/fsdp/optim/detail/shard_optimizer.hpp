@@ -134,6 +134,8 @@ class shard_optimizer {
     auto& be = model.backend();
     if constexpr (deferred) {
       if (grad_.inspects()) {
+        const plan::buffer_cost n = plan::norm_buffer_cost(model.size(), norm_rows());
+        norms_ = exec::allocate(be, n, be.compute_stream());
         const plan::buffer_cost c = plan::decision_copy_cost(model.size(), norm_rows());
         decision_copy_ = be.allocate_host(c.bytes(), c.category);
       }
@@ -236,51 +238,45 @@ class shard_optimizer {
     return backward;
   }
 
-  /// The step with its decision made on the compute stream (grad::issue_inspection) into the inspection's buffer,
-  /// which the updates read and which is given back once they are issued; the decision copied to the pinned host
-  /// copy, and an event recorded after it (a host step's updates wait for it; the host learns from it).
+  /// The step with its decision made on the compute stream (grad::issue_inspection) into the inspection's buffer
+  /// (the optimizer's, for its whole life), which the updates read; the decision copied to the pinned host copy, and
+  /// an event recorded after it (a host step's updates wait for it; the host learns from it). A captured step
+  /// (Backend::capturing) reports nothing: its replays decide on the device, and the host learns their count after
+  /// them (learn_replays).
   template <class Update>
   grad::step_report deferred_step(Update&& update) {
     auto& be = model_.backend();
     auto& cs = be.compute_stream();
     const plan::buffer_cost cost = plan::norm_buffer_cost(model_.size(), norm_rows());
-    buffer buf;
-    // The inspection and the updates queued on cs read buf: a step that throws before work.finish gives it back
-    // in cs's order too, never at once under work still queued (the host backend's release_after always runs).
-    struct in_stream_order {
-      backend_type& be;
-      typename backend_type::stream& cs;
-      buffer& buf;
-      ~in_stream_order() {
-        if (!buf) return;
-        try {
-          be.release_after(std::move(buf), cs);
-        } catch (...) {  // nothing more to do while another error unwinds
-        }
-      }
-    } give_back{be, cs, buf};
+    const bool captured = fsdp::capturing(be);
+    if (captured && grad_.scaler)
+      fsdp::detail::fail_usage("optimizer '", name_,
+                               "': its fp16 loss scaler (grad::options::scaler) keeps the scale on the host, where a "
+                               "replay cannot change it: a step with a loss scaler cannot be captured yet");
     const float loss_scale = grad_.scaler ? grad_.scaler->scale() : 1.0f;
     exec::optimizer_work<backend_type> work = work_for();
     work.inspect = [&] {
-      buf = be.allocate(cost.bytes(), cost.category, cs);
-      grad::issue_inspection(model_, grad_, buf.data());
-      be.download(decision_copy_.data(), buf.data(), cost.bytes(), cs);  // pinned: asynchronous
+      grad::issue_inspection(model_, grad_, norms_.data());
+      be.download(decision_copy_.data(), norms_.data(), cost.bytes(), cs);  // pinned: asynchronous
       be.record(decided_, cs);
       // A failure the stream already knows (its collective aborted, on a stream that runs as it is issued) fails
       // the step here, as a wait would have; done() never waits.
-      (void)be.done(decided_);
+      if (!captured) (void)be.done(decided_);
       return true;  // every update runs, and reads the decision
     };
     work.decided = &decided_;
-    work.finish = [&] {  // after every update that reads it, in cs's order
-      issue_count(buf.template as<grad::verdict>());
-      be.release_after(std::move(buf), cs);
-    };
+    work.finish = [&] { issue_count(norms_.template as<grad::verdict>()); };  // after every update that reads it
     work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
-      const gradient_scale g{1.0f, buf.template as<grad::verdict>(), decision_copy_.template as<grad::verdict>()};
+      const gradient_scale g{1.0f, norms_.template as<grad::verdict>(), decision_copy_.template as<grad::verdict>()};
       for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, g, site);
     };
     model_access::step(model_, work);
+    if (captured) {
+      grad::report r;
+      r.inspected = true;
+      r.captured = true;
+      return grad::step_report(std::move(r));
+    }
     auto p = std::make_shared<grad::pending_decision>();
     p->arrived = [this] { return model_.backend().done(decided_); };
     p->wait = [this] { model_.backend().synchronize(model_.backend().compute_stream()); };
@@ -384,6 +380,7 @@ class shard_optimizer {
   std::vector<std::vector<shard_piece>> pieces_;  // per unit: one fused launch each
   std::vector<std::vector<buffer>> state_;        // per unit: states_ buffers of shard_numel fp32 values
   buffer step_block_;                             // the device's update count and the step's rule
+  buffer norms_;                                  // the inspection's buffer: its decision, then the norms
   buffer decision_copy_;                          // pinned: the host's copy of the inspection's buffer
   typename backend_type::event decided_;          // on the compute stream, after that copy
   mutable std::shared_ptr<grad::pending_decision> pending_;  // the last step's decision, until it is learned

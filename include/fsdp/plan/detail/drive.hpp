@@ -54,12 +54,11 @@ void optimizer_phase(sched::scheduler& s, const std::vector<std::size_t>& order,
   s.after_step(order, on_op);
 }
 
-/// One training step through the program: the passes, then the optimizer step (optimizer_phase), with `between`
-/// what the optimizer does before its updates (the gradient inspection), `after` what it does once they are issued
-/// (the inspection's buffer, which the updates read, given back).
-template <class I, class Between, class After>
+/// One training step through the program: the passes, then the optimizer step (optimizer_phase). The optimizer's
+/// inspection takes no memory of its own in a step (its buffer is the optimizer's, for its whole life).
+template <class I>
 std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<std::size_t>& order, step_program& prog,
-                                        I& in, Between&& between, After&& after, bool commits) {
+                                        I& in, bool commits) {
   auto on_op = [&](sched::op o, std::size_t u, bool ahead, pass_kind k) { prog.op(o, u, ahead, k, in); };
   auto on_compute = [&](pass_kind k, std::size_t u) {
     prog.compute_begin(k, u, in);
@@ -68,15 +67,7 @@ std::optional<sched::shortage> run_step(sched::scheduler& s, const std::vector<s
   if (auto short_of = walk_passes(s, order, on_op, on_compute)) return short_of;
   optimizer_phase(
       s, order, prog, in, [&](sched::op o, std::size_t u, bool ahead) { prog.op(o, u, ahead, pass_kind::none, in); },
-      [&] {
-        between();
-        return true;
-      },
-      commits,
-      [&](bool apply) {
-        prog.optimizer_step(in, apply);
-        after();
-      });
+      [] { return true; }, commits, [&](bool apply) { prog.optimizer_step(in, apply); });
   return std::nullopt;
 }
 
