@@ -32,7 +32,9 @@
 #include "fsdp/grad/loss_scaler.hpp"  // fp16's dynamic loss scale
 #include "fsdp/optim/adamw.hpp"
 #include "fsdp/optim/elementwise.hpp"  // an element-wise optimizer of your own
+#include "fsdp/optim/schedule.hpp"     // learning-rate schedules, evaluated on the device
 #include "fsdp/optim/sgd.hpp"
+#include "fsdp/step_graph.hpp"  // a step captured once and replayed
 // Weights in and out
 #include "fsdp/weights/stacked.hpp"  // stacked layers' parameters
 #include "fsdp/weights/weights.hpp"  // gather_full_params, load_full_params

@@ -1,4 +1,5 @@
-// A training step captured once and replayed (backend::host's capture, a CUDA graph's counterpart): the trainer's
+// A training step captured once and replayed (fsdp::step_graph over backend::host's capture, a CUDA graph's
+// counterpart): the trainer's
 // gradient kernels, the library's gathers, reductions and optimizer updates issued once, replayed 18 times, and every
 // rank's master shards, optimizer states and update count bit for bit against 20 eager steps: the optimizer's
 // learning rate and bias corrections come from the update count the device keeps (fsdp/optim/detail/step_block.hpp),
@@ -7,11 +8,13 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tests/support/support.hpp"
 
 using fsdp::comm::local_communicator;
+using fsdp_test::error_of;
 namespace sharding = fsdp::sharding;
 
 namespace {
@@ -37,7 +40,7 @@ struct quadratic_grad {
 
 /// One step whose every piece of work is issued on the backend's streams: a trainer that can be captured.
 template <class M, class O>
-void train_step(M& m, O& opt, const float* poison) {
+fsdp::grad::step_report train_step(M& m, O& opt, const float* poison) {
   auto& be = m.backend();
   for (auto& u : m.forward()) (void)u;
   for (auto& u : m.backward())
@@ -45,8 +48,9 @@ void train_step(M& m, O& opt, const float* poison) {
       auto g = u.grad(e.name);
       be.for_each(g.numel(), quadratic_grad{u.param(e.name).data(), g.data(), poison}, be.compute_stream());
     }
-  opt.step();
+  fsdp::grad::step_report report = opt.step();
   opt.zero_grad();
+  return report;
 }
 
 struct outcome {
@@ -73,15 +77,11 @@ outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned) {
     };
     train_step(m, *opt, &poison);
     if (capture) {
-      auto& be = m.backend();
-      m.synchronize();
-      (void)opt->steps();  // the last eager step's decision learned: nothing on the host is pending in the capture
-      be.begin_capture();
-      train_step(m, *opt, &poison);
-      const auto graph = be.end_capture();
+      fsdp::step_graph graph(m, *opt, [&] { train_step(m, *opt, &poison); });
+      CHECK(m.step_count() == 1);  // the captured step did not run
       for (int t = 2; t <= steps; ++t) {
         poison_at(t);
-        be.replay(graph);
+        graph.replay();
       }
     } else {
       for (int t = 2; t <= steps; ++t) {
@@ -89,6 +89,7 @@ outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned) {
         train_step(m, *opt, &poison);
       }
     }
+    CHECK(m.step_count() == steps);
     const auto r = static_cast<std::size_t>(c.rank());
     out.state[r] = fsdp_test::local_state(m, *opt);
     out.steps[r] = opt->steps();
@@ -165,4 +166,77 @@ TEST_CASE(
         },
         12);
   }
+}
+
+TEST_CASE("what a captured step cannot hold is refused before anything is captured, each with its sentence") {
+  using P = fsdp::policy<sharding::full_shard>;
+  auto refusal = [](fsdp::model_options o, fsdp::grad::options g, auto policy) {
+    using Q = typename decltype(policy)::type;
+    std::string message;
+    fsdp_test::run_ranks(1, [&](local_communicator& c) {
+      fsdp::Model<Q> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11}, o);
+      fsdp::optim::adamw opt(m, {.grad = g});
+      float poison = 0.0f;
+      message = error_of([&] { fsdp::step_graph graph(m, opt, [&] { train_step(m, opt, &poison); }); });
+      CHECK_FALSE(m.backend().capturing());
+    });
+    return message;
+  };
+  const std::string head = "fsdp: step_graph: ";
+  fsdp::grad::loss_scaler scaler;
+  CHECK(refusal({}, {.scaler = &scaler}, std::type_identity<P>{}) ==
+        head +
+            "a step with a loss scaler (grad::options::scaler) cannot be captured: its scale is kept on the host, "
+            "where a replay cannot change it");
+  fsdp::model_options accumulating;
+  accumulating.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
+  CHECK(refusal(accumulating, {}, std::type_identity<P>{}) ==
+        head +
+            "no-sync accumulation (model_options::accumulation with grad_sync::last_micro_batch) cannot be "
+            "captured: its fp32 accumulators are taken and given back each step, which a captured step may not do");
+  fsdp::model_options views;
+  views.check_views = true;
+  CHECK(refusal(views, {}, std::type_identity<P>{}) ==
+        head +
+            "model_options::check_views cannot be captured: it marks views stale from the host as the streams pass "
+            "each release");
+  fsdp::model_options checked;
+  checked.check_collectives = true;
+  CHECK(refusal(checked, {}, std::type_identity<P>{}) ==
+        head +
+            "model_options::check_collectives cannot be captured: the ranks compare each collective on the host "
+            "before it is issued");
+  CHECK(refusal({}, {},
+                std::type_identity<fsdp::policy<sharding::full_shard, fsdp::prefetch::none, fsdp::precision::full,
+                                                fsdp::comm::local<>, fsdp::offload::all>>{}) ==
+        head +
+            "unit 'a' (index 0) cannot be captured: it offloads its params, grads and optimizer state, so its "
+            "optimizer step runs on the host with a rule made there each step; keep one of them on the device");
+}
+
+TEST_CASE(
+    "a captured step's report says so; a step whose trainer waits on the host is refused by the backend, and "
+    "the capture ends with it") {
+  fsdp_test::run_ranks(1, [](local_communicator& c) {
+    fsdp::Model<fsdp::policy<sharding::full_shard>> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
+    fsdp::optim::adamw opt(m, {});
+    float poison = 0.0f;
+    train_step(m, opt, &poison);
+    std::string said;
+    fsdp::step_graph captured(m, opt, [&] { said = train_step(m, opt, &poison).get().message(); });
+    CHECK(said == "captured, not run: each replay decides on the device");
+    CHECK(opt.steps() == 1);
+    CHECK(error_of([&] {
+            fsdp::step_graph graph(m, opt, [&] {
+              train_step(m, opt, &poison);
+              m.synchronize();  // a trainer reading its loss
+            });
+          }) ==
+          "fsdp: backend::host on rank 0: synchronize(stream 'rank0.upload') while a step is captured "
+          "(begin_capture() to end_capture()): a captured step's work runs only when it is replayed, and nothing "
+          "in it may wait on the host; synchronize after end_capture() or after a replay");
+    CHECK_FALSE(m.backend().capturing());
+    train_step(m, opt, &poison);  // eager steps go on
+    CHECK(opt.steps() == 2);
+  });
 }
