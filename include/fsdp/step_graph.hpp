@@ -18,7 +18,9 @@
 //     lr_schedule), and a rule made on the host (optim::elementwise::step(make)) is replayed as made;
 //   - the host learns afterwards: the optimizer's steps() after replays (one synchronize), Model::step_count()
 //     counts each replay; a captured step's report says it was captured (grad::report::captured).
-// Refused, each with a sentence naming it: a loss scaler (the scale is the host's), no-sync accumulation (its
+// A loss scaler's scale moves on the device too: a captured trainer multiplies its loss gradient by
+// opt.loss_scale_on_device() in a kernel, not by the host's scaler.scale(), which the host learns after replays.
+// Refused, each with a sentence naming it: no-sync accumulation (its
 // accumulators are taken each step), a unit whose optimizer step runs on the host (params, grads and optimizer
 // state offloaded: its rule is made on the host), model_options::check_views and check_collectives (host checks
 // inside the step), and what the backend refuses while capturing (memory taken or given back, host waits, event
@@ -87,9 +89,6 @@ class step_graph {
     const auto why = [](const char* what, const char* because) {
       detail::fail_usage("step_graph: ", what, " cannot be captured: ", because);
     };
-    if (opt_.grad_options().scaler)
-      why("a step with a loss scaler (grad::options::scaler)",
-          "its scale is kept on the host, where a replay cannot change it");
     if (o.accumulation.micro_batches > 1 && o.accumulation.sync == grad_sync::last_micro_batch)
       why("no-sync accumulation (model_options::accumulation with grad_sync::last_micro_batch)",
           "its fp32 accumulators are taken and given back each step, which a captured step may not do");

@@ -27,13 +27,16 @@ fsdp::ModelSpec spec() {
 const fsdp::wrap::by_function first_letter{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }};
 
 /// A quadratic's gradient from the gathered parameter, on the compute stream: g[i] = p[i] / 4 + (i % 7 - 3) / 64,
-/// and *poison added to the first element (0, or an inf that makes the optimizer skip the step).
+/// times the loss scale where there is one (*scale: device memory, each replay's own), and *poison added to the first
+/// element (0, or an inf that makes the optimizer skip the step).
 struct quadratic_grad {
   const float* p;
   float* g;
   const float* poison;
+  const float* scale;
   FSDP_HD void operator()(std::int64_t i) const {
-    const float v = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(i % 7 - 3) * 0.015625f);
+    float v = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(i % 7 - 3) * 0.015625f);
+    if (scale) v = fsdp::rn::mul(v, *scale);
     g[i] = i == 0 ? fsdp::rn::add(v, *poison) : v;
   }
 };
@@ -46,7 +49,8 @@ fsdp::grad::step_report train_step(M& m, O& opt, const float* poison) {
   for (auto& u : m.backward())
     for (const auto& e : u.layout().entries()) {
       auto g = u.grad(e.name);
-      be.for_each(g.numel(), quadratic_grad{u.param(e.name).data(), g.data(), poison}, be.compute_stream());
+      be.for_each(g.numel(), quadratic_grad{u.param(e.name).data(), g.data(), poison, opt.loss_scale_on_device()},
+                  be.compute_stream());
     }
   fsdp::grad::step_report report = opt.step();
   opt.zero_grad();
@@ -56,20 +60,24 @@ fsdp::grad::step_report train_step(M& m, O& opt, const float* poison) {
 struct outcome {
   std::vector<std::vector<std::vector<float>>> state;  // per rank: local_state
   std::vector<long> steps;                             // per rank: the optimizer's update count
+  std::vector<fsdp::grad::scale_state> scaler;         // per rank: its loss scaler's, where it has one
 };
 
 constexpr int steps = 20;
 
 /// 20 steps at `world` ranks: eager, or the first eager, the second captured (nothing runs) and replayed 19 times.
-/// Step `poisoned` (0: none) has an inf in rank 0's gradient, written between steps.
+/// Step `poisoned` (0: none) has an inf in rank 0's gradient, written between steps. make_opt(model, scaler): each rank
+/// has a loss scaler of `scaling`'s options, which the optimizer may take.
 template <class Policy, class MakeOpt>
-outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned) {
+outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned, fsdp::grad::loss_scaler_options scaling) {
   outcome out;
   out.state.resize(static_cast<std::size_t>(world));
   out.steps.resize(static_cast<std::size_t>(world));
+  out.scaler.resize(static_cast<std::size_t>(world));
   fsdp_test::run_ranks(world, [&](local_communicator& c) {
     fsdp::Model<Policy> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
-    auto opt = make_opt(m);
+    fsdp::grad::loss_scaler scaler(scaling);
+    auto opt = make_opt(m, scaler);
     float poison = 0.0f;  // the host backend's device memory is the host's
     auto poison_at = [&](int t) {
       m.synchronize();
@@ -93,25 +101,31 @@ outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned) {
     const auto r = static_cast<std::size_t>(c.rank());
     out.state[r] = fsdp_test::local_state(m, *opt);
     out.steps[r] = opt->steps();
+    out.scaler[r] = {scaler.scale(), scaler.good_steps()};
   });
   return out;
 }
 
+/// Returns the eager run's outcome.
 template <class Policy, class MakeOpt>
-void check_replays_match(int world, MakeOpt&& make_opt, int poisoned = 0) {
-  const outcome eager = train<Policy>(world, false, make_opt, poisoned);
-  const outcome replayed = train<Policy>(world, true, make_opt, poisoned);
+outcome check_replays_match(int world, MakeOpt&& make_opt, int poisoned = 0,
+                            fsdp::grad::loss_scaler_options scaling = {}) {
+  const outcome eager = train<Policy>(world, false, make_opt, poisoned, scaling);
+  const outcome replayed = train<Policy>(world, true, make_opt, poisoned, scaling);
   const long updates = poisoned > 0 ? steps - 1 : steps;  // a skipped step does not count
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     CHECK(fsdp_test::same_bits(eager.state[static_cast<std::size_t>(r)], replayed.state[static_cast<std::size_t>(r)]));
     CHECK(eager.steps[static_cast<std::size_t>(r)] == updates);
     CHECK(replayed.steps[static_cast<std::size_t>(r)] == updates);
+    CHECK(replayed.scaler[static_cast<std::size_t>(r)].scale == eager.scaler[static_cast<std::size_t>(r)].scale);
+    CHECK(replayed.scaler[static_cast<std::size_t>(r)].good == eager.scaler[static_cast<std::size_t>(r)].good);
   }
+  return eager;
 }
 
 /// AdamW under a warm-up of 5 updates and a cosine to a tenth at update 20.
-auto adamw = [](auto& m) {
+auto adamw = [](auto& m, fsdp::grad::loss_scaler&) {
   return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
       m, fsdp::optim::adamw_options{.lr = 0.05f, .weight_decay = 0.1f, .schedule = {5, 20, 0.1f}});
 };
@@ -135,13 +149,13 @@ TEST_CASE(
 TEST_CASE("sgd with momentum, lion and a user's step rule, scheduled, replay to the same bits") {
   using P = fsdp::policy<sharding::full_shard>;
   SUBCASE("sgd") {
-    check_replays_match<P>(2, [](auto& m) {
+    check_replays_match<P>(2, [](auto& m, fsdp::grad::loss_scaler&) {
       return std::make_unique<fsdp::optim::sgd<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
           m, fsdp::optim::sgd_options{.lr = 0.1f, .momentum = 0.9f, .schedule = {3, 0, 0.0f}});
     });
   }
   SUBCASE("lion") {
-    check_replays_match<P>(2, [](auto& m) {
+    check_replays_match<P>(2, [](auto& m, fsdp::grad::loss_scaler&) {
       return std::make_unique<fsdp::optim::lion<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
           m, fsdp::optim::lion_options{.lr = 0.01f, .weight_decay = 0.5f, .schedule = {0, 20, 0.0f}});
     });
@@ -151,7 +165,7 @@ TEST_CASE("sgd with momentum, lion and a user's step rule, scheduled, replay to 
 TEST_CASE(
     "clipping by the global norm, and a step skipped for a non-finite gradient, replay to the same bits: the "
     "decision is made on the device, and the skipped step is not counted there") {
-  auto clipped = [](auto& m) {
+  auto clipped = [](auto& m, fsdp::grad::loss_scaler&) {
     return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
         m, fsdp::optim::adamw_options{.lr = 0.05f, .grad = {.max_norm = 0.5f}, .schedule = {5, 20, 0.1f}});
   };
@@ -160,12 +174,27 @@ TEST_CASE(
   SUBCASE("hybrid_shard<2>, step 12 skipped, the non-finite unit located") {
     check_replays_match<fsdp::policy<sharding::hybrid_shard<2>>>(
         4,
-        [](auto& m) {
+        [](auto& m, fsdp::grad::loss_scaler&) {
           return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
               m, fsdp::optim::adamw_options{.grad = {.max_norm = 1.0f, .locate_nonfinite = true}});
         },
         12);
   }
+}
+
+TEST_CASE(
+    "fp16's loss scale moves on the device: replays back it off at a non-finite step and grow it, as eager "
+    "steps do, and the trainer's backward reads each replay's own") {
+  auto scaled = [](auto& m, fsdp::grad::loss_scaler& scaler) {
+    return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
+        m, fsdp::optim::adamw_options{.lr = 0.05f, .grad = {.max_norm = 0.5f, .scaler = &scaler}});
+  };
+  // from 2^10, grown after every 4 good steps in a row and halved at the skipped step 9: 2048 after step 4, 4096
+  // after 8, 2048 after 9, 4096 after 13, 8192 after 17, and 3 good steps since
+  const outcome eager = check_replays_match<fsdp::policy<sharding::full_shard>>(
+      2, scaled, 9, {.init_scale = 1024.0f, .growth_interval = 4});
+  CHECK(eager.scaler[0].scale == 8192.0f);
+  CHECK(eager.scaler[0].good == 3);
 }
 
 TEST_CASE("what a captured step cannot hold is refused before anything is captured, each with its sentence") {
@@ -183,11 +212,6 @@ TEST_CASE("what a captured step cannot hold is refused before anything is captur
     return message;
   };
   const std::string head = "fsdp: step_graph: ";
-  fsdp::grad::loss_scaler scaler;
-  CHECK(refusal({}, {.scaler = &scaler}, std::type_identity<P>{}) ==
-        head +
-            "a step with a loss scaler (grad::options::scaler) cannot be captured: its scale is kept on the host, "
-            "where a replay cannot change it");
   fsdp::model_options accumulating;
   accumulating.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
   CHECK(refusal(accumulating, {}, std::type_identity<P>{}) ==

@@ -116,7 +116,11 @@ struct decide {
   float max_norm;
   float loss_scale;
   verdict* out;
+  /// Where the step's loss scale is in device memory (the optimizer's step block), read in place of loss_scale; null:
+  /// loss_scale.
+  const float* scale_at = nullptr;
   FSDP_HD void operator()(std::int64_t) const {
+    const float loss_scale = scale_at ? *scale_at : this->loss_scale;
     double sum = 0.0;
     bool finite = true;
     for (std::int64_t i = 0; i < count; ++i) {
@@ -201,10 +205,11 @@ class step_report {
 
 /// Inspects the gradients of `model` (inside Model::step, after every reduction was waited for) into `buf` (the
 /// inspection's buffer, norm_buffer_cost: the verdict, then the table), on the compute stream: the norms, their
-/// all-reduce, the decision. Returns nothing: the update kernels read `buf`'s verdict, the caller copies it to the
-/// host.
+/// all-reduce, the decision. With a loss scaler, the decision reads the scale at `scale_at` (device memory: the
+/// optimizer's step block) when given, else the scaler's. Returns nothing: the update kernels read `buf`'s verdict, the
+/// caller copies it to the host.
 template <class ModelT>
-void issue_inspection(ModelT& model, const options& o, void* buf) {
+void issue_inspection(ModelT& model, const options& o, void* buf, const float* scale_at = nullptr) {
   auto& be = model.backend();
   auto& comm = model.comm();
   auto& cs = be.compute_stream();
@@ -237,9 +242,11 @@ void issue_inspection(ModelT& model, const options& o, void* buf) {
   }
   comm::label_next(comm, "(gradient norms)");  // names it in errors
   comm.all_reduce(table, table, plan::norm_count(n, rows), dtype::f32, reduce_op::sum, cs);
-  be.for_each(1, decide{table, plan::norm_count(n, rows), model.mesh().replicas, o.max_norm,
-                        o.scaler ? o.scaler->scale() : 1.0f, reinterpret_cast<verdict*>(slots)},
-              cs);
+  be.for_each(
+      1,
+      decide{table, plan::norm_count(n, rows), model.mesh().replicas, o.max_norm, o.scaler ? o.scaler->scale() : 1.0f,
+             reinterpret_cast<verdict*>(slots), o.scaler ? scale_at : nullptr},
+      cs);
 }
 
 /// The inspection with the decision read back on the host inside the step (a backend without pinned host memory

@@ -18,6 +18,22 @@ struct loss_scaler_options {
   int growth_interval = 2000;   ///< >= 1 steps without a non-finite gradient before the scale grows
 };
 
+/// A loss scaler's state: the scale and the good steps in a row since it last changed.
+struct scale_state {
+  float scale;
+  int good;
+};
+
+/// The state after a step (`skipped`: non-finite gradients): the one rule, run by loss_scaler::update on the host and
+/// by the optimizer's last kernel of a step on the device (fsdp/optim/detail/step_block.hpp), where a replayed step
+/// moves it. A scale that would grow past fp32's range stays.
+FSDP_HD inline scale_state next_scale(scale_state s, bool skipped, const loss_scaler_options& o) {
+  if (skipped) return {s.scale * o.backoff_factor, 0};
+  if (s.good + 1 < o.growth_interval) return {s.scale, s.good + 1};
+  const float grown = s.scale * o.growth_factor;
+  return {grown - grown == 0.0f ? grown : s.scale, 0};  // finite: grown
+}
+
 class loss_scaler {
  public:
   explicit loss_scaler(loss_scaler_options o = {});

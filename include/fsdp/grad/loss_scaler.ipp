@@ -28,16 +28,9 @@ FSDP_DECL void loss_scaler::restore(float scale, int good_steps) {
 }
 
 FSDP_DECL void loss_scaler::update(bool skipped) noexcept {
-  if (skipped) {
-    scale_ *= o_.backoff_factor;
-    good_ = 0;
-    return;
-  }
-  if (++good_ >= o_.growth_interval) {
-    const float grown = scale_ * o_.growth_factor;
-    if (std::isfinite(grown)) scale_ = grown;
-    good_ = 0;
-  }
+  const scale_state next = next_scale({scale_, good_}, skipped, o_);
+  scale_ = next.scale;
+  good_ = next.good;
 }
 
 }  // namespace fsdp::grad

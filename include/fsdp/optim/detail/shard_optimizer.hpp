@@ -142,6 +142,7 @@ class shard_optimizer {
     }
     step_block_ = exec::allocate(be, plan::step_block_cost(), be.compute_stream());
     exec::zero_new(be, step_block_, plan::step_block_cost(), be.compute_stream());
+    if (g.scaler) be.for_each(1, set_scale{block(), {g.scaler->scale(), g.scaler->good_steps()}}, be.compute_stream());
     for (std::size_t u = 0; u < model.size(); ++u) {
       pieces_.push_back(masked_pieces(model.unit(u).shard_views(), model.unit(u).layout().shard_numel()));
       const plan::buffer_cost c = plan::optimizer_state_cost(model.unit(u).layout(), 1, model.unit_offload(u));
@@ -222,12 +223,26 @@ class shard_optimizer {
   /// The step block (fsdp/optim/detail/step_block.hpp): backend memory.
   step_block* block() noexcept { return step_block_.template as<step_block>(); }
 
+ public:
+  /// With a loss scaler: the step's loss scale in the backend's memory, which a trainer whose step is captured
+  /// (fsdp::step_graph) multiplies its loss gradient by in a kernel (each replay's own); null without one. An eager
+  /// trainer may read the host scaler's scale() instead: the same value.
+  const float* loss_scale_on_device() const noexcept {
+    return grad_.scaler ? &step_block_.template as<step_block>()->loss_scale : nullptr;
+  }
+
+ protected:
  private:
   /// The step's last kernel: the device's count of updates, one more unless `decided` (null: no inspection) skipped
   /// the step. After every update that reads the step's rule, in the compute stream's order.
   void issue_count(const grad::verdict* decided) {
     auto& be = model_.backend();
-    be.for_each(1, detail::count_update{block(), decided}, be.compute_stream());
+    detail::count_update f{block(), decided};
+    if (grad_.scaler) {
+      f.scales = true;
+      f.scaling = grad_.scaler->options();
+    }
+    be.for_each(1, f, be.compute_stream());
   }
 
   /// Decides on the device and learns later: a backend with pinned host memory and done(event).
@@ -250,14 +265,13 @@ class shard_optimizer {
     auto& cs = be.compute_stream();
     const plan::buffer_cost cost = plan::norm_buffer_cost(model_.size(), norm_rows());
     const bool captured = fsdp::capturing(be);
-    if (captured && grad_.scaler)
-      fsdp::detail::fail_usage("optimizer '", name_,
-                               "': its fp16 loss scaler (grad::options::scaler) keeps the scale on the host, where a "
-                               "replay cannot change it: a step with a loss scaler cannot be captured yet");
     const float loss_scale = grad_.scaler ? grad_.scaler->scale() : 1.0f;
+    // An eager step's loss scale is the host scaler's (a checkpoint may have restored it); a captured one carries
+    // the device's from replay to replay.
+    if (grad_.scaler && !captured) be.for_each(1, set_scale{block(), {loss_scale, grad_.scaler->good_steps()}}, cs);
     exec::optimizer_work<backend_type> work = work_for();
     work.inspect = [&] {
-      grad::issue_inspection(model_, grad_, norms_.data());
+      grad::issue_inspection(model_, grad_, norms_.data(), &block()->loss_scale);
       be.download(decision_copy_.data(), norms_.data(), cost.bytes(), cs);  // pinned: asynchronous
       be.record(decided_, cs);
       // A failure the stream already knows (its collective aborted, on a stream that runs as it is issued) fails
@@ -301,9 +315,10 @@ class shard_optimizer {
       auto& be = model_.backend();
       if (be.replays() == replays_seen_) return;
       be.synchronize(be.compute_stream());
-      std::int64_t updates = 0;
-      be.download(&updates, &step_block_.template as<step_block>()->updates, sizeof updates, be.compute_stream());
-      steps_ = static_cast<long>(updates);
+      step_block b;
+      be.download(&b, step_block_.data(), sizeof b, be.compute_stream());
+      steps_ = static_cast<long>(b.updates);
+      if (grad_.scaler) grad_.scaler->restore(b.loss_scale, b.good_steps);
       replays_seen_ = be.replays();
     }
   }

@@ -4,6 +4,9 @@
 //
 //   updates   the updates applied so far (t - 1 for the next one), counted on the device: the step's last kernel
 //             adds one unless the gradient inspection skipped the step (its verdict, in the same stream)
+//   scale     with a loss scaler: the step's loss scale and its good steps in a row, moved by the step's last kernel
+//             (grad::next_scale), so that a replay's backward and inspection read its own; an eager step first
+//             writes the host scaler's (which a checkpoint may have restored)
 //   rule      this step's element rule, made by the step's first kernel from a step rule (StepRule: a trivially
 //             copyable description with FSDP_HD at(t), such as AdamW's learning rate from its schedule and its bias
 //             corrections) and read by every update kernel of the step
@@ -16,13 +19,15 @@
 
 #include "fsdp/core/config.hpp"
 #include "fsdp/grad/inspect.hpp"
+#include "fsdp/grad/loss_scaler.hpp"
 #include "fsdp/memory/cost.hpp"
 
 namespace fsdp::optim::detail {
 
 struct step_block {
   std::int64_t updates = 0;
-  std::int64_t pad = 0;
+  float loss_scale = 0.0f;
+  std::int32_t good_steps = 0;
   alignas(16) unsigned char rule[240];
 };
 static_assert(sizeof(step_block) == plan::step_block_slots * sizeof(float), "the step block fills its plan's slots");
@@ -38,12 +43,31 @@ struct make_rule {
   }
 };
 
-/// The step's last kernel: one more update, unless the inspection's verdict (null: none) skipped the step.
+/// The step's last kernel: one more update, unless the inspection's verdict (null: none) skipped the step; with a
+/// loss scaler (`scales`), its state moved by the verdict.
 struct count_update {
   step_block* block;
   const grad::verdict* decided;
+  bool scales = false;
+  grad::loss_scaler_options scaling{};
   FSDP_HD void operator()(std::int64_t) const {
-    if (decided == nullptr || decided->skipped == 0) block->updates += 1;
+    const bool skipped = decided != nullptr && decided->skipped != 0;
+    if (!skipped) block->updates += 1;
+    if (scales) {
+      const grad::scale_state next = grad::next_scale({block->loss_scale, block->good_steps}, skipped, scaling);
+      block->loss_scale = next.scale;
+      block->good_steps = next.good;
+    }
+  }
+};
+
+/// The host scaler's state into the block (an eager step's, before anything reads it).
+struct set_scale {
+  step_block* block;
+  grad::scale_state state;
+  FSDP_HD void operator()(std::int64_t) const {
+    block->loss_scale = state.scale;
+    block->good_steps = state.good;
   }
 };
 
