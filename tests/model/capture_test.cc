@@ -1,9 +1,8 @@
 // A training step captured once and replayed (fsdp::step_graph over backend::host's capture, a CUDA graph's
-// counterpart): the trainer's
-// gradient kernels, the library's gathers, reductions and optimizer updates issued once, replayed 18 times, and every
-// rank's master shards, optimizer states and update count bit for bit against 20 eager steps: the optimizer's
-// learning rate and bias corrections come from the update count the device keeps (fsdp/optim/detail/step_block.hpp),
-// so each replay computes its own.
+// counterpart): the trainer's gradient kernels, the library's gathers, reductions and optimizer updates issued once,
+// replayed 19 times, and every rank's master shards, optimizer states and update count bit for bit against 20 eager
+// steps: the optimizer's learning rate and bias corrections come from the update count the device keeps
+// (fsdp/optim/detail/step_block.hpp), so each replay computes its own. The trainer: tests/support/capture.hpp.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <limits>
 #include <memory>
@@ -11,51 +10,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "tests/support/capture.hpp"
 #include "tests/support/support.hpp"
 
 using fsdp::comm::local_communicator;
 using fsdp_test::error_of;
 namespace sharding = fsdp::sharding;
+using namespace fsdp_test::capture;
 
 namespace {
-
-fsdp::ModelSpec spec() {
-  fsdp::ModelSpec s;
-  s.add("a.w", {7, 13}).add("a.b", {13}, {.flags = {.no_decay = true}}).add("b.w", {301}).add("c.w", {5, 5});
-  return s;
-}
-const fsdp::wrap::by_function first_letter{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }};
-
-/// A quadratic's gradient from the gathered parameter, on the compute stream: g[i] = p[i] / 4 + (i % 7 - 3) / 64,
-/// times the loss scale where there is one (*scale: device memory, each replay's own), and *poison added to the first
-/// element (0, or an inf that makes the optimizer skip the step).
-struct quadratic_grad {
-  const float* p;
-  float* g;
-  const float* poison;
-  const float* scale;
-  FSDP_HD void operator()(std::int64_t i) const {
-    float v = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(i % 7 - 3) * 0.015625f);
-    if (scale) v = fsdp::rn::mul(v, *scale);
-    g[i] = i == 0 ? fsdp::rn::add(v, *poison) : v;
-  }
-};
-
-/// One step whose every piece of work is issued on the backend's streams: a trainer that can be captured.
-template <class M, class O>
-fsdp::grad::step_report train_step(M& m, O& opt, const float* poison) {
-  auto& be = m.backend();
-  for (auto& u : m.forward()) (void)u;
-  for (auto& u : m.backward())
-    for (const auto& e : u.layout().entries()) {
-      auto g = u.grad(e.name);
-      be.for_each(g.numel(), quadratic_grad{u.param(e.name).data(), g.data(), poison, opt.loss_scale_on_device()},
-                  be.compute_stream());
-    }
-  fsdp::grad::step_report report = opt.step();
-  opt.zero_grad();
-  return report;
-}
 
 struct outcome {
   std::vector<std::vector<std::vector<float>>> state;  // per rank: local_state
@@ -63,11 +26,7 @@ struct outcome {
   std::vector<fsdp::grad::scale_state> scaler;         // per rank: its loss scaler's, where it has one
 };
 
-constexpr int steps = 20;
-
-/// 20 steps at `world` ranks: eager, or the first eager, the second captured (nothing runs) and replayed 19 times.
-/// Step `poisoned` (0: none) has an inf in rank 0's gradient, written between steps. make_opt(model, scaler): each rank
-/// has a loss scaler of `scaling`'s options, which the optimizer may take.
+/// 20 steps at `world` thread ranks (train_rank).
 template <class Policy, class MakeOpt>
 outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned, fsdp::grad::loss_scaler_options scaling) {
   outcome out;
@@ -75,33 +34,11 @@ outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned, fsdp::g
   out.steps.resize(static_cast<std::size_t>(world));
   out.scaler.resize(static_cast<std::size_t>(world));
   fsdp_test::run_ranks(world, [&](local_communicator& c) {
-    fsdp::Model<Policy> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
-    fsdp::grad::loss_scaler scaler(scaling);
-    auto opt = make_opt(m, scaler);
-    float poison = 0.0f;  // the host backend's device memory is the host's
-    auto poison_at = [&](int t) {
-      m.synchronize();
-      poison = t == poisoned && c.rank() == 0 ? std::numeric_limits<float>::infinity() : 0.0f;
-    };
-    train_step(m, *opt, &poison);
-    if (capture) {
-      fsdp::step_graph graph(m, *opt, [&] { train_step(m, *opt, &poison); });
-      CHECK(m.step_count() == 1);  // the captured step did not run
-      for (int t = 2; t <= steps; ++t) {
-        poison_at(t);
-        graph.replay();
-      }
-    } else {
-      for (int t = 2; t <= steps; ++t) {
-        poison_at(t);
-        train_step(m, *opt, &poison);
-      }
-    }
-    CHECK(m.step_count() == steps);
     const auto r = static_cast<std::size_t>(c.rank());
-    out.state[r] = fsdp_test::local_state(m, *opt);
-    out.steps[r] = opt->steps();
-    out.scaler[r] = {scaler.scale(), scaler.good_steps()};
+    fsdp_test::capture::rank_outcome o = train_rank<Policy>(c, capture, make_opt, poisoned, scaling);
+    out.state[r] = std::move(o.state);
+    out.steps[r] = o.steps;
+    out.scaler[r] = o.scaler;
   });
   return out;
 }
@@ -124,26 +61,20 @@ outcome check_replays_match(int world, MakeOpt&& make_opt, int poisoned = 0,
   return eager;
 }
 
-/// AdamW under a warm-up of 5 updates and a cosine to a tenth at update 20.
-auto adamw = [](auto& m, fsdp::grad::loss_scaler&) {
-  return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
-      m, fsdp::optim::adamw_options{.lr = 0.05f, .weight_decay = 0.1f, .schedule = {5, 20, 0.1f}});
-};
-
 }  // namespace
 
 TEST_CASE(
-    "AdamW under warm-up and cosine: 18 replays of a captured step give every rank the bits of eager steps, "
+    "AdamW under warm-up and cosine: 19 replays of a captured step give every rank the bits of eager steps, "
     "under every strategy") {
-  SUBCASE("full_shard") { check_replays_match<fsdp::policy<sharding::full_shard>>(3, adamw); }
+  SUBCASE("full_shard") { check_replays_match<fsdp::policy<sharding::full_shard>>(3, adamw()); }
   SUBCASE("full_shard, prefetching the next unit") {
-    check_replays_match<fsdp::policy<sharding::full_shard, fsdp::prefetch::next>>(2, adamw);
+    check_replays_match<fsdp::policy<sharding::full_shard, fsdp::prefetch::next>>(2, adamw());
   }
-  SUBCASE("shard_grad_op") { check_replays_match<fsdp::policy<sharding::shard_grad_op>>(3, adamw); }
-  SUBCASE("zero1") { check_replays_match<fsdp::policy<sharding::zero1>>(2, adamw); }
-  SUBCASE("no_shard") { check_replays_match<fsdp::policy<sharding::no_shard>>(2, adamw); }
-  SUBCASE("hybrid_shard<2> at 2 x 2") { check_replays_match<fsdp::policy<sharding::hybrid_shard<2>>>(4, adamw); }
-  SUBCASE("one rank") { check_replays_match<fsdp::policy<sharding::full_shard>>(1, adamw); }
+  SUBCASE("shard_grad_op") { check_replays_match<fsdp::policy<sharding::shard_grad_op>>(3, adamw()); }
+  SUBCASE("zero1") { check_replays_match<fsdp::policy<sharding::zero1>>(2, adamw()); }
+  SUBCASE("no_shard") { check_replays_match<fsdp::policy<sharding::no_shard>>(2, adamw()); }
+  SUBCASE("hybrid_shard<2> at 2 x 2") { check_replays_match<fsdp::policy<sharding::hybrid_shard<2>>>(4, adamw()); }
+  SUBCASE("one rank") { check_replays_match<fsdp::policy<sharding::full_shard>>(1, adamw()); }
 }
 
 TEST_CASE("sgd with momentum, lion and a user's step rule, scheduled, replay to the same bits") {
@@ -165,10 +96,7 @@ TEST_CASE("sgd with momentum, lion and a user's step rule, scheduled, replay to 
 TEST_CASE(
     "clipping by the global norm, and a step skipped for a non-finite gradient, replay to the same bits: the "
     "decision is made on the device, and the skipped step is not counted there") {
-  auto clipped = [](auto& m, fsdp::grad::loss_scaler&) {
-    return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
-        m, fsdp::optim::adamw_options{.lr = 0.05f, .grad = {.max_norm = 0.5f}, .schedule = {5, 20, 0.1f}});
-  };
+  const auto clipped = adamw(0.5f);
   SUBCASE("clipped") { check_replays_match<fsdp::policy<sharding::full_shard>>(2, clipped); }
   SUBCASE("clipped, step 7 skipped") { check_replays_match<fsdp::policy<sharding::full_shard>>(2, clipped, 7); }
   SUBCASE("hybrid_shard<2>, step 12 skipped, the non-finite unit located") {
@@ -185,10 +113,7 @@ TEST_CASE(
 TEST_CASE(
     "fp16's loss scale moves on the device: replays back it off at a non-finite step and grow it, as eager "
     "steps do, and the trainer's backward reads each replay's own") {
-  auto scaled = [](auto& m, fsdp::grad::loss_scaler& scaler) {
-    return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
-        m, fsdp::optim::adamw_options{.lr = 0.05f, .grad = {.max_norm = 0.5f, .scaler = &scaler}});
-  };
+  const auto scaled = adamw(0.5f, true);
   // from 2^10, grown after every 4 good steps in a row and halved at the skipped step 9: 2048 after step 4, 4096
   // after 8, 2048 after 9, 4096 after 13, 8192 after 17, and 3 good steps since
   const outcome eager = check_replays_match<fsdp::policy<sharding::full_shard>>(

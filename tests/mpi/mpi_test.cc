@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "examples/01_mlp_host/mlp.hpp"
+#include "tests/support/capture.hpp"
 #include "tests/support/moe.hpp"
 #include "tests/support/support.hpp"
 
@@ -523,6 +524,28 @@ TEST_CASE("experts on 4 processes train exactly as on comm::run_local: expert gr
   SUBCASE("hybrid_shard<2>, expert_parallel 2 (2 replicas x 2 experts)") {
     check_moe_parity<fsdp::sharding::hybrid_shard<2>>(2);
   }
+}
+
+TEST_CASE(
+    "a step captured on comm::mpi and replayed gives the bits of eager steps on comm::run_local (AdamW clipped, "
+    "a skipped step, fp16's loss scale moving on the device)") {
+  namespace cap = fsdp_test::capture;
+  using Local = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
+  using Mpi = fsdp::policy<fsdp::sharding::full_shard, fsdp::prefetch::next, fsdp::precision::full, fsdp::comm::mpi<>>;
+  const auto make = cap::adamw(0.5f, true);
+  const fsdp::grad::loss_scaler_options scaling{.init_scale = 1024.0f, .growth_interval = 4};
+  std::vector<cap::rank_outcome> want(kWorld);
+  fsdp_test::run_ranks(kWorld, [&](local_communicator& c) {
+    want[static_cast<std::size_t>(c.rank())] = cap::train_rank<Local>(c, false, make, 9, scaling);
+  });
+  mpi_communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(30000)});
+  const cap::rank_outcome got = cap::train_rank<Mpi>(comm, true, make, 9, scaling);
+  const cap::rank_outcome& ref = want[static_cast<std::size_t>(comm.rank())];
+  CHECK(fsdp_test::same_bits(got.state, ref.state));
+  CHECK(got.steps == cap::steps - 1);  // step 9 skipped
+  CHECK(ref.steps == cap::steps - 1);
+  CHECK(got.scaler.scale == ref.scaler.scale);
+  CHECK(got.scaler.good == ref.scaler.good);
 }
 
 TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on comm::run_local at world 8" *

@@ -60,6 +60,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -220,6 +221,13 @@ class mpi_communicator : public detail::collective_front<mpi_communicator, backe
         fsdp::detail::fail_usage(g_->describe(d.str(), seq_, label_), ": it receives ", received,
                                  " elements, over MPI's int counts and displacements (", INT_MAX,
                                  "); send the tokens in smaller all_to_all_v calls");
+    }
+    if (std::vector<std::function<void()>>* calls = s.capture()) {  // captured (backend::host::begin_capture): each
+      calls->emplace_back([this, d, send, recv, &s, total_elems, label = label_] {  // replay issues it again
+        label_ = label;
+        issue(d, send, recv, s, total_elems);
+      });
+      return;
     }
     const std::uint64_t seq = seq_++;
     stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);

@@ -1,0 +1,103 @@
+#pragma once
+// A trainer whose every piece of work is issued on the backend's streams, so that its step can be captured and
+// replayed (fsdp::step_graph): the model, the gradient kernel, the step, and one rank's 20 steps, eager or replayed
+// (tests/model/capture_test.cc on thread ranks, tests/mpi/mpi_test.cc on processes).
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "tests/support/support.hpp"
+
+namespace fsdp_test::capture {
+
+inline fsdp::ModelSpec spec() {
+  fsdp::ModelSpec s;
+  s.add("a.w", {7, 13}).add("a.b", {13}, {.flags = {.no_decay = true}}).add("b.w", {301}).add("c.w", {5, 5});
+  return s;
+}
+inline const fsdp::wrap::by_function first_letter{[](const fsdp::ParamSpec& p) { return p.name.substr(0, 1); }};
+/// A quadratic's gradient from the gathered parameter, on the compute stream: g[i] = p[i] / 4 + (i % 7 - 3) / 64,
+/// times the loss scale where there is one (*scale: device memory, each replay's own), and *poison added to the first
+/// element (0, or an inf that makes the optimizer skip the step).
+struct quadratic_grad {
+  const float* p;
+  float* g;
+  const float* poison;
+  const float* scale;
+  FSDP_HD void operator()(std::int64_t i) const {
+    float v = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(i % 7 - 3) * 0.015625f);
+    if (scale) v = fsdp::rn::mul(v, *scale);
+    g[i] = i == 0 ? fsdp::rn::add(v, *poison) : v;
+  }
+};
+
+/// One step whose every piece of work is issued on the backend's streams: a trainer that can be captured.
+template <class M, class O>
+fsdp::grad::step_report train_step(M& m, O& opt, const float* poison) {
+  auto& be = m.backend();
+  for (auto& u : m.forward()) (void)u;
+  for (auto& u : m.backward())
+    for (const auto& e : u.layout().entries()) {
+      auto g = u.grad(e.name);
+      be.for_each(g.numel(), quadratic_grad{u.param(e.name).data(), g.data(), poison, opt.loss_scale_on_device()},
+                  be.compute_stream());
+    }
+  fsdp::grad::step_report report = opt.step();
+  opt.zero_grad();
+  return report;
+}
+
+/// What one rank ends with.
+struct rank_outcome {
+  std::vector<std::vector<float>> state;  // local_state: master shards and optimizer states
+  long steps = 0;                         // the optimizer's update count
+  fsdp::grad::scale_state scaler{};       // its loss scaler's, where it has one
+};
+
+constexpr int steps = 20;
+
+/// One rank's 20 steps: eager, or the first eager, the second captured (nothing runs) and replayed 19 times. Step
+/// `poisoned` (0: none) has an inf in rank 0's gradient, written between steps. make_opt(model, scaler): the rank has a
+/// loss scaler of `scaling`'s options, which the optimizer may take.
+template <class Policy, class Comm, class MakeOpt>
+rank_outcome train_rank(Comm& c, bool capture, MakeOpt&& make_opt, int poisoned,
+                        fsdp::grad::loss_scaler_options scaling) {
+  fsdp::Model<Policy> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
+  fsdp::grad::loss_scaler scaler(scaling);
+  auto opt = make_opt(m, scaler);
+  float poison = 0.0f;  // the host backend's device memory is the host's
+  auto poison_at = [&](int t) {
+    m.synchronize();
+    poison = t == poisoned && c.rank() == 0 ? std::numeric_limits<float>::infinity() : 0.0f;
+  };
+  train_step(m, *opt, &poison);
+  if (capture) {
+    fsdp::step_graph graph(m, *opt, [&] { train_step(m, *opt, &poison); });
+    CHECK(m.step_count() == 1);  // the captured step did not run
+    for (int t = 2; t <= steps; ++t) {
+      poison_at(t);
+      graph.replay();
+    }
+  } else {
+    for (int t = 2; t <= steps; ++t) {
+      poison_at(t);
+      train_step(m, *opt, &poison);
+    }
+  }
+  CHECK(m.step_count() == steps);
+  return {fsdp_test::local_state(m, *opt), opt->steps(), {scaler.scale(), scaler.good_steps()}};
+}
+
+/// AdamW, its learning rate warmed up over 5 updates and then a cosine to a tenth at update 20 (`max_norm` > 0: clipped
+/// to it; `scaled`: with the rank's loss scaler).
+inline auto adamw(float max_norm = 0.0f, bool scaled = false) {
+  return [max_norm, scaled](auto& m, fsdp::grad::loss_scaler& scaler) {
+    return std::make_unique<fsdp::optim::adamw<fsdp::optim::detail::core_of_t<std::remove_cvref_t<decltype(m)>>>>(
+        m, fsdp::optim::adamw_options{.lr = 0.05f,
+                                      .weight_decay = 0.1f,
+                                      .grad = {.max_norm = max_norm, .scaler = scaled ? &scaler : nullptr},
+                                      .schedule = {5, 20, 0.1f}});
+  };
+}
+
+}  // namespace fsdp_test::capture
