@@ -114,6 +114,9 @@ TEST_CASE("what a captured step may not do is refused, each with its sentence") 
             "allocate_host() memory");
   CHECK(error_of([&] { be.begin_capture(); }) ==
         head + "begin_capture()" + during + "a capture is already under way; end_capture() it first");
+  const fsdp::backend::host::graph none;
+  CHECK(error_of([&] { be.replay(none); }) ==
+        head + "replay(graph)" + during + "a replay inside a capture is not recorded; replay after end_capture()");
   const auto g = be.end_capture();
   CHECK(g.size() == 0);
   CHECK(error_of([&] { (void)be.end_capture(); }) == head + "end_capture() without a begin_capture()");
