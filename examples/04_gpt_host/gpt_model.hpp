@@ -168,13 +168,9 @@ inline double flops_per_token(const shape& s) {
 
 // ---- learning rate ----------------------------------------------------------------------------------------------
 /// Linear warm-up from lr / warmup to lr over `warmup` steps, then a cosine from lr down to lr * min_lr_ratio at
-/// step `total - 1`. Computed in double, rounded once.
+/// step `total - 1`: the library's schedule (fsdp/optim/schedule.hpp) at update step + 1, in double, rounded once.
 inline float lr_at(const schedule& s, int step) {
-  const double lr = s.lr, lo = s.lr * static_cast<double>(s.min_lr_ratio);
-  if (step < s.warmup) return static_cast<float>(lr * (step + 1) / s.warmup);
-  const int span = s.total - s.warmup - 1;
-  const double ratio = span <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step - s.warmup) / span);
-  return static_cast<float>(lo + 0.5 * (1.0 + std::cos(3.14159265358979323846 * ratio)) * (lr - lo));
+  return fsdp::optim::lr_schedule{s.warmup, s.total, s.min_lr_ratio}.at(s.lr, step + 1);
 }
 
 // ---- data: every sequence a pure function of (seed, global sample index) --------------------------------------
