@@ -85,6 +85,8 @@ rank_outcome train_rank(Comm& c, bool capture, MakeOpt&& make_opt, int poisoned,
     }
   }
   CHECK(m.step_count() == steps);
+  m.synchronize();
+  CHECK(m.memory().peak == fsdp::plan_memory(m, *opt).peak);  // a captured step took no memory outside the plan
   return {fsdp_test::local_state(m, *opt), opt->steps(), {scaler.scale(), scaler.good_steps()}};
 }
 

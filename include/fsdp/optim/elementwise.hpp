@@ -112,7 +112,8 @@ struct rule_elements {
       scale = decided->grad_scale;
     }
     const float g_scaled = scale != 1.0f ? rn::mul(x[1], scale) : x[1];
-    (made ? *made : rule)(x[0], g_scaled, x + 2, !mask.no_decay(i));
+    const R r = made ? *made : rule;  // a copy: a reference to the parameter would give the kernel a stack frame
+    r(x[0], g_scaled, x + 2, !mask.no_decay(i));
   }
   FSDP_HD void operator()(std::int64_t i) const { kernels::apply_at(*this, i); }
 };

@@ -123,6 +123,12 @@ class shard_optimizer {
     steps_ = steps;
   }
   void zero_grad() { model_.zero_grad(); }
+  /// With a loss scaler: the step's loss scale in the backend's memory, which a trainer whose step is captured
+  /// (fsdp::step_graph) multiplies its loss gradient by in a kernel (each replay's own); null without one. An eager
+  /// trainer may read the host scaler's scale() instead: the same value.
+  const float* loss_scale_on_device() const noexcept {
+    return grad_.scaler ? &step_block_.template as<step_block>()->loss_scale : nullptr;
+  }
 
  protected:
   /// Allocates and zeroes `states` fp32 buffers per unit, after reserving the model's planned peak with them.
@@ -185,6 +191,12 @@ class shard_optimizer {
   template <class Update>
   grad::step_report run_step(Update&& update) {
     settle_pending();
+    // An eager step's loss scale is the host scaler's (a checkpoint may have restored it), written where the
+    // inspection and the count read it; a captured one carries the device's from replay to replay.
+    if (grad_.scaler && !fsdp::capturing(model_.backend())) {
+      auto& be = model_.backend();
+      be.for_each(1, set_scale{block(), {grad_.scaler->scale(), grad_.scaler->good_steps()}}, be.compute_stream());
+    }
     if (!grad_.inspects()) {
       exec::optimizer_work<backend_type> work = work_for();
       work.update = [&](std::size_t u, exec::update_site<backend_type>& site) {
@@ -209,10 +221,8 @@ class shard_optimizer {
         for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, gradient_scale{r.grad_scale}, site);
       };
       model_access::step(model_, work);
-      if (!r.skipped) {
-        issue_count(nullptr);
-        ++steps_;
-      }
+      issue_count(nullptr, r.skipped);
+      if (!r.skipped) ++steps_;
       if (grad_.scaler) grad_.scaler->update(r.skipped);
       return grad::step_report(std::move(r));
     }
@@ -223,21 +233,12 @@ class shard_optimizer {
   /// The step block (fsdp/optim/detail/step_block.hpp): backend memory.
   step_block* block() noexcept { return step_block_.template as<step_block>(); }
 
- public:
-  /// With a loss scaler: the step's loss scale in the backend's memory, which a trainer whose step is captured
-  /// (fsdp::step_graph) multiplies its loss gradient by in a kernel (each replay's own); null without one. An eager
-  /// trainer may read the host scaler's scale() instead: the same value.
-  const float* loss_scale_on_device() const noexcept {
-    return grad_.scaler ? &step_block_.template as<step_block>()->loss_scale : nullptr;
-  }
-
- protected:
  private:
-  /// The step's last kernel: the device's count of updates, one more unless `decided` (null: no inspection) skipped
-  /// the step. After every update that reads the step's rule, in the compute stream's order.
-  void issue_count(const grad::verdict* decided) {
+  /// The step's last kernel: the device's count of updates, one more unless `decided` (null: `skipped`, known on the
+  /// host) skipped the step. After every update that reads the step's rule, in the compute stream's order.
+  void issue_count(const grad::verdict* decided, bool skipped = false) {
     auto& be = model_.backend();
-    detail::count_update f{block(), decided};
+    detail::count_update f{block(), decided, skipped};
     if (grad_.scaler) {
       f.scales = true;
       f.scaling = grad_.scaler->options();
@@ -266,9 +267,6 @@ class shard_optimizer {
     const plan::buffer_cost cost = plan::norm_buffer_cost(model_.size(), norm_rows());
     const bool captured = fsdp::capturing(be);
     const float loss_scale = grad_.scaler ? grad_.scaler->scale() : 1.0f;
-    // An eager step's loss scale is the host scaler's (a checkpoint may have restored it); a captured one carries
-    // the device's from replay to replay.
-    if (grad_.scaler && !captured) be.for_each(1, set_scale{block(), {loss_scale, grad_.scaler->good_steps()}}, cs);
     exec::optimizer_work<backend_type> work = work_for();
     work.inspect = [&] {
       grad::issue_inspection(model_, grad_, norms_.data(), &block()->loss_scale);

@@ -14,7 +14,7 @@
 // 256 bytes a optimizer, in its plan (plan::step_block_cost). Both kernels are one thread (Backend::for_each over
 // one element), on the compute stream.
 #include <cstdint>
-#include <cstring>
+#include <new>
 #include <type_traits>
 
 #include "fsdp/core/config.hpp"
@@ -38,20 +38,20 @@ struct make_rule {
   S s;
   step_block* block;
   FSDP_HD void operator()(std::int64_t) const {
-    const R r = s.at(static_cast<long>(block->updates) + 1);
-    std::memcpy(block->rule, &r, sizeof r);
+    ::new (static_cast<void*>(block->rule)) R(s.at(static_cast<long>(block->updates) + 1));
   }
 };
 
-/// The step's last kernel: one more update, unless the inspection's verdict (null: none) skipped the step; with a
-/// loss scaler (`scales`), its state moved by the verdict.
+/// The step's last kernel: one more update, unless the inspection's verdict (null: `skipped`, which the host knew)
+/// skipped the step; with a loss scaler (`scales`), its state moved by the verdict.
 struct count_update {
   step_block* block;
   const grad::verdict* decided;
+  bool skipped_on_host = false;
   bool scales = false;
   grad::loss_scaler_options scaling{};
   FSDP_HD void operator()(std::int64_t) const {
-    const bool skipped = decided != nullptr && decided->skipped != 0;
+    const bool skipped = decided != nullptr ? decided->skipped != 0 : skipped_on_host;
     if (!skipped) block->updates += 1;
     if (scales) {
       const grad::scale_state next = grad::next_scale({block->loss_scale, block->good_steps}, skipped, scaling);
