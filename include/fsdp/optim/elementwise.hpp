@@ -143,7 +143,7 @@ class elementwise : public detail::shard_optimizer<ModelT> {
   grad::step_report step(const S& s) {
     using R = std::remove_cvref_t<decltype(s.at(long{1}))>;
     check_states<R>();
-    static_assert(sizeof(R) <= sizeof(detail::step_block::rule) && alignof(R) <= 16,
+    static_assert(sizeof(R) <= detail::step_rule_bytes && alignof(R) <= 16,
                   "fsdp::optim::elementwise::step: a step rule's rule must fit the step block's 240 bytes");
     auto& be = this->model_.backend();
     detail::step_block* block = this->block();

@@ -13,6 +13,7 @@
 //
 // 256 bytes a optimizer, in its plan (plan::step_block_cost). Both kernels are one thread (Backend::for_each over
 // one element), on the compute stream.
+#include <cstddef>
 #include <cstdint>
 #include <new>
 #include <type_traits>
@@ -24,11 +25,14 @@
 
 namespace fsdp::optim::detail {
 
+/// The largest rule a step block holds.
+inline constexpr std::size_t step_rule_bytes = 240;
+
 struct step_block {
   std::int64_t updates = 0;
   float loss_scale = 0.0f;
   std::int32_t good_steps = 0;
-  alignas(16) unsigned char rule[240];
+  alignas(16) unsigned char rule[step_rule_bytes];
 };
 static_assert(sizeof(step_block) == plan::step_block_slots * sizeof(float), "the step block fills its plan's slots");
 
