@@ -15,6 +15,12 @@
 //   fsdp::optim::elementwise opt(model, "my_rule", {"m", "v"});   // one name per state, for checkpoints
 //   opt.step([&](long t) { return my_rule{lr_at(t), 0.9f}; });    // t: this update's number, from 1
 //
+// or, made on the device each step from the update count it keeps (a step captured and replayed computes each
+// replay's own: fsdp::step_graph), a StepRule: a trivially copyable description with FSDP_HD at(t):
+//
+//   struct my_rule_at { float peak; fsdp::optim::lr_schedule s; FSDP_HD my_rule at(long t) const {...} };
+//   opt.step(my_rule_at{3e-4f, {100, 5000, 0.1f}});
+//
 // The rule sees g with the step's gradient scale already applied (clipping, loss-scale removal: g * scale, one
 // rounding, and only when the scale is not 1); `decay` is false for the elements of no_decay parameters. Write it
 // with fsdp::rn (fsdp/core/rounding.hpp: one rounding per operation, never contracted into a fused multiply-add)

@@ -11,7 +11,7 @@
 //             copyable description with FSDP_HD at(t), such as AdamW's learning rate from its schedule and its bias
 //             corrections) and read by every update kernel of the step
 //
-// 256 bytes a optimizer, in its plan (plan::step_block_cost). Both kernels are one thread (Backend::for_each over
+// 256 bytes an optimizer, in its plan (plan::step_block_cost). Both kernels are one thread (Backend::for_each over
 // one element), on the compute stream.
 #include <cstddef>
 #include <cstdint>
