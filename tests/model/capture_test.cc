@@ -124,12 +124,12 @@ TEST_CASE(
 
 TEST_CASE("what a captured step cannot hold is refused before anything is captured, each with its sentence") {
   using P = fsdp::policy<sharding::full_shard>;
-  auto refusal = [](fsdp::model_options o, fsdp::grad::options g, auto policy) {
+  auto refusal = [](fsdp::model_options o, auto policy) {
     using Q = typename decltype(policy)::type;
     std::string message;
     fsdp_test::run_ranks(1, [&](local_communicator& c) {
       fsdp::Model<Q> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11}, o);
-      fsdp::optim::adamw opt(m, {.grad = g});
+      fsdp::optim::adamw opt(m, {});
       float poison = 0.0f;
       message = error_of([&] { fsdp::step_graph graph(m, opt, [&] { train_step(m, opt, &poison); }); });
       CHECK_FALSE(m.backend().capturing());
@@ -139,25 +139,24 @@ TEST_CASE("what a captured step cannot hold is refused before anything is captur
   const std::string head = "fsdp: step_graph: ";
   fsdp::model_options accumulating;
   accumulating.accumulation = {.micro_batches = 2, .sync = fsdp::grad_sync::last_micro_batch};
-  CHECK(refusal(accumulating, {}, std::type_identity<P>{}) ==
+  CHECK(refusal(accumulating, std::type_identity<P>{}) ==
         head +
             "no-sync accumulation (model_options::accumulation with grad_sync::last_micro_batch) cannot be "
             "captured: its fp32 accumulators are taken and given back each step, which a captured step may not do");
   fsdp::model_options views;
   views.check_views = true;
-  CHECK(refusal(views, {}, std::type_identity<P>{}) ==
+  CHECK(refusal(views, std::type_identity<P>{}) ==
         head +
             "model_options::check_views cannot be captured: it marks views stale from the host as the streams pass "
             "each release");
   fsdp::model_options checked;
   checked.check_collectives = true;
-  CHECK(refusal(checked, {}, std::type_identity<P>{}) ==
+  CHECK(refusal(checked, std::type_identity<P>{}) ==
         head +
             "model_options::check_collectives cannot be captured: the ranks compare each collective on the host "
             "before it is issued");
-  CHECK(refusal({}, {},
-                std::type_identity<fsdp::policy<sharding::full_shard, fsdp::prefetch::none, fsdp::precision::full,
-                                                fsdp::comm::local<>, fsdp::offload::all>>{}) ==
+  CHECK(refusal({}, std::type_identity<fsdp::policy<sharding::full_shard, fsdp::prefetch::none, fsdp::precision::full,
+                                                    fsdp::comm::local<>, fsdp::offload::all>>{}) ==
         head +
             "unit 'a' (index 0) cannot be captured: it offloads its params, grads and optimizer state, so its "
             "optimizer step runs on the host with a rule made there each step; keep one of them on the device");
