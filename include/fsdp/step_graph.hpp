@@ -37,11 +37,13 @@
 
 namespace fsdp {
 
-/// A backend that records a step and replays it: begin_capture(), end_capture() -> graph, replay(graph).
+/// A backend that records a step and replays it: begin_capture(), end_capture() -> graph, abandon_capture() (ends
+/// one without a graph, never throws), replay(graph).
 template <class B>
 concept GraphBackend = CapturingBackend<B> && requires(B& b, const typename B::graph& g) {
   b.begin_capture();
   { b.end_capture() } -> std::same_as<typename B::graph>;
+  b.abandon_capture();
   b.replay(g);
 };
 
@@ -49,7 +51,7 @@ template <class ModelT, class Optimizer>
 class step_graph {
   using backend_type = typename ModelT::backend_type;
   static_assert(GraphBackend<backend_type>,
-                "fsdp::step_graph: this backend cannot capture a step (backend::host can; backend::cuda cannot yet)");
+                "fsdp::step_graph: this backend cannot capture a step (backend::host and backend::cuda can)");
 
  public:
   /// Captures step() (one training step: forward, backward, opt.step(), zero_grad) on `model`'s streams after
@@ -66,8 +68,11 @@ class step_graph {
     try {
       std::forward<Step>(step)();
     } catch (...) {  // nothing captured ran: the host's counts are as before
-      (void)be.end_capture();
-      model_access::restore_step_count(model_, before);
+      be.abandon_capture();
+      try {
+        model_access::restore_step_count(model_, before);
+      } catch (...) {  // a pass the error abandoned leaves the model refusing (it says so at its next use); the
+      }  // capture's own error is the one to report
       throw;
     }
     graph_ = be.end_capture();

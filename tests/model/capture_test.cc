@@ -187,4 +187,24 @@ TEST_CASE(
     train_step(m, opt, &poison);  // eager steps go on
     CHECK(opt.steps() == 2);
   });
+  // Inside a pass: the pass is abandoned, and the trainer still hears the backend's sentence, not the model's refusal
+  // to restore its step count after an abandoned pass.
+  fsdp_test::run_ranks(1, [](local_communicator& c) {
+    fsdp::Model<fsdp::policy<sharding::full_shard>> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
+    fsdp::optim::adamw opt(m, {});
+    float poison = 0.0f;
+    train_step(m, opt, &poison);
+    CHECK(error_of([&] {
+            fsdp::step_graph graph(m, opt, [&] {
+              for (auto& u : m.forward()) {
+                (void)u;
+                m.backend().synchronize(m.backend().compute_stream());  // a trainer reading an activation
+              }
+            });
+          }) ==
+          "fsdp: backend::host on rank 0: synchronize(stream 'rank0.compute') while a step is captured "
+          "(begin_capture() to end_capture()): a captured step's work runs only when it is replayed, and nothing "
+          "in it may wait on the host; synchronize after end_capture() or after a replay");
+    CHECK_FALSE(m.backend().capturing());
+  });
 }

@@ -166,6 +166,8 @@ class host {
   void begin_capture();
   /// The calls recorded since begin_capture(); the streams issue again.
   graph end_capture();
+  /// Ends a capture without a graph (the captured step threw on the host); never throws.
+  void abandon_capture() noexcept;
   /// Issues `g`'s calls again, in order (outside a capture), once every stream has run what was issued before.
   void replay(const graph& g);
   bool capturing() const noexcept { return capture_ != nullptr; }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "fsdp/backend/detail/capture_rules.hpp"
 #include "fsdp/backend/host.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -53,10 +54,7 @@ FSDP_DECL void host::record(event& e, stream& s) {
 }
 
 FSDP_DECL bool host::done(const event& e) const {
-  if (capture_)
-    refuse_in_capture("done(event)",
-                      "an event query inside a captured step asks about the capture, not about a "
-                      "replay; ask after end_capture()");
+  if (capture_) refuse_in_capture("done(event)", detail::capture_rules::event_query);
   if (e.s_->completed.load() < e.s_->snapshot()) return false;
   if (e.s_->failed.load()) {  // the stream failed before it got there: its error, as a wait would give it
     std::exception_ptr err;
@@ -110,10 +108,7 @@ FSDP_DECL void host::host_callback(stream& s, std::function<void()> fn) {
 }
 
 FSDP_DECL void host::synchronize(stream& s) {
-  if (capture_)
-    refuse_in_capture("synchronize(stream '" + s.name() + "')",
-                      "a captured step's work runs only when it is replayed, and nothing in it may wait on the host; "
-                      "synchronize after end_capture() or after a replay");
+  if (capture_) refuse_in_capture("synchronize(stream '" + s.name() + "')", detail::capture_rules::host_wait);
   count(s, &atomic_counts::synchronizes);
   s.drain(opt_.wait_timeout);
 }
@@ -129,9 +124,7 @@ FSDP_DECL host::buffer host::allocate(std::int64_t bytes, mem category, stream& 
     fsdp::detail::fail_usage("backend::host::allocate: negative size ", bytes, " bytes for ", name_of(category));
   if (capture_)
     refuse_in_capture(fsdp::detail::cat("allocate(", bytes, " bytes of ", name_of(category), ")"),
-                      "memory taken inside a captured step lies outside the plan (on a GPU, a graph allocation "
-                      "beside the pool the plan reserved); take it before the capture (an eager step first makes "
-                      "the step's slots)");
+                      detail::capture_rules::memory_taken);
   buffer b = take(bytes, category);  // nothing is counted when it fails
   pool_.allocate(index_of(first_use), bytes);
   count(first_use, &atomic_counts::allocations);
@@ -156,8 +149,7 @@ FSDP_DECL void host::release_after(buffer&& b, stream& s) {
   if (!b) return;
   if (capture_)
     refuse_in_capture(fsdp::detail::cat("release_after(", b.bytes(), " bytes of ", name_of(b.category()), ")"),
-                      "memory given back inside a captured step would be given back at every replay; give it back "
-                      "after end_capture()");
+                      detail::capture_rules::memory_given_back);
   count(s, &atomic_counts::frees);
   const bool modelled = b.free_.pool != nullptr;
   b.stop_accounting();
@@ -262,24 +254,28 @@ FSDP_DECL void host::pageable_wait(stream& s, const char* what) {
 }
 
 FSDP_DECL void host::begin_capture() {
-  if (capture_) refuse_in_capture("begin_capture()", "a capture is already under way; end_capture() it first");
+  if (capture_) refuse_in_capture("begin_capture()", detail::capture_rules::second_begin);
   capture_ = std::make_unique<std::vector<std::function<void()>>>();
   for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) s->set_capture(capture_.get());
 }
 
 FSDP_DECL host::graph host::end_capture() {
   if (!capture_) fsdp::detail::fail_usage("backend::host on rank ", rank_, ": end_capture() without a begin_capture()");
-  for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) s->set_capture(nullptr);
   graph g;
   g.calls_ = std::move(*capture_);
-  capture_.reset();
-  recorded_in_capture_.clear();
+  abandon_capture();  // the streams issue again
   return g;
 }
 
+FSDP_DECL void host::abandon_capture() noexcept {
+  if (!capture_) return;
+  for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) s->set_capture(nullptr);
+  capture_.reset();
+  recorded_in_capture_.clear();
+}
+
 FSDP_DECL void host::replay(const graph& g) {
-  if (capture_)
-    refuse_in_capture("replay(graph)", "a replay inside a capture is not recorded; replay after end_capture()");
+  if (capture_) refuse_in_capture("replay(graph)", detail::capture_rules::replay_inside);
   // Everything issued before starts the replay, as a CUDA graph's launch follows all earlier work (the waits dropped
   // at the capture were on it): here the host waits for it, which the device does there.
   for (stream* s : {&compute_, &gather_, &reduce_, &upload_, &download_, &host_work_}) s->drain(opt_.wait_timeout);
@@ -288,14 +284,11 @@ FSDP_DECL void host::replay(const graph& g) {
 }
 
 FSDP_DECL void host::refuse_in_capture(std::string_view call, std::string_view why) const {
-  fsdp::detail::fail_usage("backend::host on rank ", rank_, ": ", call,
-                           " while a step is captured (begin_capture() to end_capture()): ", why);
+  detail::capture_rules::refuse("host", rank_, call, why);
 }
 
 FSDP_DECL void host::refuse_pageable(const char* what) const {
-  refuse_in_capture(fsdp::detail::cat(what, " pageable host memory"),
-                    "such a copy waits on the host for its stream (cudaMemcpyAsync from or to pageable memory); copy "
-                    "through allocate_host() memory");
+  refuse_in_capture(fsdp::detail::cat(what, " pageable host memory"), detail::capture_rules::pageable_copy);
 }
 
 FSDP_DECL std::chrono::microseconds host::copy_delay(const stream& s, std::int64_t bytes) const {
