@@ -21,6 +21,9 @@
 //     memory_bound_test.cc, checks the same rules exactly; the simulator's pool figures are bookkeeping);
 //   - fsdp::weights: a trainer's tensors loaded into the device master shards of 3 ranks and stored back;
 //   - a rank that never issues a collective fails the others within the timeout, naming it;
+//   - a step captured into a CUDA graph (fsdp::step_graph over backend::cuda) and replayed: 19 replays equal 19 eager
+//     steps bit for bit at world 1 (the trainer of tests/support/capture.hpp); at world 2 comm::local refuses the
+//     capture by name; on the simulated GPU the graph API is tools/sim/graphs.cc;
 //   - the trace recorder on the CUDA backend (stream events timed with CUDA events, no host function on the
 //     streams): per rank and step the same events as the host backend's run, each stream's times non-decreasing,
 //     positive compute and communication time (on a real GPU only: the simulator's event clock counts whole
@@ -64,6 +67,7 @@ extern "C" int (*InitializeInjectionNvtx2_fnptr)(const void* (*get_export_table)
 #include <vector>
 
 #include "gpu.hpp"
+#include "tests/support/capture.hpp"
 
 namespace nvtx_log {
 struct range {
@@ -1165,5 +1169,83 @@ TEST_CASE("trace recorder on the CUDA backend: CUDA-event times, the events of t
   }
   SUBCASE("no_shard, forward<2>, bf16: cast copies and all-reduces") {
     compare_trace<fsdp::sharding::no_shard, fsdp::prefetch::forward<2>, fsdp::precision::mixed<fsdp::bfloat16>>(4, 2);
+  }
+}
+
+namespace {
+/// capture::train_rank's poison in device memory of the test's own (not the model's: the plan's peak stays exact).
+struct device_poison {
+  float* at = nullptr;
+  const float* get() const { return at; }
+  void set(float v) { FSDP_CUDA_CHECK(cudaMemcpy(at, &v, sizeof v, cudaMemcpyHostToDevice)); }
+};
+
+/// One rank's 20 steps on one GPU (fsdp_test::capture::train_rank): eager, or one eager, one captured into a CUDA
+/// graph and 19 replays of it.
+template <class MakeOpt>
+fsdp_test::capture::rank_outcome train_on_gpu(bool capture, MakeOpt make_opt, int poisoned,
+                                              fsdp::grad::loss_scaler_options scaling) {
+  using P = gpu_policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
+  fsdp_test::capture::rank_outcome out;
+  fsdp::comm::run_local_cuda(
+      1,
+      [&](fsdp::comm::local_cuda_communicator& c) {
+        float* poison = nullptr;
+        FSDP_CUDA_CHECK(cudaMalloc(&poison, sizeof(float)));
+        out = fsdp_test::capture::train_rank<P>(c, capture, make_opt, poisoned, scaling, device_poison{poison});
+        FSDP_CUDA_CHECK(cudaFree(poison));
+      },
+      fsdp_test::local_options());
+  return out;
+}
+}  // namespace
+
+TEST_CASE(
+    "a step captured into a CUDA graph and replayed 19 times gives the bits of 20 eager steps: AdamW under warm-up "
+    "and cosine, clipped by the global norm, step 9 skipped for an inf, fp16's loss scale moving on the device") {
+  FSDP_REQUIRE_GPU();
+  const auto make_opt = fsdp_test::capture::adamw(0.5f, true);
+  const fsdp::grad::loss_scaler_options scaling{.init_scale = 1024.0f, .growth_interval = 4};
+  const fsdp_test::capture::rank_outcome eager = train_on_gpu(false, make_opt, 9, scaling);
+  const fsdp_test::capture::rank_outcome replayed = train_on_gpu(true, make_opt, 9, scaling);
+  CHECK(fsdp_test::same_bits(eager.state, replayed.state));
+  CHECK(eager.steps == 19);  // the skipped step is not counted
+  CHECK(replayed.steps == 19);
+  // from 2^10: grown after 4 good steps in a row, halved at the skipped step 9 (tests/model/capture_test.cc)
+  CHECK(eager.scaler.scale == 8192.0f);
+  CHECK(replayed.scaler.scale == eager.scaler.scale);
+  CHECK(replayed.scaler.good == eager.scaler.good);
+}
+
+TEST_CASE("comm::local's ranks on one GPU cannot be captured at world 2: refused at the first collective, by name") {
+  FSDP_REQUIRE_GPU();
+  using P = gpu_policy<fsdp::sharding::full_shard, fsdp::prefetch::next>;
+  std::vector<std::string> messages(2);
+  fsdp::comm::run_local_cuda(
+      2,
+      [&](fsdp::comm::local_cuda_communicator& c) {
+        fsdp::Model<P> m(c, fsdp_test::capture::spec(), fsdp_test::capture::first_letter, fsdp::init::normal{0.5f, 11});
+        fsdp::optim::adamw opt(m, {});
+        device_poison poison;
+        FSDP_CUDA_CHECK(cudaMalloc(&poison.at, sizeof(float)));
+        poison.set(0.0f);
+        fsdp_test::capture::train_step(m, opt, poison.get());
+        try {
+          fsdp::step_graph graph(m, opt, [&] { fsdp_test::capture::train_step(m, opt, poison.get()); });
+        } catch (const fsdp::usage_error& e) {
+          messages[static_cast<std::size_t>(c.rank())] = e.what();
+        }
+        CHECK_FALSE(m.backend().capturing());
+        m.synchronize();
+        FSDP_CUDA_CHECK(cudaFree(poison.at));
+      },
+      fsdp_test::local_options());
+  for (int r = 0; r < 2; ++r) {  // the captured step's first gather, named as comm::local names its collectives
+    CAPTURE(r);
+    CHECK(messages[static_cast<std::size_t>(r)] ==
+          "fsdp: local all_gather(count=64, f32) #10 on rank " + std::to_string(r) +
+              " cannot be captured into a CUDA graph: comm::local's 2 ranks on one GPU meet on the host at every "
+              "collective and wait on each other's events, which one rank's graph cannot hold; capture at world 1, "
+              "or over comm::nccl");
   }
 }

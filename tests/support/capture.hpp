@@ -1,7 +1,8 @@
 #pragma once
 // A trainer whose every piece of work is issued on the backend's streams, so that its step can be captured and
 // replayed (fsdp::step_graph): the model, the gradient kernel, the step, and one rank's 20 steps, eager or replayed
-// (tests/model/capture_test.cc on thread ranks, tests/mpi/mpi_test.cc on processes).
+// (tests/model/capture_test.cc on thread ranks, tests/mpi/mpi_test.cc on processes, tests/cuda/model_test.cu into a
+// CUDA graph).
 #include <limits>
 #include <memory>
 #include <vector>
@@ -25,7 +26,9 @@ struct quadratic_grad {
   const float* poison;
   const float* scale;
   FSDP_HD void operator()(std::int64_t i) const {
-    float v = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(i % 7 - 3) * 0.015625f);
+    // i in 32 bits: a 64-bit remainder compiles to mul.hi.u64, which the simulated GPU cannot run (the tensors are
+    // small)
+    float v = fsdp::rn::add(fsdp::rn::mul(p[i], 0.25f), static_cast<float>(static_cast<int>(i) % 7 - 3) * 0.015625f);
     if (scale) v = fsdp::rn::mul(v, *scale);
     g[i] = i == 0 ? fsdp::rn::add(v, *poison) : v;
   }
@@ -56,23 +59,31 @@ struct rank_outcome {
 
 constexpr int steps = 20;
 
+/// The float the gradient kernel adds to rank 0's first element, in the backend's device memory: on backend::host the
+/// host's own; a GPU trainer passes one of its own with the same two members (set() writes it between steps).
+struct host_poison {
+  float value = 0.0f;
+  const float* get() const { return &value; }
+  void set(float v) { value = v; }
+};
+
 /// One rank's 20 steps: eager, or the first eager, the second captured (nothing runs) and replayed 19 times. Step
 /// `poisoned` (0: none) has an inf in rank 0's gradient, written between steps. make_opt(model, scaler): the rank has a
 /// loss scaler of `scaling`'s options, which the optimizer may take.
-template <class Policy, class Comm, class MakeOpt>
+template <class Policy, class Comm, class MakeOpt, class Poison = host_poison>
 rank_outcome train_rank(Comm& c, bool capture, MakeOpt&& make_opt, int poisoned,
-                        fsdp::grad::loss_scaler_options scaling) {
+                        fsdp::grad::loss_scaler_options scaling, Poison poison = {}) {
   fsdp::Model<Policy> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
   fsdp::grad::loss_scaler scaler(scaling);
   auto opt = make_opt(m, scaler);
-  float poison = 0.0f;  // the host backend's device memory is the host's
+  poison.set(0.0f);
   auto poison_at = [&](int t) {
     m.synchronize();
-    poison = t == poisoned && c.rank() == 0 ? std::numeric_limits<float>::infinity() : 0.0f;
+    poison.set(t == poisoned && c.rank() == 0 ? std::numeric_limits<float>::infinity() : 0.0f);
   };
-  train_step(m, *opt, &poison);
+  train_step(m, *opt, poison.get());
   if (capture) {
-    fsdp::step_graph graph(m, *opt, [&] { train_step(m, *opt, &poison); });
+    fsdp::step_graph graph(m, *opt, [&] { train_step(m, *opt, poison.get()); });
     CHECK(m.step_count() == 1);  // the captured step did not run
     for (int t = 2; t <= steps; ++t) {
       poison_at(t);
@@ -81,7 +92,7 @@ rank_outcome train_rank(Comm& c, bool capture, MakeOpt&& make_opt, int poisoned,
   } else {
     for (int t = 2; t <= steps; ++t) {
       poison_at(t);
-      train_step(m, *opt, &poison);
+      train_step(m, *opt, poison.get());
     }
   }
   CHECK(m.step_count() == steps);

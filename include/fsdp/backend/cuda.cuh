@@ -29,6 +29,7 @@
 // (fsdp/observe/ranges.hpp).
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -42,6 +43,8 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/backend/detail/accounted_buffer.hpp"
+#include "fsdp/backend/detail/capture_rules.hpp"
+#include "fsdp/backend/detail/cuda_capture.cuh"
 #include "fsdp/backend/detail/cuda_handles.cuh"
 #include "fsdp/backend/detail/device_pool.cuh"
 #include "fsdp/backend/detail/timing_marks.cuh"
@@ -91,6 +94,7 @@ class cuda {
 
   explicit cuda(int rank = 0, cuda_options opt = {})
       : opt_(std::move(opt)),
+        rank_(rank),
         device_(select_device(opt_.device)),
         pool_(device_),
         compute_(make_compute(rank, opt_.compute_stream)),
@@ -143,19 +147,32 @@ class cuda {
   /// copies, so that a copy, and the device slots its event gives back, never waits behind the CPU.
   stream& host_work_stream() noexcept { return host_work_; }
 
-  void record(event& e, stream& s) { FSDP_CUDA_CHECK(cudaEventRecord(e.get(), s.get())); }
-  /// Later work on `s` waits for the last record of `e` made before this call (none: no wait).
-  void wait(stream& s, const event& e) { FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
+  void record(event& e, stream& s) {
+    FSDP_CUDA_CHECK(cudaEventRecord(e.get(), s.get()));
+    if (capture_.active()) capture_.recorded(e.get());
+  }
+  /// Later work on `s` waits for the last record of `e` made before this call (none: no wait). While a step is
+  /// captured, a wait on a record made before the capture is dropped: a replay follows all earlier work.
+  void wait(stream& s, const event& e) {
+    if (capture_.active() && !capture_.in_capture(e.get())) return;
+    FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.get(), e.get(), 0));
+  }
   /// Whether the stream of the last record of `e` has passed it (cudaEventQuery; true when never recorded). Never
   /// waits; a device error it reports is thrown (cuda_error).
   bool done(const event& e) const {
+    if (capture_.active()) refuse_in_capture("done(event)", detail::capture_rules::event_query);
     const cudaError_t rc = cudaEventQuery(e.get());
     if (rc == cudaErrorNotReady) return false;
     FSDP_CUDA_CHECK(rc);
     return true;
   }
   /// Runs `fn` on a CUDA runtime thread when `s` reaches this point (cudaLaunchHostFunc); fn must not call CUDA.
+  /// In a captured step, at every replay (the graph keeps `fn`).
   void host_callback(stream& s, std::function<void()> fn) {
+    if (capture_.active()) {
+      FSDP_CUDA_CHECK(cudaLaunchHostFunc(s.get(), &run_kept_callback, capture_.keep(std::move(fn))));
+      return;
+    }
     auto* f = new std::function<void()>(std::move(fn));
     const cudaError_t rc = cudaLaunchHostFunc(s.get(), &run_callback, f);
     if (rc != cudaSuccess) {
@@ -166,6 +183,8 @@ class cuda {
   /// Blocks until all work submitted to `s` has run, polling: a stream that does not finish within
   /// cuda_options::wait_timeout is reported (comm_error, or the communicator's own error) instead of hanging.
   void synchronize(stream& s) {
+    if (capture_.active())
+      refuse_in_capture(fsdp::detail::cat("synchronize(stream '", s.name(), "')"), detail::capture_rules::host_wait);
     wait_for(
         s.get(), fsdp::detail::cat("stream '", s.name(), "'"), opt_.wait_timeout, opt_.poll_interval,
         [&] {
@@ -176,6 +195,42 @@ class cuda {
           if (opt_.on_timeout) opt_.on_timeout(what);
         });
   }
+
+  // ---- capture: a CUDA graph (fsdp/step_graph.hpp; backend/detail/cuda_capture.cuh) ------------------------------
+  /// A captured step: its instantiated CUDA graph (size(): the graph's nodes) and the host functions' payloads.
+  using graph = detail::cuda_graph;
+  /// From here to end_capture(), the calls that issue work on this backend's streams are captured into a CUDA graph
+  /// (stream capture on the compute stream, every other stream of the backend forked into it; thread-local mode, so
+  /// other ranks' threads go on). A wait on an event recorded before the capture is dropped (a replay follows all
+  /// earlier work). Refused while capturing, each with a sentence (usage_error), as backend::host refuses them:
+  /// allocate, release_after, synchronize, done, squared_norm's scratch growing, a second begin_capture.
+  void begin_capture() {
+    if (capture_.active()) refuse_in_capture("begin_capture()", detail::capture_rules::second_begin);
+    capture_.begin(compute_.get(), side_streams());
+  }
+  /// The graph captured since begin_capture(), instantiated; the streams issue again. cuda_error where CUDA refused
+  /// the capture (a call it does not allow while capturing; nothing of it runs).
+  graph end_capture() {
+    if (!capture_.active())
+      fsdp::detail::fail_usage("backend::cuda on rank ", rank_, ": end_capture() without a begin_capture()");
+    return capture_.end(compute_.get(), side_streams(), fsdp::detail::cat("backend::cuda on rank ", rank_));
+  }
+  /// Ends a capture without a graph (the captured step threw on the host); never throws.
+  void abandon_capture() noexcept {
+    if (capture_.active()) capture_.abandon(compute_.get());
+  }
+  /// Launches `g` on the compute stream, after all work issued before on any stream of the backend and before all
+  /// work issued after.
+  void replay(const graph& g) {
+    if (capture_.active()) refuse_in_capture("replay(graph)", detail::capture_rules::replay_inside);
+    if (detail::cuda_capture::empty(g))
+      fsdp::detail::fail_usage("backend::cuda on rank ", rank_,
+                               ": replay() of a graph that end_capture() did not make");
+    capture_.replay(g, compute_.get(), side_streams());
+  }
+  bool capturing() const noexcept { return capture_.active(); }
+  /// Replays so far.
+  std::uint64_t replays() const noexcept { return capture_.replays(); }
 
   // ---- timing marks (optional hook trace::TimingMarks, fsdp/observe/stamp.hpp; backend/detail/timing_marks.cuh) --
   /// A CUDA event with timing from the backend's pool (a handle: the backend owns the event until it goes), and a
@@ -221,6 +276,9 @@ class cuda {
   buffer allocate(std::int64_t bytes, mem category, stream& first_use) {
     if (bytes < 0)
       fsdp::detail::fail_usage("backend::cuda::allocate: negative size ", bytes, " bytes for ", name_of(category));
+    if (capture_.active())
+      refuse_in_capture(fsdp::detail::cat("allocate(", bytes, " bytes of ", name_of(category), ")"),
+                        detail::capture_rules::memory_taken);
     void* p = nullptr;
     if (bytes > 0) {
       const cudaError_t rc = cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_.get(), first_use.get());
@@ -271,6 +329,9 @@ class cuda {
   /// (pinned host memory: once `s` has drained, which blocks).
   void release_after(buffer&& b, stream& s) {
     if (!b) return;
+    if (capture_.active())
+      refuse_in_capture(fsdp::detail::cat("release_after(", b.bytes(), " bytes of ", name_of(b.category()), ")"),
+                        detail::capture_rules::memory_given_back);
     if (b.free_.pinned) {
       synchronize(s);  // watched: a stream that does not finish is reported, not waited for
       b.reset();
@@ -334,6 +395,10 @@ class cuda {
                                "' but was made for another stream; use one stream for norms");
     const std::size_t need = cuda_kernels::squared_norm_temp_bytes(n);
     if (need > scratch_bytes_) {  // grows to the largest n, then reused
+      if (capture_.active())
+        refuse_in_capture(fsdp::detail::cat("squared_norm(", n, " elements)"),
+                          "its scratch space would grow inside the captured step (memory outside the plan); run an "
+                          "eager step first, which grows it to the step's largest norm");
       if (scratch_) FSDP_CUDA_CHECK(cudaFreeAsync(scratch_, s.get()));
       scratch_ = nullptr;
       FSDP_CUDA_CHECK(cudaMallocAsync(&scratch_, need, s.get()));
@@ -349,6 +414,12 @@ class cuda {
   }
 
  private:
+  static void CUDART_CB run_kept_callback(void* data) noexcept {  // a captured one: the graph keeps the payload
+    try {
+      (*static_cast<std::function<void()>*>(data))();
+    } catch (...) {  // nothing can be thrown into the CUDA runtime
+    }
+  }
   static void CUDART_CB run_callback(void* data) noexcept {
     auto* f = static_cast<std::function<void()>*>(data);
     try {
@@ -404,6 +475,13 @@ class cuda {
     return stream(std::move(name), trainers);
   }
 
+  std::array<cudaStream_t, 5> side_streams() const noexcept {  // every stream of a step but compute
+    return {gather_.get(), reduce_.get(), upload_.get(), download_.get(), host_work_.get()};
+  }
+  [[noreturn]] void refuse_in_capture(std::string_view call, std::string_view why) const {
+    detail::capture_rules::refuse("cuda", rank_, call, why);
+  }
+
   static int select_device(int device) {
     if (device >= 0) FSDP_CUDA_CHECK(cudaSetDevice(device));
     int current = 0;
@@ -412,6 +490,7 @@ class cuda {
   }
 
   cuda_options opt_;
+  int rank_;
   int device_;
   detail::device_pool pool_;  // backend/detail/device_pool.cuh
   MemoryTracker memory_;
@@ -429,6 +508,7 @@ class cuda {
   stream download_;
   stream host_work_;
   stream timer_;  // nothing but timing references: idle whenever one is recorded
+  detail::cuda_capture capture_;
 };
 
 static_assert(Backend<cuda>, "backend::cuda must model fsdp::Backend (backend/concept.hpp)");

@@ -111,6 +111,7 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
     const std::uint64_t seq = seq_++;
     stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
     const int world = size();
+    refuse_capture_of_many(d, seq, s);
     const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
     FSDP_CUDA_CHECK(cudaEventRecord(ready_.get(), s.get()));
     const token mine{send, ready_.get(), &d};
@@ -174,8 +175,9 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
             p.world = world;
             p.premul = d.op == reduce_op::avg ? fsdp::kernels::average_factor<t()>(world) : 1.0f;
             // All-reduce outputs may alias every rank's input: reduce into a temporary, copy after step 4.
-            // A reduce-scatter output may alias only this rank's own slice, which no other rank reads.
-            if (kind == collective::all_reduce && bytes) {
+            // A reduce-scatter output may alias only this rank's own slice, which no other rank reads; so may
+            // anything at world 1 (each element is read before it is written, by the same thread).
+            if (kind == collective::all_reduce && bytes && world > 1) {
               FSDP_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, s.get()));
               p.dst = static_cast<elem*>(tmp);
             } else {
@@ -211,6 +213,21 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
       FSDP_CUDA_CHECK(cudaMemcpyAsync(recv, tmp, bytes, cudaMemcpyDeviceToDevice, s.get()));
       FSDP_CUDA_CHECK(cudaFreeAsync(tmp, s.get()));
     }
+  }
+
+  /// A captured collective at world > 1: refused before the ranks meet (every rank of a captured step refuses the
+  /// same collective). Its ranks meet on the host and wait on each other's events at every collective, which a CUDA
+  /// graph of one rank cannot hold.
+  void refuse_capture_of_many(const detail::op_desc& d, std::uint64_t seq, stream& s) const {
+    if (size() == 1) return;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    FSDP_CUDA_CHECK(cudaStreamIsCapturing(s.get(), &status));
+    if (status != cudaStreamCaptureStatusNone)
+      fsdp::detail::fail_usage(g_->describe(d, seq, rank_), " cannot be captured into a CUDA graph: comm::local's ",
+                               size(),
+                               " ranks on one GPU meet on the host at every collective and wait on each "
+                               "other's events, which one rank's graph cannot hold; capture at world 1, or over "
+                               "comm::nccl");
   }
 
   /// After a failure: blocks until the other ranks' done events (the ends of their reads of this rank's buffers)

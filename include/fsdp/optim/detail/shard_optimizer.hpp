@@ -315,6 +315,7 @@ class shard_optimizer {
       be.synchronize(be.compute_stream());
       step_block b;
       be.download(&b, step_block_.data(), sizeof b, be.compute_stream());
+      be.synchronize(be.compute_stream());  // pageable: valid once the stream has passed the copy (backend::cuda)
       steps_ = static_cast<long>(b.updates);
       if (grad_.scaler) grad_.scaler->restore(b.loss_scale, b.good_steps);
       replays_seen_ = be.replays();
