@@ -1,5 +1,6 @@
 // Smoke test of the CUDA entry point <fsdp/fsdp.cuh>: the host library compiles under nvcc, the error
-// wrappers throw / log what they should, and (with a GPU) a kernel's output comes back bit for bit.
+// wrappers throw / log what they should, and (with a GPU) a kernel's output comes back bit for bit, and the CUDA
+// graph behaviours the CUDA backend's capture relies on.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -252,4 +253,94 @@ TEST_CASE("a trainer's own compute stream: the backend issues its compute-side w
               " default stream, which synchronizes with the device's other work; pass a stream made with "
               "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) (null: the backend makes one)");
   }
+}
+
+namespace {
+struct shift {
+  float a[5];
+  int b;
+};
+__global__ void add_shift(float* x, shift p, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] += p.a[i % 5] + static_cast<float>(p.b);
+}
+__global__ void twice(float* x, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] *= 2.0f;
+}
+void CUDART_CB count_call(void* calls) { ++*static_cast<int*>(calls); }
+}  // namespace
+
+TEST_CASE(
+    "the CUDA graph behaviours backend::cuda's capture relies on: a fork and a join through events, arguments taken "
+    "at capture, a host function at each launch, and what capture refuses (needs a GPU; tools/sim/graphs.cc on the "
+    "simulated one)") {
+  FSDP_REQUIRE_GPU();
+  constexpr int n = 37;
+  float *x = nullptr, *y = nullptr;
+  FSDP_CUDA_CHECK(cudaMalloc(&x, n * sizeof(float)));
+  FSDP_CUDA_CHECK(cudaMalloc(&y, n * sizeof(float)));
+  FSDP_CUDA_CHECK(cudaMemset(x, 0, n * sizeof(float)));
+  fsdp::backend::detail::cuda_stream s0("s0"), s1("s1");
+  fsdp::backend::detail::cuda_event fork, join;
+  shift p{{1, 2, 3, 4, 5}, 10};
+  int calls = 0;
+  FSDP_CUDA_CHECK(cudaStreamBeginCapture(s0.get(), cudaStreamCaptureModeThreadLocal));
+  add_shift<<<2, 32, 0, s0.get()>>>(x, p, n);
+  FSDP_CUDA_CHECK(cudaEventRecord(fork.get(), s0.get()));
+  FSDP_CUDA_CHECK(cudaStreamWaitEvent(s1.get(), fork.get(), 0));  // s1 joins the capture
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FSDP_CUDA_CHECK(cudaStreamIsCapturing(s1.get(), &status));
+  CHECK(status == cudaStreamCaptureStatusActive);
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s1.get()));
+  twice<<<1, 64, 0, s1.get()>>>(y, n);
+  FSDP_CUDA_CHECK(cudaLaunchHostFunc(s1.get(), &count_call, &calls));
+  FSDP_CUDA_CHECK(cudaEventRecord(join.get(), s1.get()));
+  CHECK(cudaEventQuery(join.get()) == cudaErrorCapturedEvent);  // the library never asks a captured event
+  FSDP_CUDA_CHECK(cudaStreamWaitEvent(s0.get(), join.get(), 0));  // s1 joined back
+  p.b = 1000;                                                     // the graph holds the arguments as they were
+  cudaGraph_t g = nullptr;
+  FSDP_CUDA_CHECK(cudaStreamEndCapture(s0.get(), &g));
+  std::size_t nodes = 0;
+  FSDP_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+  CHECK(nodes == 4);  // two kernels, a copy, a host function
+  cudaGraphExec_t exec = nullptr;
+  FSDP_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  FSDP_CUDA_CHECK(cudaGraphDestroy(g));
+  CHECK(calls == 0);  // nothing ran at the capture
+  for (int t = 0; t < 3; ++t) FSDP_CUDA_CHECK(cudaGraphLaunch(exec, s0.get()));
+  FSDP_CUDA_CHECK(cudaStreamSynchronize(s0.get()));
+  std::vector<float> hx(n), hy(n);
+  FSDP_CUDA_CHECK(cudaMemcpy(hx.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost));
+  FSDP_CUDA_CHECK(cudaMemcpy(hy.data(), y, n * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    const float step = static_cast<float>(i % 5 + 1) + 10.0f;
+    CHECK(hx[static_cast<std::size_t>(i)] == 3.0f * step);  // three launches added it
+    CHECK(hy[static_cast<std::size_t>(i)] == 6.0f * step);  // the last one doubled the third sum
+  }
+  CHECK(calls == 3);
+  FSDP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+
+  // A stream forked into a capture and not joined back: the end fails, and nothing is made.
+  FSDP_CUDA_CHECK(cudaStreamBeginCapture(s0.get(), cudaStreamCaptureModeThreadLocal));
+  FSDP_CUDA_CHECK(cudaEventRecord(fork.get(), s0.get()));
+  FSDP_CUDA_CHECK(cudaStreamWaitEvent(s1.get(), fork.get(), 0));
+  twice<<<1, 64, 0, s1.get()>>>(y, n);
+  CHECK(cudaStreamEndCapture(s0.get(), &g) == cudaErrorStreamCaptureUnjoined);
+  (void)cudaGetLastError();
+  // A wait on work recorded before the capture: refused (the CUDA backend drops such waits), the capture invalidated.
+  FSDP_CUDA_CHECK(cudaEventRecord(join.get(), s1.get()));
+  FSDP_CUDA_CHECK(cudaStreamBeginCapture(s0.get(), cudaStreamCaptureModeThreadLocal));
+  CHECK(cudaStreamWaitEvent(s0.get(), join.get(), 0) == cudaErrorStreamCaptureIsolation);
+  CHECK(cudaStreamEndCapture(s0.get(), &g) == cudaErrorStreamCaptureInvalidated);
+  (void)cudaGetLastError();
+  // A capturing stream synchronized: refused, the capture invalidated (the backend refuses it first, by name).
+  FSDP_CUDA_CHECK(cudaStreamBeginCapture(s0.get(), cudaStreamCaptureModeThreadLocal));
+  CHECK(cudaStreamSynchronize(s0.get()) == cudaErrorStreamCaptureUnsupported);
+  CHECK(cudaStreamEndCapture(s0.get(), &g) == cudaErrorStreamCaptureInvalidated);
+  (void)cudaGetLastError();
+  FSDP_CUDA_CHECK(cudaDeviceSynchronize());
+  FSDP_CUDA_CHECK(cudaFree(x));
+  FSDP_CUDA_CHECK(cudaFree(y));
 }
