@@ -497,3 +497,62 @@ TEST_CASE("the gather, reduce and copy streams run at the device's most urgent p
     CHECK(got == s->priority());
   }
 }
+
+namespace {
+/// AdamW's rule for updates 1 .. n, each made as the optimizer's first kernel makes it (fsdp/optim/detail/
+/// step_block.hpp: from a count read from device memory), and a 64-bit count as a double.
+struct rules_on_device {
+  fsdp::optim::detail::adamw_step step;
+  const std::int64_t* counts;
+  float* out;  // lr, bias_correction1, bias_correction2 per update
+  double* as_double;
+  FSDP_HD void operator()(std::int64_t i) const {
+    const fsdp::optim::detail::adamw_rule r = step.at(static_cast<long>(counts[i]) + 1);
+    out[3 * i] = r.c.lr;
+    out[3 * i + 1] = r.c.bias_correction1;
+    out[3 * i + 2] = r.c.bias_correction2;
+    as_double[i] = fsdp::rn::from_int64(counts[i] * 1000003 - 5);
+  }
+};
+}  // namespace
+
+TEST_CASE(
+    "the learning-rate schedule and the bias corrections made on the device give the host's bits at every update "
+    "(warm-up, cosine, flat after it), from counts kept in device memory") {
+  FSDP_REQUIRE_GPU();
+  constexpr int n = 160;
+  const fsdp::optim::detail::adamw_step step{{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1.0f}, {10, 120, 0.1f}};
+  std::vector<std::int64_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[static_cast<std::size_t>(i)] = i;  // updates 1 .. n
+  fsdp::backend::cuda be(0, fsdp_test::backend_options());
+  auto& s = be.compute_stream();
+  auto dc = be.allocate(n * 8, fsdp::mem::comm_buffers, s);
+  auto dout = be.allocate(3 * n * 4, fsdp::mem::comm_buffers, s);
+  auto dd = be.allocate(n * 8, fsdp::mem::comm_buffers, s);
+  be.upload(dc.data(), counts.data(), n * 8, s);
+  be.for_each(n, rules_on_device{step, dc.as<std::int64_t>(), dout.as<float>(), dd.as<double>()}, s);
+  std::vector<float> got(3 * n);
+  std::vector<double> got_double(n);
+  be.synchronize(s);
+  be.download(got.data(), dout.data(), 3 * n * 4, s);
+  be.download(got_double.data(), dd.data(), n * 8, s);
+  be.synchronize(s);
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    const fsdp::optim::detail::adamw_rule want = step.at(i + 1);
+    CHECK(std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(3 * i)]) ==
+          std::bit_cast<std::uint32_t>(want.c.lr));
+    CHECK(std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(3 * i + 1)]) ==
+          std::bit_cast<std::uint32_t>(want.c.bias_correction1));
+    CHECK(std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(3 * i + 2)]) ==
+          std::bit_cast<std::uint32_t>(want.c.bias_correction2));
+    CHECK(got_double[static_cast<std::size_t>(i)] == static_cast<double>(std::int64_t{i} * 1000003 - 5));
+  }
+  CHECK(got[3] > got[0]);                    // warming up
+  CHECK(got[3 * 159] == step.at(160).c.lr);  // flat after update 120
+  CHECK(got[3 * 159] == 3e-3f * 0.1f);       // at lr * min_ratio
+  be.release_after(std::move(dc), s);
+  be.release_after(std::move(dout), s);
+  be.release_after(std::move(dd), s);
+  be.synchronize(s);
+}

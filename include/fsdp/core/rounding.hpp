@@ -10,6 +10,7 @@
 // probes its own kernels when it starts and refuses such a build with a sentence (cuda/kernels.cuh,
 // subnormal_probe).
 #include <cmath>
+#include <cstdint>
 
 #include "fsdp/core/config.hpp"
 
@@ -87,6 +88,14 @@ FSDP_HD inline double sqrt(double a) {
 #else
   return std::sqrt(a);
 #endif
+}
+/// A 64-bit integer as a double, exact for |x| < 2^53 (counts of steps and elements), from its two 32-bit halves:
+/// the same value as static_cast<double>(x), but through 32-bit conversions, since the simulated GPU's cvt from a
+/// 64-bit integer gives 0 (a kernel's `double(long)` is 0 there; tests/cuda/kernels_test checks this one).
+FSDP_HD inline double from_int64(std::int64_t x) {
+  const auto hi = static_cast<std::int32_t>(x >> 32);
+  const auto lo = static_cast<std::uint32_t>(x & 0xffffffff);
+  return add(mul(static_cast<double>(hi), 4294967296.0), static_cast<double>(lo));
 }
 
 }  // namespace fsdp::rn

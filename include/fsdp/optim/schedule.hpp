@@ -49,11 +49,11 @@ struct lr_schedule {
   FSDP_HD float at(float lr, long t) const {
     const double peak = lr;
     const long s = t - 1;  // the step's index from 0
-    if (s < warmup) return static_cast<float>(rn::div(rn::mul(peak, static_cast<double>(s + 1)), warmup));
+    if (s < warmup) return static_cast<float>(rn::div(rn::mul(peak, rn::from_int64(s + 1)), warmup));
     if (total <= 0) return lr;
     const double lo = rn::mul(peak, static_cast<double>(min_ratio));
     const long span = total - warmup - 1;
-    double ratio = span <= 0 ? 1.0 : rn::div(static_cast<double>(s - warmup), static_cast<double>(span));
+    double ratio = span <= 0 ? 1.0 : rn::div(rn::from_int64(s - warmup), rn::from_int64(span));
     if (ratio > 1.0) ratio = 1.0;
     const double wave = rn::mul(0.5, rn::add(1.0, detail::cos_pi(ratio)));
     return static_cast<float>(rn::add(lo, rn::mul(wave, rn::sub(peak, lo))));
