@@ -13,6 +13,9 @@
 //   block_backward(unit, l, x, cache, dout, dx)   stores block l's gradients into unit, dx = d loss / d x
 //   root_backward(root, dx0)                   stores the embeddings' and the head's gradients into root
 //   global_loss(model)                         the mean loss over all ranks (a collective)
+//   capturable, reduce_loss(model), read_loss()   optional (the CUDA trainer): its work is all issued on the
+//                                              backend's streams, so config::graph may capture its step; the global
+//                                              loss's collective inside the step, and its read after
 //   bytes(buffer), cache.bytes(), head_bytes() activation bytes it holds
 //
 // Tensor parallelism (model_options::tensor_parallel = T > 1, make_spec's placements): the ranks of a tensor group
@@ -24,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -126,6 +130,10 @@ struct config {
   /// Called on every rank before each phase of each step ("forward", "backward", "optimizer") with the step's
   /// number: where a rank can fail on purpose (04_gpt_host --fail-at). Empty: nothing is called.
   std::function<void(int step, const char* phase)> before;
+  /// The step as a captured graph (fsdp::step_graph): the first step eager, the second captured and every step from
+  /// the second on a replay, the batch uploaded and the loss read outside it. A trainer whose work is all issued on
+  /// the backend's streams (the CUDA one: Trainer::capturable); not with packing, experts or `before`.
+  bool graph = false;
 };
 
 struct result {
@@ -277,14 +285,17 @@ fsdp::Model<Policy> make_model(typename Policy::communicator& comm, const config
 
 /// AdamW as GPT-2 trains: decay on the blocks' matrices only (the spec's no_decay flags: biases, norms and both
 /// embeddings are not decayed), betas (0.9, 0.95), clipping.
+/// AdamW with lr_at's schedule as the optimizer's own (the learning rate at update t computed where the update runs,
+/// so a replayed step has its own): lr_at(c.opt, step) at update step + 1, every step updating.
 template <class ModelT>
 auto make_optimizer(ModelT& model, const config& c) {
-  return fsdp::optim::adamw(model, {.lr = lr_at(c.opt, 0),
+  return fsdp::optim::adamw(model, {.lr = c.opt.lr,
                                     .beta1 = c.opt.beta1,
                                     .beta2 = c.opt.beta2,
                                     .eps = c.opt.eps,
                                     .weight_decay = c.opt.weight_decay,
-                                    .grad = {.max_norm = c.opt.max_norm}});
+                                    .grad = {.max_norm = c.opt.max_norm},
+                                    .schedule = {c.opt.warmup, c.opt.total, c.opt.min_lr_ratio}});
 }
 
 /// Whether a unit is a block's experts (gpt::wrapping(): "h.L.experts").
@@ -307,6 +318,21 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
     if (c.checkpoint_activations || c.packing.on)
       throw fsdp::usage_error("gpt: the experts run without activation checkpointing and sequence packing");
   }
+  constexpr bool capturable = requires { Trainer::capturable; };
+  if (c.graph) {
+    if (!capturable)
+      throw fsdp::usage_error(
+          "gpt: this trainer computes on the host, outside the backend's streams, so its step "
+          "cannot be captured; train it without graph");
+    if (c.packing.on)
+      throw fsdp::usage_error(
+          "gpt: a captured step cannot take packed rows (each step's documents change its loss's "
+          "denominator, which the graph would keep); train with graph or with packing");
+    if (c.before)
+      throw fsdp::usage_error(
+          "gpt: `before` runs on the host between a step's phases, which a replayed step does not "
+          "stop for; train with graph or with before");
+  }
   const std::vector<int> perm = permutation(c.data, c.model.vocab);
   using buffer = typename Trainer::buffer;
   using cache = typename Trainer::cache;
@@ -326,26 +352,9 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
   std::vector<buffer> xs(static_cast<std::size_t>(L) + 1);  // block inputs, and x_L
   std::vector<cache> caches(c.checkpoint_activations ? 1 : static_cast<std::size_t>(L));
   buffer dx, dnext, recomputed;
-  for (int step = first; step < first + count; ++step) {
-    const auto ts = std::chrono::steady_clock::now();
-    const float lr = lr_at(c.opt, step);
-    opt.set_lr(lr);
-    std::int64_t tokens = static_cast<std::int64_t>(c.global_batch) * c.model.context;
-    if (packer) {
-      if constexpr (requires(packed_tokens p) { tr.begin_packed_step(p); }) {
-        const std::optional<fsdp::data::rank_batch> b = packer->next();
-        if (!b) throw fsdp::usage_error("gpt: the document source ended at step " + std::to_string(step));
-        const packed_tokens p = to_tokens(*b, c.model.context);
-        tr.begin_packed_step(p);
-        tokens = p.step_real_tokens;
-      } else {
-        throw fsdp::usage_error("gpt: this trainer takes no packed rows (it has no begin_packed_step); train it "
-                                "without sequence packing");
-      }
-    } else {
-      make_batch(c, perm, step, rank, B, inputs, targets);
-      tr.begin_step(inputs, targets);
-    }
+  // What a step issues on the streams, from the forward through the optimizer (and, for a capturable trainer, the
+  // loss's all-reduce): run eagerly, or captured once and replayed (c.graph).
+  auto issue = [&](int step) {
     typename ModelT::unit_type* root = nullptr;
     int l = 0;  // blocks done
     if (c.before) c.before(step, "forward");
@@ -397,18 +406,53 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       std::swap(dx, dnext);
     }
     if (c.before) c.before(step, "optimizer");
-    const fsdp::grad::step_report stepped = opt.step();  // decided on the device: nothing waits here
+    fsdp::grad::step_report stepped = opt.step();  // decided on the device: nothing waits here
     opt.zero_grad();
-    const float loss = tr.global_loss(model);  // the loss read back: the step's report has arrived with it
-    const fsdp::grad::report& rep = stepped;
+    if constexpr (capturable) tr.reduce_loss(model);
+    return stepped;
+  };
+  std::optional<fsdp::step_graph<ModelT, Opt>> graph;  // c.graph, from the second step on
+  for (int step = first; step < first + count; ++step) {
+    const auto ts = std::chrono::steady_clock::now();
+    const float lr = lr_at(c.opt, step);  // the optimizer's schedule at this update (make_optimizer): reported
+    std::int64_t tokens = static_cast<std::int64_t>(c.global_batch) * c.model.context;
+    if (packer) {
+      if constexpr (requires(packed_tokens p) { tr.begin_packed_step(p); }) {
+        const std::optional<fsdp::data::rank_batch> b = packer->next();
+        if (!b) throw fsdp::usage_error("gpt: the document source ended at step " + std::to_string(step));
+        const packed_tokens p = to_tokens(*b, c.model.context);
+        tr.begin_packed_step(p);
+        tokens = p.step_real_tokens;
+      } else {
+        throw fsdp::usage_error(
+            "gpt: this trainer takes no packed rows (it has no begin_packed_step); train it "
+            "without sequence packing");
+      }
+    } else {
+      make_batch(c, perm, step, rank, B, inputs, targets);
+      tr.begin_step(inputs, targets);
+    }
+    std::optional<fsdp::grad::step_report> stepped;  // an eager step's (a replayed step decides on the device)
+    if (c.graph && step > first) {
+      if (!graph) graph.emplace(model, opt, [&] { (void)issue(step); });  // captured, not run: replayed below
+      graph->replay();
+    } else {
+      stepped.emplace(issue(step));
+    }
+    // The loss read back: an eager step's report has arrived with it.
+    if constexpr (capturable)
+      r.losses.push_back(tr.read_loss());
+    else
+      r.losses.push_back(tr.global_loss(model));
+    const double norm = stepped ? static_cast<const fsdp::grad::report&>(*stepped).norm
+                                : std::numeric_limits<double>::quiet_NaN();  // a replayed step's is the device's
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     r.step_seconds.push_back(s);
     r.step_tokens.push_back(tokens);
-    r.losses.push_back(loss);
-    r.norms.push_back(rep.norm);
+    r.norms.push_back(norm);
     r.lrs.push_back(lr);
     if (c.verbose && model.comm().rank() == 0) {
-      std::printf("step %3d  loss %.6f  lr %.3e  norm %.4f  %.3f s  %.0f tokens/s", step, loss, lr, rep.norm, s,
+      std::printf("step %3d  loss %.6f  lr %.3e  norm %.4f  %.3f s  %.0f tokens/s", step, r.losses.back(), lr, norm, s,
                   static_cast<double>(tokens) / s);
       if (c.peak_flops > 0)
         std::printf("  MFU %.1f%%",

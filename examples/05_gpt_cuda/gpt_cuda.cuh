@@ -330,10 +330,9 @@ class trainer {
     // One block a distinct token (position), its rows in order: the groups made on the host with the batch.
     const int* grouped = ints(groups_d_);
     for (int which = 0; which < 2; ++which) {
-      const int G = group_count_[which];
       const int* base = grouped + static_cast<std::size_t>(which) * (3 * static_cast<std::size_t>(N_) + 1);
-      go(launch_names::grouped_row_sum, std::min(G, 1024), kernels::grouped_row_sum<>,
-         which == 0 ? g_wte_.data() : g_wpe, dx0.data(), base, base + N_, base + 2 * N_ + 1, G, s_.width);
+      go(launch_names::grouped_row_sum, std::min(N_, 1024), kernels::grouped_row_sum<>,
+         which == 0 ? g_wte_.data() : g_wpe, dx0.data(), base, base + N_, base + 2 * N_ + 1, N_, s_.width);
     }
     store(root, "wte", g_wte_.data());
     store(root, "wpe", g_wpe);
@@ -345,8 +344,19 @@ class trainer {
   /// The mean loss over every rank's tokens: an all-reduce of the ranks' means (packed: of their shares, summed, a
   /// tensor group's counted once: gpt::loss_contribution) on the compute stream.
   float global_loss(ModelT& model) {
+    reduce_loss(model);
+    return read_loss();
+  }
+  /// Every piece of the trainer's work is issued on the backend's streams (config::graph may capture a step): the
+  /// batch goes in before the step (begin_step), the loss comes out after it (read_loss).
+  static constexpr bool capturable = true;
+  /// global_loss's collective, on the compute stream.
+  void reduce_loss(ModelT& model) {
     if (gpt::loss_contribution(1.0f, packed_, tp_) == 0.0f) zeroed(loss_, 1);
     model.comm().all_reduce(loss_.data(), loss_.data(), 1, fsdp::dtype::f32, gpt::loss_reduction(packed_), *cs_);
+  }
+  /// The loss reduce_loss left, read back once the compute stream has passed it.
+  float read_loss() {
     float loss = 0;
     be_->synchronize(*cs_);  // the watched wait first: a copy into pageable memory blocks until the stream drains
     be_->download(&loss, loss_.data(), sizeof(float), *cs_);
@@ -401,14 +411,14 @@ class trainer {
     to_device(targets_d_, targets_);
     to_device(positions_d_, positions_);
     groups_.clear();
-    group_count_[0] = row_groups(inputs_, groups_);
-    group_count_[1] = row_groups(positions_, groups_);
+    row_groups(inputs_, groups_);
+    row_groups(positions_, groups_);
     to_device(groups_d_, groups_);
   }
   /// Appends the row groups of keys (N of them) to out, 3N + 1 ints: order (the rows sorted by key, each key's rows
-  /// in increasing n), first (G + 1 offsets into order, then N to fill N + 1) and key (G keys, then 0 to fill N);
-  /// returns G, the distinct keys. A fixed size, so that the device copy is made once.
-  static int row_groups(const std::vector<int>& keys, std::vector<int>& out) {
+  /// in increasing n), first (G + 1 offsets into order, then N to fill N + 1) and key (G keys, then 0 to fill N),
+  /// G the distinct keys: a fixed size, so that the device copy is made once, and G read from it by the kernel.
+  static void row_groups(const std::vector<int>& keys, std::vector<int>& out) {
     const std::size_t N = keys.size(), at = out.size();
     out.resize(at + 3 * N + 1);
     int* order = out.data() + at;
@@ -421,7 +431,6 @@ class trainer {
         first[G] = static_cast<int>(i), key[G] = keys[std::size_t(order[i])], ++G;
     std::fill(first + G, first + N + 1, static_cast<int>(N));
     std::fill(key + G, key + N, 0);
-    return G;
   }
   void check() const { FSDP_CUDA_CHECK(cudaGetLastError()); }
   /// Launches kernel k over `grid` blocks of 256 threads on the compute stream, counted under `name`.
@@ -554,7 +563,6 @@ class trainer {
   std::vector<int> inputs_, targets_, positions_, mask_, starts_;
   dbuf positions_d_, starts_d_, mask_d_, groups_d_;
   std::vector<int> groups_;  // row_groups of the tokens, then of the positions (kept: the copy may be in flight)
-  int group_count_[2] = {0, 0};
   dbuf tokens_, targets_d_, lnf_, lnf_mean_, lnf_rstd_, logits_, row_loss_, loss_, g_wte_, g_lnfw_, g_lnfb_;
   // backward scratch, reused by every block (tnc_a_ also the forward's projections: projection())
   dbuf g_wpe_, dres1_, rowdots_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;

@@ -113,11 +113,13 @@ __global__ void embed(float* x, const W* wte, const W* wpe, const int* tok, cons
 /// The embeddings' gradients, a row of the table per group of tokens that share it (row_groups: the rows n of one
 /// token id, or one position, in increasing n): g[key[j], c] += dx[n, c] over the group's n in order. One block a
 /// group, threads along the channels (coalesced), so every distinct token and position sums in parallel; each
-/// element adds its rows in n order, as one thread walking every token did before: the same bits.
+/// element adds its rows in n order, as one thread walking every token did before: the same bits. The groups are
+/// those j with first[j] < N (the first G; the rest of `first` holds N): read from the device, so that a captured
+/// step (a CUDA graph) serves every batch.
 template <int = 0>
-__global__ void grouped_row_sum(float* g, const float* dx, const int* order, const int* first, const int* key, int G,
+__global__ void grouped_row_sum(float* g, const float* dx, const int* order, const int* first, const int* key, int N,
                                 int C) {
-  for (int j = blockIdx.x; j < G; j += gridDim.x) {
+  for (int j = blockIdx.x; j < N && first[j] < N; j += gridDim.x) {
     float* out = g + (long long)key[j] * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       float acc = out[c];

@@ -23,11 +23,16 @@
 // measured after the run where cuBLAS is built, else an H200's recorded ones). --compare-host also trains the host
 // trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative in fp32, 5e-3 in
 // bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the device's exp, tanh and log round
-// otherwise than the host's). Without a GPU it prints why and exits with status 2 (but --plan and --floor).
+// otherwise than the host's). --graph trains every step from the second on as a replay of one CUDA graph
+// (fsdp::step_graph: the forward, backward, optimizer and the loss's all-reduce captured once; the batch uploaded and
+// the loss read outside it), then the same run eager, and checks every loss bit for bit (not with --pack; under
+// comm::local at one rank only, whose ranks cannot be captured together). Without a GPU it prints why and exits with
+// status 2 (but --plan and --floor).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -48,7 +53,7 @@ int usage(const std::string& why) {
       "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
       "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
       "[--pack] [--tp T] [--gemm cublas|plain] [--attention tensor|twin] [--head-rows R] [--peak-tflops X] "
-      "[--compare-host] "
+      "[--compare-host] [--graph] "
       "[--plan] [--floor] [--matrix-tflops X --copy-gbs Y]\n",
       why.c_str());
   return 1;
@@ -213,35 +218,59 @@ int run(int ranks, bool use_nccl, bool nccl_threads, bool compare, const gpt::co
       print_plan(plan, batch_of(cfg, world));
   };
   int ranks_here = ranks;  // the ranks whose trainers this process holds
-  if (use_nccl) {
-    auto comm = fsdp::comm::nccl::from_env();
-    if (comm.rank() == 0) header(comm.size());
-    if (comm.rank() == 0) std::printf("NCCL %s: one process a rank\n", fsdp::comm::nccl::version().c_str());
-    r0 = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(comm, cfg, kind);
-    tally = gpt_cuda::launch_tally();
-    if (comm.rank() != 0) return 0;
-    table.push_back({comm.rank(), r0.memory.peak, r0.planned});
-    ranks = comm.size();
-    ranks_here = 1;
-  } else if (nccl_threads) {  // every rank a thread of this process with its own NCCL communicator
-    header(ranks);
-    std::printf("NCCL %s: %d ranks as threads of this process\n", fsdp::comm::nccl::version().c_str(), ranks);
-    table.resize(static_cast<std::size_t>(ranks));
-    fsdp::comm::run_nccl_threads(ranks, [&](fsdp::comm::nccl_communicator& c) {
-      auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(c, cfg, kind);
-      std::lock_guard lk(mu);
-      table[static_cast<std::size_t>(c.rank())] = {c.rank(), r.memory.peak, r.planned};
-      if (c.rank() == 0) r0 = std::move(r), tally = gpt_cuda::launch_tally();  // rank 0's thread
-    });
-  } else {
-    header(ranks);
-    table.resize(static_cast<std::size_t>(ranks));
-    fsdp::comm::run_local_cuda(ranks, [&](fsdp::comm::local_cuda_communicator& c) {
-      auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::local<fsdp::backend::cuda>>>(c, cfg, kind);
-      std::lock_guard lk(mu);
-      table[static_cast<std::size_t>(c.rank())] = {c.rank(), r.memory.peak, r.planned};
-      if (c.rank() == 0) r0 = std::move(r), tally = gpt_cuda::launch_tally();  // rank 0's thread
-    });
+  // Trains `conf` on the ranks of the chosen launch: rank 0's result into r0, every local rank's memory into the table,
+  // rank 0's trainer's launches in its last step into the tally. Returns false where this process is not rank 0's.
+  auto train_all = [&](const gpt::config& conf, bool announce) {
+    if (use_nccl) {
+      auto comm = fsdp::comm::nccl::from_env();
+      if (announce && comm.rank() == 0) header(comm.size());
+      if (announce && comm.rank() == 0)
+        std::printf("NCCL %s: one process a rank\n", fsdp::comm::nccl::version().c_str());
+      r0 = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(comm, conf, kind);
+      tally = gpt_cuda::launch_tally();
+      if (comm.rank() != 0) return false;
+      table.assign(1, {comm.rank(), r0.memory.peak, r0.planned});
+      ranks = comm.size();
+      ranks_here = 1;
+    } else if (nccl_threads) {  // every rank a thread of this process with its own NCCL communicator
+      if (announce) header(ranks);
+      if (announce)
+        std::printf("NCCL %s: %d ranks as threads of this process\n", fsdp::comm::nccl::version().c_str(), ranks);
+      table.assign(static_cast<std::size_t>(ranks), {});
+      fsdp::comm::run_nccl_threads(ranks, [&](fsdp::comm::nccl_communicator& c) {
+        auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::nccl>>(c, conf, kind);
+        std::lock_guard lk(mu);
+        table[static_cast<std::size_t>(c.rank())] = {c.rank(), r.memory.peak, r.planned};
+        if (c.rank() == 0) r0 = std::move(r), tally = gpt_cuda::launch_tally();  // rank 0's thread
+      });
+    } else {
+      if (announce) header(ranks);
+      table.assign(static_cast<std::size_t>(ranks), {});
+      fsdp::comm::run_local_cuda(ranks, [&](fsdp::comm::local_cuda_communicator& c) {
+        auto r = gpt_cuda::train<policy<Sharding, Precision, fsdp::comm::local<fsdp::backend::cuda>>>(c, conf, kind);
+        std::lock_guard lk(mu);
+        table[static_cast<std::size_t>(c.rank())] = {c.rank(), r.memory.peak, r.planned};
+        if (c.rank() == 0) r0 = std::move(r), tally = gpt_cuda::launch_tally();  // rank 0's thread
+      });
+    }
+    return true;
+  };
+  if (!train_all(cfg, true)) return 0;
+  if (cfg.graph) {  // the same run with every step eager: the losses bit for bit, and the launches of a step counted
+    gpt::result replayed = std::move(r0);
+    gpt::config eager = cfg;
+    eager.graph = false;
+    eager.verbose = false;
+    if (!train_all(eager, false)) return 0;
+    const bool same = replayed.losses.size() == r0.losses.size() &&
+                      std::memcmp(replayed.losses.data(), r0.losses.data(), r0.losses.size() * sizeof(float)) == 0;
+    std::printf(
+        "graph: step 0 eager, step 1 captured, steps 1..%d replayed; every loss equal to an eager run's bit for "
+        "bit: %s\n",
+        cfg.steps - 1, same ? "yes" : "NO");
+    if (!same) return 1;
+    replayed.activation_bytes = r0.activation_bytes;
+    r0 = std::move(replayed);  // the figures below are the replayed run's; the launches the eager run's last step's
   }
   double tokens = 0;
   for (std::int64_t n : r0.step_tokens) tokens += static_cast<double>(n);
@@ -286,6 +315,7 @@ int run(int ranks, bool use_nccl, bool nccl_threads, bool compare, const gpt::co
   if (!compare) return 0;
   gpt::config host_cfg = cfg;
   host_cfg.verbose = false;
+  host_cfg.graph = false;  // the host trainer computes outside the streams: eager, the losses the same
   std::vector<float> host;
   fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& c) {
     auto r = gpt::train<fsdp::policy<Sharding, fsdp::prefetch::backward_pre<1>, Precision>>(c, host_cfg);
@@ -344,6 +374,8 @@ int main(int argc, char** argv) {
     else if (a == "--compare-host") compare = true;
     else if (a == "--checkpoint-activations") cfg.checkpoint_activations = true;
     else if (a == "--pack") cfg.packing.on = true;
+    else if (a == "--graph")
+      cfg.graph = true;
     else if (a == "--ranks" && positive(ranks)) ranks_given = true;
     else if (a == "--tp" && positive(cfg.options.tensor_parallel))
       continue;

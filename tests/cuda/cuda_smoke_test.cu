@@ -296,7 +296,7 @@ TEST_CASE(
   twice<<<1, 64, 0, s1.get()>>>(y, n);
   FSDP_CUDA_CHECK(cudaLaunchHostFunc(s1.get(), &count_call, &calls));
   FSDP_CUDA_CHECK(cudaEventRecord(join.get(), s1.get()));
-  CHECK(cudaEventQuery(join.get()) == cudaErrorCapturedEvent);  // the library never asks a captured event
+  CHECK(cudaEventQuery(join.get()) == cudaErrorCapturedEvent);    // the library never asks a captured event
   FSDP_CUDA_CHECK(cudaStreamWaitEvent(s0.get(), join.get(), 0));  // s1 joined back
   p.b = 1000;                                                     // the graph holds the arguments as they were
   cudaGraph_t g = nullptr;
