@@ -346,6 +346,12 @@ TEST_CASE("bad settings are refused with a sentence") {
   CHECK_THROWS_WITH_AS(train<fp32_policy>(4, c), "fsdp: gpt: global batch 10 sequences do not split over 4 ranks",
                        fsdp::usage_error);
   c = small();
+  c.graph = true;  // the CUDA trainer's alone (05_gpt_cuda --graph)
+  CHECK_THROWS_WITH_AS(train<fp32_policy>(1, c),
+                       "fsdp: gpt: this trainer computes on the host, outside the backend's streams, so its step "
+                       "cannot be captured; train it without graph",
+                       fsdp::usage_error);
+  c = small();
   c.packing.on = true;
   fsdp::comm::run_local(1, [&](fsdp::comm::local_communicator& comm) {
     // Built without gpt::make_model: its gradients would be averaged over the ranks.
