@@ -43,6 +43,8 @@ struct script {
   int split_made = 0;
   int next_comm = 2;
   std::set<int> complete;
+  std::set<int> capturing;  ///< streams being captured into a CUDA graph (cudaStreamIsCapturing)
+  int queries = 0;          ///< cudaEventQuery calls
   int next_event = 1;
   std::chrono::steady_clock::time_point now{};
   std::vector<std::string> logs;
@@ -142,7 +144,11 @@ struct fake_api {
   void device_free(void* p) noexcept {
     sc->calls.push_back("cudaFree(" + std::to_string(reinterpret_cast<std::uintptr_t>(p) / 0x1000) + ")");
   }
-  bool complete(event e) { return sc->complete.count(e) != 0; }
+  bool complete(event e) {
+    ++sc->queries;
+    return sc->complete.count(e) != 0;
+  }
+  bool capturing(stream s) { return sc->capturing.count(s) != 0; }
   void destroy_event(event) noexcept {}
   /// A virtual clock: every reading advances it by 1 us, a sleep by its length.
   std::chrono::steady_clock::time_point now() { return sc->now += 1us; }
@@ -352,6 +358,27 @@ TEST_CASE("nccl asynchronous errors name the pending collectives, their units an
               "f32) #3 for unit 'h.4', issued 0 ms ago and not complete; and 2 more; " +
               aborted);
   }
+}
+
+TEST_CASE(
+    "nccl under capture (a CUDA graph): a collective issued on a stream being captured is recorded and waited for as "
+    "always, never pending, and no event is asked of it; its event serves the next collective") {
+  script sc;
+  core c(fake_api{&sc}, 1, 4, 1000ms);
+  init(c);
+  c.label("h.1");
+  sc.capturing = {7};
+  for (int i = 0; i < 70; ++i) all_gather(c, sc, 8, 7);  // past the 64 after which pending ones are retired
+  CHECK(sc.queries == 0);
+  CHECK(seq(calls(sc.calls.end() - 2, sc.calls.end())) == "ncclAllGather, cudaEventRecord(e1, s7)");
+  sc.capturing.clear();
+  all_gather(c, sc, 8, 7);  // eager again: pending until its event completes
+  CHECK(sc.calls.back() == "cudaEventRecord(e1, s7)");
+  sc.async = {fake_api::remote_error};
+  CHECK(error_of<fsdp::comm_error>([&] { c.check(); }) ==
+        "fsdp: NCCL reported ncclRemoteError (remote process exited or there was a network error) on rank 1 of 4; "
+        "pending: all_gather(count=8, f32) #70 for unit 'h.1', issued 0 ms ago and not complete; comm::nccl on rank 1 "
+        "of 4 aborted (restart every rank; NCCL_DEBUG=WARN on every rank shows which peer or resource failed)");
 }
 
 TEST_CASE("nccl grouped(): completion events are recorded only once ncclGroupEnd has launched the group") {

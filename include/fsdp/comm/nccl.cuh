@@ -153,6 +153,11 @@ struct nccl_api {
   }
   void record(event e, stream s) { FSDP_CUDA_CHECK(cudaEventRecord(e, s)); }
   void wait(stream s, event e) { FSDP_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0)); }
+  bool capturing(stream s) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    FSDP_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
   stream new_stream() {
     cudaStream_t s = nullptr;
     FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, backend::cuda::most_urgent_priority()));

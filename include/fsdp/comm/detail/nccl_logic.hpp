@@ -28,6 +28,8 @@
 //   std::string describe(result, comm)           "ncclRemoteError (remote process exited or ...)"; comm{} allowed
 //   event new_event();  void record(event, stream);  bool complete(event);  void destroy_event(event) noexcept
 //   void wait(stream, event)                     cudaStreamWaitEvent
+//   bool capturing(stream)                       cudaStreamIsCapturing: a collective issued on a stream being captured
+//                                                (a CUDA graph) is not pending: it runs at each launch of the graph
 //   stream new_stream();  void destroy_stream(stream) noexcept
 //                                                a non-blocking stream at the device's most urgent priority (the
 //                                                family's collective stream: see join_family)

@@ -175,6 +175,10 @@ void nccl_core<Api>::record(grouped_op g) {
     throw;
   }
   if (!connecting_) stats_.add(static_cast<std::size_t>(g.op.kind), g.op.type, g.total_elems);
+  if (api_.capturing(g.s)) {  // into a CUDA graph: it runs at each launch, not now; no event of it is asked
+    pending_.give_back(e);    // the next collective records it again (the waits above keep what they saw)
+    return;
+  }
   pending_.add(std::move(g.op), e);
 }
 
