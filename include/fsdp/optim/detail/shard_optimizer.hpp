@@ -204,7 +204,11 @@ class shard_optimizer {
       };
       model_access::step(model_, work);
       issue_count(nullptr);
-      if (fsdp::capturing(model_.backend())) return grad::step_report(grad::report{.captured = true});
+      if (fsdp::capturing(model_.backend())) {
+        grad::report r;
+        r.captured = true;
+        return grad::step_report(r);
+      }
       ++steps_;
       return grad::step_report(grad::report{});
     }
@@ -284,7 +288,12 @@ class shard_optimizer {
       for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, g, site);
     };
     model_access::step(model_, work);
-    if (captured) return grad::step_report(grad::report{.inspected = true, .captured = true});
+    if (captured) {  // each replay decides on the device
+      grad::report r;
+      r.inspected = true;
+      r.captured = true;
+      return grad::step_report(r);
+    }
     auto p = std::make_shared<grad::pending_decision>();
     p->arrived = [this] { return model_.backend().done(decided_); };
     p->wait = [this] { model_.backend().synchronize(model_.backend().compute_stream()); };
