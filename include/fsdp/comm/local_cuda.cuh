@@ -109,9 +109,9 @@ class local_cuda_communicator : public detail::collective_front<local_cuda_commu
     detail::require_count(d.count, [&] { return fsdp::detail::cat(d.str(), " on rank ", rank_); });
     const auto kind = static_cast<collective>(d.kind);
     const std::uint64_t seq = seq_++;
+    refuse_capture_of_many(d, seq, s);
     stats_.add(static_cast<std::size_t>(d.kind), d.type, total_elems);
     const int world = size();
-    refuse_capture_of_many(d, seq, s);
     const std::size_t bytes = static_cast<std::size_t>(d.count) * size_of(d.type);
     FSDP_CUDA_CHECK(cudaEventRecord(ready_.get(), s.get()));
     const token mine{send, ready_.get(), &d};
