@@ -69,10 +69,12 @@ class step_graph {
       std::forward<Step>(step)();
     } catch (...) {  // nothing captured ran: the host's counts are as before
       be.abandon_capture();
+      // A pass the error abandoned leaves the model refusing to restore its count (it says so at its next use):
+      // the capture's own error is the one to report.
       try {
         model_access::restore_step_count(model_, before);
-      } catch (...) {  // a pass the error abandoned leaves the model refusing (it says so at its next use); the
-      }  // capture's own error is the one to report
+      } catch (...) {
+      }
       throw;
     }
     graph_ = be.end_capture();
