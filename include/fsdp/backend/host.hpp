@@ -15,6 +15,7 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/backend/detail/accounted_buffer.hpp"
+#include "fsdp/backend/detail/capture_rules.hpp"
 #include "fsdp/backend/detail/pinned_blocks.hpp"
 #include "fsdp/backend/detail/pool_model.hpp"
 #include "fsdp/backend/detail/work_queue.hpp"
@@ -275,7 +276,7 @@ class host {
   [[noreturn]] void refuse_pageable(const char* what) const;
 
   std::unique_ptr<std::vector<std::function<void()>>> capture_;  // while capturing: the calls recorded
-  std::vector<const detail::event_state*> recorded_in_capture_;  // the events recorded in it
+  detail::capture_rules::captured_events<const detail::event_state*> recorded_in_capture_;
   std::uint64_t replays_ = 0;
 
   host_options opt_;

@@ -40,7 +40,7 @@ FSDP_DECL host::host(int rank, host_options opt)
 
 FSDP_DECL void host::record(event& e, stream& s) {
   if (captured(s, [this, &e, &s] { record(e, s); })) {
-    recorded_in_capture_.push_back(e.s_.get());
+    recorded_in_capture_.recorded(e.s_.get());
     return;
   }
   count(s, &atomic_counts::records);
@@ -73,8 +73,7 @@ FSDP_DECL bool host::failed_before(const event& e) const noexcept {
 
 FSDP_DECL void host::wait(stream& s, const event& e) {
   if (s.capture()) {  // a wait on a record made before the capture is dropped: a replay starts after all of it
-    if (std::find(recorded_in_capture_.begin(), recorded_in_capture_.end(), e.s_.get()) != recorded_in_capture_.end())
-      captured(s, [this, &e, &s] { wait(s, e); });
+    if (recorded_in_capture_.in_capture(e.s_.get())) captured(s, [this, &e, &s] { wait(s, e); });
     return;
   }
   count(s, &atomic_counts::waits);

@@ -1,7 +1,9 @@
 #pragma once
 // What a backend refuses while a step is captured (begin_capture() to end_capture()), and why: one sentence each,
 // said the same way by backend::host and backend::cuda.
+#include <algorithm>
 #include <string_view>
+#include <vector>
 
 #include "fsdp/core/error.hpp"
 
@@ -23,6 +25,22 @@ inline constexpr std::string_view memory_given_back =
 inline constexpr std::string_view pageable_copy =
     "such a copy waits on the host for its stream (cudaMemcpyAsync from or to pageable memory); copy through "
     "allocate_host() memory";
+
+/// The events recorded since begin_capture(). A wait on one of them belongs in the capture; a wait on any other
+/// event (its last record came before the capture) is dropped: a replay follows all work issued before it.
+template <class Event>
+class captured_events {
+ public:
+  void recorded(Event e) {
+    if (!in_capture(e)) events_.push_back(e);
+  }
+  bool in_capture(Event e) const { return std::find(events_.begin(), events_.end(), e) != events_.end(); }
+  const std::vector<Event>& all() const noexcept { return events_; }
+  void clear() noexcept { events_.clear(); }
+
+ private:
+  std::vector<Event> events_;
+};
 
 /// usage_error: "backend::NAME on rank R: CALL while a step is captured (begin_capture() to end_capture()): WHY".
 [[noreturn]] inline void refuse(std::string_view backend, int rank, std::string_view call, std::string_view why) {

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/backend/detail/capture_rules.hpp"
 #include "fsdp/backend/detail/cuda_handles.cuh"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/error.cuh"
@@ -80,11 +81,9 @@ class cuda_capture {
   }
 
   /// Notes an event recorded in the capture.
-  void recorded(cudaEvent_t e) {
-    if (std::find(recorded_.begin(), recorded_.end(), e) == recorded_.end()) recorded_.push_back(e);
-  }
+  void recorded(cudaEvent_t e) { recorded_.recorded(e); }
   /// Whether a wait on `e` belongs in the capture (its last record was made in it).
-  bool in_capture(cudaEvent_t e) const { return std::find(recorded_.begin(), recorded_.end(), e) != recorded_.end(); }
+  bool in_capture(cudaEvent_t e) const { return recorded_.in_capture(e); }
   /// Keeps a host function's payload for as long as the graph lives; the pointer is what the host function gets.
   std::function<void()>* keep(std::function<void()> fn) {
     open_->payloads.push_back(std::make_unique<std::function<void()>>(std::move(fn)));
@@ -151,13 +150,13 @@ class cuda_capture {
 
  private:
   void rerecord(cudaStream_t origin) noexcept {
-    for (cudaEvent_t e : recorded_) FSDP_CUDA_LOG(cudaEventRecord(e, origin));
+    for (cudaEvent_t e : recorded_.all()) FSDP_CUDA_LOG(cudaEventRecord(e, origin));
     recorded_.clear();
   }
 
-  std::shared_ptr<cuda_graph::state> open_;  // while capturing: the graph's payloads so far
-  std::vector<cudaEvent_t> recorded_;        // events recorded in the capture
-  cuda_event edge_;                          // the fork, the joins, and a replay's edges
+  std::shared_ptr<cuda_graph::state> open_;               // while capturing: the graph's payloads so far
+  capture_rules::captured_events<cudaEvent_t> recorded_;  // events recorded in the capture
+  cuda_event edge_;                                       // the fork, the joins, and a replay's edges
   std::uint64_t replays_ = 0;
 };
 
