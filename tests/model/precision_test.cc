@@ -16,9 +16,11 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
+#include "tests/support/moe.hpp"
 #include "tests/support/support.hpp"
 
 using fsdp::bfloat16;
@@ -411,10 +413,12 @@ float written_q(std::int64_t i, int rank, int mb) { return float((i * 37 + rank 
 /// The quantized reduction written out for unit `u`'s flat gradient, element by element: each rank's gradient as
 /// the reduction reads it (one micro-batch's, or under no-sync their fp32 sum), pre-divided, through Q blocks of B
 /// (scaled_reference), each value times the average's factor, summed over the ranks in order in fp32, and added
-/// into the shard times the post-division factor; once per reduction.
+/// into the shard times the post-division factor; once per reduction. `ranks`: the reducing group's ranks in its
+/// order (each writes written_q of its own rank).
 template <class Q>
-std::vector<float> quantized_reference(const fsdp::FlatLayout& l, int world, int micro_batches, bool no_sync,
-                                       const fsdp::detail::exec::reduce_facts& f, int B) {
+std::vector<float> quantized_reference(const fsdp::FlatLayout& l, const std::vector<int>& ranks, int micro_batches,
+                                       bool no_sync, const fsdp::detail::exec::reduce_facts& f, int B) {
+  const int world = static_cast<int>(ranks.size());
   const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f : 127.0f;
   const std::size_t P = std::size_t(l.padded_numel());
   auto flat = [&](int rank, int mb) {
@@ -439,7 +443,7 @@ std::vector<float> quantized_reference(const fsdp::FlatLayout& l, int world, int
   std::vector<std::vector<float>> per_rank(std::size_t(world), std::vector<float>(P, 0.0f));
   for (int mb = 0; mb < micro_batches; ++mb) {
     for (int r = 0; r < world; ++r) {
-      const std::vector<float> g = flat(r, mb);
+      const std::vector<float> g = flat(ranks[std::size_t(r)], mb);
       for (std::size_t i = 0; i < P; ++i)
         per_rank[std::size_t(r)][i] = no_sync ? per_rank[std::size_t(r)][i] + g[i] : g[i];
     }
@@ -469,7 +473,9 @@ void check_quantized(int world, fsdp::model_options mo, int B) {
     std::size_t checked = 0;
     for (std::size_t ui = 0; ui < m.size(); ++ui) {
       const fsdp::FlatLayout l = m.unit(ui).layout();
-      const std::vector<float> want = quantized_reference<Q>(l, world, mo.accumulation.micro_batches, no_sync, f, B);
+      std::vector<int> ranks(static_cast<std::size_t>(world));
+      std::iota(ranks.begin(), ranks.end(), 0);
+      const std::vector<float> want = quantized_reference<Q>(l, ranks, mo.accumulation.micro_batches, no_sync, f, B);
       const std::int64_t S = l.shard_numel();
       const float* got = m.unit(ui).grad_shard();
       for (std::int64_t k = 0; k < S; ++k, ++checked) {
@@ -525,6 +531,96 @@ TEST_CASE("gradients reduced in int8 or fp8 blocks (all_to_all, dequantized, sum
   fsdp::model_options pp;
   pp.division.how = fsdp::grad_division::mode::pre_post;
   all_modes(4, pp);  // divided by 2 in the quantization's input, by 4 / 2 after the sum
+}
+
+TEST_CASE(
+    "experts in int8 or fp8 blocks: a rank's experts gathered as its own blocks dequantized, their gradients "
+    "reduced in blocks over the ranks holding the same experts and divided by every data-parallel rank: the "
+    "same bits as the references") {
+  // The mixture of tests/support/moe.hpp (a dense unit, and a unit of 4 stacked experts) at expert_parallel = E:
+  // the expert unit is gathered and reduced over its expert shard group (the ranks holding the same experts), its
+  // average over that group then divided by E (detail/exec/reduction.hpp, expert_facts); the dense unit over every
+  // rank. A division by the wrong count, a block laid over the wrong ranks' elements, or a gradient reduced over the
+  // wrong group changes bits here (AdamW's updates would hide a scale: this checks the reduced gradients themselves).
+  using I8 = fsdp::precision::scaled<std::int8_t, 16, bfloat16, std::int8_t>;
+  using F8 = fsdp::precision::scaled<fsdp::float8_e4m3, 32, bfloat16, fsdp::float8_e4m3>;
+  auto check = [](auto policy_tag, auto q_tag, int B, int world, int expert, fsdp::model_options mo) {
+    using P = decltype(policy_tag);
+    using Q = decltype(q_tag);
+    CAPTURE(P::sharding::name);
+    CAPTURE(B);
+    CAPTURE(world);
+    CAPTURE(expert);
+    const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f : 127.0f;
+    mo.expert_parallel = expert;
+    mo.layout.align = B;
+    std::atomic<std::int64_t> expert_elements{0}, inexact_views{0};
+    run_ranks(world, [&](local_communicator& c) {
+      fsdp::Model<P> m(c, fsdp_test::moe::spec(), fsdp::wrap::by_prefix{"u."}, fsdp::init::normal{0.5f, 7}, mo);
+      const auto mine = fsdp::weights::gather_full_params(m);  // the dense parameters and this rank's experts
+      for (auto& u : m.forward()) {
+        std::vector<float> flat(std::size_t(u.layout().padded_numel()), 0.0f);
+        for (const auto& e : u.layout().entries())
+          for (std::int64_t i = 0; i < e.numel; ++i) flat[std::size_t(e.offset + i)] = mine.at(e.name)[std::size_t(i)];
+        const std::vector<bfloat16> want = scaled_reference<Q, bfloat16>(flat, B, top);
+        for (const auto& e : u.layout().entries()) {
+          const auto v = u.param(e.name);
+          for (std::int64_t i = 0; i < v.numel(); ++i) {
+            REQUIRE(bits_of(v[i]) == bits_of(want[std::size_t(e.offset + i)]));
+            inexact_views += bits_of(v[i]) != bits_of(bfloat16(mine.at(e.name)[std::size_t(i)]));
+          }
+        }
+      }
+      for (auto& u : m.backward())
+        for (const auto& e : u.layout().entries()) {
+          auto g = u.grad(e.name);
+          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = bfloat16(written_q(i, c.rank(), 0));
+        }
+      m.synchronize();
+      const fsdp::device_mesh& mesh = m.mesh();
+      const int me = c.rank();
+      for (std::size_t ui = 0; ui < m.size(); ++ui) {
+        const fsdp::FlatLayout l = m.unit(ui).layout();
+        const bool experts = l.experts();
+        CAPTURE(l.entries().front().name);
+        // the unit's reducing group in its order: the ranks of this replica (holding the same experts)
+        auto place_in_group = [&](int q) { return experts ? mesh.expert_shard_rank(q) : mesh.shard_rank(q); };
+        std::vector<int> group;
+        for (int q = 0; q < world; ++q)
+          if (mesh.replica(q) == mesh.replica(me) && (!experts || mesh.expert_rank(q) == mesh.expert_rank(me)))
+            group.push_back(q);
+        std::sort(group.begin(), group.end(), [&](int a, int b) { return place_in_group(a) < place_in_group(b); });
+        CHECK(group.size() == std::size_t(experts ? world / expert : world));
+        // Divided by every data-parallel rank in all: the dense units' division over the world; an expert unit's
+        // average over its group (1 / (world / E) before the sum), then 1 / E after it.
+        fsdp::detail::exec::reduce_facts f = fsdp::detail::exec::division_facts(mo.division, world);
+        if (experts && f.op == fsdp::reduce_op::avg) f.postscale = 1.0f / float(expert);
+        const std::vector<float> want = quantized_reference<Q>(l, group, 1, false, f, B);
+        const std::int64_t S = l.shard_numel(), at = place_in_group(me) * S;
+        const float* got = m.unit(ui).grad_shard();
+        for (std::int64_t k = 0; k < S; ++k) {
+          CAPTURE(k);
+          REQUIRE(bits_of(got[k]) == bits_of(want[std::size_t(at + k)]));
+        }
+        if (experts) expert_elements += S;
+      }
+    });
+    CHECK(expert_elements > 0);
+    CHECK(inexact_views > 0);  // 8 bits are not bf16: the quantization shows
+  };
+  using fsdp::sharding::full_shard;
+  using fsdp::sharding::shard_grad_op;
+  using next = fsdp::prefetch::next;
+  for (auto [world, expert] : {std::pair{4, 2}, std::pair{6, 2}, std::pair{4, 4}}) {
+    check(fsdp::policy<full_shard, next, I8>{}, std::int8_t{}, 16, world, expert, {});
+    check(fsdp::policy<shard_grad_op, next, F8>{}, fsdp::float8_e4m3{}, 32, world, expert, {});
+  }
+  fsdp::model_options sum;  // no division: the expert group's sum as it is
+  sum.division.how = fsdp::grad_division::mode::sum;
+  check(fsdp::policy<full_shard, next, I8>{}, std::int8_t{}, 16, 4, 2, sum);
+  fsdp::model_options pp;  // divided before the quantization and after the sum
+  pp.division.how = fsdp::grad_division::mode::pre_post;
+  check(fsdp::policy<full_shard, next, I8>{}, std::int8_t{}, 16, 4, 2, pp);
 }
 
 TEST_CASE("a quantized reduction's error: within half a step of each rank's block scale, summed over the ranks") {
