@@ -24,7 +24,6 @@
 // graphs built by hand, graph updates, child graphs, concurrent branches. Nothing here is part of the library.
 #include <cuda_runtime_api.h>
 #include <dirent.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -39,17 +38,11 @@
 #include <thread>
 #include <vector>
 
+#include "next_symbol.hpp"
+
 namespace {
 
-template <class F>
-F next(const char* name) {
-  void* p = dlsym(RTLD_NEXT, name);
-  if (!p) {
-    std::fprintf(stderr, "sim graphs: the simulator's runtime has no %s\n", name);
-    std::abort();
-  }
-  return reinterpret_cast<F>(p);
-}
+using sim::next;
 
 [[noreturn]] void die(const std::string& why) {
   std::fprintf(stderr, "sim graphs: %s\n", why.c_str());

@@ -8,24 +8,15 @@
 // asks that grows from 10 us to 1 ms while the answer stays "not yet". Answers are the runtime's, so ordering and
 // results are as without it; only the CPU a wait takes changes. Nothing here is part of the library.
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <time.h>
 
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
+
+#include "next_symbol.hpp"
 
 namespace {
 
-template <class F>
-F next(const char* name) {
-  void* p = dlsym(RTLD_NEXT, name);
-  if (!p) {
-    std::fprintf(stderr, "sim waits: the simulator's runtime has no %s\n", name);
-    std::abort();
-  }
-  return reinterpret_cast<F>(p);
-}
+using sim::next;
 
 // Sleeps between asks: 10 us, doubling to 1 ms.
 class backoff {
