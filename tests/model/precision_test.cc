@@ -128,6 +128,41 @@ std::vector<T> scaled_reference(const std::vector<float>& flat, std::int64_t blo
   }
   return out;
 }
+
+/// The largest value of the 8-bit Q, to which a block's largest magnitude is scaled.
+template <class Q>
+constexpr float top_of() {
+  if constexpr (std::is_same_v<Q, fsdp::float8_e4m3>)
+    return 448.0f;
+  else if constexpr (std::is_same_v<Q, std::int8_t>)
+    return 127.0f;
+  else
+    return 57344.0f;  // E5M2
+}
+
+/// Elements of views checked, and how many of them equal their master rounded to bf16.
+struct view_counts {
+  std::size_t checked = 0, exact = 0;
+};
+
+/// Unit `u`'s views under a gather in Q blocks of B, each element bit for bit scaled_reference of the unit's flat
+/// buffer of its masters (`masters` by name: weights::gather_full_params, a rank's own experts for an expert unit).
+template <class Q, class Unit, class Masters>
+view_counts check_scaled_views(Unit& u, const Masters& masters, int B) {
+  std::vector<float> flat(std::size_t(u.layout().padded_numel()), 0.0f);
+  for (const auto& e : u.layout().entries())
+    for (std::int64_t i = 0; i < e.numel; ++i) flat[std::size_t(e.offset + i)] = masters.at(e.name)[std::size_t(i)];
+  const std::vector<bfloat16> want = scaled_reference<Q, bfloat16>(flat, B, top_of<Q>());
+  view_counts n;
+  for (const auto& e : u.layout().entries()) {
+    const auto v = u.param(e.name);
+    for (std::int64_t i = 0; i < v.numel(); ++i, ++n.checked) {
+      REQUIRE(bits_of(v[i]) == bits_of(want[std::size_t(e.offset + i)]));
+      n.exact += bits_of(v[i]) == bits_of(bfloat16(masters.at(e.name)[std::size_t(i)]));
+    }
+  }
+  return n;
+}
 }  // namespace
 
 TEST_CASE("gathered in fp8 or int8 blocks with a scale each: the views are the blocks dequantized, the same bits at "
@@ -136,9 +171,6 @@ TEST_CASE("gathered in fp8 or int8 blocks with a scale each: the views are the b
     using Q = decltype(q_tag);
     constexpr int B = decltype(block_tag)::value;
     using P = fsdp::policy<decltype(strategy), fsdp::prefetch::next, fsdp::precision::scaled<Q, B>>;
-    const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f
-                      : std::is_same_v<Q, std::int8_t>     ? 127.0f
-                                                           : 57344.0f;
     fsdp::model_options mo;
     mo.layout.align = B;
     run_ranks(world, [&](local_communicator& c) {
@@ -146,17 +178,9 @@ TEST_CASE("gathered in fp8 or int8 blocks with a scale each: the views are the b
       const auto full = fsdp::weights::gather_full_params(m);  // the fp32 masters
       std::size_t checked = 0, exact = 0;
       for (auto& u : m.forward()) {
-        std::vector<float> flat(std::size_t(u.layout().padded_numel()), 0.0f);
-        for (const auto& e : u.layout().entries())
-          for (std::int64_t i = 0; i < e.numel; ++i) flat[std::size_t(e.offset + i)] = full.at(e.name)[std::size_t(i)];
-        const std::vector<bfloat16> want = scaled_reference<Q, bfloat16>(flat, B, top);
-        for (const auto& e : u.layout().entries()) {
-          const auto v = u.param(e.name);
-          for (std::int64_t i = 0; i < v.numel(); ++i, ++checked) {
-            REQUIRE(bits_of(v[i]) == bits_of(want[std::size_t(e.offset + i)]));
-            exact += bits_of(v[i]) == bits_of(bfloat16(full.at(e.name)[std::size_t(i)]));
-          }
-        }
+        const view_counts n = check_scaled_views<Q>(u, full, B);
+        checked += n.checked;
+        exact += n.exact;
       }
       CHECK(checked == 185 + 81 + 9 + 3 + 272 + 4);
       CHECK(exact < checked);  // 8 bits are not bf16: the quantization shows
@@ -419,7 +443,7 @@ template <class Q>
 std::vector<float> quantized_reference(const fsdp::FlatLayout& l, const std::vector<int>& ranks, int micro_batches,
                                        bool no_sync, const fsdp::detail::exec::reduce_facts& f, int B) {
   const int world = static_cast<int>(ranks.size());
-  const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f : 127.0f;
+  const float top = top_of<Q>();
   const std::size_t P = std::size_t(l.padded_numel());
   auto flat = [&](int rank, int mb) {
     std::vector<float> g(P, 0.0f);
@@ -551,7 +575,6 @@ TEST_CASE(
     CAPTURE(B);
     CAPTURE(world);
     CAPTURE(expert);
-    const float top = std::is_same_v<Q, fsdp::float8_e4m3> ? 448.0f : 127.0f;
     mo.expert_parallel = expert;
     mo.layout.align = B;
     std::atomic<std::int64_t> expert_elements{0}, inexact_views{0};
@@ -559,17 +582,8 @@ TEST_CASE(
       fsdp::Model<P> m(c, fsdp_test::moe::spec(), fsdp::wrap::by_prefix{"u."}, fsdp::init::normal{0.5f, 7}, mo);
       const auto mine = fsdp::weights::gather_full_params(m);  // the dense parameters and this rank's experts
       for (auto& u : m.forward()) {
-        std::vector<float> flat(std::size_t(u.layout().padded_numel()), 0.0f);
-        for (const auto& e : u.layout().entries())
-          for (std::int64_t i = 0; i < e.numel; ++i) flat[std::size_t(e.offset + i)] = mine.at(e.name)[std::size_t(i)];
-        const std::vector<bfloat16> want = scaled_reference<Q, bfloat16>(flat, B, top);
-        for (const auto& e : u.layout().entries()) {
-          const auto v = u.param(e.name);
-          for (std::int64_t i = 0; i < v.numel(); ++i) {
-            REQUIRE(bits_of(v[i]) == bits_of(want[std::size_t(e.offset + i)]));
-            inexact_views += bits_of(v[i]) != bits_of(bfloat16(mine.at(e.name)[std::size_t(i)]));
-          }
-        }
+        const view_counts n = check_scaled_views<Q>(u, mine, B);
+        inexact_views += std::int64_t(n.checked - n.exact);
       }
       for (auto& u : m.backward())
         for (const auto& e : u.layout().entries()) {
