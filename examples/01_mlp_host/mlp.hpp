@@ -45,7 +45,7 @@ struct config {
   const fsdp::grad::loss_scaler* loss_scale = nullptr;
   /// Called before each phase of each step ("forward", "backward", "optimizer", "loss": the loss's all-reduce) with
   /// the step: where a test makes a rank fail (tests/model/elastic_test.cc).
-  std::function<void(int step, const char* phase)> before;
+  std::function<void(int step, const char* phase)> before{};
 };
 
 struct result {

@@ -187,13 +187,20 @@ class group {
   /// collective completes. A yield between every two polls made an all-gather of 1 to 16 KiB 1.02 to 1.19 times as
   /// slow as a blocking MPI_Allgather on the development machine (4 processes on 2 cores); polling alone, 0.77 to 1.12.
   static constexpr unsigned busy_polls = 256;
+  /// After the busy polls, polls with a yield between them for this long; past it, a sleep between polls of an
+  /// eighth of the time waited so far, at most `longest_sleep`. A rank that waits long (for a slow peer, or for a
+  /// failure's timeout) then leaves the cores to the work beside it (a thread-rank test or a build sharing them, a
+  /// data loader), and a wait ends at most an eighth of its time, or 1 ms, after its collective completed.
+  static constexpr std::chrono::microseconds yield_for{1000};
+  static constexpr std::chrono::microseconds longest_sleep{1000};
 
   /// Polls `req` until it completes. Past the deadline, or when another stream of this group has failed, the
   /// group fails, `keep` (the request's scratch buffers) is kept alive, and comm_error names `what`.
   template <class What>
   void wait(MPI_Request& req, std::chrono::steady_clock::time_point deadline, const What& what, const char* phase,
             std::shared_ptr<void> keep = nullptr) {
-    for (unsigned spin = 0;; ++spin) {
+    std::chrono::steady_clock::time_point idle_since{};
+    for (unsigned polls = 1;; ++polls) {
       int done = 0;
       const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
@@ -202,22 +209,27 @@ class group {
         throw comm_error(msg);
       }
       if (done) return;
-      if ((spin & 63) == 63) {
-        if (failed()) {
-          const std::string msg = what() + " aborted: " + reason();
-          fail(msg, std::move(keep));
-          throw comm_error(msg);
-        }
-        if (std::chrono::steady_clock::now() > deadline) {
-          const std::string msg =
-              what() + " timed out after " + std::to_string(timeout_.count()) + " ms" + during(phase) +
-              ": the other ranks did not complete it (a peer process died, or does not issue the same collectives in "
-              "the same order; raise mpi_options::timeout if a peer is only slow)";
-          fail(msg, std::move(keep));
-          throw comm_error(msg);
-        }
+      if (polls < busy_polls) continue;
+      const auto now = std::chrono::steady_clock::now();
+      if (failed()) {
+        const std::string msg = what() + " aborted: " + reason();
+        fail(msg, std::move(keep));
+        throw comm_error(msg);
       }
-      if (spin >= busy_polls) std::this_thread::yield();
+      if (now > deadline) {
+        const std::string msg =
+            what() + " timed out after " + std::to_string(timeout_.count()) + " ms" + during(phase) +
+            ": the other ranks did not complete it (a peer process died, or does not issue the same collectives in "
+            "the same order; raise mpi_options::timeout if a peer is only slow)";
+        fail(msg, std::move(keep));
+        throw comm_error(msg);
+      }
+      if (polls == busy_polls) idle_since = now;
+      const auto idle = now - idle_since;
+      if (idle < yield_for)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(idle / 8, longest_sleep));
     }
   }
 
