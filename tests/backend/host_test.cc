@@ -309,14 +309,14 @@ TEST_CASE("kernels: accumulate and optimizer updates (element functions through 
   CHECK(d == std::vector<float>{1.5f, 2.25f, 2});
   // SGD with momentum 0.5, lr 0.1, wd 0.1: g' = g + wd*p; buf = 0.5*buf + g'; p -= lr*buf
   float p = 1.0f, g = 0.5f, buf = 0.2f;
-  be.for_each(1, fsdp::optim::detail::sgd_elements{&p, &g, &buf, {0.1f, 0.5f, 0.1f}, {}}, s);
+  be.for_each(1, fsdp::optim::detail::sgd_elements{&p, &g, {&buf}, {0.1f, 0.5f, 0.1f}, {}}, s);
   CHECK(buf == doctest::Approx(0.5f * 0.2f + 0.5f + 0.1f).epsilon(1e-7));
   CHECK(p == doctest::Approx(1.0f - 0.1f * buf).epsilon(1e-7));
   // AdamW step 1 from zero moments: p = p*(1-lr*wd) - lr * g/(|g|+eps)
   float q = 2.0f, gg = -0.3f, m = 0, v = 0;
   be.for_each(1,
               fsdp::optim::detail::adamw_elements{
-                  &q, &gg, &m, &v, {0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1 - 0.9f, 1 - 0.999f}, {}},
+                  &q, &gg, {&m, &v}, {0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1 - 0.9f, 1 - 0.999f}, {}},
               s);
   CHECK(q == doctest::Approx(2.0f * (1 - 0.001f) + 0.01f).epsilon(1e-6));
 }

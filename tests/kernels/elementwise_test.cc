@@ -261,7 +261,7 @@ TEST_CASE("decay masks and shard pieces: no-decay ranges get no weight decay, pi
   m.count = 1;
   m.begin[0] = 1;
   m.end[0] = 3;
-  be.for_each(4, fsdp::optim::detail::sgd_elements{p.data(), g.data(), nullptr, {0.5f, 0.0f, 0.1f}, m},
+  be.for_each(4, fsdp::optim::detail::sgd_elements{p.data(), g.data(), {nullptr}, {0.5f, 0.0f, 0.1f}, m},
               be.compute_stream());
   CHECK(p == std::vector<float>{0.95f, 1.0f, 1.0f, 0.95f});
 }

@@ -77,9 +77,9 @@ TEST_CASE("the host AdamW on the pool gives the bits of the single-threaded loop
   mask.count = 1;
   mask.begin[0] = 100;
   mask.end[0] = 30000;
-  fsdp::kernels::host_loops::for_each(n, od::adamw_elements{p.data(), g.data(), m.data(), v.data(), c, mask});
+  fsdp::kernels::host_loops::for_each(n, od::adamw_elements{p.data(), g.data(), {m.data(), v.data()}, {c}, mask});
   fsdp::kernels::host_pool pool(3, 1000);
-  pool.for_each(n, od::adamw_elements{p2.data(), g.data(), m2.data(), v2.data(), c, mask});
+  pool.for_each(n, od::adamw_elements{p2.data(), g.data(), {m2.data(), v2.data()}, {c}, mask});
   CHECK(pool.started() == 2);
   CHECK(std::memcmp(p.data(), p2.data(), n * 4) == 0);
   CHECK(std::memcmp(m.data(), m2.data(), n * 4) == 0);
@@ -125,7 +125,7 @@ TEST_CASE("an ArrayFunction on the host loop gives apply_at's bits: every array 
     std::vector<float> p, m, v;
   };
   auto elements = [&](arrays& a, bool with_v) {
-    od::adamw_elements f{a.p.data(), g.data(), a.m.data(), with_v ? a.v.data() : nullptr, c, mask};
+    od::adamw_elements f{a.p.data(), g.data(), {a.m.data(), with_v ? a.v.data() : nullptr}, {c}, mask};
     f.grad_scale = 0.5f;
     return f;
   };

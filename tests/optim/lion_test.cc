@@ -94,7 +94,7 @@ TEST_CASE("Lion's update, element by element: sign of the interpolation, decoupl
   mask.count = 1;
   mask.begin[0] = 1;
   mask.end[0] = 2;
-  be.for_each(3, od::lion_elements{ps.data(), gs.data(), ms.data(), {0.5f, 0.9f, 0.99f, 0.2f}, mask},
+  be.for_each(3, od::lion_elements{ps.data(), gs.data(), {ms.data()}, {0.5f, 0.9f, 0.99f, 0.2f}, mask},
               be.compute_stream());
   CHECK(ps == std::vector<float>{1.0f * (1.0f - 0.5f * 0.2f) - 0.5f, 1.0f - 0.5f, 1.0f * (1.0f - 0.5f * 0.2f) - 0.5f});
   CHECK(ms == std::vector<float>(3, 0.99f * 0.0f + (1.0f - 0.99f) * 1.0f));
