@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -432,20 +431,17 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       make_batch(c, perm, step, rank, B, inputs, targets);
       tr.begin_step(inputs, targets);
     }
-    std::optional<fsdp::grad::step_report> stepped;  // an eager step's (a replayed step decides on the device)
-    if (c.graph && step > first) {
+    const fsdp::grad::step_report stepped = [&] {  // an eager step's report, or a replay's (its device's decision)
+      if (!c.graph || step == first) return issue(step);
       if (!graph) graph.emplace(model, opt, [&] { (void)issue(step); });  // captured, not run: replayed below
-      graph->replay();
-    } else {
-      stepped.emplace(issue(step));
-    }
+      return graph->replay();
+    }();
     // The loss read back: an eager step's report has arrived with it.
     if constexpr (capturable)
       r.losses.push_back(tr.read_loss());
     else
       r.losses.push_back(tr.global_loss(model));
-    const double norm = stepped ? static_cast<const fsdp::grad::report&>(*stepped).norm
-                                : std::numeric_limits<double>::quiet_NaN();  // a replayed step's is the device's
+    const double norm = stepped.get().norm;  // the loss read back: the decision has arrived with it
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     r.step_seconds.push_back(s);
     r.step_tokens.push_back(tokens);

@@ -16,8 +16,11 @@
 //     come from the device (the update count it keeps: fsdp/optim/detail/step_block.hpp; the inspection's verdict),
 //     so each replay computes its own; set_lr() between replays changes nothing (give the optimizer an
 //     lr_schedule), and a rule made on the host (optim::elementwise::step(make)) is replayed as made;
-//   - the host learns afterwards: the optimizer's steps() after replays (one synchronize), Model::step_count()
-//     counts each replay; a captured step's report says it was captured (grad::report::captured).
+//   - the host learns afterwards: each replay() returns that replay's report (its norm, clip coefficient, loss scale,
+//     whether it skipped), ready once the compute stream has passed the decision, as an eager step's; a report still
+//     held at the next replay is read before it (waiting for its decision), one let go is never read. The
+//     optimizer's steps() after replays (one synchronize), Model::step_count() counts each replay; the captured
+//     step's own report says it was captured (grad::report::captured).
 // A loss scaler's scale moves on the device too: a captured trainer multiplies its loss gradient by
 // opt.loss_scale_on_device() in a kernel, not by the host's scaler.scale(), which the host learns after replays.
 // Refused, each with a sentence naming it: no-sync accumulation (its
@@ -31,7 +34,9 @@
 
 #include "fsdp/backend/concept.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/grad/inspect.hpp"
 #include "fsdp/model_access.hpp"
+#include "fsdp/optim/detail/shard_optimizer.hpp"
 #include "fsdp/options/model_options.hpp"
 #include "fsdp/policy/offload.hpp"
 
@@ -81,10 +86,13 @@ class step_graph {
     model_access::restore_step_count(model_, before);  // the captured step did not run
   }
 
-  /// One step: the captured calls issued again, once every stream has run what came before.
-  void replay() {
+  /// One step: the captured calls issued again, once every stream has run what came before. Returns its report (the
+  /// decision its inspection made on the device; see the top of this header).
+  grad::step_report replay() {
+    optim::detail::replay_access::before(opt_);
     model_.backend().replay(graph_);
     model_access::restore_step_count(model_, model_.step_count() + 1);
+    return optim::detail::replay_access::after(opt_);
   }
 
   /// The calls captured (kernels, copies, event records and waits, host functions, collectives).

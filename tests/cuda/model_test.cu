@@ -1215,6 +1215,9 @@ TEST_CASE(
   CHECK(eager.scaler.scale == 8192.0f);
   CHECK(replayed.scaler.scale == eager.scaler.scale);
   CHECK(replayed.scaler.good == eager.scaler.good);
+  // each replay's report (its decision, copied from the device in the graph) says what its eager step's said
+  CHECK(fsdp_test::capture::differing_report(eager.reports, replayed.reports) == "");
+  CHECK(replayed.reports.at(8).skipped);
 }
 
 TEST_CASE("comm::local's ranks on one GPU cannot be captured at world 2: refused at the first collective, by name") {

@@ -21,9 +21,10 @@ using namespace fsdp_test::capture;
 namespace {
 
 struct outcome {
-  std::vector<std::vector<std::vector<float>>> state;  // per rank: local_state
-  std::vector<long> steps;                             // per rank: the optimizer's update count
-  std::vector<fsdp::grad::scale_state> scaler;         // per rank: its loss scaler's, where it has one
+  std::vector<std::vector<std::vector<float>>> state;    // per rank: local_state
+  std::vector<long> steps;                               // per rank: the optimizer's update count
+  std::vector<fsdp::grad::scale_state> scaler;           // per rank: its loss scaler's, where it has one
+  std::vector<std::vector<fsdp::grad::report>> reports;  // per rank: each step's report
 };
 
 /// 20 steps at `world` thread ranks (train_rank).
@@ -33,12 +34,14 @@ outcome train(int world, bool capture, MakeOpt&& make_opt, int poisoned, fsdp::g
   out.state.resize(static_cast<std::size_t>(world));
   out.steps.resize(static_cast<std::size_t>(world));
   out.scaler.resize(static_cast<std::size_t>(world));
+  out.reports.resize(static_cast<std::size_t>(world));
   fsdp_test::run_ranks(world, [&](local_communicator& c) {
     const auto r = static_cast<std::size_t>(c.rank());
     fsdp_test::capture::rank_outcome o = train_rank<Policy>(c, capture, make_opt, poisoned, scaling);
     out.state[r] = std::move(o.state);
     out.steps[r] = o.steps;
     out.scaler[r] = o.scaler;
+    out.reports[r] = std::move(o.reports);
   });
   return out;
 }
@@ -52,11 +55,14 @@ outcome check_replays_match(int world, MakeOpt&& make_opt, int poisoned = 0,
   const long updates = poisoned > 0 ? steps - 1 : steps;  // a skipped step does not count
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
-    CHECK(fsdp_test::same_bits(eager.state[static_cast<std::size_t>(r)], replayed.state[static_cast<std::size_t>(r)]));
-    CHECK(eager.steps[static_cast<std::size_t>(r)] == updates);
-    CHECK(replayed.steps[static_cast<std::size_t>(r)] == updates);
-    CHECK(replayed.scaler[static_cast<std::size_t>(r)].scale == eager.scaler[static_cast<std::size_t>(r)].scale);
-    CHECK(replayed.scaler[static_cast<std::size_t>(r)].good == eager.scaler[static_cast<std::size_t>(r)].good);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(fsdp_test::same_bits(eager.state[i], replayed.state[i]));
+    CHECK(eager.steps[i] == updates);
+    CHECK(replayed.steps[i] == updates);
+    CHECK(replayed.scaler[i].scale == eager.scaler[i].scale);
+    CHECK(replayed.scaler[i].good == eager.scaler[i].good);
+    CHECK(differing_report(eager.reports[i], replayed.reports[i]) == "");  // each replay's report, its eager step's
+    if (poisoned > 0) CHECK(replayed.reports[i].at(static_cast<std::size_t>(poisoned - 1)).skipped);
   }
   return eager;
 }
@@ -120,6 +126,41 @@ TEST_CASE(
       2, scaled, 9, {.init_scale = 1024.0f, .growth_interval = 4});
   CHECK(eager.scaler[0].scale == 8192.0f);
   CHECK(eager.scaler[0].good == 3);
+  // each step's report (a replay's as its eager step's: check_replays_match) names the scale its gradients carried
+  std::vector<float> carried;
+  for (const fsdp::grad::report& r : eager.reports[0]) carried.push_back(r.loss_scale);
+  CHECK(carried == std::vector<float>{1024, 1024, 1024, 1024, 2048, 2048, 2048, 2048, 4096, 2048,
+                                      2048, 2048, 2048, 4096, 4096, 4096, 4096, 8192, 8192, 8192});
+}
+
+TEST_CASE(
+    "a replay's report is ready once the compute stream has passed its decision; one let go is never read, and one "
+    "held through later replays keeps its own step's decision") {
+  using P = fsdp::policy<sharding::full_shard>;
+  fsdp_test::run_ranks(2, [](local_communicator& c) {
+    std::vector<fsdp::grad::report> eager;  // four eager steps of a twin model
+    {
+      fsdp::Model<P> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
+      fsdp::optim::adamw opt(m, {.grad = {.max_norm = 0.5f}});
+      float poison = 0.0f;
+      for (int t = 1; t <= 4; ++t) eager.push_back(train_step(m, opt, &poison).get());
+    }
+    fsdp::Model<P> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
+    fsdp::optim::adamw opt(m, {.grad = {.max_norm = 0.5f}});
+    float poison = 0.0f;
+    (void)train_step(m, opt, &poison);
+    fsdp::step_graph graph(m, opt, [&] { (void)train_step(m, opt, &poison); });
+    const fsdp::grad::step_report second = graph.replay();
+    (void)graph.replay();  // the third step's, let go
+    const fsdp::grad::step_report fourth = graph.replay();
+    m.synchronize();
+    CHECK(second.ready());
+    CHECK(fourth.ready());
+    CHECK(differing_report({eager[1], eager[3]}, {second.get(), fourth.get()}) == "");
+    CHECK(fourth.get().message() == eager[3].message());
+    CHECK(eager[3].clip_coef < 1.0f);  // the norm over 0.5: clipped, the coefficient a replay's own
+    CHECK(opt.steps() == 4);
+  });
 }
 
 TEST_CASE("what a captured step cannot hold is refused before anything is captured, each with its sentence") {

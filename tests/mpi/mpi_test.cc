@@ -546,6 +546,7 @@ TEST_CASE(
   CHECK(ref.steps == cap::steps - 1);
   CHECK(got.scaler.scale == ref.scaler.scale);
   CHECK(got.scaler.good == ref.scaler.good);
+  CHECK(cap::differing_report(ref.reports, got.reports) == "");  // each replay's report, its eager step's
 }
 
 TEST_CASE("hybrid sharding at 2 x 4 on 8 processes trains the MLP exactly as on comm::run_local at world 8" *

@@ -3,8 +3,10 @@
 // replayed (fsdp::step_graph): the model, the gradient kernel, the step, and one rank's 20 steps, eager or replayed
 // (tests/model/capture_test.cc on thread ranks, tests/mpi/mpi_test.cc on processes, tests/cuda/model_test.cu into a
 // CUDA graph).
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tests/support/support.hpp"
@@ -55,7 +57,37 @@ struct rank_outcome {
   std::vector<std::vector<float>> state;  // local_state: master shards and optimizer states
   long steps = 0;                         // the optimizer's update count
   fsdp::grad::scale_state scaler{};       // its loss scaler's, where it has one
+  /// Each step's report (captured: step 1's, then each replay's), held to the end of the run and read there: a
+  /// replay's is read before the next replay overwrites its decision's host copy.
+  std::vector<fsdp::grad::report> reports;
 };
+
+/// "" where the two runs' reports say the same, bit for bit (inspected, skipped, norm, clip coefficient, loss scale,
+/// gradient scale, the non-finite location); else the first step and what differs.
+inline std::string differing_report(const std::vector<fsdp::grad::report>& a,
+                                    const std::vector<fsdp::grad::report>& b) {
+  if (a.size() != b.size()) return fsdp::detail::cat(a.size(), " reports against ", b.size());
+  const auto bits = [](auto x) {
+    std::uint64_t u = 0;
+    std::memcpy(&u, &x, sizeof x);
+    return u;
+  };
+  for (std::size_t t = 0; t < a.size(); ++t) {
+    const fsdp::grad::report &x = a[t], &y = b[t];
+    const auto at = [&](const char* what) { return fsdp::detail::cat("step ", t + 1, ": ", what, " differs"); };
+    if (x.inspected != y.inspected || x.captured != y.captured) return at("inspected or captured");
+    if (x.skipped != y.skipped) return at("skipped");
+    if (bits(x.norm) != bits(y.norm)) return at("norm");
+    if (bits(x.clip_coef) != bits(y.clip_coef)) return at("clip_coef");
+    if (bits(x.loss_scale) != bits(y.loss_scale)) return at("loss_scale");
+    if (bits(x.grad_scale) != bits(y.grad_scale)) return at("grad_scale");
+    if (x.located != y.located || x.nonfinite.has_value() != y.nonfinite.has_value()) return at("location");
+    if (x.nonfinite && (x.nonfinite->rank != y.nonfinite->rank || x.nonfinite->unit != y.nonfinite->unit ||
+                        x.nonfinite->count != y.nonfinite->count))
+      return at("location");
+  }
+  return "";
+}
 
 constexpr int steps = 20;
 
@@ -81,24 +113,27 @@ rank_outcome train_rank(Comm& c, bool capture, MakeOpt&& make_opt, int poisoned,
     m.synchronize();
     poison.set(t == poisoned && c.rank() == 0 ? std::numeric_limits<float>::infinity() : 0.0f);
   };
-  train_step(m, *opt, poison.get());
+  std::vector<fsdp::grad::step_report> held;  // every step's, read at the end
+  held.push_back(train_step(m, *opt, poison.get()));
   if (capture) {
     fsdp::step_graph graph(m, *opt, [&] { train_step(m, *opt, poison.get()); });
     CHECK(m.step_count() == 1);  // the captured step did not run
     for (int t = 2; t <= steps; ++t) {
       poison_at(t);
-      graph.replay();
+      held.push_back(graph.replay());
     }
   } else {
     for (int t = 2; t <= steps; ++t) {
       poison_at(t);
-      train_step(m, *opt, poison.get());
+      held.push_back(train_step(m, *opt, poison.get()));
     }
   }
   CHECK(m.step_count() == steps);
   m.synchronize();
   CHECK(m.memory().peak == fsdp::plan_memory(m, *opt).peak);  // a captured step took no memory outside the plan
-  return {fsdp_test::local_state(m, *opt), opt->steps(), {scaler.scale(), scaler.good_steps()}};
+  rank_outcome out{fsdp_test::local_state(m, *opt), opt->steps(), {scaler.scale(), scaler.good_steps()}, {}};
+  for (const fsdp::grad::step_report& r : held) out.reports.push_back(r.get());
+  return out;
 }
 
 /// AdamW, its learning rate warmed up over 5 updates and then a cosine to a tenth at update 20 (`max_norm` > 0: clipped

@@ -86,8 +86,8 @@ struct report {
   float loss_scale = 1.0f;  ///< the scale the gradients carried (1 without a loss scaler)
   float grad_scale = 1.0f;  ///< what the update multiplied each gradient element by: clip_coef / loss_scale
   bool located = false;     ///< the inspection had one row per rank (options::locate_nonfinite)
-  /// The step was captured (a CUDA graph, backend::host's capture), not run: each replay decides on the device, and
-  /// nothing above describes one.
+  /// The step was captured (a CUDA graph, backend::host's capture), not run: each replay decides on the device and
+  /// step_graph::replay() returns its report; nothing above describes this one.
   bool captured = false;
   std::optional<location> nonfinite;  ///< located and skipped: the first non-finite unit shard
 
@@ -101,7 +101,8 @@ struct verdict {
   float clip_coef = 1.0f;   ///< what clipping multiplies the gradients by (0 when skipped)
   float grad_scale = 1.0f;  ///< what the update multiplies each gradient element by: clip_coef / loss_scale
   std::int32_t skipped = 0;  ///< non-zero: non-finite gradients; no update changes anything
-  std::int32_t pad[3] = {0, 0, 0};
+  float loss_scale = 1.0f;   ///< the scale the gradients carried, as the decision read it (1 without a loss scaler)
+  std::int32_t pad[2] = {0, 0};
 };
 static_assert(sizeof(verdict) == plan::verdict_slots * sizeof(float), "grad::verdict fills the buffer's first slots");
 
@@ -131,6 +132,7 @@ struct decide {
     sum = rn::div(sum, static_cast<double>(replicas));
     finite = finite && sum - sum == 0.0;
     verdict v;
+    v.loss_scale = loss_scale;
     v.norm = sum == sum
                  ? rn::div(rn::sqrt(sum), static_cast<double>(loss_scale))
                  : __builtin_bit_cast(double, std::uint64_t{0x7ff8000000000000u});  // one NaN, whatever the payloads
@@ -151,11 +153,10 @@ struct decide {
   }
 };
 
-/// The report of a decision `v` at loss scale `loss_scale`; `table` (rows x units, rows == world: located) names the
-/// first non-finite unit shard in backward order, when it was skipped.
-FSDP_DECL report report_of(const verdict& v, float loss_scale, const float* table, int rows, int world,
-                           std::size_t units, const std::vector<std::size_t>& backward,
-                           const std::vector<std::string>& names);
+/// The report of a decision `v`; `table` (rows x units, rows == world: located) names the first non-finite unit shard
+/// in backward order, when it was skipped.
+FSDP_DECL report report_of(const verdict& v, const float* table, int rows, int world, std::size_t units,
+                           const std::vector<std::size_t>& backward, const std::vector<std::string>& names);
 
 /// One optimizer step's decision on its way to the host, shared by the optimizer and the step_report it returned:
 /// resolved once, by whichever asks first (the optimizer at its next step at the latest).
@@ -271,8 +272,7 @@ report inspect(ModelT& model, const options& o, const std::vector<std::size_t>& 
   std::memcpy(&v, host.data(), sizeof v);
   std::vector<std::string> names;
   for (std::size_t u = 0; u < n; ++u) names.push_back(model.unit(u).name());
-  return report_of(v, o.scaler ? o.scaler->scale() : 1.0f, host.data() + plan::verdict_slots, rows, world, n, backward,
-                   names);
+  return report_of(v, host.data() + plan::verdict_slots, rows, world, n, backward, names);
 }
 
 }  // namespace fsdp::grad

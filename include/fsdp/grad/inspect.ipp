@@ -13,13 +13,12 @@ FSDP_DECL void check(const options& o) {
     detail::fail_usage("grad::options::max_norm must be finite and >= 0 (0 = no clipping), got ", o.max_norm);
 }
 
-FSDP_DECL report report_of(const verdict& v, float loss_scale, const float* table, int rows, int world,
-                           std::size_t units, const std::vector<std::size_t>& backward,
-                           const std::vector<std::string>& names) {
+FSDP_DECL report report_of(const verdict& v, const float* table, int rows, int world, std::size_t units,
+                           const std::vector<std::size_t>& backward, const std::vector<std::string>& names) {
   report r;
   r.inspected = true;
   r.located = rows == world;
-  r.loss_scale = loss_scale;
+  r.loss_scale = v.loss_scale;
   r.norm = v.norm;
   r.skipped = v.skipped != 0;
   r.clip_coef = v.clip_coef;

@@ -59,8 +59,12 @@ struct core_of<M> {
 template <class M>
 using core_of_t = typename core_of<M>::type;
 
+struct replay_access;
+
 template <class ModelT>
 class shard_optimizer {
+  friend struct replay_access;
+
  public:
   using backend_type = typename ModelT::backend_type;
   using buffer = typename backend_type::buffer;
@@ -113,7 +117,9 @@ class shard_optimizer {
   /// The update count when the last step's updates never ran (its compute stream failed before them:
   /// model_access::last_update_skipped; a survivor of a failure, fsdp/elastic): without that step, and without
   /// waiting for its decision, which never arrives.
-  long steps_if_last_skipped() const noexcept { return deferred && pending_ ? steps_ : steps_ - 1; }
+  long steps_if_last_skipped() const noexcept {
+    return deferred && pending_ && pending_->settled ? steps_ : steps_ - 1;  // a replay's report counts nothing
+  }
   /// A checkpoint's update count replaces this optimizer's (the loader also writes the state buffers).
   void restore_steps(long steps) {
     if (steps < 0) fsdp::detail::fail_usage(name_, ": restore_steps(", steps, "): the count must be >= 0");
@@ -270,7 +276,6 @@ class shard_optimizer {
     auto& cs = be.compute_stream();
     const plan::buffer_cost cost = plan::norm_buffer_cost(model_.size(), norm_rows());
     const bool captured = fsdp::capturing(be);
-    const float loss_scale = grad_.scaler ? grad_.scaler->scale() : 1.0f;
     exec::optimizer_work<backend_type> work = work_for();
     work.inspect = [&] {
       grad::issue_inspection(model_, grad_, norms_.data(), &block()->loss_scale);
@@ -288,24 +293,13 @@ class shard_optimizer {
       for (const shard_piece& piece : pieces_[u]) update(model_.unit(u), piece, g, site);
     };
     model_access::step(model_, work);
-    if (captured) {  // each replay decides on the device
+    if (captured) {  // each replay decides on the device (replayed())
       grad::report r;
       r.inspected = true;
       r.captured = true;
       return grad::step_report(r);
     }
-    auto p = std::make_shared<grad::pending_decision>();
-    p->arrived = [this] { return model_.backend().done(decided_); };
-    p->wait = [this] { model_.backend().synchronize(model_.backend().compute_stream()); };
-    p->read = [this, loss_scale, n = model_.size(), rows = norm_rows(), world = model_.comm().size(),
-               backward = backward_order()] {
-      grad::verdict v;
-      std::memcpy(&v, decision_copy_.data(), sizeof v);
-      std::vector<std::string> names;
-      for (std::size_t u = 0; u < n; ++u) names.push_back(model_.unit(u).name());
-      return grad::report_of(v, loss_scale, decision_copy_.template as<float>() + plan::verdict_slots, rows, world, n,
-                             backward, names);
-    };
+    std::shared_ptr<grad::pending_decision> p = decision_on_its_way();
     p->settled = [this](const grad::report& r) {
       if (!r.skipped) ++steps_;
       if (grad_.scaler) grad_.scaler->update(r.skipped);
@@ -313,6 +307,47 @@ class shard_optimizer {
     pending_ = p;
     if (grad_.scaler) grad_.scaler->await([p] { p->resolve(); });
     return grad::step_report(std::move(p));
+  }
+
+  /// The decision of the step last issued on the compute stream, from the host copy once the stream has passed
+  /// `decided_` (recorded after the copy); the units' order and names as they are now.
+  std::shared_ptr<grad::pending_decision> decision_on_its_way() {
+    auto p = std::make_shared<grad::pending_decision>();
+    p->arrived = [this] { return model_.backend().done(decided_); };
+    p->wait = [this] { model_.backend().synchronize(model_.backend().compute_stream()); };
+    p->read = [this, n = model_.size(), rows = norm_rows(), world = model_.comm().size(), backward = backward_order()] {
+      grad::verdict v;
+      std::memcpy(&v, decision_copy_.data(), sizeof v);
+      std::vector<std::string> names;
+      for (std::size_t u = 0; u < n; ++u) names.push_back(model_.unit(u).name());
+      return grad::report_of(v, decision_copy_.template as<float>() + plan::verdict_slots, rows, world, n, backward,
+                             names);
+    };
+    return p;
+  }
+
+  /// Before a replay of a captured step (fsdp::step_graph): the replay overwrites the host copy of the decision, so
+  /// the last step's report is read now (waiting for its decision) where it must be: an eager step's (it counts the
+  /// step), or a replay's that a trainer still holds. A replay's that nobody holds is let go unread.
+  void before_replay() {
+    if (pending_ && !pending_->settled && pending_.use_count() == 1)
+      pending_.reset();
+    else
+      settle_pending();
+  }
+
+  /// After a replay was issued: its report, on its way as an eager step's (ready() once the compute stream has passed
+  /// the decision). The replay counted itself and moved the loss scale on the device, which the host learns from the
+  /// device (learn_replays), so reading the report changes nothing here.
+  grad::step_report replayed() {
+    if (!grad_.inspects()) return grad::step_report(grad::report{});
+    static_assert(deferred,
+                  "fsdp::step_graph: a backend that captures steps decides on the device and lets the host learn the "
+                  "decision later: it needs pinned host memory and done(event) (OffloadBackend, PollingBackend)");
+    auto& be = model_.backend();
+    be.record(decided_, be.compute_stream());  // after the whole replay, its copy of the decision included
+    pending_ = decision_on_its_way();
+    return grad::step_report(pending_);
   }
 
   /// After replays of a captured step (a backend that counts them: backend::host::replays), which the host issued
@@ -403,6 +438,18 @@ class shard_optimizer {
   buffer decision_copy_;                          // pinned: the host's copy of the inspection's buffer
   typename backend_type::event decided_;          // on the compute stream, after that copy
   mutable std::shared_ptr<grad::pending_decision> pending_;  // the last step's decision, until it is learned
+};
+
+/// fsdp::step_graph's way to an optimizer around each replay (the optimizer's own reach, not its public surface).
+struct replay_access {
+  template <class M>
+  static void before(shard_optimizer<M>& opt) {
+    opt.before_replay();
+  }
+  template <class M>
+  static grad::step_report after(shard_optimizer<M>& opt) {
+    return opt.replayed();
+  }
 };
 
 }  // namespace fsdp::optim::detail
