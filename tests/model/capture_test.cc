@@ -134,16 +134,16 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a replay's report is ready once the compute stream has passed its decision; one let go is never read, and one "
-    "held through later replays keeps its own step's decision") {
+    "a replay's report is ready once the compute stream has passed its decision; one let go is never read, one "
+    "held through later steps keeps its own step's decision, and eager steps between replays count as before") {
   using P = fsdp::policy<sharding::full_shard>;
   fsdp_test::run_ranks(2, [](local_communicator& c) {
-    std::vector<fsdp::grad::report> eager;  // four eager steps of a twin model
+    std::vector<fsdp::grad::report> eager;  // six eager steps of a twin model
     {
       fsdp::Model<P> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
       fsdp::optim::adamw opt(m, {.grad = {.max_norm = 0.5f}});
       float poison = 0.0f;
-      for (int t = 1; t <= 4; ++t) eager.push_back(train_step(m, opt, &poison).get());
+      for (int t = 1; t <= 6; ++t) eager.push_back(train_step(m, opt, &poison).get());
     }
     fsdp::Model<P> m(c, spec(), first_letter, fsdp::init::normal{0.5f, 11});
     fsdp::optim::adamw opt(m, {.grad = {.max_norm = 0.5f}});
@@ -156,10 +156,14 @@ TEST_CASE(
     m.synchronize();
     CHECK(second.ready());
     CHECK(fourth.ready());
-    CHECK(differing_report({eager[1], eager[3]}, {second.get(), fourth.get()}) == "");
+    const fsdp::grad::step_report fifth = train_step(m, opt, &poison);  // eager, between replays
+    const fsdp::grad::step_report sixth = graph.replay();
+    CHECK(differing_report({eager[1], eager[3], eager[4], eager[5]},
+                           {second.get(), fourth.get(), fifth.get(), sixth.get()}) == "");
     CHECK(fourth.get().message() == eager[3].message());
     CHECK(eager[3].clip_coef < 1.0f);  // the norm over 0.5: clipped, the coefficient a replay's own
-    CHECK(opt.steps() == 4);
+    CHECK(opt.steps() == 6);
+    CHECK(m.step_count() == 6);
   });
 }
 
