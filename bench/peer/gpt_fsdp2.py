@@ -8,14 +8,24 @@ bit-identical. Runs on CPU with gloo (world size --world, one process per rank) 
 
   python3 bench/peer/gpt_fsdp2.py --init init.safetensors --ours ours.txt [--world 2] [--precision bf16]
 
-With --ours (the example's --losses output) it prints both loss curves side by side and the largest difference,
-and exits 1 when a step differs by more than --tolerance (relative). --compile runs each block under torch.compile.
+With --ours (the example's --losses output) it prints both loss curves and gradient norms side by side and the
+largest differences, and exits 1 when a step's loss differs by more than --tolerance or its gradient norm by more
+than --norm-tolerance (relative: AdamW's update does not change with a gradient's scale, the norm does). --compile
+runs each block under torch.compile.
 
 --experts N --top-k K: each block's MLP a mixture of experts as the example's (gpt_model.hpp's shape::experts: a
 router, a token's K most probable experts with their probabilities renormalised as gates, dropless, Switch's
-load-balancing loss over the rank's tokens, 0.01 x N x sum_i f_i P_i). Every rank computes every expert for its
-tokens (plain FSDP2 over the world; no expert parallelism here: the example's --ep changes where experts live,
-not the arithmetic), so --ep is accepted and ignored.
+load-balancing loss over the rank's tokens, 0.01 x N x sum_i f_i P_i). With --ep 1 every rank computes every expert
+for its tokens (plain FSDP2 over the world). --ep E > 1 is expert parallelism as the example's: expert groups of E
+consecutive ranks, the rank at place q of its group holding experts [q N/E, (q+1) N/E) of every block; a token's
+choices go to their experts' ranks and come back by all_to_all over the group (all_to_all_single_autograd, as
+torchtitan's expert parallelism); each block's experts are a `fully_shard` of their own over the ranks that hold
+the same experts (a (world/E, E) mesh's first dimension: FSDP2 with a mesh per parameter). A rank's expert gradient
+sums the tokens of its whole expert group, and FSDP2 averages it over the expert shard group (world / E ranks): the
+backward multiplies it by 1 / E, so that it is the world's average as the dense gradients are (exact for E a power of
+two; set_gradient_divide_factor(world) would do it in the reduction, but its PREMUL_SUM does not run on gloo).
+Clipping is one norm over both meshes' shards, all-reduced over the world (clip_grad_norm_ does not take DTensors of
+two meshes: pytorch#180346).
 """
 import argparse
 import math
@@ -82,9 +92,18 @@ def lr_at(a, step):
 
 
 # ---- the model -----------------------------------------------------------------------------------------------
-def build(torch, a):
+class ExpertGroup:
+    """--ep E > 1: this rank's expert group (E consecutive ranks, its all_to_all) and its place q in it."""
+
+    def __init__(self, group, degree, place):
+        self.group, self.degree, self.place = group, degree, place
+
+
+def build(torch, a, ep=None):
+    """The model; with `ep` (an ExpertGroup) each block holds its place's experts only."""
     nn = torch.nn
     F = torch.nn.functional
+    held = a.experts // ep.degree if ep else a.experts  # experts a rank holds, each block
 
     class Attention(nn.Module):
         def __init__(self):
@@ -117,14 +136,41 @@ def build(torch, a):
     class Stacked(nn.Module):  # X experts' Linear(I, O): weight [X, O, I], bias [X, O]
         def __init__(self, inputs, outputs):
             super().__init__()
-            self.weight = nn.Parameter(torch.empty(a.experts, outputs, inputs))
-            self.bias = nn.Parameter(torch.zeros(a.experts, outputs))
+            self.weight = nn.Parameter(torch.empty(held, outputs, inputs))
+            self.bias = nn.Parameter(torch.zeros(held, outputs))
 
     class Experts(nn.Module):
         def __init__(self):
             super().__init__()
             self.fc = Stacked(a.width, 4 * a.width)
             self.proj = Stacked(4 * a.width, a.width)
+
+        def forward(self, rows, e):
+            """Each row [n, C] through its expert e [n] (an index among the experts held here)."""
+            h = torch.einsum("nc,nhc->nh", rows, self.fc.weight[e]) + self.fc.bias[e]
+            return torch.einsum("nh,nch->nc", F.gelu(h, approximate="tanh"), self.proj.weight[e]) + self.proj.bias[e]
+
+    def exchange(rows, sent, received):
+        """rows [sum(sent), ...] to the expert group's ranks (sent[q] to rank q), received[q] rows from each back."""
+        from torch.distributed._functional_collectives import all_to_all_single_autograd  # torchtitan's choice
+        return all_to_all_single_autograd(rows.contiguous(), received, sent, ep.group)
+
+    def dispatched(experts, flat, idx):
+        """Each token choice's expert output [n K, C], token-major (choice j of token t at t K + j): the choices sent
+        to their experts' ranks by destination (token-major within one), computed there, sent back."""
+        import torch.distributed as dist
+        choice = idx.reshape(-1)
+        owner = torch.div(choice, held, rounding_mode="floor")
+        order = torch.argsort(owner, stable=True)
+        sent = torch.bincount(owner, minlength=ep.degree)
+        received = torch.empty_like(sent)
+        dist.all_to_all_single(received, sent, group=ep.group)
+        sent, received = sent.tolist(), received.tolist()
+        local = torch.empty(sum(received), dtype=choice.dtype, device=choice.device)
+        dist.all_to_all_single(local, (choice[order] % held).contiguous(), received, sent, group=ep.group)
+        rows = exchange(flat[torch.div(order, a.top_k, rounding_mode="floor")], sent, received)
+        y = exchange(experts(rows, local), received, sent)
+        return y[torch.argsort(order)]  # back in the choices' order
 
     def moe(router, experts, x):
         """The example's mixture of experts on x [B, T, C]: its output, and its load-balancing loss."""
@@ -135,10 +181,10 @@ def build(torch, a):
         top, idx = top[:, : a.top_k], idx[:, : a.top_k]
         gates = top / top.sum(dim=-1, keepdim=True)
         out = torch.zeros_like(flat)
+        if ep:
+            ys = dispatched(experts, flat, idx).view(-1, a.top_k, C)
         for j in range(a.top_k):  # each token's j-th choice, in the example's order
-            e = idx[:, j]
-            h = torch.einsum("nc,nhc->nh", flat, experts.fc.weight[e]) + experts.fc.bias[e]
-            y = torch.einsum("nh,nch->nc", F.gelu(h, approximate="tanh"), experts.proj.weight[e]) + experts.proj.bias[e]
+            y = ys[:, j] if ep else experts(flat, idx[:, j])
             out = out + gates[:, j : j + 1].to(y.dtype) * y
         n = flat.shape[0]
         f = torch.bincount(idx.flatten(), minlength=a.experts).to(probs.dtype) / (n * a.top_k)
@@ -196,6 +242,7 @@ def torch_name(ours):
 
 
 def train(rank, a, losses_out):
+    """Trains on this rank; rank 0 appends (loss, gradient norm) per step to losses_out."""
     import torch
     import torch.distributed as dist
     from safetensors.torch import load_file
@@ -207,8 +254,16 @@ def train(rank, a, losses_out):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))  # spawned here: one GPU per rank
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=a.world)
     world = dist.get_world_size()
+    ep = None
+    if a.ep > 1:
+        if not a.experts or a.experts % a.ep or world % a.ep:
+            sys.exit(f"error: --ep {a.ep} must divide --experts ({a.experts}) and the world ({world})")
+        # (world/E, E): dimension 1 an expert group (consecutive ranks), dimension 0 the ranks holding the same experts
+        device_type = "cuda" if cuda else "cpu"
+        expert_mesh = init_device_mesh(device_type, (world // a.ep, a.ep), mesh_dim_names=("expert_shard", "expert"))
+        ep = ExpertGroup(expert_mesh.get_group("expert"), a.ep, rank % a.ep)
     torch.manual_seed(0)
-    model = build(torch, a)
+    model = build(torch, a, ep)
     if not a.init:  # GPT-2's initialisation, as gpt_model.hpp's (other values: this run is for timing)
         for n, p in model.named_parameters():
             if n.endswith("bias"):
@@ -221,6 +276,11 @@ def train(rank, a, losses_out):
     else:
         state = {torch_name(k): v for k, v in load_file(a.init).items()}
         state["lm_head.weight"] = state["wte.weight"]
+        if ep:  # the global expert stacks: this rank's place's share
+            held = a.experts // ep.degree
+            for k in state:
+                if ".moe." in k:
+                    state[k] = state[k][ep.place * held : (ep.place + 1) * held].clone()
         model.load_state_dict(state, strict=True)  # every tensor present, none left over
     device = torch.device("cuda") if cuda else torch.device("cpu")
     model.to(device)
@@ -230,6 +290,8 @@ def train(rank, a, losses_out):
     for block in model.h:
         if a.compile:  # each block compiled in place before it is wrapped, as torchtitan does
             block.compile()
+        if ep:  # the experts first, over the ranks holding the same experts
+            fully_shard(block.moe, mesh=expert_mesh["expert_shard"], mp_policy=mp)
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     # the blocks' matrices (and stacks of them): gpt_model.hpp's decay rule (no_decay on biases, norms, embeddings)
@@ -258,8 +320,22 @@ def train(rank, a, losses_out):
             g["lr"] = lr
         loss = model(data[:, :-1], data[:, 1:])
         loss.backward()
+        if ep:  # averaged over the expert shard group (world / E ranks), each summing its expert group's tokens
+            for block in model.h:
+                for p in block.moe.parameters():
+                    p.grad.mul_(1.0 / ep.degree)  # so over the world, as the dense gradients
         # gpt_model.hpp: max_norm 0 means no clipping (the norm is still computed and printed)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm if a.max_norm > 0 else float("inf"))
+        max_norm = a.max_norm if a.max_norm > 0 else float("inf")
+        if ep:  # one norm over both meshes' shards: each element is on one rank once, its square summed over the world
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            squares = torch.stack([g.to_local().float().pow(2).sum() for g in grads]).sum()
+            dist.all_reduce(squares, op=dist.ReduceOp.SUM)
+            norm = squares.sqrt()
+            coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0).item()  # clip_grad_norm_'s rule
+            for g in grads:
+                g.mul_(coef)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
         total = loss.detach().clone()
@@ -272,7 +348,7 @@ def train(rank, a, losses_out):
         dt = time.perf_counter() - t0
         times.append(dt)
         if rank == 0:
-            losses_out.append(total)
+            losses_out.append((total, float(norm)))
             print(f"step {step:3d}  loss {total:.6f}  lr {lr:.3e}  norm {float(norm):.4f}  {dt:.3f} s", flush=True)
     if rank == 0 and len(times) > 2:
         mean = sum(times[2:]) / len(times[2:])  # after two warm-up steps
@@ -309,6 +385,9 @@ def main():
     p.add_argument("--ours", help="the example's --losses file, to compare with")
     p.add_argument("--tolerance", type=float,
                    help="largest relative loss difference accepted (default 1e-5 for fp32, 5e-3 for bf16)")
+    p.add_argument("--norm-tolerance", type=float,
+                   help="largest relative difference of the gradient norm accepted (default 1e-5 for fp32, 5e-2 for "
+                        "bf16); AdamW hides a gradient's scale from the losses, the norm does not")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
@@ -329,7 +408,8 @@ def main():
     p.add_argument("--experts", type=int, default=0, help="a mixture of experts in each block (0: the plain MLP)")
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--aux-weight", type=float, default=0.01)
-    p.add_argument("--ep", type=int, default=1, help="the example's expert groups: the same arithmetic, ignored here")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert parallelism: expert groups of this many ranks, each holding its share of the experts")
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--foreach", action="store_true",
                    help="PyTorch's multi-tensor AdamW (its default on CUDA); without it one parameter at a time, as "
@@ -340,6 +420,8 @@ def main():
     a = p.parse_args()
     if a.tolerance is None:
         a.tolerance = 1e-5 if a.precision == "fp32" else 5e-3
+    if a.norm_tolerance is None:
+        a.norm_tolerance = 1e-5 if a.precision == "fp32" else 5e-2
     a.lr, a.min_lr_ratio, a.aux_weight = f32(a.lr), f32(a.min_lr_ratio), f32(a.aux_weight)  # floats in gpt_model.hpp
 
     if "RANK" in os.environ:  # under torchrun
@@ -363,16 +445,24 @@ def main():
         losses = queue.get()
     if not a.ours:
         return 0
-    ours = [float(line.split()[1]) for line in open(a.ours) if line.strip()]
+    # the example's --losses lines: step, loss, learning rate, gradient norm
+    ours = [tuple(float(x) for x in line.split()[1::2]) for line in open(a.ours) if line.strip()]
     n = min(len(ours), len(losses))
-    worst = max(range(n), key=lambda i: abs(ours[i] - losses[i]) / losses[i])
-    rel = abs(ours[worst] - losses[worst]) / losses[worst]
-    print(f"\n{'step':>4} {'ours':>10} {'pytorch':>10} {'rel. diff':>10}")
+
+    def diff(i, k):  # relative difference of step i's loss (k 0) or norm (k 1)
+        return abs(ours[i][k] - losses[i][k]) / losses[i][k]
+
+    worst = [max(range(n), key=lambda i: diff(i, k)) for k in (0, 1)]
+    rel = [diff(worst[k], k) for k in (0, 1)]
+    print(f"\n{'step':>4} {'loss ours':>10} {'pytorch':>10} {'rel. diff':>10} {'norm ours':>10} {'pytorch':>10} "
+          f"{'rel. diff':>10}")
     for i in range(n):
-        print(f"{i:4d} {ours[i]:10.6f} {losses[i]:10.6f} {abs(ours[i] - losses[i]) / losses[i]:10.2e}")
-    print(f"\n{n} steps: largest relative difference {rel:.3e} at step {worst} (tolerance {a.tolerance:.1e}); "
-          f"final loss ours {ours[n - 1]:.6f}, pytorch {losses[n - 1]:.6f}")
-    return 0 if rel <= a.tolerance else 1
+        print(f"{i:4d} {ours[i][0]:10.6f} {losses[i][0]:10.6f} {diff(i, 0):10.2e} {ours[i][1]:10.6f} "
+              f"{losses[i][1]:10.6f} {diff(i, 1):10.2e}")
+    print(f"\n{n} steps: largest relative difference {rel[0]:.3e} at step {worst[0]} (tolerance {a.tolerance:.1e}), "
+          f"of the gradient norm {rel[1]:.3e} at step {worst[1]} (tolerance {a.norm_tolerance:.1e}); final loss ours "
+          f"{ours[n - 1][0]:.6f}, pytorch {losses[n - 1][0]:.6f}")
+    return 0 if rel[0] <= a.tolerance and rel[1] <= a.norm_tolerance else 1
 
 
 if __name__ == "__main__":
