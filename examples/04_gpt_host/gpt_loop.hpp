@@ -436,12 +436,12 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       if (!graph) graph.emplace(model, opt, [&] { (void)issue(step); });  // captured, not run: replayed below
       return graph->replay();
     }();
-    // The loss read back: an eager step's report has arrived with it.
+    // The loss read back: the step's report (an eager step's or a replay's) has arrived with it.
     if constexpr (capturable)
       r.losses.push_back(tr.read_loss());
     else
       r.losses.push_back(tr.global_loss(model));
-    const double norm = stepped.get().norm;  // the loss read back: the decision has arrived with it
+    const double norm = stepped.get().norm;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     r.step_seconds.push_back(s);
     r.step_tokens.push_back(tokens);

@@ -3,6 +3,7 @@
 // replayed (fsdp::step_graph): the model, the gradient kernel, the step, and one rank's 20 steps, eager or replayed
 // (tests/model/capture_test.cc on thread ranks, tests/mpi/mpi_test.cc on processes, tests/cuda/model_test.cu into a
 // CUDA graph).
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
