@@ -392,14 +392,7 @@ class trainer {
     auto p = [&](const char* leaf) { return K::widen(u.template param<W>(pname(l, leaf))); };
     const auto fcw = p("moe.fc.w"), fcb = p("moe.fc.b"), projw = p("moe.proj.w"), projb = p("moe.proj.b");
     // the choices by destination rank, each row its token's ln_2 output and its expert there
-    k.moe_order.clear();
-    k.moe_sent.assign(static_cast<std::size_t>(ep_.degree), 0);
-    for (int q = 0; q < ep_.degree; ++q)
-      for (int a = 0; a < N * KK; ++a)
-        if (k.moe_choice[static_cast<std::size_t>(a)] / per == q) {
-          k.moe_order.push_back(a);
-          ++k.moe_sent[static_cast<std::size_t>(q)];
-        }
+    dispatch_order(k.moe_choice, per, ep_.degree, k.moe_order, k.moe_sent);
     k.moe_received = k.moe_sent;
     if (ep_.degree > 1) ep_.counts(k.moe_sent.data(), k.moe_received.data());
     std::vector<float> send;
@@ -582,7 +575,6 @@ class trainer {
     kernels::matmul_forward(k.moe_probs.data(), k.ln2.data(), rw.data(), nullptr, N, C, X);
     k.moe_choice.assign(static_cast<std::size_t>(N) * KK, 0);
     k.moe_gate.assign(static_cast<std::size_t>(N) * KK, 0.0f);
-    std::vector<double> f(static_cast<std::size_t>(X), 0.0), P(static_cast<std::size_t>(X), 0.0);
     std::vector<int> idx(static_cast<std::size_t>(X));
     for (int t = 0; t < N; ++t) {
       float* pr = k.moe_probs.data() + static_cast<std::size_t>(t) * X;
@@ -598,13 +590,9 @@ class trainer {
         const int e = idx[static_cast<std::size_t>(j)];
         k.moe_choice[static_cast<std::size_t>(t * KK + j)] = e;
         k.moe_gate[static_cast<std::size_t>(t * KK + j)] = pr[e] / chosen;
-        f[static_cast<std::size_t>(e)] += 1.0;
       }
-      for (int e = 0; e < X; ++e) P[static_cast<std::size_t>(e)] += pr[e];
     }
-    double aux = 0;
-    for (int e = 0; e < X; ++e) aux += f[static_cast<std::size_t>(e)] / (N * KK) * (P[static_cast<std::size_t>(e)] / N);
-    aux_ += static_cast<float>(s_.aux_weight * X * aux);
+    aux_ += load_balance_loss(k.moe_probs.data(), k.moe_choice, N, X, KK, s_.aux_weight);
   }
 
   /// The router's backward: the gates' gradients (k.moe_dgate) through their renormalisation, and the load-balancing
@@ -613,14 +601,12 @@ class trainer {
   void route_backward(const std::vector<float>& rw, const block_cache& k, std::vector<float>& dln2,
                       std::vector<float>& g_router) const {
     const int C = s_.width, N = N_, X = s_.experts, KK = s_.top_k;
-    std::vector<float> f(static_cast<std::size_t>(X), 0.0f), dlogits(static_cast<std::size_t>(N) * X, 0.0f);
-    for (int c : k.moe_choice) f[static_cast<std::size_t>(c)] += 1.0f;
-    const float aux_scale =
-        s_.aux_weight * static_cast<float>(X) / (static_cast<float>(N) * KK) / static_cast<float>(N);
+    std::vector<float> dlogits(static_cast<std::size_t>(N) * X, 0.0f);
+    const std::vector<float> daux = load_balance_gradient(k.moe_choice, N, X, KK, s_.aux_weight);
     std::vector<float> dp(static_cast<std::size_t>(X));
     for (int t = 0; t < N; ++t) {
       const float* pr = k.moe_probs.data() + static_cast<std::size_t>(t) * X;
-      for (int e = 0; e < X; ++e) dp[static_cast<std::size_t>(e)] = aux_scale * f[static_cast<std::size_t>(e)];
+      dp = daux;
       float chosen = 0, dot = 0;
       for (int j = 0; j < KK; ++j) {
         const std::size_t a = static_cast<std::size_t>(t * KK + j);

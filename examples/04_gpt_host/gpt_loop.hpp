@@ -162,21 +162,64 @@ struct result {
 /// and gate, the choices in the order they were sent (by destination rank) with the tokens each rank sent and
 /// received, the rows this rank's experts received [R, C + 1] (the input, the local expert), their hidden
 /// pre-activations [R, 4C] and outputs, each choice's expert output [N K, C] back in place, and from the experts'
-/// backward the ln_2 output's gradient [N, C] and each choice's gate gradient.
+/// backward the ln_2 output's gradient [N, C] and each choice's gate gradient. The CUDA trainer keeps the choices'
+/// experts, their order and each one's place in it (moe_where) on the device too, as 3 N K ints (moe_index).
 template <class Buffer>
 struct block_cache_of {
   Buffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
-  Buffer moe_probs, moe_gate, moe_in, moe_h, moe_y, moe_dln2, moe_dgate;
-  std::vector<int> moe_choice, moe_order;
+  Buffer moe_probs, moe_gate, moe_in, moe_h, moe_y, moe_dln2, moe_dgate, moe_index;
+  std::vector<int> moe_choice, moe_order, moe_where;
   std::vector<std::int64_t> moe_sent, moe_received;
   std::size_t bytes() const {
     std::size_t n = 0;
-    for (const Buffer* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res1, &ln2, &ln2_mean, &ln2_rstd, &fc,
-                            &fc_gelu, &moe_probs, &moe_gate, &moe_in, &moe_h, &moe_y, &moe_dln2, &moe_dgate})
+    for (const Buffer* v :
+         {&ln1, &ln1_mean, &ln1_rstd,  &qkv,      &att,    &atty,  &res1,  &ln2,      &ln2_mean,  &ln2_rstd,
+          &fc,  &fc_gelu,  &moe_probs, &moe_gate, &moe_in, &moe_h, &moe_y, &moe_dln2, &moe_dgate, &moe_index})
       n += v->size() * sizeof(float);
     return n;
   }
 };
+
+// ---- a mixture of experts' routing bookkeeping, the same for the host and the CUDA trainer --------------------------
+
+/// The order in which a rank sends its N K token choices (`choice`: each one's expert) to the ranks of its expert
+/// group of `degree` ranks, rank q holding experts [q per, (q + 1) per): by destination rank, each rank's choices in
+/// increasing index; sent[q] the choices for rank q.
+inline void dispatch_order(const std::vector<int>& choice, int per, int degree, std::vector<int>& order,
+                           std::vector<std::int64_t>& sent) {
+  order.clear();
+  sent.assign(static_cast<std::size_t>(degree), 0);
+  for (int q = 0; q < degree; ++q)
+    for (std::size_t a = 0; a < choice.size(); ++a)
+      if (choice[a] / per == q) {
+        order.push_back(static_cast<int>(a));
+        ++sent[static_cast<std::size_t>(q)];
+      }
+}
+
+/// One block's load-balancing loss (shape::aux_weight, Switch Transformer's): aux_weight X sum_e f_e P_e over the X
+/// experts, f_e the share of the rank's N K choices that went to expert e, P_e its mean probability over the N
+/// tokens (`probs` [N, X], softmax rows).
+inline float load_balance_loss(const float* probs, const std::vector<int>& choice, int N, int X, int K,
+                               float aux_weight) {
+  std::vector<double> f(static_cast<std::size_t>(X), 0.0), P(static_cast<std::size_t>(X), 0.0);
+  for (int c : choice) f[static_cast<std::size_t>(c)] += 1.0;
+  for (int t = 0; t < N; ++t)
+    for (int e = 0; e < X; ++e) P[static_cast<std::size_t>(e)] += probs[static_cast<std::size_t>(t) * X + e];
+  double aux = 0;
+  for (int e = 0; e < X; ++e) aux += f[static_cast<std::size_t>(e)] / (N * K) * (P[static_cast<std::size_t>(e)] / N);
+  return static_cast<float>(aux_weight * X * aux);
+}
+
+/// That loss's gradient with respect to a token's probability of expert e (the same for every token):
+/// aux_weight X f_e / N, f_e as above.
+inline std::vector<float> load_balance_gradient(const std::vector<int>& choice, int N, int X, int K, float aux_weight) {
+  std::vector<float> f(static_cast<std::size_t>(X), 0.0f);
+  for (int c : choice) f[static_cast<std::size_t>(c)] += 1.0f;
+  const float scale = aux_weight * static_cast<float>(X) / (static_cast<float>(N) * K) / static_cast<float>(N);
+  for (float& v : f) v *= scale;
+  return f;
+}
 
 /// A trainer's tensor group: its degree, this rank's place in it, and the in-place sum of n fp32 or bf16 values (host
 /// or device memory, as the model's backend keeps them) over the group, issued on the model's compute stream; at
@@ -204,16 +247,17 @@ tp_group tp_group_of(ModelT& model) {
   return g;
 }
 /// A trainer's expert group: its degree, this rank's place in it, and the exchanges of a mixture of experts over it
-/// (fp32 values in host memory, on the model's compute stream, waited for): `counts` sends one count to each rank
-/// and receives one from each, `exchange` sends send_counts[q] values to rank q and receives recv_counts[q] from it
-/// (all_to_all_v). At degree 1 there is no group: the values stay here.
+/// (in the memory the model's backend computes in: the host trainer's host memory, the CUDA trainer's device memory;
+/// on the model's compute stream, waited for): `counts` sends one count to each rank and receives one from each,
+/// `exchange` sends send_counts[q] fp32 values to rank q and receives recv_counts[q] from it (all_to_all_v). At
+/// degree 1 there is no group: the values stay here.
 struct ep_group {
   int degree = 1, rank = 0;
   std::function<void(const std::int64_t*, std::int64_t*)> counts;
   std::function<void(const float*, const std::vector<std::int64_t>&, float*, const std::vector<std::int64_t>&)>
       exchange;
 };
-/// The model's expert group (model.expert_comm()), for a host trainer.
+/// The model's expert group (model.expert_comm()), for a trainer.
 template <class ModelT>
 ep_group ep_group_of(ModelT& model) {
   const fsdp::device_mesh& mesh = model.mesh();
@@ -331,6 +375,10 @@ void run_steps(ModelT& model, Opt& opt, Trainer& tr, const config& c, int first,
       throw fsdp::usage_error(
           "gpt: `before` runs on the host between a step's phases, which a replayed step does not "
           "stop for; train with graph or with before");
+    if (c.model.experts > 0)
+      throw fsdp::usage_error(
+          "gpt: a block's experts read its routing back to the host (the token exchange's counts are the "
+          "collective's host arguments), which a replayed step does not stop for; train with graph or with experts");
   }
   const std::vector<int> perm = permutation(c.data, c.model.vocab);
   using buffer = typename Trainer::buffer;
