@@ -42,6 +42,7 @@
 #include "examples/04_gpt_host/gpt_loop.hpp"
 #include "examples/05_gpt_cuda/attention.cuh"
 #include "examples/05_gpt_cuda/buffer_plan.hpp"
+#include "examples/05_gpt_cuda/experts.cuh"
 #include "examples/05_gpt_cuda/gpt_kernels.cuh"
 #include "examples/05_gpt_cuda/step_work.hpp"
 #include "examples/common/gemm.cuh"
@@ -150,6 +151,7 @@ class trainer {
         N_(batch * s.context),
         R_(head_rows(s, batch, k.head_rows)),
         tp_(gpt::tp_group_of(model)),
+        ep_(gpt::ep_group_of(model)),
         d_((gpt::validate(s, tp_.degree), gpt::local(s, tp_.degree))),
         be_(&model.backend()),
         cs_(&model.backend().compute_stream()),
@@ -167,10 +169,14 @@ class trainer {
     if (const std::string why = attention::refusal(s.width / s.heads, std::is_same_v<DW, fsdp::bfloat16>, k.attention);
         !why.empty())
       throw fsdp::usage_error("gpt_cuda::trainer: " + why);
+    if (s.experts % ep_.degree != 0)
+      throw fsdp::usage_error("gpt_cuda::trainer: " + std::to_string(s.experts) +
+                              " experts do not split over expert groups of " + std::to_string(ep_.degree));
   }
 
   void begin_step(const std::vector<int>& inputs, const std::vector<int>& targets) {
     next_step();
+    aux_ = 0;
     upload(inputs, targets, gpt::row_positions(inputs.size(), s_.context));
     packed_ = false;
     denominator_ = static_cast<double>(N_);
@@ -210,7 +216,7 @@ class trainer {
     // a linear layer's output).
     k.ln1.resize(act(NC)), k.ln1_mean.resize(N), k.ln1_rstd.resize(N), k.qkv.resize(act(3 * NA)), k.att.resize(rows());
     k.atty.resize(act(NA)), k.res1.resize(NC), k.ln2.resize(act(NC)), k.ln2_mean.resize(N), k.ln2_rstd.resize(N);
-    k.fc.resize(act(NF)), k.fc_gelu.resize(act(NF)), out.resize(NC);
+    out.resize(NC);
     go(launch_names::layernorm_forward, blocks(32LL * N), K::layernorm_forward<DW>, as_dw(k.ln1), k.ln1_mean.data(),
        k.ln1_rstd.data(), x.data(), p("ln_1.w"), p("ln_1.b"), N, C);
     linear_forward(as_dw(k.qkv), as_dw(k.ln1), w("attn.qkv.w"), p("attn.qkv.b"), N, C, 3 * A);
@@ -227,6 +233,13 @@ class trainer {
     go(launch_names::bias_residual_layernorm, blocks(32LL * N), K::bias_residual_layernorm<DW, DW>, k.res1.data(),
        as_dw(k.ln2), k.ln2_mean.data(), k.ln2_rstd.data(), proj, p("attn.proj.b"), x.data(), p("ln_2.w"), p("ln_2.b"),
        N, C);
+    if (s_.experts > 0) {  // the router here; the experts' output is added by experts_forward
+      route(u, l, k);
+      copy(out, k.res1);
+      check();
+      return;
+    }
+    k.fc.resize(act(NF)), k.fc_gelu.resize(act(NF));
     linear_forward(as_dw(k.fc), as_dw(k.ln2), w("mlp.fc.w"), nullptr, N, C, F);
     go(launch_names::bias_gelu, blocks(NF), K::bias_gelu<DW>, as_dw(k.fc_gelu), as_dw(k.fc), p("mlp.fc.b"), N, F);
     linear_forward(proj, as_dw(k.fc_gelu), w("mlp.proj.w"), nullptr, N, F, C);
@@ -250,19 +263,25 @@ class trainer {
     auto gw = [&](const char* leaf, std::size_t n) { return sized(gscratch_[leaf], n); };
     float *g_ln1w = g("ln_1.w", C), *g_ln1b = g("ln_1.b", C), *g_qkvw = gw("attn.qkv.w", 3 * CA),
           *g_qkvb = g("attn.qkv.b", 3 * A), *g_aprojw = gw("attn.proj.w", CA), *g_aprojb = g("attn.proj.b", C),
-          *g_ln2w = g("ln_2.w", C), *g_ln2b = g("ln_2.b", C), *g_fcw = gw("mlp.fc.w", CF), *g_fcb = g("mlp.fc.b", F),
-          *g_mprojw = gw("mlp.proj.w", CF), *g_mprojb = g("mlp.proj.b", C);
+          *g_ln2w = g("ln_2.w", C), *g_ln2b = g("ln_2.b", C);
     dres1_.resize(NC);
     copy(dres1_, dout);
-    // The MLP's inner gradients in the compute type, as autocast keeps them: the second product writes dfc_gelu so,
-    // GELU's backward reads it and writes dfc so, and the first product's backward and its bias sum read dfc as it is.
-    t4a_.resize(act(NF)), t4b_.resize(act(NF));
-    DW *dfc_gelu = as_dw(t4a_), *dfc = as_dw(t4b_);
-    linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, F, C);
-    go(launch_names::gelu_backward, blocks(NF), K::gelu_backward<DW>, dfc, as_dw(k.fc), dfc_gelu, NF);
     DW* dln2 = norm_gradient();
-    linear_backward(dln2, g_fcw, g_fcb, dfc, as_dw(k.ln2), w("mlp.fc.w"), N, C, F);
-    tp_.all_reduce(dln2, NC);  // column-parallel: the input gradient's partial sums
+    if (s_.experts > 0) {  // the experts' input gradient (experts_backward, run before) and the router's
+      route_backward(u, l, k, dln2);
+    } else {
+      float *g_fcw = gw("mlp.fc.w", CF), *g_fcb = g("mlp.fc.b", F), *g_mprojw = gw("mlp.proj.w", CF),
+            *g_mprojb = g("mlp.proj.b", C);
+      // The MLP's inner gradients in the compute type, as autocast keeps them: the second product writes dfc_gelu
+      // so, GELU's backward reads it and writes dfc so, and the first product's backward and its bias sum read dfc
+      // as it is.
+      t4a_.resize(act(NF)), t4b_.resize(act(NF));
+      DW *dfc_gelu = as_dw(t4a_), *dfc = as_dw(t4b_);
+      linear_backward(dfc_gelu, g_mprojw, g_mprojb, dout.data(), as_dw(k.fc_gelu), w("mlp.proj.w"), N, F, C);
+      go(launch_names::gelu_backward, blocks(NF), K::gelu_backward<DW>, dfc, as_dw(k.fc), dfc_gelu, NF);
+      linear_backward(dln2, g_fcw, g_fcb, dfc, as_dw(k.ln2), w("mlp.fc.w"), N, C, F);
+      tp_.all_reduce(dln2, NC);  // column-parallel: the input gradient's partial sums
+    }
     layernorm_backward(dres1_.data(), g_ln2w, g_ln2b, dln2, k.res1.data(), p("ln_2.w"), k.ln2_mean.data(),
                        k.ln2_rstd.data());
     dx.resize(NC);
@@ -284,8 +303,72 @@ class trainer {
     linear_backward(dln1, g_qkvw, g_qkvb, dqkv, as_dw(k.ln1), w("attn.qkv.w"), N, C, 3 * A);
     tp_.all_reduce(dln1, NC);
     layernorm_backward(dx.data(), g_ln1w, g_ln1b, dln1, x.data(), p("ln_1.w"), k.ln1_mean.data(), k.ln1_rstd.data());
-    for (const char* leaf : {"ln_1.w", "ln_1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b", "ln_2.w",
-                             "ln_2.b", "mlp.fc.w", "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"})
+    for (const char* leaf :
+         {"ln_1.w", "ln_1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b", "ln_2.w", "ln_2.b"})
+      store(u, gpt::pname(l, leaf), gscratch_[leaf].data());
+    if (s_.experts > 0)
+      store(u, gpt::pname(l, "mlp.router.w"), gscratch_["mlp.router.w"].data());
+    else
+      for (const char* leaf : {"mlp.fc.w", "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"})
+        store(u, gpt::pname(l, leaf), gscratch_[leaf].data());
+    check();
+  }
+
+  // ---- a mixture of experts (gpt::shape::experts > 0; experts.cuh's kernels) --------------------------------------
+  static constexpr bool supports_experts = true;
+
+  /// Block l's experts' forward: each of the block's token choices (route) sent with its ln_2 output to the rank of
+  /// its expert, the experts' MLPs run there, their outputs sent back; out += each choice's gate x its output.
+  template <class Unit>
+  void experts_forward(const Unit& u, int l, cache& k, dbuf& out) {
+    namespace E = experts;
+    const int C = s_.width, N = N_, KK = s_.top_k, H = 4 * C, M = N * KK;
+    const std::size_t most = max_rows();
+    k.moe_in.resize(most * (C + 1)), k.moe_h.resize(most * H), k.moe_y.resize(std::size_t(M) * C);
+    send_.resize(std::max(std::size_t(M) * (C + 1), most * C)), back_.resize(std::size_t(M) * C), ey_.resize(most * C);
+    exchange_counts(k);
+    go(launch_names::dispatch, grid(std::size_t(M) * (C + 1)), E::dispatch<DW>, send_.data(), as_dw(k.ln2), order_of(k),
+       choice_of(k), M, KK, C, s_.experts / ep_.degree);
+    const int R = exchange(send_, k.moe_sent, k.moe_in, k.moe_received, C + 1);
+    const DW *fcw = matrix(u, gpt::pname(l, "moe.fc.w")), *fcb = matrix(u, gpt::pname(l, "moe.fc.b")),
+             *projw = matrix(u, gpt::pname(l, "moe.proj.w")), *projb = matrix(u, gpt::pname(l, "moe.proj.b"));
+    go(launch_names::expert_fc, grid(std::size_t(R) * H), E::expert_fc<DW>, k.moe_h.data(), k.moe_in.data(), fcw, fcb,
+       R, C, H);
+    go(launch_names::expert_proj, grid(std::size_t(R) * C), E::expert_proj<DW>, ey_.data(), k.moe_h.data(),
+       k.moe_in.data(), projw, projb, R, C, H);
+    exchange(ey_, k.moe_received, back_, k.moe_sent, C);
+    go(launch_names::place, grid(std::size_t(M) * C), E::place<>, k.moe_y.data(), back_.data(), order_of(k), M, C);
+    go(launch_names::combine, grid(nc()), E::combine<>, out.data(), k.moe_y.data(), k.moe_gate.data(), N, KK, C);
+    check();
+  }
+
+  /// Block l's experts' backward from the block output's gradient: each choice's output gradient (its gate x dout)
+  /// sent to its expert, the experts' gradients stored into u, their input gradients sent back and summed per token
+  /// into k.moe_dln2; each choice's gate gradient into k.moe_dgate (for the router: block_backward).
+  template <class Unit>
+  void experts_backward(const Unit& u, int l, cache& k, const dbuf& dout) {
+    namespace E = experts;
+    const int C = s_.width, N = N_, KK = s_.top_k, H = 4 * C, M = N * KK, P = s_.experts / ep_.degree;
+    const std::size_t most = max_rows();
+    k.moe_dgate.resize(std::size_t(M)), k.moe_dln2.resize(nc()), dh_.resize(most * H);
+    go(launch_names::choice_gradients, grid(std::size_t(M)), E::choice_gradients<>, send_.data(), k.moe_dgate.data(),
+       dout.data(), k.moe_y.data(), k.moe_gate.data(), order_of(k), M, KK, C);
+    const int R = exchange(send_, k.moe_sent, ey_, k.moe_received, C);  // ey_: the experts' output gradients
+    const DW *fcw = matrix(u, gpt::pname(l, "moe.fc.w")), *projw = matrix(u, gpt::pname(l, "moe.proj.w"));
+    go(launch_names::expert_proj_backward, grid(std::size_t(R) * H), E::expert_proj_backward<DW>, dh_.data(),
+       ey_.data(), k.moe_h.data(), k.moe_in.data(), projw, R, C, H);
+    go(launch_names::expert_fc_backward, grid(std::size_t(R) * C), E::expert_fc_backward<DW>, send_.data(), dh_.data(),
+       k.moe_in.data(), fcw, R, C, H);
+    auto gw = [&](const char* leaf, std::size_t n) { return sized(gscratch_[leaf], n); };
+    float *g_fcw = gw("moe.fc.w", std::size_t(P) * H * C), *g_fcb = gw("moe.fc.b", std::size_t(P) * H),
+          *g_projw = gw("moe.proj.w", std::size_t(P) * C * H), *g_projb = gw("moe.proj.b", std::size_t(P) * C);
+    go(launch_names::expert_weight_gradients, grid(std::size_t(P) * (H * (C + 1) + C * (H + 1))),
+       E::expert_weight_gradients<>, g_fcw, g_fcb, g_projw, g_projb, dh_.data(), ey_.data(), k.moe_h.data(),
+       k.moe_in.data(), R, P, C, H);
+    exchange(send_, k.moe_received, back_, k.moe_sent, C);
+    go(launch_names::gather_input_gradient, grid(nc()), E::gather_input_gradient<>, k.moe_dln2.data(), back_.data(),
+       where_of(k), N, KK, C);
+    for (const char* leaf : {"moe.fc.w", "moe.fc.b", "moe.proj.w", "moe.proj.b"})
       store(u, gpt::pname(l, leaf), gscratch_[leaf].data());
     check();
   }
@@ -318,6 +401,8 @@ class trainer {
                       /*add_dw=*/r0 > 0);
     }
     go(launch_names::mean_loss, 1, K::mean_loss<>, loss_.data(), row_loss_.data(), N, denominator_);
+    if (s_.experts > 0)  // the blocks' load-balancing losses (route), as the host trainer adds them
+      go(launch_names::add_to_loss, 1, experts::add_to_loss<>, loss_.data(), aux_);
     zeroed(dx, nc());
     layernorm_backward(dx.data(), zeroed(g_lnfw_, C), zeroed(g_lnfb_, C), dlnf, x.data(), lnfw, lnf_mean_.data(),
                        lnf_rstd_.data());
@@ -433,6 +518,95 @@ class trainer {
     std::fill(key + G, key + N, 0);
   }
   void check() const { FSDP_CUDA_CHECK(cudaGetLastError()); }
+  /// Blocks for n elements, at least one: an expert may receive no row (its kernels then run over none), and the
+  /// launches stay step_work's.
+  static long long grid(std::size_t n) { return std::max(1, blocks(static_cast<long long>(n))); }
+
+  // ---- the experts' routing and exchanges ---------------------------------------------------------------------
+  /// k.moe_index's three parts, N K ints each: each choice's expert, the choices in the order they are sent, each
+  /// choice's place in that order.
+  int* choice_of(const cache& k) const { return reinterpret_cast<int*>(k.moe_index.data()); }
+  int* order_of(const cache& k) const { return choice_of(k) + static_cast<std::size_t>(N_) * s_.top_k; }
+  int* where_of(const cache& k) const { return choice_of(k) + 2 * static_cast<std::size_t>(N_) * s_.top_k; }
+  /// The most rows this rank's experts can receive: every choice of every rank of its expert group (dropless). The
+  /// buffers of received rows have this size from the first step on (no allocation after it).
+  std::size_t max_rows() const { return static_cast<std::size_t>(ep_.degree) * N_ * s_.top_k; }
+
+  /// The router of block l: ln_2's output times its weight [X, C], each row's softmax, each token's top_k experts
+  /// and their gates (experts::route). Then on the host, since the token exchange's counts are the collective's host
+  /// arguments: the choices and probabilities read back (a wait for the compute stream, once a block), the
+  /// load-balancing loss added to aux_ (gpt::load_balance_loss), the order the choices are sent in and each one's
+  /// place in it (gpt::dispatch_order), uploaded.
+  template <class Unit>
+  void route(const Unit& u, int l, cache& k) {
+    const int C = s_.width, N = N_, X = s_.experts, KK = s_.top_k, M = N * KK;
+    k.moe_probs.resize(std::size_t(N) * X), k.moe_gate.resize(std::size_t(M)), k.moe_index.resize(3 * std::size_t(M));
+    linear_forward(k.moe_probs.data(), as_dw(k.ln2), matrix(u, gpt::pname(l, "mlp.router.w")), nullptr, N, C, X);
+    go(launch_names::route, grid(std::size_t(N)), experts::route<>, k.moe_probs.data(), choice_of(k), k.moe_gate.data(),
+       N, X, KK);
+    k.moe_choice.resize(std::size_t(M)), probs_host_.resize(std::size_t(N) * X);
+    be_->synchronize(*cs_);  // the watched wait first: a copy into pageable memory blocks until the stream drains
+    be_->download(k.moe_choice.data(), choice_of(k), std::int64_t(M) * 4, *cs_);
+    be_->download(probs_host_.data(), k.moe_probs.data(), std::int64_t(N) * X * 4, *cs_);
+    be_->synchronize(*cs_);
+    aux_ += gpt::load_balance_loss(probs_host_.data(), k.moe_choice, N, X, KK, s_.aux_weight);
+    gpt::dispatch_order(k.moe_choice, X / ep_.degree, ep_.degree, k.moe_order, k.moe_sent);
+    k.moe_where.resize(std::size_t(M));
+    for (int i = 0; i < M; ++i) k.moe_where[std::size_t(k.moe_order[std::size_t(i)])] = i;
+    be_->upload(order_of(k), k.moe_order.data(), std::int64_t(M) * 4, *cs_);  // the cache keeps the host copies
+    be_->upload(where_of(k), k.moe_where.data(), std::int64_t(M) * 4, *cs_);
+  }
+
+  /// The router's backward: the gates' gradients (k.moe_dgate) through their renormalisation and the load-balancing
+  /// loss's (gpt::load_balance_gradient), through the softmax (experts::route_backward); the router's weight gradient,
+  /// and ln_2's output gradient: the experts' part (k.moe_dln2) plus the router's, into dln2 in the compute type.
+  template <class Unit>
+  void route_backward(const Unit& u, int l, const cache& k, DW* dln2) {
+    const int C = s_.width, N = N_, X = s_.experts, KK = s_.top_k;
+    std::vector<float>& daux = daux_host_[l];  // kept: the upload may still be in flight
+    daux = gpt::load_balance_gradient(k.moe_choice, N, X, KK, s_.aux_weight);
+    daux_d_.resize(std::size_t(X)), dlogits_.resize(std::size_t(N) * X), dtmp_.resize(nc());
+    be_->upload(daux_d_.data(), daux.data(), std::int64_t(X) * 4, *cs_);
+    go(launch_names::route_backward, grid(std::size_t(N)), experts::route_backward<>, dlogits_.data(),
+       k.moe_probs.data(), choice_of(k), k.moe_gate.data(), k.moe_dgate.data(), daux_d_.data(), N, X, KK);
+    linear_backward(dtmp_.data(), sized(gscratch_["mlp.router.w"], std::size_t(X) * C), nullptr, dlogits_.data(),
+                    as_dw(k.ln2), matrix(u, gpt::pname(l, "mlp.router.w")), N, C, X);
+    go(launch_names::add_into, grid(nc()), experts::add_into<DW>, dln2, k.moe_dln2.data(), dtmp_.data(),
+       static_cast<long long>(nc()));
+  }
+
+  /// The rows each rank of the expert group sends this one (k.moe_received) for the rows this rank sends each
+  /// (k.moe_sent): an all_to_all of one count a pair, through the device.
+  void exchange_counts(cache& k) {
+    k.moe_received = k.moe_sent;
+    if (ep_.degree == 1) return;
+    const std::size_t E = static_cast<std::size_t>(ep_.degree);
+    cnt_.resize(4 * E);  // E int64 counts sent, then E received
+    auto* d = reinterpret_cast<std::int64_t*>(cnt_.data());
+    be_->upload(d, k.moe_sent.data(), std::int64_t(E) * 8, *cs_);
+    ep_.counts(d, d + E);  // waited for
+    be_->download(k.moe_received.data(), d + E, std::int64_t(E) * 8, *cs_);
+    be_->synchronize(*cs_);
+  }
+  /// The trainer's dispatch or combine of `width` floats a row: sent[q] rows of `send` to rank q of the expert group,
+  /// received[q] rows into `recv` from it (all_to_all_v; at degree 1 a copy to itself). Returns the rows received.
+  int exchange(const dbuf& send, const std::vector<std::int64_t>& sent, dbuf& recv,
+               const std::vector<std::int64_t>& received, int width) {
+    std::vector<std::int64_t> sc, rc;
+    std::int64_t rows = 0, out = 0;
+    for (std::size_t q = 0; q < sent.size(); ++q) {
+      sc.push_back(sent[q] * width), rc.push_back(received[q] * width);
+      rows += received[q], out += sent[q];
+    }
+    if (ep_.degree == 1) {
+      ++launch_tally()[launch_names::memcpy];
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(recv.data(), send.data(), static_cast<std::size_t>(out) * width * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, s()));
+    } else {
+      ep_.exchange(send.data(), sc, recv.data(), rc);
+    }
+    return static_cast<int>(rows);
+  }
   /// Launches kernel k over `grid` blocks of 256 threads on the compute stream, counted under `name`.
   template <class... P, class... A>
   void go(const char* name, long long grid, void (*k)(P...), A&&... a) {
@@ -551,6 +725,7 @@ class trainer {
   gpt::shape s_;
   int B_, N_, R_;  // sequences, tokens, and the head's rows at a time
   gpt::tp_group tp_;
+  gpt::ep_group ep_;   // the expert group (model.expert_comm()): the experts' token exchanges
   gpt::local_dims d_;  // this rank's heads, their channels and its MLP slice (the whole model at tensor degree 1)
   typename ModelT::backend_type* be_;
   typename ModelT::backend_type::stream* cs_;
@@ -568,6 +743,15 @@ class trainer {
   dbuf g_wpe_, dres1_, rowdots_, t4a_, t4b_, t3nc_, tnc_a_, tnc_b_;
   dbuf hout_, colpart_;  // the products' bf16 output-gradient operand (unused in fp32), column sums' partials
   std::map<std::string, dbuf> wscratch_, gscratch_;
+  // a mixture of experts: the step's load-balancing losses (route), the rows sent (and the gradients sent back),
+  // the rows come back, the experts' outputs (and their gradients), their pre-activations' gradients, the router's
+  // logits' gradient, the router's part of ln_2's output gradient, the exchanged counts, the load-balancing loss's
+  // gradient a probability; on the host, a block's probabilities read back and its loss's gradient (kept by block:
+  // the upload may be in flight)
+  float aux_ = 0;
+  dbuf send_, back_, ey_, dh_, dlogits_, dtmp_, cnt_, daux_d_;
+  std::vector<float> probs_host_;
+  std::map<int, std::vector<float>> daux_host_;
 };
 
 /// gpt::train with the CUDA trainer; Policy's backend is CUDA.

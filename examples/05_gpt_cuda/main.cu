@@ -9,7 +9,8 @@
 //                            visible device r % count; several on one GPU need NCCL 2.30 and
 //                            NCCL_MULTI_RANK_GPU_ENABLE=1 (such a world shows correctness, not speed).
 // Options as 04_gpt_host's (--layers, --width, --heads, --context, --vocab, --batch, --lr, --warmup, --seed,
-// --precision bf16|fp32, --strategy, --checkpoint-activations, --pack, --tp T), and --gemm cublas|plain, --attention
+// --precision bf16|fp32, --strategy, --checkpoint-activations, --pack, --tp T, --experts N --top-k K --ep E: a
+// mixture of experts, experts.cuh's kernels), and --gemm cublas|plain, --attention
 // tensor|twin (attention's tile products on tensor cores, bf16 only, the default there; or their twin from the
 // warp's lanes, the default in fp32 and the only one on the simulated GPU: attention.cuh), --head-rows R (the
 // classifier and cross-entropy R token rows at a time; by default the rows whose fp32 logits fit 256 MiB:
@@ -52,7 +53,8 @@ int usage(const std::string& why) {
       "error: %s\nusage: 05_gpt_cuda [--ranks N [--nccl-threads] | --nccl] [--steps S] [--precision bf16|fp32] "
       "[--strategy full_shard|shard_grad_op|no_shard] [--checkpoint-activations] [--layers L] [--width C] "
       "[--heads H] [--context T] [--vocab V] [--batch B] [--lr X] [--warmup W] [--seed S] "
-      "[--pack] [--tp T] [--gemm cublas|plain] [--attention tensor|twin] [--head-rows R] [--peak-tflops X] "
+      "[--pack] [--tp T] [--experts N --top-k K --ep E] [--gemm cublas|plain] [--attention tensor|twin] "
+      "[--head-rows R] [--peak-tflops X] "
       "[--compare-host] [--graph] "
       "[--plan] [--floor] [--matrix-tflops X --copy-gbs Y]\n",
       why.c_str());
@@ -75,7 +77,8 @@ auto for_rank(const gpt::config& cfg, int world, bool bf16, int head_rows, Plan&
                                                .checkpoint_activations = cfg.checkpoint_activations,
                                                .packed = cfg.packing.on,
                                                .head_rows = head_rows,
-                                               .tensor = cfg.options.tensor_parallel});
+                                               .tensor = cfg.options.tensor_parallel,
+                                               .expert_parallel = cfg.options.expert_parallel});
 }
 /// The trainer's buffers for one rank of `world` (gpt_cuda::buffer_plan).
 std::vector<gpt_cuda::planned_buffer> plan_for(const gpt::config& cfg, int world, bool bf16, int head_rows) {
@@ -381,6 +384,12 @@ int main(int argc, char** argv) {
       cfg.graph = true;
     else if (a == "--ranks" && positive(ranks)) ranks_given = true;
     else if (a == "--tp" && positive(cfg.options.tensor_parallel))
+      continue;
+    else if (a == "--experts" && positive(cfg.model.experts))
+      continue;
+    else if (a == "--top-k" && positive(cfg.model.top_k))
+      continue;
+    else if (a == "--ep" && positive(cfg.options.expert_parallel))
       continue;
     else if (a == "--steps" && positive(cfg.steps)) continue;
     else if (a == "--batch" && positive(cfg.global_batch)) continue;

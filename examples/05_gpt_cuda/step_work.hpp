@@ -54,7 +54,16 @@ inline constexpr const char *embed = "embed", *widen = "widen", *narrow = "narro
                             *column_partials = "column_partials", *column_total = "column_total",
                             *cross_entropy = "cross_entropy", *mean_loss = "mean_loss",
                             *grouped_row_sum = "grouped_row_sum", *memset = "cudaMemsetAsync",
-                            *memcpy = "cudaMemcpyAsync (device to device)";
+                            *memcpy = "cudaMemcpyAsync (device to device)", *route = "experts route",
+                            *dispatch = "experts dispatch", *expert_fc = "experts expert_fc",
+                            *expert_proj = "experts expert_proj", *place = "experts place",
+                            *combine = "experts combine", *choice_gradients = "experts choice_gradients",
+                            *expert_proj_backward = "experts expert_proj_backward",
+                            *expert_fc_backward = "experts expert_fc_backward",
+                            *expert_weight_gradients = "experts expert_weight_gradients",
+                            *gather_input_gradient = "experts gather_input_gradient",
+                            *route_backward = "experts route_backward", *add_into = "experts add_into",
+                            *add_to_loss = "experts add_to_loss";
 }  // namespace launch_names
 
 /// The rows of one step of one rank (`batch` sequences) of `world`, in the order of their first launch. H, A and F:
@@ -104,6 +113,34 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     add(n::column_total, 2, 0, 2 * (K * C + 2 * C) * f);
   };
   const double pairs = B * H * T * (T + 1) / 2, tile_product = 2 * pairs * D;  // one product over the causal half
+  // A mixture of experts (experts.cuh): X experts, P of them this rank's, M = N K choices; the rows the rank's experts
+  // receive counted as M (balanced routing: the data decide), each expert's hidden 4C. At one expert rank the
+  // exchanges are device copies; at more, collectives (not counted).
+  const double X = s.experts, P = X / o.expert_parallel, M = N * s.top_k, HX = 4 * C;
+  const bool moe = s.experts > 0, self = o.expert_parallel == 1;
+  auto exchange = [&](double floats) {
+    if (self) add(n::memcpy, 1, 0, 2 * floats * f);
+  };
+  auto experts_forward = [&] {
+    add(n::dispatch, 1, 0, M * C * w + 2 * M * f + M * (C + 1) * f);
+    exchange(M * (C + 1));
+    add(n::expert_fc, 1, 2 * M * C * HX, M * (C + 1) * f + P * HX * (C + 1) * w + M * HX * f);
+    add(n::expert_proj, 1, 2 * M * C * HX, M * (HX + 1) * f + P * C * (HX + 1) * w + M * C * f);
+    exchange(M * C);
+    add(n::place, 1, 0, 2 * M * C * f + M * f);
+    add(n::combine, 1, 0, (2 * NC + M * C + M) * f);
+  };
+  auto experts_backward = [&] {
+    add(n::choice_gradients, 1, 0, (NC + 2 * M * C + 3 * M) * f);
+    exchange(M * C);
+    add(n::expert_proj_backward, 1, 2 * M * C * HX, (M * C + 2 * M * HX + M) * f + P * C * HX * w);
+    add(n::expert_fc_backward, 1, 2 * M * C * HX, (M * HX + M * C + M) * f + P * HX * C * w);
+    add(n::expert_weight_gradients, 1, 4 * M * C * HX,
+        (M * HX + M * C + M * HX + M * (C + 1) + P * (2 * HX * C + HX + C)) * f);
+    exchange(M * C);
+    add(n::gather_input_gradient, 1, 0, (M * C + M + NC) * f);
+    for (double g : {P * HX * C, P * HX, P * C * HX, P * C}) store(g);
+  };
   auto block_forward = [&] {
     widen(C), widen(C);  // ln_1
     layernorm_forward();
@@ -114,6 +151,13 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     widen(C), widen(C), widen(C);       // attn.proj.b, ln_2
     // the product and ln2 in the compute type; the residual, the stream written and the statistics fp32
     add(n::bias_residual_layernorm, 1, 0, 2 * NC * w + (2 * NC + 2 * N + 3 * C) * f);
+    if (moe) {  // the router, the residual copied into the output, the experts' unit
+      linear_forward(N, C, X, false);
+      add(n::route, 1, 0, (2 * N * X + 2 * M) * f);
+      add(n::memcpy, 1, 0, 2 * NC * f);
+      experts_forward();
+      return;
+    }
     linear_forward(N, C, F, false, w);
     widen(F);
     add(n::bias_gelu, 1, 0, 3 * NF * w + F * f);
@@ -122,12 +166,20 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     add(n::bias_residual, 1, 0, NC * w + (2 * NC + C) * f);
   };
   auto block_backward = [&] {
-    for (double g : {C, C, 3 * A, C, C, C, F, C}) memset(g);  // the gradients summed by columns
+    if (moe) experts_backward();                        // the experts' unit, before its block
+    for (double g : {C, C, 3 * A, C, C, C}) memset(g);  // the gradients summed by columns
+    if (!moe) memset(F), memset(C);
     add(n::memcpy, 1, 0, 2 * NC * f);
-    linear_backward(N, F, C, true, false, f, w);  // the residual gradient in; dfc_gelu out in the compute type
-    add(n::gelu_backward, 1, 0, 3 * NF * w);      // x, dfc_gelu and dfc, all in the compute type
-    linear_backward(N, C, F, true, false, w, w);  // dfc read as it is; dln2 out in the compute type
-    widen(C);                                     // ln_2.w
+    if (moe) {  // the router's backward; ln_2's output gradient the experts' part plus the router's
+      add(n::route_backward, 1, 0, (2 * N * X + 3 * M + X) * f);
+      linear_backward(N, C, X, false, false, f, f);
+      add(n::add_into, 1, 0, 2 * NC * f + NC * w);
+    } else {
+      linear_backward(N, F, C, true, false, f, w);  // the residual gradient in; dfc_gelu out in the compute type
+      add(n::gelu_backward, 1, 0, 3 * NF * w);      // x, dfc_gelu and dfc, all in the compute type
+      linear_backward(N, C, F, true, false, w, w);  // dfc read as it is; dln2 out in the compute type
+    }
+    widen(C);  // ln_2.w
     layernorm_backward();
     add(n::memcpy, 1, 0, 2 * NC * f);
     linear_backward(N, A, C, true, false, f, w);  // the residual gradient in; datty out in the compute type
@@ -139,7 +191,11 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     linear_backward(N, C, 3 * A, true, false, w, w);  // dqkv read as it is; dln1 out in the compute type
     widen(C);                                         // ln_1.w
     layernorm_backward();
-    for (double g : {C, C, 3 * A * C, 3 * A, C * A, C, C, C, F * C, F, C * F, C}) store(g);
+    for (double g : {C, C, 3 * A * C, 3 * A, C * A, C, C, C}) store(g);
+    if (moe)
+      store(X * C);
+    else
+      for (double g : {F * C, F, C * F, C}) store(g);
   };
   // The step, in the trainer's order: embed, the blocks, the head, the blocks' backward, the root's.
   add(n::embed, 1, 0, NC * f + 2 * NC * w + 2 * N * f);
@@ -155,6 +211,7 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     linear_backward(r, C, V, false, r0 > 0, f, w);  // dln_f's rows out in the compute type
   }
   add(n::mean_loss, 1, 0, (N + 1) * f);
+  if (moe) add(n::add_to_loss, 1, 0, 2 * f);
   memset(NC), memset(C), memset(C);
   layernorm_backward();
   for (int l = 0; l < L; ++l) {
