@@ -22,9 +22,9 @@
 // is printed beside the measured mean step, and the trainer's launches in its last step are checked against its
 // rows, kernel by kernel, or the run fails), --matrix-tflops X --copy-gbs Y (the floor's two ceilings; by default
 // measured after the run where cuBLAS is built, else an H200's recorded ones). --compare-host also trains the host
-// trainer with the same ranks and configuration and checks every step's loss: within 1e-4 relative in fp32, 5e-3 in
-// bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the device's exp, tanh and log round
-// otherwise than the host's). --graph trains every step from the second on as a replay of one CUDA graph
+// trainer with the same ranks and configuration and checks every step's loss and gradient norm: within 1e-4 relative
+// in fp32, 5e-3 (loss) and 5e-2 (norm) in bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the
+// device's exp, tanh and log round otherwise than the host's). --graph trains every step from the second on as a replay of one CUDA graph
 // (fsdp::step_graph: the forward, backward, optimizer and the loss's all-reduce captured once; the batch uploaded and
 // the loss read outside it), then the same run eager, and checks every loss bit for bit (not with --pack; under
 // comm::local at one rank only, whose ranks cannot be captured together). Without a GPU it prints why and exits with
@@ -322,20 +322,28 @@ int run(int ranks, bool use_nccl, bool nccl_threads, bool compare, const gpt::co
   gpt::config host_cfg = cfg;
   host_cfg.verbose = false;
   host_cfg.graph = false;  // the host trainer computes outside the streams: eager, the losses the same
-  std::vector<float> host;
+  gpt::result host;
   fsdp::comm::run_local(ranks, [&](fsdp::comm::local_communicator& c) {
     auto r = gpt::train<fsdp::policy<Sharding, fsdp::prefetch::backward_pre<1>, Precision>>(c, host_cfg);
     std::lock_guard lk(mu);
-    if (c.rank() == 0) host = r.losses;
+    if (c.rank() == 0) host = std::move(r);
   });
-  double worst = 0;
-  for (std::size_t i = 0; i < host.size(); ++i)
-    worst = std::max(worst, std::fabs(double(r0.losses[i]) - host[i]) / std::max(1e-12, std::fabs(double(host[i]))));
-  const double tolerance = pf.compute == fsdp::dtype::f32 ? 1e-4 : 5e-3;
-  const bool ok = worst <= tolerance;
-  std::printf("compare with the host backend: largest relative loss difference %.3g over %zu steps (tolerance %g): "
-              "%s\n",
-              worst, host.size(), tolerance, ok ? "agree" : "DIFFER");
+  // The losses, and the gradient norms before clipping: a gradient a little off moves the next losses by less than
+  // it moves the norm (AdamW's update does not change with a gradient's scale).
+  auto relative = [](double a, double b) { return std::fabs(a - b) / std::max(1e-12, std::fabs(b)); };
+  const bool same_steps = r0.losses.size() == host.losses.size() && r0.norms.size() == host.norms.size() &&
+                          host.norms.size() == host.losses.size();
+  double worst = 0, worst_norm = 0;
+  for (std::size_t i = 0; same_steps && i < host.losses.size(); ++i) {
+    worst = std::max(worst, relative(r0.losses[i], host.losses[i]));
+    worst_norm = std::max(worst_norm, relative(r0.norms[i], host.norms[i]));
+  }
+  const bool fp32 = pf.compute == fsdp::dtype::f32;
+  const double tolerance = fp32 ? 1e-4 : 5e-3, norm_tolerance = fp32 ? 1e-4 : 5e-2;
+  const bool ok = same_steps && worst <= tolerance && worst_norm <= norm_tolerance;
+  std::printf("compare with the host backend: largest relative loss difference %.3g and gradient norm difference %.3g "
+              "over %zu steps (tolerances %g, %g): %s\n",
+              worst, worst_norm, host.losses.size(), tolerance, norm_tolerance, ok ? "agree" : "DIFFER");
   return ok ? 0 : 1;
 }
 
