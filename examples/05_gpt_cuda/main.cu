@@ -24,11 +24,11 @@
 // measured after the run where cuBLAS is built, else an H200's recorded ones). --compare-host also trains the host
 // trainer with the same ranks and configuration and checks every step's loss and gradient norm: within 1e-4 relative
 // in fp32, 5e-3 (loss) and 5e-2 (norm) in bf16 (the GEMMs and their bf16 operands, the kernels' sum orders and the
-// device's exp, tanh and log round otherwise than the host's). --graph trains every step from the second on as a replay of one CUDA graph
-// (fsdp::step_graph: the forward, backward, optimizer and the loss's all-reduce captured once; the batch uploaded and
-// the loss read outside it), then the same run eager, and checks every loss bit for bit (not with --pack; under
-// comm::local at one rank only, whose ranks cannot be captured together). Without a GPU it prints why and exits with
-// status 2 (but --plan and --floor).
+// device's exp, tanh and log round otherwise than the host's). --graph trains every step from the second on as a replay
+// of one CUDA graph (fsdp::step_graph: the forward, backward, optimizer and the loss's all-reduce captured once; the
+// batch uploaded and the loss read outside it), then the same run eager, and checks every loss and gradient norm bit
+// for bit (not with --pack nor --experts; under comm::local at one rank only, whose ranks cannot be captured
+// together). Without a GPU it prints why and exits with status 2 (but --plan and --floor).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -341,9 +341,10 @@ int run(int ranks, bool use_nccl, bool nccl_threads, bool compare, const gpt::co
   const bool fp32 = pf.compute == fsdp::dtype::f32;
   const double tolerance = fp32 ? 1e-4 : 5e-3, norm_tolerance = fp32 ? 1e-4 : 5e-2;
   const bool ok = same_steps && worst <= tolerance && worst_norm <= norm_tolerance;
-  std::printf("compare with the host backend: largest relative loss difference %.3g and gradient norm difference %.3g "
-              "over %zu steps (tolerances %g, %g): %s\n",
-              worst, worst_norm, host.losses.size(), tolerance, norm_tolerance, ok ? "agree" : "DIFFER");
+  std::printf(
+      "compare with the host backend: largest relative loss difference %.3g and gradient norm difference %.3g "
+      "over %zu steps (tolerances %g, %g): %s\n",
+      worst, worst_norm, host.losses.size(), tolerance, norm_tolerance, ok ? "agree" : "DIFFER");
   return ok ? 0 : 1;
 }
 
