@@ -29,6 +29,22 @@ using kernels::to_f;
 #define GPT_EXPERTS_FOR(i, n) \
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
+/// sum_i f(a[i]) w[i stride] over n terms in order: a row of activations or gradients (f: as it is, or through
+/// GELU) against a row or column of an expert's weight matrix in W. Each of the experts' products is one of these per
+/// output element.
+struct as_is {
+  __device__ float operator()(float x) const { return x; }
+};
+struct through_gelu {
+  __device__ float operator()(float x) const { return gelu_of(x); }
+};
+template <class W, class F = as_is>
+__device__ inline float expert_dot(const float* a, const W* w, long long stride, int n, F f = {}) {
+  float acc = 0;
+  for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, __fmul_rn(f(a[i]), to_f(w[i * stride])));
+  return acc;
+}
+
 /// One thread a token: probs' row (the router's logits) turned into its softmax in place, then the K most probable
 /// experts (the lower index on a tie, as a stable sort), each with its probability renormalised over the chosen as
 /// its gate.
@@ -79,10 +95,7 @@ __global__ void expert_fc(float* h, const float* in, const W* fcw, const W* fcb,
     const int j = int(k % H);
     const float* x = in + r * (C + 1);
     const long long e = (long long)x[C];
-    const W* w = fcw + (e * H + j) * C;
-    float acc = 0;
-    for (int c = 0; c < C; ++c) acc = __fadd_rn(acc, __fmul_rn(x[c], to_f(w[c])));
-    h[k] = __fadd_rn(acc, to_f(fcb[e * H + j]));
+    h[k] = __fadd_rn(expert_dot(x, fcw + (e * H + j) * C, 1, C), to_f(fcb[e * H + j]));
   }
 }
 
@@ -94,11 +107,7 @@ __global__ void expert_proj(float* y, const float* h, const float* in, const W* 
     const long long r = k / C;
     const int c = int(k % C);
     const long long e = (long long)in[r * (C + 1) + C];
-    const W* w = projw + (e * C + c) * H;
-    const float* hr = h + r * H;
-    float acc = 0;
-    for (int j = 0; j < H; ++j) acc = __fadd_rn(acc, __fmul_rn(gelu_of(hr[j]), to_f(w[j])));
-    y[k] = __fadd_rn(acc, to_f(projb[e * C + c]));
+    y[k] = __fadd_rn(expert_dot(h + r * H, projw + (e * C + c) * H, 1, H, through_gelu{}), to_f(projb[e * C + c]));
   }
 }
 
@@ -146,9 +155,7 @@ __global__ void expert_proj_backward(float* dh, const float* dy, const float* h,
     const long long r = k / H;
     const int j = int(k % H);
     const long long e = (long long)in[r * (C + 1) + C];
-    float acc = 0;
-    for (int c = 0; c < C; ++c) acc = __fadd_rn(acc, __fmul_rn(dy[r * C + c], to_f(projw[(e * C + c) * H + j])));
-    dh[k] = gelu_grad(h[k], acc);
+    dh[k] = gelu_grad(h[k], expert_dot(dy + r * C, projw + e * C * H + j, H, C));
   }
 }
 
@@ -159,9 +166,7 @@ __global__ void expert_fc_backward(float* dz, const float* dh, const float* in, 
     const long long r = k / C;
     const int c = int(k % C);
     const long long e = (long long)in[r * (C + 1) + C];
-    float acc = 0;
-    for (int j = 0; j < H; ++j) acc = __fadd_rn(acc, __fmul_rn(dh[r * H + j], to_f(fcw[(e * H + j) * C + c])));
-    dz[k] = acc;
+    dz[k] = expert_dot(dh + r * H, fcw + e * H * C + c, C, H);
   }
 }
 
