@@ -392,9 +392,9 @@ class trainer {
     auto p = [&](const char* leaf) { return K::widen(u.template param<W>(pname(l, leaf))); };
     const auto fcw = p("moe.fc.w"), fcb = p("moe.fc.b"), projw = p("moe.proj.w"), projb = p("moe.proj.b");
     // the choices by destination rank, each row its token's ln_2 output and its expert there
-    dispatch_order(k.moe_choice, per, ep_.degree, k.moe_order, k.moe_sent);
+    dispatch_order(k.moe_choice, per, ep_.degree, k.moe_order, k.moe_sent_experts, k.moe_sent);
     k.moe_received = k.moe_sent;
-    if (ep_.degree > 1) ep_.counts(k.moe_sent.data(), k.moe_received.data());
+    if (ep_.degree > 1) ep_.counts(k.moe_sent.data(), k.moe_received.data(), 1);
     std::vector<float> send;
     send.reserve(k.moe_order.size() * static_cast<std::size_t>(C + 1));
     for (int a : k.moe_order) {

@@ -158,23 +158,26 @@ struct result {
 /// What one block's forward keeps for its backward, in a trainer's buffer type (anything with size() in floats).
 /// `att` is what attention keeps: the host trainer's [B, heads, T, T] probabilities, the CUDA trainer's [B, heads,
 /// T] log-sum-exp of each query row (its backward recomputes the probabilities from it).
-/// With experts (shape::experts, the host trainer): the router's probabilities [N, X], each of the N K choices' expert
-/// and gate, the choices in the order they were sent (by destination rank) with the tokens each rank sent and
-/// received, the rows this rank's experts received [R, C + 1] (the input, the local expert), their hidden
-/// pre-activations [R, 4C] and outputs, each choice's expert output [N K, C] back in place, and from the experts'
+/// With experts (shape::experts): the router's probabilities [N, X], each of the N K choices' expert and gate, the
+/// choices in the order they were sent (dispatch_order) with the rows each rank and each of its experts was sent and
+/// sent back (moe_sent, moe_received: a count a rank; moe_sent_experts, moe_received_experts: a count a rank's
+/// expert), the rows this rank's experts received (the host trainer's [R, C + 1]: the input, the local expert; the
+/// CUDA trainer's [R, C] in the compute type, sorted by expert), their hidden pre-activations [R, 4C] (and the CUDA
+/// trainer's GELU outputs, moe_act), each choice's expert output [N K, C] back in place, and from the experts'
 /// backward the ln_2 output's gradient [N, C] and each choice's gate gradient. The CUDA trainer keeps the choices'
-/// experts, their order and each one's place in it (moe_where) on the device too, as 3 N K ints (moe_index).
+/// experts, their order, each one's place in it (moe_where) and the received rows' order by expert on the device too
+/// (moe_index: 3 N K ints, and one a row it can receive).
 template <class Buffer>
 struct block_cache_of {
   Buffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res1, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
-  Buffer moe_probs, moe_gate, moe_in, moe_h, moe_y, moe_dln2, moe_dgate, moe_index;
+  Buffer moe_probs, moe_gate, moe_in, moe_h, moe_act, moe_y, moe_dln2, moe_dgate, moe_index;
   std::vector<int> moe_choice, moe_order, moe_where;
-  std::vector<std::int64_t> moe_sent, moe_received;
+  std::vector<std::int64_t> moe_sent, moe_received, moe_sent_experts, moe_received_experts;
   std::size_t bytes() const {
     std::size_t n = 0;
     for (const Buffer* v :
-         {&ln1, &ln1_mean, &ln1_rstd,  &qkv,      &att,    &atty,  &res1,  &ln2,      &ln2_mean,  &ln2_rstd,
-          &fc,  &fc_gelu,  &moe_probs, &moe_gate, &moe_in, &moe_h, &moe_y, &moe_dln2, &moe_dgate, &moe_index})
+         {&ln1,     &ln1_mean,  &ln1_rstd, &qkv,    &att,   &atty,    &res1,  &ln2,      &ln2_mean,  &ln2_rstd, &fc,
+          &fc_gelu, &moe_probs, &moe_gate, &moe_in, &moe_h, &moe_act, &moe_y, &moe_dln2, &moe_dgate, &moe_index})
       n += v->size() * sizeof(float);
     return n;
   }
@@ -182,18 +185,21 @@ struct block_cache_of {
 
 // ---- a mixture of experts' routing bookkeeping, the same for the host and the CUDA trainer --------------------------
 
-/// The order in which a rank sends its N K token choices (`choice`: each one's expert) to the ranks of its expert
-/// group of `degree` ranks, rank q holding experts [q per, (q + 1) per): by destination rank, each rank's choices in
-/// increasing index; sent[q] the choices for rank q.
+/// The order in which a rank sends its N K token choices (`choice`: each one's expert, of degree x per) to the ranks
+/// of its expert group, rank q holding experts [q per, (q + 1) per): by expert, so by destination rank and within a
+/// rank's rows by its local expert (a receiver finds each expert's rows from the counts alone), each expert's choices
+/// in increasing index; by_expert[e] the choices for expert e, sent[q] those for rank q.
 inline void dispatch_order(const std::vector<int>& choice, int per, int degree, std::vector<int>& order,
-                           std::vector<std::int64_t>& sent) {
+                           std::vector<std::int64_t>& by_expert, std::vector<std::int64_t>& sent) {
   order.clear();
+  by_expert.assign(static_cast<std::size_t>(degree) * per, 0);
   sent.assign(static_cast<std::size_t>(degree), 0);
-  for (int q = 0; q < degree; ++q)
+  for (int e = 0; e < degree * per; ++e)
     for (std::size_t a = 0; a < choice.size(); ++a)
-      if (choice[a] / per == q) {
+      if (choice[a] == e) {
         order.push_back(static_cast<int>(a));
-        ++sent[static_cast<std::size_t>(q)];
+        ++by_expert[static_cast<std::size_t>(e)];
+        ++sent[static_cast<std::size_t>(e / per)];
       }
 }
 
@@ -248,12 +254,12 @@ tp_group tp_group_of(ModelT& model) {
 }
 /// A trainer's expert group: its degree, this rank's place in it, and the exchanges of a mixture of experts over it
 /// (in the memory the model's backend computes in: the host trainer's host memory, the CUDA trainer's device memory;
-/// on the model's compute stream, waited for): `counts` sends one count to each rank and receives one from each,
-/// `exchange` sends send_counts[q] fp32 values to rank q and receives recv_counts[q] from it (all_to_all_v). At
+/// on the model's compute stream, waited for): `counts(send, recv, n)` sends n counts to each rank and receives n from
+/// each, `exchange` sends send_counts[q] fp32 values to rank q and receives recv_counts[q] from it (all_to_all_v). At
 /// degree 1 there is no group: the values stay here.
 struct ep_group {
   int degree = 1, rank = 0;
-  std::function<void(const std::int64_t*, std::int64_t*)> counts;
+  std::function<void(const std::int64_t*, std::int64_t*, std::size_t)> counts;
   std::function<void(const float*, const std::vector<std::int64_t>&, float*, const std::vector<std::int64_t>&)>
       exchange;
 };
@@ -264,8 +270,9 @@ ep_group ep_group_of(ModelT& model) {
   ep_group g{mesh.expert, mesh.expert_rank(model.comm().rank()), {}, {}};
   if (auto* ec = model.expert_comm()) {
     auto* be = &model.backend();
-    g.counts = [ec, be](const std::int64_t* send, std::int64_t* recv) {
-      ec->all_to_all(send, recv, sizeof(std::int64_t), fsdp::dtype::i8, be->compute_stream());
+    g.counts = [ec, be](const std::int64_t* send, std::int64_t* recv, std::size_t n) {
+      ec->all_to_all(send, recv, static_cast<std::int64_t>(n * sizeof(std::int64_t)), fsdp::dtype::i8,
+                     be->compute_stream());
       be->synchronize(be->compute_stream());
     };
     g.exchange = [ec, be](const float* send, const std::vector<std::int64_t>& sc, float* recv,

@@ -51,17 +51,20 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
   const std::size_t R = std::size_t(head_rows(s, batch, o.head_rows));
   const auto half = [](std::size_t n) { return (n + 1) / 2; };           // bf16 elements, two to a float
   const auto act = [&](std::size_t n) { return o.bf16 ? half(n) : n; };  // activations kept in the compute type
-  // A mixture of experts (the CUDA trainer's, experts.cuh): X experts, P of them this rank's, M = N K choices, at
-  // most E M rows received (dropless), each expert's hidden 4C.
+  // A mixture of experts (the CUDA trainer's): X experts, P of them this rank's, M = N K choices, at most E M rows
+  // received (dropless), each expert's hidden 4C; the experts' column sums over as many rows.
   const std::size_t X = std::size_t(s.experts), E = std::size_t(o.expert_parallel), P = X / E,
                     M = N * std::size_t(s.top_k), most = E * M, HX = 4 * C;
   const bool moe = X > 0;
+  const std::size_t partials = moe ? std::max(K, (most + 63) / 64) : K;
   // gpt::block_cache_of (see "block cache" below): res1 in fp32; ln1, qkv, atty, ln2, fc, fc_gelu in the compute type;
   // with experts no fc, fc_gelu, but the router's probabilities, the choices' gates, their experts, order and places,
-  // the rows received, their pre-activations, each choice's expert output, ln_2's output gradient from the experts
-  // and the gates' gradients
-  const std::size_t cache = NC + 2 * act(NC) + act(NA) + act(3 * NA) + 4 * N + B * H * T +
-                            (moe ? N * X + M + 3 * M + most * (C + 1) + most * HX + M * C + NC + M : 2 * act(NF));
+  // the received rows' order by expert, the rows received (in the compute type, by expert), their pre-activations
+  // and GELU outputs (the compute type), each choice's expert output, ln_2's output gradient from the experts and the
+  // gates' gradients
+  const std::size_t cache =
+      NC + 2 * act(NC) + act(NA) + act(3 * NA) + 4 * N + B * H * T +
+      (moe ? N * X + M + 3 * M + most + act(most * C) + 2 * act(most * HX) + M * C + NC + M : 2 * act(NF));
   std::vector<planned_buffer> p = {
       {"block inputs x_0 .. x_L [N, C]", L + 1, NC},
       {o.tensor == 1 ? "block cache (res1: NC fp32; ln1, qkv, attention out, ln2, fc, fc_gelu: 14 NC in the compute "
@@ -89,17 +92,19 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
       {"backward scratch: dfc_gelu, dfc [N, F] in the compute type", moe ? 0u : 2u, act(NF)},
       {"backward scratch: dqkv [N, 3A] in the compute type", 1, act(3 * NA)},
       {"attention backward: dO . O per row [B, heads, T]", 1, B * H * T},
-      {"column-sum partials [ceil(N / 64), 4C]", 1, K * 4 * C},
+      {moe ? "column-sum partials [ceil(E N K / 64), 4C]" : "column-sum partials [ceil(N / 64), 4C]", 1,
+       partials * 4 * C},
       // The GEMMs' bf16 output-gradient operand, for the fp32 output gradients: the wider of a chunk's logits', head
       // rows x V, and a projection's N x C (the MLP's and attention's inner gradients are kept in bf16), two bf16 to
       // a float; fp32 GEMMs take the fp32 buffers themselves (their inputs are kept in bf16 already).
-      // (with experts also the router logits' gradient, N x X)
-      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u, std::max({half(R * V), half(NC), half(N * X)})},
+      // (with experts also the router logits' gradient, N x X, and the most rows the experts can receive, E N K x C)
+      {"bf16 GEMM output-gradient operand", o.bf16 ? 1u : 0u,
+       std::max({half(R * V), half(NC), moe ? half(N * X) : 0, moe ? half(most * C) : 0})},
       // fp32 copies of the gathered small parameters, one per name (shared by the blocks in stream order): the norms'
-      // 6 C, the projections' biases 2 C, the QKV bias 3 A and the MLP's F (15 C without tensor parallelism; the
-      // experts' kernels read their biases in the compute type: 10 C).
+      // 6 C, the projections' biases 2 C, the QKV bias 3 A and the MLP's F (15 C without tensor parallelism; with
+      // experts 10 C and the rank's experts' biases, P 5 C).
       {"fp32 copies: ln_1, ln_2, ln_f weights and biases, the linear biases", 1,
-       moe ? 7 * C + 3 * A : 8 * C + 3 * A + F},
+       moe ? 7 * C + 3 * A + P * (HX + C) : 8 * C + 3 * A + F},
       // fp32 gradient sums of one block's parameters, stored once into the compute-type gradient buffers.
       {moe ? "fp32 block gradient sums [4 C^2 + 8 C + the router's X C + the rank's experts' P (8 C^2 + 5 C)]"
            : "fp32 block gradient sums [12 C^2 + 13 C at one tensor rank]",
@@ -109,16 +114,19 @@ inline std::vector<planned_buffer> buffer_plan(const gpt::shape& s, int batch, b
   if (moe) {
     p[1].name =
         "block cache (res1: NC fp32; ln1, qkv, attention out, ln2: 6 NC in the compute type; 4 row statistics; "
-        "row log-sum-exp; the router's and the experts': N X + 5 N K + E N K (5 C + 1) + N K C + N C fp32)";
+        "row log-sum-exp; the router's and the experts': N X + 5 N K + E N K + N K C + N C fp32, E N K 9 C in the "
+        "compute type)";
     const std::vector<planned_buffer> experts = {
-        {"experts: rows sent [N K, C + 1], then their gradients' and the received rows' input gradients", 1,
-         std::max(M * (C + 1), most * C)},
+        {"experts: rows sent, then their outputs or input gradients sent back [max(N K, E N K), C]", 1,
+         std::max(M, most) * C},
+        {"experts: rows received, then the experts' input gradients [E N K, C]", 1, most * C},
         {"experts: rows come back [N K, C]", 1, M * C},
-        {"experts: the received rows' outputs, then their gradients [E N K, C]", 1, most * C},
-        {"experts: the received rows' pre-activation gradients [E N K, 4C]", 1, most * HX},
+        {"experts: the received rows' outputs, then their gradients, in the experts' order [E N K, C]", 1, most * C},
+        {"experts: the GELU outputs' and pre-activations' gradients [E N K, 4C] in the compute type", 2,
+         act(most * HX)},
         {"experts: the router logits' gradient [N, X]", 1, N * X},
         {"experts: the router's part of ln_2's output gradient [N, C]", 1, NC},
-        {"experts: the exchanged counts, 2 E int64", E > 1 ? 1u : 0u, 4 * E},
+        {"experts: the exchanged counts, 2 E P int64", E > 1 ? 1u : 0u, 4 * E * P},
         {"experts: the load-balancing loss's gradient [X]", 1, X},
     };
     p.insert(p.end(), experts.begin(), experts.end());

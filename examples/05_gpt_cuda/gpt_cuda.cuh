@@ -318,56 +318,87 @@ class trainer {
   static constexpr bool supports_experts = true;
 
   /// Block l's experts' forward: each of the block's token choices (route) sent with its ln_2 output to the rank of
-  /// its expert, the experts' MLPs run there, their outputs sent back; out += each choice's gate x its output.
+  /// its expert, put in its experts' order there and run through the experts' MLPs, one GEMM an expert and matrix
+  /// (the dense MLP's kernels for the biases and GELU, the products' operands in the compute type), the outputs
+  /// sent back; out += each choice's gate x its output.
   template <class Unit>
   void experts_forward(const Unit& u, int l, cache& k, dbuf& out) {
     namespace E = experts;
-    const int C = s_.width, N = N_, KK = s_.top_k, H = 4 * C, M = N * KK;
+    const int C = s_.width, N = N_, KK = s_.top_k, H = 4 * C, M = N * KK, P = s_.experts / ep_.degree;
     const std::size_t most = max_rows();
-    k.moe_in.resize(most * (C + 1)), k.moe_h.resize(most * H), k.moe_y.resize(std::size_t(M) * C);
-    send_.resize(std::max(std::size_t(M) * (C + 1), most * C)), back_.resize(std::size_t(M) * C), ey_.resize(most * C);
-    exchange_counts(k);
-    go(launch_names::dispatch, grid(std::size_t(M) * (C + 1)), E::dispatch<DW>, send_.data(), as_dw(k.ln2), order_of(k),
-       choice_of(k), M, KK, C, s_.experts / ep_.degree);
-    const int R = exchange(send_, k.moe_sent, k.moe_in, k.moe_received, C + 1);
-    const DW *fcw = matrix(u, gpt::pname(l, "moe.fc.w")), *fcb = matrix(u, gpt::pname(l, "moe.fc.b")),
-             *projw = matrix(u, gpt::pname(l, "moe.proj.w")), *projb = matrix(u, gpt::pname(l, "moe.proj.b"));
-    go(launch_names::expert_fc, grid(std::size_t(R) * H), E::expert_fc<DW>, k.moe_h.data(), k.moe_in.data(), fcw, fcb,
-       R, C, H);
-    go(launch_names::expert_proj, grid(std::size_t(R) * C), E::expert_proj<DW>, ey_.data(), k.moe_h.data(),
-       k.moe_in.data(), projw, projb, R, C, H);
-    exchange(ey_, k.moe_received, back_, k.moe_sent, C);
-    go(launch_names::place, grid(std::size_t(M) * C), E::place<>, k.moe_y.data(), back_.data(), order_of(k), M, C);
-    go(launch_names::combine, grid(nc()), E::combine<>, out.data(), k.moe_y.data(), k.moe_gate.data(), N, KK, C);
+    k.moe_in.resize(act(most * C)), k.moe_h.resize(act(most * H)), k.moe_act.resize(act(most * H));
+    k.moe_y.resize(std::size_t(M) * C), k.moe_index.resize(3 * std::size_t(M) + most);
+    send_.resize(std::max(std::size_t(M), most) * C), recv_.resize(most * C), back_.resize(std::size_t(M) * C);
+    ey_.resize(most * C);
+    exchange_counts(l, k);
+    go(launch_names::dispatch, blocks(static_cast<long long>(M) * C), E::dispatch<DW>, send_.data(), as_dw(k.ln2),
+       order_of(k), M, KK, C);
+    const int R = exchange(send_, k.moe_sent, recv_, k.moe_received, C);
+    DW *x = as_dw(k.moe_in), *h = as_dw(k.moe_h), *a = as_dw(k.moe_act);
+    go(launch_names::rows_by_expert, blocks(static_cast<long long>(R) * C), E::rows_by_expert<DW>, x, recv_.data(),
+       perm_of(k), R, C);
+    const DW *fcw = matrix(u, gpt::pname(l, "moe.fc.w")), *projw = matrix(u, gpt::pname(l, "moe.proj.w"));
+    const float *fcb = weight(u, gpt::pname(l, "moe.fc.b"), "moe.fc.b"),
+                *projb = weight(u, gpt::pname(l, "moe.proj.b"), "moe.proj.b");
+    const std::vector<int> rows = expert_rows(k);
+    for (int e = 0, first = 0; e < P; first += rows[std::size_t(e)], ++e) {
+      const int n = rows[std::size_t(e)];
+      const std::size_t rh = std::size_t(first) * H, rc = std::size_t(first) * C;
+      linear_forward(h + rh, x + rc, fcw + std::size_t(e) * H * C, nullptr, n, C, H);
+      go(launch_names::bias_gelu, blocks(static_cast<long long>(n) * H), kernels::bias_gelu<DW>, a + rh, h + rh,
+         fcb + std::size_t(e) * H, n, H);
+      linear_forward(ey_.data() + rc, a + rh, projw + std::size_t(e) * C * H, projb + std::size_t(e) * C, n, H, C);
+    }
+    go(launch_names::rows_as_received, blocks(static_cast<long long>(R) * C), E::rows_as_received<>, send_.data(),
+       ey_.data(), perm_of(k), R, C);
+    exchange(send_, k.moe_received, back_, k.moe_sent, C);
+    go(launch_names::place, blocks(static_cast<long long>(M) * C), E::place<>, k.moe_y.data(), back_.data(),
+       order_of(k), M, C);
+    go(launch_names::combine, blocks(static_cast<long long>(nc())), E::combine<>, out.data(), k.moe_y.data(),
+       k.moe_gate.data(), N, KK, C);
     check();
   }
 
   /// Block l's experts' backward from the block output's gradient: each choice's output gradient (its gate x dout)
-  /// sent to its expert, the experts' gradients stored into u, their input gradients sent back and summed per token
-  /// into k.moe_dln2; each choice's gate gradient into k.moe_dgate (for the router: block_backward).
+  /// sent to its expert, the experts' backward one GEMM pair an expert and matrix (the dense MLP's), their gradients
+  /// stored into u, their input gradients sent back and summed per token into k.moe_dln2; each choice's gate gradient
+  /// into k.moe_dgate (for the router: block_backward).
   template <class Unit>
   void experts_backward(const Unit& u, int l, cache& k, const dbuf& dout) {
     namespace E = experts;
     const int C = s_.width, N = N_, KK = s_.top_k, H = 4 * C, M = N * KK, P = s_.experts / ep_.degree;
     const std::size_t most = max_rows();
-    k.moe_dgate.resize(std::size_t(M)), k.moe_dln2.resize(nc()), dh_.resize(most * H);
-    go(launch_names::choice_gradients, grid(std::size_t(M)), E::choice_gradients<>, send_.data(), k.moe_dgate.data(),
-       dout.data(), k.moe_y.data(), k.moe_gate.data(), order_of(k), M, KK, C);
-    const int R = exchange(send_, k.moe_sent, ey_, k.moe_received, C);  // ey_: the experts' output gradients
+    k.moe_dgate.resize(std::size_t(M)), k.moe_dln2.resize(nc()), dact_.resize(act(most * H)), dh_.resize(act(most * H));
+    // the widest of the experts' column sums and output-gradient operands, whatever this step's rows: sized once
+    colpart_.grow(static_cast<std::size_t>(kernels::column_chunks(static_cast<int>(most))) * 4 * C);
+    if constexpr (!std::is_same_v<DW, float>) hout_.grow((most * C + 1) / 2);
+    go(launch_names::choice_gradients, blocks(M), E::choice_gradients<>, send_.data(), k.moe_dgate.data(), dout.data(),
+       k.moe_y.data(), k.moe_gate.data(), order_of(k), M, KK, C);
+    const int R = exchange(send_, k.moe_sent, recv_, k.moe_received, C);  // the experts' output gradients
+    go(launch_names::rows_by_expert, blocks(static_cast<long long>(R) * C), E::rows_by_expert<float>, ey_.data(),
+       recv_.data(), perm_of(k), R, C);
+    const DW *x = as_dw(k.moe_in), *h = as_dw(k.moe_h), *a = as_dw(k.moe_act);
     const DW *fcw = matrix(u, gpt::pname(l, "moe.fc.w")), *projw = matrix(u, gpt::pname(l, "moe.proj.w"));
-    go(launch_names::expert_proj_backward, grid(std::size_t(R) * H), E::expert_proj_backward<DW>, dh_.data(),
-       ey_.data(), k.moe_h.data(), k.moe_in.data(), projw, R, C, H);
-    go(launch_names::expert_fc_backward, grid(std::size_t(R) * C), E::expert_fc_backward<DW>, send_.data(), dh_.data(),
-       k.moe_in.data(), fcw, R, C, H);
+    auto g = [&](const char* leaf, std::size_t n) { return zeroed(gscratch_[leaf], n); };
     auto gw = [&](const char* leaf, std::size_t n) { return sized(gscratch_[leaf], n); };
-    float *g_fcw = gw("moe.fc.w", std::size_t(P) * H * C), *g_fcb = gw("moe.fc.b", std::size_t(P) * H),
-          *g_projw = gw("moe.proj.w", std::size_t(P) * C * H), *g_projb = gw("moe.proj.b", std::size_t(P) * C);
-    go(launch_names::expert_weight_gradients, grid(std::size_t(P) * (H * (C + 1) + C * (H + 1))),
-       E::expert_weight_gradients<>, g_fcw, g_fcb, g_projw, g_projb, dh_.data(), ey_.data(), k.moe_h.data(),
-       k.moe_in.data(), R, P, C, H);
+    float *g_fcw = gw("moe.fc.w", std::size_t(P) * H * C), *g_fcb = g("moe.fc.b", std::size_t(P) * H),
+          *g_projw = gw("moe.proj.w", std::size_t(P) * C * H), *g_projb = g("moe.proj.b", std::size_t(P) * C);
+    DW *dact = as_dw(dact_), *dh = as_dw(dh_);
+    const std::vector<int> rows = expert_rows(k);
+    for (int e = 0, first = 0; e < P; first += rows[std::size_t(e)], ++e) {
+      const int n = rows[std::size_t(e)];
+      const std::size_t rh = std::size_t(first) * H, rc = std::size_t(first) * C, wc = std::size_t(e) * C * H;
+      linear_backward(dact + rh, g_projw + wc, g_projb + std::size_t(e) * C, ey_.data() + rc, a + rh, projw + wc, n, H,
+                      C);
+      go(launch_names::gelu_backward, blocks(static_cast<long long>(n) * H), kernels::gelu_backward<DW>, dh + rh,
+         h + rh, dact + rh, static_cast<long long>(n) * H);
+      linear_backward(recv_.data() + rc, g_fcw + wc, g_fcb + std::size_t(e) * H, dh + rh, x + rc, fcw + wc, n, C, H);
+    }
+    go(launch_names::rows_as_received, blocks(static_cast<long long>(R) * C), E::rows_as_received<>, send_.data(),
+       recv_.data(), perm_of(k), R, C);
     exchange(send_, k.moe_received, back_, k.moe_sent, C);
-    go(launch_names::gather_input_gradient, grid(nc()), E::gather_input_gradient<>, k.moe_dln2.data(), back_.data(),
-       where_of(k), N, KK, C);
+    go(launch_names::gather_input_gradient, blocks(static_cast<long long>(nc())), E::gather_input_gradient<>,
+       k.moe_dln2.data(), back_.data(), where_of(k), N, KK, C);
     for (const char* leaf : {"moe.fc.w", "moe.fc.b", "moe.proj.w", "moe.proj.b"})
       store(u, gpt::pname(l, leaf), gscratch_[leaf].data());
     check();
@@ -518,16 +549,21 @@ class trainer {
     std::fill(key + G, key + N, 0);
   }
   void check() const { FSDP_CUDA_CHECK(cudaGetLastError()); }
-  /// Blocks for n elements, at least one: an expert may receive no row (its kernels then run over none), and the
-  /// launches stay step_work's.
-  static long long grid(std::size_t n) { return std::max(1, blocks(static_cast<long long>(n))); }
 
   // ---- the experts' routing and exchanges ---------------------------------------------------------------------
-  /// k.moe_index's three parts, N K ints each: each choice's expert, the choices in the order they are sent, each
-  /// choice's place in that order.
+  /// k.moe_index's parts: N K ints each for each choice's expert, the choices in the order they are sent, each
+  /// choice's place in that order; then max_rows() for the received row at each place of the experts' order.
   int* choice_of(const cache& k) const { return reinterpret_cast<int*>(k.moe_index.data()); }
   int* order_of(const cache& k) const { return choice_of(k) + static_cast<std::size_t>(N_) * s_.top_k; }
   int* where_of(const cache& k) const { return choice_of(k) + 2 * static_cast<std::size_t>(N_) * s_.top_k; }
+  int* perm_of(const cache& k) const { return choice_of(k) + 3 * static_cast<std::size_t>(N_) * s_.top_k; }
+  /// The rows each of this rank's experts received (from k.moe_received_experts: a count a sender and expert).
+  std::vector<int> expert_rows(const cache& k) const {
+    const std::size_t P = static_cast<std::size_t>(s_.experts / ep_.degree);
+    std::vector<int> rows(P, 0);
+    for (std::size_t i = 0; i < k.moe_received_experts.size(); ++i) rows[i % P] += int(k.moe_received_experts[i]);
+    return rows;
+  }
   /// The most rows this rank's experts can receive: every choice of every rank of its expert group (dropless). The
   /// buffers of received rows have this size from the first step on (no allocation after it).
   std::size_t max_rows() const { return static_cast<std::size_t>(ep_.degree) * N_ * s_.top_k; }
@@ -540,17 +576,17 @@ class trainer {
   template <class Unit>
   void route(const Unit& u, int l, cache& k) {
     const int C = s_.width, N = N_, X = s_.experts, KK = s_.top_k, M = N * KK;
-    k.moe_probs.resize(std::size_t(N) * X), k.moe_gate.resize(std::size_t(M)), k.moe_index.resize(3 * std::size_t(M));
+    k.moe_probs.resize(std::size_t(N) * X), k.moe_gate.resize(std::size_t(M));
+    k.moe_index.resize(3 * std::size_t(M) + max_rows());
     linear_forward(k.moe_probs.data(), as_dw(k.ln2), matrix(u, gpt::pname(l, "mlp.router.w")), nullptr, N, C, X);
-    go(launch_names::route, grid(std::size_t(N)), experts::route<>, k.moe_probs.data(), choice_of(k), k.moe_gate.data(),
-       N, X, KK);
+    go(launch_names::route, blocks(N), experts::route<>, k.moe_probs.data(), choice_of(k), k.moe_gate.data(), N, X, KK);
     k.moe_choice.resize(std::size_t(M)), probs_host_.resize(std::size_t(N) * X);
     be_->synchronize(*cs_);  // the watched wait first: a copy into pageable memory blocks until the stream drains
     be_->download(k.moe_choice.data(), choice_of(k), std::int64_t(M) * 4, *cs_);
     be_->download(probs_host_.data(), k.moe_probs.data(), std::int64_t(N) * X * 4, *cs_);
     be_->synchronize(*cs_);
     aux_ += gpt::load_balance_loss(probs_host_.data(), k.moe_choice, N, X, KK, s_.aux_weight);
-    gpt::dispatch_order(k.moe_choice, X / ep_.degree, ep_.degree, k.moe_order, k.moe_sent);
+    gpt::dispatch_order(k.moe_choice, X / ep_.degree, ep_.degree, k.moe_order, k.moe_sent_experts, k.moe_sent);
     k.moe_where.resize(std::size_t(M));
     for (int i = 0; i < M; ++i) k.moe_where[std::size_t(k.moe_order[std::size_t(i)])] = i;
     be_->upload(order_of(k), k.moe_order.data(), std::int64_t(M) * 4, *cs_);  // the cache keeps the host copies
@@ -567,26 +603,41 @@ class trainer {
     daux = gpt::load_balance_gradient(k.moe_choice, N, X, KK, s_.aux_weight);
     daux_d_.resize(std::size_t(X)), dlogits_.resize(std::size_t(N) * X), dtmp_.resize(nc());
     be_->upload(daux_d_.data(), daux.data(), std::int64_t(X) * 4, *cs_);
-    go(launch_names::route_backward, grid(std::size_t(N)), experts::route_backward<>, dlogits_.data(),
-       k.moe_probs.data(), choice_of(k), k.moe_gate.data(), k.moe_dgate.data(), daux_d_.data(), N, X, KK);
+    go(launch_names::route_backward, blocks(N), experts::route_backward<>, dlogits_.data(), k.moe_probs.data(),
+       choice_of(k), k.moe_gate.data(), k.moe_dgate.data(), daux_d_.data(), N, X, KK);
     linear_backward(dtmp_.data(), sized(gscratch_["mlp.router.w"], std::size_t(X) * C), nullptr, dlogits_.data(),
                     as_dw(k.ln2), matrix(u, gpt::pname(l, "mlp.router.w")), N, C, X);
-    go(launch_names::add_into, grid(nc()), experts::add_into<DW>, dln2, k.moe_dln2.data(), dtmp_.data(),
-       static_cast<long long>(nc()));
+    go(launch_names::add_into, blocks(static_cast<long long>(nc())), experts::add_into<DW>, dln2, k.moe_dln2.data(),
+       dtmp_.data(), static_cast<long long>(nc()));
   }
 
-  /// The rows each rank of the expert group sends this one (k.moe_received) for the rows this rank sends each
-  /// (k.moe_sent): an all_to_all of one count a pair, through the device.
-  void exchange_counts(cache& k) {
-    k.moe_received = k.moe_sent;
-    if (ep_.degree == 1) return;
-    const std::size_t E = static_cast<std::size_t>(ep_.degree);
-    cnt_.resize(4 * E);  // E int64 counts sent, then E received
-    auto* d = reinterpret_cast<std::int64_t*>(cnt_.data());
-    be_->upload(d, k.moe_sent.data(), std::int64_t(E) * 8, *cs_);
-    ep_.counts(d, d + E);  // waited for
-    be_->download(k.moe_received.data(), d + E, std::int64_t(E) * 8, *cs_);
-    be_->synchronize(*cs_);
+  /// The rows each rank of the expert group sends each of this rank's experts (k.moe_received_experts, a sender's P
+  /// counts after another's; k.moe_received, a count a sender) for the rows this rank sends each of theirs: an
+  /// all_to_all of P counts a pair, through the device. Then the received rows' places in the experts' order (each
+  /// expert's rows from sender 0, then 1, ...), uploaded (perm_of; the host copy kept by block while in flight).
+  void exchange_counts(int l, cache& k) {
+    const std::size_t E = static_cast<std::size_t>(ep_.degree), P = static_cast<std::size_t>(s_.experts) / E;
+    k.moe_received_experts = k.moe_sent_experts;
+    if (E > 1) {
+      cnt_.resize(4 * E * P);  // E P int64 counts sent, then E P received
+      auto* d = reinterpret_cast<std::int64_t*>(cnt_.data());
+      be_->upload(d, k.moe_sent_experts.data(), std::int64_t(E * P) * 8, *cs_);
+      ep_.counts(d, d + E * P, P);  // waited for
+      be_->download(k.moe_received_experts.data(), d + E * P, std::int64_t(E * P) * 8, *cs_);
+      be_->synchronize(*cs_);
+    }
+    k.moe_received.assign(E, 0);
+    std::vector<std::size_t> at(E * P + 1, 0);  // where sender q's rows for expert e begin among the received rows
+    for (std::size_t i = 0; i < E * P; ++i) {
+      k.moe_received[i / P] += k.moe_received_experts[i];
+      at[i + 1] = at[i] + static_cast<std::size_t>(k.moe_received_experts[i]);
+    }
+    std::vector<int>& perm = perm_host_[l];
+    perm.clear();
+    for (std::size_t e = 0; e < P; ++e)
+      for (std::size_t q = 0; q < E; ++q)
+        for (std::size_t r = at[q * P + e]; r < at[q * P + e + 1]; ++r) perm.push_back(static_cast<int>(r));
+    be_->upload(perm_of(k), perm.data(), std::int64_t(perm.size()) * 4, *cs_);
   }
   /// The trainer's dispatch or combine of `width` floats a row: sent[q] rows of `send` to rank q of the expert group,
   /// received[q] rows into `recv` from it (all_to_all_v; at degree 1 a copy to itself). Returns the rows received.
@@ -607,11 +658,12 @@ class trainer {
     }
     return static_cast<int>(rows);
   }
-  /// Launches kernel k over `grid` blocks of 256 threads on the compute stream, counted under `name`.
+  /// Launches kernel k over `grid` blocks of 256 threads on the compute stream, counted under `name`; at least one
+  /// block (an expert may receive no row: its kernels then run over none, and the launches stay step_work's).
   template <class... P, class... A>
   void go(const char* name, long long grid, void (*k)(P...), A&&... a) {
     ++launch_tally()[name];
-    k<<<static_cast<unsigned>(grid), 256, 0, s()>>>(static_cast<P>(a)...);
+    k<<<static_cast<unsigned>(std::max(grid, 1LL)), 256, 0, s()>>>(static_cast<P>(a)...);
   }
   /// The matrix product (one cuBLAS call, or the plain kernel), counted.
   template <class... A>
@@ -694,7 +746,7 @@ class trainer {
   template <class D>
   void column_sum(float* db, const D* dy, int N, int O) {
     const int K = kernels::column_chunks(N);
-    colpart_.resize(static_cast<std::size_t>(K) * 4 * s_.width);  // the widest: the MLP's 4C
+    colpart_.grow(static_cast<std::size_t>(K) * 4 * s_.width);  // the widest: the MLP's 4C
     go(launch_names::column_partials, blocks(static_cast<long long>(K) * O / 4), kernels::column_partials<D>,
        colpart_.data(), dy, N, O);
     go(launch_names::column_total, blocks(O), kernels::column_total<>, db, colpart_.data(), K, O);
@@ -714,7 +766,7 @@ class trainer {
     const int C = s_.width, K = kernels::column_chunks(N_);
     go(launch_names::layernorm_backward_input, blocks(32LL * N_), kernels::layernorm_backward_input<DW>, dinp, dout,
        inp, w, mean, rstd, N_, C);
-    colpart_.resize(static_cast<std::size_t>(K) * 4 * C);  // two partials of C: within column_sum's size
+    colpart_.grow(static_cast<std::size_t>(K) * 4 * C);  // two partials of C: within column_sum's size
     float *pw = colpart_.data(), *pb = pw + static_cast<std::size_t>(K) * C;
     go(launch_names::layernorm_param_partials, blocks(static_cast<long long>(K) * C / 4),
        kernels::layernorm_param_partials<DW>, pw, pb, dout, inp, mean, rstd, N_, C);
@@ -749,9 +801,10 @@ class trainer {
   // gradient a probability; on the host, a block's probabilities read back and its loss's gradient (kept by block:
   // the upload may be in flight)
   float aux_ = 0;
-  dbuf send_, back_, ey_, dh_, dlogits_, dtmp_, cnt_, daux_d_;
+  dbuf send_, recv_, back_, ey_, dact_, dh_, dlogits_, dtmp_, cnt_, daux_d_;
   std::vector<float> probs_host_;
   std::map<int, std::vector<float>> daux_host_;
+  std::map<int, std::vector<int>> perm_host_;
 };
 
 /// gpt::train with the CUDA trainer; Policy's backend is CUDA.

@@ -55,12 +55,9 @@ inline constexpr const char *embed = "embed", *widen = "widen", *narrow = "narro
                             *cross_entropy = "cross_entropy", *mean_loss = "mean_loss",
                             *grouped_row_sum = "grouped_row_sum", *memset = "cudaMemsetAsync",
                             *memcpy = "cudaMemcpyAsync (device to device)", *route = "experts route",
-                            *dispatch = "experts dispatch", *expert_fc = "experts expert_fc",
-                            *expert_proj = "experts expert_proj", *place = "experts place",
+                            *dispatch = "experts dispatch", *rows_by_expert = "experts rows_by_expert",
+                            *rows_as_received = "experts rows_as_received", *place = "experts place",
                             *combine = "experts combine", *choice_gradients = "experts choice_gradients",
-                            *expert_proj_backward = "experts expert_proj_backward",
-                            *expert_fc_backward = "experts expert_fc_backward",
-                            *expert_weight_gradients = "experts expert_weight_gradients",
                             *gather_input_gradient = "experts gather_input_gradient",
                             *route_backward = "experts route_backward", *add_into = "experts add_into",
                             *add_to_loss = "experts add_to_loss";
@@ -113,30 +110,40 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
     add(n::column_total, 2, 0, 2 * (K * C + 2 * C) * f);
   };
   const double pairs = B * H * T * (T + 1) / 2, tile_product = 2 * pairs * D;  // one product over the causal half
-  // A mixture of experts (experts.cuh): X experts, P of them this rank's, M = N K choices; the rows the rank's experts
-  // receive counted as M (balanced routing: the data decide), each expert's hidden 4C. At one expert rank the
-  // exchanges are device copies; at more, collectives (not counted).
-  const double X = s.experts, P = X / o.expert_parallel, M = N * s.top_k, HX = 4 * C;
+  // A mixture of experts (experts.cuh and the trainer's products): X experts, P of them this rank's, M = N K
+  // choices; the rows the rank's experts receive counted as M, M / P an expert (balanced routing: the data decide),
+  // each expert's hidden 4C. At one expert rank the exchanges are device copies; at more, collectives (not counted).
+  const double X = s.experts, P = X / o.expert_parallel, M = N * s.top_k, HX = 4 * C, Re = M / P;
   const bool moe = s.experts > 0, self = o.expert_parallel == 1;
   auto exchange = [&](double floats) {
     if (self) add(n::memcpy, 1, 0, 2 * floats * f);
   };
   auto experts_forward = [&] {
-    add(n::dispatch, 1, 0, M * C * w + 2 * M * f + M * (C + 1) * f);
-    exchange(M * (C + 1));
-    add(n::expert_fc, 1, 2 * M * C * HX, M * (C + 1) * f + P * HX * (C + 1) * w + M * HX * f);
-    add(n::expert_proj, 1, 2 * M * C * HX, M * (HX + 1) * f + P * C * (HX + 1) * w + M * C * f);
+    add(n::dispatch, 1, 0, M * C * w + M * f + M * C * f);
+    exchange(M * C);
+    add(n::rows_by_expert, 1, 0, M * C * f + M * f + M * C * w);  // the operand in the compute type
+    widen(P * HX), widen(P * C);                                  // the experts' biases
+    for (int e = 0; e < P; ++e) {                                 // as the dense MLP's, over the expert's rows
+      linear_forward(Re, C, HX, false, w);
+      add(n::bias_gelu, 1, 0, 3 * Re * HX * w + HX * f);
+      linear_forward(Re, HX, C, true);
+    }
+    add(n::rows_as_received, 1, 0, 2 * M * C * f + M * f);
     exchange(M * C);
     add(n::place, 1, 0, 2 * M * C * f + M * f);
     add(n::combine, 1, 0, (2 * NC + M * C + M) * f);
   };
   auto experts_backward = [&] {
+    memset(P * HX), memset(P * C);  // the experts' bias gradients, summed by columns
     add(n::choice_gradients, 1, 0, (NC + 2 * M * C + 3 * M) * f);
     exchange(M * C);
-    add(n::expert_proj_backward, 1, 2 * M * C * HX, (M * C + 2 * M * HX + M) * f + P * C * HX * w);
-    add(n::expert_fc_backward, 1, 2 * M * C * HX, (M * HX + M * C + M) * f + P * HX * C * w);
-    add(n::expert_weight_gradients, 1, 4 * M * C * HX,
-        (M * HX + M * C + M * HX + M * (C + 1) + P * (2 * HX * C + HX + C)) * f);
+    add(n::rows_by_expert, 1, 0, 2 * M * C * f + M * f);
+    for (int e = 0; e < P; ++e) {
+      linear_backward(Re, HX, C, true, false, f, w);  // the output gradient in fp32; the GELU output's in W
+      add(n::gelu_backward, 1, 0, 3 * Re * HX * w);
+      linear_backward(Re, C, HX, true, false, w, f);  // the input gradient in fp32, sent back
+    }
+    add(n::rows_as_received, 1, 0, 2 * M * C * f + M * f);
     exchange(M * C);
     add(n::gather_input_gradient, 1, 0, (M * C + M + NC) * f);
     for (double g : {P * HX * C, P * HX, P * C * HX, P * C}) store(g);

@@ -8,6 +8,7 @@
 #endif
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -122,7 +123,9 @@ class gemm {
   template <class T, class CT>
   void plain(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda, const T* b, int ldb, float beta,
              CT* c, int ldc) {
-    plain_gemm<T, CT><<<blocks((long long)m * n), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    // at least one block: a product of no rows (an expert that received none) launches all the same
+    plain_gemm<T, CT>
+        <<<std::max(1, blocks((long long)m * n)), 256, 0, s_>>>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     FSDP_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -483,27 +483,33 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "the CUDA step with experts: a block's router product and the experts' kernels in place of its MLP; at one "
-    "expert rank the four exchanges a block are device copies; the plan holds the router and the rank's experts") {
+    "the CUDA step with experts: a block's router product and each of its rank's experts' two products in place of "
+    "its MLP; at one expert rank the four exchanges a block are device copies; the plan holds the most rows a rank "
+    "can receive") {
   namespace n = gpt_cuda::launch_names;
   const gpt::shape s{.vocab = 37, .context = 8, .width = 16, .heads = 2, .layers = 3, .experts = 4, .top_k = 2};
   const double N = 40, C = 16, X = 4;  // 5 sequences of 8
   const auto one = gpt_cuda::step_work(s, 5, {}), two = gpt_cuda::step_work(s, 5, {.expert_parallel = 2});
   const int chunks = (40 + gpt_cuda::head_rows(s, 5, 0) - 1) / gpt_cuda::head_rows(s, 5, 0);
-  // a block: QKV, the attention projection and the router, each forward and twice backward; the experts' products
-  // are experts.cuh's kernels, rows of their own
-  CHECK(row(one, n::product).launches == std::size_t(9 * 3 + 3 * chunks));
-  CHECK(row(one, n::product).flops == 6 * N * (3 * (4 * C * C + X * C) + 37 * C));
-  for (const char* k : {n::route, n::dispatch, n::expert_fc, n::expert_proj, n::place, n::combine, n::choice_gradients,
-                        n::expert_proj_backward, n::expert_fc_backward, n::expert_weight_gradients,
-                        n::gather_input_gradient, n::route_backward, n::add_into}) {
+  // a block: QKV, the attention projection and the router, and each of the rank's experts' two matrices, each
+  // forward and twice backward
+  CHECK(row(one, n::product).launches == std::size_t((9 + 6 * 4) * 3 + 3 * chunks));
+  CHECK(row(two, n::product).launches == std::size_t((9 + 6 * 2) * 3 + 3 * chunks));
+  // 6 FLOPs a token and matrix parameter it uses: a block's attention and router, and its top_k experts' 8 C^2
+  for (const auto* w : {&one, &two})
+    CHECK(row(*w, n::product).flops == 6 * N * (3 * (4 * C * C + X * C + 2 * 8 * C * C) + 37 * C));
+  for (const char* k : {n::route, n::dispatch, n::place, n::combine, n::choice_gradients, n::gather_input_gradient,
+                        n::route_backward, n::add_into}) {
     CAPTURE(k);
     CHECK(row(one, k).launches == 3);
     CHECK(row(two, k).launches == 3);
   }
+  CHECK(row(one, n::rows_by_expert).launches == 6);  // the rows in, their output gradients in
+  CHECK(row(one, n::rows_as_received).launches == 6);
+  CHECK(row(one, n::bias_gelu).launches == 3 * 4);
+  CHECK(row(two, n::bias_gelu).launches == 3 * 2);
   CHECK(row(one, n::add_to_loss).launches == 1);
   CHECK(row(one, n::memcpy).launches - row(two, n::memcpy).launches == 4 * 3);
-  CHECK(std::none_of(one.begin(), one.end(), [](const auto& k) { return k.name == n::bias_gelu; }));
   // 4 C^2 of attention's matrices, 8 C of the block's norms and biases, X C the router's, P (8 C^2 + 5 C) the rank's
   // two experts'
   const auto plan = gpt_cuda::buffer_plan(s, 5, {.expert_parallel = 2});
@@ -512,10 +518,10 @@ TEST_CASE(
   REQUIRE(sums != plan.end());
   CHECK(sums->floats == std::size_t(4 * C * C + 8 * C + X * C + 2 * (8 * C * C + 5 * C)));
   const auto received = std::find_if(plan.begin(), plan.end(), [](const auto& b) {
-    return b.name == "experts: the received rows' pre-activation gradients [E N K, 4C]";
+    return b.name == "experts: rows received, then the experts' input gradients [E N K, C]";
   });
   REQUIRE(received != plan.end());
-  CHECK(received->floats == std::size_t(2 * N * 2 * 4 * C));  // every choice of both ranks, dropless
+  CHECK(received->floats == std::size_t(2 * N * 2 * C));  // every choice of both ranks, dropless
 }
 
 TEST_CASE(
