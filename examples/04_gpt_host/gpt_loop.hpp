@@ -191,16 +191,18 @@ struct block_cache_of {
 /// in increasing index; by_expert[e] the choices for expert e, sent[q] those for rank q.
 inline void dispatch_order(const std::vector<int>& choice, int per, int degree, std::vector<int>& order,
                            std::vector<std::int64_t>& by_expert, std::vector<std::int64_t>& sent) {
-  order.clear();
-  by_expert.assign(static_cast<std::size_t>(degree) * per, 0);
+  const std::size_t X = static_cast<std::size_t>(degree) * static_cast<std::size_t>(per);
+  by_expert.assign(X, 0);
   sent.assign(static_cast<std::size_t>(degree), 0);
-  for (int e = 0; e < degree * per; ++e)
-    for (std::size_t a = 0; a < choice.size(); ++a)
-      if (choice[a] == e) {
-        order.push_back(static_cast<int>(a));
-        ++by_expert[static_cast<std::size_t>(e)];
-        ++sent[static_cast<std::size_t>(e / per)];
-      }
+  for (int e : choice) {
+    ++by_expert[static_cast<std::size_t>(e)];
+    ++sent[static_cast<std::size_t>(e / per)];
+  }
+  std::vector<std::size_t> at(X, 0);  // where each expert's choices begin in the order (a stable counting sort)
+  for (std::size_t e = 1; e < X; ++e) at[e] = at[e - 1] + static_cast<std::size_t>(by_expert[e - 1]);
+  order.resize(choice.size());
+  for (std::size_t a = 0; a < choice.size(); ++a)
+    order[at[static_cast<std::size_t>(choice[a])]++] = static_cast<int>(a);
 }
 
 /// One block's load-balancing loss (shape::aux_weight, Switch Transformer's): aux_weight X sum_e f_e P_e over the X
