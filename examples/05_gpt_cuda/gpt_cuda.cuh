@@ -24,6 +24,11 @@
 // kernels run on its slices (its heads, its MLP slice); the projections' products are summed over the tensor group
 // before the kernels that add their biases (so the replicated bias is added once, to the sum), and the norms' input
 // gradients before the norms' backward: gpt::tp_group's all-reduces, on the compute stream in the kernels' order.
+//
+// A mixture of experts (gpt::shape::experts, model_options::expert_parallel): the router and the token exchanges are
+// experts.cuh's kernels and gpt::ep_group's all_to_all_v on the model's expert group; each of the rank's experts runs
+// over its rows as the dense MLP runs over the batch (the same products and kernels); each block's routing is read
+// back to the host once a forward, for the exchange's counts.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
