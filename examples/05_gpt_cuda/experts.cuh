@@ -2,9 +2,11 @@
 // The CUDA GPT trainer's mixture of experts (gpt::shape::experts > 0), the kernels around the experts' products:
 // the router's softmax and top-k choice, the rows sent to the experts (dispatch) and put in their experts' order on
 // arrival, their outputs put back and weighted into the residual stream (combine), and the backward of each. The
-// arithmetic of examples/04_gpt_host/gpt_host.hpp's experts, one thread a token or an output element, each sum in a
-// fixed order (no atomics): a step's bits do not depend on scheduling. The experts' products themselves are the
-// trainer's (gpt_cuda.cuh: one GEMM an expert over its rows, GELU and the biases by the dense MLP's kernels).
+// arithmetic of examples/04_gpt_host/gpt_host.hpp's experts, one thread a token, a choice or an output element, each
+// sum in a fixed order (no atomics): a step's bits do not depend on scheduling (a token's input gradient sums its
+// choices' in choice order, the host trainer's in send order: the same bits at top_k 2). The experts' products are
+// the trainer's (gpt_cuda.cuh: one GEMM an expert and matrix over its rows, the first bias with GELU by the dense
+// MLP's bias_gelu, the second by add_bias).
 //
 // Layouts (N tokens, X experts, K choices a token, C channels, P the rank's experts, R rows received):
 //   probs [N, X] fp32; choice, gate, dgate [N K] (choice a = t K + j: token t's j-th); order [N K] the choices in the

@@ -27,8 +27,9 @@
 //
 // A mixture of experts (gpt::shape::experts, model_options::expert_parallel): the router and the token exchanges are
 // experts.cuh's kernels and gpt::ep_group's all_to_all_v on the model's expert group; each of the rank's experts runs
-// over its rows as the dense MLP runs over the batch (the same products and kernels); each block's routing is read
-// back to the host once a forward, for the exchange's counts.
+// over its rows as the dense MLP runs over the batch (the same products, bias_gelu and gelu_backward; the second
+// product in fp32 with add_bias); each block's routing is read back to the host once a forward, for the exchange's
+// counts.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -191,6 +192,7 @@ class trainer {
   void begin_packed_step(const gpt::packed_tokens& p) {
     gpt::check_packed(p, N_);
     next_step();
+    aux_ = 0;
     upload(p.inputs, p.targets, p.positions);
     mask_.assign(p.mask.begin(), p.mask.end());
     starts_ = p.starts;  // kept, as the others: the copies may still be in flight
@@ -324,7 +326,7 @@ class trainer {
 
   /// Block l's experts' forward: each of the block's token choices (route) sent with its ln_2 output to the rank of
   /// its expert, put in its experts' order there and run through the experts' MLPs, one GEMM an expert and matrix
-  /// (the dense MLP's kernels for the biases and GELU, the products' operands in the compute type), the outputs
+  /// (the first bias and GELU by the dense MLP's bias_gelu, the products' operands in the compute type), the outputs
   /// sent back; out += each choice's gate x its output.
   template <class Unit>
   void experts_forward(const Unit& u, int l, cache& k, dbuf& out) {
