@@ -63,23 +63,18 @@ __global__ void dispatch(float* send, const W* ln2, const int* order, int M, int
   GPT_EXPERTS_FOR(k, (long long)M * C) send[k] = to_f(ln2[(long long)(order[k / C] / K) * C + k % C]);
 }
 
-/// out[i, :] = T(in[perm[i], :]) for the R rows received: each sender's rows (sorted by expert) put in the experts'
-/// order, every expert's rows together (in T: the compute type for the products' operand, or fp32).
+/// out[i, :] = T(in[at[i], :]) for R rows of C: the rows received put in their experts' order (at = perm), every
+/// expert's rows together (in T: the compute type for the products' operand, or fp32).
 template <class T>
-__global__ void rows_by_expert(T* out, const float* in, const int* perm, int R, int C) {
-  GPT_EXPERTS_FOR(k, (long long)R * C) out[k] = from_f<T>(in[(long long)perm[k / C] * C + k % C]);
+__global__ void gather_rows(T* out, const float* in, const int* at, int R, int C) {
+  GPT_EXPERTS_FOR(k, (long long)R * C) out[k] = from_f<T>(in[(long long)at[k / C] * C + k % C]);
 }
 
-/// out[perm[i], :] = in[i, :]: rows in the experts' order put back in the order they were received.
+/// out[at[i], :] = in[i, :] for R rows of C: rows in the experts' order put back in the order they were received
+/// (at = perm), and each choice's expert output, come back in the order it was sent, put in its place (at = order).
 template <int = 0>
-__global__ void rows_as_received(float* out, const float* in, const int* perm, int R, int C) {
-  GPT_EXPERTS_FOR(k, (long long)R * C) out[(long long)perm[k / C] * C + k % C] = in[k];
-}
-
-/// moe_y[order[i], :] = back[i, :]: each choice's expert output, come back in the order it was sent, put in place.
-template <int = 0>
-__global__ void place(float* moe_y, const float* back, const int* order, int M, int C) {
-  GPT_EXPERTS_FOR(k, (long long)M * C) moe_y[(long long)order[k / C] * C + k % C] = back[k];
+__global__ void scatter_rows(float* out, const float* in, const int* at, int R, int C) {
+  GPT_EXPERTS_FOR(k, (long long)R * C) out[(long long)at[k / C] * C + k % C] = in[k];
 }
 
 /// out[t, c] += sum_j gate[t K + j] moe_y[t K + j, c], j in order.

@@ -342,7 +342,7 @@ class trainer {
        order_of(k), M, KK, C);
     const int R = exchange(send_, k.moe_sent, recv_, k.moe_received, C);
     DW *x = as_dw(k.moe_in), *h = as_dw(k.moe_h), *a = as_dw(k.moe_act);
-    go(launch_names::rows_by_expert, blocks(static_cast<long long>(R) * C), E::rows_by_expert<DW>, x, recv_.data(),
+    go(launch_names::gather_rows, blocks(static_cast<long long>(R) * C), E::gather_rows<DW>, x, recv_.data(),
        perm_of(k), R, C);
     const DW *fcw = matrix(u, gpt::pname(l, "moe.fc.w")), *projw = matrix(u, gpt::pname(l, "moe.proj.w"));
     const float *fcb = weight(u, gpt::pname(l, "moe.fc.b"), "moe.fc.b"),
@@ -356,11 +356,11 @@ class trainer {
          fcb + std::size_t(e) * H, n, H);
       linear_forward(ey_.data() + rc, a + rh, projw + std::size_t(e) * C * H, projb + std::size_t(e) * C, n, H, C);
     }
-    go(launch_names::rows_as_received, blocks(static_cast<long long>(R) * C), E::rows_as_received<>, send_.data(),
-       ey_.data(), perm_of(k), R, C);
+    go(launch_names::scatter_rows, blocks(static_cast<long long>(R) * C), E::scatter_rows<>, send_.data(), ey_.data(),
+       perm_of(k), R, C);
     exchange(send_, k.moe_received, back_, k.moe_sent, C);
-    go(launch_names::place, blocks(static_cast<long long>(M) * C), E::place<>, k.moe_y.data(), back_.data(),
-       order_of(k), M, C);
+    go(launch_names::scatter_rows, blocks(static_cast<long long>(M) * C), E::scatter_rows<>, k.moe_y.data(),
+       back_.data(), order_of(k), M, C);
     go(launch_names::combine, blocks(static_cast<long long>(nc())), E::combine<>, out.data(), k.moe_y.data(),
        k.moe_gate.data(), N, KK, C);
     check();
@@ -382,7 +382,7 @@ class trainer {
     go(launch_names::choice_gradients, blocks(M), E::choice_gradients<>, send_.data(), k.moe_dgate.data(), dout.data(),
        k.moe_y.data(), k.moe_gate.data(), order_of(k), M, KK, C);
     const int R = exchange(send_, k.moe_sent, recv_, k.moe_received, C);  // the experts' output gradients
-    go(launch_names::rows_by_expert, blocks(static_cast<long long>(R) * C), E::rows_by_expert<float>, ey_.data(),
+    go(launch_names::gather_rows, blocks(static_cast<long long>(R) * C), E::gather_rows<float>, ey_.data(),
        recv_.data(), perm_of(k), R, C);
     const DW *x = as_dw(k.moe_in), *h = as_dw(k.moe_h), *a = as_dw(k.moe_act);
     const DW *fcw = matrix(u, gpt::pname(l, "moe.fc.w")), *projw = matrix(u, gpt::pname(l, "moe.proj.w"));
@@ -401,8 +401,8 @@ class trainer {
          h + rh, dact + rh, static_cast<long long>(n) * H);
       linear_backward(recv_.data() + rc, g_fcw + wc, g_fcb + std::size_t(e) * H, dh + rh, x + rc, fcw + wc, n, C, H);
     }
-    go(launch_names::rows_as_received, blocks(static_cast<long long>(R) * C), E::rows_as_received<>, send_.data(),
-       recv_.data(), perm_of(k), R, C);
+    go(launch_names::scatter_rows, blocks(static_cast<long long>(R) * C), E::scatter_rows<>, send_.data(), recv_.data(),
+       perm_of(k), R, C);
     exchange(send_, k.moe_received, back_, k.moe_sent, C);
     go(launch_names::gather_input_gradient, blocks(static_cast<long long>(nc())), E::gather_input_gradient<>,
        k.moe_dln2.data(), back_.data(), where_of(k), N, KK, C);

@@ -55,9 +55,9 @@ inline constexpr const char *embed = "embed", *widen = "widen", *narrow = "narro
                             *cross_entropy = "cross_entropy", *mean_loss = "mean_loss",
                             *grouped_row_sum = "grouped_row_sum", *memset = "cudaMemsetAsync",
                             *memcpy = "cudaMemcpyAsync (device to device)", *route = "experts route",
-                            *dispatch = "experts dispatch", *rows_by_expert = "experts rows_by_expert",
-                            *rows_as_received = "experts rows_as_received", *place = "experts place",
-                            *combine = "experts combine", *choice_gradients = "experts choice_gradients",
+                            *dispatch = "experts dispatch", *gather_rows = "experts gather_rows",
+                            *scatter_rows = "experts scatter_rows", *combine = "experts combine",
+                            *choice_gradients = "experts choice_gradients",
                             *gather_input_gradient = "experts gather_input_gradient",
                             *route_backward = "experts route_backward", *add_into = "experts add_into",
                             *add_to_loss = "experts add_to_loss";
@@ -121,29 +121,29 @@ inline std::vector<kernel_work> step_work(const gpt::shape& s, int batch, buffer
   auto experts_forward = [&] {
     add(n::dispatch, 1, 0, M * C * w + M * f + M * C * f);
     exchange(M * C);
-    add(n::rows_by_expert, 1, 0, M * C * f + M * f + M * C * w);  // the operand in the compute type
-    widen(P * HX), widen(P * C);                                  // the experts' biases
-    for (int e = 0; e < P; ++e) {                                 // as the dense MLP's, over the expert's rows
+    add(n::gather_rows, 1, 0, M * C * f + M * f + M * C * w);  // the operand in the compute type
+    widen(P * HX), widen(P * C);                               // the experts' biases
+    for (int e = 0; e < P; ++e) {                              // as the dense MLP's, over the expert's rows
       linear_forward(Re, C, HX, false, w);
       add(n::bias_gelu, 1, 0, 3 * Re * HX * w + HX * f);
       linear_forward(Re, HX, C, true);
     }
-    add(n::rows_as_received, 1, 0, 2 * M * C * f + M * f);
+    add(n::scatter_rows, 1, 0, 2 * M * C * f + M * f);
     exchange(M * C);
-    add(n::place, 1, 0, 2 * M * C * f + M * f);
+    add(n::scatter_rows, 1, 0, 2 * M * C * f + M * f);  // the outputs in place
     add(n::combine, 1, 0, (2 * NC + M * C + M) * f);
   };
   auto experts_backward = [&] {
     memset(P * HX), memset(P * C);  // the experts' bias gradients, summed by columns
     add(n::choice_gradients, 1, 0, (NC + 2 * M * C + 3 * M) * f);
     exchange(M * C);
-    add(n::rows_by_expert, 1, 0, 2 * M * C * f + M * f);
+    add(n::gather_rows, 1, 0, 2 * M * C * f + M * f);
     for (int e = 0; e < P; ++e) {
       linear_backward(Re, HX, C, true, false, f, w);  // the output gradient in fp32; the GELU output's in W
       add(n::gelu_backward, 1, 0, 3 * Re * HX * w);
       linear_backward(Re, C, HX, true, false, w, f);  // the input gradient in fp32, sent back
     }
-    add(n::rows_as_received, 1, 0, 2 * M * C * f + M * f);
+    add(n::scatter_rows, 1, 0, 2 * M * C * f + M * f);
     exchange(M * C);
     add(n::gather_input_gradient, 1, 0, (M * C + M + NC) * f);
     for (double g : {P * HX * C, P * HX, P * C * HX, P * C}) store(g);

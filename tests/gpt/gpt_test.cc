@@ -498,14 +498,14 @@ TEST_CASE(
   // 6 FLOPs a token and matrix parameter it uses: a block's attention and router, and its top_k experts' 8 C^2
   for (const auto* w : {&one, &two})
     CHECK(row(*w, n::product).flops == 6 * N * (3 * (4 * C * C + X * C + 2 * 8 * C * C) + 37 * C));
-  for (const char* k : {n::route, n::dispatch, n::place, n::combine, n::choice_gradients, n::gather_input_gradient,
+  for (const char* k : {n::route, n::dispatch, n::combine, n::choice_gradients, n::gather_input_gradient,
                         n::route_backward, n::add_into}) {
     CAPTURE(k);
     CHECK(row(one, k).launches == 3);
     CHECK(row(two, k).launches == 3);
   }
-  CHECK(row(one, n::rows_by_expert).launches == 6);  // the rows in, their output gradients in
-  CHECK(row(one, n::rows_as_received).launches == 6);
+  CHECK(row(one, n::gather_rows).launches == 6);   // the rows in, their output gradients in
+  CHECK(row(one, n::scatter_rows).launches == 9);  // the outputs out and in place, the input gradients out
   CHECK(row(one, n::bias_gelu).launches == 3 * 4);
   CHECK(row(two, n::bias_gelu).launches == 3 * 2);
   CHECK(row(one, n::add_to_loss).launches == 1);
